@@ -1,0 +1,383 @@
+//! `fermata`: one binary, a subcommand per role.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use fermata::bench::{self, plot, SearchOptions};
+use fermata::core::{Dur, Policy};
+use fermata::sim::{simulate, SimOptions};
+use fermata::workload::{Arrival, Workload};
+use std::path::PathBuf;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "fermata",
+    version,
+    about = "DNN inference serving with deferred batch scheduling"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Simulate one run of a workload in virtual time.
+    Sim(SimArgs),
+    /// Benchmarks: goodput search, load sweep, case studies.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// Workload file (TOML), e.g. configs/workloads/resnet50_8gpu.toml.
+    #[arg(long)]
+    workload: PathBuf,
+    /// Override the arrival process: constant, poisson or gamma:SHAPE.
+    #[arg(long)]
+    arrival: Option<String>,
+    /// Random seed (default: the workload's).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Measured window in simulated seconds (default: the workload's, >= 20 s).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Warm-up in simulated seconds (default: the workload's).
+    #[arg(long)]
+    warmup_s: Option<f64>,
+    /// Override batch gathering: lazy, early (Nexus window) or early:WINDOW.
+    #[arg(long)]
+    gather: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct SimArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// deferred, eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Aggregate offered rate in requests/s (default: the workload's rate_rps).
+    #[arg(long)]
+    rate: Option<f64>,
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Binary-search the goodput (every model <= 1% bad).
+    Goodput(GoodputArgs),
+    /// Goodput and GPU busy fraction against offered load (paper Fig. 2).
+    Load(LoadArgs),
+    /// Eager vs deferred as the batching effect grows (paper Fig. 6a).
+    Fig6a(Fig6aArgs),
+    /// Flat-top behaviour (Section 3.5): 1.5x and 0.3x the goodput rate.
+    Flattop(FlattopArgs),
+}
+
+#[derive(Args)]
+struct GoodputArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// A policy, a comma-separated list, or `all` (default: the workload's).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Write plots (SVG) into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Relative tolerance of the binary search.
+    #[arg(long, default_value_t = 0.002)]
+    tolerance: f64,
+}
+
+#[derive(Args)]
+struct LoadArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Policies (comma-separated or `all`).
+    #[arg(long, default_value = "deferred")]
+    policy: String,
+    /// Highest offered rate as a multiple of the deferred goodput... or absolute with --max-rate.
+    #[arg(long)]
+    max_rate: Option<f64>,
+    /// Number of load points.
+    #[arg(long, default_value_t = 12)]
+    points: u32,
+    #[arg(long)]
+    plots: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct Fig6aArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct FlattopArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    #[arg(long, default_value = "deferred")]
+    policy: String,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Sim(a) => cmd_sim(a),
+        Cmd::Bench(BenchCmd::Goodput(a)) => cmd_goodput(a),
+        Cmd::Bench(BenchCmd::Load(a)) => cmd_load(a),
+        Cmd::Bench(BenchCmd::Fig6a(a)) => fermata::bench::cases::fig6a(a.seed, a.json),
+        Cmd::Bench(BenchCmd::Flattop(a)) => cmd_flattop(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+fn load(run: &RunArgs) -> Result<(Workload, SimOptions)> {
+    let mut w = Workload::from_file(&run.workload)?;
+    if let Some(g) = &run.gather {
+        w.gather = Some(g.parse().map_err(anyhow::Error::msg).context("--gather")?);
+    }
+    let mut o = SimOptions::from_workload(&w);
+    if let Some(a) = &run.arrival {
+        o.arrival = a
+            .parse::<Arrival>()
+            .map_err(anyhow::Error::msg)
+            .context("--arrival")?;
+    }
+    if let Some(s) = run.seed {
+        o.seed = s;
+    }
+    if let Some(d) = run.duration_s {
+        if !(d > 0.0 && d <= 86_400.0) {
+            bail!("--duration-s must be in (0, 86400], got {d}");
+        }
+        o.duration = Dur::from_secs_f64(d);
+    }
+    if let Some(d) = run.warmup_s {
+        if !(0.0..=86_400.0).contains(&d) {
+            bail!("--warmup-s must be in [0, 86400], got {d}");
+        }
+        o.warmup = Dur::from_secs_f64(d);
+    }
+    Ok((w, o))
+}
+
+fn parse_policies(s: &str) -> Result<Vec<Policy>> {
+    if s == "all" {
+        return Ok(Policy::all_baselines());
+    }
+    s.split(',')
+        .map(|p| p.trim().parse::<Policy>().map_err(anyhow::Error::msg))
+        .collect()
+}
+
+fn cmd_sim(a: SimArgs) -> Result<()> {
+    let (w, mut o) = load(&a.run)?;
+    if let Some(p) = &a.policy {
+        o.policy = p.parse().map_err(anyhow::Error::msg).context("--policy")?;
+    }
+    if let Some(r) = a.rate {
+        if !(r > 0.0 && r.is_finite()) {
+            bail!("--rate must be > 0, got {r}");
+        }
+        o.rate_rps = r;
+    }
+    let r = simulate(&w, &o);
+    if a.run.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&bench::sim_json(&w, &r))?
+        );
+    } else {
+        println!(
+            "workload {} | policy {} | {} GPUs | offered {:.1} r/s ({})",
+            w.name, o.policy, w.gpus, o.rate_rps, o.arrival
+        );
+        print!("{}", bench::sim_table(&r));
+    }
+    Ok(())
+}
+
+fn write_plot(dir: &std::path::Path, name: &str, svg: String) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let p = dir.join(name);
+    std::fs::write(&p, svg).with_context(|| format!("cannot write {}", p.display()))?;
+    eprintln!("wrote {}", p.display());
+    Ok(())
+}
+
+fn cmd_goodput(a: GoodputArgs) -> Result<()> {
+    let (w, o) = load(&a.run)?;
+    let policies = match &a.policy {
+        Some(p) => parse_policies(p)?,
+        None => vec![o.policy],
+    };
+    if !(a.tolerance > 0.0 && a.tolerance < 0.5) {
+        bail!("--tolerance must be in (0, 0.5)");
+    }
+    let so = SearchOptions {
+        rel_tolerance: a.tolerance,
+        ..SearchOptions::default()
+    };
+    let mut results = Vec::new();
+    for p in &policies {
+        let mut oo = o.clone();
+        oo.policy = *p;
+        let g = bench::goodput_search(&w, &oo, &so);
+        if !a.run.json {
+            println!(
+                "{:<14} goodput {:>9.1} r/s  ({} trials, {:.2}s, {:.2} M sim req/s)",
+                p.name(),
+                g.goodput_rps,
+                g.trials.len(),
+                g.wall_secs,
+                g.sim_requests_per_sec() / 1e6
+            );
+            if let Some(r) = &g.at_goodput {
+                print!("{}", bench::sim_table(r));
+            }
+        }
+        results.push(g);
+    }
+    if a.run.json {
+        let v: Vec<_> = results.iter().map(|g| bench::goodput_json(&w, g)).collect();
+        if v.len() == 1 {
+            println!("{}", serde_json::to_string_pretty(&v[0])?);
+        } else {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+    }
+    if let Some(dir) = &a.plots {
+        let names: Vec<String> = results.iter().map(|g| g.policy.name()).collect();
+        let vals = vec![results.iter().map(|g| g.goodput_rps).collect::<Vec<_>>()];
+        write_plot(
+            dir,
+            &format!("{}_goodput.svg", w.name),
+            plot::bar_chart_svg(
+                &format!("Goodput per policy: {} ({})", w.name, o.arrival),
+                "goodput (r/s)",
+                &names,
+                &["goodput".to_string()],
+                &vals,
+            ),
+        )?;
+        let panels: Vec<(String, Vec<(String, f64)>)> = results
+            .iter()
+            .filter_map(|g| {
+                g.at_goodput
+                    .as_ref()
+                    .map(|r| (g.policy.name(), bench::batch_bins(r)))
+            })
+            .collect();
+        write_plot(
+            dir,
+            &format!("{}_batch_sizes.svg", w.name),
+            plot::histograms_svg(
+                &format!("Batch-size distribution at goodput: {}", w.name),
+                "batch size (fraction of requests)",
+                &panels,
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+fn cmd_load(a: LoadArgs) -> Result<()> {
+    let (w, o) = load(&a.run)?;
+    let policies = parse_policies(&a.policy)?;
+    let max_rate = a
+        .max_rate
+        .unwrap_or_else(|| bench::throughput_upper_bound(&w) * 1.2);
+    if a.points == 0 || a.points > 1000 {
+        bail!("--points must be in 1..=1000");
+    }
+    let mut good_series = Vec::new();
+    let mut busy_series = Vec::new();
+    let mut out = Vec::new();
+    for p in &policies {
+        let mut gs = plot::Series {
+            name: p.name(),
+            points: vec![],
+        };
+        let mut bs = plot::Series {
+            name: p.name(),
+            points: vec![],
+        };
+        for i in 1..=a.points {
+            let rate = max_rate * i as f64 / a.points as f64;
+            let mut oo = o.clone();
+            oo.policy = *p;
+            oo.rate_rps = rate;
+            let r = simulate(&w, &oo);
+            gs.points.push((rate, r.goodput_rps()));
+            bs.points.push((rate, r.gpu_busy_fraction()));
+            out.push(serde_json::json!({
+                "policy": p.name(), "offered_rps": rate, "goodput_rps": r.goodput_rps(),
+                "bad_rate": r.bad_rate(), "gpu_busy_fraction": r.gpu_busy_fraction(),
+                "gpu_busy_per_gpu": r.gpu_busy,
+            }));
+            if !a.run.json {
+                println!(
+                    "{:<12} offered {:>9.1} goodput {:>9.1} bad {:>6.2}% busy {:>5.1}%",
+                    p.name(),
+                    rate,
+                    r.goodput_rps(),
+                    100.0 * r.bad_rate(),
+                    100.0 * r.gpu_busy_fraction()
+                );
+            }
+        }
+        good_series.push(gs);
+        busy_series.push(bs);
+    }
+    if a.run.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    if let Some(dir) = &a.plots {
+        write_plot(
+            dir,
+            &format!("{}_load_goodput.svg", w.name),
+            plot::line_chart_svg(
+                &format!("Goodput vs offered load: {}", w.name),
+                "offered load (r/s)",
+                "goodput (r/s)",
+                &good_series,
+            ),
+        )?;
+        write_plot(
+            dir,
+            &format!("{}_load_busy.svg", w.name),
+            plot::line_chart_svg(
+                &format!("GPU busy fraction vs offered load: {}", w.name),
+                "offered load (r/s)",
+                "GPU busy fraction",
+                &busy_series,
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+fn cmd_flattop(a: FlattopArgs) -> Result<()> {
+    let (w, mut o) = load(&a.run)?;
+    o.policy = a.policy.parse().map_err(anyhow::Error::msg)?;
+    let f = bench::cases::flattop(&w, &o);
+    if a.run.json {
+        println!("{}", serde_json::to_string_pretty(&f)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&f)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! Per-model state: the deadline-ordered queue, batch gathering and the candidate
+//! {batch, exec_at, latest} of Algorithm 1 (with the network-delay terms of
+//! Appendix D). This is what a ModelThread owns; it never touches GPU state other
+//! than the one free time it is granted.
+
+use super::ids::{ModelId, TaskId};
+use super::policy::{Gather, NetBudget, Policy};
+use super::profile::LatencyProfile;
+use super::time::{Dur, Time};
+use std::collections::VecDeque;
+
+/// One request as the scheduler sees it (the input bytes stay at the frontend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Task {
+    pub id: TaskId,
+    /// When the request reached the frontend.
+    pub arrival: Time,
+    /// When its result must be back at the frontend (arrival + SLO).
+    pub deadline: Time,
+}
+
+/// A model as configured.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    pub name: String,
+    pub profile: LatencyProfile,
+    pub slo: Dur,
+}
+
+/// The candidate batch of a model: the first `bs` tasks of its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub bs: u32,
+    /// When the batch should start on the GPU.
+    pub exec_at: Time,
+    /// The last moment the batch can start and still meet the head's deadline.
+    pub latest: Time,
+    /// When the plan must leave the scheduler: exec_at - delay(bs).
+    pub send_at: Time,
+}
+
+/// How `exec_at` is derived from the batch (Algorithm 1 line 5 and its variants).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ExecRule {
+    Frontrun,
+    Eager,
+    Timeout(Dur),
+}
+
+/// Per-model scheduling state.
+#[derive(Debug, Clone)]
+pub struct ModelState {
+    pub id: ModelId,
+    pub spec: ModelSpec,
+    queue: VecDeque<Task>,
+    queue_max: usize,
+    max_batch: u32,
+    rule: ExecRule,
+    gather: Gather,
+    window: u32,
+    pow2: bool,
+    net: NetBudget,
+    pub cand: Option<Candidate>,
+}
+
+/// Why the scheduler gave up on a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// It could no longer finish by its deadline (lazy drop).
+    Expired,
+    /// Skipped so that a full window could run (early drop).
+    EarlyDrop,
+    /// The model's queue was at `queue_max`.
+    QueueFull,
+    /// Its model was removed.
+    ModelRemoved,
+}
+
+impl ModelState {
+    pub fn new(
+        id: ModelId,
+        spec: ModelSpec,
+        policy: Policy,
+        gather: Gather,
+        net: NetBudget,
+        queue_max: usize,
+    ) -> ModelState {
+        let rule = match policy {
+            Policy::Deferred => ExecRule::Frontrun,
+            Policy::Timeout { frac } => ExecRule::Timeout(Dur((spec.slo.0 as f64 * frac) as i64)),
+            _ => ExecRule::Eager,
+        };
+        let max_batch = spec.profile.max_batch();
+        let window = match gather {
+            Gather::Lazy | Gather::Adaptive => 1,
+            Gather::EarlyDrop { window: Some(w) } => w.min(max_batch),
+            Gather::EarlyDrop { window: None } => spec
+                .profile
+                .max_batch_within(Dur(spec.slo.0 / 2), Dur::ZERO, max_batch)
+                .max(1),
+        };
+        ModelState {
+            id,
+            spec,
+            queue: VecDeque::new(),
+            queue_max: queue_max.max(1),
+            max_batch,
+            rule,
+            gather,
+            window,
+            pow2: matches!(policy, Policy::Clockwork { .. }),
+            net,
+            cand: None,
+        }
+    }
+
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+    pub fn queue(&self) -> &VecDeque<Task> {
+        &self.queue
+    }
+    pub fn max_batch(&self) -> u32 {
+        self.max_batch
+    }
+    pub fn delay(&self, bs: u32) -> Dur {
+        self.net.delay(bs)
+    }
+    pub fn window(&self) -> u32 {
+        self.window
+    }
+    pub fn gather(&self) -> Gather {
+        self.gather
+    }
+
+    /// Sets the adaptive early-drop window from a measured rate and a GPU share: the
+    /// smallest batch b with b / l(b) >= rate / gpus, capped by the staggered batch
+    /// of Symphony's equation (1): (1 + 1/N) l(b) <= SLO.
+    pub fn adapt_window(&mut self, rate_rps: f64, gpus: f64) {
+        if self.gather != Gather::Adaptive {
+            return;
+        }
+        let prof = &self.spec.profile;
+        let n = gpus.max(1.0);
+        let budget =
+            Dur(((self.spec.slo - self.net.resp - self.net.ctrl).0 as f64 * n / (n + 1.0)) as i64);
+        let cap = prof
+            .max_batch_within(budget, self.net.data_per_req, self.max_batch)
+            .max(1);
+        let need = if gpus > 0.0 {
+            rate_rps / gpus
+        } else {
+            f64::INFINITY
+        };
+        // Throughput b / l(b) is non-decreasing in b for linear and sane tables.
+        let (mut lo, mut hi) = (1u32, cap);
+        if prof.throughput_rps(cap) < need {
+            self.window = cap;
+            return;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if prof.throughput_rps(mid) >= need {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        self.window = lo;
+    }
+
+    /// Adds a task in deadline order. Returns false (and keeps nothing) when the queue
+    /// is at its limit.
+    pub fn enqueue(&mut self, t: Task) -> bool {
+        if self.queue.len() >= self.queue_max {
+            return false;
+        }
+        match self.queue.back() {
+            Some(b) if b.deadline > t.deadline => {
+                let pos = self.queue.partition_point(|q| q.deadline <= t.deadline);
+                self.queue.insert(pos, t);
+            }
+            _ => self.queue.push_back(t),
+        }
+        true
+    }
+
+    /// Puts preempted tasks back (ignores the queue limit: they were admitted before).
+    pub fn requeue(&mut self, tasks: &[Task]) {
+        for &t in tasks {
+            let pos = self.queue.partition_point(|q| q.deadline <= t.deadline);
+            self.queue.insert(pos, t);
+        }
+    }
+
+    /// Removes every queued task (model removal).
+    pub fn drain(&mut self) -> Vec<Task> {
+        self.cand = None;
+        self.queue.drain(..).collect()
+    }
+
+    /// Removes and returns the first `bs` tasks.
+    pub fn take(&mut self, bs: u32) -> Vec<Task> {
+        let bs = (bs as usize).min(self.queue.len());
+        self.queue.drain(..bs).collect()
+    }
+
+    /// The deadline by which the batch must finish on the GPU.
+    #[inline]
+    fn finish_by(&self, t: &Task) -> Time {
+        t.deadline - self.net.resp
+    }
+
+    /// GetBatch + UpdateCandidate. `gpu_free` is the free time of a GPU that has been
+    /// granted (None: any GPU, as early as the network allows). Tasks that cannot be
+    /// served are removed and handed to `on_drop`. Sets and returns `self.cand`.
+    pub fn update(
+        &mut self,
+        now: Time,
+        gpu_free: Option<Time>,
+        on_drop: &mut impl FnMut(Task, DropReason),
+    ) -> Option<Candidate> {
+        let floor = gpu_free.unwrap_or(Time::EPOCH_MIN);
+        let start = |s: &Self, b: u32| (now + s.net.delay(b)).max(floor);
+        let prof = &self.spec.profile;
+        // 1. Drop from the head.
+        loop {
+            let Some(head) = self.queue.front() else {
+                self.cand = None;
+                return None;
+            };
+            let d = self.finish_by(head);
+            let (w, reason) = match self.gather {
+                Gather::Lazy => (1, DropReason::Expired),
+                Gather::EarlyDrop { .. } | Gather::Adaptive => (
+                    (self.window as usize).min(self.queue.len()) as u32,
+                    DropReason::EarlyDrop,
+                ),
+            };
+            if start(self, w) + prof.latency(w) <= d {
+                break;
+            }
+            // A request that could not run even alone is expired, whatever the rule.
+            let reason = if start(self, 1) + prof.latency(1) > d {
+                DropReason::Expired
+            } else {
+                reason
+            };
+            let t = self.queue.pop_front().expect("head exists");
+            on_drop(t, reason);
+        }
+        let head = *self.queue.front().expect("non-empty");
+        let d = self.finish_by(&head);
+        // 2. The largest batch that fits the head's deadline.
+        let cap = (self.queue.len() as u32).min(self.max_batch);
+        let mut bs = prof.max_batch_within(d - now - self.net.ctrl, self.net.data_per_req, cap);
+        if gpu_free.is_some() {
+            bs = bs.min(prof.max_batch_within(d - floor, Dur::ZERO, cap));
+        }
+        debug_assert!(bs >= 1, "head fits alone, so bs >= 1");
+        let bs = bs.max(1);
+        let bs = if self.pow2 {
+            1 << (31 - bs.leading_zeros())
+        } else {
+            bs
+        };
+        // 3. The schedulable window [exec_at, latest].
+        let earliest = start(self, bs);
+        let latest = d - prof.latency(bs);
+        let exec = match self.rule {
+            ExecRule::Eager => earliest,
+            ExecRule::Frontrun => {
+                if bs >= self.max_batch {
+                    earliest
+                } else {
+                    earliest.max(d - prof.latency(bs + 1))
+                }
+            }
+            ExecRule::Timeout(k) => earliest.max(head.arrival + k),
+        };
+        let exec_at = exec.min(latest).max(earliest);
+        let c = Candidate {
+            bs,
+            exec_at,
+            latest,
+            send_at: exec_at - self.net.delay(bs),
+        };
+        self.cand = Some(c);
+        Some(c)
+    }
+}

@@ -1,0 +1,341 @@
+//! Nexus as a baseline on the same interface (Nexus, SOSP'19, Sections 6.1 and 6.3).
+//!
+//! * Epoch planning: squishy bin packing ([`crate::plan::squishy`]) of the models'
+//!   expected rates gives each GPU a list of sessions (model, target batch).
+//! * Routing: each frontend keeps its own smooth weighted round-robin per model over
+//!   the GPUs that host the model, weighted by the rate planned on each.
+//! * Backends: each GPU owns one queue per hosted model and, whenever it is free,
+//!   cycles to the next session that has requests, gathers with early drop (window =
+//!   the planned batch) and runs at most the planned batch.
+//!
+//! There is no global view: a request waits on the GPU it was routed to, which is
+//! what makes Nexus fall behind deferred scheduling under bursts.
+//! Simplification: a request is in its backend's queue as soon as it reaches the
+//! scheduler (the frontend pushes inputs with the request), and the whole plan is
+//! computed once from the offered rates (an oracle for the epoch's rate).
+
+use super::dispatcher::{Counters, Output, Plan};
+use super::ids::{GpuId, ModelId, PlanId};
+use super::model::{DropReason, ModelSpec, Task};
+use super::policy::NetBudget;
+use super::structs::IndexedHeap;
+use super::time::{Dur, Time};
+use super::Scheduler;
+use crate::plan::squishy::{squishy_bin_packing, NodePlan, Session};
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone)]
+struct BackendSession {
+    model: usize,
+    batch: u32,
+    queue: VecDeque<Task>,
+}
+
+#[derive(Debug, Clone)]
+struct Backend {
+    sessions: Vec<BackendSession>,
+    rr: usize,
+    free_at: Time,
+}
+
+/// Smooth weighted round-robin over (gpu, session index) targets.
+#[derive(Debug, Clone)]
+struct Wrr {
+    targets: Vec<(usize, usize, f64)>,
+    current: Vec<f64>,
+}
+
+impl Wrr {
+    fn pick(&mut self) -> Option<(usize, usize)> {
+        if self.targets.is_empty() {
+            return None;
+        }
+        let total: f64 = self.targets.iter().map(|t| t.2).sum();
+        let mut best = 0;
+        for i in 0..self.targets.len() {
+            self.current[i] += self.targets[i].2;
+            if self.current[i] > self.current[best] {
+                best = i;
+            }
+        }
+        self.current[best] -= total;
+        let (g, s, _) = self.targets[best];
+        Some((g, s))
+    }
+}
+
+/// The Nexus scheduling core.
+pub struct NexusCore {
+    specs: Vec<ModelSpec>,
+    net: NetBudget,
+    backends: Vec<Backend>,
+    /// routes[frontend][model]
+    routes: Vec<Vec<Wrr>>,
+    timers: IndexedHeap<Time>,
+    outputs: VecDeque<Output>,
+    next_plan: u64,
+    counters: Counters,
+    /// GPUs the plan asked for (may exceed the cluster: then nodes share GPUs).
+    pub planned_gpus: usize,
+}
+
+impl NexusCore {
+    /// Plans the epoch for the expected `rates_rps` (one per model).
+    pub fn new(
+        specs: Vec<ModelSpec>,
+        rates_rps: &[f64],
+        gpus: u32,
+        frontends: u32,
+        net: NetBudget,
+    ) -> NexusCore {
+        let gpus = gpus.max(1) as usize;
+        let sessions: Vec<Session> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Session {
+                model: i as u32,
+                slo_ns: (s.slo - net.resp - net.delay(1)).0,
+                rate_rps: rates_rps.get(i).copied().unwrap_or(0.0).max(1e-9),
+                latency_ns: (1..=s.profile.max_batch())
+                    .map(|b| s.profile.latency(b).0)
+                    .collect(),
+            })
+            .collect();
+        // Given G GPUs, Nexus plans with headroom: scale the expected rates up by the
+        // largest factor whose plan still fits on G GPUs, so that all GPUs are used.
+        let fits = |k: f64| -> Option<Vec<NodePlan>> {
+            let scaled: Vec<Session> = sessions
+                .iter()
+                .map(|s| Session {
+                    rate_rps: s.rate_rps * k,
+                    ..s.clone()
+                })
+                .collect();
+            squishy_bin_packing(&scaled)
+                .ok()
+                .filter(|n| n.len() <= gpus)
+        };
+        let (mut lo, mut hi) = (1.0f64, 64.0f64);
+        let mut best = None;
+        if let Some(n) = fits(1.0) {
+            best = Some(n);
+            for _ in 0..24 {
+                let mid = (lo * hi).sqrt();
+                match fits(mid) {
+                    Some(n) => {
+                        lo = mid;
+                        best = Some(n);
+                    }
+                    None => hi = mid,
+                }
+            }
+        }
+        let planned = match best {
+            Some(n) => Ok(n),
+            None => squishy_bin_packing(&sessions),
+        };
+        let nodes: Vec<NodePlan> = match planned {
+            Ok(n) => n,
+            Err(_) => {
+                // Some model cannot meet 2*l(1) <= SLO: fall back to one session of
+                // batch 1 per model, spread over the GPUs.
+                sessions
+                    .iter()
+                    .map(|s| NodePlan {
+                        sessions: vec![crate::plan::squishy::Assignment {
+                            model: s.model,
+                            batch: 1,
+                            rate_rps: s.rate_rps,
+                        }],
+                        duty_cycle_ns: s.latency_ns[0],
+                        occupancy: 1.0,
+                    })
+                    .collect()
+            }
+        };
+        let planned_gpus = nodes.len();
+        let mut backends: Vec<Backend> = (0..gpus)
+            .map(|_| Backend {
+                sessions: Vec::new(),
+                rr: 0,
+                free_at: Time::EPOCH_MIN,
+            })
+            .collect();
+        // Node i runs on GPU i mod G (an overloaded plan shares GPUs).
+        let mut targets: Vec<Vec<(usize, usize, f64)>> = vec![Vec::new(); specs.len()];
+        for (i, node) in nodes.iter().enumerate() {
+            let g = i % gpus;
+            for a in &node.sessions {
+                let m = a.model as usize;
+                let b = &mut backends[g];
+                let si = match b.sessions.iter().position(|s| s.model == m) {
+                    Some(si) => {
+                        b.sessions[si].batch = b.sessions[si].batch.max(a.batch);
+                        si
+                    }
+                    None => {
+                        b.sessions.push(BackendSession {
+                            model: m,
+                            batch: a.batch.max(1),
+                            queue: VecDeque::new(),
+                        });
+                        b.sessions.len() - 1
+                    }
+                };
+                match targets[m].iter_mut().find(|t| t.0 == g) {
+                    Some(t) => t.2 += a.rate_rps,
+                    None => targets[m].push((g, si, a.rate_rps.max(1e-9))),
+                }
+            }
+        }
+        let routes = (0..frontends.max(1))
+            .map(|f| {
+                targets
+                    .iter()
+                    .map(|t| {
+                        // Stagger frontends so they do not all start on the same GPU.
+                        let mut t = t.clone();
+                        if !t.is_empty() {
+                            let k = f as usize % t.len();
+                            t.rotate_left(k);
+                        }
+                        Wrr {
+                            current: vec![0.0; t.len()],
+                            targets: t,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        NexusCore {
+            specs,
+            net,
+            backends,
+            routes,
+            timers: IndexedHeap::new(),
+            outputs: VecDeque::new(),
+            next_plan: 0,
+            counters: Counters::default(),
+            planned_gpus,
+        }
+    }
+
+    fn drop_task(&mut self, m: usize, task: Task, reason: DropReason) {
+        self.counters.queued -= 1;
+        self.counters.dropped += 1;
+        self.outputs.push_back(Output::Drop {
+            model: ModelId(m as u32),
+            task,
+            reason,
+        });
+    }
+
+    /// The backend of GPU `g` is free: run the next session with requests.
+    fn try_run(&mut self, g: usize, now: Time) {
+        let n = self.backends[g].sessions.len();
+        for k in 0..n {
+            let si = (self.backends[g].rr + k) % n;
+            let (m, target) = {
+                let s = &self.backends[g].sessions[si];
+                (s.model, s.batch)
+            };
+            let prof = self.specs[m].profile.clone();
+            let resp = self.net.resp;
+            let start = now.max(self.backends[g].free_at);
+            // Early drop: the first request whose window fits; drop the ones before.
+            loop {
+                let q = &self.backends[g].sessions[si].queue;
+                let Some(head) = q.front().copied() else {
+                    break;
+                };
+                let w = (target as usize).min(q.len()) as u32;
+                if start + prof.latency(w) <= head.deadline - resp {
+                    break;
+                }
+                let alone = start + prof.latency(1) <= head.deadline - resp;
+                self.backends[g].sessions[si].queue.pop_front();
+                let reason = if alone {
+                    DropReason::EarlyDrop
+                } else {
+                    DropReason::Expired
+                };
+                self.drop_task(m, head, reason);
+            }
+            let q = &mut self.backends[g].sessions[si].queue;
+            let Some(head) = q.front().copied() else {
+                continue;
+            };
+            let cap = target.min(q.len() as u32);
+            let bs = prof
+                .max_batch_within(head.deadline - resp - start, Dur::ZERO, cap)
+                .max(1);
+            let tasks: Vec<Task> = q.drain(..bs as usize).collect();
+            let finish_at = start + prof.latency(bs);
+            self.backends[g].free_at = finish_at;
+            self.backends[g].rr = (si + 1) % n;
+            self.counters.queued -= bs as u64;
+            self.counters.dispatched += bs as u64;
+            self.counters.plans += 1;
+            let id = PlanId(self.next_plan);
+            self.next_plan += 1;
+            self.outputs.push_back(Output::Dispatch(Plan {
+                id,
+                model: ModelId(m as u32),
+                gpu: GpuId(g as u32),
+                exec_at: start,
+                finish_at,
+                tasks,
+            }));
+            self.timers.set(g, finish_at);
+            return;
+        }
+        self.timers.remove(g);
+    }
+}
+
+impl Scheduler for NexusCore {
+    fn handle_request(&mut self, now: Time, model: ModelId, task: Task, frontend: u32) {
+        let m = model.idx();
+        self.counters.received += 1;
+        self.counters.queued += 1;
+        let nf = self.routes.len();
+        let Some((g, si)) = self.routes[frontend as usize % nf][m].pick() else {
+            self.drop_task(m, task, DropReason::ModelRemoved);
+            return;
+        };
+        self.backends[g].sessions[si].queue.push_back(task);
+        if self.backends[g].free_at <= now && !self.timers.contains(g) {
+            self.try_run(g, now);
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Time) {
+        while let Some((g, t)) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.try_run(g, now);
+        }
+    }
+
+    fn handle_gpu_report(&mut self, now: Time, gpu: GpuId, _plan: PlanId, free_at: Time) {
+        let g = gpu.idx();
+        self.backends[g].free_at = free_at;
+        if self.timers.contains(g) {
+            self.timers.set(g, free_at);
+        }
+        self.handle_timeout(now);
+    }
+
+    fn next_timeout(&self) -> Option<Time> {
+        self.timers.peek().map(|(_, t)| t)
+    }
+
+    fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    fn counters(&self) -> Counters {
+        self.counters.clone()
+    }
+}

@@ -1,0 +1,5 @@
+pub mod bench;
+pub mod core;
+pub mod plan;
+pub mod sim;
+pub mod workload;
