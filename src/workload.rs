@@ -354,7 +354,7 @@ impl Workload {
             gather,
             net,
             exec_jitter,
-            frontends: raw.frontends.unwrap_or(4).max(1),
+            frontends: raw.frontends.unwrap_or(1).max(1),
             seed: raw.seed.unwrap_or(1),
         })
     }

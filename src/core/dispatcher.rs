@@ -408,8 +408,10 @@ impl Dispatcher {
     /// Puts model `m`'s current candidate where it belongs: a timer if pending,
     /// a GPU if one is free, else the ranking of schedulable candidates.
     fn place(&mut self, m: usize, now: Time) {
-        // Each pass either books a GPU (at most one per GPU) or ends.
-        for _ in 0..=self.gpus.len() + 1 {
+        // Each pass books a GPU, preempts one (Shepherd; a batch booked at this
+        // instant is never preempted, so each GPU is freed and booked at most once
+        // here), or ends: 2G + 2 passes suffice; the bound only guards against bugs.
+        for _ in 0..4 * (self.gpus.len() + 2) {
             self.model_timers.remove(m);
             self.ready.remove(m);
             let Some(c) = self.models[m].cand else {
@@ -445,7 +447,15 @@ impl Dispatcher {
                 }
             }
         }
-        debug_assert!(false, "place() did not settle");
+        debug_assert!(
+            false,
+            "place() did not settle: policy {:?} model {m} cand {:?} gpus {:?}",
+            self.cfg.policy,
+            self.models[m].cand,
+            (0..self.gpus.len())
+                .map(|g| self.gpus.get(g))
+                .collect::<Vec<_>>()
+        );
     }
 
     /// Offers GPU `g` to model `m`: re-gathers the batch for the GPU's free time and
@@ -517,8 +527,10 @@ impl Dispatcher {
         for (g, b) in self.bookings.iter().enumerate() {
             if let Some(b) = b {
                 let n = b.tasks.len();
+                // Only a batch that is already running (not one booked at this very
+                // instant, which would let two candidates preempt each other forever).
                 if b.end > now
-                    && b.start <= now
+                    && b.start < now
                     && self.gpus.get(g) == b.end
                     && (n as u64) * (factor as u64) <= c.bs as u64
                     && best.is_none_or(|(_, bn)| n < bn)

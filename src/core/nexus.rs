@@ -34,8 +34,16 @@ struct BackendSession {
 #[derive(Debug, Clone)]
 struct Backend {
     sessions: Vec<BackendSession>,
+    /// The next session of the current duty cycle.
     rr: usize,
     free_at: Time,
+    /// The planned duty cycle of a shared node (the shortest of the nodes mapped to
+    /// this GPU); zero for a GPU that runs a single session back to back.
+    duty: Dur,
+    /// When the current cycle started (`None`: idle, the next request starts one).
+    cycle_start: Option<Time>,
+    /// Whether the current cycle ran any batch.
+    cycle_ran: bool,
 }
 
 /// Smooth weighted round-robin over (gpu, session index) targets.
@@ -159,12 +167,25 @@ impl NexusCore {
                 sessions: Vec::new(),
                 rr: 0,
                 free_at: Time::EPOCH_MIN,
+                duty: Dur::ZERO,
+                cycle_start: None,
+                cycle_ran: false,
             })
             .collect();
         // Node i runs on GPU i mod G (an overloaded plan shares GPUs).
         let mut targets: Vec<Vec<(usize, usize, f64)>> = vec![Vec::new(); specs.len()];
         for (i, node) in nodes.iter().enumerate() {
             let g = i % gpus;
+            // A node that runs one session back to back has no cycle to wait for.
+            if node.sessions.len() > 1 {
+                let d = Dur(node.duty_cycle_ns);
+                let b = &mut backends[g];
+                b.duty = if b.duty == Dur::ZERO {
+                    d
+                } else {
+                    b.duty.min(d)
+                };
+            }
             for a in &node.sessions {
                 let m = a.model as usize;
                 let b = &mut backends[g];
@@ -230,66 +251,108 @@ impl NexusCore {
         });
     }
 
-    /// The backend of GPU `g` is free: run the next session with requests.
+    /// Runs backend `g`'s duty cycle: the sessions in turn, one batch each, then
+    /// wait for the cycle's end before the next cycle. A cycle in which nothing ran
+    /// leaves the GPU idle until the next request.
     fn try_run(&mut self, g: usize, now: Time) {
         let n = self.backends[g].sessions.len();
-        for k in 0..n {
-            let si = (self.backends[g].rr + k) % n;
-            let (m, target) = {
-                let s = &self.backends[g].sessions[si];
-                (s.model, s.batch)
-            };
-            let prof = self.specs[m].profile.clone();
-            let resp = self.net.resp;
-            let start = now.max(self.backends[g].free_at);
-            // Early drop: the first request whose window fits; drop the ones before.
-            loop {
-                let q = &self.backends[g].sessions[si].queue;
-                let Some(head) = q.front().copied() else {
-                    break;
-                };
-                let w = (target as usize).min(q.len()) as u32;
-                if start + prof.latency(w) <= head.deadline - resp {
-                    break;
-                }
-                let alone = start + prof.latency(1) <= head.deadline - resp;
-                self.backends[g].sessions[si].queue.pop_front();
-                let reason = if alone {
-                    DropReason::EarlyDrop
-                } else {
-                    DropReason::Expired
-                };
-                self.drop_task(m, head, reason);
-            }
-            let q = &mut self.backends[g].sessions[si].queue;
-            let Some(head) = q.front().copied() else {
-                continue;
-            };
-            let cap = target.min(q.len() as u32);
-            let bs = prof
-                .max_batch_within(head.deadline - resp - start, Dur::ZERO, cap)
-                .max(1);
-            let tasks: Vec<Task> = q.drain(..bs as usize).collect();
-            let finish_at = start + prof.latency(bs);
-            self.backends[g].free_at = finish_at;
-            self.backends[g].rr = (si + 1) % n;
-            self.counters.queued -= bs as u64;
-            self.counters.dispatched += bs as u64;
-            self.counters.plans += 1;
-            let id = PlanId(self.next_plan);
-            self.next_plan += 1;
-            self.outputs.push_back(Output::Dispatch(Plan {
-                id,
-                model: ModelId(m as u32),
-                gpu: GpuId(g as u32),
-                exec_at: start,
-                finish_at,
-                tasks,
-            }));
-            self.timers.set(g, finish_at);
+        if n == 0 {
+            self.timers.remove(g);
             return;
         }
-        self.timers.remove(g);
+        if now < self.backends[g].free_at {
+            self.timers.set(g, self.backends[g].free_at);
+            return;
+        }
+        if self.backends[g].rr == 0 {
+            let b = &mut self.backends[g];
+            match b.cycle_start {
+                Some(c) if now < c + b.duty => {
+                    self.timers.set(g, c + b.duty);
+                    return;
+                }
+                _ => {
+                    b.cycle_start = Some(now);
+                    b.cycle_ran = false;
+                }
+            }
+        }
+        while self.backends[g].rr < n {
+            let si = self.backends[g].rr;
+            self.backends[g].rr += 1;
+            if self.run_session(g, si, now) {
+                self.backends[g].cycle_ran = true;
+                return;
+            }
+        }
+        // End of the cycle.
+        let b = &mut self.backends[g];
+        b.rr = 0;
+        let pending = b.sessions.iter().any(|s| !s.queue.is_empty());
+        match b.cycle_start {
+            Some(c) if b.cycle_ran => self.timers.set(g, (c + b.duty).max(now)),
+            _ if pending => self.timers.set(g, now),
+            _ => {
+                b.cycle_start = None;
+                self.timers.remove(g);
+            }
+        }
+    }
+
+    /// Gathers session `si` of GPU `g` with early drop and dispatches at most its
+    /// planned batch. Returns whether a batch was dispatched.
+    fn run_session(&mut self, g: usize, si: usize, now: Time) -> bool {
+        let (m, target) = {
+            let s = &self.backends[g].sessions[si];
+            (s.model, s.batch)
+        };
+        let resp = self.net.resp;
+        let start = now.max(self.backends[g].free_at);
+        // Early drop: the first request whose window fits; drop the ones before.
+        loop {
+            let prof = &self.specs[m].profile;
+            let q = &self.backends[g].sessions[si].queue;
+            let Some(head) = q.front().copied() else {
+                return false;
+            };
+            let w = (target as usize).min(q.len()) as u32;
+            if start + prof.latency(w) <= head.deadline - resp {
+                break;
+            }
+            let alone = start + prof.latency(1) <= head.deadline - resp;
+            self.backends[g].sessions[si].queue.pop_front();
+            let reason = if alone {
+                DropReason::EarlyDrop
+            } else {
+                DropReason::Expired
+            };
+            self.drop_task(m, head, reason);
+        }
+        let prof = &self.specs[m].profile;
+        let q = &mut self.backends[g].sessions[si].queue;
+        let head = *q.front().expect("non-empty");
+        let cap = target.min(q.len() as u32);
+        let bs = prof
+            .max_batch_within(head.deadline - resp - start, Dur::ZERO, cap)
+            .max(1);
+        let tasks: Vec<Task> = q.drain(..bs as usize).collect();
+        let finish_at = start + prof.latency(bs);
+        self.backends[g].free_at = finish_at;
+        self.counters.queued -= bs as u64;
+        self.counters.dispatched += bs as u64;
+        self.counters.plans += 1;
+        let id = PlanId(self.next_plan);
+        self.next_plan += 1;
+        self.outputs.push_back(Output::Dispatch(Plan {
+            id,
+            model: ModelId(m as u32),
+            gpu: GpuId(g as u32),
+            exec_at: start,
+            finish_at,
+            tasks,
+        }));
+        self.timers.set(g, finish_at);
+        true
     }
 }
 
@@ -304,7 +367,7 @@ impl Scheduler for NexusCore {
             return;
         };
         self.backends[g].sessions[si].queue.push_back(task);
-        if self.backends[g].free_at <= now && !self.timers.contains(g) {
+        if !self.timers.contains(g) {
             self.try_run(g, now);
         }
     }

@@ -48,8 +48,9 @@ impl Policy {
             Policy::Nexus => "nexus".into(),
         }
     }
-    /// Clockwork schedules this far ahead of a GPU's free time by default.
-    pub const CLOCKWORK_DEFAULT_LOOKAHEAD: Dur = Dur(5_000_000);
+    /// Clockwork schedules this far ahead of a GPU's free time by default (its
+    /// controller keeps about 10 ms of work queued on each worker).
+    pub const CLOCKWORK_DEFAULT_LOOKAHEAD: Dur = Dur(10_000_000);
 
     /// The batch gathering a policy uses unless a workload sets one: the systems
     /// Clockwork and Shepherd drop lazily; deferred, eager and timeout use Fermata's

@@ -390,7 +390,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
             let seed = opt
                 .seed
                 .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .wrapping_add(i as u64 * 0xD1B5_4A32_D192_ED03 + 1);
+                .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) + 1);
             ArrivalGen::new(
                 opt.arrival,
                 opt.rate_rps * m.share,
@@ -440,19 +440,23 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
         preemptions: 0,
     };
     let mut next_id: u64 = 0;
+    let mut clock = Time::EPOCH_MIN;
     let frontends = w.frontends.max(1) as u64;
     loop {
         let ta = next_arrival.peek().map(|(_, t)| t).unwrap_or(Time::NEVER);
         let tc = core.next_timeout().unwrap_or(Time::NEVER);
         let td = e.completions.peek().map(|r| r.0 .0).unwrap_or(Time::NEVER);
-        let now = ta.min(tc).min(td);
-        if now == Time::NEVER {
+        let next = ta.min(tc).min(td);
+        if next == Time::NEVER {
             break;
         }
-        if td == now {
+        // A timer may be due in the past (e.g. a GPU that has long been free).
+        let now = next.max(clock);
+        clock = now;
+        if td == next {
             let Reverse((t, g, p)) = e.completions.pop().expect("peeked");
             e.on_completion(t, g as usize, PlanId(p), core);
-        } else if tc == now {
+        } else if tc == next {
             core.handle_timeout(now);
         } else {
             let (m, _) = next_arrival.peek().expect("peeked");
