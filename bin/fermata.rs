@@ -377,7 +377,24 @@ fn cmd_flattop(a: FlattopArgs) -> Result<()> {
     if a.run.json {
         println!("{}", serde_json::to_string_pretty(&f)?);
     } else {
-        println!("{}", serde_json::to_string_pretty(&f)?);
+        let num = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
+        println!("workload {} | policy {}", w.name, o.policy);
+        println!("peak goodput p            {:>10.1} r/s", num("goodput_rps"));
+        println!(
+            "at 1.5 p: goodput         {:>10.1} r/s ({:.3} of peak)",
+            num("overload_goodput_rps"),
+            num("overload_goodput_over_peak")
+        );
+        println!(
+            "at 0.3 p: mean GPU idle   {:>10.3} (expected 0.7, error {:.3})",
+            num("underload_mean_idle_fraction"),
+            num("idle_fraction_error")
+        );
+        println!(
+            "at 0.3 p: idle share on the upper half of GPU ids {:.3}",
+            num("idle_share_on_upper_half_gpus")
+        );
+        println!("idle per GPU: {}", f["underload_idle_per_gpu"]);
     }
     Ok(())
 }

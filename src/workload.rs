@@ -119,6 +119,8 @@ pub struct Workload {
     pub exec_jitter: f64,
     pub frontends: u32,
     pub seed: u64,
+    /// Deferred's early-dispatch threshold (see `DispatcherConfig::min_expected_gain`).
+    pub min_expected_gain: f64,
 }
 
 #[derive(Deserialize)]
@@ -136,6 +138,7 @@ struct RawWorkload {
     gather: Option<String>,
     seed: Option<u64>,
     frontends: Option<u32>,
+    min_expected_gain: Option<f64>,
     profiles_file: Option<String>,
     network: Option<RawNetwork>,
     #[serde(default)]
@@ -356,6 +359,11 @@ impl Workload {
             exec_jitter,
             frontends: raw.frontends.unwrap_or(1).max(1),
             seed: raw.seed.unwrap_or(1),
+            min_expected_gain: match raw.min_expected_gain {
+                None => crate::core::dispatcher::DEFAULT_MIN_EXPECTED_GAIN,
+                Some(g) if (0.0..=1e6).contains(&g) => g,
+                Some(g) => bail!("`min_expected_gain` must be in [0, 1e6], got {g}"),
+            },
         })
     }
 
@@ -380,10 +388,10 @@ impl RawModel {
     }
 }
 
-fn resolve_model(
-    m: &RawModel,
-    profiles: &[ProfileRow],
-) -> Result<(Vec<ModelSpec>, f64, Vec<(Dur, f64)>)> {
+/// A `[[models]]` table resolved: its copies, weight and rate trace.
+type ResolvedModel = (Vec<ModelSpec>, f64, Vec<(Dur, f64)>);
+
+fn resolve_model(m: &RawModel, profiles: &[ProfileRow]) -> Result<ResolvedModel> {
     let mut slo_ms = m.slo_ms;
     let mut name = m.name.clone();
     // Linear (alpha_ms, beta_ms) or a table of latencies in ms.

@@ -68,6 +68,11 @@ pub struct DispatcherConfig {
     /// Check the invariants after every event (cheap, O(1); on in debug builds and
     /// in the simulator).
     pub check_invariants: bool,
+    /// Deferred only: once the model's rate is measured, make the batch schedulable
+    /// at once when fewer than this many more requests are expected before its
+    /// frontrun moment (0 = pure Symphony frontrun). Low-rate models then stop
+    /// waiting for requests that will not come and risking a busy cluster.
+    pub min_expected_gain: f64,
 }
 
 impl DispatcherConfig {
@@ -79,6 +84,7 @@ impl DispatcherConfig {
             gpus,
             queue_max: 1 << 20,
             check_invariants: cfg!(debug_assertions),
+            min_expected_gain: DEFAULT_MIN_EXPECTED_GAIN,
         }
     }
 }
@@ -132,6 +138,10 @@ pub struct Dispatcher {
     rates: Vec<f64>,
     next_tick: Time,
 }
+
+/// Default of [`DispatcherConfig::min_expected_gain`]: defer a batch only while at
+/// least two more requests are expected before its frontrun moment.
+pub const DEFAULT_MIN_EXPECTED_GAIN: f64 = 2.0;
 
 /// Period of the rate estimator behind adaptive gathering.
 pub const RATE_TICK: Dur = Dur(100_000_000);
@@ -200,6 +210,7 @@ impl Dispatcher {
             self.cfg.net,
             self.cfg.queue_max,
         ));
+        self.models[id.idx()].min_expected_gain = self.cfg.min_expected_gain;
         self.arrivals.push(0);
         self.rates.push(0.0);
         id
@@ -330,7 +341,7 @@ impl Dispatcher {
     fn enter(&mut self, now: Time) {
         debug_assert!(now >= self.last_now, "time went backwards");
         self.last_now = now;
-        if self.cfg.gather == Gather::Adaptive && now >= self.next_tick {
+        if now >= self.next_tick {
             self.tick(now);
         }
     }
@@ -479,6 +490,14 @@ impl Dispatcher {
             "GPU {g} booked twice: batch at {:?} before free at {f:?}",
             c.exec_at
         );
+        if self.cfg.check_invariants {
+            let resp = self.cfg.net.resp;
+            let first = tasks.iter().map(|t| t.deadline).min().expect("bs >= 1");
+            assert!(
+                finish_at + resp <= first,
+                "a batch of model {m} is planned to finish at {finish_at:?}, after its deadline {first:?}"
+            );
+        }
         let id = PlanId(self.next_plan);
         self.next_plan += 1;
         self.gpus.set(g, finish_at);

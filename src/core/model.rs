@@ -61,6 +61,11 @@ pub struct ModelState {
     pow2: bool,
     net: NetBudget,
     pub cand: Option<Candidate>,
+    /// Measured arrival rate (r/s), set by the dispatcher's rate estimator.
+    rate_rps: f64,
+    /// Deferral pays only if at least this many more requests are expected before
+    /// the frontrun moment (0 disables the rule: pure Symphony frontrun).
+    pub min_expected_gain: f64,
 }
 
 /// Why the scheduler gave up on a request.
@@ -111,6 +116,8 @@ impl ModelState {
             pow2: matches!(policy, Policy::Clockwork { .. }),
             net,
             cand: None,
+            rate_rps: 0.0,
+            min_expected_gain: 0.0,
         }
     }
 
@@ -137,6 +144,7 @@ impl ModelState {
     /// smallest batch b with b / l(b) >= rate / gpus, capped by the staggered batch
     /// of Symphony's equation (1): (1 + 1/N) l(b) <= SLO.
     pub fn adapt_window(&mut self, rate_rps: f64, gpus: f64) {
+        self.rate_rps = rate_rps;
         if self.gather != Gather::Adaptive {
             return;
         }
@@ -270,10 +278,16 @@ impl ModelState {
         let exec = match self.rule {
             ExecRule::Eager => earliest,
             ExecRule::Frontrun => {
-                if bs >= self.max_batch {
+                let frontrun = d - prof.latency(bs + 1);
+                let expected_gain = self.rate_rps * (frontrun - earliest).as_secs_f64();
+                if bs >= self.max_batch
+                    || (self.rate_rps > 0.0 && expected_gain < self.min_expected_gain)
+                {
+                    // The batch cannot grow, or is unlikely to before frontrun:
+                    // waiting would only risk missing a GPU.
                     earliest
                 } else {
-                    earliest.max(d - prof.latency(bs + 1))
+                    earliest.max(frontrun)
                 }
             }
             ExecRule::Timeout(k) => earliest.max(head.arrival + k),

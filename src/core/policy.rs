@@ -130,7 +130,7 @@ impl FromStr for Policy {
                     None => 3,
                     Some(_) => {
                         let f = num("preemption factor")?;
-                        if !(f >= 1.0 && f <= 1e6 && f.fract() == 0.0) {
+                        if !((1.0..=1e6).contains(&f) && f.fract() == 0.0) {
                             return Err(format!("shepherd factor must be an integer >= 1, got {f}"));
                         }
                         f as u32

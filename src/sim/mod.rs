@@ -363,6 +363,7 @@ impl AnyCore {
             cfg.gather = w.gather.unwrap_or_else(|| policy.default_gather());
             cfg.net = w.net;
             cfg.check_invariants = check;
+            cfg.min_expected_gain = w.min_expected_gain;
             AnyCore::Central(Box::new(Dispatcher::new(cfg, w.specs())))
         }
     }

@@ -1,0 +1,84 @@
+//! The scheduling core is a pure state machine: time comes in as an argument. This
+//! test fails if any source file under src/core gets threads, sockets, async, the OS
+//! clock, the file system or processes.
+
+use std::path::{Path, PathBuf};
+
+/// What src/core must never contain.
+const FORBIDDEN: [&str; 11] = [
+    "std::thread",
+    "std::net",
+    "tokio",
+    "async fn",
+    ".await",
+    "Instant::now",
+    "SystemTime",
+    "std::time::Instant",
+    "std::sync::mpsc",
+    "std::fs",
+    "std::process",
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// (forbidden string, 1-based line) for every occurrence in `text`.
+fn violations(text: &str) -> Vec<(&'static str, usize)> {
+    let mut v = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        for f in FORBIDDEN {
+            if line.contains(f) {
+                v.push((f, i + 1));
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn the_scanner_catches_each_forbidden_string() {
+    for f in FORBIDDEN {
+        let text = format!("fn ok() {{}}\nlet x = {f}::y;\n");
+        assert_eq!(violations(&text), vec![(f, 2)], "{f}");
+    }
+    assert!(violations("use super::time::{Dur, Time};\nfn f(now: Time) {}\n").is_empty());
+}
+
+#[test]
+fn core_has_no_threads_sockets_async_or_clock() {
+    let core: PathBuf = [env!("CARGO_MANIFEST_DIR"), "src", "core"].iter().collect();
+    let mut files = Vec::new();
+    rust_files(&core, &mut files);
+    files.sort();
+    // The scan really covers the core.
+    for must in ["mod.rs", "dispatcher.rs", "model.rs", "nexus.rs"] {
+        assert!(
+            files
+                .iter()
+                .any(|p| p.file_name().is_some_and(|n| n == must)),
+            "src/core/{must} not found among {files:?}"
+        );
+    }
+    let mut bad = Vec::new();
+    for p in &files {
+        let text =
+            std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+        assert!(!text.is_empty(), "{} is empty", p.display());
+        for (f, line) in violations(&text) {
+            bad.push(format!("{}:{line}: `{f}`", p.display()));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "src/core must stay a pure state machine (time is an argument):\n{}",
+        bad.join("\n")
+    );
+}
