@@ -42,13 +42,14 @@ struct RunArgs {
     /// Random seed (default: the workload's).
     #[arg(long)]
     seed: Option<u64>,
-    /// Measured window in simulated seconds (default: the workload's, >= 20 s).
+    /// Measured window in simulated seconds (default: the workload's, 20 s).
     #[arg(long)]
     duration_s: Option<f64>,
     /// Warm-up in simulated seconds (default: the workload's).
     #[arg(long)]
     warmup_s: Option<f64>,
-    /// Override batch gathering: lazy, early (Nexus window) or early:WINDOW.
+    /// Override batch gathering for every policy: lazy, early (Nexus window),
+    /// early:WINDOW or adaptive (default: each policy's own).
     #[arg(long)]
     gather: Option<String>,
     /// Print JSON instead of a table.
@@ -102,7 +103,7 @@ struct LoadArgs {
     /// Policies (comma-separated or `all`).
     #[arg(long, default_value = "deferred")]
     policy: String,
-    /// Highest offered rate as a multiple of the deferred goodput... or absolute with --max-rate.
+    /// Highest offered rate in r/s (default: 1.2 x the throughput upper bound).
     #[arg(long)]
     max_rate: Option<f64>,
     /// Number of load points.
