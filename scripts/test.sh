@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# THE test command: every unit, integration, property and simulation test, the bench
-# smoke run, then the doc tests. Needs a Rust toolchain (see scripts/setup.sh).
+# THE test command: doc tests, then every unit, integration, property and simulation
+# test and the bench smoke run; ends with one summary line "N passed, M failed".
+# Needs a Rust toolchain (see scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -d "${CARGO_HOME:-$HOME/.cargo}/bin" ]]; then
   export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 fi
 
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# --all-targets leaves out doc tests; run them first.
+cargo test --doc 2>&1 | tee "$log"
 # --all-targets: lib, bin, tests/, benches/ (run once without --bench: a quick smoke
-# run) and examples. The test profile is opt-level 1 with dependencies at opt-level 2.
-cargo test --all-targets
-# --all-targets leaves out doc tests; run them separately.
-cargo test --doc
+# run). The test profile is opt-level 1 with dependencies at opt-level 2.
+cargo test --all-targets 2>&1 | tee -a "$log"
+passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
+echo
+echo "${passed} passed, ${failed} failed"
+[[ "$failed" -eq 0 && "$passed" -gt 0 ]]
