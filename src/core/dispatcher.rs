@@ -505,24 +505,20 @@ impl Dispatcher {
         self.counters.dispatched += bs as u64;
         self.counters.plans += 1;
         let model = ModelId(m as u32);
-        if matches!(self.cfg.policy, Policy::Shepherd { .. }) {
-            self.bookings[g] = Some(Booking {
-                plan: id,
-                model,
-                start: c.exec_at,
-                end: finish_at,
-                tasks: tasks.clone(),
-            });
+        // Only Shepherd needs the running tasks back (preemption); others keep the
+        // identity to match reports.
+        let kept = if matches!(self.cfg.policy, Policy::Shepherd { .. }) {
+            tasks.clone()
         } else {
-            // Only the identity is needed to match reports.
-            self.bookings[g] = Some(Booking {
-                plan: id,
-                model,
-                start: c.exec_at,
-                end: finish_at,
-                tasks: Vec::new(),
-            });
-        }
+            Vec::new()
+        };
+        self.bookings[g] = Some(Booking {
+            plan: id,
+            model,
+            start: c.exec_at,
+            end: finish_at,
+            tasks: kept,
+        });
         self.outputs.push_back(Output::Dispatch(Plan {
             id,
             model,

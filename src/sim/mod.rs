@@ -244,8 +244,7 @@ impl Engine<'_> {
         }
     }
 
-    fn on_output<S: Scheduler>(&mut self, now: Time, out: Output, core: &mut S) {
-        let _ = core;
+    fn on_output(&mut self, now: Time, out: Output) {
         match out {
             Output::Dispatch(p) => self.on_plan(now, p),
             Output::Drop { model, task, .. } => {
@@ -485,7 +484,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
             core.handle_request(t, ModelId(m as u32), task, fe);
         }
         while let Some(out) = core.poll_output() {
-            e.on_output(now, out, core);
+            e.on_output(now, out);
         }
     }
     assert_eq!(
