@@ -113,17 +113,10 @@ fn run(w: &Workload, policy: Policy, rate_rps: f64) -> SimResult {
     o.warmup = Dur::from_secs_f64(2.0);
     o.duration = Dur::from_secs_f64(20.0);
     let r = simulate(w, &o);
-    let m = &r.models[0];
-    eprintln!(
-        "{} {policy} @ {rate_rps:.0} r/s: offered {} good {} late {} dropped {} bad {:.4}% batch p50 {} p99 {}",
+    eprint!(
+        "{} {policy} @ {rate_rps:.0} r/s\n{}",
         w.name,
-        m.offered,
-        m.good,
-        m.late,
-        m.dropped,
-        100.0 * m.bad_rate(),
-        m.batch_quantile(0.5),
-        m.batch_quantile(0.99),
+        fermata::bench::sim_table(&r)
     );
     r
 }

@@ -221,8 +221,8 @@ impl Dispatcher {
         &self.rates
     }
 
-    /// Folds the arrivals of the elapsed ticks into the rate estimates and re-derives
-    /// each model's adaptive window, sharing the GPUs by demand at the largest batch.
+    /// Folds the arrivals of the elapsed ticks into the rate estimates and hands each
+    /// model its rate and GPU share (shared by demand at the largest batch).
     fn tick(&mut self, now: Time) {
         if self.next_tick == Time::EPOCH_MIN {
             self.next_tick = now + RATE_TICK;
@@ -253,7 +253,7 @@ impl Dispatcher {
             } else {
                 n
             };
-            m.adapt_window(self.rates[i], share);
+            m.observe_rate(self.rates[i], share);
         }
     }
 

@@ -140,10 +140,11 @@ impl ModelState {
         self.gather
     }
 
-    /// Sets the adaptive early-drop window from a measured rate and a GPU share: the
-    /// smallest batch b with b / l(b) >= rate / gpus, capped by the staggered batch
-    /// of Symphony's equation (1): (1 + 1/N) l(b) <= SLO.
-    pub fn adapt_window(&mut self, rate_rps: f64, gpus: f64) {
+    /// Takes the model's measured rate and GPU share. The rate drives deferred's
+    /// expected-gain rule; under adaptive gathering it also sets the early-drop
+    /// window: the smallest batch b with b / l(b) >= rate / gpus, capped by the
+    /// staggered batch of Symphony's equation (1): (1 + 1/N) l(b) <= SLO.
+    pub fn observe_rate(&mut self, rate_rps: f64, gpus: f64) {
         self.rate_rps = rate_rps;
         if self.gather != Gather::Adaptive {
             return;

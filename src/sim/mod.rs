@@ -319,7 +319,7 @@ impl Engine<'_> {
         let mi = f.model.idx();
         for t in &f.tasks {
             self.end_task(t);
-            if t.arrival >= self.win_start && t.arrival < self.win_end {
+            if self.in_window(t) {
                 let m = &mut self.models[mi];
                 if f.finish + resp <= t.deadline {
                     m.good += 1;
