@@ -7,6 +7,8 @@ pub mod model;
 pub mod nexus;
 pub mod policy;
 pub mod profile;
+pub mod rank;
+pub mod shard;
 pub mod structs;
 pub mod time;
 

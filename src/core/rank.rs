@@ -1,0 +1,466 @@
+//! The rank state of one sub-cluster: GPU free times, model timers and the ranking of
+//! schedulable candidates (the paper's RankThread, Appendix D). Pure: time comes in.
+//!
+//! # Protocol with the model side ([`super::shard::ModelShard`])
+//! * The model side informs the ranker of each model's current candidate
+//!   ([`Ranker::handle_candidate`]) and, after every grant, of when the granted GPU is
+//!   free again ([`Ranker::handle_gpu_free`]).
+//! * The ranker answers with [`RankOutput`]s: `Grant` (a GPU for a model's batch),
+//!   `Expired` (a schedulable candidate can no longer start in time: gather again) and
+//!   `Preempt` (Shepherd only: a running batch was cancelled, its tasks go back).
+//! * After a `Grant` or `Expired` the ranker forgets the model's candidate until the
+//!   model side has handled that notice: every notice carries a sequence number and a
+//!   candidate informed with an older one is stale and ignored. A granted GPU is
+//!   unavailable (free time `NEVER`) until its `GpuFree` comes back. So with any
+//!   message delay between the two sides a GPU is never granted twice, and a model
+//!   is never granted a GPU for a candidate it has already replaced.
+//!
+//! The same ranker runs inside the simulator's [`super::Dispatcher`] (the two sides
+//! joined by direct calls) and in the real-time runtime's RankThread (joined by
+//! channels).
+//!
+//! Every operation costs O(log M + log G) (Shepherd's preemption scan is O(G)).
+
+use super::ids::{GpuId, ModelId, PlanId};
+use super::model::{Candidate, Task};
+use super::policy::Policy;
+use super::structs::{IndexedHeap, MinTree};
+use super::time::{Dur, Time};
+use std::collections::VecDeque;
+
+/// What the model side knows about a batch it booked on a GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Booking {
+    pub plan: PlanId,
+    pub model: ModelId,
+    pub start: Time,
+    pub end: Time,
+    /// The batch's tasks (kept for Shepherd's preemption only; empty otherwise).
+    pub tasks: Vec<Task>,
+}
+
+/// What the ranker asks of the model side.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RankOutput {
+    /// `gpu` (free at `free_at`) is granted to `model`'s candidate: book a batch on it
+    /// or give it back, then inform the new candidate with sequence `seq`.
+    Grant {
+        model: ModelId,
+        gpu: GpuId,
+        free_at: Time,
+        seq: u64,
+    },
+    /// `model`'s schedulable candidate passed its latest start: gather again and
+    /// inform the new candidate with sequence `seq`.
+    Expired { model: ModelId, seq: u64 },
+    /// Shepherd: the batch `plan` of `model` running on `gpu` is cancelled; its tasks
+    /// go back to the model's queue. The GPU is free now.
+    Preempt {
+        gpu: GpuId,
+        plan: PlanId,
+        model: ModelId,
+        tasks: Vec<Task>,
+    },
+}
+
+/// Ranking key of a schedulable candidate: smallest first.
+type RankKey = (i64, i64);
+
+/// The rank state of one sub-cluster.
+pub struct Ranker {
+    policy: Policy,
+    lookahead: Dur,
+    /// Predicted free time of each GPU; `NEVER` while granted or once removed.
+    gpus: MinTree,
+    granted: Vec<bool>,
+    removed: Vec<bool>,
+    /// Last booking per GPU (reports and Shepherd's preemption need it).
+    bookings: Vec<Option<Booking>>,
+    /// The ranker's copy of each model's candidate (None while a notice is out).
+    cands: Vec<Option<Candidate>>,
+    /// Notices (grants, expiries) sent per model.
+    issued: Vec<u64>,
+    /// Pending candidates: their send time; schedulable ones: their expiry.
+    model_timers: IndexedHeap<Time>,
+    ready: IndexedHeap<RankKey>,
+    outputs: VecDeque<RankOutput>,
+    active_gpus: u32,
+    last_now: Time,
+    stats: RankStats,
+}
+
+/// What the ranker did (for reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RankStats {
+    pub grants: u64,
+    pub expiries: u64,
+    pub preemptions: u64,
+    pub stale_candidates: u64,
+}
+
+impl Ranker {
+    pub fn new(policy: Policy, gpus: u32) -> Ranker {
+        let lookahead = match policy {
+            Policy::Clockwork { lookahead } => lookahead,
+            _ => Dur::ZERO,
+        };
+        Ranker {
+            policy,
+            lookahead,
+            gpus: MinTree::new(gpus as usize, Time::EPOCH_MIN),
+            granted: vec![false; gpus as usize],
+            removed: vec![false; gpus as usize],
+            bookings: vec![None; gpus as usize],
+            cands: Vec::new(),
+            issued: Vec::new(),
+            model_timers: IndexedHeap::new(),
+            ready: IndexedHeap::new(),
+            outputs: VecDeque::new(),
+            active_gpus: gpus,
+            last_now: Time::EPOCH_MIN,
+            stats: RankStats::default(),
+        }
+    }
+
+    pub fn num_gpus(&self) -> usize {
+        self.gpus.len()
+    }
+    /// GPUs in service (added and not removed).
+    pub fn active_gpus(&self) -> u32 {
+        self.active_gpus
+    }
+    pub fn stats(&self) -> RankStats {
+        self.stats
+    }
+    /// The predicted free time of `gpu` (`NEVER` while granted or once removed).
+    pub fn gpu_free_at(&self, gpu: GpuId) -> Time {
+        self.gpus.get(gpu.idx())
+    }
+    /// Whether the ranker holds `model`'s candidate in its ranking or timers.
+    pub fn is_placed(&self, model: ModelId) -> bool {
+        self.model_timers.contains(model.idx())
+    }
+    pub fn candidate(&self, model: ModelId) -> Option<Candidate> {
+        self.cands.get(model.idx()).copied().flatten()
+    }
+
+    /// Makes room for model `model` (ids are dense and never reused).
+    pub fn add_model(&mut self, model: ModelId) {
+        let n = model.idx() + 1;
+        if self.cands.len() < n {
+            self.cands.resize(n, None);
+            self.issued.resize(n, 0);
+        }
+    }
+
+    /// Adds a GPU (free from now on); returns its id.
+    pub fn add_gpu(&mut self) -> GpuId {
+        self.active_gpus += 1;
+        self.gpus.push(Time::EPOCH_MIN);
+        self.granted.push(false);
+        self.removed.push(false);
+        self.bookings.push(None);
+        GpuId(self.gpus.len() as u32 - 1)
+    }
+
+    /// Takes a GPU out of service: nothing new is booked on it. A batch already
+    /// booked on it still runs (the backend drains it); a grant in flight comes back
+    /// and is ignored.
+    pub fn remove_gpu(&mut self, now: Time, gpu: GpuId) {
+        self.enter(now);
+        let g = gpu.idx();
+        if g >= self.removed.len() || self.removed[g] {
+            return;
+        }
+        self.removed[g] = true;
+        self.active_gpus -= 1;
+        self.gpus.set(g, Time::NEVER);
+    }
+
+    /// The model side's current candidate for `model`, after it handled `seq`
+    /// notices. A candidate older than the last notice is stale and ignored.
+    pub fn handle_candidate(
+        &mut self,
+        now: Time,
+        model: ModelId,
+        cand: Option<Candidate>,
+        seq: u64,
+    ) {
+        self.enter(now);
+        let m = model.idx();
+        self.add_model(model);
+        if seq < self.issued[m] {
+            self.stats.stale_candidates += 1;
+            return;
+        }
+        self.cands[m] = cand;
+        self.place(m, now);
+    }
+
+    /// After a grant: `gpu` is free again at `free_at`; `booking` is the batch booked
+    /// on it (None: the grant was declined and `free_at` is the old free time).
+    pub fn handle_gpu_free(
+        &mut self,
+        now: Time,
+        gpu: GpuId,
+        free_at: Time,
+        booking: Option<Booking>,
+    ) {
+        self.enter(now);
+        let g = gpu.idx();
+        if g >= self.granted.len() {
+            return;
+        }
+        self.granted[g] = false;
+        if self.removed[g] {
+            return;
+        }
+        if booking.is_some() {
+            self.bookings[g] = booking;
+        }
+        self.gpus.set(g, free_at);
+    }
+
+    /// A backend reports when `gpu` really became (or will become) free after `plan`.
+    /// Only the latest plan booked on an idle (not granted) GPU moves its free time.
+    pub fn handle_gpu_report(&mut self, now: Time, gpu: GpuId, plan: PlanId, free_at: Time) {
+        self.enter(now);
+        let g = gpu.idx();
+        if g >= self.gpus.len() || self.removed[g] || self.granted[g] {
+            return;
+        }
+        if let Some(b) = &mut self.bookings[g] {
+            if b.plan == plan {
+                b.end = free_at;
+                self.gpus.set(g, free_at);
+            }
+        }
+    }
+
+    /// Runs every timer due at or before `now`.
+    pub fn handle_timeout(&mut self, now: Time) {
+        while self.step_timeout(now) {}
+    }
+
+    /// Runs the first timer due at or before `now`, if any; returns whether one ran.
+    /// (The simulator's dispatcher runs one at a time so that the model side answers
+    /// each grant before the next timer, as a single thread would.)
+    pub fn step_timeout(&mut self, now: Time) -> bool {
+        self.enter(now);
+        let tm = self.model_timers.peek();
+        let tg = self.gpu_timer();
+        match (tm, tg) {
+            (Some((m, t)), g) if t <= now && g.is_none_or(|g| t <= g) => {
+                if self.ready.contains(m) {
+                    // A schedulable candidate passed its expiry: the model gathers again.
+                    self.ready.remove(m);
+                    self.model_timers.remove(m);
+                    self.cands[m] = None;
+                    self.issued[m] += 1;
+                    self.stats.expiries += 1;
+                    self.outputs.push_back(RankOutput::Expired {
+                        model: ModelId(m as u32),
+                        seq: self.issued[m],
+                    });
+                } else {
+                    // A pending candidate reached its send time.
+                    self.place(m, now);
+                }
+                true
+            }
+            (_, Some(g)) if g <= now => {
+                self.on_gpu_timer(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The next moment `handle_timeout` must be called, if any.
+    pub fn next_timeout(&self) -> Option<Time> {
+        let tm = self.model_timers.peek().map(|(_, t)| t);
+        match (tm, self.gpu_timer()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn poll_output(&mut self) -> Option<RankOutput> {
+        self.outputs.pop_front()
+    }
+
+    // ---------------------------------------------------------------- internals
+
+    fn enter(&mut self, now: Time) {
+        debug_assert!(now >= self.last_now, "time went backwards");
+        self.last_now = now;
+    }
+
+    #[inline]
+    fn delay(c: &Candidate) -> Dur {
+        c.exec_at - c.send_at
+    }
+
+    fn rank_key(&self, c: &Candidate) -> RankKey {
+        match self.policy {
+            Policy::Shepherd { .. } => (-(c.bs as i64), c.latest.0),
+            _ => (c.latest.0, 0),
+        }
+    }
+
+    /// When the earliest-free GPU should take the top-ranked schedulable candidate.
+    fn gpu_timer(&self) -> Option<Time> {
+        let (m, _) = self.ready.peek()?;
+        let c = self.cands[m]?;
+        let (_, f) = self.gpus.argmin()?;
+        if f >= Time::NEVER {
+            return None;
+        }
+        Some(f - self.lookahead - Self::delay(&c))
+    }
+
+    fn on_gpu_timer(&mut self, now: Time) {
+        let Some((m, _)) = self.ready.peek() else {
+            return;
+        };
+        let Some((g_first, f)) = self.gpus.argmin() else {
+            return;
+        };
+        let c = self.cands[m].expect("a ranked model has a candidate");
+        let g = if self.lookahead == Dur::ZERO {
+            let start = (now + Self::delay(&c)).max(f);
+            self.gpus.leftmost_le(start).unwrap_or(g_first)
+        } else {
+            g_first
+        };
+        self.grant(m, g);
+    }
+
+    /// Puts model `m`'s candidate where it belongs: a timer if pending, a GPU if one
+    /// is free by its exec time, else the ranking of schedulable candidates.
+    fn place(&mut self, m: usize, now: Time) {
+        // Each pass grants a GPU (and ends), preempts one (Shepherd; a batch booked
+        // at this instant is never preempted), or ends; the bound guards against bugs.
+        for _ in 0..2 * (self.gpus.len() + 2) {
+            self.model_timers.remove(m);
+            self.ready.remove(m);
+            let Some(c) = self.cands[m] else {
+                return;
+            };
+            if c.send_at > now {
+                self.model_timers.set(m, c.send_at);
+                return;
+            }
+            let gpu = if self.lookahead == Dur::ZERO {
+                self.gpus.leftmost_le(c.exec_at)
+            } else {
+                self.gpus
+                    .argmin()
+                    .filter(|&(_, f)| f <= c.exec_at + self.lookahead)
+                    .map(|(g, _)| g)
+            };
+            match gpu {
+                Some(g) => {
+                    self.grant(m, g);
+                    return;
+                }
+                None => {
+                    let key = self.rank_key(&c);
+                    self.ready.set(m, key);
+                    if let Policy::Shepherd { factor } = self.policy {
+                        if self.preempt_for(m, now, factor) {
+                            continue;
+                        }
+                    }
+                    let expire = c.latest - Self::delay(&c) + Dur(1);
+                    self.model_timers.set(m, expire.max(now + Dur(1)));
+                    return;
+                }
+            }
+        }
+        debug_assert!(false, "place() did not settle for model {m}");
+    }
+
+    /// Grants GPU `g` to model `m`'s candidate.
+    fn grant(&mut self, m: usize, g: usize) {
+        assert!(
+            !self.granted[g] && !self.removed[g],
+            "GPU {g} granted while granted or removed"
+        );
+        let free_at = self.gpus.get(g);
+        self.granted[g] = true;
+        self.gpus.set(g, Time::NEVER);
+        self.cands[m] = None;
+        self.ready.remove(m);
+        self.model_timers.remove(m);
+        self.issued[m] += 1;
+        self.stats.grants += 1;
+        self.outputs.push_back(RankOutput::Grant {
+            model: ModelId(m as u32),
+            gpu: GpuId(g as u32),
+            free_at,
+            seq: self.issued[m],
+        });
+    }
+
+    /// Shepherd's Flex: if model `m`'s candidate is at least `factor` times larger
+    /// than the smallest running batch, cancel that batch (its tasks go back to their
+    /// queue) so the GPU is free now. Returns whether a GPU was freed.
+    fn preempt_for(&mut self, m: usize, now: Time, factor: u32) -> bool {
+        let Some(c) = self.cands[m] else {
+            return false;
+        };
+        let mut best: Option<(usize, usize)> = None;
+        for (g, b) in self.bookings.iter().enumerate() {
+            if let Some(b) = b {
+                let n = b.tasks.len();
+                // Only a batch that is already running (not one booked at this very
+                // instant, which would let two candidates preempt each other forever).
+                if b.end > now
+                    && b.start < now
+                    && !self.granted[g]
+                    && self.gpus.get(g) == b.end
+                    && (n as u64) * (factor as u64) <= c.bs as u64
+                    && best.is_none_or(|(_, bn)| n < bn)
+                {
+                    best = Some((g, n));
+                }
+            }
+        }
+        let Some((g, _)) = best else {
+            return false;
+        };
+        let b = self.bookings[g].take().expect("booking exists");
+        self.stats.preemptions += 1;
+        self.gpus.set(g, now);
+        self.outputs.push_back(RankOutput::Preempt {
+            gpu: GpuId(g as u32),
+            plan: b.plan,
+            model: b.model,
+            tasks: b.tasks,
+        });
+        true
+    }
+
+    /// Consistency check for tests: timers and ranking agree with the candidates.
+    pub fn check_deep(&self) {
+        for (m, c) in self.cands.iter().enumerate() {
+            match c {
+                None => assert!(!self.model_timers.contains(m) && !self.ready.contains(m)),
+                Some(c) => {
+                    assert!(self.model_timers.contains(m), "model {m} has no timer");
+                    if self.ready.contains(m) {
+                        assert!(c.send_at <= self.last_now);
+                    } else {
+                        assert_eq!(self.model_timers.get(m), Some(c.send_at));
+                    }
+                }
+            }
+        }
+        for g in 0..self.gpus.len() {
+            if self.granted[g] || self.removed[g] {
+                assert_eq!(self.gpus.get(g), Time::NEVER);
+            }
+        }
+    }
+}
