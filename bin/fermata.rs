@@ -79,6 +79,97 @@ enum BenchCmd {
     Fig6a(Fig6aArgs),
     /// Flat-top behaviour (Section 3.5): 1.5x and 0.3x the goodput rate.
     Flattop(FlattopArgs),
+    /// Scheduler-only stress test: the real-time scheduler with in-process fake
+    /// frontends and backends (paper Section 5.5).
+    Scheduler(SchedulerArgs),
+}
+
+#[derive(Args, Clone)]
+struct RtArgs {
+    /// Number of ModelThreads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Pin threads to these CPUs, e.g. 0,1 or 0-3: the RankThread to the first,
+    /// ModelThreads to the next ones (round-robin).
+    #[arg(long)]
+    pin_cpus: Option<String>,
+    /// How long the RankThread spins before a timer instead of parking (us).
+    #[arg(long, default_value_t = 100.0)]
+    rank_spin_us: f64,
+    /// The load generator hands requests in at least this often (us).
+    #[arg(long, default_value_t = 50.0)]
+    gen_quantum_us: f64,
+}
+
+impl RtArgs {
+    fn options(&self) -> Result<fermata::runtime::fake::RtOptions> {
+        let pin_cpus = match &self.pin_cpus {
+            Some(s) => Some(fermata::runtime::pin::parse_cpu_list(s).context("--pin-cpus")?),
+            None => None,
+        };
+        if self.threads == 0 || self.threads > 256 {
+            bail!("--threads must be between 1 and 256, got {}", self.threads);
+        }
+        if !(self.rank_spin_us >= 0.0 && self.gen_quantum_us > 0.0) {
+            bail!("--rank-spin-us must be >= 0 and --gen-quantum-us > 0");
+        }
+        Ok(fermata::runtime::fake::RtOptions {
+            model_threads: self.threads,
+            pin_cpus,
+            rank_spin: Dur::from_us_f64(self.rank_spin_us),
+            gen_quantum: Dur::from_us_f64(self.gen_quantum_us),
+            ..Default::default()
+        })
+    }
+}
+
+#[derive(Args)]
+struct SchedulerArgs {
+    /// Number of models (equally popular).
+    #[arg(long, default_value_t = 64)]
+    models: u32,
+    /// Number of emulated GPUs.
+    #[arg(long, default_value_t = 1024)]
+    gpus: u32,
+    /// Offered load in requests/s (Poisson); required unless --find-max.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    duration_s: f64,
+    /// Warm-up seconds per run.
+    #[arg(long, default_value_t = 1.0)]
+    warmup_s: f64,
+    /// Every model's latency profile, "gpu/Model" from the embedded profiles.
+    #[arg(long, default_value = "a100/ResNet50V2")]
+    profile: String,
+    /// SLO override in ms (default: the profile's).
+    #[arg(long)]
+    slo_ms: Option<f64>,
+    /// Control-message budget d_ctrl in us (plans leave this long before exec_at).
+    #[arg(long, default_value_t = 200.0)]
+    ctrl_us: f64,
+    #[arg(long, default_value = "deferred")]
+    policy: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Search the highest rate sustained with lag p99 < 2 ms and bad rate < 1%.
+    #[arg(long)]
+    find_max: bool,
+    /// First rate of --find-max (doubled until it fails, then bisected).
+    #[arg(long, default_value_t = 250_000.0)]
+    start_rate: f64,
+    /// Relative tolerance of --find-max.
+    #[arg(long, default_value_t = 0.05)]
+    tolerance: f64,
+    /// Also measure the scheduler's CPU use with no load for this many seconds.
+    #[arg(long)]
+    idle_s: Option<f64>,
+    #[command(flatten)]
+    rt: RtArgs,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -94,6 +185,13 @@ struct GoodputArgs {
     /// Relative tolerance of the binary search.
     #[arg(long, default_value_t = 0.002)]
     tolerance: f64,
+    /// Where each probed rate runs: `sim` (virtual time) or `realtime` (the
+    /// real-time scheduler with fake frontends and backends; each probe takes
+    /// warm-up + duration of wall time).
+    #[arg(long, default_value = "sim")]
+    runtime: String,
+    #[command(flatten)]
+    rt: RtArgs,
 }
 
 #[derive(Args)]
@@ -138,6 +236,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Load(a)) => cmd_load(a),
         Cmd::Bench(BenchCmd::Fig6a(a)) => fermata::bench::cases::fig6a(a.seed, a.json),
         Cmd::Bench(BenchCmd::Flattop(a)) => cmd_flattop(a),
+        Cmd::Bench(BenchCmd::Scheduler(a)) => cmd_scheduler(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -236,7 +335,33 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
     for p in &policies {
         let mut oo = o.clone();
         oo.policy = *p;
-        let g = bench::goodput_search(&w, &oo, &so);
+        let g = match a.runtime.as_str() {
+            "sim" => bench::goodput_search(&w, &oo, &so),
+            "realtime" => {
+                let rt = a.rt.options()?;
+                let json = a.run.json;
+                bench::goodput_search_with(&w, &oo, &so, |o| {
+                    let r = fermata::runtime::fake::run_realtime(&w, o, &rt)?;
+                    if !json {
+                        eprintln!(
+                            "  probe {:>9.1} r/s: worst model bad {:.3}%, lag p99 {:.0} us, dispatch error p99 {:.0} us",
+                            o.rate_rps,
+                            100.0 * r.sim.max_model_bad_rate(),
+                            r.lag_ns.value_at_quantile(0.99) as f64 / 1e3,
+                            r.scheduler.dispatch_error_ns().value_at_quantile(0.99) as f64 / 1e3,
+                        );
+                    }
+                    if r.duplicates > 0 || r.unended > 0 || r.backend.overlaps > 0 {
+                        bail!(
+                            "accounting error at {:.0} r/s: {} duplicated, {} unended, {} GPU overlaps",
+                            o.rate_rps, r.duplicates, r.unended, r.backend.overlaps
+                        );
+                    }
+                    Ok(r.sim)
+                })?
+            }
+            other => bail!("unknown --runtime {other:?}: use sim or realtime"),
+        };
         if !a.run.json {
             println!(
                 "{:<14} goodput {:>9.1} r/s  ({} trials, {:.2}s, {:.2} M sim req/s)",
@@ -396,6 +521,83 @@ fn cmd_flattop(a: FlattopArgs) -> Result<()> {
             num("idle_share_on_upper_half_gpus")
         );
         println!("idle per GPU: {}", f["underload_idle_per_gpu"]);
+    }
+    Ok(())
+}
+
+fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
+    use fermata::bench::scheduler as sb;
+    let o = sb::StressOptions {
+        models: a.models,
+        gpus: a.gpus,
+        profile: a.profile.clone(),
+        slo_ms: a.slo_ms,
+        ctrl_us: a.ctrl_us,
+        policy: a.policy.clone(),
+        arrival: "poisson".into(),
+        seed: a.seed,
+        warmup_s: a.warmup_s,
+        duration_s: a.duration_s,
+        rt: a.rt.options()?,
+    };
+    if !(a.duration_s > 0.0 && a.warmup_s >= 0.0) {
+        bail!("--duration-s must be > 0 and --warmup-s >= 0");
+    }
+    let json = a.json;
+    let log = |s: &str| {
+        if !json {
+            println!("{s}");
+        } else {
+            eprintln!("{s}");
+        }
+    };
+    let mut out = serde_json::Map::new();
+    if a.find_max {
+        if !(a.tolerance > 0.0 && a.tolerance < 0.5) {
+            bail!("--tolerance must be in (0, 0.5)");
+        }
+        let f = sb::find_max(&o, a.start_rate, a.tolerance, log)?;
+        if !json {
+            println!(
+                "max sustained: {:.0} requests/s ({} models, {} GPUs, {} ModelThread(s))",
+                f.max_sustained_rps, a.models, a.gpus, a.rt.threads
+            );
+        }
+        let half = f.at_half.as_ref().map(|h| h.1.clone());
+        if let Some(serde_json::Value::Object(m)) = &half {
+            out.extend(m.clone());
+        }
+        out.insert(
+            "max_sustained_rps".into(),
+            serde_json::json!(f.max_sustained_rps),
+        );
+        out.insert(
+            "probes".into(),
+            serde_json::Value::Array(f.probes.into_iter().map(|p| p.2).collect()),
+        );
+    } else {
+        let Some(rate) = a.rate else {
+            bail!("give --rate R (requests/s) or --find-max");
+        };
+        let r = sb::stress_run(&o, rate)?;
+        log(&sb::run_line(rate, &r));
+        if let serde_json::Value::Object(m) = sb::run_json(&o, rate, &r) {
+            out.extend(m);
+        }
+    }
+    if let Some(s) = a.idle_s {
+        let c = sb::idle_cores(&o, s)?;
+        log(&format!(
+            "idle: the scheduler used {:.2}% of a core with no load",
+            100.0 * c
+        ));
+        out.insert("idle_core_fraction".into(), serde_json::json!(c));
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::Value::Object(out))?
+        );
     }
     Ok(())
 }

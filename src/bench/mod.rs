@@ -4,6 +4,7 @@
 
 pub mod cases;
 pub mod plot;
+pub mod scheduler;
 
 use crate::core::Policy;
 use crate::sim::{quantile_of_counts, simulate, SimOptions, SimResult};
@@ -79,27 +80,38 @@ pub fn passes(r: &SimResult) -> bool {
 /// Binary search for the highest aggregate rate at which every model's bad rate is at
 /// most 1%, with warm-up and the workload's measured window (>= 20 s by default).
 pub fn goodput_search(w: &Workload, base: &SimOptions, so: &SearchOptions) -> GoodputResult {
+    goodput_search_with(w, base, so, |o| Ok(simulate(w, o))).expect("the simulator cannot fail")
+}
+
+/// The goodput search over any runner of one rate (the simulator, or the real-time
+/// scheduler with fake backends).
+pub fn goodput_search_with(
+    w: &Workload,
+    base: &SimOptions,
+    so: &SearchOptions,
+    mut run: impl FnMut(&SimOptions) -> anyhow::Result<SimResult>,
+) -> anyhow::Result<GoodputResult> {
     let wall = std::time::Instant::now();
     let mut trials = Vec::new();
     let mut sim_requests = 0;
-    let mut probe = |rate: f64, trials: &mut Vec<Trial>| -> SimResult {
+    let mut probe = |rate: f64, trials: &mut Vec<Trial>| -> anyhow::Result<SimResult> {
         let mut o = base.clone();
         o.rate_rps = rate;
-        let r = simulate(w, &o);
+        let r = run(&o)?;
         sim_requests += r.sim_requests;
         trials.push(Trial {
             rate_rps: rate,
             max_model_bad_rate: r.max_model_bad_rate(),
             ok: passes(&r),
         });
-        r
+        Ok(r)
     };
     let mut lo = 0.0;
     let mut best: Option<SimResult> = None;
     let mut hi = throughput_upper_bound(w) * 1.05;
     // The bound should fail; if it passes (it cannot with exact profiles), grow it.
     for _ in 0..4 {
-        let r = probe(hi, &mut trials);
+        let r = probe(hi, &mut trials)?;
         if passes(&r) {
             lo = hi;
             best = Some(r);
@@ -110,7 +122,7 @@ pub fn goodput_search(w: &Workload, base: &SimOptions, so: &SearchOptions) -> Go
     }
     while (trials.len() as u32) < so.max_trials && (hi - lo) / hi > so.rel_tolerance {
         let mid = 0.5 * (lo + hi);
-        let r = probe(mid, &mut trials);
+        let r = probe(mid, &mut trials)?;
         if passes(&r) {
             lo = mid;
             best = Some(r);
@@ -118,7 +130,7 @@ pub fn goodput_search(w: &Workload, base: &SimOptions, so: &SearchOptions) -> Go
             hi = mid;
         }
     }
-    GoodputResult {
+    Ok(GoodputResult {
         policy: base.policy,
         arrival: base.arrival,
         goodput_rps: lo,
@@ -126,7 +138,7 @@ pub fn goodput_search(w: &Workload, base: &SimOptions, so: &SearchOptions) -> Go
         trials,
         sim_requests,
         wall_secs: wall.elapsed().as_secs_f64(),
-    }
+    })
 }
 
 fn round(x: f64, digits: i32) -> f64 {

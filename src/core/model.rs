@@ -79,6 +79,10 @@ pub enum DropReason {
     QueueFull,
     /// Its model was removed.
     ModelRemoved,
+    /// The scheduler's input channel was full (overload): refused at the door.
+    Overloaded,
+    /// The scheduler shut down before the request could be scheduled.
+    Shutdown,
 }
 
 impl ModelState {

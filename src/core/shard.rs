@@ -182,6 +182,28 @@ impl ModelShard {
         self.check();
     }
 
+    /// Shutdown: every queued request ends as an explicit `Shutdown` drop and every
+    /// candidate is withdrawn. Later requests are still accepted (and can be drained
+    /// again); the runtime stops feeding the shard first.
+    pub fn drain_all(&mut self, now: Time) {
+        self.enter(now);
+        for i in 0..self.own.len() {
+            let id = self.own[i];
+            let e = self.models[id.idx()].as_mut().expect("owned");
+            for task in e.state.drain() {
+                self.counters.queued -= 1;
+                self.counters.dropped += 1;
+                self.outputs.push_back(Output::Drop {
+                    model: id,
+                    task,
+                    reason: DropReason::Shutdown,
+                });
+            }
+            self.mark(id.idx());
+        }
+        self.check();
+    }
+
     /// A request for `model` reached the scheduler. A request for a model this shard
     /// does not own is dropped as `ModelRemoved`.
     pub fn handle_request(&mut self, now: Time, model: ModelId, task: Task) {

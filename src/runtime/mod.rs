@@ -2,6 +2,8 @@
 
 pub mod clock;
 pub mod cpu;
+pub mod fake;
 pub mod pin;
+pub mod sched;
 pub mod timer;
 pub mod wait;

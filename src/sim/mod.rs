@@ -187,7 +187,7 @@ impl SimResult {
     }
 }
 
-fn new_hist() -> Histogram<u64> {
+pub fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 

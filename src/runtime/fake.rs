@@ -1,0 +1,594 @@
+//! In-process fakes around the real-time scheduler: frontends that generate load from
+//! the same workload files and arrival processes as the simulator, and backends that
+//! run each plan on an emulated GPU and check that no two plans overlap on a GPU.
+//!
+//! [`run_realtime`] runs one workload at one rate in real time and returns the same
+//! [`SimResult`] the simulator returns (so the goodput search and reports are shared),
+//! plus the runtime's own measurements.
+//!
+//! Every request ends exactly once, as good, late, dropped or failed; the [`Ledger`]
+//! checks it (one flag per request id, set once).
+
+use super::clock::Clock;
+use super::sched::{new_hist, GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
+use super::wait::Waiter;
+use crate::core::structs::IndexedHeap;
+use crate::core::{DispatcherConfig, DropReason, Dur, ModelId, Plan, Policy, Task, TaskId, Time};
+use crate::sim::arrivals::ArrivalGen;
+use crate::sim::{ModelResult, SimOptions, SimResult};
+use crate::workload::Workload;
+use anyhow::Result;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_utils::sync::Unparker;
+use hdrhistogram::Histogram;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// How each request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Good,
+    Late,
+    Dropped,
+    /// Ended by an explicit failure (shutdown).
+    Failed,
+}
+
+#[derive(Default)]
+struct Tally {
+    offered: AtomicU64,
+    good: AtomicU64,
+    late: AtomicU64,
+    dropped: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Accounting shared by generator, scheduler outlet and backends.
+pub struct Ledger {
+    flags: Vec<AtomicU8>,
+    duplicates: AtomicU64,
+    unchecked: AtomicU64,
+    ended: AtomicU64,
+    win_start: Time,
+    win_end: Time,
+    models: Vec<Tally>,
+}
+
+impl Ledger {
+    /// `capacity`: request ids below it are checked for exactly-once (0 disables).
+    pub fn new(models: usize, capacity: usize, win_start: Time, win_end: Time) -> Ledger {
+        Ledger {
+            flags: (0..capacity).map(|_| AtomicU8::new(0)).collect(),
+            duplicates: AtomicU64::new(0),
+            unchecked: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
+            win_start,
+            win_end,
+            models: (0..models).map(|_| Tally::default()).collect(),
+        }
+    }
+
+    #[inline]
+    fn in_window(&self, t: &Task) -> bool {
+        t.arrival >= self.win_start && t.arrival < self.win_end
+    }
+
+    fn offered(&self, model: ModelId, t: &Task) {
+        if self.in_window(t) {
+            if let Some(m) = self.models.get(model.idx()) {
+                m.offered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Records how `task` ended; a second ending of the same request is counted as a
+    /// duplicate (an error).
+    #[inline]
+    pub fn end(&self, model: ModelId, task: &Task, outcome: Outcome) {
+        match self.flags.get(task.id.0 as usize) {
+            Some(f) => {
+                if f.swap(1, Ordering::Relaxed) != 0 {
+                    self.duplicates.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+            None => {
+                self.unchecked.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.ended.fetch_add(1, Ordering::Relaxed);
+        if !self.in_window(task) {
+            return;
+        }
+        let Some(m) = self.models.get(model.idx()) else {
+            return;
+        };
+        let c = match outcome {
+            Outcome::Good => &m.good,
+            Outcome::Late => &m.late,
+            Outcome::Dropped => &m.dropped,
+            Outcome::Failed => &m.failed,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn ended(&self) -> u64 {
+        self.ended.load(Ordering::Acquire)
+    }
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Acquire)
+    }
+    pub fn failed(&self) -> u64 {
+        self.models
+            .iter()
+            .map(|m| m.failed.load(Ordering::Acquire))
+            .sum()
+    }
+}
+
+/// The scheduler's outlet in the fake world: plans go to the fake backends, drops to
+/// the ledger (the fake frontends' books).
+struct FakeOutlet {
+    plans: Sender<(Plan, Time)>,
+    backend: Unparker,
+    ledger: Arc<Ledger>,
+}
+
+impl Outlet for FakeOutlet {
+    fn dispatch(&self, plan: Plan, sent_at: Time) {
+        if self.plans.send((plan, sent_at)).is_ok() {
+            self.backend.unpark();
+        }
+    }
+    fn drop_task(&self, model: ModelId, task: Task, reason: DropReason, _at: Time) {
+        let o = match reason {
+            DropReason::Shutdown => Outcome::Failed,
+            _ => Outcome::Dropped,
+        };
+        self.ledger.end(model, &task, o);
+    }
+}
+
+/// What the fake backends saw.
+#[derive(Debug, Clone)]
+pub struct BackendStats {
+    pub plans: u64,
+    /// Plans booked on a GPU before the previous plan there was planned to finish
+    /// (the scheduler booked a GPU twice): must be 0.
+    pub overlaps: u64,
+    /// Plans that reached the backend after their exec time (started late).
+    pub late_starts: u64,
+    pub busy_ns: Vec<i64>,
+    pub batch_requests: Vec<Vec<u64>>,
+    pub queuing_us: Vec<Histogram<u64>>,
+    pub cpu: std::time::Duration,
+}
+
+struct Running {
+    plan: Plan,
+    start: Time,
+    finish: Time,
+}
+
+/// Emulated GPUs behind one thread: each plan starts at max(exec_at, arrival, GPU
+/// free) and takes exactly l(b); the result reaches the frontend `resp` later.
+struct FakeBackends {
+    w: Arc<Workload>,
+    clock: Clock,
+    rx: Receiver<(Plan, Time)>,
+    waiter: Waiter,
+    ledger: Arc<Ledger>,
+    reporter: GpuReporter,
+    stop: Arc<AtomicBool>,
+}
+
+impl FakeBackends {
+    fn run(mut self) -> BackendStats {
+        let nm = self.w.models.len();
+        let mut st = BackendStats {
+            plans: 0,
+            overlaps: 0,
+            late_starts: 0,
+            busy_ns: Vec::new(),
+            batch_requests: vec![Vec::new(); nm],
+            queuing_us: (0..nm).map(|_| crate::sim::new_hist()).collect(),
+            cpu: std::time::Duration::ZERO,
+        };
+        // Per GPU: the planned finish of its last plan and when it is really free.
+        let mut planned_free: Vec<Time> = Vec::new();
+        let mut free: Vec<Time> = Vec::new();
+        let mut running: Vec<Option<Running>> = Vec::new();
+        let mut spare: Vec<usize> = Vec::new();
+        let mut heap: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
+        let (ws, we) = (self.ledger.win_start, self.ledger.win_end);
+        loop {
+            let now = self.clock.now();
+            while let Ok((p, sent)) = self.rx.try_recv() {
+                st.plans += 1;
+                let g = p.gpu.idx();
+                if g >= free.len() {
+                    free.resize(g + 1, Time::EPOCH_MIN);
+                    planned_free.resize(g + 1, Time::EPOCH_MIN);
+                    st.busy_ns.resize(g + 1, 0);
+                }
+                if p.exec_at < planned_free[g] {
+                    st.overlaps += 1;
+                }
+                planned_free[g] = p.finish_at;
+                let bs = p.tasks.len() as u32;
+                let spec = &self.w.models[p.model.idx()].spec;
+                let ready = sent + self.w.net.delay(bs);
+                if ready > p.exec_at {
+                    st.late_starts += 1;
+                }
+                let start = p.exec_at.max(ready).max(free[g]);
+                let finish = start + spec.profile.latency(bs);
+                free[g] = finish;
+                let a = start.max(ws);
+                let b = finish.min(we);
+                if b > a {
+                    st.busy_ns[g] += (b - a).0;
+                }
+                let slot = spare.pop().unwrap_or_else(|| {
+                    running.push(None);
+                    running.len() - 1
+                });
+                heap.push(Reverse((finish, slot)));
+                running[slot] = Some(Running {
+                    plan: p,
+                    start,
+                    finish,
+                });
+            }
+            while let Some(&Reverse((t, slot))) = heap.peek() {
+                if t > now {
+                    break;
+                }
+                heap.pop();
+                let r = running[slot].take().expect("running plan");
+                spare.push(slot);
+                self.complete(&mut st, r);
+            }
+            if self.stop.load(Ordering::Acquire) && heap.is_empty() && self.rx.is_empty() {
+                break;
+            }
+            let next = heap.peek().map(|r| r.0 .0);
+            let rx = &self.rx;
+            let stop = &self.stop;
+            // Parking is fine here: outcomes use the emulated times, not the wake-up.
+            let deadline = if stop.load(Ordering::Acquire) {
+                Some(
+                    next.unwrap_or(now + Dur::from_ms(1))
+                        .min(now + Dur::from_ms(1)),
+                )
+            } else {
+                next
+            };
+            self.waiter
+                .wait_until(&self.clock, deadline, || !rx.is_empty());
+        }
+        st.cpu = super::cpu::thread_cpu_time();
+        st
+    }
+
+    fn complete(&self, st: &mut BackendStats, r: Running) {
+        let p = r.plan;
+        let bs = p.tasks.len();
+        let m = p.model;
+        let resp = self.w.net.resp;
+        for t in &p.tasks {
+            let o = if r.finish + resp <= t.deadline {
+                Outcome::Good
+            } else {
+                Outcome::Late
+            };
+            self.ledger.end(m, t, o);
+            if self.ledger.in_window(t) {
+                let br = &mut st.batch_requests[m.idx()];
+                if br.len() <= bs {
+                    br.resize(bs + 1, 0);
+                }
+                br[bs] += 1;
+                let q = (r.start - t.arrival).as_us_f64().max(1.0) as u64;
+                st.queuing_us[m.idx()].saturating_record(q);
+            }
+        }
+        if r.finish != p.finish_at {
+            // The batch started late: tell the scheduler when the GPU is really free.
+            self.reporter.report(p.gpu, p.id, r.finish);
+        }
+    }
+}
+
+/// Options of a real-time run.
+#[derive(Debug, Clone)]
+pub struct RtOptions {
+    pub model_threads: usize,
+    pub pin_cpus: Option<Vec<usize>>,
+    pub rank_spin: Dur,
+    /// The load generator hands requests in at least this often (and at most every
+    /// arrival): its batching quantum.
+    pub gen_quantum: Dur,
+    /// Check that every request ends exactly once (one byte per request).
+    pub check_exactly_once: bool,
+    /// Per-model queue bound.
+    pub queue_max: usize,
+    /// Capacity of each ModelThread's request channel, in chunks.
+    pub request_chunks_max: usize,
+    /// Extra time after the last arrival for requests to end before shutdown.
+    pub drain: Dur,
+    /// Optional rate multiplier over time (from the run's start): overload tests.
+    pub rate_steps: Vec<(Dur, f64)>,
+}
+
+impl Default for RtOptions {
+    fn default() -> Self {
+        RtOptions {
+            model_threads: 1,
+            pin_cpus: None,
+            rank_spin: Dur::from_us(100),
+            gen_quantum: Dur::from_us(50),
+            check_exactly_once: true,
+            queue_max: 65_536,
+            request_chunks_max: 4096,
+            drain: Dur::from_ms(500),
+            rate_steps: Vec::new(),
+        }
+    }
+}
+
+/// A real-time run's results.
+#[derive(Debug, Clone)]
+pub struct RtRun {
+    /// The same fields as a simulation (per-model outcomes, batch sizes, GPU busy).
+    pub sim: SimResult,
+    /// Load generator lag: hand-in time − arrival time, ns.
+    pub lag_ns: Histogram<u64>,
+    pub generated: u64,
+    pub refused: u64,
+    pub duplicates: u64,
+    /// Requests that never ended (must be 0).
+    pub unended: u64,
+    pub failed: u64,
+    pub scheduler: RtReport,
+    pub backend: BackendStats,
+    pub generator_cpu: std::time::Duration,
+    pub process_cpu: std::time::Duration,
+    pub wall_secs: f64,
+    /// Seconds from the first arrival to the end of the last.
+    pub gen_secs: f64,
+}
+
+impl RtRun {
+    /// CPU seconds of the scheduler's threads per wall second of load.
+    pub fn scheduler_cores(&self) -> f64 {
+        self.scheduler.cpu().as_secs_f64() / self.wall_secs.max(1e-9)
+    }
+}
+
+/// The dispatcher configuration for a workload and policy (as the simulator builds).
+pub fn dispatcher_config(w: &Workload, policy: Policy, queue_max: usize) -> DispatcherConfig {
+    let mut cfg = DispatcherConfig::new(policy, w.gpus);
+    cfg.gather = w.gather.unwrap_or_else(|| policy.default_gather());
+    cfg.net = w.net;
+    cfg.check_invariants = false;
+    cfg.min_expected_gain = w.min_expected_gain;
+    cfg.queue_max = queue_max;
+    cfg
+}
+
+/// Runs `w` at `opt.rate_rps` on the real-time scheduler with fake frontends and
+/// backends, for `opt.warmup + opt.duration` of real time.
+pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<RtRun> {
+    let wall = std::time::Instant::now();
+    let cpu0 = super::cpu::process_cpu_time();
+    let w = Arc::new(w.clone());
+    let clock = Clock::new();
+    // The run's time 0 is a little after start-up, so the threads are up.
+    let t0 = clock.now() + Dur::from_ms(20);
+    let win_start = t0 + opt.warmup;
+    let win_end = win_start + opt.duration;
+    let expect = opt.rate_rps * (opt.warmup + opt.duration).as_secs_f64();
+    let peak = rt.rate_steps.iter().map(|s| s.1).fold(1.0f64, f64::max);
+    let capacity = if rt.check_exactly_once {
+        (expect * peak * 1.2 + 100_000.0) as usize
+    } else {
+        0
+    };
+    let ledger = Arc::new(Ledger::new(w.models.len(), capacity, win_start, win_end));
+
+    let (plan_tx, plan_rx) = unbounded();
+    let backend_waiter = Waiter::new(Dur::ZERO);
+    let outlet = Arc::new(FakeOutlet {
+        plans: plan_tx,
+        backend: backend_waiter.unparker(),
+        ledger: ledger.clone(),
+    });
+    let mut cfg = RtConfig::new(
+        dispatcher_config(&w, opt.policy, rt.queue_max),
+        rt.model_threads,
+    );
+    cfg.pin_cpus = rt.pin_cpus.clone();
+    cfg.rank_spin = rt.rank_spin;
+    cfg.request_chunks_max = rt.request_chunks_max;
+    cfg.model_loads = w.models.iter().map(|m| m.share).collect();
+    let sched = RtScheduler::start(cfg, w.specs(), outlet, clock)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let backends = FakeBackends {
+        w: w.clone(),
+        clock,
+        rx: plan_rx,
+        waiter: backend_waiter,
+        ledger: ledger.clone(),
+        reporter: sched.gpu_reporter(),
+        stop: stop.clone(),
+    };
+    let backend = std::thread::Builder::new()
+        .name("fermata-fake-backends".into())
+        .spawn(move || backends.run())?;
+
+    // The load generator runs on this thread.
+    let mut sub = sched.submitter();
+    let gen = generate(&w, opt, rt, clock, t0, win_end, &mut sub, &ledger);
+    drop(sub);
+
+    // Let what is queued end by itself (every request has a deadline), then shut down.
+    let drain_until = clock.now() + rt.drain;
+    while ledger.ended() < gen.generated && clock.now() < drain_until {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let scheduler = sched.shutdown();
+    stop.store(true, Ordering::Release);
+    let backend = backend.join().expect("the fake backends panicked");
+    let ended = ledger.ended();
+    let window_ns = opt.duration.0 as f64;
+    let models = w
+        .models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let t = &ledger.models[i];
+            ModelResult {
+                name: m.spec.name.clone(),
+                offered: t.offered.load(Ordering::Acquire),
+                good: t.good.load(Ordering::Acquire),
+                late: t.late.load(Ordering::Acquire),
+                dropped: t.dropped.load(Ordering::Acquire) + t.failed.load(Ordering::Acquire),
+                batch_requests: backend.batch_requests[i].clone(),
+                queuing_us: backend.queuing_us[i].clone(),
+            }
+        })
+        .collect();
+    let mut busy = backend.busy_ns.clone();
+    busy.resize(w.gpus as usize, 0);
+    let wall_secs = wall.elapsed().as_secs_f64();
+    Ok(RtRun {
+        sim: SimResult {
+            policy: opt.policy,
+            rate_rps: opt.rate_rps,
+            models,
+            gpu_busy: busy.iter().map(|&b| b as f64 / window_ns).collect(),
+            sim_requests: gen.generated,
+            wall_secs,
+            plans: Vec::new(),
+            preemptions: scheduler.counters.preemptions,
+            window: opt.duration,
+        },
+        lag_ns: gen.lag_ns,
+        generated: gen.generated,
+        refused: gen.refused,
+        duplicates: ledger.duplicates(),
+        unended: gen.generated.saturating_sub(ended),
+        failed: ledger.failed(),
+        scheduler,
+        backend,
+        generator_cpu: gen.cpu,
+        process_cpu: super::cpu::process_cpu_time().saturating_sub(cpu0),
+        wall_secs,
+        gen_secs: gen.secs,
+    })
+}
+
+struct GenResult {
+    generated: u64,
+    refused: u64,
+    lag_ns: Histogram<u64>,
+    cpu: std::time::Duration,
+    secs: f64,
+}
+
+/// The fake frontends: per-model arrival processes (seeded as in the simulator),
+/// merged in time order and handed in every `gen_quantum`.
+#[allow(clippy::too_many_arguments)]
+fn generate(
+    w: &Workload,
+    opt: &SimOptions,
+    rt: &RtOptions,
+    clock: Clock,
+    t0: Time,
+    end: Time,
+    sub: &mut Submitter,
+    ledger: &Ledger,
+) -> GenResult {
+    let cpu0 = super::cpu::thread_cpu_time();
+    let nm = w.models.len();
+    let mut gens: Vec<ArrivalGen> = w
+        .models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let seed = opt
+                .seed
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) + 1);
+            let mut trace = m.rate_trace.clone();
+            if !rt.rate_steps.is_empty() {
+                trace = rt.rate_steps.clone();
+            }
+            ArrivalGen::new(opt.arrival, opt.rate_rps * m.share, trace, seed, nm > 1)
+        })
+        .collect();
+    let mut next: IndexedHeap<Time> = IndexedHeap::new();
+    let horizon = end - t0;
+    for (i, g) in gens.iter().enumerate() {
+        if g.peek() < Time::ZERO + horizon {
+            next.set(i, g.peek());
+        }
+    }
+    let mut lag = new_hist();
+    let mut refused = Vec::new();
+    let mut n_refused = 0u64;
+    let mut id = 0u64;
+    let mut waiter = Waiter::new(Dur::ZERO);
+    let mut last_flush = clock.now();
+    loop {
+        let now = clock.now();
+        let rel = now - t0;
+        while let Some((m, t)) = next.peek() {
+            if t.0 > rel.0 {
+                break;
+            }
+            let g = &mut gens[m];
+            g.advance();
+            if g.peek() < Time::ZERO + horizon {
+                next.set(m, g.peek());
+            } else {
+                next.remove(m);
+            }
+            let arrival = t0 + Dur(t.0);
+            let task = Task {
+                id: TaskId(id),
+                arrival,
+                deadline: arrival + w.models[m].spec.slo,
+            };
+            id += 1;
+            let model = ModelId(m as u32);
+            ledger.offered(model, &task);
+            lag.saturating_record((now - arrival).0.max(1) as u64);
+            sub.push(model, task, &mut refused);
+        }
+        sub.flush(&mut refused);
+        last_flush = last_flush.max(now);
+        for (m, t) in refused.drain(..) {
+            n_refused += 1;
+            ledger.end(m, &t, Outcome::Dropped);
+        }
+        let Some((_, t)) = next.peek() else {
+            // No more arrivals: the frontends stay up (idle) until the run's end.
+            waiter.wait_until(&clock, Some(end), || false);
+            break;
+        };
+        let due = t0 + Dur(t.0);
+        let wake = due.max(last_flush + rt.gen_quantum);
+        waiter.wait_until(&clock, Some(wake), || false);
+    }
+    GenResult {
+        generated: id,
+        refused: n_refused,
+        lag_ns: lag,
+        cpu: super::cpu::thread_cpu_time().saturating_sub(cpu0),
+        secs: (clock.now() - t0).as_secs_f64(),
+    }
+}
