@@ -82,6 +82,32 @@ enum BenchCmd {
     /// Scheduler-only stress test: the real-time scheduler with in-process fake
     /// frontends and backends (paper Section 5.5).
     Scheduler(SchedulerArgs),
+    /// Overload on the real-time scheduler: FACTOR x the (simulated) goodput rate
+    /// for SECS seconds, then the load drops; goodput, memory and recovery.
+    Overload(OverloadArgs),
+}
+
+#[derive(Args)]
+struct OverloadArgs {
+    /// Workload file (TOML).
+    #[arg(long, default_value = "configs/workloads/resnet50_8gpu.toml")]
+    workload: PathBuf,
+    /// Policy (default: the workload's).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Overload factor over the goodput rate.
+    #[arg(long, default_value_t = 10.0)]
+    factor: f64,
+    /// Seconds of overload (measured).
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    /// Per-model queue bound during the test.
+    #[arg(long, default_value_t = 4096)]
+    queue_max: usize,
+    #[command(flatten)]
+    rt: RtArgs,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Clone)]
@@ -99,6 +125,9 @@ struct RtArgs {
     /// The load generator hands requests in at least this often (us).
     #[arg(long, default_value_t = 50.0)]
     gen_quantum_us: f64,
+    /// A ModelThread polls this long for more work before it parks (us).
+    #[arg(long, default_value_t = 100.0)]
+    model_spin_us: f64,
 }
 
 impl RtArgs {
@@ -118,6 +147,7 @@ impl RtArgs {
             pin_cpus,
             rank_spin: Dur::from_us_f64(self.rank_spin_us),
             gen_quantum: Dur::from_us_f64(self.gen_quantum_us),
+            model_spin: Dur::from_us_f64(self.model_spin_us.max(0.0)),
             ..Default::default()
         })
     }
@@ -237,6 +267,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Fig6a(a)) => fermata::bench::cases::fig6a(a.seed, a.json),
         Cmd::Bench(BenchCmd::Flattop(a)) => cmd_flattop(a),
         Cmd::Bench(BenchCmd::Scheduler(a)) => cmd_scheduler(a),
+        Cmd::Bench(BenchCmd::Overload(a)) => cmd_overload(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -597,6 +628,83 @@ fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::Value::Object(out))?
+        );
+    }
+    Ok(())
+}
+
+fn cmd_overload(a: OverloadArgs) -> Result<()> {
+    use fermata::runtime::fake::run_realtime;
+    if !(a.factor >= 1.0 && a.factor <= 100.0 && a.secs > 0.0) {
+        bail!("--factor must be in [1, 100] and --secs > 0");
+    }
+    let w = Workload::from_file(&a.workload)?;
+    let mut o = SimOptions::from_workload(&w);
+    if let Some(p) = &a.policy {
+        o.policy = p
+            .parse::<Policy>()
+            .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    }
+    // The peak: the simulator's goodput for the same workload and policy.
+    let peak = bench::goodput_search(&w, &o, &SearchOptions::default()).goodput_rps;
+    let mut rt = a.rt.options()?;
+    rt.queue_max = a.queue_max;
+    // Run 1: the overload itself is the measured window.
+    let mut o1 = o.clone();
+    o1.rate_rps = peak;
+    o1.warmup = Dur::from_secs_f64(2.0);
+    o1.duration = Dur::from_secs_f64(a.secs);
+    let mut rt1 = rt.clone();
+    rt1.rate_steps = vec![(Dur::ZERO, 1.0), (Dur::from_secs_f64(1.0), a.factor)];
+    let rss0 = fermata::runtime::cpu::max_rss_bytes();
+    let r1 = run_realtime(&w, &o1, &rt1)?;
+    let rss1 = fermata::runtime::cpu::max_rss_bytes();
+    let ratio = r1.sim.goodput_rps() / peak.max(1e-9);
+    // Run 2: the same overload, then half the peak rate, measured after it.
+    let mut o2 = o.clone();
+    o2.rate_rps = peak;
+    o2.warmup = Dur::from_secs_f64(a.secs + 1.0);
+    o2.duration = Dur::from_secs_f64(5.0);
+    let mut rt2 = rt.clone();
+    rt2.rate_steps = vec![(Dur::ZERO, a.factor), (Dur::from_secs_f64(a.secs), 0.5)];
+    let r2 = run_realtime(&w, &o2, &rt2)?;
+    let ok_once = |r: &fermata::runtime::fake::RtRun| {
+        r.duplicates == 0 && r.unended == 0 && r.backend.overlaps == 0
+    };
+    let v = serde_json::json!({
+        "workload": w.name,
+        "policy": o.policy.name(),
+        "peak_goodput_rps_sim": peak,
+        "overload_factor": a.factor,
+        "overload_offered_rps": peak * a.factor,
+        "overload_goodput_rps": r1.sim.goodput_rps(),
+        "overload_goodput_over_peak": ratio,
+        "overload_refused": r1.refused,
+        "overload_requests": r1.generated,
+        "exactly_once": ok_once(&r1) && ok_once(&r2),
+        "max_rss_mib_before": rss0 as f64 / 1048576.0,
+        "max_rss_mib_after": rss1 as f64 / 1048576.0,
+        "recovery_rate_rps": peak * 0.5,
+        "recovery_bad_rate": r2.sim.bad_rate(),
+        "recovery_goodput_rps": r2.sim.goodput_rps(),
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "peak (simulated goodput) {:.0} r/s; {}x overload for {} s: goodput {:.0} r/s = {:.3} x peak, {} of {} requests refused at the door",
+            peak, a.factor, a.secs, r1.sim.goodput_rps(), ratio, r1.refused, r1.generated
+        );
+        println!(
+            "every request ended exactly once: {}; peak RSS {:.0} MiB (before the run {:.0} MiB)",
+            ok_once(&r1) && ok_once(&r2),
+            rss1 as f64 / 1048576.0,
+            rss0 as f64 / 1048576.0
+        );
+        println!(
+            "recovery at 0.5 x peak after the overload: bad rate {:.3}%, goodput {:.0} r/s",
+            100.0 * r2.sim.bad_rate(),
+            r2.sim.goodput_rps()
         );
     }
     Ok(())

@@ -74,7 +74,7 @@ pub fn stress_workload(o: &StressOptions, rate_rps: f64) -> Result<Workload> {
         m = o.models,
         g = o.gpus,
         arr = o.arrival,
-        rate = rate_rps.max(0.0),
+        rate = rate_rps.max(1.0),
         pol = o.policy,
         seed = o.seed,
         wu = o.warmup_s,

@@ -59,8 +59,28 @@ pub struct Ledger {
 impl Ledger {
     /// `capacity`: request ids below it are checked for exactly-once (0 disables).
     pub fn new(models: usize, capacity: usize, win_start: Time, win_end: Time) -> Ledger {
+        Ledger::with_flags(Ledger::flags(capacity), models, win_start, win_end)
+    }
+
+    /// The exactly-once flags for `capacity` request ids (allocate them before the
+    /// run's clock starts: zeroing millions of bytes takes milliseconds).
+    pub fn flags(capacity: usize) -> Vec<AtomicU8> {
+        let mut v: Vec<AtomicU8> = (0..capacity).map(|_| AtomicU8::new(0)).collect();
+        // Touch every page now rather than in the middle of the run.
+        for i in (0..v.len()).step_by(4096) {
+            *v[i].get_mut() = 0;
+        }
+        v
+    }
+
+    pub fn with_flags(
+        flags: Vec<AtomicU8>,
+        models: usize,
+        win_start: Time,
+        win_end: Time,
+    ) -> Ledger {
         Ledger {
-            flags: (0..capacity).map(|_| AtomicU8::new(0)).collect(),
+            flags,
             duplicates: AtomicU64::new(0),
             unchecked: AtomicU64::new(0),
             ended: AtomicU64::new(0),
@@ -172,108 +192,115 @@ struct Running {
     finish: Time,
 }
 
-/// Emulated GPUs behind one thread: each plan starts at max(exec_at, arrival, GPU
-/// free) and takes exactly l(b); the result reaches the frontend `resp` later.
+/// Emulated GPUs: each plan starts at max(exec_at, arrival, GPU free) and takes
+/// exactly l(b); the result reaches the frontend `resp` later. Driven by the fake
+/// world's thread (see [`run_realtime`]).
 struct FakeBackends {
     w: Arc<Workload>,
-    clock: Clock,
     rx: Receiver<(Plan, Time)>,
-    waiter: Waiter,
     ledger: Arc<Ledger>,
     reporter: GpuReporter,
-    stop: Arc<AtomicBool>,
+    st: BackendStats,
+    /// Per GPU: the planned finish of its last plan and when it is really free.
+    planned_free: Vec<Time>,
+    free: Vec<Time>,
+    running: Vec<Option<Running>>,
+    spare: Vec<usize>,
+    heap: BinaryHeap<Reverse<(Time, usize)>>,
 }
 
 impl FakeBackends {
-    fn run(mut self) -> BackendStats {
-        let nm = self.w.models.len();
-        let mut st = BackendStats {
-            plans: 0,
-            overlaps: 0,
-            late_starts: 0,
-            busy_ns: Vec::new(),
-            batch_requests: vec![Vec::new(); nm],
-            queuing_us: (0..nm).map(|_| crate::sim::new_hist()).collect(),
-            cpu: std::time::Duration::ZERO,
-        };
-        // Per GPU: the planned finish of its last plan and when it is really free.
-        let mut planned_free: Vec<Time> = Vec::new();
-        let mut free: Vec<Time> = Vec::new();
-        let mut running: Vec<Option<Running>> = Vec::new();
-        let mut spare: Vec<usize> = Vec::new();
-        let mut heap: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
-        let (ws, we) = (self.ledger.win_start, self.ledger.win_end);
-        loop {
-            let now = self.clock.now();
-            while let Ok((p, sent)) = self.rx.try_recv() {
-                st.plans += 1;
-                let g = p.gpu.idx();
-                if g >= free.len() {
-                    free.resize(g + 1, Time::EPOCH_MIN);
-                    planned_free.resize(g + 1, Time::EPOCH_MIN);
-                    st.busy_ns.resize(g + 1, 0);
-                }
-                if p.exec_at < planned_free[g] {
-                    st.overlaps += 1;
-                }
-                planned_free[g] = p.finish_at;
-                let bs = p.tasks.len() as u32;
-                let spec = &self.w.models[p.model.idx()].spec;
-                let ready = sent + self.w.net.delay(bs);
-                if ready > p.exec_at {
-                    st.late_starts += 1;
-                }
-                let start = p.exec_at.max(ready).max(free[g]);
-                let finish = start + spec.profile.latency(bs);
-                free[g] = finish;
-                let a = start.max(ws);
-                let b = finish.min(we);
-                if b > a {
-                    st.busy_ns[g] += (b - a).0;
-                }
-                let slot = spare.pop().unwrap_or_else(|| {
-                    running.push(None);
-                    running.len() - 1
-                });
-                heap.push(Reverse((finish, slot)));
-                running[slot] = Some(Running {
-                    plan: p,
-                    start,
-                    finish,
-                });
-            }
-            while let Some(&Reverse((t, slot))) = heap.peek() {
-                if t > now {
-                    break;
-                }
-                heap.pop();
-                let r = running[slot].take().expect("running plan");
-                spare.push(slot);
-                self.complete(&mut st, r);
-            }
-            if self.stop.load(Ordering::Acquire) && heap.is_empty() && self.rx.is_empty() {
-                break;
-            }
-            let next = heap.peek().map(|r| r.0 .0);
-            let rx = &self.rx;
-            let stop = &self.stop;
-            // Parking is fine here: outcomes use the emulated times, not the wake-up.
-            let deadline = if stop.load(Ordering::Acquire) {
-                Some(
-                    next.unwrap_or(now + Dur::from_ms(1))
-                        .min(now + Dur::from_ms(1)),
-                )
-            } else {
-                next
-            };
-            self.waiter
-                .wait_until(&self.clock, deadline, || !rx.is_empty());
+    fn new(
+        w: Arc<Workload>,
+        rx: Receiver<(Plan, Time)>,
+        ledger: Arc<Ledger>,
+        reporter: GpuReporter,
+    ) -> FakeBackends {
+        let nm = w.models.len();
+        FakeBackends {
+            st: BackendStats {
+                plans: 0,
+                overlaps: 0,
+                late_starts: 0,
+                busy_ns: vec![0; w.gpus as usize],
+                batch_requests: vec![Vec::new(); nm],
+                queuing_us: (0..nm).map(|_| crate::sim::new_hist()).collect(),
+                cpu: std::time::Duration::ZERO,
+            },
+            w,
+            rx,
+            ledger,
+            reporter,
+            planned_free: Vec::new(),
+            free: Vec::new(),
+            running: Vec::new(),
+            spare: Vec::new(),
+            heap: BinaryHeap::new(),
         }
-        st.cpu = super::cpu::thread_cpu_time();
-        st
     }
 
-    fn complete(&self, st: &mut BackendStats, r: Running) {
+    /// Takes the plans that arrived and completes the batches finished by `now`.
+    fn step(&mut self, now: Time) {
+        let (ws, we) = (self.ledger.win_start, self.ledger.win_end);
+        while let Ok((p, sent)) = self.rx.try_recv() {
+            self.st.plans += 1;
+            let g = p.gpu.idx();
+            if g >= self.free.len() {
+                self.free.resize(g + 1, Time::EPOCH_MIN);
+                self.planned_free.resize(g + 1, Time::EPOCH_MIN);
+            }
+            if g >= self.st.busy_ns.len() {
+                self.st.busy_ns.resize(g + 1, 0);
+            }
+            if p.exec_at < self.planned_free[g] {
+                self.st.overlaps += 1;
+            }
+            self.planned_free[g] = p.finish_at;
+            let bs = p.tasks.len() as u32;
+            let spec = &self.w.models[p.model.idx()].spec;
+            let ready = sent + self.w.net.delay(bs);
+            if ready > p.exec_at {
+                self.st.late_starts += 1;
+            }
+            let start = p.exec_at.max(ready).max(self.free[g]);
+            let finish = start + spec.profile.latency(bs);
+            self.free[g] = finish;
+            let (a, b) = (start.max(ws), finish.min(we));
+            if b > a {
+                self.st.busy_ns[g] += (b - a).0;
+            }
+            let slot = self.spare.pop().unwrap_or_else(|| {
+                self.running.push(None);
+                self.running.len() - 1
+            });
+            self.heap.push(Reverse((finish, slot)));
+            self.running[slot] = Some(Running {
+                plan: p,
+                start,
+                finish,
+            });
+        }
+        while let Some(&Reverse((t, slot))) = self.heap.peek() {
+            if t > now {
+                break;
+            }
+            self.heap.pop();
+            let r = self.running[slot].take().expect("running plan");
+            self.spare.push(slot);
+            self.complete(r);
+        }
+    }
+
+    fn next_finish(&self) -> Option<Time> {
+        self.heap.peek().map(|r| r.0 .0)
+    }
+
+    fn idle(&self) -> bool {
+        self.heap.is_empty() && self.rx.is_empty()
+    }
+
+    fn complete(&mut self, r: Running) {
+        let st = &mut self.st;
         let p = r.plan;
         let bs = p.tasks.len();
         let m = p.model;
@@ -315,6 +342,8 @@ pub struct RtOptions {
     pub check_exactly_once: bool,
     /// Per-model queue bound.
     pub queue_max: usize,
+    /// A ModelThread's poll before it parks (see `RtConfig::model_spin`).
+    pub model_spin: Dur,
     /// Capacity of each ModelThread's request channel, in chunks.
     pub request_chunks_max: usize,
     /// Extra time after the last arrival for requests to end before shutdown.
@@ -332,6 +361,7 @@ impl Default for RtOptions {
             gen_quantum: Dur::from_us(50),
             check_exactly_once: true,
             queue_max: 65_536,
+            model_spin: Dur::from_us(100),
             request_chunks_max: 4096,
             drain: Dur::from_ms(500),
             rate_steps: Vec::new(),
@@ -381,15 +411,17 @@ pub fn dispatcher_config(w: &Workload, policy: Policy, queue_max: usize) -> Disp
 
 /// Runs `w` at `opt.rate_rps` on the real-time scheduler with fake frontends and
 /// backends, for `opt.warmup + opt.duration` of real time.
+///
+/// Threads: the scheduler's (one RankThread, K ModelThreads) and one "fake world"
+/// thread that plays every frontend (generating arrivals, handing them in every
+/// `gen_quantum`) and every backend (emulated GPUs). The fakes share a thread so that
+/// on a small machine the scheduler, not the test harness, gets the cores.
 pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<RtRun> {
     let wall = std::time::Instant::now();
     let cpu0 = super::cpu::process_cpu_time();
     let w = Arc::new(w.clone());
     let clock = Clock::new();
     // The run's time 0 is a little after start-up, so the threads are up.
-    let t0 = clock.now() + Dur::from_ms(20);
-    let win_start = t0 + opt.warmup;
-    let win_end = win_start + opt.duration;
     let expect = opt.rate_rps * (opt.warmup + opt.duration).as_secs_f64();
     let peak = rt.rate_steps.iter().map(|s| s.1).fold(1.0f64, f64::max);
     let capacity = if rt.check_exactly_once {
@@ -397,13 +429,25 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
     } else {
         0
     };
-    let ledger = Arc::new(Ledger::new(w.models.len(), capacity, win_start, win_end));
+    let flags = Ledger::flags(capacity);
+    // The run's time 0 is a little after start-up, so the threads are up.
+    let t0 = clock.now() + Dur::from_ms(20);
+    let win_start = t0 + opt.warmup;
+    let win_end = win_start + opt.duration;
+    let ledger = Arc::new(Ledger::with_flags(
+        flags,
+        w.models.len(),
+        win_start,
+        win_end,
+    ));
 
     let (plan_tx, plan_rx) = unbounded();
-    let backend_waiter = Waiter::new(Dur::ZERO);
+    let world_waiter = Waiter::new(Dur::ZERO);
     let outlet = Arc::new(FakeOutlet {
         plans: plan_tx,
-        backend: backend_waiter.unparker(),
+        // Plans are accounted with emulated times: the world thread need not wake
+        // for each; it takes them on its next pass (every `gen_quantum` under load).
+        backend: world_waiter.unparker(),
         ledger: ledger.clone(),
     });
     let mut cfg = RtConfig::new(
@@ -412,27 +456,60 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
     );
     cfg.pin_cpus = rt.pin_cpus.clone();
     cfg.rank_spin = rt.rank_spin;
+    cfg.model_spin = rt.model_spin;
     cfg.request_chunks_max = rt.request_chunks_max;
     cfg.model_loads = w.models.iter().map(|m| m.share).collect();
     let sched = RtScheduler::start(cfg, w.specs(), outlet, clock)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let backends = FakeBackends {
-        w: w.clone(),
-        clock,
-        rx: plan_rx,
-        waiter: backend_waiter,
-        ledger: ledger.clone(),
-        reporter: sched.gpu_reporter(),
-        stop: stop.clone(),
+    let mut backends = FakeBackends::new(w.clone(), plan_rx, ledger.clone(), sched.gpu_reporter());
+    let mut gen = LoadGen::new(&w, opt, rt, t0, win_end);
+    let mut sub = Some(sched.submitter());
+    let (gen_tx, gen_rx) = crossbeam_channel::bounded(1);
+    let world = {
+        let (ledger, stop) = (ledger.clone(), stop.clone());
+        let quantum = rt.gen_quantum;
+        std::thread::Builder::new()
+            .name("fermata-fake-world".into())
+            .spawn(move || {
+                let mut waiter = world_waiter;
+                let mut generating = true;
+                loop {
+                    let now = clock.now();
+                    let mut wake = None;
+                    if let Some(su) = sub.as_mut() {
+                        wake = gen.step(now, su, &ledger, quantum);
+                        if wake.is_none() {
+                            generating = false;
+                            gen.cpu = super::cpu::thread_cpu_time();
+                            // Submitters must go for the scheduler to shut down.
+                            sub = None;
+                            let _ = gen_tx.send(gen.result(clock));
+                        }
+                    }
+                    backends.step(now);
+                    if !generating && stop.load(Ordering::Acquire) && backends.idle() {
+                        break;
+                    }
+                    let next = match (wake, backends.next_finish()) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    let deadline = if generating {
+                        next
+                    } else {
+                        // Draining: look at the stop flag every millisecond.
+                        Some(next.map_or(now + Dur::from_ms(1), |n| n.min(now + Dur::from_ms(1))))
+                    };
+                    waiter.wait_until(&clock, deadline, || false);
+                }
+                let mut st = backends.st;
+                st.cpu = super::cpu::thread_cpu_time();
+                st
+            })?
     };
-    let backend = std::thread::Builder::new()
-        .name("fermata-fake-backends".into())
-        .spawn(move || backends.run())?;
-
-    // The load generator runs on this thread.
-    let mut sub = sched.submitter();
-    let gen = generate(&w, opt, rt, clock, t0, win_end, &mut sub, &ledger);
-    drop(sub);
+    let gen = gen_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the fake world thread died"))?;
 
     // Let what is queued end by itself (every request has a deadline), then shut down.
     let drain_until = clock.now() + rt.drain;
@@ -441,7 +518,9 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
     }
     let scheduler = sched.shutdown();
     stop.store(true, Ordering::Release);
-    let backend = backend.join().expect("the fake backends panicked");
+    let mut backend = world.join().expect("the fake world thread panicked");
+    let world_cpu = backend.cpu;
+    backend.cpu = world_cpu.saturating_sub(gen.cpu);
     let ended = ledger.ended();
     let window_ns = opt.duration.0 as f64;
     let models = w
@@ -500,95 +579,125 @@ struct GenResult {
 }
 
 /// The fake frontends: per-model arrival processes (seeded as in the simulator),
-/// merged in time order and handed in every `gen_quantum`.
-#[allow(clippy::too_many_arguments)]
-fn generate(
-    w: &Workload,
-    opt: &SimOptions,
-    rt: &RtOptions,
-    clock: Clock,
+/// merged in time order and handed in at least every `gen_quantum`.
+struct LoadGen {
+    slo: Vec<Dur>,
+    gens: Vec<ArrivalGen>,
+    next: IndexedHeap<Time>,
     t0: Time,
+    win_start: Time,
     end: Time,
-    sub: &mut Submitter,
-    ledger: &Ledger,
-) -> GenResult {
-    let cpu0 = super::cpu::thread_cpu_time();
-    let nm = w.models.len();
-    let mut gens: Vec<ArrivalGen> = w
-        .models
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let seed = opt
-                .seed
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) + 1);
-            let mut trace = m.rate_trace.clone();
-            if !rt.rate_steps.is_empty() {
-                trace = rt.rate_steps.clone();
+    lag: Histogram<u64>,
+    refused: Vec<(ModelId, Task)>,
+    n_refused: u64,
+    id: u64,
+    last_flush: Time,
+    cpu: std::time::Duration,
+}
+
+impl LoadGen {
+    fn new(w: &Workload, opt: &SimOptions, rt: &RtOptions, t0: Time, end: Time) -> LoadGen {
+        let nm = w.models.len();
+        let gens: Vec<ArrivalGen> = w
+            .models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let seed = opt
+                    .seed
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) + 1);
+                let trace = if rt.rate_steps.is_empty() {
+                    m.rate_trace.clone()
+                } else {
+                    rt.rate_steps.clone()
+                };
+                ArrivalGen::new(opt.arrival, opt.rate_rps * m.share, trace, seed, nm > 1)
+            })
+            .collect();
+        let mut next = IndexedHeap::new();
+        let horizon = Time::ZERO + (end - t0);
+        for (i, g) in gens.iter().enumerate() {
+            if g.peek() < horizon {
+                next.set(i, g.peek());
             }
-            ArrivalGen::new(opt.arrival, opt.rate_rps * m.share, trace, seed, nm > 1)
-        })
-        .collect();
-    let mut next: IndexedHeap<Time> = IndexedHeap::new();
-    let horizon = end - t0;
-    for (i, g) in gens.iter().enumerate() {
-        if g.peek() < Time::ZERO + horizon {
-            next.set(i, g.peek());
+        }
+        LoadGen {
+            slo: w.models.iter().map(|m| m.spec.slo).collect(),
+            gens,
+            next,
+            t0,
+            win_start: end - opt.duration,
+            end,
+            lag: new_hist(),
+            refused: Vec::new(),
+            n_refused: 0,
+            id: 0,
+            last_flush: Time::EPOCH_MIN,
+            cpu: std::time::Duration::ZERO,
         }
     }
-    let mut lag = new_hist();
-    let mut refused = Vec::new();
-    let mut n_refused = 0u64;
-    let mut id = 0u64;
-    let mut waiter = Waiter::new(Dur::ZERO);
-    let mut last_flush = clock.now();
-    loop {
-        let now = clock.now();
-        let rel = now - t0;
-        while let Some((m, t)) = next.peek() {
+
+    /// Hands in every arrival due by `now`; returns when to call again (None: the
+    /// run is over).
+    fn step(
+        &mut self,
+        now: Time,
+        sub: &mut Submitter,
+        ledger: &Ledger,
+        quantum: Dur,
+    ) -> Option<Time> {
+        let rel = now - self.t0;
+        let horizon = Time::ZERO + (self.end - self.t0);
+        while let Some((m, t)) = self.next.peek() {
             if t.0 > rel.0 {
                 break;
             }
-            let g = &mut gens[m];
+            let g = &mut self.gens[m];
             g.advance();
-            if g.peek() < Time::ZERO + horizon {
-                next.set(m, g.peek());
+            if g.peek() < horizon {
+                self.next.set(m, g.peek());
             } else {
-                next.remove(m);
+                self.next.remove(m);
             }
-            let arrival = t0 + Dur(t.0);
+            let arrival = self.t0 + Dur(t.0);
             let task = Task {
-                id: TaskId(id),
+                id: TaskId(self.id),
                 arrival,
-                deadline: arrival + w.models[m].spec.slo,
+                deadline: arrival + self.slo[m],
             };
-            id += 1;
+            self.id += 1;
             let model = ModelId(m as u32);
             ledger.offered(model, &task);
-            lag.saturating_record((now - arrival).0.max(1) as u64);
-            sub.push(model, task, &mut refused);
+            // Lag is measured over the measured window, like every other figure:
+            // the first milliseconds after start-up (threads and pages warming up)
+            // belong to the warm-up.
+            if arrival >= self.win_start {
+                self.lag.saturating_record((now - arrival).0.max(1) as u64);
+            }
+            sub.push(model, task, &mut self.refused);
         }
-        sub.flush(&mut refused);
-        last_flush = last_flush.max(now);
-        for (m, t) in refused.drain(..) {
-            n_refused += 1;
+        sub.flush(&mut self.refused);
+        self.last_flush = now;
+        for (m, t) in self.refused.drain(..) {
+            self.n_refused += 1;
             ledger.end(m, &t, Outcome::Dropped);
         }
-        let Some((_, t)) = next.peek() else {
+        match self.next.peek() {
+            Some((_, t)) => Some((self.t0 + Dur(t.0)).max(now + quantum)),
             // No more arrivals: the frontends stay up (idle) until the run's end.
-            waiter.wait_until(&clock, Some(end), || false);
-            break;
-        };
-        let due = t0 + Dur(t.0);
-        let wake = due.max(last_flush + rt.gen_quantum);
-        waiter.wait_until(&clock, Some(wake), || false);
+            None if now < self.end => Some(self.end),
+            None => None,
+        }
     }
-    GenResult {
-        generated: id,
-        refused: n_refused,
-        lag_ns: lag,
-        cpu: super::cpu::thread_cpu_time().saturating_sub(cpu0),
-        secs: (clock.now() - t0).as_secs_f64(),
+
+    fn result(&mut self, clock: Clock) -> GenResult {
+        GenResult {
+            generated: self.id,
+            refused: self.n_refused,
+            lag_ns: std::mem::replace(&mut self.lag, new_hist()),
+            cpu: self.cpu,
+            secs: (clock.now() - self.t0).as_secs_f64(),
+        }
     }
 }
