@@ -61,6 +61,20 @@ fn timeval(tv: libc::timeval) -> Duration {
     Duration::from_secs(secs) + Duration::from_micros(micros)
 }
 
+/// The process's peak resident set size in bytes (getrusage `ru_maxrss`; 0 if the
+/// call fails).
+pub fn max_rss_bytes() -> u64 {
+    // SAFETY: getrusage only writes into the struct we pass.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) == 0 {
+            (ru.ru_maxrss as u64) * 1024
+        } else {
+            0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,19 +127,5 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         let used = thread_cpu_time() - before;
         assert!(used < Duration::from_millis(10), "{used:?}");
-    }
-}
-
-/// The process's peak resident set size in bytes (getrusage `ru_maxrss`; 0 if the
-/// call fails).
-pub fn max_rss_bytes() -> u64 {
-    // SAFETY: getrusage only writes into the struct we pass.
-    unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) == 0 {
-            (ru.ru_maxrss as u64) * 1024
-        } else {
-            0
-        }
     }
 }
