@@ -384,6 +384,8 @@ pub struct RtRun {
     pub failed: u64,
     pub scheduler: RtReport,
     pub backend: BackendStats,
+    /// CPU of the fake world thread (frontends and backends) while it generated
+    /// load; `backend.cpu` is its CPU after that (draining).
     pub generator_cpu: std::time::Duration,
     pub process_cpu: std::time::Duration,
     pub wall_secs: f64,

@@ -533,15 +533,15 @@ impl RtScheduler {
 
     /// Adds a GPU (free from now on); returns its id.
     pub fn add_gpu(&self) -> GpuId {
+        // The RankThread publishes the count of GPUs in service after each pass.
         let g = GpuId(self.shared.num_gpus.fetch_add(1, Ordering::AcqRel));
-        self.shared.active_gpus.fetch_add(1, Ordering::AcqRel);
         self.to_rank(RankMsg::AddGpu);
         g
     }
 
     /// Takes a GPU out of service; its booked batches still run.
     pub fn remove_gpu(&self, gpu: GpuId) {
-        self.shared.active_gpus.fetch_sub(1, Ordering::AcqRel);
+        // Removing a removed or unknown GPU is a no-op in the ranker.
         self.to_rank(RankMsg::RemoveGpu(gpu));
     }
 
