@@ -16,6 +16,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The tests run real threads in real time: one at a time, so that on a 2-core CI
+/// machine they do not steal each other's cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Records every plan and drop, and checks plans never overlap on a GPU.
 #[derive(Default)]
 struct Recorder {
@@ -107,6 +115,7 @@ fn feed(
 
 #[test]
 fn models_and_gpus_added_and_removed_while_running_lose_nothing() {
+    let _serial = serial();
     let rec = Arc::new(Recorder::default());
     let clock = Clock::new();
     let s = RtScheduler::start(
@@ -195,6 +204,7 @@ fn models_and_gpus_added_and_removed_while_running_lose_nothing() {
 
 #[test]
 fn shutdown_ends_queued_requests_as_explicit_failures() {
+    let _serial = serial();
     let rec = Arc::new(Recorder::default());
     let clock = Clock::new();
     // One slow GPU and a long SLO so requests are queued at shutdown.
@@ -242,6 +252,7 @@ fn shutdown_ends_queued_requests_as_explicit_failures() {
 
 #[test]
 fn submitter_refuses_after_shutdown_and_never_loses_a_request() {
+    let _serial = serial();
     let rec = Arc::new(Recorder::default());
     let clock = Clock::new();
     let s = RtScheduler::start(
@@ -275,6 +286,7 @@ fn resnet() -> Workload {
 
 #[test]
 fn realtime_run_ends_every_request_once_with_fake_backends() {
+    let _serial = serial();
     let w = resnet();
     let mut o = SimOptions::from_workload(&w);
     o.rate_rps = 3000.0;
@@ -302,6 +314,7 @@ fn realtime_run_ends_every_request_once_with_fake_backends() {
 
 #[test]
 fn overload_is_bounded_and_recovers() {
+    let _serial = serial();
     // 10x the goodput for 1.5 s, then 0.5x: requests are dropped or refused (counted),
     // queues stay within their bound, every request ends once, and after the overload
     // the scheduler serves the normal load again.
