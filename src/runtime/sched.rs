@@ -711,6 +711,11 @@ impl ModelThread {
             self.stats.passes += 1;
             let mut now = self.clock.now().max(last);
             let mut worked = false;
+            // The GPU shares of the rate tick need the cluster's state: the GPUs in
+            // service (published by the RankThread) and the other threads' demand.
+            let others = self.others_demand();
+            self.shard
+                .set_cluster(self.shared.active_gpus.load(Ordering::Acquire), others);
             // Grants and expiry notices first: they are the latency-critical input.
             while let Ok(notes) = self.note_rx.try_recv() {
                 worked = true;
@@ -753,13 +758,11 @@ impl ModelThread {
             now = self.clock.now().max(now);
             last = now;
             if self.shard.next_timeout().is_some_and(|t| t <= now) {
-                let others = self.others_demand();
-                self.shard
-                    .set_cluster(self.shared.active_gpus.load(Ordering::Acquire), others);
                 self.shard.handle_timeout(now);
-                self.shared.demand[self.idx]
-                    .store(self.shard.local_demand().to_bits(), Ordering::Release);
             }
+            // Publish this thread's demand (the rate tick may have run in any input).
+            self.shared.demand[self.idx]
+                .store(self.shard.local_demand().to_bits(), Ordering::Release);
             self.emit(now);
             if let Some(at) = shutdown_at {
                 // Stop once every submitter is gone (the channel disconnects), or
