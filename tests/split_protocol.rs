@@ -81,29 +81,8 @@ fn run(seed: u64, policy: Policy, max_delay_us: u64) {
         } else if tm == Some(t) {
             let Reverse((_, k)) = inflight.pop().unwrap();
             match msgs.remove(&k).unwrap() {
-                Msg::Rank(ToRank::Candidate { model, cand, seq }) => {
-                    rank.handle_candidate(now, model, cand, seq)
-                }
-                Msg::Rank(ToRank::GpuFree {
-                    gpu,
-                    free_at,
-                    booking,
-                }) => rank.handle_gpu_free(now, gpu, free_at, booking),
-                Msg::Shard(
-                    k,
-                    RankOutput::Grant {
-                        model,
-                        gpu,
-                        free_at,
-                        seq,
-                    },
-                ) => sh[k].handle_grant(now, model, gpu, free_at, seq),
-                Msg::Shard(k, RankOutput::Expired { model, seq }) => {
-                    sh[k].handle_expired(now, model, seq)
-                }
-                Msg::Shard(k, RankOutput::Preempt { model, tasks, .. }) => {
-                    sh[k].handle_requeue(now, model, &tasks)
-                }
+                Msg::Rank(m) => rank.handle_from_models(now, m),
+                Msg::Shard(k, o) => sh[k].handle_rank_output(now, o),
             }
         } else if tr == Some(t) {
             rank.handle_timeout(now);
@@ -149,12 +128,7 @@ fn run(seed: u64, policy: Policy, max_delay_us: u64) {
             }
         }
         while let Some(o) = rank.poll_output() {
-            let model = match &o {
-                RankOutput::Grant { model, .. }
-                | RankOutput::Expired { model, .. }
-                | RankOutput::Preempt { model, .. } => *model,
-            };
-            let k = model.idx() % shards;
+            let k = o.model().idx() % shards;
             let d = Dur::from_us(rng.below(max_delay_us + 1) as i64);
             let at = (now + d).max(to_shard_last[k]);
             to_shard_last[k] = at;

@@ -4,7 +4,6 @@
 //! requests/s; reports whether the rate is sustained (load generator lag p99 < 2 ms and
 //! bad rate < 1%), lag, decision latency, dispatch error and CPU use.
 
-use crate::core::Dur;
 use crate::runtime::fake::{run_realtime, RtOptions, RtRun};
 use crate::sim::SimOptions;
 use crate::workload::Workload;
@@ -272,9 +271,4 @@ pub fn idle_cores(o: &StressOptions, secs: f64) -> Result<f64> {
     oo.duration_s = secs;
     let r = stress_run(&oo, 0.0)?;
     Ok(r.scheduler.cpu().as_secs_f64() / r.wall_secs.max(1e-9))
-}
-
-/// Builds `RtOptions`-level durations from CLI numbers.
-pub fn dur_us(us: f64) -> Dur {
-    Dur::from_us_f64(us)
 }

@@ -31,7 +31,7 @@ use super::ids::{GpuId, ModelId, PlanId};
 use super::model::{DropReason, ModelSpec, ModelState, Task};
 use super::policy::{Gather, NetBudget, Policy};
 use super::rank::{RankOutput, Ranker};
-use super::shard::{ModelShard, ToRank};
+use super::shard::ModelShard;
 use super::time::Time;
 use std::collections::VecDeque;
 
@@ -109,6 +109,18 @@ pub struct Counters {
     pub preemptions: u64,
 }
 
+impl Counters {
+    /// Adds another set of counters (one per ModelThread) into this one.
+    pub fn add(&mut self, o: &Counters) {
+        self.received += o.received;
+        self.queued += o.queued;
+        self.dispatched += o.dispatched;
+        self.dropped += o.dropped;
+        self.plans += o.plans;
+        self.preemptions += o.preemptions;
+    }
+}
+
 /// One dispatcher (one sub-cluster): models, GPUs and their matchmaking.
 pub struct Dispatcher {
     shard: ModelShard,
@@ -159,14 +171,6 @@ impl Dispatcher {
     pub fn gpu_free_at(&self, gpu: GpuId) -> Time {
         self.rank.gpu_free_at(gpu)
     }
-    /// The measured arrival rate of a model (r/s).
-    pub fn rate(&self, id: ModelId) -> f64 {
-        self.shard.rate(id)
-    }
-    pub fn ranker(&self) -> &Ranker {
-        &self.rank
-    }
-
     /// Adds a model; returns its id.
     pub fn add_model(&mut self, spec: ModelSpec) -> ModelId {
         let id = ModelId(self.num_models);
@@ -246,47 +250,25 @@ impl Dispatcher {
             let mut busy = false;
             while let Some(msg) = self.shard.poll_rank() {
                 busy = true;
-                match msg {
-                    ToRank::Candidate { model, cand, seq } => {
-                        self.rank.handle_candidate(now, model, cand, seq)
-                    }
-                    ToRank::GpuFree {
-                        gpu,
-                        free_at,
-                        booking,
-                    } => self.rank.handle_gpu_free(now, gpu, free_at, booking),
-                }
+                self.rank.handle_from_models(now, msg);
             }
             while let Some(out) = self.rank.poll_output() {
                 busy = true;
-                match out {
-                    RankOutput::Grant {
-                        model,
-                        gpu,
-                        free_at,
-                        seq,
-                    } => self.shard.handle_grant(now, model, gpu, free_at, seq),
-                    RankOutput::Expired { model, seq } => {
-                        self.shard.handle_expired(now, model, seq)
+                if let RankOutput::Preempt {
+                    gpu, plan, tasks, ..
+                } = &out
+                {
+                    // Outputs so far precede the preemption (the plan's dispatch).
+                    while let Some(o) = self.shard.poll_output() {
+                        self.outputs.push_back(o);
                     }
-                    RankOutput::Preempt {
-                        gpu,
-                        plan,
-                        model,
-                        tasks,
-                    } => {
-                        // Outputs so far precede the preemption (the plan's dispatch).
-                        while let Some(o) = self.shard.poll_output() {
-                            self.outputs.push_back(o);
-                        }
-                        self.outputs.push_back(Output::Preempt {
-                            gpu,
-                            plan,
-                            requeued: tasks.len() as u32,
-                        });
-                        self.shard.handle_requeue(now, model, &tasks);
-                    }
+                    self.outputs.push_back(Output::Preempt {
+                        gpu: *gpu,
+                        plan: *plan,
+                        requeued: tasks.len() as u32,
+                    });
                 }
+                self.shard.handle_rank_output(now, out);
             }
             if !busy {
                 break;

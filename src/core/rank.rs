@@ -24,6 +24,7 @@
 use super::ids::{GpuId, ModelId, PlanId};
 use super::model::{Candidate, Task};
 use super::policy::Policy;
+use super::shard::ToRank;
 use super::structs::{IndexedHeap, MinTree};
 use super::time::{Dur, Time};
 use std::collections::VecDeque;
@@ -61,6 +62,17 @@ pub enum RankOutput {
         model: ModelId,
         tasks: Vec<Task>,
     },
+}
+
+impl RankOutput {
+    /// The model the notice is for (its ModelThread handles it).
+    pub fn model(&self) -> ModelId {
+        match self {
+            RankOutput::Grant { model, .. }
+            | RankOutput::Expired { model, .. }
+            | RankOutput::Preempt { model, .. } => *model,
+        }
+    }
 }
 
 /// Ranking key of a schedulable candidate: smallest first.
@@ -135,10 +147,6 @@ impl Ranker {
     /// The predicted free time of `gpu` (`NEVER` while granted or once removed).
     pub fn gpu_free_at(&self, gpu: GpuId) -> Time {
         self.gpus.get(gpu.idx())
-    }
-    /// Whether the ranker holds `model`'s candidate in its ranking or timers.
-    pub fn is_placed(&self, model: ModelId) -> bool {
-        self.model_timers.contains(model.idx())
     }
     pub fn candidate(&self, model: ModelId) -> Option<Candidate> {
         self.cands.get(model.idx()).copied().flatten()
@@ -219,6 +227,18 @@ impl Ranker {
             self.bookings[g] = booking;
         }
         self.gpus.set(g, free_at);
+    }
+
+    /// One message from the model side.
+    pub fn handle_from_models(&mut self, now: Time, msg: ToRank) {
+        match msg {
+            ToRank::Candidate { model, cand, seq } => self.handle_candidate(now, model, cand, seq),
+            ToRank::GpuFree {
+                gpu,
+                free_at,
+                booking,
+            } => self.handle_gpu_free(now, gpu, free_at, booking),
+        }
     }
 
     /// A backend reports when `gpu` really became (or will become) free after `plan`.

@@ -16,7 +16,7 @@ use super::dispatcher::{Counters, DispatcherConfig, Output, Plan};
 use super::ids::{GpuId, ModelId, PlanId};
 use super::model::{Candidate, DropReason, ModelSpec, ModelState, Task};
 use super::policy::Policy;
-use super::rank::Booking;
+use super::rank::{Booking, RankOutput};
 use super::time::{Dur, Time};
 use std::collections::VecDeque;
 
@@ -116,10 +116,6 @@ impl ModelShard {
     pub fn has_model(&self, id: ModelId) -> bool {
         self.entry(id).is_some()
     }
-    /// The measured arrival rate of a model (r/s).
-    pub fn rate(&self, id: ModelId) -> f64 {
-        self.entry(id).map_or(0.0, |e| e.rate)
-    }
     /// This shard's demand at the last rate tick (GPU-seconds per second).
     pub fn local_demand(&self) -> f64 {
         self.local_demand
@@ -164,15 +160,7 @@ impl ModelShard {
             return;
         };
         let mut st = e.state;
-        for task in st.drain() {
-            self.counters.queued -= 1;
-            self.counters.dropped += 1;
-            self.outputs.push_back(Output::Drop {
-                model: id,
-                task,
-                reason: DropReason::ModelRemoved,
-            });
-        }
+        self.drop_queued(id, st.drain(), DropReason::ModelRemoved);
         self.own.retain(|&m| m != id);
         self.to_rank.push_back(ToRank::Candidate {
             model: id,
@@ -190,15 +178,8 @@ impl ModelShard {
         for i in 0..self.own.len() {
             let id = self.own[i];
             let e = self.models[id.idx()].as_mut().expect("owned");
-            for task in e.state.drain() {
-                self.counters.queued -= 1;
-                self.counters.dropped += 1;
-                self.outputs.push_back(Output::Drop {
-                    model: id,
-                    task,
-                    reason: DropReason::Shutdown,
-                });
-            }
+            let tasks = e.state.drain();
+            self.drop_queued(id, tasks, DropReason::Shutdown);
             self.mark(id.idx());
         }
         self.check();
@@ -211,12 +192,7 @@ impl ModelShard {
         self.counters.received += 1;
         let m = model.idx();
         let Some(e) = self.models.get_mut(m).and_then(|e| e.as_mut()) else {
-            self.counters.dropped += 1;
-            self.outputs.push_back(Output::Drop {
-                model,
-                task,
-                reason: DropReason::ModelRemoved,
-            });
+            self.drop_task(model, task, DropReason::ModelRemoved);
             return;
         };
         e.arrivals = e.arrivals.saturating_add(1);
@@ -225,12 +201,7 @@ impl ModelShard {
             self.refresh(m, now, None);
             self.mark(m);
         } else {
-            self.counters.dropped += 1;
-            self.outputs.push_back(Output::Drop {
-                model,
-                task,
-                reason: DropReason::QueueFull,
-            });
+            self.drop_task(model, task, DropReason::QueueFull);
         }
         self.check();
     }
@@ -292,16 +263,25 @@ impl ModelShard {
             }
             None => {
                 for &task in tasks {
-                    self.counters.dropped += 1;
-                    self.outputs.push_back(Output::Drop {
-                        model,
-                        task,
-                        reason: DropReason::ModelRemoved,
-                    });
+                    self.drop_task(model, task, DropReason::ModelRemoved);
                 }
             }
         }
         self.check();
+    }
+
+    /// One notice from the ranker.
+    pub fn handle_rank_output(&mut self, now: Time, out: RankOutput) {
+        match out {
+            RankOutput::Grant {
+                model,
+                gpu,
+                free_at,
+                seq,
+            } => self.handle_grant(now, model, gpu, free_at, seq),
+            RankOutput::Expired { model, seq } => self.handle_expired(now, model, seq),
+            RankOutput::Preempt { model, tasks, .. } => self.handle_requeue(now, model, &tasks),
+        }
     }
 
     /// Runs the rate tick if it is due.
@@ -309,20 +289,16 @@ impl ModelShard {
         self.enter(now);
     }
 
+    /// Whether the next input at `now` runs the rate tick (the runtime then hands
+    /// the shard the cluster's state first, see [`ModelShard::set_cluster`]).
+    pub fn tick_due(&self, now: Time) -> bool {
+        now >= self.next_tick
+    }
+
     /// The next rate tick, while some model has queued requests (an idle shard ticks
     /// on its next event instead, so an idle scheduler does not wake up).
     pub fn next_timeout(&self) -> Option<Time> {
         (self.next_tick != Time::EPOCH_MIN && self.counters.queued > 0).then_some(self.next_tick)
-    }
-
-    /// The earliest send time of this shard's candidates: a grant is likely then, so
-    /// a ModelThread stays awake around it.
-    pub fn next_send_at(&self) -> Option<Time> {
-        self.own
-            .iter()
-            .filter_map(|id| self.models[id.idx()].as_ref()?.state.cand)
-            .map(|c| c.send_at)
-            .min()
     }
 
     /// Informs the ranker of every candidate that changed since the last flush.
@@ -355,12 +331,25 @@ impl ModelShard {
         self.outputs.pop_front()
     }
 
-    /// Whether messages for the ranker or the world are waiting.
-    pub fn has_pending(&self) -> bool {
-        !self.to_rank.is_empty() || !self.outputs.is_empty() || !self.dirty.is_empty()
+    // ---------------------------------------------------------------- internals
+
+    /// Ends a request that never got queued.
+    fn drop_task(&mut self, model: ModelId, task: Task, reason: DropReason) {
+        self.counters.dropped += 1;
+        self.outputs.push_back(Output::Drop {
+            model,
+            task,
+            reason,
+        });
     }
 
-    // ---------------------------------------------------------------- internals
+    /// Ends requests taken out of a model's queue.
+    fn drop_queued(&mut self, model: ModelId, tasks: Vec<Task>, reason: DropReason) {
+        for task in tasks {
+            self.counters.queued -= 1;
+            self.drop_task(model, task, reason);
+        }
+    }
 
     fn mark(&mut self, m: usize) {
         if let Some(e) = self.models[m].as_mut() {

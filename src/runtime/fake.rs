@@ -13,9 +13,9 @@ use super::clock::Clock;
 use super::sched::{new_hist, GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
 use super::wait::Waiter;
 use crate::core::structs::IndexedHeap;
-use crate::core::{DispatcherConfig, DropReason, Dur, ModelId, Plan, Policy, Task, TaskId, Time};
-use crate::sim::arrivals::ArrivalGen;
-use crate::sim::{ModelResult, SimOptions, SimResult};
+use crate::core::{DropReason, Dur, ModelId, Plan, Task, TaskId, Time};
+use crate::sim::arrivals::{model_gens, ArrivalGen};
+use crate::sim::{dispatcher_config, ModelResult, SimOptions, SimResult};
 use crate::workload::Workload;
 use anyhow::Result;
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -57,11 +57,6 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// `capacity`: request ids below it are checked for exactly-once (0 disables).
-    pub fn new(models: usize, capacity: usize, win_start: Time, win_end: Time) -> Ledger {
-        Ledger::with_flags(Ledger::flags(capacity), models, win_start, win_end)
-    }
-
     /// The exactly-once flags for `capacity` request ids (allocate them before the
     /// run's clock starts: zeroing millions of bytes takes milliseconds).
     pub fn flags(capacity: usize) -> Vec<AtomicU8> {
@@ -73,6 +68,7 @@ impl Ledger {
         v
     }
 
+    /// A ledger over `flags` (see [`Ledger::flags`]; empty disables the check).
     pub fn with_flags(
         flags: Vec<AtomicU8>,
         models: usize,
@@ -400,17 +396,6 @@ impl RtRun {
     }
 }
 
-/// The dispatcher configuration for a workload and policy (as the simulator builds).
-pub fn dispatcher_config(w: &Workload, policy: Policy, queue_max: usize) -> DispatcherConfig {
-    let mut cfg = DispatcherConfig::new(policy, w.gpus);
-    cfg.gather = w.gather.unwrap_or_else(|| policy.default_gather());
-    cfg.net = w.net;
-    cfg.check_invariants = false;
-    cfg.min_expected_gain = w.min_expected_gain;
-    cfg.queue_max = queue_max;
-    cfg
-}
-
 /// Runs `w` at `opt.rate_rps` on the real-time scheduler with fake frontends and
 /// backends, for `opt.warmup + opt.duration` of real time.
 ///
@@ -452,10 +437,9 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
         backend: world_waiter.unparker(),
         ledger: ledger.clone(),
     });
-    let mut cfg = RtConfig::new(
-        dispatcher_config(&w, opt.policy, rt.queue_max),
-        rt.model_threads,
-    );
+    let mut dcfg = dispatcher_config(&w, opt.policy, false);
+    dcfg.queue_max = rt.queue_max;
+    let mut cfg = RtConfig::new(dcfg, rt.model_threads);
     cfg.pin_cpus = rt.pin_cpus.clone();
     cfg.rank_spin = rt.rank_spin;
     cfg.model_spin = rt.model_spin;
@@ -599,24 +583,8 @@ struct LoadGen {
 
 impl LoadGen {
     fn new(w: &Workload, opt: &SimOptions, rt: &RtOptions, t0: Time, end: Time) -> LoadGen {
-        let nm = w.models.len();
-        let gens: Vec<ArrivalGen> = w
-            .models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let seed = opt
-                    .seed
-                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                    .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) + 1);
-                let trace = if rt.rate_steps.is_empty() {
-                    m.rate_trace.clone()
-                } else {
-                    rt.rate_steps.clone()
-                };
-                ArrivalGen::new(opt.arrival, opt.rate_rps * m.share, trace, seed, nm > 1)
-            })
-            .collect();
+        let trace = (!rt.rate_steps.is_empty()).then_some(rt.rate_steps.as_slice());
+        let gens = model_gens(w, opt.arrival, opt.rate_rps, opt.seed, trace);
         let mut next = IndexedHeap::new();
         let horizon = Time::ZERO + (end - t0);
         for (i, g) in gens.iter().enumerate() {

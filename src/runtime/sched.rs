@@ -32,7 +32,8 @@ use super::wait::{WaitOutcome, Waiter};
 use crate::core::rank::{RankOutput, Ranker};
 use crate::core::shard::{ModelShard, ToRank};
 use crate::core::{
-    DispatcherConfig, DropReason, Dur, GpuId, ModelId, ModelSpec, Output, Plan, PlanId, Task, Time,
+    Counters, DispatcherConfig, DropReason, Dur, GpuId, ModelId, ModelSpec, Output, Plan, PlanId,
+    Task, Time,
 };
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
@@ -167,7 +168,7 @@ pub fn new_hist() -> Histogram<u64> {
 #[derive(Debug, Clone)]
 pub struct RtReport {
     pub threads: Vec<ThreadStats>,
-    pub counters: crate::core::Counters,
+    pub counters: Counters,
     pub rank: crate::core::rank::RankStats,
 }
 
@@ -277,9 +278,8 @@ pub struct RtScheduler {
     model_unparkers: Vec<Unparker>,
     rank_tx: Sender<RankMsg>,
     rank_unparker: Unparker,
-    threads: Vec<JoinHandle<ThreadStats>>,
+    threads: Vec<JoinHandle<(ThreadStats, Counters)>>,
     rank_thread: Option<JoinHandle<(ThreadStats, crate::core::rank::RankStats)>>,
-    counters: Vec<Arc<Mutex<crate::core::Counters>>>,
 }
 
 /// Assigns models to threads: heaviest first, each to the least loaded thread.
@@ -354,7 +354,6 @@ impl RtScheduler {
         let mut note_txs = Vec::new();
         let mut model_unparkers = Vec::new();
         let mut threads = Vec::new();
-        let mut counters = Vec::new();
         let mut pending = Vec::new();
         for t in 0..k {
             let (req_tx, req_rx) = bounded::<Chunk>(cfg.request_chunks_max);
@@ -371,9 +370,7 @@ impl RtScheduler {
                     shard.add_model(ModelId(m as u32), spec.clone());
                 }
             }
-            let c = Arc::new(Mutex::new(crate::core::Counters::default()));
-            counters.push(c.clone());
-            pending.push((t, shard, req_rx, ctl_rx, note_rx, waiter, c));
+            pending.push((t, shard, req_rx, ctl_rx, note_rx, waiter));
         }
         let mut ranker = Ranker::new(cfg.dispatcher.policy, cfg.dispatcher.gpus);
         for m in 0..specs.len() {
@@ -401,7 +398,7 @@ impl RtScheduler {
                 rank.run()
             })
             .context("spawning the RankThread")?;
-        for (t, shard, req_rx, ctl_rx, note_rx, waiter, c) in pending {
+        for (t, shard, req_rx, ctl_rx, note_rx, waiter) in pending {
             let mt = ModelThread {
                 idx: t,
                 shard,
@@ -415,7 +412,7 @@ impl RtScheduler {
                 spin: cfg.model_spin,
                 waiter,
                 shared: shared.clone(),
-                counters: c,
+                published_demand: 0f64.to_bits(),
                 stats: ThreadStats::new(format!("model-{t}")),
                 to_rank: Vec::new(),
             };
@@ -444,7 +441,6 @@ impl RtScheduler {
             rank_unparker,
             threads,
             rank_thread: Some(rank_thread),
-            counters,
         })
     }
 
@@ -545,21 +541,6 @@ impl RtScheduler {
         self.to_rank(RankMsg::RemoveGpu(gpu));
     }
 
-    /// Scheduler counters summed over ModelThreads (as of their last pass).
-    pub fn counters(&self) -> crate::core::Counters {
-        let mut s = crate::core::Counters::default();
-        for c in &self.counters {
-            let c = c.lock().expect("counters lock");
-            s.received += c.received;
-            s.queued += c.queued;
-            s.dispatched += c.dispatched;
-            s.dropped += c.dropped;
-            s.plans += c.plans;
-            s.preemptions += c.preemptions;
-        }
-        s
-    }
-
     /// Stops accepting requests, ends every request still queued or in a channel as
     /// an explicit `Shutdown` drop, and joins the threads. Dispatched plans are the
     /// backends' to finish.
@@ -571,11 +552,13 @@ impl RtScheduler {
             let _ = tx.send(ModelCtl::Shutdown);
             self.model_unparkers[t].unpark();
         }
-        let mut threads: Vec<ThreadStats> = self
-            .threads
-            .drain(..)
-            .map(|h| h.join().expect("a ModelThread panicked"))
-            .collect();
+        let mut threads = Vec::new();
+        let mut counters = Counters::default();
+        for h in self.threads.drain(..) {
+            let (st, c) = h.join().expect("a ModelThread panicked");
+            threads.push(st);
+            counters.add(&c);
+        }
         self.to_rank(RankMsg::Shutdown);
         let (rs, rank) = self
             .rank_thread
@@ -586,7 +569,7 @@ impl RtScheduler {
         threads.insert(0, rs);
         RtReport {
             threads,
-            counters: self.counters(),
+            counters,
             rank,
         }
     }
@@ -616,16 +599,7 @@ impl RankThread {
                 match self.rx.try_recv() {
                     Ok(RankMsg::FromModels(v)) => {
                         for m in v {
-                            match m {
-                                ToRank::Candidate { model, cand, seq } => {
-                                    self.ranker.handle_candidate(now, model, cand, seq)
-                                }
-                                ToRank::GpuFree {
-                                    gpu,
-                                    free_at,
-                                    booking,
-                                } => self.ranker.handle_gpu_free(now, gpu, free_at, booking),
-                            }
+                            self.ranker.handle_from_models(now, m);
                         }
                     }
                     Ok(RankMsg::Report { gpu, plan, free_at }) => {
@@ -648,12 +622,7 @@ impl RankThread {
             }
             self.ranker.handle_timeout(now);
             while let Some(o) = self.ranker.poll_output() {
-                let m = match &o {
-                    RankOutput::Grant { model, .. }
-                    | RankOutput::Expired { model, .. }
-                    | RankOutput::Preempt { model, .. } => *model,
-                };
-                let t = self.owner.get(m.idx()).copied().unwrap_or(0) as usize;
+                let t = self.owner.get(o.model().idx()).copied().unwrap_or(0) as usize;
                 out[t].push(o);
             }
             for (t, v) in out.iter_mut().enumerate() {
@@ -691,7 +660,8 @@ struct ModelThread {
     spin: Dur,
     waiter: Waiter,
     shared: Arc<Shared>,
-    counters: Arc<Mutex<crate::core::Counters>>,
+    /// The demand last published (f64 bits).
+    published_demand: u64,
     stats: ThreadStats,
     to_rank: Vec<ToRank>,
 }
@@ -703,7 +673,7 @@ const SHUTDOWN_GRACE: Dur = Dur(50_000_000);
 const CHUNKS_PER_PASS: usize = 8;
 
 impl ModelThread {
-    fn run(mut self) -> ThreadStats {
+    fn run(mut self) -> (ThreadStats, Counters) {
         let mut last = Time::EPOCH_MIN;
         let mut shutdown_at: Option<Time> = None;
         loop {
@@ -711,16 +681,18 @@ impl ModelThread {
             self.stats.passes += 1;
             let mut now = self.clock.now().max(last);
             let mut worked = false;
-            // The GPU shares of the rate tick need the cluster's state: the GPUs in
-            // service (published by the RankThread) and the other threads' demand.
-            let others = self.others_demand();
-            self.shard
-                .set_cluster(self.shared.active_gpus.load(Ordering::Acquire), others);
+            if self.shard.tick_due(now) {
+                // The rate tick's GPU shares need the cluster's state: the GPUs in
+                // service (published by the RankThread) and the other threads' demand.
+                let others = self.others_demand();
+                self.shard
+                    .set_cluster(self.shared.active_gpus.load(Ordering::Acquire), others);
+            }
             // Grants and expiry notices first: they are the latency-critical input.
             while let Ok(notes) = self.note_rx.try_recv() {
                 worked = true;
                 for n in notes {
-                    self.on_note(now, n);
+                    self.shard.handle_rank_output(now, n);
                 }
             }
             for _ in 0..CHUNKS_PER_PASS {
@@ -730,9 +702,7 @@ impl ModelThread {
                 worked = true;
                 now = self.clock.now().max(now);
                 if shutting_down {
-                    for (m, t) in chunk.tasks {
-                        self.outlet.drop_task(m, t, DropReason::Shutdown, now);
-                    }
+                    self.fail(chunk, now);
                     continue;
                 }
                 self.stats.requests += chunk.tasks.len() as u64;
@@ -760,9 +730,12 @@ impl ModelThread {
             if self.shard.next_timeout().is_some_and(|t| t <= now) {
                 self.shard.handle_timeout(now);
             }
-            // Publish this thread's demand (the rate tick may have run in any input).
-            self.shared.demand[self.idx]
-                .store(self.shard.local_demand().to_bits(), Ordering::Release);
+            // Publish this thread's demand when a rate tick (in any input) changed it.
+            let demand = self.shard.local_demand().to_bits();
+            if demand != self.published_demand {
+                self.published_demand = demand;
+                self.shared.demand[self.idx].store(demand, Ordering::Release);
+            }
             self.emit(now);
             if let Some(at) = shutdown_at {
                 // Stop once every submitter is gone (the channel disconnects), or
@@ -770,9 +743,7 @@ impl ModelThread {
                 // `accepting` just before it flipped may still hand one in.
                 match self.req_rx.try_recv() {
                     Ok(chunk) => {
-                        for (m, t) in chunk.tasks {
-                            self.outlet.drop_task(m, t, DropReason::Shutdown, now);
-                        }
+                        self.fail(chunk, now);
                         continue;
                     }
                     Err(TryRecvError::Disconnected) => break,
@@ -782,7 +753,7 @@ impl ModelThread {
             }
             let (req, note, ctl) = (&self.req_rx, &self.note_rx, &self.ctl_rx);
             if worked && self.spin > Dur::ZERO {
-                let out = self.waiter.spin_for_work(&self.clock, now + self.spin, || {
+                let out = self.waiter.spin_until(&self.clock, now + self.spin, || {
                     !note.is_empty() || !req.is_empty() || !ctl.is_empty()
                 });
                 if out == WaitOutcome::Work {
@@ -799,7 +770,14 @@ impl ModelThread {
         }
         self.stats.cpu = super::cpu::thread_cpu_time();
         self.stats.parks = self.waiter.stats().parks;
-        self.stats
+        (self.stats, self.shard.counters().clone())
+    }
+
+    /// Ends a chunk that arrived during shutdown: each request fails explicitly.
+    fn fail(&self, chunk: Chunk, now: Time) {
+        for (m, t) in chunk.tasks {
+            self.outlet.drop_task(m, t, DropReason::Shutdown, now);
+        }
     }
 
     fn others_demand(&self) -> f64 {
@@ -810,21 +788,6 @@ impl ModelThread {
             .filter(|(i, _)| *i != self.idx)
             .map(|(_, d)| f64::from_bits(d.load(Ordering::Acquire)))
             .sum()
-    }
-
-    fn on_note(&mut self, now: Time, n: RankOutput) {
-        match n {
-            RankOutput::Grant {
-                model,
-                gpu,
-                free_at,
-                seq,
-            } => self.shard.handle_grant(now, model, gpu, free_at, seq),
-            RankOutput::Expired { model, seq } => self.shard.handle_expired(now, model, seq),
-            RankOutput::Preempt { model, tasks, .. } => {
-                self.shard.handle_requeue(now, model, &tasks)
-            }
-        }
     }
 
     /// Sends the candidates and GPU bookings to the RankThread, plans to backends and
@@ -860,6 +823,5 @@ impl ModelThread {
                 Output::Preempt { .. } => {}
             }
         }
-        *self.counters.lock().expect("counters lock") = self.shard.counters().clone();
     }
 }

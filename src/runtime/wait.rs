@@ -198,20 +198,11 @@ impl Waiter {
         }
     }
 
-    /// Spins (never parks) until `until` or `has_work()`: a thread that just finished
-    /// some work polls a little before it parks, so work that follows soon after is
-    /// picked up without a futex wake-up. Returns `Work` or `Deadline`.
-    pub fn spin_for_work(
-        &mut self,
-        clock: &Clock,
-        until: Time,
-        has_work: impl FnMut() -> bool,
-    ) -> WaitOutcome {
-        self.spin_until(clock, until, has_work)
-    }
-
-    /// Spins until `deadline` or `has_work()`, yielding every `yield_every` turns.
-    fn spin_until(
+    /// Spins (never parks) until `deadline` or `has_work()`, yielding every
+    /// `yield_every` turns; returns `Work` or `Deadline`. A thread that just finished
+    /// some work polls a little this way before it parks, so work that follows soon
+    /// after is picked up without a futex wake-up.
+    pub fn spin_until(
         &mut self,
         clock: &Clock,
         deadline: Time,

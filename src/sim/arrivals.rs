@@ -141,6 +141,30 @@ impl ArrivalGen {
     }
 }
 
+/// One generator per model of `w` at aggregate rate `rate_rps`, each seeded from `seed`
+/// and the model's index (so adding a model does not change the others' arrivals).
+/// `trace` replaces every model's own rate trace when given.
+pub fn model_gens(
+    w: &crate::workload::Workload,
+    process: Arrival,
+    rate_rps: f64,
+    seed: u64,
+    trace: Option<&[(Dur, f64)]>,
+) -> Vec<ArrivalGen> {
+    let nm = w.models.len();
+    w.models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let s = seed
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) + 1);
+            let tr = trace.map_or_else(|| m.rate_trace.clone(), <[_]>::to_vec);
+            ArrivalGen::new(process, rate_rps * m.share, tr, s, nm > 1)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,6 @@ use crate::core::{
     Task, TaskId, Time,
 };
 use crate::workload::{Arrival, Workload};
-use arrivals::ArrivalGen;
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
@@ -358,14 +357,23 @@ impl AnyCore {
                 w.net,
             )))
         } else {
-            let mut cfg = DispatcherConfig::new(policy, w.gpus);
-            cfg.gather = w.gather.unwrap_or_else(|| policy.default_gather());
-            cfg.net = w.net;
-            cfg.check_invariants = check;
-            cfg.min_expected_gain = w.min_expected_gain;
-            AnyCore::Central(Box::new(Dispatcher::new(cfg, w.specs())))
+            AnyCore::Central(Box::new(Dispatcher::new(
+                dispatcher_config(w, policy, check),
+                w.specs(),
+            )))
         }
     }
+}
+
+/// The central dispatcher's configuration for a workload and policy (the simulator
+/// and the real-time runtime build it the same way).
+pub fn dispatcher_config(w: &Workload, policy: Policy, check: bool) -> DispatcherConfig {
+    let mut cfg = DispatcherConfig::new(policy, w.gpus);
+    cfg.gather = w.gather.unwrap_or_else(|| policy.default_gather());
+    cfg.net = w.net;
+    cfg.check_invariants = check;
+    cfg.min_expected_gain = w.min_expected_gain;
+    cfg
 }
 
 /// Runs one simulation.
@@ -381,25 +389,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
     let wall = std::time::Instant::now();
     let win_start = Time::ZERO + opt.warmup;
     let win_end = win_start + opt.duration;
-    let nm = w.models.len();
-    let mut gens: Vec<ArrivalGen> = w
-        .models
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let seed = opt
-                .seed
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .wrapping_add((i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) + 1);
-            ArrivalGen::new(
-                opt.arrival,
-                opt.rate_rps * m.share,
-                m.rate_trace.clone(),
-                seed,
-                nm > 1,
-            )
-        })
-        .collect();
+    let mut gens = arrivals::model_gens(w, opt.arrival, opt.rate_rps, opt.seed, None);
     let mut next_arrival: IndexedHeap<Time> = IndexedHeap::new();
     for (i, g) in gens.iter().enumerate() {
         if g.peek() < win_end {
