@@ -3,4 +3,6 @@ pub mod core;
 pub mod plan;
 pub mod runtime;
 pub mod sim;
+pub mod transport;
+pub mod wire;
 pub mod workload;

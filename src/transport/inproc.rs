@@ -1,0 +1,330 @@
+//! In-process transport: every node in one process. Control messages move as
+//! [`Msg`] values over crossbeam channels (no encoding); region reads copy straight
+//! out of the frontend's [`Region`]. Used by `fermata serve` and the tests.
+//!
+//! Addresses are names in a process-wide table; a name ending in ":0" (or empty)
+//! asks for a fresh unique name, like port 0 for TCP.
+
+use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+#[derive(Default)]
+struct Table {
+    listeners: HashMap<String, EventTx>,
+    regions: HashMap<String, (Arc<Region>, Arc<AtomicBool>)>,
+}
+
+/// The in-process transport; every handle shares one process-wide table.
+#[derive(Clone)]
+pub struct InProc {
+    table: &'static Mutex<Table>,
+}
+
+static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl InProc {
+    pub fn global() -> InProc {
+        InProc {
+            table: TABLE.get_or_init(|| Mutex::new(Table::default())),
+        }
+    }
+
+    fn fresh(addr: &str) -> String {
+        if addr.is_empty() || addr.ends_with(":0") {
+            let base = addr.trim_end_matches(":0");
+            let base = if base.is_empty() { "inproc" } else { base };
+            format!("{base}:{}", NEXT_ID.fetch_add(1, Ordering::Relaxed))
+        } else {
+            addr.to_string()
+        }
+    }
+}
+
+struct Link {
+    closed: AtomicBool,
+    reason: Mutex<String>,
+}
+
+struct InProcConn {
+    id: ConnId,
+    peer_name: String,
+    /// The other side's id and events.
+    peer_id: ConnId,
+    peer_tx: EventTx,
+    own_tx: EventTx,
+    link: Arc<Link>,
+}
+
+impl Conn for InProcConn {
+    fn id(&self) -> ConnId {
+        self.id
+    }
+    fn peer(&self) -> String {
+        self.peer_name.clone()
+    }
+    fn send(&self, msg: Msg) -> Result<(), SendError> {
+        if self.link.closed.load(Ordering::Acquire) {
+            return Err(SendError::Closed(
+                self.link.reason.lock().expect("lock").clone(),
+            ));
+        }
+        self.peer_tx
+            .send(Event::Msg(self.peer_id, msg))
+            .map_err(|_| SendError::Closed("peer's event loop is gone".into()))
+    }
+    fn close(&self, reason: &str) {
+        if self.link.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *self.link.reason.lock().expect("lock") = reason.to_string();
+        let _ = self.own_tx.send(Event::Closed(self.id, reason.to_string()));
+        let _ = self.peer_tx.send(Event::Closed(
+            self.peer_id,
+            format!("peer closed: {reason}"),
+        ));
+    }
+}
+
+struct InProcListener {
+    name: String,
+    table: &'static Mutex<Table>,
+}
+
+impl Listener for InProcListener {
+    fn local_addr(&self) -> String {
+        self.name.clone()
+    }
+}
+
+impl Drop for InProcListener {
+    fn drop(&mut self) {
+        self.table
+            .lock()
+            .expect("lock")
+            .listeners
+            .remove(&self.name);
+    }
+}
+
+struct InProcRegionServer {
+    name: String,
+    info: RegionInfo,
+    alive: Arc<AtomicBool>,
+    table: &'static Mutex<Table>,
+}
+
+impl RegionServer for InProcRegionServer {
+    fn info(&self) -> RegionInfo {
+        self.info.clone()
+    }
+}
+
+impl Drop for InProcRegionServer {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::Release);
+        self.table.lock().expect("lock").regions.remove(&self.name);
+    }
+}
+
+#[derive(Default)]
+struct InProcReader {
+    peers: Mutex<HashMap<u32, (Arc<Region>, Arc<AtomicBool>)>>,
+    table: Option<&'static Mutex<Table>>,
+}
+
+impl RegionReader for InProcReader {
+    fn attach(&self, peer: u32, info: &RegionInfo) -> anyhow::Result<()> {
+        let t = self.table.expect("table").lock().expect("lock");
+        let Some(e) = t.regions.get(&info.addr) else {
+            anyhow::bail!("no in-process region is served at `{}`", info.addr);
+        };
+        self.peers.lock().expect("lock").insert(peer, e.clone());
+        Ok(())
+    }
+    fn detach(&self, peer: u32) {
+        self.peers.lock().expect("lock").remove(&peer);
+    }
+    fn read_many(&self, reqs: &[ReadReq], _timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>> {
+        let peers = self.peers.lock().expect("lock");
+        reqs.iter()
+            .map(|r| {
+                let Some((reg, alive)) = peers.get(&r.peer) else {
+                    return Err(ReadError::Unreachable(format!(
+                        "peer {} not attached",
+                        r.peer
+                    )));
+                };
+                if !alive.load(Ordering::Acquire) {
+                    return Err(ReadError::Unreachable(format!(
+                        "peer {}'s region is gone",
+                        r.peer
+                    )));
+                }
+                let mut out = Vec::with_capacity(r.len as usize);
+                reg.read_into(r.offset, r.len, &mut out)?;
+                Ok(out)
+            })
+            .collect()
+    }
+}
+
+impl Transport for InProc {
+    fn name(&self) -> &'static str {
+        "inproc"
+    }
+
+    fn listen(&self, addr: &str, events: EventTx) -> anyhow::Result<Box<dyn Listener>> {
+        let name = Self::fresh(addr);
+        let mut t = self.table.lock().expect("lock");
+        if t.listeners.contains_key(&name) {
+            anyhow::bail!("in-process address `{name}` is already in use");
+        }
+        t.listeners.insert(name.clone(), events);
+        Ok(Box::new(InProcListener {
+            name,
+            table: self.table,
+        }))
+    }
+
+    fn connect(&self, addr: &str, events: EventTx) -> anyhow::Result<Arc<dyn Conn>> {
+        let ltx = {
+            let t = self.table.lock().expect("lock");
+            match t.listeners.get(addr) {
+                Some(tx) => tx.clone(),
+                None => anyhow::bail!("nothing listens at in-process address `{addr}`"),
+            }
+        };
+        let link = Arc::new(Link {
+            closed: AtomicBool::new(false),
+            reason: Mutex::new(String::new()),
+        });
+        let cid = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let sid = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let client = Arc::new(InProcConn {
+            id: cid,
+            peer_name: addr.to_string(),
+            peer_id: sid,
+            peer_tx: ltx.clone(),
+            own_tx: events.clone(),
+            link: link.clone(),
+        });
+        let server = Arc::new(InProcConn {
+            id: sid,
+            peer_name: format!("inproc-client-{cid}"),
+            peer_id: cid,
+            peer_tx: events,
+            own_tx: ltx.clone(),
+            link,
+        });
+        if ltx.send(Event::Accepted(server)).is_err() {
+            anyhow::bail!("the listener at `{addr}` is gone");
+        }
+        Ok(client)
+    }
+
+    fn serve_region(
+        &self,
+        region: Arc<Region>,
+        addr: &str,
+    ) -> anyhow::Result<Box<dyn RegionServer>> {
+        let name = Self::fresh(if addr.is_empty() { "region:0" } else { addr });
+        let alive = Arc::new(AtomicBool::new(true));
+        let info = RegionInfo {
+            addr: name.clone(),
+            region: region.id(),
+            len: region.len(),
+            rkey: 0,
+            base: 0,
+        };
+        let mut t = self.table.lock().expect("lock");
+        if t.regions.contains_key(&name) {
+            anyhow::bail!("in-process region address `{name}` is already in use");
+        }
+        t.regions.insert(name.clone(), (region, alive.clone()));
+        Ok(Box::new(InProcRegionServer {
+            name,
+            info,
+            alive,
+            table: self.table,
+        }))
+    }
+
+    fn reader(&self) -> anyhow::Result<Arc<dyn RegionReader>> {
+        Ok(Arc::new(InProcReader {
+            peers: Mutex::new(HashMap::new()),
+            table: Some(self.table),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::unbounded;
+
+    #[test]
+    fn messages_regions_and_close() {
+        let tr = InProc::global();
+        let (stx, srx) = unbounded();
+        let l = tr.listen("test-srv:0", stx).unwrap();
+        let (ctx, crx) = unbounded();
+        let c = tr.connect(&l.local_addr(), ctx).unwrap();
+        let Event::Accepted(s) = srx.recv().unwrap() else {
+            panic!("accept")
+        };
+        c.send(Msg::ListModels).unwrap();
+        match srx.recv().unwrap() {
+            Event::Msg(id, Msg::ListModels) => assert_eq!(id, s.id()),
+            _ => panic!("message"),
+        }
+        s.close("bye");
+        assert!(matches!(srx.recv().unwrap(), Event::Closed(id, _) if id == s.id()));
+        assert!(matches!(crx.recv().unwrap(), Event::Closed(id, _) if id == c.id()));
+        assert!(c.send(Msg::ListModels).is_err());
+
+        let reg = Arc::new(Region::new(1, 1 << 16).unwrap());
+        let r = reg.put(5, b"hello").unwrap();
+        let srv = tr.serve_region(reg.clone(), "").unwrap();
+        let rd = tr.reader().unwrap();
+        rd.attach(3, &srv.info()).unwrap();
+        let out = rd.read_many(
+            &[
+                ReadReq {
+                    peer: 3,
+                    offset: r.offset,
+                    len: r.len,
+                },
+                ReadReq {
+                    peer: 4,
+                    offset: 0,
+                    len: 1,
+                },
+                ReadReq {
+                    peer: 3,
+                    offset: 1 << 16,
+                    len: 1,
+                },
+            ],
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            SlotHeader::check(out[0].as_ref().unwrap(), 5).unwrap(),
+            b"hello"
+        );
+        assert!(matches!(out[1], Err(ReadError::Unreachable(_))));
+        assert_eq!(out[2], Err(ReadError::OutOfBounds));
+        drop(srv);
+        let out = rd.read_many(
+            &[ReadReq {
+                peer: 3,
+                offset: r.offset,
+                len: r.len,
+            }],
+            Duration::from_secs(1),
+        );
+        assert!(matches!(out[0], Err(ReadError::Unreachable(_))));
+    }
+}

@@ -1,0 +1,165 @@
+//! Transports: how Fermata's processes talk. One interface, two halves:
+//!
+//! * **Control** (two-sided): [`Conn`]s carrying [`Msg`]s, opened with
+//!   [`Transport::connect`] or accepted by a [`Transport::listen`]er. Everything a
+//!   connection has to say (an arrived message, its end) comes as an [`Event`] on
+//!   the crossbeam channel given when it was opened, so a node runs one event loop.
+//! * **Data** (one-sided): a frontend keeps its clients' input bytes in a
+//!   [`Region`] and exposes it with [`Transport::serve_region`]; backends read
+//!   slices of it with a [`RegionReader`] and the frontend's application threads
+//!   are not in the loop (RDMA READ; over TCP a server task that only copies bytes).
+//!
+//! Implementations: [`inproc`] (one process, channels and shared memory), [`tcp`]
+//! (tokio, loopback or LAN) and `rdma` (ibverbs, behind the `rdma` cargo feature).
+
+pub mod inproc;
+#[cfg(feature = "rdma")]
+pub mod rdma;
+#[cfg(not(feature = "rdma"))]
+pub mod rdma_stub;
+pub mod region;
+pub mod tcp;
+
+pub use region::{InputRef, Region, SlotHeader, SLOT_HEADER};
+
+use crate::wire::{Msg, RegionInfo};
+use crossbeam_channel::Sender;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A connection's id, unique within its transport instance.
+pub type ConnId = u64;
+
+/// Something that happened on a connection.
+pub enum Event {
+    /// A listener accepted a connection (its messages follow as `Msg`).
+    Accepted(Arc<dyn Conn>),
+    /// A message arrived on `conn`.
+    Msg(ConnId, Msg),
+    /// `conn` ended: the peer closed it, it broke, or a frame could not be decoded.
+    /// Sent exactly once per connection; nothing follows it.
+    Closed(ConnId, String),
+}
+
+/// Where a connection's events go.
+pub type EventTx = Sender<Event>;
+
+/// Errors of the control half.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// The connection is closed (the reason it closed).
+    Closed(String),
+    /// The send queue is full (the peer does not keep up).
+    Full,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Closed(r) => write!(f, "connection closed: {r}"),
+            SendError::Full => write!(f, "send queue full"),
+        }
+    }
+}
+impl std::error::Error for SendError {}
+
+/// One control connection.
+pub trait Conn: Send + Sync {
+    fn id(&self) -> ConnId;
+    /// The peer's address, for logs.
+    fn peer(&self) -> String;
+    /// Queues `msg` for sending; never waits for the network. Messages on one
+    /// connection arrive in the order sent.
+    fn send(&self, msg: Msg) -> Result<(), SendError>;
+    /// Closes the connection; the peer sees it closed with `reason` logged locally.
+    /// Our own event channel gets `Closed` too (once).
+    fn close(&self, reason: &str);
+}
+
+/// A listening endpoint; dropping it stops accepting.
+pub trait Listener: Send {
+    /// The address peers connect to (with the port filled in when 0 was asked).
+    fn local_addr(&self) -> String;
+}
+
+/// A region exposed for one-sided reads; dropping it stops serving.
+pub trait RegionServer: Send {
+    /// What readers need to attach.
+    fn info(&self) -> RegionInfo;
+}
+
+/// Why one read failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// The peer is not attached, or its region server is gone.
+    Unreachable(String),
+    /// Out of the region's bounds.
+    OutOfBounds,
+    /// No answer before the timeout.
+    Timeout,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Unreachable(r) => write!(f, "region unreachable: {r}"),
+            ReadError::OutOfBounds => write!(f, "read out of the region's bounds"),
+            ReadError::Timeout => write!(f, "read timed out"),
+        }
+    }
+}
+impl std::error::Error for ReadError {}
+
+/// One read: `len` bytes at `offset` of peer `peer`'s region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadReq {
+    pub peer: u32,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// Reads slices of remote regions (a backend has one).
+pub trait RegionReader: Send + Sync {
+    /// Makes `peer`'s region readable (connects lazily or at once).
+    fn attach(&self, peer: u32, info: &RegionInfo) -> anyhow::Result<()>;
+    /// Forgets `peer`; later reads of it fail as `Unreachable`.
+    fn detach(&self, peer: u32);
+    /// Reads every request, concurrently where the transport can; one result per
+    /// request, in order. A request not answered within `timeout` fails as
+    /// `Timeout`; one failed read does not hold back the others.
+    fn read_many(&self, reqs: &[ReadReq], timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>>;
+}
+
+/// A transport: makes control connections and exposes / reads regions.
+pub trait Transport: Send + Sync {
+    /// "inproc", "tcp" or "rdma".
+    fn name(&self) -> &'static str;
+    /// Listens at `addr` (TCP: "host:port", port 0 = any; in-process: a name).
+    /// Accepted connections come as [`Event::Accepted`] on `events`, then their
+    /// messages and end on the same channel.
+    fn listen(&self, addr: &str, events: EventTx) -> anyhow::Result<Box<dyn Listener>>;
+    /// Connects to a listener; the connection's events go to `events`.
+    fn connect(&self, addr: &str, events: EventTx) -> anyhow::Result<Arc<dyn Conn>>;
+    /// Exposes `region` for one-sided reads at `addr` (TCP: "host:port"; port 0 =
+    /// any).
+    fn serve_region(
+        &self,
+        region: Arc<Region>,
+        addr: &str,
+    ) -> anyhow::Result<Box<dyn RegionServer>>;
+    /// A reader for other nodes' regions.
+    fn reader(&self) -> anyhow::Result<Arc<dyn RegionReader>>;
+}
+
+/// Makes the transport named `name` ("inproc", "tcp" or "rdma").
+pub fn by_name(name: &str) -> anyhow::Result<Arc<dyn Transport>> {
+    match name {
+        "inproc" => Ok(Arc::new(inproc::InProc::global())),
+        "tcp" => Ok(Arc::new(tcp::Tcp::new()?)),
+        #[cfg(feature = "rdma")]
+        "rdma" => Ok(Arc::new(rdma::Rdma::open(None)?)),
+        #[cfg(not(feature = "rdma"))]
+        "rdma" => Err(rdma_stub::not_built()),
+        other => anyhow::bail!("unknown transport `{other}` (expected inproc, tcp or rdma)"),
+    }
+}

@@ -1,0 +1,333 @@
+//! The wire protocol between Fermata's processes: one versioned enum of messages
+//! ([`Msg`]) and its compact binary encoding ([`codec`]).
+//!
+//! # Framing
+//! Every message travels as one frame:
+//!
+//! ```text
+//! u32 LE  body length (bytes after this field; at most MAX_FRAME)
+//! u16 LE  protocol version (PROTOCOL_VERSION)
+//! u8      message tag
+//! ...     body (fields in declaration order, little endian; strings and byte
+//!         vectors as u32 length + bytes; vectors as u32 count + items)
+//! ```
+//!
+//! A decoder checks every length against what is left of the frame and against the
+//! per-field limits below before it allocates, so a hostile or corrupt frame costs at
+//! most one error, never a crash or a huge allocation.
+//!
+//! # Times
+//! Every time on the wire is nanoseconds on the **scheduler's clock** (its epoch is
+//! the scheduler's start). Nodes convert with their estimated clock offset
+//! (see [`crate::node::clock`]).
+
+pub mod codec;
+
+pub use codec::{decode, encode, encode_to_vec, DecodeError, FrameReader};
+
+/// Version of the protocol this build speaks. A peer with another version is refused
+/// at its first frame.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Largest frame body accepted (inputs and outputs travel inside frames).
+pub const MAX_FRAME: usize = 64 << 20;
+/// Largest string field (names, addresses, messages).
+pub const MAX_STR: usize = 4096;
+/// Largest number of items in one vector field (tasks of a submit or plan, GPUs...).
+pub const MAX_ITEMS: usize = 1 << 16;
+
+/// A node's id, given by the scheduler at registration.
+pub type NodeId = u32;
+
+/// What a registering node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Backend,
+    Frontend,
+}
+
+/// One GPU of a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// Index on its backend (0..).
+    pub local: u32,
+    pub name: String,
+    pub mem_bytes: u64,
+}
+
+/// A model's latency profile l(b).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireProfile {
+    Linear {
+        alpha_ns: i64,
+        beta_ns: i64,
+        max_batch: u32,
+    },
+    /// `lat_ns[b - 1]` = l(b).
+    Table { lat_ns: Vec<i64> },
+}
+
+/// A model as the scheduler serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The scheduler's dense model id.
+    pub id: u32,
+    pub name: String,
+    /// Default SLO.
+    pub slo_ns: i64,
+    pub profile: WireProfile,
+    /// Size of one input in bytes (what the load generator sends).
+    pub input_bytes: u32,
+}
+
+/// Where a frontend's input region can be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Transport address of the region server (TCP: host:port; in-process: a name).
+    pub addr: String,
+    /// Region id on that server.
+    pub region: u32,
+    /// Region length in bytes.
+    pub len: u64,
+    /// Remote key (RDMA rkey; 0 elsewhere).
+    pub rkey: u32,
+    /// Remote virtual address of byte 0 (RDMA; 0 elsewhere).
+    pub base: u64,
+}
+
+/// A task as a frontend submits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmitTask {
+    /// Globally unique: the frontend's node id in the top 24 bits.
+    pub id: u64,
+    pub model: u32,
+    pub arrival_ns: i64,
+    pub deadline_ns: i64,
+    /// Where the input is: [`crate::transport::InputRef`] packed.
+    pub input: u64,
+}
+
+/// A task inside a batch plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanTask {
+    pub id: u64,
+    pub deadline_ns: i64,
+    pub input: u64,
+}
+
+/// How a plan ended on its backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanStatus {
+    /// Ran; `missing` inputs could not be read and their tasks failed.
+    Ran,
+    /// Not started: it could not start in time (its tasks end as dropped).
+    TooLate,
+    /// The executor failed (its tasks end as failed).
+    Failed,
+}
+
+/// How one task ended, as its frontend learns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskStatus {
+    /// Output attached.
+    Ok,
+    /// The scheduler dropped it (code: [`DropCode`]).
+    Dropped(DropCode),
+    /// Its input could not be read by the backend.
+    InputMissing,
+    /// The backend could not run it (executor error, backend lost).
+    Failed,
+}
+
+/// Why a task was dropped (mirrors [`crate::core::DropReason`] plus node-level causes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropCode {
+    Expired,
+    EarlyDrop,
+    QueueFull,
+    ModelRemoved,
+    Overloaded,
+    Shutdown,
+    /// The plan could not start in time on its backend.
+    TooLate,
+    /// The backend running it was lost.
+    BackendLost,
+    /// The model is unknown to the scheduler.
+    UnknownModel,
+}
+
+/// One result pushed by a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskResult {
+    pub id: u64,
+    pub status: TaskStatus,
+    /// When the batch finished (scheduler clock).
+    pub finished_ns: i64,
+    pub output: Vec<u8>,
+}
+
+/// Outcome of a client request as the frontend replies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyStatus {
+    /// Output within the deadline.
+    Good,
+    /// Output, but after the deadline.
+    Late,
+    /// Dropped by the scheduler (could not meet its deadline, overload...).
+    Dropped,
+    /// Failed (backend lost, input missing, executor error, bad request).
+    Failed,
+}
+
+/// Every message of the protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Msg {
+    // ---- node -> scheduler ----
+    /// First message of a node. `clock_ns` is the node's own clock when sent.
+    Register {
+        role: Role,
+        name: String,
+        gpus: Vec<GpuInfo>,
+        /// Frontends: where backends push results.
+        ctrl_addr: String,
+        /// Frontends: their input region.
+        region: Option<RegionInfo>,
+    },
+    /// The scheduler's answer: the node's id, global ids of its GPUs (in the order
+    /// registered), and the models served.
+    RegisterAck {
+        node: NodeId,
+        gpu_ids: Vec<u32>,
+        models: Vec<ModelInfo>,
+        /// Scheduler's settings the nodes follow.
+        heartbeat_ms: u32,
+    },
+    /// A node leaves on purpose.
+    Unregister {
+        reason: String,
+    },
+    // ---- scheduler -> backend ----
+    LoadModel {
+        model: ModelInfo,
+    },
+    UnloadModel {
+        model: u32,
+    },
+    /// Backend -> scheduler: a model is (or failed to get) loaded.
+    ModelLoaded {
+        model: u32,
+        ok: bool,
+        error: String,
+    },
+    /// A frontend joined: where to pull its inputs and push its results.
+    FrontendUp {
+        node: NodeId,
+        ctrl_addr: String,
+        region: RegionInfo,
+    },
+    /// A frontend left: its inputs are gone.
+    FrontendDown {
+        node: NodeId,
+    },
+    // ---- frontend -> scheduler ----
+    Submit {
+        tasks: Vec<SubmitTask>,
+    },
+    // ---- scheduler -> backend ----
+    Plan {
+        id: u64,
+        model: u32,
+        /// Global GPU id (the backend maps it to its local GPU).
+        gpu: u32,
+        exec_at_ns: i64,
+        finish_at_ns: i64,
+        tasks: Vec<PlanTask>,
+    },
+    // ---- backend -> scheduler ----
+    PlanDone {
+        id: u64,
+        gpu: u32,
+        status: PlanStatus,
+        started_ns: i64,
+        finished_ns: i64,
+        /// Tasks whose input could not be read.
+        missing: u32,
+    },
+    // ---- backend -> frontend ----
+    Results {
+        items: Vec<TaskResult>,
+    },
+    // ---- scheduler -> frontend ----
+    Dropped {
+        items: Vec<(u64, DropCode)>,
+    },
+    // ---- any node <-> scheduler ----
+    /// Liveness and clock probe, sent by nodes. `sent_ns` is the sender's own clock;
+    /// the node's latest measurements ride along.
+    Ping {
+        seq: u64,
+        sent_ns: i64,
+        /// Node's recent control round trip, p99 (ns; 0 = none yet).
+        rtt_p99_ns: i64,
+        /// Backend's recent input pull cost per task, p99 (ns; 0 = none yet).
+        pull_p99_ns: i64,
+    },
+    /// Answer to a ping: echoes `sent_ns`, adds the scheduler's clock at receipt.
+    Pong {
+        seq: u64,
+        echo_ns: i64,
+        sched_ns: i64,
+    },
+    // ---- client <-> frontend ----
+    /// A client's inference request (`slo_ns` 0: the model's default SLO).
+    Infer {
+        req: u64,
+        model: String,
+        slo_ns: i64,
+        input: Vec<u8>,
+    },
+    InferReply {
+        req: u64,
+        status: ReplyStatus,
+        /// Time from the frontend's receipt to its reply.
+        latency_ns: i64,
+        output: Vec<u8>,
+        message: String,
+    },
+    /// Client -> frontend: the models served (answered with `Models`).
+    ListModels,
+    Models {
+        models: Vec<ModelInfo>,
+    },
+    /// Sent before closing a connection for a protocol error.
+    Error {
+        message: String,
+    },
+}
+
+impl Msg {
+    /// Short name for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Msg::Register { .. } => "Register",
+            Msg::RegisterAck { .. } => "RegisterAck",
+            Msg::Unregister { .. } => "Unregister",
+            Msg::LoadModel { .. } => "LoadModel",
+            Msg::UnloadModel { .. } => "UnloadModel",
+            Msg::ModelLoaded { .. } => "ModelLoaded",
+            Msg::FrontendUp { .. } => "FrontendUp",
+            Msg::FrontendDown { .. } => "FrontendDown",
+            Msg::Submit { .. } => "Submit",
+            Msg::Plan { .. } => "Plan",
+            Msg::PlanDone { .. } => "PlanDone",
+            Msg::Results { .. } => "Results",
+            Msg::Dropped { .. } => "Dropped",
+            Msg::Ping { .. } => "Ping",
+            Msg::Pong { .. } => "Pong",
+            Msg::Infer { .. } => "Infer",
+            Msg::InferReply { .. } => "InferReply",
+            Msg::ListModels => "ListModels",
+            Msg::Models { .. } => "Models",
+            Msg::Error { .. } => "Error",
+        }
+    }
+}
