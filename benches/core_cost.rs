@@ -144,6 +144,7 @@ impl Driver {
             id: TaskId(self.next_id),
             arrival: t,
             deadline: t + SLO,
+            tag: 0,
         };
         self.next_id += 1;
         self.d.handle_request(t, model, task);

@@ -41,6 +41,7 @@ fn arrivals(n: u64, skip: &[u64]) -> Vec<Task> {
                 id: TaskId(i - 1),
                 arrival,
                 deadline: arrival + Dur::from_ms(SLO_MS),
+                tag: 0,
             }
         })
         .collect()
@@ -350,6 +351,7 @@ fn figure5a_eager_from_r16_deteriorates() {
             id: TaskId(1000 + g as u64),
             arrival: Time::ZERO,
             deadline: ms(12.0),
+            tag: 0,
         };
         d.handle_request(Time::ZERO, ModelId(0), t);
         let Some(Output::Dispatch(p)) = d.poll_output() else {

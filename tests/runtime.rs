@@ -101,6 +101,7 @@ fn feed(
                 id: TaskId(*next_id),
                 arrival: now,
                 deadline: now + Dur::from_ms(20),
+                tag: 0,
             };
             *next_id += 1;
             sent += 1;
@@ -226,6 +227,7 @@ fn shutdown_ends_queued_requests_as_explicit_failures() {
                 id: TaskId(i),
                 arrival: now,
                 deadline: now + Dur::from_ms(2_000),
+                tag: 0,
             },
             &mut refused,
         );
@@ -273,6 +275,7 @@ fn submitter_refuses_after_shutdown_and_never_loses_a_request() {
             id: TaskId(0),
             arrival: now,
             deadline: now + Dur::from_ms(20),
+            tag: 0,
         },
         &mut refused,
     );

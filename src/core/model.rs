@@ -17,6 +17,9 @@ pub struct Task {
     pub arrival: Time,
     /// When its result must be back at the frontend (arrival + SLO).
     pub deadline: Time,
+    /// Opaque to the scheduler; rides into the plan. The distributed runtime keeps
+    /// the input's location in its frontend's region here (0 elsewhere).
+    pub tag: u64,
 }
 
 /// A model as configured.
@@ -148,6 +151,12 @@ impl ModelState {
     /// expected-gain rule; under adaptive gathering it also sets the early-drop
     /// window: the smallest batch b with b / l(b) >= rate / gpus, capped by the
     /// staggered batch of Symphony's equation (1): (1 + 1/N) l(b) <= SLO.
+    /// Changes the network budget (measured delays); the candidate follows at the
+    /// model's next event.
+    pub fn set_net(&mut self, net: NetBudget) {
+        self.net = net;
+    }
+
     pub fn observe_rate(&mut self, rate_rps: f64, gpus: f64) {
         self.rate_rps = rate_rps;
         if self.gather != Gather::Adaptive {

@@ -15,7 +15,7 @@
 use super::dispatcher::{Counters, DispatcherConfig, Output, Plan};
 use super::ids::{GpuId, ModelId, PlanId};
 use super::model::{Candidate, DropReason, ModelSpec, ModelState, Task};
-use super::policy::Policy;
+use super::policy::{NetBudget, Policy};
 use super::rank::{Booking, RankOutput};
 use super::time::{Dur, Time};
 use std::collections::VecDeque;
@@ -125,6 +125,14 @@ impl ModelShard {
     pub fn set_cluster(&mut self, active_gpus: u32, others_demand: f64) {
         self.active_gpus = active_gpus as f64;
         self.others_demand = others_demand;
+    }
+
+    /// Changes the network budget of every model (the runtime measures it).
+    pub fn set_net(&mut self, net: NetBudget) {
+        self.cfg.net = net;
+        for e in self.models.iter_mut().flatten() {
+            e.state.set_net(net);
+        }
     }
 
     fn entry(&self, id: ModelId) -> Option<&Entry> {

@@ -635,6 +635,7 @@ impl LoadGen {
                 id: TaskId(self.id),
                 arrival,
                 deadline: arrival + self.slo[m],
+                tag: 0,
             };
             self.id += 1;
             let model = ModelId(m as u32);

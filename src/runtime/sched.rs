@@ -32,8 +32,8 @@ use super::wait::{WaitOutcome, Waiter};
 use crate::core::rank::{RankOutput, Ranker};
 use crate::core::shard::{ModelShard, ToRank};
 use crate::core::{
-    Counters, DispatcherConfig, DropReason, Dur, GpuId, ModelId, ModelSpec, Output, Plan, PlanId,
-    Task, Time,
+    Counters, DispatcherConfig, DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, Output,
+    Plan, PlanId, Task, Time,
 };
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
@@ -100,6 +100,7 @@ pub const CHUNK_MAX: usize = 256;
 enum ModelCtl {
     Add(ModelId, ModelSpec),
     Remove(ModelId),
+    SetNet(NetBudget),
     Shutdown,
 }
 
@@ -527,6 +528,14 @@ impl RtScheduler {
         self.model_unparkers[t].unpark();
     }
 
+    /// Changes the network budget (d_ctrl, d_data, response) of every model.
+    pub fn set_net(&self, net: NetBudget) {
+        for (t, tx) in self.ctl_txs.iter().enumerate() {
+            let _ = tx.send(ModelCtl::SetNet(net));
+            self.model_unparkers[t].unpark();
+        }
+    }
+
     /// Adds a GPU (free from now on); returns its id.
     pub fn add_gpu(&self) -> GpuId {
         // The RankThread publishes the count of GPUs in service after each pass.
@@ -719,6 +728,7 @@ impl ModelThread {
                 match c {
                     ModelCtl::Add(id, spec) => self.shard.add_model(id, spec),
                     ModelCtl::Remove(id) => self.shard.remove_model(now, id),
+                    ModelCtl::SetNet(net) => self.shard.set_net(net),
                     ModelCtl::Shutdown => {
                         shutdown_at = Some(now);
                         self.shard.drain_all(now);

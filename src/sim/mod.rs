@@ -462,6 +462,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
                 id: TaskId(next_id),
                 arrival: t,
                 deadline: t + spec.slo,
+                tag: 0,
             };
             if opt.check {
                 e.state.push(PENDING);
