@@ -8,6 +8,8 @@ use fermata::sim::{simulate, SimOptions};
 use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
 
+mod roles;
+
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -29,6 +31,17 @@ enum Cmd {
     /// Benchmarks: goodput search, load sweep, case studies.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// All in one process: scheduler, emulated-GPU backends, frontends and a load
+    /// generator on the embedded default workload; prints a goodput report.
+    Serve(roles::ServeArgs),
+    /// The scheduler process.
+    Scheduler(roles::SchedulerArgs),
+    /// A backend process with emulated GPUs.
+    Backend(roles::BackendArgs),
+    /// A frontend process.
+    Frontend(roles::FrontendArgs),
+    /// Drives frontends with a workload's arrivals and reports what clients saw.
+    Loadgen(roles::LoadgenArgs),
 }
 
 #[derive(Args, Clone)]
@@ -262,6 +275,11 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Sim(a) => cmd_sim(a),
+        Cmd::Serve(a) => roles::cmd_serve(a),
+        Cmd::Scheduler(a) => roles::cmd_scheduler(a),
+        Cmd::Backend(a) => roles::cmd_backend(a),
+        Cmd::Frontend(a) => roles::cmd_frontend(a),
+        Cmd::Loadgen(a) => roles::cmd_loadgen(a),
         Cmd::Bench(BenchCmd::Goodput(a)) => cmd_goodput(a),
         Cmd::Bench(BenchCmd::Load(a)) => cmd_load(a),
         Cmd::Bench(BenchCmd::Fig6a(a)) => fermata::bench::cases::fig6a(a.seed, a.json),

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod core;
+pub mod node;
 pub mod plan;
 pub mod runtime;
 pub mod sim;

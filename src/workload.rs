@@ -98,7 +98,15 @@ pub struct WorkloadModel {
     pub share: f64,
     /// Piecewise-constant rate multipliers: (from time, multiplier), sorted.
     pub rate_trace: Vec<(Dur, f64)>,
+    /// Bytes of one input (what the load generator sends; the distributed runtime
+    /// moves them from frontend to backend).
+    pub input_bytes: u32,
 }
+
+/// Default input size: one 224x224 RGB image of u8 (147 KiB, the paper's ~150 KB).
+pub const DEFAULT_INPUT_BYTES: u32 = 224 * 224 * 3;
+/// Largest input a model may declare (a region slot holds at most 16 MiB).
+pub const MAX_INPUT_BYTES: u32 = (1 << 24) - 64;
 
 /// A resolved workload.
 #[derive(Debug, Clone)]
@@ -167,6 +175,7 @@ struct RawModel {
     copies: Option<u32>,
     weight: Option<f64>,
     rate_trace: Option<Vec<(f64, f64)>>,
+    input_bytes: Option<u32>,
 }
 
 /// One row of a profiles CSV: gpu,model,alpha_ms,beta_ms,slo_ms.
@@ -246,13 +255,23 @@ impl Workload {
         let mut models = Vec::new();
         let mut weights = Vec::new();
         let mut traces = Vec::new();
+        let mut inputs = Vec::new();
         for (i, m) in raw.models.iter().enumerate() {
             let (specs, w, tr) = resolve_model(m, &profiles)
                 .with_context(|| format!("model #{} ({})", i + 1, m.label()))?;
+            let ib = m.input_bytes.unwrap_or(DEFAULT_INPUT_BYTES);
+            if !(1..=MAX_INPUT_BYTES).contains(&ib) {
+                bail!(
+                    "model #{} ({}): `input_bytes` must be between 1 and {MAX_INPUT_BYTES}, got {ib}",
+                    i + 1,
+                    m.label()
+                );
+            }
             for s in specs {
                 models.push(s);
                 weights.push(w);
                 traces.push(tr.clone());
+                inputs.push(ib);
             }
         }
         if models.len() > 100_000 {
@@ -342,10 +361,12 @@ impl Workload {
                 .into_iter()
                 .zip(shares)
                 .zip(traces)
-                .map(|((spec, share), rate_trace)| WorkloadModel {
+                .zip(inputs)
+                .map(|(((spec, share), rate_trace), input_bytes)| WorkloadModel {
                     spec,
                     share,
                     rate_trace,
+                    input_bytes,
                 })
                 .collect(),
             arrival,

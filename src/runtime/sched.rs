@@ -391,6 +391,7 @@ impl RtScheduler {
         let rank_thread = std::thread::Builder::new()
             .name("fermata-rank".into())
             .spawn(move || {
+                super::pin::set_timer_slack_ns(1);
                 if let Some(c) = rank_pin {
                     if let Err(e) = pin_current_thread(c) {
                         eprintln!("warning: {e:#}");
@@ -422,6 +423,7 @@ impl RtScheduler {
                 std::thread::Builder::new()
                     .name(format!("fermata-model-{t}"))
                     .spawn(move || {
+                        super::pin::set_timer_slack_ns(1);
                         if let Some(c) = cpu {
                             if let Err(e) = pin_current_thread(c) {
                                 eprintln!("warning: {e:#}");

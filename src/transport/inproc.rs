@@ -10,10 +10,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+/// A served region and whether its server is still up.
+type Served = (Arc<Region>, Arc<AtomicBool>);
+
 #[derive(Default)]
 struct Table {
     listeners: HashMap<String, EventTx>,
-    regions: HashMap<String, (Arc<Region>, Arc<AtomicBool>)>,
+    regions: HashMap<String, Served>,
 }
 
 /// The in-process transport; every handle shares one process-wide table.
@@ -131,7 +134,7 @@ impl Drop for InProcRegionServer {
 
 #[derive(Default)]
 struct InProcReader {
-    peers: Mutex<HashMap<u32, (Arc<Region>, Arc<AtomicBool>)>>,
+    peers: Mutex<HashMap<u32, Served>>,
     table: Option<&'static Mutex<Table>>,
 }
 

@@ -160,8 +160,11 @@ pub enum DropCode {
 pub struct TaskResult {
     pub id: u64,
     pub status: TaskStatus,
-    /// When the batch finished (scheduler clock).
+    /// When the batch started and finished (scheduler clock).
+    pub started_ns: i64,
     pub finished_ns: i64,
+    /// Size of the batch it ran in (0 when it did not run).
+    pub batch_size: u32,
     pub output: Vec<u8>,
 }
 
@@ -290,6 +293,10 @@ pub enum Msg {
         status: ReplyStatus,
         /// Time from the frontend's receipt to its reply.
         latency_ns: i64,
+        /// From the frontend's receipt to the batch's start (0 when it did not run).
+        queue_ns: i64,
+        /// Size of the batch it ran in (0 when it did not run).
+        batch_size: u32,
         output: Vec<u8>,
         message: String,
     },

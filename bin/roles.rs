@@ -1,0 +1,400 @@
+//! The process roles: `fermata scheduler|backend|frontend|loadgen|serve`.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fermata::core::Dur;
+use fermata::node::backend::{BackendNode, BackendOpts};
+use fermata::node::frontend::{FrontendNode, FrontendOpts};
+use fermata::node::loadgen::{self, LoadgenOpts};
+use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
+use fermata::node::serve::{self, ClusterOpts};
+use fermata::transport::{self, Transport};
+use fermata::workload::{Arrival, Workload};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The workload `fermata serve` runs when none is given.
+pub const DEFAULT_WORKLOAD: &str = include_str!("../configs/workloads/resnet50_8gpu.toml");
+
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT and SIGTERM set a flag that the role's main loop polls.
+fn catch_signals() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+fn signalled() -> bool {
+    SIGNALLED.load(Ordering::SeqCst)
+}
+
+fn announce(line: String) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{line}");
+    let _ = o.flush();
+}
+
+fn transport_of(name: &str) -> Result<Arc<dyn Transport>> {
+    transport::by_name(name).with_context(|| format!("--transport {name}"))
+}
+
+fn workload_of(path: &Option<PathBuf>) -> Result<Workload> {
+    match path {
+        Some(p) => Workload::from_file(p),
+        None => {
+            Workload::from_toml(DEFAULT_WORKLOAD, None).context("the embedded default workload")
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct SchedulerArgs {
+    /// Workload file (TOML): the models served (their profiles and SLOs) and the
+    /// policy. Default: the embedded ResNet50 workload.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Where nodes connect (TCP host:port).
+    #[arg(long, default_value = "127.0.0.1:7300")]
+    listen: String,
+    /// ModelThreads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// tcp or rdma.
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// Heartbeat period told to nodes (ms).
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    /// A node silent this long is removed (ms).
+    #[arg(long, default_value_t = 1000)]
+    node_timeout_ms: u64,
+    /// Log registrations, removals and budget changes to stderr.
+    #[arg(long)]
+    verbose: bool,
+    #[command(flatten)]
+    spin: SpinArgs,
+}
+
+#[derive(Args, Clone, Copy)]
+pub struct SpinArgs {
+    /// The RankThread spins this long before a timer instead of sleeping (us).
+    #[arg(long, default_value_t = 100)]
+    rank_spin_us: u64,
+    /// A ModelThread polls this long for more work before it parks (us).
+    #[arg(long, default_value_t = 100)]
+    model_spin_us: u64,
+}
+
+pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
+    catch_signals();
+    let w = workload_of(&a.workload)?;
+    if a.heartbeat_ms == 0 || a.node_timeout_ms <= a.heartbeat_ms {
+        bail!("need 0 < --heartbeat-ms < --node-timeout-ms");
+    }
+    let s = SchedulerNode::start(
+        transport_of(&a.transport)?,
+        &w,
+        SchedulerOpts {
+            listen: a.listen,
+            model_threads: a.threads,
+            heartbeat: Duration::from_millis(a.heartbeat_ms),
+            node_timeout: Duration::from_millis(a.node_timeout_ms),
+            verbose: a.verbose,
+            rank_spin: Dur::from_us(a.spin.rank_spin_us as i64),
+            model_spin: Dur::from_us(a.spin.model_spin_us as i64),
+            ..SchedulerOpts::default()
+        },
+    )?;
+    announce(format!("fermata scheduler listening on {}", s.addr()));
+    while !signalled() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rep = s.stop()?;
+    announce(serde_json::to_string(&rep)?);
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BackendArgs {
+    /// The scheduler's address.
+    #[arg(long, default_value = "127.0.0.1:7300")]
+    scheduler: String,
+    /// Emulated GPUs on this backend.
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    #[arg(long, default_value = "backend")]
+    name: String,
+    /// tcp or rdma.
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    #[arg(long)]
+    verbose: bool,
+}
+
+pub fn cmd_backend(a: BackendArgs) -> Result<()> {
+    catch_signals();
+    let mut o = BackendOpts::emulated(&a.scheduler, a.gpus);
+    o.name = a.name;
+    o.verbose = a.verbose;
+    let b = BackendNode::start(transport_of(&a.transport)?, o)?;
+    let ids = b.wait_ready(Duration::from_secs(30))?;
+    announce(format!("fermata backend ready: GPUs {ids:?}"));
+    while !signalled() && !b.is_finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lost = !signalled();
+    let rep = if lost { b.join() } else { b.stop() };
+    announce(serde_json::to_string(&rep)?);
+    if let Some(e) = rep.error {
+        bail!("{e}");
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct FrontendArgs {
+    /// The scheduler's address.
+    #[arg(long, default_value = "127.0.0.1:7300")]
+    scheduler: String,
+    /// Where clients connect and backends push results.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: String,
+    /// Where backends read inputs (one-sided).
+    #[arg(long, default_value = "127.0.0.1:7401")]
+    data_listen: String,
+    /// Size of the input region (MiB).
+    #[arg(long, default_value_t = 1024)]
+    region_mib: u64,
+    #[arg(long, default_value = "frontend")]
+    name: String,
+    /// tcp or rdma.
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+}
+
+pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
+    catch_signals();
+    if a.region_mib == 0 || a.region_mib > 1 << 20 {
+        bail!("--region-mib must be between 1 and 1048576");
+    }
+    let mut o = FrontendOpts::new(&a.scheduler);
+    o.listen = a.listen;
+    o.data_listen = a.data_listen;
+    o.region_bytes = a.region_mib << 20;
+    o.name = a.name;
+    let f = FrontendNode::start(transport_of(&a.transport)?, o)?;
+    announce(format!("fermata frontend listening on {}", f.addr()));
+    while !signalled() && !f.is_finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rep = f.stop();
+    announce(serde_json::to_string(&rep)?);
+    Ok(())
+}
+
+#[derive(Args, Clone)]
+pub struct LoadArgs {
+    /// Workload file (TOML); default: the embedded ResNet50 workload.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Aggregate rate (requests/s); default: the workload's.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Measured seconds; default 10.
+    #[arg(long, default_value_t = 10.0)]
+    duration_s: f64,
+    /// Warm-up seconds (not measured); default 2.
+    #[arg(long, default_value_t = 2.0)]
+    warmup_s: f64,
+    /// constant, poisson or gamma:SHAPE; default: the workload's.
+    #[arg(long)]
+    arrival: Option<String>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Do not check outputs against the emulated GPU's.
+    #[arg(long)]
+    no_verify: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl LoadArgs {
+    fn options(&self, w: &Workload, frontends: Vec<String>) -> Result<LoadgenOpts> {
+        let mut o = LoadgenOpts::new(frontends, w);
+        if let Some(r) = self.rate {
+            if !(r > 0.0 && r.is_finite()) {
+                bail!("--rate must be > 0, got {r}");
+            }
+            o.rate_rps = r;
+        }
+        if !(self.duration_s > 0.0 && self.duration_s <= 86_400.0) {
+            bail!("--duration-s must be in (0, 86400]");
+        }
+        if !(0.0..=86_400.0).contains(&self.warmup_s) {
+            bail!("--warmup-s must be in [0, 86400]");
+        }
+        o.duration = Dur::from_secs_f64(self.duration_s);
+        o.warmup = Dur::from_secs_f64(self.warmup_s);
+        if let Some(a) = &self.arrival {
+            o.arrival = a
+                .parse::<Arrival>()
+                .map_err(anyhow::Error::msg)
+                .context("--arrival")?;
+        }
+        if let Some(s) = self.seed {
+            o.seed = s;
+        }
+        o.verify = !self.no_verify;
+        Ok(o)
+    }
+}
+
+#[derive(Args)]
+pub struct LoadgenArgs {
+    /// Frontend addresses, comma-separated.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    frontend: String,
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+fn print_load(
+    w: &Workload,
+    r: &loadgen::LoadReport,
+    json: bool,
+    extra: Option<serde_json::Value>,
+) -> Result<()> {
+    let mut v = r.json(w);
+    if let (serde_json::Value::Object(m), Some(serde_json::Value::Object(x))) = (&mut v, extra) {
+        m.extend(x);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let l = &r.latency_us;
+    println!(
+        "workload {} | offered {:.1} r/s over {:.1} s | goodput {:.1} r/s | bad {:.2}% (worst model {:.2}%)",
+        w.name,
+        r.sim.rate_rps,
+        r.sim.window.as_secs_f64(),
+        r.sim.goodput_rps(),
+        100.0 * r.sim.bad_rate(),
+        100.0 * r.sim.max_model_bad_rate()
+    );
+    println!(
+        "latency p50 {:.2} ms, p99 {:.2} ms | failed {} | unanswered {} | duplicates {} | wrong outputs {}",
+        l.value_at_quantile(0.5) as f64 / 1e3,
+        l.value_at_quantile(0.99) as f64 / 1e3,
+        r.failed,
+        r.unanswered,
+        r.duplicates,
+        r.wrong_outputs
+    );
+    print!("{}", fermata::bench::sim_table(&r.sim));
+    Ok(())
+}
+
+pub fn cmd_loadgen(a: LoadgenArgs) -> Result<()> {
+    let w = workload_of(&a.load.workload)?;
+    let fes: Vec<String> = a
+        .frontend
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let o = a.load.options(&w, fes)?;
+    let r = loadgen::run(transport_of(&a.transport)?, &w, &o)?;
+    print_load(&w, &r, a.load.json, None)
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// in-process (default) or tcp (loopback sockets, still one process).
+    #[arg(long, default_value = "inproc")]
+    transport: String,
+    /// Backend nodes (the workload's GPUs are split among them).
+    #[arg(long, default_value_t = 1)]
+    backends: u32,
+    #[arg(long, default_value_t = 1)]
+    frontends: u32,
+    /// ModelThreads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long)]
+    verbose: bool,
+    /// The RankThread spins this long before a timer instead of sleeping (us;
+    /// small by default: everything shares this machine's cores).
+    #[arg(long, default_value_t = 20)]
+    rank_spin_us: u64,
+    /// A ModelThread polls this long for more work before it parks (us).
+    #[arg(long, default_value_t = 20)]
+    model_spin_us: u64,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+pub fn cmd_serve(a: ServeArgs) -> Result<()> {
+    let w = workload_of(&a.load.workload)?;
+    let tr = transport_of(&a.transport)?;
+    let co = ClusterOpts {
+        backends: a.backends,
+        frontends: a.frontends,
+        model_threads: a.threads,
+        host: if a.transport == "tcp" {
+            "127.0.0.1".into()
+        } else {
+            "fermata".into()
+        },
+        verbose: a.verbose,
+        rank_spin_us: a.rank_spin_us,
+        model_spin_us: a.model_spin_us,
+        ..ClusterOpts::default()
+    };
+    let lo = a.load.options(&w, Vec::new())?;
+    if !a.load.json {
+        eprintln!(
+            "fermata serve: {} ({} GPUs, emulated) over {} | {} backend(s), {} frontend(s) | {:.0} r/s for {:.1}+{:.1} s",
+            w.name,
+            w.gpus,
+            tr.name(),
+            a.backends,
+            a.frontends,
+            lo.rate_rps,
+            lo.warmup.as_secs_f64(),
+            lo.duration.as_secs_f64()
+        );
+    }
+    let r = serve::serve(tr, &w, &co, &lo)?;
+    let s = &r.cluster.scheduler;
+    let extra = serde_json::json!({
+        "startup_ms": r.startup.as_secs_f64() * 1e3,
+        "d_ctrl_us": s.d_ctrl_us,
+        "d_data_us": s.d_data_us,
+        "cluster": r.cluster,
+    });
+    if !a.load.json {
+        println!(
+            "started in {:.0} ms | d_ctrl {:.0} us, d_data {:.1} us per input | plans {} | backend start delay p99 {:.0} us",
+            r.startup.as_secs_f64() * 1e3,
+            s.d_ctrl_us,
+            s.d_data_us,
+            s.plans_sent,
+            r.cluster.backends.iter().map(|b| b.start_delay_p99_us).fold(0.0, f64::max)
+        );
+    }
+    print_load(&w, &r.load, a.load.json, Some(extra))
+}

@@ -1,0 +1,771 @@
+//! The backend process: registers its GPUs, loads models when told, pulls each
+//! plan's inputs one-sided from the frontends that hold them, runs the batch at the
+//! planned time and pushes the outputs to the frontends and the actual finish time
+//! to the scheduler.
+//!
+//! Threads: one network loop (scheduler and frontend connections, heartbeats), and
+//! per GPU a **puller** (reads a plan's inputs as soon as the plan arrives, so the
+//! pull overlaps the previous batch) and a **worker** (waits for `exec_at`, runs the
+//! executor, reports). A plan that cannot start by its latest start (the earliest
+//! deadline minus l(b)) is not run: its tasks end as `Dropped(TooLate)` and the
+//! scheduler hears `PlanDone{TooLate}`. Inputs that cannot be read (frontend gone,
+//! slot reused, timeout) are left out of the batch and their tasks end as
+//! `InputMissing`; the rest of the batch runs.
+
+use super::clock::{OffsetEstimator, Recent, SchedClock};
+use super::exec::{profile_of, Executor, ExecutorFactory};
+use super::scheduler::task_owner;
+use crate::core::{LatencyProfile, Time};
+use crate::runtime::clock::Clock;
+use crate::transport::{
+    Conn, ConnId, Event, InputRef, ReadReq, RegionReader, SlotHeader, Transport, SLOT_HEADER,
+};
+use crate::wire::{
+    DropCode, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, Role, TaskResult, TaskStatus,
+};
+use anyhow::{bail, Context, Result};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Backend settings.
+pub struct BackendOpts {
+    pub scheduler: String,
+    pub name: String,
+    pub gpus: u32,
+    pub gpu_name: String,
+    pub gpu_mem_bytes: u64,
+    pub executor: ExecutorFactory,
+    /// The scheduler is considered lost after this long without a pong.
+    pub scheduler_timeout: Duration,
+    pub verbose: bool,
+}
+
+impl BackendOpts {
+    /// `gpus` emulated GPUs.
+    pub fn emulated(scheduler: &str, gpus: u32) -> BackendOpts {
+        BackendOpts {
+            scheduler: scheduler.to_string(),
+            name: "backend".into(),
+            gpus,
+            gpu_name: "emulated".into(),
+            gpu_mem_bytes: 80 << 30,
+            executor: Box::new(|_| Ok(Box::new(super::exec::EmulatedGpu::new()))),
+            scheduler_timeout: Duration::from_millis(2000),
+            verbose: false,
+        }
+    }
+}
+
+/// Counts of what a backend did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct BackendReport {
+    pub plans_run: u64,
+    pub plans_too_late: u64,
+    pub plans_failed: u64,
+    pub tasks_run: u64,
+    pub inputs_missing: u64,
+    /// How late batches started after exec_at, p50/p99 (us).
+    pub start_delay_p50_us: f64,
+    pub start_delay_p99_us: f64,
+    pub pull_p99_us_per_task: f64,
+    pub rtt_p99_us: f64,
+    pub clock_offset_us: f64,
+    pub clock_error_us: f64,
+    pub error: Option<String>,
+}
+
+struct Shared {
+    clock: SchedClock,
+    sched: Arc<dyn Conn>,
+    frontends: RwLock<HashMap<NodeId, Arc<dyn Conn>>>,
+    profiles: RwLock<HashMap<u32, LatencyProfile>>,
+    reader: Arc<dyn RegionReader>,
+    pull: Mutex<Recent>,
+    start_delay: Mutex<Recent>,
+    /// Set when the node stops or crashes: workers send nothing more.
+    dead: AtomicBool,
+    plans_run: AtomicU64,
+    plans_too_late: AtomicU64,
+    plans_failed: AtomicU64,
+    tasks_run: AtomicU64,
+    inputs_missing: AtomicU64,
+}
+
+enum WorkerMsg {
+    Load(ModelInfo, Sender<(u32, Result<(), String>)>),
+    Unload(u32),
+    Run(PlanMsg, Vec<Option<Input>>),
+}
+
+/// An input as read: the whole slot, header first, and the payload's length.
+struct Input {
+    slot: Vec<u8>,
+    len: usize,
+}
+
+impl Input {
+    fn bytes(&self) -> &[u8] {
+        &self.slot[SLOT_HEADER..SLOT_HEADER + self.len]
+    }
+}
+
+#[derive(Clone)]
+struct PlanMsg {
+    id: u64,
+    model: u32,
+    gpu: u32,
+    exec_at: Time,
+    tasks: Vec<PlanTask>,
+}
+
+/// A running backend.
+pub struct BackendNode {
+    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+    handle: Option<JoinHandle<Result<()>>>,
+    ready: Receiver<Result<Vec<u32>, String>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl BackendNode {
+    /// Connects to the scheduler, syncs the clock and registers; returns at once
+    /// (see [`BackendNode::wait_ready`]).
+    pub fn start(transport: Arc<dyn Transport>, opts: BackendOpts) -> Result<BackendNode> {
+        if opts.gpus == 0 {
+            bail!("a backend needs at least one GPU (--gpus)");
+        }
+        let (tx, rx) = unbounded();
+        let sched = transport
+            .connect(&opts.scheduler, tx.clone())
+            .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
+        let clock = SchedClock::exact(Clock::new());
+        let shared = Arc::new(Shared {
+            clock,
+            sched,
+            frontends: RwLock::new(HashMap::new()),
+            profiles: RwLock::new(HashMap::new()),
+            reader: transport.reader()?,
+            pull: Mutex::new(Recent::new(512)),
+            start_delay: Mutex::new(Recent::new(2048)),
+            dead: AtomicBool::new(false),
+            plans_run: AtomicU64::new(0),
+            plans_too_late: AtomicU64::new(0),
+            plans_failed: AtomicU64::new(0),
+            tasks_run: AtomicU64::new(0),
+            inputs_missing: AtomicU64::new(0),
+        });
+        let mut pullers = Vec::new();
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        for g in 0..opts.gpus {
+            let exec = (opts.executor)(g)
+                .with_context(|| format!("cannot start the executor of GPU {g}"))?;
+            let (wtx, wrx) = unbounded::<WorkerMsg>();
+            let (ptx, prx) = unbounded::<PlanMsg>();
+            let sh = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("gpu{g}-worker"))
+                    .spawn(move || {
+                        crate::runtime::pin::set_timer_slack_ns(1);
+                        worker(sh, exec, wrx)
+                    })?,
+            );
+            let sh = shared.clone();
+            let wtx2 = wtx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("gpu{g}-pull"))
+                    .spawn(move || puller(sh, prx, wtx2))?,
+            );
+            pullers.push(ptx);
+            workers.push(wtx);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready) = unbounded();
+        let gpus: Vec<GpuInfo> = (0..opts.gpus)
+            .map(|g| GpuInfo {
+                local: g,
+                name: opts.gpu_name.clone(),
+                mem_bytes: opts.gpu_mem_bytes,
+            })
+            .collect();
+        let mut lp = NetLoop {
+            shared: shared.clone(),
+            transport,
+            events: tx,
+            pullers,
+            workers,
+            gpu_map: HashMap::new(),
+            est: OffsetEstimator::new(),
+            rtt: Recent::new(256),
+            loading: HashMap::new(),
+            ready_tx: Some(ready_tx),
+            fe_conns: HashMap::new(),
+            opts_timeout: opts.scheduler_timeout,
+            last_pong: Instant::now(),
+            verbose: opts.verbose,
+        };
+        let stop2 = stop.clone();
+        let name = opts.name.clone();
+        let handle = std::thread::Builder::new()
+            .name("backend-net".into())
+            .spawn(move || lp.run(rx, &stop2, name, gpus))?;
+        Ok(BackendNode {
+            stop,
+            shared,
+            handle: Some(handle),
+            ready,
+            threads,
+        })
+    }
+
+    /// Waits until the scheduler put the GPUs in service; returns their global ids.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<Vec<u32>> {
+        match self.ready.recv_timeout(timeout) {
+            Ok(Ok(ids)) => Ok(ids),
+            Ok(Err(e)) => bail!("backend registration failed: {e}"),
+            Err(_) => bail!("backend not registered within {timeout:?}"),
+        }
+    }
+
+    fn report(&self) -> BackendReport {
+        let s = &self.shared;
+        let sd = s.start_delay.lock().expect("lock");
+        BackendReport {
+            plans_run: s.plans_run.load(Ordering::Relaxed),
+            plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
+            plans_failed: s.plans_failed.load(Ordering::Relaxed),
+            tasks_run: s.tasks_run.load(Ordering::Relaxed),
+            inputs_missing: s.inputs_missing.load(Ordering::Relaxed),
+            start_delay_p50_us: sd.quantile(0.5) as f64 / 1e3,
+            start_delay_p99_us: sd.quantile(0.99) as f64 / 1e3,
+            pull_p99_us_per_task: s.pull.lock().expect("lock").quantile(0.99) as f64 / 1e3,
+            rtt_p99_us: 0.0,
+            clock_offset_us: s.clock.offset().as_us_f64(),
+            clock_error_us: s.clock.error_bound().as_us_f64(),
+            error: None,
+        }
+    }
+
+    /// Whether the network loop has ended (scheduler lost, or stopped).
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
+    }
+
+    /// Stops: says goodbye to the scheduler, lets running batches finish.
+    pub fn stop(mut self) -> BackendReport {
+        let _ = self.shared.sched.send(Msg::Unregister {
+            reason: "backend stopping".into(),
+        });
+        self.finish()
+    }
+
+    /// Dies abruptly (for failure tests): every connection drops, nothing more is
+    /// sent, no goodbye.
+    pub fn crash(mut self) -> BackendReport {
+        self.shared.dead.store(true, Ordering::Release);
+        self.shared.sched.close("backend crashed");
+        for c in self.shared.frontends.read().expect("lock").values() {
+            c.close("backend crashed");
+        }
+        self.finish()
+    }
+
+    /// Runs until the network loop ends (the scheduler is lost or closes us).
+    pub fn join(mut self) -> BackendReport {
+        let mut r = match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => Some(format!("{e:#}")),
+            Some(Err(_)) => Some("the backend's network loop panicked".to_string()),
+            _ => None,
+        };
+        let mut rep = self.finish();
+        rep.error = r.take();
+        rep
+    }
+
+    fn finish(&mut self) -> BackendReport {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        self.shared.dead.store(true, Ordering::Release);
+        let rep = self.report();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        rep
+    }
+}
+
+impl Drop for BackendNode {
+    fn drop(&mut self) {
+        if self.handle.is_some() {
+            self.finish();
+        }
+    }
+}
+
+struct NetLoop {
+    shared: Arc<Shared>,
+    transport: Arc<dyn Transport>,
+    events: crate::transport::EventTx,
+    pullers: Vec<Sender<PlanMsg>>,
+    workers: Vec<Sender<WorkerMsg>>,
+    /// Global GPU id -> local index.
+    gpu_map: HashMap<u32, usize>,
+    est: OffsetEstimator,
+    rtt: Recent,
+    /// Model -> GPUs still loading it.
+    loading: HashMap<u32, u32>,
+    ready_tx: Option<Sender<Result<Vec<u32>, String>>>,
+    fe_conns: HashMap<ConnId, NodeId>,
+    opts_timeout: Duration,
+    last_pong: Instant,
+    verbose: bool,
+}
+
+impl NetLoop {
+    fn ping(&self, seq: u64) {
+        let _ = self.shared.sched.send(Msg::Ping {
+            seq,
+            sent_ns: self.shared.clock.local().now().0,
+            rtt_p99_ns: self.rtt.quantile(0.99),
+            pull_p99_ns: self.shared.pull.lock().expect("lock").quantile(0.99),
+        });
+    }
+
+    fn run(
+        &mut self,
+        rx: Receiver<Event>,
+        stop: &AtomicBool,
+        name: String,
+        gpus: Vec<GpuInfo>,
+    ) -> Result<()> {
+        let (ltx, lrx) = unbounded::<(u32, Result<(), String>)>();
+        // Clock sync first: a few quick probes, then register.
+        let mut seq = 0u64;
+        let sched_id = self.shared.sched.id();
+        let t_sync = Instant::now();
+        while self.est.samples() < 8 && t_sync.elapsed() < Duration::from_secs(2) {
+            seq += 1;
+            self.ping(seq);
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(ev) => self.event(ev, sched_id, &ltx)?,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => bail!("event channel closed"),
+            }
+        }
+        if self.est.samples() == 0 {
+            bail!("the scheduler does not answer pings");
+        }
+        self.shared
+            .sched
+            .send(Msg::Register {
+                role: Role::Backend,
+                name,
+                gpus,
+                ctrl_addr: String::new(),
+                region: None,
+            })
+            .map_err(|e| anyhow::anyhow!("cannot register: {e}"))?;
+        let mut heartbeat = Duration::from_millis(100);
+        let mut next_ping = Instant::now() + heartbeat;
+        self.last_pong = Instant::now();
+        while !stop.load(Ordering::Acquire) {
+            let wait = next_ping
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50));
+            crossbeam_channel::select! {
+                recv(rx) -> ev => match ev {
+                    Ok(Event::Msg(_, Msg::RegisterAck { heartbeat_ms, gpu_ids, .. })) => {
+                        heartbeat = Duration::from_millis(heartbeat_ms.max(1) as u64);
+                        for (i, g) in gpu_ids.iter().enumerate() {
+                            self.gpu_map.insert(*g, i);
+                        }
+                        if let Some(t) = self.ready_tx.take() {
+                            let _ = t.send(Ok(gpu_ids));
+                        }
+                    }
+                    Ok(ev) => self.event(ev, sched_id, &ltx)?,
+                    Err(_) => bail!("event channel closed"),
+                },
+                recv(lrx) -> r => {
+                    if let Ok((model, res)) = r {
+                        self.loaded(model, res);
+                    }
+                }
+                default(wait) => {}
+            }
+            let now = Instant::now();
+            if now >= next_ping {
+                next_ping = now + heartbeat;
+                seq += 1;
+                self.ping(seq);
+            }
+            if now.duration_since(self.last_pong) > self.opts_timeout {
+                self.shared.sched.close("scheduler silent");
+                bail!("lost the scheduler: no pong for {:?}", self.opts_timeout);
+            }
+        }
+        Ok(())
+    }
+
+    fn loaded(&mut self, model: u32, res: Result<(), String>) {
+        match res {
+            Err(e) => {
+                self.loading.remove(&model);
+                let _ = self.shared.sched.send(Msg::ModelLoaded {
+                    model,
+                    ok: false,
+                    error: e,
+                });
+            }
+            Ok(()) => {
+                if let Some(n) = self.loading.get_mut(&model) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.loading.remove(&model);
+                        let _ = self.shared.sched.send(Msg::ModelLoaded {
+                            model,
+                            ok: true,
+                            error: String::new(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn event(
+        &mut self,
+        ev: Event,
+        sched_id: ConnId,
+        ltx: &Sender<(u32, Result<(), String>)>,
+    ) -> Result<()> {
+        match ev {
+            Event::Accepted(c) => c.close("backends accept no connections"),
+            Event::Closed(c, reason) => {
+                if c == sched_id {
+                    if let Some(t) = self.ready_tx.take() {
+                        let _ = t.send(Err(reason.clone()));
+                    }
+                    bail!("lost the scheduler: {reason}");
+                }
+                if let Some(fe) = self.fe_conns.remove(&c) {
+                    self.shared.frontends.write().expect("lock").remove(&fe);
+                }
+            }
+            Event::Msg(c, msg) if c == sched_id => {
+                match msg {
+                    Msg::Pong {
+                        echo_ns, sched_ns, ..
+                    } => {
+                        self.last_pong = Instant::now();
+                        let t2 = self.shared.clock.local().now();
+                        let rtt =
+                            self.est
+                                .add(Time(echo_ns), Time(sched_ns), t2, &self.shared.clock);
+                        self.rtt.push(rtt.0);
+                    }
+                    Msg::Plan {
+                        id,
+                        model,
+                        gpu,
+                        exec_at_ns,
+                        tasks,
+                        ..
+                    } => {
+                        let Some(&g) = self.gpu_map.get(&gpu) else {
+                            eprintln!("fermata backend: plan {id} for GPU {gpu}, which is not ours; dropped");
+                            return Ok(());
+                        };
+                        let _ = self.pullers[g].send(PlanMsg {
+                            id,
+                            model,
+                            gpu,
+                            exec_at: Time(exec_at_ns),
+                            tasks,
+                        });
+                    }
+                    Msg::LoadModel { model } => {
+                        match profile_of(&model.profile) {
+                            Ok(p) => {
+                                self.shared
+                                    .profiles
+                                    .write()
+                                    .expect("lock")
+                                    .insert(model.id, p);
+                            }
+                            Err(e) => {
+                                let _ = ltx.send((model.id, Err(format!("{e:#}"))));
+                                return Ok(());
+                            }
+                        }
+                        self.loading.insert(model.id, self.workers.len() as u32);
+                        for w in &self.workers {
+                            let _ = w.send(WorkerMsg::Load(model.clone(), ltx.clone()));
+                        }
+                    }
+                    Msg::UnloadModel { model } => {
+                        for w in &self.workers {
+                            let _ = w.send(WorkerMsg::Unload(model));
+                        }
+                    }
+                    Msg::FrontendUp {
+                        node,
+                        ctrl_addr,
+                        region,
+                    } => {
+                        if let Err(e) = self.shared.reader.attach(node, &region) {
+                            eprintln!(
+                                "fermata backend: cannot attach frontend {node}'s region: {e:#}"
+                            );
+                        }
+                        match self.transport.connect(&ctrl_addr, self.events.clone()) {
+                        Ok(conn) => {
+                            self.fe_conns.insert(conn.id(), node);
+                            self.shared.frontends.write().expect("lock").insert(node, conn);
+                        }
+                        Err(e) => eprintln!("fermata backend: cannot reach frontend {node} at {ctrl_addr}: {e:#}"),
+                    }
+                    }
+                    Msg::FrontendDown { node } => {
+                        self.shared.reader.detach(node);
+                        if let Some(c) = self.shared.frontends.write().expect("lock").remove(&node)
+                        {
+                            self.fe_conns.remove(&c.id());
+                            c.close("frontend down");
+                        }
+                    }
+                    Msg::Error { message } => {
+                        bail!("the scheduler closed us: {message}");
+                    }
+                    other => {
+                        if self.verbose {
+                            eprintln!(
+                                "fermata backend: ignoring unexpected {} from the scheduler",
+                                other.kind()
+                            );
+                        }
+                    }
+                }
+            }
+            Event::Msg(c, other) => {
+                // Frontends send nothing to backends.
+                eprintln!(
+                    "fermata backend: unexpected {} from connection {c}; closing it",
+                    other.kind()
+                );
+                if let Some(fe) = self.fe_conns.remove(&c) {
+                    if let Some(conn) = self.shared.frontends.write().expect("lock").remove(&fe) {
+                        conn.close("unexpected message");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
+fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
+    while let Ok(plan) = rx.recv() {
+        if sh.dead.load(Ordering::Acquire) {
+            break;
+        }
+        let reqs: Vec<ReadReq> = plan
+            .tasks
+            .iter()
+            .map(|t| {
+                let r = InputRef::unpack(t.input);
+                ReadReq {
+                    peer: task_owner(t.id),
+                    offset: r.offset,
+                    len: r.len,
+                }
+            })
+            .collect();
+        // Reads may take until the batch's latest start.
+        let now = sh.clock.now();
+        let latest = latest_start(&sh, &plan, plan.tasks.len());
+        let budget = Duration::from_nanos((latest - now).0.max(1_000_000) as u64);
+        let t0 = Instant::now();
+        let got = sh.reader.read_many(&reqs, budget);
+        let el = t0.elapsed();
+        if !plan.tasks.is_empty() {
+            sh.pull
+                .lock()
+                .expect("lock")
+                .push(el.as_nanos() as i64 / plan.tasks.len() as i64);
+        }
+        // Each input stays in the slot it was read into (header first): no copy.
+        let inputs: Vec<Option<Input>> = got
+            .into_iter()
+            .zip(&plan.tasks)
+            .map(|(r, t)| {
+                let slot = r.ok()?;
+                let len = SlotHeader::check(&slot, t.id).ok()?.len();
+                Some(Input { slot, len })
+            })
+            .collect();
+        if worker.send(WorkerMsg::Run(plan, inputs)).is_err() {
+            break;
+        }
+    }
+}
+
+/// The last moment `plan` can start with `n` tasks and meet its earliest deadline.
+fn latest_start(sh: &Shared, plan: &PlanMsg, n: usize) -> Time {
+    let l = sh
+        .profiles
+        .read()
+        .expect("lock")
+        .get(&plan.model)
+        .map(|p| p.latency((n as u32).clamp(1, p.max_batch())))
+        .unwrap_or_default();
+    let dl = plan
+        .tasks
+        .iter()
+        .map(|t| t.deadline_ns)
+        .min()
+        .unwrap_or(i64::MAX);
+    Time(dl) - l
+}
+
+fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>) {
+    while let Ok(m) = rx.recv() {
+        match m {
+            WorkerMsg::Load(model, ack) => {
+                let r = exec.load(&model).map_err(|e| format!("{e:#}"));
+                let _ = ack.send((model.id, r));
+            }
+            WorkerMsg::Unload(model) => exec.unload(model),
+            WorkerMsg::Run(plan, inputs) => {
+                if sh.dead.load(Ordering::Acquire) {
+                    continue;
+                }
+                run_plan(&sh, exec.as_mut(), plan, inputs);
+            }
+        }
+    }
+}
+
+fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Option<Input>>) {
+    // Wait for exec_at: sleep, then spin the last stretch.
+    let at = sh.clock.instant_of(plan.exec_at);
+    let now = Instant::now();
+    let spin = Duration::from_micros(30);
+    if at > now + spin {
+        std::thread::sleep(at - now - spin);
+    }
+    while Instant::now() < at {
+        std::hint::spin_loop();
+    }
+    let present: Vec<usize> = (0..inputs.len()).filter(|&i| inputs[i].is_some()).collect();
+    let missing = (inputs.len() - present.len()) as u32;
+    let start = sh.clock.now();
+    sh.start_delay
+        .lock()
+        .expect("lock")
+        .push((start - plan.exec_at).0.max(0));
+    let mut by_fe: HashMap<NodeId, Vec<TaskResult>> = HashMap::new();
+    let ran = present.len() as u32;
+    let mut push = |id: u64, status: TaskStatus, fin: Time, output: Vec<u8>| {
+        let batch_size = if status == TaskStatus::Ok { ran } else { 0 };
+        by_fe.entry(task_owner(id)).or_default().push(TaskResult {
+            id,
+            status,
+            started_ns: start.0,
+            finished_ns: fin.0,
+            batch_size,
+            output,
+        });
+    };
+    let status;
+    let finished;
+    // The batch that runs: the tasks whose input arrived.
+    let run_tasks = PlanMsg {
+        tasks: present.iter().map(|&i| plan.tasks[i]).collect(),
+        ..plan.clone()
+    };
+    if !present.is_empty() && start > latest_start(sh, &run_tasks, present.len()) {
+        status = PlanStatus::TooLate;
+        finished = start;
+        sh.plans_too_late.fetch_add(1, Ordering::Relaxed);
+        for t in &plan.tasks {
+            push(
+                t.id,
+                TaskStatus::Dropped(DropCode::TooLate),
+                start,
+                Vec::new(),
+            );
+        }
+    } else {
+        let refs: Vec<&[u8]> = present
+            .iter()
+            .map(|&i| inputs[i].as_ref().expect("present").bytes())
+            .collect();
+        let res = if refs.is_empty() {
+            Ok(Vec::new())
+        } else {
+            exec.run(plan.model, &refs)
+        };
+        finished = sh.clock.now();
+        match res {
+            Ok(outs) if outs.len() == refs.len() => {
+                status = PlanStatus::Ran;
+                sh.plans_run.fetch_add(1, Ordering::Relaxed);
+                sh.tasks_run.fetch_add(outs.len() as u64, Ordering::Relaxed);
+                for (&i, o) in present.iter().zip(outs) {
+                    push(plan.tasks[i].id, TaskStatus::Ok, finished, o);
+                }
+            }
+            other => {
+                if let Err(e) = &other {
+                    eprintln!("fermata backend: plan {} failed: {e:#}", plan.id);
+                } else {
+                    eprintln!(
+                        "fermata backend: plan {}: executor returned the wrong number of outputs",
+                        plan.id
+                    );
+                }
+                status = PlanStatus::Failed;
+                sh.plans_failed.fetch_add(1, Ordering::Relaxed);
+                for &i in &present {
+                    push(plan.tasks[i].id, TaskStatus::Failed, finished, Vec::new());
+                }
+            }
+        }
+        sh.inputs_missing
+            .fetch_add(missing as u64, Ordering::Relaxed);
+        for (i, t) in plan.tasks.iter().enumerate() {
+            if inputs[i].is_none() {
+                push(t.id, TaskStatus::InputMissing, finished, Vec::new());
+            }
+        }
+    }
+    if sh.dead.load(Ordering::Acquire) {
+        return;
+    }
+    {
+        let fes = sh.frontends.read().expect("lock");
+        for (fe, items) in by_fe {
+            if let Some(c) = fes.get(&fe) {
+                let _ = c.send(Msg::Results { items });
+            }
+        }
+    }
+    let _ = sh.sched.send(Msg::PlanDone {
+        id: plan.id,
+        gpu: plan.gpu,
+        status,
+        started_ns: start.0,
+        finished_ns: finished.0,
+        missing,
+    });
+}

@@ -1,0 +1,202 @@
+//! Backend executors: what runs a batch on a GPU.
+//!
+//! [`Executor`] is the interface; [`EmulatedGpu`] is the default: it computes a
+//! checksum of each input as the "output" and takes exactly l(b) of wall time per
+//! batch (the model's profile), so a cluster of emulated GPUs behaves like the
+//! simulator's. Issue 5 adds ONNX Runtime behind the same interface.
+
+use crate::core::{Dur, LatencyProfile};
+use crate::wire::{ModelInfo, WireProfile};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Runs batches of one GPU. One executor per GPU, used by that GPU's thread only.
+pub trait Executor: Send {
+    fn name(&self) -> &'static str;
+    /// Loads `model` (called before any batch of it).
+    fn load(&mut self, model: &ModelInfo) -> anyhow::Result<()>;
+    fn unload(&mut self, model: u32);
+    /// Runs one batch; one output per input, in order.
+    fn run(&mut self, model: u32, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>>;
+}
+
+/// Makes the executor of each GPU.
+pub type ExecutorFactory = Box<dyn Fn(u32) -> anyhow::Result<Box<dyn Executor>> + Send + Sync>;
+
+/// A model's profile from its wire form.
+pub fn profile_of(p: &WireProfile) -> anyhow::Result<LatencyProfile> {
+    let prof = match p {
+        WireProfile::Linear {
+            alpha_ns,
+            beta_ns,
+            max_batch,
+        } => LatencyProfile::linear(Dur(*alpha_ns), Dur(*beta_ns), *max_batch),
+        WireProfile::Table { lat_ns } => {
+            LatencyProfile::table(lat_ns.iter().map(|&n| Dur(n)).collect())
+        }
+    };
+    prof.map_err(|e| anyhow::anyhow!("bad latency profile: {e}"))
+}
+
+/// The wire form of a profile.
+pub fn wire_profile(p: &LatencyProfile) -> WireProfile {
+    match p {
+        LatencyProfile::Linear {
+            alpha,
+            beta,
+            max_batch,
+        } => WireProfile::Linear {
+            alpha_ns: alpha.0,
+            beta_ns: beta.0,
+            max_batch: *max_batch,
+        },
+        LatencyProfile::Table { lat } => WireProfile::Table {
+            lat_ns: lat.iter().map(|d| d.0).collect(),
+        },
+    }
+}
+
+/// A fast 64-bit checksum of `bytes` (four independent multiply-xor lanes over
+/// 8-byte words, then the tail): a few microseconds for a 150 KB input, so the
+/// emulated GPU's "inference" costs little CPU. Not cryptographic.
+pub fn checksum64(bytes: &[u8]) -> u64 {
+    const K: [u64; 4] = [
+        0x9E37_79B9_7F4A_7C15,
+        0xC2B2_AE3D_27D4_EB4F,
+        0x1656_67B1_9E37_79F9,
+        0xD6E8_FEB8_6659_FD93,
+    ];
+    let mut h = [K[0] ^ bytes.len() as u64, K[1], K[2], K[3]];
+    let mut chunks = bytes.chunks_exact(32);
+    for c in &mut chunks {
+        for l in 0..4 {
+            let w = u64::from_le_bytes(c[l * 8..l * 8 + 8].try_into().expect("8 bytes"));
+            h[l] = (h[l] ^ w).wrapping_mul(K[l]).rotate_left(29);
+        }
+    }
+    let mut acc = h[0] ^ h[1].rotate_left(17) ^ h[2].rotate_left(31) ^ h[3].rotate_left(47);
+    for &b in chunks.remainder() {
+        acc = (acc ^ b as u64).wrapping_mul(K[0]);
+    }
+    acc ^= acc >> 33;
+    acc = acc.wrapping_mul(K[1]);
+    acc ^ (acc >> 29)
+}
+
+/// The emulated GPU's output for `input`: its length and [`checksum64`] (16 bytes,
+/// LE).
+pub fn emulated_output(input: &[u8]) -> Vec<u8> {
+    let mut o = Vec::with_capacity(16);
+    o.extend_from_slice(&(input.len() as u64).to_le_bytes());
+    o.extend_from_slice(&checksum64(input).to_le_bytes());
+    o
+}
+
+/// A GPU emulated by waiting: each batch takes exactly l(b) of wall time.
+///
+/// It sleeps until `spin` (30 us) before the end and spins the rest, so that many
+/// emulated GPUs can share a few cores (a pure spin would need a core per GPU) while
+/// finishing within microseconds of l(b); the backend sets its GPU threads' timer
+/// slack to 1 ns so the sleep ends on time.
+pub struct EmulatedGpu {
+    profiles: HashMap<u32, LatencyProfile>,
+    spin: Duration,
+}
+
+impl EmulatedGpu {
+    pub fn new() -> EmulatedGpu {
+        EmulatedGpu {
+            profiles: HashMap::new(),
+            spin: Duration::from_micros(30),
+        }
+    }
+}
+
+impl Default for EmulatedGpu {
+    fn default() -> Self {
+        EmulatedGpu::new()
+    }
+}
+
+impl Executor for EmulatedGpu {
+    fn name(&self) -> &'static str {
+        "emulated"
+    }
+    fn load(&mut self, model: &ModelInfo) -> anyhow::Result<()> {
+        let p = profile_of(&model.profile)?;
+        self.profiles.insert(model.id, p);
+        Ok(())
+    }
+    fn unload(&mut self, model: u32) {
+        self.profiles.remove(&model);
+    }
+    fn run(&mut self, model: u32, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
+        let t0 = Instant::now();
+        let Some(p) = self.profiles.get(&model) else {
+            anyhow::bail!("model {model} is not loaded on this GPU");
+        };
+        let n = inputs.len() as u32;
+        if n > p.max_batch() {
+            anyhow::bail!(
+                "batch of {n} exceeds the model's max batch {}",
+                p.max_batch()
+            );
+        }
+        let end = t0
+            + Duration::from_nanos(if n == 0 {
+                0
+            } else {
+                p.latency(n).0.max(0) as u64
+            });
+        let out = inputs.iter().map(|i| emulated_output(i)).collect();
+        let now = Instant::now();
+        if end > now + self.spin {
+            std::thread::sleep(end - now - self.spin);
+        }
+        while Instant::now() < end {
+            std::hint::spin_loop();
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emulated_takes_l_of_b() {
+        let mut g = EmulatedGpu::new();
+        let m = ModelInfo {
+            id: 3,
+            name: "m".into(),
+            slo_ns: 100_000_000,
+            profile: WireProfile::Linear {
+                alpha_ns: 1_000_000,
+                beta_ns: 2_000_000,
+                max_batch: 8,
+            },
+            input_bytes: 4,
+        };
+        g.load(&m).unwrap();
+        let t = Instant::now();
+        let out = g.run(3, &[b"abcd", b"efgh"]).unwrap();
+        let el = t.elapsed();
+        assert!(el >= Duration::from_millis(4), "{el:?}");
+        assert_eq!(out[0], emulated_output(b"abcd"));
+        assert_ne!(out[0], out[1]);
+        assert!(g.run(4, &[b"x"]).is_err());
+        // Every byte matters, wherever it is.
+        let a = vec![7u8; 150_528];
+        for i in [0, 31, 32, 100_000, 150_527] {
+            let mut b = a.clone();
+            b[i] ^= 1;
+            assert_ne!(checksum64(&a), checksum64(&b), "byte {i}");
+        }
+        assert!(g.run(3, &[&b"x"[..]; 9]).is_err());
+        assert_eq!(
+            profile_of(&wire_profile(&profile_of(&m.profile).unwrap())).unwrap(),
+            profile_of(&m.profile).unwrap()
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! A whole cluster in one process: scheduler, backends and frontends as objects
+//! over one transport (in-process by default). `fermata serve` runs one with load;
+//! tests and benchmarks start one and drive it.
+
+use super::backend::{BackendNode, BackendOpts, BackendReport};
+use super::frontend::{FrontendNode, FrontendOpts, FrontendReport};
+use super::loadgen::{self, LoadReport, LoadgenOpts};
+use super::scheduler::{SchedReport, SchedulerNode, SchedulerOpts};
+use crate::transport::Transport;
+use crate::workload::Workload;
+use anyhow::Result;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Shape of an in-process cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOpts {
+    /// Backend nodes; the workload's GPUs are split among them.
+    pub backends: u32,
+    pub frontends: u32,
+    pub model_threads: usize,
+    /// Listen addresses are "{host}:0" (TCP) or "{name}:0" (in-process).
+    pub host: String,
+    pub region_bytes: u64,
+    pub verbose: bool,
+    /// Scheduler thread spin/poll times (us).
+    pub rank_spin_us: u64,
+    pub model_spin_us: u64,
+}
+
+impl Default for ClusterOpts {
+    fn default() -> Self {
+        ClusterOpts {
+            backends: 1,
+            frontends: 1,
+            model_threads: 1,
+            host: "fermata".into(),
+            region_bytes: 1 << 30,
+            verbose: false,
+            rank_spin_us: 20,
+            model_spin_us: 20,
+        }
+    }
+}
+
+/// A running cluster.
+pub struct Cluster {
+    pub scheduler: SchedulerNode,
+    pub backends: Vec<BackendNode>,
+    pub frontends: Vec<FrontendNode>,
+}
+
+/// What the nodes reported when the cluster stopped.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClusterReport {
+    pub scheduler: SchedReport,
+    pub backends: Vec<BackendReport>,
+    pub frontends: Vec<FrontendReport>,
+}
+
+impl Cluster {
+    pub fn start(transport: Arc<dyn Transport>, w: &Workload, o: &ClusterOpts) -> Result<Cluster> {
+        if o.backends == 0 || o.backends > w.gpus {
+            anyhow::bail!(
+                "backends must be between 1 and the workload's {} GPUs, got {}",
+                w.gpus,
+                o.backends
+            );
+        }
+        if o.frontends == 0 {
+            anyhow::bail!("at least one frontend is needed");
+        }
+        let scheduler = SchedulerNode::start(
+            transport.clone(),
+            w,
+            SchedulerOpts {
+                listen: format!("{}:0", o.host),
+                model_threads: o.model_threads,
+                verbose: o.verbose,
+                rank_spin: crate::core::Dur::from_us(o.rank_spin_us as i64),
+                model_spin: crate::core::Dur::from_us(o.model_spin_us as i64),
+                ..SchedulerOpts::default()
+            },
+        )?;
+        let mut backends = Vec::new();
+        for b in 0..o.backends {
+            // GPUs split as evenly as possible, the first backends get the extra ones.
+            let n = w.gpus / o.backends + u32::from(b < w.gpus % o.backends);
+            let mut bo = BackendOpts::emulated(scheduler.addr(), n);
+            bo.name = format!("backend{b}");
+            bo.verbose = o.verbose;
+            backends.push(BackendNode::start(transport.clone(), bo)?);
+        }
+        for b in &backends {
+            b.wait_ready(Duration::from_secs(10))?;
+        }
+        let mut frontends = Vec::new();
+        for f in 0..o.frontends {
+            let mut fo = FrontendOpts::new(scheduler.addr());
+            fo.listen = format!("{}:0", o.host);
+            fo.data_listen = format!("{}:0", o.host);
+            fo.region_bytes = o.region_bytes;
+            fo.name = format!("frontend{f}");
+            frontends.push(FrontendNode::start(transport.clone(), fo)?);
+        }
+        Ok(Cluster {
+            scheduler,
+            backends,
+            frontends,
+        })
+    }
+
+    pub fn frontend_addrs(&self) -> Vec<String> {
+        self.frontends
+            .iter()
+            .map(|f| f.addr().to_string())
+            .collect()
+    }
+
+    /// Stops every node: frontends first (their pending requests end), then
+    /// backends, then the scheduler.
+    pub fn stop(self) -> Result<ClusterReport> {
+        let frontends = self.frontends.into_iter().map(|f| f.stop()).collect();
+        let backends = self.backends.into_iter().map(|b| b.stop()).collect();
+        let scheduler = self.scheduler.stop()?;
+        Ok(ClusterReport {
+            scheduler,
+            backends,
+            frontends,
+        })
+    }
+}
+
+/// One `fermata serve` run: start a cluster, drive it with the workload's load,
+/// stop it.
+pub struct ServeRun {
+    pub load: LoadReport,
+    pub cluster: ClusterReport,
+    /// From the call to the cluster being ready for requests.
+    pub startup: Duration,
+}
+
+pub fn serve(
+    transport: Arc<dyn Transport>,
+    w: &Workload,
+    co: &ClusterOpts,
+    lo: &LoadgenOpts,
+) -> Result<ServeRun> {
+    let t = Instant::now();
+    let cluster = Cluster::start(transport.clone(), w, co)?;
+    let startup = t.elapsed();
+    let mut lo = lo.clone();
+    lo.frontends = cluster.frontend_addrs();
+    let load = loadgen::run(transport, w, &lo);
+    let rep = cluster.stop()?;
+    Ok(ServeRun {
+        load: load?,
+        cluster: rep,
+        startup,
+    })
+}
