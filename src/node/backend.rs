@@ -72,6 +72,12 @@ pub struct BackendReport {
     pub start_delay_p50_us: f64,
     pub start_delay_p99_us: f64,
     pub pull_p99_us_per_task: f64,
+    /// exec_at minus the plan's arrival at the backend, 1st percentile and median
+    /// (us; negative: it came too late to start on time).
+    pub lead_arrived_p1_us: f64,
+    pub lead_arrived_p50_us: f64,
+    /// exec_at minus the moment its inputs were pulled, 1st percentile (us).
+    pub lead_pulled_p1_us: f64,
     pub rtt_p99_us: f64,
     pub clock_offset_us: f64,
     pub clock_error_us: f64,
@@ -86,6 +92,10 @@ struct Shared {
     reader: Arc<dyn RegionReader>,
     pull: Mutex<Recent>,
     start_delay: Mutex<Recent>,
+    /// exec_at minus when the plan reached the backend, and minus when its inputs
+    /// were in (negative: too late already).
+    lead_arrived: Mutex<Recent>,
+    lead_pulled: Mutex<Recent>,
     /// Set when the node stops or crashes: workers send nothing more.
     dead: AtomicBool,
     plans_run: AtomicU64,
@@ -151,6 +161,8 @@ impl BackendNode {
             reader: transport.reader()?,
             pull: Mutex::new(Recent::new(512)),
             start_delay: Mutex::new(Recent::new(2048)),
+            lead_arrived: Mutex::new(Recent::new(2048)),
+            lead_pulled: Mutex::new(Recent::new(2048)),
             dead: AtomicBool::new(false),
             plans_run: AtomicU64::new(0),
             plans_too_late: AtomicU64::new(0),
@@ -235,16 +247,19 @@ impl BackendNode {
 
     fn report(&self) -> BackendReport {
         let s = &self.shared;
-        let sd = s.start_delay.lock().expect("lock");
+        let q = |r: &Mutex<Recent>, p: f64| r.lock().expect("lock").quantile(p) as f64 / 1e3;
         BackendReport {
             plans_run: s.plans_run.load(Ordering::Relaxed),
             plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
             plans_failed: s.plans_failed.load(Ordering::Relaxed),
             tasks_run: s.tasks_run.load(Ordering::Relaxed),
             inputs_missing: s.inputs_missing.load(Ordering::Relaxed),
-            start_delay_p50_us: sd.quantile(0.5) as f64 / 1e3,
-            start_delay_p99_us: sd.quantile(0.99) as f64 / 1e3,
-            pull_p99_us_per_task: s.pull.lock().expect("lock").quantile(0.99) as f64 / 1e3,
+            start_delay_p50_us: q(&s.start_delay, 0.5),
+            start_delay_p99_us: q(&s.start_delay, 0.99),
+            pull_p99_us_per_task: q(&s.pull, 0.99),
+            lead_arrived_p1_us: q(&s.lead_arrived, 0.01),
+            lead_arrived_p50_us: q(&s.lead_arrived, 0.5),
+            lead_pulled_p1_us: q(&s.lead_pulled, 0.01),
             rtt_p99_us: 0.0,
             clock_offset_us: s.clock.offset().as_us_f64(),
             clock_error_us: s.clock.error_bound().as_us_f64(),
@@ -592,11 +607,16 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
             .collect();
         // Reads may take until the batch's latest start.
         let now = sh.clock.now();
+        sh.lead_arrived.lock().expect("lock").push((plan.exec_at - now).0);
         let latest = latest_start(&sh, &plan, plan.tasks.len());
         let budget = Duration::from_nanos((latest - now).0.max(1_000_000) as u64);
         let t0 = Instant::now();
         let got = sh.reader.read_many(&reqs, budget);
         let el = t0.elapsed();
+        sh.lead_pulled
+            .lock()
+            .expect("lock")
+            .push((plan.exec_at - sh.clock.now()).0);
         if !plan.tasks.is_empty() {
             sh.pull
                 .lock()
