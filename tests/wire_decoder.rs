@@ -648,10 +648,16 @@ fn frame_reader_refuses_a_huge_length_before_buffering() {
         assert_eq!(r.next_msg(), Some(too_large("frame", len, MAX_FRAME)));
         assert_eq!(r.buffered(), 0);
     }
-    // MAX_FRAME itself is fine: the reader waits for it.
+    // MAX_FRAME itself is fine: the reader waits for it, buffering only what came.
     let mut r = FrameReader::new();
-    r.feed(&(MAX_FRAME as u32).to_le_bytes());
-    assert_eq!(r.next_msg(), None);
+    let (m, largest) = largest_alloc(|| {
+        r.feed(&(MAX_FRAME as u32).to_le_bytes());
+        r.feed(&[1, 0, 16]);
+        r.next_msg()
+    });
+    assert_eq!(m, None);
+    assert!(largest < 4096, "{largest} bytes allocated");
+    assert_eq!(r.buffered(), 7);
 }
 
 #[test]

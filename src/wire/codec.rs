@@ -589,6 +589,9 @@ pub fn decode(body: &[u8]) -> Result<Msg, DecodeError> {
     Ok(msg)
 }
 
+/// Buffer capacity a [`FrameReader`] keeps between frames.
+const KEEP_CAPACITY: usize = 1 << 20;
+
 /// Splits a byte stream into frames and decodes them.
 #[derive(Default)]
 pub struct FrameReader {
@@ -631,7 +634,6 @@ impl FrameReader {
             return Some(Err(e.clone()));
         }
         let avail = &self.buf[self.start..];
-        let have = avail.len();
         let prefix: [u8; LEN_PREFIX] = avail.get(..LEN_PREFIX)?.try_into().ok()?;
         let len = u32::from_le_bytes(prefix) as usize;
         if len > MAX_FRAME {
@@ -641,16 +643,18 @@ impl FrameReader {
                 max: MAX_FRAME,
             })));
         }
-        let Some(body) = avail.get(LEN_PREFIX..LEN_PREFIX + len) else {
-            // Make room for the rest of this frame at once.
-            self.buf.reserve(LEN_PREFIX + len - have);
-            return None;
-        };
+        // The buffer grows with the bytes that actually arrive, not with the length
+        // announced (a peer announcing MAX_FRAME and sending nothing costs nothing).
+        let body = avail.get(LEN_PREFIX..LEN_PREFIX + len)?;
         let res = decode(body);
         self.start += LEN_PREFIX + len;
         if self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
+            if self.buf.capacity() > KEEP_CAPACITY {
+                // Do not hold on to the memory of one large frame.
+                self.buf.shrink_to(KEEP_CAPACITY);
+            }
         }
         Some(res.map_err(|e| self.fail(e)))
     }
