@@ -613,7 +613,7 @@ impl FrameReader {
             return;
         }
         if self.start > 0 {
-            // Drop the frames already decoded (at most a partial frame moves).
+            // Drop the frames already decoded (only what is left undecoded moves).
             self.buf.drain(..self.start);
             self.start = 0;
         }
