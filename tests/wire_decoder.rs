@@ -211,15 +211,19 @@ fn arb_task_result() -> impl Strategy<Value = TaskResult> {
     (
         any::<u64>(),
         arb_task_status(),
-        any::<i64>(),
+        (any::<i64>(), any::<i64>(), any::<u32>()),
         prop_oneof![4 => vec(any::<u8>(), 0..32), 1 => Just(Vec::new())],
     )
-        .prop_map(|(id, status, finished_ns, output)| TaskResult {
-            id,
-            status,
-            finished_ns,
-            output,
-        })
+        .prop_map(
+            |(id, status, (started_ns, finished_ns, batch_size), output)| TaskResult {
+                id,
+                status,
+                started_ns,
+                finished_ns,
+                batch_size,
+                output,
+            },
+        )
 }
 
 /// Every variant of `Msg`, with arbitrary fields.
@@ -351,17 +355,21 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         (
             any::<u64>(),
             arb_reply_status(),
-            any::<i64>(),
+            (any::<i64>(), any::<i64>(), any::<u32>()),
             arb_bytes(),
             arb_str(),
         )
             .prop_map(
-                |(req, status, latency_ns, output, message)| Msg::InferReply {
-                    req,
-                    status,
-                    latency_ns,
-                    output,
-                    message,
+                |(req, status, (latency_ns, queue_ns, batch_size), output, message)| {
+                    Msg::InferReply {
+                        req,
+                        status,
+                        latency_ns,
+                        queue_ns,
+                        batch_size,
+                        output,
+                        message,
+                    }
                 },
             )
             .boxed(),
@@ -784,6 +792,8 @@ fn strings_over_max_str() {
                 req: 0,
                 status: ReplyStatus::Failed,
                 latency_ns: 0,
+                queue_ns: 0,
+                batch_size: 0,
                 output: vec![],
                 message: long(),
             },
@@ -903,7 +913,9 @@ fn hostile_lengths_do_not_allocate() {
                 items: vec![TaskResult {
                     id: 0,
                     status: TaskStatus::Ok,
+                    started_ns: 0,
                     finished_ns: 0,
+                    batch_size: 0,
                     output: vec![],
                 }],
             }),

@@ -607,7 +607,10 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
             .collect();
         // Reads may take until the batch's latest start.
         let now = sh.clock.now();
-        sh.lead_arrived.lock().expect("lock").push((plan.exec_at - now).0);
+        sh.lead_arrived
+            .lock()
+            .expect("lock")
+            .push((plan.exec_at - now).0);
         let latest = latest_start(&sh, &plan, plan.tasks.len());
         let budget = Duration::from_nanos((latest - now).0.max(1_000_000) as u64);
         let t0 = Instant::now();

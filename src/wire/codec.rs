@@ -449,7 +449,9 @@ wire_struct!(PlanTask {
 wire_struct!(TaskResult {
     id: u64,
     status: TaskStatus,
+    started_ns: i64,
     finished_ns: i64,
+    batch_size: u32,
     output: Vec<u8>,
 });
 
@@ -523,7 +525,7 @@ wire_messages! {
     14 => Ping { seq, sent_ns, rtt_p99_ns, pull_p99_ns },
     15 => Pong { seq, echo_ns, sched_ns },
     16 => Infer { req, model, slo_ns, input },
-    17 => InferReply { req, status, latency_ns, output, message },
+    17 => InferReply { req, status, latency_ns, queue_ns, batch_size, output, message },
     18 => ListModels {},
     19 => Models { models },
     20 => Error { message },
@@ -809,25 +811,33 @@ mod tests {
                     TaskResult {
                         id: 1,
                         status: TaskStatus::Ok,
+                        started_ns: 0,
                         finished_ns: 5,
+                        batch_size: 0,
                         output: vec![1, 2, 3],
                     },
                     TaskResult {
                         id: 2,
                         status: TaskStatus::Dropped(DropCode::TooLate),
+                        started_ns: 0,
                         finished_ns: 5,
+                        batch_size: 0,
                         output: vec![],
                     },
                     TaskResult {
                         id: 3,
                         status: TaskStatus::InputMissing,
+                        started_ns: 0,
                         finished_ns: 5,
+                        batch_size: 0,
                         output: vec![],
                     },
                     TaskResult {
                         id: 4,
                         status: TaskStatus::Failed,
+                        started_ns: 0,
                         finished_ns: 5,
+                        batch_size: 0,
                         output: vec![0; 1000],
                     },
                 ],
@@ -866,6 +876,8 @@ mod tests {
                 req: 42,
                 status: ReplyStatus::Good,
                 latency_ns: 1234,
+                queue_ns: 0,
+                batch_size: 0,
                 output: vec![1],
                 message: String::new(),
             },
@@ -873,6 +885,8 @@ mod tests {
                 req: 43,
                 status: ReplyStatus::Late,
                 latency_ns: 1,
+                queue_ns: 0,
+                batch_size: 0,
                 output: vec![],
                 message: "late".into(),
             },
@@ -880,6 +894,8 @@ mod tests {
                 req: 44,
                 status: ReplyStatus::Dropped,
                 latency_ns: 1,
+                queue_ns: 0,
+                batch_size: 0,
                 output: vec![],
                 message: "dropped".into(),
             },
@@ -887,6 +903,8 @@ mod tests {
                 req: 45,
                 status: ReplyStatus::Failed,
                 latency_ns: 1,
+                queue_ns: 0,
+                batch_size: 0,
                 output: vec![],
                 message: "failed".into(),
             },
@@ -947,14 +965,18 @@ mod tests {
             items: vec![TaskResult {
                 id: 2,
                 status: TaskStatus::Dropped(DropCode::BackendLost),
+                started_ns: 0,
                 finished_ns: 3,
+                batch_size: 0,
                 output: vec![0xAB],
             }],
         });
         let mut want = vec![1, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
+        want.extend_from_slice(&0i64.to_le_bytes());
         want.extend_from_slice(&3i64.to_le_bytes());
+        want.extend_from_slice(&0u32.to_le_bytes());
         want.extend_from_slice(&[1, 0, 0, 0, 0xAB]);
         assert_eq!(body(&frame), &want[..]);
 
