@@ -1,13 +1,36 @@
-//! Binary encoding of [`Msg`] (see the framing in [`super`]). STUB: being written.
+//! Binary encoding of [`Msg`] (the layout is described in [`super`]).
+//!
+//! Encoding computes the exact frame size first, reserves it once, then writes every
+//! field in place: no allocation per field. It does not check the limits
+//! ([`MAX_FRAME`], [`MAX_STR`], [`MAX_ITEMS`]); a peer refuses a frame that exceeds
+//! them, so senders keep their messages within them.
+//!
+//! Decoding checks every length against its limit and then against the bytes left in
+//! the frame (a vector's count times the smallest encoding of one item) before it
+//! allocates anything, so a corrupt or hostile frame costs one [`DecodeError`], never
+//! a panic or a large allocation.
 
-use super::Msg;
+use super::{
+    DropCode, GpuInfo, ModelInfo, Msg, PlanStatus, PlanTask, RegionInfo, ReplyStatus, Role,
+    SubmitTask, TaskResult, TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR,
+    PROTOCOL_VERSION,
+};
+
+/// Bytes of the length prefix in front of every frame body.
+pub const LEN_PREFIX: usize = 4;
+/// Bytes of the body header: u16 version + u8 message tag.
+const HEADER: usize = 3;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodeError {
-    /// The frame ended inside a field.
-    Truncated { need: usize, have: usize },
-    /// A length field exceeds its limit.
+    /// The frame ended inside a field: `field` needs `need` bytes, `have` are left.
+    Truncated {
+        field: &'static str,
+        need: usize,
+        have: usize,
+    },
+    /// A length field exceeds its limit (`what`: the field, or "frame").
     TooLarge {
         what: &'static str,
         len: usize,
@@ -15,7 +38,7 @@ pub enum DecodeError {
     },
     /// Another protocol version.
     Version { got: u16, want: u16 },
-    /// Unknown message tag or enum value.
+    /// Unknown message tag or enum value (`what`: "message" or the field).
     BadTag { what: &'static str, tag: u8 },
     /// Invalid content (bad UTF-8, trailing bytes...).
     Invalid(String),
@@ -23,14 +46,510 @@ pub enum DecodeError {
 
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
+        match self {
+            DecodeError::Truncated { field, need, have } => write!(
+                f,
+                "frame truncated at field `{field}`: needs {need} bytes, only {have} left"
+            ),
+            DecodeError::TooLarge { what, len, max } => write!(
+                f,
+                "`{what}` too large: length {len} exceeds the limit of {max}"
+            ),
+            DecodeError::Version { got, want } => write!(
+                f,
+                "protocol version {got} not supported (this build speaks version {want})"
+            ),
+            DecodeError::BadTag { what, tag } => write!(f, "unknown tag {tag} for `{what}`"),
+            DecodeError::Invalid(why) => write!(f, "invalid frame: {why}"),
+        }
     }
 }
 impl std::error::Error for DecodeError {}
 
-/// Appends `msg` as one whole frame (length prefix included) to `out`.
-pub fn encode(_msg: &Msg, _out: &mut Vec<u8>) {
-    unimplemented!("codec being written")
+// ---------------------------------------------------------------------------------
+// Reading
+
+/// A cursor over one frame body.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn left(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
+        let have = self.left();
+        if n > have {
+            return Err(DecodeError::Truncated {
+                field,
+                need: n,
+                have,
+            });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
+        let s = self.take(N, field)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.take(1, field)?[0])
+    }
+
+    fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
+        self.array(field).map(u16::from_le_bytes)
+    }
+
+    /// A u32 length or count, checked against `max` and then against the bytes left
+    /// (`n * min_item` must fit), before anything is allocated for it.
+    fn len(
+        &mut self,
+        field: &'static str,
+        max: usize,
+        min_item: usize,
+    ) -> Result<usize, DecodeError> {
+        let n = u32::from_le_bytes(self.array(field)?) as usize;
+        if n > max {
+            return Err(DecodeError::TooLarge {
+                what: field,
+                len: n,
+                max,
+            });
+        }
+        let need = n.saturating_mul(min_item);
+        let have = self.left();
+        if need > have {
+            return Err(DecodeError::Truncated { field, need, have });
+        }
+        Ok(n)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Field encodings
+
+/// A type with a wire encoding.
+trait Wire: Sized {
+    /// Fewest bytes one value takes (bounds a vector's count before allocating).
+    const MIN: usize;
+    /// Bytes this value takes.
+    fn size(&self) -> usize;
+    fn put(&self, out: &mut Vec<u8>);
+    /// `field`: the field being read, for errors (structs name their own fields).
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError>;
+}
+
+/// A length as its u32 field. Lengths past u32 cannot be framed at all (and are far
+/// past every limit), so this is a bug in the sender.
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).expect("wire field longer than 4 GiB")
+}
+
+macro_rules! wire_int {
+    ($($t:ty),*) => {$(
+        impl Wire for $t {
+            const MIN: usize = std::mem::size_of::<$t>();
+            #[inline]
+            fn size(&self) -> usize {
+                <Self as Wire>::MIN
+            }
+            #[inline]
+            fn put(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            #[inline]
+            fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+                r.array(field).map(<$t>::from_le_bytes)
+            }
+        }
+    )*};
+}
+wire_int!(u32, u64, i64);
+
+impl Wire for bool {
+    const MIN: usize = 1;
+    fn size(&self) -> usize {
+        1
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        out.push(*self as u8);
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        match r.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            tag => Err(DecodeError::BadTag { what: field, tag }),
+        }
+    }
+}
+
+/// u32 byte length + UTF-8 bytes; at most [`MAX_STR`] bytes.
+impl Wire for String {
+    const MIN: usize = 4;
+    fn size(&self) -> usize {
+        4 + self.len()
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&len32(self.len()).to_le_bytes());
+        out.extend_from_slice(self.as_bytes());
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        let n = r.len(field, MAX_STR, 1)?;
+        let bytes = r.take(n, field)?;
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(e) => Err(DecodeError::Invalid(format!(
+                "field `{field}` is not valid UTF-8 ({e})"
+            ))),
+        }
+    }
+}
+
+/// u32 byte length + bytes; at most [`MAX_FRAME`] bytes (the frame bounds it anyway).
+impl Wire for Vec<u8> {
+    const MIN: usize = 4;
+    fn size(&self) -> usize {
+        4 + self.len()
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&len32(self.len()).to_le_bytes());
+        out.extend_from_slice(self);
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        let n = r.len(field, MAX_FRAME, 1)?;
+        Ok(r.take(n, field)?.to_vec())
+    }
+}
+
+/// u32 count + items; at most [`MAX_ITEMS`] items.
+impl<T: Wire> Wire for Vec<T> {
+    const MIN: usize = 4;
+    fn size(&self) -> usize {
+        4 + self.iter().map(Wire::size).sum::<usize>()
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&len32(self.len()).to_le_bytes());
+        for x in self {
+            x.put(out);
+        }
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        // T::MIN >= 1 for every item type, so `n` items cannot outnumber the bytes left.
+        let n = r.len(field, MAX_ITEMS, T::MIN.max(1))?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(T::get(r, field)?);
+        }
+        Ok(v)
+    }
+}
+
+/// u8 0 (None) or 1 (Some) + the value.
+impl<T: Wire> Wire for Option<T> {
+    const MIN: usize = 1;
+    fn size(&self) -> usize {
+        1 + self.as_ref().map_or(0, Wire::size)
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            None => out.push(0),
+            Some(x) => {
+                out.push(1);
+                x.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        match r.u8(field)? {
+            0 => Ok(None),
+            1 => T::get(r, field).map(Some),
+            tag => Err(DecodeError::BadTag { what: field, tag }),
+        }
+    }
+}
+
+/// Fieldless enums: one u8 tag.
+macro_rules! wire_enum {
+    ($ty:ident { $($tag:literal => $var:ident),* $(,)? }) => {
+        impl Wire for $ty {
+            const MIN: usize = 1;
+            fn size(&self) -> usize {
+                1
+            }
+            fn put(&self, out: &mut Vec<u8>) {
+                out.push(match self {
+                    $($ty::$var => $tag,)*
+                });
+            }
+            fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+                match r.u8(field)? {
+                    $($tag => Ok($ty::$var),)*
+                    tag => Err(DecodeError::BadTag { what: field, tag }),
+                }
+            }
+        }
+    };
+}
+
+wire_enum!(Role { 0 => Backend, 1 => Frontend });
+wire_enum!(PlanStatus { 0 => Ran, 1 => TooLate, 2 => Failed });
+wire_enum!(ReplyStatus { 0 => Good, 1 => Late, 2 => Dropped, 3 => Failed });
+wire_enum!(DropCode {
+    0 => Expired,
+    1 => EarlyDrop,
+    2 => QueueFull,
+    3 => ModelRemoved,
+    4 => Overloaded,
+    5 => Shutdown,
+    6 => TooLate,
+    7 => BackendLost,
+    8 => UnknownModel,
+});
+
+/// u8 tag (Ok 0, Dropped 1, InputMissing 2, Failed 3); Dropped adds its DropCode.
+impl Wire for TaskStatus {
+    const MIN: usize = 1;
+    fn size(&self) -> usize {
+        match self {
+            TaskStatus::Dropped(_) => 2,
+            _ => 1,
+        }
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            TaskStatus::Ok => out.push(0),
+            TaskStatus::Dropped(code) => {
+                out.push(1);
+                code.put(out);
+            }
+            TaskStatus::InputMissing => out.push(2),
+            TaskStatus::Failed => out.push(3),
+        }
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        match r.u8(field)? {
+            0 => Ok(TaskStatus::Ok),
+            1 => DropCode::get(r, field).map(TaskStatus::Dropped),
+            2 => Ok(TaskStatus::InputMissing),
+            3 => Ok(TaskStatus::Failed),
+            tag => Err(DecodeError::BadTag { what: field, tag }),
+        }
+    }
+}
+
+/// u8 tag (Linear 0, Table 1) + the variant's fields.
+impl Wire for WireProfile {
+    const MIN: usize = 1 + 4;
+    fn size(&self) -> usize {
+        1 + match self {
+            WireProfile::Linear {
+                alpha_ns,
+                beta_ns,
+                max_batch,
+            } => alpha_ns.size() + beta_ns.size() + max_batch.size(),
+            WireProfile::Table { lat_ns } => lat_ns.size(),
+        }
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            WireProfile::Linear {
+                alpha_ns,
+                beta_ns,
+                max_batch,
+            } => {
+                out.push(0);
+                alpha_ns.put(out);
+                beta_ns.put(out);
+                max_batch.put(out);
+            }
+            WireProfile::Table { lat_ns } => {
+                out.push(1);
+                lat_ns.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        match r.u8(field)? {
+            0 => Ok(WireProfile::Linear {
+                alpha_ns: Wire::get(r, "WireProfile.alpha_ns")?,
+                beta_ns: Wire::get(r, "WireProfile.beta_ns")?,
+                max_batch: Wire::get(r, "WireProfile.max_batch")?,
+            }),
+            1 => Ok(WireProfile::Table {
+                lat_ns: Wire::get(r, "WireProfile.lat_ns")?,
+            }),
+            tag => Err(DecodeError::BadTag { what: field, tag }),
+        }
+    }
+}
+
+/// Fields in declaration order (the destructuring makes a forgotten field a compile
+/// error). Errors name the fields `Type.field`.
+macro_rules! wire_struct {
+    ($ty:ident { $($f:ident: $t:ty),* $(,)? }) => {
+        impl Wire for $ty {
+            const MIN: usize = 0 $(+ <$t as Wire>::MIN)*;
+            fn size(&self) -> usize {
+                let $ty { $($f),* } = self;
+                0 $(+ $f.size())*
+            }
+            fn put(&self, out: &mut Vec<u8>) {
+                let $ty { $($f),* } = self;
+                $($f.put(out);)*
+            }
+            fn get(r: &mut Reader<'_>, _field: &'static str) -> Result<Self, DecodeError> {
+                Ok($ty {
+                    $($f: <$t as Wire>::get(r, concat!(stringify!($ty), ".", stringify!($f)))?,)*
+                })
+            }
+        }
+    };
+}
+
+wire_struct!(GpuInfo {
+    local: u32,
+    name: String,
+    mem_bytes: u64,
+});
+wire_struct!(ModelInfo {
+    id: u32,
+    name: String,
+    slo_ns: i64,
+    profile: WireProfile,
+    input_bytes: u32,
+});
+wire_struct!(RegionInfo {
+    addr: String,
+    region: u32,
+    len: u64,
+    rkey: u32,
+    base: u64,
+});
+wire_struct!(SubmitTask {
+    id: u64,
+    model: u32,
+    arrival_ns: i64,
+    deadline_ns: i64,
+    input: u64,
+});
+wire_struct!(PlanTask {
+    id: u64,
+    deadline_ns: i64,
+    input: u64,
+});
+wire_struct!(TaskResult {
+    id: u64,
+    status: TaskStatus,
+    finished_ns: i64,
+    output: Vec<u8>,
+});
+
+/// `(task id, code)` of `Msg::Dropped`.
+impl Wire for (u64, DropCode) {
+    const MIN: usize = 8 + 1;
+    fn size(&self) -> usize {
+        Self::MIN
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        self.0.put(out);
+        self.1.put(out);
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        Ok((u64::get(r, field)?, DropCode::get(r, field)?))
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Messages
+
+/// One line per message: its tag and its fields in declaration order. Generates the
+/// tag, size, encoder and decoder of [`Msg`] (exhaustive matches: a new variant or
+/// field not listed here is a compile error).
+macro_rules! wire_messages {
+    ($($tag:literal => $name:ident { $($f:ident),* $(,)? }),* $(,)?) => {
+        /// The message tag of `msg`.
+        pub fn tag_of(msg: &Msg) -> u8 {
+            match msg {
+                $(Msg::$name { .. } => $tag,)*
+            }
+        }
+
+        fn fields_size(msg: &Msg) -> usize {
+            match msg {
+                $(Msg::$name { $($f),* } => 0 $(+ $f.size())*,)*
+            }
+        }
+
+        fn put_fields(msg: &Msg, out: &mut Vec<u8>) {
+            match msg {
+                $(Msg::$name { $($f),* } => { $($f.put(out);)* })*
+            }
+        }
+
+        fn get_fields(tag: u8, r: &mut Reader<'_>) -> Result<Msg, DecodeError> {
+            match tag {
+                $($tag => Ok(Msg::$name {
+                    $($f: Wire::get(r, concat!(stringify!($name), ".", stringify!($f)))?,)*
+                }),)*
+                tag => Err(DecodeError::BadTag { what: "message", tag }),
+            }
+        }
+    };
+}
+
+wire_messages! {
+    1 => Register { role, name, gpus, ctrl_addr, region },
+    2 => RegisterAck { node, gpu_ids, models, heartbeat_ms },
+    3 => Unregister { reason },
+    4 => LoadModel { model },
+    5 => UnloadModel { model },
+    6 => ModelLoaded { model, ok, error },
+    7 => FrontendUp { node, ctrl_addr, region },
+    8 => FrontendDown { node },
+    9 => Submit { tasks },
+    10 => Plan { id, model, gpu, exec_at_ns, finish_at_ns, tasks },
+    11 => PlanDone { id, gpu, status, started_ns, finished_ns, missing },
+    12 => Results { items },
+    13 => Dropped { items },
+    14 => Ping { seq, sent_ns, rtt_p99_ns, pull_p99_ns },
+    15 => Pong { seq, echo_ns, sched_ns },
+    16 => Infer { req, model, slo_ns, input },
+    17 => InferReply { req, status, latency_ns, output, message },
+    18 => ListModels {},
+    19 => Models { models },
+    20 => Error { message },
+}
+
+/// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
+pub fn frame_len(msg: &Msg) -> usize {
+    LEN_PREFIX + HEADER + fields_size(msg)
+}
+
+/// Appends `msg` as one whole frame (length prefix included) to `out`. Reserves the
+/// frame's exact size once. Does not check the protocol limits (see the module doc).
+pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
+    let body = HEADER + fields_size(msg);
+    out.reserve(LEN_PREFIX + body);
+    let start = out.len();
+    out.extend_from_slice(&len32(body).to_le_bytes());
+    out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    out.push(tag_of(msg));
+    put_fields(msg, out);
+    debug_assert_eq!(
+        out.len() - start,
+        LEN_PREFIX + body,
+        "size of {}",
+        msg.kind()
+    );
 }
 
 /// `msg` as one whole frame.
@@ -40,28 +559,636 @@ pub fn encode_to_vec(msg: &Msg) -> Vec<u8> {
     v
 }
 
-/// Decodes one frame body (the bytes after the u32 length prefix).
-pub fn decode(_body: &[u8]) -> Result<Msg, DecodeError> {
-    unimplemented!("codec being written")
+/// Decodes one frame body (the bytes after the u32 length prefix). The body must hold
+/// exactly one message: trailing bytes are an error.
+pub fn decode(body: &[u8]) -> Result<Msg, DecodeError> {
+    if body.len() > MAX_FRAME {
+        return Err(DecodeError::TooLarge {
+            what: "frame",
+            len: body.len(),
+            max: MAX_FRAME,
+        });
+    }
+    let mut r = Reader { buf: body, pos: 0 };
+    let got = r.u16("version")?;
+    if got != PROTOCOL_VERSION {
+        return Err(DecodeError::Version {
+            got,
+            want: PROTOCOL_VERSION,
+        });
+    }
+    let tag = r.u8("message tag")?;
+    let msg = get_fields(tag, &mut r)?;
+    if r.left() != 0 {
+        return Err(DecodeError::Invalid(format!(
+            "{} trailing bytes after a {} message",
+            r.left(),
+            msg.kind()
+        )));
+    }
+    Ok(msg)
 }
 
 /// Splits a byte stream into frames and decodes them.
 #[derive(Default)]
 pub struct FrameReader {
     buf: Vec<u8>,
+    /// Bytes of `buf` already consumed.
+    start: usize,
+    /// The first error; returned again by every later call.
+    err: Option<DecodeError>,
 }
 
 impl FrameReader {
     pub fn new() -> FrameReader {
         FrameReader::default()
     }
-    /// Appends bytes read from the stream.
+
+    /// Appends bytes read from the stream (ignored once the stream has failed).
     pub fn feed(&mut self, bytes: &[u8]) {
+        if self.err.is_some() {
+            return;
+        }
+        if self.start > 0 {
+            // Drop the frames already decoded (at most a partial frame moves).
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         self.buf.extend_from_slice(bytes);
     }
-    /// The next whole frame decoded, None when more bytes are needed. After an error
-    /// the stream is unusable (close the connection).
+
+    /// Bytes fed but not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next whole frame decoded, None when more bytes are needed. A frame longer
+    /// than [`MAX_FRAME`] is an error as soon as its length prefix arrives. After an
+    /// error the stream is unusable (close the connection): every later call returns
+    /// the same error.
     pub fn next_msg(&mut self) -> Option<Result<Msg, DecodeError>> {
-        unimplemented!("codec being written")
+        if let Some(e) = &self.err {
+            return Some(Err(e.clone()));
+        }
+        let avail = &self.buf[self.start..];
+        let have = avail.len();
+        let prefix: [u8; LEN_PREFIX] = avail.get(..LEN_PREFIX)?.try_into().ok()?;
+        let len = u32::from_le_bytes(prefix) as usize;
+        if len > MAX_FRAME {
+            return Some(Err(self.fail(DecodeError::TooLarge {
+                what: "frame",
+                len,
+                max: MAX_FRAME,
+            })));
+        }
+        let Some(body) = avail.get(LEN_PREFIX..LEN_PREFIX + len) else {
+            // Make room for the rest of this frame at once.
+            self.buf.reserve(LEN_PREFIX + len - have);
+            return None;
+        };
+        let res = decode(body);
+        self.start += LEN_PREFIX + len;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        Some(res.map_err(|e| self.fail(e)))
+    }
+
+    fn fail(&mut self, e: DecodeError) -> DecodeError {
+        self.err = Some(e.clone());
+        self.buf = Vec::new();
+        self.start = 0;
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(id: u32) -> ModelInfo {
+        ModelInfo {
+            id,
+            name: format!("resnet{id}"),
+            slo_ns: 25_000_000,
+            profile: if id % 2 == 0 {
+                WireProfile::Linear {
+                    alpha_ns: 1_000,
+                    beta_ns: -7,
+                    max_batch: 32,
+                }
+            } else {
+                WireProfile::Table {
+                    lat_ns: vec![1, 2, i64::MAX, i64::MIN],
+                }
+            },
+            input_bytes: 602_112,
+        }
+    }
+
+    fn region() -> RegionInfo {
+        RegionInfo {
+            addr: "10.0.0.1:7001".into(),
+            region: 3,
+            len: 1 << 30,
+            rkey: 0xdead_beef,
+            base: u64::MAX,
+        }
+    }
+
+    /// One of every variant (and of every enum value somewhere).
+    fn samples() -> Vec<Msg> {
+        vec![
+            Msg::Register {
+                role: Role::Backend,
+                name: "gpu-box-1".into(),
+                gpus: vec![
+                    GpuInfo {
+                        local: 0,
+                        name: "H100".into(),
+                        mem_bytes: 80 << 30,
+                    },
+                    GpuInfo {
+                        local: 1,
+                        name: String::new(),
+                        mem_bytes: 0,
+                    },
+                ],
+                ctrl_addr: String::new(),
+                region: None,
+            },
+            Msg::Register {
+                role: Role::Frontend,
+                name: "fe-é".into(),
+                gpus: vec![],
+                ctrl_addr: "10.0.0.1:7000".into(),
+                region: Some(region()),
+            },
+            Msg::RegisterAck {
+                node: 7,
+                gpu_ids: vec![4, 5, 6],
+                models: vec![model(0), model(1)],
+                heartbeat_ms: 100,
+            },
+            Msg::Unregister {
+                reason: "bye".into(),
+            },
+            Msg::LoadModel { model: model(2) },
+            Msg::UnloadModel { model: 9 },
+            Msg::ModelLoaded {
+                model: 1,
+                ok: true,
+                error: String::new(),
+            },
+            Msg::ModelLoaded {
+                model: 1,
+                ok: false,
+                error: "out of memory".into(),
+            },
+            Msg::FrontendUp {
+                node: 3,
+                ctrl_addr: "fe".into(),
+                region: region(),
+            },
+            Msg::FrontendDown { node: 3 },
+            Msg::Submit {
+                tasks: vec![SubmitTask {
+                    id: 1 << 40,
+                    model: 2,
+                    arrival_ns: -5,
+                    deadline_ns: 10,
+                    input: 77,
+                }],
+            },
+            Msg::Plan {
+                id: 11,
+                model: 2,
+                gpu: 1,
+                exec_at_ns: 100,
+                finish_at_ns: 200,
+                tasks: vec![
+                    PlanTask {
+                        id: 1,
+                        deadline_ns: 300,
+                        input: 5,
+                    };
+                    3
+                ],
+            },
+            Msg::PlanDone {
+                id: 11,
+                gpu: 1,
+                status: PlanStatus::Ran,
+                started_ns: 101,
+                finished_ns: 199,
+                missing: 0,
+            },
+            Msg::PlanDone {
+                id: 12,
+                gpu: 1,
+                status: PlanStatus::TooLate,
+                started_ns: 0,
+                finished_ns: 0,
+                missing: 2,
+            },
+            Msg::PlanDone {
+                id: 13,
+                gpu: 0,
+                status: PlanStatus::Failed,
+                started_ns: 0,
+                finished_ns: 0,
+                missing: 0,
+            },
+            Msg::Results {
+                items: vec![
+                    TaskResult {
+                        id: 1,
+                        status: TaskStatus::Ok,
+                        finished_ns: 5,
+                        output: vec![1, 2, 3],
+                    },
+                    TaskResult {
+                        id: 2,
+                        status: TaskStatus::Dropped(DropCode::TooLate),
+                        finished_ns: 5,
+                        output: vec![],
+                    },
+                    TaskResult {
+                        id: 3,
+                        status: TaskStatus::InputMissing,
+                        finished_ns: 5,
+                        output: vec![],
+                    },
+                    TaskResult {
+                        id: 4,
+                        status: TaskStatus::Failed,
+                        finished_ns: 5,
+                        output: vec![0; 1000],
+                    },
+                ],
+            },
+            Msg::Dropped {
+                items: vec![
+                    (1, DropCode::Expired),
+                    (2, DropCode::EarlyDrop),
+                    (3, DropCode::QueueFull),
+                    (4, DropCode::ModelRemoved),
+                    (5, DropCode::Overloaded),
+                    (6, DropCode::Shutdown),
+                    (7, DropCode::TooLate),
+                    (8, DropCode::BackendLost),
+                    (9, DropCode::UnknownModel),
+                ],
+            },
+            Msg::Ping {
+                seq: 1,
+                sent_ns: 2,
+                rtt_p99_ns: 3,
+                pull_p99_ns: 4,
+            },
+            Msg::Pong {
+                seq: 1,
+                echo_ns: 2,
+                sched_ns: 3,
+            },
+            Msg::Infer {
+                req: 42,
+                model: "resnet50".into(),
+                slo_ns: 0,
+                input: vec![9; 4096],
+            },
+            Msg::InferReply {
+                req: 42,
+                status: ReplyStatus::Good,
+                latency_ns: 1234,
+                output: vec![1],
+                message: String::new(),
+            },
+            Msg::InferReply {
+                req: 43,
+                status: ReplyStatus::Late,
+                latency_ns: 1,
+                output: vec![],
+                message: "late".into(),
+            },
+            Msg::InferReply {
+                req: 44,
+                status: ReplyStatus::Dropped,
+                latency_ns: 1,
+                output: vec![],
+                message: "dropped".into(),
+            },
+            Msg::InferReply {
+                req: 45,
+                status: ReplyStatus::Failed,
+                latency_ns: 1,
+                output: vec![],
+                message: "failed".into(),
+            },
+            Msg::ListModels,
+            Msg::Models {
+                models: vec![model(3)],
+            },
+            Msg::Error {
+                message: "bad frame".into(),
+            },
+        ]
+    }
+
+    fn body(frame: &[u8]) -> &[u8] {
+        let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4, "length prefix");
+        &frame[4..]
+    }
+
+    #[test]
+    fn round_trip_every_variant() {
+        let mut kinds = std::collections::BTreeSet::new();
+        for msg in samples() {
+            kinds.insert(msg.kind());
+            let frame = encode_to_vec(&msg);
+            assert_eq!(frame.len(), frame_len(&msg));
+            assert_eq!(decode(body(&frame)).unwrap(), msg);
+        }
+        assert_eq!(kinds.len(), 20, "a sample of every variant");
+    }
+
+    #[test]
+    fn encode_appends_and_reserves_once() {
+        let msg = &samples()[2];
+        let mut out = vec![0xAA, 0xBB];
+        encode(msg, &mut out);
+        assert_eq!(&out[..2], &[0xAA, 0xBB]);
+        assert_eq!(&out[2..], &encode_to_vec(msg)[..]);
+        let v = encode_to_vec(msg);
+        assert_eq!(v.capacity(), v.len(), "exact reservation");
+    }
+
+    #[test]
+    fn golden_bytes() {
+        // The layout is the contract with other builds: pin it.
+        let frame = encode_to_vec(&Msg::Pong {
+            seq: 1,
+            echo_ns: -1,
+            sched_ns: 0x0102,
+        });
+        let mut want = vec![27, 0, 0, 0, 1, 0, 15];
+        want.extend_from_slice(&1u64.to_le_bytes());
+        want.extend_from_slice(&[0xFF; 8]);
+        want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(frame, want);
+
+        let frame = encode_to_vec(&Msg::Results {
+            items: vec![TaskResult {
+                id: 2,
+                status: TaskStatus::Dropped(DropCode::BackendLost),
+                finished_ns: 3,
+                output: vec![0xAB],
+            }],
+        });
+        let mut want = vec![1, 0, 12, 1, 0, 0, 0];
+        want.extend_from_slice(&2u64.to_le_bytes());
+        want.extend_from_slice(&[1, 7]);
+        want.extend_from_slice(&3i64.to_le_bytes());
+        want.extend_from_slice(&[1, 0, 0, 0, 0xAB]);
+        assert_eq!(body(&frame), &want[..]);
+
+        let frame = encode_to_vec(&Msg::Unregister {
+            reason: "hi".into(),
+        });
+        assert_eq!(frame, vec![9, 0, 0, 0, 1, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 1, 0, 18]);
+    }
+
+    #[test]
+    fn every_prefix_is_truncated() {
+        for msg in samples() {
+            let frame = encode_to_vec(&msg);
+            let body = body(&frame);
+            for n in 0..body.len() {
+                match decode(&body[..n]) {
+                    Err(DecodeError::Truncated { need, have, .. }) => assert!(need > have),
+                    other => panic!("{} cut at {n}: {other:?}", msg.kind()),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn huge_count_is_refused_before_allocating() {
+        // Submit with a count of u32::MAX and nothing after it.
+        let body = [1, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        assert_eq!(
+            decode(&body),
+            Err(DecodeError::TooLarge {
+                what: "Submit.tasks",
+                len: u32::MAX as usize,
+                max: MAX_ITEMS
+            })
+        );
+        // Within the limit but more items than bytes: truncated, counted in bytes.
+        let mut body = vec![1, 0, 9];
+        body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
+        body.extend_from_slice(&[0; 36]);
+        assert_eq!(
+            decode(&body),
+            Err(DecodeError::Truncated {
+                field: "Submit.tasks",
+                need: MAX_ITEMS * 36,
+                have: 36
+            })
+        );
+    }
+
+    #[test]
+    fn limits() {
+        // A string one byte over MAX_STR.
+        let msg = Msg::Error {
+            message: "x".repeat(MAX_STR + 1),
+        };
+        let frame = encode_to_vec(&msg);
+        assert_eq!(
+            decode(&frame[4..]),
+            Err(DecodeError::TooLarge {
+                what: "Error.message",
+                len: MAX_STR + 1,
+                max: MAX_STR
+            })
+        );
+        let ok = Msg::Error {
+            message: "x".repeat(MAX_STR),
+        };
+        assert_eq!(decode(&encode_to_vec(&ok)[4..]), Ok(ok));
+        // MAX_ITEMS items are fine.
+        let msg = Msg::RegisterAck {
+            node: 1,
+            gpu_ids: (0..MAX_ITEMS as u32).collect(),
+            models: vec![],
+            heartbeat_ms: 1,
+        };
+        assert_eq!(decode(&encode_to_vec(&msg)[4..]), Ok(msg));
+    }
+
+    #[test]
+    fn header_errors() {
+        assert_eq!(
+            decode(&[2, 0, 18]),
+            Err(DecodeError::Version { got: 2, want: 1 })
+        );
+        assert_eq!(
+            decode(&[1, 0, 0]),
+            Err(DecodeError::BadTag {
+                what: "message",
+                tag: 0
+            })
+        );
+        assert_eq!(
+            decode(&[1, 0, 21]),
+            Err(DecodeError::BadTag {
+                what: "message",
+                tag: 21
+            })
+        );
+        let e = decode(&[1, 0, 18, 0]).unwrap_err();
+        assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "invalid frame: 1 trailing bytes after a ListModels message"
+        );
+    }
+
+    #[test]
+    fn bad_enum_tags() {
+        let mut body = vec![1, 0, 1, 2]; // Register, role 2
+        body.extend_from_slice(&[0; 12]);
+        assert_eq!(
+            decode(&body),
+            Err(DecodeError::BadTag {
+                what: "Register.role",
+                tag: 2
+            })
+        );
+        let mut frame = encode_to_vec(&Msg::ModelLoaded {
+            model: 1,
+            ok: true,
+            error: String::new(),
+        });
+        frame[4 + 3 + 4] = 2;
+        assert_eq!(
+            decode(&frame[4..]),
+            Err(DecodeError::BadTag {
+                what: "ModelLoaded.ok",
+                tag: 2
+            })
+        );
+        let mut frame = encode_to_vec(&Msg::Dropped {
+            items: vec![(1, DropCode::Expired)],
+        });
+        let last = frame.len() - 1;
+        frame[last] = 9;
+        assert_eq!(
+            decode(&frame[4..]),
+            Err(DecodeError::BadTag {
+                what: "Dropped.items",
+                tag: 9
+            })
+        );
+    }
+
+    #[test]
+    fn bad_utf8() {
+        let frame = encode_to_vec(&Msg::Unregister {
+            reason: "ab".into(),
+        });
+        let mut body = frame[4..].to_vec();
+        let n = body.len();
+        body[n - 1] = 0xFF;
+        let e = decode(&body).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("invalid frame: field `Unregister.reason` is not valid UTF-8"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn display_is_readable() {
+        let e = decode(&[1, 0, 10, 1, 2]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
+        );
+        assert_eq!(
+            DecodeError::TooLarge {
+                what: "frame",
+                len: 10,
+                max: 5
+            }
+            .to_string(),
+            "`frame` too large: length 10 exceeds the limit of 5"
+        );
+        assert_eq!(
+            DecodeError::Version { got: 9, want: 1 }.to_string(),
+            "protocol version 9 not supported (this build speaks version 1)"
+        );
+        assert_eq!(
+            DecodeError::BadTag {
+                what: "message",
+                tag: 99
+            }
+            .to_string(),
+            "unknown tag 99 for `message`"
+        );
+    }
+
+    #[test]
+    fn frame_reader_splits_a_stream() {
+        let msgs = samples();
+        let mut stream = Vec::new();
+        for m in &msgs {
+            encode(m, &mut stream);
+        }
+        for chunk in [1, 2, 3, 7, 64, 1000, stream.len()] {
+            let mut r = FrameReader::new();
+            let mut got = Vec::new();
+            for c in stream.chunks(chunk) {
+                r.feed(c);
+                while let Some(m) = r.next_msg() {
+                    got.push(m.unwrap());
+                }
+            }
+            assert_eq!(got, msgs, "chunk {chunk}");
+            assert_eq!(r.buffered(), 0);
+            assert!(r.next_msg().is_none());
+        }
+    }
+
+    #[test]
+    fn frame_reader_refuses_oversized_frame_at_once() {
+        let mut r = FrameReader::new();
+        r.feed(&((MAX_FRAME + 1) as u32).to_le_bytes());
+        let want = DecodeError::TooLarge {
+            what: "frame",
+            len: MAX_FRAME + 1,
+            max: MAX_FRAME,
+        };
+        assert_eq!(r.next_msg(), Some(Err(want.clone())));
+        r.feed(&encode_to_vec(&Msg::ListModels));
+        assert_eq!(r.next_msg(), Some(Err(want)), "sticky");
+        assert_eq!(r.buffered(), 0);
+    }
+
+    #[test]
+    fn frame_reader_error_is_sticky() {
+        let mut r = FrameReader::new();
+        let mut stream = encode_to_vec(&Msg::ListModels);
+        stream.extend_from_slice(&[3, 0, 0, 0, 7, 0, 18]); // version 7
+        encode(&Msg::ListModels, &mut stream);
+        r.feed(&stream);
+        assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
+        let want = Some(Err(DecodeError::Version { got: 7, want: 1 }));
+        assert_eq!(r.next_msg(), want);
+        assert_eq!(r.next_msg(), want);
     }
 }

@@ -8,13 +8,40 @@
 //! u32 LE  body length (bytes after this field; at most MAX_FRAME)
 //! u16 LE  protocol version (PROTOCOL_VERSION)
 //! u8      message tag
-//! ...     body (fields in declaration order, little endian; strings and byte
-//!         vectors as u32 length + bytes; vectors as u32 count + items)
+//! ...     the message's fields
 //! ```
 //!
-//! A decoder checks every length against what is left of the frame and against the
-//! per-field limits below before it allocates, so a hostile or corrupt frame costs at
-//! most one error, never a crash or a huge allocation.
+//! # Encoding of the fields
+//! Fields follow in declaration order, with no padding and nothing else between them:
+//!
+//! - `u32`, `u64`, `i64` (and [`NodeId`]): little endian, 4 or 8 bytes.
+//! - `bool`: u8 0 or 1.
+//! - `String`: u32 LE byte length, then the UTF-8 bytes; at most [`MAX_STR`] bytes.
+//! - `Vec<u8>` (inputs, outputs): u32 LE length, then the bytes; bounded by the frame.
+//! - other `Vec<T>`: u32 LE count, then the items; at most [`MAX_ITEMS`] items.
+//! - `Option<T>`: u8 0 (None) or 1 (Some) followed by the value.
+//! - structs ([`GpuInfo`], [`ModelInfo`], [`RegionInfo`], [`SubmitTask`],
+//!   [`PlanTask`], [`TaskResult`]): their fields in declaration order; the pair of
+//!   `Msg::Dropped` is the u64 then the [`DropCode`].
+//! - enums: a u8 tag, in declaration order from 0, then the variant's fields:
+//!   [`Role`] (Backend 0, Frontend 1), [`PlanStatus`] (Ran 0, TooLate 1, Failed 2),
+//!   [`ReplyStatus`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropCode`] (Expired 0
+//!   ... UnknownModel 8), [`TaskStatus`] (Ok 0, Dropped 1 followed by its DropCode
+//!   tag, InputMissing 2, Failed 3), [`WireProfile`] (Linear 0 with `alpha_ns`,
+//!   `beta_ns`, `max_batch`; Table 1 with `lat_ns`).
+//!
+//! Message tags follow the declaration order of [`Msg`] from 1: Register 1,
+//! RegisterAck 2, Unregister 3, LoadModel 4, UnloadModel 5, ModelLoaded 6,
+//! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
+//! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
+//! Error 20. A new message takes the next tag; changing a layout bumps
+//! [`PROTOCOL_VERSION`].
+//!
+//! A decoder checks every length against its limit and then against what is left of
+//! the frame (a count times the smallest encoding of one item) before it allocates,
+//! so a hostile or corrupt frame costs at most one error, never a crash or a huge
+//! allocation. Unknown tags, bad UTF-8 and bytes left over after the message are
+//! errors too. Encoders do not check the limits: senders keep within them.
 //!
 //! # Times
 //! Every time on the wire is nanoseconds on the **scheduler's clock** (its epoch is
