@@ -38,6 +38,9 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const INPUT_BYTES: usize = 224 * 224 * 3;
 
 struct Cfg {

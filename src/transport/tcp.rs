@@ -71,8 +71,11 @@ const ANS_LEN: usize = 16;
 const ST_OK: u32 = 0;
 const ST_OOB: u32 = 1;
 const ST_WRONG_REGION: u32 = 1;
+/// A region reader's buffer for answer headers (and small answers); larger answers
+/// bypass it, straight into their own `Vec`.
+const ANSWER_BUF: usize = 8 << 10;
 /// A region server writes its answers once this much is buffered.
-const ANSWER_CHUNK: usize = 4 << 20;
+const ANSWER_CHUNK: usize = 256 << 10;
 
 /// The TCP transport. Clones share one runtime, which lives as long as the last
 /// clone or anything made with it (connections, listeners, servers, readers).
@@ -625,8 +628,8 @@ async fn serve_reads(mut s: TcpStream, region: &Region) -> std::io::Result<()> {
             s.write_all(&out).await?;
             out.clear();
         }
-        if out.capacity() > 2 * ANSWER_CHUNK {
-            out.shrink_to(READ_CHUNK);
+        if out.capacity() > 64 * ANSWER_CHUNK {
+            out.shrink_to(ANSWER_CHUNK);
         }
     }
 }
@@ -634,14 +637,43 @@ async fn serve_reads(mut s: TcpStream, region: &Region) -> std::io::Result<()> {
 // ---------------------------------------------------------------------------
 // Region reader
 
-type Answer = (usize, Result<Vec<u8>, ReadError>);
+type ReadResult = Result<Vec<u8>, ReadError>;
+
+/// One `read_many` call: its results, filled in by the connections' reader tasks;
+/// the caller sleeps until the last one (one wake-up per call, not per read).
+struct Batch {
+    st: Mutex<BatchState>,
+    cv: std::sync::Condvar,
+}
+
+struct BatchState {
+    out: Vec<Option<ReadResult>>,
+    /// Reads sent and not answered yet.
+    left: usize,
+    /// The caller has taken the results (timed out): later answers are dropped.
+    taken: bool,
+}
+
+impl Batch {
+    fn complete(&self, idx: usize, r: ReadResult) {
+        let mut st = self.st.lock().expect("batch lock");
+        if st.taken || st.out[idx].is_some() {
+            return;
+        }
+        st.out[idx] = Some(r);
+        st.left -= 1;
+        if st.left == 0 {
+            self.cv.notify_one();
+        }
+    }
+}
 
 struct Pending {
     idx: usize,
     len: u32,
     /// Capacity `len`; the answer's bytes are read straight into it.
     buf: Vec<u8>,
-    done: crossbeam_channel::Sender<Answer>,
+    batch: Arc<Batch>,
 }
 
 #[derive(Default)]
@@ -665,7 +697,7 @@ impl Peer {
         let mut st = self.state.lock().expect("peer lock");
         let reason = st.broken.get_or_insert(reason).clone();
         for (_, p) in st.pending.drain() {
-            let _ = p.done.send((p.idx, Err(ReadError::Unreachable(reason.clone()))));
+            let _ = p.batch.complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
         }
         drop(st);
         self.stop.send_replace(true);
@@ -725,7 +757,7 @@ async fn peer_reader(peer: Arc<Peer>, rd: OwnedReadHalf, mut stop: watch::Receiv
 }
 
 async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
-    let mut rd = BufReader::with_capacity(READ_CHUNK, rd);
+    let mut rd = BufReader::with_capacity(ANSWER_BUF, rd);
     let mut hdr = [0u8; ANS_LEN];
     loop {
         if let Err(e) = rd.read_exact(&mut hdr).await {
@@ -741,17 +773,15 @@ async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
         let p = peer.state.lock().expect("peer lock").pending.remove(&id);
         if status != ST_OK {
             if let Some(p) = p {
-                let _ = p.done.send((p.idx, Err(ReadError::OutOfBounds)));
+                p.batch.complete(p.idx, Err(ReadError::OutOfBounds));
             }
             continue;
         }
         match p {
             Some(mut p) => {
                 if p.len != len {
-                    let _ = p.done.send((
-                        p.idx,
-                        Err(ReadError::Unreachable("protocol error".into())),
-                    ));
+                    p.batch
+                        .complete(p.idx, Err(ReadError::Unreachable("protocol error".into())));
                     return format!(
                         "region server at {} answered {len} bytes for a read of {}",
                         peer.addr, p.len
@@ -763,9 +793,8 @@ async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
                         Ok(0) => {
                             let reason =
                                 format!("the region server at {} closed the connection", peer.addr);
-                            let _ = p
-                                .done
-                                .send((p.idx, Err(ReadError::Unreachable(reason.clone()))));
+                            p.batch
+                                .complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
                             return reason;
                         }
                         Ok(n) => left -= n as u64,
@@ -774,14 +803,13 @@ async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
                                 "reading from the region server at {} failed: {e}",
                                 peer.addr
                             );
-                            let _ = p
-                                .done
-                                .send((p.idx, Err(ReadError::Unreachable(reason.clone()))));
+                            p.batch
+                                .complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
                             return reason;
                         }
                     }
                 }
-                let _ = p.done.send((p.idx, Ok(p.buf)));
+                p.batch.complete(p.idx, Ok(p.buf));
             }
             None => {
                 // Its read timed out (or was detached): skip the bytes.
@@ -875,8 +903,16 @@ impl RegionReader for TcpReader {
 
     fn read_many(&self, reqs: &[ReadReq], timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>> {
         let deadline = Instant::now() + timeout;
-        let mut out: Vec<Option<Result<Vec<u8>, ReadError>>> = (0..reqs.len()).map(|_| None).collect();
-        // The peers asked, each with the encoded requests and the ids sent to it.
+        let batch = Arc::new(Batch {
+            st: Mutex::new(BatchState {
+                out: (0..reqs.len()).map(|_| None).collect(),
+                left: 0,
+                taken: false,
+            }),
+            cv: std::sync::Condvar::new(),
+        });
+        // The peers asked, each with its connection, its encoded requests and the
+        // ids sent to it.
         let mut groups: Vec<(u32, Option<Arc<Peer>>, Vec<u8>, Vec<u64>)> = Vec::new();
         {
             let peers = self.peers.lock().expect("reader lock");
@@ -886,51 +922,49 @@ impl RegionReader for TcpReader {
                 }
             }
         }
-        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Answer>();
-        let mut waiting = 0usize;
         for (g_peer, g_conn, bytes, ids) in groups.iter_mut() {
+            let mine = reqs.iter().enumerate().filter(|(_, r)| r.peer == *g_peer);
             let Some(conn) = g_conn else {
-                for (i, r) in reqs.iter().enumerate() {
-                    if r.peer == *g_peer {
-                        out[i] = Some(Err(ReadError::Unreachable(format!(
-                            "peer {g_peer} not attached"
-                        ))));
-                    }
+                let mut b = batch.st.lock().expect("batch lock");
+                for (i, _) in mine {
+                    b.out[i] = Some(Err(ReadError::Unreachable(format!(
+                        "peer {g_peer} not attached"
+                    ))));
                 }
                 continue;
             };
             let mut st = conn.state.lock().expect("peer lock");
-            for (i, r) in reqs.iter().enumerate() {
-                if r.peer != *g_peer {
-                    continue;
-                }
-                if let Some(why) = &st.broken {
-                    out[i] = Some(Err(ReadError::Unreachable(why.clone())));
-                    continue;
-                }
-                let in_bounds = r
+            for (i, r) in mine {
+                let early = if let Some(why) = &st.broken {
+                    Some(ReadError::Unreachable(why.clone()))
+                } else if r
                     .offset
                     .checked_add(r.len as u64)
-                    .is_some_and(|e| e <= conn.region_len);
-                if !in_bounds {
-                    out[i] = Some(Err(ReadError::OutOfBounds));
+                    .is_none_or(|e| e > conn.region_len)
+                {
+                    Some(ReadError::OutOfBounds)
+                } else {
+                    None
+                };
+                if let Some(e) = early {
+                    batch.st.lock().expect("batch lock").out[i] = Some(Err(e));
                     continue;
                 }
                 let id = self.next_req.fetch_add(1, Ordering::Relaxed);
+                batch.st.lock().expect("batch lock").left += 1;
                 st.pending.insert(
                     id,
                     Pending {
                         idx: i,
                         len: r.len,
                         buf: Vec::with_capacity(r.len as usize),
-                        done: done_tx.clone(),
+                        batch: batch.clone(),
                     },
                 );
                 bytes.extend_from_slice(&id.to_le_bytes());
                 bytes.extend_from_slice(&r.offset.to_le_bytes());
                 bytes.extend_from_slice(&r.len.to_le_bytes());
                 ids.push(id);
-                waiting += 1;
             }
             drop(st);
             if !bytes.is_empty() && conn.requests.send(std::mem::take(bytes)).is_err() {
@@ -940,32 +974,30 @@ impl RegionReader for TcpReader {
                 ));
             }
         }
-        drop(done_tx);
-        while waiting > 0 {
-            match done_rx.recv_deadline(deadline) {
-                Ok((i, r)) => {
-                    out[i] = Some(r);
-                    waiting -= 1;
-                }
-                Err(_) => break,
+        let mut st = batch.st.lock().expect("batch lock");
+        while st.left > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
             }
+            st = batch.cv.wait_timeout(st, deadline - now).expect("batch lock").0;
         }
-        if waiting > 0 {
-            // Forget the reads still out (their answers, if any, are skipped)...
+        if st.left > 0 {
+            // Timed out: forget the reads still out (their answers are skipped).
+            drop(st);
             for (_, conn, _, ids) in &groups {
                 if let Some(conn) = conn {
-                    let mut st = conn.state.lock().expect("peer lock");
+                    let mut ps = conn.state.lock().expect("peer lock");
                     for id in ids {
-                        st.pending.remove(id);
+                        ps.pending.remove(id);
                     }
                 }
             }
-            // ...but keep those that came in meanwhile.
-            while let Ok((i, r)) = done_rx.try_recv() {
-                out[i] = Some(r);
-            }
+            st = batch.st.lock().expect("batch lock");
         }
-        out.into_iter()
+        st.taken = true;
+        std::mem::take(&mut st.out)
+            .into_iter()
             .map(|r| r.unwrap_or(Err(ReadError::Timeout)))
             .collect()
     }
