@@ -152,7 +152,11 @@ struct Frontend {
 }
 
 fn frontend(tr: &dyn Transport, region: &Arc<Region>, slots: &[(u64, u64, u32)]) -> Frontend {
-    let addr = if tr.name() == "tcp" { "127.0.0.1:0" } else { "" };
+    let addr = if tr.name() == "tcp" {
+        "127.0.0.1:0"
+    } else {
+        ""
+    };
     Frontend {
         server: tr.serve_region(region.clone(), addr).expect("serve region"),
         slots: slots.to_vec(),
@@ -179,8 +183,8 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                 let slots = &fe.slots;
                 sc.spawn(move || {
                     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed * 1000 + b as u64);
-                    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
-                        .expect("histogram");
+                    let mut hist =
+                        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
                     let mut reqs = Vec::with_capacity(n);
                     let mut tasks = Vec::with_capacity(n);
                     let mut pull = |rng: &mut Xoshiro256PlusPlus| -> u64 {
@@ -248,12 +252,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
 fn row(name: &str, n: usize, s: &Stats) {
     println!(
         "{name:<13} {n:>4} {:>12.0} {:>7.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1}",
-        s.inputs_per_s,
-        s.gb_per_s,
-        s.batch_p50_us,
-        s.batch_p99_us,
-        s.input_p50_us,
-        s.input_p99_us
+        s.inputs_per_s, s.gb_per_s, s.batch_p50_us, s.batch_p99_us, s.input_p50_us, s.input_p99_us
     );
 }
 
@@ -281,12 +280,7 @@ fn main() {
     println!(
         "input pull: 1 frontend region server, {} backends, {} inputs of {} bytes \
          (224x224x3; {} bytes with the slot header), {} s x {} repeats, medians",
-        cfg.backends,
-        cfg.inputs,
-        INPUT_BYTES,
-        slot,
-        cfg.secs,
-        cfg.repeats
+        cfg.backends, cfg.inputs, INPUT_BYTES, slot, cfg.secs, cfg.repeats
     );
     println!(
         "{:<13} {:>4} {:>12} {:>7} {:>11} {:>11} {:>11} {:>11}",

@@ -5,8 +5,7 @@
 use crossbeam_channel::{unbounded, Receiver};
 use fermata::transport::tcp::Tcp;
 use fermata::transport::{
-    Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader,
-    Transport,
+    Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader, Transport,
 };
 use fermata::wire::Msg;
 use std::io::{Read, Write};
@@ -15,8 +14,11 @@ use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(10);
 
-/// A listener and one connection to it: (client, its events, server side, its events).
-fn pair(tr: &Tcp) -> (Arc<dyn Conn>, Receiver<Event>, Arc<dyn Conn>, Receiver<Event>) {
+/// One end of a connection and its events.
+type End = (Arc<dyn Conn>, Receiver<Event>);
+
+/// A listener and one connection to it: (client, its events), (server side, its events).
+fn pair(tr: &Tcp) -> (End, End) {
     let (stx, srx) = unbounded();
     let l = tr.listen("127.0.0.1:0", stx).unwrap();
     let (ctx, crx) = unbounded();
@@ -26,7 +28,7 @@ fn pair(tr: &Tcp) -> (Arc<dyn Conn>, Receiver<Event>, Arc<dyn Conn>, Receiver<Ev
     };
     // The listener may go: accepted connections live on.
     drop(l);
-    (c, crx, s, srx)
+    ((c, crx), (s, srx))
 }
 
 fn ping(seq: u64) -> Msg {
@@ -76,7 +78,7 @@ fn assert_quiet(rx: &Receiver<Event>) {
 #[test]
 fn messages_both_ways_in_order() {
     let tr = Tcp::new().unwrap();
-    let (c, crx, s, srx) = pair(&tr);
+    let ((c, crx), (s, srx)) = pair(&tr);
     assert_ne!(c.id(), s.id());
     for i in 0..1000 {
         c.send(ping(i)).unwrap();
@@ -102,7 +104,7 @@ fn messages_both_ways_in_order() {
 #[test]
 fn many_messages_batched_large_and_small() {
     let tr = Tcp::new().unwrap();
-    let (c, _crx, s, srx) = pair(&tr);
+    let ((c, _crx), (s, srx)) = pair(&tr);
     let n = 50_000u64;
     let big = |i: u64| Msg::Infer {
         req: i,
@@ -130,7 +132,7 @@ fn many_messages_batched_large_and_small() {
 fn close_is_seen_once_on_both_sides() {
     let tr = Tcp::new().unwrap();
     // Client closes.
-    let (c, crx, s, srx) = pair(&tr);
+    let ((c, crx), (s, srx)) = pair(&tr);
     c.send(ping(1)).unwrap();
     c.close("done");
     assert_eq!(recv_closed(&crx, c.id()), "done");
@@ -146,7 +148,7 @@ fn close_is_seen_once_on_both_sides() {
     assert!(matches!(s.send(ping(2)), Err(SendError::Closed(_))));
 
     // Server closes.
-    let (c, crx, s, srx) = pair(&tr);
+    let ((c, crx), (s, srx)) = pair(&tr);
     s.close("bye");
     assert_eq!(recv_closed(&srx, s.id()), "bye");
     recv_closed(&crx, c.id());
@@ -154,7 +156,7 @@ fn close_is_seen_once_on_both_sides() {
     assert_quiet(&srx);
 
     // Both at once.
-    let (c, crx, s, srx) = pair(&tr);
+    let ((c, crx), (s, srx)) = pair(&tr);
     let t = std::thread::spawn({
         let c = c.clone();
         move || c.close("left")
@@ -242,7 +244,7 @@ fn send_queue_fills_when_the_peer_stalls() {
 #[test]
 fn dropping_the_transport_handle_keeps_connections() {
     let tr = Tcp::new().unwrap();
-    let (c, _crx, s, srx) = pair(&tr);
+    let ((c, _crx), (s, srx)) = pair(&tr);
     drop(tr);
     c.send(ping(3)).unwrap();
     assert_eq!(recv_msg(&srx, s.id()), ping(3));
@@ -287,7 +289,10 @@ fn region_reads_from_two_servers() {
     let s1 = tr.serve_region(r1.clone(), "127.0.0.1:0").unwrap();
     let s2 = tr.serve_region(r2.clone(), "127.0.0.1:0").unwrap();
     let info = s1.info();
-    assert_eq!((info.region, info.len, info.rkey, info.base), (1, r1.len(), 0, 0));
+    assert_eq!(
+        (info.region, info.len, info.rkey, info.base),
+        (1, r1.len(), 0, 0)
+    );
     assert!(!info.addr.ends_with(":0"));
     let rd = tr.reader().unwrap();
     rd.attach(10, &s1.info()).unwrap();
@@ -359,12 +364,24 @@ fn region_reads_from_two_servers() {
 
     // Detach: reads of that peer fail, the other peer's still work.
     rd.detach(10);
-    let out = rd.read_many(&[ReadReq { peer: 10, ..q1[0] }, ReadReq { peer: 20, ..q2[0] }], T);
-    assert!(matches!(out[0], Err(ReadError::Unreachable(_))), "{:?}", out[0]);
+    let out = rd.read_many(
+        &[ReadReq { peer: 10, ..q1[0] }, ReadReq { peer: 20, ..q2[0] }],
+        T,
+    );
+    assert!(
+        matches!(out[0], Err(ReadError::Unreachable(_))),
+        "{:?}",
+        out[0]
+    );
     check_slot(&out[1], 2, 0, size);
     // Attach again works.
     rd.attach(10, &s1.info()).unwrap();
-    check_slot(&rd.read_many(&[ReadReq { peer: 10, ..q1[3] }], T)[0], 1, 3, size);
+    check_slot(
+        &rd.read_many(&[ReadReq { peer: 10, ..q1[3] }], T)[0],
+        1,
+        3,
+        size,
+    );
 }
 
 #[test]
@@ -376,7 +393,10 @@ fn attach_errors_are_clear() {
     let mut wrong = s1.info();
     wrong.region = 9;
     let e = rd.attach(1, &wrong).unwrap_err();
-    assert!(format!("{e:#}").contains("does not serve region 9"), "{e:#}");
+    assert!(
+        format!("{e:#}").contains("does not serve region 9"),
+        "{e:#}"
+    );
     let addr = s1.info().addr;
     drop(s1);
     std::thread::sleep(Duration::from_millis(50));

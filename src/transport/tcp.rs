@@ -334,14 +334,15 @@ async fn conn_writer(
     // Ended (closed by us, by the peer or on an error): send what is still queued,
     // within the grace period, then shut our side down so the peer sees EOF.
     let flush = async {
-        while clean {
-            let Ok(m) = queue.try_recv() else { break };
-            if encode_batch(&shared, m, &mut queue, &mut buf).is_err()
-                || wr.write_all(&buf).await.is_err()
-            {
-                break;
+        if clean {
+            while let Ok(m) = queue.try_recv() {
+                if encode_batch(&shared, m, &mut queue, &mut buf).is_err()
+                    || wr.write_all(&buf).await.is_err()
+                {
+                    break;
+                }
+                buf.clear();
             }
-            buf.clear();
         }
         let _ = wr.shutdown().await;
     };
@@ -376,11 +377,7 @@ fn encode_batch(
     Ok(())
 }
 
-async fn conn_reader(
-    shared: Arc<ConnShared>,
-    rd: OwnedReadHalf,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn conn_reader(shared: Arc<ConnShared>, rd: OwnedReadHalf, mut stop: watch::Receiver<bool>) {
     let reason = tokio::select! {
         biased;
         _ = stopped(&mut stop) => return,
@@ -697,7 +694,8 @@ impl Peer {
         let mut st = self.state.lock().expect("peer lock");
         let reason = st.broken.get_or_insert(reason).clone();
         for (_, p) in st.pending.drain() {
-            let _ = p.batch.complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
+            p.batch
+                .complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
         }
         drop(st);
         self.stop.send_replace(true);
@@ -764,7 +762,10 @@ async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
             return if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 format!("the region server at {} closed the connection", peer.addr)
             } else {
-                format!("reading from the region server at {} failed: {e}", peer.addr)
+                format!(
+                    "reading from the region server at {} failed: {e}",
+                    peer.addr
+                )
             };
         }
         let id = u64::from_le_bytes(hdr[..8].try_into().expect("8"));
@@ -913,7 +914,8 @@ impl RegionReader for TcpReader {
         });
         // The peers asked, each with its connection, its encoded requests and the
         // ids sent to it.
-        let mut groups: Vec<(u32, Option<Arc<Peer>>, Vec<u8>, Vec<u64>)> = Vec::new();
+        type Group = (u32, Option<Arc<Peer>>, Vec<u8>, Vec<u64>);
+        let mut groups: Vec<Group> = Vec::new();
         {
             let peers = self.peers.lock().expect("reader lock");
             for r in reqs {
@@ -980,7 +982,11 @@ impl RegionReader for TcpReader {
             if now >= deadline {
                 break;
             }
-            st = batch.cv.wait_timeout(st, deadline - now).expect("batch lock").0;
+            st = batch
+                .cv
+                .wait_timeout(st, deadline - now)
+                .expect("batch lock")
+                .0;
         }
         if st.left > 0 {
             // Timed out: forget the reads still out (their answers are skipped).
