@@ -903,7 +903,8 @@ impl RegionReader for TcpReader {
     }
 
     fn read_many(&self, reqs: &[ReadReq], timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>> {
-        let deadline = Instant::now() + timeout;
+        // None: no deadline (a timeout too long to add to now).
+        let deadline = Instant::now().checked_add(timeout);
         let batch = Arc::new(Batch {
             st: Mutex::new(BatchState {
                 out: (0..reqs.len()).map(|_| None).collect(),
@@ -978,15 +979,16 @@ impl RegionReader for TcpReader {
         }
         let mut st = batch.st.lock().expect("batch lock");
         while st.left > 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
+            match deadline {
+                None => st = batch.cv.wait(st).expect("batch lock"),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break;
+                    }
+                    st = batch.cv.wait_timeout(st, d - now).expect("batch lock").0;
+                }
             }
-            st = batch
-                .cv
-                .wait_timeout(st, deadline - now)
-                .expect("batch lock")
-                .0;
         }
         if st.left > 0 {
             // Timed out: forget the reads still out (their answers are skipped).
