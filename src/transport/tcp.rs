@@ -20,6 +20,8 @@
 //! [`Event::Closed`] and nothing after it. `close` sends what was queued before it
 //! (for at most [`CLOSE_FLUSH`]) and shuts the socket down; the peer sees EOF.
 //! Dropping a `Conn` handle does not close the connection (as in-process).
+//! Events are pushed from the runtime's threads with a blocking `send`: give an
+//! unbounded (or roomy) event channel, or a slow event loop stalls the transport.
 //!
 //! # Region server (one-sided reads without the application)
 //! [`Transport::serve_region`] runs its own listener; a task per reader connection
@@ -38,7 +40,13 @@
 //! Requests are pipelined: a reader sends every request of a [`RegionReader::read_many`]
 //! at once and answers come back in order. The [`RegionReader`] keeps one connection
 //! per attached peer (made in `attach`); a broken connection fails its reads as
-//! [`ReadError::Unreachable`] until the peer is attached again.
+//! [`ReadError::Unreachable`] until the peer is attached again. The caller of
+//! `read_many` sleeps on a condition variable until the last answer (one wake-up per
+//! call), so it may be any plain thread.
+//!
+//! Addresses are reported as bound: a listener or region server bound to
+//! `0.0.0.0:0` reports `0.0.0.0:PORT`, which peers on other hosts cannot use; bind
+//! to the address peers should connect to.
 
 use super::*;
 use crate::wire::{self, MAX_FRAME};
