@@ -1,0 +1,324 @@
+//! Input pull: backends reading batches of inputs one-sided from a frontend's
+//! region, the shape of the paper's incast benchmark (Symphony, Appendix B), over
+//! loopback TCP and, for comparison, the in-process transport in the same run.
+//!
+//! ```text
+//! cargo bench --bench input_pull                        # full run, well under a minute
+//! cargo bench --bench input_pull -- --backends 8 --batches 1,8,32,64 --secs 1 --repeats 3
+//! FERMATA_BACKENDS=2 cargo bench --bench input_pull
+//! ```
+//!
+//! Under `cargo test --all-targets` cargo runs this binary without `--bench`; it then
+//! does a tiny run (a smoke test that it still builds and works, well under 3 s).
+//!
+//! # Setup
+//! One frontend region server holds `--inputs` (default 256) inputs of
+//! 150528 bytes (224 x 224 x 3, one ImageNet image as u8), each in a slot with its
+//! 16-byte header (150544 bytes read per input). `--backends` threads (default 4,
+//! or `FERMATA_BACKENDS`), each with its own [`RegionReader`] as a backend process
+//! would have, pull batches of N inputs with one `read_many` each (N consecutive
+//! slots from a random start) as fast as they can for `--secs` seconds; every
+//! slot's header is checked. In the paper eight servers each serve eight 150 KB
+//! objects to one reader (many-to-one); here B readers share one server, which on
+//! one machine puts the same pressure on the one server and the loopback device.
+//!
+//! # Figures (medians over `--repeats` runs)
+//! * inputs/s and GB/s (10^9 bytes of slots) over all backends;
+//! * batch latency p50 / p99: one `read_many` of N inputs, issue to last answer;
+//! * input latency p50 / p99: batch latency / N, the pull cost per input a backend
+//!   accounts (what `Msg::Ping::pull_p99_ns` reports);
+//! * the ratio TCP / in-process of each figure.
+
+use fermata::transport::inproc::InProc;
+use fermata::transport::tcp::Tcp;
+use fermata::transport::{ReadReq, Region, RegionServer, SlotHeader, Transport};
+use hdrhistogram::Histogram;
+use rand::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const INPUT_BYTES: usize = 224 * 224 * 3;
+
+struct Cfg {
+    backends: usize,
+    batches: Vec<usize>,
+    inputs: usize,
+    secs: f64,
+    repeats: usize,
+}
+
+impl Cfg {
+    fn from_args() -> Cfg {
+        let args: Vec<String> = std::env::args().collect();
+        let full = args.iter().any(|a| a == "--bench");
+        let mut cfg = if full {
+            Cfg {
+                backends: 4,
+                batches: vec![1, 8, 32],
+                inputs: 256,
+                secs: 1.0,
+                repeats: 3,
+            }
+        } else {
+            Cfg {
+                backends: 2,
+                batches: vec![1, 8],
+                inputs: 32,
+                secs: 0.1,
+                repeats: 1,
+            }
+        };
+        if let Ok(v) = std::env::var("FERMATA_BACKENDS") {
+            cfg.backends = v.parse().expect("FERMATA_BACKENDS: a number");
+        }
+        let mut it = args.iter().skip(1);
+        while let Some(a) = it.next() {
+            let mut val = |name: &str| -> String {
+                it.next()
+                    .unwrap_or_else(|| panic!("{name} needs a value"))
+                    .clone()
+            };
+            match a.as_str() {
+                "--backends" => cfg.backends = val(a).parse().expect("--backends N"),
+                "--batches" => {
+                    cfg.batches = val(a)
+                        .split(',')
+                        .map(|s| s.trim().parse().expect("--batches N,N,..."))
+                        .collect()
+                }
+                "--inputs" => cfg.inputs = val(a).parse().expect("--inputs N"),
+                "--secs" => cfg.secs = val(a).parse().expect("--secs S"),
+                "--repeats" => cfg.repeats = val(a).parse().expect("--repeats N"),
+                _ => {} // --bench and cargo's own flags
+            }
+        }
+        assert!(cfg.backends > 0 && cfg.inputs > 0 && cfg.repeats > 0);
+        cfg
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Stats {
+    inputs_per_s: f64,
+    gb_per_s: f64,
+    batch_p50_us: f64,
+    batch_p99_us: f64,
+    input_p50_us: f64,
+    input_p99_us: f64,
+}
+
+impl Stats {
+    fn fields(&self) -> [f64; 6] {
+        [
+            self.inputs_per_s,
+            self.gb_per_s,
+            self.batch_p50_us,
+            self.batch_p99_us,
+            self.input_p50_us,
+            self.input_p99_us,
+        ]
+    }
+    fn from_fields(f: [f64; 6]) -> Stats {
+        Stats {
+            inputs_per_s: f[0],
+            gb_per_s: f[1],
+            batch_p50_us: f[2],
+            batch_p99_us: f[3],
+            input_p50_us: f[4],
+            input_p99_us: f[5],
+        }
+    }
+    /// Each figure's median over runs.
+    fn median(runs: &[Stats]) -> Stats {
+        let mut out = [0.0; 6];
+        for (k, o) in out.iter_mut().enumerate() {
+            let mut v: Vec<f64> = runs.iter().map(|r| r.fields()[k]).collect();
+            v.sort_by(f64::total_cmp);
+            *o = v[v.len() / 2];
+        }
+        Stats::from_fields(out)
+    }
+}
+
+/// The frontend: a region with `n` inputs, served by `tr`.
+struct Frontend {
+    server: Box<dyn RegionServer>,
+    /// (task id, offset, slot len) of each input.
+    slots: Vec<(u64, u64, u32)>,
+}
+
+fn frontend(tr: &dyn Transport, region: &Arc<Region>, slots: &[(u64, u64, u32)]) -> Frontend {
+    let addr = if tr.name() == "tcp" {
+        "127.0.0.1:0"
+    } else {
+        ""
+    };
+    Frontend {
+        server: tr.serve_region(region.clone(), addr).expect("serve region"),
+        slots: slots.to_vec(),
+    }
+}
+
+fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -> Stats {
+    let readers: Vec<_> = (0..cfg.backends)
+        .map(|_| {
+            let r = tr.reader().expect("reader");
+            r.attach(0, &fe.server.info()).expect("attach");
+            r
+        })
+        .collect();
+    let barrier = Barrier::new(cfg.backends + 1);
+    let run_for = Duration::from_secs_f64(cfg.secs);
+    let timeout = Duration::from_secs(5);
+    let (hist, count, elapsed) = std::thread::scope(|sc| {
+        let handles: Vec<_> = readers
+            .iter()
+            .enumerate()
+            .map(|(b, rd)| {
+                let barrier = &barrier;
+                let slots = &fe.slots;
+                sc.spawn(move || {
+                    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed * 1000 + b as u64);
+                    let mut hist =
+                        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+                    let mut reqs = Vec::with_capacity(n);
+                    let mut tasks = Vec::with_capacity(n);
+                    let mut pull = |rng: &mut Xoshiro256PlusPlus| -> u64 {
+                        reqs.clear();
+                        tasks.clear();
+                        let start = rng.gen_range(0..slots.len());
+                        for i in 0..n {
+                            let (task, offset, len) = slots[(start + i) % slots.len()];
+                            reqs.push(ReadReq {
+                                peer: 0,
+                                offset,
+                                len,
+                            });
+                            tasks.push(task);
+                        }
+                        let t0 = Instant::now();
+                        let out = rd.read_many(&reqs, timeout);
+                        let ns = t0.elapsed().as_nanos() as u64;
+                        for (o, &task) in out.iter().zip(&tasks) {
+                            let bytes = o.as_ref().expect("read");
+                            let payload = SlotHeader::check(bytes, task).expect("slot");
+                            assert_eq!(payload.len(), INPUT_BYTES);
+                        }
+                        ns
+                    };
+                    for _ in 0..3 {
+                        pull(&mut rng); // warm up
+                    }
+                    barrier.wait();
+                    let end = Instant::now() + run_for;
+                    let mut batches = 0u64;
+                    while Instant::now() < end {
+                        let ns = pull(&mut rng);
+                        hist.record(ns.max(1)).expect("record");
+                        batches += 1;
+                    }
+                    (hist, batches * n as u64)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("hist");
+        let mut count = 0;
+        for h in handles {
+            let (hist, c) = h.join().expect("backend thread");
+            all.add(&hist).expect("merge");
+            count += c;
+        }
+        (all, count, t0.elapsed())
+    });
+    let slot_bytes = fe.slots[0].2 as f64;
+    let secs = elapsed.as_secs_f64();
+    let us = |ns: u64| ns as f64 / 1e3;
+    Stats {
+        inputs_per_s: count as f64 / secs,
+        gb_per_s: count as f64 * slot_bytes / secs / 1e9,
+        batch_p50_us: us(hist.value_at_quantile(0.5)),
+        batch_p99_us: us(hist.value_at_quantile(0.99)),
+        input_p50_us: us(hist.value_at_quantile(0.5)) / n as f64,
+        input_p99_us: us(hist.value_at_quantile(0.99)) / n as f64,
+    }
+}
+
+fn row(name: &str, n: usize, s: &Stats) {
+    println!(
+        "{name:<13} {n:>4} {:>12.0} {:>7.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1}",
+        s.inputs_per_s, s.gb_per_s, s.batch_p50_us, s.batch_p99_us, s.input_p50_us, s.input_p99_us
+    );
+}
+
+fn main() {
+    let cfg = Cfg::from_args();
+    let started = Instant::now();
+    let slot = (INPUT_BYTES + fermata::transport::SLOT_HEADER) as u64;
+    let region = Arc::new(Region::new(1, (slot + 64) * cfg.inputs as u64 + 4096).expect("region"));
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+    let slots: Vec<(u64, u64, u32)> = (0..cfg.inputs as u64)
+        .map(|task| {
+            let input: Vec<u8> = (0..INPUT_BYTES).map(|_| rng.gen()).collect();
+            let r = region.put(task, &input).expect("region big enough");
+            (task, r.offset, r.len)
+        })
+        .collect();
+    let tcp = Tcp::new().expect("tcp transport");
+    let inproc = InProc::global();
+    let transports: [(&str, &dyn Transport); 2] = [("tcp", &tcp), ("inproc", &inproc)];
+    let fronts: Vec<Frontend> = transports
+        .iter()
+        .map(|(_, tr)| frontend(*tr, &region, &slots))
+        .collect();
+
+    println!(
+        "input pull: 1 frontend region server, {} backends, {} inputs of {} bytes \
+         (224x224x3; {} bytes with the slot header), {} s x {} repeats, medians",
+        cfg.backends, cfg.inputs, INPUT_BYTES, slot, cfg.secs, cfg.repeats
+    );
+    println!(
+        "{:<13} {:>4} {:>12} {:>7} {:>11} {:>11} {:>11} {:>11}",
+        "transport",
+        "N",
+        "inputs/s",
+        "GB/s",
+        "batch p50us",
+        "batch p99us",
+        "input p50us",
+        "input p99us"
+    );
+    for &n in &cfg.batches {
+        let mut med = Vec::new();
+        for (k, (name, tr)) in transports.iter().enumerate() {
+            let runs: Vec<Stats> = (0..cfg.repeats)
+                .map(|r| run_once(*tr, &fronts[k], &cfg, n, r as u64))
+                .collect();
+            let m = Stats::median(&runs);
+            row(name, n, &m);
+            med.push(m);
+        }
+        let (t, i) = (med[0].fields(), med[1].fields());
+        let mut ratio = [0.0; 6];
+        for k in 0..6 {
+            ratio[k] = t[k] / i[k];
+        }
+        let r = Stats::from_fields(ratio);
+        println!(
+            "{:<13} {n:>4} {:>12.3} {:>7.3} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
+            "tcp/inproc",
+            r.inputs_per_s,
+            r.gb_per_s,
+            r.batch_p50_us,
+            r.batch_p99_us,
+            r.input_p50_us,
+            r.input_p99_us
+        );
+    }
+    println!("total {:.1} s", started.elapsed().as_secs_f64());
+}
