@@ -1017,7 +1017,7 @@ fn unknown_enum_tags() {
         b.extend_from_slice(&[0; 8]);
         b.push(status);
         b.extend(code);
-        b.extend_from_slice(&[0; 12]);
+        b.extend_from_slice(&[0; 24]);
         assert_eq!(
             decode(&b),
             Err(DecodeError::BadTag {
