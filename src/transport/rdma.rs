@@ -21,7 +21,7 @@
 //!   as a [`Region`]), `QueuePair::post_send` only posts `IBV_WR_SEND` (no RDMA READ,
 //!   no remote address or rkey), and the raw `ibv_pd` / `ibv_qp` / `lkey` behind its
 //!   types are private, so its objects cannot be mixed with raw calls either. The
-//!   least bad option is a small RAII layer ([`verbs`]) over the same `ibverbs-sys`
+//!   least bad option is a small RAII layer (module `verbs`) over the same `ibverbs-sys`
 //!   bindings the crate wraps (same library, same version, no second copy of
 //!   rdma-core): devices are listed through `ibverbs::devices()`, everything else
 //!   (context, PD, CQ, QP state changes, memory registration, posting and polling)
@@ -61,9 +61,12 @@
 //!   flight, at most [`READ_WAVE`] at once and at most [`STAGING`] bytes) into one
 //!   registered staging buffer, polls the reader's CQ until all complete or the
 //!   timeout passes, and copies the slots out. A peer with a read still outstanding
-//!   at the timeout has its QP moved to the error state (which flushes every
-//!   outstanding request, so the staging buffer is free again) and is reconnected on
-//!   its next read.
+//!   at the timeout has its QP destroyed (after which the NIC writes nothing more
+//!   into the staging buffer for it) and is reconnected on its next read; a READ
+//!   that fails (the frontend is gone, or its region server was dropped) also
+//!   drops that peer's QP. Reads of one reader are serialised (one staging buffer);
+//!   a reconnect inside `read_many` may take up to the 10 s handshake limit when
+//!   the frontend's host does not answer at all.
 
 use super::*;
 use crate::wire::FrameReader;
