@@ -2,15 +2,28 @@
 # Installs or checks everything Fermata needs to build, test and run its demo.
 # Idempotent: safe to run any number of times; does nothing when all is in place.
 #
-# Today the crate needs only a Rust toolchain (cargo, rustc >= the rust-version in
-# Cargo.toml) plus rustfmt and clippy for CI. System packages that later features
-# need (e.g. RDMA or ONNX Runtime libraries) go into APT_PACKAGES below; apt is only
-# touched when one of them is missing.
+# The crate itself needs only a Rust toolchain (cargo, rustc >= the rust-version in
+# Cargo.toml) plus rustfmt and clippy for CI. The optional `rdma` cargo feature (the
+# ibverbs transport, which .ci/run builds, lints and tests) needs a few Debian
+# packages, listed in RDMA_APT_PACKAGES below; apt is only touched when one of them
+# is missing, and `apt-get update` only runs when apt has no usable package list.
+#
+# Where apt cannot be used (no apt-get, not root and no sudo) and those packages are
+# missing, the script warns and goes on: everything but `--features rdma` still
+# builds. Under CI (CI=true) or with FERMATA_RDMA=1 it fails instead, since .ci/run
+# builds the feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian/Ubuntu packages the build needs (none yet).
+# Debian/Ubuntu packages every build needs (none yet).
 APT_PACKAGES=()
+# Packages the `rdma` feature needs. ibverbs-sys configures its vendored rdma-core
+# with cmake (which wants pkg-config, libnl and python3) and generates its bindings
+# with bindgen (libclang); the crate links against the system libibverbs
+# (libibverbs-dev; a binary built with the feature needs libibverbs1 at run time).
+RDMA_APT_PACKAGES=(cmake libclang-dev pkg-config libnl-3-dev libnl-route-3-dev libibverbs-dev)
+# rdma-core's cmake needs a python3; any on PATH will do (add Debian's if none).
+command -v python3 >/dev/null || RDMA_APT_PACKAGES+=(python3)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -21,20 +34,65 @@ if [[ -d "${CARGO_HOME:-$HOME/.cargo}/bin" ]]; then
 fi
 
 # --- system packages (skipped when nothing is missing) ---------------------------
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 missing=()
 for p in "${APT_PACKAGES[@]+"${APT_PACKAGES[@]}"}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
-if ((${#missing[@]})); then
-  command -v apt-get >/dev/null || die "missing system packages: ${missing[*]} (no apt-get here; install them by hand)"
-  sudo=()
-  if [[ $(id -u) -ne 0 ]]; then
-    command -v sudo >/dev/null || die "missing system packages: ${missing[*]}; run as root or install sudo"
-    sudo=(sudo)
+rdma_missing=()
+for p in "${RDMA_APT_PACKAGES[@]}"; do
+  installed "$p" || rdma_missing+=("$p")
+done
+
+# Can apt be used here? Sets `problem` (why not; empty when it can) and `sudo`.
+check_apt() {
+  problem="" sudo=()
+  if ! command -v apt-get >/dev/null || ! command -v dpkg-query >/dev/null; then
+    problem="no apt-get here"
+  elif [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+      sudo=(sudo)
+    else
+      problem="not root and no password-less sudo"
+    fi
   fi
-  say "installing system packages: ${missing[*]}"
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+apt_get() { DEBIAN_FRONTEND=noninteractive "${sudo[@]+"${sudo[@]}"}" apt-get "$@"; }
+
+# Installs "$@" quietly. `apt-get update` runs first only when apt knows one of them
+# not (no or stale package lists), and once more when the install fails anyway.
+apt_install() {
+  local updated=0 p
+  for p in "$@"; do
+    if ! apt-cache show "$p" >/dev/null 2>&1; then
+      say "apt-get update (package lists missing or stale)"
+      apt_get update -qq || return 1
+      updated=1
+      break
+    fi
+  done
+  say "installing system packages: $*"
+  apt_get install -y -qq --no-install-recommends "$@" >/dev/null && return 0
+  ((updated)) && return 1
+  say "install failed; apt-get update and one more try"
+  apt_get update -qq || return 1
+  apt_get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if ((${#missing[@]} + ${#rdma_missing[@]})); then
+  check_apt
+  if [[ -z "$problem" ]]; then
+    apt_install "${missing[@]+"${missing[@]}"}" "${rdma_missing[@]+"${rdma_missing[@]}"}" ||
+      die "apt-get install failed for: ${missing[*]} ${rdma_missing[*]}"
+  elif ((${#missing[@]})); then
+    die "missing system packages: ${missing[*]} ($problem; install them by hand)"
+  elif [[ "${CI:-}" == true || "${FERMATA_RDMA:-}" == 1 ]]; then
+    die "the rdma feature needs: ${rdma_missing[*]} ($problem; install them by hand)"
+  else
+    say "WARNING: cannot install ${rdma_missing[*]} ($problem):"
+    say "         \`--features rdma\` will not build; everything else does."
+  fi
 else
   say "system packages: nothing to install"
 fi
