@@ -4,6 +4,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use fermata::bench::{self, plot, SearchOptions};
 use fermata::core::{Dur, Policy};
+use fermata::node::loadgen::{self, LoadgenOpts};
+use fermata::node::procs::{ProcCluster, ProcOpts};
 use fermata::sim::{simulate, SimOptions};
 use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
@@ -235,6 +237,16 @@ struct GoodputArgs {
     runtime: String,
     #[command(flatten)]
     rt: RtArgs,
+    /// `--runtime tcp`: backend processes (the GPUs are split among them).
+    #[arg(long, default_value_t = 1)]
+    backends: u32,
+    /// `--runtime tcp`: frontend processes.
+    #[arg(long, default_value_t = 1)]
+    frontends: u32,
+    /// `--runtime tcp`: override every model's input size (bytes); default: the
+    /// workload's (224x224x3 = 150528 unless set).
+    #[arg(long)]
+    input_bytes: Option<u32>,
 }
 
 #[derive(Args)]
@@ -381,6 +393,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
         ..SearchOptions::default()
     };
     let mut results = Vec::new();
+    let mut tcp_extra: Vec<serde_json::Value> = Vec::new();
     for p in &policies {
         let mut oo = o.clone();
         oo.policy = *p;
@@ -409,7 +422,96 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                     Ok(r.sim)
                 })?
             }
-            other => bail!("unknown --runtime {other:?}: use sim or realtime"),
+            "tcp" => {
+                let exe = std::env::current_exe().context("locating the fermata binary")?;
+                if a.backends == 0 || a.backends > w.gpus {
+                    bail!(
+                        "--backends must be between 1 and the workload's {} GPUs",
+                        w.gpus
+                    );
+                }
+                let po = ProcOpts {
+                    workload: a.run.workload.clone(),
+                    backend_gpus: (0..a.backends)
+                        .map(|b| w.gpus / a.backends + u32::from(b < w.gpus % a.backends))
+                        .collect(),
+                    frontends: a.frontends,
+                    model_threads: a.rt.threads,
+                    input_bytes: a.input_bytes,
+                    rank_spin_us: a.rt.rank_spin_us as u64,
+                    model_spin_us: a.rt.model_spin_us as u64,
+                    scheduler_args: vec!["--policy".into(), p.name()],
+                    verbose: false,
+                };
+                let json = a.run.json;
+                let extras = std::cell::RefCell::new(Vec::new());
+                let g = bench::goodput_search_with(&w, &oo, &so, |o| {
+                    let c = ProcCluster::start(&exe, &po)?;
+                    let mut lo = LoadgenOpts::new(c.frontend_addrs.clone(), &w);
+                    lo.rate_rps = o.rate_rps;
+                    lo.arrival = o.arrival;
+                    lo.seed = o.seed;
+                    lo.warmup = o.warmup;
+                    lo.duration = o.duration;
+                    let tr: std::sync::Arc<dyn fermata::transport::Transport> =
+                        std::sync::Arc::new(fermata::transport::tcp::Tcp::new()?);
+                    let r = loadgen::run(tr, &w, &lo);
+                    let reps = c.stop();
+                    let r = r?;
+                    let sj = reps.scheduler.clone().unwrap_or_default();
+                    let num = |k: &str| sj.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+                    let l = &r.latency_us;
+                    let extra = serde_json::json!({
+                        "runtime": "tcp",
+                        "processes": { "scheduler": 1, "backends": a.backends, "frontends": a.frontends, "loadgen": 1 },
+                        "d_ctrl_us": num("d_ctrl_us"),
+                        "d_data_us": num("d_data_us"),
+                        "rtt_p99_us": num("rtt_p99_us"),
+                        "pull_p99_us": num("pull_p99_us"),
+                        "latency_ms_p50": l.value_at_quantile(0.5) as f64 / 1e3,
+                        "latency_ms_p99": l.value_at_quantile(0.99) as f64 / 1e3,
+                        "failed": r.failed,
+                        "unanswered": r.unanswered,
+                        "wrong_outputs": r.wrong_outputs,
+                        "input_bytes": w.models.iter().map(|m| a.input_bytes.unwrap_or(m.input_bytes)).max(),
+                    });
+                    if !json {
+                        eprintln!(
+                            "  probe {:>9.1} r/s: worst model bad {:.3}%, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.1} us, failed {}",
+                            o.rate_rps,
+                            100.0 * r.sim.max_model_bad_rate(),
+                            l.value_at_quantile(0.5) as f64 / 1e3,
+                            l.value_at_quantile(0.99) as f64 / 1e3,
+                            num("d_ctrl_us"),
+                            num("d_data_us"),
+                            r.failed
+                        );
+                    }
+                    if r.duplicates > 0 || r.wrong_outputs > 0 {
+                        bail!(
+                            "accounting error at {:.0} r/s: {} duplicate answers, {} wrong outputs",
+                            o.rate_rps,
+                            r.duplicates,
+                            r.wrong_outputs
+                        );
+                    }
+                    extras.borrow_mut().push((o.rate_rps, extra));
+                    Ok(r.sim)
+                })?;
+                let rate = g.at_goodput.as_ref().map(|r| r.rate_rps);
+                if let Some(x) = extras
+                    .borrow()
+                    .iter()
+                    .find(|(r, _)| Some(*r) == rate)
+                    .map(|(_, x)| x.clone())
+                {
+                    tcp_extra.push(x);
+                } else {
+                    tcp_extra.push(serde_json::Value::Null);
+                }
+                g
+            }
+            other => bail!("unknown --runtime {other:?}: use sim, realtime or tcp"),
         };
         if !a.run.json {
             println!(
@@ -427,7 +529,12 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
         results.push(g);
     }
     if a.run.json {
-        let v: Vec<_> = results.iter().map(|g| bench::goodput_json(&w, g)).collect();
+        let mut v: Vec<_> = results.iter().map(|g| bench::goodput_json(&w, g)).collect();
+        for (j, x) in v.iter_mut().zip(&tcp_extra) {
+            if let (serde_json::Value::Object(m), serde_json::Value::Object(x)) = (j, x) {
+                m.extend(x.clone());
+            }
+        }
         if v.len() == 1 {
             println!("{}", serde_json::to_string_pretty(&v[0])?);
         } else {

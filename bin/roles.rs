@@ -83,6 +83,12 @@ pub struct SchedulerArgs {
     verbose: bool,
     #[command(flatten)]
     spin: SpinArgs,
+    /// Override every model's input size in bytes (what load generators send).
+    #[arg(long)]
+    input_bytes: Option<u32>,
+    /// Override the workload's policy: deferred, eager or timeout:FRAC.
+    #[arg(long)]
+    policy: Option<String>,
 }
 
 #[derive(Args, Clone, Copy)]
@@ -95,9 +101,29 @@ pub struct SpinArgs {
     model_spin_us: u64,
 }
 
+/// Applies `--input-bytes`.
+fn set_input_bytes(w: &mut Workload, b: Option<u32>) -> Result<()> {
+    if let Some(b) = b {
+        if !(1..=fermata::workload::MAX_INPUT_BYTES).contains(&b) {
+            bail!(
+                "--input-bytes must be between 1 and {}, got {b}",
+                fermata::workload::MAX_INPUT_BYTES
+            );
+        }
+        for m in &mut w.models {
+            m.input_bytes = b;
+        }
+    }
+    Ok(())
+}
+
 pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     catch_signals();
-    let w = workload_of(&a.workload)?;
+    let mut w = workload_of(&a.workload)?;
+    set_input_bytes(&mut w, a.input_bytes)?;
+    if let Some(p) = &a.policy {
+        w.policy = p.parse().map_err(anyhow::Error::msg).context("--policy")?;
+    }
     if a.heartbeat_ms == 0 || a.node_timeout_ms <= a.heartbeat_ms {
         bail!("need 0 < --heartbeat-ms < --node-timeout-ms");
     }
@@ -343,12 +369,16 @@ pub struct ServeArgs {
     /// A ModelThread polls this long for more work before it parks (us).
     #[arg(long, default_value_t = 20)]
     model_spin_us: u64,
+    /// Override every model's input size in bytes.
+    #[arg(long)]
+    input_bytes: Option<u32>,
     #[command(flatten)]
     load: LoadArgs,
 }
 
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
-    let w = workload_of(&a.load.workload)?;
+    let mut w = workload_of(&a.load.workload)?;
+    set_input_bytes(&mut w, a.input_bytes)?;
     let tr = transport_of(&a.transport)?;
     let co = ClusterOpts {
         backends: a.backends,

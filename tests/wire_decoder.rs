@@ -289,17 +289,17 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             any::<u64>(),
             any::<u32>(),
             any::<u32>(),
-            any::<i64>(),
-            any::<i64>(),
+            (any::<i64>(), any::<i64>(), any::<i64>()),
             arb_vec(arb_plan_task()),
         )
             .prop_map(
-                |(id, model, gpu, exec_at_ns, finish_at_ns, tasks)| Msg::Plan {
+                |(id, model, gpu, (exec_at_ns, finish_at_ns, sent_ns), tasks)| Msg::Plan {
                     id,
                     model,
                     gpu,
                     exec_at_ns,
                     finish_at_ns,
+                    sent_ns,
                     tasks,
                 },
             )
@@ -871,6 +871,7 @@ fn hostile_lengths_do_not_allocate() {
                 gpu: 0,
                 exec_at_ns: 0,
                 finish_at_ns: 0,
+                sent_ns: 0,
                 tasks: vec![],
             }),
             "Plan.tasks",

@@ -193,6 +193,7 @@ impl FrontendNode {
             heartbeat: Duration::from_millis(hb.max(1) as u64),
             sched_timeout: opts.scheduler_timeout,
             sched_ok: true,
+            last_pong: Instant::now(),
             report: FrontendReport::default(),
             _server: server,
             _listener: listener,
@@ -258,6 +259,7 @@ struct Loop {
     heartbeat: Duration,
     sched_timeout: Duration,
     sched_ok: bool,
+    last_pong: Instant,
     report: FrontendReport,
     _server: Box<dyn RegionServer>,
     _listener: Box<dyn Listener>,
@@ -266,9 +268,8 @@ struct Loop {
 impl Loop {
     fn run(mut self, rx: Receiver<Event>, stop: &AtomicBool) -> FrontendReport {
         let mut next_ping = Instant::now();
-        let mut last_pong = Instant::now();
+        self.last_pong = Instant::now();
         let mut seq = 100u64;
-        let mut pongs = 0usize;
         while !stop.load(Ordering::Acquire) {
             let wait = next_ping
                 .saturating_duration_since(Instant::now())
@@ -290,10 +291,6 @@ impl Loop {
             }
             self.flush_submit();
             let now = Instant::now();
-            if self.est.samples() != pongs {
-                pongs = self.est.samples();
-                last_pong = now;
-            }
             if self.sched_ok && now >= next_ping {
                 next_ping = now + self.heartbeat;
                 seq += 1;
@@ -304,7 +301,7 @@ impl Loop {
                     pull_p99_ns: 0,
                 });
             }
-            if self.sched_ok && now.duration_since(last_pong) > self.sched_timeout {
+            if self.sched_ok && now.duration_since(self.last_pong) > self.sched_timeout {
                 self.sched.close("scheduler silent");
                 self.scheduler_lost(format!("no pong for {:?}", self.sched_timeout));
             }
@@ -454,6 +451,7 @@ impl Loop {
                 Msg::Pong {
                     echo_ns, sched_ns, ..
                 } => {
+                    self.last_pong = Instant::now();
                     let t2 = self.clock.local().now();
                     self.est.add(Time(echo_ns), Time(sched_ns), t2, &self.clock);
                 }

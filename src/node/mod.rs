@@ -9,5 +9,6 @@ pub mod clock;
 pub mod exec;
 pub mod frontend;
 pub mod loadgen;
+pub mod procs;
 pub mod scheduler;
 pub mod serve;

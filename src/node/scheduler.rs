@@ -23,11 +23,11 @@
 //!
 //! # Network budget (Appendix D)
 //! d_ctrl and d_data are measured, not guessed: backends report the p99 of their
-//! recent ping round trips and of their input pull time per task; every
-//! `net_update` the scheduler sets d_ctrl = max(floor, p99 RTT) (a full round trip
-//! covers the one-way delay plus the clock offset's error, at most half a round
-//! trip) and d_data = max(floor, p99 pull time per task), over its backends, and
-//! hands it to every ModelThread. The floors are the workload's `[network]` values;
+//! recent control delay (the larger of the plans' one-way delay, measured from the
+//! plan's send time on the scheduler's clock, and half the ping round trip) and of
+//! their input pull time per task; every `net_update` the scheduler sets
+//! d_ctrl = max(floor, that p99 + 10%) and d_data = max(floor, p99 pull time per
+//! task), over its backends, and hands it to every ModelThread. The floors are the workload's `[network]` values;
 //! the measured parts are capped (`max_ctrl`, `max_data`, default 2 ms and 500 us)
 //! so that a burst of slow probes cannot make every request unschedulable.
 
@@ -114,7 +114,7 @@ pub struct SchedReport {
     /// Last applied d_ctrl / d_data (per task), microseconds.
     pub d_ctrl_us: f64,
     pub d_data_us: f64,
-    /// Backends' last reported p99 ping round trip and pull time per task (us).
+    /// Backends' last reported p99 control delay and pull time per task (us).
     pub rtt_p99_us: f64,
     pub pull_p99_us: f64,
 }
@@ -189,7 +189,7 @@ impl Routes {
 }
 
 impl Outlet for Routes {
-    fn dispatch(&self, plan: Plan, _sent_at: Time) {
+    fn dispatch(&self, plan: Plan, sent_at: Time) {
         let tasks: Vec<PlanTask> = {
             let fes = self.frontends.read().expect("routes lock");
             plan.tasks
@@ -235,6 +235,7 @@ impl Outlet for Routes {
             gpu: plan.gpu.0,
             exec_at_ns: plan.exec_at.0,
             finish_at_ns: plan.finish_at.0,
+            sent_ns: sent_at.0,
             tasks,
         };
         self.plans_sent.fetch_add(1, Ordering::Relaxed);
@@ -471,8 +472,6 @@ impl EventLoop {
         self.report.plans_sent = self.routes.plans_sent.load(Ordering::Relaxed);
         self.report.tasks_failed_backend_lost = self.routes.lost.load(Ordering::Relaxed);
         self.report.tasks_dropped = self.routes.dropped.load(Ordering::Relaxed);
-        self.report.d_ctrl_us = self.net.ctrl.as_us_f64();
-        self.report.d_data_us = self.net.data_per_req.as_us_f64();
         Ok(self.report)
     }
 
@@ -849,7 +848,7 @@ impl EventLoop {
 
     /// Applies the measured d_ctrl / d_data (never below the configured floors).
     fn update_net(&mut self) {
-        let (mut rtt, mut pull) = (0i64, 0i64);
+        let (mut rtt, mut pull, mut n) = (0i64, 0i64, 0);
         for cs in self.conns.values() {
             if let NodeState::Backend {
                 rtt_p99, pull_p99, ..
@@ -857,12 +856,20 @@ impl EventLoop {
             {
                 rtt = rtt.max(rtt_p99);
                 pull = pull.max(pull_p99);
+                n += 1;
             }
+        }
+        if n == 0 {
+            // Nothing measured: keep the last budget.
+            return;
         }
         self.report.rtt_p99_us = rtt as f64 / 1e3;
         self.report.pull_p99_us = pull as f64 / 1e3;
         let net = NetBudget {
-            ctrl: self.floors.ctrl.max(Dur(rtt).min(self.opts.max_ctrl)),
+            ctrl: self
+                .floors
+                .ctrl
+                .max(Dur(rtt + rtt / 10).min(self.opts.max_ctrl)),
             data_per_req: self
                 .floors
                 .data_per_req

@@ -188,6 +188,24 @@ pub fn set_timer_slack_ns(ns: u64) {
     let _ = ns;
 }
 
+/// Raises (negative) or lowers the calling thread's nice value, best effort: threads
+/// that must wake at a planned moment (the RankThread, GPU workers) get a larger
+/// CPU share and preempt busier threads sooner when the machine is oversubscribed.
+/// Returns whether it took effect (raising needs CAP_SYS_NICE, e.g. root).
+pub fn set_thread_nice(nice: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority take integers and touch no memory.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = nice;
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

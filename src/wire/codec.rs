@@ -518,7 +518,7 @@ wire_messages! {
     7 => FrontendUp { node, ctrl_addr, region },
     8 => FrontendDown { node },
     9 => Submit { tasks },
-    10 => Plan { id, model, gpu, exec_at_ns, finish_at_ns, tasks },
+    10 => Plan { id, model, gpu, exec_at_ns, finish_at_ns, sent_ns, tasks },
     11 => PlanDone { id, gpu, status, started_ns, finished_ns, missing },
     12 => Results { items },
     13 => Dropped { items },
@@ -773,6 +773,7 @@ mod tests {
                 gpu: 1,
                 exec_at_ns: 100,
                 finish_at_ns: 200,
+                sent_ns: 0,
                 tasks: vec![
                     PlanTask {
                         id: 1,

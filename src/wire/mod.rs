@@ -270,6 +270,8 @@ pub enum Msg {
         gpu: u32,
         exec_at_ns: i64,
         finish_at_ns: i64,
+        /// When the scheduler sent it (the backend measures the control delay).
+        sent_ns: i64,
         tasks: Vec<PlanTask>,
     },
     // ---- backend -> scheduler ----
@@ -296,7 +298,8 @@ pub enum Msg {
     Ping {
         seq: u64,
         sent_ns: i64,
-        /// Node's recent control round trip, p99 (ns; 0 = none yet).
+        /// Node's recent control delay, p99 (ns; 0 = none yet): a backend reports
+        /// the larger of its plans' one-way delay and half its ping round trip.
         rtt_p99_ns: i64,
         /// Backend's recent input pull cost per task, p99 (ns; 0 = none yet).
         pull_p99_ns: i64,

@@ -1,0 +1,236 @@
+//! A cluster of real processes on this host: `fermata scheduler`, `fermata backend`
+//! and `fermata frontend` started from the binary at hand, talking TCP over
+//! loopback. The goodput benchmark (`--runtime tcp`) and the end-to-end tests use
+//! it; the caller drives the frontends (for instance with
+//! [`super::loadgen::run`]), so the load generator is a process of its own too.
+//!
+//! Each role prints one line when it is ready (with its address); the cluster waits
+//! for those lines, so ports can be 0. Stopping sends SIGTERM, waits, then SIGKILL;
+//! each role prints a JSON report as its last line, which [`ProcCluster::stop`]
+//! returns.
+
+use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Shape of a process cluster.
+#[derive(Debug, Clone)]
+pub struct ProcOpts {
+    pub workload: PathBuf,
+    /// GPUs of each backend process.
+    pub backend_gpus: Vec<u32>,
+    pub frontends: u32,
+    pub model_threads: usize,
+    /// Override every model's input size (bytes).
+    pub input_bytes: Option<u32>,
+    pub rank_spin_us: u64,
+    pub model_spin_us: u64,
+    /// Extra arguments for the scheduler.
+    pub scheduler_args: Vec<String>,
+    pub verbose: bool,
+}
+
+/// One role's process.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(exe: &Path, name: &str, args: &[String], verbose: bool) -> Result<Proc> {
+        let mut cmd = Command::new(exe);
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped());
+        if !verbose {
+            cmd.stderr(Stdio::inherit());
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {} {}", exe.display(), args.join(" ")))?;
+        let out: ChildStdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("{name}-stdout"))
+            .spawn(move || {
+                for l in BufReader::new(out).lines() {
+                    let Ok(l) = l else { break };
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            lines: rx,
+        })
+    }
+
+    /// Waits for the line that starts with `prefix`; returns the rest.
+    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<String> {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if let Some(rest) = l.strip_prefix(prefix) {
+                        return Ok(rest.trim().to_string());
+                    }
+                }
+                Err(_) => {
+                    let st = self.child.try_wait().ok().flatten();
+                    bail!(
+                        "{} did not print `{prefix}` within {timeout:?} (exit status: {st:?})",
+                        self.name
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends `sig` (SIGTERM, SIGKILL, SIGSTOP...).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, sig);
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; returns the last line printed (the
+    /// role's JSON report) if any.
+    pub fn stop(mut self, grace: Duration) -> Option<String> {
+        self.signal(libc::SIGTERM);
+        let end = Instant::now() + grace;
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let mut last = None;
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            last = Some(l);
+        }
+        last
+    }
+}
+
+/// A running process cluster.
+pub struct ProcCluster {
+    pub scheduler: Proc,
+    pub scheduler_addr: String,
+    pub backends: Vec<Proc>,
+    pub frontends: Vec<Proc>,
+    pub frontend_addrs: Vec<String>,
+}
+
+/// Reports printed by the roles when they stopped (JSON, as printed).
+#[derive(Debug, Default)]
+pub struct ProcReports {
+    pub scheduler: Option<serde_json::Value>,
+    pub backends: Vec<Option<serde_json::Value>>,
+    pub frontends: Vec<Option<serde_json::Value>>,
+}
+
+fn json(l: Option<String>) -> Option<serde_json::Value> {
+    l.and_then(|l| serde_json::from_str(&l).ok())
+}
+
+impl ProcCluster {
+    /// Starts scheduler, backends and frontends from `exe` (the `fermata` binary).
+    pub fn start(exe: &Path, o: &ProcOpts) -> Result<ProcCluster> {
+        let t = Duration::from_secs(20);
+        let w = o.workload.to_string_lossy().to_string();
+        let mut sa = vec![
+            "scheduler".to_string(),
+            "--workload".into(),
+            w,
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--threads".into(),
+            o.model_threads.to_string(),
+            "--rank-spin-us".into(),
+            o.rank_spin_us.to_string(),
+            "--model-spin-us".into(),
+            o.model_spin_us.to_string(),
+        ];
+        if let Some(b) = o.input_bytes {
+            sa.push("--input-bytes".into());
+            sa.push(b.to_string());
+        }
+        if o.verbose {
+            sa.push("--verbose".into());
+        }
+        sa.extend(o.scheduler_args.iter().cloned());
+        let mut scheduler = Proc::spawn(exe, "scheduler", &sa, o.verbose)?;
+        let addr = scheduler.wait_line("fermata scheduler listening on", t)?;
+        let mut c = ProcCluster {
+            scheduler,
+            scheduler_addr: addr.clone(),
+            backends: Vec::new(),
+            frontends: Vec::new(),
+            frontend_addrs: Vec::new(),
+        };
+        for (i, g) in o.backend_gpus.iter().enumerate() {
+            let args = vec![
+                "backend".to_string(),
+                "--scheduler".into(),
+                addr.clone(),
+                "--gpus".into(),
+                g.to_string(),
+                "--name".into(),
+                format!("backend{i}"),
+            ];
+            c.backends
+                .push(Proc::spawn(exe, &format!("backend{i}"), &args, o.verbose)?);
+        }
+        for b in &mut c.backends {
+            b.wait_line("fermata backend ready", t)?;
+        }
+        for i in 0..o.frontends {
+            let args = vec![
+                "frontend".to_string(),
+                "--scheduler".into(),
+                addr.clone(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data-listen".into(),
+                "127.0.0.1:0".into(),
+                "--name".into(),
+                format!("frontend{i}"),
+                "--region-mib".into(),
+                "512".into(),
+            ];
+            let mut f = Proc::spawn(exe, &format!("frontend{i}"), &args, o.verbose)?;
+            let a = f.wait_line("fermata frontend listening on", t)?;
+            c.frontend_addrs.push(a);
+            c.frontends.push(f);
+        }
+        Ok(c)
+    }
+
+    /// Stops every process (frontends, backends, then the scheduler) and collects
+    /// their reports.
+    pub fn stop(self) -> ProcReports {
+        let g = Duration::from_secs(5);
+        let frontends = self
+            .frontends
+            .into_iter()
+            .map(|p| json(p.stop(g)))
+            .collect();
+        let backends = self.backends.into_iter().map(|p| json(p.stop(g))).collect();
+        let scheduler = json(self.scheduler.stop(g));
+        ProcReports {
+            scheduler,
+            backends,
+            frontends,
+        }
+    }
+}
