@@ -457,7 +457,15 @@ impl Loop {
                 }
                 Msg::Dropped { items } => {
                     for (id, code) in items {
-                        self.finish(id, Outcome::Dropped(code));
+                        let out = match code {
+                            // Lost with its backend: an explicit failure, not a
+                            // scheduling decision.
+                            DropCode::BackendLost => {
+                                Outcome::Failed("the backend running it was lost".into())
+                            }
+                            c => Outcome::Dropped(c),
+                        };
+                        self.finish(id, out);
                     }
                 }
                 Msg::Error { message } => self.scheduler_lost(message),

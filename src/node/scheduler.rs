@@ -103,8 +103,12 @@ impl Default for SchedulerOpts {
 pub struct SchedReport {
     pub backends_registered: u32,
     pub frontends_registered: u32,
+    /// Removed for a failure (connection broken, heartbeat timeout, protocol error).
     pub backends_lost: u32,
     pub frontends_lost: u32,
+    /// Left on purpose (`Unregister`).
+    pub backends_left: u32,
+    pub frontends_left: u32,
     pub tasks_received: u64,
     pub plans_sent: u64,
     pub plans_done: u64,
@@ -708,7 +712,7 @@ impl EventLoop {
                     Msg::Unregister { reason } => {
                         let conn = cs.conn.clone();
                         conn.close(&format!("unregistered: {reason}"));
-                        self.lost(c, format!("unregistered: {reason}"));
+                        self.remove_node(c, format!("unregistered: {reason}"), true);
                     }
                     other => {
                         let k = other.kind();
@@ -781,6 +785,11 @@ impl EventLoop {
 
     /// Connection `c` is gone (closed, broken, timed out or rejected).
     fn lost(&mut self, c: ConnId, reason: String) {
+        self.remove_node(c, reason, false)
+    }
+
+    /// Connection `c`'s node is gone; `graceful` when it said goodbye.
+    fn remove_node(&mut self, c: ConnId, reason: String, graceful: bool) {
         let Some(cs) = self.conns.remove(&c) else {
             return;
         };
@@ -801,7 +810,11 @@ impl EventLoop {
                     self.rt().remove_gpu(id);
                 }
                 let n = self.routes.fail_backend(node);
-                self.report.backends_lost += 1;
+                if graceful {
+                    self.report.backends_left += 1;
+                } else {
+                    self.report.backends_lost += 1;
+                }
                 eprintln!(
                     "fermata scheduler: backend node {node} removed ({reason}); {} GPUs out of service, {n} in-flight tasks failed",
                     gpus.len()
@@ -821,7 +834,11 @@ impl EventLoop {
                         let _ = other.conn.send(Msg::FrontendDown { node });
                     }
                 }
-                self.report.frontends_lost += 1;
+                if graceful {
+                    self.report.frontends_left += 1;
+                } else {
+                    self.report.frontends_lost += 1;
+                }
                 eprintln!("fermata scheduler: frontend node {node} removed ({reason}); its tasks are dropped");
             }
         }

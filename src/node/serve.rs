@@ -47,6 +47,8 @@ impl Default for ClusterOpts {
 pub struct Cluster {
     pub scheduler: SchedulerNode,
     pub backends: Vec<BackendNode>,
+    /// Global GPU ids of each backend.
+    pub backend_gpus: Vec<Vec<u32>>,
     pub frontends: Vec<FrontendNode>,
 }
 
@@ -91,8 +93,9 @@ impl Cluster {
             bo.verbose = o.verbose;
             backends.push(BackendNode::start(transport.clone(), bo)?);
         }
+        let mut backend_gpus = Vec::new();
         for b in &backends {
-            b.wait_ready(Duration::from_secs(10))?;
+            backend_gpus.push(b.wait_ready(Duration::from_secs(10))?);
         }
         let mut frontends = Vec::new();
         for f in 0..o.frontends {
@@ -106,6 +109,7 @@ impl Cluster {
         Ok(Cluster {
             scheduler,
             backends,
+            backend_gpus,
             frontends,
         })
     }

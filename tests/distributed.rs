@@ -1,0 +1,331 @@
+//! The distributed runtime in one process (in-process and TCP transports):
+//! requests in, results out with the right bytes, every request ended exactly once,
+//! and the failure behaviour: a backend that dies, a frontend that leaves,
+//! malformed and unexpected messages.
+
+use fermata::core::Dur;
+use fermata::node::backend::{BackendNode, BackendOpts};
+use fermata::node::frontend::{FrontendNode, FrontendOpts};
+use fermata::node::loadgen::{self, LoadReport, LoadgenOpts};
+use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
+use fermata::node::serve::{Cluster, ClusterOpts};
+use fermata::transport::{inproc::InProc, tcp::Tcp, Event, Transport};
+use fermata::wire::{Msg, Role};
+use fermata::workload::Workload;
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One at a time: the tests measure timing-sensitive outcomes on few cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn workload(gpus: u32) -> Workload {
+    Workload::from_toml(
+        &format!(
+            r#"
+name = "dist"
+gpus = {gpus}
+rate_rps = 300
+[[models]]
+name = "small"
+alpha_ms = 0.5
+beta_ms = 2.0
+slo_ms = 40
+input_bytes = 2048
+[[models]]
+name = "big"
+alpha_ms = 1.0
+beta_ms = 4.0
+slo_ms = 60
+input_bytes = 20000
+"#
+        ),
+        None,
+    )
+    .unwrap()
+}
+
+fn load_opts(w: &Workload, fes: Vec<String>, rate: f64, secs: f64) -> LoadgenOpts {
+    let mut o = LoadgenOpts::new(fes, w);
+    o.rate_rps = rate;
+    o.warmup = Dur::from_secs_f64(0.3);
+    o.duration = Dur::from_secs_f64(secs);
+    o
+}
+
+fn offered(r: &LoadReport) -> u64 {
+    r.sim.offered()
+}
+
+fn assert_accounted(r: &LoadReport) {
+    assert_eq!(r.unanswered, 0, "every request must be answered");
+    assert_eq!(r.duplicates, 0, "no request may be answered twice");
+    assert_eq!(r.wrong_outputs, 0, "outputs must match the inputs");
+}
+
+fn inproc() -> Arc<dyn Transport> {
+    Arc::new(InProc::global())
+}
+
+fn cluster_opts(backends: u32, frontends: u32, host: &str) -> ClusterOpts {
+    ClusterOpts {
+        backends,
+        frontends,
+        host: host.into(),
+        region_bytes: 64 << 20,
+        ..ClusterOpts::default()
+    }
+}
+
+#[test]
+fn requests_in_results_out_every_request_once() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (tr, host) in [
+        (inproc(), "e2e"),
+        (
+            Arc::new(Tcp::new().unwrap()) as Arc<dyn Transport>,
+            "127.0.0.1",
+        ),
+    ] {
+        let w = workload(4);
+        let c = Cluster::start(tr.clone(), &w, &cluster_opts(2, 2, host)).unwrap();
+        let r = loadgen::run(
+            tr.clone(),
+            &w,
+            &load_opts(&w, c.frontend_addrs(), 300.0, 1.5),
+        )
+        .unwrap();
+        let rep = c.stop().unwrap();
+        assert_accounted(&r);
+        assert!(offered(&r) > 300, "offered {}", offered(&r));
+        assert!(
+            r.sim.bad_rate() < 0.05,
+            "{}: bad rate {} at light load",
+            tr.name(),
+            r.sim.bad_rate()
+        );
+        // Batches ran (batch sizes seen by clients).
+        assert!(r.sim.batch_requests().iter().sum::<u64>() > 0);
+        // Every request the frontends took was sent by the load generator, and
+        // every plan the scheduler sent was reported done.
+        let fe_req: u64 = rep.frontends.iter().map(|f| f.requests).sum();
+        assert_eq!(fe_req, r.sent);
+        let fe_ended: u64 = rep
+            .frontends
+            .iter()
+            .map(|f| f.good + f.late + f.dropped + f.failed)
+            .sum();
+        assert_eq!(
+            fe_ended, r.sent,
+            "each request ended exactly once at its frontend"
+        );
+        assert_eq!(rep.scheduler.plans_done, rep.scheduler.plans_sent);
+        assert_eq!(rep.scheduler.backends_registered, 2);
+        assert_eq!(rep.scheduler.frontends_registered, 2);
+        assert!(rep.scheduler.d_ctrl_us > 0.0, "d_ctrl was measured");
+    }
+}
+
+#[test]
+fn a_dead_backend_fails_its_tasks_and_the_rest_go_on() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = inproc();
+    let w = workload(4);
+    let mut c = Cluster::start(tr.clone(), &w, &cluster_opts(2, 1, "crash")).unwrap();
+    let lo = load_opts(&w, c.frontend_addrs(), 400.0, 3.0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w2 = w.clone();
+    let tr2 = tr.clone();
+    std::thread::spawn(move || tx.send(loadgen::run(tr2, &w2, &lo)).unwrap());
+    std::thread::sleep(Duration::from_millis(1500));
+    // The backend with GPU 0: deferred scheduling keeps the lowest GPUs busiest.
+    let first = c.backend_gpus.iter().position(|g| g.contains(&0)).unwrap();
+    let dead = c.backends.remove(first).crash();
+    let r = rx.recv().unwrap().unwrap();
+    let rep = c.stop().unwrap();
+    assert_accounted(&r);
+    assert_eq!(rep.scheduler.backends_lost, 1);
+    assert_eq!(rep.scheduler.backends_left, 1);
+    assert!(
+        dead.plans_run > 0,
+        "the dead backend had work before it died"
+    );
+    assert!(r.failed > 0, "the dead backend had tasks in flight");
+    // Its in-flight tasks ended as explicit failures (not silence, not timeouts).
+    assert_eq!(
+        rep.scheduler.tasks_failed_backend_lost, r.failed,
+        "failures are exactly the dead backend's tasks"
+    );
+    let timed_out: u64 = rep.frontends.iter().map(|f| f.timed_out).sum();
+    assert_eq!(timed_out, 0, "nothing waited for the last-resort timeout");
+    // The surviving backend carried the load.
+    let bad = (r.sim.offered() - r.sim.good() - r.failed) as f64 / r.sim.offered() as f64;
+    assert!(bad < 0.05, "bad rate {bad} without the failed ones");
+}
+
+#[test]
+fn a_frontend_that_leaves_does_not_stall_the_others() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = inproc();
+    let w = workload(4);
+    let mut c = Cluster::start(tr.clone(), &w, &cluster_opts(1, 2, "leave")).unwrap();
+    let addrs = c.frontend_addrs();
+    let run = |addr: String, rate: f64| {
+        let (w, tr) = (w.clone(), tr.clone());
+        let lo = load_opts(&w, vec![addr], rate, 2.5);
+        std::thread::spawn(move || loadgen::run(tr, &w, &lo))
+    };
+    let stays = run(addrs[0].clone(), 200.0);
+    let leaves = run(addrs[1].clone(), 200.0);
+    std::thread::sleep(Duration::from_millis(1200));
+    let gone = c.frontends.remove(1).stop();
+    // Its clients get every answer before the connection closes (pending ones
+    // fail), then the load generator sees the frontend gone.
+    assert!(gone.requests > 0);
+    assert_eq!(
+        gone.good + gone.late + gone.dropped + gone.failed,
+        gone.requests
+    );
+    assert!(leaves.join().unwrap().is_err(), "the frontend is gone");
+    let r = stays.join().unwrap().unwrap();
+    let rep = c.stop().unwrap();
+    assert_accounted(&r);
+    assert_eq!(rep.scheduler.frontends_left, 2);
+    assert_eq!(rep.scheduler.frontends_lost, 0);
+    assert!(r.sim.bad_rate() < 0.05, "bad rate {}", r.sim.bad_rate());
+}
+
+#[test]
+fn malformed_and_unexpected_messages_close_only_that_connection() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr: Arc<dyn Transport> = Arc::new(Tcp::new().unwrap());
+    let w = workload(2);
+    let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
+    let be = BackendNode::start(tr.clone(), BackendOpts::emulated(s.addr(), 2)).unwrap();
+    be.wait_ready(Duration::from_secs(10)).unwrap();
+    // Garbage bytes: the scheduler closes that connection.
+    let mut raw = std::net::TcpStream::connect(s.addr()).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    raw.write_all(&[0xff; 64]).unwrap();
+    let mut buf = [0u8; 256];
+    let n = raw.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "connection closed after garbage");
+    // A message this peer may not send (a Plan from an unregistered node): an
+    // Error explains, then the connection closes.
+    let (etx, erx) = crossbeam_channel::unbounded();
+    let conn = tr.connect(s.addr(), etx).unwrap();
+    conn.send(Msg::Plan {
+        id: 1,
+        model: 0,
+        gpu: 0,
+        exec_at_ns: 0,
+        finish_at_ns: 0,
+        sent_ns: 0,
+        tasks: vec![],
+    })
+    .unwrap();
+    let mut got_error = false;
+    loop {
+        match erx.recv_timeout(Duration::from_secs(5)).expect("an answer") {
+            Event::Msg(_, Msg::Error { message }) => {
+                assert!(message.contains("unexpected message Plan"), "{message}");
+                got_error = true;
+            }
+            Event::Closed(..) => break,
+            _ => {}
+        }
+    }
+    assert!(got_error);
+    // A backend registering without GPUs is refused with a reason.
+    let (etx, erx) = crossbeam_channel::unbounded();
+    let conn = tr.connect(s.addr(), etx).unwrap();
+    conn.send(Msg::Register {
+        role: Role::Backend,
+        name: "nogpu".into(),
+        gpus: vec![],
+        ctrl_addr: String::new(),
+        region: None,
+    })
+    .unwrap();
+    match erx.recv_timeout(Duration::from_secs(5)).expect("an answer") {
+        Event::Msg(_, Msg::Error { message }) => assert!(message.contains("at least one GPU")),
+        _ => panic!("expected an Error"),
+    }
+    // Nothing else was affected: a frontend registers and requests are served.
+    let mut fo = FrontendOpts::new(s.addr());
+    fo.region_bytes = 16 << 20;
+    let fe = FrontendNode::start(tr.clone(), fo).unwrap();
+    let r = loadgen::run(
+        tr.clone(),
+        &w,
+        &load_opts(&w, vec![fe.addr().to_string()], 100.0, 0.7),
+    )
+    .unwrap();
+    assert_accounted(&r);
+    assert!(r.sim.good() > 0);
+    fe.stop();
+    be.stop();
+    let rep = s.stop().unwrap();
+    assert_eq!(rep.connections_closed_for_errors, 2);
+    assert_eq!(rep.backends_left, 1);
+    assert_eq!(rep.backends_lost, 0);
+}
+
+#[test]
+fn unknown_model_and_bad_requests_fail_with_a_reason() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = inproc();
+    let w = workload(2);
+    let c = Cluster::start(tr.clone(), &w, &cluster_opts(1, 1, "bad")).unwrap();
+    let (etx, erx) = crossbeam_channel::unbounded();
+    let conn = tr.connect(&c.frontend_addrs()[0], etx).unwrap();
+    conn.send(Msg::Infer {
+        req: 7,
+        model: "nope".into(),
+        slo_ns: 0,
+        input: vec![1, 2, 3],
+    })
+    .unwrap();
+    conn.send(Msg::Infer {
+        req: 8,
+        model: "small".into(),
+        slo_ns: -5,
+        input: vec![1, 2, 3],
+    })
+    .unwrap();
+    conn.send(Msg::Infer {
+        req: 9,
+        model: "small".into(),
+        slo_ns: 0,
+        input: vec![5; 2048],
+    })
+    .unwrap();
+    let mut seen = std::collections::HashMap::new();
+    while seen.len() < 3 {
+        if let Event::Msg(
+            _,
+            Msg::InferReply {
+                req,
+                status,
+                message,
+                output,
+                ..
+            },
+        ) = erx.recv_timeout(Duration::from_secs(5)).expect("a reply")
+        {
+            seen.insert(req, (status, message, output));
+        }
+    }
+    use fermata::wire::ReplyStatus;
+    assert_eq!(seen[&7].0, ReplyStatus::Failed);
+    assert!(
+        seen[&7].1.contains("unknown model `nope`") && seen[&7].1.contains("small"),
+        "{}",
+        seen[&7].1
+    );
+    assert_eq!(seen[&8].0, ReplyStatus::Failed);
+    assert!(seen[&8].1.contains("slo_ns"), "{}", seen[&8].1);
+    assert_eq!(seen[&9].0, ReplyStatus::Good);
+    assert_eq!(seen[&9].2, fermata::node::exec::emulated_output(&[5; 2048]));
+    c.stop().unwrap();
+}

@@ -1,0 +1,154 @@
+//! The distributed runtime as real processes on loopback: `fermata scheduler`,
+//! `fermata backend`, `fermata frontend` started from the built binary, driven by a
+//! load generator in this (separate) process.
+
+use fermata::core::Dur;
+use fermata::node::loadgen::{self, LoadgenOpts};
+use fermata::node::procs::{ProcCluster, ProcOpts};
+use fermata::transport::tcp::Tcp;
+use fermata::workload::Workload;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+const WORKLOAD: &str = r#"
+name = "procs"
+gpus = 4
+rate_rps = 200
+[[models]]
+name = "cnn"
+alpha_ms = 0.5
+beta_ms = 2.0
+slo_ms = 40
+input_bytes = 150528
+[[models]]
+name = "mlp"
+alpha_ms = 0.2
+beta_ms = 1.0
+slo_ms = 20
+input_bytes = 512
+"#;
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
+}
+
+#[test]
+fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
+    let dir = std::env::temp_dir().join(format!("fermata-procs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.toml");
+    std::fs::write(&path, WORKLOAD).unwrap();
+    let w = Workload::from_file(&path).unwrap();
+    let c = ProcCluster::start(
+        &exe(),
+        &ProcOpts {
+            workload: path.clone(),
+            backend_gpus: vec![2, 2],
+            frontends: 2,
+            model_threads: 1,
+            input_bytes: None,
+            rank_spin_us: 20,
+            model_spin_us: 20,
+            scheduler_args: vec![],
+            verbose: false,
+        },
+    )
+    .unwrap();
+    let mut lo = LoadgenOpts::new(c.frontend_addrs.clone(), &w);
+    lo.rate_rps = 200.0;
+    lo.warmup = Dur::from_secs_f64(0.3);
+    lo.duration = Dur::from_secs_f64(2.0);
+    let r = loadgen::run(Arc::new(Tcp::new().unwrap()), &w, &lo);
+    let reps = c.stop();
+    let r = r.unwrap();
+    assert_eq!(r.unanswered, 0);
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(
+        r.wrong_outputs, 0,
+        "outputs are the emulated GPU's for each input"
+    );
+    assert!(r.sim.offered() > 300);
+    assert!(r.sim.bad_rate() < 0.05, "bad rate {}", r.sim.bad_rate());
+    // Every process printed its report; the frontends ended every request they took.
+    let s = reps.scheduler.expect("scheduler report");
+    assert_eq!(s["backends_registered"], 2);
+    assert_eq!(s["frontends_registered"], 2);
+    assert_eq!(s["plans_sent"], s["plans_done"]);
+    assert!(s["d_ctrl_us"].as_f64().unwrap() > 0.0);
+    let mut taken = 0;
+    for f in reps.frontends {
+        let f = f.expect("frontend report");
+        let n = |k: &str| f[k].as_u64().unwrap();
+        assert_eq!(
+            n("good") + n("late") + n("dropped") + n("failed"),
+            n("requests")
+        );
+        taken += n("requests");
+    }
+    assert_eq!(taken, r.sent);
+    for b in reps.backends {
+        let b = b.expect("backend report");
+        assert!(b["plans_run"].as_u64().unwrap() > 0 || b["tasks_run"].as_u64() == Some(0));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_starts_fast_and_reports() {
+    let out = Command::new(exe())
+        .args([
+            "serve",
+            "--duration-s",
+            "1",
+            "--warmup-s",
+            "0.2",
+            "--rate",
+            "500",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["startup_ms"].as_f64().unwrap() < 2000.0);
+    assert!(v["goodput_rps"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["unanswered"], 0);
+    assert_eq!(v["duplicates"], 0);
+    assert!(v["latency_ms_p99"].as_f64().is_some());
+}
+
+#[test]
+fn bad_arguments_and_unreachable_peers_fail_clearly() {
+    let run = |args: &[&str]| {
+        let o = Command::new(exe()).args(args).output().unwrap();
+        assert!(!o.status.success(), "{args:?} should fail");
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    let e = run(&["backend", "--gpus", "0"]);
+    assert!(e.contains("at least one GPU"), "{e}");
+    // Port 1 on loopback: nothing listens there.
+    let e = run(&["backend", "--scheduler", "127.0.0.1:1"]);
+    assert!(
+        e.contains("cannot reach the scheduler at 127.0.0.1:1"),
+        "{e}"
+    );
+    let e = run(&[
+        "frontend",
+        "--scheduler",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(e.contains("cannot reach the scheduler"), "{e}");
+    let e = run(&["serve", "--transport", "carrier-pigeon"]);
+    assert!(e.contains("unknown transport"), "{e}");
+    let e = run(&["serve", "--transport", "rdma", "--duration-s", "0.1"]);
+    assert!(e.contains("rdma") || e.contains("RDMA"), "{e}");
+}
