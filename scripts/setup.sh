@@ -15,8 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian/Ubuntu packages every build needs (none yet).
-APT_PACKAGES=()
+# Debian/Ubuntu packages the tests need: iproute2 (`ip netns`, veth, bridge) for the
+# multi-host test in network namespaces (tests/netns.rs).
+APT_PACKAGES=(iproute2)
 # Packages the `rdma` feature needs. ibverbs-sys configures its vendored rdma-core
 # with cmake (which wants pkg-config, libnl and python3) and generates its bindings
 # with bindgen (libclang); the crate links against the system libibverbs
