@@ -507,9 +507,12 @@ impl NetLoop {
                         model,
                         gpu,
                         exec_at_ns,
+                        sent_ns,
                         tasks,
                         ..
                     } => {
+                        let delay = (self.shared.clock.now() - Time(sent_ns)).0;
+                        self.shared.plan_delay.lock().expect("lock").push(delay);
                         let Some(&g) = self.gpu_map.get(&gpu) else {
                             eprintln!("fermata backend: plan {id} for GPU {gpu}, which is not ours; dropped");
                             return Ok(());
