@@ -163,3 +163,58 @@ pub fn by_name(name: &str) -> anyhow::Result<Arc<dyn Transport>> {
         other => anyhow::bail!("unknown transport `{other}` (expected inproc, tcp or rdma)"),
     }
 }
+
+/// The behaviour every transport must have, run by each implementation's tests:
+/// messages in order, `Closed` once on both sides, sends after close refused,
+/// region reads (a slot, an unattached peer, out of bounds) and a region server
+/// that goes away.
+#[cfg(test)]
+pub(crate) fn conformance(tr: &dyn Transport, listen: &str, region_at: &str) {
+    use crossbeam_channel::unbounded;
+    let t = Duration::from_secs(5);
+    let (stx, srx) = unbounded();
+    let l = tr.listen(listen, stx).unwrap();
+    assert!(
+        !l.local_addr().ends_with(":0"),
+        "the real address is reported"
+    );
+    let (ctx, crx) = unbounded();
+    let c = tr.connect(&l.local_addr(), ctx).unwrap();
+    let Event::Accepted(s) = srx.recv_timeout(t).unwrap() else {
+        panic!("accept")
+    };
+    c.send(Msg::ListModels).unwrap();
+    c.send(Msg::Unregister { reason: "x".into() }).unwrap();
+    match srx.recv_timeout(t).unwrap() {
+        Event::Msg(id, Msg::ListModels) => assert_eq!(id, s.id()),
+        _ => panic!("first message"),
+    }
+    assert!(matches!(
+        srx.recv_timeout(t).unwrap(),
+        Event::Msg(_, Msg::Unregister { .. })
+    ));
+    s.close("bye");
+    assert!(matches!(srx.recv_timeout(t).unwrap(), Event::Closed(id, _) if id == s.id()));
+    assert!(matches!(crx.recv_timeout(t).unwrap(), Event::Closed(id, _) if id == c.id()));
+    assert!(c.send(Msg::ListModels).is_err());
+
+    let reg = Arc::new(Region::new(1, 1 << 16).unwrap());
+    let r = reg.put(5, b"hello").unwrap();
+    let srv = tr.serve_region(reg.clone(), region_at).unwrap();
+    let rd = tr.reader().unwrap();
+    rd.attach(3, &srv.info()).unwrap();
+    let req = |peer, offset, len| ReadReq { peer, offset, len };
+    let out = rd.read_many(
+        &[req(3, r.offset, r.len), req(4, 0, 1), req(3, 1 << 16, 1)],
+        t,
+    );
+    assert_eq!(
+        SlotHeader::check(out[0].as_ref().unwrap(), 5).unwrap(),
+        b"hello"
+    );
+    assert!(matches!(out[1], Err(ReadError::Unreachable(_))));
+    assert_eq!(out[2], Err(ReadError::OutOfBounds));
+    drop(srv);
+    let out = rd.read_many(&[req(3, r.offset, r.len)], t);
+    assert!(matches!(out[0], Err(ReadError::Unreachable(_))), "{out:?}");
+}

@@ -177,16 +177,10 @@ impl Region {
 
     /// Copies `len` bytes at `offset` into `out` (cleared first).
     pub fn read_into(&self, offset: u64, len: u32, out: &mut Vec<u8>) -> Result<(), ReadError> {
-        let end = offset
-            .checked_add(len as u64)
-            .ok_or(ReadError::OutOfBounds)?;
-        if end > self.len {
-            return Err(ReadError::OutOfBounds);
-        }
-        let mem = self.mem.read().expect("region lock");
-        out.clear();
-        out.extend_from_slice(&mem[offset as usize..end as usize]);
-        Ok(())
+        self.with_slice(offset, len, |b| {
+            out.clear();
+            out.extend_from_slice(b);
+        })
     }
 
     /// Runs `f` on the bytes at `offset..offset+len` without copying them out

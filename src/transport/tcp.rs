@@ -1113,67 +1113,7 @@ mod tests {
     /// The in-process transport's test scenario, over loopback TCP.
     #[test]
     fn messages_regions_and_close() {
-        let tr = Tcp::new().unwrap();
-        let (stx, srx) = unbounded();
-        let l = tr.listen("127.0.0.1:0", stx).unwrap();
-        assert!(!l.local_addr().ends_with(":0"));
-        let (ctx, crx) = unbounded();
-        let c = tr.connect(&l.local_addr(), ctx).unwrap();
-        let Event::Accepted(s) = srx.recv().unwrap() else {
-            panic!("accept")
-        };
-        c.send(Msg::ListModels).unwrap();
-        match srx.recv().unwrap() {
-            Event::Msg(id, Msg::ListModels) => assert_eq!(id, s.id()),
-            _ => panic!("message"),
-        }
-        s.close("bye");
-        assert!(matches!(srx.recv().unwrap(), Event::Closed(id, r) if id == s.id() && r == "bye"));
-        let t = Duration::from_secs(5);
-        assert!(matches!(crx.recv_timeout(t).unwrap(), Event::Closed(id, _) if id == c.id()));
-        assert!(c.send(Msg::ListModels).is_err());
-
-        let reg = Arc::new(Region::new(1, 1 << 16).unwrap());
-        let r = reg.put(5, b"hello").unwrap();
-        let srv = tr.serve_region(reg.clone(), "127.0.0.1:0").unwrap();
-        let rd = tr.reader().unwrap();
-        rd.attach(3, &srv.info()).unwrap();
-        let out = rd.read_many(
-            &[
-                ReadReq {
-                    peer: 3,
-                    offset: r.offset,
-                    len: r.len,
-                },
-                ReadReq {
-                    peer: 4,
-                    offset: 0,
-                    len: 1,
-                },
-                ReadReq {
-                    peer: 3,
-                    offset: 1 << 16,
-                    len: 1,
-                },
-            ],
-            Duration::from_secs(5),
-        );
-        assert_eq!(
-            SlotHeader::check(out[0].as_ref().unwrap(), 5).unwrap(),
-            b"hello"
-        );
-        assert!(matches!(out[1], Err(ReadError::Unreachable(_))));
-        assert_eq!(out[2], Err(ReadError::OutOfBounds));
-        drop(srv);
-        let out = rd.read_many(
-            &[ReadReq {
-                peer: 3,
-                offset: r.offset,
-                len: r.len,
-            }],
-            Duration::from_secs(5),
-        );
-        assert!(matches!(out[0], Err(ReadError::Unreachable(_))), "{out:?}");
+        crate::transport::conformance(&Tcp::new().unwrap(), "127.0.0.1:0", "127.0.0.1:0");
     }
 
     #[test]
