@@ -463,11 +463,11 @@ fn backend_host_dies_under_load() {
     let load: serde_json::Value = serde_json::from_str(&out)
         .unwrap_or_else(|e| panic!("the load generator's output is not JSON ({e}): {out}"));
 
-    // The scheduler first: it counts a backend or frontend that unregisters when
-    // stopped as lost too.
-    let sched_rep = sched.stop();
+    // The surviving nodes leave on purpose (counted apart from the lost one),
+    // then the scheduler stops.
     let fe_rep = fe.stop();
     let be2_rep = be2.stop();
+    let sched_rep = sched.stop();
 
     let offered = u64_of(&load, "offered");
     let failed = u64_of(&load, "failed");
@@ -524,5 +524,7 @@ fn backend_host_dies_under_load() {
         "scheduler report: {sched_rep}"
     );
     assert_eq!(u64_of(&sched_rep, "backends_registered"), 2);
+    assert_eq!(u64_of(&sched_rep, "backends_left"), 1);
     assert_eq!(u64_of(&sched_rep, "frontends_lost"), 0);
+    assert_eq!(u64_of(&sched_rep, "frontends_left"), 1);
 }
