@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 /// planned start and must win the CPU then.
 const WORKER_NICE: i32 = -10;
 
+/// Reads of a new frontend's region to measure the pull cost at start-up.
+const PROBE_READS: usize = 8;
+
 /// Backend settings.
 pub struct BackendOpts {
     pub scheduler: String,
@@ -232,6 +235,7 @@ impl BackendNode {
             fe_conns: HashMap::new(),
             opts_timeout: opts.scheduler_timeout,
             last_pong: Instant::now(),
+            max_input: 0,
             verbose: opts.verbose,
         };
         let stop2 = stop.clone();
@@ -355,6 +359,8 @@ struct NetLoop {
     fe_conns: HashMap<ConnId, NodeId>,
     opts_timeout: Duration,
     last_pong: Instant,
+    /// Largest input of the models loaded (bytes).
+    max_input: u32,
     verbose: bool,
 }
 
@@ -443,6 +449,36 @@ impl NetLoop {
             }
         }
         Ok(())
+    }
+
+    /// Measures the pull cost from a new frontend at once (a few reads of the
+    /// largest input's size, off this thread), so d_data is known before the
+    /// first plans rather than learned from late ones.
+    fn probe_pull(&self, peer: NodeId, region_len: u64) {
+        let len = (self.max_input as u64 + SLOT_HEADER as u64).min(region_len) as u32;
+        let sh = self.shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("pull-probe".into())
+            .spawn(move || {
+                for _ in 0..PROBE_READS {
+                    let t0 = Instant::now();
+                    let r = sh.reader.read_many(
+                        &[ReadReq {
+                            peer,
+                            offset: 0,
+                            len,
+                        }],
+                        Duration::from_secs(1),
+                    );
+                    if r[0].is_err() {
+                        break;
+                    }
+                    sh.pull
+                        .lock()
+                        .expect("lock")
+                        .push(t0.elapsed().as_nanos() as i64);
+                }
+            });
     }
 
     fn loaded(&mut self, model: u32, res: Result<(), String>) {
@@ -539,6 +575,7 @@ impl NetLoop {
                                 return Ok(());
                             }
                         }
+                        self.max_input = self.max_input.max(model.input_bytes);
                         self.loading.insert(model.id, self.workers.len() as u32);
                         for w in &self.workers {
                             let _ = w.send(WorkerMsg::Load(model.clone(), ltx.clone()));
@@ -554,10 +591,11 @@ impl NetLoop {
                         ctrl_addr,
                         region,
                     } => {
-                        if let Err(e) = self.shared.reader.attach(node, &region) {
-                            eprintln!(
+                        match self.shared.reader.attach(node, &region) {
+                            Err(e) => eprintln!(
                                 "fermata backend: cannot attach frontend {node}'s region: {e:#}"
-                            );
+                            ),
+                            Ok(()) => self.probe_pull(node, region.len),
                         }
                         match self.transport.connect(&ctrl_addr, self.events.clone()) {
                         Ok(conn) => {

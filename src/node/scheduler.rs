@@ -25,7 +25,7 @@
 //! d_ctrl and d_data are measured, not guessed: backends report the p99 of their
 //! recent control delay (the larger of the plans' one-way delay, measured from the
 //! plan's send time on the scheduler's clock, and half the ping round trip) and of
-//! their input pull time per task; every `net_update` the scheduler sets
+//! their input pull time per task; every `net_update` (200 ms) the scheduler sets
 //! d_ctrl = max(floor, that p99 + 10%) and d_data = max(floor, p99 pull time per
 //! task), over its backends, and hands it to every ModelThread. The floors are the workload's `[network]` values;
 //! the measured parts are capped (`max_ctrl`, `max_data`, default 2 ms and 500 us)
@@ -88,7 +88,7 @@ impl Default for SchedulerOpts {
             model_threads: 1,
             heartbeat: Duration::from_millis(100),
             node_timeout: Duration::from_millis(1000),
-            net_update: Duration::from_millis(500),
+            net_update: Duration::from_millis(200),
             verbose: false,
             rank_spin: Dur::from_us(100),
             model_spin: Dur::from_us(100),
