@@ -111,11 +111,21 @@ impl Drop for Inner {
     }
 }
 
+/// Worker threads of each TCP transport's tokio runtime: `FERMATA_TCP_THREADS`
+/// (1 to 64), default 2.
+fn tcp_threads() -> usize {
+    std::env::var("FERMATA_TCP_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=64).contains(n))
+        .unwrap_or(2)
+}
+
 impl Tcp {
     /// A transport with its own runtime (2 worker threads named `fermata-tcp`).
     pub fn new() -> anyhow::Result<Tcp> {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(tcp_threads())
             .thread_name("fermata-tcp")
             .enable_all()
             .build()
