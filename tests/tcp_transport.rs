@@ -35,8 +35,8 @@ fn ping(seq: u64) -> Msg {
     Msg::Ping {
         seq,
         sent_ns: seq as i64 * 3,
-        rtt_p99_ns: 0,
-        pull_p99_ns: 0,
+        ctrl_delay_ns: 0,
+        pull_ns: 0,
     }
 }
 

@@ -330,11 +330,11 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             .prop_map(|items| Msg::Dropped { items })
             .boxed(),
         (any::<u64>(), any::<i64>(), any::<i64>(), any::<i64>())
-            .prop_map(|(seq, sent_ns, rtt_p99_ns, pull_p99_ns)| Msg::Ping {
+            .prop_map(|(seq, sent_ns, ctrl_delay_ns, pull_ns)| Msg::Ping {
                 seq,
                 sent_ns,
-                rtt_p99_ns,
-                pull_p99_ns,
+                ctrl_delay_ns,
+                pull_ns,
             })
             .boxed(),
         (any::<u64>(), any::<i64>(), any::<i64>())
@@ -600,8 +600,8 @@ fn some_msgs() -> Vec<Msg> {
         Msg::Ping {
             seq: 1,
             sent_ns: 2,
-            rtt_p99_ns: 3,
-            pull_p99_ns: 4,
+            ctrl_delay_ns: 3,
+            pull_ns: 4,
         },
         Msg::ListModels,
         Msg::Submit {

@@ -22,6 +22,7 @@ use crate::transport::{
 };
 use crate::wire::{
     DropCode, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, Role, TaskResult, TaskStatus,
+    NET_QUANTILE,
 };
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
@@ -88,7 +89,6 @@ pub struct BackendReport {
     pub lead_arrived_p50_us: f64,
     /// exec_at minus the moment its inputs were pulled, 1st percentile (us).
     pub lead_pulled_p1_us: f64,
-    pub rtt_p99_us: f64,
     pub clock_offset_us: f64,
     pub clock_error_us: f64,
     pub error: Option<String>,
@@ -278,7 +278,6 @@ impl BackendNode {
             lead_arrived_p1_us: q(&s.lead_arrived, 0.01),
             lead_arrived_p50_us: q(&s.lead_arrived, 0.5),
             lead_pulled_p1_us: q(&s.lead_pulled, 0.01),
-            rtt_p99_us: 0.0,
             clock_offset_us: s.clock.offset().as_us_f64(),
             clock_error_us: s.clock.error_bound().as_us_f64(),
             error: None,
@@ -369,9 +368,19 @@ impl NetLoop {
         let _ = self.shared.sched.send(Msg::Ping {
             seq,
             sent_ns: self.shared.clock.local().now().0,
-            rtt_p99_ns: (self.rtt.quantile(0.99) / 2)
-                .max(self.shared.plan_delay.lock().expect("lock").quantile(0.99)),
-            pull_p99_ns: self.shared.pull.lock().expect("lock").quantile(0.99),
+            ctrl_delay_ns: (self.rtt.quantile(NET_QUANTILE) / 2).max(
+                self.shared
+                    .plan_delay
+                    .lock()
+                    .expect("lock")
+                    .quantile(NET_QUANTILE),
+            ),
+            pull_ns: self
+                .shared
+                .pull
+                .lock()
+                .expect("lock")
+                .quantile(NET_QUANTILE),
         });
     }
 

@@ -117,8 +117,8 @@ impl FrontendNode {
             let _ = sched.send(Msg::Ping {
                 seq,
                 sent_ns: clock.local().now().0,
-                rtt_p99_ns: 0,
-                pull_p99_ns: 0,
+                ctrl_delay_ns: 0,
+                pull_ns: 0,
             });
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(Event::Msg(
@@ -297,8 +297,8 @@ impl Loop {
                 let _ = self.sched.send(Msg::Ping {
                     seq,
                     sent_ns: self.clock.local().now().0,
-                    rtt_p99_ns: 0,
-                    pull_p99_ns: 0,
+                    ctrl_delay_ns: 0,
+                    pull_ns: 0,
                 });
             }
             if self.sched_ok && now.duration_since(self.last_pong) > self.sched_timeout {

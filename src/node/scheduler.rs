@@ -22,12 +22,14 @@
 //!   node's role should not send closes that node's connection with a logged reason.
 //!
 //! # Network budget (Appendix D)
-//! d_ctrl and d_data are measured, not guessed: backends report the p99 of their
-//! recent control delay (the larger of the plans' one-way delay, measured from the
-//! plan's send time on the scheduler's clock, and half the ping round trip) and of
-//! their input pull time per task; every `net_update` (200 ms) the scheduler sets
-//! d_ctrl = max(floor, that p99 + 10%) and d_data = max(floor, p99 pull time per
-//! task), over its backends, and hands it to every ModelThread. The floors are the workload's `[network]` values;
+//! d_ctrl and d_data are measured, not guessed: backends report the p99.9
+//! ([`crate::wire::NET_QUANTILE`]) of their recent control delay (the larger of
+//! the plans' one-way delay, measured from the plan's send time on the
+//! scheduler's clock, and half the ping round trip) and of their input pull time
+//! per task; every `net_update` (200 ms) the scheduler sets d_ctrl = max(floor,
+//! that + 10%) and d_data = max(floor, that of the pull time per task), over its
+//! backends, and hands it to every ModelThread. The floors are the workload's
+//! `[network]` values;
 //! the measured parts are capped (`max_ctrl`, `max_data`, default 2 ms and 500 us)
 //! so that a burst of slow probes cannot make every request unschedulable.
 
@@ -118,9 +120,9 @@ pub struct SchedReport {
     /// Last applied d_ctrl / d_data (per task), microseconds.
     pub d_ctrl_us: f64,
     pub d_data_us: f64,
-    /// Backends' last reported p99 control delay and pull time per task (us).
-    pub rtt_p99_us: f64,
-    pub pull_p99_us: f64,
+    /// Backends' last reported control delay and pull time per task at p99.9 (us).
+    pub ctrl_delay_us: f64,
+    pub pull_us: f64,
 }
 
 struct GpuRoute {
@@ -390,8 +392,8 @@ enum NodeState {
     Backend {
         node: NodeId,
         gpus: Vec<GpuId>,
-        rtt_p99: i64,
-        pull_p99: i64,
+        ctrl_delay: i64,
+        pull: i64,
     },
     Frontend {
         node: NodeId,
@@ -530,15 +532,15 @@ impl EventLoop {
                     Msg::Ping {
                         seq,
                         sent_ns,
-                        rtt_p99_ns,
-                        pull_p99_ns,
+                        ctrl_delay_ns,
+                        pull_ns,
                     } => {
                         if let NodeState::Backend {
-                            rtt_p99, pull_p99, ..
+                            ctrl_delay, pull, ..
                         } = &mut cs.state
                         {
-                            *rtt_p99 = rtt_p99_ns;
-                            *pull_p99 = pull_p99_ns;
+                            *ctrl_delay = ctrl_delay_ns;
+                            *pull = pull_ns;
                         }
                         let _ = cs.conn.send(Msg::Pong {
                             seq,
@@ -773,8 +775,8 @@ impl EventLoop {
         cs.state = NodeState::Backend {
             node,
             gpus: ids,
-            rtt_p99: 0,
-            pull_p99: 0,
+            ctrl_delay: 0,
+            pull: 0,
         };
         self.report.backends_registered += 1;
         self.log(format!(
@@ -868,11 +870,13 @@ impl EventLoop {
         let (mut rtt, mut pull, mut n) = (0i64, 0i64, 0);
         for cs in self.conns.values() {
             if let NodeState::Backend {
-                rtt_p99, pull_p99, ..
+                ctrl_delay,
+                pull: p,
+                ..
             } = cs.state
             {
-                rtt = rtt.max(rtt_p99);
-                pull = pull.max(pull_p99);
+                rtt = rtt.max(ctrl_delay);
+                pull = pull.max(p);
                 n += 1;
             }
         }
@@ -880,8 +884,8 @@ impl EventLoop {
             // Nothing measured: keep the last budget.
             return;
         }
-        self.report.rtt_p99_us = rtt as f64 / 1e3;
-        self.report.pull_p99_us = pull as f64 / 1e3;
+        self.report.ctrl_delay_us = rtt as f64 / 1e3;
+        self.report.pull_us = pull as f64 / 1e3;
         let net = NetBudget {
             ctrl: self
                 .floors

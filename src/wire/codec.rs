@@ -522,7 +522,7 @@ wire_messages! {
     11 => PlanDone { id, gpu, status, started_ns, finished_ns, missing },
     12 => Results { items },
     13 => Dropped { items },
-    14 => Ping { seq, sent_ns, rtt_p99_ns, pull_p99_ns },
+    14 => Ping { seq, sent_ns, ctrl_delay_ns, pull_ns },
     15 => Pong { seq, echo_ns, sched_ns },
     16 => Infer { req, model, slo_ns, input },
     17 => InferReply { req, status, latency_ns, queue_ns, batch_size, output, message },
@@ -859,8 +859,8 @@ mod tests {
             Msg::Ping {
                 seq: 1,
                 sent_ns: 2,
-                rtt_p99_ns: 3,
-                pull_p99_ns: 4,
+                ctrl_delay_ns: 3,
+                pull_ns: 4,
             },
             Msg::Pong {
                 seq: 1,

@@ -62,6 +62,12 @@ pub const MAX_STR: usize = 4096;
 /// Largest number of items in one vector field (tasks of a submit or plan, GPUs...).
 pub const MAX_ITEMS: usize = 1 << 16;
 
+/// The percentile of measured delays that backends report for the network budget.
+/// A batch whose plan or inputs arrive later than budgeted is late or dropped as a
+/// whole, and goodput allows 1% bad requests, so p99 would spend the whole
+/// allowance on network tails alone: p99.9.
+pub const NET_QUANTILE: f64 = 0.999;
+
 /// A node's id, given by the scheduler at registration.
 pub type NodeId = u32;
 
@@ -298,11 +304,13 @@ pub enum Msg {
     Ping {
         seq: u64,
         sent_ns: i64,
-        /// Node's recent control delay, p99 (ns; 0 = none yet): a backend reports
-        /// the larger of its plans' one-way delay and half its ping round trip.
-        rtt_p99_ns: i64,
-        /// Backend's recent input pull cost per task, p99 (ns; 0 = none yet).
-        pull_p99_ns: i64,
+        /// Node's recent control delay at a high percentile ([`NET_QUANTILE`])
+        /// (ns; 0 = none yet): a backend reports the larger of its plans' one-way
+        /// delay and half its ping round trip.
+        ctrl_delay_ns: i64,
+        /// Backend's recent input pull time per task at the same percentile (ns;
+        /// 0 = none yet).
+        pull_ns: i64,
     },
     /// Answer to a ping: echoes `sent_ns`, adds the scheduler's clock at receipt.
     Pong {
