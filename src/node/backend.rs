@@ -6,9 +6,11 @@
 //! Threads: one network loop (scheduler and frontend connections, heartbeats), and
 //! per GPU a **puller** (reads a plan's inputs as soon as the plan arrives, so the
 //! pull overlaps the previous batch) and a **worker** (waits for `exec_at`, runs the
-//! executor, reports). A plan that cannot start by its latest start (the earliest
-//! deadline minus l(b)) is not run: its tasks end as `Dropped(TooLate)` and the
-//! scheduler hears `PlanDone{TooLate}`. Inputs that cannot be read (frontend gone,
+//! executor, reports). When a batch starts later than planned, the tasks that can
+//! no longer meet their deadline are left out, earliest deadline first (each one
+//! left out shortens the batch and may save the rest); they end as
+//! `Dropped(TooLate)`. A plan with none left is not run and the scheduler hears
+//! `PlanDone{TooLate}`. Inputs that cannot be read (frontend gone,
 //! slot reused, timeout) are left out of the batch and their tasks end as
 //! `InputMissing`; the rest of the batch runs.
 
@@ -72,7 +74,10 @@ impl BackendOpts {
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct BackendReport {
     pub plans_run: u64,
+    /// Plans not run at all: none of their tasks could still meet its deadline.
     pub plans_too_late: u64,
+    /// Tasks left out of their batch because it started too late for them.
+    pub tasks_too_late: u64,
     pub plans_failed: u64,
     pub tasks_run: u64,
     pub inputs_missing: u64,
@@ -113,6 +118,7 @@ struct Shared {
     dead: AtomicBool,
     plans_run: AtomicU64,
     plans_too_late: AtomicU64,
+    tasks_too_late: AtomicU64,
     plans_failed: AtomicU64,
     tasks_run: AtomicU64,
     inputs_missing: AtomicU64,
@@ -180,6 +186,7 @@ impl BackendNode {
             dead: AtomicBool::new(false),
             plans_run: AtomicU64::new(0),
             plans_too_late: AtomicU64::new(0),
+            tasks_too_late: AtomicU64::new(0),
             plans_failed: AtomicU64::new(0),
             tasks_run: AtomicU64::new(0),
             inputs_missing: AtomicU64::new(0),
@@ -267,6 +274,7 @@ impl BackendNode {
         BackendReport {
             plans_run: s.plans_run.load(Ordering::Relaxed),
             plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
+            tasks_too_late: s.tasks_too_late.load(Ordering::Relaxed),
             plans_failed: s.plans_failed.load(Ordering::Relaxed),
             tasks_run: s.tasks_run.load(Ordering::Relaxed),
             inputs_missing: s.inputs_missing.load(Ordering::Relaxed),
@@ -707,6 +715,21 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
     }
 }
 
+/// How many of a batch's tasks (deadlines sorted ascending) must be left out,
+/// earliest first, for the rest to finish by their deadlines when the batch starts
+/// at `start`.
+pub fn too_late_prefix(deadlines: &[Time], start: Time, prof: &LatencyProfile) -> usize {
+    let mut cut = 0;
+    while cut < deadlines.len() {
+        let n = ((deadlines.len() - cut) as u32).clamp(1, prof.max_batch());
+        if deadlines[cut] >= start + prof.latency(n) {
+            break;
+        }
+        cut += 1;
+    }
+    cut
+}
+
 /// The last moment `plan` can start with `n` tasks and meet its earliest deadline.
 fn latest_start(sh: &Shared, plan: &PlanMsg, n: usize) -> Time {
     let l = sh
@@ -747,22 +770,34 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
     // Wait for exec_at: sleep, then spin the last stretch.
     let at = sh.clock.instant_of(plan.exec_at);
     let now = Instant::now();
-    let spin = Duration::from_micros(30);
+    let spin = Duration::from_micros(100);
     if at > now + spin {
         std::thread::sleep(at - now - spin);
     }
     while Instant::now() < at {
         std::hint::spin_loop();
     }
-    let present: Vec<usize> = (0..inputs.len()).filter(|&i| inputs[i].is_some()).collect();
-    let missing = (inputs.len() - present.len()) as u32;
     let start = sh.clock.now();
     sh.start_delay
         .lock()
         .expect("lock")
         .push((start - plan.exec_at).0.max(0));
+    // The batch that runs: the tasks whose input arrived and that can still meet
+    // their deadline if it starts now. Earliest deadlines are checked first:
+    // leaving one out shortens the batch, which may save the others. (On time,
+    // none is left out: exec_at <= earliest deadline - l(b).)
+    let mut present: Vec<usize> = (0..inputs.len()).filter(|&i| inputs[i].is_some()).collect();
+    present.sort_by_key(|&i| plan.tasks[i].deadline_ns);
+    let missing = (inputs.len() - present.len()) as u32;
+    let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
+    let deadlines: Vec<Time> = present
+        .iter()
+        .map(|&i| Time(plan.tasks[i].deadline_ns))
+        .collect();
+    let cut = prof.map_or(0, |p| too_late_prefix(&deadlines, start, &p));
+    let (too_late, run) = present.split_at(cut);
     let mut by_fe: HashMap<NodeId, Vec<TaskResult>> = HashMap::new();
-    let ran = present.len() as u32;
+    let ran = run.len() as u32;
     let mut push = |id: u64, status: TaskStatus, fin: Time, output: Vec<u8>| {
         let batch_size = if status == TaskStatus::Ok { ran } else { 0 };
         by_fe.entry(task_owner(id)).or_default().push(TaskResult {
@@ -774,27 +809,24 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
             output,
         });
     };
+    for &i in too_late {
+        push(
+            plan.tasks[i].id,
+            TaskStatus::Dropped(DropCode::TooLate),
+            start,
+            Vec::new(),
+        );
+    }
+    sh.tasks_too_late
+        .fetch_add(too_late.len() as u64, Ordering::Relaxed);
     let status;
     let finished;
-    // The batch that runs: the tasks whose input arrived.
-    let run_tasks = PlanMsg {
-        tasks: present.iter().map(|&i| plan.tasks[i]).collect(),
-        ..plan.clone()
-    };
-    if !present.is_empty() && start > latest_start(sh, &run_tasks, present.len()) {
+    if run.is_empty() && !too_late.is_empty() {
         status = PlanStatus::TooLate;
         finished = start;
         sh.plans_too_late.fetch_add(1, Ordering::Relaxed);
-        for t in &plan.tasks {
-            push(
-                t.id,
-                TaskStatus::Dropped(DropCode::TooLate),
-                start,
-                Vec::new(),
-            );
-        }
     } else {
-        let refs: Vec<&[u8]> = present
+        let refs: Vec<&[u8]> = run
             .iter()
             .map(|&i| inputs[i].as_ref().expect("present").bytes())
             .collect();
@@ -809,7 +841,7 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
                 status = PlanStatus::Ran;
                 sh.plans_run.fetch_add(1, Ordering::Relaxed);
                 sh.tasks_run.fetch_add(outs.len() as u64, Ordering::Relaxed);
-                for (&i, o) in present.iter().zip(outs) {
+                for (&i, o) in run.iter().zip(outs) {
                     push(plan.tasks[i].id, TaskStatus::Ok, finished, o);
                 }
             }
@@ -824,17 +856,17 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
                 }
                 status = PlanStatus::Failed;
                 sh.plans_failed.fetch_add(1, Ordering::Relaxed);
-                for &i in &present {
+                for &i in run {
                     push(plan.tasks[i].id, TaskStatus::Failed, finished, Vec::new());
                 }
             }
         }
-        sh.inputs_missing
-            .fetch_add(missing as u64, Ordering::Relaxed);
-        for (i, t) in plan.tasks.iter().enumerate() {
-            if inputs[i].is_none() {
-                push(t.id, TaskStatus::InputMissing, finished, Vec::new());
-            }
+    }
+    sh.inputs_missing
+        .fetch_add(missing as u64, Ordering::Relaxed);
+    for (i, t) in plan.tasks.iter().enumerate() {
+        if inputs[i].is_none() {
+            push(t.id, TaskStatus::InputMissing, finished, Vec::new());
         }
     }
     if sh.dead.load(Ordering::Acquire) {
@@ -856,4 +888,26 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
         finished_ns: finished.0,
         missing,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Dur;
+
+    #[test]
+    fn a_late_batch_leaves_out_only_what_it_must() {
+        // l(b) = 1 ms * b + 5 ms.
+        let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
+        let ms = |v: i64| Time(v * 1_000_000);
+        // Four tasks, deadlines 9, 10, 12, 20 ms; l(4) = 9 ms.
+        let d = [ms(9), ms(10), ms(12), ms(20)];
+        assert_eq!(too_late_prefix(&d, ms(0), &p), 0, "on time");
+        // Starting at 1 ms: 1 + 9 > 9, drop the first; 1 + l(3) = 9 <= 10: keep 3.
+        assert_eq!(too_late_prefix(&d, ms(1), &p), 1);
+        // Starting at 5 ms: 5 + 8 > 10, 5 + 7 <= 12: keep the last two.
+        assert_eq!(too_late_prefix(&d, ms(5), &p), 2);
+        assert_eq!(too_late_prefix(&d, ms(16), &p), 4, "none can make it");
+        assert_eq!(too_late_prefix(&[], ms(0), &p), 0);
+    }
 }
