@@ -529,8 +529,26 @@ async fn accept_loop(
 struct TcpRegionServer {
     info: RegionInfo,
     /// Dropped with the server: its tasks see the channel closed and stop.
-    _stop: watch::Sender<()>,
+    stop: Option<watch::Sender<()>>,
+    /// One clone per running server task (accept loop, reader connections).
+    live: Arc<()>,
     _inner: Arc<Inner>,
+}
+
+impl Drop for TcpRegionServer {
+    /// Stops serving and, outside the runtime, waits (up to 2 s) until every
+    /// server task has ended and closed its socket, so no read is answered after
+    /// the drop returns.
+    fn drop(&mut self) {
+        self.stop.take();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let end = std::time::Instant::now() + Duration::from_secs(2);
+        while Arc::strong_count(&self.live) > 1 && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 impl RegionServer for TcpRegionServer {
@@ -543,6 +561,7 @@ async fn region_accept(
     listener: tokio::net::TcpListener,
     region: Arc<Region>,
     stop: watch::Receiver<()>,
+    live: Arc<()>,
 ) {
     let mut stop2 = stop.clone();
     let accept = async {
@@ -550,7 +569,13 @@ async fn region_accept(
             match listener.accept().await {
                 Ok((s, peer)) => {
                     let _ = s.set_nodelay(true);
-                    tokio::spawn(region_conn(s, peer, region.clone(), stop.clone()));
+                    tokio::spawn(region_conn(
+                        s,
+                        peer,
+                        region.clone(),
+                        stop.clone(),
+                        live.clone(),
+                    ));
                 }
                 Err(e) => {
                     eprintln!("fermata: region server: accepting a connection failed: {e}");
@@ -570,6 +595,7 @@ async fn region_conn(
     peer: SocketAddr,
     region: Arc<Region>,
     mut stop: watch::Receiver<()>,
+    _live: Arc<()>,
 ) {
     let serve = async {
         if let Err(e) = serve_reads(s, &region).await {
@@ -1098,10 +1124,14 @@ impl Transport for Tcp {
             base: 0,
         };
         let (stop, stop_rx) = watch::channel(());
-        self.inner.handle.spawn(region_accept(l, region, stop_rx));
+        let live = Arc::new(());
+        self.inner
+            .handle
+            .spawn(region_accept(l, region, stop_rx, live.clone()));
         Ok(Box::new(TcpRegionServer {
             info,
-            _stop: stop,
+            stop: Some(stop),
+            live,
             _inner: self.inner.clone(),
         }))
     }
