@@ -140,6 +140,11 @@ fn a_dead_backend_fails_its_tasks_and_the_rest_go_on() {
     std::thread::sleep(Duration::from_millis(1500));
     // The backend with GPU 0: deferred scheduling keeps the lowest GPUs busiest.
     let first = c.backend_gpus.iter().position(|g| g.contains(&0)).unwrap();
+    // Die while it has a plan in flight.
+    let t = std::time::Instant::now();
+    while c.backends[first].plans_in_flight() == 0 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::yield_now();
+    }
     let dead = c.backends.remove(first).crash();
     let r = rx.recv().unwrap().unwrap();
     let rep = c.stop().unwrap();
@@ -325,7 +330,15 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
     );
     assert_eq!(seen[&8].0, ReplyStatus::Failed);
     assert!(seen[&8].1.contains("slo_ns"), "{}", seen[&8].1);
-    assert_eq!(seen[&9].0, ReplyStatus::Good);
+    // A lone request is held to its frontrun moment, which leaves it only
+    // l(2) - l(1) = 0.5 ms of slack: on a busy machine it may come back late. What
+    // matters here is that it is served, with the right bytes.
+    assert!(
+        matches!(seen[&9].0, ReplyStatus::Good | ReplyStatus::Late),
+        "{:?}: {}",
+        seen[&9].0,
+        seen[&9].1
+    );
     assert_eq!(seen[&9].2, fermata::node::exec::emulated_output(&[5; 2048]));
     c.stop().unwrap();
 }

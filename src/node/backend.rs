@@ -5,9 +5,10 @@
 //!
 //! Threads: one network loop (scheduler and frontend connections, heartbeats), and
 //! per GPU a **puller** (reads a plan's inputs as soon as the plan arrives, so the
-//! pull overlaps the previous batch) and a **worker** (waits for `exec_at`, runs the
-//! executor, reports). When a batch starts later than planned, the tasks that can
-//! no longer meet their deadline are left out, earliest deadline first (each one
+//! pull overlaps the previous batch) and a **worker** (takes the pulled plans in
+//! `exec_at` order, waits for `exec_at`, runs the executor, reports). When a batch
+//! starts later than planned, the tasks that can no longer meet their deadline
+//! are left out, earliest deadline first (each one
 //! left out shortens the batch and may save the rest); they end as
 //! `Dropped(TooLate)`. A plan with none left is not run and the scheduler hears
 //! `PlanDone{TooLate}`. Inputs that cannot be read (frontend gone,
@@ -28,7 +29,7 @@ use crate::wire::{
 };
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -116,6 +117,9 @@ struct Shared {
     lead_pulled: Mutex<Recent>,
     /// Set when the node stops or crashes: workers send nothing more.
     dead: AtomicBool,
+    /// Plans received, and plans done (run, too late or failed).
+    plans_received: AtomicU64,
+    plans_ended: AtomicU64,
     plans_run: AtomicU64,
     plans_too_late: AtomicU64,
     tasks_too_late: AtomicU64,
@@ -129,6 +133,9 @@ enum WorkerMsg {
     Unload(u32),
     Run(PlanMsg, Vec<Option<Input>>),
 }
+
+/// A plan with its inputs pulled (None: could not be read).
+type Pulled = (PlanMsg, Vec<Option<Input>>);
 
 /// An input as read: the whole slot, header first, and the payload's length.
 struct Input {
@@ -184,6 +191,8 @@ impl BackendNode {
             lead_arrived: Mutex::new(Recent::new(2048)),
             lead_pulled: Mutex::new(Recent::new(2048)),
             dead: AtomicBool::new(false),
+            plans_received: AtomicU64::new(0),
+            plans_ended: AtomicU64::new(0),
             plans_run: AtomicU64::new(0),
             plans_too_late: AtomicU64::new(0),
             tasks_too_late: AtomicU64::new(0),
@@ -290,6 +299,14 @@ impl BackendNode {
             clock_error_us: s.clock.error_bound().as_us_f64(),
             error: None,
         }
+    }
+
+    /// Plans received and not yet ended (pulling, waiting or running).
+    pub fn plans_in_flight(&self) -> u64 {
+        let s = &self.shared;
+        s.plans_received
+            .load(Ordering::Relaxed)
+            .saturating_sub(s.plans_ended.load(Ordering::Relaxed))
     }
 
     /// Whether the network loop has ended (scheduler lost, or stopped).
@@ -564,6 +581,7 @@ impl NetLoop {
                         tasks,
                         ..
                     } => {
+                        self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
                         let delay = (self.shared.clock.now() - Time(sent_ns)).0;
                         self.shared.plan_delay.lock().expect("lock").push(delay);
                         let Some(&g) = self.gpu_map.get(&gpu) else {
@@ -748,18 +766,35 @@ fn latest_start(sh: &Shared, plan: &PlanMsg, n: usize) -> Time {
     Time(dl) - l
 }
 
+/// Runs one GPU: plans in `exec_at` order (those waiting are re-sorted before each
+/// batch), loads and unloads between batches.
 fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>) {
-    while let Ok(m) = rx.recv() {
-        match m {
-            WorkerMsg::Load(model, ack) => {
-                let r = exec.load(&model).map_err(|e| format!("{e:#}"));
-                let _ = ack.send((model.id, r));
+    let mut ready: BTreeMap<(Time, u64), Pulled> = BTreeMap::new();
+    let mut seq = 0u64;
+    loop {
+        let first = if ready.is_empty() {
+            match rx.recv() {
+                Ok(m) => Some(m),
+                Err(_) => break,
             }
-            WorkerMsg::Unload(model) => exec.unload(model),
-            WorkerMsg::Run(plan, inputs) => {
-                if sh.dead.load(Ordering::Acquire) {
-                    continue;
+        } else {
+            None
+        };
+        for m in first.into_iter().chain(rx.try_iter()) {
+            match m {
+                WorkerMsg::Load(model, ack) => {
+                    let r = exec.load(&model).map_err(|e| format!("{e:#}"));
+                    let _ = ack.send((model.id, r));
                 }
+                WorkerMsg::Unload(model) => exec.unload(model),
+                WorkerMsg::Run(plan, inputs) => {
+                    seq += 1;
+                    ready.insert((plan.exec_at, seq), (plan, inputs));
+                }
+            }
+        }
+        if let Some((_, (plan, inputs))) = ready.pop_first() {
+            if !sh.dead.load(Ordering::Acquire) {
                 run_plan(&sh, exec.as_mut(), plan, inputs);
             }
         }
@@ -869,6 +904,7 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
             push(t.id, TaskStatus::InputMissing, finished, Vec::new());
         }
     }
+    sh.plans_ended.fetch_add(1, Ordering::Relaxed);
     if sh.dead.load(Ordering::Acquire) {
         return;
     }

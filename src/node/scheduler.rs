@@ -28,7 +28,10 @@
 //! scheduler's clock, and half the ping round trip) and of their input pull time
 //! per task; every `net_update` (200 ms) the scheduler sets d_ctrl = max(floor,
 //! that + 10%) and d_data = max(floor, that of the pull time per task), over its
-//! backends, and hands it to every ModelThread. The floors are the workload's
+//! backends, and hands it to every ModelThread. Results travel one hop back to the
+//! frontend, so the response budget (`resp`) gets the same value as d_ctrl. A
+//! backend's measurements from its pings before registering apply as soon as its
+//! GPUs enter service. The floors are the workload's
 //! `[network]` values;
 //! the measured parts are capped (`max_ctrl`, `max_data`, default 2 ms and 500 us)
 //! so that a burst of slow probes cannot make every request unschedulable.
@@ -392,8 +395,6 @@ enum NodeState {
     Backend {
         node: NodeId,
         gpus: Vec<GpuId>,
-        ctrl_delay: i64,
-        pull: i64,
     },
     Frontend {
         node: NodeId,
@@ -406,6 +407,10 @@ struct ConnState {
     conn: Arc<dyn Conn>,
     state: NodeState,
     last_seen: Instant,
+    /// What the node last measured (from its pings, also those sent before it
+    /// registered): control delay and pull time per task, ns.
+    ctrl_delay: i64,
+    pull: i64,
 }
 
 struct EventLoop {
@@ -519,6 +524,8 @@ impl EventLoop {
                         conn,
                         state: NodeState::New,
                         last_seen: Instant::now(),
+                        ctrl_delay: 0,
+                        pull: 0,
                     },
                 );
             }
@@ -535,13 +542,8 @@ impl EventLoop {
                         ctrl_delay_ns,
                         pull_ns,
                     } => {
-                        if let NodeState::Backend {
-                            ctrl_delay, pull, ..
-                        } = &mut cs.state
-                        {
-                            *ctrl_delay = ctrl_delay_ns;
-                            *pull = pull_ns;
-                        }
+                        cs.ctrl_delay = ctrl_delay_ns;
+                        cs.pull = pull_ns;
                         let _ = cs.conn.send(Msg::Pong {
                             seq,
                             echo_ns: sent_ns,
@@ -772,17 +774,15 @@ impl EventLoop {
             let got = rt.add_gpu();
             debug_assert_eq!(got, id);
         }
-        cs.state = NodeState::Backend {
-            node,
-            gpus: ids,
-            ctrl_delay: 0,
-            pull: 0,
-        };
+        cs.state = NodeState::Backend { node, gpus: ids };
         self.report.backends_registered += 1;
         self.log(format!(
             "backend node {node} in service with GPUs {first}..{}",
             first + gpus
         ));
+        // Its measurements so far (from the pings before it registered) count at
+        // once, before the first plan.
+        self.update_net();
     }
 
     /// Connection `c` is gone (closed, broken, timed out or rejected).
@@ -869,14 +869,9 @@ impl EventLoop {
     fn update_net(&mut self) {
         let (mut rtt, mut pull, mut n) = (0i64, 0i64, 0);
         for cs in self.conns.values() {
-            if let NodeState::Backend {
-                ctrl_delay,
-                pull: p,
-                ..
-            } = cs.state
-            {
-                rtt = rtt.max(ctrl_delay);
-                pull = pull.max(p);
+            if let NodeState::Backend { .. } = cs.state {
+                rtt = rtt.max(cs.ctrl_delay);
+                pull = pull.max(cs.pull);
                 n += 1;
             }
         }
@@ -895,10 +890,17 @@ impl EventLoop {
                 .floors
                 .data_per_req
                 .max(Dur(pull).min(self.opts.max_data)),
-            resp: self.floors.resp,
+            // Results travel one hop (backend to frontend), like a plan.
+            resp: self
+                .floors
+                .resp
+                .max(Dur(rtt + rtt / 10).min(self.opts.max_ctrl)),
         };
         let changed = |a: Dur, b: Dur| (a.0 - b.0).abs() * 10 > b.0.max(1_000);
-        if changed(net.ctrl, self.net.ctrl) || changed(net.data_per_req, self.net.data_per_req) {
+        if changed(net.ctrl, self.net.ctrl)
+            || changed(net.data_per_req, self.net.data_per_req)
+            || changed(net.resp, self.net.resp)
+        {
             self.log(format!(
                 "network budget: d_ctrl {:.0} us, d_data {:.1} us per task",
                 net.ctrl.as_us_f64(),
