@@ -9,8 +9,8 @@
 //! the emulated GPU's (the input's length and hash).
 
 use super::exec::emulated_output;
-use crate::core::{structs::IndexedHeap, Dur, Time};
-use crate::sim::arrivals::model_gens;
+use crate::core::{Dur, Time};
+use crate::sim::arrivals::{model_gens, MergedArrivals};
 use crate::sim::{new_hist, ModelResult, SimResult};
 use crate::transport::{Conn, Event, Transport};
 use crate::wire::{Msg, ReplyStatus};
@@ -162,27 +162,15 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         expect.push(p.iter().map(|b| emulated_output(b)).collect());
         pools.push(p);
     }
-    let mut gens = model_gens(w, o.arrival, o.rate_rps, o.seed, None);
-    let horizon = Time::ZERO + o.warmup + o.duration;
+    let mut arrivals = MergedArrivals::new(
+        model_gens(w, o.arrival, o.rate_rps, o.seed, None),
+        Time::ZERO + o.warmup + o.duration,
+    );
     let win_start = Time::ZERO + o.warmup;
-    let mut next: IndexedHeap<Time> = IndexedHeap::new();
-    for (i, g) in gens.iter().enumerate() {
-        if g.peek() < horizon {
-            next.set(i, g.peek());
-        }
-    }
     let mut models: Vec<ModelResult> = w
         .models
         .iter()
-        .map(|m| ModelResult {
-            name: m.spec.name.clone(),
-            offered: 0,
-            good: 0,
-            late: 0,
-            dropped: 0,
-            batch_requests: Vec::new(),
-            queuing_us: new_hist(),
-        })
+        .map(|m| ModelResult::new(&m.spec.name))
         .collect();
     let mut recs: Vec<Rec> = Vec::with_capacity(
         (o.rate_rps * (o.warmup + o.duration).as_secs_f64() * 1.1) as usize + 16,
@@ -275,17 +263,11 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
     loop {
         let now = Instant::now();
         let rel = Time(now.saturating_duration_since(t0).as_nanos() as i64);
-        while let Some((m, t)) = next.peek() {
+        while let Some((_, t)) = arrivals.peek() {
             if t > rel {
                 break;
             }
-            let g = &mut gens[m];
-            g.advance();
-            if g.peek() < horizon {
-                next.set(m, g.peek());
-            } else {
-                next.remove(m);
-            }
+            let (m, t) = arrivals.pop().expect("peeked");
             let req = recs.len() as u64;
             let pool = (req % pools[m].len() as u64) as u32;
             let in_window = t >= win_start;
@@ -313,11 +295,11 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
             }
             last_arrival = now;
         }
-        let done_sending = next.is_empty();
+        let done_sending = arrivals.is_empty();
         if done_sending && (open == 0 || now.duration_since(last_arrival) > o.drain) {
             break;
         }
-        let wait = match next.peek() {
+        let wait = match arrivals.peek() {
             Some((_, t)) => Duration::from_nanos((t - rel).0.max(0) as u64),
             None => Duration::from_millis(5),
         };

@@ -262,8 +262,15 @@ impl Outlet for Routes {
     }
 
     fn drop_task(&self, _model: ModelId, task: Task, reason: DropReason, _at: Time) {
+        // Called once per dropped task from the ModelThreads: straight to its
+        // frontend, without `notify`'s grouping.
         self.dropped.fetch_add(1, Ordering::Relaxed);
-        self.notify([task.id.0], drop_code(reason));
+        let fes = self.frontends.read().expect("routes lock");
+        if let Some(c) = fes.get(&task_owner(task.id.0)) {
+            let _ = c.send(Msg::Dropped {
+                items: vec![(task.id.0, drop_code(reason))],
+            });
+        }
     }
 }
 

@@ -12,9 +12,8 @@
 use super::clock::Clock;
 use super::sched::{new_hist, GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
 use super::wait::Waiter;
-use crate::core::structs::IndexedHeap;
 use crate::core::{DropReason, Dur, ModelId, Plan, Task, TaskId, Time};
-use crate::sim::arrivals::{model_gens, ArrivalGen};
+use crate::sim::arrivals::{model_gens, MergedArrivals};
 use crate::sim::{dispatcher_config, ModelResult, SimOptions, SimResult};
 use crate::workload::Workload;
 use anyhow::Result;
@@ -568,8 +567,7 @@ struct GenResult {
 /// merged in time order and handed in at least every `gen_quantum`.
 struct LoadGen {
     slo: Vec<Dur>,
-    gens: Vec<ArrivalGen>,
-    next: IndexedHeap<Time>,
+    arrivals: MergedArrivals,
     t0: Time,
     win_start: Time,
     end: Time,
@@ -585,17 +583,9 @@ impl LoadGen {
     fn new(w: &Workload, opt: &SimOptions, rt: &RtOptions, t0: Time, end: Time) -> LoadGen {
         let trace = (!rt.rate_steps.is_empty()).then_some(rt.rate_steps.as_slice());
         let gens = model_gens(w, opt.arrival, opt.rate_rps, opt.seed, trace);
-        let mut next = IndexedHeap::new();
-        let horizon = Time::ZERO + (end - t0);
-        for (i, g) in gens.iter().enumerate() {
-            if g.peek() < horizon {
-                next.set(i, g.peek());
-            }
-        }
         LoadGen {
             slo: w.models.iter().map(|m| m.spec.slo).collect(),
-            gens,
-            next,
+            arrivals: MergedArrivals::new(gens, Time::ZERO + (end - t0)),
             t0,
             win_start: end - opt.duration,
             end,
@@ -618,18 +608,11 @@ impl LoadGen {
         quantum: Dur,
     ) -> Option<Time> {
         let rel = now - self.t0;
-        let horizon = Time::ZERO + (self.end - self.t0);
-        while let Some((m, t)) = self.next.peek() {
+        while let Some((_, t)) = self.arrivals.peek() {
             if t.0 > rel.0 {
                 break;
             }
-            let g = &mut self.gens[m];
-            g.advance();
-            if g.peek() < horizon {
-                self.next.set(m, g.peek());
-            } else {
-                self.next.remove(m);
-            }
+            let (m, t) = self.arrivals.pop().expect("peeked");
             let arrival = self.t0 + Dur(t.0);
             let task = Task {
                 id: TaskId(self.id),
@@ -654,7 +637,7 @@ impl LoadGen {
             self.n_refused += 1;
             ledger.end(m, &t, Outcome::Dropped);
         }
-        match self.next.peek() {
+        match self.arrivals.peek() {
             Some((_, t)) => Some((self.t0 + Dur(t.0)).max(now + quantum)),
             // No more arrivals: the frontends stay up (idle) until the run's end.
             None if now < self.end => Some(self.end),

@@ -165,6 +165,54 @@ pub fn model_gens(
         .collect()
 }
 
+/// Every model's arrivals merged in time order, up to `horizon` (exclusive): the
+/// simulator, the fake frontends and the load generator all draw from one.
+pub struct MergedArrivals {
+    gens: Vec<ArrivalGen>,
+    next: crate::core::structs::IndexedHeap<Time>,
+    horizon: Time,
+}
+
+impl MergedArrivals {
+    pub fn new(gens: Vec<ArrivalGen>, horizon: Time) -> MergedArrivals {
+        let mut next = crate::core::structs::IndexedHeap::new();
+        for (i, g) in gens.iter().enumerate() {
+            if g.peek() < horizon {
+                next.set(i, g.peek());
+            }
+        }
+        MergedArrivals {
+            gens,
+            next,
+            horizon,
+        }
+    }
+
+    /// The next arrival: (model, time); None when none is left before the horizon.
+    #[inline]
+    pub fn peek(&self) -> Option<(usize, Time)> {
+        self.next.peek()
+    }
+
+    /// Takes the next arrival.
+    #[inline]
+    pub fn pop(&mut self) -> Option<(usize, Time)> {
+        let (m, _) = self.next.peek()?;
+        let g = &mut self.gens[m];
+        let t = g.advance();
+        if g.peek() < self.horizon {
+            self.next.set(m, g.peek());
+        } else {
+            self.next.remove(m);
+        }
+        Some((m, t))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.next.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

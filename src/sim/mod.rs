@@ -8,7 +8,6 @@
 pub mod arrivals;
 
 use crate::core::nexus::NexusCore;
-use crate::core::structs::IndexedHeap;
 use crate::core::{
     Dispatcher, DispatcherConfig, Dur, GpuId, ModelId, Output, Plan, PlanId, Policy, Scheduler,
     Task, TaskId, Time,
@@ -81,6 +80,19 @@ pub struct ModelResult {
 }
 
 impl ModelResult {
+    /// No requests yet.
+    pub fn new(name: &str) -> ModelResult {
+        ModelResult {
+            name: name.to_string(),
+            offered: 0,
+            good: 0,
+            late: 0,
+            dropped: 0,
+            batch_requests: Vec::new(),
+            queuing_us: new_hist(),
+        }
+    }
+
     pub fn bad(&self) -> u64 {
         self.late + self.dropped
     }
@@ -389,13 +401,10 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
     let wall = std::time::Instant::now();
     let win_start = Time::ZERO + opt.warmup;
     let win_end = win_start + opt.duration;
-    let mut gens = arrivals::model_gens(w, opt.arrival, opt.rate_rps, opt.seed, None);
-    let mut next_arrival: IndexedHeap<Time> = IndexedHeap::new();
-    for (i, g) in gens.iter().enumerate() {
-        if g.peek() < win_end {
-            next_arrival.set(i, g.peek());
-        }
-    }
+    let mut arrivals = arrivals::MergedArrivals::new(
+        arrivals::model_gens(w, opt.arrival, opt.rate_rps, opt.seed, None),
+        win_end,
+    );
     let mut e = Engine {
         w,
         opt: opt.clone(),
@@ -404,15 +413,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
         models: w
             .models
             .iter()
-            .map(|m| ModelResult {
-                name: m.spec.name.clone(),
-                offered: 0,
-                good: 0,
-                late: 0,
-                dropped: 0,
-                batch_requests: Vec::new(),
-                queuing_us: new_hist(),
-            })
+            .map(|m| ModelResult::new(&m.spec.name))
             .collect(),
         gpu_free: vec![Time::EPOCH_MIN; w.gpus as usize],
         gpu_busy_ns: vec![0; w.gpus as usize],
@@ -433,7 +434,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
     let mut clock = Time::EPOCH_MIN;
     let frontends = w.frontends.max(1) as u64;
     loop {
-        let ta = next_arrival.peek().map(|(_, t)| t).unwrap_or(Time::NEVER);
+        let ta = arrivals.peek().map(|(_, t)| t).unwrap_or(Time::NEVER);
         let tc = core.next_timeout().unwrap_or(Time::NEVER);
         let td = e.completions.peek().map(|r| r.0 .0).unwrap_or(Time::NEVER);
         let next = ta.min(tc).min(td);
@@ -449,14 +450,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
         } else if tc == next {
             core.handle_timeout(now);
         } else {
-            let (m, _) = next_arrival.peek().expect("peeked");
-            let gen = &mut gens[m];
-            let t = gen.advance();
-            if gen.peek() < win_end {
-                next_arrival.set(m, gen.peek());
-            } else {
-                next_arrival.remove(m);
-            }
+            let (m, t) = arrivals.pop().expect("peeked");
             let spec = &w.models[m].spec;
             let task = Task {
                 id: TaskId(next_id),
