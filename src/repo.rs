@@ -1,0 +1,563 @@
+//! The model repository: real models on disk, their metadata and their measured
+//! latency profiles.
+//!
+//! A repository is a directory (`models/` by default). Each model `STEM` has:
+//!
+//! * `STEM.onnx` — the ONNX file, with a dynamic first (batch) dimension;
+//! * `STEM.json` — its [`ModelMeta`]: input and output tensors (name, KServe
+//!   datatype, shape with `-1` as the batch dimension), default SLO, largest batch;
+//! * `STEM.profile-DEVICE.json` — a [`ProfileFile`] written by `fermata profile`
+//!   (`DEVICE` is `cpu` for the ONNX Runtime CPU provider, `cuda` for the CUDA
+//!   provider). The scheduler refuses a model without one, and says how to make it.
+//!
+//! # One request's bytes
+//! A request carries one sample. Its input bytes, as frontends store them and
+//! backends pull them, are each input tensor's raw little-endian bytes for that
+//! sample (the shape without the batch dimension), concatenated in the order of
+//! `inputs`. A result's output bytes are laid out the same way from `outputs`.
+//! [`ModelMeta::input_bytes`] and [`ModelMeta::output_bytes`] give the sizes.
+
+use crate::core::{Dur, LatencyProfile, ModelSpec};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A tensor element type, named as in the KServe v2 protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DType {
+    #[serde(rename = "BOOL")]
+    Bool,
+    #[serde(rename = "UINT8")]
+    U8,
+    #[serde(rename = "INT8")]
+    I8,
+    #[serde(rename = "INT32")]
+    I32,
+    #[serde(rename = "INT64")]
+    I64,
+    #[serde(rename = "FP16")]
+    F16,
+    #[serde(rename = "FP32")]
+    F32,
+    #[serde(rename = "FP64")]
+    F64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::F16 => 2,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 | DType::F64 => 8,
+        }
+    }
+    /// The KServe v2 name ("FP32", ...).
+    pub fn kserve_name(self) -> &'static str {
+        match self {
+            DType::Bool => "BOOL",
+            DType::U8 => "UINT8",
+            DType::I8 => "INT8",
+            DType::I32 => "INT32",
+            DType::I64 => "INT64",
+            DType::F16 => "FP16",
+            DType::F32 => "FP32",
+            DType::F64 => "FP64",
+        }
+    }
+    /// Parses a KServe v2 name.
+    pub fn from_kserve(s: &str) -> Option<DType> {
+        Some(match s {
+            "BOOL" => DType::Bool,
+            "UINT8" => DType::U8,
+            "INT8" => DType::I8,
+            "INT32" => DType::I32,
+            "INT64" => DType::I64,
+            "FP16" => DType::F16,
+            "FP32" => DType::F32,
+            "FP64" => DType::F64,
+            _ => return None,
+        })
+    }
+}
+
+/// One input or output tensor of a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorMeta {
+    pub name: String,
+    pub datatype: DType,
+    /// Full shape; the first dimension is the batch and must be `-1`.
+    pub shape: Vec<i64>,
+}
+
+impl TensorMeta {
+    /// The shape of one sample (without the batch dimension).
+    pub fn sample_shape(&self) -> &[i64] {
+        &self.shape[1..]
+    }
+    /// Elements in one sample.
+    pub fn sample_elems(&self) -> usize {
+        self.sample_shape().iter().map(|&d| d as usize).product()
+    }
+    /// Bytes in one sample.
+    pub fn sample_bytes(&self) -> usize {
+        self.sample_elems() * self.datatype.size()
+    }
+    fn check(&self, what: &str) -> Result<()> {
+        if self.name.is_empty() {
+            bail!("{what}: empty tensor name");
+        }
+        if self.shape.first() != Some(&-1) {
+            bail!(
+                "{what} `{}`: the first dimension must be -1 (the batch), got {:?}",
+                self.name,
+                self.shape
+            );
+        }
+        if let Some(d) = self.sample_shape().iter().find(|&&d| d <= 0) {
+            bail!(
+                "{what} `{}`: every dimension after the batch must be positive, got {d} in {:?}",
+                self.name,
+                self.shape
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A model's metadata file (`STEM.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelMeta {
+    /// The served name (the file stem).
+    pub name: String,
+    pub inputs: Vec<TensorMeta>,
+    pub outputs: Vec<TensorMeta>,
+    /// Default SLO of a request (ms); a request's `timeout` parameter overrides it.
+    pub slo_ms: f64,
+    /// The largest batch the model is run with (and profiled up to).
+    pub max_batch: u32,
+    /// What the model is, for people.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// Largest per-request input or output a model may declare.
+pub const MAX_SAMPLE_BYTES: usize = crate::workload::MAX_INPUT_BYTES as usize;
+
+impl ModelMeta {
+    /// Checks the metadata makes sense; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.name.is_empty() {
+            bail!("`name` is empty");
+        }
+        if self.inputs.is_empty() {
+            bail!("`inputs` is empty");
+        }
+        if self.outputs.is_empty() {
+            bail!("`outputs` is empty");
+        }
+        for t in &self.inputs {
+            t.check("input")?;
+        }
+        for t in &self.outputs {
+            t.check("output")?;
+        }
+        if !(self.slo_ms.is_finite() && self.slo_ms > 0.0) {
+            bail!("`slo_ms` must be positive, got {}", self.slo_ms);
+        }
+        if !(1..=1024).contains(&self.max_batch) {
+            bail!("`max_batch` must be in 1..=1024, got {}", self.max_batch);
+        }
+        if self.input_bytes() == 0 || self.input_bytes() > MAX_SAMPLE_BYTES {
+            bail!(
+                "one sample's inputs are {} bytes; the limit is {MAX_SAMPLE_BYTES}",
+                self.input_bytes()
+            );
+        }
+        if self.output_bytes() > MAX_SAMPLE_BYTES {
+            bail!(
+                "one sample's outputs are {} bytes; the limit is {MAX_SAMPLE_BYTES}",
+                self.output_bytes()
+            );
+        }
+        Ok(())
+    }
+    /// Bytes of one request's inputs (all input tensors of one sample).
+    pub fn input_bytes(&self) -> usize {
+        self.inputs.iter().map(TensorMeta::sample_bytes).sum()
+    }
+    /// Bytes of one result's outputs.
+    pub fn output_bytes(&self) -> usize {
+        self.outputs.iter().map(TensorMeta::sample_bytes).sum()
+    }
+    pub fn from_json(text: &str) -> Result<ModelMeta> {
+        let m: ModelMeta = serde_json::from_str(text)?;
+        m.validate()?;
+        Ok(m)
+    }
+}
+
+/// A latency profile measured by `fermata profile` (`STEM.profile-DEVICE.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFile {
+    pub model: String,
+    /// `onnx` (ONNX Runtime, CPU provider), `cuda` (ONNX Runtime, CUDA provider)
+    /// or `emulated`.
+    pub executor: String,
+    /// What it ran on, for people (CPU model, GPU name).
+    pub device: String,
+    /// The fit l(b) = alpha_ms * b + beta_ms, what the scheduler uses.
+    pub alpha_ms: f64,
+    pub beta_ms: f64,
+    pub max_batch: u32,
+    /// What was measured: batch sizes and l(b) median and p99 over the repeats (ms).
+    pub batch_sizes: Vec<u32>,
+    pub median_ms: Vec<f64>,
+    pub p99_ms: Vec<f64>,
+    pub repeats: u32,
+    /// How well the line fits the medians.
+    pub fit: LinearFit,
+    /// When it was measured (RFC 3339 or seconds since the epoch; for people).
+    #[serde(default)]
+    pub measured_at: String,
+}
+
+impl ProfileFile {
+    pub fn validate(&self) -> Result<()> {
+        if !(self.alpha_ms.is_finite() && self.alpha_ms >= 0.0) {
+            bail!("`alpha_ms` must be >= 0, got {}", self.alpha_ms);
+        }
+        if !(self.beta_ms.is_finite() && self.beta_ms >= 0.0) {
+            bail!("`beta_ms` must be >= 0, got {}", self.beta_ms);
+        }
+        if self.alpha_ms == 0.0 && self.beta_ms == 0.0 {
+            bail!("`alpha_ms` and `beta_ms` are both 0");
+        }
+        if self.max_batch == 0 {
+            bail!("`max_batch` must be positive");
+        }
+        if self.batch_sizes.len() != self.median_ms.len()
+            || self.p99_ms.len() != self.median_ms.len()
+        {
+            bail!("`batch_sizes`, `median_ms` and `p99_ms` differ in length");
+        }
+        Ok(())
+    }
+    /// The scheduler's profile.
+    pub fn latency_profile(&self) -> Result<LatencyProfile> {
+        LatencyProfile::linear(
+            Dur::from_ms_f64(self.alpha_ms),
+            Dur::from_ms_f64(self.beta_ms),
+            self.max_batch,
+        )
+        .map_err(|e| anyhow::anyhow!("bad profile: {e}"))
+    }
+    pub fn load(path: &Path) -> Result<ProfileFile> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let p: ProfileFile = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a profile file", path.display()))?;
+        p.validate()
+            .with_context(|| format!("{}: bad profile", path.display()))?;
+        Ok(p)
+    }
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.validate()?;
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// A least-squares line through measured points and how well it fits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinearFit {
+    /// Slope (ms per request in the batch).
+    pub alpha_ms: f64,
+    /// Intercept (ms).
+    pub beta_ms: f64,
+    /// Root mean square of the residuals (ms).
+    pub rmse_ms: f64,
+    /// Largest |residual| / measured value.
+    pub max_rel_err: f64,
+    /// Coefficient of determination (1 when every point lies on the line).
+    pub r2: f64,
+}
+
+/// Fits y = alpha * x + beta by ordinary least squares. Needs two distinct x.
+pub fn fit_linear(x: &[f64], y: &[f64]) -> Result<LinearFit> {
+    if x.len() != y.len() {
+        bail!("{} batch sizes but {} latencies", x.len(), y.len());
+    }
+    let n = x.len() as f64;
+    if x.len() < 2 {
+        bail!("a fit needs at least two batch sizes");
+    }
+    let mx = x.iter().sum::<f64>() / n;
+    let my = y.iter().sum::<f64>() / n;
+    let sxx: f64 = x.iter().map(|v| (v - mx) * (v - mx)).sum();
+    if sxx == 0.0 {
+        bail!("a fit needs at least two different batch sizes");
+    }
+    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let alpha = sxy / sxx;
+    let beta = my - alpha * mx;
+    let res: Vec<f64> = x
+        .iter()
+        .zip(y)
+        .map(|(a, b)| b - (alpha * a + beta))
+        .collect();
+    let ss_res: f64 = res.iter().map(|r| r * r).sum();
+    let ss_tot: f64 = y.iter().map(|v| (v - my) * (v - my)).sum();
+    let max_rel_err = res
+        .iter()
+        .zip(y)
+        .map(|(r, v)| if *v != 0.0 { (r / v).abs() } else { r.abs() })
+        .fold(0.0, f64::max);
+    Ok(LinearFit {
+        alpha_ms: alpha,
+        beta_ms: beta,
+        rmse_ms: (ss_res / n).sqrt(),
+        max_rel_err,
+        r2: if ss_tot == 0.0 {
+            1.0
+        } else {
+            1.0 - ss_res / ss_tot
+        },
+    })
+}
+
+/// The profile file name of a model for an executor (`onnx` → `cpu`, `cuda` →
+/// `cuda`, anything else → itself).
+pub fn profile_path(dir: &Path, stem: &str, executor: &str) -> PathBuf {
+    let device = match executor {
+        "onnx" | "cpu" => "cpu",
+        other => other,
+    };
+    dir.join(format!("{stem}.profile-{device}.json"))
+}
+
+/// One model of a repository, resolved.
+#[derive(Debug, Clone)]
+pub struct RepoModel {
+    pub meta: ModelMeta,
+    /// The ONNX file.
+    pub file: PathBuf,
+    pub profile: ProfileFile,
+}
+
+impl RepoModel {
+    /// The scheduler's view of it.
+    pub fn spec(&self) -> Result<ModelSpec> {
+        Ok(ModelSpec {
+            name: self.meta.name.clone(),
+            profile: self.profile.latency_profile()?,
+            slo: Dur::from_ms_f64(self.meta.slo_ms),
+        })
+    }
+}
+
+/// Reads a model's metadata (`STEM.json` next to `onnx`).
+pub fn load_meta(onnx: &Path) -> Result<ModelMeta> {
+    let json = onnx.with_extension("json");
+    let text = std::fs::read_to_string(&json).with_context(|| {
+        format!(
+            "model {}: no metadata file {} (input/output names, shapes, dtypes, SLO; see models/README.md)",
+            onnx.display(),
+            json.display()
+        )
+    })?;
+    let meta = ModelMeta::from_json(&text).with_context(|| format!("{}", json.display()))?;
+    let stem = onnx.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if meta.name != stem {
+        bail!(
+            "{}: `name` is {:?} but the file stem is {stem:?}; they must match",
+            json.display(),
+            meta.name
+        );
+    }
+    Ok(meta)
+}
+
+/// Loads every model in `dir` (each `*.onnx`, sorted by name) with its metadata
+/// and its profile for `executor`. A model without a profile is refused with the
+/// command that makes one.
+pub fn load_repository(dir: &Path, executor: &str) -> Result<Vec<RepoModel>> {
+    let rd = std::fs::read_dir(dir)
+        .with_context(|| format!("reading the model repository {}", dir.display()))?;
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("onnx"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!(
+            "the model repository {} has no .onnx files (scripts/gen_models.py makes the shipped ones)",
+            dir.display()
+        );
+    }
+    files.iter().map(|f| load_model(f, executor)).collect()
+}
+
+/// Loads one model (its `.onnx` path) with its metadata and profile.
+pub fn load_model(onnx: &Path, executor: &str) -> Result<RepoModel> {
+    let meta = load_meta(onnx)?;
+    let dir = onnx.parent().unwrap_or(Path::new("."));
+    let pp = profile_path(dir, &meta.name, executor);
+    if !pp.exists() {
+        bail!(
+            "model `{}` has no {executor} latency profile ({} is missing); the scheduler \
+             needs one. Make it with: fermata profile --model {} --executor {executor}",
+            meta.name,
+            pp.display(),
+            onnx.display()
+        );
+    }
+    let profile = ProfileFile::load(&pp)?;
+    if profile.model != meta.name {
+        bail!(
+            "{}: the profile is for model {:?}, not {:?}",
+            pp.display(),
+            profile.model,
+            meta.name
+        );
+    }
+    Ok(RepoModel {
+        meta,
+        file: onnx.to_path_buf(),
+        profile,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> ModelMeta {
+        ModelMeta {
+            name: "mlp".into(),
+            inputs: vec![TensorMeta {
+                name: "x".into(),
+                datatype: DType::F32,
+                shape: vec![-1, 64],
+            }],
+            outputs: vec![TensorMeta {
+                name: "y".into(),
+                datatype: DType::F32,
+                shape: vec![-1, 10],
+            }],
+            slo_ms: 20.0,
+            max_batch: 64,
+            description: String::new(),
+        }
+    }
+
+    #[test]
+    fn meta_sizes_and_checks() {
+        let m = meta();
+        m.validate().unwrap();
+        assert_eq!(m.input_bytes(), 256);
+        assert_eq!(m.output_bytes(), 40);
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(text.contains("\"FP32\""), "{text}");
+        assert_eq!(ModelMeta::from_json(&text).unwrap(), m);
+        let mut bad = m.clone();
+        bad.inputs[0].shape = vec![1, 64];
+        assert!(format!("{:#}", bad.validate().unwrap_err()).contains("first dimension"));
+        let mut bad = m.clone();
+        bad.outputs[0].shape = vec![-1, 0];
+        assert!(format!("{:#}", bad.validate().unwrap_err()).contains("positive"));
+        let mut bad = m;
+        bad.slo_ms = 0.0;
+        assert!(format!("{:#}", bad.validate().unwrap_err()).contains("slo_ms"));
+        let e = ModelMeta::from_json(
+            r#"{"name":"a","inputs":[],"outputs":[],"slo_ms":1,"max_batch":1,"extra":1}"#,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("extra"), "{e:#}");
+        assert_eq!(DType::from_kserve("INT64"), Some(DType::I64));
+        assert_eq!(DType::from_kserve("FP32").unwrap().kserve_name(), "FP32");
+        assert_eq!(DType::from_kserve("float"), None);
+    }
+
+    #[test]
+    fn fit_recovers_a_line() {
+        let x: Vec<f64> = [1u32, 2, 4, 8, 16, 32, 64]
+            .iter()
+            .map(|&b| b as f64)
+            .collect();
+        let y: Vec<f64> = x.iter().map(|b| 0.25 * b + 1.5).collect();
+        let f = fit_linear(&x, &y).unwrap();
+        assert!((f.alpha_ms - 0.25).abs() < 1e-12 && (f.beta_ms - 1.5).abs() < 1e-12);
+        assert!(f.rmse_ms < 1e-12 && f.max_rel_err < 1e-12 && (f.r2 - 1.0).abs() < 1e-12);
+        // Noise of +-0.1 ms alternating: the fit stays close and reports the error.
+        let yn: Vec<f64> = y
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + if i % 2 == 0 { 0.1 } else { -0.1 })
+            .collect();
+        let g = fit_linear(&x, &yn).unwrap();
+        assert!((g.alpha_ms - 0.25).abs() < 0.01, "{g:?}");
+        assert!((g.beta_ms - 1.5).abs() < 0.1, "{g:?}");
+        assert!(g.rmse_ms > 0.05 && g.rmse_ms < 0.11, "{g:?}");
+        assert!(g.r2 < 1.0 && g.r2 > 0.99, "{g:?}");
+        assert!(fit_linear(&[1.0], &[1.0]).is_err());
+        assert!(fit_linear(&[2.0, 2.0], &[1.0, 3.0]).is_err());
+        assert!(fit_linear(&[1.0, 2.0], &[1.0]).is_err());
+    }
+
+    #[test]
+    fn repository_round_trip_and_refusal() {
+        let dir = std::env::temp_dir().join(format!("fermata-repo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let m = meta();
+        std::fs::write(dir.join("mlp.onnx"), b"not read here").unwrap();
+        std::fs::write(dir.join("mlp.json"), serde_json::to_string(&m).unwrap()).unwrap();
+        let e = load_repository(&dir, "onnx").unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("no onnx latency profile") && msg.contains("fermata profile --model"),
+            "{msg}"
+        );
+        let x = [1.0, 8.0, 32.0];
+        let y = [1.2, 3.0, 9.0];
+        let fit = fit_linear(&x, &y).unwrap();
+        let p = ProfileFile {
+            model: "mlp".into(),
+            executor: "onnx".into(),
+            device: "test cpu".into(),
+            alpha_ms: fit.alpha_ms,
+            beta_ms: fit.beta_ms.max(0.0),
+            max_batch: 32,
+            batch_sizes: vec![1, 8, 32],
+            median_ms: y.to_vec(),
+            p99_ms: y.iter().map(|v| v * 1.1).collect(),
+            repeats: 10,
+            fit,
+            measured_at: "0".into(),
+        };
+        let pp = profile_path(&dir, "mlp", "onnx");
+        assert!(pp.ends_with("mlp.profile-cpu.json"));
+        p.save(&pp).unwrap();
+        assert_eq!(ProfileFile::load(&pp).unwrap(), p);
+        let repo = load_repository(&dir, "onnx").unwrap();
+        assert_eq!(repo.len(), 1);
+        let spec = repo[0].spec().unwrap();
+        assert_eq!(spec.name, "mlp");
+        assert_eq!(spec.slo, Dur::from_ms(20));
+        assert_eq!(spec.profile.max_batch(), 32);
+        // A CUDA profile is a different file.
+        assert!(load_repository(&dir, "cuda").is_err());
+        // A stem that does not match the name is refused.
+        std::fs::rename(dir.join("mlp.json"), dir.join("other.json")).unwrap();
+        std::fs::rename(dir.join("mlp.onnx"), dir.join("other.onnx")).unwrap();
+        let e = load_repository(&dir, "onnx").unwrap_err();
+        assert!(format!("{e:#}").contains("file stem"), "{e:#}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
