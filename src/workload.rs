@@ -101,6 +101,9 @@ pub struct WorkloadModel {
     /// Bytes of one input (what the load generator sends; the distributed runtime
     /// moves them from frontend to backend).
     pub input_bytes: u32,
+    /// The real model's tensors and SLO when it comes from a model repository
+    /// ([`crate::repo`]); None for profile-only (emulated) models.
+    pub meta: Option<crate::repo::ModelMeta>,
 }
 
 /// Default input size: one 224x224 RGB image of u8 (147 KiB, the paper's ~150 KB).
@@ -367,6 +370,7 @@ impl Workload {
                     share,
                     rate_trace,
                     input_bytes,
+                    meta: None,
                 })
                 .collect(),
             arrival,
@@ -390,6 +394,39 @@ impl Workload {
 
     pub fn specs(&self) -> Vec<ModelSpec> {
         self.models.iter().map(|m| m.spec.clone()).collect()
+    }
+}
+
+impl Workload {
+    /// A workload serving every model of a repository ([`crate::repo::load_repository`]):
+    /// each model's measured profile and default SLO, input size from its tensors,
+    /// an equal share of `rate_rps`, Poisson arrivals, the deferred policy.
+    pub fn from_repository(
+        name: &str,
+        models: &[crate::repo::RepoModel],
+        gpus: u32,
+        rate_rps: f64,
+    ) -> Result<Workload> {
+        use std::fmt::Write as _;
+        let mut text = format!("name = {name:?}\ngpus = {gpus}\nrate_rps = {rate_rps}\n");
+        for m in models {
+            let _ = write!(
+                text,
+                "[[models]]\nname = {:?}\nalpha_ms = {}\nbeta_ms = {}\nslo_ms = {}\nmax_batch = {}\ninput_bytes = {}\n",
+                m.meta.name,
+                m.profile.alpha_ms,
+                m.profile.beta_ms,
+                m.meta.slo_ms,
+                m.profile.max_batch.min(m.meta.max_batch),
+                m.meta.input_bytes()
+            );
+        }
+        let mut w = Workload::from_toml(&text, None)
+            .with_context(|| format!("the workload of the model repository ({name})"))?;
+        for (wm, m) in w.models.iter_mut().zip(models) {
+            wm.meta = Some(m.meta.clone());
+        }
+        Ok(w)
     }
 }
 

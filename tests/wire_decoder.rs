@@ -147,14 +147,18 @@ fn arb_model() -> impl Strategy<Value = ModelInfo> {
         any::<i64>(),
         arb_profile(),
         any::<u32>(),
+        arb_str(),
     )
-        .prop_map(|(id, name, slo_ns, profile, input_bytes)| ModelInfo {
-            id,
-            name,
-            slo_ns,
-            profile,
-            input_bytes,
-        })
+        .prop_map(
+            |(id, name, slo_ns, profile, input_bytes, meta_json)| ModelInfo {
+                id,
+                name,
+                slo_ns,
+                profile,
+                input_bytes,
+                meta_json,
+            },
+        )
 }
 
 fn arb_region() -> impl Strategy<Value = RegionInfo> {
@@ -660,7 +664,7 @@ fn frame_reader_refuses_a_huge_length_before_buffering() {
     let mut r = FrameReader::new();
     let (m, largest) = largest_alloc(|| {
         r.feed(&(MAX_FRAME as u32).to_le_bytes());
-        r.feed(&[1, 0, 16]);
+        r.feed(&[2, 0, 16]);
         r.next_msg()
     });
     assert_eq!(m, None);
@@ -709,6 +713,7 @@ fn strings_over_max_str() {
         slo_ns: 0,
         profile: WireProfile::Table { lat_ns: vec![] },
         input_bytes: 0,
+        meta_json: String::new(),
     };
     let cases: Vec<(Msg, &str)> = vec![
         (
@@ -857,6 +862,7 @@ fn hostile_lengths_do_not_allocate() {
         slo_ns: 0,
         profile: WireProfile::Table { lat_ns: vec![] },
         input_bytes: 0,
+        meta_json: String::new(),
     };
     let cases: Vec<(Vec<u8>, &str, usize)> = vec![
         (
@@ -948,14 +954,22 @@ fn hostile_lengths_do_not_allocate() {
                 let mut b = at_end(Msg::LoadModel {
                     model: model.clone(),
                 });
-                // The Table's lat_ns count comes before input_bytes: end the frame there.
-                b.truncate(b.len() - 4);
+                // The Table's lat_ns count comes before input_bytes and meta_json:
+                // end the frame there.
+                b.truncate(b.len() - 8);
                 let n = b.len();
                 b[n - 4..].copy_from_slice(&HUGE);
                 b
             },
             "WireProfile.lat_ns",
             MAX_ITEMS,
+        ),
+        (
+            at_end(Msg::LoadModel {
+                model: model.clone(),
+            }),
+            "ModelInfo.meta_json",
+            MAX_STR,
         ),
     ];
     for (body, field, max) in cases {
@@ -1056,10 +1070,10 @@ fn errors_read_well() {
         e.to_string(),
         "frame truncated at field `Submit.tasks`: needs 72 bytes, only 3 left"
     );
-    let e = decode(&raw(3, &[0xFF, 0xFF, 0, 0])).unwrap_err();
+    let e = decode(&raw(3, &[0xFF, 0xFF, 0x01, 0])).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "`Unregister.reason` too large: length 65535 exceeds the limit of 4096"
+        "`Unregister.reason` too large: length 131071 exceeds the limit of 65536"
     );
     let e = decode(&[]).unwrap_err();
     assert_eq!(

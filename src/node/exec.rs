@@ -177,6 +177,7 @@ mod tests {
                 max_batch: 8,
             },
             input_bytes: 4,
+            meta_json: String::new(),
         };
         g.load(&m).unwrap();
         let t = Instant::now();

@@ -331,6 +331,11 @@ impl SchedulerNode {
                 slo_ns: m.spec.slo.0,
                 profile: wire_profile(&m.spec.profile),
                 input_bytes: m.input_bytes,
+                meta_json: m
+                    .meta
+                    .as_ref()
+                    .map(|x| serde_json::to_string(x).expect("metadata serializes"))
+                    .unwrap_or_default(),
             })
             .collect();
         let rt = RtScheduler::start(rcfg, specs, routes.clone(), clock)?;

@@ -426,6 +426,7 @@ wire_struct!(ModelInfo {
     slo_ns: i64,
     profile: WireProfile,
     input_bytes: u32,
+    meta_json: String,
 });
 wire_struct!(RegionInfo {
     addr: String,
@@ -690,6 +691,11 @@ mod tests {
                 }
             },
             input_bytes: 602_112,
+            meta_json: if id % 2 == 0 {
+                String::new()
+            } else {
+                "{\"name\":\"m\"}".into()
+            },
         }
     }
 
@@ -956,7 +962,7 @@ mod tests {
             echo_ns: -1,
             sched_ns: 0x0102,
         });
-        let mut want = vec![27, 0, 0, 0, 1, 0, 15];
+        let mut want = vec![27, 0, 0, 0, 2, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -972,7 +978,7 @@ mod tests {
                 output: vec![0xAB],
             }],
         });
-        let mut want = vec![1, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![2, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -984,8 +990,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 1, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 1, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 2, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 2, 0, 18]);
     }
 
     #[test]
@@ -1005,7 +1011,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [1, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [2, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1015,7 +1021,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![1, 0, 9];
+        let mut body = vec![2, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 36]);
         assert_eq!(
@@ -1060,24 +1066,24 @@ mod tests {
     #[test]
     fn header_errors() {
         assert_eq!(
-            decode(&[2, 0, 18]),
-            Err(DecodeError::Version { got: 2, want: 1 })
+            decode(&[1, 0, 18]),
+            Err(DecodeError::Version { got: 1, want: 2 })
         );
         assert_eq!(
-            decode(&[1, 0, 0]),
+            decode(&[2, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[1, 0, 21]),
+            decode(&[2, 0, 21]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 21
             })
         );
-        let e = decode(&[1, 0, 18, 0]).unwrap_err();
+        let e = decode(&[2, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1087,7 +1093,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![1, 0, 1, 2]; // Register, role 2
+        let mut body = vec![2, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1141,7 +1147,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[1, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[2, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
@@ -1156,8 +1162,8 @@ mod tests {
             "`frame` too large: length 10 exceeds the limit of 5"
         );
         assert_eq!(
-            DecodeError::Version { got: 9, want: 1 }.to_string(),
-            "protocol version 9 not supported (this build speaks version 1)"
+            DecodeError::Version { got: 9, want: 2 }.to_string(),
+            "protocol version 9 not supported (this build speaks version 2)"
         );
         assert_eq!(
             DecodeError::BadTag {
@@ -1214,7 +1220,7 @@ mod tests {
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
-        let want = Some(Err(DecodeError::Version { got: 7, want: 1 }));
+        let want = Some(Err(DecodeError::Version { got: 7, want: 2 }));
         assert_eq!(r.next_msg(), want);
         assert_eq!(r.next_msg(), want);
     }

@@ -54,11 +54,11 @@ pub use codec::{decode, encode, encode_to_vec, DecodeError, FrameReader};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
-pub const MAX_STR: usize = 4096;
+pub const MAX_STR: usize = 64 << 10;
 /// Largest number of items in one vector field (tasks of a submit or plan, GPUs...).
 pub const MAX_ITEMS: usize = 1 << 16;
 
@@ -110,6 +110,19 @@ pub struct ModelInfo {
     pub profile: WireProfile,
     /// Size of one input in bytes (what the load generator sends).
     pub input_bytes: u32,
+    /// The model's [`crate::repo::ModelMeta`] as JSON (tensors, for executors and
+    /// the HTTP frontend); empty for profile-only (emulated) models.
+    pub meta_json: String,
+}
+
+impl ModelInfo {
+    /// The model's tensors and SLO, when it is a real model.
+    pub fn meta(&self) -> Option<Result<crate::repo::ModelMeta, String>> {
+        if self.meta_json.is_empty() {
+            return None;
+        }
+        Some(crate::repo::ModelMeta::from_json(&self.meta_json).map_err(|e| format!("{e:#}")))
+    }
 }
 
 /// Where a frontend's input region can be read.
