@@ -23,6 +23,26 @@ pub trait Executor: Send {
 /// Makes the executor of each GPU.
 pub type ExecutorFactory = Box<dyn Fn(u32) -> anyhow::Result<Box<dyn Executor>> + Send + Sync>;
 
+/// The executor kinds, as `--executor` names them.
+pub const EXECUTOR_KINDS: &[&str] = &["emulated"];
+
+/// The factory for an executor kind (`--executor`): `emulated` (the default; waits
+/// l(b) from the model's profile). `models_dir` is where real executors find each
+/// model's file (`NAME.onnx`).
+pub fn executor_factory(
+    kind: &str,
+    models_dir: &std::path::Path,
+) -> anyhow::Result<ExecutorFactory> {
+    let _ = models_dir;
+    match kind {
+        "emulated" => Ok(Box::new(|_| Ok(Box::new(EmulatedGpu::new())))),
+        other => anyhow::bail!(
+            "unknown executor {other:?}; choose one of: {}",
+            EXECUTOR_KINDS.join(", ")
+        ),
+    }
+}
+
 /// A model's profile from its wire form.
 pub fn profile_of(p: &WireProfile) -> anyhow::Result<LatencyProfile> {
     let prof = match p {
