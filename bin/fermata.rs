@@ -10,6 +10,7 @@ use fermata::sim::{simulate, SimOptions};
 use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
 
+mod profile;
 mod roles;
 
 #[global_allocator]
@@ -44,6 +45,9 @@ enum Cmd {
     Frontend(roles::FrontendArgs),
     /// Drives frontends with a workload's arrivals and reports what clients saw.
     Loadgen(roles::LoadgenArgs),
+    /// Measures a model's batch latency l(b) on an executor, fits l(b) = alpha * b +
+    /// beta and writes the profile file the scheduler loads.
+    Profile(profile::ProfileArgs),
 }
 
 #[derive(Args, Clone)]
@@ -292,6 +296,7 @@ fn main() {
         Cmd::Backend(a) => roles::cmd_backend(a),
         Cmd::Frontend(a) => roles::cmd_frontend(a),
         Cmd::Loadgen(a) => roles::cmd_loadgen(a),
+        Cmd::Profile(a) => profile::run(a),
         Cmd::Bench(BenchCmd::Goodput(a)) => cmd_goodput(a),
         Cmd::Bench(BenchCmd::Load(a)) => cmd_load(a),
         Cmd::Bench(BenchCmd::Fig6a(a)) => fermata::bench::cases::fig6a(a.seed, a.json),

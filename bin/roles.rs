@@ -84,11 +84,34 @@ pub struct SchedulerArgs {
     #[command(flatten)]
     spin: SpinArgs,
     /// Override every model's input size in bytes (what load generators send).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "models")]
     input_bytes: Option<u32>,
     /// Override the workload's policy: deferred, eager or timeout:FRAC.
     #[arg(long)]
     policy: Option<String>,
+    /// Serve the real models of this repository (every `STEM.onnx` with its
+    /// metadata and measured profile) instead of a workload file's models.
+    #[arg(long, conflicts_with = "workload")]
+    models: Option<PathBuf>,
+    /// With --models: the executor the backends run (onnx or cuda), which picks the
+    /// profile file (STEM.profile-cpu.json or STEM.profile-cuda.json).
+    #[arg(long, default_value = "onnx", requires = "models")]
+    executor: String,
+    /// With --models: GPUs the scheduler plans for.
+    #[arg(long, default_value_t = 1, requires = "models")]
+    gpus: u32,
+}
+
+/// The workload of a model repository (`--models DIR`): refuses a model without a
+/// profile for `executor`, saying how to make one.
+pub fn repository_workload(dir: &std::path::Path, executor: &str, gpus: u32) -> Result<Workload> {
+    let models = fermata::repo::load_repository(dir, executor)?;
+    Workload::from_repository(
+        &format!("models:{}", dir.display()),
+        &models,
+        gpus,
+        100.0 * models.len() as f64,
+    )
 }
 
 #[derive(Args, Clone, Copy)]
@@ -119,7 +142,10 @@ fn set_input_bytes(w: &mut Workload, b: Option<u32>) -> Result<()> {
 
 pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     catch_signals();
-    let mut w = workload_of(&a.workload)?;
+    let mut w = match &a.models {
+        Some(dir) => repository_workload(dir, &a.executor, a.gpus)?,
+        None => workload_of(&a.workload)?,
+    };
     set_input_bytes(&mut w, a.input_bytes)?;
     if let Some(p) = &a.policy {
         w.policy = p.parse().map_err(anyhow::Error::msg).context("--policy")?;

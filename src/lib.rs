@@ -2,6 +2,7 @@ pub mod bench;
 pub mod core;
 pub mod node;
 pub mod plan;
+pub mod profiler;
 pub mod repo;
 pub mod runtime;
 pub mod sim;

@@ -193,6 +193,34 @@ impl ModelMeta {
     pub fn output_bytes(&self) -> usize {
         self.outputs.iter().map(TensorMeta::sample_bytes).sum()
     }
+    /// A plausible request for this model (one sample in the request layout):
+    /// floats uniform in [-1, 1), integers in 0..16, random bytes, booleans 0/1.
+    /// Deterministic in `seed`. Profilers and load generators send these.
+    pub fn sample_input(&self, seed: u64) -> Vec<u8> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+        let mut out = Vec::with_capacity(self.input_bytes());
+        for t in &self.inputs {
+            for _ in 0..t.sample_elems() {
+                match t.datatype {
+                    DType::F32 => out.extend_from_slice(&rng.gen_range(-1.0f32..1.0).to_le_bytes()),
+                    DType::F64 => out.extend_from_slice(&rng.gen_range(-1.0f64..1.0).to_le_bytes()),
+                    // Sign, a zero exponent bias of 14 or 15 and a random mantissa:
+                    // magnitudes in [0.5, 2).
+                    DType::F16 => {
+                        let bits: u16 =
+                            (rng.gen::<u16>() & 0x83FF) | (rng.gen_range(14u16..16) << 10);
+                        out.extend_from_slice(&bits.to_le_bytes())
+                    }
+                    DType::I32 => out.extend_from_slice(&rng.gen_range(0i32..16).to_le_bytes()),
+                    DType::I64 => out.extend_from_slice(&rng.gen_range(0i64..16).to_le_bytes()),
+                    DType::U8 | DType::I8 => out.push(rng.gen()),
+                    DType::Bool => out.push(rng.gen_range(0u8..2)),
+                }
+            }
+        }
+        out
+    }
     pub fn from_json(text: &str) -> Result<ModelMeta> {
         let m: ModelMeta = serde_json::from_str(text)?;
         m.validate()?;
@@ -482,6 +510,14 @@ mod tests {
         assert_eq!(DType::from_kserve("INT64"), Some(DType::I64));
         assert_eq!(DType::from_kserve("FP32").unwrap().kserve_name(), "FP32");
         assert_eq!(DType::from_kserve("float"), None);
+        let x = meta().sample_input(1);
+        assert_eq!(x.len(), 256);
+        assert_eq!(x, meta().sample_input(1));
+        assert_ne!(x, meta().sample_input(2));
+        assert!(x
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .all(|v| (-1.0..1.0).contains(&v)));
     }
 
     #[test]

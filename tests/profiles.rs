@@ -1,0 +1,93 @@
+//! Profiles as the command line sees them: the scheduler refuses a real model that
+//! has no measured profile and says how to make one; `fermata profile` rejects bad
+//! arguments clearly.
+
+use fermata::repo::{DType, ModelMeta, TensorMeta};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
+}
+
+fn fails(args: &[&str]) -> String {
+    let o = Command::new(exe()).args(args).output().unwrap();
+    assert!(!o.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn repo_without_profile(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fermata-prof-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let meta = ModelMeta {
+        name: "tiny".into(),
+        inputs: vec![TensorMeta {
+            name: "x".into(),
+            datatype: DType::F32,
+            shape: vec![-1, 8],
+        }],
+        outputs: vec![TensorMeta {
+            name: "y".into(),
+            datatype: DType::F32,
+            shape: vec![-1, 2],
+        }],
+        slo_ms: 20.0,
+        max_batch: 8,
+        description: String::new(),
+    };
+    std::fs::write(dir.join("tiny.onnx"), b"placeholder").unwrap();
+    std::fs::write(dir.join("tiny.json"), serde_json::to_string(&meta).unwrap()).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn scheduler_refuses_a_model_without_a_profile() {
+    let dir = repo_without_profile("sched");
+    let e = fails(&["scheduler", "--models", s(&dir), "--listen", "127.0.0.1:0"]);
+    assert!(e.contains("model `tiny` has no onnx latency profile"), "{e}");
+    assert!(e.contains("tiny.profile-cpu.json"), "{e}");
+    let want = format!(
+        "fermata profile --model {} --executor onnx",
+        s(&dir.join("tiny.onnx"))
+    );
+    assert!(e.contains(&want), "{e}");
+    // The CUDA profile is asked for by name too.
+    let e = fails(&[
+        "scheduler",
+        "--models",
+        s(&dir),
+        "--executor",
+        "cuda",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(e.contains("tiny.profile-cuda.json"), "{e}");
+    // A broken profile is named, not ignored.
+    std::fs::write(dir.join("tiny.profile-cpu.json"), "{\"model\": 1}").unwrap();
+    let e = fails(&["scheduler", "--models", s(&dir), "--listen", "127.0.0.1:0"]);
+    assert!(e.contains("tiny.profile-cpu.json: not a profile file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn profile_rejects_bad_arguments() {
+    let dir = repo_without_profile("cli");
+    let model = dir.join("tiny.onnx");
+    let e = fails(&["profile", "--model", s(&dir.join("nope.onnx"))]);
+    assert!(e.contains("no metadata file"), "{e}");
+    let e = fails(&["profile", "--model", s(&model), "--executor", "emulated"]);
+    assert!(e.contains("only replays a profile"), "{e}");
+    let e = fails(&["profile", "--model", s(&model), "--batch-sizes", "4..1"]);
+    assert!(e.contains("4..1 is empty"), "{e}");
+    let e = fails(&["profile", "--model", s(&model), "--batch-sizes", "1,64"]);
+    assert!(e.contains("exceeds the model's max_batch 8"), "{e}");
+    let e = fails(&["profile", "--model", s(&model), "--executor", "tpu"]);
+    assert!(e.contains("unknown executor \"tpu\""), "{e}");
+    assert!(!dir.join("tiny.profile-cpu.json").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
