@@ -460,7 +460,13 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                     lo.duration = o.duration;
                     let tr: std::sync::Arc<dyn fermata::transport::Transport> =
                         std::sync::Arc::new(fermata::transport::tcp::Tcp::new()?);
+                    // CPU the whole run uses: the cluster's processes and this one
+                    // (the load generator).
+                    let cpu0 = c.cpu_seconds() + fermata::node::procs::self_cpu_seconds();
+                    let t0 = std::time::Instant::now();
                     let r = loadgen::run(tr, &w, &lo);
+                    let cpu = c.cpu_seconds() + fermata::node::procs::self_cpu_seconds() - cpu0;
+                    let cores_used = cpu / t0.elapsed().as_secs_f64();
                     let reps = c.stop();
                     let r = r?;
                     let sj = reps.scheduler.clone().unwrap_or_default();
@@ -479,17 +485,22 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                         "unanswered": r.unanswered,
                         "wrong_outputs": r.wrong_outputs,
                         "input_bytes": w.models.iter().map(|m| a.input_bytes.unwrap_or(m.input_bytes)).max(),
+                        "cpu_cores_used": cores_used,
+                        "cpu_us_per_request": 1e6 * cpu / r.sent.max(1) as f64,
+                        "cpu_cores_available": std::thread::available_parallelism().map_or(0, |n| n.get()),
                     });
                     if !json {
                         eprintln!(
-                            "  probe {:>9.1} r/s: worst model bad {:.3}%, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.1} us, failed {}",
+                            "  probe {:>9.1} r/s: worst model bad {:.3}%, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.1} us, failed {}, CPU {:.2} cores ({:.0} us/request)",
                             o.rate_rps,
                             100.0 * r.sim.max_model_bad_rate(),
                             l.value_at_quantile(0.5) as f64 / 1e3,
                             l.value_at_quantile(0.99) as f64 / 1e3,
                             num("d_ctrl_us"),
                             num("d_data_us"),
-                            r.failed
+                            r.failed,
+                            cores_used,
+                            1e6 * cpu / r.sent.max(1) as f64
                         );
                     }
                     if r.duplicates > 0 || r.wrong_outputs > 0 {

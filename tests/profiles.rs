@@ -49,7 +49,10 @@ fn s(p: &Path) -> &str {
 fn scheduler_refuses_a_model_without_a_profile() {
     let dir = repo_without_profile("sched");
     let e = fails(&["scheduler", "--models", s(&dir), "--listen", "127.0.0.1:0"]);
-    assert!(e.contains("model `tiny` has no onnx latency profile"), "{e}");
+    assert!(
+        e.contains("model `tiny` has no onnx latency profile"),
+        "{e}"
+    );
     assert!(e.contains("tiny.profile-cpu.json"), "{e}");
     let want = format!(
         "fermata profile --model {} --executor onnx",
@@ -70,7 +73,10 @@ fn scheduler_refuses_a_model_without_a_profile() {
     // A broken profile is named, not ignored.
     std::fs::write(dir.join("tiny.profile-cpu.json"), "{\"model\": 1}").unwrap();
     let e = fails(&["scheduler", "--models", s(&dir), "--listen", "127.0.0.1:0"]);
-    assert!(e.contains("tiny.profile-cpu.json: not a profile file"), "{e}");
+    assert!(
+        e.contains("tiny.profile-cpu.json: not a profile file"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

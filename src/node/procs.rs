@@ -216,6 +216,16 @@ impl ProcCluster {
         Ok(c)
     }
 
+    /// CPU time (user + system, seconds) the cluster's processes have used so far
+    /// (Linux: /proc/PID/stat; NaN where it cannot be read).
+    pub fn cpu_seconds(&self) -> f64 {
+        std::iter::once(&self.scheduler)
+            .chain(&self.backends)
+            .chain(&self.frontends)
+            .map(|p| proc_cpu_seconds(p.child.id()))
+            .sum()
+    }
+
     /// Stops every process (frontends, backends, then the scheduler) and collects
     /// their reports.
     pub fn stop(self) -> ProcReports {
@@ -233,4 +243,30 @@ impl ProcCluster {
             frontends,
         }
     }
+}
+
+/// CPU time (user + system, seconds) process `pid` has used (Linux); NaN when
+/// /proc cannot be read.
+pub fn proc_cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // The command name (field 2) may hold spaces: fields count from after its ')'.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')'.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) if hz > 0.0 => (u + s) / hz,
+        _ => f64::NAN,
+    }
+}
+
+/// CPU time (user + system, seconds) this process has used.
+pub fn self_cpu_seconds() -> f64 {
+    proc_cpu_seconds(std::process::id())
 }
