@@ -35,7 +35,10 @@ use ort::environment::Environment;
 use ort::memory::MemoryInfo;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynTensorValueType, Shape, TensorElementType, TensorRefMut, ValueType};
+use ort::value::{
+    DynTensorValueType, DynValueTypeMarker, Shape, TensorElementType, TensorRefMut, ValueRefMut,
+    ValueType,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -224,6 +227,9 @@ impl HostBuf {
     }
 }
 
+/// A tensor view of an input buffer (see [`InputPlan::views`]).
+type View = ValueRefMut<'static, DynValueTypeMarker>;
+
 /// One input tensor of a loaded model, in the session's input order.
 struct InputPlan {
     name: String,
@@ -232,6 +238,11 @@ struct InputPlan {
     offset: usize,
     sample_bytes: usize,
     sample_shape: Vec<i64>,
+    /// `views[b]`: the ONNX Runtime tensor `[b, sample_shape...]` over the first b
+    /// samples of `buf`, made at the first batch of b and reused, so a run only
+    /// gathers bytes. Declared before `buf`: dropped before the memory it views
+    /// (which never moves: it is allocated once, at load).
+    views: Vec<Option<View>>,
     buf: HostBuf,
 }
 
@@ -375,6 +386,7 @@ impl OnnxModel {
                 offset,
                 sample_bytes: t.sample_bytes(),
                 sample_shape: t.sample_shape().to_vec(),
+                views: (0..=meta.max_batch).map(|_| None).collect(),
                 buf,
             });
         }
@@ -486,19 +498,25 @@ impl OnnxModel {
                 dst[k * sb..(k + 1) * sb].copy_from_slice(&r[p.offset..p.offset + sb]);
             }
         }
-        let mut values: Vec<SessionInputValue<'_>> = Vec::with_capacity(self.inputs.len());
         for p in &mut self.inputs {
-            let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
-            dims.push(n as i64);
-            dims.extend_from_slice(&p.sample_shape);
-            let ptr = p.buf.as_mut_bytes()?.as_mut_ptr();
-            // SAFETY: `ptr` points to at least max_batch * sample_bytes bytes, 8-byte
-            // aligned, holding n samples of `dtype`; the buffer outlives `values`,
-            // which is dropped at the end of this call, and is not touched until then.
-            let v = unsafe { tensor_view(&self.mem, p.dtype, ptr, Shape::new(dims)) }
-                .map_err(|e| anyhow!("model `{name}`: input `{}`: {e}", p.name))?;
-            values.push(v);
+            if p.views[n].is_none() {
+                let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
+                dims.push(n as i64);
+                dims.extend_from_slice(&p.sample_shape);
+                let ptr = p.buf.as_mut_bytes()?.as_mut_ptr();
+                // SAFETY: `ptr` points to max_batch * sample_bytes >= n * sample_bytes
+                // bytes, 8-byte aligned, that never move and outlive the view (see
+                // `InputPlan::views`); they are written only between runs.
+                let v = unsafe { tensor_view(&self.mem, p.dtype, ptr, Shape::new(dims)) }
+                    .map_err(|e| anyhow!("model `{name}`: input `{}`: {e}", p.name))?;
+                p.views[n] = Some(v);
+            }
         }
+        let values: Vec<SessionInputValue<'_>> = self
+            .inputs
+            .iter()
+            .map(|p| SessionInputValue::from(&**p.views[n].as_ref().expect("made above")))
+            .collect();
         #[cfg(feature = "cuda")]
         if let Some(t) = &mut self.timer {
             t.start()?;
@@ -521,16 +539,20 @@ impl OnnxModel {
                 .view()
                 .downcast::<DynTensorValueType>()
                 .map_err(|e| anyhow!("model `{name}`: output `{}`: {e}", o.name))?;
-            let (ty, shape) = tensor_of(t.dtype())
-                .ok_or_else(|| anyhow!("model `{name}`: output `{}` is not a tensor", o.name))?;
-            let expect: Vec<i64> = std::iter::once(n as i64)
-                .chain(o.sample_shape.iter().copied())
-                .collect();
-            if ty != element_type(o.dtype) || shape != expect {
+            let expect = || std::iter::once(n as i64).chain(o.sample_shape.iter().copied());
+            let good = match t.dtype() {
+                ValueType::Tensor { ty, shape, .. } => {
+                    *ty == element_type(o.dtype) && shape.iter().copied().eq(expect())
+                }
+                _ => false,
+            };
+            if !good {
                 bail!(
-                    "model `{name}`: output `{}` came back as {ty:?} {shape:?}; the metadata says {} {expect:?}",
+                    "model `{name}`: output `{}` came back as {:?}; the metadata says {} {:?}",
                     o.name,
-                    o.dtype.kserve_name()
+                    t.dtype(),
+                    o.dtype.kserve_name(),
+                    expect().collect::<Vec<_>>()
                 );
             }
             if !t.memory_info().is_cpu_accessible() {
@@ -553,16 +575,16 @@ impl OnnxModel {
 /// # Safety
 /// `ptr` must be valid for `shape`'s elements of `dtype`, aligned for it, described
 /// by `mem`, and outlive the returned value.
-unsafe fn tensor_view<'a>(
+unsafe fn tensor_view(
     mem: &MemoryInfo<'static>,
     dtype: DType,
     ptr: *mut u8,
     shape: Shape,
-) -> ort::Result<SessionInputValue<'a>> {
+) -> ort::Result<View> {
     macro_rules! view {
         ($t:ty) => {
-            unsafe { TensorRefMut::<'a, $t>::from_raw(mem.clone(), ptr.cast(), shape) }
-                .map(SessionInputValue::from)
+            unsafe { TensorRefMut::<'static, $t>::from_raw(mem.clone(), ptr.cast(), shape) }
+                .map(|v| v.into_dyn())
         };
     }
     match dtype {
