@@ -129,7 +129,9 @@ fn main() {
             let mut warm = 0u32;
             while warm < 20 || t0.elapsed() < Duration::from_secs_f64(secs / 10.0) {
                 std::hint::black_box(model.run(batch).unwrap());
-                drop(std::hint::black_box(model.session_mut().run(&views[..]).unwrap()));
+                drop(std::hint::black_box(
+                    model.session_mut().run(&views[..]).unwrap(),
+                ));
                 warm += 1;
             }
             let per = t0.elapsed().as_secs_f64() / warm as f64;
@@ -140,7 +142,9 @@ fn main() {
                 std::hint::black_box(model.run(batch).unwrap());
                 ex.push(t.elapsed().as_secs_f64() * 1e6);
                 let t = Instant::now();
-                drop(std::hint::black_box(model.session_mut().run(&views[..]).unwrap()));
+                drop(std::hint::black_box(
+                    model.session_mut().run(&views[..]).unwrap(),
+                ));
                 bare.push(t.elapsed().as_secs_f64() * 1e6);
             }
             let (me, mb) = (median(&mut ex), median(&mut bare));

@@ -138,7 +138,9 @@ fn batching_does_not_change_a_request_output() {
     for name in MODELS {
         let m = meta(name);
         let mut model = open(name);
-        let reqs: Vec<Vec<u8>> = (0..m.max_batch).map(|_| sample_input(&m, &mut rng)).collect();
+        let reqs: Vec<Vec<u8>> = (0..m.max_batch)
+            .map(|_| sample_input(&m, &mut rng))
+            .collect();
         let refs: Vec<&[u8]> = reqs.iter().map(|v| v.as_slice()).collect();
         let alone: Vec<Vec<u8>> = refs
             .iter()
@@ -241,7 +243,10 @@ fn bad_models_give_clear_errors() {
     let mut m = mlp.clone();
     m.name = "nosuch".into();
     let e = load_err(&mut exec, &info(7, "nosuch", Some(&m)));
-    assert!(e.contains("no ONNX file") && e.contains("nosuch.onnx"), "{e}");
+    assert!(
+        e.contains("no ONNX file") && e.contains("nosuch.onnx"),
+        "{e}"
+    );
 
     // A file that is not ONNX.
     let dir = std::env::temp_dir().join(format!("fermata-onnx-bad-{}", std::process::id()));
@@ -253,7 +258,10 @@ fn bad_models_give_clear_errors() {
     let _ = std::fs::remove_dir_all(&dir);
 
     // Unknown executor kinds are refused with the list.
-    let e = format!("{:#}", executor_factory("tpu", &models_dir()).err().unwrap());
+    let e = format!(
+        "{:#}",
+        executor_factory("tpu", &models_dir()).err().unwrap()
+    );
     assert!(e.contains("emulated, onnx, cuda"), "{e}");
 }
 
@@ -266,7 +274,13 @@ fn fermata() -> Command {
 #[test]
 fn missing_onnx_runtime_is_a_clear_error() {
     let out = fermata()
-        .args(["backend", "--executor", "onnx", "--scheduler", "127.0.0.1:1"])
+        .args([
+            "backend",
+            "--executor",
+            "onnx",
+            "--scheduler",
+            "127.0.0.1:1",
+        ])
         .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
         .output()
         .unwrap();
@@ -283,8 +297,14 @@ fn missing_onnx_runtime_is_a_clear_error() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_executor_needs_the_feature() {
-    let e = format!("{:#}", executor_factory("cuda", &models_dir()).err().unwrap());
-    assert!(e.contains("--features cuda") && e.contains("--executor onnx"), "{e}");
+    let e = format!(
+        "{:#}",
+        executor_factory("cuda", &models_dir()).err().unwrap()
+    );
+    assert!(
+        e.contains("--features cuda") && e.contains("--executor onnx"),
+        "{e}"
+    );
 }
 
 #[cfg(feature = "cuda")]

@@ -14,8 +14,8 @@
 //! output bytes per request), since the load generator cannot compute them.
 
 use super::exec::emulated_output;
-use crate::repo::{DType, ModelMeta};
 use crate::core::{Dur, Time};
+use crate::repo::{DType, ModelMeta};
 use crate::sim::arrivals::{model_gens, MergedArrivals};
 use crate::sim::{new_hist, ModelResult, SimResult};
 use crate::transport::{Conn, Event, Transport};

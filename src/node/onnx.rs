@@ -333,9 +333,13 @@ impl OnnxModel {
                 (b, cuda::pinned_memory_info()?)
             }
         };
-        let session = b
-            .commit_from_file(file)
-            .map_err(|err| anyhow!("model `{}`: cannot open {}: {err}", meta.name, file.display()))?;
+        let session = b.commit_from_file(file).map_err(|err| {
+            anyhow!(
+                "model `{}`: cannot open {}: {err}",
+                meta.name,
+                file.display()
+            )
+        })?;
 
         // Inputs: the same set of names, each with the metadata's type and shape.
         let mut offsets = HashMap::new();
@@ -355,7 +359,11 @@ impl OnnxModel {
                 );
             };
             let Some((ty, shape)) = tensor_of(o.dtype()) else {
-                bail!("model `{}`: input `{}` is not a tensor", meta.name, o.name());
+                bail!(
+                    "model `{}`: input `{}` is not a tensor",
+                    meta.name,
+                    o.name()
+                );
             };
             if ty != element_type(t.datatype) {
                 bail!(
@@ -532,9 +540,9 @@ impl OnnxModel {
         let per_request: usize = self.outputs.iter().map(|o| o.sample_bytes).sum();
         let mut res: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(per_request)).collect();
         for o in &self.outputs {
-            let v = outs
-                .get(&o.name)
-                .ok_or_else(|| anyhow!("model `{name}`: the run returned no output `{}`", o.name))?;
+            let v = outs.get(&o.name).ok_or_else(|| {
+                anyhow!("model `{name}`: the run returned no output `{}`", o.name)
+            })?;
             let t = v
                 .view()
                 .downcast::<DynTensorValueType>()

@@ -94,7 +94,8 @@ impl Cluster {
         for b in 0..o.backends {
             // GPUs split as evenly as possible, the first backends get the extra ones.
             let n = w.gpus / o.backends + u32::from(b < w.gpus % o.backends);
-            let mut bo = BackendOpts::with_executor(scheduler.addr(), n, &o.executor, &o.models_dir)?;
+            let mut bo =
+                BackendOpts::with_executor(scheduler.addr(), n, &o.executor, &o.models_dir)?;
             bo.name = format!("backend{b}");
             bo.verbose = o.verbose;
             backends.push(BackendNode::start(transport.clone(), bo)?);
