@@ -86,6 +86,12 @@ impl BackendOpts {
             "onnx" => "onnxruntime-cpu".into(),
             other => other.to_string(),
         };
+        #[cfg(feature = "cuda")]
+        if kind == "cuda" {
+            let (name, mem) = super::onnx::cuda::describe(0)?;
+            o.gpu_name = name;
+            o.gpu_mem_bytes = mem;
+        }
         Ok(o)
     }
 }

@@ -86,7 +86,7 @@ pub fn with_cuda_provider(
             .with_device_id(gpu as i32)
             .with_compute_stream(timer.stream.cu_stream() as *mut ())
     };
-    if !ep.is_available().unwrap_or(false) {
+    if !CUDA::is_available().unwrap_or(false) {
         bail!(
             "this ONNX Runtime has no CUDA execution provider (the onnxruntime CPU wheel); \
              point ORT_DYLIB_PATH at an onnxruntime-gpu build, or {NO_CUDA_HINT}"
