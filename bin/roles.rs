@@ -89,6 +89,41 @@ pub struct SchedulerArgs {
     /// Override the workload's policy: deferred, eager or timeout:FRAC.
     #[arg(long)]
     policy: Option<String>,
+    #[command(flatten)]
+    repo: RepoArgs,
+}
+
+/// Serving a model repository instead of a workload file (scheduler, loadgen).
+#[derive(Args, Clone)]
+pub struct RepoArgs {
+    /// Serve every model of this repository (their metadata and measured
+    /// profiles) instead of --workload; backends then need --executor onnx|cuda.
+    #[arg(long)]
+    models: Option<PathBuf>,
+    /// With --models: whose profiles to use (onnx: STEM.profile-cpu.json, cuda:
+    /// STEM.profile-cuda.json).
+    #[arg(long, default_value = "onnx")]
+    profiles: String,
+}
+
+impl RepoArgs {
+    /// The repository's workload, if --models was given (not with --workload).
+    fn workload(&self, workload: &Option<PathBuf>, rate: Option<f64>) -> Result<Option<Workload>> {
+        let Some(dir) = &self.models else {
+            return Ok(None);
+        };
+        if workload.is_some() {
+            bail!("give --workload or --models, not both");
+        }
+        let models = fermata::repo::load_repository(dir, &self.profiles)?;
+        Workload::from_repository(
+            &format!("{} ({})", dir.display(), self.profiles),
+            &models,
+            1,
+            rate.unwrap_or(REPO_DEFAULT_RATE),
+        )
+        .map(Some)
+    }
 }
 
 #[derive(Args, Clone, Copy)]
@@ -119,7 +154,13 @@ fn set_input_bytes(w: &mut Workload, b: Option<u32>) -> Result<()> {
 
 pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     catch_signals();
-    let mut w = workload_of(&a.workload)?;
+    let mut w = match a.repo.workload(&a.workload, None)? {
+        Some(w) => w,
+        None => workload_of(&a.workload)?,
+    };
+    if a.repo.models.is_some() && a.input_bytes.is_some() {
+        bail!("--input-bytes is for emulated workloads; real models take their own inputs");
+    }
     set_input_bytes(&mut w, a.input_bytes)?;
     if let Some(p) = &a.policy {
         w.policy = p.parse().map_err(anyhow::Error::msg).context("--policy")?;
@@ -303,6 +344,8 @@ pub struct LoadgenArgs {
     #[arg(long, default_value = "tcp")]
     transport: String,
     #[command(flatten)]
+    repo: RepoArgs,
+    #[command(flatten)]
     load: LoadArgs,
 }
 
@@ -344,7 +387,10 @@ fn print_load(
 }
 
 pub fn cmd_loadgen(a: LoadgenArgs) -> Result<()> {
-    let w = workload_of(&a.load.workload)?;
+    let w = match a.repo.workload(&a.load.workload, a.load.rate)? {
+        Some(w) => w,
+        None => workload_of(&a.load.workload)?,
+    };
     let fes: Vec<String> = a
         .frontend
         .split(',')
@@ -428,6 +474,10 @@ fn serve_workload(a: &ServeArgs) -> Result<Workload> {
     if a.input_bytes.is_some() {
         bail!("--input-bytes is for the emulated executor; real models take their own inputs");
     }
+    // The executor first: an unknown kind, no ONNX Runtime or no GPU is the error
+    // to report, before the repository's profiles.
+    let _ = fermata::node::exec::executor_factory(&a.executor, &a.models)
+        .with_context(|| format!("--executor {}", a.executor))?;
     let models = fermata::repo::load_repository(&a.models, &a.executor)?;
     Workload::from_repository(
         &format!("{} ({})", a.models.display(), a.executor),
