@@ -96,7 +96,12 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     );
     let pts = profiler::measure(exec.as_mut(), &info, &meta, &opts)?;
     let device = match a.executor.as_str() {
-        "onnx" => profiler::cpu_name(),
+        "onnx" => format!(
+            "{}, ONNX Runtime CPU provider, {} intra-op thread(s) ({})",
+            profiler::cpu_name(),
+            fermata::node::onnx::threads_from_env()?,
+            fermata::node::onnx::THREADS_ENV
+        ),
         other => format!("{other} device {}", a.gpu),
     };
     let prof = profiler::to_profile(&meta, &a.executor, &device, &pts, a.repeats)?;
@@ -119,12 +124,16 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             );
         }
         println!(
-            "l(b) = {:.4} ms * b + {:.4} ms   (fit: rmse {:.4} ms, max error {:.1}%, R^2 {:.5})",
-            prof.alpha_ms,
-            prof.beta_ms,
+            "least squares: l(b) = {:.4} ms * b + {:.4} ms   (rmse {:.4} ms, max error {:.1}%, R^2 {:.5})",
+            prof.fit.alpha_ms,
+            prof.fit.beta_ms,
             prof.fit.rmse_ms,
             100.0 * prof.fit.max_rel_err,
             prof.fit.r2
+        );
+        println!(
+            "scheduler's profile: l(b) = {:.4} ms * b + {:.4} ms   (intercept raised to the highest median)",
+            prof.alpha_ms, prof.beta_ms
         );
     }
     if !a.dry_run {

@@ -84,34 +84,46 @@ pub struct SchedulerArgs {
     #[command(flatten)]
     spin: SpinArgs,
     /// Override every model's input size in bytes (what load generators send).
-    #[arg(long, conflicts_with = "models")]
+    #[arg(long)]
     input_bytes: Option<u32>,
     /// Override the workload's policy: deferred, eager or timeout:FRAC.
     #[arg(long)]
     policy: Option<String>,
-    /// Serve the real models of this repository (every `STEM.onnx` with its
-    /// metadata and measured profile) instead of a workload file's models.
-    #[arg(long, conflicts_with = "workload")]
-    models: Option<PathBuf>,
-    /// With --models: the executor the backends run (onnx or cuda), which picks the
-    /// profile file (STEM.profile-cpu.json or STEM.profile-cuda.json).
-    #[arg(long, default_value = "onnx", requires = "models")]
-    executor: String,
-    /// With --models: GPUs the scheduler plans for.
-    #[arg(long, default_value_t = 1, requires = "models")]
-    gpus: u32,
+    #[command(flatten)]
+    repo: RepoArgs,
 }
 
-/// The workload of a model repository (`--models DIR`): refuses a model without a
-/// profile for `executor`, saying how to make one.
-pub fn repository_workload(dir: &std::path::Path, executor: &str, gpus: u32) -> Result<Workload> {
-    let models = fermata::repo::load_repository(dir, executor)?;
-    Workload::from_repository(
-        &format!("models:{}", dir.display()),
-        &models,
-        gpus,
-        100.0 * models.len() as f64,
-    )
+/// Serving a model repository instead of a workload file (scheduler, loadgen).
+#[derive(Args, Clone)]
+pub struct RepoArgs {
+    /// Serve every model of this repository (their metadata and measured
+    /// profiles) instead of --workload; backends then need --executor onnx|cuda.
+    #[arg(long)]
+    models: Option<PathBuf>,
+    /// With --models: whose profiles to use (onnx: STEM.profile-cpu.json, cuda:
+    /// STEM.profile-cuda.json).
+    #[arg(long, default_value = "onnx")]
+    profiles: String,
+}
+
+impl RepoArgs {
+    /// The repository's workload, if --models was given (not with --workload).
+    fn workload(&self, workload: &Option<PathBuf>, rate: Option<f64>) -> Result<Option<Workload>> {
+        let Some(dir) = &self.models else {
+            return Ok(None);
+        };
+        if workload.is_some() {
+            bail!("give --workload or --models, not both");
+        }
+        let models = fermata::repo::load_repository(dir, &self.profiles)?;
+        Workload::from_repository(
+            &format!("{} ({})", dir.display(), self.profiles),
+            &models,
+            1,
+            rate.unwrap_or(REPO_DEFAULT_RATE),
+        )
+        .map(Some)
+    }
 }
 
 #[derive(Args, Clone, Copy)]
@@ -142,10 +154,13 @@ fn set_input_bytes(w: &mut Workload, b: Option<u32>) -> Result<()> {
 
 pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     catch_signals();
-    let mut w = match &a.models {
-        Some(dir) => repository_workload(dir, &a.executor, a.gpus)?,
+    let mut w = match a.repo.workload(&a.workload, None)? {
+        Some(w) => w,
         None => workload_of(&a.workload)?,
     };
+    if a.repo.models.is_some() && a.input_bytes.is_some() {
+        bail!("--input-bytes is for emulated workloads; real models take their own inputs");
+    }
     set_input_bytes(&mut w, a.input_bytes)?;
     if let Some(p) = &a.policy {
         w.policy = p.parse().map_err(anyhow::Error::msg).context("--policy")?;
@@ -181,9 +196,17 @@ pub struct BackendArgs {
     /// The scheduler's address.
     #[arg(long, default_value = "127.0.0.1:7300")]
     scheduler: String,
-    /// Emulated GPUs on this backend.
+    /// GPUs on this backend (with --executor onnx: ONNX Runtime CPU workers, one
+    /// session per model each; with cuda: CUDA devices 0..N).
     #[arg(long, default_value_t = 1)]
     gpus: u32,
+    /// What runs the batches: emulated (waits l(b)), onnx (ONNX Runtime, CPU) or
+    /// cuda (ONNX Runtime's CUDA provider; needs the `cuda` build feature).
+    #[arg(long, default_value = "emulated")]
+    executor: String,
+    /// Where the onnx/cuda executors find each model's NAME.onnx.
+    #[arg(long, default_value = "models")]
+    models: PathBuf,
     #[arg(long, default_value = "backend")]
     name: String,
     /// tcp or rdma.
@@ -195,7 +218,8 @@ pub struct BackendArgs {
 
 pub fn cmd_backend(a: BackendArgs) -> Result<()> {
     catch_signals();
-    let mut o = BackendOpts::emulated(&a.scheduler, a.gpus);
+    let mut o = BackendOpts::with_executor(&a.scheduler, a.gpus, &a.executor, &a.models)
+        .with_context(|| format!("--executor {}", a.executor))?;
     o.name = a.name;
     o.verbose = a.verbose;
     let b = BackendNode::start(transport_of(&a.transport)?, o)?;
@@ -320,6 +344,8 @@ pub struct LoadgenArgs {
     #[arg(long, default_value = "tcp")]
     transport: String,
     #[command(flatten)]
+    repo: RepoArgs,
+    #[command(flatten)]
     load: LoadArgs,
 }
 
@@ -361,7 +387,10 @@ fn print_load(
 }
 
 pub fn cmd_loadgen(a: LoadgenArgs) -> Result<()> {
-    let w = workload_of(&a.load.workload)?;
+    let w = match a.repo.workload(&a.load.workload, a.load.rate)? {
+        Some(w) => w,
+        None => workload_of(&a.load.workload)?,
+    };
     let fes: Vec<String> = a
         .frontend
         .split(',')
@@ -395,16 +424,71 @@ pub struct ServeArgs {
     /// A ModelThread polls this long for more work before it parks (us).
     #[arg(long, default_value_t = 20)]
     model_spin_us: u64,
-    /// Override every model's input size in bytes.
+    /// Override every model's input size in bytes (emulated only).
     #[arg(long)]
     input_bytes: Option<u32>,
+    /// What runs the batches: emulated (the workload's profiles, waits l(b)),
+    /// onnx (ONNX Runtime on the CPU: serves every model of --models under its
+    /// file stem, with its measured profile) or cuda (feature `cuda`).
+    #[arg(long, default_value = "emulated")]
+    executor: String,
+    /// The model repository that onnx and cuda serve.
+    #[arg(long, default_value = "models")]
+    models: PathBuf,
+    /// GPUs (default: the workload's; with onnx 1: each is one worker thread
+    /// with one ONNX Runtime CPU session per model).
+    #[arg(long)]
+    gpus: Option<u32>,
     #[command(flatten)]
     load: LoadArgs,
 }
 
+/// The offered rate of a model-repository workload when --rate is not given
+/// (requests/s over all models).
+pub const REPO_DEFAULT_RATE: f64 = 100.0;
+
+/// The workload of `serve`: the workload file (emulated), or the model repository
+/// with its profiles for the executor (onnx, cuda).
+fn serve_workload(a: &ServeArgs) -> Result<Workload> {
+    if let Some(g) = a.gpus {
+        if !(1..=4096).contains(&g) {
+            bail!("--gpus must be between 1 and 4096, got {g}");
+        }
+    }
+    if a.executor == "emulated" {
+        let mut w = workload_of(&a.load.workload)?;
+        set_input_bytes(&mut w, a.input_bytes)?;
+        if let Some(g) = a.gpus {
+            w.gpus = g;
+        }
+        return Ok(w);
+    }
+    if a.load.workload.is_some() {
+        bail!(
+            "--executor {} serves the models of the repository (--models {}); --workload is for \
+             the emulated executor",
+            a.executor,
+            a.models.display()
+        );
+    }
+    if a.input_bytes.is_some() {
+        bail!("--input-bytes is for the emulated executor; real models take their own inputs");
+    }
+    // The executor first: an unknown kind, no ONNX Runtime or no GPU is the error
+    // to report, before the repository's profiles.
+    let _ = fermata::node::exec::executor_factory(&a.executor, &a.models)
+        .with_context(|| format!("--executor {}", a.executor))?;
+    let models = fermata::repo::load_repository(&a.models, &a.executor)?;
+    Workload::from_repository(
+        &format!("{} ({})", a.models.display(), a.executor),
+        &models,
+        a.gpus.unwrap_or(1),
+        a.load.rate.unwrap_or(REPO_DEFAULT_RATE),
+    )
+}
+
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
-    let mut w = workload_of(&a.load.workload)?;
-    set_input_bytes(&mut w, a.input_bytes)?;
+    let w = serve_workload(&a)?;
     let tr = transport_of(&a.transport)?;
     let co = ClusterOpts {
         backends: a.backends,
@@ -418,14 +502,17 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         verbose: a.verbose,
         rank_spin_us: a.rank_spin_us,
         model_spin_us: a.model_spin_us,
+        executor: a.executor.clone(),
+        models_dir: a.models.clone(),
         ..ClusterOpts::default()
     };
     let lo = a.load.options(&w, Vec::new())?;
     if !a.load.json {
         eprintln!(
-            "fermata serve: {} ({} GPUs, emulated) over {} | {} backend(s), {} frontend(s) | {:.0} r/s for {:.1}+{:.1} s",
+            "fermata serve: {} ({} GPUs, {}) over {} | {} backend(s), {} frontend(s) | {:.0} r/s for {:.1}+{:.1} s",
             w.name,
             w.gpus,
+            a.executor,
             tr.name(),
             a.backends,
             a.frontends,

@@ -2,11 +2,19 @@
 # Installs or checks everything Fermata needs to build, test and run its demo.
 # Idempotent: safe to run any number of times; does nothing when all is in place.
 #
-# The crate itself needs only a Rust toolchain (cargo, rustc >= the rust-version in
-# Cargo.toml) plus rustfmt and clippy for CI. The optional `rdma` cargo feature (the
+# The crate itself needs a Rust toolchain (cargo, rustc >= the rust-version in
+# Cargo.toml) plus rustfmt and clippy for CI, and ONNX Runtime at run time for the
+# onnx executor and its tests (installed below into .deps/py). The optional `rdma` cargo feature (the
 # ibverbs transport, which .ci/run builds, lints and tests) needs a few Debian
 # packages, listed in RDMA_APT_PACKAGES below; apt is only touched when one of them
 # is missing, and `apt-get update` only runs when apt has no usable package list.
+#
+# The ONNX executor needs ONNX Runtime's shared library, which it loads at run time:
+# the pinned `onnxruntime` wheel from PyPI is installed (with `onnx` and `numpy`,
+# which scripts/gen_models.py uses) into the project-local .deps/py with
+# `pip install --target` (never into the system Python); a stamp file makes a second
+# run a no-op. python3 with pip is used as found; on Debian without pip, apt's
+# python3-pip is installed. Nothing is downloaded at cargo build time.
 #
 # Where apt cannot be used (no apt-get, not root and no sudo) and those packages are
 # missing, the script warns and goes on: everything but `--features rdma` still
@@ -97,6 +105,33 @@ if ((${#missing[@]} + ${#rdma_missing[@]})); then
 else
   say "system packages: nothing to install"
 fi
+
+# --- ONNX Runtime (and the model script's onnx/numpy) into .deps/py -----------------
+# onnxruntime 1.31 matches the ort crate's C API version (ort 2.0.0-rc.15, api-31).
+PY_PINS=(onnxruntime==1.31.1 onnx==1.23.2 numpy==2.4.6)
+PY_DIR=.deps/py
+if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1; then
+  check_apt
+  [[ -z "$problem" ]] || die "python3 with pip is needed to install ONNX Runtime ($problem); install python3-pip"
+  apt_install python3 python3-pip || die "apt-get install python3-pip failed"
+fi
+py_stamp="python $(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${PY_PINS[*]}"
+ort_lib() { compgen -G "$PY_DIR/onnxruntime/capi/libonnxruntime.so*" >/dev/null; }
+if [[ -f "$PY_DIR/.fermata-pins" && "$(cat "$PY_DIR/.fermata-pins")" == "$py_stamp" ]] && ort_lib; then
+  say "onnxruntime: already in $PY_DIR (${PY_PINS[*]})"
+else
+  say "installing ${PY_PINS[*]} into $PY_DIR (pip --target)"
+  rm -rf "$PY_DIR"
+  mkdir -p "$PY_DIR"
+  # --target installs beside the system packages, so PEP 668 (an "externally
+  # managed" Debian Python) does not apply; the variable only tells older pips so.
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install \
+    --disable-pip-version-check --no-input -q --target "$PY_DIR" "${PY_PINS[@]}" ||
+    die "pip install ${PY_PINS[*]} failed"
+  ort_lib || die "the onnxruntime wheel has no $PY_DIR/onnxruntime/capi/libonnxruntime.so*"
+  printf '%s\n' "$py_stamp" >"$PY_DIR/.fermata-pins"
+fi
+say "onnxruntime: $(cd "$PY_DIR/onnxruntime/capi" && ls libonnxruntime.so* | head -n1) (the onnx executor finds it, or set ORT_DYLIB_PATH)"
 
 # --- Rust toolchain ----------------------------------------------------------------
 if ! command -v cargo >/dev/null || ! command -v rustc >/dev/null; then

@@ -152,9 +152,15 @@ pub fn measure(
         .collect())
 }
 
-/// Fits the line through the medians and makes the profile file. A negative
-/// intercept or slope (possible with noisy points) is clamped to 0 in the profile
-/// the scheduler uses; the raw fit stays in `fit`.
+/// Fits the line through the medians and makes the profile file.
+///
+/// `fit` is the ordinary least-squares line. The line the scheduler plans with
+/// (`alpha_ms`, `beta_ms`) keeps its slope (0 if negative) but raises the
+/// intercept until no measured median lies above it: a profile that promises a
+/// batch sooner than it runs makes the scheduler miss deadlines, one that is a
+/// little slow only costs a little batch size. With a straight-line model the two
+/// coincide up to noise; with a curved one (fixed costs that a large batch
+/// amortises) the raise is what keeps small batches honest.
 pub fn to_profile(
     meta: &ModelMeta,
     executor: &str,
@@ -166,6 +172,12 @@ pub fn to_profile(
     let y: Vec<f64> = points.iter().map(|p| p.median_ms).collect();
     let fit: LinearFit = fit_linear(&x, &y)?;
     let max_batch = points.iter().map(|p| p.batch).max().unwrap_or(1);
+    let alpha_ms = fit.alpha_ms.max(0.0);
+    let beta_ms = points
+        .iter()
+        .map(|p| p.median_ms - alpha_ms * p.batch as f64)
+        .fold(fit.beta_ms, f64::max)
+        .max(0.0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -174,8 +186,8 @@ pub fn to_profile(
         model: meta.name.clone(),
         executor: executor.to_string(),
         device: device.to_string(),
-        alpha_ms: fit.alpha_ms.max(0.0),
-        beta_ms: fit.beta_ms.max(0.0),
+        alpha_ms,
+        beta_ms,
         max_batch,
         batch_sizes: points.iter().map(|p| p.batch).collect(),
         median_ms: y,
@@ -277,6 +289,11 @@ mod tests {
         assert_eq!(prof.max_batch, 16);
         assert_eq!(prof.batch_sizes, vec![1, 4, 16]);
         prof.validate().unwrap();
+        // The planning line is never below a measured median.
+        for p in &pts {
+            assert!(prof.alpha_ms * p.batch as f64 + prof.beta_ms >= p.median_ms - 1e-12);
+        }
+        assert!(prof.beta_ms >= prof.fit.beta_ms);
         // A batch larger than the model allows is an error, not a measurement.
         let too_big = ProfileOpts {
             batch_sizes: vec![1, 17],

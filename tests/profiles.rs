@@ -64,7 +64,7 @@ fn scheduler_refuses_a_model_without_a_profile() {
         "scheduler",
         "--models",
         s(&dir),
-        "--executor",
+        "--profiles",
         "cuda",
         "--listen",
         "127.0.0.1:0",
@@ -95,5 +95,57 @@ fn profile_rejects_bad_arguments() {
     let e = fails(&["profile", "--model", s(&model), "--executor", "tpu"]);
     assert!(e.contains("unknown executor \"tpu\""), "{e}");
     assert!(!dir.join("tiny.profile-cpu.json").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The profiler end to end on a shipped model with ONNX Runtime (CPU).
+#[test]
+fn profile_measures_a_real_model() {
+    let dir = std::env::temp_dir().join(format!("fermata-prof-real-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("mlp.json");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/mlp.onnx");
+    let o = Command::new(exe())
+        .args([
+            "profile",
+            "--model",
+            s(&model),
+            "--batch-sizes",
+            "1,4,16",
+            "--repeats",
+            "3",
+            "--warmup",
+            "1",
+            "--out",
+            s(&out),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("least squares: l(b) ="), "{stdout}");
+    let p = fermata::repo::ProfileFile::load(&out).unwrap();
+    assert_eq!(p.model, "mlp");
+    assert_eq!(p.executor, "onnx");
+    assert_eq!(p.batch_sizes, vec![1, 4, 16]);
+    assert_eq!(p.max_batch, 16);
+    assert_eq!(p.repeats, 3);
+    assert!(p.median_ms.iter().all(|&m| m > 0.0), "{p:?}");
+    for (b, m) in p.batch_sizes.iter().zip(&p.median_ms) {
+        assert!(p.alpha_ms * *b as f64 + p.beta_ms >= m - 1e-9, "{p:?}");
+    }
+    // The scheduler takes it: a repository with this profile loads.
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    for f in ["mlp.onnx", "mlp.json"] {
+        std::fs::copy(model.with_file_name(f), repo.join(f)).unwrap();
+    }
+    std::fs::copy(&out, repo.join("mlp.profile-cpu.json")).unwrap();
+    let models = fermata::repo::load_repository(&repo, "onnx").unwrap();
+    assert_eq!(models[0].spec().unwrap().profile.max_batch(), 16);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -233,7 +233,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             let slot = (x >> 33) as usize % 50;
             let k = ((x >> 13) % 1000) as i64;
-            if (x >> 7) % 3 == 0 {
+            if (x >> 7).is_multiple_of(3) {
                 assert_eq!(h.remove(slot), model[slot]);
                 model[slot] = None;
             } else {

@@ -69,6 +69,31 @@ impl BackendOpts {
             verbose: false,
         }
     }
+
+    /// `gpus` GPUs run by the executor `kind` (`--executor`: emulated, onnx or
+    /// cuda; see [`super::exec::executor_factory`]), real models' files in
+    /// `models_dir`. Fails when the executor cannot run here (no ONNX Runtime, no
+    /// CUDA device).
+    pub fn with_executor(
+        scheduler: &str,
+        gpus: u32,
+        kind: &str,
+        models_dir: &std::path::Path,
+    ) -> anyhow::Result<BackendOpts> {
+        let mut o = BackendOpts::emulated(scheduler, gpus);
+        o.executor = super::exec::executor_factory(kind, models_dir)?;
+        o.gpu_name = match kind {
+            "onnx" => "onnxruntime-cpu".into(),
+            other => other.to_string(),
+        };
+        #[cfg(feature = "cuda")]
+        if kind == "cuda" {
+            let (name, mem) = super::onnx::cuda::describe(0)?;
+            o.gpu_name = name;
+            o.gpu_mem_bytes = mem;
+        }
+        Ok(o)
+    }
 }
 
 /// Counts of what a backend did.

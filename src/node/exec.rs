@@ -3,7 +3,8 @@
 //! [`Executor`] is the interface; [`EmulatedGpu`] is the default: it computes a
 //! checksum of each input as the "output" and takes exactly l(b) of wall time per
 //! batch (the model's profile), so a cluster of emulated GPUs behaves like the
-//! simulator's. Issue 5 adds ONNX Runtime behind the same interface.
+//! simulator's. [`super::onnx::OnnxExecutor`] runs real ONNX models with ONNX
+//! Runtime (kind `onnx`, CPU; kind `cuda` with the `cuda` cargo feature).
 
 use crate::core::{Dur, LatencyProfile};
 use crate::wire::{ModelInfo, WireProfile};
@@ -24,18 +25,48 @@ pub trait Executor: Send {
 pub type ExecutorFactory = Box<dyn Fn(u32) -> anyhow::Result<Box<dyn Executor>> + Send + Sync>;
 
 /// The executor kinds, as `--executor` names them.
-pub const EXECUTOR_KINDS: &[&str] = &["emulated"];
+pub const EXECUTOR_KINDS: &[&str] = &["emulated", "onnx", "cuda"];
 
-/// The factory for an executor kind (`--executor`): `emulated` (the default; waits
-/// l(b) from the model's profile). `models_dir` is where real executors find each
-/// model's file (`NAME.onnx`).
+/// The factory for an executor kind (`--executor`):
+///
+/// * `emulated` (the default): waits l(b) from the model's profile;
+/// * `onnx`: ONNX Runtime on the CPU, one session per model on each "GPU" (which
+///   is then one worker thread with its sessions); the models' files are
+///   `models_dir/NAME.onnx`;
+/// * `cuda` (cargo feature `cuda`): ONNX Runtime's CUDA provider, backend GPU `g`
+///   on CUDA device `g`.
+///
+/// ONNX Runtime is loaded (and, for `cuda`, a CUDA device looked for) here, so a
+/// missing library or device is reported before a backend starts.
 pub fn executor_factory(
     kind: &str,
     models_dir: &std::path::Path,
 ) -> anyhow::Result<ExecutorFactory> {
-    let _ = models_dir;
+    use super::onnx::{OnnxExecutor, OnnxOptions};
+    let dir = models_dir.to_path_buf();
     match kind {
         "emulated" => Ok(Box::new(|_| Ok(Box::new(EmulatedGpu::new())))),
+        "onnx" => {
+            let opts = OnnxOptions::cpu(&dir)?;
+            super::onnx::ort_environment()?;
+            Ok(Box::new(move |_| {
+                Ok(Box::new(OnnxExecutor::new(opts.clone())?) as Box<dyn Executor>)
+            }))
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            super::onnx::cuda::device_count()?;
+            super::onnx::ort_environment()?;
+            Ok(Box::new(move |gpu| {
+                let opts = super::onnx::cuda::options(&dir, gpu)?;
+                Ok(Box::new(OnnxExecutor::new(opts)?) as Box<dyn Executor>)
+            }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => anyhow::bail!(
+            "this fermata was built without the `cuda` feature; rebuild with \
+             `cargo build --release --features cuda`, or use --executor onnx"
+        ),
         other => anyhow::bail!(
             "unknown executor {other:?}; choose one of: {}",
             EXECUTOR_KINDS.join(", ")

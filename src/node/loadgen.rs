@@ -7,9 +7,15 @@
 //! counted as a duplicate; a request with no answer by the end of the drain is
 //! counted as unanswered (and as bad). With `verify`, outputs are checked against
 //! the emulated GPU's (the input's length and hash).
+//!
+//! Real models (those the frontend lists with metadata, from a model repository)
+//! get valid inputs in the model's byte layout instead of random bytes: see
+//! [`sample_input`]. Their outputs are checked only for length (the model's
+//! output bytes per request), since the load generator cannot compute them.
 
 use super::exec::emulated_output;
 use crate::core::{Dur, Time};
+use crate::repo::{DType, ModelMeta};
 use crate::sim::arrivals::{model_gens, MergedArrivals};
 use crate::sim::{new_hist, ModelResult, SimResult};
 use crate::transport::{Conn, Event, Transport};
@@ -97,6 +103,47 @@ impl LoadReport {
     }
 }
 
+/// One valid request for a real model: each input tensor's sample in metadata
+/// order, little endian. Floating-point elements are uniform in [-1, 1); integer
+/// elements are in 0..8 (valid as indices into any table of at least 8 rows, the
+/// shipped `ranker`'s ids included); booleans are 0 or 1.
+pub fn sample_input(meta: &ModelMeta, rng: &mut impl RngCore) -> Vec<u8> {
+    let mut b = Vec::with_capacity(meta.input_bytes());
+    let unit = |rng: &mut dyn RngCore| (rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
+    for t in &meta.inputs {
+        for _ in 0..t.sample_elems() {
+            let small = (rng.next_u32() % 8) as u8;
+            match t.datatype {
+                DType::F32 => b.extend_from_slice(&unit(rng).to_le_bytes()),
+                DType::F64 => b.extend_from_slice(&(unit(rng) as f64).to_le_bytes()),
+                DType::F16 => b.extend_from_slice(&half::f16::from_f32(unit(rng)).to_le_bytes()),
+                DType::Bool => b.push(small & 1),
+                DType::U8 | DType::I8 => b.push(small),
+                DType::I32 => b.extend_from_slice(&(small as i32).to_le_bytes()),
+                DType::I64 => b.extend_from_slice(&(small as i64).to_le_bytes()),
+            }
+        }
+    }
+    b
+}
+
+/// What a good output of one pooled input must be.
+enum Expect {
+    /// Exactly these bytes (the emulated GPU's output).
+    Bytes(Vec<u8>),
+    /// This many bytes (a real model's outputs per request).
+    Len(usize),
+}
+
+impl Expect {
+    fn ok(&self, out: &[u8]) -> bool {
+        match self {
+            Expect::Bytes(b) => out == b.as_slice(),
+            Expect::Len(n) => out.len() == *n,
+        }
+    }
+}
+
 struct Rec {
     model: u32,
     pool: u32,
@@ -138,7 +185,7 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
     // Workload model i -> (name, input pool, expected outputs).
     let mut names = Vec::new();
     let mut pools: Vec<Vec<Vec<u8>>> = Vec::new();
-    let mut expect: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut expect: Vec<Vec<Expect>> = Vec::new();
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(o.seed ^ 0x1f2e3d4c);
     for m in &w.models {
         let Some(info) = served.iter().find(|s| s.name == m.spec.name) else {
@@ -153,13 +200,30 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
             );
         };
         names.push(info.name.clone());
+        let meta = match info.meta() {
+            None => None,
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) => bail!("model `{}`: the frontend sent bad metadata: {e}", info.name),
+        };
         let mut p = Vec::new();
         for _ in 0..o.pool.max(1) {
-            let mut b = vec![0u8; info.input_bytes as usize];
-            rng.fill_bytes(&mut b);
-            p.push(b);
+            p.push(match &meta {
+                Some(m) => sample_input(m, &mut rng),
+                None => {
+                    let mut b = vec![0u8; info.input_bytes as usize];
+                    rng.fill_bytes(&mut b);
+                    b
+                }
+            });
         }
-        expect.push(p.iter().map(|b| emulated_output(b)).collect());
+        expect.push(
+            p.iter()
+                .map(|b| match &meta {
+                    Some(m) => Expect::Len(m.output_bytes()),
+                    None => Expect::Bytes(emulated_output(b)),
+                })
+                .collect(),
+        );
         pools.push(p);
     }
     let mut arrivals = MergedArrivals::new(
@@ -233,7 +297,7 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         let mr = &mut models[r.model as usize];
         let wrong = o.verify
             && matches!(status, ReplyStatus::Good | ReplyStatus::Late)
-            && output != expect[r.model as usize][r.pool as usize];
+            && !expect[r.model as usize][r.pool as usize].ok(&output);
         if wrong {
             rep.wrong_outputs += 1;
         }

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod exec;
 pub mod frontend;
 pub mod loadgen;
+pub mod onnx;
 pub mod procs;
 pub mod scheduler;
 pub mod serve;

@@ -26,6 +26,10 @@ pub struct ClusterOpts {
     /// Scheduler thread spin/poll times (us).
     pub rank_spin_us: u64,
     pub model_spin_us: u64,
+    /// The backends' executor kind (`emulated`, `onnx`, `cuda`) and where real
+    /// models' files are.
+    pub executor: String,
+    pub models_dir: std::path::PathBuf,
 }
 
 impl Default for ClusterOpts {
@@ -39,6 +43,8 @@ impl Default for ClusterOpts {
             verbose: false,
             rank_spin_us: 20,
             model_spin_us: 20,
+            executor: "emulated".into(),
+            models_dir: "models".into(),
         }
     }
 }
@@ -88,7 +94,8 @@ impl Cluster {
         for b in 0..o.backends {
             // GPUs split as evenly as possible, the first backends get the extra ones.
             let n = w.gpus / o.backends + u32::from(b < w.gpus % o.backends);
-            let mut bo = BackendOpts::emulated(scheduler.addr(), n);
+            let mut bo =
+                BackendOpts::with_executor(scheduler.addr(), n, &o.executor, &o.models_dir)?;
             bo.name = format!("backend{b}");
             bo.verbose = o.verbose;
             backends.push(BackendNode::start(transport.clone(), bo)?);

@@ -220,7 +220,7 @@ impl Waiter {
                 break (WaitOutcome::Deadline, now);
             }
             turns = turns.wrapping_add(1);
-            if self.yield_every != 0 && turns % self.yield_every == 0 {
+            if self.yield_every != 0 && turns.is_multiple_of(self.yield_every) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

@@ -1674,7 +1674,7 @@ impl RegionReader for RdmaReader {
                         break;
                     }
                     spins += 1;
-                    if spins % 64 == 0 {
+                    if spins.is_multiple_of(64) {
                         std::thread::yield_now();
                     } else {
                         std::hint::spin_loop();

@@ -679,7 +679,7 @@ mod tests {
             id,
             name: format!("resnet{id}"),
             slo_ns: 25_000_000,
-            profile: if id % 2 == 0 {
+            profile: if id.is_multiple_of(2) {
                 WireProfile::Linear {
                     alpha_ns: 1_000,
                     beta_ns: -7,
@@ -691,7 +691,7 @@ mod tests {
                 }
             },
             input_bytes: 602_112,
-            meta_json: if id % 2 == 0 {
+            meta_json: if id.is_multiple_of(2) {
                 String::new()
             } else {
                 "{\"name\":\"m\"}".into()
