@@ -91,6 +91,12 @@ pub struct SchedulerArgs {
     policy: Option<String>,
     #[command(flatten)]
     repo: RepoArgs,
+    /// Cap on the measured control-delay budget d_ctrl (us).
+    #[arg(long, default_value_t = 2000)]
+    max_ctrl_us: u64,
+    /// Cap on the measured input-pull budget d_data per request (us).
+    #[arg(long, default_value_t = 500)]
+    max_data_us: u64,
 }
 
 /// Serving a model repository instead of a workload file (scheduler, loadgen).
@@ -179,6 +185,8 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             verbose: a.verbose,
             rank_spin: Dur::from_us(a.spin.rank_spin_us as i64),
             model_spin: Dur::from_us(a.spin.model_spin_us as i64),
+            max_ctrl: Dur::from_us(a.max_ctrl_us as i64),
+            max_data: Dur::from_us(a.max_data_us as i64),
             ..SchedulerOpts::default()
         },
     )?;

@@ -21,7 +21,8 @@ use super::scheduler::task_owner;
 use crate::core::{LatencyProfile, Time};
 use crate::runtime::clock::Clock;
 use crate::transport::{
-    Conn, ConnId, Event, InputRef, ReadReq, RegionReader, SlotHeader, Transport, SLOT_HEADER,
+    Conn, ConnId, Event, InputRef, ReadError, ReadReq, RegionReader, SlotHeader, Transport,
+    SLOT_HEADER,
 };
 use crate::wire::{
     DropCode, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, Role, TaskResult, TaskStatus,
@@ -107,6 +108,12 @@ pub struct BackendReport {
     pub plans_failed: u64,
     pub tasks_run: u64,
     pub inputs_missing: u64,
+    /// Why inputs went missing: no answer within the pull budget, a slot that no
+    /// longer held the task (freed or reused at the frontend), an unreachable or
+    /// out-of-bounds region.
+    pub inputs_missing_timeout: u64,
+    pub inputs_missing_stale: u64,
+    pub inputs_missing_error: u64,
     /// How late batches started after exec_at, p50/p99 (us).
     pub start_delay_p50_us: f64,
     pub start_delay_p99_us: f64,
@@ -151,6 +158,8 @@ struct Shared {
     plans_failed: AtomicU64,
     tasks_run: AtomicU64,
     inputs_missing: AtomicU64,
+    /// Missing inputs by reason: [timeout, stale slot, error].
+    missing_why: [AtomicU64; 3],
 }
 
 enum WorkerMsg {
@@ -224,6 +233,7 @@ impl BackendNode {
             plans_failed: AtomicU64::new(0),
             tasks_run: AtomicU64::new(0),
             inputs_missing: AtomicU64::new(0),
+            missing_why: Default::default(),
         });
         let mut pullers = Vec::new();
         let mut workers = Vec::new();
@@ -312,6 +322,9 @@ impl BackendNode {
             plans_failed: s.plans_failed.load(Ordering::Relaxed),
             tasks_run: s.tasks_run.load(Ordering::Relaxed),
             inputs_missing: s.inputs_missing.load(Ordering::Relaxed),
+            inputs_missing_timeout: s.missing_why[0].load(Ordering::Relaxed),
+            inputs_missing_stale: s.missing_why[1].load(Ordering::Relaxed),
+            inputs_missing_error: s.missing_why[2].load(Ordering::Relaxed),
             start_delay_p50_us: q(&s.start_delay, 0.5),
             start_delay_p99_us: q(&s.start_delay, 0.99),
             pull_p99_us_per_task: q(&s.pull, 0.99),
@@ -747,9 +760,19 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
             .into_iter()
             .zip(&plan.tasks)
             .map(|(r, t)| {
-                let slot = r.ok()?;
-                let len = SlotHeader::check(&slot, t.id).ok()?.len();
-                Some(Input { slot, len })
+                let why = match r {
+                    Ok(slot) => match SlotHeader::check(&slot, t.id) {
+                        Ok(p) => {
+                            let len = p.len();
+                            return Some(Input { slot, len });
+                        }
+                        Err(_) => 1,
+                    },
+                    Err(ReadError::Timeout) => 0,
+                    Err(_) => 2,
+                };
+                sh.missing_why[why].fetch_add(1, Ordering::Relaxed);
+                None
             })
             .collect();
         if worker.send(WorkerMsg::Run(plan, inputs)).is_err() {
