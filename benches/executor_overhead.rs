@@ -22,7 +22,6 @@
 //! runs with `FERMATA_ORT_THREADS` intra-op threads (default 1), as in the backend.
 //! It needs ONNX Runtime (`scripts/setup.sh`).
 
-use fermata::node::loadgen::sample_input;
 use fermata::node::onnx::{OnnxModel, OnnxOptions};
 use fermata::repo::{load_meta, DType, ModelMeta};
 use ort::session::SessionInputValue;
@@ -118,7 +117,7 @@ fn main() {
         let meta = load_meta(&file).unwrap();
         let mut model = OnnxModel::open(&file, &meta, &opts).unwrap_or_else(|e| panic!("{e:#}"));
         let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(11);
-        let reqs: Vec<Vec<u8>> = (0..32).map(|_| sample_input(&meta, &mut rng)).collect();
+        let reqs: Vec<Vec<u8>> = (0..32).map(|_| meta.sample_input(&mut rng)).collect();
         let refs: Vec<&[u8]> = reqs.iter().map(|v| v.as_slice()).collect();
         for b in BATCHES {
             let batch = &refs[..b];

@@ -194,32 +194,30 @@ impl ModelMeta {
         self.outputs.iter().map(TensorMeta::sample_bytes).sum()
     }
     /// A plausible request for this model (one sample in the request layout):
-    /// floats uniform in [-1, 1), integers in 0..16, random bytes, booleans 0/1.
-    /// Deterministic in `seed`. Profilers and load generators send these.
-    pub fn sample_input(&self, seed: u64) -> Vec<u8> {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
-        let mut out = Vec::with_capacity(self.input_bytes());
+    /// floats uniform in [-1, 1), integers in 0..8, bytes in 0..8, booleans 0/1
+    /// (small integers are valid ids for the shipped models' lookups). Profilers,
+    /// load generators and tests send these.
+    pub fn sample_input(&self, rng: &mut impl rand::RngCore) -> Vec<u8> {
+        let mut b = Vec::with_capacity(self.input_bytes());
+        let unit =
+            |rng: &mut dyn rand::RngCore| (rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
         for t in &self.inputs {
             for _ in 0..t.sample_elems() {
+                let small = (rng.next_u32() % 8) as u8;
                 match t.datatype {
-                    DType::F32 => out.extend_from_slice(&rng.gen_range(-1.0f32..1.0).to_le_bytes()),
-                    DType::F64 => out.extend_from_slice(&rng.gen_range(-1.0f64..1.0).to_le_bytes()),
-                    // Sign, a zero exponent bias of 14 or 15 and a random mantissa:
-                    // magnitudes in [0.5, 2).
+                    DType::F32 => b.extend_from_slice(&unit(rng).to_le_bytes()),
+                    DType::F64 => b.extend_from_slice(&(unit(rng) as f64).to_le_bytes()),
                     DType::F16 => {
-                        let bits: u16 =
-                            (rng.gen::<u16>() & 0x83FF) | (rng.gen_range(14u16..16) << 10);
-                        out.extend_from_slice(&bits.to_le_bytes())
+                        b.extend_from_slice(&half::f16::from_f32(unit(rng)).to_le_bytes())
                     }
-                    DType::I32 => out.extend_from_slice(&rng.gen_range(0i32..16).to_le_bytes()),
-                    DType::I64 => out.extend_from_slice(&rng.gen_range(0i64..16).to_le_bytes()),
-                    DType::U8 | DType::I8 => out.push(rng.gen()),
-                    DType::Bool => out.push(rng.gen_range(0u8..2)),
+                    DType::Bool => b.push(small & 1),
+                    DType::U8 | DType::I8 => b.push(small),
+                    DType::I32 => b.extend_from_slice(&(small as i32).to_le_bytes()),
+                    DType::I64 => b.extend_from_slice(&(small as i64).to_le_bytes()),
                 }
             }
         }
-        out
+        b
     }
     pub fn from_json(text: &str) -> Result<ModelMeta> {
         let m: ModelMeta = serde_json::from_str(text)?;
@@ -510,10 +508,12 @@ mod tests {
         assert_eq!(DType::from_kserve("INT64"), Some(DType::I64));
         assert_eq!(DType::from_kserve("FP32").unwrap().kserve_name(), "FP32");
         assert_eq!(DType::from_kserve("float"), None);
-        let x = meta().sample_input(1);
+        use rand::SeedableRng;
+        let rng = |seed| rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+        let x = meta().sample_input(&mut rng(1));
         assert_eq!(x.len(), 256);
-        assert_eq!(x, meta().sample_input(1));
-        assert_ne!(x, meta().sample_input(2));
+        assert_eq!(x, meta().sample_input(&mut rng(1)));
+        assert_ne!(x, meta().sample_input(&mut rng(2)));
         assert!(x
             .chunks(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))

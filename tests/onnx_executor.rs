@@ -7,7 +7,6 @@
 //! it they fail with the setup hint; they do not skip.
 
 use fermata::node::exec::{executor_factory, Executor};
-use fermata::node::loadgen::sample_input;
 use fermata::node::onnx::{OnnxExecutor, OnnxModel, OnnxOptions};
 use fermata::repo::{load_meta, DType, ModelMeta};
 use fermata::wire::{ModelInfo, WireProfile};
@@ -138,9 +137,7 @@ fn batching_does_not_change_a_request_output() {
     for name in MODELS {
         let m = meta(name);
         let mut model = open(name);
-        let reqs: Vec<Vec<u8>> = (0..m.max_batch)
-            .map(|_| sample_input(&m, &mut rng))
-            .collect();
+        let reqs: Vec<Vec<u8>> = (0..m.max_batch).map(|_| m.sample_input(&mut rng)).collect();
         let refs: Vec<&[u8]> = reqs.iter().map(|v| v.as_slice()).collect();
         let alone: Vec<Vec<u8>> = refs
             .iter()

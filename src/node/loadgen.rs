@@ -10,12 +10,11 @@
 //!
 //! Real models (those the frontend lists with metadata, from a model repository)
 //! get valid inputs in the model's byte layout instead of random bytes: see
-//! [`sample_input`]. Their outputs are checked only for length (the model's
+//! [`crate::repo::ModelMeta::sample_input`]. Their outputs are checked only for length (the model's
 //! output bytes per request), since the load generator cannot compute them.
 
 use super::exec::emulated_output;
 use crate::core::{Dur, Time};
-use crate::repo::{DType, ModelMeta};
 use crate::sim::arrivals::{model_gens, MergedArrivals};
 use crate::sim::{new_hist, ModelResult, SimResult};
 use crate::transport::{Conn, Event, Transport};
@@ -103,30 +102,6 @@ impl LoadReport {
     }
 }
 
-/// One valid request for a real model: each input tensor's sample in metadata
-/// order, little endian. Floating-point elements are uniform in [-1, 1); integer
-/// elements are in 0..8 (valid as indices into any table of at least 8 rows, the
-/// shipped `ranker`'s ids included); booleans are 0 or 1.
-pub fn sample_input(meta: &ModelMeta, rng: &mut impl RngCore) -> Vec<u8> {
-    let mut b = Vec::with_capacity(meta.input_bytes());
-    let unit = |rng: &mut dyn RngCore| (rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
-    for t in &meta.inputs {
-        for _ in 0..t.sample_elems() {
-            let small = (rng.next_u32() % 8) as u8;
-            match t.datatype {
-                DType::F32 => b.extend_from_slice(&unit(rng).to_le_bytes()),
-                DType::F64 => b.extend_from_slice(&(unit(rng) as f64).to_le_bytes()),
-                DType::F16 => b.extend_from_slice(&half::f16::from_f32(unit(rng)).to_le_bytes()),
-                DType::Bool => b.push(small & 1),
-                DType::U8 | DType::I8 => b.push(small),
-                DType::I32 => b.extend_from_slice(&(small as i32).to_le_bytes()),
-                DType::I64 => b.extend_from_slice(&(small as i64).to_le_bytes()),
-            }
-        }
-    }
-    b
-}
-
 /// What a good output of one pooled input must be.
 enum Expect {
     /// Exactly these bytes (the emulated GPU's output).
@@ -208,7 +183,7 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         let mut p = Vec::new();
         for _ in 0..o.pool.max(1) {
             p.push(match &meta {
-                Some(m) => sample_input(m, &mut rng),
+                Some(m) => m.sample_input(&mut rng),
                 None => {
                     let mut b = vec![0u8; info.input_bytes as usize];
                     rng.fill_bytes(&mut b);
