@@ -1123,12 +1123,12 @@ mod tests {
             items: vec![(1, DropCode::Expired)],
         });
         let last = frame.len() - 1;
-        frame[last] = 9;
+        frame[last] = 10;
         assert_eq!(
             decode(&frame[4..]),
             Err(DecodeError::BadTag {
                 what: "Dropped.items",
-                tag: 9
+                tag: 10
             })
         );
     }
@@ -1151,7 +1151,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[2, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[3, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
@@ -1224,7 +1224,7 @@ mod tests {
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
-        let want = Some(Err(DecodeError::Version { got: 7, want: 2 }));
+        let want = Some(Err(DecodeError::Version { got: 7, want: 3 }));
         assert_eq!(r.next_msg(), want);
         assert_eq!(r.next_msg(), want);
     }
