@@ -23,8 +23,37 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "DNN inference serving with deferred batch scheduling"
 )]
 struct Cli {
+    /// Log filter in env-filter syntax (e.g. `info`, `warn,fermata::node::scheduler=debug`).
+    /// Default: $FERMATA_LOG, else `warn` (`info` with a role's --verbose). Logs go
+    /// to stderr.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// Sets up `tracing`: --log-level, else FERMATA_LOG, else warn (info if verbose).
+fn init_logs(level: Option<&str>, verbose: bool) -> Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let env = std::env::var("FERMATA_LOG")
+        .ok()
+        .filter(|s| !s.trim().is_empty());
+    let (spec, from) = match (level, env) {
+        (Some(l), _) => (l.to_string(), "--log-level"),
+        (None, Some(e)) => (e, "FERMATA_LOG"),
+        (None, None) => (
+            (if verbose { "info" } else { "warn" }).to_string(),
+            "default",
+        ),
+    };
+    let filter = EnvFilter::try_new(&spec)
+        .map_err(|e| anyhow::anyhow!("bad log filter `{spec}` ({from}): {e}"))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -289,6 +318,16 @@ struct FlattopArgs {
 
 fn main() {
     let cli = Cli::parse();
+    let verbose = match &cli.cmd {
+        Cmd::Serve(a) => a.verbose(),
+        Cmd::Scheduler(a) => a.verbose(),
+        Cmd::Backend(a) => a.verbose(),
+        _ => false,
+    };
+    if let Err(e) = init_logs(cli.log_level.as_deref(), verbose) {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
     let r = match cli.cmd {
         Cmd::Sim(a) => cmd_sim(a),
         Cmd::Serve(a) => roles::cmd_serve(a),

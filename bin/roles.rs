@@ -5,6 +5,7 @@ use clap::Args;
 use fermata::core::Dur;
 use fermata::node::backend::{BackendNode, BackendOpts};
 use fermata::node::frontend::{FrontendNode, FrontendOpts};
+use fermata::node::http::{HttpOpts, HttpServer};
 use fermata::node::loadgen::{self, LoadgenOpts};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::node::serve::{self, ClusterOpts};
@@ -36,6 +37,50 @@ fn catch_signals() {
 
 fn signalled() -> bool {
     SIGNALLED.load(Ordering::SeqCst)
+}
+
+/// The HTTP API's limits and threads (`frontend --http-listen`, `serve --http-port`).
+#[derive(Args, Clone)]
+pub struct HttpArgs {
+    /// Worker threads of the HTTP server.
+    #[arg(long, default_value_t = 1)]
+    http_threads: usize,
+    /// Largest HTTP request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 64 << 20)]
+    http_max_body_bytes: usize,
+    /// Largest input tensor a request may declare, in bytes; larger ones get 413.
+    #[arg(long, default_value_t = fermata::workload::MAX_INPUT_BYTES as usize)]
+    http_max_tensor_bytes: usize,
+}
+
+impl HttpArgs {
+    fn opts(&self, listen: &str) -> Result<HttpOpts> {
+        if !(1..=64).contains(&self.http_threads) {
+            bail!("--http-threads must be between 1 and 64");
+        }
+        if self.http_max_body_bytes == 0 || self.http_max_tensor_bytes == 0 {
+            bail!("--http-max-body-bytes and --http-max-tensor-bytes must be positive");
+        }
+        let mut o = HttpOpts::new(listen);
+        o.threads = self.http_threads;
+        o.max_body_bytes = self.http_max_body_bytes;
+        o.max_tensor_bytes = self.http_max_tensor_bytes;
+        Ok(o)
+    }
+}
+
+/// Serves `/metrics` at `listen` when asked for; announces where.
+fn metrics_server(
+    role: &str,
+    listen: &Option<String>,
+    regs: Vec<Arc<fermata::metrics::Registry>>,
+) -> Result<Option<HttpServer>> {
+    let Some(l) = listen else {
+        return Ok(None);
+    };
+    let s = HttpServer::start_metrics(l, regs).with_context(|| format!("--metrics-listen {l}"))?;
+    announce(format!("fermata {role} metrics listening on {}", s.addr()));
+    Ok(Some(s))
 }
 
 fn announce(line: String) {
@@ -78,9 +123,13 @@ pub struct SchedulerArgs {
     /// A node silent this long is removed (ms).
     #[arg(long, default_value_t = 1000)]
     node_timeout_ms: u64,
-    /// Log registrations, removals and budget changes to stderr.
+    /// Log registrations, removals and budget changes to stderr (the log level
+    /// info; see --log-level).
     #[arg(long)]
     verbose: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
     #[command(flatten)]
     spin: SpinArgs,
     /// Override every model's input size in bytes (what load generators send).
@@ -182,7 +231,6 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             model_threads: a.threads,
             heartbeat: Duration::from_millis(a.heartbeat_ms),
             node_timeout: Duration::from_millis(a.node_timeout_ms),
-            verbose: a.verbose,
             rank_spin: Dur::from_us(a.spin.rank_spin_us as i64),
             model_spin: Dur::from_us(a.spin.model_spin_us as i64),
             max_ctrl: Dur::from_us(a.max_ctrl_us as i64),
@@ -191,8 +239,12 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
         },
     )?;
     announce(format!("fermata scheduler listening on {}", s.addr()));
+    let m = metrics_server("scheduler", &a.metrics_listen, vec![s.metrics()])?;
     while !signalled() {
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(m) = m {
+        m.stop();
     }
     let rep = s.stop()?;
     announce(serde_json::to_string(&rep)?);
@@ -220,8 +272,12 @@ pub struct BackendArgs {
     /// tcp or rdma.
     #[arg(long, default_value = "tcp")]
     transport: String,
+    /// Log at level info (see --log-level).
     #[arg(long)]
     verbose: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 pub fn cmd_backend(a: BackendArgs) -> Result<()> {
@@ -229,12 +285,15 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
     let mut o = BackendOpts::with_executor(&a.scheduler, a.gpus, &a.executor, &a.models)
         .with_context(|| format!("--executor {}", a.executor))?;
     o.name = a.name;
-    o.verbose = a.verbose;
     let b = BackendNode::start(transport_of(&a.transport)?, o)?;
     let ids = b.wait_ready(Duration::from_secs(30))?;
     announce(format!("fermata backend ready: GPUs {ids:?}"));
+    let m = metrics_server("backend", &a.metrics_listen, vec![b.metrics()])?;
     while !signalled() && !b.is_finished() {
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(m) = m {
+        m.stop();
     }
     let lost = !signalled();
     let rep = if lost { b.join() } else { b.stop() };
@@ -264,6 +323,11 @@ pub struct FrontendArgs {
     /// tcp or rdma.
     #[arg(long, default_value = "tcp")]
     transport: String,
+    /// Serve the KServe v2 HTTP API (and /metrics) at ADDR (host:port).
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<String>,
+    #[command(flatten)]
+    http: HttpArgs,
 }
 
 pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
@@ -276,8 +340,14 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     o.data_listen = a.data_listen;
     o.region_bytes = a.region_mib << 20;
     o.name = a.name;
+    if let Some(l) = &a.http_listen {
+        o.http = Some(a.http.opts(l)?);
+    }
     let f = FrontendNode::start(transport_of(&a.transport)?, o)?;
     announce(format!("fermata frontend listening on {}", f.addr()));
+    if let Some(h) = f.http_addr() {
+        announce(format!("fermata frontend HTTP API listening on {h}"));
+    }
     while !signalled() && !f.is_finished() {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -423,8 +493,20 @@ pub struct ServeArgs {
     /// ModelThreads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Log at level info (see --log-level).
     #[arg(long)]
     verbose: bool,
+    /// Serve the KServe v2 HTTP API (and /metrics of every node) on this port of
+    /// --http-host, from the first frontend. Without --rate, `serve` runs no load
+    /// and serves HTTP until Ctrl-C or SIGTERM; with --rate it runs the load
+    /// generator as usual while HTTP is served too.
+    #[arg(long, value_name = "PORT")]
+    http_port: Option<u16>,
+    /// The address the HTTP API binds to.
+    #[arg(long, default_value = "127.0.0.1")]
+    http_host: String,
+    #[command(flatten)]
+    http: HttpArgs,
     /// The RankThread spins this long before a timer instead of sleeping (us;
     /// small by default: everything shares this machine's cores).
     #[arg(long, default_value_t = 20)]
@@ -495,6 +577,41 @@ fn serve_workload(a: &ServeArgs) -> Result<Workload> {
     )
 }
 
+/// `serve --http-port` without load: the cluster serves HTTP until a signal.
+fn serve_http_only(tr: Arc<dyn Transport>, w: &Workload, co: &ClusterOpts) -> Result<()> {
+    catch_signals();
+    let c = serve::Cluster::start(tr, w, co)?;
+    let addr = c.frontends[0]
+        .http_addr()
+        .context("the first frontend has no HTTP server")?;
+    announce(format!(
+        "fermata serve: {} ({} GPUs, {} executor) | HTTP API listening on http://{addr} (Ctrl-C to stop)",
+        w.name, w.gpus, co.executor
+    ));
+    while !signalled() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rep = c.stop()?;
+    announce(serde_json::to_string(&rep)?);
+    Ok(())
+}
+
+impl ServeArgs {
+    pub fn verbose(&self) -> bool {
+        self.verbose
+    }
+}
+impl SchedulerArgs {
+    pub fn verbose(&self) -> bool {
+        self.verbose
+    }
+}
+impl BackendArgs {
+    pub fn verbose(&self) -> bool {
+        self.verbose
+    }
+}
+
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let w = serve_workload(&a)?;
     let tr = transport_of(&a.transport)?;
@@ -507,13 +624,19 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         } else {
             "fermata".into()
         },
-        verbose: a.verbose,
         rank_spin_us: a.rank_spin_us,
         model_spin_us: a.model_spin_us,
         executor: a.executor.clone(),
         models_dir: a.models.clone(),
+        http: match a.http_port {
+            Some(p) => Some(a.http.opts(&format!("{}:{p}", a.http_host))?),
+            None => None,
+        },
         ..ClusterOpts::default()
     };
+    if co.http.is_some() && a.load.rate.is_none() {
+        return serve_http_only(tr, &w, &co);
+    }
     let lo = a.load.options(&w, Vec::new())?;
     if !a.load.json {
         eprintln!(

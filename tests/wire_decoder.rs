@@ -98,6 +98,7 @@ fn arb_drop_code() -> impl Strategy<Value = DropCode> {
         DropCode::TooLate,
         DropCode::BackendLost,
         DropCode::UnknownModel,
+        DropCode::NoGpu,
     ])
 }
 
@@ -382,8 +383,9 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             .prop_map(|models| Msg::Models { models })
             .boxed(),
         arb_str().prop_map(|message| Msg::Error { message }).boxed(),
+        any::<u32>().prop_map(|gpus| Msg::Capacity { gpus }).boxed(),
     ];
-    assert_eq!(arms.len(), 20, "one arm per variant");
+    assert_eq!(arms.len(), 21, "one arm per variant");
     Union::new(arms)
 }
 
@@ -508,7 +510,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 21u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 22u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }
@@ -1026,8 +1028,8 @@ fn unknown_enum_tags() {
             tag: 2
         })
     );
-    // TaskStatus 4, and Dropped with DropCode 9.
-    for (status, code, tag) in [(4u8, None, 4u8), (1, Some(9u8), 9)] {
+    // TaskStatus 4, and Dropped with DropCode 10.
+    for (status, code, tag) in [(4u8, None, 4u8), (1, Some(10u8), 10)] {
         let mut b = raw(12, &[1, 0, 0, 0]);
         b.extend_from_slice(&[0; 8]);
         b.push(status);

@@ -14,11 +14,15 @@
 //! `PlanDone{TooLate}`. Inputs that cannot be read (frontend gone,
 //! slot reused, timeout) are left out of the batch and their tasks end as
 //! `InputMissing`; the rest of the batch runs.
+//!
+//! [`BackendNode::metrics`] has its Prometheus series (labelled with the backend's
+//! name): plans and tasks by outcome, batch sizes per model, batch start delays.
 
 use super::clock::{OffsetEstimator, Recent, SchedClock};
 use super::exec::{profile_of, Executor, ExecutorFactory};
 use super::scheduler::task_owner;
 use crate::core::{LatencyProfile, Time};
+use crate::metrics::{Histogram, Kind, Registry, BATCH_BUCKETS, LATENCY_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::transport::{
     Conn, ConnId, Event, InputRef, ReadError, ReadReq, RegionReader, SlotHeader, Transport,
@@ -53,7 +57,6 @@ pub struct BackendOpts {
     pub executor: ExecutorFactory,
     /// The scheduler is considered lost after this long without a pong.
     pub scheduler_timeout: Duration,
-    pub verbose: bool,
 }
 
 impl BackendOpts {
@@ -67,7 +70,6 @@ impl BackendOpts {
             gpu_mem_bytes: 80 << 30,
             executor: Box::new(|_| Ok(Box::new(super::exec::EmulatedGpu::new()))),
             scheduler_timeout: Duration::from_millis(2000),
-            verbose: false,
         }
     }
 
@@ -157,9 +159,16 @@ struct Shared {
     tasks_too_late: AtomicU64,
     plans_failed: AtomicU64,
     tasks_run: AtomicU64,
+    tasks_failed: AtomicU64,
     inputs_missing: AtomicU64,
     /// Missing inputs by reason: [timeout, stale slot, error].
     missing_why: [AtomicU64; 3],
+    registry: Arc<Registry>,
+    /// The backend's name (the metrics' `backend` label).
+    name: String,
+    /// Batch sizes per model id (added when a model loads).
+    batch_sizes: RwLock<HashMap<u32, Arc<Histogram>>>,
+    start_delay_hist: Arc<Histogram>,
 }
 
 enum WorkerMsg {
@@ -213,6 +222,7 @@ impl BackendNode {
             .connect(&opts.scheduler, tx.clone())
             .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
         let clock = SchedClock::exact(Clock::new());
+        let registry = Registry::new();
         let shared = Arc::new(Shared {
             clock,
             sched,
@@ -232,9 +242,20 @@ impl BackendNode {
             tasks_too_late: AtomicU64::new(0),
             plans_failed: AtomicU64::new(0),
             tasks_run: AtomicU64::new(0),
+            tasks_failed: AtomicU64::new(0),
             inputs_missing: AtomicU64::new(0),
             missing_why: Default::default(),
+            start_delay_hist: registry.histogram(
+                "fermata_backend_start_delay_seconds",
+                "How late batches started after their planned exec_at.",
+                &[("backend", &opts.name)],
+                Histogram::seconds(LATENCY_BUCKETS),
+            ),
+            registry,
+            name: opts.name.clone(),
+            batch_sizes: RwLock::new(HashMap::new()),
         });
+        register_counters(&shared);
         let mut pullers = Vec::new();
         let mut workers = Vec::new();
         let mut threads = Vec::new();
@@ -287,7 +308,6 @@ impl BackendNode {
             opts_timeout: opts.scheduler_timeout,
             last_pong: Instant::now(),
             max_input: 0,
-            verbose: opts.verbose,
         };
         let stop2 = stop.clone();
         let name = opts.name.clone();
@@ -337,6 +357,11 @@ impl BackendNode {
             clock_error_us: s.clock.error_bound().as_us_f64(),
             error: None,
         }
+    }
+
+    /// The backend's Prometheus metrics.
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.shared.registry.clone()
     }
 
     /// Plans received and not yet ended (pulling, waiting or running).
@@ -423,7 +448,67 @@ struct NetLoop {
     last_pong: Instant,
     /// Largest input of the models loaded (bytes).
     max_input: u32,
-    verbose: bool,
+}
+
+/// The plan and task counters (read from the backend's atomics at scrape time).
+fn register_counters(sh: &Arc<Shared>) {
+    let name = sh.name.clone();
+    let w = Arc::downgrade(sh);
+    sh.registry.collector(
+        "fermata_backend_plans_total",
+        "Batch plans ended on this backend, by outcome (ran, too_late: not started in time, failed).",
+        Kind::Counter,
+        move || {
+            let Some(s) = w.upgrade() else {
+                return Vec::new();
+            };
+            [
+                ("ran", &s.plans_run),
+                ("too_late", &s.plans_too_late),
+                ("failed", &s.plans_failed),
+            ]
+            .iter()
+            .map(|(o, a)| {
+                (
+                    vec![
+                        ("backend".to_string(), name.clone()),
+                        ("outcome".to_string(), o.to_string()),
+                    ],
+                    a.load(Ordering::Relaxed) as f64,
+                )
+            })
+            .collect()
+        },
+    );
+    let name = sh.name.clone();
+    let w = Arc::downgrade(sh);
+    sh.registry.collector(
+        "fermata_backend_tasks_total",
+        "Tasks ended on this backend, by outcome (ran, too_late, input_missing, failed).",
+        Kind::Counter,
+        move || {
+            let Some(s) = w.upgrade() else {
+                return Vec::new();
+            };
+            [
+                ("ran", &s.tasks_run),
+                ("too_late", &s.tasks_too_late),
+                ("input_missing", &s.inputs_missing),
+                ("failed", &s.tasks_failed),
+            ]
+            .iter()
+            .map(|(o, a)| {
+                (
+                    vec![
+                        ("backend".to_string(), name.clone()),
+                        ("outcome".to_string(), o.to_string()),
+                    ],
+                    a.load(Ordering::Relaxed) as f64,
+                )
+            })
+            .collect()
+        },
+    );
 }
 
 impl NetLoop {
@@ -598,112 +683,131 @@ impl NetLoop {
                     self.shared.frontends.write().expect("lock").remove(&fe);
                 }
             }
-            Event::Msg(c, msg) if c == sched_id => {
-                match msg {
-                    Msg::Pong {
-                        echo_ns, sched_ns, ..
-                    } => {
-                        self.last_pong = Instant::now();
-                        let t2 = self.shared.clock.local().now();
-                        let rtt =
-                            self.est
-                                .add(Time(echo_ns), Time(sched_ns), t2, &self.shared.clock);
-                        self.rtt.push(rtt.0);
-                    }
-                    Msg::Plan {
+            Event::Msg(c, msg) if c == sched_id => match msg {
+                Msg::Pong {
+                    echo_ns, sched_ns, ..
+                } => {
+                    self.last_pong = Instant::now();
+                    let t2 = self.shared.clock.local().now();
+                    let rtt = self
+                        .est
+                        .add(Time(echo_ns), Time(sched_ns), t2, &self.shared.clock);
+                    self.rtt.push(rtt.0);
+                }
+                Msg::Plan {
+                    id,
+                    model,
+                    gpu,
+                    exec_at_ns,
+                    sent_ns,
+                    tasks,
+                    ..
+                } => {
+                    self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
+                    let delay = (self.shared.clock.now() - Time(sent_ns)).0;
+                    self.shared.plan_delay.lock().expect("lock").push(delay);
+                    let Some(&g) = self.gpu_map.get(&gpu) else {
+                        tracing::warn!(
+                            plan = id,
+                            gpu,
+                            "backend: a plan for a GPU that is not ours; dropped"
+                        );
+                        return Ok(());
+                    };
+                    let _ = self.pullers[g].send(PlanMsg {
                         id,
                         model,
                         gpu,
-                        exec_at_ns,
-                        sent_ns,
+                        exec_at: Time(exec_at_ns),
                         tasks,
-                        ..
-                    } => {
-                        self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
-                        let delay = (self.shared.clock.now() - Time(sent_ns)).0;
-                        self.shared.plan_delay.lock().expect("lock").push(delay);
-                        let Some(&g) = self.gpu_map.get(&gpu) else {
-                            eprintln!("fermata backend: plan {id} for GPU {gpu}, which is not ours; dropped");
+                    });
+                }
+                Msg::LoadModel { model } => {
+                    match profile_of(&model.profile) {
+                        Ok(p) => {
+                            self.shared
+                                .profiles
+                                .write()
+                                .expect("lock")
+                                .insert(model.id, p);
+                        }
+                        Err(e) => {
+                            let _ = ltx.send((model.id, Err(format!("{e:#}"))));
                             return Ok(());
-                        };
-                        let _ = self.pullers[g].send(PlanMsg {
-                            id,
-                            model,
-                            gpu,
-                            exec_at: Time(exec_at_ns),
-                            tasks,
-                        });
-                    }
-                    Msg::LoadModel { model } => {
-                        match profile_of(&model.profile) {
-                            Ok(p) => {
-                                self.shared
-                                    .profiles
-                                    .write()
-                                    .expect("lock")
-                                    .insert(model.id, p);
-                            }
-                            Err(e) => {
-                                let _ = ltx.send((model.id, Err(format!("{e:#}"))));
-                                return Ok(());
-                            }
-                        }
-                        self.max_input = self.max_input.max(model.input_bytes);
-                        self.loading.insert(model.id, self.workers.len() as u32);
-                        for w in &self.workers {
-                            let _ = w.send(WorkerMsg::Load(model.clone(), ltx.clone()));
                         }
                     }
-                    Msg::UnloadModel { model } => {
-                        for w in &self.workers {
-                            let _ = w.send(WorkerMsg::Unload(model));
-                        }
+                    self.max_input = self.max_input.max(model.input_bytes);
+                    let h = self.shared.registry.histogram(
+                        "fermata_backend_batch_size",
+                        "Tasks per batch run on this backend.",
+                        &[("backend", &self.shared.name), ("model", &model.name)],
+                        Histogram::new(BATCH_BUCKETS, 1.0),
+                    );
+                    self.shared
+                        .batch_sizes
+                        .write()
+                        .expect("lock")
+                        .insert(model.id, h);
+                    self.loading.insert(model.id, self.workers.len() as u32);
+                    for w in &self.workers {
+                        let _ = w.send(WorkerMsg::Load(model.clone(), ltx.clone()));
                     }
-                    Msg::FrontendUp {
-                        node,
-                        ctrl_addr,
-                        region,
-                    } => {
-                        match self.shared.reader.attach(node, &region) {
-                            Err(e) => eprintln!(
-                                "fermata backend: cannot attach frontend {node}'s region: {e:#}"
-                            ),
-                            Ok(()) => self.probe_pull(node, region.len),
-                        }
-                        match self.transport.connect(&ctrl_addr, self.events.clone()) {
+                }
+                Msg::UnloadModel { model } => {
+                    for w in &self.workers {
+                        let _ = w.send(WorkerMsg::Unload(model));
+                    }
+                }
+                Msg::FrontendUp {
+                    node,
+                    ctrl_addr,
+                    region,
+                } => {
+                    match self.shared.reader.attach(node, &region) {
+                        Err(e) => tracing::warn!(
+                            frontend = node,
+                            error = %format!("{e:#}"),
+                            "backend: cannot attach a frontend's region"
+                        ),
+                        Ok(()) => self.probe_pull(node, region.len),
+                    }
+                    match self.transport.connect(&ctrl_addr, self.events.clone()) {
                         Ok(conn) => {
                             self.fe_conns.insert(conn.id(), node);
-                            self.shared.frontends.write().expect("lock").insert(node, conn);
+                            self.shared
+                                .frontends
+                                .write()
+                                .expect("lock")
+                                .insert(node, conn);
                         }
-                        Err(e) => eprintln!("fermata backend: cannot reach frontend {node} at {ctrl_addr}: {e:#}"),
-                    }
-                    }
-                    Msg::FrontendDown { node } => {
-                        self.shared.reader.detach(node);
-                        if let Some(c) = self.shared.frontends.write().expect("lock").remove(&node)
-                        {
-                            self.fe_conns.remove(&c.id());
-                            c.close("frontend down");
-                        }
-                    }
-                    Msg::Error { message } => {
-                        bail!("the scheduler closed us: {message}");
-                    }
-                    other => {
-                        if self.verbose {
-                            eprintln!(
-                                "fermata backend: ignoring unexpected {} from the scheduler",
-                                other.kind()
-                            );
+                        Err(e) => {
+                            tracing::warn!(frontend = node, addr = %ctrl_addr, error = %format!("{e:#}"), "backend: cannot reach a frontend")
                         }
                     }
                 }
-            }
+                Msg::FrontendDown { node } => {
+                    self.shared.reader.detach(node);
+                    if let Some(c) = self.shared.frontends.write().expect("lock").remove(&node) {
+                        self.fe_conns.remove(&c.id());
+                        c.close("frontend down");
+                    }
+                }
+                Msg::Error { message } => {
+                    bail!("the scheduler closed us: {message}");
+                }
+                other => {
+                    tracing::debug!(
+                        kind = other.kind(),
+                        "backend: ignoring an unexpected message from the scheduler"
+                    );
+                }
+            },
             Event::Msg(c, other) => {
                 // Frontends send nothing to backends.
-                eprintln!(
-                    "fermata backend: unexpected {} from connection {c}; closing it",
-                    other.kind()
+                tracing::warn!(
+                    kind = other.kind(),
+                    conn = c,
+                    "backend: unexpected message from a connection; closing it"
                 );
                 if let Some(fe) = self.fe_conns.remove(&c) {
                     if let Some(conn) = self.shared.frontends.write().expect("lock").remove(&fe) {
@@ -861,10 +965,9 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
         std::hint::spin_loop();
     }
     let start = sh.clock.now();
-    sh.start_delay
-        .lock()
-        .expect("lock")
-        .push((start - plan.exec_at).0.max(0));
+    let delay = (start - plan.exec_at).0.max(0);
+    sh.start_delay.lock().expect("lock").push(delay);
+    sh.start_delay_hist.observe(delay as u64);
     // The batch that runs: the tasks whose input arrived and that can still meet
     // their deadline if it starts now. Earliest deadlines are checked first:
     // leaving one out shortens the batch, which may save the others. (On time,
@@ -924,21 +1027,27 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
                 status = PlanStatus::Ran;
                 sh.plans_run.fetch_add(1, Ordering::Relaxed);
                 sh.tasks_run.fetch_add(outs.len() as u64, Ordering::Relaxed);
+                if let Some(h) = sh.batch_sizes.read().expect("lock").get(&plan.model) {
+                    h.observe(outs.len() as u64);
+                }
                 for (&i, o) in run.iter().zip(outs) {
                     push(plan.tasks[i].id, TaskStatus::Ok, finished, o);
                 }
             }
             other => {
                 if let Err(e) = &other {
-                    eprintln!("fermata backend: plan {} failed: {e:#}", plan.id);
+                    tracing::error!(plan = plan.id, model = plan.model, error = %format!("{e:#}"), "backend: the executor failed a batch");
                 } else {
-                    eprintln!(
-                        "fermata backend: plan {}: executor returned the wrong number of outputs",
-                        plan.id
+                    tracing::error!(
+                        plan = plan.id,
+                        model = plan.model,
+                        "backend: the executor returned the wrong number of outputs"
                     );
                 }
                 status = PlanStatus::Failed;
                 sh.plans_failed.fetch_add(1, Ordering::Relaxed);
+                sh.tasks_failed
+                    .fetch_add(run.len() as u64, Ordering::Relaxed);
                 for &i in run {
                     push(plan.tasks[i].id, TaskStatus::Failed, finished, Vec::new());
                 }

@@ -8,26 +8,38 @@
 //! One thread runs everything: the scheduler connection, client connections and the
 //! connections on which backends push results all deliver to one event loop. The
 //! region is read by backends without this thread (see [`crate::transport`]).
+//!
+//! In-process clients (the HTTP server of [`super::http`]) hand requests to the same
+//! loop through a [`FrontendHandle`]: a channel in, a oneshot answer out, with the
+//! same exactly-once accounting as wire clients and a finer cause ([`Ended`]).
+//!
+//! The scheduler tells the frontend how many GPUs are in service (`Capacity`); a
+//! request that arrives while there is none ends at once as dropped with
+//! [`DropCode::NoGpu`].
 
 use super::clock::{OffsetEstimator, SchedClock};
 use super::scheduler::TASK_SEQ_BITS;
 use crate::core::{Dur, Time};
+use crate::metrics::{Counter, Gauge, Histogram, Registry, LATENCY_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::transport::{Conn, ConnId, Event, InputRef, Listener, Region, RegionServer, Transport};
 use crate::wire::{
     DropCode, ModelInfo, Msg, NodeId, ReplyStatus, Role, SubmitTask, TaskStatus, MAX_ITEMS,
 };
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Most events handled between two submits to the scheduler.
 const DRAIN_MAX: usize = 64;
+
+/// The window of the `fermata_bad_rate` gauge.
+pub const BAD_RATE_WINDOW: Duration = Duration::from_secs(10);
 
 /// Frontend settings.
 #[derive(Debug, Clone)]
@@ -42,6 +54,8 @@ pub struct FrontendOpts {
     /// A task with no answer by its deadline plus this ends as Failed.
     pub grace: Duration,
     pub scheduler_timeout: Duration,
+    /// Serve the KServe v2 HTTP API (and `/metrics`) too.
+    pub http: Option<super::http::HttpOpts>,
 }
 
 impl FrontendOpts {
@@ -54,6 +68,7 @@ impl FrontendOpts {
             name: "frontend".into(),
             grace: Duration::from_millis(3000),
             scheduler_timeout: Duration::from_millis(2000),
+            http: None,
         }
     }
 }
@@ -75,9 +90,201 @@ pub struct FrontendReport {
     pub clock_error_us: f64,
 }
 
+/// Who waits for a request's answer.
+enum Client {
+    /// A wire client: its connection and request id.
+    Conn(ConnId, u64),
+    /// An in-process client (HTTP).
+    Local(tokio::sync::oneshot::Sender<InferDone>),
+}
+
+/// How a request ended, finer than [`ReplyStatus`] (what the HTTP API maps to
+/// status codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Output by the deadline.
+    Good,
+    /// Output after the deadline.
+    Late,
+    /// The scheduler or a backend gave up on it (the reason; `NoGpu` also when the
+    /// frontend knew no GPU was in service).
+    Dropped(DropCode),
+    /// No answer by the deadline plus the frontend's grace.
+    TimedOut,
+    /// Refused by the frontend: unknown model, bad SLO.
+    BadRequest,
+    /// The input region is full (too many requests in flight) or the input too large.
+    RegionFull,
+    /// The frontend has no scheduler (lost, or stopping).
+    NoScheduler,
+    /// The backend running it was lost.
+    BackendLost,
+    /// The backend could not read its input or run it.
+    Failed,
+}
+
+/// The answer to an in-process request.
+#[derive(Debug, Clone)]
+pub struct InferDone {
+    pub ended: Ended,
+    pub status: ReplyStatus,
+    pub output: Vec<u8>,
+    /// Why it was not good (empty when it was).
+    pub message: String,
+    /// From the frontend's receipt to its answer.
+    pub latency: Duration,
+    /// From arrival to the batch's start (zero when it did not run).
+    pub queue: Duration,
+    /// Size of the batch it ran in (0 when it did not run).
+    pub batch_size: u32,
+}
+
+/// A request from an in-process client.
+struct LocalInfer {
+    model: String,
+    slo_ns: i64,
+    input: Vec<u8>,
+    reply: tokio::sync::oneshot::Sender<InferDone>,
+}
+
+/// What a frontend shares with its in-process clients.
+struct FrontendState {
+    models: Vec<ModelInfo>,
+    sched_ok: AtomicBool,
+    gpus: AtomicU32,
+    registry: Arc<Registry>,
+    tx: Sender<LocalInfer>,
+    /// The loop ended: requests are refused.
+    stopped: AtomicBool,
+}
+
+/// A handle on a running frontend for in-process clients (the HTTP server):
+/// cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct FrontendHandle {
+    state: Arc<FrontendState>,
+}
+
+impl FrontendHandle {
+    /// The models served (as the scheduler announced them).
+    pub fn models(&self) -> &[ModelInfo] {
+        &self.state.models
+    }
+    pub fn scheduler_connected(&self) -> bool {
+        self.state.sched_ok.load(Ordering::Relaxed) && !self.state.stopped.load(Ordering::Relaxed)
+    }
+    /// GPUs in service, as the scheduler last said.
+    pub fn gpus_in_service(&self) -> u32 {
+        self.state.gpus.load(Ordering::Relaxed)
+    }
+    /// Ready for requests: the scheduler is connected and some GPU is in service
+    /// (every backend loads every model, so this holds for each model too).
+    pub fn ready(&self) -> Result<(), String> {
+        if !self.scheduler_connected() {
+            return Err("the frontend has no scheduler".into());
+        }
+        if self.gpus_in_service() == 0 {
+            return Err("no GPU in service".into());
+        }
+        Ok(())
+    }
+    /// The frontend's metrics.
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.state.registry.clone()
+    }
+    /// Hands one request to the frontend's loop; the answer comes on the returned
+    /// receiver, exactly once (or the receiver errs if the frontend stopped first).
+    /// `slo_ns` 0 means the model's default SLO.
+    pub fn infer(
+        &self,
+        model: &str,
+        slo_ns: i64,
+        input: Vec<u8>,
+    ) -> tokio::sync::oneshot::Receiver<InferDone> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        if !self.state.stopped.load(Ordering::Acquire) {
+            let _ = self.state.tx.send(LocalInfer {
+                model: model.to_string(),
+                slo_ns,
+                input,
+                reply,
+            });
+        }
+        rx
+    }
+}
+
+/// Per-model series of the frontend.
+struct ModelStats {
+    good: Arc<Counter>,
+    late: Arc<Counter>,
+    dropped: Arc<Counter>,
+    failed: Arc<Counter>,
+    latency: Arc<Histogram>,
+    queue: Arc<Histogram>,
+    bad_rate: Arc<Gauge>,
+    /// (when, ended, bad) samples over the last BAD_RATE_WINDOW.
+    window: VecDeque<(Instant, u64, u64)>,
+}
+
+impl ModelStats {
+    fn new(reg: &Registry, model: &str) -> ModelStats {
+        let outcome = |o: &str| {
+            reg.counter(
+                "fermata_requests_total",
+                "Requests ended at the frontend, by outcome (good, late, dropped, failed).",
+                &[("model", model), ("outcome", o)],
+            )
+        };
+        ModelStats {
+            good: outcome("good"),
+            late: outcome("late"),
+            dropped: outcome("dropped"),
+            failed: outcome("failed"),
+            latency: reg.histogram(
+                "fermata_request_latency_seconds",
+                "From the frontend's receipt of a request to its answer, every outcome.",
+                &[("model", model)],
+                Histogram::seconds(LATENCY_BUCKETS),
+            ),
+            queue: reg.histogram(
+                "fermata_queuing_delay_seconds",
+                "From a request's arrival to the start of its batch (requests that ran).",
+                &[("model", model)],
+                Histogram::seconds(LATENCY_BUCKETS),
+            ),
+            bad_rate: reg.gauge(
+                "fermata_bad_rate",
+                "Fraction of requests ended over the last 10 s that were not good (late, dropped or failed).",
+                &[("model", model)],
+            ),
+            window: VecDeque::new(),
+        }
+    }
+    fn ended(&self) -> u64 {
+        self.good.get() + self.late.get() + self.dropped.get() + self.failed.get()
+    }
+    fn update_bad_rate(&mut self, now: Instant) {
+        let ended = self.ended();
+        let bad = ended - self.good.get();
+        self.window.push_back((now, ended, bad));
+        while self.window.len() > 2 && now.duration_since(self.window[1].0) >= BAD_RATE_WINDOW {
+            self.window.pop_front();
+        }
+        let (_, e0, b0) = self.window[0];
+        let n = ended - e0;
+        self.bad_rate.set(if n == 0 {
+            0.0
+        } else {
+            (bad - b0) as f64 / n as f64
+        });
+    }
+}
+
 struct Pending {
-    client: ConnId,
-    req: u64,
+    client: Client,
+    /// Index of the model in `Loop::models`.
+    model: usize,
     received: Instant,
     arrival: Time,
     deadline: Time,
@@ -89,6 +296,8 @@ pub struct FrontendNode {
     addr: String,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<FrontendReport>>,
+    shared: FrontendHandle,
+    http: Option<super::http::HttpServer>,
 }
 
 impl FrontendNode {
@@ -172,13 +381,76 @@ impl FrontendNode {
                 Err(RecvTimeoutError::Disconnected) => bail!("event channel closed"),
             }
         };
+        // The GPUs in service follow the ack at once.
+        let gpus = loop {
+            match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(Event::Msg(c, Msg::Capacity { gpus })) if c == sched_id => break gpus,
+                Ok(Event::Closed(c, r)) if c == sched_id => {
+                    bail!("the scheduler closed the connection: {r}")
+                }
+                Ok(ev) => early.push(ev),
+                Err(_) => bail!("no capacity message from the scheduler in 5 s"),
+            }
+        };
+        let registry = Registry::new();
+        let (ltx, lrx) = unbounded();
+        let state = Arc::new(FrontendState {
+            models: models.clone(),
+            sched_ok: AtomicBool::new(true),
+            gpus: AtomicU32::new(gpus),
+            registry: registry.clone(),
+            tx: ltx,
+            stopped: AtomicBool::new(false),
+        });
+        let shared = FrontendHandle {
+            state: state.clone(),
+        };
+        let stats = models
+            .iter()
+            .map(|m| ModelStats::new(&registry, &m.name))
+            .collect();
+        let bad_requests = registry.counter(
+            "fermata_frontend_bad_requests_total",
+            "Requests the frontend refused before admission (unknown model, bad SLO).",
+            &[],
+        );
+        let pending_gauge = registry.gauge(
+            "fermata_frontend_pending_requests",
+            "Requests admitted and not yet answered.",
+            &[],
+        );
+        let st = state.clone();
+        registry.collector(
+            "fermata_frontend_gpus_in_service",
+            "GPUs in service as the scheduler last told this frontend.",
+            crate::metrics::Kind::Gauge,
+            move || vec![(vec![], st.gpus.load(Ordering::Relaxed) as f64)],
+        );
+        let st = state.clone();
+        registry.collector(
+            "fermata_frontend_scheduler_connected",
+            "1 while the frontend has its scheduler.",
+            crate::metrics::Kind::Gauge,
+            move || {
+                let ok = st.sched_ok.load(Ordering::Relaxed) && !st.stopped.load(Ordering::Relaxed);
+                vec![(vec![], if ok { 1.0 } else { 0.0 })]
+            },
+        );
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let mut lp = Loop {
             node,
-            by_name: models.iter().map(|m| (m.name.clone(), m.clone())).collect(),
+            by_name: models
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.name.clone(), i))
+                .collect(),
             models,
+            state,
+            stats,
+            bad_requests,
+            pending_gauge,
             sched,
             sched_id,
             clock,
@@ -204,13 +476,22 @@ impl FrontendNode {
                 for ev in early {
                     lp.event(ev);
                 }
-                lp.run(rx, &stop2)
+                lp.run(rx, lrx, &stop2)
             })?;
-        Ok(FrontendNode {
+        let mut node = FrontendNode {
             addr,
             stop,
             handle: Some(handle),
-        })
+            shared,
+            http: None,
+        };
+        if let Some(h) = &opts.http {
+            node.http = Some(super::http::HttpServer::start_frontend(
+                node.shared.clone(),
+                h,
+            )?);
+        }
+        Ok(node)
     }
 
     /// Where clients connect.
@@ -218,7 +499,26 @@ impl FrontendNode {
         &self.addr
     }
 
+    /// Where the HTTP API listens, when it was asked for.
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http.as_ref().map(|h| h.addr())
+    }
+
+    /// A handle for in-process clients.
+    pub fn handle(&self) -> FrontendHandle {
+        self.shared.clone()
+    }
+
+    /// The frontend's metrics.
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.shared.metrics()
+    }
+
     pub fn stop(mut self) -> FrontendReport {
+        // The HTTP server first: its requests in flight end through the loop.
+        if let Some(h) = self.http.take() {
+            h.stop();
+        }
         self.stop.store(true, Ordering::Release);
         self.handle
             .take()
@@ -233,6 +533,9 @@ impl FrontendNode {
 
 impl Drop for FrontendNode {
     fn drop(&mut self) {
+        if let Some(h) = self.http.take() {
+            h.stop();
+        }
         self.stop.store(true, Ordering::Release);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
@@ -243,7 +546,12 @@ impl Drop for FrontendNode {
 struct Loop {
     node: NodeId,
     models: Vec<ModelInfo>,
-    by_name: HashMap<String, ModelInfo>,
+    /// Model name -> index in `models`.
+    by_name: HashMap<String, usize>,
+    state: Arc<FrontendState>,
+    stats: Vec<ModelStats>,
+    bad_requests: Arc<Counter>,
+    pending_gauge: Arc<Gauge>,
     sched: Arc<dyn Conn>,
     sched_id: ConnId,
     clock: SchedClock,
@@ -266,28 +574,48 @@ struct Loop {
 }
 
 impl Loop {
-    fn run(mut self, rx: Receiver<Event>, stop: &AtomicBool) -> FrontendReport {
+    fn run(
+        mut self,
+        rx: Receiver<Event>,
+        lrx: Receiver<LocalInfer>,
+        stop: &AtomicBool,
+    ) -> FrontendReport {
         let mut next_ping = Instant::now();
+        let mut next_stats = Instant::now();
         self.last_pong = Instant::now();
         let mut seq = 100u64;
         while !stop.load(Ordering::Acquire) {
             let wait = next_ping
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(20));
-            match rx.recv_timeout(wait) {
-                Ok(ev) => {
-                    // A bounded batch, so submits, pings and sweeps keep their pace
-                    // under any load.
-                    self.event(ev);
-                    for _ in 0..DRAIN_MAX {
-                        match rx.try_recv() {
-                            Ok(ev) => self.event(ev),
-                            Err(_) => break,
-                        }
+            // `lrx` never disconnects: the shared state keeps a sender.
+            crossbeam_channel::select! {
+                recv(rx) -> ev => match ev {
+                    Ok(ev) => self.event(ev),
+                    Err(_) => break,
+                },
+                recv(lrx) -> l => {
+                    if let Ok(l) = l {
+                        self.local(l);
                     }
+                },
+                default(wait) => {}
+            }
+            // A bounded batch, so submits, pings and sweeps keep their pace under
+            // any load.
+            for _ in 0..DRAIN_MAX {
+                let mut got = false;
+                if let Ok(ev) = rx.try_recv() {
+                    self.event(ev);
+                    got = true;
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+                if let Ok(l) = lrx.try_recv() {
+                    self.local(l);
+                    got = true;
+                }
+                if !got {
+                    break;
+                }
             }
             self.flush_submit();
             let now = Instant::now();
@@ -306,11 +634,26 @@ impl Loop {
                 self.scheduler_lost(format!("no pong for {:?}", self.sched_timeout));
             }
             self.sweep();
+            if now >= next_stats {
+                next_stats = now + Duration::from_secs(1);
+                for m in &mut self.stats {
+                    m.update_bad_rate(now);
+                }
+            }
+            self.pending_gauge.set(self.pending.len() as f64);
         }
-        // Stop: every request still pending ends now.
+        // Stop: refuse new local requests, then end every request still pending
+        // (and any local one still queued) now.
+        self.state.stopped.store(true, Ordering::Release);
+        while let Ok(l) = lrx.try_recv() {
+            self.local(l);
+        }
         let ids: Vec<u64> = self.pending.keys().copied().collect();
         for id in ids {
-            self.finish(id, Outcome::Failed("frontend stopping".into()));
+            self.finish(
+                id,
+                Outcome::Failed(Ended::NoScheduler, "frontend stopping".into()),
+            );
         }
         let _ = self.sched.send(Msg::Unregister {
             reason: "frontend stopping".into(),
@@ -333,7 +676,10 @@ impl Loop {
                 for t in chunk {
                     self.finish(
                         t.id,
-                        Outcome::Failed(format!("cannot reach the scheduler: {e}")),
+                        Outcome::Failed(
+                            Ended::NoScheduler,
+                            format!("cannot reach the scheduler: {e}"),
+                        ),
                     );
                 }
             }
@@ -345,10 +691,14 @@ impl Loop {
             return;
         }
         self.sched_ok = false;
-        eprintln!("fermata frontend: lost the scheduler ({why}); failing every pending request");
+        self.state.sched_ok.store(false, Ordering::Release);
+        tracing::error!(reason = %why, pending = self.pending.len(), "frontend: lost the scheduler; failing every pending request");
         let ids: Vec<u64> = self.pending.keys().copied().collect();
         for id in ids {
-            self.finish(id, Outcome::Failed(format!("scheduler lost: {why}")));
+            self.finish(
+                id,
+                Outcome::Failed(Ended::NoScheduler, format!("scheduler lost: {why}")),
+            );
         }
     }
 
@@ -363,34 +713,78 @@ impl Loop {
                 self.report.timed_out += 1;
                 self.finish(
                     id,
-                    Outcome::Failed("no result by the deadline plus grace".into()),
+                    Outcome::Failed(
+                        Ended::TimedOut,
+                        "no result by the deadline plus grace".into(),
+                    ),
                 );
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn reply(
-        &mut self,
-        client: ConnId,
-        req: u64,
-        status: ReplyStatus,
-        latency: Duration,
-        ran: Ran,
-        output: Vec<u8>,
-        message: String,
-    ) {
-        if let Some(c) = self.clients.get(&client) {
-            let _ = c.send(Msg::InferReply {
-                req,
-                status,
-                latency_ns: latency.as_nanos() as i64,
-                queue_ns: ran.queue_ns,
-                batch_size: ran.batch_size,
-                output,
-                message,
-            });
+    /// Answers `client`.
+    fn reply(&mut self, client: Client, done: InferDone) {
+        match client {
+            Client::Conn(c, req) => {
+                if let Some(conn) = self.clients.get(&c) {
+                    let _ = conn.send(Msg::InferReply {
+                        req,
+                        status: done.status,
+                        latency_ns: done.latency.as_nanos() as i64,
+                        queue_ns: done.queue.as_nanos() as i64,
+                        batch_size: done.batch_size,
+                        output: done.output,
+                        message: done.message,
+                    });
+                }
+            }
+            // A client that went away (HTTP connection closed) is not waiting.
+            Client::Local(tx) => {
+                let _ = tx.send(done);
+            }
         }
+    }
+
+    /// A request refused before admission (`model`: its index when it is known).
+    fn refuse(
+        &mut self,
+        client: Client,
+        received: Instant,
+        model: Option<usize>,
+        ended: Ended,
+        why: String,
+    ) {
+        let st = model.map(|i| &self.stats[i]);
+        let status = match ended {
+            // Counted as dropped, not failed: a scheduling outcome.
+            Ended::Dropped(_) => {
+                self.report.dropped += 1;
+                st.inspect(|s| s.dropped.inc());
+                ReplyStatus::Dropped
+            }
+            _ => {
+                self.report.failed += 1;
+                st.inspect(|s| s.failed.inc());
+                ReplyStatus::Failed
+            }
+        };
+        if let Some(s) = st {
+            s.latency.observe_duration(received.elapsed());
+        }
+        if ended == Ended::BadRequest {
+            self.report.bad_requests += 1;
+            self.bad_requests.inc();
+        }
+        let done = InferDone {
+            ended,
+            status,
+            output: Vec::new(),
+            message: why,
+            latency: received.elapsed(),
+            queue: Duration::ZERO,
+            batch_size: 0,
+        };
+        self.reply(client, done);
     }
 
     fn finish(&mut self, id: u64, out: Outcome) {
@@ -400,17 +794,22 @@ impl Loop {
         };
         self.region.release(p.input);
         let lat = p.received.elapsed();
+        let st = &self.stats[p.model];
         let mut ran = Ran::default();
-        let (status, output, msg) = match out {
+        let (ended, status, output, msg) = match out {
             Outcome::Output(o, r) => {
                 ran = r;
                 ran.queue_ns = (ran.queue_ns - p.arrival.0).max(0);
+                st.queue.observe(ran.queue_ns as u64);
                 if self.clock.now() <= p.deadline {
                     self.report.good += 1;
-                    (ReplyStatus::Good, o, String::new())
+                    st.good.inc();
+                    (Ended::Good, ReplyStatus::Good, o, String::new())
                 } else {
                     self.report.late += 1;
+                    st.late.inc();
                     (
+                        Ended::Late,
                         ReplyStatus::Late,
                         o,
                         "result arrived after the deadline".into(),
@@ -419,18 +818,35 @@ impl Loop {
             }
             Outcome::Dropped(code) => {
                 self.report.dropped += 1;
+                st.dropped.inc();
                 (
+                    Ended::Dropped(code),
                     ReplyStatus::Dropped,
                     Vec::new(),
                     format!("dropped by the scheduler: {code:?}"),
                 )
             }
-            Outcome::Failed(why) => {
+            Outcome::Failed(ended, why) => {
                 self.report.failed += 1;
-                (ReplyStatus::Failed, Vec::new(), why)
+                st.failed.inc();
+                (ended, ReplyStatus::Failed, Vec::new(), why)
             }
         };
-        self.reply(p.client, p.req, status, lat, ran, output, msg);
+        st.latency.observe_duration(lat);
+        let done = InferDone {
+            ended,
+            status,
+            output,
+            message: msg,
+            latency: lat,
+            queue: Duration::from_nanos(ran.queue_ns as u64),
+            batch_size: ran.batch_size,
+        };
+        self.reply(p.client, done);
+    }
+
+    fn local(&mut self, l: LocalInfer) {
+        self.infer(Client::Local(l.reply), &l.model, l.slo_ns, l.input);
     }
 
     fn event(&mut self, ev: Event) {
@@ -460,18 +876,23 @@ impl Loop {
                         let out = match code {
                             // Lost with its backend: an explicit failure, not a
                             // scheduling decision.
-                            DropCode::BackendLost => {
-                                Outcome::Failed("the backend running it was lost".into())
-                            }
+                            DropCode::BackendLost => Outcome::Failed(
+                                Ended::BackendLost,
+                                "the backend running it was lost".into(),
+                            ),
                             c => Outcome::Dropped(c),
                         };
                         self.finish(id, out);
                     }
                 }
+                Msg::Capacity { gpus } => {
+                    tracing::info!(gpus, "frontend: GPUs in service changed");
+                    self.state.gpus.store(gpus, Ordering::Release);
+                }
                 Msg::Error { message } => self.scheduler_lost(message),
-                other => eprintln!(
-                    "fermata frontend: ignoring unexpected {} from the scheduler",
-                    other.kind()
+                other => tracing::warn!(
+                    kind = other.kind(),
+                    "frontend: ignoring an unexpected message from the scheduler"
                 ),
             },
             Event::Msg(c, msg) => match msg {
@@ -480,7 +901,7 @@ impl Loop {
                     model,
                     slo_ns,
                     input,
-                } => self.infer(c, req, &model, slo_ns, input),
+                } => self.infer(Client::Conn(c, req), &model, slo_ns, input),
                 Msg::ListModels => {
                     if let Some(conn) = self.clients.get(&c) {
                         let _ = conn.send(Msg::Models {
@@ -499,19 +920,21 @@ impl Loop {
                                 },
                             ),
                             TaskStatus::Dropped(code) => Outcome::Dropped(code),
-                            TaskStatus::InputMissing => {
-                                Outcome::Failed("the backend could not read the input".into())
-                            }
-                            TaskStatus::Failed => {
-                                Outcome::Failed("the backend failed to run the batch".into())
-                            }
+                            TaskStatus::InputMissing => Outcome::Failed(
+                                Ended::Failed,
+                                "the backend could not read the input".into(),
+                            ),
+                            TaskStatus::Failed => Outcome::Failed(
+                                Ended::Failed,
+                                "the backend failed to run the batch".into(),
+                            ),
                         };
                         self.finish(r.id, out);
                     }
                 }
                 other => {
                     let why = format!("unexpected {} at a frontend", other.kind());
-                    eprintln!("fermata frontend: closing connection {c}: {why}");
+                    tracing::warn!(conn = c, reason = %why, "frontend: closing connection");
                     if let Some(conn) = self.clients.remove(&c) {
                         let _ = conn.send(Msg::Error {
                             message: why.clone(),
@@ -523,59 +946,57 @@ impl Loop {
         }
     }
 
-    fn infer(&mut self, c: ConnId, req: u64, model: &str, slo_ns: i64, input: Vec<u8>) {
+    fn infer(&mut self, client: Client, model: &str, slo_ns: i64, input: Vec<u8>) {
         self.report.requests += 1;
         let received = Instant::now();
-        let bad = |s: &mut Self, why: String| {
-            s.report.bad_requests += 1;
-            s.report.failed += 1;
-            s.reply(
-                c,
-                req,
-                ReplyStatus::Failed,
-                received.elapsed(),
-                Ran::default(),
-                Vec::new(),
-                why,
-            );
-        };
         if !self.sched_ok {
-            return bad(self, "no scheduler: the frontend lost it".into());
-        }
-        let Some(m) = self.by_name.get(model) else {
-            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
-            return bad(
-                self,
-                format!("unknown model `{model}` (served: {})", known.join(", ")),
+            return self.refuse(
+                client,
+                received,
+                self.by_name.get(model).copied(),
+                Ended::NoScheduler,
+                "no scheduler: the frontend lost it".into(),
             );
+        }
+        let Some(&mi) = self.by_name.get(model) else {
+            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+            let why = format!("unknown model `{model}` (served: {})", known.join(", "));
+            return self.refuse(client, received, None, Ended::BadRequest, why);
         };
         if slo_ns < 0 {
-            return bad(
-                self,
-                format!("slo_ns must be >= 0 (0 = the model's default), got {slo_ns}"),
+            let why = format!("slo_ns must be >= 0 (0 = the model's default), got {slo_ns}");
+            return self.refuse(client, received, Some(mi), Ended::BadRequest, why);
+        }
+        if self.state.gpus.load(Ordering::Acquire) == 0 {
+            let why = format!("no GPU in service: no backend can serve model `{model}` now");
+            return self.refuse(
+                client,
+                received,
+                Some(mi),
+                Ended::Dropped(DropCode::NoGpu),
+                why,
             );
         }
+        let m = &self.models[mi];
         let slo = if slo_ns == 0 { m.slo_ns } else { slo_ns };
         let mid = m.id;
         self.next_seq += 1;
         let id =
             ((self.node as u64) << TASK_SEQ_BITS) | (self.next_seq & ((1 << TASK_SEQ_BITS) - 1));
         let Some(r) = self.region.put(id, &input) else {
-            return bad(
-                self,
-                format!(
-                    "input region full or input too large ({} bytes)",
-                    input.len()
-                ),
+            let why = format!(
+                "input region full or input too large ({} bytes)",
+                input.len()
             );
+            return self.refuse(client, received, Some(mi), Ended::RegionFull, why);
         };
         let arrival = self.clock.now();
         let deadline = arrival + Dur(slo);
         self.pending.insert(
             id,
             Pending {
-                client: c,
-                req,
+                client,
+                model: mi,
                 received,
                 arrival,
                 deadline,
@@ -607,5 +1028,5 @@ struct Ran {
 enum Outcome {
     Output(Vec<u8>, Ran),
     Dropped(DropCode),
-    Failed(String),
+    Failed(Ended, String),
 }

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod clock;
 pub mod exec;
 pub mod frontend;
+pub mod http;
 pub mod loadgen;
 pub mod onnx;
 pub mod procs;

@@ -9,7 +9,10 @@
 //!   loaded (`ModelLoaded`), it sends `RegisterAck` with the GPUs' global ids and only
 //!   then puts the GPUs in service, so no plan reaches a backend before its models.
 //! * A **frontend** sends `Register` with its input region; it gets `RegisterAck` with
-//!   the models, and every backend gets `FrontendUp`.
+//!   the models, then `Capacity` (the GPUs in service), and every backend gets
+//!   `FrontendUp`. Every frontend gets a new `Capacity` whenever the number of GPUs
+//!   in service changes; a task submitted while none is in service is dropped at
+//!   once as `NoGpu`.
 //!
 //! # Failures
 //! * A node whose connection ends, or that sends no `Ping` for `node_timeout`, is
@@ -35,12 +38,21 @@
 //! `[network]` values;
 //! the measured parts are capped (`max_ctrl`, `max_data`, default 2 ms and 500 us)
 //! so that a burst of slow probes cannot make every request unschedulable.
+//!
+//! # Metrics
+//! [`SchedulerNode::metrics`] has the scheduler's Prometheus series: tasks, plans
+//! and batch sizes per model, drops per reason, the network budget, and per GPU its
+//! busy seconds and busy fraction over the last [`BUSY_WINDOW`] (from the start and
+//! finish times backends report in `PlanDone`), with the mean over the
+//! sub-cluster. One scheduler is one sub-cluster: its GPUs carry
+//! `subcluster="0"`.
 
 use super::clock::SchedClock;
 use super::exec::wire_profile;
 use crate::core::{
     DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, Plan, Task, TaskId, Time,
 };
+use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, BATCH_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
 use crate::transport::{Conn, ConnId, Event, Listener, Transport};
@@ -48,11 +60,14 @@ use crate::wire::{DropCode, ModelInfo, Msg, NodeId, PlanTask, Role};
 use crate::workload::Workload;
 use anyhow::Result;
 use crossbeam_channel::{unbounded, RecvTimeoutError};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The window of the GPU busy fractions in the metrics.
+pub const BUSY_WINDOW: Duration = Duration::from_secs(10);
 
 /// Bits of a task id below the frontend's node id.
 pub const TASK_SEQ_BITS: u32 = 40;
@@ -74,8 +89,6 @@ pub struct SchedulerOpts {
     pub node_timeout: Duration,
     /// How often the measured network budget is applied.
     pub net_update: Duration,
-    /// Print each removal and budget change to stderr.
-    pub verbose: bool,
     /// RankThread spin before a timer, and ModelThread poll before parking (see
     /// [`RtConfig`]); 0 saves CPU where the scheduler shares few cores.
     pub rank_spin: Dur,
@@ -94,7 +107,6 @@ impl Default for SchedulerOpts {
             heartbeat: Duration::from_millis(100),
             node_timeout: Duration::from_millis(1000),
             net_update: Duration::from_millis(200),
-            verbose: false,
             rank_spin: Dur::from_us(100),
             model_spin: Dur::from_us(100),
             max_ctrl: Dur::from_us(2000),
@@ -148,6 +160,108 @@ struct Routes {
     plans_sent: AtomicU64,
     lost: AtomicU64,
     dropped: AtomicU64,
+    metrics: SchedMetrics,
+}
+
+/// The scheduler's hot-path metrics (per model by id, per drop code by tag).
+struct SchedMetrics {
+    tasks: Vec<Arc<Counter>>,
+    plans: Vec<Arc<Counter>>,
+    batch: Vec<Arc<Histogram>>,
+    drops: Vec<Arc<Counter>>,
+    d_ctrl: Arc<Gauge>,
+    d_data: Arc<Gauge>,
+}
+
+/// Every drop code, in wire order (the metrics' `reason` label).
+const DROP_CODES: [DropCode; 10] = [
+    DropCode::Expired,
+    DropCode::EarlyDrop,
+    DropCode::QueueFull,
+    DropCode::ModelRemoved,
+    DropCode::Overloaded,
+    DropCode::Shutdown,
+    DropCode::TooLate,
+    DropCode::BackendLost,
+    DropCode::UnknownModel,
+    DropCode::NoGpu,
+];
+
+/// The label of a drop code.
+pub fn drop_code_label(c: DropCode) -> &'static str {
+    match c {
+        DropCode::Expired => "expired",
+        DropCode::EarlyDrop => "early_drop",
+        DropCode::QueueFull => "queue_full",
+        DropCode::ModelRemoved => "model_removed",
+        DropCode::Overloaded => "overloaded",
+        DropCode::Shutdown => "shutdown",
+        DropCode::TooLate => "too_late",
+        DropCode::BackendLost => "backend_lost",
+        DropCode::UnknownModel => "unknown_model",
+        DropCode::NoGpu => "no_gpu",
+    }
+}
+
+impl SchedMetrics {
+    fn new(reg: &Registry, models: &[ModelInfo]) -> SchedMetrics {
+        let per = |f: &dyn Fn(&str) -> Arc<Counter>| -> Vec<Arc<Counter>> {
+            models.iter().map(|m| f(&m.name)).collect()
+        };
+        SchedMetrics {
+            tasks: per(&|m| {
+                reg.counter(
+                    "fermata_scheduler_tasks_total",
+                    "Tasks submitted to the scheduler by frontends.",
+                    &[("model", m)],
+                )
+            }),
+            plans: per(&|m| {
+                reg.counter(
+                    "fermata_scheduler_plans_total",
+                    "Batch plans sent to backends.",
+                    &[("model", m)],
+                )
+            }),
+            batch: models
+                .iter()
+                .map(|m| {
+                    reg.histogram(
+                        "fermata_scheduler_batch_size",
+                        "Tasks per batch plan sent (frontends gone are left out).",
+                        &[("model", &m.name)],
+                        Histogram::new(BATCH_BUCKETS, 1.0),
+                    )
+                })
+                .collect(),
+            drops: DROP_CODES
+                .iter()
+                .map(|&c| {
+                    reg.counter(
+                        "fermata_scheduler_dropped_total",
+                        "Tasks the scheduler dropped or failed, by reason.",
+                        &[("reason", drop_code_label(c))],
+                    )
+                })
+                .collect(),
+            d_ctrl: reg.gauge(
+                "fermata_scheduler_d_ctrl_seconds",
+                "The control-delay budget d_ctrl in use (measured, Appendix D).",
+                &[],
+            ),
+            d_data: reg.gauge(
+                "fermata_scheduler_d_data_seconds",
+                "The input-transfer budget per task d_data in use.",
+                &[],
+            ),
+        }
+    }
+
+    fn dropped(&self, c: DropCode, n: u64) {
+        if let Some(i) = DROP_CODES.iter().position(|&x| x == c) {
+            self.drops[i].add(n);
+        }
+    }
 }
 
 fn drop_code(r: DropReason) -> DropCode {
@@ -165,9 +279,12 @@ impl Routes {
     /// Tells the tasks' frontends they were dropped.
     fn notify(&self, tasks: impl IntoIterator<Item = u64>, code: DropCode) {
         let mut by_fe: HashMap<NodeId, Vec<(u64, DropCode)>> = HashMap::new();
+        let mut n = 0;
         for t in tasks {
             by_fe.entry(task_owner(t)).or_default().push((t, code));
+            n += 1;
         }
+        self.metrics.dropped(code, n);
         let fes = self.frontends.read().expect("routes lock");
         for (fe, items) in by_fe {
             if let Some(c) = fes.get(&fe) {
@@ -231,6 +348,7 @@ impl Outlet for Routes {
             return;
         }
         let ids: Vec<u64> = tasks.iter().map(|t| t.id).collect();
+        let ntasks = ids.len();
         self.inflight.lock().expect("inflight lock").insert(
             plan.id.0,
             InFlight {
@@ -248,6 +366,10 @@ impl Outlet for Routes {
             tasks,
         };
         self.plans_sent.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.metrics.plans.get(plan.model.idx()) {
+            c.inc();
+            self.metrics.batch[plan.model.idx()].observe(ntasks as u64);
+        }
         if conn.send(msg).is_err() {
             let f = self
                 .inflight
@@ -265,6 +387,7 @@ impl Outlet for Routes {
         // Called once per dropped task from the ModelThreads: straight to its
         // frontend, without `notify`'s grouping.
         self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.metrics.dropped(drop_code(reason), 1);
         let fes = self.frontends.read().expect("routes lock");
         if let Some(c) = fes.get(&task_owner(task.id.0)) {
             let _ = c.send(Msg::Dropped {
@@ -277,6 +400,7 @@ impl Outlet for Routes {
 /// A running scheduler process (its event loop thread and the real-time scheduler).
 pub struct SchedulerNode {
     addr: String,
+    metrics: Arc<Registry>,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Result<SchedReport>>>,
 }
@@ -310,16 +434,6 @@ impl SchedulerNode {
             .iter()
             .map(|m| m.share * m.spec.profile.latency(1).as_secs_f64())
             .collect();
-        let routes = Arc::new(Routes {
-            gpus: RwLock::new(Vec::new()),
-            frontends: RwLock::new(HashMap::new()),
-            inflight: Mutex::new(HashMap::new()),
-            reporter: OnceLock::new(),
-            clock,
-            plans_sent: AtomicU64::new(0),
-            lost: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        });
         let specs: Vec<ModelSpec> = workload.models.iter().map(|m| m.spec.clone()).collect();
         let models: Vec<ModelInfo> = workload
             .models
@@ -338,6 +452,20 @@ impl SchedulerNode {
                     .unwrap_or_default(),
             })
             .collect();
+        let registry = Registry::new();
+        let routes = Arc::new(Routes {
+            gpus: RwLock::new(Vec::new()),
+            frontends: RwLock::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            reporter: OnceLock::new(),
+            clock,
+            plans_sent: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            metrics: SchedMetrics::new(&registry, &models),
+        });
+        let busy = Arc::new(Mutex::new(Vec::<GpuSnap>::new()));
+        register_gpu_metrics(&registry, busy.clone());
         let rt = RtScheduler::start(rcfg, specs, routes.clone(), clock)?;
         let _ = routes.reporter.set(rt.gpu_reporter());
         let (tx, rx) = unbounded();
@@ -357,6 +485,9 @@ impl SchedulerNode {
             conns: HashMap::new(),
             next_node: 1,
             report: SchedReport::default(),
+            gpus_in_service: 0,
+            busy: Vec::new(),
+            busy_snap: busy,
             _listener: listener,
         };
         let submitter = ev.rt.as_ref().expect("rt").submitter();
@@ -366,6 +497,7 @@ impl SchedulerNode {
             .spawn(move || ev.run(rx, submitter, &stop2))?;
         Ok(SchedulerNode {
             addr,
+            metrics: registry,
             stop,
             handle: Some(handle),
         })
@@ -374,6 +506,11 @@ impl SchedulerNode {
     /// Where nodes connect.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The scheduler's Prometheus metrics.
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.metrics.clone()
     }
 
     /// Stops: queued tasks end as `Shutdown` drops at their frontends, every
@@ -437,7 +574,101 @@ struct EventLoop {
     next_node: NodeId,
     report: SchedReport,
     reporter: GpuReporter,
+    /// GPUs in service (what frontends learn in `Capacity`).
+    gpus_in_service: u32,
+    /// Per global GPU id: busy time, for the metrics.
+    busy: Vec<GpuBusy>,
+    busy_snap: Arc<Mutex<Vec<GpuSnap>>>,
     _listener: Box<dyn Listener>,
+}
+
+/// A GPU's busy time as backends report it.
+#[derive(Default)]
+struct GpuBusy {
+    in_service: bool,
+    /// Sum of (finish - start) of its batches, ns.
+    total_ns: i64,
+    /// (when, total_ns) samples over the last BUSY_WINDOW.
+    samples: VecDeque<(Instant, i64)>,
+}
+
+/// What the metrics show of a GPU (refreshed every second).
+#[derive(Clone, Copy)]
+struct GpuSnap {
+    gpu: u32,
+    in_service: bool,
+    busy_s: f64,
+    /// Busy fraction over the last BUSY_WINDOW (or since it entered service).
+    ratio: f64,
+}
+
+fn register_gpu_metrics(reg: &Registry, snap: Arc<Mutex<Vec<GpuSnap>>>) {
+    let sub = || ("subcluster".to_string(), "0".to_string());
+    let s = snap.clone();
+    reg.collector(
+        "fermata_gpu_busy_seconds_total",
+        "Seconds a GPU ran batches (start to finish as its backend reports them).",
+        Kind::Counter,
+        move || {
+            let v = s.lock().expect("busy lock");
+            v.iter()
+                .map(|g| (vec![("gpu".into(), g.gpu.to_string()), sub()], g.busy_s))
+                .collect()
+        },
+    );
+    let s = snap.clone();
+    reg.collector(
+        "fermata_gpu_busy_ratio",
+        "Busy fraction of each GPU in service over the last 10 s (idle = 1 - busy).",
+        Kind::Gauge,
+        move || {
+            let v = s.lock().expect("busy lock");
+            v.iter()
+                .filter(|g| g.in_service)
+                .map(|g| (vec![("gpu".into(), g.gpu.to_string()), sub()], g.ratio))
+                .collect()
+        },
+    );
+    let s = snap.clone();
+    reg.collector(
+        "fermata_subcluster_busy_ratio",
+        "Mean busy fraction of the sub-cluster's GPUs in service over the last 10 s.",
+        Kind::Gauge,
+        move || {
+            let v = s.lock().expect("busy lock");
+            let (n, sum) = v
+                .iter()
+                .filter(|g| g.in_service)
+                .fold((0usize, 0.0), |(n, s), g| (n + 1, s + g.ratio));
+            let mean = if n == 0 { 0.0 } else { sum / n as f64 };
+            vec![(vec![sub()], mean)]
+        },
+    );
+    let s = snap.clone();
+    reg.collector(
+        "fermata_subcluster_idle_ratio",
+        "Mean idle fraction of the sub-cluster's GPUs in service over the last 10 s.",
+        Kind::Gauge,
+        move || {
+            let v = s.lock().expect("busy lock");
+            let (n, sum) = v
+                .iter()
+                .filter(|g| g.in_service)
+                .fold((0usize, 0.0), |(n, s), g| (n + 1, s + g.ratio));
+            let idle = if n == 0 { 0.0 } else { 1.0 - sum / n as f64 };
+            vec![(vec![sub()], idle)]
+        },
+    );
+    reg.collector(
+        "fermata_subcluster_gpus_in_service",
+        "GPUs in service in the sub-cluster.",
+        Kind::Gauge,
+        move || {
+            let v = snap.lock().expect("busy lock");
+            let n = v.iter().filter(|g| g.in_service).count();
+            vec![(vec![sub()], n as f64)]
+        },
+    );
 }
 
 impl EventLoop {
@@ -453,6 +684,7 @@ impl EventLoop {
     ) -> Result<SchedReport> {
         let mut next_check = Instant::now() + self.opts.heartbeat;
         let mut next_net = Instant::now() + self.opts.net_update;
+        let mut next_busy = Instant::now();
         let mut refused = Vec::new();
         while !stop.load(Ordering::Acquire) {
             let wait = next_check.saturating_duration_since(Instant::now());
@@ -482,6 +714,10 @@ impl EventLoop {
                 next_net = now + self.opts.net_update;
                 self.update_net();
             }
+            if now >= next_busy {
+                next_busy = now + Duration::from_secs(1);
+                self.update_busy(now);
+            }
         }
         // Stop: close every connection, then drain the scheduler (its drops go to
         // frontends that are already closed: they fail their own pending tasks).
@@ -508,15 +744,55 @@ impl EventLoop {
         }
     }
 
-    fn log(&self, s: String) {
-        if self.opts.verbose {
-            eprintln!("fermata scheduler: {s}");
+    /// Refreshes the GPUs' busy fractions for the metrics.
+    fn update_busy(&mut self, now: Instant) {
+        let snap: Vec<GpuSnap> = self
+            .busy
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| {
+                b.samples.push_back((now, b.total_ns));
+                while b.samples.len() > 2 && now.duration_since(b.samples[1].0) >= BUSY_WINDOW {
+                    b.samples.pop_front();
+                }
+                let (t0, n0) = b.samples[0];
+                let span = now.duration_since(t0).as_nanos() as f64;
+                let ratio = if span > 0.0 {
+                    ((b.total_ns - n0) as f64 / span).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                };
+                GpuSnap {
+                    gpu: i as u32,
+                    in_service: b.in_service,
+                    busy_s: b.total_ns as f64 / 1e9,
+                    ratio,
+                }
+            })
+            .collect();
+        *self.busy_snap.lock().expect("busy lock") = snap;
+    }
+
+    /// Tells every frontend (or only `to`) how many GPUs are in service.
+    fn send_capacity(&self, to: Option<&Arc<dyn Conn>>) {
+        let msg = Msg::Capacity {
+            gpus: self.gpus_in_service,
+        };
+        match to {
+            Some(c) => {
+                let _ = c.send(msg);
+            }
+            None => {
+                for c in self.routes.frontends.read().expect("routes lock").values() {
+                    let _ = c.send(msg.clone());
+                }
+            }
         }
     }
 
     /// Closes `c` for a protocol error and removes its node.
     fn reject(&mut self, c: ConnId, why: String) {
-        eprintln!("fermata scheduler: closing connection {c}: {why}");
+        tracing::warn!(conn = c, reason = %why, "scheduler: closing connection");
         self.report.connections_closed_for_errors += 1;
         if let Some(cs) = self.conns.get(&c) {
             let _ = cs.conn.send(Msg::Error {
@@ -574,7 +850,9 @@ impl EventLoop {
                             _ => unreachable!(),
                         };
                         let nm = self.models.len() as u32;
+                        let no_gpu = self.gpus_in_service == 0;
                         let mut unknown = Vec::new();
+                        let mut refused_no_gpu = Vec::new();
                         for t in tasks {
                             if task_owner(t.id) != node {
                                 return self.reject(
@@ -587,6 +865,11 @@ impl EventLoop {
                             }
                             if t.model >= nm {
                                 unknown.push(t.id);
+                                continue;
+                            }
+                            self.routes.metrics.tasks[t.model as usize].inc();
+                            if no_gpu {
+                                refused_no_gpu.push(t.id);
                                 continue;
                             }
                             sub.push(
@@ -602,6 +885,12 @@ impl EventLoop {
                         }
                         if !unknown.is_empty() {
                             self.routes.notify(unknown, DropCode::UnknownModel);
+                        }
+                        if !refused_no_gpu.is_empty() {
+                            self.routes
+                                .dropped
+                                .fetch_add(refused_no_gpu.len() as u64, Ordering::Relaxed);
+                            self.routes.notify(refused_no_gpu, DropCode::NoGpu);
                         }
                     }
                     Msg::Register {
@@ -640,10 +929,12 @@ impl EventLoop {
                                 for up in self.frontend_ups() {
                                     let _ = conn.send(up);
                                 }
-                                self.log(format!(
-                                    "backend `{name}` (node {node}) registers {} GPUs",
-                                    gpus.len()
-                                ));
+                                tracing::info!(
+                                    backend = %name,
+                                    node,
+                                    gpus = gpus.len(),
+                                    "scheduler: backend registers"
+                                );
                                 if self.models.is_empty() {
                                     self.backend_ready(c);
                                 }
@@ -676,6 +967,7 @@ impl EventLoop {
                                     models: self.models.clone(),
                                     heartbeat_ms: self.opts.heartbeat.as_millis() as u32,
                                 });
+                                self.send_capacity(Some(&conn));
                                 for other in self.conns.values() {
                                     if matches!(
                                         other.state,
@@ -685,7 +977,7 @@ impl EventLoop {
                                     }
                                 }
                                 self.report.frontends_registered += 1;
-                                self.log(format!("frontend `{name}` registered as node {node}"));
+                                tracing::info!(frontend = %name, node, "scheduler: frontend registered");
                             }
                         }
                     }
@@ -706,6 +998,7 @@ impl EventLoop {
                     Msg::PlanDone {
                         id,
                         gpu,
+                        started_ns,
                         finished_ns,
                         ..
                     } => {
@@ -714,6 +1007,9 @@ impl EventLoop {
                                 .reject(c, "PlanDone from a node that is not a backend".into());
                         }
                         self.report.plans_done += 1;
+                        if let Some(b) = self.busy.get_mut(gpu as usize) {
+                            b.total_ns += (finished_ns - started_ns).max(0);
+                        }
                         self.routes
                             .inflight
                             .lock()
@@ -786,12 +1082,29 @@ impl EventLoop {
             let got = rt.add_gpu();
             debug_assert_eq!(got, id);
         }
-        cs.state = NodeState::Backend { node, gpus: ids };
+        cs.state = NodeState::Backend {
+            node,
+            gpus: ids.clone(),
+        };
         self.report.backends_registered += 1;
-        self.log(format!(
-            "backend node {node} in service with GPUs {first}..{}",
-            first + gpus
-        ));
+        let now = Instant::now();
+        for &id in &ids {
+            if self.busy.len() <= id.idx() {
+                self.busy.resize_with(id.idx() + 1, GpuBusy::default);
+            }
+            let b = &mut self.busy[id.idx()];
+            b.in_service = true;
+            b.samples.clear();
+            b.samples.push_back((now, b.total_ns));
+        }
+        self.gpus_in_service += gpus;
+        self.send_capacity(None);
+        tracing::info!(
+            node,
+            first_gpu = first,
+            gpus,
+            "scheduler: backend in service"
+        );
         // Its measurements so far (from the pings before it registered) count at
         // once, before the first plan.
         self.update_net();
@@ -811,7 +1124,7 @@ impl EventLoop {
         match cs.state {
             NodeState::New => {}
             NodeState::Loading { node, .. } => {
-                self.log(format!("backend node {node} lost while loading: {reason}"));
+                tracing::warn!(node, %reason, "scheduler: backend lost while loading");
             }
             NodeState::Backend { node, gpus, .. } => {
                 {
@@ -822,17 +1135,29 @@ impl EventLoop {
                 }
                 for &id in &gpus {
                     self.rt().remove_gpu(id);
+                    if let Some(b) = self.busy.get_mut(id.idx()) {
+                        b.in_service = false;
+                    }
                 }
+                self.gpus_in_service -= gpus.len() as u32;
+                self.send_capacity(None);
                 let n = self.routes.fail_backend(node);
                 if graceful {
                     self.report.backends_left += 1;
                 } else {
                     self.report.backends_lost += 1;
                 }
-                eprintln!(
-                    "fermata scheduler: backend node {node} removed ({reason}); {} GPUs out of service, {n} in-flight tasks failed",
-                    gpus.len()
-                );
+                if graceful {
+                    tracing::info!(node, gpus = gpus.len(), %reason, "scheduler: backend left");
+                } else {
+                    tracing::warn!(
+                        node,
+                        gpus = gpus.len(),
+                        failed_tasks = n,
+                        %reason,
+                        "scheduler: backend removed; its GPUs are out of service and its in-flight tasks failed"
+                    );
+                }
             }
             NodeState::Frontend { node, .. } => {
                 self.routes
@@ -853,7 +1178,15 @@ impl EventLoop {
                 } else {
                     self.report.frontends_lost += 1;
                 }
-                eprintln!("fermata scheduler: frontend node {node} removed ({reason}); its tasks are dropped");
+                if graceful {
+                    tracing::info!(node, %reason, "scheduler: frontend left");
+                } else {
+                    tracing::warn!(
+                        node,
+                        %reason,
+                        "scheduler: frontend removed; its tasks are dropped"
+                    );
+                }
             }
         }
     }
@@ -913,15 +1246,20 @@ impl EventLoop {
             || changed(net.data_per_req, self.net.data_per_req)
             || changed(net.resp, self.net.resp)
         {
-            self.log(format!(
-                "network budget: d_ctrl {:.0} us, d_data {:.1} us per task",
-                net.ctrl.as_us_f64(),
-                net.data_per_req.as_us_f64()
-            ));
+            tracing::info!(
+                d_ctrl_us = net.ctrl.as_us_f64(),
+                d_data_us = net.data_per_req.as_us_f64(),
+                "scheduler: network budget changed"
+            );
             self.net = net;
             self.rt().set_net(net);
         }
         self.report.d_ctrl_us = self.net.ctrl.as_us_f64();
         self.report.d_data_us = self.net.data_per_req.as_us_f64();
+        self.routes.metrics.d_ctrl.set(self.net.ctrl.as_secs_f64());
+        self.routes
+            .metrics
+            .d_data
+            .set(self.net.data_per_req.as_secs_f64());
     }
 }

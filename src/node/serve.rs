@@ -22,7 +22,9 @@ pub struct ClusterOpts {
     /// Listen addresses are "{host}:0" (TCP) or "{name}:0" (in-process).
     pub host: String,
     pub region_bytes: u64,
-    pub verbose: bool,
+    /// The first frontend also serves the KServe v2 HTTP API with these settings;
+    /// its `/metrics` shows every node of the cluster.
+    pub http: Option<super::http::HttpOpts>,
     /// Scheduler thread spin/poll times (us).
     pub rank_spin_us: u64,
     pub model_spin_us: u64,
@@ -40,7 +42,7 @@ impl Default for ClusterOpts {
             model_threads: 1,
             host: "fermata".into(),
             region_bytes: 1 << 30,
-            verbose: false,
+            http: None,
             rank_spin_us: 20,
             model_spin_us: 20,
             executor: "emulated".into(),
@@ -84,7 +86,6 @@ impl Cluster {
             SchedulerOpts {
                 listen: format!("{}:0", o.host),
                 model_threads: o.model_threads,
-                verbose: o.verbose,
                 rank_spin: crate::core::Dur::from_us(o.rank_spin_us as i64),
                 model_spin: crate::core::Dur::from_us(o.model_spin_us as i64),
                 ..SchedulerOpts::default()
@@ -97,7 +98,6 @@ impl Cluster {
             let mut bo =
                 BackendOpts::with_executor(scheduler.addr(), n, &o.executor, &o.models_dir)?;
             bo.name = format!("backend{b}");
-            bo.verbose = o.verbose;
             backends.push(BackendNode::start(transport.clone(), bo)?);
         }
         let mut backend_gpus = Vec::new();
@@ -111,6 +111,14 @@ impl Cluster {
             fo.data_listen = format!("{}:0", o.host);
             fo.region_bytes = o.region_bytes;
             fo.name = format!("frontend{f}");
+            if f == 0 {
+                if let Some(h) = &o.http {
+                    let mut h = h.clone();
+                    h.extra_metrics.push(scheduler.metrics());
+                    h.extra_metrics.extend(backends.iter().map(|b| b.metrics()));
+                    fo.http = Some(h);
+                }
+            }
             frontends.push(FrontendNode::start(transport.clone(), fo)?);
         }
         Ok(Cluster {

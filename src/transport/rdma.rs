@@ -1723,7 +1723,7 @@ impl Transport for Rdma {
                 return;
             };
             if let Err(e) = establish(&s, tcp, peer.clone(), events.clone(), true) {
-                eprintln!("[rdma] connection from {peer} failed: {e:#}");
+                tracing::warn!(%peer, error = %format!("{e:#}"), "rdma: connection failed");
             }
         })?;
         Ok(Box::new(RdmaListener {
@@ -1775,7 +1775,7 @@ impl Transport for Rdma {
                 return;
             };
             if let Err(e) = region_accept(&rs, tcp) {
-                eprintln!("[rdma] region reader {peer} failed: {e:#}");
+                tracing::warn!(%peer, error = %format!("{e:#}"), "rdma: region reader failed");
             }
         })?;
         Ok(Box::new(RdmaRegionServer {

@@ -403,7 +403,7 @@ async fn conn_reader(shared: Arc<ConnShared>, rd: OwnedReadHalf, mut stop: watch
     };
     if let Some((reason, log)) = reason {
         if log {
-            eprintln!("fermata: closing connection from {}: {reason}", shared.peer);
+            tracing::warn!(peer = %shared.peer, %reason, "tcp: closing connection");
         }
         shared.finish(reason);
     }
@@ -503,14 +503,14 @@ async fn accept_loop(
             Ok(x) => x,
             Err(e) => {
                 // Out of file descriptors and the like: wait a little, go on.
-                eprintln!("fermata: accepting a connection failed: {e}");
+                tracing::warn!(error = %e, "tcp: accepting a connection failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
         let Some(inner) = inner.upgrade() else { return };
         if let Err(e) = stream.set_nodelay(true) {
-            eprintln!("fermata: setting TCP_NODELAY for {peer} failed: {e}");
+            tracing::warn!(%peer, error = %e, "tcp: setting TCP_NODELAY failed");
         }
         let (conn, start) = new_conn(&inner, stream, peer.to_string(), events.clone());
         let conn: Arc<dyn Conn> = conn;
@@ -578,7 +578,7 @@ async fn region_accept(
                     ));
                 }
                 Err(e) => {
-                    eprintln!("fermata: region server: accepting a connection failed: {e}");
+                    tracing::warn!(error = %e, "tcp: region server: accepting a connection failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
@@ -600,7 +600,7 @@ async fn region_conn(
     let serve = async {
         if let Err(e) = serve_reads(s, &region).await {
             if e.kind() != std::io::ErrorKind::UnexpectedEof {
-                eprintln!("fermata: region server: reader {peer}: {e}");
+                tracing::warn!(%peer, error = %e, "tcp: region server: reader failed");
             }
         }
     };

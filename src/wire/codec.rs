@@ -313,6 +313,7 @@ wire_enum!(DropCode {
     6 => TooLate,
     7 => BackendLost,
     8 => UnknownModel,
+    9 => NoGpu,
 });
 
 /// u8 tag (Ok 0, Dropped 1, InputMissing 2, Failed 3); Dropped adds its DropCode.
@@ -530,6 +531,7 @@ wire_messages! {
     18 => ListModels {},
     19 => Models { models },
     20 => Error { message },
+    21 => Capacity { gpus },
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -860,6 +862,7 @@ mod tests {
                     (7, DropCode::TooLate),
                     (8, DropCode::BackendLost),
                     (9, DropCode::UnknownModel),
+                    (10, DropCode::NoGpu),
                 ],
             },
             Msg::Ping {
@@ -922,6 +925,7 @@ mod tests {
             Msg::Error {
                 message: "bad frame".into(),
             },
+            Msg::Capacity { gpus: 8 },
         ]
     }
 
@@ -940,7 +944,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 20, "a sample of every variant");
+        assert_eq!(kinds.len(), 21, "a sample of every variant");
     }
 
     #[test]
@@ -962,7 +966,7 @@ mod tests {
             echo_ns: -1,
             sched_ns: 0x0102,
         });
-        let mut want = vec![27, 0, 0, 0, 2, 0, 15];
+        let mut want = vec![27, 0, 0, 0, 3, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -978,7 +982,7 @@ mod tests {
                 output: vec![0xAB],
             }],
         });
-        let mut want = vec![2, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![3, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -990,8 +994,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 2, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 2, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 3, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 3, 0, 18]);
     }
 
     #[test]
@@ -1011,7 +1015,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [2, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [3, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1021,7 +1025,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![2, 0, 9];
+        let mut body = vec![3, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 36]);
         assert_eq!(
@@ -1067,23 +1071,23 @@ mod tests {
     fn header_errors() {
         assert_eq!(
             decode(&[1, 0, 18]),
-            Err(DecodeError::Version { got: 1, want: 2 })
+            Err(DecodeError::Version { got: 1, want: 3 })
         );
         assert_eq!(
-            decode(&[2, 0, 0]),
+            decode(&[3, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[2, 0, 21]),
+            decode(&[3, 0, 22]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 21
+                tag: 22
             })
         );
-        let e = decode(&[2, 0, 18, 0]).unwrap_err();
+        let e = decode(&[3, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1093,7 +1097,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![2, 0, 1, 2]; // Register, role 2
+        let mut body = vec![3, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1119,12 +1123,12 @@ mod tests {
             items: vec![(1, DropCode::Expired)],
         });
         let last = frame.len() - 1;
-        frame[last] = 9;
+        frame[last] = 10;
         assert_eq!(
             decode(&frame[4..]),
             Err(DecodeError::BadTag {
                 what: "Dropped.items",
-                tag: 9
+                tag: 10
             })
         );
     }
@@ -1147,7 +1151,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[2, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[3, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
@@ -1220,7 +1224,7 @@ mod tests {
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
-        let want = Some(Err(DecodeError::Version { got: 7, want: 2 }));
+        let want = Some(Err(DecodeError::Version { got: 7, want: 3 }));
         assert_eq!(r.next_msg(), want);
         assert_eq!(r.next_msg(), want);
     }

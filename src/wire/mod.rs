@@ -26,7 +26,7 @@
 //! - enums: a u8 tag, in declaration order from 0, then the variant's fields:
 //!   [`Role`] (Backend 0, Frontend 1), [`PlanStatus`] (Ran 0, TooLate 1, Failed 2),
 //!   [`ReplyStatus`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropCode`] (Expired 0
-//!   ... UnknownModel 8), [`TaskStatus`] (Ok 0, Dropped 1 followed by its DropCode
+//!   ... UnknownModel 8, NoGpu 9), [`TaskStatus`] (Ok 0, Dropped 1 followed by its DropCode
 //!   tag, InputMissing 2, Failed 3), [`WireProfile`] (Linear 0 with `alpha_ns`,
 //!   `beta_ns`, `max_batch`; Table 1 with `lat_ns`).
 //!
@@ -34,7 +34,7 @@
 //! RegisterAck 2, Unregister 3, LoadModel 4, UnloadModel 5, ModelLoaded 6,
 //! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
 //! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
-//! Error 20. A new message takes the next tag; changing a layout bumps
+//! Error 20, Capacity 21. A new message takes the next tag; changing a layout bumps
 //! [`PROTOCOL_VERSION`].
 //!
 //! A decoder checks every length against its limit and then against what is left of
@@ -54,7 +54,7 @@ pub use codec::{decode, encode, encode_to_vec, DecodeError, FrameReader};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -199,6 +199,8 @@ pub enum DropCode {
     BackendLost,
     /// The model is unknown to the scheduler.
     UnknownModel,
+    /// No GPU was in service when the task arrived: nothing could run it.
+    NoGpu,
 }
 
 /// One result pushed by a backend.
@@ -360,6 +362,13 @@ pub enum Msg {
     Error {
         message: String,
     },
+    // ---- scheduler -> frontend ----
+    /// The GPUs in service now: sent to a frontend right after its `RegisterAck`
+    /// and to every frontend whenever the number changes, so frontends can answer
+    /// readiness checks and refuse requests that nothing could run.
+    Capacity {
+        gpus: u32,
+    },
 }
 
 impl Msg {
@@ -386,6 +395,7 @@ impl Msg {
             Msg::ListModels => "ListModels",
             Msg::Models { .. } => "Models",
             Msg::Error { .. } => "Error",
+            Msg::Capacity { .. } => "Capacity",
         }
     }
 }

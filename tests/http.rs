@@ -1,0 +1,873 @@
+//! The KServe v2 HTTP API of a frontend and the Prometheus endpoints, end to end:
+//! an in-process cluster (in-process transport, emulated GPUs) whose frontend serves
+//! HTTP on loopback, driven by a plain HTTP/1.1 client over a TcpStream (keep-alive).
+//! Every status code of the API is produced and its message checked.
+
+use fermata::node::backend::{BackendNode, BackendOpts};
+use fermata::node::exec::{checksum64, emulated_output, EmulatedGpu, Executor};
+use fermata::node::frontend::{FrontendNode, FrontendOpts};
+use fermata::node::http::{HttpOpts, HttpServer};
+use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
+use fermata::repo::ModelMeta;
+use fermata::transport::{inproc::InProc, Transport};
+use fermata::wire::ModelInfo;
+use fermata::workload::Workload;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One cluster at a time: outcomes depend on timing and the machine has few cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// `tiny`: FP32 x [4] and INT64 ids [2] in, INT64 out [2] (the emulated GPU's 16
+/// bytes: input length and checksum). `raw`: no metadata (UINT8 bytes in and out).
+/// `slow`: its executor takes 30 ms more than its profile says.
+fn workload() -> Workload {
+    let mut w = Workload::from_toml(
+        r#"
+name = "http"
+gpus = 2
+rate_rps = 100
+# Slack for lone requests: deferred scheduling holds a batch of one until its
+# frontrun moment, so without a response budget it ends at the deadline's edge.
+[network]
+ctrl_us = 1000
+resp_us = 1000
+# alpha (l(b+1) - l(b)) above the measured per-task pull budget's 500 us cap.
+[[models]]
+name = "tiny"
+alpha_ms = 1.0
+beta_ms = 1.0
+slo_ms = 100
+input_bytes = 32
+[[models]]
+name = "raw"
+alpha_ms = 1.0
+beta_ms = 1.0
+slo_ms = 100
+input_bytes = 8
+[[models]]
+name = "slow"
+alpha_ms = 1.0
+beta_ms = 1.0
+slo_ms = 10
+input_bytes = 4
+"#,
+        None,
+    )
+    .unwrap();
+    w.models[0].meta = Some(
+        ModelMeta::from_json(
+            r#"{"name":"tiny","slo_ms":100,"max_batch":8,
+                "inputs":[{"name":"x","datatype":"FP32","shape":[-1,4]},
+                          {"name":"ids","datatype":"INT64","shape":[-1,2]}],
+                "outputs":[{"name":"out","datatype":"INT64","shape":[-1,2]}]}"#,
+        )
+        .unwrap(),
+    );
+    w.models[2].meta = Some(
+        ModelMeta::from_json(
+            r#"{"name":"slow","slo_ms":10,"max_batch":8,
+                "inputs":[{"name":"v","datatype":"FP32","shape":[-1,1]}],
+                "outputs":[{"name":"o","datatype":"FP32","shape":[-1,4]}]}"#,
+        )
+        .unwrap(),
+    );
+    w
+}
+
+/// The emulated GPU, 30 ms slower than the profile for the model named `slow`.
+struct SlowFor {
+    inner: EmulatedGpu,
+    slow: HashSet<u32>,
+}
+
+impl Executor for SlowFor {
+    fn name(&self) -> &'static str {
+        "slow-for-test"
+    }
+    fn load(&mut self, m: &ModelInfo) -> anyhow::Result<()> {
+        if m.name == "slow" {
+            self.slow.insert(m.id);
+        }
+        self.inner.load(m)
+    }
+    fn unload(&mut self, m: u32) {
+        self.inner.unload(m)
+    }
+    fn run(&mut self, m: u32, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
+        let out = self.inner.run(m, inputs)?;
+        if self.slow.contains(&m) {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        Ok(out)
+    }
+}
+
+fn backend(tr: &Arc<dyn Transport>, sched: &str, gpus: u32) -> BackendNode {
+    let mut o = BackendOpts::emulated(sched, gpus);
+    o.executor = Box::new(|_| {
+        Ok(Box::new(SlowFor {
+            inner: EmulatedGpu::new(),
+            slow: HashSet::new(),
+        }))
+    });
+    let b = BackendNode::start(tr.clone(), o).unwrap();
+    b.wait_ready(Duration::from_secs(10)).unwrap();
+    b
+}
+
+struct Cl {
+    tr: Arc<dyn Transport>,
+    sched: SchedulerNode,
+    backends: Vec<BackendNode>,
+    fe: FrontendNode,
+    http: SocketAddr,
+}
+
+/// A scheduler, `gpus` emulated GPUs on one backend (none if 0) and a frontend
+/// serving HTTP on loopback.
+fn cluster(host: &str, gpus: u32, tweak: impl FnOnce(&mut HttpOpts)) -> Cl {
+    let tr: Arc<dyn Transport> = Arc::new(InProc::global());
+    let w = workload();
+    let sched = SchedulerNode::start(
+        tr.clone(),
+        &w,
+        SchedulerOpts {
+            listen: format!("{host}:0"),
+            ..SchedulerOpts::default()
+        },
+    )
+    .unwrap();
+    let backends = if gpus > 0 {
+        vec![backend(&tr, sched.addr(), gpus)]
+    } else {
+        vec![]
+    };
+    let mut fo = FrontendOpts::new(sched.addr());
+    fo.listen = format!("{host}:0");
+    fo.data_listen = format!("{host}:0");
+    fo.region_bytes = 16 << 20;
+    let mut h = HttpOpts::new("127.0.0.1:0");
+    tweak(&mut h);
+    fo.http = Some(h);
+    let fe = FrontendNode::start(tr.clone(), fo).unwrap();
+    let http = fe.http_addr().unwrap();
+    Cl {
+        tr,
+        sched,
+        backends,
+        fe,
+        http,
+    }
+}
+
+impl Cl {
+    fn stop(self) {
+        let rep = self.fe.stop();
+        assert_eq!(
+            rep.good + rep.late + rep.dropped + rep.failed,
+            rep.requests,
+            "every request ended exactly once: {rep:?}"
+        );
+        for b in self.backends {
+            b.stop();
+        }
+        self.sched.stop().unwrap();
+    }
+}
+
+/// A minimal HTTP/1.1 client on one keep-alive connection.
+struct Http {
+    r: BufReader<TcpStream>,
+}
+
+struct Resp {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    fn error(&self) -> String {
+        self.json()["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error field: {}", String::from_utf8_lossy(&self.body)))
+            .to_string()
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl Http {
+    fn connect(a: SocketAddr) -> Http {
+        let s = TcpStream::connect(a).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        Http {
+            r: BufReader::new(s),
+        }
+    }
+
+    fn req(&mut self, method: &str, path: &str, headers: &[(&str, String)], body: &[u8]) -> Resp {
+        let mut h = format!(
+            "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            h.push_str(&format!("{k}: {v}\r\n"));
+        }
+        h.push_str("\r\n");
+        let s = self.r.get_mut();
+        s.write_all(h.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut line = String::new();
+        self.r.read_line(&mut line).unwrap();
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_else(|| panic!("bad status line {line:?}"))
+            .parse()
+            .unwrap();
+        let mut headers = HashMap::new();
+        loop {
+            let mut l = String::new();
+            self.r.read_line(&mut l).unwrap();
+            let l = l.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            let (k, v) = l.split_once(':').unwrap();
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+        let n: usize = headers["content-length"].parse().unwrap();
+        let mut body = vec![0; n];
+        self.r.read_exact(&mut body).unwrap();
+        Resp {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn get(&mut self, path: &str) -> Resp {
+        self.req("GET", path, &[], &[])
+    }
+
+    fn post_json(&mut self, path: &str, v: &Value) -> Resp {
+        self.req(
+            "POST",
+            path,
+            &[("Content-Type", "application/json".into())],
+            v.to_string().as_bytes(),
+        )
+    }
+
+    /// A binary-extension request: JSON header, then `bin`.
+    fn post_binary(&mut self, path: &str, v: &Value, bin: &[u8]) -> Resp {
+        let head = v.to_string();
+        let mut body = head.clone().into_bytes();
+        body.extend_from_slice(bin);
+        self.req(
+            "POST",
+            path,
+            &[
+                ("Content-Type", "application/octet-stream".into()),
+                ("Inference-Header-Content-Length", head.len().to_string()),
+            ],
+            &body,
+        )
+    }
+}
+
+/// tiny's request bytes for x and ids: FP32 LE then INT64 LE.
+fn tiny_bytes(x: [f32; 4], ids: [i64; 2]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for v in x {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in ids {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+fn tiny_json(x: [f32; 4], ids: [i64; 2]) -> Value {
+    json!({
+        "id": "req-1",
+        "inputs": [
+            {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [[x[0], x[1]], [x[2], x[3]]]},
+            {"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": ids},
+        ]
+    })
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn health_ready_and_metadata() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-meta", 2, |_| {});
+    let mut h = Http::connect(c.http);
+    let r = h.get("/v2/health/live");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["live"], true);
+    assert_eq!(h.get("/v2/health/ready").status, 200);
+    let r = h.get("/v2/models/tiny/ready");
+    assert_eq!((r.status, r.json()["ready"].clone()), (200, json!(true)));
+    let r = h.get("/v2");
+    assert_eq!(r.json()["extensions"], json!(["binary_tensor_data"]));
+
+    let m = h.get("/v2/models/tiny").json();
+    assert_eq!(m["name"], "tiny");
+    assert_eq!(m["platform"], "fermata");
+    assert_eq!(
+        m["inputs"],
+        json!([
+            {"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+            {"name": "ids", "datatype": "INT64", "shape": [-1, 2]},
+        ])
+    );
+    assert_eq!(
+        m["outputs"],
+        json!([{"name": "out", "datatype": "INT64", "shape": [-1, 2]}])
+    );
+    // A model without metadata: raw bytes in, the emulated GPU's 16 bytes out.
+    let m = h.get("/v2/models/raw").json();
+    assert_eq!(
+        m["inputs"],
+        json!([{"name": "input", "datatype": "UINT8", "shape": [-1, 8]}])
+    );
+    assert_eq!(
+        m["outputs"],
+        json!([{"name": "output", "datatype": "UINT8", "shape": [-1, 16]}])
+    );
+
+    for path in ["/v2/models/nope", "/v2/models/nope/ready"] {
+        let r = h.get(path);
+        assert_eq!(r.status, 404, "{path}");
+        assert!(
+            r.error()
+                .contains("unknown model `nope` (served: tiny, raw, slow)"),
+            "{}",
+            r.error()
+        );
+    }
+    let r = h.post_json("/v2/models/nope/infer", &tiny_json([0.0; 4], [0; 2]));
+    assert_eq!(r.status, 404);
+    let r = h.get("/v3/whatever");
+    assert_eq!(r.status, 404);
+    assert!(
+        r.error().contains("no route for GET /v3/whatever"),
+        "{}",
+        r.error()
+    );
+    let r = h.get("/v2/models/tiny/infer");
+    assert_eq!(r.status, 405);
+    c.stop();
+}
+
+#[test]
+fn json_and_binary_requests_get_the_right_outputs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-ok", 2, |_| {});
+    let mut h = Http::connect(c.http);
+    let (x, ids) = ([1.5f32, -2.0, 3.25, 1e-3], [7i64, -9]);
+    let bytes = tiny_bytes(x, ids);
+
+    // JSON in, JSON out (nested data accepted).
+    let r = h.post_json("/v2/models/tiny/infer", &tiny_json(x, ids));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["model_name"], "tiny");
+    assert_eq!(v["id"], "req-1");
+    let out = &v["outputs"][0];
+    assert_eq!(out["name"], "out");
+    assert_eq!(out["datatype"], "INT64");
+    assert_eq!(out["shape"], json!([1, 2]));
+    assert_eq!(
+        out["data"],
+        json!([bytes.len() as i64, checksum64(&bytes) as i64]),
+        "the emulated GPU's output for exactly these request bytes"
+    );
+    assert!(v["parameters"]["fermata_batch_size"].as_u64().unwrap() >= 1);
+    assert!(v["parameters"]["fermata_latency_us"].as_f64().unwrap() > 0.0);
+
+    // Binary in, binary out, on the same keep-alive connection.
+    let req = json!({
+        "inputs": [
+            {"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+            {"name": "ids", "shape": [1, 2], "datatype": "INT64", "parameters": {"binary_data_size": 16}},
+        ],
+        "outputs": [{"name": "out", "parameters": {"binary_data": true}}]
+    });
+    let r = h.post_binary("/v2/models/tiny/infer", &req, &bytes);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let hl: usize = r.headers["inference-header-content-length"]
+        .parse()
+        .unwrap();
+    let head: Value = serde_json::from_slice(&r.body[..hl]).unwrap();
+    assert_eq!(head["outputs"][0]["parameters"]["binary_data_size"], 16);
+    assert!(head["outputs"][0].get("data").is_none());
+    assert_eq!(&r.body[hl..], &emulated_output(&bytes)[..]);
+
+    // Mixed: x as JSON, ids binary; every output binary by the request parameter.
+    let req = json!({
+        "parameters": {"binary_data_output": true},
+        "inputs": [
+            {"name": "ids", "shape": [1, 2], "datatype": "INT64", "parameters": {"binary_data_size": 16}},
+            {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": x},
+        ]
+    });
+    let r = h.post_binary("/v2/models/tiny/infer", &req, &bytes[16..]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let hl: usize = r.headers["inference-header-content-length"]
+        .parse()
+        .unwrap();
+    assert_eq!(&r.body[hl..], &emulated_output(&bytes)[..]);
+
+    // A model without metadata: UINT8 bytes.
+    let raw = [1u8, 2, 3, 4, 5, 6, 7, 200];
+    let r = h.post_json(
+        "/v2/models/raw/infer",
+        &json!({"inputs": [{"name": "input", "shape": [1, 8], "datatype": "UINT8", "data": raw}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let want: Vec<Value> = emulated_output(&raw)
+        .into_iter()
+        .map(|b| json!(b))
+        .collect();
+    assert_eq!(r.json()["outputs"][0]["data"], Value::Array(want));
+
+    // A request-level timeout (microseconds) that is ample still gives 200.
+    let mut v = tiny_json(x, ids);
+    v["parameters"] = json!({"timeout": 200_000});
+    assert_eq!(h.post_json("/v2/models/tiny/infer", &v).status, 200);
+    c.stop();
+}
+
+#[test]
+fn bad_requests_get_400_naming_the_field() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-400", 1, |_| {});
+    let mut h = Http::connect(c.http);
+    let infer = "/v2/models/tiny/infer";
+    let ok = tiny_json([1.0; 4], [1, 2]);
+    let check = |r: Resp, want: &str| {
+        assert_eq!(r.status, 400, "{}", r.text());
+        let e = r.error();
+        assert!(e.contains(want), "`{e}` should contain `{want}`");
+    };
+    // Malformed JSON.
+    let r = h.req("POST", infer, &[], b"{\"inputs\": [");
+    check(r, "malformed JSON request");
+    let r = h.post_json(infer, &json!({"inputs": 3}));
+    check(r, "malformed JSON request: invalid type");
+    // Unknown input name.
+    let mut v = ok.clone();
+    v["inputs"][0]["name"] = json!("y");
+    check(
+        h.post_json(infer, &v),
+        "unknown input `y` (inputs[0].name); the model's inputs are: x, ids",
+    );
+    // Missing input.
+    let mut v = ok.clone();
+    v["inputs"].as_array_mut().unwrap().pop();
+    check(h.post_json(infer, &v), "missing input `ids`");
+    // Wrong shape (and a batch of two).
+    let mut v = ok.clone();
+    v["inputs"][0]["shape"] = json!([1, 5]);
+    check(
+        h.post_json(infer, &v),
+        "input `x`: shape [1, 5] (inputs[0].shape), expected [1, 4]",
+    );
+    let mut v = ok.clone();
+    v["inputs"][1]["shape"] = json!([2, 2]);
+    check(h.post_json(infer, &v), "one sample per request");
+    // Wrong datatype.
+    let mut v = ok.clone();
+    v["inputs"][0]["datatype"] = json!("FP64");
+    check(
+        h.post_json(infer, &v),
+        "input `x`: datatype FP64 (inputs[0].datatype), the model expects FP32",
+    );
+    // Wrong element count and element type.
+    let mut v = ok.clone();
+    v["inputs"][1]["data"] = json!([1, 2, 3]);
+    check(h.post_json(infer, &v), "input `ids`: `data` has 3 elements");
+    let mut v = ok.clone();
+    v["inputs"][1]["data"] = json!([1, 2.5]);
+    check(
+        h.post_json(infer, &v),
+        "input `ids`: element 1 of `data` is 2.5, not a valid INT64",
+    );
+    // Wrong binary sizes.
+    let req = json!({"inputs": [
+        {"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 12}},
+        {"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]},
+    ]});
+    check(
+        h.post_binary(infer, &req, &[0; 12]),
+        "input `x`: parameters.binary_data_size is 12 bytes, the tensor [1, 4] FP32 needs 16",
+    );
+    let req = json!({"inputs": [
+        {"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+        {"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]},
+    ]});
+    check(
+        h.post_binary(infer, &req, &[0; 20]),
+        "20 bytes of binary data after the JSON header, but the inputs' parameters.binary_data_size add up to 16",
+    );
+    check(
+        h.post_binary(infer, &req, &[0; 10]),
+        "only 10 bytes of binary data are left",
+    );
+    // Bad parameters.
+    let mut v = ok.clone();
+    v["parameters"] = json!({"timeout": "soon"});
+    check(
+        h.post_json(infer, &v),
+        "parameters.timeout must be an integer number of microseconds",
+    );
+    let mut v = ok.clone();
+    v["outputs"] = json!([{"name": "nope"}]);
+    check(
+        h.post_json(infer, &v),
+        "unknown output `nope` (outputs[0].name)",
+    );
+    // The connection is still good after all that, and nothing was lost.
+    assert_eq!(h.post_json(infer, &ok).status, 200);
+    c.stop();
+}
+
+#[test]
+fn oversized_bodies_and_tensors_get_413() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-413", 1, |h| {
+        h.max_body_bytes = 4096;
+        h.max_tensor_bytes = 1024;
+    });
+    let mut h = Http::connect(c.http);
+    let r = h.req("POST", "/v2/models/tiny/infer", &[], &vec![b' '; 5000]);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(
+        r.error()
+            .contains("request body of 5000 bytes is over the limit of 4096 bytes"),
+        "{}",
+        r.error()
+    );
+    let mut h = Http::connect(c.http);
+    let v = json!({"inputs": [{"name": "x", "shape": [1, 300], "datatype": "FP32", "data": []}]});
+    let r = h.post_json("/v2/models/tiny/infer", &v);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(
+        r.error().contains(
+            "input `x`: shape [1, 300] is 1200 bytes, over the limit of 1024 bytes per tensor"
+        ),
+        "{}",
+        r.error()
+    );
+    c.stop();
+}
+
+#[test]
+fn deadlines_that_cannot_be_met_get_429_and_late_results_504() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-429", 1, |_| {});
+    let mut h = Http::connect(c.http);
+    // 100 us is below l(1) = 2 ms: the scheduler drops it at once.
+    let mut v = tiny_json([1.0; 4], [1, 2]);
+    v["parameters"] = json!({"timeout": 100});
+    let r = h.post_json("/v2/models/tiny/infer", &v);
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(
+        r.error()
+            .starts_with("dropped (expired): it could not finish by its deadline"),
+        "{}",
+        r.error()
+    );
+    // `slow` runs 30 ms over its 10 ms SLO: the result comes late.
+    let r = h.post_json(
+        "/v2/models/slow/infer",
+        &json!({"inputs": [{"name": "v", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}]}),
+    );
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(
+        r.error()
+            .starts_with("deadline exceeded: the result came after the deadline"),
+        "{}",
+        r.error()
+    );
+    c.stop();
+}
+
+#[test]
+fn no_gpu_in_service_gets_503_until_a_backend_registers() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = cluster("http-503", 0, |_| {});
+    let mut h = Http::connect(c.http);
+    let ok = tiny_json([1.0; 4], [1, 2]);
+    let r = h.get("/v2/health/ready");
+    assert_eq!(r.status, 503);
+    assert_eq!(r.error(), "not ready: no GPU in service");
+    assert_eq!(h.get("/v2/models/tiny/ready").status, 503);
+    assert_eq!(h.get("/v2/health/live").status, 200);
+    let r = h.post_json("/v2/models/tiny/infer", &ok);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.error()
+            .contains("dropped (no_gpu): no GPU is in service: no backend can serve the model"),
+        "{}",
+        r.error()
+    );
+    // A backend registers: ready, and requests are served.
+    c.backends.push(backend(&c.tr, c.sched.addr(), 1));
+    wait_for("ready", 5, || h.get("/v2/health/ready").status == 200);
+    // Right after the backend joined, the network budget is still being measured
+    // and a lone request may miss its deadline (429): a few tries.
+    let mut last = 0;
+    for _ in 0..5 {
+        last = h.post_json("/v2/models/tiny/infer", &ok).status;
+        if last == 200 {
+            break;
+        }
+        assert!([429, 504].contains(&last), "{last}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(last, 200);
+    // It leaves: 503 again.
+    c.backends.pop().unwrap().stop();
+    wait_for("not ready", 5, || h.get("/v2/health/ready").status == 503);
+    let r = h.post_json("/v2/models/tiny/infer", &ok);
+    assert_eq!(r.status, 503, "{}", r.text());
+    c.stop();
+}
+
+/// The value of the sample `series` (name and labels exactly) in an exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_count_requests_by_outcome() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-metrics", 2, |_| {});
+    let mut h = Http::connect(c.http);
+    let ok = tiny_json([1.0; 4], [1, 2]);
+    for _ in 0..3 {
+        assert_eq!(h.post_json("/v2/models/tiny/infer", &ok).status, 200);
+    }
+    let mut v = ok.clone();
+    v["parameters"] = json!({"timeout": 100});
+    assert_eq!(h.post_json("/v2/models/tiny/infer", &v).status, 429);
+    v["inputs"][0]["name"] = json!("zz");
+    assert_eq!(h.post_json("/v2/models/tiny/infer", &v).status, 400);
+
+    let r = h.get("/metrics");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.headers["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let t = r.text();
+    let n = |s: &str| sample(&t, s).unwrap_or_else(|| panic!("no sample {s} in\n{t}"));
+    assert_eq!(
+        n(r#"fermata_requests_total{model="tiny",outcome="good"}"#),
+        3.0
+    );
+    assert_eq!(
+        n(r#"fermata_requests_total{model="tiny",outcome="dropped"}"#),
+        1.0
+    );
+    assert_eq!(
+        n(r#"fermata_requests_total{model="tiny",outcome="late"}"#),
+        0.0
+    );
+    assert_eq!(
+        n(r#"fermata_requests_total{model="raw",outcome="good"}"#),
+        0.0
+    );
+    assert_eq!(
+        n(r#"fermata_request_latency_seconds_count{model="tiny"}"#),
+        4.0
+    );
+    assert_eq!(
+        n(r#"fermata_request_latency_seconds_bucket{model="tiny",le="+Inf"}"#),
+        4.0
+    );
+    assert!(n(r#"fermata_request_latency_seconds_sum{model="tiny"}"#) > 0.0);
+    assert_eq!(
+        n(r#"fermata_queuing_delay_seconds_count{model="tiny"}"#),
+        3.0
+    );
+    assert_eq!(n(r#"fermata_http_responses_total{code="200"}"#), 3.0);
+    assert_eq!(n(r#"fermata_http_responses_total{code="429"}"#), 1.0);
+    assert_eq!(n(r#"fermata_http_responses_total{code="400"}"#), 1.0);
+    assert_eq!(n("fermata_frontend_gpus_in_service"), 2.0);
+    assert_eq!(n("fermata_frontend_scheduler_connected"), 1.0);
+    assert!(t.contains("# TYPE fermata_request_latency_seconds histogram\n"));
+    assert!(t.contains("# TYPE fermata_requests_total counter\n"));
+    // The bad rate over the window: 1 of 4 (refreshed every second).
+    wait_for("the bad rate", 5, || {
+        sample(
+            &h.get("/metrics").text(),
+            r#"fermata_bad_rate{model="tiny"}"#,
+        ) == Some(0.25)
+    });
+
+    // The scheduler's and the backend's, as `--metrics-listen` serves them.
+    let m = HttpServer::start_metrics(
+        "127.0.0.1:0",
+        vec![c.sched.metrics(), c.backends[0].metrics()],
+    )
+    .unwrap();
+    let mut hm = Http::connect(m.addr());
+    assert_eq!(hm.get("/v2/health/live").status, 200);
+    assert_eq!(hm.get("/v2/models/tiny").status, 404);
+    let mut t = String::new();
+    wait_for("the GPU series", 5, || {
+        t = hm.get("/metrics").text();
+        t.contains(r#"fermata_gpu_busy_ratio{gpu="1",subcluster="0"}"#)
+    });
+    let n = |s: &str| sample(&t, s).unwrap_or_else(|| panic!("no sample {s} in\n{t}"));
+    assert_eq!(n(r#"fermata_scheduler_tasks_total{model="tiny"}"#), 4.0);
+    assert_eq!(
+        n(r#"fermata_scheduler_dropped_total{reason="expired"}"#),
+        1.0
+    );
+    let plans = n(r#"fermata_scheduler_plans_total{model="tiny"}"#);
+    assert!(plans >= 1.0);
+    assert_eq!(
+        n(r#"fermata_scheduler_batch_size_count{model="tiny"}"#),
+        plans
+    );
+    assert_eq!(n(r#"fermata_scheduler_batch_size_sum{model="tiny"}"#), 3.0);
+    assert_eq!(
+        n(r#"fermata_subcluster_gpus_in_service{subcluster="0"}"#),
+        2.0
+    );
+    let busy = n(r#"fermata_subcluster_busy_ratio{subcluster="0"}"#);
+    let idle = n(r#"fermata_subcluster_idle_ratio{subcluster="0"}"#);
+    assert!((0.0..=1.0).contains(&busy) && (busy + idle - 1.0).abs() < 1e-9);
+    assert!(n(r#"fermata_gpu_busy_seconds_total{gpu="0",subcluster="0"}"#) > 0.0);
+    assert_eq!(
+        n(r#"fermata_backend_plans_total{backend="backend",outcome="ran"}"#),
+        plans
+    );
+    assert_eq!(
+        n(r#"fermata_backend_tasks_total{backend="backend",outcome="ran"}"#),
+        3.0
+    );
+    assert_eq!(
+        n(r#"fermata_backend_batch_size_sum{backend="backend",model="tiny"}"#),
+        3.0
+    );
+    m.stop();
+    c.stop();
+}
+
+#[test]
+fn serve_with_an_http_port_serves_until_sigterm() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fermata"))
+        .args(["serve", "--http-port", "0", "--input-bytes", "64"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    // Killed if the test fails before its SIGTERM.
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on our own child (already gone: no effect).
+            unsafe {
+                libc::kill(self.0 as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    }
+    let _kill = Kill(child.id());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr: SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .parse()
+        .unwrap();
+    let mut h = Http::connect(addr);
+    wait_for("ready", 5, || h.get("/v2/health/ready").status == 200);
+    let m = h.get("/v2/models/resnet50").json();
+    assert_eq!(m["inputs"][0]["shape"], json!([-1, 64]));
+    let req = json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "UINT8",
+                                 "parameters": {"binary_data_size": 64}}],
+                     "parameters": {"binary_data_output": true}});
+    // A lone request right after start-up may miss its deadline while the
+    // network budget is still being measured (429/504): a few tries.
+    let mut tries = 0;
+    let r = loop {
+        tries += 1;
+        let r = h.post_binary("/v2/models/resnet50/infer", &req, &[9u8; 64]);
+        if r.status == 200 || tries == 5 {
+            break r;
+        }
+        assert!([429, 504].contains(&r.status), "{}", r.text());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(r.status, 200, "{}", r.text());
+    let hl: usize = r.headers["inference-header-content-length"]
+        .parse()
+        .unwrap();
+    assert_eq!(&r.body[hl..], &emulated_output(&[9u8; 64])[..]);
+    // The metrics of every node on the same port.
+    let t = h.get("/metrics").text();
+    assert!(t.contains("fermata_scheduler_plans_total{model=\"resnet50\"}"));
+    assert!(t.contains("fermata_backend_batch_size_count{backend=\"backend0\",model=\"resnet50\"}"));
+    // SIGTERM: it stops and prints the cluster's report.
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    let rep: Value = serde_json::from_str(rest.lines().last().unwrap()).unwrap();
+    let f = &rep["frontends"][0];
+    assert_eq!(f["requests"], tries);
+    assert_eq!(f["good"], 1);
+    assert_eq!(
+        f["good"].as_u64().unwrap()
+            + f["late"].as_u64().unwrap()
+            + f["dropped"].as_u64().unwrap()
+            + f["failed"].as_u64().unwrap(),
+        tries
+    );
+}
+
+#[test]
+fn bad_log_filters_are_refused() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_fermata"))
+        .args(["--log-level", "[[[", "serve", "--duration-s", "0.1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("bad log filter `[[[` (--log-level)"), "{e}");
+}
