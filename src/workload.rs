@@ -162,6 +162,7 @@ struct RawNetwork {
     ctrl_us: Option<f64>,
     data_us: Option<f64>,
     resp_us: Option<f64>,
+    slack_us: Option<f64>,
     exec_jitter: Option<f64>,
 }
 
@@ -329,6 +330,7 @@ impl Workload {
             ctrl: us(net_raw.ctrl_us, "ctrl_us")?,
             data_per_req: us(net_raw.data_us, "data_us")?,
             resp: us(net_raw.resp_us, "resp_us")?,
+            slack: us(net_raw.slack_us, "slack_us")?,
         };
         let exec_jitter = net_raw.exec_jitter.unwrap_or(0.0);
         if !(0.0..=1.0).contains(&exec_jitter) {

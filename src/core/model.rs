@@ -301,7 +301,7 @@ impl ModelState {
                     // waiting would only risk missing a GPU.
                     earliest
                 } else {
-                    earliest.max(frontrun)
+                    earliest.max(frontrun.min(latest - self.net.slack))
                 }
             }
             ExecRule::Timeout(k) => earliest.max(head.arrival + k),
@@ -315,5 +315,58 @@ impl ModelState {
         };
         self.cand = Some(c);
         Some(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frontrun keeps `slack` before the latest start, so a model whose batches
+    /// cost microseconds more per request is not held to the last microsecond.
+    #[test]
+    fn frontrun_keeps_the_slack() {
+        // l(b) = 1 us * b + 5 us; SLO 10 ms.
+        let spec = ModelSpec {
+            name: "tiny".into(),
+            profile: LatencyProfile::linear(Dur::from_us(1), Dur::from_us(5), 64).unwrap(),
+            slo: Dur::from_ms(10),
+        };
+        let cand = |slack_us: i64| {
+            let net = NetBudget {
+                ctrl: Dur::from_us(100),
+                data_per_req: Dur::from_us(10),
+                resp: Dur::from_us(100),
+                slack: Dur::from_us(slack_us),
+            };
+            let mut m = ModelState::new(
+                ModelId(0),
+                spec.clone(),
+                Policy::Deferred,
+                Gather::Lazy,
+                net,
+                100,
+            );
+            let now = Time(1_000_000_000);
+            assert!(m.enqueue(Task {
+                id: TaskId(1),
+                arrival: now,
+                deadline: now + Dur::from_ms(10),
+                tag: 0,
+            }));
+            m.update(now, None, &mut |_, _| panic!("nothing to drop"))
+                .unwrap()
+        };
+        // No slack: the paper's frontrun, l(2) - l(1) = 1 us before the latest start.
+        let c = cand(0);
+        assert_eq!(c.bs, 1);
+        assert_eq!(c.latest - c.exec_at, Dur::from_us(1));
+        // 500 us of slack: planned 500 us before the latest start.
+        let c = cand(500);
+        assert_eq!(c.latest - c.exec_at, Dur::from_us(500));
+        assert_eq!(c.send_at, c.exec_at - Dur::from_us(110));
+        // Slack never plans a batch before it could start.
+        let c = cand(20_000);
+        assert_eq!(c.exec_at, Time(1_000_000_000) + Dur::from_us(110));
     }
 }

@@ -202,6 +202,14 @@ pub struct NetBudget {
     pub ctrl: Dur,
     pub data_per_req: Dur,
     pub resp: Dur,
+    /// The least time a deferred batch keeps between its planned start and its
+    /// latest start. Frontrun holds a batch until l(b+1) before its head's
+    /// deadline, which leaves l(b+1) - l(b) for timing error; for a model whose
+    /// batches cost microseconds more per request, a late wake-up anywhere (a
+    /// timer, a thread, the network) would then spoil the batch. 0 in the
+    /// simulator, whose timing is exact (workload key `network.slack_us`); the
+    /// real-time scheduler sets a floor (`fermata scheduler --slack-us`).
+    pub slack: Dur,
 }
 
 impl NetBudget {

@@ -97,6 +97,10 @@ pub struct SchedulerOpts {
     /// probes must not make every request unschedulable.
     pub max_ctrl: Dur,
     pub max_data: Dur,
+    /// Floor on the frontrun slack ([`NetBudget::slack`]): how long before its
+    /// latest start a deferred batch is planned at the latest, for the timing
+    /// error of real threads and networks.
+    pub min_slack: Dur,
 }
 
 impl Default for SchedulerOpts {
@@ -111,6 +115,7 @@ impl Default for SchedulerOpts {
             model_spin: Dur::from_us(100),
             max_ctrl: Dur::from_us(2000),
             max_data: Dur::from_us(500),
+            min_slack: Dur::from_us(500),
         }
     }
 }
@@ -425,6 +430,7 @@ impl SchedulerNode {
         let clock = Clock::new();
         let mut dcfg = crate::sim::dispatcher_config(workload, workload.policy, false);
         dcfg.gpus = 0;
+        dcfg.net.slack = dcfg.net.slack.max(opts.min_slack);
         let floors = dcfg.net;
         let mut rcfg = RtConfig::new(dcfg, opts.model_threads);
         rcfg.rank_spin = opts.rank_spin;
@@ -1240,6 +1246,7 @@ impl EventLoop {
                 .floors
                 .resp
                 .max(Dur(rtt + rtt / 10).min(self.opts.max_ctrl)),
+            slack: self.floors.slack,
         };
         let changed = |a: Dur, b: Dur| (a.0 - b.0).abs() * 10 > b.0.max(1_000);
         if changed(net.ctrl, self.net.ctrl)
