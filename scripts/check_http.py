@@ -54,6 +54,9 @@ def main():
     ap.add_argument("--url", default="127.0.0.1:8000", help="host:port of the HTTP frontend")
     ap.add_argument("--models", default="models", help="the model repository")
     ap.add_argument("--requests", type=int, default=3, help="requests per model and encoding")
+    ap.add_argument("--retries", type=int, default=0,
+                    help="send a request again this many times when it is dropped (429) or "
+                         "late (504); counted apart from wrong outputs")
     ap.add_argument("--timeout-us", type=int, default=0,
                     help="the request's `timeout` parameter (us); 0: the model's default SLO")
     a = ap.parse_args()
@@ -74,6 +77,7 @@ def main():
 
     rng = np.random.default_rng(20261122)
     bad = 0
+    deadline_misses = 0
     for path in metas:
         meta = json.load(open(path))
         name = meta["name"]
@@ -102,11 +106,22 @@ def main():
                 outputs = [httpclient.InferRequestedOutput(t["name"], binary_data=binary)
                            for t in meta["outputs"]]
                 params = {"timeout": a.timeout_us} if a.timeout_us else None
-                try:
-                    res = client.infer(name, inputs, outputs=outputs, parameters=params)
-                except Exception as e:  # noqa: BLE001 - report and go on
-                    print(f"{name} {'binary' if binary else 'json  '} #{i}: FAILED: {e}")
-                    bad += 1
+                res = None
+                for attempt in range(a.retries + 1):
+                    try:
+                        res = client.infer(name, inputs, outputs=outputs, parameters=params)
+                        break
+                    except Exception as e:  # noqa: BLE001 - report and go on
+                        status = getattr(e, "status", lambda: None)()
+                        tag = f"{name} {'binary' if binary else 'json  '} #{i}"
+                        if str(status) in ("429", "504") and attempt < a.retries:
+                            print(f"{tag}: {status}, sending it again: {e}")
+                            deadline_misses += 1
+                            continue
+                        print(f"{tag}: FAILED: {e}")
+                        bad += 1
+                        break
+                if res is None:
                     continue
                 worst = 0.0
                 ok = True
@@ -122,7 +137,8 @@ def main():
                 bad += 0 if ok else 1
                 print(f"{name} {'binary' if binary else 'json  '} #{i}: "
                       f"{'ok ' if ok else 'MISMATCH'} max |diff| {worst:.3g}")
-    print(f"{'all outputs match' if bad == 0 else f'{bad} problems'}")
+    print(f"{'all outputs match' if bad == 0 else f'{bad} problems'}"
+          f" ({deadline_misses} requests dropped or late and sent again)")
     return 0 if bad == 0 else 1
 
 

@@ -871,3 +871,116 @@ fn bad_log_filters_are_refused() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("bad log filter `[[[` (--log-level)"), "{e}");
 }
+
+/// Every shipped ONNX model served over HTTP with ONNX Runtime returns the outputs
+/// that Python's onnxruntime computed for the same inputs (`models/STEM.ref.json`,
+/// written by scripts/gen_models.py): each reference sample as its own request,
+/// as JSON and as binary tensors.
+#[test]
+fn shipped_models_over_http_return_the_reference_outputs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let models = fermata::repo::load_repository(&dir, "onnx").unwrap();
+    assert!(models.len() >= 2, "the shipped models");
+    let w = Workload::from_repository("shipped", &models, 1, 100.0).unwrap();
+    let co = fermata::node::serve::ClusterOpts {
+        host: "http-onnx".into(),
+        region_bytes: 16 << 20,
+        executor: "onnx".into(),
+        models_dir: dir.clone(),
+        http: Some(HttpOpts::new("127.0.0.1:0")),
+        ..Default::default()
+    };
+    let tr: Arc<dyn Transport> = Arc::new(InProc::global());
+    let c = fermata::node::serve::Cluster::start(tr, &w, &co).unwrap();
+    let mut h = Http::connect(c.frontends[0].http_addr().unwrap());
+    wait_for("ready", 10, || h.get("/v2/health/ready").status == 200);
+    // A lone request at low load runs near its deadline, and the first ones
+    // after start-up meet a network budget still being measured: retry those
+    // (and only those) a few times.
+    let mut send = |path: &str, req: &Value, bin: Option<&[u8]>| -> Value {
+        for _ in 0..5 {
+            let r = match bin {
+                None => h.post_json(path, req),
+                Some(b) => h.post_binary(path, req, b),
+            };
+            match r.status {
+                200 => return r.json(),
+                429 | 504 => continue,
+                s => panic!("{path}: HTTP {s}: {}", r.text()),
+            }
+        }
+        panic!("{path}: no answer by the deadline in 5 tries");
+    };
+    for m in &models {
+        let name = &m.meta.name;
+        let text = std::fs::read_to_string(dir.join(format!("{name}.ref.json"))).unwrap();
+        let rf: Value = serde_json::from_str(&text).unwrap();
+        let batch = rf["batch"].as_u64().unwrap() as usize;
+        // One sample's slice of a reference tensor.
+        let row = |t: &Value, i: usize| -> Vec<Value> {
+            let data = t["data"].as_array().unwrap();
+            let n = data.len() / batch;
+            data[i * n..(i + 1) * n].to_vec()
+        };
+        for i in 0..batch {
+            let mut inputs = Vec::new();
+            let mut bin_inputs = Vec::new();
+            let mut bin = Vec::new();
+            for t in rf["inputs"].as_array().unwrap() {
+                let mut shape = t["shape"].as_array().unwrap().clone();
+                shape[0] = json!(1);
+                let data = row(t, i);
+                let before = bin.len();
+                for v in &data {
+                    match t["datatype"].as_str().unwrap() {
+                        "FP32" => {
+                            bin.extend_from_slice(&(v.as_f64().unwrap() as f32).to_le_bytes())
+                        }
+                        "INT64" => bin.extend_from_slice(&v.as_i64().unwrap().to_le_bytes()),
+                        d => panic!("reference datatype {d} not handled by this test"),
+                    }
+                }
+                inputs.push(json!({"name": t["name"], "datatype": t["datatype"], "shape": shape, "data": data}));
+                bin_inputs.push(
+                    json!({"name": t["name"], "datatype": t["datatype"], "shape": shape,
+                    "parameters": {"binary_data_size": bin.len() - before}}),
+                );
+            }
+            let path = format!("/v2/models/{name}/infer");
+            let answers = [
+                send(&path, &json!({ "inputs": inputs }), None),
+                send(&path, &json!({ "inputs": bin_inputs }), Some(&bin)),
+            ];
+            for v in &answers {
+                for want in rf["outputs"].as_array().unwrap() {
+                    let got = v["outputs"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|o| o["name"] == want["name"])
+                        .unwrap_or_else(|| panic!("{name}: no output {}: {v}", want["name"]));
+                    let mut shape = want["shape"].as_array().unwrap().clone();
+                    shape[0] = json!(1);
+                    assert_eq!(got["shape"], json!(shape), "{name} {}", want["name"]);
+                    assert_eq!(got["datatype"], want["datatype"]);
+                    let g = got["data"].as_array().unwrap();
+                    let r = row(want, i);
+                    assert_eq!(g.len(), r.len());
+                    for (a, b) in g.iter().zip(&r) {
+                        let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                        assert!(
+                            (a - b).abs() <= 1e-5 + 1e-4 * b.abs(),
+                            "{name} sample {i} {}: {a} vs Python's {b}",
+                            want["name"]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let rep = c.stop().unwrap();
+    let fe = &rep.frontends[0];
+    assert_eq!(fe.good + fe.late + fe.dropped + fe.failed, fe.requests);
+    assert_eq!(fe.failed, 0);
+}
