@@ -18,11 +18,28 @@ FERMATA=target/release/fermata
 
 section() { printf '\n==== %s ====\n' "$*"; }
 
+section "setup (scripts/setup.sh; does nothing when all is in place)"
+bash scripts/setup.sh
+
 section "build (release)"
 cargo build --release
 
 section "fermata serve: a live cluster in one process, 4000 r/s for 10 s"
 "$FERMATA" serve --rate 4000 --duration-s 10 --warmup-s 2
+
+section "fermata serve --executor onnx: the shipped ONNX models, checked over HTTP with tritonclient"
+log=$(mktemp)
+"$FERMATA" serve --executor onnx --http-port 0 >"$log" 2>&1 &
+serve_pid=$!
+addr=""
+for _ in $(seq 100); do
+  addr=$(grep -o 'http://[0-9.:]*' "$log" | head -n1 | sed 's|http://||') && [[ -n "$addr" ]] && break
+  sleep 0.1
+done
+[[ -n "$addr" ]] || { cat "$log"; kill "$serve_pid"; exit 1; }
+PYTHONPATH=.deps/py python3 scripts/check_http.py --url "$addr" --requests 3 --retries 2
+kill -TERM "$serve_pid"; wait "$serve_pid" || true
+rm -f "$log"
 
 section "fermata sim: ResNet50, 8 GPUs, deferred, the workload's rate"
 "$FERMATA" sim --workload configs/workloads/resnet50_8gpu.toml

@@ -8,6 +8,9 @@ if [[ -d "${CARGO_HOME:-$HOME/.cargo}/bin" ]]; then
   export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 fi
 
+# Everything the tests need (idempotent: does nothing when all is in place).
+bash scripts/setup.sh
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # --all-targets leaves out doc tests; run them first.
