@@ -236,13 +236,16 @@ fn main() {
         "add p99"
     );
     let levels: &[(usize, bool)] = if full {
+        // Rising load, both encodings at each level: a level inherits the network
+        // budget the previous one left (its p99.9 control delay), so a light level
+        // must not follow a flood.
         &[
             (1, false),
+            (1, true),
             (4, false),
             (16, false),
-            (64, false),
-            (1, true),
             (16, true),
+            (64, false),
             (64, true),
         ]
     } else {
