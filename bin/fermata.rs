@@ -280,6 +280,11 @@ struct GoodputArgs {
     /// workload's (224x224x3 = 150528 unless set).
     #[arg(long)]
     input_bytes: Option<u32>,
+    /// `--runtime tcp`: seconds a fresh cluster runs unloaded before a probe's
+    /// load starts, so clock offsets (a ping every 100 ms, best of the last 32)
+    /// and the network budget are measured first.
+    #[arg(long, default_value_t = 2.0)]
+    settle_s: f64,
 }
 
 #[derive(Args)]
@@ -491,6 +496,9 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                 let extras = std::cell::RefCell::new(Vec::new());
                 let g = bench::goodput_search_with(&w, &oo, &so, |o| {
                     let c = ProcCluster::start(&exe, &po)?;
+                    std::thread::sleep(std::time::Duration::from_secs_f64(
+                        a.settle_s.clamp(0.0, 60.0),
+                    ));
                     let mut lo = LoadgenOpts::new(c.frontend_addrs.clone(), &w);
                     lo.rate_rps = o.rate_rps;
                     lo.arrival = o.arrival;
