@@ -256,7 +256,8 @@ pub fn proc_cpu_seconds(pid: u32) -> f64 {
         return f64::NAN;
     };
     let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')'.
+    // utime and stime are fields 14 and 15 of the line; after ')' the state
+    // (field 3) is index 0, so they are indices 11 and 12.
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
@@ -269,4 +270,24 @@ pub fn proc_cpu_seconds(pid: u32) -> f64 {
 /// CPU time (user + system, seconds) this process has used.
 pub fn self_cpu_seconds() -> f64 {
     proc_cpu_seconds(std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_time_of_a_busy_process_grows() {
+        let before = super::self_cpu_seconds();
+        assert!(before >= 0.0, "{before}");
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(150) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let spent = super::self_cpu_seconds() - before;
+        // At least a clock tick (10 ms) of the 150 ms spun, and no more than the
+        // wall time of every thread of the test binary could have used.
+        assert!(spent >= 0.01, "{spent}");
+        assert!(super::proc_cpu_seconds(u32::MAX).is_nan());
+    }
 }
