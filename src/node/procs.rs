@@ -285,8 +285,7 @@ mod tests {
         }
         std::hint::black_box(x);
         let spent = super::self_cpu_seconds() - before;
-        // At least a clock tick (10 ms) of the 150 ms spun, and no more than the
-        // wall time of every thread of the test binary could have used.
+        // At least a clock tick (10 ms) of the 150 ms spun shows.
         assert!(spent >= 0.01, "{spent}");
         assert!(super::proc_cpu_seconds(u32::MAX).is_nan());
     }
