@@ -516,6 +516,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                     let cores_used = cpu / t0.elapsed().as_secs_f64();
                     let reps = c.stop();
                     let r = r?;
+                    let cpu_us_per_request = 1e6 * cpu / r.sent.max(1) as f64;
                     let sj = reps.scheduler.clone().unwrap_or_default();
                     let num = |k: &str| sj.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
                     let l = &r.latency_us;
@@ -533,7 +534,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                         "wrong_outputs": r.wrong_outputs,
                         "input_bytes": w.models.iter().map(|m| a.input_bytes.unwrap_or(m.input_bytes)).max(),
                         "cpu_cores_used": cores_used,
-                        "cpu_us_per_request": 1e6 * cpu / r.sent.max(1) as f64,
+                        "cpu_us_per_request": cpu_us_per_request,
                         "cpu_cores_available": std::thread::available_parallelism().map_or(0, |n| n.get()),
                     });
                     if !json {
@@ -547,7 +548,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                             num("d_data_us"),
                             r.failed,
                             cores_used,
-                            1e6 * cpu / r.sent.max(1) as f64
+                            cpu_us_per_request
                         );
                     }
                     if r.duplicates > 0 || r.wrong_outputs > 0 {

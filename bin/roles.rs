@@ -174,15 +174,25 @@ impl RepoArgs {
         if workload.is_some() {
             bail!("give --workload or --models, not both");
         }
-        let models = fermata::repo::load_repository(dir, &self.profiles)?;
-        Workload::from_repository(
-            &format!("{} ({})", dir.display(), self.profiles),
-            &models,
-            1,
-            rate.unwrap_or(REPO_DEFAULT_RATE),
-        )
-        .map(Some)
+        repository_workload(dir, &self.profiles, 1, rate).map(Some)
     }
+}
+
+/// Every model of the repository `dir` with its profile for `profiles` (onnx,
+/// cuda), on `gpus` GPUs at `rate` (default [`REPO_DEFAULT_RATE`]).
+fn repository_workload(
+    dir: &std::path::Path,
+    profiles: &str,
+    gpus: u32,
+    rate: Option<f64>,
+) -> Result<Workload> {
+    let models = fermata::repo::load_repository(dir, profiles)?;
+    Workload::from_repository(
+        &format!("{} ({profiles})", dir.display()),
+        &models,
+        gpus,
+        rate.unwrap_or(REPO_DEFAULT_RATE),
+    )
 }
 
 #[derive(Args, Clone, Copy)]
@@ -573,13 +583,7 @@ fn serve_workload(a: &ServeArgs) -> Result<Workload> {
     // to report, before the repository's profiles.
     let _ = fermata::node::exec::executor_factory(&a.executor, &a.models)
         .with_context(|| format!("--executor {}", a.executor))?;
-    let models = fermata::repo::load_repository(&a.models, &a.executor)?;
-    Workload::from_repository(
-        &format!("{} ({})", a.models.display(), a.executor),
-        &models,
-        a.gpus.unwrap_or(1),
-        a.load.rate.unwrap_or(REPO_DEFAULT_RATE),
-    )
+    repository_workload(&a.models, &a.executor, a.gpus.unwrap_or(1), a.load.rate)
 }
 
 /// `serve --http-port` without load: the cluster serves HTTP until a signal.

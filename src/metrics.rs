@@ -12,10 +12,11 @@
 //! the same name are merged, so nodes of one kind in one process (backends of
 //! `fermata serve`) share a family and differ by a label.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The Content-Type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -392,6 +393,29 @@ pub fn render(regs: &[&Registry]) -> String {
         }
     }
     out
+}
+
+/// Samples of a running total over a sliding window, to turn totals into figures
+/// "over the last `span`" (a bad rate, a busy fraction).
+#[derive(Debug, Default)]
+pub struct Window<T> {
+    samples: VecDeque<(Instant, T)>,
+}
+
+impl<T: Copy> Window<T> {
+    /// Records `total` at `now` and returns the oldest sample that still covers
+    /// `span` back from `now` (the first one ever, until `span` has passed).
+    pub fn push(&mut self, now: Instant, total: T, span: Duration) -> (Instant, T) {
+        self.samples.push_back((now, total));
+        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= span {
+            self.samples.pop_front();
+        }
+        self.samples[0]
+    }
+    /// Forgets every sample (a new start).
+    pub fn clear(&mut self) {
+        self.samples.clear();
+    }
 }
 
 #[cfg(test)]

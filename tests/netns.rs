@@ -24,7 +24,6 @@
 //!
 //! It needs root (to create namespaces); run by anyone else it says so and skips.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -217,19 +216,7 @@ impl Role {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let out = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::Builder::new()
-            .name(format!("{name}-stdout"))
-            .spawn(move || {
-                for l in BufReader::new(out).lines() {
-                    let Ok(l) = l else { break };
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-            })
-            .expect("reader thread");
+        let lines = fermata::node::procs::stdout_lines(&mut child, name).expect("reader thread");
         Role {
             name: name.to_string(),
             child,

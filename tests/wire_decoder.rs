@@ -88,18 +88,7 @@ fn arb_role() -> impl Strategy<Value = Role> {
 }
 
 fn arb_drop_code() -> impl Strategy<Value = DropCode> {
-    prop::sample::select(vec![
-        DropCode::Expired,
-        DropCode::EarlyDrop,
-        DropCode::QueueFull,
-        DropCode::ModelRemoved,
-        DropCode::Overloaded,
-        DropCode::Shutdown,
-        DropCode::TooLate,
-        DropCode::BackendLost,
-        DropCode::UnknownModel,
-        DropCode::NoGpu,
-    ])
+    prop::sample::select(DropCode::ALL.to_vec())
 }
 
 fn arb_plan_status() -> impl Strategy<Value = PlanStatus> {

@@ -160,8 +160,8 @@ struct Shared {
     plans_failed: AtomicU64,
     tasks_run: AtomicU64,
     tasks_failed: AtomicU64,
-    inputs_missing: AtomicU64,
-    /// Missing inputs by reason: [timeout, stale slot, error].
+    /// Missing inputs by reason: [timeout, stale slot, error] (counted when the
+    /// pull ends).
     missing_why: [AtomicU64; 3],
     registry: Arc<Registry>,
     /// The backend's name (the metrics' `backend` label).
@@ -243,7 +243,6 @@ impl BackendNode {
             plans_failed: AtomicU64::new(0),
             tasks_run: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
-            inputs_missing: AtomicU64::new(0),
             missing_why: Default::default(),
             start_delay_hist: registry.histogram(
                 "fermata_backend_start_delay_seconds",
@@ -341,7 +340,7 @@ impl BackendNode {
             tasks_too_late: s.tasks_too_late.load(Ordering::Relaxed),
             plans_failed: s.plans_failed.load(Ordering::Relaxed),
             tasks_run: s.tasks_run.load(Ordering::Relaxed),
-            inputs_missing: s.inputs_missing.load(Ordering::Relaxed),
+            inputs_missing: s.inputs_missing(),
             inputs_missing_timeout: s.missing_why[0].load(Ordering::Relaxed),
             inputs_missing_stale: s.missing_why[1].load(Ordering::Relaxed),
             inputs_missing_error: s.missing_why[2].load(Ordering::Relaxed),
@@ -450,65 +449,71 @@ struct NetLoop {
     max_input: u32,
 }
 
+impl Shared {
+    /// Inputs that could not be pulled, whatever the reason.
+    fn inputs_missing(&self) -> u64 {
+        self.missing_why
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
 /// The plan and task counters (read from the backend's atomics at scrape time).
 fn register_counters(sh: &Arc<Shared>) {
-    let name = sh.name.clone();
-    let w = Arc::downgrade(sh);
-    sh.registry.collector(
+    outcome_counter(
+        sh,
         "fermata_backend_plans_total",
         "Batch plans ended on this backend, by outcome (ran, too_late: not started in time, failed).",
-        Kind::Counter,
-        move || {
-            let Some(s) = w.upgrade() else {
-                return Vec::new();
-            };
-            [
-                ("ran", &s.plans_run),
-                ("too_late", &s.plans_too_late),
-                ("failed", &s.plans_failed),
+        |s| {
+            vec![
+                ("ran", s.plans_run.load(Ordering::Relaxed)),
+                ("too_late", s.plans_too_late.load(Ordering::Relaxed)),
+                ("failed", s.plans_failed.load(Ordering::Relaxed)),
             ]
-            .iter()
-            .map(|(o, a)| {
-                (
-                    vec![
-                        ("backend".to_string(), name.clone()),
-                        ("outcome".to_string(), o.to_string()),
-                    ],
-                    a.load(Ordering::Relaxed) as f64,
-                )
-            })
-            .collect()
         },
     );
-    let name = sh.name.clone();
-    let w = Arc::downgrade(sh);
-    sh.registry.collector(
+    outcome_counter(
+        sh,
         "fermata_backend_tasks_total",
         "Tasks ended on this backend, by outcome (ran, too_late, input_missing, failed).",
-        Kind::Counter,
-        move || {
-            let Some(s) = w.upgrade() else {
-                return Vec::new();
-            };
-            [
-                ("ran", &s.tasks_run),
-                ("too_late", &s.tasks_too_late),
-                ("input_missing", &s.inputs_missing),
-                ("failed", &s.tasks_failed),
+        |s| {
+            vec![
+                ("ran", s.tasks_run.load(Ordering::Relaxed)),
+                ("too_late", s.tasks_too_late.load(Ordering::Relaxed)),
+                ("input_missing", s.inputs_missing()),
+                ("failed", s.tasks_failed.load(Ordering::Relaxed)),
             ]
-            .iter()
-            .map(|(o, a)| {
+        },
+    );
+}
+
+/// A counter labelled by backend and outcome, read by `values` at scrape time.
+fn outcome_counter(
+    sh: &Arc<Shared>,
+    metric: &str,
+    help: &str,
+    values: fn(&Shared) -> Vec<(&'static str, u64)>,
+) {
+    let name = sh.name.clone();
+    let w = Arc::downgrade(sh);
+    sh.registry.collector(metric, help, Kind::Counter, move || {
+        let Some(s) = w.upgrade() else {
+            return Vec::new();
+        };
+        values(&s)
+            .into_iter()
+            .map(|(o, v)| {
                 (
                     vec![
                         ("backend".to_string(), name.clone()),
                         ("outcome".to_string(), o.to_string()),
                     ],
-                    a.load(Ordering::Relaxed) as f64,
+                    v as f64,
                 )
             })
             .collect()
-        },
-    );
+    });
 }
 
 impl NetLoop {
@@ -1054,8 +1059,6 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
             }
         }
     }
-    sh.inputs_missing
-        .fetch_add(missing as u64, Ordering::Relaxed);
     for (i, t) in plan.tasks.iter().enumerate() {
         if inputs[i].is_none() {
             push(t.id, TaskStatus::InputMissing, finished, Vec::new());

@@ -29,7 +29,7 @@ use crate::wire::{
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -158,6 +158,12 @@ struct FrontendState {
     stopped: AtomicBool,
 }
 
+impl FrontendState {
+    fn scheduler_connected(&self) -> bool {
+        self.sched_ok.load(Ordering::Relaxed) && !self.stopped.load(Ordering::Relaxed)
+    }
+}
+
 /// A handle on a running frontend for in-process clients (the HTTP server):
 /// cheap to clone, usable from any thread.
 #[derive(Clone)]
@@ -171,7 +177,7 @@ impl FrontendHandle {
         &self.state.models
     }
     pub fn scheduler_connected(&self) -> bool {
-        self.state.sched_ok.load(Ordering::Relaxed) && !self.state.stopped.load(Ordering::Relaxed)
+        self.state.scheduler_connected()
     }
     /// GPUs in service, as the scheduler last said.
     pub fn gpus_in_service(&self) -> u32 {
@@ -223,8 +229,8 @@ struct ModelStats {
     latency: Arc<Histogram>,
     queue: Arc<Histogram>,
     bad_rate: Arc<Gauge>,
-    /// (when, ended, bad) samples over the last BAD_RATE_WINDOW.
-    window: VecDeque<(Instant, u64, u64)>,
+    /// (ended, bad) over the last BAD_RATE_WINDOW.
+    window: crate::metrics::Window<(u64, u64)>,
 }
 
 impl ModelStats {
@@ -258,7 +264,7 @@ impl ModelStats {
                 "Fraction of requests ended over the last 10 s that were not good (late, dropped or failed).",
                 &[("model", model)],
             ),
-            window: VecDeque::new(),
+            window: Default::default(),
         }
     }
     fn ended(&self) -> u64 {
@@ -267,11 +273,7 @@ impl ModelStats {
     fn update_bad_rate(&mut self, now: Instant) {
         let ended = self.ended();
         let bad = ended - self.good.get();
-        self.window.push_back((now, ended, bad));
-        while self.window.len() > 2 && now.duration_since(self.window[1].0) >= BAD_RATE_WINDOW {
-            self.window.pop_front();
-        }
-        let (_, e0, b0) = self.window[0];
+        let (_, (e0, b0)) = self.window.push(now, (ended, bad), BAD_RATE_WINDOW);
         let n = ended - e0;
         self.bad_rate.set(if n == 0 {
             0.0
@@ -431,10 +433,7 @@ impl FrontendNode {
             "fermata_frontend_scheduler_connected",
             "1 while the frontend has its scheduler.",
             crate::metrics::Kind::Gauge,
-            move || {
-                let ok = st.sched_ok.load(Ordering::Relaxed) && !st.stopped.load(Ordering::Relaxed);
-                vec![(vec![], if ok { 1.0 } else { 0.0 })]
-            },
+            move || vec![(vec![], if st.scheduler_connected() { 1.0 } else { 0.0 })],
         );
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
@@ -464,7 +463,6 @@ impl FrontendNode {
             grace: opts.grace,
             heartbeat: Duration::from_millis(hb.max(1) as u64),
             sched_timeout: opts.scheduler_timeout,
-            sched_ok: true,
             last_pong: Instant::now(),
             report: FrontendReport::default(),
             _server: server,
@@ -566,7 +564,6 @@ struct Loop {
     grace: Duration,
     heartbeat: Duration,
     sched_timeout: Duration,
-    sched_ok: bool,
     last_pong: Instant,
     report: FrontendReport,
     _server: Box<dyn RegionServer>,
@@ -574,6 +571,11 @@ struct Loop {
 }
 
 impl Loop {
+    /// The scheduler connection is up (only this loop clears it).
+    fn sched_ok(&self) -> bool {
+        self.state.sched_ok.load(Ordering::Relaxed)
+    }
+
     fn run(
         mut self,
         rx: Receiver<Event>,
@@ -619,7 +621,7 @@ impl Loop {
             }
             self.flush_submit();
             let now = Instant::now();
-            if self.sched_ok && now >= next_ping {
+            if self.sched_ok() && now >= next_ping {
                 next_ping = now + self.heartbeat;
                 seq += 1;
                 let _ = self.sched.send(Msg::Ping {
@@ -629,7 +631,7 @@ impl Loop {
                     pull_ns: 0,
                 });
             }
-            if self.sched_ok && now.duration_since(self.last_pong) > self.sched_timeout {
+            if self.sched_ok() && now.duration_since(self.last_pong) > self.sched_timeout {
                 self.sched.close("scheduler silent");
                 self.scheduler_lost(format!("no pong for {:?}", self.sched_timeout));
             }
@@ -687,10 +689,9 @@ impl Loop {
     }
 
     fn scheduler_lost(&mut self, why: String) {
-        if !self.sched_ok {
+        if !self.sched_ok() {
             return;
         }
-        self.sched_ok = false;
         self.state.sched_ok.store(false, Ordering::Release);
         tracing::error!(reason = %why, pending = self.pending.len(), "frontend: lost the scheduler; failing every pending request");
         let ids: Vec<u64> = self.pending.keys().copied().collect();
@@ -949,7 +950,7 @@ impl Loop {
     fn infer(&mut self, client: Client, model: &str, slo_ns: i64, input: Vec<u8>) {
         self.report.requests += 1;
         let received = Instant::now();
-        if !self.sched_ok {
+        if !self.sched_ok() {
             return self.refuse(
                 client,
                 received,

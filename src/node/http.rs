@@ -28,10 +28,11 @@
 //! `input` of shape `[-1, input_bytes]` and one `UINT8` output `output` of shape
 //! `[-1, 16]` (the emulated GPU's length and checksum).
 
+use super::exec::profile_of;
 use super::frontend::{Ended, FrontendHandle, InferDone};
 use crate::metrics::{self, Counter, Histogram, Registry, LATENCY_BUCKETS};
 use crate::repo::{DType, ModelMeta, TensorMeta};
-use crate::wire::{DropCode, ModelInfo, WireProfile};
+use crate::wire::{DropCode, ModelInfo};
 use anyhow::{Context, Result};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -97,13 +98,6 @@ struct HttpModel {
     meta: Result<ModelMeta, String>,
 }
 
-fn max_batch_of(p: &WireProfile) -> u32 {
-    match p {
-        WireProfile::Linear { max_batch, .. } => *max_batch,
-        WireProfile::Table { lat_ns } => lat_ns.len() as u32,
-    }
-}
-
 impl HttpModel {
     fn new(info: &ModelInfo) -> HttpModel {
         let meta = match info.meta() {
@@ -121,7 +115,7 @@ impl HttpModel {
                     shape: vec![-1, 16],
                 }],
                 slo_ms: info.slo_ns as f64 / 1e6,
-                max_batch: max_batch_of(&info.profile),
+                max_batch: profile_of(&info.profile).map_or(1, |p| p.max_batch()),
                 description: "emulated (profile only)".into(),
             }),
         };
@@ -725,55 +719,15 @@ fn decode_elems(dt: DType, b: &[u8]) -> Vec<Value> {
         .collect()
 }
 
-/// IEEE 754 binary32 to binary16, rounding to nearest even.
+/// IEEE 754 binary32 to binary16 bits, rounding to nearest even (the `half` crate,
+/// which ONNX Runtime's FP16 tensors use too).
 pub fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 112;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        let shift = (126 - exp) as u32;
-        if shift > 24 {
-            return sign;
-        }
-        let m = man | 0x80_0000;
-        let mut h = m >> shift;
-        let rem = m & ((1 << shift) - 1);
-        let half = 1 << (shift - 1);
-        if rem > half || (rem == half && h & 1 == 1) {
-            h += 1;
-        }
-        return sign | h as u16;
-    }
-    let mut h = ((e as u32) << 10) | (man >> 13);
-    let rem = man & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && h & 1 == 1) {
-        h += 1;
-    }
-    sign | h as u16
+    half::f16::from_f32(x).to_bits()
 }
 
-/// IEEE 754 binary16 to binary32 (exact).
+/// IEEE 754 binary16 bits to binary32 (exact).
 pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h & 0x8000) as u32) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let v = match exp {
-        0 => {
-            let mag = man as f32 * f32::powi(2.0, -24);
-            return if sign != 0 { -mag } else { mag };
-        }
-        31 => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp + 112) << 23) | (man << 13),
-    };
-    f32::from_bits(v)
+    half::f16::from_bits(h).to_f32()
 }
 
 fn drop_text(c: DropCode) -> &'static str {

@@ -537,7 +537,7 @@ impl OnnxModel {
         if let Some(t) = &mut self.timer {
             t.stop()?;
         }
-        let per_request: usize = self.outputs.iter().map(|o| o.sample_bytes).sum();
+        let per_request = self.meta.output_bytes();
         let mut res: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(per_request)).collect();
         for o in &self.outputs {
             let v = outs.get(&o.name).ok_or_else(|| {

@@ -33,6 +33,27 @@ pub struct ProcOpts {
     pub verbose: bool,
 }
 
+/// The lines `child` prints on its stdout (which must be piped), read on a
+/// thread named after `name`; the channel ends when the stdout does.
+pub fn stdout_lines(child: &mut Child, name: &str) -> std::io::Result<mpsc::Receiver<String>> {
+    let out: ChildStdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other(format!("{name}: stdout is not piped")))?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("{name}-stdout"))
+        .spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
 /// One role's process.
 pub struct Proc {
     pub name: String,
@@ -50,22 +71,11 @@ impl Proc {
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {} {}", exe.display(), args.join(" ")))?;
-        let out: ChildStdout = child.stdout.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name(format!("{name}-stdout"))
-            .spawn(move || {
-                for l in BufReader::new(out).lines() {
-                    let Ok(l) = l else { break };
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-            })?;
+        let lines = stdout_lines(&mut child, name)?;
         Ok(Proc {
             name: name.to_string(),
             child,
-            lines: rx,
+            lines,
         })
     }
 

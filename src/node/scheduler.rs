@@ -60,7 +60,7 @@ use crate::wire::{DropCode, ModelInfo, Msg, NodeId, PlanTask, Role};
 use crate::workload::Workload;
 use anyhow::Result;
 use crossbeam_channel::{unbounded, RecvTimeoutError};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
@@ -178,20 +178,6 @@ struct SchedMetrics {
     d_data: Arc<Gauge>,
 }
 
-/// Every drop code, in wire order (the metrics' `reason` label).
-const DROP_CODES: [DropCode; 10] = [
-    DropCode::Expired,
-    DropCode::EarlyDrop,
-    DropCode::QueueFull,
-    DropCode::ModelRemoved,
-    DropCode::Overloaded,
-    DropCode::Shutdown,
-    DropCode::TooLate,
-    DropCode::BackendLost,
-    DropCode::UnknownModel,
-    DropCode::NoGpu,
-];
-
 /// The label of a drop code.
 pub fn drop_code_label(c: DropCode) -> &'static str {
     match c {
@@ -239,7 +225,7 @@ impl SchedMetrics {
                     )
                 })
                 .collect(),
-            drops: DROP_CODES
+            drops: DropCode::ALL
                 .iter()
                 .map(|&c| {
                     reg.counter(
@@ -263,9 +249,7 @@ impl SchedMetrics {
     }
 
     fn dropped(&self, c: DropCode, n: u64) {
-        if let Some(i) = DROP_CODES.iter().position(|&x| x == c) {
-            self.drops[i].add(n);
-        }
+        self.drops[c.index()].add(n);
     }
 }
 
@@ -594,8 +578,8 @@ struct GpuBusy {
     in_service: bool,
     /// Sum of (finish - start) of its batches, ns.
     total_ns: i64,
-    /// (when, total_ns) samples over the last BUSY_WINDOW.
-    samples: VecDeque<(Instant, i64)>,
+    /// total_ns over the last BUSY_WINDOW.
+    window: crate::metrics::Window<i64>,
 }
 
 /// What the metrics show of a GPU (refreshed every second).
@@ -606,6 +590,15 @@ struct GpuSnap {
     busy_s: f64,
     /// Busy fraction over the last BUSY_WINDOW (or since it entered service).
     ratio: f64,
+}
+
+/// The mean busy fraction of the GPUs in service (None when there is none).
+fn mean_busy(v: &[GpuSnap]) -> Option<f64> {
+    let (n, sum) = v
+        .iter()
+        .filter(|g| g.in_service)
+        .fold((0usize, 0.0), |(n, s), g| (n + 1, s + g.ratio));
+    (n > 0).then(|| sum / n as f64)
 }
 
 fn register_gpu_metrics(reg: &Registry, snap: Arc<Mutex<Vec<GpuSnap>>>) {
@@ -641,13 +634,8 @@ fn register_gpu_metrics(reg: &Registry, snap: Arc<Mutex<Vec<GpuSnap>>>) {
         "Mean busy fraction of the sub-cluster's GPUs in service over the last 10 s.",
         Kind::Gauge,
         move || {
-            let v = s.lock().expect("busy lock");
-            let (n, sum) = v
-                .iter()
-                .filter(|g| g.in_service)
-                .fold((0usize, 0.0), |(n, s), g| (n + 1, s + g.ratio));
-            let mean = if n == 0 { 0.0 } else { sum / n as f64 };
-            vec![(vec![sub()], mean)]
+            let mean = mean_busy(&s.lock().expect("busy lock"));
+            vec![(vec![sub()], mean.unwrap_or(0.0))]
         },
     );
     let s = snap.clone();
@@ -656,13 +644,8 @@ fn register_gpu_metrics(reg: &Registry, snap: Arc<Mutex<Vec<GpuSnap>>>) {
         "Mean idle fraction of the sub-cluster's GPUs in service over the last 10 s.",
         Kind::Gauge,
         move || {
-            let v = s.lock().expect("busy lock");
-            let (n, sum) = v
-                .iter()
-                .filter(|g| g.in_service)
-                .fold((0usize, 0.0), |(n, s), g| (n + 1, s + g.ratio));
-            let idle = if n == 0 { 0.0 } else { 1.0 - sum / n as f64 };
-            vec![(vec![sub()], idle)]
+            let mean = mean_busy(&s.lock().expect("busy lock"));
+            vec![(vec![sub()], mean.map_or(0.0, |m| 1.0 - m))]
         },
     );
     reg.collector(
@@ -757,11 +740,7 @@ impl EventLoop {
             .iter_mut()
             .enumerate()
             .map(|(i, b)| {
-                b.samples.push_back((now, b.total_ns));
-                while b.samples.len() > 2 && now.duration_since(b.samples[1].0) >= BUSY_WINDOW {
-                    b.samples.pop_front();
-                }
-                let (t0, n0) = b.samples[0];
+                let (t0, n0) = b.window.push(now, b.total_ns, BUSY_WINDOW);
                 let span = now.duration_since(t0).as_nanos() as f64;
                 let ratio = if span > 0.0 {
                     ((b.total_ns - n0) as f64 / span).clamp(0.0, 1.0)
@@ -1100,8 +1079,8 @@ impl EventLoop {
             }
             let b = &mut self.busy[id.idx()];
             b.in_service = true;
-            b.samples.clear();
-            b.samples.push_back((now, b.total_ns));
+            b.window.clear();
+            b.window.push(now, b.total_ns, BUSY_WINDOW);
         }
         self.gpus_in_service += gpus;
         self.send_capacity(None);

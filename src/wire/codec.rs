@@ -676,6 +676,16 @@ impl FrameReader {
 mod tests {
     use super::*;
 
+    #[test]
+    fn drop_code_index_is_its_wire_tag() {
+        for (i, c) in DropCode::ALL.into_iter().enumerate() {
+            assert_eq!(c.index(), i);
+            let mut b = Vec::new();
+            c.put(&mut b);
+            assert_eq!(b, [i as u8], "{c:?}");
+        }
+    }
+
     fn model(id: u32) -> ModelInfo {
         ModelInfo {
             id,
@@ -852,18 +862,11 @@ mod tests {
                 ],
             },
             Msg::Dropped {
-                items: vec![
-                    (1, DropCode::Expired),
-                    (2, DropCode::EarlyDrop),
-                    (3, DropCode::QueueFull),
-                    (4, DropCode::ModelRemoved),
-                    (5, DropCode::Overloaded),
-                    (6, DropCode::Shutdown),
-                    (7, DropCode::TooLate),
-                    (8, DropCode::BackendLost),
-                    (9, DropCode::UnknownModel),
-                    (10, DropCode::NoGpu),
-                ],
+                items: DropCode::ALL
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &c)| (i as u64 + 1, c))
+                    .collect(),
             },
             Msg::Ping {
                 seq: 1,

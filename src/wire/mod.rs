@@ -203,6 +203,27 @@ pub enum DropCode {
     NoGpu,
 }
 
+impl DropCode {
+    /// Every drop code, in declaration (and wire-tag) order: `ALL[c.index()] == c`.
+    pub const ALL: [DropCode; 10] = [
+        DropCode::Expired,
+        DropCode::EarlyDrop,
+        DropCode::QueueFull,
+        DropCode::ModelRemoved,
+        DropCode::Overloaded,
+        DropCode::Shutdown,
+        DropCode::TooLate,
+        DropCode::BackendLost,
+        DropCode::UnknownModel,
+        DropCode::NoGpu,
+    ];
+    /// Its position in [`DropCode::ALL`].
+    #[inline]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// One result pushed by a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskResult {
