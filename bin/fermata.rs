@@ -133,6 +133,9 @@ enum BenchCmd {
     /// Overload on the real-time scheduler: FACTOR x the (simulated) goodput rate
     /// for SECS seconds, then the load drops; goodput, memory and recovery.
     Overload(OverloadArgs),
+    /// Goodput of a model repository served by a real executor (onnx, cuda) in
+    /// an in-process cluster, next to the simulator's for the measured profiles.
+    Serve(roles::ServeGoodputArgs),
 }
 
 #[derive(Args)]
@@ -347,6 +350,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Flattop(a)) => cmd_flattop(a),
         Cmd::Bench(BenchCmd::Scheduler(a)) => cmd_scheduler(a),
         Cmd::Bench(BenchCmd::Overload(a)) => cmd_overload(a),
+        Cmd::Bench(BenchCmd::Serve(a)) => roles::cmd_bench_serve(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -30,6 +30,20 @@ pub struct ProfileArgs {
     /// Which GPU (the executor's device index).
     #[arg(long, default_value_t = 0)]
     gpu: u32,
+    /// Batch-size buckets: auto (the model's batch_buckets, else pow2 on a GPU and
+    /// exact on the CPU), exact, pow2 or a list 1,4,16,64. Sets FERMATA_BUCKETS
+    /// for the executor. Default: $FERMATA_BUCKETS, else auto.
+    #[arg(long)]
+    buckets: Option<String>,
+    /// What the bucket sessions share: none, weights or all (weights and, on a
+    /// GPU, one arena). Sets FERMATA_ORT_SHARING. Default: $FERMATA_ORT_SHARING,
+    /// else all.
+    #[arg(long)]
+    sharing: Option<String>,
+    /// Load the model, report its device memory (GPU) and buckets, and measure
+    /// nothing.
+    #[arg(long)]
+    memory_only: bool,
     /// Where to write the profile. Default: next to the model,
     /// STEM.profile-cpu.json (onnx) or STEM.profile-cuda.json (cuda).
     #[arg(long)]
@@ -66,6 +80,16 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             a.model.with_extension("json").display()
         );
     }
+    // The executor reads its bucket policy and sharing from the environment;
+    // check the values here so a typo is reported as this command's flag.
+    if let Some(b) = &a.buckets {
+        repo::BucketPolicy::parse(b).context("--buckets")?;
+        std::env::set_var(fermata::node::onnx::BUCKETS_ENV, b);
+    }
+    if let Some(s) = &a.sharing {
+        fermata::node::onnx::Sharing::parse(s).context("--sharing")?;
+        std::env::set_var(fermata::node::onnx::SHARING_ENV, s);
+    }
     let factory = executor_factory(&a.executor, &dir)?;
     let mut exec =
         factory(a.gpu).with_context(|| format!("starting the {} executor", a.executor))?;
@@ -85,13 +109,59 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     };
     exec.load(&info)
         .with_context(|| format!("loading {}", a.model.display()))?;
+    let buckets = exec.buckets(info.id);
+    let device_bytes = exec.device_bytes(info.id);
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let say = |line: String| {
+        if a.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    say(format!(
+        "model {}: buckets {}, device memory {}",
+        meta.name,
+        if buckets.is_empty() {
+            "none (exact batch sizes)".to_string()
+        } else {
+            format!("{buckets:?}")
+        },
+        device_bytes.map_or("not measured (CPU)".to_string(), |b| format!(
+            "{:.1} MiB (sharing: {})",
+            mib(b),
+            std::env::var(fermata::node::onnx::SHARING_ENV).unwrap_or_else(|_| "all".into())
+        ))
+    ));
+    if a.memory_only {
+        return Ok(());
+    }
+    // With buckets, each bucket is measured (the scheduler's step profile needs
+    // them all); other sizes run padded to theirs.
+    let batch_sizes = if buckets.is_empty() || a.batch_sizes.is_some() {
+        batch_sizes
+    } else {
+        buckets.clone()
+    };
+    let unmeasured: Vec<u32> = buckets
+        .iter()
+        .copied()
+        .filter(|b| !batch_sizes.contains(b))
+        .collect();
+    if !unmeasured.is_empty() && !a.dry_run {
+        bail!(
+            "the model runs in buckets {buckets:?} and the scheduler's step profile needs each \
+             of them measured; --batch-sizes leaves out {unmeasured:?} (leave --batch-sizes out \
+             to measure the buckets, or add --dry-run)"
+        );
+    }
     let opts = ProfileOpts {
         batch_sizes,
         repeats: a.repeats,
         warmup: a.warmup,
     };
     eprintln!(
-        "profiling {} on {} (batch sizes {:?}, {} warm-up + {} timed runs each)",
+        "profiling {} on {} (batch sizes {:?}, {} warm-up + {} timed runs each, same shape and mixed)",
         meta.name, a.executor, opts.batch_sizes, opts.warmup, opts.repeats
     );
     let pts = profiler::measure(exec.as_mut(), &info, &meta, &opts)?;
@@ -104,21 +174,32 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         ),
         other => format!("{other} device {}", a.gpu),
     };
-    let prof = profiler::to_profile(&meta, &a.executor, &device, &pts, a.repeats)?;
+    let prof = profiler::to_profile(&meta, &a.executor, &device, &pts, a.repeats, &buckets)?;
+    let warnings = profiler::shape_change_warnings(&pts);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&prof)?);
     } else {
         println!(
-            "{:>6} {:>11} {:>11} {:>11} {:>9}",
-            "batch", "median ms", "p99 ms", "fit ms", "resid %"
+            "{:>6} {:>12} {:>11} {:>12} {:>11} {:>11} {:>11} {:>9}",
+            "batch",
+            "mixed ms",
+            "mixed p99",
+            "same ms",
+            "same p99",
+            "mixed/same",
+            "fit ms",
+            "resid %"
         );
         for p in &pts {
             let f = prof.fit.alpha_ms * p.batch as f64 + prof.fit.beta_ms;
             println!(
-                "{:>6} {:>11.4} {:>11.4} {:>11.4} {:>+9.2}",
+                "{:>6} {:>12.4} {:>11.4} {:>12.4} {:>11.4} {:>11.3} {:>11.4} {:>+9.2}",
                 p.batch,
                 p.median_ms,
                 p.p99_ms,
+                p.same_median_ms,
+                p.same_p99_ms,
+                p.mixed_over_same(),
                 f,
                 100.0 * (p.median_ms - f) / p.median_ms
             );
@@ -131,10 +212,29 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             100.0 * prof.fit.max_rel_err,
             prof.fit.r2
         );
-        println!(
-            "scheduler's profile: l(b) = {:.4} ms * b + {:.4} ms   (intercept raised to the highest median)",
-            prof.alpha_ms, prof.beta_ms
+        if buckets.is_empty() {
+            println!(
+                "scheduler's profile: l(b) = {:.4} ms * b + {:.4} ms   (intercept raised to the highest median)",
+                prof.alpha_ms, prof.beta_ms
+            );
+        } else {
+            println!(
+                "scheduler's profile: the step function l(bucket(b)) over buckets {buckets:?} (mixed medians)"
+            );
+        }
+        let suggest = repo::buckets_for_waste(
+            |b| prof.fit.alpha_ms.max(0.0) * b as f64 + prof.fit.beta_ms.max(1e-6),
+            meta.max_batch,
+            0.1,
         );
+        println!(
+            "buckets with at most 10% padding waste by the fitted line: {suggest:?} \
+             (set \"batch_buckets\" in {} to use them)",
+            a.model.with_extension("json").display()
+        );
+    }
+    for w in &warnings {
+        eprintln!("{w}");
     }
     if !a.dry_run {
         let out = a

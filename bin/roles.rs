@@ -282,6 +282,10 @@ pub struct BackendArgs {
     /// Where the onnx/cuda executors find each model's NAME.onnx.
     #[arg(long, default_value = "models")]
     models: PathBuf,
+    /// With --executor cuda: the CUDA device of each GPU, e.g. 0,2 (one per
+    /// --gpus; default: GPU g on device g).
+    #[arg(long)]
+    cuda_devices: Option<String>,
     #[arg(long, default_value = "backend")]
     name: String,
     /// tcp or rdma.
@@ -297,8 +301,14 @@ pub struct BackendArgs {
 
 pub fn cmd_backend(a: BackendArgs) -> Result<()> {
     catch_signals();
-    let mut o = BackendOpts::with_executor(&a.scheduler, a.gpus, &a.executor, &a.models)
-        .with_context(|| format!("--executor {}", a.executor))?;
+    let devices = a
+        .cuda_devices
+        .as_deref()
+        .map(fermata::node::exec::parse_cuda_devices)
+        .transpose()?;
+    let mut o =
+        BackendOpts::with_executor_on(&a.scheduler, a.gpus, &a.executor, &a.models, devices)
+            .with_context(|| format!("--executor {}", a.executor))?;
     o.name = a.name;
     let b = BackendNode::start(transport_of(&a.transport)?, o)?;
     let ids = b.wait_ready(Duration::from_secs(30))?;
@@ -544,6 +554,10 @@ pub struct ServeArgs {
     /// with one ONNX Runtime CPU session per model).
     #[arg(long)]
     gpus: Option<u32>,
+    /// With --executor cuda: the CUDA device of each GPU, e.g. 0,2 (default: GPU
+    /// g on device g); sets --gpus to their number.
+    #[arg(long)]
+    cuda_devices: Option<String>,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -555,7 +569,19 @@ pub const REPO_DEFAULT_RATE: f64 = 100.0;
 /// The workload of `serve`: the workload file (emulated), or the model repository
 /// with its profiles for the executor (onnx, cuda).
 fn serve_workload(a: &ServeArgs) -> Result<Workload> {
-    if let Some(g) = a.gpus {
+    let devices = a
+        .cuda_devices
+        .as_deref()
+        .map(fermata::node::exec::parse_cuda_devices)
+        .transpose()?;
+    let gpus = match (&devices, a.gpus) {
+        (Some(d), Some(g)) if d.len() != g as usize => {
+            bail!("--cuda-devices lists {} devices but --gpus is {g}", d.len())
+        }
+        (Some(d), _) => Some(d.len() as u32),
+        (None, g) => g,
+    };
+    if let Some(g) = gpus {
         if !(1..=4096).contains(&g) {
             bail!("--gpus must be between 1 and 4096, got {g}");
         }
@@ -583,7 +609,194 @@ fn serve_workload(a: &ServeArgs) -> Result<Workload> {
     // to report, before the repository's profiles.
     let _ = fermata::node::exec::executor_factory(&a.executor, &a.models)
         .with_context(|| format!("--executor {}", a.executor))?;
-    repository_workload(&a.models, &a.executor, a.gpus.unwrap_or(1), a.load.rate)
+    repository_workload(&a.models, &a.executor, gpus.unwrap_or(1), a.load.rate)
+}
+
+/// `fermata bench serve`: the goodput of a model repository served by a real
+/// executor, next to the simulator's goodput for the same measured profiles.
+#[derive(Args)]
+pub struct ServeGoodputArgs {
+    /// The model repository (every model in it is served, with its profile for
+    /// --executor).
+    #[arg(long, default_value = "models")]
+    models: PathBuf,
+    /// onnx (CPU) or cuda (feature `cuda`).
+    #[arg(long, default_value = "onnx")]
+    executor: String,
+    /// GPUs (backend workers).
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    /// With --executor cuda: the CUDA device of each GPU, e.g. 0,2.
+    #[arg(long)]
+    cuda_devices: Option<String>,
+    /// Measured seconds per probe.
+    #[arg(long, default_value_t = 5.0)]
+    duration_s: f64,
+    /// Warm-up seconds per probe (a fresh cluster each probe).
+    #[arg(long, default_value_t = 2.0)]
+    warmup_s: f64,
+    /// Relative tolerance of the binary searches.
+    #[arg(long, default_value_t = 0.03)]
+    tolerance: f64,
+    /// constant, poisson or gamma:SHAPE (default: poisson).
+    #[arg(long)]
+    arrival: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The batch-size distribution of a run: share of requests served in batches of
+/// each size, as "b:percent" for sizes with at least 0.5%.
+fn batch_distribution(r: &fermata::sim::SimResult) -> Vec<(u32, f64)> {
+    let mut counts: Vec<u64> = Vec::new();
+    for m in &r.models {
+        if counts.len() < m.batch_requests.len() {
+            counts.resize(m.batch_requests.len(), 0);
+        }
+        for (i, c) in m.batch_requests.iter().enumerate() {
+            counts[i] += c;
+        }
+    }
+    let total: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| total > 0 && c as f64 / total as f64 >= 0.005)
+        .map(|(b, &c)| (b as u32, 100.0 * c as f64 / total as f64))
+        .collect()
+}
+
+pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
+    use fermata::bench::{goodput_search, goodput_search_with, SearchOptions};
+    use fermata::sim::SimOptions;
+    let devices = a
+        .cuda_devices
+        .as_deref()
+        .map(fermata::node::exec::parse_cuda_devices)
+        .transpose()?;
+    if let Some(d) = &devices {
+        if d.len() != a.gpus as usize {
+            bail!(
+                "--cuda-devices lists {} devices but --gpus is {}",
+                d.len(),
+                a.gpus
+            );
+        }
+    }
+    if !(a.tolerance > 0.0 && a.tolerance < 0.5) {
+        bail!("--tolerance must be in (0, 0.5)");
+    }
+    if !(a.duration_s > 0.0 && a.duration_s <= 3600.0 && (0.0..=3600.0).contains(&a.warmup_s)) {
+        bail!("--duration-s must be in (0, 3600] and --warmup-s in [0, 3600]");
+    }
+    // The executor first: no ONNX Runtime or no GPU is the error to report.
+    let _ = fermata::node::exec::executor_factory_on(&a.executor, &a.models, devices.clone())
+        .with_context(|| format!("--executor {}", a.executor))?;
+    let w = repository_workload(&a.models, &a.executor, a.gpus, None)?;
+    let mut o = SimOptions::from_workload(&w);
+    o.duration = Dur::from_secs_f64(a.duration_s);
+    o.warmup = Dur::from_secs_f64(a.warmup_s);
+    if let Some(s) = &a.arrival {
+        o.arrival = s
+            .parse::<Arrival>()
+            .map_err(anyhow::Error::msg)
+            .context("--arrival")?;
+    }
+    let so = SearchOptions {
+        rel_tolerance: a.tolerance,
+        ..SearchOptions::default()
+    };
+    let sim = goodput_search(&w, &o, &so);
+    if !a.json {
+        eprintln!(
+            "simulator goodput for the measured profiles: {:.1} r/s ({} GPUs); searching the live cluster ({} executor)",
+            sim.goodput_rps, w.gpus, a.executor
+        );
+    }
+    let co = ClusterOpts {
+        executor: a.executor.clone(),
+        models_dir: a.models.clone(),
+        cuda_devices: devices,
+        ..ClusterOpts::default()
+    };
+    let json = a.json;
+    let live = goodput_search_with(&w, &o, &so, |o| {
+        let mut lo = LoadgenOpts::new(Vec::new(), &w);
+        lo.rate_rps = o.rate_rps;
+        lo.arrival = o.arrival;
+        lo.seed = o.seed;
+        lo.warmup = o.warmup;
+        lo.duration = o.duration;
+        lo.verify = false;
+        let tr = transport_of("inproc")?;
+        let r = serve::serve(tr, &w, &co, &lo)?;
+        let l = &r.load;
+        if !json {
+            eprintln!(
+                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms",
+                o.rate_rps,
+                100.0 * l.sim.max_model_bad_rate(),
+                l.failed,
+                l.latency_us.value_at_quantile(0.5) as f64 / 1e3,
+                l.latency_us.value_at_quantile(0.99) as f64 / 1e3,
+            );
+        }
+        if l.duplicates > 0 || l.wrong_outputs > 0 {
+            bail!(
+                "accounting error at {:.0} r/s: {} duplicate answers, {} wrong outputs",
+                o.rate_rps,
+                l.duplicates,
+                l.wrong_outputs
+            );
+        }
+        Ok(l.sim.clone())
+    })?;
+    let ratio = live.goodput_rps / sim.goodput_rps;
+    let dist = |g: &fermata::bench::GoodputResult| {
+        g.at_goodput
+            .as_ref()
+            .map(batch_distribution)
+            .unwrap_or_default()
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "models": a.models,
+                "executor": a.executor,
+                "gpus": a.gpus,
+                "sim_goodput_rps": sim.goodput_rps,
+                "live_goodput_rps": live.goodput_rps,
+                "ratio": ratio,
+                "sim_batch_distribution_pct": dist(&sim),
+                "live_batch_distribution_pct": dist(&live),
+            }))?
+        );
+        return Ok(());
+    }
+    let fmt = |v: Vec<(u32, f64)>| {
+        v.iter()
+            .map(|(b, p)| format!("{b}:{p:.1}%"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "goodput ({} GPUs, {} executor, {}): live {:.1} r/s, simulator {:.1} r/s, live/simulator {:.3}",
+        a.gpus, a.executor, w.name, live.goodput_rps, sim.goodput_rps, ratio
+    );
+    println!(
+        "batch sizes at goodput, share of requests (live):      {}",
+        fmt(dist(&live))
+    );
+    println!(
+        "batch sizes at goodput, share of requests (simulator): {}",
+        fmt(dist(&sim))
+    );
+    if let Some(r) = &live.at_goodput {
+        print!("{}", fermata::bench::sim_table(r));
+    }
+    Ok(())
 }
 
 /// `serve --http-port` without load: the cluster serves HTTP until a signal.
@@ -637,6 +850,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         model_spin_us: a.model_spin_us,
         executor: a.executor.clone(),
         models_dir: a.models.clone(),
+        cuda_devices: a
+            .cuda_devices
+            .as_deref()
+            .map(fermata::node::exec::parse_cuda_devices)
+            .transpose()?,
         http: match a.http_port {
             Some(p) => Some(a.http.opts(&format!("{}:{p}", a.http_host))?),
             None => None,

@@ -2,6 +2,15 @@
 """Writes Fermata's shipped ONNX models and their reference data into models/.
 
     PYTHONPATH=.deps/py python3 scripts/gen_models.py [OUT_DIR]
+    PYTHONPATH=.deps/py python3 scripts/gen_models.py --large [OUT_DIR]
+
+With --large it writes the real-size models into models/large/ instead (not
+committed; scripts/setup.sh runs it when they are missing): `resnet50` (the
+standard ResNet-50 v1.5 architecture, random weights, FP32, about 100 MB) and
+`resnet50_fp16` (the same graph and weights in FP16, input and output FP16), each
+with its metadata STEM.json. They have no STEM.ref.json (their inputs are too
+large for a readable file); scripts/check_http.py compares them with ONNX Runtime
+run directly in Python instead.
 
 (scripts/setup.sh installs the pinned onnx, onnxruntime and numpy into .deps/py.)
 
@@ -31,8 +40,8 @@ OPSET = 17
 IR_VERSION = 8
 MAX_BATCH = 64
 
-KSERVE = {TensorProto.FLOAT: "FP32", TensorProto.INT64: "INT64"}
-NUMPY = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64}
+KSERVE = {TensorProto.FLOAT: "FP32", TensorProto.INT64: "INT64", TensorProto.FLOAT16: "FP16"}
+NUMPY = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.FLOAT16: np.float16}
 
 
 def weights(rng, shape, fan_in):
@@ -167,6 +176,110 @@ def ranker():
     return finish("ranker", nodes, inits, ins, outs, doc), ins, outs, doc, 10.0
 
 
+def resnet50(fp16=False):
+    """ResNet-50 v1.5 (torchvision's architecture: bottleneck blocks [3, 4, 6, 3],
+    stride in the 3x3 convolution) as deployed: batch norms folded into the
+    convolutions' biases. Input `input` [-1,3,224,224], output `logits` [-1,1000].
+    Random He-style weights (seeded); the last convolution of each block is scaled
+    down so that activations stay in FP16's range through the 16 residual adds."""
+    rng = np.random.default_rng(5005)
+    elem = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    dt = np.float16 if fp16 else np.float32
+    nodes, inits = [], {}
+    counter = [0]
+
+    def conv(x, cin, cout, k, stride, relu, scale=1.0):
+        i = counter[0]
+        counter[0] += 1
+        w, b = f"conv{i}.weight", f"conv{i}.bias"
+        inits[w] = (weights(rng, (cout, cin, k, k), cin * k * k) * scale).astype(dt)
+        inits[b] = bias(rng, cout).astype(dt)
+        y = f"conv{i}"
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [x, w, b],
+                [y],
+                kernel_shape=[k, k],
+                strides=[stride, stride],
+                pads=[k // 2] * 4,
+            )
+        )
+        if relu:
+            nodes.append(helper.make_node("Relu", [y], [f"{y}.relu"]))
+            y = f"{y}.relu"
+        return y
+
+    x = conv("input", 3, 64, 7, 2, True)
+    nodes.append(
+        helper.make_node("MaxPool", [x], ["pool0"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    )
+    x, cin = "pool0", 64
+    for stage, (width, blocks) in enumerate(zip([64, 128, 256, 512], [3, 4, 6, 3])):
+        for blk in range(blocks):
+            stride = 2 if (blk == 0 and stage > 0) else 1
+            cout = width * 4
+            y = conv(x, cin, width, 1, 1, True)
+            y = conv(y, width, width, 3, stride, True)
+            y = conv(y, width, cout, 1, 1, False, scale=0.2)
+            short = conv(x, cin, cout, 1, stride, False) if blk == 0 else x
+            name = f"block{stage}.{blk}"
+            nodes.append(helper.make_node("Add", [y, short], [f"{name}.add"]))
+            nodes.append(helper.make_node("Relu", [f"{name}.add"], [f"{name}.out"]))
+            x, cin = f"{name}.out", cout
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+    ]
+    inits["fc.weight"] = weights(rng, (1000, 2048), 2048).astype(dt)
+    inits["fc.bias"] = bias(rng, 1000).astype(dt)
+    nodes.append(helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], transB=1))
+    name = "resnet50_fp16" if fp16 else "resnet50"
+    doc = (
+        "ResNet-50 v1.5 (torchvision architecture, batch norms folded), random weights, "
+        + ("FP16" if fp16 else "FP32")
+    )
+    ins = [("input", elem, [-1, 3, 224, 224])]
+    outs = [("logits", elem, [-1, 1000])]
+    # The FP32 model is over 100 MB; the checker's full check would serialize it.
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [value_info(n, e, s) for n, e, s in ins],
+        [value_info(n, e, s) for n, e, s in outs],
+        initializer=[numpy_helper.from_array(a, k) for k, a in inits.items()],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="fermata gen_models.py",
+        doc_string=doc,
+    )
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model, ins, outs, doc, 50.0
+
+
+def write_large(out):
+    """models/large: resnet50 and resnet50_fp16 with their metadata."""
+    os.makedirs(out, exist_ok=True)
+    for fp16 in (False, True):
+        model, ins, outs, doc, slo_ms = resnet50(fp16)
+        name = model.graph.name
+        path = os.path.join(out, f"{name}.onnx")
+        onnx.save(model, path)
+        meta = {
+            "name": name,
+            "inputs": [tensor_meta(*t) for t in ins],
+            "outputs": [tensor_meta(*t) for t in outs],
+            "slo_ms": slo_ms,
+            "max_batch": MAX_BATCH,
+            "description": doc,
+        }
+        write_json(os.path.join(out, f"{name}.json"), meta)
+        print(f"wrote {path} ({os.path.getsize(path)} bytes), {name}.json")
+
+
 def sample_inputs(rng, ins, n):
     """n fixed samples per input. Floats are multiples of 1/32 in [-2, 2] (exact in
     float32 and short in JSON); integers are in 0..8."""
@@ -208,7 +321,12 @@ def write_ref(path, ref):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "models")
+    args = sys.argv[1:]
+    if args and args[0] == "--large":
+        out = args[1] if len(args) > 1 else os.path.join(os.path.dirname(__file__), "..", "models", "large")
+        write_large(out)
+        return
+    out = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "models")
     os.makedirs(out, exist_ok=True)
     for make in (mlp, cnn, ranker):
         model, ins, outs, doc, slo_ms = make()

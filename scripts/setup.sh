@@ -2,6 +2,17 @@
 # Installs or checks everything Fermata needs to build, test and run its demo.
 # Idempotent: safe to run any number of times; does nothing when all is in place.
 #
+#   bash scripts/setup.sh          # build, tests, demo (CPU)
+#   bash scripts/setup.sh --gpu    # also the GPU stack for `--executor cuda` (below)
+#
+# --gpu installs the onnxruntime-gpu wheel with the NVIDIA CUDA 13 runtime, cuBLAS,
+# cuFFT, cuRAND, NVRTC and cuDNN 9 wheels it declares (its `cuda` and `cudnn`
+# extras) into .deps/gpu with `pip install --target` (about 2 GB); the `cuda`
+# executor finds those libraries by itself (src/node/onnx/gpulibs.rs), no
+# LD_LIBRARY_PATH needed. It needs no GPU to install (a build machine can prepare
+# a checkout for a GPU host without registry access); FERMATA_GPU_DEPS moves the
+# directory and FERMATA_GPU_PIP replaces `python3 -m pip` (the tests use both).
+#
 # The crate itself needs a Rust toolchain (cargo, rustc >= the rust-version in
 # Cargo.toml) plus rustfmt and clippy for CI, and ONNX Runtime at run time for the
 # onnx executor and its tests (installed below into .deps/py). The optional `rdma` cargo feature (the
@@ -22,6 +33,21 @@
 # builds the feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+GPU=0
+for arg in "$@"; do
+  case $arg in
+    --gpu) GPU=1 ;;
+    -h | --help)
+      sed -n '2,30p' "$0"
+      exit 0
+      ;;
+    *)
+      printf '[setup] ERROR: unknown argument %s (usage: scripts/setup.sh [--gpu])\n' "$arg" >&2
+      exit 2
+      ;;
+  esac
+done
 
 # Debian/Ubuntu packages the tests need: iproute2 (`ip netns`, veth, bridge) for the
 # multi-host test in network namespaces (tests/netns.rs).
@@ -166,4 +192,50 @@ for comp in rustfmt clippy; do
   fi
 done
 say "rustfmt: $(cargo fmt --version), clippy: $(cargo clippy --version)"
+
+# --- the GPU stack (--gpu) into .deps/gpu -------------------------------------------
+# The libraries the cuda executor cannot run without (the same list as REQUIRED in
+# src/node/onnx/gpulibs.rs), each with the wheel that ships it.
+GPU_LIBS=(libcudart.so.13:nvidia-cuda-runtime libcublasLt.so.13:nvidia-cublas
+  libcublas.so.13:nvidia-cublas libcurand.so.10:nvidia-curand libcufft.so.12:nvidia-cufft
+  libcudnn.so.9:nvidia-cudnn-cu13)
+GPU_PINS=("onnxruntime-gpu[cuda,cudnn]==1.31.1")
+GPU_DIR=${FERMATA_GPU_DEPS:-.deps/gpu}
+# What is missing under $GPU_DIR, one "soname (wheel)" per line; empty when complete.
+gpu_missing() {
+  [[ -f "$GPU_DIR/onnxruntime/capi/libonnxruntime_providers_cuda.so" ]] ||
+    echo "libonnxruntime_providers_cuda.so (wheel onnxruntime-gpu)"
+  compgen -G "$GPU_DIR/onnxruntime/capi/libonnxruntime.so*" >/dev/null ||
+    echo "libonnxruntime.so (wheel onnxruntime-gpu)"
+  local e so
+  for e in "${GPU_LIBS[@]}"; do
+    so=${e%%:*}
+    if [[ -z "$(find "$GPU_DIR/nvidia" -name "$so" -print -quit 2>/dev/null)" ]]; then
+      echo "$so (wheel ${e#*:})"
+    fi
+  done
+}
+if ((GPU)); then
+  read -r -a gpu_pip <<<"${FERMATA_GPU_PIP:-python3 -m pip}"
+  gpu_stamp="python $(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${GPU_PINS[*]}"
+  if [[ -f "$GPU_DIR/.fermata-pins" && "$(cat "$GPU_DIR/.fermata-pins")" == "$gpu_stamp" && -z "$(gpu_missing)" ]]; then
+    say "gpu: already in $GPU_DIR (${GPU_PINS[*]})"
+  else
+    say "installing ${GPU_PINS[*]} into $GPU_DIR (pip --target; about 2 GB)"
+    rm -rf "$GPU_DIR"
+    mkdir -p "$GPU_DIR"
+    PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore "${gpu_pip[@]}" install \
+      --disable-pip-version-check --no-input -q --target "$GPU_DIR" "${GPU_PINS[@]}" ||
+      die "pip install ${GPU_PINS[*]} into $GPU_DIR failed"
+    missing_now=$(gpu_missing)
+    if [[ -n "$missing_now" ]]; then
+      die "after installing ${GPU_PINS[*]}, $GPU_DIR still lacks: $(echo "$missing_now" | paste -sd, -)"
+    fi
+    printf '%s\n' "$gpu_stamp" >"$GPU_DIR/.fermata-pins"
+  fi
+  say "gpu: onnxruntime-gpu and the CUDA 13 / cuDNN 9 libraries are in $GPU_DIR (build with --features cuda; the cuda executor finds them)"
+  if ! command -v nvidia-smi >/dev/null; then
+    say "gpu: note: no NVIDIA driver here (nvidia-smi not found); --executor cuda runs on a machine with one"
+  fi
+fi
 say "ok"

@@ -2,10 +2,20 @@
 //! line l(b) = alpha * b + beta that the scheduler plans with (`fermata profile`).
 //!
 //! For each batch size it first runs `warmup` batches (first runs of a real runtime
-//! allocate, pick kernels and fill caches), then `repeats` timed batches. The timed
-//! runs go round-robin over the batch sizes, so a slow spell of the machine spreads
-//! over all of them instead of bending one point. Each point is the median of its
-//! repeats (p99 is reported too); the fit is ordinary least squares over the
+//! allocate, pick kernels and fill caches). Then it measures every batch size two
+//! ways:
+//!
+//! * **same shape**: `repeats` runs of that one size back to back (what a
+//!   benchmark of one shape sees);
+//! * **mixed**: all sizes' `repeats` runs in one seeded random order (what serving
+//!   sees: deferred batching changes the batch size from batch to batch, and a
+//!   runtime that re-tunes on a shape change is slow there and only there).
+//!
+//! The mixed numbers are the profile; both are printed, and a size whose two
+//! medians differ by more than [`SHAPE_CHANGE_TOLERANCE`] gets a warning (a
+//! runtime keeping per-shape state for one shape only: see
+//! [`crate::node::onnx`]'s shape-stable execution). Each point is the median of its
+//! repeats (p99 is reported too); the fit is ordinary least squares over the mixed
 //! medians, with its RMSE, largest relative error and R² in the profile file.
 //!
 //! What is timed is [`Executor::run`] on requests in the wire layout: the same call,
@@ -73,13 +83,56 @@ pub fn parse_batch_sizes(s: &str) -> Result<Vec<u32>> {
     Ok(v)
 }
 
-/// One batch size's measurements (ms).
+/// One batch size's measurements (ms): inside the mixed sequence (`median_ms`,
+/// `p99_ms`, `min_ms`) and with the same shape repeated (`same_*`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
     pub batch: u32,
     pub median_ms: f64,
     pub p99_ms: f64,
     pub min_ms: f64,
+    pub same_median_ms: f64,
+    pub same_p99_ms: f64,
+}
+
+/// Mixed and same-shape medians further apart than this (relative) are warned
+/// about.
+pub const SHAPE_CHANGE_TOLERANCE: f64 = 0.20;
+
+/// ... and further apart than this (ms): below it, a difference is timer and cache
+/// noise of microsecond runs, not a runtime re-tuning itself.
+pub const SHAPE_CHANGE_FLOOR_MS: f64 = 0.05;
+
+impl Point {
+    /// Mixed median over same-shape median.
+    pub fn mixed_over_same(&self) -> f64 {
+        self.median_ms / self.same_median_ms
+    }
+}
+
+/// One warning per batch size whose mixed and same-shape medians differ by more
+/// than [`SHAPE_CHANGE_TOLERANCE`].
+pub fn shape_change_warnings(points: &[Point]) -> Vec<String> {
+    points
+        .iter()
+        .filter(|p| {
+            (p.mixed_over_same() - 1.0).abs() > SHAPE_CHANGE_TOLERANCE
+                && (p.median_ms - p.same_median_ms).abs() > SHAPE_CHANGE_FLOOR_MS
+        })
+        .map(|p| {
+            format!(
+                "WARNING: batch {}: {:.3} ms in a mixed sequence of batch sizes but {:.3} ms with \
+                 the same shape repeated ({:.2}x). The executor is slow after a shape change: \
+                 serving, whose batch size changes from batch to batch, will see the mixed \
+                 number. Run each batch size in a session of its own (buckets: --buckets pow2 \
+                 or batch_buckets in the model's metadata).",
+                p.batch,
+                p.median_ms,
+                p.same_median_ms,
+                p.mixed_over_same()
+            )
+        })
+        .collect()
 }
 
 /// The `q` quantile (nearest rank) of `v`, which is sorted.
@@ -129,23 +182,44 @@ pub fn measure(
             run(exec, b)?;
         }
     }
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); opts.batch_sizes.len()];
-    for _ in 0..opts.repeats {
-        for (i, &b) in opts.batch_sizes.iter().enumerate() {
-            times[i].push(run(exec, b)?);
+    let stats = |mut t: Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        (quantile(&t, 0.5), quantile(&t, 0.99), t[0])
+    };
+    // Same shape: one untimed run first (the first run after a shape change is the
+    // mixed sequence's business), then the timed ones back to back.
+    let mut same = Vec::with_capacity(opts.batch_sizes.len());
+    for &b in &opts.batch_sizes {
+        run(exec, b)?;
+        let mut t = Vec::with_capacity(opts.repeats as usize);
+        for _ in 0..opts.repeats {
+            t.push(run(exec, b)?);
         }
+        same.push(stats(t));
+    }
+    // Mixed: every size `repeats` times, in a seeded random order.
+    let mut order: Vec<usize> = (0..opts.batch_sizes.len())
+        .flat_map(|i| std::iter::repeat_n(i, opts.repeats as usize))
+        .collect();
+    rand::seq::SliceRandom::shuffle(order.as_mut_slice(), &mut rng);
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); opts.batch_sizes.len()];
+    for i in order {
+        times[i].push(run(exec, opts.batch_sizes[i])?);
     }
     Ok(opts
         .batch_sizes
         .iter()
         .zip(times)
-        .map(|(&batch, mut t)| {
-            t.sort_by(f64::total_cmp);
+        .zip(same)
+        .map(|((&batch, t), (sm, sp, _))| {
+            let (median_ms, p99_ms, min_ms) = stats(t);
             Point {
                 batch,
-                median_ms: quantile(&t, 0.5),
-                p99_ms: quantile(&t, 0.99),
-                min_ms: t[0],
+                median_ms,
+                p99_ms,
+                min_ms,
+                same_median_ms: sm,
+                same_p99_ms: sp,
             }
         })
         .collect())
@@ -166,6 +240,7 @@ pub fn to_profile(
     device: &str,
     points: &[Point],
     repeats: u32,
+    buckets: &[u32],
 ) -> Result<ProfileFile> {
     let x: Vec<f64> = points.iter().map(|p| p.batch as f64).collect();
     let y: Vec<f64> = points.iter().map(|p| p.median_ms).collect();
@@ -194,6 +269,8 @@ pub fn to_profile(
         repeats,
         fit,
         measured_at: format!("{now} (seconds since the Unix epoch)"),
+        buckets: buckets.to_vec(),
+        same_shape_median_ms: points.iter().map(|p| p.same_median_ms).collect(),
     })
 }
 
@@ -232,6 +309,112 @@ mod tests {
         }
     }
 
+    /// An executor that is slow for `penalty` after every change of batch size,
+    /// as ONNX Runtime's CUDA convolutions are when one session sees many shapes.
+    struct ShapeSensitive {
+        inner: EmulatedGpu,
+        last: usize,
+        penalty: std::time::Duration,
+    }
+
+    impl Executor for ShapeSensitive {
+        fn name(&self) -> &'static str {
+            "shape-sensitive"
+        }
+        fn load(&mut self, m: &ModelInfo) -> Result<()> {
+            self.inner.load(m)
+        }
+        fn unload(&mut self, m: u32) {
+            self.inner.unload(m)
+        }
+        fn run(&mut self, m: u32, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+            if inputs.len() != self.last {
+                std::thread::sleep(self.penalty);
+                self.last = inputs.len();
+            }
+            self.inner.run(m, inputs)
+        }
+    }
+
+    fn lin_model() -> (ModelMeta, ModelInfo) {
+        let meta = ModelMeta {
+            name: "lin".into(),
+            inputs: vec![TensorMeta {
+                name: "x".into(),
+                datatype: DType::F32,
+                shape: vec![-1, 4],
+            }],
+            outputs: vec![TensorMeta {
+                name: "y".into(),
+                datatype: DType::I64,
+                shape: vec![-1, 2],
+            }],
+            slo_ms: 50.0,
+            max_batch: 16,
+            description: String::new(),
+            batch_buckets: None,
+        };
+        let info = ModelInfo {
+            id: 0,
+            name: "lin".into(),
+            slo_ns: 50_000_000,
+            profile: WireProfile::Linear {
+                alpha_ns: 100_000,
+                beta_ns: 1_000_000,
+                max_batch: 16,
+            },
+            input_bytes: 16,
+            meta_json: serde_json::to_string(&meta).unwrap(),
+        };
+        (meta, info)
+    }
+
+    #[test]
+    fn warns_when_a_shape_change_is_slow() {
+        let (meta, info) = lin_model();
+        let opts = ProfileOpts {
+            batch_sizes: vec![1, 4, 16],
+            repeats: 8,
+            warmup: 1,
+        };
+        // 3 ms after every change of shape, on runs of 1.1 to 2.6 ms: the mixed
+        // sequence changes shape on most runs, the same-shape runs never do.
+        let mut slow = ShapeSensitive {
+            inner: EmulatedGpu::new(),
+            last: 0,
+            penalty: std::time::Duration::from_millis(3),
+        };
+        slow.load(&info).unwrap();
+        let pts = measure(&mut slow, &info, &meta, &opts).unwrap();
+        let w = shape_change_warnings(&pts);
+        assert!(!w.is_empty(), "{pts:?}");
+        assert!(
+            w[0].contains("mixed sequence") && w[0].contains("buckets"),
+            "{w:?}"
+        );
+        for p in &pts {
+            assert!(p.median_ms > p.same_median_ms, "{p:?}");
+        }
+        // The profile is the mixed numbers, with the same-shape ones beside them.
+        let prof = to_profile(&meta, "t", "t", &pts, 8, &[1, 4, 16]).unwrap();
+        assert_eq!(
+            prof.median_ms,
+            pts.iter().map(|p| p.median_ms).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            prof.same_shape_median_ms,
+            pts.iter().map(|p| p.same_median_ms).collect::<Vec<_>>()
+        );
+        assert_eq!(prof.buckets, vec![1, 4, 16]);
+        prof.validate().unwrap();
+
+        // The same executor without the penalty: quiet.
+        let mut fine = EmulatedGpu::new();
+        fine.load(&info).unwrap();
+        let pts = measure(&mut fine, &info, &meta, &opts).unwrap();
+        assert!(shape_change_warnings(&pts).is_empty(), "{pts:?}");
+    }
+
     /// The whole profiler on an executor whose l(b) is known: the emulated GPU
     /// waits exactly 0.4 ms * b + 1 ms.
     #[test]
@@ -252,6 +435,7 @@ mod tests {
             slo_ms: 50.0,
             max_batch: 16,
             description: String::new(),
+            batch_buckets: None,
         };
         let info = ModelInfo {
             id: 0,
@@ -281,7 +465,7 @@ mod tests {
             assert!(p.median_ms < want + 2.0, "{p:?}");
             assert!(p.p99_ms >= p.median_ms);
         }
-        let prof = to_profile(&meta, "emulated", "test", &pts, 5).unwrap();
+        let prof = to_profile(&meta, "emulated", "test", &pts, 5, &[]).unwrap();
         // Medians a little above the line fit a line a little above it.
         assert!((prof.alpha_ms - 0.4).abs() < 0.15, "{prof:?}");
         assert!(prof.beta_ms > 0.5 && prof.beta_ms < 3.0, "{prof:?}");

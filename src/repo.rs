@@ -142,6 +142,128 @@ pub struct ModelMeta {
     /// What the model is, for people.
     #[serde(default)]
     pub description: String,
+    /// The batch-size buckets of shape-stable execution (see [`BucketPolicy`]): a
+    /// batch runs padded to the smallest bucket that holds it, each bucket in a
+    /// session that only ever sees that one shape. Increasing, each in
+    /// 1..=max_batch; max_batch is added when missing. Absent: the device's
+    /// default (powers of two up to max_batch on a GPU; exact shapes on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_buckets: Option<Vec<u32>>,
+}
+
+/// How batch sizes map to the shapes a model's sessions run.
+///
+/// ONNX Runtime's CUDA kernels (cuDNN convolutions above all) keep their tuned
+/// state for the last input shape only: a session whose batch size changes from
+/// run to run re-selects algorithms on every run and is one to two orders of
+/// magnitude slower than one that always sees the same shape. Deferred batching
+/// changes the batch size from batch to batch, so on a GPU each bucket gets its own
+/// session. On the CPU the provider keeps no per-shape state and padding would cost
+/// in proportion, so the default there is one session run at the exact size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BucketPolicy {
+    /// The model's `batch_buckets`, else the device's default.
+    Auto,
+    /// One session, run at each batch's exact size.
+    Exact,
+    /// Powers of two up to max_batch (and max_batch).
+    Pow2,
+    /// These buckets (normalized like `batch_buckets`).
+    List(Vec<u32>),
+}
+
+impl BucketPolicy {
+    /// `auto`, `exact`, `pow2` or a list `1,4,16,64`.
+    pub fn parse(s: &str) -> Result<BucketPolicy> {
+        Ok(match s.trim() {
+            "auto" => BucketPolicy::Auto,
+            "exact" => BucketPolicy::Exact,
+            "pow2" => BucketPolicy::Pow2,
+            list => BucketPolicy::List(
+                list.split(',')
+                    .map(|t| {
+                        t.trim().parse::<u32>().with_context(|| {
+                            format!(
+                                "buckets: {t:?} is not a batch size (use auto, exact, pow2 or a list like 1,4,16,64)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+        })
+    }
+
+    /// The buckets of `meta` on a GPU (`gpu`) or the CPU; None: exact shapes.
+    pub fn buckets(&self, meta: &ModelMeta, gpu: bool) -> Result<Option<Vec<u32>>> {
+        match self {
+            BucketPolicy::Exact => Ok(None),
+            BucketPolicy::Pow2 => Ok(Some(pow2_buckets(meta.max_batch))),
+            BucketPolicy::List(v) => normalize_buckets(v, meta.max_batch).map(Some),
+            BucketPolicy::Auto => match &meta.batch_buckets {
+                Some(v) => normalize_buckets(v, meta.max_batch).map(Some),
+                None if gpu => Ok(Some(pow2_buckets(meta.max_batch))),
+                None => Ok(None),
+            },
+        }
+    }
+}
+
+/// 1, 2, 4, ... up to `max_batch`, and `max_batch` itself.
+pub fn pow2_buckets(max_batch: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    let mut b = 1u32;
+    while b < max_batch {
+        v.push(b);
+        b *= 2;
+    }
+    v.push(max_batch.max(1));
+    v
+}
+
+/// Checks a bucket list (increasing, each in 1..=max_batch) and appends
+/// `max_batch` when it is missing, so that every batch has a bucket.
+pub fn normalize_buckets(v: &[u32], max_batch: u32) -> Result<Vec<u32>> {
+    if v.is_empty() {
+        bail!("`batch_buckets` is empty (leave it out for the device's default)");
+    }
+    for w in v.windows(2) {
+        if w[1] <= w[0] {
+            bail!("`batch_buckets` must be increasing, got {v:?}");
+        }
+    }
+    if let Some(&b) = v.iter().find(|&&b| b == 0 || b > max_batch) {
+        bail!("`batch_buckets`: {b} is not in 1..={max_batch} (max_batch), in {v:?}");
+    }
+    let mut v = v.to_vec();
+    if v.last() != Some(&max_batch) {
+        v.push(max_batch);
+    }
+    Ok(v)
+}
+
+/// The bucket a batch of `b` runs in: the smallest bucket >= b (None when b is
+/// larger than every bucket).
+pub fn bucket_of(buckets: &[u32], b: u32) -> Option<u32> {
+    let i = buckets.partition_point(|&x| x < b);
+    buckets.get(i).copied()
+}
+
+/// Buckets chosen from a latency curve so that padding wastes little: from
+/// `max_batch` down, a new bucket starts at the largest b whose own latency is
+/// more than `waste` (a fraction) below the latency of the bucket above it. So a
+/// batch never pays more than `1 + waste` times its exact-size latency (by `lat`).
+pub fn buckets_for_waste(lat: impl Fn(u32) -> f64, max_batch: u32, waste: f64) -> Vec<u32> {
+    let mut v = vec![max_batch];
+    let mut top = lat(max_batch);
+    for b in (1..max_batch).rev() {
+        let l = lat(b);
+        if top > (1.0 + waste) * l {
+            v.push(b);
+            top = l;
+        }
+    }
+    v.reverse();
+    v
 }
 
 /// Largest per-request input or output a model may declare.
@@ -182,6 +304,9 @@ impl ModelMeta {
                 "one sample's outputs are {} bytes; the limit is {MAX_SAMPLE_BYTES}",
                 self.output_bytes()
             );
+        }
+        if let Some(v) = &self.batch_buckets {
+            normalize_buckets(v, self.max_batch)?;
         }
         Ok(())
     }
@@ -250,6 +375,15 @@ pub struct ProfileFile {
     /// When it was measured (RFC 3339 or seconds since the epoch; for people).
     #[serde(default)]
     pub measured_at: String,
+    /// The buckets the executor ran (empty: exact shapes). With buckets the
+    /// scheduler plans with the step function l(bucket(b)) of the medians (each
+    /// bucket must be among `batch_sizes`), not with the line.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<u32>,
+    /// The same batch sizes measured with one shape repeated (`median_ms` is
+    /// measured inside a random mixed sequence of batch sizes, as serving sees it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_shape_median_ms: Vec<f64>,
 }
 
 impl ProfileFile {
@@ -271,16 +405,62 @@ impl ProfileFile {
         {
             bail!("`batch_sizes`, `median_ms` and `p99_ms` differ in length");
         }
+        if !self.same_shape_median_ms.is_empty()
+            && self.same_shape_median_ms.len() != self.median_ms.len()
+        {
+            bail!("`same_shape_median_ms` and `median_ms` differ in length");
+        }
+        if self.median_ms.iter().any(|m| !(m.is_finite() && *m > 0.0)) {
+            bail!("`median_ms` must be positive");
+        }
+        if !self.buckets.is_empty() {
+            let b = normalize_buckets(&self.buckets, self.max_batch)?;
+            if b != self.buckets {
+                bail!(
+                    "`buckets` {:?} must end at max_batch {}",
+                    self.buckets,
+                    self.max_batch
+                );
+            }
+            if let Some(x) = b.iter().find(|x| !self.batch_sizes.contains(x)) {
+                bail!("bucket {x} was not measured (it is not in `batch_sizes`)");
+            }
+            if self.max_batch > crate::core::profile::MAX_BATCH_LIMIT {
+                bail!("`max_batch` {} is too large", self.max_batch);
+            }
+        }
         Ok(())
     }
-    /// The scheduler's profile.
+    /// The scheduler's profile: the line alpha_ms * b + beta_ms; with buckets, the
+    /// step function l(b) = median at bucket(b), made non-decreasing, so the
+    /// scheduler knows that a batch just past a bucket edge costs the next bucket.
     pub fn latency_profile(&self) -> Result<LatencyProfile> {
-        LatencyProfile::linear(
-            Dur::from_ms_f64(self.alpha_ms),
-            Dur::from_ms_f64(self.beta_ms),
-            self.max_batch,
-        )
-        .map_err(|e| anyhow::anyhow!("bad profile: {e}"))
+        if self.buckets.is_empty() {
+            return LatencyProfile::linear(
+                Dur::from_ms_f64(self.alpha_ms),
+                Dur::from_ms_f64(self.beta_ms),
+                self.max_batch,
+            )
+            .map_err(|e| anyhow::anyhow!("bad profile: {e}"));
+        }
+        let median_at = |x: u32| {
+            self.batch_sizes
+                .iter()
+                .position(|&s| s == x)
+                .map(|i| self.median_ms[i])
+        };
+        let mut lat = Vec::with_capacity(self.max_batch as usize);
+        let mut prev = Dur::ZERO;
+        for b in 1..=self.max_batch {
+            let bucket = bucket_of(&self.buckets, b)
+                .ok_or_else(|| anyhow::anyhow!("bad profile: no bucket holds batch {b}"))?;
+            let ms = median_at(bucket)
+                .ok_or_else(|| anyhow::anyhow!("bad profile: bucket {bucket} not measured"))?;
+            let l = Dur::from_ms_f64(ms).max(prev).max(Dur(1));
+            lat.push(l);
+            prev = l;
+        }
+        LatencyProfile::table(lat).map_err(|e| anyhow::anyhow!("bad profile: {e}"))
     }
     pub fn load(path: &Path) -> Result<ProfileFile> {
         let text =
@@ -463,6 +643,61 @@ pub fn load_model(onnx: &Path, executor: &str) -> Result<RepoModel> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn buckets_policies_and_choice() {
+        assert_eq!(pow2_buckets(64), vec![1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!(pow2_buckets(48), vec![1, 2, 4, 8, 16, 32, 48]);
+        assert_eq!(pow2_buckets(1), vec![1]);
+        // The bucket of each batch size: the smallest bucket that holds it.
+        let b = pow2_buckets(64);
+        for (n, want) in [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (33, 64), (64, 64)] {
+            assert_eq!(bucket_of(&b, n), Some(want), "batch {n}");
+        }
+        assert_eq!(bucket_of(&b, 65), None);
+        assert_eq!(normalize_buckets(&[4, 16], 64).unwrap(), vec![4, 16, 64]);
+        assert!(normalize_buckets(&[16, 4], 64).is_err());
+        assert!(normalize_buckets(&[0, 4], 64).is_err());
+        assert!(normalize_buckets(&[4, 128], 64).is_err());
+        assert!(normalize_buckets(&[], 64).is_err());
+        let mut m = meta();
+        m.max_batch = 64;
+        assert_eq!(BucketPolicy::Auto.buckets(&m, false).unwrap(), None);
+        assert_eq!(
+            BucketPolicy::Auto.buckets(&m, true).unwrap(),
+            Some(pow2_buckets(64))
+        );
+        m.batch_buckets = Some(vec![8, 32]);
+        m.validate().unwrap();
+        assert_eq!(
+            BucketPolicy::Auto.buckets(&m, false).unwrap(),
+            Some(vec![8, 32, 64])
+        );
+        assert_eq!(BucketPolicy::Exact.buckets(&m, true).unwrap(), None);
+        assert_eq!(
+            BucketPolicy::parse("1, 16")
+                .unwrap()
+                .buckets(&m, true)
+                .unwrap(),
+            Some(vec![1, 16, 64])
+        );
+        assert!(BucketPolicy::parse("1,x").is_err());
+        m.batch_buckets = Some(vec![32, 8]);
+        assert!(m.validate().is_err());
+        // From a latency curve: a flat start shares a bucket, a linear tail is cut
+        // so that padding never costs more than 10%.
+        let lat = |b: u32| if b <= 8 { 2.0 } else { 0.25 * b as f64 };
+        let v = buckets_for_waste(lat, 64, 0.1);
+        assert_eq!(v.first(), Some(&8), "{v:?}");
+        assert_eq!(v.last(), Some(&64));
+        for n in 1..=64 {
+            let bk = bucket_of(&v, n).unwrap();
+            assert!(
+                lat(bk) <= 1.1 * lat(n) + 1e-9,
+                "batch {n} in bucket {bk}: {v:?}"
+            );
+        }
+    }
+
     fn meta() -> ModelMeta {
         ModelMeta {
             name: "mlp".into(),
@@ -479,6 +714,7 @@ mod tests {
             slo_ms: 20.0,
             max_batch: 64,
             description: String::new(),
+            batch_buckets: None,
         }
     }
 
@@ -576,6 +812,8 @@ mod tests {
             repeats: 10,
             fit,
             measured_at: "0".into(),
+            buckets: Vec::new(),
+            same_shape_median_ms: Vec::new(),
         };
         let pp = profile_path(&dir, "mlp", "onnx");
         assert!(pp.ends_with("mlp.profile-cpu.json"));
@@ -589,6 +827,33 @@ mod tests {
         assert_eq!(spec.profile.max_batch(), 32);
         // A CUDA profile is a different file.
         assert!(load_repository(&dir, "cuda").is_err());
+
+        // A bucketed profile: the scheduler plans with the step function
+        // l(bucket(b)), and the repository's workload carries it.
+        let mut stepped = p.clone();
+        stepped.buckets = vec![8, 32];
+        stepped.same_shape_median_ms = y.to_vec();
+        stepped.save(&profile_path(&dir, "mlp", "cuda")).unwrap();
+        let repo = load_repository(&dir, "cuda").unwrap();
+        let lp = repo[0].spec().unwrap().profile;
+        assert_eq!(lp.max_batch(), 32);
+        for (b, ms) in [(1, 3.0), (8, 3.0), (9, 9.0), (32, 9.0)] {
+            assert_eq!(lp.latency(b), Dur::from_ms_f64(ms), "l({b})");
+        }
+        // A batch just past a bucket edge costs the next bucket: with 5 ms the
+        // largest batch is the edge, 8; with 9 ms all 32 fit.
+        assert_eq!(lp.max_batch_within(Dur::from_ms(5), Dur::ZERO, 32), 8);
+        assert_eq!(lp.max_batch_within(Dur::from_ms(9), Dur::ZERO, 32), 32);
+        let w = crate::workload::Workload::from_repository("t", &repo, 1, 10.0).unwrap();
+        assert_eq!(w.models[0].spec.profile, lp);
+        // Every bucket must have been measured, and the list must end at max_batch.
+        let mut bad = stepped.clone();
+        bad.buckets = vec![4, 32];
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("bucket 4 was not measured"), "{e}");
+        bad.buckets = vec![8];
+        assert!(bad.validate().is_err());
+        std::fs::remove_file(profile_path(&dir, "mlp", "cuda")).unwrap();
         // A stem that does not match the name is refused.
         std::fs::rename(dir.join("mlp.json"), dir.join("other.json")).unwrap();
         std::fs::rename(dir.join("mlp.onnx"), dir.join("other.onnx")).unwrap();

@@ -427,6 +427,14 @@ impl Workload {
             .with_context(|| format!("the workload of the model repository ({name})"))?;
         for (wm, m) in w.models.iter_mut().zip(models) {
             wm.meta = Some(m.meta.clone());
+            // A bucketed profile is a step function l(bucket(b)) (a table); the
+            // line above only made the text parse.
+            if !m.profile.buckets.is_empty() {
+                wm.spec.profile = m
+                    .profile
+                    .latency_profile()
+                    .with_context(|| format!("model `{}`: its profile", m.meta.name))?;
+            }
         }
         Ok(w)
     }

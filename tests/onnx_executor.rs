@@ -7,7 +7,8 @@
 //! it they fail with the setup hint; they do not skip.
 
 use fermata::node::exec::{executor_factory, Executor};
-use fermata::node::onnx::{OnnxExecutor, OnnxModel, OnnxOptions};
+use fermata::node::onnx::{OnnxExecutor, OnnxModel, OnnxOptions, Sharing};
+use fermata::repo::BucketPolicy;
 use fermata::repo::{load_meta, DType, ModelMeta};
 use fermata::wire::{ModelInfo, WireProfile};
 use rand::SeedableRng;
@@ -168,6 +169,67 @@ fn batching_does_not_change_a_request_output() {
         let short = &refs[0][..refs[0].len() - 1];
         let e = format!("{:#}", model.run(&[refs[0], short]).unwrap_err());
         assert!(e.contains("request 1") && e.contains("input bytes"), "{e}");
+    }
+}
+
+/// Shape-stable execution on the CPU: each batch runs padded to its bucket in a
+/// session of that shape (the padding rows hold earlier requests' bytes), and
+/// every request still gets exactly the output it gets alone at its exact size.
+#[test]
+fn padded_buckets_give_each_request_its_own_output() {
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(11);
+    for name in MODELS {
+        let m = meta(name);
+        let file = models_dir().join(format!("{name}.onnx"));
+        let mut exact = open(name);
+        assert!(
+            exact.buckets().is_empty(),
+            "the CPU default is exact shapes"
+        );
+        for sharing in [Sharing::All, Sharing::None] {
+            let mut opts = OnnxOptions::cpu(&models_dir()).unwrap();
+            opts.buckets = BucketPolicy::List(vec![4, 16]);
+            opts.sharing = sharing;
+            let mut model = OnnxModel::open(&file, &m, &opts).unwrap_or_else(|e| panic!("{e:#}"));
+            // max_batch is added as the last bucket.
+            assert_eq!(model.buckets(), &[4, 16, m.max_batch]);
+            for (n, shape) in [(1, 4), (4, 4), (5, 16), (16, 16), (17, 64), (64, 64)] {
+                assert_eq!(model.shape_for(n), shape, "{name}: batch {n}");
+            }
+            if sharing == Sharing::None {
+                assert_eq!(model.shared_weight_bytes(), 0);
+            } else if name != "ranker" {
+                // ranker's weights are all under the 1 KiB sharing floor.
+                assert!(
+                    model.shared_weight_bytes() > 1024,
+                    "{name}: weights not shared"
+                );
+            }
+            let reqs: Vec<Vec<u8>> = (0..40).map(|_| m.sample_input(&mut rng)).collect();
+            let refs: Vec<&[u8]> = reqs.iter().map(|v| v.as_slice()).collect();
+            let alone: Vec<Vec<u8>> = refs
+                .iter()
+                .map(|r| exact.run(&[r]).unwrap().remove(0))
+                .collect();
+            for b in [1usize, 3, 5, 13, 17, 40] {
+                let mut k = 0;
+                for chunk in refs.chunks(b) {
+                    let outs = model.run(chunk).unwrap();
+                    assert_eq!(outs.len(), chunk.len(), "{name}: batch of {}", chunk.len());
+                    for o in outs {
+                        assert_eq!(o.len(), m.output_bytes());
+                        let (g, w) = (f32s(&o), f32s(&alone[k]));
+                        for (i, (&g, &w)) in g.iter().zip(&w).enumerate() {
+                            assert!(
+                                close(g, w, 1e-5),
+                                "{name} ({sharing:?}): request {k} in a padded batch of {b}: [{i}] {g} vs {w} alone"
+                            );
+                        }
+                        k += 1;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -35,6 +35,7 @@ fn repo_without_profile(tag: &str) -> PathBuf {
         slo_ms: 20.0,
         max_batch: 8,
         description: String::new(),
+        batch_buckets: None,
     };
     std::fs::write(dir.join("tiny.onnx"), b"placeholder").unwrap();
     std::fs::write(dir.join("tiny.json"), serde_json::to_string(&meta).unwrap()).unwrap();

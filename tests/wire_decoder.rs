@@ -263,8 +263,13 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         any::<u32>()
             .prop_map(|model| Msg::UnloadModel { model })
             .boxed(),
-        (any::<u32>(), any::<bool>(), arb_str())
-            .prop_map(|(model, ok, error)| Msg::ModelLoaded { model, ok, error })
+        (any::<u32>(), any::<bool>(), arb_str(), any::<u64>())
+            .prop_map(|(model, ok, error, device_bytes)| Msg::ModelLoaded {
+                model,
+                ok,
+                error,
+                device_bytes,
+            })
             .boxed(),
         (any::<u32>(), arb_str(), arb_region())
             .prop_map(|(node, ctrl_addr, region)| Msg::FrontendUp {
@@ -763,6 +768,7 @@ fn strings_over_max_str() {
                 model: 0,
                 ok: false,
                 error: long(),
+                device_bytes: 0,
             },
             "ModelLoaded.error",
         ),

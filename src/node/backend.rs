@@ -54,6 +54,9 @@ pub struct BackendOpts {
     pub gpus: u32,
     pub gpu_name: String,
     pub gpu_mem_bytes: u64,
+    /// Each GPU's name and memory where they differ (CUDA devices); empty: every
+    /// GPU is `gpu_name` with `gpu_mem_bytes`.
+    pub gpu_descs: Vec<(String, u64)>,
     pub executor: ExecutorFactory,
     /// The scheduler is considered lost after this long without a pong.
     pub scheduler_timeout: Duration,
@@ -68,6 +71,7 @@ impl BackendOpts {
             gpus,
             gpu_name: "emulated".into(),
             gpu_mem_bytes: 80 << 30,
+            gpu_descs: Vec::new(),
             executor: Box::new(|_| Ok(Box::new(super::exec::EmulatedGpu::new()))),
             scheduler_timeout: Duration::from_millis(2000),
         }
@@ -83,17 +87,45 @@ impl BackendOpts {
         kind: &str,
         models_dir: &std::path::Path,
     ) -> anyhow::Result<BackendOpts> {
+        Self::with_executor_on(scheduler, gpus, kind, models_dir, None)
+    }
+
+    /// [`Self::with_executor`] with, for `cuda`, the CUDA device of each GPU
+    /// (`--cuda-devices`; default: GPU g on device g). Each GPU's name and memory
+    /// are read from its device for the scheduler's inventory.
+    pub fn with_executor_on(
+        scheduler: &str,
+        gpus: u32,
+        kind: &str,
+        models_dir: &std::path::Path,
+        cuda_devices: Option<Vec<u32>>,
+    ) -> anyhow::Result<BackendOpts> {
         let mut o = BackendOpts::emulated(scheduler, gpus);
-        o.executor = super::exec::executor_factory(kind, models_dir)?;
+        if let Some(v) = &cuda_devices {
+            if v.len() != gpus as usize {
+                anyhow::bail!(
+                    "--cuda-devices lists {} devices but the backend has --gpus {gpus}",
+                    v.len()
+                );
+            }
+        }
+        #[cfg(feature = "cuda")]
+        let devices: Vec<u32> = cuda_devices.clone().unwrap_or_else(|| (0..gpus).collect());
+        o.executor = super::exec::executor_factory_on(kind, models_dir, cuda_devices)?;
         o.gpu_name = match kind {
             "onnx" => "onnxruntime-cpu".into(),
             other => other.to_string(),
         };
         #[cfg(feature = "cuda")]
         if kind == "cuda" {
-            let (name, mem) = super::onnx::cuda::describe(0)?;
-            o.gpu_name = name;
-            o.gpu_mem_bytes = mem;
+            o.gpu_descs = devices
+                .iter()
+                .map(|&d| super::onnx::cuda::describe(d))
+                .collect::<anyhow::Result<_>>()?;
+            if let Some((name, mem)) = o.gpu_descs.first() {
+                o.gpu_name = name.clone();
+                o.gpu_mem_bytes = *mem;
+            }
         }
         Ok(o)
     }
@@ -172,7 +204,7 @@ struct Shared {
 }
 
 enum WorkerMsg {
-    Load(ModelInfo, Sender<(u32, Result<(), String>)>),
+    Load(ModelInfo, Sender<(u32, Result<Option<u64>, String>)>),
     Unload(u32),
     Run(PlanMsg, Vec<Option<Input>>),
 }
@@ -286,10 +318,17 @@ impl BackendNode {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready) = unbounded();
         let gpus: Vec<GpuInfo> = (0..opts.gpus)
-            .map(|g| GpuInfo {
-                local: g,
-                name: opts.gpu_name.clone(),
-                mem_bytes: opts.gpu_mem_bytes,
+            .map(|g| {
+                let (name, mem_bytes) = opts
+                    .gpu_descs
+                    .get(g as usize)
+                    .cloned()
+                    .unwrap_or_else(|| (opts.gpu_name.clone(), opts.gpu_mem_bytes));
+                GpuInfo {
+                    local: g,
+                    name,
+                    mem_bytes,
+                }
             })
             .collect();
         let mut lp = NetLoop {
@@ -302,6 +341,7 @@ impl BackendNode {
             est: OffsetEstimator::new(),
             rtt: Recent::new(256),
             loading: HashMap::new(),
+            loaded_bytes: HashMap::new(),
             ready_tx: Some(ready_tx),
             fe_conns: HashMap::new(),
             opts_timeout: opts.scheduler_timeout,
@@ -441,6 +481,8 @@ struct NetLoop {
     rtt: Recent,
     /// Model -> GPUs still loading it.
     loading: HashMap<u32, u32>,
+    /// Model -> the largest device footprint a GPU reported for it so far.
+    loaded_bytes: HashMap<u32, u64>,
     ready_tx: Option<Sender<Result<Vec<u32>, String>>>,
     fe_conns: HashMap<ConnId, NodeId>,
     opts_timeout: Duration,
@@ -544,7 +586,7 @@ impl NetLoop {
         name: String,
         gpus: Vec<GpuInfo>,
     ) -> Result<()> {
-        let (ltx, lrx) = unbounded::<(u32, Result<(), String>)>();
+        let (ltx, lrx) = unbounded::<(u32, Result<Option<u64>, String>)>();
         // Clock sync first: a few quick probes, then register.
         let mut seq = 0u64;
         let sched_id = self.shared.sched.id();
@@ -643,25 +685,36 @@ impl NetLoop {
             });
     }
 
-    fn loaded(&mut self, model: u32, res: Result<(), String>) {
+    fn loaded(&mut self, model: u32, res: Result<Option<u64>, String>) {
         match res {
             Err(e) => {
                 self.loading.remove(&model);
+                self.loaded_bytes.remove(&model);
                 let _ = self.shared.sched.send(Msg::ModelLoaded {
                     model,
                     ok: false,
                     error: e,
+                    device_bytes: 0,
                 });
             }
-            Ok(()) => {
+            Ok(bytes) => {
+                if let Some(b) = bytes {
+                    let m = self.loaded_bytes.entry(model).or_insert(0);
+                    *m = (*m).max(b);
+                }
                 if let Some(n) = self.loading.get_mut(&model) {
                     *n -= 1;
                     if *n == 0 {
                         self.loading.remove(&model);
+                        let device_bytes = self.loaded_bytes.remove(&model).unwrap_or(0);
+                        if device_bytes > 0 {
+                            tracing::info!(model, device_bytes, "backend: model loaded");
+                        }
                         let _ = self.shared.sched.send(Msg::ModelLoaded {
                             model,
                             ok: true,
                             error: String::new(),
+                            device_bytes,
                         });
                     }
                 }
@@ -673,7 +726,7 @@ impl NetLoop {
         &mut self,
         ev: Event,
         sched_id: ConnId,
-        ltx: &Sender<(u32, Result<(), String>)>,
+        ltx: &Sender<(u32, Result<Option<u64>, String>)>,
     ) -> Result<()> {
         match ev {
             Event::Accepted(c) => c.close("backends accept no connections"),
@@ -940,7 +993,10 @@ fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>)
         for m in first.into_iter().chain(rx.try_iter()) {
             match m {
                 WorkerMsg::Load(model, ack) => {
-                    let r = exec.load(&model).map_err(|e| format!("{e:#}"));
+                    let r = exec
+                        .load(&model)
+                        .map(|()| exec.device_bytes(model.id))
+                        .map_err(|e| format!("{e:#}"));
                     let _ = ack.send((model.id, r));
                 }
                 WorkerMsg::Unload(model) => exec.unload(model),

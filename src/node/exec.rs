@@ -17,6 +17,14 @@ pub trait Executor: Send {
     /// Loads `model` (called before any batch of it).
     fn load(&mut self, model: &ModelInfo) -> anyhow::Result<()>;
     fn unload(&mut self, model: u32);
+    /// Device memory a loaded model takes on this GPU, when the executor knows it.
+    fn device_bytes(&self, _model: u32) -> Option<u64> {
+        None
+    }
+    /// The batch-size buckets a loaded model runs in (empty: exact sizes).
+    fn buckets(&self, _model: u32) -> Vec<u32> {
+        Vec::new()
+    }
     /// Runs one batch; one output per input, in order.
     fn run(&mut self, model: u32, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>>;
 }
@@ -42,8 +50,40 @@ pub fn executor_factory(
     kind: &str,
     models_dir: &std::path::Path,
 ) -> anyhow::Result<ExecutorFactory> {
+    executor_factory_on(kind, models_dir, None)
+}
+
+/// Parses `--cuda-devices`: `0,2` (CUDA device ids, distinct).
+pub fn parse_cuda_devices(s: &str) -> anyhow::Result<Vec<u32>> {
+    let v: Vec<u32> = s
+        .split(',')
+        .map(|t| {
+            t.trim().parse::<u32>().map_err(|_| {
+                anyhow::anyhow!("--cuda-devices: {t:?} is not a CUDA device id (e.g. 0,2)")
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut sorted = v.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != v.len() {
+        anyhow::bail!("--cuda-devices: a device is listed twice in {s:?}");
+    }
+    Ok(v)
+}
+
+/// [`executor_factory`] with, for `cuda`, the CUDA device of each backend GPU:
+/// backend GPU g runs on `cuda_devices[g]` (default: device g).
+pub fn executor_factory_on(
+    kind: &str,
+    models_dir: &std::path::Path,
+    cuda_devices: Option<Vec<u32>>,
+) -> anyhow::Result<ExecutorFactory> {
     use super::onnx::{OnnxExecutor, OnnxOptions};
     let dir = models_dir.to_path_buf();
+    if cuda_devices.is_some() && kind != "cuda" {
+        anyhow::bail!("--cuda-devices goes with --executor cuda, not {kind}");
+    }
     match kind {
         "emulated" => Ok(Box::new(|_| Ok(Box::new(EmulatedGpu::new())))),
         "onnx" => {
@@ -55,18 +95,37 @@ pub fn executor_factory(
         }
         #[cfg(feature = "cuda")]
         "cuda" => {
-            super::onnx::cuda::device_count()?;
-            super::onnx::ort_environment()?;
+            let n = super::onnx::cuda::prepare()?;
+            if let Some(d) = cuda_devices
+                .as_ref()
+                .and_then(|v| v.iter().find(|&&d| d >= n))
+            {
+                anyhow::bail!(
+                    "--cuda-devices: CUDA device {d} does not exist (this machine has {n}: 0..{n})"
+                );
+            }
             Ok(Box::new(move |gpu| {
-                let opts = super::onnx::cuda::options(&dir, gpu)?;
+                let dev = match &cuda_devices {
+                    None => gpu,
+                    Some(v) => *v.get(gpu as usize).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "backend GPU {gpu} has no CUDA device: --cuda-devices lists {}",
+                            v.len()
+                        )
+                    })?,
+                };
+                let opts = super::onnx::cuda::options(&dir, dev)?;
                 Ok(Box::new(OnnxExecutor::new(opts)?) as Box<dyn Executor>)
             }))
         }
         #[cfg(not(feature = "cuda"))]
-        "cuda" => anyhow::bail!(
-            "this fermata was built without the `cuda` feature; rebuild with \
-             `cargo build --release --features cuda`, or use --executor onnx"
-        ),
+        "cuda" => {
+            let _ = cuda_devices;
+            anyhow::bail!(
+                "this fermata was built without the `cuda` feature; rebuild with \
+                 `cargo build --release --features cuda`, or use --executor onnx"
+            )
+        }
         other => anyhow::bail!(
             "unknown executor {other:?}; choose one of: {}",
             EXECUTOR_KINDS.join(", ")

@@ -117,6 +117,7 @@ impl HttpModel {
                 slo_ms: info.slo_ns as f64 / 1e6,
                 max_batch: profile_of(&info.profile).map_or(1, |p| p.max_batch()),
                 description: "emulated (profile only)".into(),
+                batch_buckets: None,
             }),
         };
         HttpModel {

@@ -26,9 +26,25 @@
 //! allocated by ONNX Runtime; each request's slice of each output is copied once
 //! into that request's output bytes (the executor interface returns one `Vec<u8>`
 //! per request).
+//!
+//! # Shape-stable execution
+//! ONNX Runtime's CUDA kernels keep their tuned state (cuDNN's convolution
+//! algorithms above all) for the last input shape only, so a session whose batch
+//! size changes from run to run is one to two orders of magnitude slower than one
+//! that always sees the same shape. A model is therefore run in *buckets* of batch
+//! sizes ([`crate::repo::BucketPolicy`]): one session per bucket, its batch
+//! dimension fixed to the bucket's size (`AddFreeDimensionOverrideByName`), and a
+//! batch of b runs in the smallest bucket >= b, padded. The padding rows of the
+//! input buffer hold whatever the buffer held (zeros, or earlier requests of this
+//! model); their outputs are dropped, and each request gets exactly its own row.
+//! The sessions of one model share its weights ([`proto`]: the file's
+//! floating-point initializers are read once and handed to every session with
+//! `AddInitializer`, in device memory on a GPU) and, on a GPU, one memory arena
+//! registered with the environment, so N buckets cost about one session's memory
+//! ([`Sharing`]).
 
 use super::exec::Executor;
-use crate::repo::{DType, ModelMeta};
+use crate::repo::{BucketPolicy, DType, ModelMeta};
 use crate::wire::ModelInfo;
 use anyhow::{anyhow, bail, Context, Result};
 use ort::environment::Environment;
@@ -45,6 +61,8 @@ use std::sync::OnceLock;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod gpulibs;
+pub mod proto;
 
 /// What to do when ONNX Runtime cannot be found or loaded.
 pub const ORT_SETUP_HINT: &str = "run scripts/setup.sh (it installs the onnxruntime wheel into \
@@ -56,6 +74,64 @@ const DEPS_CAPI: &str = ".deps/py/onnxruntime/capi";
 /// Environment variable: intra-op threads of each ONNX Runtime session (default 1:
 /// every "GPU" of a backend already has its own worker thread).
 pub const THREADS_ENV: &str = "FERMATA_ORT_THREADS";
+
+/// Environment variable: the bucket policy of every model (`auto`, `exact`,
+/// `pow2` or a list `1,4,16,64`; default `auto`: the model's `batch_buckets`, else
+/// the device's default).
+pub const BUCKETS_ENV: &str = "FERMATA_BUCKETS";
+
+/// Environment variable: what the sessions of one model share ([`Sharing`]:
+/// `none`, `weights` or `all`, the default).
+pub const SHARING_ENV: &str = "FERMATA_ORT_SHARING";
+
+/// What the bucket sessions of one model share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Nothing: each session loads its own weights and has its own arena.
+    None,
+    /// One copy of the weights (and, on the CPU, of their prepacked forms).
+    Weights,
+    /// The weights, and on a GPU one memory arena for all sessions on it (they
+    /// run one at a time on that GPU's worker, so one arena holds any run).
+    All,
+}
+
+impl Sharing {
+    pub fn parse(s: &str) -> Result<Sharing> {
+        match s.trim() {
+            "none" => Ok(Sharing::None),
+            "weights" => Ok(Sharing::Weights),
+            "all" => Ok(Sharing::All),
+            other => bail!("sharing must be none, weights or all, got {other:?}"),
+        }
+    }
+}
+
+/// `FERMATA_ORT_SHARING`, or all.
+pub fn sharing_from_env() -> Result<Sharing> {
+    match std::env::var(SHARING_ENV) {
+        Err(_) => Ok(Sharing::All),
+        Ok(s) => Sharing::parse(&s).with_context(|| SHARING_ENV.to_string()),
+    }
+}
+
+/// `FERMATA_BUCKETS`, or auto.
+pub fn buckets_from_env() -> Result<BucketPolicy> {
+    match std::env::var(BUCKETS_ENV) {
+        Err(_) => Ok(BucketPolicy::Auto),
+        Ok(s) => BucketPolicy::parse(&s).with_context(|| BUCKETS_ENV.to_string()),
+    }
+}
+
+/// Set by the `cuda` executor before ONNX Runtime is first loaded: prefer the
+/// onnxruntime-gpu library in `.deps/gpu`.
+static PREFER_GPU_ORT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks [`find_ort_dylib`] to prefer the onnxruntime-gpu build in `.deps/gpu`
+/// (only effective before ONNX Runtime is first loaded).
+pub fn prefer_gpu_ort() {
+    PREFER_GPU_ORT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// The `libonnxruntime.so*` in `dir`, if any: the unversioned name if present,
 /// else the highest version.
@@ -94,14 +170,12 @@ pub fn find_ort_dylib() -> Result<PathBuf> {
         }
         return Ok(p);
     }
-    let mut bases: Vec<PathBuf> = Vec::new();
-    if let Ok(cwd) = std::env::current_dir() {
-        bases.push(cwd);
+    if PREFER_GPU_ORT.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Some(p) = gpulibs::gpu_ort_dylib() {
+            return Ok(p);
+        }
     }
-    if let Ok(exe) = std::env::current_exe() {
-        bases.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
-    }
-    bases.dedup();
+    let bases = gpulibs::search_bases();
     for b in &bases {
         if let Some(p) = dylib_in(&b.join(DEPS_CAPI)) {
             return Ok(p);
@@ -174,15 +248,26 @@ pub struct OnnxOptions {
     /// Intra-op threads per session (the CPU provider's parallelism).
     pub intra_threads: usize,
     pub device: Device,
+    /// Which batch sizes get their own session.
+    pub buckets: BucketPolicy,
+    /// What a model's sessions share.
+    pub sharing: Sharing,
+    /// Run every bucket once at load (on a GPU: algorithm selection and arena
+    /// growth happen then, not in the first batches served).
+    pub warm_up: bool,
 }
 
 impl OnnxOptions {
-    /// CPU sessions; intra-op threads from `FERMATA_ORT_THREADS` (default 1).
+    /// CPU sessions; intra-op threads from `FERMATA_ORT_THREADS` (default 1),
+    /// buckets from `FERMATA_BUCKETS` and sharing from `FERMATA_ORT_SHARING`.
     pub fn cpu(models_dir: &Path) -> Result<OnnxOptions> {
         Ok(OnnxOptions {
             models_dir: models_dir.to_path_buf(),
             intra_threads: threads_from_env()?,
             device: Device::Cpu,
+            buckets: buckets_from_env()?,
+            sharing: sharing_from_env()?,
+            warm_up: false,
         })
     }
 }
@@ -239,7 +324,7 @@ struct InputPlan {
     sample_bytes: usize,
     sample_shape: Vec<i64>,
     /// `views[b]`: the ONNX Runtime tensor `[b, sample_shape...]` over the first b
-    /// samples of `buf`, made at the first batch of b and reused, so a run only
+    /// samples of `buf`, made at the first run of shape b and reused, so a run only
     /// gathers bytes. Declared before `buf`: dropped before the memory it views
     /// (which never moves: it is allocated once, at load).
     views: Vec<Option<View>>,
@@ -254,27 +339,203 @@ struct OutputPlan {
     sample_shape: Vec<i64>,
 }
 
-/// One model opened in an ONNX Runtime session, ready to run batches.
+/// The memory behind a model's shared initializers.
+enum WeightMem {
+    Host(#[allow(dead_code)] Vec<Vec<u64>>),
+    #[cfg(feature = "cuda")]
+    Device(#[allow(dead_code)] Vec<cudarc::driver::CudaSlice<u8>>),
+}
+
+/// One copy of a model's floating-point weights, handed to each of its sessions
+/// (see the module docs). The values only describe `_mem`, which outlives them.
+struct SharedWeights {
+    values: Vec<(String, std::sync::Arc<ort::value::DynValue>)>,
+    bytes: usize,
+    _mem: WeightMem,
+}
+
+/// The ONNX element type of an ONNX `TensorProto.DataType` code (the shared ones).
+fn onnx_code_type(code: i32) -> Option<ort::sys::ONNXTensorElementDataType> {
+    use ort::sys::ONNXTensorElementDataType as T;
+    Some(match code {
+        proto::FLOAT => T::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+        proto::FLOAT16 => T::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+        proto::DOUBLE => T::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
+        proto::BFLOAT16 => T::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
+        _ => return None,
+    })
+}
+
+/// An ONNX Runtime tensor over memory it does not own (`ptr`, `bytes`), as an
+/// owned value (what `AddInitializer` takes: "the buffer must be owned by the
+/// user").
+///
+/// # Safety
+/// `ptr` must hold `bytes` bytes described by `mem` and outlive the value.
+unsafe fn foreign_tensor(
+    mem: &MemoryInfo<'static>,
+    ptr: *mut std::ffi::c_void,
+    bytes: usize,
+    dims: &[i64],
+    ty: ort::sys::ONNXTensorElementDataType,
+) -> Result<ort::value::DynValue> {
+    use ort::AsPointer;
+    let api = ort::api();
+    let mut out: *mut ort::sys::OrtValue = std::ptr::null_mut();
+    // SAFETY: as the caller promises; `out` receives a new value.
+    let st = unsafe {
+        (api.CreateTensorWithDataAsOrtValue)(
+            mem.ptr(),
+            ptr,
+            bytes,
+            dims.as_ptr(),
+            dims.len(),
+            ty,
+            &mut out,
+        )
+    };
+    status(st).context("creating a shared initializer")?;
+    let nn =
+        std::ptr::NonNull::new(out).ok_or_else(|| anyhow!("ONNX Runtime returned no value"))?;
+    // SAFETY: a tensor value we own; the allocator is only kept for its lifetime
+    // (ONNX Runtime does not free user-owned data).
+    Ok(unsafe { ort::value::DynValue::from_ptr(nn, Some(&ort::memory::Allocator::default())) })
+}
+
+/// An `OrtStatus` as a Result (and released).
+pub(crate) fn status(st: ort::sys::OrtStatusPtr) -> Result<()> {
+    if st.0.is_null() {
+        return Ok(());
+    }
+    let api = ort::api();
+    // SAFETY: a non-null status from the API, released once here.
+    let msg = unsafe {
+        let m = (api.GetErrorMessage)(st.0);
+        let s = if m.is_null() {
+            "unknown error".to_string()
+        } else {
+            std::ffi::CStr::from_ptr(m).to_string_lossy().into_owned()
+        };
+        (api.ReleaseStatus)(st.0);
+        s
+    };
+    bail!("{msg}")
+}
+
+impl SharedWeights {
+    /// Reads `file`'s shareable initializers and places one copy of each where the
+    /// sessions run (host memory, or device memory of the CUDA device).
+    fn load(
+        file: &Path,
+        opts: &OnnxOptions,
+        #[allow(unused)] stream: Option<&cuda_stream::Stream>,
+    ) -> Result<SharedWeights> {
+        let inits = proto::shareable_initializers(file)?;
+        let mut values = Vec::with_capacity(inits.len());
+        let mut bytes = 0;
+        match opts.device {
+            Device::Cpu => {
+                let mem = MemoryInfo::default();
+                let mut bufs: Vec<Vec<u64>> = Vec::with_capacity(inits.len());
+                for i in &inits {
+                    let ty = onnx_code_type(i.data_type).expect("shareable types only");
+                    let mut b = vec![0u64; i.bytes.len().div_ceil(8)];
+                    // SAFETY: `b` has at least i.bytes.len() bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            i.bytes.as_ptr(),
+                            b.as_mut_ptr().cast::<u8>(),
+                            i.bytes.len(),
+                        )
+                    };
+                    // SAFETY: the Vec's heap memory never moves and lives in `_mem`,
+                    // which outlives the values (and the sessions hold them).
+                    let v = unsafe {
+                        foreign_tensor(&mem, b.as_mut_ptr().cast(), i.bytes.len(), &i.dims, ty)
+                    }
+                    .with_context(|| format!("initializer `{}`", i.name))?;
+                    bytes += i.bytes.len();
+                    values.push((i.name.clone(), std::sync::Arc::new(v)));
+                    bufs.push(b);
+                }
+                Ok(SharedWeights {
+                    values,
+                    bytes,
+                    _mem: WeightMem::Host(bufs),
+                })
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) => {
+                let stream = stream.expect("a CUDA stream for device weights");
+                let mem = cuda::device_memory_info(dev)?;
+                let mut bufs = Vec::with_capacity(inits.len());
+                for i in &inits {
+                    let ty = onnx_code_type(i.data_type).expect("shareable types only");
+                    let (slice, ptr) = cuda::upload(stream, &i.bytes)
+                        .with_context(|| format!("initializer `{}`", i.name))?;
+                    // SAFETY: `slice` holds i.bytes.len() bytes on device `dev` and
+                    // lives in `_mem`, which outlives the values and the sessions.
+                    let v = unsafe { foreign_tensor(&mem, ptr, i.bytes.len(), &i.dims, ty) }
+                        .with_context(|| format!("initializer `{}`", i.name))?;
+                    bytes += i.bytes.len();
+                    values.push((i.name.clone(), std::sync::Arc::new(v)));
+                    bufs.push(slice);
+                }
+                Ok(SharedWeights {
+                    values,
+                    bytes,
+                    _mem: WeightMem::Device(bufs),
+                })
+            }
+        }
+    }
+}
+
+/// The CUDA stream type the weights are uploaded on (a placeholder without the
+/// `cuda` feature).
+mod cuda_stream {
+    #[cfg(feature = "cuda")]
+    pub type Stream = std::sync::Arc<cudarc::driver::CudaStream>;
+    #[cfg(not(feature = "cuda"))]
+    pub enum Stream {}
+}
+
+/// One model opened in ONNX Runtime sessions, ready to run batches.
 pub struct OnnxModel {
     pub meta: ModelMeta,
-    session: Session,
+    /// The bucket sizes, one session each (`sessions[i]` runs shape
+    /// `buckets[i]`); empty: one session run at each batch's exact size.
+    buckets: Vec<u32>,
+    sessions: Vec<Session>,
     inputs: Vec<InputPlan>,
     outputs: Vec<OutputPlan>,
     mem: MemoryInfo<'static>,
-    /// CUDA events around each batch on the provider's stream (after `session`,
-    /// which uses the stream, so it is dropped after it).
+    /// The weights the sessions share (after `sessions`: dropped after them).
+    shared: Option<SharedWeights>,
+    /// Device memory the model took at load (sessions, weights, warmed arena), when
+    /// measured (on a GPU).
+    device_bytes: Option<u64>,
+    /// CUDA events around each batch on the provider's stream (after `sessions`,
+    /// which use the stream, so it is dropped after them).
     #[cfg(feature = "cuda")]
     timer: Option<cuda::BatchTimer>,
 }
 
-fn dims_match(session: &[i64], meta: &[i64]) -> bool {
-    // The session's dims: -1 where dynamic (any size is fine, the batch must be).
+/// Whether a session's input dims fit the metadata's: the same rank, the batch
+/// dynamic (-1) or fixed to `batch` (a bucket's session), the rest equal where the
+/// session knows them.
+fn dims_match_batch(session: &[i64], meta: &[i64], batch: Option<u32>) -> bool {
     session.len() == meta.len()
-        && session[0] == -1
+        && (session[0] == -1 || Some(session[0]) == batch.map(i64::from))
         && session[1..]
             .iter()
             .zip(&meta[1..])
             .all(|(&s, &m)| s == -1 || s == m)
+}
+
+#[cfg(test)]
+fn dims_match(session: &[i64], meta: &[i64]) -> bool {
+    dims_match_batch(session, meta, None)
 }
 
 fn tensor_of(vt: &ValueType) -> Option<(TensorElementType, Vec<i64>)> {
@@ -284,10 +545,28 @@ fn tensor_of(vt: &ValueType) -> Option<(TensorElementType, Vec<i64>)> {
     }
 }
 
+/// The symbolic names of the inputs' first (batch) dimension, deduplicated.
+fn batch_symbols(session: &Session) -> Vec<String> {
+    let mut v: Vec<String> = session
+        .inputs()
+        .iter()
+        .filter_map(|o| match o.dtype() {
+            ValueType::Tensor {
+                dimension_symbols, ..
+            } => dimension_symbols.first().cloned().filter(|s| !s.is_empty()),
+            _ => None,
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
 impl OnnxModel {
-    /// Opens `file` with its metadata `meta` and checks that the session's inputs
-    /// and outputs are exactly the metadata's (names, element types, shapes with a
-    /// dynamic batch dimension); an error names the tensor that differs.
+    /// Opens `file` with its metadata `meta`: one session (exact shapes) or one per
+    /// bucket, and checks that the sessions' inputs and outputs are exactly the
+    /// metadata's (names, element types, shapes with a batch dimension); an error
+    /// names the tensor that differs.
     pub fn open(file: &Path, meta: &ModelMeta, opts: &OnnxOptions) -> Result<OnnxModel> {
         meta.validate()
             .with_context(|| format!("model `{}`: bad metadata", meta.name))?;
@@ -298,50 +577,158 @@ impl OnnxModel {
                 file.display()
             );
         }
+        let gpu = opts.device != Device::Cpu;
+        let buckets = opts
+            .buckets
+            .buckets(meta, gpu)
+            .with_context(|| format!("model `{}`: buckets", meta.name))?
+            .unwrap_or_default();
         let env = ort_environment()?;
-        let e = |what: &str| {
-            let what = what.to_string();
-            move |err: ort::Error<ort::session::builder::SessionBuilder>| {
-                anyhow!("model `{}`: {what}: {err}", meta.name)
-            }
-        };
-        let b = Session::builder(&env)
-            .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?
-            .with_optimization_level(GraphOptimizationLevel::Level3)
-            .map_err(e("optimization level"))?
-            .with_intra_threads(opts.intra_threads)
-            .map_err(e("intra-op threads"))?
-            .with_inter_threads(1)
-            .map_err(e("inter-op threads"))?
-            .with_parallel_execution(false)
-            .map_err(e("sequential execution"))?;
         // The CUDA timer's stream becomes the provider's compute stream, so its
-        // events bracket the batch's work; it must outlive the session (it is
-        // declared after it in `OnnxModel`).
+        // events bracket the batch's work; it must outlive the sessions (it is
+        // declared after them in `OnnxModel`).
         #[cfg(feature = "cuda")]
         let timer = match opts.device {
-            Device::Cuda(gpu) => Some(cuda::BatchTimer::new(gpu)?),
+            Device::Cuda(dev) => Some(cuda::BatchTimer::new(dev)?),
             Device::Cpu => None,
         };
-        let (mut b, mem) = match opts.device {
-            Device::Cpu => (b, MemoryInfo::default()),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(gpu) => {
-                let t = timer.as_ref().expect("a timer for CUDA");
-                let b = cuda::with_cuda_provider(b, gpu, t)
-                    .with_context(|| format!("model `{}`", meta.name))?;
-                (b, cuda::pinned_memory_info()?)
-            }
+        #[cfg(feature = "cuda")]
+        let free_before = match opts.device {
+            Device::Cuda(dev) => Some(cuda::free_memory(dev)?),
+            Device::Cpu => None,
         };
-        let session = b.commit_from_file(file).map_err(|err| {
-            anyhow!(
-                "model `{}`: cannot open {}: {err}",
-                meta.name,
-                file.display()
+        #[cfg(not(feature = "cuda"))]
+        let free_before: Option<u64> = None;
+        #[cfg(feature = "cuda")]
+        let stream = timer.as_ref().map(|t| t.stream());
+        #[cfg(not(feature = "cuda"))]
+        let stream: Option<cuda_stream::Stream> = None;
+
+        let mut shared = if opts.sharing != Sharing::None && buckets.len() > 1 {
+            Some(
+                SharedWeights::load(file, opts, stream.as_ref())
+                    .with_context(|| format!("model `{}`: shared weights", meta.name))?,
             )
-        })?;
+        } else {
+            None
+        };
+        #[allow(unused_mut)]
+        let mut env_arena = false;
+        #[cfg(feature = "cuda")]
+        if let (Device::Cuda(dev), Sharing::All, true) =
+            (opts.device, opts.sharing, buckets.len() > 1)
+        {
+            env_arena = cuda::share_arena(&env, dev);
+        }
+        let prepacked = ort::session::builder::PrepackedWeights::new();
+        let make =
+            |fixed: Option<(&[String], u32)>, shared: Option<&SharedWeights>| -> Result<Session> {
+                let e = |what: &str| {
+                    let what = what.to_string();
+                    move |err: ort::Error<ort::session::builder::SessionBuilder>| {
+                        anyhow!("model `{}`: {what}: {err}", meta.name)
+                    }
+                };
+                let mut b = Session::builder(&env)
+                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?
+                    .with_optimization_level(GraphOptimizationLevel::Level3)
+                    .map_err(e("optimization level"))?
+                    .with_intra_threads(opts.intra_threads)
+                    .map_err(e("intra-op threads"))?
+                    .with_inter_threads(1)
+                    .map_err(e("inter-op threads"))?
+                    .with_parallel_execution(false)
+                    .map_err(e("sequential execution"))?;
+                if let Some((syms, size)) = fixed {
+                    for s in syms {
+                        b = b
+                            .with_dimension_override(s, size as i64)
+                            .map_err(e("batch dimension override"))?;
+                    }
+                }
+                if let Some(sw) = shared {
+                    for (name, v) in &sw.values {
+                        b = b
+                            .with_initializer(name, v.clone())
+                            .map_err(e(&format!("shared initializer `{name}`")))?;
+                    }
+                    if opts.device == Device::Cpu {
+                        b = b
+                            .with_prepacked_weights(&prepacked)
+                            .map_err(e("shared prepacked weights"))?;
+                    }
+                }
+                if env_arena {
+                    b = b.with_env_allocators().map_err(e("shared arena"))?;
+                }
+                #[cfg(feature = "cuda")]
+                if let Device::Cuda(dev) = opts.device {
+                    let t = timer.as_ref().expect("a timer for CUDA");
+                    b = cuda::with_cuda_provider(b, dev, t)
+                        .with_context(|| format!("model `{}`", meta.name))?;
+                }
+                b.commit_from_file(file).map_err(|err| {
+                    anyhow!(
+                        "model `{}`: cannot open {}: {err}",
+                        meta.name,
+                        file.display()
+                    )
+                })
+            };
+        let mut sessions = Vec::new();
+        if buckets.is_empty() {
+            sessions.push(make(None, None)?);
+        } else {
+            // The batch dimension's name comes from the file; a session per bucket
+            // then fixes it to the bucket's size.
+            let syms = {
+                let mut probe = Session::builder(&env)
+                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?
+                    .with_optimization_level(GraphOptimizationLevel::Disable)
+                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?
+                    .with_intra_threads(1)
+                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?;
+                // A CPU session with no optimizations only to read the input
+                // names' symbols; dropped at once.
+                let s = probe.commit_from_file(file).map_err(|err| {
+                    anyhow!(
+                        "model `{}`: cannot open {}: {err}",
+                        meta.name,
+                        file.display()
+                    )
+                })?;
+                batch_symbols(&s)
+            };
+            let build = |shared: Option<&SharedWeights>| -> Result<Vec<Session>> {
+                buckets
+                    .iter()
+                    .map(|&size| make(Some((&syms, size)), shared))
+                    .collect()
+            };
+            sessions = match build(shared.as_ref()) {
+                Ok(s) => s,
+                // A model whose weights ONNX Runtime will not take as shared
+                // initializers still runs, each session with its own copy.
+                Err(e) if shared.is_some() => {
+                    tracing::warn!(
+                        model = %meta.name,
+                        "cannot share weights between bucket sessions ({e:#}); each loads its own"
+                    );
+                    shared = None;
+                    build(None)?
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        let mem = match opts.device {
+            Device::Cpu => MemoryInfo::default(),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => cuda::pinned_memory_info()?,
+        };
 
         // Inputs: the same set of names, each with the metadata's type and shape.
+        let session = &sessions[0];
+        let first_bucket = buckets.first().copied();
         let mut offsets = HashMap::new();
         let mut off = 0;
         for t in &meta.inputs {
@@ -373,7 +760,7 @@ impl OnnxModel {
                     t.datatype.kserve_name()
                 );
             }
-            if !dims_match(&shape, &t.shape) {
+            if !dims_match_batch(&shape, &t.shape, first_bucket) {
                 bail!(
                     "model `{}`: input `{}` has shape {shape:?} in the ONNX file but {:?} in the \
                      metadata (the first dimension must be a dynamic batch)",
@@ -386,7 +773,7 @@ impl OnnxModel {
             let buf = match opts.device {
                 Device::Cpu => HostBuf::heap(max_bytes),
                 #[cfg(feature = "cuda")]
-                Device::Cuda(gpu) => cuda::pinned_buffer(gpu, max_bytes)?,
+                Device::Cuda(dev) => cuda::pinned_buffer(dev, max_bytes)?,
             };
             inputs.push(InputPlan {
                 name: t.name.clone(),
@@ -434,7 +821,7 @@ impl OnnxModel {
             }
             // An output's shape may be unknown to the file (-1s); a known rank or
             // dimension must agree. The real shape is checked on every run.
-            if !shape.is_empty() && !dims_match(&shape, &t.shape) {
+            if !shape.is_empty() && !dims_match_batch(&shape, &t.shape, first_bucket) {
                 bail!(
                     "model `{}`: output `{}` has shape {shape:?} in the ONNX file but {:?} in the metadata",
                     meta.name,
@@ -449,15 +836,70 @@ impl OnnxModel {
                 sample_shape: t.sample_shape().to_vec(),
             });
         }
-        Ok(OnnxModel {
+        let mut m = OnnxModel {
             meta: meta.clone(),
-            session,
+            buckets,
+            sessions,
             inputs,
             outputs,
             mem,
+            shared,
+            device_bytes: None,
             #[cfg(feature = "cuda")]
             timer,
-        })
+        };
+        if opts.warm_up {
+            m.warm_up()?;
+        }
+        #[cfg(feature = "cuda")]
+        if let (Device::Cuda(dev), Some(before)) = (opts.device, free_before) {
+            m.device_bytes = Some(before.saturating_sub(cuda::free_memory(dev)?));
+        }
+        let _ = free_before;
+        Ok(m)
+    }
+
+    /// Runs every bucket (or, with exact shapes, max_batch) once on zeros, the
+    /// largest first: an arena shared by the buckets then grows once, to the
+    /// largest run, and every smaller run fits in it (smallest first, it would grow
+    /// by each bucket's size in turn, in regions it cannot merge).
+    pub fn warm_up(&mut self) -> Result<()> {
+        let zero = vec![0u8; self.meta.input_bytes()];
+        let sizes: Vec<u32> = if self.buckets.is_empty() {
+            vec![self.meta.max_batch]
+        } else {
+            self.buckets.iter().rev().copied().collect()
+        };
+        for b in sizes {
+            let reqs: Vec<&[u8]> = (0..b).map(|_| zero.as_slice()).collect();
+            self.run(&reqs)
+                .with_context(|| format!("model `{}`: warm-up at batch {b}", self.meta.name))?;
+        }
+        Ok(())
+    }
+
+    /// The bucket sizes (empty: exact shapes).
+    pub fn buckets(&self) -> &[u32] {
+        &self.buckets
+    }
+
+    /// The shape a batch of `n` runs at: its bucket, or n itself.
+    pub fn shape_for(&self, n: usize) -> usize {
+        if self.buckets.is_empty() {
+            return n;
+        }
+        crate::repo::bucket_of(&self.buckets, n as u32).map_or(n, |b| b as usize)
+    }
+
+    /// Bytes of weights the sessions share (0 without sharing).
+    pub fn shared_weight_bytes(&self) -> usize {
+        self.shared.as_ref().map_or(0, |s| s.bytes)
+    }
+
+    /// Device memory the model took at load (all its sessions, warmed), measured
+    /// as the drop in the device's free memory; None on the CPU.
+    pub fn device_bytes(&self) -> Option<u64> {
+        self.device_bytes
     }
 
     /// With the CUDA provider: the last batch's time on the device (ms), measured
@@ -471,13 +913,14 @@ impl OnnxModel {
         None
     }
 
-    /// The session, for callers that run it directly (the overhead benchmark).
+    /// The (first) session, for callers that run it directly (the overhead
+    /// benchmark).
     pub fn session_mut(&mut self) -> &mut Session {
-        &mut self.session
+        &mut self.sessions[0]
     }
 
-    /// Runs one batch: each request's bytes gathered once into the input tensors,
-    /// one session run, each output split per request.
+    /// Runs one batch: each request's bytes gathered once into the input tensors
+    /// (padded to its bucket), one session run, each output split per request.
     pub fn run(&mut self, requests: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         let n = requests.len();
         let name = &self.meta.name;
@@ -498,7 +941,14 @@ impl OnnxModel {
                 r.len()
             );
         }
-        // Gather: the only copy of the inputs.
+        let (shape, si) = if self.buckets.is_empty() {
+            (n, 0)
+        } else {
+            let i = self.buckets.partition_point(|&b| (b as usize) < n);
+            (self.buckets[i] as usize, i)
+        };
+        // Gather: the only copy of the inputs. Rows n..shape (padding) keep what
+        // the buffer holds; their outputs are not used.
         for p in &mut self.inputs {
             let sb = p.sample_bytes;
             let dst = p.buf.as_mut_bytes()?;
@@ -507,30 +957,29 @@ impl OnnxModel {
             }
         }
         for p in &mut self.inputs {
-            if p.views[n].is_none() {
+            if p.views[shape].is_none() {
                 let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
-                dims.push(n as i64);
+                dims.push(shape as i64);
                 dims.extend_from_slice(&p.sample_shape);
                 let ptr = p.buf.as_mut_bytes()?.as_mut_ptr();
-                // SAFETY: `ptr` points to max_batch * sample_bytes >= n * sample_bytes
+                // SAFETY: `ptr` points to max_batch * sample_bytes >= shape * sample_bytes
                 // bytes, 8-byte aligned, that never move and outlive the view (see
                 // `InputPlan::views`); they are written only between runs.
                 let v = unsafe { tensor_view(&self.mem, p.dtype, ptr, Shape::new(dims)) }
                     .map_err(|e| anyhow!("model `{name}`: input `{}`: {e}", p.name))?;
-                p.views[n] = Some(v);
+                p.views[shape] = Some(v);
             }
         }
         let values: Vec<SessionInputValue<'_>> = self
             .inputs
             .iter()
-            .map(|p| SessionInputValue::from(&**p.views[n].as_ref().expect("made above")))
+            .map(|p| SessionInputValue::from(&**p.views[shape].as_ref().expect("made above")))
             .collect();
         #[cfg(feature = "cuda")]
         if let Some(t) = &mut self.timer {
             t.start()?;
         }
-        let outs = self
-            .session
+        let outs = self.sessions[si]
             .run(&values[..])
             .map_err(|e| anyhow!("model `{name}`: ONNX Runtime run failed: {e}"))?;
         #[cfg(feature = "cuda")]
@@ -547,7 +996,7 @@ impl OnnxModel {
                 .view()
                 .downcast::<DynTensorValueType>()
                 .map_err(|e| anyhow!("model `{name}`: output `{}`: {e}", o.name))?;
-            let expect = || std::iter::once(n as i64).chain(o.sample_shape.iter().copied());
+            let expect = || std::iter::once(shape as i64).chain(o.sample_shape.iter().copied());
             let good = match t.dtype() {
                 ValueType::Tensor { ty, shape, .. } => {
                     *ty == element_type(o.dtype) && shape.iter().copied().eq(expect())
@@ -567,8 +1016,8 @@ impl OnnxModel {
                 bail!("model `{name}`: output `{}` is not in host memory", o.name);
             }
             let sb = o.sample_bytes;
-            // SAFETY: a CPU-accessible tensor of n * sample elements of this type,
-            // alive while `outs` is.
+            // SAFETY: a CPU-accessible tensor of shape * sample elements of this
+            // type (n <= shape rows are read), alive while `outs` is.
             let bytes = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<u8>(), n * sb) };
             for (k, r) in res.iter_mut().enumerate() {
                 r.extend_from_slice(&bytes[k * sb..(k + 1) * sb]);
@@ -681,6 +1130,17 @@ impl Executor for OnnxExecutor {
         self.models.remove(&model);
     }
 
+    fn device_bytes(&self, model: u32) -> Option<u64> {
+        self.models.get(&model).and_then(|m| m.device_bytes())
+    }
+
+    fn buckets(&self, model: u32) -> Vec<u32> {
+        self.models
+            .get(&model)
+            .map(|m| m.buckets().to_vec())
+            .unwrap_or_default()
+    }
+
     fn run(&mut self, model: u32, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         let Some(m) = self.models.get_mut(&model) else {
             bail!("model {model} is not loaded on this GPU");
@@ -719,5 +1179,8 @@ mod tests {
         assert!(!dims_match(&[1, 64], &[-1, 64]));
         assert!(!dims_match(&[-1, 32], &[-1, 64]));
         assert!(!dims_match(&[-1, 64, 1], &[-1, 64]));
+        // A bucket's session has its batch fixed to the bucket's size.
+        assert!(dims_match_batch(&[8, 64], &[-1, 64], Some(8)));
+        assert!(!dims_match_batch(&[4, 64], &[-1, 64], Some(8)));
     }
 }

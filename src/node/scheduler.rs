@@ -175,6 +175,8 @@ struct SchedMetrics {
     batch: Vec<Arc<Histogram>>,
     drops: Vec<Arc<Counter>>,
     d_ctrl: Arc<Gauge>,
+    /// Device memory each model takes on a GPU, as its backends report it.
+    device_bytes: Vec<Arc<Gauge>>,
     d_data: Arc<Gauge>,
 }
 
@@ -232,6 +234,16 @@ impl SchedMetrics {
                         "fermata_scheduler_dropped_total",
                         "Tasks the scheduler dropped or failed, by reason.",
                         &[("reason", drop_code_label(c))],
+                    )
+                })
+                .collect(),
+            device_bytes: models
+                .iter()
+                .map(|m| {
+                    reg.gauge(
+                        "fermata_model_device_bytes",
+                        "Device memory a model takes on one GPU (all its bucket sessions), as the last backend to load it measured; 0 when not measured.",
+                        &[("model", &m.name)],
                     )
                 })
                 .collect(),
@@ -966,7 +978,12 @@ impl EventLoop {
                             }
                         }
                     }
-                    Msg::ModelLoaded { model, ok, error } => {
+                    Msg::ModelLoaded {
+                        model,
+                        ok,
+                        error,
+                        device_bytes,
+                    } => {
                         let NodeState::Loading { pending, .. } = &mut cs.state else {
                             return self
                                 .reject(c, "ModelLoaded from a node that is not loading".into());
@@ -974,6 +991,16 @@ impl EventLoop {
                         if !ok {
                             let why = format!("backend failed to load model {model}: {error}");
                             return self.reject(c, why);
+                        }
+                        if device_bytes > 0 {
+                            if let Some(g) = self.routes.metrics.device_bytes.get(model as usize) {
+                                g.set(device_bytes as f64);
+                            }
+                            tracing::info!(
+                                model,
+                                device_bytes,
+                                "scheduler: model's device footprint"
+                            );
                         }
                         *pending = pending.saturating_sub(1);
                         if *pending == 0 {

@@ -32,6 +32,8 @@ pub struct ClusterOpts {
     /// models' files are.
     pub executor: String,
     pub models_dir: std::path::PathBuf,
+    /// `cuda`: the CUDA device of each GPU of a backend (default: GPU g on device g).
+    pub cuda_devices: Option<Vec<u32>>,
 }
 
 impl Default for ClusterOpts {
@@ -47,6 +49,7 @@ impl Default for ClusterOpts {
             model_spin_us: 20,
             executor: "emulated".into(),
             models_dir: "models".into(),
+            cuda_devices: None,
         }
     }
 }
@@ -95,14 +98,22 @@ impl Cluster {
         for b in 0..o.backends {
             // GPUs split as evenly as possible, the first backends get the extra ones.
             let n = w.gpus / o.backends + u32::from(b < w.gpus % o.backends);
-            let mut bo =
-                BackendOpts::with_executor(scheduler.addr(), n, &o.executor, &o.models_dir)?;
+            let mut bo = BackendOpts::with_executor_on(
+                scheduler.addr(),
+                n,
+                &o.executor,
+                &o.models_dir,
+                o.cuda_devices.clone(),
+            )?;
             bo.name = format!("backend{b}");
             backends.push(BackendNode::start(transport.clone(), bo)?);
         }
+        // Real executors load every model (and, on a GPU, run each bucket once)
+        // before the backend is ready: minutes for large models.
+        let ready = Duration::from_secs(if o.executor == "emulated" { 10 } else { 600 });
         let mut backend_gpus = Vec::new();
         for b in &backends {
-            backend_gpus.push(b.wait_ready(Duration::from_secs(10))?);
+            backend_gpus.push(b.wait_ready(ready)?);
         }
         let mut frontends = Vec::new();
         for f in 0..o.frontends {

@@ -516,7 +516,7 @@ wire_messages! {
     3 => Unregister { reason },
     4 => LoadModel { model },
     5 => UnloadModel { model },
-    6 => ModelLoaded { model, ok, error },
+    6 => ModelLoaded { model, ok, error, device_bytes },
     7 => FrontendUp { node, ctrl_addr, region },
     8 => FrontendDown { node },
     9 => Submit { tasks },
@@ -764,11 +764,13 @@ mod tests {
                 model: 1,
                 ok: true,
                 error: String::new(),
+                device_bytes: 123 << 20,
             },
             Msg::ModelLoaded {
                 model: 1,
                 ok: false,
                 error: "out of memory".into(),
+                device_bytes: 0,
             },
             Msg::FrontendUp {
                 node: 3,
@@ -1113,6 +1115,7 @@ mod tests {
             model: 1,
             ok: true,
             error: String::new(),
+            device_bytes: 0,
         });
         frame[4 + 3 + 4] = 2;
         assert_eq!(

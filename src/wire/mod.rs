@@ -54,7 +54,7 @@ pub use codec::{decode, encode, encode_to_vec, DecodeError, FrameReader};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -289,6 +289,9 @@ pub enum Msg {
         model: u32,
         ok: bool,
         error: String,
+        /// Device memory the model takes on each GPU of the backend (the largest
+        /// of them), when the executor measures it; 0 otherwise.
+        device_bytes: u64,
     },
     /// A frontend joined: where to pull its inputs and push its results.
     FrontendUp {

@@ -4,13 +4,12 @@
 //! feature builds without a CUDA toolkit).
 //!
 //! At run time the `cuda` executor needs an NVIDIA driver and GPU, and an ONNX
-//! Runtime build with the CUDA execution provider (the `onnxruntime-gpu` wheel's
-//! `libonnxruntime.so` and `libonnxruntime_providers_cuda.so`, named by
-//! `ORT_DYLIB_PATH`, with the CUDA and cuDNN libraries that build needs on the
-//! loader path). The CPU wheel that `scripts/setup.sh` installs has no CUDA
-//! provider: opening a session then fails with ONNX Runtime's error.
+//! Runtime build with the CUDA execution provider: the `onnxruntime-gpu` wheel
+//! with NVIDIA's CUDA 13 and cuDNN 9 wheels, which `bash scripts/setup.sh --gpu`
+//! installs into `.deps/gpu`, where [`prepare`] finds and loads them (see
+//! [`super::gpulibs`]); `ORT_DYLIB_PATH` still overrides the ONNX Runtime library.
 //!
-//! Backend GPU `g` is CUDA device `g`.
+//! Backend GPU `g` is CUDA device `g`, or the g-th of `--cuda-devices`.
 
 use super::{HostBuf, OnnxOptions};
 use anyhow::{anyhow, bail, Result};
@@ -38,6 +37,18 @@ pub fn device_count() -> Result<u32> {
     Ok(n as u32)
 }
 
+/// Everything the `cuda` executor needs before its first session: a driver and a
+/// device, the NVIDIA libraries (found and loaded from `.deps/gpu`, or an error
+/// naming each missing one), and ONNX Runtime (the onnxruntime-gpu build when
+/// `.deps/gpu` has it). Returns the number of CUDA devices.
+pub fn prepare() -> Result<u32> {
+    let n = device_count()?;
+    super::gpulibs::load()?;
+    super::prefer_gpu_ort();
+    super::ort_environment()?;
+    Ok(n)
+}
+
 /// The context of CUDA device `gpu` (the backend's GPU index).
 pub fn context(gpu: u32) -> Result<Arc<CudaContext>> {
     let n = device_count()?;
@@ -62,14 +73,117 @@ pub fn describe(gpu: u32) -> Result<(String, u64)> {
     Ok((name, mem as u64))
 }
 
-/// CUDA sessions on device `gpu`; checks the device exists first.
+/// CUDA sessions on device `gpu`; checks the device exists first. Buckets and
+/// sharing come from the environment ([`super::BUCKETS_ENV`],
+/// [`super::SHARING_ENV`]); every bucket is run once at load.
 pub fn options(models_dir: &Path, gpu: u32) -> Result<OnnxOptions> {
     context(gpu)?;
     Ok(OnnxOptions {
         models_dir: models_dir.to_path_buf(),
         intra_threads: super::threads_from_env()?,
         device: super::Device::Cuda(gpu),
+        buckets: super::buckets_from_env()?,
+        sharing: super::sharing_from_env()?,
+        warm_up: true,
     })
+}
+
+/// Free memory on device `gpu` (bytes).
+pub fn free_memory(gpu: u32) -> Result<u64> {
+    let ctx = context(gpu)?;
+    let (free, _) = ctx
+        .mem_get_info()
+        .map_err(|e| anyhow!("CUDA device {gpu}: memory info: {e:?}"))?;
+    Ok(free as u64)
+}
+
+/// How ONNX Runtime is told that a tensor sits in device memory of `gpu`.
+pub fn device_memory_info(gpu: u32) -> Result<MemoryInfo<'static>> {
+    MemoryInfo::new(
+        AllocationDevice::CUDA,
+        gpu as i32,
+        AllocatorType::Device,
+        MemoryType::Default,
+    )
+    .map_err(|e| anyhow!("device memory info: {e}"))
+}
+
+/// Copies `bytes` to new device memory on `stream`'s device and waits for it;
+/// returns the allocation and its device address.
+pub fn upload(
+    stream: &Arc<CudaStream>,
+    bytes: &[u8],
+) -> Result<(cudarc::driver::CudaSlice<u8>, *mut std::ffi::c_void)> {
+    use cudarc::driver::DevicePtr;
+    let slice = stream
+        .clone_htod(bytes)
+        .map_err(|e| anyhow!("copying {} bytes to the GPU: {e:?}", bytes.len()))?;
+    stream
+        .synchronize()
+        .map_err(|e| anyhow!("CUDA stream: {e:?}"))?;
+    let ptr = {
+        let (p, _sync) = slice.device_ptr(stream);
+        p as usize as *mut std::ffi::c_void
+    };
+    Ok((slice, ptr))
+}
+
+/// Registers one arena allocator for CUDA device `gpu` with the ONNX Runtime
+/// environment (once per process and device), which sessions built with
+/// `with_env_allocators` then share. Returns whether it is registered; a failure is
+/// logged and the sessions keep arenas of their own.
+pub fn share_arena(env: &ort::environment::Environment, gpu: u32) -> bool {
+    use ort::AsPointer;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static DONE: Mutex<Option<HashMap<u32, bool>>> = Mutex::new(None);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    let map = done.get_or_insert_with(HashMap::new);
+    if let Some(&ok) = map.get(&gpu) {
+        return ok;
+    }
+    let res = (|| -> Result<()> {
+        let api = ort::api();
+        let mem = device_memory_info(gpu)?;
+        // Grow the arena by what is asked, not to the next power of two: the
+        // arena then holds about the largest bucket's run.
+        let keys = [c"arena_extend_strategy".as_ptr()];
+        let vals: [usize; 1] = [1];
+        let mut cfg: *mut ort::sys::OrtArenaCfg = std::ptr::null_mut();
+        // SAFETY: one key and value, `cfg` receives a new config released below.
+        super::status(unsafe {
+            (api.CreateArenaCfgV2)(keys.as_ptr(), vals.as_ptr(), 1, &mut cfg)
+        })?;
+        let dev = std::ffi::CString::new(gpu.to_string()).expect("digits");
+        let okeys = [c"device_id".as_ptr()];
+        let ovals = [dev.as_ptr()];
+        // SAFETY: valid environment, memory info and config; strings outlive the call.
+        let st = unsafe {
+            (api.CreateAndRegisterAllocatorV2)(
+                env.ptr().cast_mut(),
+                c"CUDAExecutionProvider".as_ptr(),
+                mem.ptr(),
+                cfg,
+                okeys.as_ptr(),
+                ovals.as_ptr(),
+                1,
+            )
+        };
+        // SAFETY: created above.
+        unsafe { (api.ReleaseArenaCfg)(cfg) };
+        super::status(st)
+    })();
+    let ok = match res {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                "CUDA device {gpu}: cannot register a shared arena ({e:#}); each session keeps its own"
+            );
+            false
+        }
+    };
+    map.insert(gpu, ok);
+    ok
 }
 
 /// Adds the CUDA execution provider on device `gpu`, computing on `timer`'s
@@ -84,6 +198,7 @@ pub fn with_cuda_provider(
     let ep = unsafe {
         CUDA::default()
             .with_device_id(gpu as i32)
+            .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested)
             .with_compute_stream(timer.stream.cu_stream() as *mut ())
     };
     if !CUDA::is_available().unwrap_or(false) {
@@ -171,5 +286,10 @@ impl BatchTimer {
 
     pub fn last_ms(&self) -> Option<f64> {
         self.last_ms
+    }
+
+    /// The stream the provider computes on.
+    pub fn stream(&self) -> Arc<CudaStream> {
+        self.stream.clone()
     }
 }
