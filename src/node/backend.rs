@@ -44,6 +44,9 @@ use std::time::{Duration, Instant};
 /// planned start and must win the CPU then.
 const WORKER_NICE: i32 = -10;
 
+/// Most input buffers a backend keeps for reuse (a few batches' worth).
+const POOL_MAX: usize = 512;
+
 /// Reads of a new frontend's region to measure the pull cost at start-up.
 const PROBE_READS: usize = 8;
 
@@ -195,6 +198,9 @@ struct Shared {
     /// Missing inputs by reason: [timeout, stale slot, error] (counted when the
     /// pull ends).
     missing_why: [AtomicU64; 3],
+    /// Input buffers of finished batches, reused by the pullers (see
+    /// [`RegionReader::read_many_into`]); at most [`POOL_MAX`].
+    pool: Mutex<Vec<Vec<u8>>>,
     registry: Arc<Registry>,
     /// The backend's name (the metrics' `backend` label).
     name: String,
@@ -276,6 +282,7 @@ impl BackendNode {
             tasks_run: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
             missing_why: Default::default(),
+            pool: Mutex::new(Vec::new()),
             start_delay_hist: registry.histogram(
                 "fermata_backend_start_delay_seconds",
                 "How late batches started after their planned exec_at.",
@@ -904,8 +911,13 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
             .push((plan.exec_at - now).0);
         let latest = latest_start(&sh, &plan, plan.tasks.len());
         let budget = Duration::from_nanos((latest - now).0.max(1_000_000) as u64);
+        let bufs: Vec<Vec<u8>> = {
+            let mut p = sh.pool.lock().expect("lock");
+            let k = p.len().saturating_sub(reqs.len());
+            p.split_off(k)
+        };
         let t0 = Instant::now();
-        let got = sh.reader.read_many(&reqs, budget);
+        let got = sh.reader.read_many_into(&reqs, budget, bufs);
         let el = t0.elapsed();
         sh.lead_pulled
             .lock()
@@ -1140,6 +1152,14 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
         finished_ns: finished.0,
         missing,
     });
+    // The inputs' buffers go back to the pullers.
+    let mut p = sh.pool.lock().expect("lock");
+    for i in inputs.into_iter().flatten() {
+        if p.len() >= POOL_MAX {
+            break;
+        }
+        p.push(i.slot);
+    }
 }
 
 #[cfg(test)]

@@ -948,13 +948,25 @@ impl OnnxModel {
             (self.buckets[i] as usize, i)
         };
         // Gather: the only copy of the inputs. Rows n..shape (padding) keep what
-        // the buffer holds; their outputs are not used.
+        // the buffer holds; their outputs are not used. A large gather bypasses
+        // the CPU caches (the buffer is read by the device's DMA, not the CPU), so
+        // a batch of 64 images does not evict what the next, small batch's run
+        // needs on the host.
         for p in &mut self.inputs {
             let sb = p.sample_bytes;
             let dst = p.buf.as_mut_bytes()?;
+            let streaming = sb * n >= STREAMING_GATHER_BYTES;
             for (k, r) in requests.iter().enumerate() {
-                dst[k * sb..(k + 1) * sb].copy_from_slice(&r[p.offset..p.offset + sb]);
+                let (d, s) = (&mut dst[k * sb..(k + 1) * sb], &r[p.offset..p.offset + sb]);
+                if streaming {
+                    copy_streaming(d, s);
+                } else {
+                    d.copy_from_slice(s);
+                }
             }
+        }
+        if self.inputs.iter().any(|p| p.sample_bytes * n >= STREAMING_GATHER_BYTES) {
+            streaming_fence();
         }
         for p in &mut self.inputs {
             if p.views[shape].is_none() {
@@ -1025,6 +1037,49 @@ impl OnnxModel {
         }
         Ok(res)
     }
+}
+
+/// Gathers of at least this many bytes (per input tensor) use streaming stores.
+const STREAMING_GATHER_BYTES: usize = 1 << 20;
+
+/// Copies `src` into `dst` (same length) with non-temporal stores where the CPU
+/// has them (x86-64: SSE2, always present), so the copy does not fill the caches
+/// with bytes no CPU will read again. Hand-written because the standard library
+/// has no such copy; the unaligned head and tail use an ordinary one.
+fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let head = dst.as_ptr().align_offset(16).min(dst.len());
+        dst[..head].copy_from_slice(&src[..head]);
+        let body = (dst.len() - head) / 16 * 16;
+        let (d, s) = (dst[head..].as_mut_ptr(), src[head..].as_ptr());
+        let mut i = 0;
+        while i < body {
+            // SAFETY: i + 16 <= body bytes past `head` in both slices; `d + i` is
+            // 16-byte aligned (head aligns it, i is a multiple of 16); the load is
+            // unaligned-tolerant.
+            unsafe {
+                let v = _mm_loadu_si128(s.add(i).cast::<__m128i>());
+                _mm_stream_si128(d.add(i).cast::<__m128i>(), v);
+            }
+            i += 16;
+        }
+        let tail = head + body;
+        dst[tail..].copy_from_slice(&src[tail..]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.copy_from_slice(src);
+}
+
+/// Orders streaming stores before what follows (the device's read of the buffer).
+fn streaming_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a store fence has no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 /// A tensor of `dtype` with `shape` viewing the memory at `ptr` (no copy).
@@ -1170,6 +1225,20 @@ mod tests {
         std::fs::write(dir.join("libonnxruntime.so"), b"").unwrap();
         assert_eq!(dylib_in(&dir), Some(dir.join("libonnxruntime.so")));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn streaming_copy_copies_every_byte() {
+        let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for (off, len) in [(0, 5000), (1, 4000), (3, 17), (15, 16), (0, 0), (7, 4993)] {
+            let mut buf = vec![0u8; 5008];
+            let dst = &mut buf[off..off + len];
+            copy_streaming(dst, &src[..len]);
+            streaming_fence();
+            assert_eq!(&buf[off..off + len], &src[..len], "offset {off} len {len}");
+            assert!(buf[..off].iter().all(|&b| b == 0));
+            assert!(buf[off + len..].iter().all(|&b| b == 0));
+        }
     }
 
     #[test]

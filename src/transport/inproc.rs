@@ -150,7 +150,15 @@ impl RegionReader for InProcReader {
     fn detach(&self, peer: u32) {
         self.peers.lock().expect("lock").remove(&peer);
     }
-    fn read_many(&self, reqs: &[ReadReq], _timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>> {
+    fn read_many(&self, reqs: &[ReadReq], timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>> {
+        self.read_many_into(reqs, timeout, Vec::new())
+    }
+    fn read_many_into(
+        &self,
+        reqs: &[ReadReq],
+        _timeout: Duration,
+        mut bufs: Vec<Vec<u8>>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
         let peers = self.peers.lock().expect("lock");
         reqs.iter()
             .map(|r| {
@@ -166,7 +174,8 @@ impl RegionReader for InProcReader {
                         r.peer
                     )));
                 }
-                let mut out = Vec::with_capacity(r.len as usize);
+                let mut out = bufs.pop().unwrap_or_default();
+                out.reserve(r.len as usize);
                 reg.read_into(r.offset, r.len, &mut out)?;
                 Ok(out)
             })

@@ -128,6 +128,18 @@ pub trait RegionReader: Send + Sync {
     /// request, in order. A request not answered within `timeout` fails as
     /// `Timeout`; one failed read does not hold back the others.
     fn read_many(&self, reqs: &[ReadReq], timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>>;
+    /// [`Self::read_many`] into buffers the caller recycles (`bufs`, taken from
+    /// the end; a transport that cannot use them allocates). Large inputs read
+    /// into fresh allocations page-fault on every byte of every read.
+    fn read_many_into(
+        &self,
+        reqs: &[ReadReq],
+        timeout: Duration,
+        bufs: Vec<Vec<u8>>,
+    ) -> Vec<Result<Vec<u8>, ReadError>> {
+        let _ = bufs;
+        self.read_many(reqs, timeout)
+    }
 }
 
 /// A transport: makes control connections and exposes / reads regions.
