@@ -25,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-HTTP=1 GOODPUT=1 CPU=0 REPEATS=30
+HTTP=1 GOODPUT=1 CPU=0 REPEATS=50
 while (($#)); do
   case $1 in
     --skip-http) HTTP=0 ;;
@@ -95,7 +95,7 @@ for m in "${MODELS[@]}"; do
 done
 
 # 2. Device memory of resnet50.
-for v in "all:auto" "none:auto" "all:64"; do
+for v in "all:auto" "weights:auto" "none:auto" "all:64"; do
   sh=${v%%:*} bk=${v#*:}
   "$BIN" profile --model models/large/resnet50.onnx --executor cuda --memory-only \
     --sharing "$sh" --buckets "$bk" >"$GC_OUT/mem_${sh}_${bk}.log" 2>&1 ||

@@ -20,6 +20,10 @@ use ort::session::builder::SessionBuilder;
 use std::path::Path;
 use std::sync::Arc;
 
+/// The cuBLAS workspace per handle the `cuda` executor asks for (one 4 MiB
+/// buffer), unless CUBLAS_WORKSPACE_CONFIG is set.
+pub const CUBLAS_WORKSPACE: &str = ":4096:1";
+
 /// What to do without a GPU.
 pub const NO_CUDA_HINT: &str = "use --executor onnx (ONNX Runtime on the CPU) instead";
 
@@ -43,6 +47,15 @@ pub fn device_count() -> Result<u32> {
 /// `.deps/gpu` has it). Returns the number of CUDA devices.
 pub fn prepare() -> Result<u32> {
     let n = device_count()?;
+    // cuBLAS gives every handle a workspace (32 MiB on Hopper), and ONNX Runtime
+    // makes handles per session: with a session per bucket that was most of what
+    // the buckets cost beyond one session. 4 MiB each is cuBLAS's documented
+    // smaller setting; a user's own CUBLAS_WORKSPACE_CONFIG wins.
+    if std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+        // SAFETY: set before any CUDA library reads it, while the process has no
+        // other thread that reads the environment.
+        unsafe { std::env::set_var("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE) };
+    }
     super::gpulibs::load()?;
     super::prefer_gpu_ort();
     super::ort_environment()?;
