@@ -733,13 +733,17 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         let r = serve::serve(tr, &w, &co, &lo)?;
         let l = &r.load;
         if !json {
+            let s = &r.cluster.scheduler;
             eprintln!(
-                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms",
+                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.0} us per input (pull p99.9 {:.0} us)",
                 o.rate_rps,
                 100.0 * l.sim.max_model_bad_rate(),
                 l.failed,
                 l.latency_us.value_at_quantile(0.5) as f64 / 1e3,
                 l.latency_us.value_at_quantile(0.99) as f64 / 1e3,
+                s.d_ctrl_us,
+                s.d_data_us,
+                s.pull_us,
             );
         }
         if l.duplicates > 0 || l.wrong_outputs > 0 {
