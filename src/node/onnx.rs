@@ -965,7 +965,11 @@ impl OnnxModel {
                 }
             }
         }
-        if self.inputs.iter().any(|p| p.sample_bytes * n >= STREAMING_GATHER_BYTES) {
+        if self
+            .inputs
+            .iter()
+            .any(|p| p.sample_bytes * n >= STREAMING_GATHER_BYTES)
+        {
             streaming_fence();
         }
         for p in &mut self.inputs {

@@ -177,7 +177,12 @@ impl RegionReader for InProcReader {
         };
         let total: u64 = reqs.iter().map(|r| r.len as u64).sum();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        copy_all(reqs, &targets, bufs, parallel_copies(reqs.len(), total, cores))
+        copy_all(
+            reqs,
+            &targets,
+            bufs,
+            parallel_copies(reqs.len(), total, cores),
+        )
     }
 }
 
@@ -209,7 +214,8 @@ fn copy_all(
         let mut outs: Vec<Vec<u8>> = (0..reqs.len())
             .map(|_| bufs.pop().unwrap_or_default())
             .collect();
-        let mut res: Vec<Option<Result<Vec<u8>, ReadError>>> = (0..reqs.len()).map(|_| None).collect();
+        let mut res: Vec<Option<Result<Vec<u8>, ReadError>>> =
+            (0..reqs.len()).map(|_| None).collect();
         std::thread::scope(|s| {
             for ((rq, tg), (os, rs)) in reqs
                 .chunks(per)
@@ -381,9 +387,15 @@ mod tests {
         let one = copy_all(&reqs, &targets, Vec::new(), 1);
         for threads in [2, 3, 4] {
             let bufs = vec![vec![0xAAu8; 7]; 5];
-            assert_eq!(copy_all(&reqs, &targets, bufs, threads), one, "{threads} threads");
+            assert_eq!(
+                copy_all(&reqs, &targets, bufs, threads),
+                one,
+                "{threads} threads"
+            );
         }
-        assert!(one[..13].iter().all(|r| r.as_ref().is_ok_and(|b| b.len() == 100_016)));
+        assert!(one[..13]
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|b| b.len() == 100_016)));
         assert!(one[13].is_err());
     }
 }
