@@ -155,6 +155,11 @@ pub struct BackendReport {
     pub start_delay_p50_us: f64,
     pub start_delay_p99_us: f64,
     pub pull_p99_us_per_task: f64,
+    /// Pull time per input of a batch: median and largest (us).
+    pub pull_p50_us_per_task: f64,
+    pub pull_max_us_per_task: f64,
+    /// Inputs pulled into a fresh buffer because the pool had none.
+    pub pull_buffers_allocated: u64,
     /// One-way plan delay from the scheduler, p50 / p99 (us).
     pub plan_delay_p50_us: f64,
     pub plan_delay_p99_us: f64,
@@ -201,6 +206,7 @@ struct Shared {
     /// Input buffers of finished batches, reused by the pullers (see
     /// [`RegionReader::read_many_into`]); at most [`POOL_MAX`].
     pool: Mutex<Vec<Vec<u8>>>,
+    pool_misses: AtomicU64,
     registry: Arc<Registry>,
     /// The backend's name (the metrics' `backend` label).
     name: String,
@@ -283,6 +289,7 @@ impl BackendNode {
             tasks_failed: AtomicU64::new(0),
             missing_why: Default::default(),
             pool: Mutex::new(Vec::new()),
+            pool_misses: AtomicU64::new(0),
             start_delay_hist: registry.histogram(
                 "fermata_backend_start_delay_seconds",
                 "How late batches started after their planned exec_at.",
@@ -394,6 +401,9 @@ impl BackendNode {
             start_delay_p50_us: q(&s.start_delay, 0.5),
             start_delay_p99_us: q(&s.start_delay, 0.99),
             pull_p99_us_per_task: q(&s.pull, 0.99),
+            pull_p50_us_per_task: q(&s.pull, 0.5),
+            pull_max_us_per_task: q(&s.pull, 1.0),
+            pull_buffers_allocated: s.pool_misses.load(Ordering::Relaxed),
             plan_delay_p50_us: q(&s.plan_delay, 0.5),
             plan_delay_p99_us: q(&s.plan_delay, 0.99),
             lead_arrived_p1_us: q(&s.lead_arrived, 0.01),
@@ -916,6 +926,8 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
             let k = p.len().saturating_sub(reqs.len());
             p.split_off(k)
         };
+        sh.pool_misses
+            .fetch_add((reqs.len() - bufs.len()) as u64, Ordering::Relaxed);
         let t0 = Instant::now();
         let got = sh.reader.read_many_into(&reqs, budget, bufs);
         let el = t0.elapsed();
