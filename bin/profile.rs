@@ -172,10 +172,19 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             fermata::node::onnx::threads_from_env()?,
             fermata::node::onnx::THREADS_ENV
         ),
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let (name, mem) = fermata::node::onnx::cuda::describe(a.gpu)?;
+            format!(
+                "{name} ({} GiB, CUDA device {}), ONNX Runtime CUDA provider",
+                mem >> 30,
+                a.gpu
+            )
+        }
         other => format!("{other} device {}", a.gpu),
     };
     let prof = profiler::to_profile(&meta, &a.executor, &device, &pts, a.repeats, &buckets)?;
-    let warnings = profiler::shape_change_warnings(&pts);
+    let warnings = profiler::shape_change_warnings(&pts, !buckets.is_empty());
     if a.json {
         println!("{}", serde_json::to_string_pretty(&prof)?);
     } else {

@@ -161,6 +161,17 @@ else
 fi
 say "onnxruntime: $(cd "$PY_DIR/onnxruntime/capi" && ls libonnxruntime.so* | head -n1) (the onnx executor finds it, or set ORT_DYLIB_PATH)"
 
+# --- the real-size models (models/large, not committed) -----------------------------
+# resnet50 and resnet50_fp16: seeded random weights, written by the pinned onnx and
+# numpy (a few seconds). Their metadata and profiles are committed; the files are not.
+if [[ ! -f models/large/resnet50.onnx || ! -f models/large/resnet50_fp16.onnx ]]; then
+  say "writing models/large/resnet50.onnx and resnet50_fp16.onnx (scripts/gen_models.py --large)"
+  PYTHONPATH="$PY_DIR" python3 scripts/gen_models.py --large >/dev/null ||
+    die "scripts/gen_models.py --large failed"
+else
+  say "models/large: resnet50 and resnet50_fp16 in place"
+fi
+
 # --- Rust toolchain ----------------------------------------------------------------
 if ! command -v cargo >/dev/null || ! command -v rustc >/dev/null; then
   die "cargo/rustc not found. Install Rust with rustup (https://rustup.rs):

@@ -112,7 +112,7 @@ impl Point {
 
 /// One warning per batch size whose mixed and same-shape medians differ by more
 /// than [`SHAPE_CHANGE_TOLERANCE`].
-pub fn shape_change_warnings(points: &[Point]) -> Vec<String> {
+pub fn shape_change_warnings(points: &[Point], bucketed: bool) -> Vec<String> {
     points
         .iter()
         .filter(|p| {
@@ -120,12 +120,19 @@ pub fn shape_change_warnings(points: &[Point]) -> Vec<String> {
                 && (p.median_ms - p.same_median_ms).abs() > SHAPE_CHANGE_FLOOR_MS
         })
         .map(|p| {
+            let advice = if bucketed {
+                "Each bucket already has a session of its own, so what remains is outside \
+                 the runtime's per-shape state (host caches and clocks after a batch of \
+                 another size); the profile keeps the mixed number."
+            } else {
+                "Run each batch size in a session of its own (buckets: --buckets pow2 or \
+                 batch_buckets in the model's metadata)."
+            };
             format!(
                 "WARNING: batch {}: {:.3} ms in a mixed sequence of batch sizes but {:.3} ms with \
                  the same shape repeated ({:.2}x). The executor is slow after a shape change: \
                  serving, whose batch size changes from batch to batch, will see the mixed \
-                 number. Run each batch size in a session of its own (buckets: --buckets pow2 \
-                 or batch_buckets in the model's metadata).",
+                 number. {advice}",
                 p.batch,
                 p.median_ms,
                 p.same_median_ms,
@@ -386,12 +393,14 @@ mod tests {
         };
         slow.load(&info).unwrap();
         let pts = measure(&mut slow, &info, &meta, &opts).unwrap();
-        let w = shape_change_warnings(&pts);
+        let w = shape_change_warnings(&pts, false);
         assert!(!w.is_empty(), "{pts:?}");
         assert!(
             w[0].contains("mixed sequence") && w[0].contains("buckets"),
             "{w:?}"
         );
+        let w = shape_change_warnings(&pts, true);
+        assert!(w[0].contains("already has a session"), "{w:?}");
         for p in &pts {
             assert!(p.median_ms > p.same_median_ms, "{p:?}");
         }
@@ -412,7 +421,7 @@ mod tests {
         let mut fine = EmulatedGpu::new();
         fine.load(&info).unwrap();
         let pts = measure(&mut fine, &info, &meta, &opts).unwrap();
-        assert!(shape_change_warnings(&pts).is_empty(), "{pts:?}");
+        assert!(shape_change_warnings(&pts, false).is_empty(), "{pts:?}");
     }
 
     /// The whole profiler on an executor whose l(b) is known: the emulated GPU

@@ -233,6 +233,38 @@ fn padded_buckets_give_each_request_its_own_output() {
     }
 }
 
+/// The real-size model (scripts/setup.sh writes it): 160 shared weight tensors,
+/// a padded batch in a bucket of 2, the same outputs as the exact session.
+#[test]
+fn resnet50_runs_padded_with_shared_weights() {
+    let dir = models_dir().join("large");
+    let file = dir.join("resnet50.onnx");
+    if !file.is_file() {
+        eprintln!("skipped: no {} (run scripts/setup.sh)", file.display());
+        return;
+    }
+    let m = load_meta(&file).unwrap();
+    let mut opts = OnnxOptions::cpu(&dir).unwrap();
+    opts.buckets = BucketPolicy::List(vec![2]);
+    let mut padded = OnnxModel::open(&file, &m, &opts).unwrap_or_else(|e| panic!("{e:#}"));
+    // Every convolution and the classifier: about 97 MiB of weights, one copy.
+    assert!(
+        padded.shared_weight_bytes() > 90 << 20,
+        "{}",
+        padded.shared_weight_bytes()
+    );
+    opts.buckets = BucketPolicy::Exact;
+    let mut exact = OnnxModel::open(&file, &m, &opts).unwrap();
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(3);
+    let x = m.sample_input(&mut rng);
+    let got = f32s(&padded.run(&[&x]).unwrap()[0]);
+    let want = f32s(&exact.run(&[&x]).unwrap()[0]);
+    assert_eq!(got.len(), 1000);
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        assert!(close(g, w, 1e-4), "logit {i}: {g} padded vs {w} exact");
+    }
+}
+
 fn info(id: u32, name: &str, meta: Option<&ModelMeta>) -> ModelInfo {
     ModelInfo {
         id,
