@@ -343,7 +343,8 @@ mod tests {
         }
     }
 
-    fn lin_model() -> (ModelMeta, ModelInfo) {
+    /// A model the emulated GPU runs in exactly alpha_ns * b + 1 ms.
+    fn lin_model(alpha_ns: i64) -> (ModelMeta, ModelInfo) {
         let meta = ModelMeta {
             name: "lin".into(),
             inputs: vec![TensorMeta {
@@ -351,6 +352,7 @@ mod tests {
                 datatype: DType::F32,
                 shape: vec![-1, 4],
             }],
+            // The emulated GPU's output: length and checksum, 16 bytes.
             outputs: vec![TensorMeta {
                 name: "y".into(),
                 datatype: DType::I64,
@@ -366,7 +368,7 @@ mod tests {
             name: "lin".into(),
             slo_ns: 50_000_000,
             profile: WireProfile::Linear {
-                alpha_ns: 100_000,
+                alpha_ns,
                 beta_ns: 1_000_000,
                 max_batch: 16,
             },
@@ -378,7 +380,7 @@ mod tests {
 
     #[test]
     fn warns_when_a_shape_change_is_slow() {
-        let (meta, info) = lin_model();
+        let (meta, info) = lin_model(100_000);
         let opts = ProfileOpts {
             batch_sizes: vec![1, 4, 16],
             repeats: 8,
@@ -428,36 +430,7 @@ mod tests {
     /// waits exactly 0.4 ms * b + 1 ms.
     #[test]
     fn profiles_a_known_line() {
-        let meta = ModelMeta {
-            name: "lin".into(),
-            inputs: vec![TensorMeta {
-                name: "x".into(),
-                datatype: DType::F32,
-                shape: vec![-1, 4],
-            }],
-            // The emulated GPU's output: length and checksum, 16 bytes.
-            outputs: vec![TensorMeta {
-                name: "y".into(),
-                datatype: DType::I64,
-                shape: vec![-1, 2],
-            }],
-            slo_ms: 50.0,
-            max_batch: 16,
-            description: String::new(),
-            batch_buckets: None,
-        };
-        let info = ModelInfo {
-            id: 0,
-            name: "lin".into(),
-            slo_ns: 50_000_000,
-            profile: WireProfile::Linear {
-                alpha_ns: 400_000,
-                beta_ns: 1_000_000,
-                max_batch: 16,
-            },
-            input_bytes: 16,
-            meta_json: serde_json::to_string(&meta).unwrap(),
-        };
+        let (meta, info) = lin_model(400_000);
         let mut g = EmulatedGpu::new();
         g.load(&info).unwrap();
         let opts = ProfileOpts {

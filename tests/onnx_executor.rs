@@ -79,6 +79,28 @@ fn close(a: f32, b: f32, rel: f32) -> bool {
     (a - b).abs() <= rel * b.abs().max(1e-3)
 }
 
+/// Runs `refs` in batches of `b` and checks that request k's output is `alone[k]`
+/// (within 1e-5 relative); `what` names the case in a failure.
+fn check_batches(model: &mut OnnxModel, refs: &[&[u8]], alone: &[Vec<u8>], b: usize, what: &str) {
+    let want_len = model.meta.output_bytes();
+    let mut k = 0;
+    for chunk in refs.chunks(b) {
+        let outs = model.run(chunk).unwrap();
+        assert_eq!(outs.len(), chunk.len(), "{what}: batch of {}", chunk.len());
+        for o in outs {
+            assert_eq!(o.len(), want_len);
+            let (g, w) = (f32s(&o), f32s(&alone[k]));
+            for (i, (&g, &w)) in g.iter().zip(&w).enumerate() {
+                assert!(
+                    close(g, w, 1e-5),
+                    "{what}: request {k} in batches of {b}: [{i}] {g} vs {w} alone"
+                );
+            }
+            k += 1;
+        }
+    }
+}
+
 #[test]
 fn reproduces_python_reference_outputs() {
     for name in MODELS {
@@ -145,22 +167,7 @@ fn batching_does_not_change_a_request_output() {
             .map(|r| model.run(&[r]).unwrap().remove(0))
             .collect();
         for b in [2usize, 7, 16, 33, m.max_batch as usize] {
-            let mut k = 0;
-            for chunk in refs.chunks(b) {
-                let outs = model.run(chunk).unwrap();
-                assert_eq!(outs.len(), chunk.len());
-                for o in outs {
-                    assert_eq!(o.len(), m.output_bytes());
-                    let (g, w) = (f32s(&o), f32s(&alone[k]));
-                    for (i, (&g, &w)) in g.iter().zip(&w).enumerate() {
-                        assert!(
-                            close(g, w, 1e-5),
-                            "{name}: request {k} in batches of {b}: [{i}] {g} vs {w} alone"
-                        );
-                    }
-                    k += 1;
-                }
-            }
+            check_batches(&mut model, &refs, &alone, b, name);
         }
         // Over the max batch, or a request of the wrong size: clear errors.
         let too_many: Vec<&[u8]> = vec![refs[0]; m.max_batch as usize + 1];
@@ -198,8 +205,7 @@ fn padded_buckets_give_each_request_its_own_output() {
             }
             if sharing == Sharing::None {
                 assert_eq!(model.shared_weight_bytes(), 0);
-            } else if name != "ranker" {
-                // ranker's weights are all under the 1 KiB sharing floor.
+            } else {
                 assert!(
                     model.shared_weight_bytes() > 1024,
                     "{name}: weights not shared"
@@ -212,22 +218,13 @@ fn padded_buckets_give_each_request_its_own_output() {
                 .map(|r| exact.run(&[r]).unwrap().remove(0))
                 .collect();
             for b in [1usize, 3, 5, 13, 17, 40] {
-                let mut k = 0;
-                for chunk in refs.chunks(b) {
-                    let outs = model.run(chunk).unwrap();
-                    assert_eq!(outs.len(), chunk.len(), "{name}: batch of {}", chunk.len());
-                    for o in outs {
-                        assert_eq!(o.len(), m.output_bytes());
-                        let (g, w) = (f32s(&o), f32s(&alone[k]));
-                        for (i, (&g, &w)) in g.iter().zip(&w).enumerate() {
-                            assert!(
-                                close(g, w, 1e-5),
-                                "{name} ({sharing:?}): request {k} in a padded batch of {b}: [{i}] {g} vs {w} alone"
-                            );
-                        }
-                        k += 1;
-                    }
-                }
+                check_batches(
+                    &mut model,
+                    &refs,
+                    &alone,
+                    b,
+                    &format!("{name} ({sharing:?}), padded"),
+                );
             }
         }
     }

@@ -971,7 +971,7 @@ mod tests {
             echo_ns: -1,
             sched_ns: 0x0102,
         });
-        let mut want = vec![27, 0, 0, 0, 3, 0, 15];
+        let mut want = vec![27, 0, 0, 0, 4, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -987,7 +987,7 @@ mod tests {
                 output: vec![0xAB],
             }],
         });
-        let mut want = vec![3, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![4, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -999,8 +999,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 3, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 3, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 4, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 4, 0, 18]);
     }
 
     #[test]
@@ -1020,7 +1020,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [3, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [4, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1030,7 +1030,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![3, 0, 9];
+        let mut body = vec![4, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 36]);
         assert_eq!(
@@ -1076,23 +1076,23 @@ mod tests {
     fn header_errors() {
         assert_eq!(
             decode(&[1, 0, 18]),
-            Err(DecodeError::Version { got: 1, want: 3 })
+            Err(DecodeError::Version { got: 1, want: 4 })
         );
         assert_eq!(
-            decode(&[3, 0, 0]),
+            decode(&[4, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[3, 0, 22]),
+            decode(&[4, 0, 22]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 22
             })
         );
-        let e = decode(&[3, 0, 18, 0]).unwrap_err();
+        let e = decode(&[4, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1102,7 +1102,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![3, 0, 1, 2]; // Register, role 2
+        let mut body = vec![4, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1157,7 +1157,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[3, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[4, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
@@ -1230,7 +1230,7 @@ mod tests {
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
-        let want = Some(Err(DecodeError::Version { got: 7, want: 3 }));
+        let want = Some(Err(DecodeError::Version { got: 7, want: 4 }));
         assert_eq!(r.next_msg(), want);
         assert_eq!(r.next_msg(), want);
     }
