@@ -44,8 +44,10 @@ use std::time::{Duration, Instant};
 /// planned start and must win the CPU then.
 const WORKER_NICE: i32 = -10;
 
-/// Most input buffers a backend keeps for reuse (a few batches' worth).
+/// Most input buffers a backend keeps for reuse (a few batches' worth), and most
+/// bytes they may hold together.
 const POOL_MAX: usize = 512;
+const POOL_MAX_BYTES: usize = 256 << 20;
 
 /// Reads of a new frontend's region to measure the pull cost at start-up.
 const PROBE_READS: usize = 8;
@@ -1164,12 +1166,14 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
         finished_ns: finished.0,
         missing,
     });
-    // The inputs' buffers go back to the pullers.
+    // The inputs' buffers go back to the pullers (bounded in count and bytes).
     let mut p = sh.pool.lock().expect("lock");
+    let mut bytes: usize = p.iter().map(Vec::capacity).sum();
     for i in inputs.into_iter().flatten() {
-        if p.len() >= POOL_MAX {
+        if p.len() >= POOL_MAX || bytes + i.slot.capacity() > POOL_MAX_BYTES {
             break;
         }
+        bytes += i.slot.capacity();
         p.push(i.slot);
     }
 }
