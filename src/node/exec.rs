@@ -275,6 +275,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cuda_device_lists() {
+        assert_eq!(parse_cuda_devices("0,2").unwrap(), vec![0, 2]);
+        assert_eq!(parse_cuda_devices(" 3 ").unwrap(), vec![3]);
+        for (bad, why) in [
+            ("0,0", "listed twice"),
+            ("0,x", "not a CUDA device id"),
+            ("", "not a CUDA device id"),
+        ] {
+            let e = parse_cuda_devices(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        let e = executor_factory_on("emulated", std::path::Path::new("."), Some(vec![0]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("goes with --executor cuda"), "{e}");
+    }
+
+    #[test]
     fn emulated_takes_l_of_b() {
         let mut g = EmulatedGpu::new();
         let m = ModelInfo {
