@@ -298,15 +298,8 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
         input: vec![1, 2, 3],
     })
     .unwrap();
-    conn.send(Msg::Infer {
-        req: 9,
-        model: "small".into(),
-        slo_ns: 0,
-        input: vec![5; 2048],
-    })
-    .unwrap();
     let mut seen = std::collections::HashMap::new();
-    while seen.len() < 3 {
+    let mut reply = |want: u64| loop {
         if let Event::Msg(
             _,
             Msg::InferReply {
@@ -319,26 +312,50 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
         ) = erx.recv_timeout(Duration::from_secs(5)).expect("a reply")
         {
             seen.insert(req, (status, message, output));
+            if seen.contains_key(&want) {
+                return seen[&want].clone();
+            }
+        }
+    };
+    use fermata::wire::ReplyStatus;
+    let r7 = reply(7);
+    assert_eq!(r7.0, ReplyStatus::Failed);
+    assert!(
+        r7.1.contains("unknown model `nope`") && r7.1.contains("small"),
+        "{}",
+        r7.1
+    );
+    let r8 = reply(8);
+    assert_eq!(r8.0, ReplyStatus::Failed);
+    assert!(r8.1.contains("slo_ns"), "{}", r8.1);
+    // A valid request is served, with the right bytes. A lone request is held to
+    // its frontrun moment, which leaves it only l(2) - l(1) = 0.5 ms (plus the
+    // slack) to spare: on a busy machine it may come back late, or be dropped when
+    // its batch starts too late. That is a timing outcome, not this test's
+    // subject, so a dropped one is sent again (a bounded number of times).
+    let mut served = false;
+    for attempt in 0..20u64 {
+        let req = 9 + attempt;
+        conn.send(Msg::Infer {
+            req,
+            model: "small".into(),
+            slo_ns: 0,
+            input: vec![5; 2048],
+        })
+        .unwrap();
+        let (status, message, output) = reply(req);
+        match status {
+            ReplyStatus::Good | ReplyStatus::Late => {
+                assert_eq!(output, fermata::node::exec::emulated_output(&[5; 2048]));
+                served = true;
+                break;
+            }
+            ReplyStatus::Dropped => {
+                assert!(message.contains("dropped"), "{message}");
+            }
+            ReplyStatus::Failed => panic!("a valid request failed: {message}"),
         }
     }
-    use fermata::wire::ReplyStatus;
-    assert_eq!(seen[&7].0, ReplyStatus::Failed);
-    assert!(
-        seen[&7].1.contains("unknown model `nope`") && seen[&7].1.contains("small"),
-        "{}",
-        seen[&7].1
-    );
-    assert_eq!(seen[&8].0, ReplyStatus::Failed);
-    assert!(seen[&8].1.contains("slo_ns"), "{}", seen[&8].1);
-    // A lone request is held to its frontrun moment, which leaves it only
-    // l(2) - l(1) = 0.5 ms of slack: on a busy machine it may come back late. What
-    // matters here is that it is served, with the right bytes.
-    assert!(
-        matches!(seen[&9].0, ReplyStatus::Good | ReplyStatus::Late),
-        "{:?}: {}",
-        seen[&9].0,
-        seen[&9].1
-    );
-    assert_eq!(seen[&9].2, fermata::node::exec::emulated_output(&[5; 2048]));
+    assert!(served, "20 lone requests in a row were dropped");
     c.stop().unwrap();
 }

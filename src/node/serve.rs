@@ -34,6 +34,8 @@ pub struct ClusterOpts {
     pub models_dir: std::path::PathBuf,
     /// `cuda`: the CUDA device of each GPU of a backend (default: GPU g on device g).
     pub cuda_devices: Option<Vec<u32>>,
+    /// The scheduler's frontrun slack (`SchedulerOpts::min_slack`).
+    pub min_slack: crate::core::Dur,
 }
 
 impl Default for ClusterOpts {
@@ -50,6 +52,7 @@ impl Default for ClusterOpts {
             executor: "emulated".into(),
             models_dir: "models".into(),
             cuda_devices: None,
+            min_slack: SchedulerOpts::default().min_slack,
         }
     }
 }
@@ -91,6 +94,7 @@ impl Cluster {
                 model_threads: o.model_threads,
                 rank_spin: crate::core::Dur::from_us(o.rank_spin_us as i64),
                 model_spin: crate::core::Dur::from_us(o.model_spin_us as i64),
+                min_slack: o.min_slack,
                 ..SchedulerOpts::default()
             },
         )?;
