@@ -301,11 +301,7 @@ pub struct BackendArgs {
 
 pub fn cmd_backend(a: BackendArgs) -> Result<()> {
     catch_signals();
-    let devices = a
-        .cuda_devices
-        .as_deref()
-        .map(fermata::node::exec::parse_cuda_devices)
-        .transpose()?;
+    let devices = cuda_devices_of(&a.cuda_devices)?;
     let mut o =
         BackendOpts::with_executor_on(&a.scheduler, a.gpus, &a.executor, &a.models, devices)
             .with_context(|| format!("--executor {}", a.executor))?;
@@ -569,11 +565,7 @@ pub const REPO_DEFAULT_RATE: f64 = 100.0;
 /// The workload of `serve`: the workload file (emulated), or the model repository
 /// with its profiles for the executor (onnx, cuda).
 fn serve_workload(a: &ServeArgs) -> Result<Workload> {
-    let devices = a
-        .cuda_devices
-        .as_deref()
-        .map(fermata::node::exec::parse_cuda_devices)
-        .transpose()?;
+    let devices = cuda_devices_of(&a.cuda_devices)?;
     let gpus = match (&devices, a.gpus) {
         (Some(d), Some(g)) if d.len() != g as usize => {
             bail!("--cuda-devices lists {} devices but --gpus is {g}", d.len())
@@ -646,35 +638,27 @@ pub struct ServeGoodputArgs {
     json: bool,
 }
 
-/// The batch-size distribution of a run: share of requests served in batches of
-/// each size, as "b:percent" for sizes with at least 0.5%.
-fn batch_distribution(r: &fermata::sim::SimResult) -> Vec<(u32, f64)> {
-    let mut counts: Vec<u64> = Vec::new();
-    for m in &r.models {
-        if counts.len() < m.batch_requests.len() {
-            counts.resize(m.batch_requests.len(), 0);
-        }
-        for (i, c) in m.batch_requests.iter().enumerate() {
-            counts[i] += c;
-        }
-    }
-    let total: u64 = counts.iter().sum();
-    counts
-        .iter()
-        .enumerate()
-        .filter(|(_, &c)| total > 0 && c as f64 / total as f64 >= 0.005)
-        .map(|(b, &c)| (b as u32, 100.0 * c as f64 / total as f64))
+/// The batch-size distribution of a run as (batch size, percent of requests),
+/// for sizes with at least 0.5% of the requests.
+fn batch_distribution(r: &fermata::sim::SimResult) -> Vec<(String, f64)> {
+    fermata::bench::batch_bins(r)
+        .into_iter()
+        .filter(|(_, f)| *f >= 0.005)
+        .map(|(b, f)| (b, 100.0 * f))
         .collect()
+}
+
+/// `--cuda-devices`, parsed when given.
+fn cuda_devices_of(s: &Option<String>) -> Result<Option<Vec<u32>>> {
+    s.as_deref()
+        .map(fermata::node::exec::parse_cuda_devices)
+        .transpose()
 }
 
 pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
     use fermata::bench::{goodput_search, goodput_search_with, SearchOptions};
     use fermata::sim::SimOptions;
-    let devices = a
-        .cuda_devices
-        .as_deref()
-        .map(fermata::node::exec::parse_cuda_devices)
-        .transpose()?;
+    let devices = cuda_devices_of(&a.cuda_devices)?;
     if let Some(d) = &devices {
         if d.len() != a.gpus as usize {
             bail!(
@@ -779,7 +763,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let fmt = |v: Vec<(u32, f64)>| {
+    let fmt = |v: Vec<(String, f64)>| {
         v.iter()
             .map(|(b, p)| format!("{b}:{p:.1}%"))
             .collect::<Vec<_>>()
@@ -854,11 +838,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         model_spin_us: a.model_spin_us,
         executor: a.executor.clone(),
         models_dir: a.models.clone(),
-        cuda_devices: a
-            .cuda_devices
-            .as_deref()
-            .map(fermata::node::exec::parse_cuda_devices)
-            .transpose()?,
+        cuda_devices: cuda_devices_of(&a.cuda_devices)?,
         http: match a.http_port {
             Some(p) => Some(a.http.opts(&format!("{}:{p}", a.http_host))?),
             None => None,

@@ -247,24 +247,30 @@ def resnet50(fp16=False):
     return model, ins, outs, doc, 50.0
 
 
+def save_model(out, model, ins, outs, doc, slo_ms):
+    """Writes OUT/STEM.onnx and its metadata OUT/STEM.json; returns the .onnx path."""
+    name = model.graph.name
+    path = os.path.join(out, f"{name}.onnx")
+    onnx.save(model, path)
+    meta = {
+        "name": name,
+        "inputs": [tensor_meta(*t) for t in ins],
+        "outputs": [tensor_meta(*t) for t in outs],
+        "slo_ms": slo_ms,
+        "max_batch": MAX_BATCH,
+        "description": doc,
+    }
+    write_json(os.path.join(out, f"{name}.json"), meta)
+    return path
+
+
 def write_large(out):
     """models/large: resnet50 and resnet50_fp16 with their metadata."""
     os.makedirs(out, exist_ok=True)
     for fp16 in (False, True):
-        model, ins, outs, doc, slo_ms = resnet50(fp16)
-        name = model.graph.name
-        path = os.path.join(out, f"{name}.onnx")
-        onnx.save(model, path)
-        meta = {
-            "name": name,
-            "inputs": [tensor_meta(*t) for t in ins],
-            "outputs": [tensor_meta(*t) for t in outs],
-            "slo_ms": slo_ms,
-            "max_batch": MAX_BATCH,
-            "description": doc,
-        }
-        write_json(os.path.join(out, f"{name}.json"), meta)
-        print(f"wrote {path} ({os.path.getsize(path)} bytes), {name}.json")
+        model = resnet50(fp16)
+        path = save_model(out, *model)
+        print(f"wrote {path} ({os.path.getsize(path)} bytes), {model[0].graph.name}.json")
 
 
 def sample_inputs(rng, ins, n):
@@ -318,17 +324,7 @@ def main():
     for make in (mlp, cnn, ranker):
         model, ins, outs, doc, slo_ms = make()
         name = model.graph.name
-        path = os.path.join(out, f"{name}.onnx")
-        onnx.save(model, path)
-        meta = {
-            "name": name,
-            "inputs": [tensor_meta(*t) for t in ins],
-            "outputs": [tensor_meta(*t) for t in outs],
-            "slo_ms": slo_ms,
-            "max_batch": MAX_BATCH,
-            "description": doc,
-        }
-        write_json(os.path.join(out, f"{name}.json"), meta)
+        path = save_model(out, model, ins, outs, doc, slo_ms)
         # Reference outputs from ONNX Runtime (CPU, one thread), the samples run as
         # one batch.
         so = ort.SessionOptions()

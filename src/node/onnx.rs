@@ -339,11 +339,12 @@ struct OutputPlan {
     sample_shape: Vec<i64>,
 }
 
-/// The memory behind a model's shared initializers.
-enum WeightMem {
-    Host(#[allow(dead_code)] Vec<Vec<u64>>),
+/// The memory behind one shared initializer (host or device), kept alive for the
+/// values that describe it.
+enum WeightBuf {
+    Host(#[allow(dead_code)] Vec<u64>),
     #[cfg(feature = "cuda")]
-    Device(#[allow(dead_code)] Vec<cudarc::driver::CudaSlice<u8>>),
+    Device(#[allow(dead_code)] cudarc::driver::CudaSlice<u8>),
 }
 
 /// One copy of a model's floating-point weights, handed to each of its sessions
@@ -351,7 +352,7 @@ enum WeightMem {
 struct SharedWeights {
     values: Vec<(String, std::sync::Arc<ort::value::DynValue>)>,
     bytes: usize,
-    _mem: WeightMem,
+    _mem: Vec<WeightBuf>,
 }
 
 /// The ONNX element type of an ONNX `TensorProto.DataType` code (the shared ones).
@@ -431,14 +432,21 @@ impl SharedWeights {
         #[allow(unused)] stream: Option<&cuda_stream::Stream>,
     ) -> Result<SharedWeights> {
         let inits = proto::shareable_initializers(file)?;
-        let mut values = Vec::with_capacity(inits.len());
-        let mut bytes = 0;
-        match opts.device {
-            Device::Cpu => {
-                let mem = MemoryInfo::default();
-                let mut bufs: Vec<Vec<u64>> = Vec::with_capacity(inits.len());
-                for i in &inits {
-                    let ty = onnx_code_type(i.data_type).expect("shareable types only");
+        let mem = match opts.device {
+            Device::Cpu => MemoryInfo::default(),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) => cuda::device_memory_info(dev)?,
+        };
+        let mut w = SharedWeights {
+            values: Vec::with_capacity(inits.len()),
+            bytes: 0,
+            _mem: Vec::with_capacity(inits.len()),
+        };
+        for i in &inits {
+            let ty = onnx_code_type(i.data_type).expect("shareable types only");
+            let (buf, ptr) = match opts.device {
+                Device::Cpu => {
+                    // 8-byte aligned, like the input buffers.
                     let mut b = vec![0u64; i.bytes.len().div_ceil(8)];
                     // SAFETY: `b` has at least i.bytes.len() bytes.
                     unsafe {
@@ -448,46 +456,27 @@ impl SharedWeights {
                             i.bytes.len(),
                         )
                     };
-                    // SAFETY: the Vec's heap memory never moves and lives in `_mem`,
-                    // which outlives the values (and the sessions hold them).
-                    let v = unsafe {
-                        foreign_tensor(&mem, b.as_mut_ptr().cast(), i.bytes.len(), &i.dims, ty)
-                    }
-                    .with_context(|| format!("initializer `{}`", i.name))?;
-                    bytes += i.bytes.len();
-                    values.push((i.name.clone(), std::sync::Arc::new(v)));
-                    bufs.push(b);
+                    let p = b.as_mut_ptr().cast::<std::ffi::c_void>();
+                    (WeightBuf::Host(b), p)
                 }
-                Ok(SharedWeights {
-                    values,
-                    bytes,
-                    _mem: WeightMem::Host(bufs),
-                })
-            }
-            #[cfg(feature = "cuda")]
-            Device::Cuda(dev) => {
-                let stream = stream.expect("a CUDA stream for device weights");
-                let mem = cuda::device_memory_info(dev)?;
-                let mut bufs = Vec::with_capacity(inits.len());
-                for i in &inits {
-                    let ty = onnx_code_type(i.data_type).expect("shareable types only");
-                    let (slice, ptr) = cuda::upload(stream, &i.bytes)
+                #[cfg(feature = "cuda")]
+                Device::Cuda(_) => {
+                    let stream = stream.expect("a CUDA stream for device weights");
+                    let (slice, p) = cuda::upload(stream, &i.bytes)
                         .with_context(|| format!("initializer `{}`", i.name))?;
-                    // SAFETY: `slice` holds i.bytes.len() bytes on device `dev` and
-                    // lives in `_mem`, which outlives the values and the sessions.
-                    let v = unsafe { foreign_tensor(&mem, ptr, i.bytes.len(), &i.dims, ty) }
-                        .with_context(|| format!("initializer `{}`", i.name))?;
-                    bytes += i.bytes.len();
-                    values.push((i.name.clone(), std::sync::Arc::new(v)));
-                    bufs.push(slice);
+                    (WeightBuf::Device(slice), p)
                 }
-                Ok(SharedWeights {
-                    values,
-                    bytes,
-                    _mem: WeightMem::Device(bufs),
-                })
-            }
+            };
+            // SAFETY: `ptr` holds i.bytes.len() bytes where `mem` says; that memory
+            // never moves (a heap or device allocation owned by `buf`) and lives in
+            // `_mem`, which outlives the values (and the sessions that hold them).
+            let v = unsafe { foreign_tensor(&mem, ptr, i.bytes.len(), &i.dims, ty) }
+                .with_context(|| format!("initializer `{}`", i.name))?;
+            w.bytes += i.bytes.len();
+            w.values.push((i.name.clone(), std::sync::Arc::new(v)));
+            w._mem.push(buf);
         }
+        Ok(w)
     }
 }
 
