@@ -224,6 +224,21 @@ pub fn parse_profiles_csv(text: &str) -> Result<Vec<ProfileRow>> {
 }
 
 impl Workload {
+    /// The central dispatcher's configuration for this workload and `policy` (the
+    /// simulator and the real-time runtime build it the same way).
+    pub fn dispatcher_config(
+        &self,
+        policy: crate::core::Policy,
+        check: bool,
+    ) -> crate::core::DispatcherConfig {
+        let mut cfg = crate::core::DispatcherConfig::new(policy, self.gpus);
+        cfg.gather = self.gather.unwrap_or_else(|| policy.default_gather());
+        cfg.net = self.net;
+        cfg.check_invariants = check;
+        cfg.min_expected_gain = self.min_expected_gain;
+        cfg
+    }
+
     /// Reads and validates a workload file.
     pub fn from_file(path: &Path) -> Result<Workload> {
         let text = std::fs::read_to_string(path)

@@ -4,6 +4,11 @@
 //! simulator passes virtual time, the real-time runtime converts the OS clock at the
 //! edge. `Time` is an instant (nanoseconds since an arbitrary epoch of the run),
 //! `Dur` a signed span. Both are plain `i64` so that `deadline - l(b)` never wraps.
+//!
+//! Their arithmetic **saturates** at the ends of `i64`: times come from the wire
+//! too, and no value a peer sends may overflow a node's arithmetic (a panic in a
+//! debug build, a deadline wrapped into the past in release). Saturating add and
+//! subtract cost one compare-and-move more than the plain ones.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -76,60 +81,87 @@ impl Add<Dur> for Time {
     type Output = Time;
     #[inline]
     fn add(self, d: Dur) -> Time {
-        Time(self.0 + d.0)
+        Time(self.0.saturating_add(d.0))
     }
 }
 impl AddAssign<Dur> for Time {
     #[inline]
     fn add_assign(&mut self, d: Dur) {
-        self.0 += d.0;
+        self.0 = self.0.saturating_add(d.0);
     }
 }
 impl Sub<Dur> for Time {
     type Output = Time;
     #[inline]
     fn sub(self, d: Dur) -> Time {
-        Time(self.0 - d.0)
+        Time(self.0.saturating_sub(d.0))
     }
 }
 impl SubAssign<Dur> for Time {
     #[inline]
     fn sub_assign(&mut self, d: Dur) {
-        self.0 -= d.0;
+        self.0 = self.0.saturating_sub(d.0);
     }
 }
 impl Sub<Time> for Time {
     type Output = Dur;
     #[inline]
     fn sub(self, t: Time) -> Dur {
-        Dur(self.0 - t.0)
+        Dur(self.0.saturating_sub(t.0))
     }
 }
 impl Add for Dur {
     type Output = Dur;
     #[inline]
     fn add(self, d: Dur) -> Dur {
-        Dur(self.0 + d.0)
+        Dur(self.0.saturating_add(d.0))
     }
 }
 impl AddAssign for Dur {
     #[inline]
     fn add_assign(&mut self, d: Dur) {
-        self.0 += d.0;
+        self.0 = self.0.saturating_add(d.0);
     }
 }
 impl Sub for Dur {
     type Output = Dur;
     #[inline]
     fn sub(self, d: Dur) -> Dur {
-        Dur(self.0 - d.0)
+        Dur(self.0.saturating_sub(d.0))
     }
 }
 impl Mul<i64> for Dur {
     type Output = Dur;
     #[inline]
     fn mul(self, k: i64) -> Dur {
-        Dur(self.0 * k)
+        Dur(self.0.saturating_mul(k))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_saturates_instead_of_wrapping() {
+        assert_eq!(Time(i64::MAX - 5) + Dur(10), Time(i64::MAX));
+        assert_eq!(Time(i64::MIN + 5) - Dur(10), Time(i64::MIN));
+        assert_eq!(Time(i64::MAX) - Time(i64::MIN), Dur(i64::MAX));
+        assert_eq!(Time(i64::MIN) - Time(i64::MAX), Dur(i64::MIN));
+        assert_eq!(Dur(i64::MAX) + Dur(1), Dur(i64::MAX));
+        assert_eq!(Dur(i64::MIN) - Dur(1), Dur(i64::MIN));
+        assert_eq!(Dur(i64::MAX / 2) * 3, Dur(i64::MAX));
+        let mut t = Time(i64::MAX);
+        t += Dur(1);
+        assert_eq!(t, Time(i64::MAX));
+        t -= Dur(i64::MAX);
+        assert_eq!(t, Time(0));
+        let mut d = Dur(i64::MAX);
+        d += Dur(7);
+        assert_eq!(d, Dur(i64::MAX));
+        // Ordinary values are unchanged.
+        assert_eq!(Time(10) + Dur(5) - Dur(3), Time(12));
+        assert_eq!(Time(10) - Time(15), Dur(-5));
     }
 }
 

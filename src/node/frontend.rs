@@ -18,18 +18,18 @@
 //! [`DropCode::NoGpu`].
 
 use super::clock::{OffsetEstimator, SchedClock};
-use super::scheduler::TASK_SEQ_BITS;
+use super::proto::check;
+use super::proto::ledger::{Answer, Finished, RequestLedger};
 use crate::core::{Dur, Time};
 use crate::metrics::{Counter, Gauge, Histogram, Registry, LATENCY_BUCKETS};
 use crate::runtime::clock::Clock;
-use crate::transport::{Conn, ConnId, Event, InputRef, Listener, Region, RegionServer, Transport};
+use crate::transport::{Conn, ConnId, Event, Listener, Region, RegionServer, Transport};
 use crate::wire::{
-    DropCode, ModelInfo, Msg, NodeId, ReplyStatus, Role, SubmitTask, TaskStatus, MAX_ITEMS,
+    DropCode, ModelInfo, Msg, ReplyStatus, Role, SubmitTask, MAX_ITEMS,
 };
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -98,30 +98,7 @@ enum Client {
     Local(tokio::sync::oneshot::Sender<InferDone>),
 }
 
-/// How a request ended, finer than [`ReplyStatus`] (what the HTTP API maps to
-/// status codes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
-    /// Output by the deadline.
-    Good,
-    /// Output after the deadline.
-    Late,
-    /// The scheduler or a backend gave up on it (the reason; `NoGpu` also when the
-    /// frontend knew no GPU was in service).
-    Dropped(DropCode),
-    /// No answer by the deadline plus the frontend's grace.
-    TimedOut,
-    /// Refused by the frontend: unknown model, bad SLO.
-    BadRequest,
-    /// The input region is full (too many requests in flight) or the input too large.
-    RegionFull,
-    /// The frontend has no scheduler (lost, or stopping).
-    NoScheduler,
-    /// The backend running it was lost.
-    BackendLost,
-    /// The backend could not read its input or run it.
-    Failed,
-}
+pub use super::proto::ledger::Ended;
 
 /// The answer to an in-process request.
 #[derive(Debug, Clone)]
@@ -283,16 +260,6 @@ impl ModelStats {
     }
 }
 
-struct Pending {
-    client: Client,
-    /// Index of the model in `Loop::models`.
-    model: usize,
-    received: Instant,
-    arrival: Time,
-    deadline: Time,
-    input: InputRef,
-}
-
 /// A running frontend.
 pub struct FrontendNode {
     addr: String,
@@ -439,7 +406,6 @@ impl FrontendNode {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let mut lp = Loop {
-            node,
             by_name: models
                 .iter()
                 .enumerate()
@@ -456,11 +422,8 @@ impl FrontendNode {
             est,
             region,
             clients: HashMap::new(),
-            pending: HashMap::new(),
-            timeouts: BinaryHeap::new(),
+            ledger: RequestLedger::new(node, Dur(opts.grace.as_nanos() as i64)),
             submit: Vec::new(),
-            next_seq: 0,
-            grace: opts.grace,
             heartbeat: Duration::from_millis(hb.max(1) as u64),
             sched_timeout: opts.scheduler_timeout,
             last_pong: Instant::now(),
@@ -542,7 +505,6 @@ impl Drop for FrontendNode {
 }
 
 struct Loop {
-    node: NodeId,
     models: Vec<ModelInfo>,
     /// Model name -> index in `models`.
     by_name: HashMap<String, usize>,
@@ -556,12 +518,9 @@ struct Loop {
     est: OffsetEstimator,
     region: Arc<Region>,
     clients: HashMap<ConnId, Arc<dyn Conn>>,
-    pending: HashMap<u64, Pending>,
-    /// (deadline + grace, task) for the last-resort sweep.
-    timeouts: BinaryHeap<Reverse<(i64, u64)>>,
+    /// The pending requests (sans-IO): each ends exactly once.
+    ledger: RequestLedger<Client>,
     submit: Vec<SubmitTask>,
-    next_seq: u64,
-    grace: Duration,
     heartbeat: Duration,
     sched_timeout: Duration,
     last_pong: Instant,
@@ -642,7 +601,7 @@ impl Loop {
                     m.update_bad_rate(now);
                 }
             }
-            self.pending_gauge.set(self.pending.len() as f64);
+            self.pending_gauge.set(self.ledger.len() as f64);
         }
         // Stop: refuse new local requests, then end every request still pending
         // (and any local one still queued) now.
@@ -650,17 +609,21 @@ impl Loop {
         while let Ok(l) = lrx.try_recv() {
             self.local(l);
         }
-        let ids: Vec<u64> = self.pending.keys().copied().collect();
-        for id in ids {
-            self.finish(
-                id,
-                Outcome::Failed(Ended::NoScheduler, "frontend stopping".into()),
-            );
+        let now = self.clock.now();
+        for f in self.ledger.fail_all(now, Ended::NoScheduler, "frontend stopping") {
+            self.answer(f);
         }
         let _ = self.sched.send(Msg::Unregister {
             reason: "frontend stopping".into(),
         });
         self.sched.close("frontend stopping");
+        let c = self.ledger.counts();
+        self.report.good += c.good;
+        self.report.late += c.late;
+        self.report.dropped += c.dropped;
+        self.report.failed += c.failed;
+        self.report.timed_out += c.timed_out;
+        self.report.stray_answers += c.stray_answers;
         self.report.clock_offset_us = self.clock.offset().as_us_f64();
         self.report.clock_error_us = self.clock.error_bound().as_us_f64();
         self.report
@@ -676,13 +639,8 @@ impl Loop {
                 tasks: chunk.to_vec(),
             }) {
                 for t in chunk {
-                    self.finish(
-                        t.id,
-                        Outcome::Failed(
-                            Ended::NoScheduler,
-                            format!("cannot reach the scheduler: {e}"),
-                        ),
-                    );
+                    let why = format!("cannot reach the scheduler: {e}");
+                    self.finish(t.id, Answer::Failed(Ended::NoScheduler, why));
                 }
             }
         }
@@ -693,32 +651,19 @@ impl Loop {
             return;
         }
         self.state.sched_ok.store(false, Ordering::Release);
-        tracing::error!(reason = %why, pending = self.pending.len(), "frontend: lost the scheduler; failing every pending request");
-        let ids: Vec<u64> = self.pending.keys().copied().collect();
-        for id in ids {
-            self.finish(
-                id,
-                Outcome::Failed(Ended::NoScheduler, format!("scheduler lost: {why}")),
-            );
+        tracing::error!(reason = %why, pending = self.ledger.len(), "frontend: lost the scheduler; failing every pending request");
+        let now = self.clock.now();
+        let why = format!("scheduler lost: {why}");
+        for f in self.ledger.fail_all(now, Ended::NoScheduler, &why) {
+            self.answer(f);
         }
     }
 
     fn sweep(&mut self) {
-        let now = self.clock.now().0;
-        while let Some(&Reverse((t, id))) = self.timeouts.peek() {
-            if t > now {
-                break;
-            }
-            self.timeouts.pop();
-            if self.pending.contains_key(&id) {
-                self.report.timed_out += 1;
-                self.finish(
-                    id,
-                    Outcome::Failed(
-                        Ended::TimedOut,
-                        "no result by the deadline plus grace".into(),
-                    ),
-                );
+        let now = self.clock.now();
+        if self.ledger.poll_timeout().is_some_and(|t| t <= now) {
+            for f in self.ledger.handle_timeout(now) {
+                self.answer(f);
             }
         }
     }
@@ -788,62 +733,39 @@ impl Loop {
         self.reply(client, done);
     }
 
-    fn finish(&mut self, id: u64, out: Outcome) {
-        let Some(p) = self.pending.remove(&id) else {
-            self.report.stray_answers += 1;
-            return;
-        };
-        self.region.release(p.input);
-        let lat = p.received.elapsed();
-        let st = &self.stats[p.model];
-        let mut ran = Ran::default();
-        let (ended, status, output, msg) = match out {
-            Outcome::Output(o, r) => {
-                ran = r;
-                ran.queue_ns = (ran.queue_ns - p.arrival.0).max(0);
-                st.queue.observe(ran.queue_ns as u64);
-                if self.clock.now() <= p.deadline {
-                    self.report.good += 1;
-                    st.good.inc();
-                    (Ended::Good, ReplyStatus::Good, o, String::new())
-                } else {
-                    self.report.late += 1;
-                    st.late.inc();
-                    (
-                        Ended::Late,
-                        ReplyStatus::Late,
-                        o,
-                        "result arrived after the deadline".into(),
-                    )
-                }
-            }
-            Outcome::Dropped(code) => {
-                self.report.dropped += 1;
-                st.dropped.inc();
-                (
-                    Ended::Dropped(code),
-                    ReplyStatus::Dropped,
-                    Vec::new(),
-                    format!("dropped by the scheduler: {code:?}"),
-                )
-            }
-            Outcome::Failed(ended, why) => {
-                self.report.failed += 1;
-                st.failed.inc();
-                (ended, ReplyStatus::Failed, Vec::new(), why)
-            }
-        };
-        st.latency.observe_duration(lat);
+    /// Request `id` got its answer.
+    fn finish(&mut self, id: u64, answer: Answer) {
+        let now = self.clock.now();
+        if let Some(f) = self.ledger.finish(now, id, answer) {
+            self.answer(f);
+        }
+    }
+
+    /// A request ended: its slot is free, its client answered, its stats counted.
+    fn answer(&mut self, f: Finished<Client>) {
+        self.region.release(f.input);
+        let st = &self.stats[f.model];
+        match f.ended {
+            Ended::Good => st.good.inc(),
+            Ended::Late => st.late.inc(),
+            Ended::Dropped(_) => st.dropped.inc(),
+            _ => st.failed.inc(),
+        }
+        if matches!(f.ended, Ended::Good | Ended::Late) {
+            st.queue.observe(f.queue.0.max(0) as u64);
+        }
+        let latency = Duration::from_nanos(f.latency.0.max(0) as u64);
+        st.latency.observe_duration(latency);
         let done = InferDone {
-            ended,
-            status,
-            output,
-            message: msg,
-            latency: lat,
-            queue: Duration::from_nanos(ran.queue_ns as u64),
-            batch_size: ran.batch_size,
+            ended: f.ended,
+            status: f.ended.status(),
+            output: f.output,
+            message: f.message,
+            latency,
+            queue: Duration::from_nanos(f.queue.0.max(0) as u64),
+            batch_size: f.batch_size,
         };
-        self.reply(p.client, done);
+        self.reply(f.client, done);
     }
 
     fn local(&mut self, l: LocalInfer) {
@@ -874,16 +796,7 @@ impl Loop {
                 }
                 Msg::Dropped { items } => {
                     for (id, code) in items {
-                        let out = match code {
-                            // Lost with its backend: an explicit failure, not a
-                            // scheduling decision.
-                            DropCode::BackendLost => Outcome::Failed(
-                                Ended::BackendLost,
-                                "the backend running it was lost".into(),
-                            ),
-                            c => Outcome::Dropped(c),
-                        };
-                        self.finish(id, out);
+                        self.finish(id, Answer::of_drop(code));
                     }
                 }
                 Msg::Capacity { gpus } => {
@@ -912,25 +825,8 @@ impl Loop {
                 }
                 Msg::Results { items } => {
                     for r in items {
-                        let out = match r.status {
-                            TaskStatus::Ok => Outcome::Output(
-                                r.output,
-                                Ran {
-                                    queue_ns: r.started_ns,
-                                    batch_size: r.batch_size,
-                                },
-                            ),
-                            TaskStatus::Dropped(code) => Outcome::Dropped(code),
-                            TaskStatus::InputMissing => Outcome::Failed(
-                                Ended::Failed,
-                                "the backend could not read the input".into(),
-                            ),
-                            TaskStatus::Failed => Outcome::Failed(
-                                Ended::Failed,
-                                "the backend failed to run the batch".into(),
-                            ),
-                        };
-                        self.finish(r.id, out);
+                        let id = r.id;
+                        self.finish(id, Answer::of_result(r));
                     }
                 }
                 other => {
@@ -964,10 +860,11 @@ impl Loop {
             let why = format!("unknown model `{model}` (served: {})", known.join(", "));
             return self.refuse(client, received, None, Ended::BadRequest, why);
         };
-        if slo_ns < 0 {
-            let why = format!("slo_ns must be >= 0 (0 = the model's default), got {slo_ns}");
-            return self.refuse(client, received, Some(mi), Ended::BadRequest, why);
-        }
+        let m = &self.models[mi];
+        let slo = match check::slo(slo_ns, Dur(m.slo_ns)) {
+            Ok(slo) => slo,
+            Err(why) => return self.refuse(client, received, Some(mi), Ended::BadRequest, why),
+        };
         if self.state.gpus.load(Ordering::Acquire) == 0 {
             let why = format!("no GPU in service: no backend can serve model `{model}` now");
             return self.refuse(
@@ -978,56 +875,16 @@ impl Loop {
                 why,
             );
         }
-        let m = &self.models[mi];
-        let slo = if slo_ns == 0 { m.slo_ns } else { slo_ns };
         let mid = m.id;
-        self.next_seq += 1;
-        let id =
-            ((self.node as u64) << TASK_SEQ_BITS) | (self.next_seq & ((1 << TASK_SEQ_BITS) - 1));
-        let Some(r) = self.region.put(id, &input) else {
+        let Some(r) = self.region.put(self.ledger.next_id(), &input) else {
             let why = format!(
                 "input region full or input too large ({} bytes)",
                 input.len()
             );
             return self.refuse(client, received, Some(mi), Ended::RegionFull, why);
         };
-        let arrival = self.clock.now();
-        let deadline = arrival + Dur(slo);
-        self.pending.insert(
-            id,
-            Pending {
-                client,
-                model: mi,
-                received,
-                arrival,
-                deadline,
-                input: r,
-            },
-        );
-        self.timeouts.push(Reverse((
-            (deadline + Dur(self.grace.as_nanos() as i64)).0,
-            id,
-        )));
-        self.submit.push(SubmitTask {
-            id,
-            model: mid,
-            arrival_ns: arrival.0,
-            deadline_ns: deadline.0,
-            input: r.pack(),
-        });
+        let now = self.clock.now();
+        let task = self.ledger.admit(now, mi, mid, slo, client, r);
+        self.submit.push(task);
     }
-}
-
-/// How a task ran: its batch's size, and (first the batch's start time, then) its
-/// queuing delay.
-#[derive(Default, Clone, Copy)]
-struct Ran {
-    queue_ns: i64,
-    batch_size: u32,
-}
-
-enum Outcome {
-    Output(Vec<u8>, Ran),
-    Dropped(DropCode),
-    Failed(Ended, String),
 }

@@ -12,5 +12,6 @@ pub mod http;
 pub mod loadgen;
 pub mod onnx;
 pub mod procs;
+pub mod proto;
 pub mod scheduler;
 pub mod serve;

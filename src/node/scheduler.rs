@@ -49,14 +49,16 @@
 
 use super::clock::SchedClock;
 use super::exec::wire_profile;
+use super::proto::plans::PlanLedger;
+use super::proto::sched::{Action, SchedConfig, SchedProto};
 use crate::core::{
-    DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, Plan, Task, TaskId, Time,
+    DropReason, Dur, GpuId, ModelId, ModelSpec, Plan, Task, Time,
 };
 use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, BATCH_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
 use crate::transport::{Conn, ConnId, Event, Listener, Transport};
-use crate::wire::{DropCode, ModelInfo, Msg, NodeId, PlanTask, Role};
+use crate::wire::{DropCode, ModelInfo, Msg, NodeId, PlanTask};
 use crate::workload::Workload;
 use anyhow::Result;
 use crossbeam_channel::{unbounded, RecvTimeoutError};
@@ -69,14 +71,7 @@ use std::time::{Duration, Instant};
 /// The window of the GPU busy fractions in the metrics.
 pub const BUSY_WINDOW: Duration = Duration::from_secs(10);
 
-/// Bits of a task id below the frontend's node id.
-pub const TASK_SEQ_BITS: u32 = 40;
-
-/// The node (frontend) that owns a task.
-#[inline]
-pub fn task_owner(id: u64) -> NodeId {
-    (id >> TASK_SEQ_BITS) as NodeId
-}
+pub use crate::wire::{task_owner, TASK_SEQ_BITS};
 
 /// Scheduler settings.
 #[derive(Debug, Clone)]
@@ -120,46 +115,19 @@ impl Default for SchedulerOpts {
     }
 }
 
-/// What a scheduler reports when it stops.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct SchedReport {
-    pub backends_registered: u32,
-    pub frontends_registered: u32,
-    /// Removed for a failure (connection broken, heartbeat timeout, protocol error).
-    pub backends_lost: u32,
-    pub frontends_lost: u32,
-    /// Left on purpose (`Unregister`).
-    pub backends_left: u32,
-    pub frontends_left: u32,
-    pub tasks_received: u64,
-    pub plans_sent: u64,
-    pub plans_done: u64,
-    pub tasks_failed_backend_lost: u64,
-    pub tasks_dropped: u64,
-    pub connections_closed_for_errors: u64,
-    /// Last applied d_ctrl / d_data (per task), microseconds.
-    pub d_ctrl_us: f64,
-    pub d_data_us: f64,
-    /// Backends' last reported control delay and pull time per task at p99.9 (us).
-    pub ctrl_delay_us: f64,
-    pub pull_us: f64,
-}
+pub use super::proto::sched::SchedReport;
 
 struct GpuRoute {
     conn: Arc<dyn Conn>,
     backend: NodeId,
 }
 
-struct InFlight {
-    backend: NodeId,
-    tasks: Vec<u64>,
-}
-
 /// Where plans and drops go; shared by the ModelThreads and the event loop.
 struct Routes {
     gpus: RwLock<Vec<Option<GpuRoute>>>,
     frontends: RwLock<HashMap<NodeId, Arc<dyn Conn>>>,
-    inflight: Mutex<HashMap<u64, InFlight>>,
+    /// In flight plans (the protocol machine's ledger).
+    plans: Arc<Mutex<PlanLedger>>,
     reporter: OnceLock<GpuReporter>,
     clock: Clock,
     plans_sent: AtomicU64,
@@ -293,26 +261,6 @@ impl Routes {
             }
         }
     }
-
-    /// Ends every in-flight plan of `backend` as BackendLost.
-    fn fail_backend(&self, backend: NodeId) -> u64 {
-        let lost: Vec<InFlight> = {
-            let mut inf = self.inflight.lock().expect("inflight lock");
-            let ids: Vec<u64> = inf
-                .iter()
-                .filter(|(_, f)| f.backend == backend)
-                .map(|(&id, _)| id)
-                .collect();
-            ids.iter().filter_map(|id| inf.remove(id)).collect()
-        };
-        let n: u64 = lost.iter().map(|f| f.tasks.len() as u64).sum();
-        self.lost.fetch_add(n, Ordering::Relaxed);
-        self.notify(
-            lost.into_iter().flat_map(|f| f.tasks),
-            DropCode::BackendLost,
-        );
-        n
-    }
 }
 
 impl Outlet for Routes {
@@ -329,34 +277,38 @@ impl Outlet for Routes {
                 })
                 .collect()
         };
-        let route = {
+        // The route lookup and the plan's record happen under the routes' read
+        // lock: once a backend's routes are gone (write lock), no plan of it can
+        // be recorded after the driver collects the last ones (`gpus_down`).
+        let ntasks = tasks.len();
+        let conn = {
             let g = self.gpus.read().expect("routes lock");
-            g.get(plan.gpu.idx())
+            let route = g
+                .get(plan.gpu.idx())
                 .and_then(|r| r.as_ref())
-                .map(|r| (r.conn.clone(), r.backend))
-        };
-        let Some((conn, backend)) = route else {
-            // The GPU's backend is gone (its GPUs are leaving service).
-            self.lost.fetch_add(tasks.len() as u64, Ordering::Relaxed);
-            self.notify(tasks.iter().map(|t| t.id), DropCode::BackendLost);
-            return;
-        };
-        if tasks.is_empty() {
-            // Every task's frontend is gone: the GPU is free again now.
-            if let Some(r) = self.reporter.get() {
-                r.report(plan.gpu, plan.id, self.clock.now());
+                .map(|r| (r.conn.clone(), r.backend));
+            let Some((conn, backend)) = route else {
+                drop(g);
+                // The GPU's backend is gone (its GPUs are leaving service).
+                self.lost.fetch_add(ntasks as u64, Ordering::Relaxed);
+                self.notify(tasks.iter().map(|t| t.id), DropCode::BackendLost);
+                return;
+            };
+            if tasks.is_empty() {
+                drop(g);
+                // Every task's frontend is gone: the GPU is free again now.
+                if let Some(r) = self.reporter.get() {
+                    r.report(plan.gpu, plan.id, self.clock.now());
+                }
+                return;
             }
-            return;
-        }
-        let ids: Vec<u64> = tasks.iter().map(|t| t.id).collect();
-        let ntasks = ids.len();
-        self.inflight.lock().expect("inflight lock").insert(
-            plan.id.0,
-            InFlight {
-                backend,
-                tasks: ids,
-            },
-        );
+            let ids: Vec<u64> = tasks.iter().map(|t| t.id).collect();
+            self.plans
+                .lock()
+                .expect("plans lock")
+                .sent(plan.id, backend, plan.gpu, ids);
+            conn
+        };
         let msg = Msg::Plan {
             id: plan.id.0,
             model: plan.model.0,
@@ -372,14 +324,10 @@ impl Outlet for Routes {
             self.metrics.batch[plan.model.idx()].observe(ntasks as u64);
         }
         if conn.send(msg).is_err() {
-            let f = self
-                .inflight
-                .lock()
-                .expect("inflight lock")
-                .remove(&plan.id.0);
-            if let Some(f) = f {
-                self.lost.fetch_add(f.tasks.len() as u64, Ordering::Relaxed);
-                self.notify(f.tasks, DropCode::BackendLost);
+            let lost = self.plans.lock().expect("plans lock").unsent(plan.id);
+            if !lost.is_empty() {
+                self.lost.fetch_add(lost.len() as u64, Ordering::Relaxed);
+                self.notify(lost, DropCode::BackendLost);
             }
         }
     }
@@ -424,7 +372,7 @@ impl SchedulerNode {
             );
         }
         let clock = Clock::new();
-        let mut dcfg = crate::sim::dispatcher_config(workload, workload.policy, false);
+        let mut dcfg = workload.dispatcher_config(workload.policy, false);
         dcfg.gpus = 0;
         dcfg.net.slack = dcfg.net.slack.max(opts.min_slack);
         let floors = dcfg.net;
@@ -454,11 +402,23 @@ impl SchedulerNode {
                     .unwrap_or_default(),
             })
             .collect();
+        let proto = SchedProto::new(
+            SchedClock::exact(clock).now(),
+            SchedConfig {
+                models: models.clone(),
+                heartbeat: Dur(opts.heartbeat.as_nanos() as i64),
+                node_timeout: Dur(opts.node_timeout.as_nanos() as i64),
+                net_update: Dur(opts.net_update.as_nanos() as i64),
+                floors,
+                max_ctrl: opts.max_ctrl,
+                max_data: opts.max_data,
+            },
+        );
         let registry = Registry::new();
         let routes = Arc::new(Routes {
             gpus: RwLock::new(Vec::new()),
             frontends: RwLock::new(HashMap::new()),
-            inflight: Mutex::new(HashMap::new()),
+            plans: proto.plans(),
             reporter: OnceLock::new(),
             clock,
             plans_sent: AtomicU64::new(0),
@@ -477,17 +437,11 @@ impl SchedulerNode {
         let reporter = rt.gpu_reporter();
         let ev = EventLoop {
             reporter,
-            opts,
             rt: Some(rt),
             routes,
             clock: SchedClock::exact(clock),
-            models,
-            floors,
-            net: floors,
+            proto,
             conns: HashMap::new(),
-            next_node: 1,
-            report: SchedReport::default(),
-            gpus_in_service: 0,
             busy: Vec::new(),
             busy_snap: busy,
             _listener: listener,
@@ -534,50 +488,14 @@ impl Drop for SchedulerNode {
     }
 }
 
-enum NodeState {
-    /// Connected, not registered (may ping to sync its clock).
-    New,
-    /// A backend loading its models.
-    Loading {
-        node: NodeId,
-        gpus: u32,
-        pending: u32,
-    },
-    Backend {
-        node: NodeId,
-        gpus: Vec<GpuId>,
-    },
-    Frontend {
-        node: NodeId,
-        /// The `FrontendUp` that announces it to backends.
-        up: Msg,
-    },
-}
-
-struct ConnState {
-    conn: Arc<dyn Conn>,
-    state: NodeState,
-    last_seen: Instant,
-    /// What the node last measured (from its pings, also those sent before it
-    /// registered): control delay and pull time per task, ns.
-    ctrl_delay: i64,
-    pull: i64,
-}
-
 struct EventLoop {
-    opts: SchedulerOpts,
     rt: Option<RtScheduler>,
     routes: Arc<Routes>,
     clock: SchedClock,
-    models: Vec<ModelInfo>,
-    floors: NetBudget,
-    net: NetBudget,
-    conns: HashMap<ConnId, ConnState>,
-    next_node: NodeId,
-    report: SchedReport,
+    /// Membership, health, the network budget and the checks (sans-IO).
+    proto: SchedProto,
+    conns: HashMap<ConnId, Arc<dyn Conn>>,
     reporter: GpuReporter,
-    /// GPUs in service (what frontends learn in `Capacity`).
-    gpus_in_service: u32,
     /// Per global GPU id: busy time, for the metrics.
     busy: Vec<GpuBusy>,
     busy_snap: Arc<Mutex<Vec<GpuSnap>>>,
@@ -683,12 +601,11 @@ impl EventLoop {
         mut sub: Submitter,
         stop: &AtomicBool,
     ) -> Result<SchedReport> {
-        let mut next_check = Instant::now() + self.opts.heartbeat;
-        let mut next_net = Instant::now() + self.opts.net_update;
         let mut next_busy = Instant::now();
         let mut refused = Vec::new();
         while !stop.load(Ordering::Acquire) {
-            let wait = next_check.saturating_duration_since(Instant::now());
+            let due = self.proto.poll_timeout();
+            let wait = Duration::from_nanos((due - self.clock.now()).0.max(0) as u64);
             match rx.recv_timeout(wait.min(Duration::from_millis(50))) {
                 Ok(ev) => {
                     self.handle(ev, &mut sub, &mut refused);
@@ -706,15 +623,12 @@ impl EventLoop {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
+            let now = self.clock.now();
+            if now >= self.proto.poll_timeout() {
+                self.proto.handle_timeout(now);
+                self.apply(&mut sub, &mut refused);
+            }
             let now = Instant::now();
-            if now >= next_check {
-                next_check = now + self.opts.heartbeat;
-                self.check_timeouts(now);
-            }
-            if now >= next_net {
-                next_net = now + self.opts.net_update;
-                self.update_net();
-            }
             if now >= next_busy {
                 next_busy = now + Duration::from_secs(1);
                 self.update_busy(now);
@@ -723,16 +637,17 @@ impl EventLoop {
         // Stop: close every connection, then drain the scheduler (its drops go to
         // frontends that are already closed: they fail their own pending tasks).
         for c in self.conns.values() {
-            c.conn.close("scheduler stopping");
+            c.close("scheduler stopping");
         }
         let rt = self.rt.take().expect("running");
         drop(sub);
         let rep: RtReport = rt.shutdown();
-        self.report.tasks_received = rep.counters.received;
-        self.report.plans_sent = self.routes.plans_sent.load(Ordering::Relaxed);
-        self.report.tasks_failed_backend_lost = self.routes.lost.load(Ordering::Relaxed);
-        self.report.tasks_dropped = self.routes.dropped.load(Ordering::Relaxed);
-        Ok(self.report)
+        let mut report = self.proto.report().clone();
+        report.tasks_received = rep.counters.received;
+        report.plans_sent = self.routes.plans_sent.load(Ordering::Relaxed);
+        report.tasks_failed_backend_lost += self.routes.lost.load(Ordering::Relaxed);
+        report.tasks_dropped += self.routes.dropped.load(Ordering::Relaxed);
+        Ok(report)
     }
 
     fn refuse(&self, refused: &mut Vec<(ModelId, Task)>) {
@@ -770,509 +685,153 @@ impl EventLoop {
         *self.busy_snap.lock().expect("busy lock") = snap;
     }
 
-    /// Tells every frontend (or only `to`) how many GPUs are in service.
-    fn send_capacity(&self, to: Option<&Arc<dyn Conn>>) {
-        let msg = Msg::Capacity {
-            gpus: self.gpus_in_service,
-        };
-        match to {
-            Some(c) => {
-                let _ = c.send(msg);
-            }
-            None => {
-                for c in self.routes.frontends.read().expect("routes lock").values() {
-                    let _ = c.send(msg.clone());
-                }
-            }
-        }
-    }
-
-    /// Closes `c` for a protocol error and removes its node.
-    fn reject(&mut self, c: ConnId, why: String) {
-        tracing::warn!(conn = c, reason = %why, "scheduler: closing connection");
-        self.report.connections_closed_for_errors += 1;
-        if let Some(cs) = self.conns.get(&c) {
-            let _ = cs.conn.send(Msg::Error {
-                message: why.clone(),
-            });
-            cs.conn.close(&why);
-        }
-        self.lost(c, why);
-    }
-
     fn handle(&mut self, ev: Event, sub: &mut Submitter, refused: &mut Vec<(ModelId, Task)>) {
+        let now = self.clock.now();
         match ev {
             Event::Accepted(conn) => {
-                self.conns.insert(
-                    conn.id(),
-                    ConnState {
-                        conn,
-                        state: NodeState::New,
-                        last_seen: Instant::now(),
-                        ctrl_delay: 0,
-                        pull: 0,
-                    },
-                );
+                let c = conn.id();
+                self.conns.insert(c, conn);
+                self.proto.handle_accept(now, c);
             }
-            Event::Closed(c, reason) => self.lost(c, reason),
-            Event::Msg(c, msg) => {
-                let Some(cs) = self.conns.get_mut(&c) else {
-                    return;
-                };
-                cs.last_seen = Instant::now();
-                match msg {
-                    Msg::Ping {
-                        seq,
-                        sent_ns,
-                        ctrl_delay_ns,
-                        pull_ns,
-                    } => {
-                        cs.ctrl_delay = ctrl_delay_ns;
-                        cs.pull = pull_ns;
-                        let _ = cs.conn.send(Msg::Pong {
-                            seq,
-                            echo_ns: sent_ns,
-                            sched_ns: self.clock.now().0,
-                        });
-                    }
-                    Msg::Submit { tasks } => {
-                        if !matches!(cs.state, NodeState::Frontend { .. }) {
-                            return self.reject(
-                                c,
-                                "Submit from a node that is not a registered frontend".into(),
-                            );
-                        }
-                        let node = match cs.state {
-                            NodeState::Frontend { node, .. } => node,
-                            _ => unreachable!(),
-                        };
-                        let nm = self.models.len() as u32;
-                        let no_gpu = self.gpus_in_service == 0;
-                        let mut unknown = Vec::new();
-                        let mut refused_no_gpu = Vec::new();
-                        for t in tasks {
-                            if task_owner(t.id) != node {
-                                return self.reject(
-                                    c,
-                                    format!(
-                                        "task id {} does not carry the frontend's node id {node}",
-                                        t.id
-                                    ),
-                                );
-                            }
-                            if t.model >= nm {
-                                unknown.push(t.id);
-                                continue;
-                            }
-                            self.routes.metrics.tasks[t.model as usize].inc();
-                            if no_gpu {
-                                refused_no_gpu.push(t.id);
-                                continue;
-                            }
-                            sub.push(
-                                ModelId(t.model),
-                                Task {
-                                    id: TaskId(t.id),
-                                    arrival: Time(t.arrival_ns),
-                                    deadline: Time(t.deadline_ns),
-                                    tag: t.input,
-                                },
-                                refused,
-                            );
-                        }
-                        if !unknown.is_empty() {
-                            self.routes.notify(unknown, DropCode::UnknownModel);
-                        }
-                        if !refused_no_gpu.is_empty() {
-                            self.routes
-                                .dropped
-                                .fetch_add(refused_no_gpu.len() as u64, Ordering::Relaxed);
-                            self.routes.notify(refused_no_gpu, DropCode::NoGpu);
+            Event::Closed(c, reason) => self.proto.handle_closed(now, c, reason),
+            Event::Msg(c, msg) => self.proto.handle_msg(now, c, msg),
+        }
+        self.apply(sub, refused);
+    }
+
+    /// Carries out what the protocol machine decided.
+    fn apply(&mut self, sub: &mut Submitter, refused: &mut Vec<(ModelId, Task)>) {
+        let mut up = Vec::new();
+        while let Some(a) = self.proto.poll_action() {
+            match a {
+                Action::Send(c, m) => {
+                    if let Msg::Dropped { items } = &m {
+                        for &(_, code) in items {
+                            self.routes.metrics.dropped(code, 1);
                         }
                     }
-                    Msg::Register {
-                        role,
-                        name,
-                        gpus,
-                        ctrl_addr,
-                        region,
-                    } => {
-                        if !matches!(cs.state, NodeState::New) {
-                            return self.reject(c, "second Register on one connection".into());
-                        }
-                        let node = self.next_node;
-                        if node >= 1 << 24 {
-                            return self.reject(c, "out of node ids".into());
-                        }
-                        self.next_node += 1;
-                        match role {
-                            Role::Backend => {
-                                if gpus.is_empty() {
-                                    return self.reject(
-                                        c,
-                                        "a backend must register at least one GPU".into(),
-                                    );
-                                }
-                                for m in &self.models {
-                                    let _ = cs.conn.send(Msg::LoadModel { model: m.clone() });
-                                }
-                                cs.state = NodeState::Loading {
-                                    node,
-                                    gpus: gpus.len() as u32,
-                                    pending: self.models.len() as u32,
-                                };
-                                // Frontends it must know before any plan.
-                                let conn = cs.conn.clone();
-                                for up in self.frontend_ups() {
-                                    let _ = conn.send(up);
-                                }
-                                tracing::info!(
-                                    backend = %name,
-                                    node,
-                                    gpus = gpus.len(),
-                                    "scheduler: backend registers"
-                                );
-                                if self.models.is_empty() {
-                                    self.backend_ready(c);
-                                }
-                            }
-                            Role::Frontend => {
-                                let Some(region) = region else {
-                                    return self.reject(
-                                        c,
-                                        "a frontend must register its input region".into(),
-                                    );
-                                };
-                                let up = Msg::FrontendUp {
-                                    node,
-                                    ctrl_addr,
-                                    region,
-                                };
-                                cs.state = NodeState::Frontend {
-                                    node,
-                                    up: up.clone(),
-                                };
-                                let conn = cs.conn.clone();
-                                self.routes
-                                    .frontends
-                                    .write()
-                                    .expect("routes lock")
-                                    .insert(node, conn.clone());
-                                let _ = conn.send(Msg::RegisterAck {
-                                    node,
-                                    gpu_ids: Vec::new(),
-                                    models: self.models.clone(),
-                                    heartbeat_ms: self.opts.heartbeat.as_millis() as u32,
-                                });
-                                self.send_capacity(Some(&conn));
-                                for other in self.conns.values() {
-                                    if matches!(
-                                        other.state,
-                                        NodeState::Backend { .. } | NodeState::Loading { .. }
-                                    ) {
-                                        let _ = other.conn.send(up.clone());
-                                    }
-                                }
-                                self.report.frontends_registered += 1;
-                                tracing::info!(frontend = %name, node, "scheduler: frontend registered");
-                            }
-                        }
-                    }
-                    Msg::ModelLoaded {
-                        model,
-                        ok,
-                        error,
-                        device_bytes,
-                    } => {
-                        let NodeState::Loading { pending, .. } = &mut cs.state else {
-                            return self
-                                .reject(c, "ModelLoaded from a node that is not loading".into());
-                        };
-                        if !ok {
-                            let why = format!("backend failed to load model {model}: {error}");
-                            return self.reject(c, why);
-                        }
-                        if device_bytes > 0 {
-                            if let Some(g) = self.routes.metrics.device_bytes.get(model as usize) {
-                                g.set(device_bytes as f64);
-                            }
-                            tracing::info!(
-                                model,
-                                device_bytes,
-                                "scheduler: model's device footprint"
-                            );
-                        }
-                        *pending = pending.saturating_sub(1);
-                        if *pending == 0 {
-                            self.backend_ready(c);
-                        }
-                    }
-                    Msg::PlanDone {
-                        id,
-                        gpu,
-                        started_ns,
-                        finished_ns,
-                        ..
-                    } => {
-                        if !matches!(cs.state, NodeState::Backend { .. }) {
-                            return self
-                                .reject(c, "PlanDone from a node that is not a backend".into());
-                        }
-                        self.report.plans_done += 1;
-                        if let Some(b) = self.busy.get_mut(gpu as usize) {
-                            b.total_ns += (finished_ns - started_ns).max(0);
-                        }
-                        self.routes
-                            .inflight
-                            .lock()
-                            .expect("inflight lock")
-                            .remove(&id);
-                        self.reporter.report(
-                            GpuId(gpu),
-                            crate::core::PlanId(id),
-                            Time(finished_ns),
-                        );
-                    }
-                    Msg::Unregister { reason } => {
-                        let conn = cs.conn.clone();
-                        conn.close(&format!("unregistered: {reason}"));
-                        self.remove_node(c, format!("unregistered: {reason}"), true);
-                    }
-                    other => {
-                        let k = other.kind();
-                        self.reject(c, format!("unexpected message {k} at the scheduler"));
+                    if let Some(conn) = self.conns.get(&c) {
+                        let _ = conn.send(m);
                     }
                 }
-            }
-        }
-    }
-}
-
-impl EventLoop {
-    fn frontend_ups(&self) -> Vec<Msg> {
-        self.conns
-            .values()
-            .filter_map(|c| match &c.state {
-                NodeState::Frontend { up, .. } => Some(up.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// A backend loaded every model: its GPUs go into service.
-    fn backend_ready(&mut self, c: ConnId) {
-        let rt = self.rt.as_ref().expect("running");
-        let Some(cs) = self.conns.get_mut(&c) else {
-            return;
-        };
-        let NodeState::Loading { node, gpus, .. } = cs.state else {
-            return;
-        };
-        // Only this thread adds GPUs, so the ids are the next ones in order. Routes
-        // first, then the ack, then the GPUs: a plan can only follow the ack.
-        let first = rt.num_gpus();
-        let ids: Vec<GpuId> = (first..first + gpus).map(GpuId).collect();
-        {
-            let mut g = self.routes.gpus.write().expect("routes lock");
-            if g.len() < (first + gpus) as usize {
-                g.resize_with((first + gpus) as usize, || None);
-            }
-            for &id in &ids {
-                g[id.idx()] = Some(GpuRoute {
-                    conn: cs.conn.clone(),
-                    backend: node,
-                });
-            }
-        }
-        let _ = cs.conn.send(Msg::RegisterAck {
-            node,
-            gpu_ids: ids.iter().map(|g| g.0).collect(),
-            models: self.models.clone(),
-            heartbeat_ms: self.opts.heartbeat.as_millis() as u32,
-        });
-        for &id in &ids {
-            let got = rt.add_gpu();
-            debug_assert_eq!(got, id);
-        }
-        cs.state = NodeState::Backend {
-            node,
-            gpus: ids.clone(),
-        };
-        self.report.backends_registered += 1;
-        let now = Instant::now();
-        for &id in &ids {
-            if self.busy.len() <= id.idx() {
-                self.busy.resize_with(id.idx() + 1, GpuBusy::default);
-            }
-            let b = &mut self.busy[id.idx()];
-            b.in_service = true;
-            b.window.clear();
-            b.window.push(now, b.total_ns, BUSY_WINDOW);
-        }
-        self.gpus_in_service += gpus;
-        self.send_capacity(None);
-        tracing::info!(
-            node,
-            first_gpu = first,
-            gpus,
-            "scheduler: backend in service"
-        );
-        // Its measurements so far (from the pings before it registered) count at
-        // once, before the first plan.
-        self.update_net();
-    }
-
-    /// Connection `c` is gone (closed, broken, timed out or rejected).
-    fn lost(&mut self, c: ConnId, reason: String) {
-        self.remove_node(c, reason, false)
-    }
-
-    /// Connection `c`'s node is gone; `graceful` when it said goodbye.
-    fn remove_node(&mut self, c: ConnId, reason: String, graceful: bool) {
-        let Some(cs) = self.conns.remove(&c) else {
-            return;
-        };
-        cs.conn.close(&reason);
-        match cs.state {
-            NodeState::New => {}
-            NodeState::Loading { node, .. } => {
-                tracing::warn!(node, %reason, "scheduler: backend lost while loading");
-            }
-            NodeState::Backend { node, gpus, .. } => {
-                {
+                Action::Close(c, why) => {
+                    if let Some(conn) = self.conns.remove(&c) {
+                        conn.close(&why);
+                    }
+                }
+                Action::GpusUp {
+                    conn,
+                    backend,
+                    gpus,
+                } => {
+                    // Routes first; the ack follows as the next action; the GPUs
+                    // enter the core after it, so a plan can only follow the ack.
+                    let Some(conn) = self.conns.get(&conn).cloned() else {
+                        continue;
+                    };
                     let mut g = self.routes.gpus.write().expect("routes lock");
                     for &id in &gpus {
-                        g[id.idx()] = None;
+                        if g.len() <= id.idx() {
+                            g.resize_with(id.idx() + 1, || None);
+                        }
+                        g[id.idx()] = Some(GpuRoute {
+                            conn: conn.clone(),
+                            backend,
+                        });
+                    }
+                    up.extend(gpus);
+                }
+                Action::GpusDown { backend, gpus } => self.gpus_down(backend, &gpus),
+                Action::FrontendUp { conn, node } => {
+                    if let Some(conn) = self.conns.get(&conn).cloned() {
+                        self.routes
+                            .frontends
+                            .write()
+                            .expect("routes lock")
+                            .insert(node, conn);
                     }
                 }
-                for &id in &gpus {
-                    self.rt().remove_gpu(id);
-                    if let Some(b) = self.busy.get_mut(id.idx()) {
-                        b.in_service = false;
+                Action::FrontendDown { node } => {
+                    self.routes
+                        .frontends
+                        .write()
+                        .expect("routes lock")
+                        .remove(&node);
+                }
+                Action::Submit(tasks) => {
+                    for (m, t) in tasks {
+                        if let Some(c) = self.routes.metrics.tasks.get(m.idx()) {
+                            c.inc();
+                        }
+                        sub.push(m, t, refused);
                     }
                 }
-                self.gpus_in_service -= gpus.len() as u32;
-                self.send_capacity(None);
-                let n = self.routes.fail_backend(node);
-                if graceful {
-                    self.report.backends_left += 1;
-                } else {
-                    self.report.backends_lost += 1;
+                Action::PlanDone {
+                    gpu,
+                    plan,
+                    finished,
+                    busy,
+                } => {
+                    if let Some(b) = self.busy.get_mut(gpu.idx()) {
+                        b.total_ns = b.total_ns.saturating_add(busy.0);
+                    }
+                    self.reporter.report(gpu, plan, finished);
                 }
-                if graceful {
-                    tracing::info!(node, gpus = gpus.len(), %reason, "scheduler: backend left");
-                } else {
-                    tracing::warn!(
-                        node,
-                        gpus = gpus.len(),
-                        failed_tasks = n,
-                        %reason,
-                        "scheduler: backend removed; its GPUs are out of service and its in-flight tasks failed"
-                    );
+                Action::SetNet(net) => {
+                    self.rt().set_net(net);
+                    self.routes.metrics.d_ctrl.set(net.ctrl.as_secs_f64());
+                    self.routes
+                        .metrics
+                        .d_data
+                        .set(net.data_per_req.as_secs_f64());
+                }
+                Action::DeviceBytes { model, bytes } => {
+                    if let Some(g) = self.routes.metrics.device_bytes.get(model as usize) {
+                        g.set(bytes as f64);
+                    }
+                    tracing::info!(model, bytes, "scheduler: model's device footprint");
                 }
             }
-            NodeState::Frontend { node, .. } => {
-                self.routes
-                    .frontends
-                    .write()
-                    .expect("routes lock")
-                    .remove(&node);
-                for other in self.conns.values() {
-                    if matches!(
-                        other.state,
-                        NodeState::Backend { .. } | NodeState::Loading { .. }
-                    ) {
-                        let _ = other.conn.send(Msg::FrontendDown { node });
-                    }
+        }
+        if !up.is_empty() {
+            let now = Instant::now();
+            for id in up {
+                let got = self.rt().add_gpu();
+                debug_assert_eq!(got, id);
+                if self.busy.len() <= id.idx() {
+                    self.busy.resize_with(id.idx() + 1, GpuBusy::default);
                 }
-                if graceful {
-                    self.report.frontends_left += 1;
-                } else {
-                    self.report.frontends_lost += 1;
-                }
-                if graceful {
-                    tracing::info!(node, %reason, "scheduler: frontend left");
-                } else {
-                    tracing::warn!(
-                        node,
-                        %reason,
-                        "scheduler: frontend removed; its tasks are dropped"
-                    );
-                }
+                let b = &mut self.busy[id.idx()];
+                b.in_service = true;
+                b.window.clear();
+                b.window.push(now, b.total_ns, BUSY_WINDOW);
             }
         }
     }
 
-    /// Removes registered nodes that stopped pinging.
-    fn check_timeouts(&mut self, now: Instant) {
-        let dead: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, cs)| {
-                matches!(
-                    cs.state,
-                    NodeState::Backend { .. } | NodeState::Frontend { .. }
-                ) && now.duration_since(cs.last_seen) > self.opts.node_timeout
-            })
-            .map(|(&c, _)| c)
-            .collect();
-        for c in dead {
-            let why = format!("no heartbeat for {} ms", self.opts.node_timeout.as_millis());
-            self.lost(c, why);
-        }
-    }
-
-    /// Applies the measured d_ctrl / d_data (never below the configured floors).
-    fn update_net(&mut self) {
-        let (mut rtt, mut pull, mut n) = (0i64, 0i64, 0);
-        for cs in self.conns.values() {
-            if let NodeState::Backend { .. } = cs.state {
-                rtt = rtt.max(cs.ctrl_delay);
-                pull = pull.max(cs.pull);
-                n += 1;
-            }
-        }
-        if n == 0 {
-            // Nothing measured: keep the last budget.
-            return;
-        }
-        self.report.ctrl_delay_us = rtt as f64 / 1e3;
-        self.report.pull_us = pull as f64 / 1e3;
-        let net = NetBudget {
-            ctrl: self
-                .floors
-                .ctrl
-                .max(Dur(rtt + rtt / 10).min(self.opts.max_ctrl)),
-            data_per_req: self
-                .floors
-                .data_per_req
-                .max(Dur(pull).min(self.opts.max_data)),
-            // Results travel one hop (backend to frontend), like a plan.
-            resp: self
-                .floors
-                .resp
-                .max(Dur(rtt + rtt / 10).min(self.opts.max_ctrl)),
-            slack: self.floors.slack,
-        };
-        let changed = |a: Dur, b: Dur| (a.0 - b.0).abs() * 10 > b.0.max(1_000);
-        if changed(net.ctrl, self.net.ctrl)
-            || changed(net.data_per_req, self.net.data_per_req)
-            || changed(net.resp, self.net.resp)
+    /// A backend's GPUs leave service.
+    fn gpus_down(&mut self, backend: NodeId, gpus: &[GpuId]) {
         {
-            tracing::info!(
-                d_ctrl_us = net.ctrl.as_us_f64(),
-                d_data_us = net.data_per_req.as_us_f64(),
-                "scheduler: network budget changed"
-            );
-            self.net = net;
-            self.rt().set_net(net);
+            let mut g = self.routes.gpus.write().expect("routes lock");
+            for &id in gpus {
+                if let Some(r) = g.get_mut(id.idx()) {
+                    *r = None;
+                }
+            }
         }
-        self.report.d_ctrl_us = self.net.ctrl.as_us_f64();
-        self.report.d_data_us = self.net.data_per_req.as_us_f64();
-        self.routes.metrics.d_ctrl.set(self.net.ctrl.as_secs_f64());
-        self.routes
-            .metrics
-            .d_data
-            .set(self.net.data_per_req.as_secs_f64());
+        for &id in gpus {
+            self.rt().remove_gpu(id);
+            if let Some(b) = self.busy.get_mut(id.idx()) {
+                b.in_service = false;
+            }
+        }
+        // Plans dispatched while the protocol removed the backend (a RankThread
+        // holds the routes' read lock from route lookup to recording the plan):
+        // with the routes gone none can follow, so these are the last ones.
+        let late = self.routes.plans.lock().expect("plans lock").take_backend(backend);
+        if !late.is_empty() {
+            self.routes.lost.fetch_add(late.len() as u64, Ordering::Relaxed);
+            self.routes.notify(late, DropCode::BackendLost);
+        }
     }
 }

@@ -380,12 +380,7 @@ impl AnyCore {
 /// The central dispatcher's configuration for a workload and policy (the simulator
 /// and the real-time runtime build it the same way).
 pub fn dispatcher_config(w: &Workload, policy: Policy, check: bool) -> DispatcherConfig {
-    let mut cfg = DispatcherConfig::new(policy, w.gpus);
-    cfg.gather = w.gather.unwrap_or_else(|| policy.default_gather());
-    cfg.net = w.net;
-    cfg.check_invariants = check;
-    cfg.min_expected_gain = w.min_expected_gain;
-    cfg
+    w.dispatcher_config(policy, check)
 }
 
 /// Runs one simulation.

@@ -71,6 +71,27 @@ pub const NET_QUANTILE: f64 = 0.999;
 /// A node's id, given by the scheduler at registration.
 pub type NodeId = u32;
 
+/// Bits of a task id below its frontend's node id. A task id is
+/// `frontend node id << TASK_SEQ_BITS | sequence number`: the one place that
+/// knows it is here ([`task_id`], [`task_owner`]).
+pub const TASK_SEQ_BITS: u32 = 40;
+
+/// Largest node id a task id can carry (the scheduler gives no larger one).
+pub const MAX_NODE_ID: NodeId = (1 << (64 - TASK_SEQ_BITS)) - 1;
+
+/// The task id of frontend `node`'s `seq`-th task (the sequence wraps at
+/// 2^[`TASK_SEQ_BITS`]).
+#[inline]
+pub fn task_id(node: NodeId, seq: u64) -> u64 {
+    ((node as u64) << TASK_SEQ_BITS) | (seq & ((1 << TASK_SEQ_BITS) - 1))
+}
+
+/// The node (frontend) that owns a task.
+#[inline]
+pub fn task_owner(id: u64) -> NodeId {
+    (id >> TASK_SEQ_BITS) as NodeId
+}
+
 /// What a registering node is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

@@ -1,0 +1,375 @@
+//! A frontend's pending-request ledger as a pure state machine: every admitted
+//! request ends exactly once — good, late, dropped or failed — by the first of its
+//! answer (a result, a drop notice), a failure the driver reports (scheduler
+//! lost, stopping) and the last-resort sweep at its deadline plus the grace.
+//! Times are on the scheduler's clock; the sweep is a timer as data
+//! ([`RequestLedger::poll_timeout`]).
+
+use crate::core::{Dur, Time};
+use crate::transport::InputRef;
+use crate::wire::{task_id, DropCode, NodeId, ReplyStatus, SubmitTask, TaskResult, TaskStatus};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// How a request ended, finer than [`ReplyStatus`] (what the HTTP API maps to
+/// status codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Output by the deadline.
+    Good,
+    /// Output after the deadline.
+    Late,
+    /// The scheduler or a backend gave up on it (the reason; `NoGpu` also when the
+    /// frontend knew no GPU was in service).
+    Dropped(DropCode),
+    /// No answer by the deadline plus the frontend's grace.
+    TimedOut,
+    /// Refused by the frontend: unknown model, bad SLO.
+    BadRequest,
+    /// The input region is full (too many requests in flight) or the input too large.
+    RegionFull,
+    /// The frontend has no scheduler (lost, or stopping).
+    NoScheduler,
+    /// The backend running it was lost.
+    BackendLost,
+    /// The backend could not read its input or run it.
+    Failed,
+}
+
+impl Ended {
+    /// What a wire client is told.
+    pub fn status(self) -> ReplyStatus {
+        match self {
+            Ended::Good => ReplyStatus::Good,
+            Ended::Late => ReplyStatus::Late,
+            Ended::Dropped(_) => ReplyStatus::Dropped,
+            _ => ReplyStatus::Failed,
+        }
+    }
+}
+
+/// What answered a pending request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Its output, with the batch's start (scheduler clock) and size.
+    Output {
+        output: Vec<u8>,
+        started: Time,
+        batch_size: u32,
+    },
+    Dropped(DropCode),
+    Failed(Ended, String),
+}
+
+impl Answer {
+    /// A backend's result for one task.
+    pub fn of_result(r: TaskResult) -> Answer {
+        match r.status {
+            TaskStatus::Ok => Answer::Output {
+                output: r.output,
+                started: Time(r.started_ns),
+                batch_size: r.batch_size,
+            },
+            TaskStatus::Dropped(code) => Answer::Dropped(code),
+            TaskStatus::InputMissing => Answer::Failed(
+                Ended::Failed,
+                "the backend could not read the input".into(),
+            ),
+            TaskStatus::Failed => Answer::Failed(
+                Ended::Failed,
+                "the backend failed to run the batch".into(),
+            ),
+        }
+    }
+
+    /// The scheduler's drop notice for one task.
+    pub fn of_drop(code: DropCode) -> Answer {
+        match code {
+            // Lost with its backend: an explicit failure, not a scheduling decision.
+            DropCode::BackendLost => Answer::Failed(
+                Ended::BackendLost,
+                "the backend running it was lost".into(),
+            ),
+            c => Answer::Dropped(c),
+        }
+    }
+}
+
+/// A request that ended: everything the driver needs to answer its client.
+#[derive(Debug)]
+pub struct Finished<C> {
+    pub id: u64,
+    pub client: C,
+    /// The model's index in the frontend's list.
+    pub model: usize,
+    /// Its slot in the region, to release.
+    pub input: InputRef,
+    pub ended: Ended,
+    pub output: Vec<u8>,
+    /// Why it was not good (empty when it was).
+    pub message: String,
+    /// From admission to the end.
+    pub latency: Dur,
+    /// From admission to the batch's start (zero when it did not run).
+    pub queue: Dur,
+    pub batch_size: u32,
+}
+
+struct Pending<C> {
+    client: C,
+    model: usize,
+    arrival: Time,
+    deadline: Time,
+    input: InputRef,
+}
+
+/// What the ledger counted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerCounts {
+    pub admitted: u64,
+    pub good: u64,
+    pub late: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    /// Of `failed`: no answer by deadline + grace.
+    pub timed_out: u64,
+    /// Answers for requests that had already ended (ignored).
+    pub stray_answers: u64,
+}
+
+/// The pending requests of one frontend; `C` is how the driver reaches a client.
+pub struct RequestLedger<C> {
+    node: NodeId,
+    grace: Dur,
+    next_seq: u64,
+    pending: HashMap<u64, Pending<C>>,
+    /// (deadline + grace, task) for the sweep.
+    timeouts: BinaryHeap<Reverse<(Time, u64)>>,
+    counts: LedgerCounts,
+}
+
+impl<C> RequestLedger<C> {
+    /// The ledger of frontend `node`; a request unanswered by its deadline plus
+    /// `grace` fails.
+    pub fn new(node: NodeId, grace: Dur) -> RequestLedger<C> {
+        RequestLedger {
+            node,
+            grace,
+            next_seq: 0,
+            pending: HashMap::new(),
+            timeouts: BinaryHeap::new(),
+            counts: LedgerCounts::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn counts(&self) -> LedgerCounts {
+        self.counts
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.pending.contains_key(&id)
+    }
+
+    /// The id the next admitted request gets.
+    pub fn next_id(&self) -> u64 {
+        task_id(self.node, self.next_seq + 1)
+    }
+
+    /// Admits a request at `now` for model `model` (index; `model_id` its
+    /// scheduler id) with a checked `slo`, its input at `input`; returns the task
+    /// to submit. The deadline saturates, so no SLO can wrap it.
+    pub fn admit(
+        &mut self,
+        now: Time,
+        model: usize,
+        model_id: u32,
+        slo: Dur,
+        client: C,
+        input: InputRef,
+    ) -> SubmitTask {
+        self.next_seq += 1;
+        let id = task_id(self.node, self.next_seq);
+        let deadline = now + slo;
+        self.pending.insert(
+            id,
+            Pending {
+                client,
+                model,
+                arrival: now,
+                deadline,
+                input,
+            },
+        );
+        self.timeouts.push(Reverse((deadline + self.grace, id)));
+        self.counts.admitted += 1;
+        SubmitTask {
+            id,
+            model: model_id,
+            arrival_ns: now.0,
+            deadline_ns: deadline.0,
+            input: input.pack(),
+        }
+    }
+
+    /// Request `id` is answered at `now`; None when it had already ended.
+    pub fn finish(&mut self, now: Time, id: u64, answer: Answer) -> Option<Finished<C>> {
+        let Some(p) = self.pending.remove(&id) else {
+            self.counts.stray_answers += 1;
+            return None;
+        };
+        let (ended, output, message, queue, batch_size) = match answer {
+            Answer::Output {
+                output,
+                started,
+                batch_size,
+            } => {
+                let queue = (started - p.arrival).max(Dur::ZERO);
+                if now <= p.deadline {
+                    self.counts.good += 1;
+                    (Ended::Good, output, String::new(), queue, batch_size)
+                } else {
+                    self.counts.late += 1;
+                    let why = "result arrived after the deadline".to_string();
+                    (Ended::Late, output, why, queue, batch_size)
+                }
+            }
+            Answer::Dropped(code) => {
+                self.counts.dropped += 1;
+                let why = format!("dropped by the scheduler: {code:?}");
+                (Ended::Dropped(code), Vec::new(), why, Dur::ZERO, 0)
+            }
+            Answer::Failed(ended, why) => {
+                self.counts.failed += 1;
+                (ended, Vec::new(), why, Dur::ZERO, 0)
+            }
+        };
+        Some(Finished {
+            id,
+            client: p.client,
+            model: p.model,
+            input: p.input,
+            ended,
+            output,
+            message,
+            latency: (now - p.arrival).max(Dur::ZERO),
+            queue,
+            batch_size,
+        })
+    }
+
+    /// When the sweep is next due.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timeouts.peek().map(|r| r.0 .0)
+    }
+
+    /// The sweep: requests with no answer by their deadline plus the grace fail.
+    pub fn handle_timeout(&mut self, now: Time) -> Vec<Finished<C>> {
+        let mut out = Vec::new();
+        while let Some(&Reverse((t, id))) = self.timeouts.peek() {
+            if t > now {
+                break;
+            }
+            self.timeouts.pop();
+            if self.pending.contains_key(&id) {
+                self.counts.timed_out += 1;
+                let why = "no result by the deadline plus grace".to_string();
+                out.extend(self.finish(now, id, Answer::Failed(Ended::TimedOut, why)));
+            }
+        }
+        out
+    }
+
+    /// Every pending request fails (`ended`, `why`): the scheduler is lost or
+    /// the frontend stops. In id order.
+    pub fn fail_all(&mut self, now: Time, ended: Ended, why: &str) -> Vec<Finished<C>> {
+        let mut ids: Vec<u64> = self.pending.keys().copied().collect();
+        ids.sort_unstable();
+        self.timeouts.clear();
+        ids.into_iter()
+            .filter_map(|id| self.finish(now, id, Answer::Failed(ended, why.to_string())))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> InputRef {
+        InputRef { offset: 0, len: 64 }
+    }
+
+    #[test]
+    fn each_request_ends_once_by_the_first_answer() {
+        let mut l: RequestLedger<u32> = RequestLedger::new(3, Dur::from_ms(100));
+        let t0 = Time(1_000);
+        let a = l.admit(t0, 0, 0, Dur::from_ms(10), 7, input());
+        let b = l.admit(t0, 1, 5, Dur::from_ms(10), 8, input());
+        assert_eq!(crate::wire::task_owner(a.id), 3);
+        assert_eq!(b.model, 5);
+        assert_eq!(a.deadline_ns, t0.0 + 10_000_000);
+        let out = Answer::Output {
+            output: vec![1],
+            started: t0 + Dur::from_ms(2),
+            batch_size: 4,
+        };
+        let f = l.finish(t0 + Dur::from_ms(5), a.id, out.clone()).unwrap();
+        assert_eq!((f.ended, f.client, f.batch_size), (Ended::Good, 7, 4));
+        assert_eq!(f.queue, Dur::from_ms(2));
+        // A second answer is a stray.
+        assert!(l.finish(t0, a.id, out.clone()).is_none());
+        // After the deadline: late.
+        let f = l.finish(t0 + Dur::from_ms(11), b.id, out).unwrap();
+        assert_eq!(f.ended, Ended::Late);
+        let c = l.counts();
+        assert_eq!((c.good, c.late, c.stray_answers), (1, 1, 1));
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn the_sweep_fails_what_nobody_answered_and_saturates() {
+        let mut l: RequestLedger<()> = RequestLedger::new(1, Dur::from_ms(100));
+        let t0 = Time(0);
+        let a = l.admit(t0, 0, 0, Dur::from_ms(10), (), input());
+        // A deadline at the end of time never wraps into the past.
+        let z = l.admit(t0, 0, 0, Dur(i64::MAX), (), input());
+        assert_eq!(z.deadline_ns, i64::MAX);
+        assert_eq!(l.poll_timeout(), Some(Time(110_000_000)));
+        assert!(l.handle_timeout(Time(109_999_999)).is_empty());
+        let f = l.handle_timeout(Time(110_000_000));
+        assert_eq!(f.len(), 1);
+        assert_eq!((f[0].id, f[0].ended), (a.id, Ended::TimedOut));
+        assert_eq!(l.poll_timeout(), Some(Time(i64::MAX)));
+        let rest = l.fail_all(Time(5), Ended::NoScheduler, "gone");
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].ended.status(), ReplyStatus::Failed);
+        assert_eq!(l.counts().failed, 2);
+        assert_eq!(l.counts().timed_out, 1);
+    }
+
+    #[test]
+    fn answers_map_to_endings() {
+        assert_eq!(
+            Answer::of_drop(DropCode::BackendLost),
+            Answer::Failed(Ended::BackendLost, "the backend running it was lost".into())
+        );
+        assert_eq!(Answer::of_drop(DropCode::Expired), Answer::Dropped(DropCode::Expired));
+        let r = TaskResult {
+            id: 1,
+            status: TaskStatus::InputMissing,
+            started_ns: 0,
+            finished_ns: 0,
+            batch_size: 0,
+            output: vec![],
+        };
+        assert!(matches!(Answer::of_result(r), Answer::Failed(Ended::Failed, _)));
+    }
+}

@@ -1,0 +1,23 @@
+//! The node protocols as pure state machines (sans-IO), in the style of the
+//! scheduling core: every input is a `handle_*(now, ..)` call with the time as an
+//! argument, every output is data the caller takes (`poll_action()`,
+//! `poll_timeout()`); timers are data. No module here reads a clock, opens a
+//! socket or starts a thread (`tests/core_purity.rs` checks it), so the same code
+//! runs under the real drivers in [`super::scheduler`], [`super::frontend`] and
+//! [`super::backend`] and under the deterministic cluster simulator
+//! (`fermata sim cluster`, [`crate::sim::cluster`]).
+//!
+//! - [`check`]: a wire message becomes a typed value only after range checks
+//!   (deadlines and SLOs within bounds, measured delays clamped, ids owned by the
+//!   sender, models matched by id).
+//! - [`sched`]: the scheduler's membership (registration, model loading matched
+//!   by id, removal), health (heartbeat timeouts), the network budget
+//!   (Appendix D) and the checks on what backends report.
+//! - [`plans`]: the scheduler's in-flight plans, each owned by one backend and GPU.
+//! - [`ledger`]: a frontend's pending requests, each ended exactly once, with the
+//!   deadline-plus-grace sweep.
+
+pub mod check;
+pub mod ledger;
+pub mod plans;
+pub mod sched;

@@ -1,0 +1,741 @@
+//! The scheduler's node protocol as a pure state machine: membership
+//! (registration, model loading matched by id, removal), health (heartbeat
+//! timeouts), the measured network budget (Appendix D) and the checks on what
+//! nodes send. The real driver ([`crate::node::scheduler`]) and the cluster
+//! simulator feed it connection events with the scheduler's time and carry out
+//! the [`Action`]s it returns; the scheduling core runs beside it (the driver
+//! hands it [`Action::Submit`] tasks and GPU changes).
+//!
+//! # Registration
+//! * A **backend** sends `Register` with its GPUs. It is answered with a
+//!   `LoadModel` per model and a `FrontendUp` per frontend; when each model id
+//!   has been confirmed by a `ModelLoaded` (a duplicate is ignored, an unknown id
+//!   is a protocol error), it gets `RegisterAck` with its GPUs' global ids, and
+//!   only then do the GPUs go into service ([`Action::GpusUp`]), so no plan
+//!   reaches a backend before its models.
+//! * A **frontend** sends `Register` with its input region; it gets `RegisterAck`
+//!   with the models, then `Capacity`; every backend gets `FrontendUp`.
+//!
+//! # Checks
+//! Every value a node sends goes through [`super::check`] first. A backend may
+//! only report plans that are its own, on the GPU they were sent to
+//! ([`super::plans::PlanLedger`]); a frontend may only submit tasks that carry its
+//! node id, with deadlines within bounds. A violation closes that node's
+//! connection with the reason ([`Action::Close`] after an `Error`).
+
+use super::check::{self, Submitted};
+use super::plans::{PlanLedger, Refused};
+use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
+use crate::transport::ConnId;
+use crate::wire::{task_owner, DropCode, ModelInfo, Msg, NodeId, Role, MAX_NODE_ID};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// The scheduler's protocol settings.
+#[derive(Debug, Clone)]
+pub struct SchedConfig {
+    pub models: Vec<ModelInfo>,
+    /// How often nodes ping (told to them in `RegisterAck`).
+    pub heartbeat: Dur,
+    /// A registered node silent this long is removed.
+    pub node_timeout: Dur,
+    /// How often the measured network budget is recomputed.
+    pub net_update: Dur,
+    /// The workload's network budget: floors under the measured one.
+    pub floors: NetBudget,
+    /// Ceilings on the measured d_ctrl and d_data (per task).
+    pub max_ctrl: Dur,
+    pub max_data: Dur,
+}
+
+/// What the scheduler counted (also its report when it stops).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SchedReport {
+    pub backends_registered: u32,
+    pub frontends_registered: u32,
+    /// Removed for a failure (connection broken, heartbeat timeout, protocol error).
+    pub backends_lost: u32,
+    pub frontends_lost: u32,
+    /// Left on purpose (`Unregister`).
+    pub backends_left: u32,
+    pub frontends_left: u32,
+    pub tasks_received: u64,
+    pub plans_sent: u64,
+    pub plans_done: u64,
+    /// `PlanDone`s for plans not in flight (reported twice, or never sent): ignored.
+    pub stray_plan_done: u64,
+    pub tasks_failed_backend_lost: u64,
+    pub tasks_dropped: u64,
+    pub connections_closed_for_errors: u64,
+    /// Last applied d_ctrl / d_data (per task), microseconds.
+    pub d_ctrl_us: f64,
+    pub d_data_us: f64,
+    /// Backends' last reported control delay and pull time per task at p99.9 (us).
+    pub ctrl_delay_us: f64,
+    pub pull_us: f64,
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Send a message on a connection.
+    Send(ConnId, Msg),
+    /// Close a connection (this machine has already forgotten it).
+    Close(ConnId, String),
+    /// A backend's GPUs enter service, in this order; their ids are the next
+    /// ones of the core (the first GPU ever is 0, ids are never reused).
+    GpusUp {
+        conn: ConnId,
+        backend: NodeId,
+        gpus: Vec<GpuId>,
+    },
+    /// A backend's GPUs leave service (its plans were failed already).
+    GpusDown { backend: NodeId, gpus: Vec<GpuId> },
+    /// A frontend joined: drops for its tasks go to `conn`.
+    FrontendUp { conn: ConnId, node: NodeId },
+    /// A frontend is gone: its tasks are dropped where they are next seen.
+    FrontendDown { node: NodeId },
+    /// Checked tasks for the core.
+    Submit(Vec<(ModelId, Task)>),
+    /// `plan` on `gpu` finished at `finished`; the GPU ran it for `busy`.
+    PlanDone {
+        gpu: GpuId,
+        plan: PlanId,
+        finished: Time,
+        busy: Dur,
+    },
+    /// A new network budget for the core.
+    SetNet(NetBudget),
+    /// A backend measured a model's device memory on one GPU.
+    DeviceBytes { model: u32, bytes: u64 },
+}
+
+#[derive(Debug, Clone)]
+enum Peer {
+    /// Connected, not registered (may ping to sync its clock).
+    New,
+    /// A backend loading its models; `missing`: model ids not yet confirmed.
+    Loading {
+        node: NodeId,
+        gpus: u32,
+        missing: BTreeSet<u32>,
+    },
+    Backend {
+        node: NodeId,
+        gpus: Vec<GpuId>,
+    },
+    Frontend {
+        node: NodeId,
+        /// The `FrontendUp` that announces it to backends.
+        up: Msg,
+    },
+}
+
+#[derive(Debug)]
+struct PeerConn {
+    peer: Peer,
+    last_seen: Time,
+    /// What the node last measured (from its pings, also those before it
+    /// registered), clamped: control delay and pull time per task.
+    ctrl_delay: Dur,
+    pull: Dur,
+}
+
+/// The scheduler's protocol state.
+pub struct SchedProto {
+    cfg: SchedConfig,
+    conns: HashMap<ConnId, PeerConn>,
+    frontends: HashMap<NodeId, ConnId>,
+    /// Owner of each GPU id ever given (None once its backend is gone).
+    gpu_owner: Vec<Option<NodeId>>,
+    plans: Arc<Mutex<PlanLedger>>,
+    next_node: NodeId,
+    gpus_in_service: u32,
+    net: NetBudget,
+    next_check: Time,
+    next_net: Time,
+    actions: VecDeque<Action>,
+    report: SchedReport,
+}
+
+impl SchedProto {
+    /// A scheduler starting at `now` with no nodes.
+    pub fn new(now: Time, cfg: SchedConfig) -> SchedProto {
+        let net = cfg.floors;
+        SchedProto {
+            next_check: now + cfg.heartbeat,
+            next_net: now + cfg.net_update,
+            cfg,
+            conns: HashMap::new(),
+            frontends: HashMap::new(),
+            gpu_owner: Vec::new(),
+            plans: Arc::new(Mutex::new(PlanLedger::new())),
+            next_node: 1,
+            gpus_in_service: 0,
+            net,
+            actions: VecDeque::new(),
+            report: SchedReport::default(),
+        }
+    }
+
+    /// The in-flight plans, shared with the dispatch path (which records each
+    /// plan it sends with [`PlanLedger::sent`]).
+    pub fn plans(&self) -> Arc<Mutex<PlanLedger>> {
+        self.plans.clone()
+    }
+
+    pub fn models(&self) -> &[ModelInfo] {
+        &self.cfg.models
+    }
+
+    pub fn report(&self) -> &SchedReport {
+        &self.report
+    }
+
+    pub fn report_mut(&mut self) -> &mut SchedReport {
+        &mut self.report
+    }
+
+    pub fn gpus_in_service(&self) -> u32 {
+        self.gpus_in_service
+    }
+
+    /// The budget in use.
+    pub fn net(&self) -> NetBudget {
+        self.net
+    }
+
+    /// The backend owning global GPU `gpu`, while it is in service.
+    pub fn gpu_owner(&self, gpu: GpuId) -> Option<NodeId> {
+        self.gpu_owner.get(gpu.idx()).copied().flatten()
+    }
+
+    /// The connection of frontend `node`, while it is registered.
+    pub fn frontend_conn(&self, node: NodeId) -> Option<ConnId> {
+        self.frontends.get(&node).copied()
+    }
+
+    /// The next action for the driver.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When [`SchedProto::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Time {
+        self.next_check.min(self.next_net)
+    }
+
+    /// A connection was accepted.
+    pub fn handle_accept(&mut self, now: Time, c: ConnId) {
+        self.conns.insert(
+            c,
+            PeerConn {
+                peer: Peer::New,
+                last_seen: now,
+                ctrl_delay: Dur::ZERO,
+                pull: Dur::ZERO,
+            },
+        );
+    }
+
+    /// A connection ended (the peer closed it or it broke).
+    pub fn handle_closed(&mut self, now: Time, c: ConnId, reason: String) {
+        self.remove(now, c, reason, false)
+    }
+
+    /// Timers: heartbeat timeouts, the network budget.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if now >= self.next_check {
+            self.next_check = now + self.cfg.heartbeat;
+            self.check_timeouts(now);
+        }
+        if now >= self.next_net {
+            self.next_net = now + self.cfg.net_update;
+            self.update_net();
+        }
+    }
+
+    /// Tells the tasks' frontends that they were dropped (`code`), grouped by
+    /// frontend; counted. Tasks of frontends that are gone are left out.
+    pub fn notify(&mut self, tasks: impl IntoIterator<Item = u64>, code: DropCode) {
+        let mut by_fe: HashMap<NodeId, Vec<(u64, DropCode)>> = HashMap::new();
+        for t in tasks {
+            by_fe.entry(task_owner(t)).or_default().push((t, code));
+        }
+        let mut fes: Vec<_> = by_fe.into_iter().collect();
+        fes.sort_by_key(|(n, _)| *n);
+        for (fe, items) in fes {
+            if code == DropCode::BackendLost {
+                self.report.tasks_failed_backend_lost += items.len() as u64;
+            } else {
+                self.report.tasks_dropped += items.len() as u64;
+            }
+            if let Some(&c) = self.frontends.get(&fe) {
+                self.actions.push_back(Action::Send(c, Msg::Dropped { items }));
+            }
+        }
+    }
+
+    /// A message arrived on `c`.
+    pub fn handle_msg(&mut self, now: Time, c: ConnId, msg: Msg) {
+        let Some(pc) = self.conns.get_mut(&c) else {
+            return;
+        };
+        pc.last_seen = now;
+        match msg {
+            Msg::Ping {
+                seq,
+                sent_ns,
+                ctrl_delay_ns,
+                pull_ns,
+            } => {
+                pc.ctrl_delay = check::measured(ctrl_delay_ns);
+                pc.pull = check::measured(pull_ns);
+                self.send(
+                    c,
+                    Msg::Pong {
+                        seq,
+                        echo_ns: sent_ns,
+                        sched_ns: now.0,
+                    },
+                );
+            }
+            Msg::Submit { tasks } => self.submit(now, c, tasks),
+            Msg::Register {
+                role,
+                name,
+                gpus,
+                ctrl_addr,
+                region,
+            } => {
+                if !matches!(pc.peer, Peer::New) {
+                    return self.reject(now, c, "second Register on one connection".into());
+                }
+                if self.next_node > MAX_NODE_ID {
+                    return self.reject(now, c, "out of node ids".into());
+                }
+                let node = self.next_node;
+                self.next_node += 1;
+                match role {
+                    Role::Backend => self.register_backend(now, c, node, &name, gpus.len()),
+                    Role::Frontend => {
+                        let Some(region) = region else {
+                            return self.reject(
+                                now,
+                                c,
+                                "a frontend must register its input region".into(),
+                            );
+                        };
+                        let up = Msg::FrontendUp {
+                            node,
+                            ctrl_addr,
+                            region,
+                        };
+                        self.register_frontend(c, node, &name, up);
+                    }
+                }
+            }
+            Msg::ModelLoaded {
+                model,
+                ok,
+                error,
+                device_bytes,
+            } => self.model_loaded(now, c, model, ok, error, device_bytes),
+            Msg::PlanDone {
+                id,
+                gpu,
+                started_ns,
+                finished_ns,
+                ..
+            } => self.plan_done(now, c, PlanId(id), GpuId(gpu), started_ns, finished_ns),
+            Msg::Unregister { reason } => {
+                let why = format!("unregistered: {reason}");
+                self.remove(now, c, why, true);
+            }
+            other => {
+                let k = other.kind();
+                self.reject(now, c, format!("unexpected message {k} at the scheduler"));
+            }
+        }
+    }
+
+    /// Closes `c` for a protocol error (an `Error` first) and removes its node.
+    pub fn reject(&mut self, now: Time, c: ConnId, why: String) {
+        if !self.conns.contains_key(&c) {
+            return;
+        }
+        tracing::warn!(conn = c, reason = %why, "scheduler: closing connection");
+        self.report.connections_closed_for_errors += 1;
+        self.send(
+            c,
+            Msg::Error {
+                message: why.clone(),
+            },
+        );
+        self.remove(now, c, why, false);
+    }
+
+    fn send(&mut self, c: ConnId, m: Msg) {
+        self.actions.push_back(Action::Send(c, m));
+    }
+
+    fn submit(&mut self, now: Time, c: ConnId, tasks: Vec<crate::wire::SubmitTask>) {
+        let Some(Peer::Frontend { node, .. }) = self.conns.get(&c).map(|p| &p.peer) else {
+            return self.reject(
+                now,
+                c,
+                "Submit from a node that is not a registered frontend".into(),
+            );
+        };
+        let node = *node;
+        let nm = self.cfg.models.len();
+        let (mut ok, mut unknown) = (Vec::with_capacity(tasks.len()), Vec::new());
+        for t in &tasks {
+            match check::submit_task(now, node, nm, t) {
+                Ok(Submitted::Task(m, task)) => ok.push((m, task)),
+                Ok(Submitted::UnknownModel(id)) => unknown.push(id),
+                // One bad task is a broken frontend: none of the batch is taken.
+                Err(why) => return self.reject(now, c, why),
+            }
+        }
+        self.report.tasks_received += ok.len() as u64;
+        if !unknown.is_empty() {
+            self.notify(unknown, DropCode::UnknownModel);
+        }
+        if ok.is_empty() {
+            return;
+        }
+        if self.gpus_in_service == 0 {
+            self.notify(ok.iter().map(|(_, t)| t.id.0), DropCode::NoGpu);
+            return;
+        }
+        self.actions.push_back(Action::Submit(ok));
+    }
+
+    fn register_backend(&mut self, now: Time, c: ConnId, node: NodeId, name: &str, gpus: usize) {
+        if gpus == 0 {
+            return self.reject(now, c, "a backend must register at least one GPU".into());
+        }
+        let models = self.cfg.models.clone();
+        for m in &models {
+            self.send(c, Msg::LoadModel { model: m.clone() });
+        }
+        // Frontends it must know before any plan.
+        for up in self.frontend_ups() {
+            self.send(c, up);
+        }
+        if let Some(pc) = self.conns.get_mut(&c) {
+            pc.peer = Peer::Loading {
+                node,
+                gpus: gpus as u32,
+                missing: models.iter().map(|m| m.id).collect(),
+            };
+        }
+        tracing::info!(backend = %name, node, gpus, "scheduler: backend registers");
+        if models.is_empty() {
+            self.backend_ready(now, c);
+        }
+    }
+
+    fn register_frontend(&mut self, c: ConnId, node: NodeId, name: &str, up: Msg) {
+        if let Some(pc) = self.conns.get_mut(&c) {
+            pc.peer = Peer::Frontend {
+                node,
+                up: up.clone(),
+            };
+        }
+        self.frontends.insert(node, c);
+        self.actions
+            .push_back(Action::FrontendUp { conn: c, node });
+        self.send(
+            c,
+            Msg::RegisterAck {
+                node,
+                gpu_ids: Vec::new(),
+                models: self.cfg.models.clone(),
+                heartbeat_ms: self.heartbeat_ms(),
+            },
+        );
+        self.send(
+            c,
+            Msg::Capacity {
+                gpus: self.gpus_in_service,
+            },
+        );
+        for b in self.backend_conns() {
+            self.send(b, up.clone());
+        }
+        self.report.frontends_registered += 1;
+        tracing::info!(frontend = %name, node, "scheduler: frontend registered");
+    }
+
+    fn heartbeat_ms(&self) -> u32 {
+        (self.cfg.heartbeat.0 / 1_000_000).clamp(1, u32::MAX as i64) as u32
+    }
+
+    fn model_loaded(
+        &mut self,
+        now: Time,
+        c: ConnId,
+        model: u32,
+        ok: bool,
+        error: String,
+        device_bytes: u64,
+    ) {
+        let served = self.cfg.models.iter().any(|m| m.id == model);
+        let Some(Peer::Loading { missing, .. }) = self.conns.get_mut(&c).map(|p| &mut p.peer)
+        else {
+            return self.reject(now, c, "ModelLoaded from a node that is not loading".into());
+        };
+        if !served {
+            return self.reject(now, c, format!("ModelLoaded for model {model}, which is not served"));
+        }
+        if !ok {
+            return self.reject(now, c, format!("backend failed to load model {model}: {error}"));
+        }
+        // A duplicate confirmation changes nothing.
+        missing.remove(&model);
+        let done = missing.is_empty();
+        if device_bytes > 0 {
+            self.actions.push_back(Action::DeviceBytes {
+                model,
+                bytes: device_bytes,
+            });
+        }
+        if done {
+            self.backend_ready(now, c);
+        }
+    }
+
+    fn plan_done(
+        &mut self,
+        now: Time,
+        c: ConnId,
+        plan: PlanId,
+        gpu: GpuId,
+        started_ns: i64,
+        finished_ns: i64,
+    ) {
+        let Some(Peer::Backend { node, gpus }) = self.conns.get(&c).map(|p| &p.peer) else {
+            return self.reject(now, c, "PlanDone from a node that is not a backend".into());
+        };
+        let node = *node;
+        if !gpus.contains(&gpu) {
+            return self.reject(
+                now,
+                c,
+                format!("PlanDone on GPU {}, which is not this backend's", gpu.0),
+            );
+        }
+        let res = self.plans.lock().expect("plans lock").done(node, plan, gpu);
+        match res {
+            Ok(_) => {}
+            Err(Refused::Unknown) => {
+                self.report.stray_plan_done += 1;
+                return;
+            }
+            Err(Refused::NotYours(why)) => return self.reject(now, c, why),
+        }
+        self.report.plans_done += 1;
+        // The GPU is free now that the report is here, whatever time it names.
+        let finished = Time(finished_ns).min(now).max(now - check::MAX_BATCH_SPAN);
+        self.actions.push_back(Action::PlanDone {
+            gpu,
+            plan,
+            finished,
+            busy: check::batch_span(started_ns, finished_ns),
+        });
+    }
+
+    fn frontend_ups(&self) -> Vec<Msg> {
+        let mut v: Vec<(NodeId, Msg)> = self
+            .conns
+            .values()
+            .filter_map(|c| match &c.peer {
+                Peer::Frontend { node, up } => Some((*node, up.clone())),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|(n, _)| *n);
+        v.into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// Connections of backends (in service or loading), in a stable order.
+    fn backend_conns(&self) -> Vec<ConnId> {
+        let mut v: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.peer, Peer::Backend { .. } | Peer::Loading { .. }))
+            .map(|(&id, _)| id)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn frontend_conns(&self) -> Vec<ConnId> {
+        let mut v: Vec<ConnId> = self.frontends.values().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn send_capacity(&mut self) {
+        let gpus = self.gpus_in_service;
+        for c in self.frontend_conns() {
+            self.send(c, Msg::Capacity { gpus });
+        }
+    }
+
+    /// A backend confirmed every model: its GPUs go into service.
+    fn backend_ready(&mut self, now: Time, c: ConnId) {
+        let Some(Peer::Loading { node, gpus, .. }) = self.conns.get(&c).map(|p| p.peer.clone())
+        else {
+            return;
+        };
+        let first = self.gpu_owner.len() as u32;
+        let ids: Vec<GpuId> = (first..first + gpus).map(GpuId).collect();
+        self.gpu_owner.extend(ids.iter().map(|_| Some(node)));
+        // The driver installs the routes before it sends the ack, and the GPUs
+        // enter the core after it: a plan can only follow the ack.
+        self.actions.push_back(Action::GpusUp {
+            conn: c,
+            backend: node,
+            gpus: ids.clone(),
+        });
+        self.send(
+            c,
+            Msg::RegisterAck {
+                node,
+                gpu_ids: ids.iter().map(|g| g.0).collect(),
+                models: self.cfg.models.clone(),
+                heartbeat_ms: self.heartbeat_ms(),
+            },
+        );
+        if let Some(pc) = self.conns.get_mut(&c) {
+            pc.peer = Peer::Backend { node, gpus: ids };
+        }
+        self.report.backends_registered += 1;
+        self.gpus_in_service += gpus;
+        self.send_capacity();
+        tracing::info!(node, first_gpu = first, gpus, "scheduler: backend in service");
+        // Its measurements so far (from pings before it registered) count at once.
+        let _ = now;
+        self.update_net();
+    }
+
+    /// Connection `c`'s node is gone; `graceful` when it said goodbye.
+    fn remove(&mut self, _now: Time, c: ConnId, reason: String, graceful: bool) {
+        let Some(pc) = self.conns.remove(&c) else {
+            return;
+        };
+        self.actions.push_back(Action::Close(c, reason.clone()));
+        match pc.peer {
+            Peer::New => {}
+            Peer::Loading { node, .. } => {
+                tracing::warn!(node, %reason, "scheduler: backend lost while loading");
+            }
+            Peer::Backend { node, gpus } => {
+                for g in &gpus {
+                    self.gpu_owner[g.idx()] = None;
+                }
+                self.gpus_in_service -= gpus.len() as u32;
+                let lost = self.plans.lock().expect("plans lock").take_backend(node);
+                let n = lost.len();
+                self.notify(lost, DropCode::BackendLost);
+                self.actions.push_back(Action::GpusDown {
+                    backend: node,
+                    gpus: gpus.clone(),
+                });
+                self.send_capacity();
+                if graceful {
+                    self.report.backends_left += 1;
+                    tracing::info!(node, gpus = gpus.len(), %reason, "scheduler: backend left");
+                } else {
+                    self.report.backends_lost += 1;
+                    tracing::warn!(
+                        node,
+                        gpus = gpus.len(),
+                        failed_tasks = n,
+                        %reason,
+                        "scheduler: backend removed; its GPUs are out of service and its in-flight tasks failed"
+                    );
+                }
+            }
+            Peer::Frontend { node, .. } => {
+                self.frontends.remove(&node);
+                self.actions.push_back(Action::FrontendDown { node });
+                for b in self.backend_conns() {
+                    self.send(b, Msg::FrontendDown { node });
+                }
+                if graceful {
+                    self.report.frontends_left += 1;
+                    tracing::info!(node, %reason, "scheduler: frontend left");
+                } else {
+                    self.report.frontends_lost += 1;
+                    tracing::warn!(node, %reason, "scheduler: frontend removed; its tasks are dropped");
+                }
+            }
+        }
+    }
+
+    /// Removes registered nodes that stopped pinging.
+    fn check_timeouts(&mut self, now: Time) {
+        let mut dead: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, pc)| {
+                matches!(pc.peer, Peer::Backend { .. } | Peer::Frontend { .. })
+                    && now - pc.last_seen > self.cfg.node_timeout
+            })
+            .map(|(&c, _)| c)
+            .collect();
+        dead.sort_unstable();
+        for c in dead {
+            let why = format!("no heartbeat for {} ms", self.cfg.node_timeout.0 / 1_000_000);
+            self.remove(now, c, why, false);
+        }
+    }
+
+    /// Recomputes d_ctrl / d_data from the backends' measurements (never below
+    /// the floors, never above the caps); a change of more than 10% goes to the
+    /// core.
+    fn update_net(&mut self) {
+        let (mut rtt, mut pull, mut n) = (Dur::ZERO, Dur::ZERO, 0);
+        for pc in self.conns.values() {
+            if let Peer::Backend { .. } = pc.peer {
+                rtt = rtt.max(pc.ctrl_delay);
+                pull = pull.max(pc.pull);
+                n += 1;
+            }
+        }
+        if n == 0 {
+            // Nothing measured: keep the last budget.
+            return;
+        }
+        self.report.ctrl_delay_us = rtt.as_us_f64();
+        self.report.pull_us = pull.as_us_f64();
+        let ctrl = (rtt + Dur(rtt.0 / 10)).min(self.cfg.max_ctrl);
+        let f = self.cfg.floors;
+        let net = NetBudget {
+            ctrl: f.ctrl.max(ctrl),
+            data_per_req: f.data_per_req.max(pull.min(self.cfg.max_data)),
+            // Results travel one hop (backend to frontend), like a plan.
+            resp: f.resp.max(ctrl),
+            slack: f.slack,
+        };
+        let changed = |a: Dur, b: Dur| (a - b).0.saturating_abs().saturating_mul(10) > b.0.max(1_000);
+        if changed(net.ctrl, self.net.ctrl)
+            || changed(net.data_per_req, self.net.data_per_req)
+            || changed(net.resp, self.net.resp)
+        {
+            tracing::info!(
+                d_ctrl_us = net.ctrl.as_us_f64(),
+                d_data_us = net.data_per_req.as_us_f64(),
+                "scheduler: network budget changed"
+            );
+            self.net = net;
+            self.actions.push_back(Action::SetNet(net));
+        }
+        self.report.d_ctrl_us = self.net.ctrl.as_us_f64();
+        self.report.d_data_us = self.net.data_per_req.as_us_f64();
+    }
+}

@@ -1,0 +1,461 @@
+//! Regression tests for the defects found by attacking the nodes with malformed
+//! messages (issue 12): each message below crashed a node thread, wrapped a
+//! deadline, or let a peer act on what it does not own. Every test ends by showing
+//! the node still serves its honest peers.
+
+use fermata::node::frontend::{FrontendNode, FrontendOpts};
+use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
+use fermata::node::serve::{Cluster, ClusterOpts};
+use fermata::transport::{inproc::InProc, tcp::Tcp, Conn, Event, Transport};
+use fermata::wire::{GpuInfo, Msg, ReplyStatus, Role, SubmitTask};
+use fermata::workload::Workload;
+use crossbeam_channel::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn workload() -> Workload {
+    Workload::from_toml(
+        r#"
+name = "hostile"
+gpus = 2
+rate_rps = 100
+[[models]]
+name = "small"
+alpha_ms = 0.5
+beta_ms = 2.0
+slo_ms = 40
+input_bytes = 64
+[[models]]
+name = "big"
+alpha_ms = 1.0
+beta_ms = 4.0
+slo_ms = 60
+input_bytes = 128
+"#,
+        None,
+    )
+    .unwrap()
+}
+
+fn tcp() -> Arc<dyn Transport> {
+    Arc::new(Tcp::new().unwrap())
+}
+
+/// A raw peer of the scheduler: a connection and its events.
+struct Peer {
+    conn: Arc<dyn Conn>,
+    rx: Receiver<Event>,
+}
+
+impl Peer {
+    fn connect(tr: &Arc<dyn Transport>, addr: &str) -> Peer {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let conn = tr.connect(addr, tx).unwrap();
+        Peer { conn, rx }
+    }
+    fn send(&self, m: Msg) {
+        self.conn.send(m).unwrap();
+    }
+    /// The next message matching `f` within `t` (None: none came, or the
+    /// connection closed first).
+    fn wait<T>(&self, t: Duration, mut f: impl FnMut(&Msg) -> Option<T>) -> Option<T> {
+        let end = Instant::now() + t;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(Event::Msg(_, m)) => {
+                    if let Some(x) = f(&m) {
+                        return Some(x);
+                    }
+                }
+                Ok(Event::Closed(..)) | Err(_) => return None,
+                Ok(Event::Accepted(_)) => {}
+            }
+        }
+    }
+    /// An `Error` with a message containing `what`, then the close.
+    fn expect_error(&self, what: &str) {
+        let msg = self
+            .wait(Duration::from_secs(5), |m| match m {
+                Msg::Error { message } => Some(message.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("expected an Error about `{what}`"));
+        assert!(msg.contains(what), "error `{msg}` does not mention `{what}`");
+        let closed = (0..50).any(|_| {
+            matches!(
+                self.rx.recv_timeout(Duration::from_millis(100)),
+                Ok(Event::Closed(..)) | Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+            )
+        });
+        assert!(closed, "the connection must close after the Error");
+    }
+    /// The scheduler still answers pings.
+    fn alive(&self, seq: u64) -> bool {
+        self.send(Msg::Ping {
+            seq,
+            sent_ns: 0,
+            ctrl_delay_ns: 0,
+            pull_ns: 0,
+        });
+        self.wait(Duration::from_secs(3), |m| match m {
+            Msg::Pong { seq: s, .. } if *s == seq => Some(()),
+            _ => None,
+        })
+        .is_some()
+    }
+    fn register_backend(&self, gpus: u32) {
+        self.send(Msg::Register {
+            role: Role::Backend,
+            name: "raw".into(),
+            gpus: (0..gpus)
+                .map(|i| GpuInfo {
+                    local: i,
+                    name: "raw".into(),
+                    mem_bytes: 1 << 30,
+                })
+                .collect(),
+            ctrl_addr: String::new(),
+            region: None,
+        });
+    }
+    fn loaded(&self, model: u32) {
+        self.send(Msg::ModelLoaded {
+            model,
+            ok: true,
+            error: String::new(),
+            device_bytes: 0,
+        });
+    }
+    /// Waits for the `RegisterAck`; its GPU ids.
+    fn ack(&self, t: Duration) -> Option<Vec<u32>> {
+        self.wait(t, |m| match m {
+            Msg::RegisterAck { gpu_ids, .. } => Some(gpu_ids.clone()),
+            _ => None,
+        })
+    }
+}
+
+#[test]
+fn a_huge_slo_is_refused_and_the_frontend_goes_on() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr: Arc<dyn Transport> = Arc::new(InProc::global());
+    let w = workload();
+    let o = ClusterOpts {
+        host: "hugeslo".into(),
+        region_bytes: 16 << 20,
+        ..ClusterOpts::default()
+    };
+    let c = Cluster::start(tr.clone(), &w, &o).unwrap();
+    let p = Peer::connect(&tr, &c.frontend_addrs()[0]);
+    let reply = |req: u64| {
+        p.wait(Duration::from_secs(10), |m| match m {
+            Msg::InferReply {
+                req: r,
+                status,
+                message,
+                ..
+            } if *r == req => Some((*status, message.clone())),
+            _ => None,
+        })
+        .expect("a reply")
+    };
+    // Today's main: `arrival + slo` overflows (a panic in the frontend's thread in
+    // a debug build, a deadline wrapped negative in release).
+    for (req, slo) in [(1u64, i64::MAX), (2, i64::MAX - 1_000), (3, i64::MAX / 2)] {
+        p.send(Msg::Infer {
+            req,
+            model: "small".into(),
+            slo_ns: slo,
+            input: vec![1; 64],
+        });
+        let (status, message) = reply(req);
+        assert_eq!(status, ReplyStatus::Failed, "{message}");
+        assert!(message.contains("slo_ns"), "{message}");
+    }
+    // The frontend still answers: a valid request ends (a lone request may be
+    // dropped or late on a busy machine; what matters is that it is answered).
+    p.send(Msg::Infer {
+        req: 10,
+        model: "small".into(),
+        slo_ns: 0,
+        input: vec![1; 64],
+    });
+    let (status, message) = reply(10);
+    assert_ne!(status, ReplyStatus::Failed, "{message}");
+    c.stop().unwrap();
+}
+
+#[test]
+fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = tcp();
+    let s = SchedulerNode::start(tr.clone(), &workload(), SchedulerOpts::default()).unwrap();
+    let p = Peer::connect(&tr, s.addr());
+    // Today's main: `rtt + rtt / 10` overflows in the scheduler's network thread
+    // when this backend's GPUs enter service.
+    p.send(Msg::Ping {
+        seq: 1,
+        sent_ns: i64::MIN,
+        ctrl_delay_ns: i64::MAX,
+        pull_ns: i64::MAX,
+    });
+    p.register_backend(1);
+    p.loaded(0);
+    p.loaded(1);
+    assert!(p.ack(Duration::from_secs(5)).is_some(), "backend enters service");
+    let q = Peer::connect(&tr, s.addr());
+    assert!(q.alive(7), "the scheduler's network thread must survive");
+    drop(p);
+    drop(q);
+    let rep = s.stop().unwrap();
+    // Whatever a node reports, the budget stays within its caps.
+    let cap = SchedulerOpts::default();
+    assert!(rep.d_ctrl_us <= cap.max_ctrl.as_us_f64(), "{}", rep.d_ctrl_us);
+    assert!(rep.d_data_us <= cap.max_data.as_us_f64(), "{}", rep.d_data_us);
+}
+
+#[test]
+fn a_backend_enters_service_only_when_each_model_is_loaded() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = tcp();
+    let s = SchedulerNode::start(tr.clone(), &workload(), SchedulerOpts::default()).unwrap();
+    let p = Peer::connect(&tr, s.addr());
+    p.register_backend(1);
+    // Today's main counts ModelLoaded messages: the same model twice was enough.
+    p.loaded(0);
+    p.loaded(0);
+    assert!(
+        p.ack(Duration::from_millis(500)).is_none(),
+        "model 1 is not loaded: no RegisterAck yet"
+    );
+    p.loaded(1);
+    assert!(p.ack(Duration::from_secs(5)).is_some());
+    // A model id the scheduler does not serve is a protocol error.
+    let q = Peer::connect(&tr, s.addr());
+    q.register_backend(1);
+    q.loaded(9);
+    q.expect_error("model 9");
+    let r = Peer::connect(&tr, s.addr());
+    assert!(r.alive(3));
+    drop((p, q, r));
+    let rep = s.stop().unwrap();
+    assert_eq!(rep.backends_registered, 1);
+}
+
+#[test]
+fn plan_done_is_checked_against_the_senders_gpus_and_plans() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = tcp();
+    let w = workload();
+    let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
+    // Two raw backends with one GPU each: ids 0 and 1.
+    let a = Peer::connect(&tr, s.addr());
+    a.register_backend(1);
+    a.loaded(0);
+    a.loaded(1);
+    let ga = a.ack(Duration::from_secs(5)).expect("a in service");
+    let b = Peer::connect(&tr, s.addr());
+    b.register_backend(1);
+    b.loaded(0);
+    b.loaded(1);
+    let gb = b.ack(Duration::from_secs(5)).expect("b in service");
+    assert_ne!(ga, gb);
+    // A frontend whose tasks make plans.
+    let mut fo = FrontendOpts::new(s.addr());
+    fo.region_bytes = 16 << 20;
+    fo.grace = Duration::from_millis(200);
+    let fe = FrontendNode::start(tr.clone(), fo).unwrap();
+    let h = fe.handle();
+    // A lone request may be dropped before it is planned on a busy machine: send
+    // until a plan arrives (a bounded number of times).
+    let plan = |peer: &Peer| {
+        peer.wait(Duration::from_millis(500), |m| match m {
+            Msg::Plan { id, gpu, .. } => Some((*id, *gpu)),
+            _ => None,
+        })
+    };
+    let mut got = None;
+    for _ in 0..20 {
+        let _answer = h.infer("small", 0, vec![3; 64]);
+        if let Some(p) = plan(&a) {
+            got = Some((p, true));
+            break;
+        }
+        if let Some(p) = plan(&b) {
+            got = Some((p, false));
+            break;
+        }
+    }
+    let ((plan_a, gpu_a), on_a) = got.expect("a plan for one of the backends");
+    // Name them so that `a` got the plan.
+    let (a, b, ga, gb) = if on_a { (a, b, ga, gb) } else { (b, a, gb, ga) };
+    assert_eq!(vec![gpu_a], ga);
+    // Backend b claims a's plan: today's main took it (and freed a's GPU).
+    b.send(Msg::PlanDone {
+        id: plan_a,
+        gpu: gb[0],
+        status: fermata::wire::PlanStatus::Ran,
+        started_ns: 0,
+        finished_ns: 1,
+        missing: 0,
+    });
+    b.expect_error("plan");
+    // Backend a reports on a GPU that is not its own.
+    a.send(Msg::PlanDone {
+        id: plan_a,
+        gpu: gb[0],
+        status: fermata::wire::PlanStatus::Ran,
+        started_ns: i64::MIN,
+        finished_ns: i64::MAX,
+        missing: 0,
+    });
+    a.expect_error("GPU");
+    // The scheduler survived both (today's main: `finished - started` overflowed).
+    let q = Peer::connect(&tr, s.addr());
+    assert!(q.alive(5));
+    fe.stop();
+    drop((a, b, q));
+    let rep = s.stop().unwrap();
+    assert_eq!(rep.connections_closed_for_errors, 2);
+}
+
+#[test]
+fn extreme_times_in_plan_done_do_not_overflow() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = tcp();
+    let w = workload();
+    let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
+    let a = Peer::connect(&tr, s.addr());
+    a.register_backend(1);
+    a.loaded(0);
+    a.loaded(1);
+    let ga = a.ack(Duration::from_secs(5)).expect("in service");
+    // A raw frontend submits one task by hand.
+    let f = Peer::connect(&tr, s.addr());
+    f.send(Msg::Register {
+        role: Role::Frontend,
+        name: "rawfe".into(),
+        gpus: vec![],
+        ctrl_addr: "nowhere:1".into(),
+        region: Some(fermata::wire::RegionInfo {
+            addr: "nowhere:2".into(),
+            region: 1,
+            len: 1 << 20,
+            rkey: 0,
+            base: 0,
+        }),
+    });
+    let node = f
+        .wait(Duration::from_secs(5), |m| match m {
+            Msg::RegisterAck { node, .. } => Some(*node),
+            _ => None,
+        })
+        .expect("frontend ack");
+    let id = ((node as u64) << fermata::node::scheduler::TASK_SEQ_BITS) | 1;
+    let now = f
+        .wait(Duration::from_secs(5), |m| match m {
+            Msg::Capacity { .. } => Some(()),
+            _ => None,
+        })
+        .map(|_| {
+            f.send(Msg::Ping {
+                seq: 1,
+                sent_ns: 0,
+                ctrl_delay_ns: 0,
+                pull_ns: 0,
+            });
+            f.wait(Duration::from_secs(5), |m| match m {
+                Msg::Pong { sched_ns, .. } => Some(*sched_ns),
+                _ => None,
+            })
+            .expect("pong")
+        })
+        .expect("capacity");
+    f.send(Msg::Submit {
+        tasks: vec![SubmitTask {
+            id,
+            model: 0,
+            arrival_ns: now,
+            deadline_ns: now + 40_000_000,
+            input: 0,
+        }],
+    });
+    let (plan, gpu) = a
+        .wait(Duration::from_secs(5), |m| match m {
+            Msg::Plan { id, gpu, .. } => Some((*id, *gpu)),
+            _ => None,
+        })
+        .expect("a plan");
+    assert_eq!(vec![gpu], ga);
+    // Its own plan on its own GPU, with times at the ends of i64.
+    a.send(Msg::PlanDone {
+        id: plan,
+        gpu,
+        status: fermata::wire::PlanStatus::Ran,
+        started_ns: i64::MIN,
+        finished_ns: i64::MAX,
+        missing: 0,
+    });
+    let q = Peer::connect(&tr, s.addr());
+    assert!(q.alive(9), "the scheduler survives");
+    drop((a, f, q));
+    let rep = s.stop().unwrap();
+    assert_eq!(rep.plans_done, 1);
+}
+
+#[test]
+fn a_submit_with_a_task_of_another_frontend_or_a_wild_deadline_is_refused() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = tcp();
+    let w = workload();
+    let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
+    let reg = |name: &str| {
+        let f = Peer::connect(&tr, s.addr());
+        f.send(Msg::Register {
+            role: Role::Frontend,
+            name: name.into(),
+            gpus: vec![],
+            ctrl_addr: "nowhere:1".into(),
+            region: Some(fermata::wire::RegionInfo {
+                addr: "nowhere:2".into(),
+                region: 1,
+                len: 1 << 20,
+                rkey: 0,
+                base: 0,
+            }),
+        });
+        let node = f
+            .wait(Duration::from_secs(5), |m| match m {
+                Msg::RegisterAck { node, .. } => Some(*node),
+                _ => None,
+            })
+            .expect("frontend ack");
+        (f, node)
+    };
+    let (f1, n1) = reg("one");
+    let task = |owner: u32, deadline_ns: i64| SubmitTask {
+        id: ((owner as u64) << fermata::node::scheduler::TASK_SEQ_BITS) | 1,
+        model: 0,
+        arrival_ns: 0,
+        deadline_ns,
+        input: 0,
+    };
+    // A task id that another frontend owns.
+    f1.send(Msg::Submit {
+        tasks: vec![task(n1 + 1, 1_000_000)],
+    });
+    f1.expect_error("task");
+    let (f2, n2) = reg("two");
+    f2.send(Msg::Submit {
+        tasks: vec![task(n2, i64::MAX)],
+    });
+    f2.expect_error("deadline");
+    let q = Peer::connect(&tr, s.addr());
+    assert!(q.alive(11));
+    drop((f1, f2, q));
+    let rep = s.stop().unwrap();
+    assert_eq!(rep.connections_closed_for_errors, 2);
+}
