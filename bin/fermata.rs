@@ -78,7 +78,9 @@ fn init_logs(level: Option<&str>, verbose: bool) -> Result<()> {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Simulate one run of a workload in virtual time.
+    /// Simulate one run of a workload in virtual time (`sim cluster`: the
+    /// deterministic cluster simulator with faults).
+    #[command(args_conflicts_with_subcommands = true)]
     Sim(SimArgs),
     /// Benchmarks: goodput search, load sweep, case studies.
     #[command(subcommand)]
@@ -101,9 +103,9 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct RunArgs {
-    /// Workload file (TOML), e.g. configs/workloads/resnet50_8gpu.toml.
+    /// Workload file (TOML), e.g. configs/workloads/resnet50_8gpu.toml (required).
     #[arg(long)]
-    workload: PathBuf,
+    workload: Option<PathBuf>,
     /// Override the arrival process: constant, poisson or gamma:SHAPE.
     #[arg(long)]
     arrival: Option<String>,
@@ -127,6 +129,8 @@ struct RunArgs {
 
 #[derive(Args)]
 struct SimArgs {
+    #[command(subcommand)]
+    sub: Option<SimCmd>,
     #[command(flatten)]
     run: RunArgs,
     /// deferred, eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus.
@@ -135,6 +139,57 @@ struct SimArgs {
     /// Aggregate offered rate in requests/s (default: the workload's rate_rps).
     #[arg(long)]
     rate: Option<f64>,
+}
+
+#[derive(Subcommand)]
+enum SimCmd {
+    /// The deterministic cluster simulator: frontends, backends and the
+    /// scheduler (the production protocol machines and core) over a simulated
+    /// network with faults, checking the invariants after every event.
+    Cluster(ClusterArgs),
+}
+
+#[derive(Args)]
+struct ClusterArgs {
+    /// Workload file (TOML): its models, profiles, SLOs and policy; default: the
+    /// embedded ResNet50 workload. Its GPU count is not used (see --backends).
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// First seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Number of seeds to run (seed, seed+1, ...); stops at the first violation.
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    #[arg(long, value_enum, default_value_t = fermata::sim::cluster::Faults::All)]
+    faults: fermata::sim::cluster::Faults,
+    #[arg(long, default_value_t = 2)]
+    frontends: u32,
+    #[arg(long, default_value_t = 2)]
+    backends: u32,
+    #[arg(long, default_value_t = 2)]
+    gpus_per_backend: u32,
+    /// Aggregate client rate (requests/s of simulated time).
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Simulated time clients send for (ms); each run then drains for 4 s.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: i64,
+    /// One-way network delay and uniform jitter on top (us).
+    #[arg(long, default_value_t = 50)]
+    delay_us: i64,
+    #[arg(long, default_value_t = 100)]
+    jitter_us: i64,
+    /// Probability that a message is lost, breaking its connection (with
+    /// partition faults).
+    #[arg(long, default_value_t = 1e-5)]
+    loss: f64,
+    /// Plant a bug, to see the checks catch it.
+    #[arg(long, value_enum)]
+    plant: Option<fermata::sim::cluster::Planted>,
+    /// Print one JSON object per seed.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -380,7 +435,10 @@ fn main() {
 }
 
 fn load(run: &RunArgs) -> Result<(Workload, SimOptions)> {
-    let mut w = Workload::from_file(&run.workload)?;
+    let Some(path) = &run.workload else {
+        bail!("--workload FILE is required (e.g. configs/workloads/resnet50_8gpu.toml)");
+    };
+    let mut w = Workload::from_file(path)?;
     if let Some(g) = &run.gather {
         w.gather = Some(g.parse().map_err(anyhow::Error::msg).context("--gather")?);
     }
@@ -418,7 +476,66 @@ fn parse_policies(s: &str) -> Result<Vec<Policy>> {
         .collect()
 }
 
+fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
+    use fermata::sim::cluster::{ClusterSim, ClusterSimOpts};
+    let w = roles::workload_of(&a.workload)?;
+    if a.frontends == 0 || a.backends == 0 || a.gpus_per_backend == 0 {
+        bail!("--frontends, --backends and --gpus-per-backend must be at least 1");
+    }
+    if !(a.rate > 0.0 && a.rate.is_finite()) || a.duration_ms <= 0 {
+        bail!("--rate and --duration-ms must be > 0");
+    }
+    if !(0.0..=1.0).contains(&a.loss) || a.delay_us < 0 || a.jitter_us < 0 {
+        bail!("--loss must be in [0, 1]; --delay-us and --jitter-us >= 0");
+    }
+    let t0 = std::time::Instant::now();
+    let (mut requests, mut events) = (0u64, 0u64);
+    for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
+        let o = ClusterSimOpts {
+            seed,
+            frontends: a.frontends,
+            backends: a.backends,
+            gpus_per_backend: a.gpus_per_backend,
+            rate_rps: a.rate,
+            duration: Dur::from_ms(a.duration_ms),
+            faults: a.faults,
+            delay: Dur::from_us(a.delay_us),
+            jitter: Dur::from_us(a.jitter_us),
+            loss: a.loss,
+            planted: a.plant,
+            workload_path: a.workload.as_ref().map(|p| p.display().to_string()),
+        };
+        let r = ClusterSim::new(&w, o).run();
+        requests += r.requests;
+        events += r.events;
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else if a.seeds <= 10 || r.violation.is_some() {
+            println!(
+                "seed {seed}: {} requests: {} good, {} late, {} dropped, {} failed; {} plans; faults: {} crashes, {} restarts, {} pauses, {} partitions, {} broken connections",
+                r.requests, r.good, r.late, r.dropped, r.failed, r.plans, r.crashes, r.restarts, r.pauses, r.partitions, r.broken_connections
+            );
+        }
+        if let Some(v) = r.violation {
+            eprintln!("VIOLATION at {}: {}", v.at, v.what);
+            eprintln!("replay: {}", v.replay);
+            std::process::exit(1);
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{} seeds, faults {:?}: no violation; {requests} simulated requests, {events} events in {wall:.2} s wall ({:.0} simulated requests per wall second)",
+        a.seeds.max(1),
+        a.faults,
+        requests as f64 / wall.max(1e-9)
+    );
+    Ok(())
+}
+
 fn cmd_sim(a: SimArgs) -> Result<()> {
+    if let Some(SimCmd::Cluster(c)) = a.sub {
+        return cmd_sim_cluster(c);
+    }
     let (w, mut o) = load(&a.run)?;
     if let Some(p) = &a.policy {
         o.policy = p.parse().map_err(anyhow::Error::msg).context("--policy")?;
@@ -505,7 +622,11 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                     );
                 }
                 let po = ProcOpts {
-                    workload: a.run.workload.clone(),
+                    workload: a
+                        .run
+                        .workload
+                        .clone()
+                        .context("--workload FILE is required")?,
                     backend_gpus: (0..a.backends)
                         .map(|b| w.gpus / a.backends + u32::from(b < w.gpus % a.backends))
                         .collect(),

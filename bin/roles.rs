@@ -93,7 +93,7 @@ fn transport_of(name: &str) -> Result<Arc<dyn Transport>> {
     transport::by_name(name).with_context(|| format!("--transport {name}"))
 }
 
-fn workload_of(path: &Option<PathBuf>) -> Result<Workload> {
+pub fn workload_of(path: &Option<PathBuf>) -> Result<Workload> {
     match path {
         Some(p) => Workload::from_file(p),
         None => {

@@ -82,3 +82,83 @@ fn core_has_no_threads_sockets_async_or_clock() {
         bad.join("\n")
     );
 }
+
+/// Every violation in the .rs files under `dir` (relative to the crate root).
+fn scan(dir: &[&str], must: &[&str]) -> Vec<String> {
+    let mut root: PathBuf = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    root.extend(dir);
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    for m in must {
+        assert!(
+            files.iter().any(|p| p.file_name().is_some_and(|n| n == *m)),
+            "{m} not found under {}",
+            root.display()
+        );
+    }
+    let mut bad = Vec::new();
+    for p in &files {
+        let text =
+            std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+        for (f, line) in violations(&text) {
+            bad.push(format!("{}:{line}: `{f}`", p.display()));
+        }
+    }
+    bad
+}
+
+#[test]
+fn node_protocol_machines_have_no_threads_sockets_or_clock() {
+    let bad = scan(
+        &["src", "node", "proto"],
+        &["sched.rs", "ledger.rs", "plans.rs", "check.rs"],
+    );
+    assert!(
+        bad.is_empty(),
+        "src/node/proto must stay sans-IO (time is an argument):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// Harness files that still live beside the runtime and import the simulator
+/// (the load generator and the in-process fakes); they are to move out of the
+/// production modules. Nothing else may import `sim` or `bench`.
+const HARNESS: [&str; 2] = ["src/node/loadgen.rs", "src/runtime/fake.rs"];
+
+#[test]
+fn production_modules_never_import_the_simulator_or_the_benches() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for d in ["core", "node", "runtime", "transport", "wire", "plan"] {
+        rust_files(&root.join("src").join(d), &mut files);
+    }
+    for f in ["metrics.rs", "repo.rs", "workload.rs", "profiler.rs"] {
+        files.push(root.join("src").join(f));
+    }
+    assert!(files.len() > 30, "{files:?}");
+    let mut bad = Vec::new();
+    for p in &files {
+        let rel = p.strip_prefix(&root).unwrap().to_string_lossy().to_string();
+        if HARNESS.contains(&rel.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(p).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            for f in [
+                "crate::sim",
+                "crate::bench",
+                "fermata::sim",
+                "fermata::bench",
+            ] {
+                if line.contains(f) {
+                    bad.push(format!("{rel}:{}: `{f}`", i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "production code must not depend on the simulator or the benches:\n{}",
+        bad.join("\n")
+    );
+}

@@ -3,13 +3,13 @@
 //! deadline, or let a peer act on what it does not own. Every test ends by showing
 //! the node still serves its honest peers.
 
+use crossbeam_channel::Receiver;
 use fermata::node::frontend::{FrontendNode, FrontendOpts};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::node::serve::{Cluster, ClusterOpts};
 use fermata::transport::{inproc::InProc, tcp::Tcp, Conn, Event, Transport};
 use fermata::wire::{GpuInfo, Msg, ReplyStatus, Role, SubmitTask};
 use fermata::workload::Workload;
-use crossbeam_channel::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -83,7 +83,10 @@ impl Peer {
                 _ => None,
             })
             .unwrap_or_else(|| panic!("expected an Error about `{what}`"));
-        assert!(msg.contains(what), "error `{msg}` does not mention `{what}`");
+        assert!(
+            msg.contains(what),
+            "error `{msg}` does not mention `{what}`"
+        );
         let closed = (0..50).any(|_| {
             matches!(
                 self.rx.recv_timeout(Duration::from_millis(100)),
@@ -205,7 +208,10 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
     p.register_backend(1);
     p.loaded(0);
     p.loaded(1);
-    assert!(p.ack(Duration::from_secs(5)).is_some(), "backend enters service");
+    assert!(
+        p.ack(Duration::from_secs(5)).is_some(),
+        "backend enters service"
+    );
     let q = Peer::connect(&tr, s.addr());
     assert!(q.alive(7), "the scheduler's network thread must survive");
     drop(p);
@@ -213,8 +219,16 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
     let rep = s.stop().unwrap();
     // Whatever a node reports, the budget stays within its caps.
     let cap = SchedulerOpts::default();
-    assert!(rep.d_ctrl_us <= cap.max_ctrl.as_us_f64(), "{}", rep.d_ctrl_us);
-    assert!(rep.d_data_us <= cap.max_data.as_us_f64(), "{}", rep.d_data_us);
+    assert!(
+        rep.d_ctrl_us <= cap.max_ctrl.as_us_f64(),
+        "{}",
+        rep.d_ctrl_us
+    );
+    assert!(
+        rep.d_data_us <= cap.max_data.as_us_f64(),
+        "{}",
+        rep.d_data_us
+    );
 }
 
 #[test]

@@ -187,6 +187,11 @@ impl Dispatcher {
         self.pump(now);
     }
 
+    /// Changes the network budget (d_ctrl, d_data, response) of every model.
+    pub fn set_net(&mut self, net: NetBudget) {
+        self.shard.set_net(net);
+    }
+
     /// Adds a GPU (free from now on); returns its id.
     pub fn add_gpu(&mut self) -> GpuId {
         let g = self.rank.add_gpu();

@@ -138,6 +138,27 @@ impl Mul<i64> for Dur {
     }
 }
 
+impl fmt::Debug for Time {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t={:.6}ms", self.as_ms_f64())
+    }
+}
+impl fmt::Display for Time {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.6}ms", self.as_ms_f64())
+    }
+}
+impl fmt::Debug for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.6}ms", self.as_ms_f64())
+    }
+}
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.6}ms", self.as_ms_f64())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,26 +183,5 @@ mod tests {
         // Ordinary values are unchanged.
         assert_eq!(Time(10) + Dur(5) - Dur(3), Time(12));
         assert_eq!(Time(10) - Time(15), Dur(-5));
-    }
-}
-
-impl fmt::Debug for Time {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "t={:.6}ms", self.as_ms_f64())
-    }
-}
-impl fmt::Display for Time {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:.6}ms", self.as_ms_f64())
-    }
-}
-impl fmt::Debug for Dur {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:.6}ms", self.as_ms_f64())
-    }
-}
-impl fmt::Display for Dur {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:.6}ms", self.as_ms_f64())
     }
 }

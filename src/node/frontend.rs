@@ -24,9 +24,7 @@ use crate::core::{Dur, Time};
 use crate::metrics::{Counter, Gauge, Histogram, Registry, LATENCY_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::transport::{Conn, ConnId, Event, Listener, Region, RegionServer, Transport};
-use crate::wire::{
-    DropCode, ModelInfo, Msg, ReplyStatus, Role, SubmitTask, MAX_ITEMS,
-};
+use crate::wire::{DropCode, ModelInfo, Msg, ReplyStatus, Role, SubmitTask, MAX_ITEMS};
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use std::collections::HashMap;
@@ -610,7 +608,10 @@ impl Loop {
             self.local(l);
         }
         let now = self.clock.now();
-        for f in self.ledger.fail_all(now, Ended::NoScheduler, "frontend stopping") {
+        for f in self
+            .ledger
+            .fail_all(now, Ended::NoScheduler, "frontend stopping")
+        {
             self.answer(f);
         }
         let _ = self.sched.send(Msg::Unregister {

@@ -50,10 +50,8 @@
 use super::clock::SchedClock;
 use super::exec::wire_profile;
 use super::proto::plans::PlanLedger;
-use super::proto::sched::{Action, SchedConfig, SchedProto};
-use crate::core::{
-    DropReason, Dur, GpuId, ModelId, ModelSpec, Plan, Task, Time,
-};
+use super::proto::sched::{drop_code, Action, SchedConfig, SchedProto};
+use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, Plan, Task, Time};
 use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, BATCH_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
@@ -230,17 +228,6 @@ impl SchedMetrics {
 
     fn dropped(&self, c: DropCode, n: u64) {
         self.drops[c.index()].add(n);
-    }
-}
-
-fn drop_code(r: DropReason) -> DropCode {
-    match r {
-        DropReason::Expired => DropCode::Expired,
-        DropReason::EarlyDrop => DropCode::EarlyDrop,
-        DropReason::QueueFull => DropCode::QueueFull,
-        DropReason::ModelRemoved => DropCode::ModelRemoved,
-        DropReason::Overloaded => DropCode::Overloaded,
-        DropReason::Shutdown => DropCode::Shutdown,
     }
 }
 
@@ -828,9 +815,16 @@ impl EventLoop {
         // Plans dispatched while the protocol removed the backend (a RankThread
         // holds the routes' read lock from route lookup to recording the plan):
         // with the routes gone none can follow, so these are the last ones.
-        let late = self.routes.plans.lock().expect("plans lock").take_backend(backend);
+        let late = self
+            .routes
+            .plans
+            .lock()
+            .expect("plans lock")
+            .take_backend(backend);
         if !late.is_empty() {
-            self.routes.lost.fetch_add(late.len() as u64, Ordering::Relaxed);
+            self.routes
+                .lost
+                .fetch_add(late.len() as u64, Ordering::Relaxed);
             self.routes.notify(late, DropCode::BackendLost);
         }
     }

@@ -6,6 +6,7 @@
 //! runtime uses), never a copy of it.
 
 pub mod arrivals;
+pub mod cluster;
 
 use crate::core::nexus::NexusCore;
 use crate::core::{

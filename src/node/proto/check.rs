@@ -46,7 +46,9 @@ pub fn measured(ns: i64) -> Dur {
 
 /// The busy time of a batch a backend reports, clamped to `[0, MAX_BATCH_SPAN]`.
 pub fn batch_span(started_ns: i64, finished_ns: i64) -> Dur {
-    Dur(finished_ns.saturating_sub(started_ns).clamp(0, MAX_BATCH_SPAN.0))
+    Dur(finished_ns
+        .saturating_sub(started_ns)
+        .clamp(0, MAX_BATCH_SPAN.0))
 }
 
 /// What a submitted task is, after its checks.
@@ -154,7 +156,9 @@ mod tests {
             submit_task(now, 3, 1, &ok).unwrap(),
             Submitted::UnknownModel(ok.id)
         );
-        assert!(submit_task(now, 4, 2, &ok).unwrap_err().contains("node id 4"));
+        assert!(submit_task(now, 4, 2, &ok)
+            .unwrap_err()
+            .contains("node id 4"));
         for bad in [
             t(3, now.0, i64::MAX, 0),
             t(3, now.0, now.0 - 1, 0),

@@ -71,14 +71,12 @@ impl Answer {
                 batch_size: r.batch_size,
             },
             TaskStatus::Dropped(code) => Answer::Dropped(code),
-            TaskStatus::InputMissing => Answer::Failed(
-                Ended::Failed,
-                "the backend could not read the input".into(),
-            ),
-            TaskStatus::Failed => Answer::Failed(
-                Ended::Failed,
-                "the backend failed to run the batch".into(),
-            ),
+            TaskStatus::InputMissing => {
+                Answer::Failed(Ended::Failed, "the backend could not read the input".into())
+            }
+            TaskStatus::Failed => {
+                Answer::Failed(Ended::Failed, "the backend failed to run the batch".into())
+            }
         }
     }
 
@@ -86,10 +84,9 @@ impl Answer {
     pub fn of_drop(code: DropCode) -> Answer {
         match code {
             // Lost with its backend: an explicit failure, not a scheduling decision.
-            DropCode::BackendLost => Answer::Failed(
-                Ended::BackendLost,
-                "the backend running it was lost".into(),
-            ),
+            DropCode::BackendLost => {
+                Answer::Failed(Ended::BackendLost, "the backend running it was lost".into())
+            }
             c => Answer::Dropped(c),
         }
     }
@@ -361,7 +358,10 @@ mod tests {
             Answer::of_drop(DropCode::BackendLost),
             Answer::Failed(Ended::BackendLost, "the backend running it was lost".into())
         );
-        assert_eq!(Answer::of_drop(DropCode::Expired), Answer::Dropped(DropCode::Expired));
+        assert_eq!(
+            Answer::of_drop(DropCode::Expired),
+            Answer::Dropped(DropCode::Expired)
+        );
         let r = TaskResult {
             id: 1,
             status: TaskStatus::InputMissing,
@@ -370,6 +370,9 @@ mod tests {
             batch_size: 0,
             output: vec![],
         };
-        assert!(matches!(Answer::of_result(r), Answer::Failed(Ended::Failed, _)));
+        assert!(matches!(
+            Answer::of_result(r),
+            Answer::Failed(Ended::Failed, _)
+        ));
     }
 }

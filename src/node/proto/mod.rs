@@ -5,7 +5,7 @@
 //! socket or starts a thread (`tests/core_purity.rs` checks it), so the same code
 //! runs under the real drivers in [`super::scheduler`], [`super::frontend`] and
 //! [`super::backend`] and under the deterministic cluster simulator
-//! (`fermata sim cluster`, [`crate::sim::cluster`]).
+//! (`fermata sim cluster`, in `src/sim/cluster.rs`).
 //!
 //! - [`check`]: a wire message becomes a typed value only after range checks
 //!   (deadlines and SLOs within bounds, measured delays clamped, ids owned by the

@@ -56,7 +56,10 @@ impl PlanLedger {
 
     /// The plan could not be sent after all: its tasks.
     pub fn unsent(&mut self, plan: PlanId) -> Vec<u64> {
-        self.plans.remove(&plan).map(|f| f.tasks).unwrap_or_default()
+        self.plans
+            .remove(&plan)
+            .map(|f| f.tasks)
+            .unwrap_or_default()
     }
 
     /// `backend` reports `plan` done on `gpu`: the plan's task count when it is

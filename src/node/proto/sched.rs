@@ -31,6 +31,19 @@ use crate::wire::{task_owner, DropCode, ModelInfo, Msg, NodeId, Role, MAX_NODE_I
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+/// The wire code of a core drop reason.
+pub fn drop_code(r: crate::core::DropReason) -> DropCode {
+    use crate::core::DropReason as R;
+    match r {
+        R::Expired => DropCode::Expired,
+        R::EarlyDrop => DropCode::EarlyDrop,
+        R::QueueFull => DropCode::QueueFull,
+        R::ModelRemoved => DropCode::ModelRemoved,
+        R::Overloaded => DropCode::Overloaded,
+        R::Shutdown => DropCode::Shutdown,
+    }
+}
+
 /// The scheduler's protocol settings.
 #[derive(Debug, Clone)]
 pub struct SchedConfig {
@@ -271,7 +284,8 @@ impl SchedProto {
                 self.report.tasks_dropped += items.len() as u64;
             }
             if let Some(&c) = self.frontends.get(&fe) {
-                self.actions.push_back(Action::Send(c, Msg::Dropped { items }));
+                self.actions
+                    .push_back(Action::Send(c, Msg::Dropped { items }));
             }
         }
     }
@@ -445,8 +459,7 @@ impl SchedProto {
             };
         }
         self.frontends.insert(node, c);
-        self.actions
-            .push_back(Action::FrontendUp { conn: c, node });
+        self.actions.push_back(Action::FrontendUp { conn: c, node });
         self.send(
             c,
             Msg::RegisterAck {
@@ -488,10 +501,18 @@ impl SchedProto {
             return self.reject(now, c, "ModelLoaded from a node that is not loading".into());
         };
         if !served {
-            return self.reject(now, c, format!("ModelLoaded for model {model}, which is not served"));
+            return self.reject(
+                now,
+                c,
+                format!("ModelLoaded for model {model}, which is not served"),
+            );
         }
         if !ok {
-            return self.reject(now, c, format!("backend failed to load model {model}: {error}"));
+            return self.reject(
+                now,
+                c,
+                format!("backend failed to load model {model}: {error}"),
+            );
         }
         // A duplicate confirmation changes nothing.
         missing.remove(&model);
@@ -616,7 +637,12 @@ impl SchedProto {
         self.report.backends_registered += 1;
         self.gpus_in_service += gpus;
         self.send_capacity();
-        tracing::info!(node, first_gpu = first, gpus, "scheduler: backend in service");
+        tracing::info!(
+            node,
+            first_gpu = first,
+            gpus,
+            "scheduler: backend in service"
+        );
         // Its measurements so far (from pings before it registered) count at once.
         let _ = now;
         self.update_net();
@@ -690,7 +716,10 @@ impl SchedProto {
             .collect();
         dead.sort_unstable();
         for c in dead {
-            let why = format!("no heartbeat for {} ms", self.cfg.node_timeout.0 / 1_000_000);
+            let why = format!(
+                "no heartbeat for {} ms",
+                self.cfg.node_timeout.0 / 1_000_000
+            );
             self.remove(now, c, why, false);
         }
     }
@@ -722,7 +751,8 @@ impl SchedProto {
             resp: f.resp.max(ctrl),
             slack: f.slack,
         };
-        let changed = |a: Dur, b: Dur| (a - b).0.saturating_abs().saturating_mul(10) > b.0.max(1_000);
+        let changed =
+            |a: Dur, b: Dur| (a - b).0.saturating_abs().saturating_mul(10) > b.0.max(1_000);
         if changed(net.ctrl, self.net.ctrl)
             || changed(net.data_per_req, self.net.data_per_req)
             || changed(net.resp, self.net.resp)

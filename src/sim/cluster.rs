@@ -1,0 +1,1507 @@
+//! The deterministic cluster simulator (`fermata sim cluster`): N frontends, M
+//! backends and the scheduler over a simulated network, all from one seed.
+//!
+//! What runs is production code: the scheduler is the sans-IO protocol machine
+//! ([`crate::node::proto::sched`]) beside the scheduling core
+//! ([`crate::core::Dispatcher`]); each frontend keeps its requests in the
+//! production [`RequestLedger`] and checks SLOs with [`check::slo`]. The
+//! backends follow the wire protocol in a model written here (the backend's
+//! plan queue is not a sans-IO machine yet): they register, load models, queue
+//! plans by their start time, leave out tasks that can no longer make their
+//! deadline (the production `too_late_prefix`), pull inputs from the frontends,
+//! run for the profile's l(b) and push results.
+//!
+//! The network delays every message (delay plus jitter, in order on each
+//! connection as TCP keeps it, in any order across connections); a lost
+//! message breaks its connection, as a TCP connection breaks. Faults come from
+//! the same seed: process crashes (a supervisor restarts the process after a
+//! while as a new node), pauses (a stopped process: its events wait), partitions
+//! (every connection between a node and the scheduler breaks), and each node's
+//! clock has its own skew and drift.
+//!
+//! After every event the simulator checks:
+//! - every request ends exactly once at its client (good, late, dropped or
+//!   failed; at the end of a run none is left without an end);
+//! - no GPU is planned to run two batches at once (a plan never starts before
+//!   the GPU's previous plan is due to finish or reported done);
+//! - no plan runs a model its backend has not loaded;
+//! - no backend is sent a model it was not assigned.
+//!
+//! A violation stops the run with a [`Violation`] whose `replay` is the one-line
+//! command that runs exactly that seed again.
+
+use crate::core::{Dispatcher, Dur, Time};
+use crate::node::backend::too_late_prefix;
+use crate::node::proto::check;
+use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
+use crate::node::proto::sched::{drop_code, Action, SchedConfig, SchedProto};
+use crate::transport::{ConnId, InputRef};
+use crate::wire::{
+    task_owner, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo, Role,
+    TaskResult, TaskStatus,
+};
+use crate::workload::Workload;
+use rand::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+
+/// Which faults a run injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Faults {
+    None,
+    /// Process crashes and restarts, and pauses.
+    Crash,
+    /// Network partitions between nodes and the scheduler, and lost messages.
+    Partition,
+    /// All of them.
+    All,
+}
+
+impl Faults {
+    fn crash(self) -> bool {
+        matches!(self, Faults::Crash | Faults::All)
+    }
+    fn partition(self) -> bool {
+        matches!(self, Faults::Partition | Faults::All)
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Faults::None => "none",
+            Faults::Crash => "crash",
+            Faults::Partition => "partition",
+            Faults::All => "all",
+        }
+    }
+}
+
+/// A bug planted on purpose, to show that the checks catch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Planted {
+    /// Backends confirm every model with `ModelLoaded` but skip loading the last.
+    SkipLoad,
+}
+
+/// One run's settings.
+#[derive(Debug, Clone)]
+pub struct ClusterSimOpts {
+    pub seed: u64,
+    pub frontends: u32,
+    pub backends: u32,
+    pub gpus_per_backend: u32,
+    pub rate_rps: f64,
+    /// Simulated time clients send for (the run then drains).
+    pub duration: Dur,
+    pub faults: Faults,
+    /// One-way network delay and its jitter (uniform on top).
+    pub delay: Dur,
+    pub jitter: Dur,
+    /// Probability that a message is lost (its connection breaks), with partition
+    /// faults.
+    pub loss: f64,
+    pub planted: Option<Planted>,
+    /// The workload file given on the command line, for the replay line.
+    pub workload_path: Option<String>,
+}
+
+impl Default for ClusterSimOpts {
+    fn default() -> Self {
+        ClusterSimOpts {
+            seed: 1,
+            frontends: 2,
+            backends: 2,
+            gpus_per_backend: 2,
+            rate_rps: 1000.0,
+            duration: Dur::from_ms(2000),
+            faults: Faults::All,
+            delay: Dur::from_us(50),
+            jitter: Dur::from_us(100),
+            loss: 1e-5,
+            planted: None,
+            workload_path: None,
+        }
+    }
+}
+
+impl ClusterSimOpts {
+    /// The command that runs this seed again.
+    pub fn replay(&self) -> String {
+        let mut s = format!(
+            "fermata sim cluster --seed {} --faults {} --frontends {} --backends {} --gpus-per-backend {} --rate {} --duration-ms {} --delay-us {} --jitter-us {} --loss {}",
+            self.seed,
+            self.faults.name(),
+            self.frontends,
+            self.backends,
+            self.gpus_per_backend,
+            self.rate_rps,
+            self.duration.0 / 1_000_000,
+            self.delay.0 / 1_000,
+            self.jitter.0 / 1_000,
+            self.loss
+        );
+        if let Some(w) = &self.workload_path {
+            s += &format!(" --workload {w}");
+        }
+        if self.planted == Some(Planted::SkipLoad) {
+            s += " --plant skip-load";
+        }
+        s
+    }
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Violation {
+    pub at: Time,
+    pub what: String,
+    /// The command that replays the run.
+    pub replay: String,
+}
+
+/// What one run counted.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ClusterSimReport {
+    pub seed: u64,
+    pub requests: u64,
+    pub good: u64,
+    pub late: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    pub plans: u64,
+    pub events: u64,
+    pub crashes: u64,
+    pub restarts: u64,
+    pub pauses: u64,
+    pub partitions: u64,
+    pub broken_connections: u64,
+    pub backends_registered: u32,
+    pub frontends_registered: u32,
+    pub sim_seconds: f64,
+    pub violation: Option<Violation>,
+}
+
+type Pid = usize;
+
+#[derive(Debug)]
+enum Ev {
+    Deliver {
+        conn: ConnId,
+        to: Pid,
+        msg: Msg,
+    },
+    Closed {
+        conn: ConnId,
+        to: Pid,
+        why: String,
+    },
+    Wake {
+        pid: Pid,
+    },
+    Arrival,
+    /// A client's request reaches frontend `pid`.
+    Request {
+        pid: Pid,
+        client: u64,
+        model: usize,
+    },
+    /// A GPU's next plan may be due to start.
+    Start {
+        pid: Pid,
+        gpu: u32,
+    },
+    BatchDone {
+        pid: Pid,
+        gpu: u32,
+    },
+    Crash,
+    Pause,
+    Partition,
+    Restart {
+        role: Role,
+        slot: usize,
+    },
+}
+
+struct Link {
+    ends: [Pid; 2],
+    open: bool,
+    /// Last delivery time per direction (0: ends[0] -> ends[1]).
+    last: [Time; 2],
+}
+
+/// A node's clock: local = true * (1 + drift) + skew.
+#[derive(Clone, Copy)]
+struct NodeClock {
+    skew: i64,
+    drift: f64,
+}
+
+impl NodeClock {
+    fn local(&self, t: Time) -> Time {
+        Time(t.0 + self.skew + (t.0 as f64 * self.drift) as i64)
+    }
+    /// The true time at which the local clock shows `l`.
+    fn true_of(&self, l: Time) -> Time {
+        Time(((l.0 - self.skew) as f64 / (1.0 + self.drift)) as i64)
+    }
+}
+
+/// A node's estimate of the scheduler's clock (NTP's rule on ping/pong, best
+/// round trip of the recent probes).
+#[derive(Default)]
+struct Offset {
+    best_rtt: Option<i64>,
+    offset: i64,
+}
+
+impl Offset {
+    fn add(&mut self, t0: i64, t1: i64, t2: i64) {
+        let rtt = (t2 - t0).max(0);
+        if self.best_rtt.is_none_or(|b| rtt <= b) {
+            self.best_rtt = Some(rtt);
+            self.offset = t1 - (t0 + (t2 - t0) / 2);
+        }
+    }
+}
+
+struct Fe {
+    clock: NodeClock,
+    sched: ConnId,
+    node: Option<NodeId>,
+    models: Vec<ModelInfo>,
+    ledger: RequestLedger<u64>,
+    off: Offset,
+    gpus: u32,
+    sched_ok: bool,
+    last_pong: Time,
+    next_ping: Time,
+    seq: u64,
+}
+
+struct GpuRun {
+    busy: bool,
+    queue: BTreeMap<(Time, u64), PlanMsg>,
+}
+
+#[derive(Clone)]
+struct PlanMsg {
+    id: u64,
+    model: u32,
+    gpu: u32,
+    tasks: Vec<PlanTask>,
+}
+
+struct Be {
+    clock: NodeClock,
+    sched: ConnId,
+    node: Option<NodeId>,
+    gpu_ids: Vec<u32>,
+    loaded: HashSet<u32>,
+    /// Frontend node -> (its pid, our connection to it).
+    frontends: HashMap<NodeId, (Pid, ConnId)>,
+    run: Vec<GpuRun>,
+    off: Offset,
+    last_pong: Time,
+    next_ping: Time,
+    seq: u64,
+    slot: usize,
+}
+
+struct Sched {
+    proto: SchedProto,
+    core: Dispatcher,
+    gpu_conn: HashMap<u32, ConnId>,
+    fe_nodes: HashSet<NodeId>,
+    /// Per GPU: the latest plan booked, and when the GPU is due free.
+    gpu_free: HashMap<u32, (u64, Time)>,
+}
+
+enum Proc {
+    Sched(Box<Sched>),
+    Fe(Box<Fe>),
+    Be(Box<Be>),
+    Dead,
+}
+
+/// A client request: which frontend process has it and whether it ended.
+struct Client {
+    ended: bool,
+}
+
+/// One simulated cluster.
+pub struct ClusterSim {
+    opts: ClusterSimOpts,
+    w: Workload,
+    models: Vec<ModelInfo>,
+    rng: Xoshiro256PlusPlus,
+    now: Time,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Time, u64, usize)>>,
+    evs: HashMap<usize, Ev>,
+    procs: Vec<Proc>,
+    paused: Vec<Time>,
+    links: HashMap<ConnId, Link>,
+    next_conn: ConnId,
+    sched_pid: Pid,
+    fe_slots: Vec<Pid>,
+    be_slots: Vec<Pid>,
+    next_client: u64,
+    clients: HashMap<u64, Client>,
+    rr: usize,
+    heartbeat: Dur,
+    sched_timeout: Dur,
+    /// A running batch's results, its scheduler connection and its report,
+    /// sent when it finishes.
+    pending_out: HashMap<(Pid, u32), BatchOut>,
+    /// The scheduler's pending wake-up.
+    sched_wake: Option<Time>,
+    report: ClusterSimReport,
+    violation: Option<Violation>,
+}
+
+type BatchOut = (Vec<(ConnId, Msg)>, ConnId, Msg);
+
+impl ClusterSim {
+    pub fn new(w: &Workload, opts: ClusterSimOpts) -> ClusterSim {
+        let models: Vec<ModelInfo> = w
+            .models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ModelInfo {
+                id: i as u32,
+                name: m.spec.name.clone(),
+                slo_ns: m.spec.slo.0,
+                profile: crate::node::exec::wire_profile(&m.spec.profile),
+                input_bytes: m.input_bytes,
+                meta_json: String::new(),
+            })
+            .collect();
+        let mut sim = ClusterSim {
+            rng: Xoshiro256PlusPlus::seed_from_u64(opts.seed),
+            report: ClusterSimReport {
+                seed: opts.seed,
+                ..Default::default()
+            },
+            opts,
+            w: w.clone(),
+            models,
+            now: Time::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            evs: HashMap::new(),
+            procs: Vec::new(),
+            paused: Vec::new(),
+            links: HashMap::new(),
+            next_conn: 1,
+            sched_pid: 0,
+            fe_slots: Vec::new(),
+            be_slots: Vec::new(),
+            next_client: 0,
+            clients: HashMap::new(),
+            rr: 0,
+            heartbeat: Dur::from_ms(100),
+            sched_timeout: Dur::from_ms(1000),
+            pending_out: HashMap::new(),
+            sched_wake: None,
+            violation: None,
+        };
+        sim.start_scheduler();
+        for slot in 0..sim.opts.backends as usize {
+            sim.be_slots.push(usize::MAX);
+            sim.start_backend(slot);
+        }
+        for slot in 0..sim.opts.frontends as usize {
+            sim.fe_slots.push(usize::MAX);
+            sim.start_frontend(slot);
+        }
+        // Clients start once the cluster had time to form.
+        sim.at(Time(Dur::from_ms(50).0), Ev::Arrival);
+        if sim.opts.faults != Faults::None {
+            sim.schedule_faults();
+        }
+        sim
+    }
+
+    fn at(&mut self, t: Time, ev: Ev) {
+        self.seq += 1;
+        let k = self.seq as usize;
+        self.evs.insert(k, ev);
+        self.queue.push(Reverse((t.max(self.now), self.seq, k)));
+    }
+
+    fn schedule_faults(&mut self) {
+        let end = self.opts.duration.0;
+        let n = 1 + (end / 500_000_000) as usize;
+        for _ in 0..n {
+            let t = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+            if self.opts.faults.crash() {
+                self.at(t, Ev::Crash);
+                let t2 = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+                self.at(t2, Ev::Pause);
+            }
+            if self.opts.faults.partition() {
+                let t3 = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+                self.at(t3, Ev::Partition);
+            }
+        }
+    }
+
+    fn new_pid(&mut self, p: Proc) -> Pid {
+        self.procs.push(p);
+        self.paused.push(Time::EPOCH_MIN);
+        self.procs.len() - 1
+    }
+
+    fn node_clock(&mut self) -> NodeClock {
+        NodeClock {
+            skew: self.rng.gen_range(-5_000_000i64..5_000_000),
+            drift: self.rng.gen_range(-50e-6..50e-6),
+        }
+    }
+
+    fn start_scheduler(&mut self) {
+        let dcfg = {
+            let mut c = self.w.dispatcher_config(self.w.policy, true);
+            c.gpus = 0;
+            c
+        };
+        let specs = self.w.models.iter().map(|m| m.spec.clone()).collect();
+        let proto = SchedProto::new(
+            self.now,
+            SchedConfig {
+                models: self.models.clone(),
+                heartbeat: self.heartbeat,
+                node_timeout: Dur::from_ms(1000),
+                net_update: Dur::from_ms(200),
+                floors: dcfg.net,
+                max_ctrl: Dur::from_us(2000),
+                max_data: Dur::from_us(500),
+            },
+        );
+        let s = Sched {
+            proto,
+            core: Dispatcher::new(dcfg, specs),
+            gpu_conn: HashMap::new(),
+            fe_nodes: HashSet::new(),
+            gpu_free: HashMap::new(),
+        };
+        self.sched_pid = self.new_pid(Proc::Sched(Box::new(s)));
+    }
+
+    /// Opens a connection from `from` to `to`; the accepting side hears of it
+    /// (the scheduler's protocol machine) at once.
+    fn connect(&mut self, from: Pid, to: Pid) -> ConnId {
+        let c = self.next_conn;
+        self.next_conn += 1;
+        let ok = !matches!(self.procs[to], Proc::Dead);
+        self.links.insert(
+            c,
+            Link {
+                ends: [from, to],
+                open: ok,
+                last: [self.now; 2],
+            },
+        );
+        if !ok {
+            self.at(
+                self.now,
+                Ev::Closed {
+                    conn: c,
+                    to: from,
+                    why: "connection refused".into(),
+                },
+            );
+        } else if let Proc::Sched(s) = &mut self.procs[to] {
+            s.proto.handle_accept(self.now, c);
+        }
+        c
+    }
+
+    fn start_backend(&mut self, slot: usize) {
+        let clock = self.node_clock();
+        let gpus = self.opts.gpus_per_backend;
+        let pid = self.new_pid(Proc::Dead);
+        let sched = self.connect(pid, self.sched_pid);
+        self.procs[pid] = Proc::Be(Box::new(Be {
+            clock,
+            sched,
+            node: None,
+            gpu_ids: Vec::new(),
+            loaded: HashSet::new(),
+            frontends: HashMap::new(),
+            run: (0..gpus)
+                .map(|_| GpuRun {
+                    busy: false,
+                    queue: BTreeMap::new(),
+                })
+                .collect(),
+            off: Offset::default(),
+            last_pong: self.now,
+            next_ping: self.now,
+            seq: 0,
+            slot,
+        }));
+        self.be_slots[slot] = pid;
+        self.send(pid, sched, self.ping_msg(pid, 0));
+        self.send(
+            pid,
+            sched,
+            Msg::Register {
+                role: Role::Backend,
+                name: format!("be{slot}"),
+                gpus: (0..gpus)
+                    .map(|i| GpuInfo {
+                        local: i,
+                        name: "sim".into(),
+                        mem_bytes: 80 << 30,
+                    })
+                    .collect(),
+                ctrl_addr: String::new(),
+                region: None,
+            },
+        );
+        self.at(self.now + self.heartbeat, Ev::Wake { pid });
+    }
+
+    fn start_frontend(&mut self, slot: usize) {
+        let clock = self.node_clock();
+        let pid = self.new_pid(Proc::Dead);
+        let sched = self.connect(pid, self.sched_pid);
+        self.procs[pid] = Proc::Fe(Box::new(Fe {
+            clock,
+            sched,
+            node: None,
+            models: Vec::new(),
+            ledger: RequestLedger::new(0, Dur::from_ms(3000)),
+            off: Offset::default(),
+            gpus: 0,
+            sched_ok: true,
+            last_pong: self.now,
+            next_ping: self.now,
+            seq: 0,
+        }));
+        self.fe_slots[slot] = pid;
+        self.send(pid, sched, self.ping_msg(pid, 0));
+        self.send(
+            pid,
+            sched,
+            Msg::Register {
+                role: Role::Frontend,
+                name: format!("fe{slot}"),
+                gpus: vec![],
+                ctrl_addr: format!("fe{pid}"),
+                region: Some(RegionInfo {
+                    addr: format!("fe{pid}"),
+                    region: pid as u32,
+                    len: 1 << 30,
+                    rkey: 0,
+                    base: 0,
+                }),
+            },
+        );
+        self.at(self.now + self.heartbeat, Ev::Wake { pid });
+    }
+
+    fn ping_msg(&self, pid: Pid, seq: u64) -> Msg {
+        let local = match &self.procs[pid] {
+            Proc::Fe(f) => f.clock.local(self.now),
+            Proc::Be(b) => b.clock.local(self.now),
+            _ => self.now,
+        };
+        Msg::Ping {
+            seq,
+            sent_ns: local.0,
+            ctrl_delay_ns: 0,
+            pull_ns: 0,
+        }
+    }
+
+    /// Sends `msg` from `from` on `conn`: delivered after the network's delay, in
+    /// order on the connection; lost (the connection breaks) with the loss rate.
+    fn send(&mut self, from: Pid, conn: ConnId, msg: Msg) {
+        let loss = if self.opts.faults.partition() {
+            self.opts.loss
+        } else {
+            0.0
+        };
+        let lost = loss > 0.0 && self.rng.gen_bool(loss.min(1.0));
+        let jitter = if self.opts.jitter.0 > 0 {
+            self.rng.gen_range(0..=self.opts.jitter.0)
+        } else {
+            0
+        };
+        let Some(l) = self.links.get_mut(&conn) else {
+            return;
+        };
+        if !l.open {
+            return;
+        }
+        if lost {
+            self.break_link(conn, "message lost: connection reset");
+            return;
+        }
+        let dir = usize::from(l.ends[0] != from);
+        let to = l.ends[1 - dir];
+        let t = (self.now + self.opts.delay + Dur(jitter)).max(l.last[dir]);
+        l.last[dir] = t;
+        self.at(t, Ev::Deliver { conn, to, msg });
+    }
+
+    /// Breaks a connection: both ends hear `Closed` after the network delay.
+    fn break_link(&mut self, conn: ConnId, why: &str) {
+        let Some(l) = self.links.get_mut(&conn) else {
+            return;
+        };
+        if !l.open {
+            return;
+        }
+        l.open = false;
+        self.report.broken_connections += 1;
+        let ends = l.ends;
+        let last = l.last;
+        for (i, &to) in ends.iter().enumerate() {
+            // After whatever was already on its way to that end.
+            let t = (self.now + self.opts.delay).max(last[1 - i]);
+            self.at(
+                t,
+                Ev::Closed {
+                    conn,
+                    to,
+                    why: why.to_string(),
+                },
+            );
+        }
+    }
+
+    fn violate(&mut self, what: String) {
+        if self.violation.is_none() {
+            self.violation = Some(Violation {
+                at: self.now,
+                what,
+                replay: self.opts.replay(),
+            });
+        }
+    }
+
+    /// Runs to the end (or the first violation).
+    pub fn run(mut self) -> ClusterSimReport {
+        let end = Time(self.opts.duration.0) + Dur::from_ms(4000);
+        while let Some(Reverse((t, _, k))) = self.queue.pop() {
+            if t > end || self.violation.is_some() {
+                break;
+            }
+            self.now = t;
+            let ev = self.evs.remove(&k).expect("event");
+            self.report.events += 1;
+            self.event(ev);
+        }
+        self.now = end;
+        // Every request must have ended by now: deadline + grace is < 4 s.
+        let open = self.clients.values().filter(|c| !c.ended).count();
+        if open > 0 && self.violation.is_none() {
+            self.violate(format!("{open} requests never ended at their clients"));
+        }
+        self.report.sim_seconds = self.now.as_secs_f64();
+        self.report.violation = self.violation.take();
+        if let Proc::Sched(s) = &self.procs[self.sched_pid] {
+            let r = s.proto.report();
+            self.report.backends_registered = r.backends_registered;
+            self.report.frontends_registered = r.frontends_registered;
+        }
+        self.report
+    }
+
+    fn pid_of(&self, ev: &Ev) -> Option<Pid> {
+        match ev {
+            Ev::Deliver { to, .. } | Ev::Closed { to, .. } => Some(*to),
+            Ev::Wake { pid }
+            | Ev::BatchDone { pid, .. }
+            | Ev::Start { pid, .. }
+            | Ev::Request { pid, .. } => Some(*pid),
+            _ => None,
+        }
+    }
+
+    fn event(&mut self, ev: Ev) {
+        if let Some(pid) = self.pid_of(&ev) {
+            if matches!(self.procs[pid], Proc::Dead) {
+                // A request that reaches a dead frontend: connection refused.
+                if let Ev::Request { client, .. } = ev {
+                    self.client_end(client, Ended::Failed);
+                }
+                return;
+            }
+            // A paused process handles its events when it resumes, in order.
+            if self.paused[pid] > self.now {
+                let t = self.paused[pid];
+                self.at(t, ev);
+                return;
+            }
+        }
+        match ev {
+            Ev::Deliver { conn, to, msg } => self.deliver(conn, to, msg),
+            Ev::Closed { conn, to, why } => self.closed(conn, to, why),
+            Ev::Wake { pid } => self.wake(pid),
+            Ev::Arrival => self.arrival(),
+            Ev::Request { pid, client, model } => self.infer(pid, client, model),
+            Ev::BatchDone { pid, gpu } => self.batch_done(pid, gpu),
+            Ev::Start { pid, gpu } => self.be_next(pid, gpu),
+            Ev::Crash => self.crash(),
+            Ev::Pause => self.pause(),
+            Ev::Partition => self.partition(),
+            Ev::Restart { role, slot } => match role {
+                Role::Backend => {
+                    self.report.restarts += 1;
+                    self.start_backend(slot)
+                }
+                Role::Frontend => {
+                    self.report.restarts += 1;
+                    self.start_frontend(slot)
+                }
+            },
+        }
+    }
+
+    // ------------------------------------------------------------ faults
+
+    fn crash(&mut self) {
+        let be = self.rng.gen_bool(0.5);
+        let slots = if be { &self.be_slots } else { &self.fe_slots };
+        let slot = self.rng.gen_range(0..slots.len());
+        let pid = slots[slot];
+        if matches!(self.procs[pid], Proc::Dead) {
+            return;
+        }
+        self.report.crashes += 1;
+        self.kill(pid, "process crashed");
+        let role = if be { Role::Backend } else { Role::Frontend };
+        let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
+        self.at(back, Ev::Restart { role, slot });
+    }
+
+    fn pause(&mut self) {
+        let pids: Vec<Pid> = self
+            .be_slots
+            .iter()
+            .chain(&self.fe_slots)
+            .copied()
+            .filter(|&p| !matches!(self.procs[p], Proc::Dead))
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        let pid = pids[self.rng.gen_range(0..pids.len())];
+        self.report.pauses += 1;
+        // Some pauses outlast the heartbeat timeout, most do not.
+        let len = Dur(self.rng.gen_range(10_000_000..1_500_000_000));
+        self.paused[pid] = self.now + len;
+    }
+
+    fn partition(&mut self) {
+        let pids: Vec<Pid> = self
+            .be_slots
+            .iter()
+            .chain(&self.fe_slots)
+            .copied()
+            .filter(|&p| !matches!(self.procs[p], Proc::Dead))
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        let pid = pids[self.rng.gen_range(0..pids.len())];
+        self.report.partitions += 1;
+        let sched = match &self.procs[pid] {
+            Proc::Fe(f) => f.sched,
+            Proc::Be(b) => b.sched,
+            _ => return,
+        };
+        self.break_link(sched, "network partition");
+    }
+
+    /// A process dies: its connections break; its clients' requests end (their
+    /// connections close); a supervisor restarts it.
+    fn kill(&mut self, pid: Pid, why: &str) {
+        let conns: Vec<ConnId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.open && l.ends.contains(&pid))
+            .map(|(&c, _)| c)
+            .collect();
+        let mut conns = conns;
+        conns.sort_unstable();
+        for c in conns {
+            self.break_link(c, why);
+        }
+        if let Proc::Fe(f) = &mut self.procs[pid] {
+            let now = f.clock.local(self.now);
+            for done in f.ledger.fail_all(now, Ended::NoScheduler, why) {
+                let client = done.client;
+                self.client_end(client, Ended::Failed);
+            }
+        }
+        self.procs[pid] = Proc::Dead;
+    }
+
+    // ------------------------------------------------------------ clients
+
+    fn arrival(&mut self) {
+        if self.now.0 >= self.opts.duration.0 {
+            return;
+        }
+        let gap = -(1.0 - self.rng.gen::<f64>()).ln() / self.opts.rate_rps;
+        self.at(self.now + Dur::from_secs_f64(gap), Ev::Arrival);
+        self.report.requests += 1;
+        let client = self.next_client;
+        self.next_client += 1;
+        self.clients.insert(client, Client { ended: false });
+        let slot = self.rr % self.fe_slots.len();
+        self.rr += 1;
+        let pid = self.fe_slots[slot];
+        let mi = self.rng.gen_range(0..self.models.len());
+        let Proc::Fe(_) = &self.procs[pid] else {
+            // Connection refused: the client sees a failure at once.
+            return self.client_end(client, Ended::Failed);
+        };
+        // Clients reach the frontend after the network delay.
+        let t = self.now + self.opts.delay;
+        self.at(
+            t,
+            Ev::Request {
+                pid,
+                client,
+                model: mi,
+            },
+        );
+    }
+
+    fn client_end(&mut self, client: u64, ended: Ended) {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return self.violate(format!("an end for unknown client request {client}"));
+        };
+        if c.ended {
+            return self.violate(format!("client request {client} ended twice"));
+        }
+        c.ended = true;
+        match ended {
+            Ended::Good => self.report.good += 1,
+            Ended::Late => self.report.late += 1,
+            Ended::Dropped(_) => self.report.dropped += 1,
+            _ => self.report.failed += 1,
+        }
+    }
+
+    fn infer(&mut self, pid: Pid, client: u64, mi: usize) {
+        let now = self.now;
+        let Proc::Fe(f) = &mut self.procs[pid] else {
+            return;
+        };
+        let sched_now = Time(f.clock.local(now).0 + f.off.offset);
+        let refused = if !f.sched_ok || f.node.is_none() {
+            Some(Ended::NoScheduler)
+        } else if f.gpus == 0 {
+            Some(Ended::Dropped(crate::wire::DropCode::NoGpu))
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            return self.client_end(client, e);
+        }
+        let m = &f.models[mi];
+        let slo = match check::slo(0, Dur(m.slo_ns)) {
+            Ok(s) => s,
+            Err(_) => return self.client_end(client, Ended::BadRequest),
+        };
+        let input = InputRef {
+            offset: (client % (1 << 20)) * 64,
+            len: 64,
+        };
+        let task = f.ledger.admit(sched_now, mi, m.id, slo, client, input);
+        let sched = f.sched;
+        self.send(pid, sched, Msg::Submit { tasks: vec![task] });
+    }
+
+    // ------------------------------------------------------------ delivery
+
+    fn deliver(&mut self, conn: ConnId, to: Pid, msg: Msg) {
+        if !self.links.get(&conn).is_some_and(|l| l.open) {
+            return;
+        }
+        match &self.procs[to] {
+            Proc::Sched(_) => self.sched_msg(conn, msg),
+            Proc::Fe(_) => self.fe_msg(to, conn, msg),
+            Proc::Be(_) => self.be_msg(to, conn, msg),
+            Proc::Dead => {}
+        }
+    }
+
+    fn closed(&mut self, conn: ConnId, to: Pid, why: String) {
+        match &mut self.procs[to] {
+            Proc::Sched(s) => {
+                s.proto.handle_closed(self.now, conn, why);
+                self.sched_apply();
+            }
+            Proc::Fe(f) => {
+                if f.sched == conn {
+                    self.fe_lost_scheduler(to, &why);
+                }
+            }
+            Proc::Be(b) => {
+                if b.sched == conn {
+                    // A backend exits when it loses its scheduler; its supervisor
+                    // restarts it.
+                    let slot = b.slot;
+                    self.kill(to, "lost the scheduler");
+                    let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
+                    self.at(
+                        back,
+                        Ev::Restart {
+                            role: Role::Backend,
+                            slot,
+                        },
+                    );
+                } else {
+                    b.frontends.retain(|_, (_, c)| *c != conn);
+                }
+            }
+            Proc::Dead => {}
+        }
+    }
+
+    fn fe_lost_scheduler(&mut self, pid: Pid, why: &str) {
+        let now = self.now;
+        let Proc::Fe(f) = &mut self.procs[pid] else {
+            return;
+        };
+        if !f.sched_ok {
+            return;
+        }
+        f.sched_ok = false;
+        let t = Time(f.clock.local(now).0 + f.off.offset);
+        let done = f.ledger.fail_all(t, Ended::NoScheduler, why);
+        for d in done {
+            self.client_end(d.client, d.ended);
+        }
+    }
+
+    // ------------------------------------------------------------ scheduler
+
+    fn sched_msg(&mut self, conn: ConnId, msg: Msg) {
+        let now = self.now;
+        let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
+            return;
+        };
+        s.proto.handle_msg(now, conn, msg);
+        self.sched_apply();
+    }
+
+    /// Carries out the protocol machine's actions and the core's outputs.
+    fn sched_apply(&mut self) {
+        let now = self.now;
+        let sp = self.sched_pid;
+        loop {
+            let Proc::Sched(s) = &mut self.procs[sp] else {
+                return;
+            };
+            let mut up = Vec::new();
+            let mut sends = Vec::new();
+            let mut closes = Vec::new();
+            while let Some(a) = s.proto.poll_action() {
+                match a {
+                    Action::Send(c, m) => sends.push((c, m)),
+                    Action::Close(c, _) => closes.push(c),
+                    Action::GpusUp { conn, gpus, .. } => {
+                        for g in &gpus {
+                            s.gpu_conn.insert(g.0, conn);
+                        }
+                        up.extend(gpus);
+                    }
+                    Action::GpusDown { gpus, .. } => {
+                        for g in gpus {
+                            s.gpu_conn.remove(&g.0);
+                            s.core.remove_gpu(now, g);
+                        }
+                    }
+                    Action::FrontendUp { node, .. } => {
+                        s.fe_nodes.insert(node);
+                    }
+                    Action::FrontendDown { node } => {
+                        s.fe_nodes.remove(&node);
+                    }
+                    Action::Submit(tasks) => {
+                        for (m, t) in tasks {
+                            s.core.handle_request(now, m, t);
+                        }
+                    }
+                    Action::PlanDone {
+                        gpu,
+                        plan,
+                        finished,
+                        ..
+                    } => {
+                        if let Some(f) = s.gpu_free.get_mut(&gpu.0) {
+                            if f.0 == plan.0 {
+                                f.1 = finished;
+                            }
+                        }
+                        s.core.handle_gpu_report(now, gpu, plan, finished);
+                    }
+                    Action::SetNet(net) => s.core.set_net(net),
+                    Action::DeviceBytes { .. } => {}
+                }
+            }
+            for g in up {
+                let got = s.core.add_gpu();
+                if got != g {
+                    let what = format!("GPU ids diverged: protocol {g:?}, core {got:?}");
+                    self.violate(what);
+                    return;
+                }
+            }
+            let mut plans = Vec::new();
+            let mut drops = Vec::new();
+            while let Some(o) = s.core.poll_output() {
+                match o {
+                    crate::core::Output::Dispatch(p) => plans.push(p),
+                    crate::core::Output::Drop { task, reason, .. } => {
+                        drops.push((task.id.0, drop_code(reason)))
+                    }
+                    crate::core::Output::Preempt { .. } => {}
+                }
+            }
+            for (id, code) in drops {
+                s.proto.notify([id], code);
+            }
+            let mut more = !plans.is_empty();
+            for p in plans {
+                more |= self.dispatch(p);
+            }
+            for (c, m) in sends {
+                self.send(sp, c, m);
+            }
+            for c in closes {
+                self.break_link(c, "closed by the scheduler");
+            }
+            let Proc::Sched(s) = &mut self.procs[sp] else {
+                return;
+            };
+            let t = s.proto.poll_timeout();
+            let t = s.core.next_timeout().map_or(t, |c| c.min(t)).max(now);
+            // One wake-up pending at a time (the earliest needed).
+            if self.sched_wake.is_none_or(|w| t < w) {
+                self.sched_wake = Some(t);
+                self.at(t, Ev::Wake { pid: sp });
+            }
+            if !more {
+                return;
+            }
+        }
+    }
+
+    /// Sends a plan the core made (as the real scheduler's dispatch path does);
+    /// true when the protocol machine has new actions.
+    fn dispatch(&mut self, p: crate::core::Plan) -> bool {
+        let now = self.now;
+        let sp = self.sched_pid;
+        let Proc::Sched(s) = &mut self.procs[sp] else {
+            return false;
+        };
+        // Invariant: the GPU is not planned to run two batches at once.
+        if let Some(&(prev, free)) = s.gpu_free.get(&p.gpu.0) {
+            if p.exec_at < free {
+                let what = format!(
+                    "plan {} starts on GPU {} at {} before plan {prev} frees it at {}",
+                    p.id.0, p.gpu.0, p.exec_at, free
+                );
+                self.violate(what);
+                return false;
+            }
+        }
+        s.gpu_free.insert(p.gpu.0, (p.id.0, p.finish_at));
+        let tasks: Vec<PlanTask> = p
+            .tasks
+            .iter()
+            .filter(|t| s.fe_nodes.contains(&task_owner(t.id.0)))
+            .map(|t| PlanTask {
+                id: t.id.0,
+                deadline_ns: t.deadline.0,
+                input: t.tag,
+            })
+            .collect();
+        let Some(&conn) = s.gpu_conn.get(&p.gpu.0) else {
+            s.proto.notify(
+                tasks.iter().map(|t| t.id),
+                crate::wire::DropCode::BackendLost,
+            );
+            return true;
+        };
+        if tasks.is_empty() {
+            if let Some(f) = s.gpu_free.get_mut(&p.gpu.0) {
+                f.1 = now;
+            }
+            s.core.handle_gpu_report(now, p.gpu, p.id, now);
+            return true;
+        }
+        let backend = s.proto.gpu_owner(p.gpu).unwrap_or(0);
+        s.proto.plans().lock().expect("plans").sent(
+            p.id,
+            backend,
+            p.gpu,
+            tasks.iter().map(|t| t.id).collect(),
+        );
+        self.report.plans += 1;
+        let msg = Msg::Plan {
+            id: p.id.0,
+            model: p.model.0,
+            gpu: p.gpu.0,
+            exec_at_ns: p.exec_at.0,
+            finish_at_ns: p.finish_at.0,
+            sent_ns: now.0,
+            tasks,
+        };
+        self.send(sp, conn, msg);
+        false
+    }
+
+    // ------------------------------------------------------------ timers
+
+    fn wake(&mut self, pid: Pid) {
+        let now = self.now;
+        match &mut self.procs[pid] {
+            Proc::Sched(s) => {
+                if self.sched_wake.is_some_and(|w| w <= now) {
+                    self.sched_wake = None;
+                }
+                if now >= s.proto.poll_timeout() {
+                    s.proto.handle_timeout(now);
+                }
+                s.core.handle_timeout(now);
+                self.sched_apply();
+            }
+            Proc::Fe(f) => {
+                let local = f.clock.local(now);
+                let sched_now = Time(local.0 + f.off.offset);
+                let done = f.ledger.handle_timeout(sched_now);
+                let ping = f.sched_ok && now >= f.next_ping;
+                let silent = f.sched_ok && now - f.last_pong > self.sched_timeout;
+                if ping {
+                    f.next_ping = now + self.heartbeat;
+                    f.seq += 1;
+                }
+                let (sched, seq) = (f.sched, f.seq);
+                for d in done {
+                    self.client_end(d.client, d.ended);
+                }
+                if silent {
+                    self.break_link(sched, "scheduler silent");
+                    self.fe_lost_scheduler(pid, "no pong");
+                } else if ping {
+                    let m = self.ping_msg(pid, seq);
+                    self.send(pid, sched, m);
+                }
+                self.at(now + Dur::from_ms(20), Ev::Wake { pid });
+            }
+            Proc::Be(b) => {
+                if now - b.last_pong > self.sched_timeout {
+                    let slot = b.slot;
+                    self.kill(pid, "no pong from the scheduler");
+                    let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
+                    self.at(
+                        back,
+                        Ev::Restart {
+                            role: Role::Backend,
+                            slot,
+                        },
+                    );
+                    return;
+                }
+                b.seq += 1;
+                b.next_ping = now + self.heartbeat;
+                let (sched, seq) = (b.sched, b.seq);
+                let m = self.ping_msg(pid, seq);
+                self.send(pid, sched, m);
+                self.at(now + self.heartbeat, Ev::Wake { pid });
+            }
+            Proc::Dead => {}
+        }
+    }
+
+    // ------------------------------------------------------------ frontend
+
+    fn fe_msg(&mut self, pid: Pid, conn: ConnId, msg: Msg) {
+        let now = self.now;
+        let Proc::Fe(f) = &mut self.procs[pid] else {
+            return;
+        };
+        let local = f.clock.local(now);
+        let sched_now = Time(local.0 + f.off.offset);
+        let mut ended = Vec::new();
+        match msg {
+            Msg::Pong {
+                echo_ns, sched_ns, ..
+            } if conn == f.sched => {
+                f.last_pong = now;
+                f.off.add(echo_ns, sched_ns, local.0);
+            }
+            Msg::RegisterAck { node, models, .. } if conn == f.sched => {
+                f.node = Some(node);
+                f.ledger = RequestLedger::new(node, Dur::from_ms(3000));
+                f.models = models;
+            }
+            Msg::Capacity { gpus } if conn == f.sched => f.gpus = gpus,
+            Msg::Dropped { items } if conn == f.sched => {
+                for (id, code) in items {
+                    ended.extend(f.ledger.finish(sched_now, id, Answer::of_drop(code)));
+                }
+            }
+            Msg::Error { message } if conn == f.sched => {
+                let sched = f.sched;
+                self.break_link(sched, &message);
+                return self.fe_lost_scheduler(pid, &message);
+            }
+            Msg::Results { items } => {
+                for r in items {
+                    let id = r.id;
+                    ended.extend(f.ledger.finish(sched_now, id, Answer::of_result(r)));
+                }
+            }
+            _ => {}
+        }
+        for d in ended {
+            self.client_end(d.client, d.ended);
+        }
+    }
+
+    // ------------------------------------------------------------ backend
+
+    fn be_msg(&mut self, pid: Pid, _conn: ConnId, msg: Msg) {
+        let now = self.now;
+        let planted = self.opts.planted;
+        let nmodels = self.models.len() as u32;
+        let Proc::Be(b) = &mut self.procs[pid] else {
+            return;
+        };
+        let local = b.clock.local(now);
+        match msg {
+            Msg::Pong {
+                echo_ns, sched_ns, ..
+            } => {
+                b.last_pong = now;
+                b.off.add(echo_ns, sched_ns, local.0);
+            }
+            Msg::LoadModel { model } => {
+                // Invariant: a backend is only sent the models it is assigned
+                // (every model of the workload, by id and name).
+                let assigned = self
+                    .models
+                    .get(model.id as usize)
+                    .is_some_and(|m| m.name == model.name);
+                if !assigned {
+                    let what = format!(
+                        "backend got model {} `{}`, not assigned",
+                        model.id, model.name
+                    );
+                    return self.violate(what);
+                }
+                let skip = planted == Some(Planted::SkipLoad) && model.id + 1 == nmodels;
+                if !skip {
+                    b.loaded.insert(model.id);
+                }
+                let sched = b.sched;
+                self.send(
+                    pid,
+                    sched,
+                    Msg::ModelLoaded {
+                        model: model.id,
+                        ok: true,
+                        error: String::new(),
+                        device_bytes: 0,
+                    },
+                );
+            }
+            Msg::RegisterAck { node, gpu_ids, .. } => {
+                b.node = Some(node);
+                b.gpu_ids = gpu_ids;
+            }
+            Msg::FrontendUp {
+                node, ctrl_addr, ..
+            } => {
+                let fe_pid: Pid = ctrl_addr
+                    .trim_start_matches("fe")
+                    .parse()
+                    .unwrap_or(usize::MAX);
+                if fe_pid < self.procs.len() {
+                    let c = self.connect(pid, fe_pid);
+                    if let Proc::Be(b) = &mut self.procs[pid] {
+                        b.frontends.insert(node, (fe_pid, c));
+                    }
+                }
+            }
+            Msg::FrontendDown { node } => {
+                b.frontends.remove(&node);
+            }
+            Msg::Plan {
+                id,
+                model,
+                gpu,
+                exec_at_ns,
+                tasks,
+                ..
+            } => {
+                let Some(local_gpu) = b.gpu_ids.iter().position(|&g| g == gpu) else {
+                    return self.violate(format!("backend got a plan for GPU {gpu}, not its own"));
+                };
+                let exec_at = Time(exec_at_ns);
+                b.run[local_gpu].queue.insert(
+                    (exec_at, id),
+                    PlanMsg {
+                        id,
+                        model,
+                        gpu,
+                        tasks,
+                    },
+                );
+                self.be_next(pid, local_gpu as u32);
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts the next plan on a free GPU at its planned time.
+    fn be_next(&mut self, pid: Pid, gpu: u32) {
+        let now = self.now;
+        let Proc::Be(b) = &mut self.procs[pid] else {
+            return;
+        };
+        let run = &mut b.run[gpu as usize];
+        if run.busy {
+            return;
+        }
+        let Some((&key, _)) = run.queue.iter().next() else {
+            return;
+        };
+        // The planned start on this node's clock, in true time.
+        let start_true = b.clock.true_of(Time(key.0 .0 - b.off.offset));
+        if start_true > now {
+            self.at(start_true, Ev::Start { pid, gpu });
+            return;
+        }
+        let plan = run.queue.remove(&key).expect("peeked");
+        run.busy = true;
+        let sched_now = Time(b.clock.local(now).0 + b.off.offset);
+        // Invariant: no plan runs a model its backend has not loaded.
+        if !b.loaded.contains(&plan.model) {
+            let what = format!(
+                "plan {} runs model {} on a backend that has not loaded it",
+                plan.id, plan.model
+            );
+            return self.violate(what);
+        }
+        let prof = &self.w.models[plan.model as usize].spec.profile;
+        let mut tasks = plan.tasks.clone();
+        tasks.sort_by_key(|t| t.deadline_ns);
+        let dl: Vec<Time> = tasks.iter().map(|t| Time(t.deadline_ns)).collect();
+        let cut = too_late_prefix(&dl, sched_now, prof);
+        let (late, run_tasks) = tasks.split_at(cut);
+        // Pull the inputs: from frontends still up and reachable, while the
+        // request is still pending there.
+        let fronts = b.frontends.clone();
+        let mut ok = Vec::new();
+        let mut missing = Vec::new();
+        for t in run_tasks {
+            let fe = fronts.get(&task_owner(t.id)).map(|x| x.0);
+            let there = fe.is_some_and(|p| match &self.procs[p] {
+                Proc::Fe(f) => f.ledger.contains(t.id),
+                _ => false,
+            });
+            if there {
+                ok.push(*t);
+            } else {
+                missing.push(*t);
+            }
+        }
+        let n = ok.len() as u32;
+        let l = if n > 0 {
+            prof.latency(n.clamp(1, prof.max_batch()))
+        } else {
+            Dur::ZERO
+        };
+        let noise = 1.0 + self.rng.gen_range(-0.02..0.05);
+        let pull = Dur(2_000 * run_tasks.len() as i64);
+        let span = Dur((l.0 as f64 * noise) as i64) + pull;
+        let finished = sched_now + span;
+        let mut results: HashMap<NodeId, Vec<TaskResult>> = HashMap::new();
+        let r = |id, status, out: bool| TaskResult {
+            id,
+            status,
+            started_ns: sched_now.0,
+            finished_ns: finished.0,
+            batch_size: n,
+            output: if out { vec![1] } else { vec![] },
+        };
+        for t in late {
+            results.entry(task_owner(t.id)).or_default().push(r(
+                t.id,
+                TaskStatus::Dropped(crate::wire::DropCode::TooLate),
+                false,
+            ));
+        }
+        for t in &missing {
+            results.entry(task_owner(t.id)).or_default().push(r(
+                t.id,
+                TaskStatus::InputMissing,
+                false,
+            ));
+        }
+        for t in &ok {
+            results
+                .entry(task_owner(t.id))
+                .or_default()
+                .push(r(t.id, TaskStatus::Ok, true));
+        }
+        let status = if run_tasks.is_empty() {
+            PlanStatus::TooLate
+        } else {
+            PlanStatus::Ran
+        };
+        let done = Msg::PlanDone {
+            id: plan.id,
+            gpu: plan.gpu,
+            status,
+            started_ns: sched_now.0,
+            finished_ns: finished.0,
+            missing: missing.len() as u32,
+        };
+        let Proc::Be(b) = &mut self.procs[pid] else {
+            return;
+        };
+        let mut fes: Vec<(NodeId, Vec<TaskResult>)> = results.into_iter().collect();
+        fes.sort_by_key(|(n, _)| *n);
+        let pending: Vec<(ConnId, Msg)> = fes
+            .into_iter()
+            .filter_map(|(node, items)| {
+                b.frontends
+                    .get(&node)
+                    .map(|&(_, c)| (c, Msg::Results { items }))
+            })
+            .collect();
+        let sched = b.sched;
+        let t_done = now + span;
+        // Results and the report go out when the batch finishes.
+        self.pending_out.insert((pid, gpu), (pending, sched, done));
+        self.at(t_done, Ev::BatchDone { pid, gpu });
+    }
+
+    fn batch_done(&mut self, pid: Pid, gpu: u32) {
+        let Some((results, sched, done)) = self.pending_out.remove(&(pid, gpu)) else {
+            return;
+        };
+        for (c, m) in results {
+            self.send(pid, c, m);
+        }
+        self.send(pid, sched, done);
+        if let Proc::Be(b) = &mut self.procs[pid] {
+            b.run[gpu as usize].busy = false;
+        }
+        self.be_next(pid, gpu);
+    }
+}

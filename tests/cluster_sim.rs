@@ -1,0 +1,138 @@
+//! The deterministic cluster simulator: the production node protocol machines and
+//! core over a simulated network with faults, checked after every event.
+
+use fermata::core::Dur;
+use fermata::sim::cluster::{ClusterSim, ClusterSimOpts, Faults, Planted};
+use fermata::workload::Workload;
+
+fn workload() -> Workload {
+    Workload::from_toml(
+        r#"
+name = "cluster"
+gpus = 4
+rate_rps = 800
+[[models]]
+name = "small"
+alpha_ms = 0.5
+beta_ms = 2.0
+slo_ms = 40
+[[models]]
+name = "big"
+alpha_ms = 1.0
+beta_ms = 4.0
+slo_ms = 60
+"#,
+        None,
+    )
+    .unwrap()
+}
+
+fn opts(seed: u64, faults: Faults) -> ClusterSimOpts {
+    ClusterSimOpts {
+        seed,
+        faults,
+        rate_rps: 800.0,
+        duration: Dur::from_ms(1500),
+        ..ClusterSimOpts::default()
+    }
+}
+
+#[test]
+fn invariants_hold_over_many_seeds_with_every_fault_kind() {
+    let w = workload();
+    let mut faults_seen = (0u64, 0u64, 0u64, 0u64);
+    for faults in [Faults::None, Faults::Crash, Faults::Partition, Faults::All] {
+        for seed in 0..100 {
+            let r = ClusterSim::new(&w, opts(seed, faults)).run();
+            if let Some(v) = &r.violation {
+                panic!(
+                    "seed {seed}, faults {faults:?}: {} (replay: {})",
+                    v.what, v.replay
+                );
+            }
+            assert!(r.requests > 0);
+            assert_eq!(
+                r.good + r.late + r.dropped + r.failed,
+                r.requests,
+                "every request ends exactly once (seed {seed}, {faults:?})"
+            );
+            if faults == Faults::None {
+                assert_eq!(
+                    r.crashes + r.pauses + r.partitions + r.broken_connections,
+                    0
+                );
+                assert!(r.good * 10 >= r.requests * 9, "seed {seed}: {r:?}");
+            }
+            faults_seen.0 += r.crashes;
+            faults_seen.1 += r.pauses;
+            faults_seen.2 += r.partitions;
+            faults_seen.3 += r.broken_connections;
+        }
+    }
+    // The faults really happened.
+    assert!(faults_seen.0 > 0 && faults_seen.1 > 0 && faults_seen.2 > 0 && faults_seen.3 > 0);
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let w = workload();
+    let a = ClusterSim::new(&w, opts(7, Faults::All)).run();
+    let b = ClusterSim::new(&w, opts(7, Faults::All)).run();
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap()
+    );
+    let c = ClusterSim::new(&w, opts(8, Faults::All)).run();
+    assert_ne!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&c).unwrap()
+    );
+}
+
+#[test]
+fn a_planted_bug_is_caught_with_a_replay_line() {
+    let w = workload();
+    let mut o = opts(3, Faults::None);
+    o.planted = Some(Planted::SkipLoad);
+    let r = ClusterSim::new(&w, o).run();
+    let v = r
+        .violation
+        .expect("a backend that skips loading a model is caught");
+    assert!(v.what.contains("has not loaded"), "{}", v.what);
+    assert!(
+        v.replay
+            .starts_with("fermata sim cluster --seed 3 --faults none")
+            && v.replay.contains("--plant skip-load"),
+        "{}",
+        v.replay
+    );
+}
+
+#[test]
+fn the_cli_runs_seeds_and_prints_the_replay_line_of_a_failure() {
+    let bin = env!("CARGO_BIN_EXE_fermata");
+    let out = std::process::Command::new(bin)
+        .args(["sim", "cluster", "--seeds", "3", "--duration-ms", "500"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("3 seeds") && err.contains("no violation"),
+        "{err}"
+    );
+    let out = std::process::Command::new(bin)
+        .args(["sim", "cluster", "--faults", "none", "--plant", "skip-load"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("replay: fermata sim cluster --seed 1"),
+        "{err}"
+    );
+}
