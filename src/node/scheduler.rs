@@ -5,9 +5,14 @@
 //!
 //! # Registration
 //! * A **backend** sends `Register` with its GPUs. The scheduler answers with a
-//!   `LoadModel` per model and a `FrontendUp` per frontend; when every model is
-//!   loaded (`ModelLoaded`), it sends `RegisterAck` with the GPUs' global ids and only
-//!   then puts the GPUs in service, so no plan reaches a backend before its models.
+//!   `LoadModel` per model and a `FrontendUp` per frontend; when each model id is
+//!   confirmed by a `ModelLoaded`, it sends `RegisterAck` with the GPUs' global ids
+//!   and only then puts the GPUs in service, so no plan reaches a backend before
+//!   its models.
+//!
+//! Membership, health, the network budget and the checks on what nodes send are
+//! the sans-IO machine [`super::proto::sched::SchedProto`]; this file is its
+//! driver (threads, sockets, the OS clock) and the dispatch path of the core.
 //! * A **frontend** sends `Register` with its input region; it gets `RegisterAck` with
 //!   the models, then `Capacity` (the GPUs in service), and every backend gets
 //!   `FrontendUp`. Every frontend gets a new `Capacity` whenever the number of GPUs

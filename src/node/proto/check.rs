@@ -76,7 +76,7 @@ pub fn submit_task(
         ));
     }
     let (arrival, deadline) = (Time(t.arrival_ns), Time(t.deadline_ns));
-    if (arrival - now).0.abs() > MAX_ARRIVAL_SKEW.0 {
+    if (arrival - now).0.saturating_abs() > MAX_ARRIVAL_SKEW.0 {
         return Err(format!(
             "task {}: arrival {} ns is more than {} s from the scheduler's clock ({} ns)",
             t.id,
