@@ -132,6 +132,27 @@ impl Peer {
             device_bytes: 0,
         });
     }
+    /// Registers as a frontend (with a region nobody reads); its node id.
+    fn register_frontend(&self, name: &str) -> u32 {
+        self.send(Msg::Register {
+            role: Role::Frontend,
+            name: name.into(),
+            gpus: vec![],
+            ctrl_addr: "nowhere:1".into(),
+            region: Some(fermata::wire::RegionInfo {
+                addr: "nowhere:2".into(),
+                region: 1,
+                len: 1 << 20,
+                rkey: 0,
+                base: 0,
+            }),
+        });
+        self.wait(Duration::from_secs(5), |m| match m {
+            Msg::RegisterAck { node, .. } => Some(*node),
+            _ => None,
+        })
+        .expect("frontend ack")
+    }
     /// Waits for the `RegisterAck`; its GPU ids.
     fn ack(&self, t: Duration) -> Option<Vec<u32>> {
         self.wait(t, |m| match m {
@@ -349,25 +370,7 @@ fn extreme_times_in_plan_done_do_not_overflow() {
     let ga = a.ack(Duration::from_secs(5)).expect("in service");
     // A raw frontend submits one task by hand.
     let f = Peer::connect(&tr, s.addr());
-    f.send(Msg::Register {
-        role: Role::Frontend,
-        name: "rawfe".into(),
-        gpus: vec![],
-        ctrl_addr: "nowhere:1".into(),
-        region: Some(fermata::wire::RegionInfo {
-            addr: "nowhere:2".into(),
-            region: 1,
-            len: 1 << 20,
-            rkey: 0,
-            base: 0,
-        }),
-    });
-    let node = f
-        .wait(Duration::from_secs(5), |m| match m {
-            Msg::RegisterAck { node, .. } => Some(*node),
-            _ => None,
-        })
-        .expect("frontend ack");
+    let node = f.register_frontend("rawfe");
     let id = ((node as u64) << fermata::node::scheduler::TASK_SEQ_BITS) | 1;
     let now = f
         .wait(Duration::from_secs(5), |m| match m {
@@ -428,25 +431,7 @@ fn a_submit_with_a_task_of_another_frontend_or_a_wild_deadline_is_refused() {
     let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
     let reg = |name: &str| {
         let f = Peer::connect(&tr, s.addr());
-        f.send(Msg::Register {
-            role: Role::Frontend,
-            name: name.into(),
-            gpus: vec![],
-            ctrl_addr: "nowhere:1".into(),
-            region: Some(fermata::wire::RegionInfo {
-                addr: "nowhere:2".into(),
-                region: 1,
-                len: 1 << 20,
-                rkey: 0,
-                base: 0,
-            }),
-        });
-        let node = f
-            .wait(Duration::from_secs(5), |m| match m {
-                Msg::RegisterAck { node, .. } => Some(*node),
-                _ => None,
-            })
-            .expect("frontend ack");
+        let node = f.register_frontend(name);
         (f, node)
     };
     let (f1, n1) = reg("one");

@@ -102,19 +102,31 @@ impl OffsetEstimator {
     /// Adds the probe sent at `t0` (local), stamped `t1` by the scheduler, received
     /// at `t2` (local); updates `clock`; returns the probe's round trip.
     pub fn add(&mut self, t0: Time, t1: Time, t2: Time, clock: &SchedClock) -> Dur {
+        let rtt = self.push(t0, t1, t2);
+        let (off, err) = self.best().expect("just pushed");
+        clock.set(off.0, err.0);
+        rtt
+    }
+
+    /// Adds a probe without a clock to update (what the cluster simulator's nodes
+    /// do); returns its round trip.
+    pub fn push(&mut self, t0: Time, t1: Time, t2: Time) -> Dur {
         let rtt = (t2.0 - t0.0).max(0);
         let offset = t1.0 - (t0.0 + (t2.0 - t0.0) / 2);
         if self.samples.len() == WINDOW {
             self.samples.pop_front();
         }
         self.samples.push_back((rtt, offset));
-        let &(best_rtt, best_off) = self
-            .samples
+        Dur(rtt)
+    }
+
+    /// The offset of the fastest recent probe and its error bound (half its round
+    /// trip); None before the first probe.
+    pub fn best(&self) -> Option<(Dur, Dur)> {
+        self.samples
             .iter()
             .min_by_key(|s| s.0)
-            .expect("just pushed");
-        clock.set(best_off, best_rtt / 2);
-        Dur(rtt)
+            .map(|&(rtt, off)| (Dur(off), Dur(rtt / 2)))
     }
 
     pub fn samples(&self) -> usize {

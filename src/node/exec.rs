@@ -149,6 +149,26 @@ pub fn profile_of(p: &WireProfile) -> anyhow::Result<LatencyProfile> {
 }
 
 /// The wire form of a profile.
+/// The models of `w` as the scheduler serves them (ids in workload order).
+pub fn model_infos(w: &crate::workload::Workload) -> Vec<crate::wire::ModelInfo> {
+    w.models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| crate::wire::ModelInfo {
+            id: i as u32,
+            name: m.spec.name.clone(),
+            slo_ns: m.spec.slo.0,
+            profile: wire_profile(&m.spec.profile),
+            input_bytes: m.input_bytes,
+            meta_json: m
+                .meta
+                .as_ref()
+                .map(|x| serde_json::to_string(x).expect("metadata serializes"))
+                .unwrap_or_default(),
+        })
+        .collect()
+}
+
 pub fn wire_profile(p: &LatencyProfile) -> WireProfile {
     match p {
         LatencyProfile::Linear {

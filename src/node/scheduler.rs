@@ -53,7 +53,6 @@
 //! `subcluster="0"`.
 
 use super::clock::SchedClock;
-use super::exec::wire_profile;
 use super::proto::plans::PlanLedger;
 use super::proto::sched::{drop_code, Action, SchedConfig, SchedProto};
 use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, Plan, Task, Time};
@@ -377,23 +376,7 @@ impl SchedulerNode {
             .map(|m| m.share * m.spec.profile.latency(1).as_secs_f64())
             .collect();
         let specs: Vec<ModelSpec> = workload.models.iter().map(|m| m.spec.clone()).collect();
-        let models: Vec<ModelInfo> = workload
-            .models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| ModelInfo {
-                id: i as u32,
-                name: m.spec.name.clone(),
-                slo_ns: m.spec.slo.0,
-                profile: wire_profile(&m.spec.profile),
-                input_bytes: m.input_bytes,
-                meta_json: m
-                    .meta
-                    .as_ref()
-                    .map(|x| serde_json::to_string(x).expect("metadata serializes"))
-                    .unwrap_or_default(),
-            })
-            .collect();
+        let models = super::exec::model_infos(workload);
         let proto = SchedProto::new(
             SchedClock::exact(clock).now(),
             SchedConfig {

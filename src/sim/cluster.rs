@@ -32,6 +32,7 @@
 
 use crate::core::{Dispatcher, Dur, Time};
 use crate::node::backend::too_late_prefix;
+use crate::node::clock::OffsetEstimator;
 use crate::node::proto::check;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
 use crate::node::proto::sched::{drop_code, Action, SchedConfig, SchedProto};
@@ -246,22 +247,9 @@ impl NodeClock {
     }
 }
 
-/// A node's estimate of the scheduler's clock (NTP's rule on ping/pong, best
-/// round trip of the recent probes).
-#[derive(Default)]
-struct Offset {
-    best_rtt: Option<i64>,
-    offset: i64,
-}
-
-impl Offset {
-    fn add(&mut self, t0: i64, t1: i64, t2: i64) {
-        let rtt = (t2 - t0).max(0);
-        if self.best_rtt.is_none_or(|b| rtt <= b) {
-            self.best_rtt = Some(rtt);
-            self.offset = t1 - (t0 + (t2 - t0) / 2);
-        }
-    }
+/// A node's offset to the scheduler's clock (ns), from its ping/pong probes.
+fn offset(e: &OffsetEstimator) -> i64 {
+    e.best().map_or(0, |(off, _)| off.0)
 }
 
 struct Fe {
@@ -270,7 +258,7 @@ struct Fe {
     node: Option<NodeId>,
     models: Vec<ModelInfo>,
     ledger: RequestLedger<u64>,
-    off: Offset,
+    off: OffsetEstimator,
     gpus: u32,
     sched_ok: bool,
     last_pong: Time,
@@ -300,9 +288,8 @@ struct Be {
     /// Frontend node -> (its pid, our connection to it).
     frontends: HashMap<NodeId, (Pid, ConnId)>,
     run: Vec<GpuRun>,
-    off: Offset,
+    off: OffsetEstimator,
     last_pong: Time,
-    next_ping: Time,
     seq: u64,
     slot: usize,
 }
@@ -363,19 +350,7 @@ type BatchOut = (Vec<(ConnId, Msg)>, ConnId, Msg);
 
 impl ClusterSim {
     pub fn new(w: &Workload, opts: ClusterSimOpts) -> ClusterSim {
-        let models: Vec<ModelInfo> = w
-            .models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| ModelInfo {
-                id: i as u32,
-                name: m.spec.name.clone(),
-                slo_ns: m.spec.slo.0,
-                profile: crate::node::exec::wire_profile(&m.spec.profile),
-                input_bytes: m.input_bytes,
-                meta_json: String::new(),
-            })
-            .collect();
+        let models = crate::node::exec::model_infos(w);
         let mut sim = ClusterSim {
             rng: Xoshiro256PlusPlus::seed_from_u64(opts.seed),
             report: ClusterSimReport {
@@ -535,9 +510,8 @@ impl ClusterSim {
                     queue: BTreeMap::new(),
                 })
                 .collect(),
-            off: Offset::default(),
+            off: OffsetEstimator::new(),
             last_pong: self.now,
-            next_ping: self.now,
             seq: 0,
             slot,
         }));
@@ -573,7 +547,7 @@ impl ClusterSim {
             node: None,
             models: Vec::new(),
             ledger: RequestLedger::new(0, Dur::from_ms(3000)),
-            off: Offset::default(),
+            off: OffsetEstimator::new(),
             gpus: 0,
             sched_ok: true,
             last_pong: self.now,
@@ -775,11 +749,18 @@ impl ClusterSim {
         self.report.crashes += 1;
         self.kill(pid, "process crashed");
         let role = if be { Role::Backend } else { Role::Frontend };
+        self.restart_later(role, slot);
+    }
+
+    /// A supervisor starts the process of `slot` again, as a new node, 0.2 to
+    /// 0.6 s from now.
+    fn restart_later(&mut self, role: Role, slot: usize) {
         let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
         self.at(back, Ev::Restart { role, slot });
     }
 
-    fn pause(&mut self) {
+    /// A live frontend or backend, picked at random.
+    fn live_node(&mut self) -> Option<Pid> {
         let pids: Vec<Pid> = self
             .be_slots
             .iter()
@@ -788,9 +769,15 @@ impl ClusterSim {
             .filter(|&p| !matches!(self.procs[p], Proc::Dead))
             .collect();
         if pids.is_empty() {
-            return;
+            return None;
         }
-        let pid = pids[self.rng.gen_range(0..pids.len())];
+        Some(pids[self.rng.gen_range(0..pids.len())])
+    }
+
+    fn pause(&mut self) {
+        let Some(pid) = self.live_node() else {
+            return;
+        };
         self.report.pauses += 1;
         // Some pauses outlast the heartbeat timeout, most do not.
         let len = Dur(self.rng.gen_range(10_000_000..1_500_000_000));
@@ -798,17 +785,9 @@ impl ClusterSim {
     }
 
     fn partition(&mut self) {
-        let pids: Vec<Pid> = self
-            .be_slots
-            .iter()
-            .chain(&self.fe_slots)
-            .copied()
-            .filter(|&p| !matches!(self.procs[p], Proc::Dead))
-            .collect();
-        if pids.is_empty() {
+        let Some(pid) = self.live_node() else {
             return;
-        }
-        let pid = pids[self.rng.gen_range(0..pids.len())];
+        };
         self.report.partitions += 1;
         let sched = match &self.procs[pid] {
             Proc::Fe(f) => f.sched,
@@ -895,7 +874,7 @@ impl ClusterSim {
         let Proc::Fe(f) = &mut self.procs[pid] else {
             return;
         };
-        let sched_now = Time(f.clock.local(now).0 + f.off.offset);
+        let sched_now = Time(f.clock.local(now).0 + offset(&f.off));
         let refused = if !f.sched_ok || f.node.is_none() {
             Some(Ended::NoScheduler)
         } else if f.gpus == 0 {
@@ -951,14 +930,7 @@ impl ClusterSim {
                     // restarts it.
                     let slot = b.slot;
                     self.kill(to, "lost the scheduler");
-                    let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
-                    self.at(
-                        back,
-                        Ev::Restart {
-                            role: Role::Backend,
-                            slot,
-                        },
-                    );
+                    self.restart_later(Role::Backend, slot);
                 } else {
                     b.frontends.retain(|_, (_, c)| *c != conn);
                 }
@@ -976,7 +948,7 @@ impl ClusterSim {
             return;
         }
         f.sched_ok = false;
-        let t = Time(f.clock.local(now).0 + f.off.offset);
+        let t = Time(f.clock.local(now).0 + offset(&f.off));
         let done = f.ledger.fail_all(t, Ended::NoScheduler, why);
         for d in done {
             self.client_end(d.client, d.ended);
@@ -1179,7 +1151,7 @@ impl ClusterSim {
             }
             Proc::Fe(f) => {
                 let local = f.clock.local(now);
-                let sched_now = Time(local.0 + f.off.offset);
+                let sched_now = Time(local.0 + offset(&f.off));
                 let done = f.ledger.handle_timeout(sched_now);
                 let ping = f.sched_ok && now >= f.next_ping;
                 let silent = f.sched_ok && now - f.last_pong > self.sched_timeout;
@@ -1204,18 +1176,10 @@ impl ClusterSim {
                 if now - b.last_pong > self.sched_timeout {
                     let slot = b.slot;
                     self.kill(pid, "no pong from the scheduler");
-                    let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
-                    self.at(
-                        back,
-                        Ev::Restart {
-                            role: Role::Backend,
-                            slot,
-                        },
-                    );
+                    self.restart_later(Role::Backend, slot);
                     return;
                 }
                 b.seq += 1;
-                b.next_ping = now + self.heartbeat;
                 let (sched, seq) = (b.sched, b.seq);
                 let m = self.ping_msg(pid, seq);
                 self.send(pid, sched, m);
@@ -1233,14 +1197,14 @@ impl ClusterSim {
             return;
         };
         let local = f.clock.local(now);
-        let sched_now = Time(local.0 + f.off.offset);
+        let sched_now = Time(local.0 + offset(&f.off));
         let mut ended = Vec::new();
         match msg {
             Msg::Pong {
                 echo_ns, sched_ns, ..
             } if conn == f.sched => {
                 f.last_pong = now;
-                f.off.add(echo_ns, sched_ns, local.0);
+                f.off.push(Time(echo_ns), Time(sched_ns), local);
             }
             Msg::RegisterAck { node, models, .. } if conn == f.sched => {
                 f.node = Some(node);
@@ -1286,7 +1250,7 @@ impl ClusterSim {
                 echo_ns, sched_ns, ..
             } => {
                 b.last_pong = now;
-                b.off.add(echo_ns, sched_ns, local.0);
+                b.off.push(Time(echo_ns), Time(sched_ns), local);
             }
             Msg::LoadModel { model } => {
                 // Invariant: a backend is only sent the models it is assigned
@@ -1380,14 +1344,14 @@ impl ClusterSim {
             return;
         };
         // The planned start on this node's clock, in true time.
-        let start_true = b.clock.true_of(Time(key.0 .0 - b.off.offset));
+        let start_true = b.clock.true_of(Time(key.0 .0 - offset(&b.off)));
         if start_true > now {
             self.at(start_true, Ev::Start { pid, gpu });
             return;
         }
         let plan = run.queue.remove(&key).expect("peeked");
         run.busy = true;
-        let sched_now = Time(b.clock.local(now).0 + b.off.offset);
+        let sched_now = Time(b.clock.local(now).0 + offset(&b.off));
         // Invariant: no plan runs a model its backend has not loaded.
         if !b.loaded.contains(&plan.model) {
             let what = format!(

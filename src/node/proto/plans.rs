@@ -99,11 +99,6 @@ impl PlanLedger {
         }
         tasks
     }
-
-    /// Plans in flight on `gpu` (for invariant checks).
-    pub fn on_gpu(&self, gpu: GpuId) -> usize {
-        self.plans.values().filter(|f| f.gpu == gpu).count()
-    }
 }
 
 #[cfg(test)]

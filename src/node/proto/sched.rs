@@ -197,35 +197,13 @@ impl SchedProto {
         self.plans.clone()
     }
 
-    pub fn models(&self) -> &[ModelInfo] {
-        &self.cfg.models
-    }
-
     pub fn report(&self) -> &SchedReport {
         &self.report
-    }
-
-    pub fn report_mut(&mut self) -> &mut SchedReport {
-        &mut self.report
-    }
-
-    pub fn gpus_in_service(&self) -> u32 {
-        self.gpus_in_service
-    }
-
-    /// The budget in use.
-    pub fn net(&self) -> NetBudget {
-        self.net
     }
 
     /// The backend owning global GPU `gpu`, while it is in service.
     pub fn gpu_owner(&self, gpu: GpuId) -> Option<NodeId> {
         self.gpu_owner.get(gpu.idx()).copied().flatten()
-    }
-
-    /// The connection of frontend `node`, while it is registered.
-    pub fn frontend_conn(&self, node: NodeId) -> Option<ConnId> {
-        self.frontends.get(&node).copied()
     }
 
     /// The next action for the driver.
@@ -252,8 +230,8 @@ impl SchedProto {
     }
 
     /// A connection ended (the peer closed it or it broke).
-    pub fn handle_closed(&mut self, now: Time, c: ConnId, reason: String) {
-        self.remove(now, c, reason, false)
+    pub fn handle_closed(&mut self, _now: Time, c: ConnId, reason: String) {
+        self.remove(c, reason, false)
     }
 
     /// Timers: heartbeat timeouts, the network budget.
@@ -323,22 +301,19 @@ impl SchedProto {
                 region,
             } => {
                 if !matches!(pc.peer, Peer::New) {
-                    return self.reject(now, c, "second Register on one connection".into());
+                    return self.reject(c, "second Register on one connection".into());
                 }
                 if self.next_node > MAX_NODE_ID {
-                    return self.reject(now, c, "out of node ids".into());
+                    return self.reject(c, "out of node ids".into());
                 }
                 let node = self.next_node;
                 self.next_node += 1;
                 match role {
-                    Role::Backend => self.register_backend(now, c, node, &name, gpus.len()),
+                    Role::Backend => self.register_backend(c, node, &name, gpus.len()),
                     Role::Frontend => {
                         let Some(region) = region else {
-                            return self.reject(
-                                now,
-                                c,
-                                "a frontend must register its input region".into(),
-                            );
+                            return self
+                                .reject(c, "a frontend must register its input region".into());
                         };
                         let up = Msg::FrontendUp {
                             node,
@@ -354,7 +329,7 @@ impl SchedProto {
                 ok,
                 error,
                 device_bytes,
-            } => self.model_loaded(now, c, model, ok, error, device_bytes),
+            } => self.model_loaded(c, model, ok, error, device_bytes),
             Msg::PlanDone {
                 id,
                 gpu,
@@ -364,17 +339,17 @@ impl SchedProto {
             } => self.plan_done(now, c, PlanId(id), GpuId(gpu), started_ns, finished_ns),
             Msg::Unregister { reason } => {
                 let why = format!("unregistered: {reason}");
-                self.remove(now, c, why, true);
+                self.remove(c, why, true);
             }
             other => {
                 let k = other.kind();
-                self.reject(now, c, format!("unexpected message {k} at the scheduler"));
+                self.reject(c, format!("unexpected message {k} at the scheduler"));
             }
         }
     }
 
     /// Closes `c` for a protocol error (an `Error` first) and removes its node.
-    pub fn reject(&mut self, now: Time, c: ConnId, why: String) {
+    pub fn reject(&mut self, c: ConnId, why: String) {
         if !self.conns.contains_key(&c) {
             return;
         }
@@ -386,7 +361,7 @@ impl SchedProto {
                 message: why.clone(),
             },
         );
-        self.remove(now, c, why, false);
+        self.remove(c, why, false);
     }
 
     fn send(&mut self, c: ConnId, m: Msg) {
@@ -396,7 +371,6 @@ impl SchedProto {
     fn submit(&mut self, now: Time, c: ConnId, tasks: Vec<crate::wire::SubmitTask>) {
         let Some(Peer::Frontend { node, .. }) = self.conns.get(&c).map(|p| &p.peer) else {
             return self.reject(
-                now,
                 c,
                 "Submit from a node that is not a registered frontend".into(),
             );
@@ -409,7 +383,7 @@ impl SchedProto {
                 Ok(Submitted::Task(m, task)) => ok.push((m, task)),
                 Ok(Submitted::UnknownModel(id)) => unknown.push(id),
                 // One bad task is a broken frontend: none of the batch is taken.
-                Err(why) => return self.reject(now, c, why),
+                Err(why) => return self.reject(c, why),
             }
         }
         self.report.tasks_received += ok.len() as u64;
@@ -426,9 +400,9 @@ impl SchedProto {
         self.actions.push_back(Action::Submit(ok));
     }
 
-    fn register_backend(&mut self, now: Time, c: ConnId, node: NodeId, name: &str, gpus: usize) {
+    fn register_backend(&mut self, c: ConnId, node: NodeId, name: &str, gpus: usize) {
         if gpus == 0 {
-            return self.reject(now, c, "a backend must register at least one GPU".into());
+            return self.reject(c, "a backend must register at least one GPU".into());
         }
         let models = self.cfg.models.clone();
         for m in &models {
@@ -447,7 +421,7 @@ impl SchedProto {
         }
         tracing::info!(backend = %name, node, gpus, "scheduler: backend registers");
         if models.is_empty() {
-            self.backend_ready(now, c);
+            self.backend_ready(c);
         }
     }
 
@@ -486,33 +460,20 @@ impl SchedProto {
         (self.cfg.heartbeat.0 / 1_000_000).clamp(1, u32::MAX as i64) as u32
     }
 
-    fn model_loaded(
-        &mut self,
-        now: Time,
-        c: ConnId,
-        model: u32,
-        ok: bool,
-        error: String,
-        device_bytes: u64,
-    ) {
+    fn model_loaded(&mut self, c: ConnId, model: u32, ok: bool, error: String, device_bytes: u64) {
         let served = self.cfg.models.iter().any(|m| m.id == model);
         let Some(Peer::Loading { missing, .. }) = self.conns.get_mut(&c).map(|p| &mut p.peer)
         else {
-            return self.reject(now, c, "ModelLoaded from a node that is not loading".into());
+            return self.reject(c, "ModelLoaded from a node that is not loading".into());
         };
         if !served {
             return self.reject(
-                now,
                 c,
                 format!("ModelLoaded for model {model}, which is not served"),
             );
         }
         if !ok {
-            return self.reject(
-                now,
-                c,
-                format!("backend failed to load model {model}: {error}"),
-            );
+            return self.reject(c, format!("backend failed to load model {model}: {error}"));
         }
         // A duplicate confirmation changes nothing.
         missing.remove(&model);
@@ -524,7 +485,7 @@ impl SchedProto {
             });
         }
         if done {
-            self.backend_ready(now, c);
+            self.backend_ready(c);
         }
     }
 
@@ -538,12 +499,11 @@ impl SchedProto {
         finished_ns: i64,
     ) {
         let Some(Peer::Backend { node, gpus }) = self.conns.get(&c).map(|p| &p.peer) else {
-            return self.reject(now, c, "PlanDone from a node that is not a backend".into());
+            return self.reject(c, "PlanDone from a node that is not a backend".into());
         };
         let node = *node;
         if !gpus.contains(&gpu) {
             return self.reject(
-                now,
                 c,
                 format!("PlanDone on GPU {}, which is not this backend's", gpu.0),
             );
@@ -555,7 +515,7 @@ impl SchedProto {
                 self.report.stray_plan_done += 1;
                 return;
             }
-            Err(Refused::NotYours(why)) => return self.reject(now, c, why),
+            Err(Refused::NotYours(why)) => return self.reject(c, why),
         }
         self.report.plans_done += 1;
         // The GPU is free now that the report is here, whatever time it names.
@@ -607,7 +567,7 @@ impl SchedProto {
     }
 
     /// A backend confirmed every model: its GPUs go into service.
-    fn backend_ready(&mut self, now: Time, c: ConnId) {
+    fn backend_ready(&mut self, c: ConnId) {
         let Some(Peer::Loading { node, gpus, .. }) = self.conns.get(&c).map(|p| p.peer.clone())
         else {
             return;
@@ -644,12 +604,11 @@ impl SchedProto {
             "scheduler: backend in service"
         );
         // Its measurements so far (from pings before it registered) count at once.
-        let _ = now;
         self.update_net();
     }
 
     /// Connection `c`'s node is gone; `graceful` when it said goodbye.
-    fn remove(&mut self, _now: Time, c: ConnId, reason: String, graceful: bool) {
+    fn remove(&mut self, c: ConnId, reason: String, graceful: bool) {
         let Some(pc) = self.conns.remove(&c) else {
             return;
         };
@@ -720,7 +679,7 @@ impl SchedProto {
                 "no heartbeat for {} ms",
                 self.cfg.node_timeout.0 / 1_000_000
             );
-            self.remove(now, c, why, false);
+            self.remove(c, why, false);
         }
     }
 
