@@ -54,6 +54,10 @@ impl Dur {
     pub fn from_ms(ms: i64) -> Dur {
         Dur(ms * 1_000_000)
     }
+    /// A standard duration (saturating at `i64::MAX` nanoseconds).
+    pub fn from_std(d: std::time::Duration) -> Dur {
+        Dur(d.as_nanos().min(i64::MAX as u128) as i64)
+    }
     pub fn from_ms_f64(ms: f64) -> Dur {
         Dur((ms * 1e6).round() as i64)
     }

@@ -3,7 +3,10 @@
 //! planned time and pushes the outputs to the frontends and the actual finish time
 //! to the scheduler.
 //!
-//! Threads: one network loop (scheduler and frontend connections, heartbeats), and
+//! The protocol (clock sync, registration, models, checks on plans, the plan
+//! queue and how a batch ends) is the sans-IO [`super::proto::backend`]; this
+//! module is its driver. Threads: one network loop (scheduler and frontend
+//! connections, heartbeats, driving [`BackendProto`]), and
 //! per GPU a **puller** (reads a plan's inputs as soon as the plan arrives, so the
 //! pull overlaps the previous batch) and a **worker** (takes the pulled plans in
 //! `exec_at` order, waits for `exec_at`, runs the executor, reports). When a batch
@@ -18,23 +21,20 @@
 //! [`BackendNode::metrics`] has its Prometheus series (labelled with the backend's
 //! name): plans and tasks by outcome, batch sizes per model, batch start delays.
 
-use super::clock::{OffsetEstimator, Recent, SchedClock};
-use super::exec::{profile_of, Executor, ExecutorFactory};
-use super::scheduler::task_owner;
-use crate::core::{LatencyProfile, Time};
+use super::clock::{Recent, SchedClock};
+use super::exec::{Executor, ExecutorFactory};
+use super::proto::backend::{
+    classify_input, cut_batch, pull_budget, pull_requests, settle, Action, BackendProto, Cut,
+    Input, PlanMsg, PlanQueue, Settled,
+};
+use crate::core::{Dur, LatencyProfile};
 use crate::metrics::{Histogram, Kind, Registry, BATCH_BUCKETS, LATENCY_BUCKETS};
 use crate::runtime::clock::Clock;
-use crate::transport::{
-    Conn, ConnId, Event, InputRef, ReadError, ReadReq, RegionReader, SlotHeader, Transport,
-    SLOT_HEADER,
-};
-use crate::wire::{
-    DropCode, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, Role, TaskResult, TaskStatus,
-    NET_QUANTILE,
-};
+use crate::transport::{Conn, ConnId, Event, ReadReq, RegionReader, Transport, SLOT_HEADER};
+use crate::wire::{GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, RegionInfo, NET_QUANTILE};
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -51,6 +51,12 @@ const POOL_MAX_BYTES: usize = 256 << 20;
 
 /// Reads of a new frontend's region to measure the pull cost at start-up.
 const PROBE_READS: usize = 8;
+
+/// A worker sleeps until this long before a batch's start, then spins.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Longest wait of the network loop between looks at the stop flag.
+const LOOP_WAIT_MAX: Dur = Dur(50_000_000);
 
 /// Backend settings.
 pub struct BackendOpts {
@@ -218,34 +224,13 @@ struct Shared {
 }
 
 enum WorkerMsg {
-    Load(ModelInfo, Sender<(u32, Result<Option<u64>, String>)>),
+    Load(ModelInfo, Sender<Loaded>),
     Unload(u32),
     Run(PlanMsg, Vec<Option<Input>>),
 }
 
 /// A plan with its inputs pulled (None: could not be read).
 type Pulled = (PlanMsg, Vec<Option<Input>>);
-
-/// An input as read: the whole slot, header first, and the payload's length.
-struct Input {
-    slot: Vec<u8>,
-    len: usize,
-}
-
-impl Input {
-    fn bytes(&self) -> &[u8] {
-        &self.slot[SLOT_HEADER..SLOT_HEADER + self.len]
-    }
-}
-
-#[derive(Clone)]
-struct PlanMsg {
-    id: u64,
-    model: u32,
-    gpu: u32,
-    exec_at: Time,
-    tasks: Vec<PlanTask>,
-}
 
 /// A running backend.
 pub struct BackendNode {
@@ -347,28 +332,34 @@ impl BackendNode {
                 }
             })
             .collect();
+        let now = shared.clock.local().now();
+        let sched_id = shared.sched.id();
+        let proto = BackendProto::new(
+            now,
+            sched_id,
+            opts.name.clone(),
+            gpus,
+            Dur::from_std(opts.scheduler_timeout),
+        );
         let mut lp = NetLoop {
             shared: shared.clone(),
             transport,
             events: tx,
+            proto,
             pullers,
             workers,
-            gpu_map: HashMap::new(),
-            est: OffsetEstimator::new(),
-            rtt: Recent::new(256),
-            loading: HashMap::new(),
-            loaded_bytes: HashMap::new(),
-            ready_tx: Some(ready_tx),
             fe_conns: HashMap::new(),
-            opts_timeout: opts.scheduler_timeout,
-            last_pong: Instant::now(),
-            max_input: 0,
+            ready_tx: Some(ready_tx),
         };
         let stop2 = stop.clone();
-        let name = opts.name.clone();
         let handle = std::thread::Builder::new()
             .name("backend-net".into())
-            .spawn(move || lp.run(rx, &stop2, name, gpus))?;
+            .spawn(move || {
+                let r = lp.run(rx, &stop2);
+                // The plan delays measured by the protocol, for the report.
+                *lp.shared.plan_delay.lock().expect("lock") = lp.proto.plan_delays().clone();
+                r
+            })?;
         Ok(BackendNode {
             stop,
             shared,
@@ -488,28 +479,6 @@ impl Drop for BackendNode {
     }
 }
 
-struct NetLoop {
-    shared: Arc<Shared>,
-    transport: Arc<dyn Transport>,
-    events: crate::transport::EventTx,
-    pullers: Vec<Sender<PlanMsg>>,
-    workers: Vec<Sender<WorkerMsg>>,
-    /// Global GPU id -> local index.
-    gpu_map: HashMap<u32, usize>,
-    est: OffsetEstimator,
-    rtt: Recent,
-    /// Model -> GPUs still loading it.
-    loading: HashMap<u32, u32>,
-    /// Model -> the largest device footprint a GPU reported for it so far.
-    loaded_bytes: HashMap<u32, u64>,
-    ready_tx: Option<Sender<Result<Vec<u32>, String>>>,
-    fe_conns: HashMap<ConnId, NodeId>,
-    opts_timeout: Duration,
-    last_pong: Instant,
-    /// Largest input of the models loaded (bytes).
-    max_input: u32,
-}
-
 impl Shared {
     /// Inputs that could not be pulled, whatever the reason.
     fn inputs_missing(&self) -> u64 {
@@ -577,108 +546,197 @@ fn outcome_counter(
     });
 }
 
-impl NetLoop {
-    fn ping(&self, seq: u64) {
-        let _ = self.shared.sched.send(Msg::Ping {
-            seq,
-            sent_ns: self.shared.clock.local().now().0,
-            ctrl_delay_ns: (self.rtt.quantile(NET_QUANTILE) / 2).max(
-                self.shared
-                    .plan_delay
-                    .lock()
-                    .expect("lock")
-                    .quantile(NET_QUANTILE),
-            ),
-            pull_ns: self
-                .shared
-                .pull
-                .lock()
-                .expect("lock")
-                .quantile(NET_QUANTILE),
-        });
-    }
+/// A GPU's load result: (model, its device footprint or the error).
+type Loaded = (u32, Result<Option<u64>, String>);
 
-    fn run(
-        &mut self,
-        rx: Receiver<Event>,
-        stop: &AtomicBool,
-        name: String,
-        gpus: Vec<GpuInfo>,
-    ) -> Result<()> {
-        let (ltx, lrx) = unbounded::<(u32, Result<Option<u64>, String>)>();
-        // Clock sync first: a few quick probes, then register.
-        let mut seq = 0u64;
-        let sched_id = self.shared.sched.id();
-        let t_sync = Instant::now();
-        while self.est.samples() < 8 && t_sync.elapsed() < Duration::from_secs(2) {
-            seq += 1;
-            self.ping(seq);
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(ev) => self.event(ev, sched_id, &ltx)?,
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => bail!("event channel closed"),
-            }
-        }
-        if self.est.samples() == 0 {
-            bail!("the scheduler does not answer pings");
-        }
-        self.shared
-            .sched
-            .send(Msg::Register {
-                role: Role::Backend,
-                name,
-                gpus,
-                ctrl_addr: String::new(),
-                region: None,
-            })
-            .map_err(|e| anyhow::anyhow!("cannot register: {e}"))?;
-        let mut heartbeat = Duration::from_millis(100);
-        let mut next_ping = Instant::now() + heartbeat;
-        self.last_pong = Instant::now();
+/// The network loop: the driver of [`BackendProto`] (connections, the OS clock,
+/// the pullers and workers).
+struct NetLoop {
+    shared: Arc<Shared>,
+    transport: Arc<dyn Transport>,
+    events: crate::transport::EventTx,
+    proto: BackendProto,
+    pullers: Vec<Sender<PlanMsg>>,
+    workers: Vec<Sender<WorkerMsg>>,
+    /// Frontend connections by id.
+    fe_conns: HashMap<ConnId, Arc<dyn Conn>>,
+    ready_tx: Option<Sender<Result<Vec<u32>, String>>>,
+}
+
+impl NetLoop {
+    fn run(&mut self, rx: Receiver<Event>, stop: &AtomicBool) -> Result<()> {
+        let (ltx, lrx) = unbounded::<Loaded>();
+        let local = self.shared.clock.local();
         while !stop.load(Ordering::Acquire) {
-            let wait = next_ping
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(50));
+            self.apply(&ltx)?;
+            let wait = (self.proto.poll_timeout() - local.now()).clamp(Dur::ZERO, LOOP_WAIT_MAX);
             crossbeam_channel::select! {
                 recv(rx) -> ev => match ev {
-                    Ok(Event::Msg(_, Msg::RegisterAck { heartbeat_ms, gpu_ids, .. })) => {
-                        heartbeat = Duration::from_millis(heartbeat_ms.max(1) as u64);
-                        for (i, g) in gpu_ids.iter().enumerate() {
-                            self.gpu_map.insert(*g, i);
-                        }
-                        if let Some(t) = self.ready_tx.take() {
-                            let _ = t.send(Ok(gpu_ids));
-                        }
-                    }
-                    Ok(ev) => self.event(ev, sched_id, &ltx)?,
+                    Ok(ev) => self.event(ev),
                     Err(_) => bail!("event channel closed"),
                 },
                 recv(lrx) -> r => {
                     if let Ok((model, res)) = r {
-                        self.loaded(model, res);
+                        self.proto.handle_loaded(model, res);
                     }
                 }
-                default(wait) => {}
+                default(Duration::from_nanos(wait.0 as u64)) => {}
             }
-            let now = Instant::now();
-            if now >= next_ping {
-                next_ping = now + heartbeat;
-                seq += 1;
-                self.ping(seq);
-            }
-            if now.duration_since(self.last_pong) > self.opts_timeout {
-                self.shared.sched.close("scheduler silent");
-                bail!("lost the scheduler: no pong for {:?}", self.opts_timeout);
+            let now = local.now();
+            if now >= self.proto.poll_timeout() {
+                let pull = self
+                    .shared
+                    .pull
+                    .lock()
+                    .expect("lock")
+                    .quantile(NET_QUANTILE);
+                self.proto.set_pull_ns(pull);
+                self.proto.handle_timeout(now);
             }
         }
         Ok(())
+    }
+
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Accepted(c) => c.close("backends accept no connections"),
+            Event::Closed(c, reason) => {
+                self.forget(c);
+                self.proto.handle_closed(c, &reason);
+            }
+            Event::Msg(c, msg) => {
+                let now = self.shared.clock.local().now();
+                self.proto.handle_msg(now, c, msg);
+            }
+        }
+    }
+
+    /// Carries out what the protocol asked for.
+    fn apply(&mut self, ltx: &Sender<Loaded>) -> Result<()> {
+        while let Some(a) = self.proto.poll_action() {
+            match a {
+                Action::Send(c, m) => {
+                    let conn = self.conn(c);
+                    if let Some(conn) = conn {
+                        let _ = conn.send(m);
+                    }
+                }
+                Action::Close(c, why) => {
+                    if let Some(conn) = self.conn(c) {
+                        conn.close(&why);
+                    }
+                    self.forget(c);
+                }
+                Action::SetClock { offset, error } => self.shared.clock.set(offset.0, error.0),
+                Action::Load(model, prof) => self.load(model, prof, ltx),
+                Action::Unload(model) => {
+                    for w in &self.workers {
+                        let _ = w.send(WorkerMsg::Unload(model));
+                    }
+                }
+                Action::Attach {
+                    node,
+                    ctrl_addr,
+                    region,
+                } => self.attach(node, &ctrl_addr, &region),
+                Action::Detach { node, conn } => {
+                    self.shared.reader.detach(node);
+                    if let Some(c) = self.shared.frontends.write().expect("lock").remove(&node) {
+                        c.close("frontend down");
+                    }
+                    if let Some(c) = conn {
+                        self.fe_conns.remove(&c);
+                    }
+                }
+                Action::Queue { gpu, plan } => {
+                    self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
+                    let _ = self.pullers[gpu].send(plan);
+                }
+                Action::Ready(ids) => {
+                    if let Some(t) = self.ready_tx.take() {
+                        let _ = t.send(Ok(ids));
+                    }
+                }
+                Action::Exit(why) => {
+                    if let Some(t) = self.ready_tx.take() {
+                        let _ = t.send(Err(why.clone()));
+                    }
+                    bail!("{why}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn conn(&self, c: ConnId) -> Option<Arc<dyn Conn>> {
+        if c == self.shared.sched.id() {
+            return Some(self.shared.sched.clone());
+        }
+        self.fe_conns.get(&c).cloned()
+    }
+
+    /// Drops a frontend connection from the maps (the workers stop using it).
+    fn forget(&mut self, c: ConnId) {
+        if self.fe_conns.remove(&c).is_some() {
+            self.shared
+                .frontends
+                .write()
+                .expect("lock")
+                .retain(|_, conn| conn.id() != c);
+        }
+    }
+
+    fn load(&mut self, model: ModelInfo, prof: LatencyProfile, ltx: &Sender<Loaded>) {
+        let sh = &self.shared;
+        sh.profiles.write().expect("lock").insert(model.id, prof);
+        let h = sh.registry.histogram(
+            "fermata_backend_batch_size",
+            "Tasks per batch run on this backend.",
+            &[("backend", &sh.name), ("model", &model.name)],
+            Histogram::new(BATCH_BUCKETS, 1.0),
+        );
+        sh.batch_sizes.write().expect("lock").insert(model.id, h);
+        for w in &self.workers {
+            let _ = w.send(WorkerMsg::Load(model.clone(), ltx.clone()));
+        }
+    }
+
+    fn attach(&mut self, node: NodeId, ctrl_addr: &str, region: &RegionInfo) {
+        match self.shared.reader.attach(node, region) {
+            Err(e) => tracing::warn!(
+                frontend = node,
+                error = %format!("{e:#}"),
+                "backend: cannot attach a frontend's region"
+            ),
+            Ok(()) => self.probe_pull(node, region.len),
+        }
+        match self.transport.connect(ctrl_addr, self.events.clone()) {
+            Ok(conn) => {
+                let id = conn.id();
+                self.fe_conns.insert(id, conn.clone());
+                let old = self
+                    .shared
+                    .frontends
+                    .write()
+                    .expect("lock")
+                    .insert(node, conn);
+                if let Some(old) = old {
+                    self.fe_conns.remove(&old.id());
+                    old.close("frontend reconnected");
+                }
+                self.proto.handle_connected(node, id);
+            }
+            Err(e) => {
+                tracing::warn!(frontend = node, addr = %ctrl_addr, error = %format!("{e:#}"), "backend: cannot reach a frontend")
+            }
+        }
     }
 
     /// Measures the pull cost from a new frontend at once (a few reads of the
     /// largest input's size, off this thread), so d_data is known before the
     /// first plans rather than learned from late ones.
     fn probe_pull(&self, peer: NodeId, region_len: u64) {
-        let len = (self.max_input as u64 + SLOT_HEADER as u64).min(region_len) as u32;
+        let len = (self.proto.max_input() as u64 + SLOT_HEADER as u64).min(region_len) as u32;
         let sh = self.shared.clone();
         let _ = std::thread::Builder::new()
             .name("pull-probe".into())
@@ -703,198 +761,6 @@ impl NetLoop {
                 }
             });
     }
-
-    fn loaded(&mut self, model: u32, res: Result<Option<u64>, String>) {
-        match res {
-            Err(e) => {
-                self.loading.remove(&model);
-                self.loaded_bytes.remove(&model);
-                let _ = self.shared.sched.send(Msg::ModelLoaded {
-                    model,
-                    ok: false,
-                    error: e,
-                    device_bytes: 0,
-                });
-            }
-            Ok(bytes) => {
-                if let Some(b) = bytes {
-                    let m = self.loaded_bytes.entry(model).or_insert(0);
-                    *m = (*m).max(b);
-                }
-                if let Some(n) = self.loading.get_mut(&model) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.loading.remove(&model);
-                        let device_bytes = self.loaded_bytes.remove(&model).unwrap_or(0);
-                        if device_bytes > 0 {
-                            tracing::info!(model, device_bytes, "backend: model loaded");
-                        }
-                        let _ = self.shared.sched.send(Msg::ModelLoaded {
-                            model,
-                            ok: true,
-                            error: String::new(),
-                            device_bytes,
-                        });
-                    }
-                }
-            }
-        }
-    }
-
-    fn event(
-        &mut self,
-        ev: Event,
-        sched_id: ConnId,
-        ltx: &Sender<(u32, Result<Option<u64>, String>)>,
-    ) -> Result<()> {
-        match ev {
-            Event::Accepted(c) => c.close("backends accept no connections"),
-            Event::Closed(c, reason) => {
-                if c == sched_id {
-                    if let Some(t) = self.ready_tx.take() {
-                        let _ = t.send(Err(reason.clone()));
-                    }
-                    bail!("lost the scheduler: {reason}");
-                }
-                if let Some(fe) = self.fe_conns.remove(&c) {
-                    self.shared.frontends.write().expect("lock").remove(&fe);
-                }
-            }
-            Event::Msg(c, msg) if c == sched_id => match msg {
-                Msg::Pong {
-                    echo_ns, sched_ns, ..
-                } => {
-                    self.last_pong = Instant::now();
-                    let t2 = self.shared.clock.local().now();
-                    let rtt = self
-                        .est
-                        .add(Time(echo_ns), Time(sched_ns), t2, &self.shared.clock);
-                    self.rtt.push(rtt.0);
-                }
-                Msg::Plan {
-                    id,
-                    model,
-                    gpu,
-                    exec_at_ns,
-                    sent_ns,
-                    tasks,
-                    ..
-                } => {
-                    self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
-                    let delay = (self.shared.clock.now() - Time(sent_ns)).0;
-                    self.shared.plan_delay.lock().expect("lock").push(delay);
-                    let Some(&g) = self.gpu_map.get(&gpu) else {
-                        tracing::warn!(
-                            plan = id,
-                            gpu,
-                            "backend: a plan for a GPU that is not ours; dropped"
-                        );
-                        return Ok(());
-                    };
-                    let _ = self.pullers[g].send(PlanMsg {
-                        id,
-                        model,
-                        gpu,
-                        exec_at: Time(exec_at_ns),
-                        tasks,
-                    });
-                }
-                Msg::LoadModel { model } => {
-                    match profile_of(&model.profile) {
-                        Ok(p) => {
-                            self.shared
-                                .profiles
-                                .write()
-                                .expect("lock")
-                                .insert(model.id, p);
-                        }
-                        Err(e) => {
-                            let _ = ltx.send((model.id, Err(format!("{e:#}"))));
-                            return Ok(());
-                        }
-                    }
-                    self.max_input = self.max_input.max(model.input_bytes);
-                    let h = self.shared.registry.histogram(
-                        "fermata_backend_batch_size",
-                        "Tasks per batch run on this backend.",
-                        &[("backend", &self.shared.name), ("model", &model.name)],
-                        Histogram::new(BATCH_BUCKETS, 1.0),
-                    );
-                    self.shared
-                        .batch_sizes
-                        .write()
-                        .expect("lock")
-                        .insert(model.id, h);
-                    self.loading.insert(model.id, self.workers.len() as u32);
-                    for w in &self.workers {
-                        let _ = w.send(WorkerMsg::Load(model.clone(), ltx.clone()));
-                    }
-                }
-                Msg::UnloadModel { model } => {
-                    for w in &self.workers {
-                        let _ = w.send(WorkerMsg::Unload(model));
-                    }
-                }
-                Msg::FrontendUp {
-                    node,
-                    ctrl_addr,
-                    region,
-                } => {
-                    match self.shared.reader.attach(node, &region) {
-                        Err(e) => tracing::warn!(
-                            frontend = node,
-                            error = %format!("{e:#}"),
-                            "backend: cannot attach a frontend's region"
-                        ),
-                        Ok(()) => self.probe_pull(node, region.len),
-                    }
-                    match self.transport.connect(&ctrl_addr, self.events.clone()) {
-                        Ok(conn) => {
-                            self.fe_conns.insert(conn.id(), node);
-                            self.shared
-                                .frontends
-                                .write()
-                                .expect("lock")
-                                .insert(node, conn);
-                        }
-                        Err(e) => {
-                            tracing::warn!(frontend = node, addr = %ctrl_addr, error = %format!("{e:#}"), "backend: cannot reach a frontend")
-                        }
-                    }
-                }
-                Msg::FrontendDown { node } => {
-                    self.shared.reader.detach(node);
-                    if let Some(c) = self.shared.frontends.write().expect("lock").remove(&node) {
-                        self.fe_conns.remove(&c.id());
-                        c.close("frontend down");
-                    }
-                }
-                Msg::Error { message } => {
-                    bail!("the scheduler closed us: {message}");
-                }
-                other => {
-                    tracing::debug!(
-                        kind = other.kind(),
-                        "backend: ignoring an unexpected message from the scheduler"
-                    );
-                }
-            },
-            Event::Msg(c, other) => {
-                // Frontends send nothing to backends.
-                tracing::warn!(
-                    kind = other.kind(),
-                    conn = c,
-                    "backend: unexpected message from a connection; closing it"
-                );
-                if let Some(fe) = self.fe_conns.remove(&c) {
-                    if let Some(conn) = self.shared.frontends.write().expect("lock").remove(&fe) {
-                        conn.close("unexpected message");
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
@@ -903,26 +769,15 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
         if sh.dead.load(Ordering::Acquire) {
             break;
         }
-        let reqs: Vec<ReadReq> = plan
-            .tasks
-            .iter()
-            .map(|t| {
-                let r = InputRef::unpack(t.input);
-                ReadReq {
-                    peer: task_owner(t.id),
-                    offset: r.offset,
-                    len: r.len,
-                }
-            })
-            .collect();
+        let reqs = pull_requests(&plan.tasks);
         // Reads may take until the batch's latest start.
         let now = sh.clock.now();
         sh.lead_arrived
             .lock()
             .expect("lock")
             .push((plan.exec_at - now).0);
-        let latest = latest_start(&sh, &plan, plan.tasks.len());
-        let budget = Duration::from_nanos((latest - now).0.max(1_000_000) as u64);
+        let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
+        let budget = pull_budget(&plan, prof.as_ref(), now);
         let bufs: Vec<Vec<u8>> = {
             let mut p = sh.pool.lock().expect("lock");
             let k = p.len().saturating_sub(reqs.len());
@@ -931,7 +786,9 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
         sh.pool_misses
             .fetch_add((reqs.len() - bufs.len()) as u64, Ordering::Relaxed);
         let t0 = Instant::now();
-        let got = sh.reader.read_many_into(&reqs, budget, bufs);
+        let got = sh
+            .reader
+            .read_many_into(&reqs, Duration::from_nanos(budget.0 as u64), bufs);
         let el = t0.elapsed();
         sh.lead_pulled
             .lock()
@@ -948,19 +805,9 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
             .into_iter()
             .zip(&plan.tasks)
             .map(|(r, t)| {
-                let why = match r {
-                    Ok(slot) => match SlotHeader::check(&slot, t.id) {
-                        Ok(p) => {
-                            let len = p.len();
-                            return Some(Input { slot, len });
-                        }
-                        Err(_) => 1,
-                    },
-                    Err(ReadError::Timeout) => 0,
-                    Err(_) => 2,
-                };
-                sh.missing_why[why].fetch_add(1, Ordering::Relaxed);
-                None
+                classify_input(r, t.id)
+                    .map_err(|why| sh.missing_why[why as usize].fetch_add(1, Ordering::Relaxed))
+                    .ok()
             })
             .collect();
         if worker.send(WorkerMsg::Run(plan, inputs)).is_err() {
@@ -969,70 +816,56 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
     }
 }
 
-/// How many of a batch's tasks (deadlines sorted ascending) must be left out,
-/// earliest first, for the rest to finish by their deadlines when the batch starts
-/// at `start`.
-pub fn too_late_prefix(deadlines: &[Time], start: Time, prof: &LatencyProfile) -> usize {
-    let mut cut = 0;
-    while cut < deadlines.len() {
-        let n = ((deadlines.len() - cut) as u32).clamp(1, prof.max_batch());
-        if deadlines[cut] >= start + prof.latency(n) {
-            break;
-        }
-        cut += 1;
-    }
-    cut
-}
-
-/// The last moment `plan` can start with `n` tasks and meet its earliest deadline.
-fn latest_start(sh: &Shared, plan: &PlanMsg, n: usize) -> Time {
-    let l = sh
-        .profiles
-        .read()
-        .expect("lock")
-        .get(&plan.model)
-        .map(|p| p.latency((n as u32).clamp(1, p.max_batch())))
-        .unwrap_or_default();
-    let dl = plan
-        .tasks
-        .iter()
-        .map(|t| t.deadline_ns)
-        .min()
-        .unwrap_or(i64::MAX);
-    Time(dl) - l
-}
-
-/// Runs one GPU: plans in `exec_at` order (those waiting are re-sorted before each
-/// batch), loads and unloads between batches.
+/// Runs one GPU: plans in `exec_at` order ([`PlanQueue`]; a plan that arrives
+/// while the worker waits for a later one goes first), loads and unloads between
+/// batches. It sleeps until just before a plan's start, then spins.
 fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>) {
-    let mut ready: BTreeMap<(Time, u64), Pulled> = BTreeMap::new();
-    let mut seq = 0u64;
+    let mut queue: PlanQueue<Pulled> = PlanQueue::default();
     loop {
-        let first = if ready.is_empty() {
-            match rx.recv() {
+        let msg = match queue.next_at() {
+            None => match rx.recv() {
                 Ok(m) => Some(m),
                 Err(_) => break,
+            },
+            Some(at) => {
+                let wake = sh
+                    .clock
+                    .instant_of(at)
+                    .checked_sub(SPIN)
+                    .unwrap_or(Instant::now());
+                match rx.recv_deadline(wake) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+                        None
+                    }
+                }
             }
-        } else {
-            None
         };
-        for m in first.into_iter().chain(rx.try_iter()) {
-            match m {
-                WorkerMsg::Load(model, ack) => {
-                    let r = exec
-                        .load(&model)
-                        .map(|()| exec.device_bytes(model.id))
-                        .map_err(|e| format!("{e:#}"));
-                    let _ = ack.send((model.id, r));
+        if let Some(m) = msg {
+            for m in std::iter::once(m).chain(rx.try_iter()) {
+                match m {
+                    WorkerMsg::Load(model, ack) => {
+                        let r = exec
+                            .load(&model)
+                            .map(|()| exec.device_bytes(model.id))
+                            .map_err(|e| format!("{e:#}"));
+                        let _ = ack.send((model.id, r));
+                    }
+                    WorkerMsg::Unload(model) => exec.unload(model),
+                    WorkerMsg::Run(plan, inputs) => queue.push(plan.exec_at, (plan, inputs)),
                 }
-                WorkerMsg::Unload(model) => exec.unload(model),
-                WorkerMsg::Run(plan, inputs) => {
-                    seq += 1;
-                    ready.insert((plan.exec_at, seq), (plan, inputs));
-                }
+            }
+            continue;
+        }
+        if let Some(at) = queue.next_at() {
+            let at = sh.clock.instant_of(at);
+            while Instant::now() < at {
+                std::hint::spin_loop();
             }
         }
-        if let Some((_, (plan, inputs))) = ready.pop_first() {
+        if let Some((plan, inputs)) = queue.pop_due(sh.clock.now()) {
             if !sh.dead.load(Ordering::Acquire) {
                 run_plan(&sh, exec.as_mut(), plan, inputs);
             }
@@ -1040,132 +873,55 @@ fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>)
     }
 }
 
+/// Runs a due plan (see [`cut_batch`]: late tasks and missing inputs are left
+/// out), reports to the frontends and the scheduler, recycles the input buffers.
 fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Option<Input>>) {
-    // Wait for exec_at: sleep, then spin the last stretch.
-    let at = sh.clock.instant_of(plan.exec_at);
-    let now = Instant::now();
-    let spin = Duration::from_micros(100);
-    if at > now + spin {
-        std::thread::sleep(at - now - spin);
-    }
-    while Instant::now() < at {
-        std::hint::spin_loop();
-    }
     let start = sh.clock.now();
     let delay = (start - plan.exec_at).0.max(0);
     sh.start_delay.lock().expect("lock").push(delay);
     sh.start_delay_hist.observe(delay as u64);
-    // The batch that runs: the tasks whose input arrived and that can still meet
-    // their deadline if it starts now. Earliest deadlines are checked first:
-    // leaving one out shortens the batch, which may save the others. (On time,
-    // none is left out: exec_at <= earliest deadline - l(b).)
-    let mut present: Vec<usize> = (0..inputs.len()).filter(|&i| inputs[i].is_some()).collect();
-    present.sort_by_key(|&i| plan.tasks[i].deadline_ns);
-    let missing = (inputs.len() - present.len()) as u32;
+    let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
-    let deadlines: Vec<Time> = present
-        .iter()
-        .map(|&i| Time(plan.tasks[i].deadline_ns))
-        .collect();
-    let cut = prof.map_or(0, |p| too_late_prefix(&deadlines, start, &p));
-    let (too_late, run) = present.split_at(cut);
-    let mut by_fe: HashMap<NodeId, Vec<TaskResult>> = HashMap::new();
-    let ran = run.len() as u32;
-    let mut push = |id: u64, status: TaskStatus, fin: Time, output: Vec<u8>| {
-        let batch_size = if status == TaskStatus::Ok { ran } else { 0 };
-        by_fe.entry(task_owner(id)).or_default().push(TaskResult {
-            id,
-            status,
-            started_ns: start.0,
-            finished_ns: fin.0,
-            batch_size,
-            output,
-        });
-    };
-    for &i in too_late {
-        push(
-            plan.tasks[i].id,
-            TaskStatus::Dropped(DropCode::TooLate),
-            start,
-            Vec::new(),
-        );
-    }
-    sh.tasks_too_late
-        .fetch_add(too_late.len() as u64, Ordering::Relaxed);
-    let status;
-    let finished;
-    if run.is_empty() && !too_late.is_empty() {
-        status = PlanStatus::TooLate;
-        finished = start;
-        sh.plans_too_late.fetch_add(1, Ordering::Relaxed);
+    let cut = cut_batch(&plan.tasks, &present, start, prof.as_ref());
+    let outputs = if cut.run.is_empty() {
+        Ok(Vec::new())
     } else {
-        let refs: Vec<&[u8]> = run
+        let refs: Vec<&[u8]> = cut
+            .run
             .iter()
             .map(|&i| inputs[i].as_ref().expect("present").bytes())
             .collect();
-        let res = if refs.is_empty() {
-            Ok(Vec::new())
-        } else {
-            exec.run(plan.model, &refs)
-        };
-        finished = sh.clock.now();
-        match res {
-            Ok(outs) if outs.len() == refs.len() => {
-                status = PlanStatus::Ran;
-                sh.plans_run.fetch_add(1, Ordering::Relaxed);
-                sh.tasks_run.fetch_add(outs.len() as u64, Ordering::Relaxed);
-                if let Some(h) = sh.batch_sizes.read().expect("lock").get(&plan.model) {
-                    h.observe(outs.len() as u64);
-                }
-                for (&i, o) in run.iter().zip(outs) {
-                    push(plan.tasks[i].id, TaskStatus::Ok, finished, o);
-                }
+        match exec.run(plan.model, &refs) {
+            Ok(o) if o.len() == refs.len() => Ok(o),
+            Ok(_) => {
+                tracing::error!(
+                    plan = plan.id,
+                    model = plan.model,
+                    "backend: the executor returned the wrong number of outputs"
+                );
+                Err(())
             }
-            other => {
-                if let Err(e) = &other {
-                    tracing::error!(plan = plan.id, model = plan.model, error = %format!("{e:#}"), "backend: the executor failed a batch");
-                } else {
-                    tracing::error!(
-                        plan = plan.id,
-                        model = plan.model,
-                        "backend: the executor returned the wrong number of outputs"
-                    );
-                }
-                status = PlanStatus::Failed;
-                sh.plans_failed.fetch_add(1, Ordering::Relaxed);
-                sh.tasks_failed
-                    .fetch_add(run.len() as u64, Ordering::Relaxed);
-                for &i in run {
-                    push(plan.tasks[i].id, TaskStatus::Failed, finished, Vec::new());
-                }
+            Err(e) => {
+                tracing::error!(plan = plan.id, model = plan.model, error = %format!("{e:#}"), "backend: the executor failed a batch");
+                Err(())
             }
         }
-    }
-    for (i, t) in plan.tasks.iter().enumerate() {
-        if inputs[i].is_none() {
-            push(t.id, TaskStatus::InputMissing, finished, Vec::new());
-        }
-    }
+    };
+    let settled = settle(&plan, &cut, start, sh.clock.now(), outputs);
+    count(sh, &plan, &cut, &settled);
     sh.plans_ended.fetch_add(1, Ordering::Relaxed);
     if sh.dead.load(Ordering::Acquire) {
         return;
     }
     {
         let fes = sh.frontends.read().expect("lock");
-        for (fe, items) in by_fe {
+        for (fe, items) in settled.results {
             if let Some(c) = fes.get(&fe) {
                 let _ = c.send(Msg::Results { items });
             }
         }
     }
-    let _ = sh.sched.send(Msg::PlanDone {
-        id: plan.id,
-        gpu: plan.gpu,
-        status,
-        started_ns: start.0,
-        finished_ns: finished.0,
-        missing,
-    });
+    let _ = sh.sched.send(settled.done);
     // The inputs' buffers go back to the pullers (bounded in count and bytes).
     let mut p = sh.pool.lock().expect("lock");
     let mut bytes: usize = p.iter().map(Vec::capacity).sum();
@@ -1178,24 +934,24 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::Dur;
-
-    #[test]
-    fn a_late_batch_leaves_out_only_what_it_must() {
-        // l(b) = 1 ms * b + 5 ms.
-        let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
-        let ms = |v: i64| Time(v * 1_000_000);
-        // Four tasks, deadlines 9, 10, 12, 20 ms; l(4) = 9 ms.
-        let d = [ms(9), ms(10), ms(12), ms(20)];
-        assert_eq!(too_late_prefix(&d, ms(0), &p), 0, "on time");
-        // Starting at 1 ms: 1 + 9 > 9, drop the first; 1 + l(3) = 9 <= 10: keep 3.
-        assert_eq!(too_late_prefix(&d, ms(1), &p), 1);
-        // Starting at 5 ms: 5 + 8 > 10, 5 + 7 <= 12: keep the last two.
-        assert_eq!(too_late_prefix(&d, ms(5), &p), 2);
-        assert_eq!(too_late_prefix(&d, ms(16), &p), 4, "none can make it");
-        assert_eq!(too_late_prefix(&[], ms(0), &p), 0);
+/// Counts a batch's outcome.
+fn count(sh: &Shared, plan: &PlanMsg, cut: &Cut, s: &Settled) {
+    let add = |a: &AtomicU64, n: usize| a.fetch_add(n as u64, Ordering::Relaxed);
+    add(&sh.tasks_too_late, cut.too_late.len());
+    match s.status {
+        PlanStatus::Ran => {
+            add(&sh.plans_run, 1);
+            add(&sh.tasks_run, s.ran);
+            if let Some(h) = sh.batch_sizes.read().expect("lock").get(&plan.model) {
+                h.observe(s.ran as u64);
+            }
+        }
+        PlanStatus::TooLate => {
+            add(&sh.plans_too_late, 1);
+        }
+        PlanStatus::Failed => {
+            add(&sh.plans_failed, 1);
+            add(&sh.tasks_failed, cut.run.len());
+        }
     }
 }

@@ -81,7 +81,7 @@ impl SchedClock {
         Dur(self.err_ns.load(Ordering::Relaxed))
     }
 
-    fn set(&self, offset: i64, err: i64) {
+    pub fn set(&self, offset: i64, err: i64) {
         self.offset_ns.store(offset, Ordering::Relaxed);
         self.err_ns.store(err, Ordering::Relaxed);
     }

@@ -16,7 +16,11 @@
 //! - [`plans`]: the scheduler's in-flight plans, each owned by one backend and GPU.
 //! - [`ledger`]: a frontend's pending requests, each ended exactly once, with the
 //!   deadline-plus-grace sweep.
+//! - [`backend`]: the backend's clock sync, registration, model loading and
+//!   checks on plans; its per-GPU plan queue, input-pull tracking and how a
+//!   batch ends.
 
+pub mod backend;
 pub mod check;
 pub mod ledger;
 pub mod plans;

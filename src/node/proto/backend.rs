@@ -1,0 +1,1040 @@
+//! The backend's node protocol as pure state machines: its membership and
+//! health ([`BackendProto`]: clock sync, registration, models loaded matched by
+//! id, frontends attached, heartbeats, the checks on plans), its per-GPU plan
+//! queue ([`PlanQueue`]), its input-pull tracking ([`pull_requests`],
+//! [`pull_budget`], [`classify_input`]) and how a batch ends ([`cut_batch`],
+//! [`settle`]). The real driver ([`crate::node::backend`]) and the cluster
+//! simulator run the same code.
+//!
+//! # Start-up
+//! The backend pings the scheduler until it has [`SYNC_SAMPLES`] clock samples
+//! (or [`SYNC_MAX`] has passed with at least one), then registers. Each
+//! `LoadModel` goes to every GPU ([`Action::Load`]); when every GPU confirmed it,
+//! the scheduler hears `ModelLoaded` with the largest device footprint. On
+//! `RegisterAck` the backend is ready ([`Action::Ready`]).
+//!
+//! # Checks on plans
+//! A plan is queued ([`Action::Queue`]) only if it is for one of this backend's
+//! GPUs, for a model every GPU has loaded, and starts within [`check::MAX_SLO`]
+//! of now. Otherwise its tasks end as `Failed` at their frontends and, when the
+//! GPU is ours, the scheduler hears `PlanDone{Failed}`: a plan is never lost
+//! silently.
+
+use super::check;
+use crate::core::{Dur, LatencyProfile, Time};
+use crate::node::clock::{OffsetEstimator, Recent};
+use crate::transport::{ConnId, InputRef, ReadError, ReadReq, SlotHeader, SLOT_HEADER};
+use crate::wire::{
+    task_owner, DropCode, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo, Role,
+    TaskResult, TaskStatus, MAX_NODE_ID, NET_QUANTILE,
+};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+/// Clock samples taken before registering.
+pub const SYNC_SAMPLES: usize = 8;
+/// Longest clock sync before registering (with at least one sample).
+pub const SYNC_MAX: Dur = Dur(2_000_000_000);
+/// During the sync, a ping unanswered this long is followed by another.
+pub const SYNC_PING: Dur = Dur(200_000_000);
+/// The heartbeat until `RegisterAck` says otherwise.
+pub const DEFAULT_HEARTBEAT: Dur = Dur(100_000_000);
+
+/// A plan as the backend keeps it (times on the scheduler's clock; `gpu` is the
+/// global id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanMsg {
+    pub id: u64,
+    pub model: u32,
+    pub gpu: u32,
+    pub exec_at: Time,
+    pub tasks: Vec<PlanTask>,
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Send a message on a connection (the scheduler's or a frontend's).
+    Send(ConnId, Msg),
+    /// Close a connection (this machine has already forgotten it).
+    Close(ConnId, String),
+    /// The offset of the scheduler's clock from ours changed (and its error bound).
+    SetClock { offset: Dur, error: Dur },
+    /// Load a model on every GPU; report each GPU's result with
+    /// [`BackendProto::handle_loaded`].
+    Load(ModelInfo, LatencyProfile),
+    /// Unload a model from every GPU.
+    Unload(u32),
+    /// Attach a frontend's region and connect to it; report the connection with
+    /// [`BackendProto::handle_connected`].
+    Attach {
+        node: NodeId,
+        ctrl_addr: String,
+        region: RegionInfo,
+    },
+    /// Detach a frontend's region and close its connection, if any.
+    Detach { node: NodeId, conn: Option<ConnId> },
+    /// Pull the plan's inputs and queue it on local GPU `gpu`.
+    Queue { gpu: usize, plan: PlanMsg },
+    /// Registered: these are our GPUs' global ids, in local order.
+    Ready(Vec<u32>),
+    /// The backend must stop (lost the scheduler, or told to).
+    Exit(String),
+}
+
+/// What the backend's protocol counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProtoCounts {
+    pub plans_received: u64,
+    /// Plans refused by the checks (their tasks failed).
+    pub plans_refused: u64,
+    /// Messages of a kind the backend does not expect, ignored or closed on.
+    pub unexpected: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Pinging; registered once the clock is known.
+    Sync {
+        since: Time,
+    },
+    /// Registered, waiting for `RegisterAck`.
+    Registering,
+    Ready,
+    Gone,
+}
+
+/// The backend's membership, health and plan checks (see the module docs).
+/// Times passed in are on the backend's own clock.
+pub struct BackendProto {
+    sched: ConnId,
+    name: String,
+    gpus: Vec<GpuInfo>,
+    phase: Phase,
+    timeout: Dur,
+    heartbeat: Dur,
+    /// Global GPU id -> local index.
+    gpu_map: HashMap<u32, usize>,
+    est: OffsetEstimator,
+    rtt: Recent,
+    plan_delay: Recent,
+    /// Pull time per task at [`NET_QUANTILE`] (measured by the driver).
+    pull_ns: i64,
+    /// Model -> GPUs still loading it, and the largest footprint reported so far.
+    loading: HashMap<u32, (u32, u64)>,
+    loaded: HashSet<u32>,
+    /// Largest input of the models loaded (bytes).
+    max_input: u32,
+    frontends: HashMap<NodeId, ConnId>,
+    fe_conns: HashMap<ConnId, NodeId>,
+    last_pong: Time,
+    next_ping: Time,
+    seq: u64,
+    counts: ProtoCounts,
+    out: VecDeque<Action>,
+}
+
+impl BackendProto {
+    /// A backend connected to the scheduler on `sched` at `now`; it starts by
+    /// pinging (take the first [`Action`]s with [`BackendProto::poll_action`]).
+    pub fn new(now: Time, sched: ConnId, name: String, gpus: Vec<GpuInfo>, timeout: Dur) -> Self {
+        let mut p = BackendProto {
+            sched,
+            name,
+            gpus,
+            phase: Phase::Sync { since: now },
+            timeout,
+            heartbeat: DEFAULT_HEARTBEAT,
+            gpu_map: HashMap::new(),
+            est: OffsetEstimator::new(),
+            rtt: Recent::new(256),
+            plan_delay: Recent::new(1024),
+            pull_ns: 0,
+            loading: HashMap::new(),
+            loaded: HashSet::new(),
+            max_input: 0,
+            frontends: HashMap::new(),
+            fe_conns: HashMap::new(),
+            last_pong: now,
+            next_ping: now,
+            seq: 0,
+            counts: ProtoCounts::default(),
+            out: VecDeque::new(),
+        };
+        p.ping(now);
+        p
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.out.pop_front()
+    }
+
+    /// When [`BackendProto::handle_timeout`] is next due (our clock).
+    pub fn poll_timeout(&self) -> Time {
+        match self.phase {
+            Phase::Sync { since } => self.next_ping.min(since + SYNC_MAX),
+            Phase::Gone => Time::NEVER,
+            _ => self.next_ping.min(self.last_pong + self.timeout),
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.phase == Phase::Ready
+    }
+
+    pub fn is_gone(&self) -> bool {
+        self.phase == Phase::Gone
+    }
+
+    pub fn counts(&self) -> ProtoCounts {
+        self.counts
+    }
+
+    /// The scheduler's clock minus ours (0 before the first pong).
+    pub fn offset(&self) -> Dur {
+        self.est.best().map_or(Dur::ZERO, |b| b.0)
+    }
+
+    /// The scheduler's connection.
+    pub fn sched_conn(&self) -> ConnId {
+        self.sched
+    }
+
+    /// Our connection to frontend `node`, when it is up.
+    pub fn frontend(&self, node: NodeId) -> Option<ConnId> {
+        self.frontends.get(&node).copied()
+    }
+
+    /// The largest input of the models loaded so far (bytes).
+    pub fn max_input(&self) -> u32 {
+        self.max_input
+    }
+
+    /// Whether every GPU has loaded `model`.
+    pub fn has_loaded(&self, model: u32) -> bool {
+        self.loaded.contains(&model)
+    }
+
+    /// One-way plan delay at [`NET_QUANTILE`] (scheduler's send to our receipt).
+    pub fn plan_delay_ns(&self) -> i64 {
+        self.plan_delay.quantile(NET_QUANTILE)
+    }
+
+    /// The plan delays measured so far (scheduler's send to our receipt).
+    pub fn plan_delays(&self) -> &Recent {
+        &self.plan_delay
+    }
+
+    /// The driver's latest pull time per task (reported in pings).
+    pub fn set_pull_ns(&mut self, ns: i64) {
+        self.pull_ns = check::measured(ns).0;
+    }
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        match self.phase {
+            Phase::Gone => {}
+            Phase::Sync { since } => {
+                if now >= since + SYNC_MAX {
+                    self.end_sync(now);
+                } else if now >= self.next_ping {
+                    self.ping(now);
+                }
+            }
+            _ => {
+                if now - self.last_pong > self.timeout {
+                    self.out
+                        .push_back(Action::Close(self.sched, "scheduler silent".into()));
+                    let why = format!("lost the scheduler: no pong for {:?}", self.timeout);
+                    return self.exit(why);
+                }
+                if now >= self.next_ping {
+                    self.ping(now);
+                }
+            }
+        }
+    }
+
+    /// A worker finished loading `model` on one GPU (`Ok(bytes)`: its device
+    /// footprint when known).
+    pub fn handle_loaded(&mut self, model: u32, res: Result<Option<u64>, String>) {
+        let Some(entry) = self.loading.get_mut(&model) else {
+            return;
+        };
+        match res {
+            Err(error) => {
+                self.loading.remove(&model);
+                self.model_loaded(model, false, error, 0);
+            }
+            Ok(bytes) => {
+                entry.1 = entry.1.max(bytes.unwrap_or(0));
+                entry.0 -= 1;
+                if entry.0 == 0 {
+                    let bytes = entry.1;
+                    self.loading.remove(&model);
+                    self.loaded.insert(model);
+                    self.model_loaded(model, true, String::new(), bytes);
+                }
+            }
+        }
+    }
+
+    /// The connection to frontend `node` asked for by [`Action::Attach`] is up.
+    pub fn handle_connected(&mut self, node: NodeId, conn: ConnId) {
+        if let Some(old) = self.frontends.insert(node, conn) {
+            self.fe_conns.remove(&old);
+            self.out
+                .push_back(Action::Close(old, "frontend reconnected".into()));
+        }
+        self.fe_conns.insert(conn, node);
+    }
+
+    pub fn handle_closed(&mut self, conn: ConnId, reason: &str) {
+        if conn == self.sched {
+            return self.exit(format!("lost the scheduler: {reason}"));
+        }
+        if let Some(fe) = self.fe_conns.remove(&conn) {
+            self.frontends.remove(&fe);
+        }
+    }
+
+    pub fn handle_msg(&mut self, now: Time, conn: ConnId, msg: Msg) {
+        if self.phase == Phase::Gone {
+            return;
+        }
+        if conn != self.sched {
+            // Frontends send nothing to backends.
+            self.counts.unexpected += 1;
+            if let Some(fe) = self.fe_conns.remove(&conn) {
+                self.frontends.remove(&fe);
+            }
+            let why = format!("unexpected {} from a frontend", msg.kind());
+            return self.out.push_back(Action::Close(conn, why));
+        }
+        match msg {
+            Msg::Pong {
+                echo_ns, sched_ns, ..
+            } => self.pong(now, Time(echo_ns), Time(sched_ns)),
+            Msg::RegisterAck {
+                heartbeat_ms,
+                gpu_ids,
+                ..
+            } => self.registered(now, heartbeat_ms, gpu_ids),
+            Msg::Plan {
+                id,
+                model,
+                gpu,
+                exec_at_ns,
+                sent_ns,
+                tasks,
+                ..
+            } => {
+                let plan = PlanMsg {
+                    id,
+                    model,
+                    gpu,
+                    exec_at: Time(exec_at_ns),
+                    tasks,
+                };
+                self.plan(now, Time(sent_ns), plan);
+            }
+            Msg::LoadModel { model } => self.load(model),
+            Msg::UnloadModel { model } => {
+                self.loaded.remove(&model);
+                self.loading.remove(&model);
+                self.out.push_back(Action::Unload(model));
+            }
+            Msg::FrontendUp {
+                node,
+                ctrl_addr,
+                region,
+            } => {
+                if node == 0 || node > MAX_NODE_ID {
+                    self.counts.unexpected += 1;
+                } else {
+                    self.out.push_back(Action::Attach {
+                        node,
+                        ctrl_addr,
+                        region,
+                    });
+                }
+            }
+            Msg::FrontendDown { node } => {
+                let conn = self.frontends.remove(&node);
+                if let Some(c) = conn {
+                    self.fe_conns.remove(&c);
+                }
+                self.out.push_back(Action::Detach { node, conn });
+            }
+            Msg::Error { message } => self.exit(format!("the scheduler closed us: {message}")),
+            _ => self.counts.unexpected += 1,
+        }
+    }
+
+    fn ping(&mut self, now: Time) {
+        self.seq += 1;
+        self.next_ping = now
+            + match self.phase {
+                Phase::Sync { .. } => SYNC_PING,
+                _ => self.heartbeat,
+            };
+        let ctrl = (self.rtt.quantile(NET_QUANTILE) / 2).max(self.plan_delay_ns());
+        self.send(Msg::Ping {
+            seq: self.seq,
+            sent_ns: now.0,
+            ctrl_delay_ns: ctrl,
+            pull_ns: self.pull_ns,
+        });
+    }
+
+    fn send(&mut self, m: Msg) {
+        self.out.push_back(Action::Send(self.sched, m));
+    }
+
+    fn exit(&mut self, why: String) {
+        self.phase = Phase::Gone;
+        self.out.push_back(Action::Exit(why));
+    }
+
+    fn end_sync(&mut self, now: Time) {
+        if self.est.samples() == 0 {
+            return self.exit("the scheduler does not answer pings".into());
+        }
+        self.phase = Phase::Registering;
+        self.last_pong = now;
+        self.next_ping = now + self.heartbeat;
+        self.send(Msg::Register {
+            role: Role::Backend,
+            name: self.name.clone(),
+            gpus: self.gpus.clone(),
+            ctrl_addr: String::new(),
+            region: None,
+        });
+    }
+
+    fn pong(&mut self, now: Time, echo: Time, sched: Time) {
+        if echo > now {
+            // Not a time we sent: ignore rather than skew the clock.
+            self.counts.unexpected += 1;
+            return;
+        }
+        self.last_pong = now;
+        let rtt = self.est.push(echo, sched, now);
+        self.rtt.push(rtt.0);
+        if let Some((offset, error)) = self.est.best() {
+            self.out.push_back(Action::SetClock { offset, error });
+        }
+        if let Phase::Sync { .. } = self.phase {
+            if self.est.samples() >= SYNC_SAMPLES {
+                self.end_sync(now);
+            } else {
+                self.ping(now);
+            }
+        }
+    }
+
+    fn registered(&mut self, now: Time, heartbeat_ms: u32, gpu_ids: Vec<u32>) {
+        if self.phase != Phase::Registering || gpu_ids.len() != self.gpus.len() {
+            self.counts.unexpected += 1;
+            return;
+        }
+        self.heartbeat = Dur::from_ms(heartbeat_ms.clamp(1, 60_000) as i64);
+        self.next_ping = self.next_ping.min(now + self.heartbeat);
+        self.gpu_map = gpu_ids.iter().enumerate().map(|(i, &g)| (g, i)).collect();
+        self.phase = Phase::Ready;
+        self.out.push_back(Action::Ready(gpu_ids));
+    }
+
+    fn load(&mut self, model: ModelInfo) {
+        match crate::node::exec::profile_of(&model.profile) {
+            Err(e) => self.model_loaded(model.id, false, format!("{e:#}"), 0),
+            Ok(p) => {
+                self.max_input = self.max_input.max(model.input_bytes);
+                self.loaded.remove(&model.id);
+                self.loading.insert(model.id, (self.gpus.len() as u32, 0));
+                self.out.push_back(Action::Load(model, p));
+            }
+        }
+    }
+
+    fn model_loaded(&mut self, model: u32, ok: bool, error: String, device_bytes: u64) {
+        self.send(Msg::ModelLoaded {
+            model,
+            ok,
+            error,
+            device_bytes,
+        });
+    }
+
+    fn plan(&mut self, now: Time, sent: Time, plan: PlanMsg) {
+        self.counts.plans_received += 1;
+        let sched_now = now + self.offset();
+        self.plan_delay
+            .push(check::measured((sched_now - sent).0).0);
+        let gpu = self.gpu_map.get(&plan.gpu).copied();
+        let why = match gpu {
+            None => Some(format!("GPU {} is not this backend's", plan.gpu)),
+            Some(_) if !self.loaded.contains(&plan.model) => {
+                Some(format!("model {} is not loaded here", plan.model))
+            }
+            Some(_) if (plan.exec_at - sched_now).0.saturating_abs() > check::MAX_SLO.0 => {
+                Some(format!("exec_at {} is out of range", plan.exec_at.0))
+            }
+            Some(g) => return self.out.push_back(Action::Queue { gpu: g, plan }),
+        };
+        self.refuse(sched_now, plan, gpu.is_some(), why.unwrap_or_default());
+    }
+
+    /// Ends a refused plan's tasks as failed; the scheduler hears of it only when
+    /// the GPU is ours (a report for another's GPU would be a protocol error).
+    fn refuse(&mut self, now: Time, plan: PlanMsg, ours: bool, why: String) {
+        self.counts.plans_refused += 1;
+        tracing::warn!(plan = plan.id, why = %why, "backend: plan refused; its tasks fail");
+        let failed = Settled::failed(&plan, now);
+        for (fe, items) in failed.results {
+            if let Some(&c) = self.frontends.get(&fe) {
+                self.out.push_back(Action::Send(c, Msg::Results { items }));
+            }
+        }
+        if ours {
+            self.send(failed.done);
+        }
+    }
+}
+
+/// The plans waiting for one GPU, in `exec_at` order (ties: arrival order).
+#[derive(Debug)]
+pub struct PlanQueue<T> {
+    ready: BTreeMap<(Time, u64), T>,
+    seq: u64,
+}
+
+impl<T> Default for PlanQueue<T> {
+    fn default() -> Self {
+        PlanQueue {
+            ready: BTreeMap::new(),
+            seq: 0,
+        }
+    }
+}
+
+impl<T> PlanQueue<T> {
+    pub fn push(&mut self, exec_at: Time, item: T) {
+        self.seq += 1;
+        self.ready.insert((exec_at, self.seq), item);
+    }
+
+    /// The planned start of the first plan.
+    pub fn next_at(&self) -> Option<Time> {
+        self.ready.keys().next().map(|k| k.0)
+    }
+
+    /// The first plan if it is due at `now`.
+    pub fn pop_due(&mut self, now: Time) -> Option<T> {
+        if self.next_at()? <= now {
+            self.ready.pop_first().map(|(_, v)| v)
+        } else {
+            None
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ready.is_empty()
+    }
+}
+
+/// The one-sided reads of a plan's inputs, in task order.
+pub fn pull_requests(tasks: &[PlanTask]) -> Vec<ReadReq> {
+    tasks
+        .iter()
+        .map(|t| {
+            let r = InputRef::unpack(t.input);
+            ReadReq {
+                peer: task_owner(t.id),
+                offset: r.offset,
+                len: r.len,
+            }
+        })
+        .collect()
+}
+
+/// How long the pull of `plan`'s inputs may take from `now`: until the latest
+/// start that still meets its earliest deadline with every task (at least 1 ms).
+pub fn pull_budget(plan: &PlanMsg, prof: Option<&LatencyProfile>, now: Time) -> Dur {
+    let n = plan.tasks.len() as u32;
+    let l = prof.map_or(Dur::ZERO, |p| p.latency(n.clamp(1, p.max_batch())));
+    let dl = plan.tasks.iter().map(|t| t.deadline_ns).min();
+    let latest = Time(dl.unwrap_or(i64::MAX)) - l;
+    (latest - now).max(Dur::from_ms(1))
+}
+
+/// Why an input is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    Timeout = 0,
+    /// The slot holds another task's input now (the request ended there).
+    StaleSlot = 1,
+    Error = 2,
+}
+
+/// An input as read: the whole slot, header first, and the payload's length.
+#[derive(Debug)]
+pub struct Input {
+    pub slot: Vec<u8>,
+    pub len: usize,
+}
+
+impl Input {
+    pub fn bytes(&self) -> &[u8] {
+        &self.slot[SLOT_HEADER..SLOT_HEADER + self.len]
+    }
+}
+
+/// Checks one read against the task it was for (the slot's header names it).
+pub fn classify_input(read: Result<Vec<u8>, ReadError>, task: u64) -> Result<Input, Missing> {
+    match read {
+        Ok(slot) => match SlotHeader::check(&slot, task) {
+            Ok(p) => {
+                let len = p.len();
+                Ok(Input { slot, len })
+            }
+            Err(_) => Err(Missing::StaleSlot),
+        },
+        Err(ReadError::Timeout) => Err(Missing::Timeout),
+        Err(_) => Err(Missing::Error),
+    }
+}
+
+/// How many of a batch's tasks (deadlines sorted ascending) must be left out,
+/// earliest first, for the rest to finish by their deadlines when the batch starts
+/// at `start`.
+pub fn too_late_prefix(deadlines: &[Time], start: Time, prof: &LatencyProfile) -> usize {
+    let mut cut = 0;
+    while cut < deadlines.len() {
+        let n = ((deadlines.len() - cut) as u32).clamp(1, prof.max_batch());
+        if deadlines[cut] >= start + prof.latency(n) {
+            break;
+        }
+        cut += 1;
+    }
+    cut
+}
+
+/// Which of a plan's tasks run, by index: those whose input arrived and that can
+/// still meet their deadline when the batch starts at `start`. Earliest
+/// deadlines are checked first: leaving one out shortens the batch, which may
+/// save the others (on time, none is left out: exec_at <= earliest deadline -
+/// l(b)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub too_late: Vec<usize>,
+    pub run: Vec<usize>,
+    pub missing: Vec<usize>,
+}
+
+pub fn cut_batch(
+    tasks: &[PlanTask],
+    present: &[bool],
+    start: Time,
+    prof: Option<&LatencyProfile>,
+) -> Cut {
+    let mut have: Vec<usize> = (0..tasks.len()).filter(|&i| present[i]).collect();
+    have.sort_by_key(|&i| tasks[i].deadline_ns);
+    let deadlines: Vec<Time> = have.iter().map(|&i| Time(tasks[i].deadline_ns)).collect();
+    let cut = prof.map_or(0, |p| too_late_prefix(&deadlines, start, p));
+    let run = have.split_off(cut);
+    Cut {
+        too_late: have,
+        run,
+        missing: (0..tasks.len()).filter(|&i| !present[i]).collect(),
+    }
+}
+
+/// How a batch ended: its status, the results per frontend (by node id) and the
+/// scheduler's `PlanDone`.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    pub status: PlanStatus,
+    pub results: Vec<(NodeId, Vec<TaskResult>)>,
+    pub done: Msg,
+    /// Tasks that ran (0 unless `status` is `Ran`).
+    pub ran: usize,
+}
+
+impl Settled {
+    /// Every task of `plan` failed at `now` without running.
+    pub fn failed(plan: &PlanMsg, now: Time) -> Settled {
+        let cut = Cut {
+            run: (0..plan.tasks.len()).collect(),
+            ..Cut::default()
+        };
+        settle(plan, &cut, now, now, Err(()))
+    }
+}
+
+/// Ends a batch: `outputs` is the executor's answer for the tasks in `cut.run`
+/// (`Err`, or the wrong number of outputs: they fail). With nothing to run
+/// because every task was too late, the plan is `TooLate` and the executor is
+/// not asked (`outputs` is ignored).
+pub fn settle(
+    plan: &PlanMsg,
+    cut: &Cut,
+    start: Time,
+    finished: Time,
+    outputs: Result<Vec<Vec<u8>>, ()>,
+) -> Settled {
+    let mut by_fe: BTreeMap<NodeId, Vec<TaskResult>> = BTreeMap::new();
+    let outputs = outputs.ok().filter(|o| o.len() == cut.run.len());
+    let too_late = cut.run.is_empty() && !cut.too_late.is_empty();
+    let (status, ran) = match &outputs {
+        _ if too_late => (PlanStatus::TooLate, 0),
+        Some(o) => (PlanStatus::Ran, o.len()),
+        None => (PlanStatus::Failed, 0),
+    };
+    let fin = if too_late { start } else { finished };
+    let mut push = |i: usize, status: TaskStatus, fin: Time, output: Vec<u8>| {
+        let t = &plan.tasks[i];
+        by_fe.entry(task_owner(t.id)).or_default().push(TaskResult {
+            id: t.id,
+            status,
+            started_ns: start.0,
+            finished_ns: fin.0,
+            batch_size: if status == TaskStatus::Ok {
+                ran as u32
+            } else {
+                0
+            },
+            output,
+        });
+    };
+    for &i in &cut.too_late {
+        push(i, TaskStatus::Dropped(DropCode::TooLate), start, Vec::new());
+    }
+    match outputs {
+        Some(outs) if !too_late => {
+            for (&i, o) in cut.run.iter().zip(outs) {
+                push(i, TaskStatus::Ok, fin, o);
+            }
+        }
+        _ => {
+            for &i in &cut.run {
+                push(i, TaskStatus::Failed, fin, Vec::new());
+            }
+        }
+    }
+    for &i in &cut.missing {
+        push(i, TaskStatus::InputMissing, fin, Vec::new());
+    }
+    Settled {
+        status,
+        results: by_fe.into_iter().collect(),
+        done: Msg::PlanDone {
+            id: plan.id,
+            gpu: plan.gpu,
+            status,
+            started_ns: start.0,
+            finished_ns: fin.0,
+            missing: cut.missing.len() as u32,
+        },
+        ran,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Dur;
+
+    fn ms(v: i64) -> Time {
+        Time(v * 1_000_000)
+    }
+
+    fn gpus(n: u32) -> Vec<GpuInfo> {
+        (0..n)
+            .map(|local| GpuInfo {
+                local,
+                name: "t".into(),
+                mem_bytes: 1 << 30,
+            })
+            .collect()
+    }
+
+    fn drain(p: &mut BackendProto) -> Vec<Action> {
+        std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    fn model(id: u32) -> ModelInfo {
+        ModelInfo {
+            id,
+            name: format!("m{id}"),
+            slo_ns: 100_000_000,
+            profile: crate::wire::WireProfile::Linear {
+                alpha_ns: 1_000_000,
+                beta_ns: 5_000_000,
+                max_batch: 32,
+            },
+            input_bytes: 64,
+            meta_json: String::new(),
+        }
+    }
+
+    fn pong(p: &mut BackendProto, now: Time, sent: Time) {
+        let m = Msg::Pong {
+            seq: 0,
+            echo_ns: sent.0,
+            sched_ns: sent.0 + 1_000,
+        };
+        p.handle_msg(now, 1, m);
+    }
+
+    /// A backend with 2 GPUs (global ids 10, 11), registered, with model 0
+    /// loaded on both.
+    fn ready() -> BackendProto {
+        let mut p = BackendProto::new(ms(0), 1, "be".into(), gpus(2), Dur::from_ms(500));
+        for i in 0..SYNC_SAMPLES as i64 {
+            pong(&mut p, ms(i + 1), ms(i));
+        }
+        let acts = drain(&mut p);
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::Send(1, Msg::Register { .. }))));
+        p.handle_msg(ms(20), 1, Msg::LoadModel { model: model(0) });
+        p.handle_loaded(0, Ok(Some(7)));
+        assert!(!p.has_loaded(0), "one GPU of two");
+        p.handle_loaded(0, Ok(Some(9)));
+        assert!(p.has_loaded(0));
+        let ack = Msg::RegisterAck {
+            node: 3,
+            heartbeat_ms: 50,
+            gpu_ids: vec![10, 11],
+            models: vec![],
+        };
+        p.handle_msg(ms(21), 1, ack);
+        let acts = drain(&mut p);
+        assert!(acts.iter().any(|a| matches!(
+            a,
+            Action::Send(
+                1,
+                Msg::ModelLoaded {
+                    model: 0,
+                    ok: true,
+                    device_bytes: 9,
+                    ..
+                }
+            )
+        )));
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::Ready(g) if g == &vec![10, 11])));
+        p
+    }
+
+    fn plan_msg(gpu: u32, model: u32, exec_at: Time) -> Msg {
+        Msg::Plan {
+            id: 5,
+            model,
+            gpu,
+            exec_at_ns: exec_at.0,
+            finish_at_ns: exec_at.0,
+            sent_ns: ms(22).0,
+            tasks: vec![PlanTask {
+                id: crate::wire::task_id(2, 1),
+                deadline_ns: ms(500).0,
+                input: 0,
+            }],
+        }
+    }
+
+    #[test]
+    fn registers_after_the_clock_sync_and_is_ready_on_the_ack() {
+        let p = ready();
+        assert!(p.is_ready());
+        assert_eq!(p.counts().unexpected, 0);
+    }
+
+    #[test]
+    fn a_scheduler_that_never_answers_ends_the_sync() {
+        let mut p = BackendProto::new(ms(0), 1, "be".into(), gpus(1), Dur::from_ms(500));
+        let mut now = ms(0);
+        while !p.is_gone() {
+            now = p.poll_timeout();
+            p.handle_timeout(now);
+        }
+        assert_eq!(now, Time(0) + SYNC_MAX);
+        let acts = drain(&mut p);
+        let pings = acts
+            .iter()
+            .filter(|a| matches!(a, Action::Send(1, Msg::Ping { .. })))
+            .count();
+        assert_eq!(pings, 10, "a ping every 200 ms for 2 s");
+        assert!(matches!(acts.last(), Some(Action::Exit(w)) if w.contains("does not answer")));
+    }
+
+    #[test]
+    fn a_silent_scheduler_is_left() {
+        let mut p = ready();
+        p.handle_timeout(ms(600));
+        let acts = drain(&mut p);
+        assert!(acts.iter().any(|a| matches!(a, Action::Close(1, _))));
+        assert!(matches!(acts.last(), Some(Action::Exit(_))));
+        assert_eq!(p.poll_timeout(), Time::NEVER);
+    }
+
+    #[test]
+    fn plans_are_queued_only_when_they_pass_the_checks() {
+        let mut p = ready();
+        p.handle_connected(2, 40);
+        p.handle_msg(ms(23), 1, plan_msg(11, 0, ms(30)));
+        let acts = drain(&mut p);
+        assert!(matches!(&acts[..], [Action::Queue { gpu: 1, plan }] if plan.id == 5));
+        // Another's GPU: the tasks fail at their frontend; the scheduler does not
+        // hear of it (it would be a report on a GPU that is not ours).
+        p.handle_msg(ms(23), 1, plan_msg(12, 0, ms(30)));
+        let acts = drain(&mut p);
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        match &acts[0] {
+            Action::Send(40, Msg::Results { items }) => {
+                assert_eq!(items[0].status, TaskStatus::Failed)
+            }
+            a => panic!("{a:?}"),
+        }
+        // A model not loaded, and an exec_at out of range: failed and reported.
+        for m in [plan_msg(10, 1, ms(30)), plan_msg(10, 0, Time(i64::MAX))] {
+            p.handle_msg(ms(23), 1, m);
+            let acts = drain(&mut p);
+            assert!(acts.iter().any(|a| matches!(
+                a,
+                Action::Send(
+                    1,
+                    Msg::PlanDone {
+                        status: PlanStatus::Failed,
+                        ..
+                    }
+                )
+            )));
+        }
+        assert_eq!(p.counts().plans_refused, 3);
+        assert_eq!(p.counts().plans_received, 4);
+    }
+
+    #[test]
+    fn a_failed_load_is_reported_and_the_model_is_not_loaded() {
+        let mut p = ready();
+        p.handle_msg(ms(30), 1, Msg::LoadModel { model: model(1) });
+        p.handle_loaded(1, Err("no memory".into()));
+        // The other GPU's answer comes after: ignored.
+        p.handle_loaded(1, Ok(None));
+        let acts = drain(&mut p);
+        let reports: Vec<_> = acts
+            .iter()
+            .filter(|a| matches!(a, Action::Send(1, Msg::ModelLoaded { .. })))
+            .collect();
+        assert_eq!(reports.len(), 1);
+        assert!(
+            matches!(reports[0], Action::Send(_, Msg::ModelLoaded { ok: false, error, .. }) if error == "no memory")
+        );
+        assert!(!p.has_loaded(1));
+    }
+
+    #[test]
+    fn a_frontend_that_speaks_is_closed() {
+        let mut p = ready();
+        p.handle_connected(2, 40);
+        p.handle_msg(
+            ms(30),
+            40,
+            Msg::Unregister {
+                reason: String::new(),
+            },
+        );
+        let acts = drain(&mut p);
+        assert!(matches!(&acts[..], [Action::Close(40, _)]));
+        assert_eq!(p.counts().unexpected, 1);
+    }
+
+    #[test]
+    fn the_queue_gives_plans_in_exec_at_order_when_due() {
+        let mut q = PlanQueue::default();
+        q.push(ms(5), "b");
+        q.push(ms(3), "a");
+        q.push(ms(5), "c");
+        assert_eq!(q.next_at(), Some(ms(3)));
+        assert_eq!(q.pop_due(ms(2)), None);
+        assert_eq!(q.pop_due(ms(4)), Some("a"));
+        assert_eq!(q.pop_due(ms(9)), Some("b"));
+        assert_eq!(q.pop_due(ms(9)), Some("c"));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_late_batch_leaves_out_only_what_it_must() {
+        // l(b) = 1 ms * b + 5 ms.
+        let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
+        // Four tasks, deadlines 9, 10, 12, 20 ms; l(4) = 9 ms.
+        let d = [ms(9), ms(10), ms(12), ms(20)];
+        assert_eq!(too_late_prefix(&d, ms(0), &p), 0, "on time");
+        // Starting at 1 ms: 1 + 9 > 9, drop the first; 1 + l(3) = 9 <= 10: keep 3.
+        assert_eq!(too_late_prefix(&d, ms(1), &p), 1);
+        // Starting at 5 ms: 5 + 8 > 10, 5 + 7 <= 12: keep the last two.
+        assert_eq!(too_late_prefix(&d, ms(5), &p), 2);
+        assert_eq!(too_late_prefix(&d, ms(16), &p), 4, "none can make it");
+        assert_eq!(too_late_prefix(&[], ms(0), &p), 0);
+    }
+
+    #[test]
+    fn a_batch_ends_every_task_once() {
+        let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
+        let t = |fe: u32, seq: u64, dl: i64| PlanTask {
+            id: crate::wire::task_id(fe, seq),
+            deadline_ns: ms(dl).0,
+            input: 0,
+        };
+        let plan = PlanMsg {
+            id: 1,
+            model: 0,
+            gpu: 3,
+            exec_at: ms(0),
+            tasks: vec![t(1, 1, 20), t(2, 2, 9), t(1, 3, 12), t(2, 4, 30)],
+        };
+        // Task 3 (index 3) missing; starting at 3 ms, l(3) = 8 ms: the deadline 9
+        // is missed, then l(2) = 7: 3 + 7 <= 12 keeps the rest.
+        let cut = cut_batch(&plan.tasks, &[true, true, true, false], ms(3), Some(&p));
+        assert_eq!(cut.too_late, vec![1]);
+        assert_eq!(cut.run, vec![2, 0]);
+        assert_eq!(cut.missing, vec![3]);
+        let s = settle(&plan, &cut, ms(3), ms(10), Ok(vec![vec![1], vec![2]]));
+        assert_eq!(s.status, PlanStatus::Ran);
+        assert_eq!(s.ran, 2);
+        let all: Vec<&TaskResult> = s.results.iter().flat_map(|r| &r.1).collect();
+        assert_eq!(all.len(), 4);
+        for (fe, items) in &s.results {
+            assert!(items.iter().all(|r| task_owner(r.id) == *fe));
+        }
+        let by_id = |id| all.iter().find(|r| r.id == id).unwrap();
+        assert_eq!(
+            by_id(plan.tasks[1].id).status,
+            TaskStatus::Dropped(DropCode::TooLate)
+        );
+        assert_eq!(by_id(plan.tasks[3].id).status, TaskStatus::InputMissing);
+        assert_eq!(by_id(plan.tasks[2].id).output, vec![1]);
+        assert_eq!(by_id(plan.tasks[0].id).batch_size, 2);
+        assert!(matches!(
+            s.done,
+            Msg::PlanDone {
+                missing: 1,
+                status: PlanStatus::Ran,
+                ..
+            }
+        ));
+        // The wrong number of outputs fails the batch.
+        let s = settle(&plan, &cut, ms(3), ms(10), Ok(vec![vec![1]]));
+        assert_eq!(s.status, PlanStatus::Failed);
+        // Every task too late: not run.
+        let cut = cut_batch(&plan.tasks, &[true; 4], ms(40), Some(&p));
+        let s = settle(&plan, &cut, ms(40), ms(50), Err(()));
+        assert_eq!(s.status, PlanStatus::TooLate);
+        assert!(matches!(s.done, Msg::PlanDone { finished_ns, .. } if finished_ns == ms(40).0));
+    }
+}
