@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod core;
+pub mod fuzzing;
 pub mod metrics;
 pub mod node;
 pub mod plan;

@@ -128,7 +128,8 @@ fn node_protocol_machines_have_no_threads_sockets_or_clock() {
 
 /// Harness files that still live beside the runtime and import the simulator
 /// (the load generator and the in-process fakes); they are to move out of the
-/// production modules. Nothing else may import `sim` or `bench`.
+/// production modules. Nothing else may import `sim`, `bench` or the fuzz
+/// drivers.
 const HARNESS: [&str; 2] = ["src/node/loadgen.rs", "src/runtime/fake.rs"];
 
 #[test]
@@ -153,8 +154,10 @@ fn production_modules_never_import_the_simulator_or_the_benches() {
             for f in [
                 "crate::sim",
                 "crate::bench",
+                "crate::fuzzing",
                 "fermata::sim",
                 "fermata::bench",
+                "fermata::fuzzing",
             ] {
                 if line.contains(f) {
                     bad.push(format!("{rel}:{}: `{f}`", i + 1));
@@ -164,7 +167,7 @@ fn production_modules_never_import_the_simulator_or_the_benches() {
     }
     assert!(
         bad.is_empty(),
-        "production code must not depend on the simulator or the benches:\n{}",
+        "production code must not depend on the simulator, the benches or the fuzz drivers:\n{}",
         bad.join("\n")
     );
 }

@@ -217,7 +217,7 @@ fn malformed_and_unexpected_messages_close_only_that_connection() {
     assert_eq!(n, 0, "connection closed after garbage");
     // A message this peer may not send (a Plan from an unregistered node): an
     // Error explains, then the connection closes.
-    let (etx, erx) = crossbeam_channel::unbounded();
+    let (etx, erx) = fermata::transport::event_channel();
     let conn = tr.connect(s.addr(), etx).unwrap();
     conn.send(Msg::Plan {
         id: 1,
@@ -242,7 +242,7 @@ fn malformed_and_unexpected_messages_close_only_that_connection() {
     }
     assert!(got_error);
     // A backend registering without GPUs is refused with a reason.
-    let (etx, erx) = crossbeam_channel::unbounded();
+    let (etx, erx) = fermata::transport::event_channel();
     let conn = tr.connect(s.addr(), etx).unwrap();
     conn.send(Msg::Register {
         role: Role::Backend,
@@ -282,7 +282,7 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
     let tr = inproc();
     let w = workload(2);
     let c = Cluster::start(tr.clone(), &w, &cluster_opts(1, 1, "bad")).unwrap();
-    let (etx, erx) = crossbeam_channel::unbounded();
+    let (etx, erx) = fermata::transport::event_channel();
     let conn = tr.connect(&c.frontend_addrs()[0], etx).unwrap();
     conn.send(Msg::Infer {
         req: 7,

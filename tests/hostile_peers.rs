@@ -51,7 +51,7 @@ struct Peer {
 
 impl Peer {
     fn connect(tr: &Arc<dyn Transport>, addr: &str) -> Peer {
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let (tx, rx) = fermata::transport::event_channel();
         let conn = tr.connect(addr, tx).unwrap();
         Peer { conn, rx }
     }
@@ -457,4 +457,86 @@ fn a_submit_with_a_task_of_another_frontend_or_a_wild_deadline_is_refused() {
     drop((f1, f2, q));
     let rep = s.stop().unwrap();
     assert_eq!(rep.connections_closed_for_errors, 2);
+}
+
+/// A scheduler that echoes a wild time in a `Pong` (the clock estimate's
+/// `t2 - t0` overflowed and killed the backend's network thread) and then plans
+/// a batch for the end of time (the GPU's worker would have slept on it for
+/// ever): the backend ignores the first, refuses the second with
+/// `PlanDone{Failed}`, and keeps serving.
+#[test]
+fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = tcp();
+    let (tx, rx) = fermata::transport::event_channel();
+    let l = tr.listen("127.0.0.1:0", tx).unwrap();
+    let be = fermata::node::backend::BackendNode::start(
+        tr.clone(),
+        fermata::node::backend::BackendOpts::emulated(&l.local_addr(), 1),
+    )
+    .unwrap();
+    let Ok(Event::Accepted(conn)) = rx.recv_timeout(Duration::from_secs(5)) else {
+        panic!("the backend did not connect")
+    };
+    let sched = Peer { conn, rx };
+    // Answer pings, the first one with a wild echo, until it registers.
+    let mut wild = true;
+    let registered = sched.wait(Duration::from_secs(10), |m| match m {
+        Msg::Ping { seq, sent_ns, .. } => {
+            let (echo_ns, sched_ns) = if wild {
+                (i64::MIN, i64::MAX)
+            } else {
+                (*sent_ns, *sent_ns)
+            };
+            wild = false;
+            sched.send(Msg::Pong {
+                seq: *seq,
+                echo_ns,
+                sched_ns,
+            });
+            None
+        }
+        Msg::Register { .. } => Some(()),
+        _ => None,
+    });
+    assert!(registered.is_some(), "the backend died on the wild pong");
+    let model = fermata::node::exec::model_infos(&workload())[0].clone();
+    sched.send(Msg::LoadModel { model });
+    let loaded = sched.wait(Duration::from_secs(5), |m| match m {
+        Msg::ModelLoaded { model: 0, ok, .. } => Some(*ok),
+        _ => None,
+    });
+    assert_eq!(loaded, Some(true));
+    sched.send(Msg::RegisterAck {
+        node: 1,
+        gpu_ids: vec![7],
+        models: vec![],
+        heartbeat_ms: 50,
+    });
+    sched.send(Msg::Plan {
+        id: 1,
+        model: 0,
+        gpu: 7,
+        exec_at_ns: i64::MAX,
+        finish_at_ns: i64::MAX,
+        sent_ns: 0,
+        tasks: vec![fermata::wire::PlanTask {
+            id: fermata::wire::task_id(3, 1),
+            deadline_ns: i64::MAX,
+            input: 0,
+        }],
+    });
+    let done = sched.wait(Duration::from_secs(5), |m| match m {
+        Msg::PlanDone { id: 1, status, .. } => Some(*status),
+        _ => None,
+    });
+    assert_eq!(done, Some(fermata::wire::PlanStatus::Failed));
+    // Still alive: it goes on pinging.
+    let ping = sched.wait(Duration::from_secs(5), |m| {
+        matches!(m, Msg::Ping { .. }).then_some(())
+    });
+    assert!(ping.is_some());
+    assert!(!be.is_finished());
+    drop(l);
+    be.crash();
 }

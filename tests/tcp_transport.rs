@@ -2,7 +2,8 @@
 //! batching, close, garbage on the wire, a stalled peer) and one-sided region reads
 //! (several servers, bounds, detach, a server going away, timeouts).
 
-use crossbeam_channel::{unbounded, Receiver};
+use crossbeam_channel::Receiver;
+use fermata::transport::event_channel;
 use fermata::transport::tcp::Tcp;
 use fermata::transport::{
     Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader, Transport,
@@ -19,9 +20,9 @@ type End = (Arc<dyn Conn>, Receiver<Event>);
 
 /// A listener and one connection to it: (client, its events), (server side, its events).
 fn pair(tr: &Tcp) -> (End, End) {
-    let (stx, srx) = unbounded();
+    let (stx, srx) = event_channel();
     let l = tr.listen("127.0.0.1:0", stx).unwrap();
-    let (ctx, crx) = unbounded();
+    let (ctx, crx) = event_channel();
     let c = tr.connect(&l.local_addr(), ctx).unwrap();
     let Event::Accepted(s) = srx.recv_timeout(T).unwrap() else {
         panic!("expected Accepted")
@@ -172,9 +173,9 @@ fn close_is_seen_once_on_both_sides() {
 #[test]
 fn garbage_closes_only_its_connection() {
     let tr = Tcp::new().unwrap();
-    let (stx, srx) = unbounded();
+    let (stx, srx) = event_channel();
     let l = tr.listen("127.0.0.1:0", stx).unwrap();
-    let (ctx, _crx) = unbounded();
+    let (ctx, _crx) = event_channel();
     let good = tr.connect(&l.local_addr(), ctx).unwrap();
     let Event::Accepted(good_s) = srx.recv_timeout(T).unwrap() else {
         panic!("accept")
@@ -204,7 +205,7 @@ fn garbage_closes_only_its_connection() {
     good_s.send(ping(8)).unwrap();
     assert_eq!(recv_msg(&_crx, good.id()), ping(8));
     // And the listener still accepts.
-    let (ctx2, _crx2) = unbounded();
+    let (ctx2, _crx2) = event_channel();
     let other = tr.connect(&l.local_addr(), ctx2).unwrap();
     let Event::Accepted(other_s) = srx.recv_timeout(T).unwrap() else {
         panic!("accept")
@@ -219,7 +220,7 @@ fn send_queue_fills_when_the_peer_stalls() {
     // A peer that accepts and never reads.
     let raw = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = raw.local_addr().unwrap().to_string();
-    let (ctx, crx) = unbounded();
+    let (ctx, crx) = event_channel();
     let c = tr.connect(&addr, ctx).unwrap();
     let (_held, _) = raw.accept().unwrap();
     let mut full = false;
@@ -509,4 +510,58 @@ fn read_timeout_is_honored() {
     assert_eq!(out[2], Err(ReadError::OutOfBounds));
     drop(rd);
     fake.join().unwrap();
+}
+
+/// A small event channel that fills up: the reader waits (counted) and loses
+/// nothing; closing the connection from the full side's own thread never waits,
+/// and `Closed` still comes once, after the messages delivered before it.
+#[test]
+fn a_full_event_channel_slows_the_reader_and_loses_nothing() {
+    let tr = Tcp::new().unwrap();
+    let (stx, srx) = event_channel();
+    let l = tr.listen("127.0.0.1:0", stx).unwrap();
+    let (small, crx) = crossbeam_channel::bounded(4);
+    let ctx = fermata::transport::EventTx::from(small);
+    let c = tr.connect(&l.local_addr(), ctx.clone()).unwrap();
+    let Event::Accepted(s) = srx.recv_timeout(T).unwrap() else {
+        panic!("expected Accepted")
+    };
+    for i in 0..200 {
+        s.send(ping(i)).unwrap();
+    }
+    // Nobody reads: the channel fills and the reader waits.
+    let t0 = Instant::now();
+    while ctx.full_count() == 0 {
+        assert!(t0.elapsed() < T, "the channel never filled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for i in 0..100 {
+        assert_eq!(recv_msg(&crx, c.id()), ping(i));
+    }
+    // Close from "the loop" while the channel may be full again: returns at once.
+    let t1 = Instant::now();
+    c.close("done");
+    assert!(
+        t1.elapsed() < Duration::from_secs(1),
+        "close waited on the channel"
+    );
+    let mut next = 100;
+    loop {
+        match crx.recv_timeout(T).expect("an event") {
+            Event::Msg(_, m) => {
+                assert_eq!(m, ping(next), "in order, none lost");
+                next += 1;
+            }
+            Event::Closed(id, r) => {
+                assert_eq!((id, r.as_str()), (c.id(), "done"));
+                break;
+            }
+            Event::Accepted(_) => panic!("unexpected Accepted"),
+        }
+    }
+    assert!(next <= 200);
+    assert!(
+        crx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "nothing after Closed"
+    );
 }

@@ -33,7 +33,7 @@ use crate::runtime::clock::Clock;
 use crate::transport::{Conn, ConnId, Event, ReadReq, RegionReader, Transport, SLOT_HEADER};
 use crate::wire::{GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, RegionInfo, NET_QUANTILE};
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -51,6 +51,16 @@ const POOL_MAX_BYTES: usize = 256 << 20;
 
 /// Reads of a new frontend's region to measure the pull cost at start-up.
 const PROBE_READS: usize = 8;
+
+/// Most plans waiting for a GPU's puller; beyond, a plan is refused (its tasks
+/// fail, the scheduler hears `PlanDone{Failed}`), counted as `refused`.
+const PLANS_MAX: usize = 1024;
+/// Most messages waiting for a GPU's worker (pulled plans, loads); beyond, the
+/// sender waits, counted in `fermata_backend_channel_waits_total`.
+const WORKER_MAX: usize = 1024;
+/// Most load results waiting for the network loop; beyond, the worker waits
+/// (counted as above).
+const LOADS_MAX: usize = 256;
 
 /// A worker sleeps until this long before a batch's start, then spins.
 const SPIN: Duration = Duration::from_micros(100);
@@ -206,6 +216,10 @@ struct Shared {
     plans_too_late: AtomicU64,
     tasks_too_late: AtomicU64,
     plans_failed: AtomicU64,
+    /// Plans refused by the protocol's checks or a full puller queue.
+    plans_refused: AtomicU64,
+    /// Waits on a full internal channel (worker, load results).
+    channel_waits: AtomicU64,
     tasks_run: AtomicU64,
     tasks_failed: AtomicU64,
     /// Missing inputs by reason: [timeout, stale slot, error] (counted when the
@@ -248,12 +262,12 @@ impl BackendNode {
         if opts.gpus == 0 {
             bail!("a backend needs at least one GPU (--gpus)");
         }
-        let (tx, rx) = unbounded();
+        let registry = Registry::new();
+        let (tx, rx) = super::event_channel(&registry, "backend");
         let sched = transport
             .connect(&opts.scheduler, tx.clone())
             .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
         let clock = SchedClock::exact(Clock::new());
-        let registry = Registry::new();
         let shared = Arc::new(Shared {
             clock,
             sched,
@@ -272,6 +286,8 @@ impl BackendNode {
             plans_too_late: AtomicU64::new(0),
             tasks_too_late: AtomicU64::new(0),
             plans_failed: AtomicU64::new(0),
+            plans_refused: AtomicU64::new(0),
+            channel_waits: AtomicU64::new(0),
             tasks_run: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
             missing_why: Default::default(),
@@ -288,14 +304,15 @@ impl BackendNode {
             batch_sizes: RwLock::new(HashMap::new()),
         });
         register_counters(&shared);
+        register_waits(&shared);
         let mut pullers = Vec::new();
         let mut workers = Vec::new();
         let mut threads = Vec::new();
         for g in 0..opts.gpus {
             let exec = (opts.executor)(g)
                 .with_context(|| format!("cannot start the executor of GPU {g}"))?;
-            let (wtx, wrx) = unbounded::<WorkerMsg>();
-            let (ptx, prx) = unbounded::<PlanMsg>();
+            let (wtx, wrx) = bounded::<WorkerMsg>(WORKER_MAX);
+            let (ptx, prx) = bounded::<PlanMsg>(PLANS_MAX);
             let sh = shared.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -317,7 +334,7 @@ impl BackendNode {
             workers.push(wtx);
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready) = unbounded();
+        let (ready_tx, ready) = bounded(1);
         let gpus: Vec<GpuInfo> = (0..opts.gpus)
             .map(|g| {
                 let (name, mem_bytes) = opts
@@ -494,12 +511,13 @@ fn register_counters(sh: &Arc<Shared>) {
     outcome_counter(
         sh,
         "fermata_backend_plans_total",
-        "Batch plans ended on this backend, by outcome (ran, too_late: not started in time, failed).",
+        "Batch plans ended on this backend, by outcome (ran, too_late: not started in time, failed, refused: failed a check or found the GPU's queue full).",
         |s| {
             vec![
                 ("ran", s.plans_run.load(Ordering::Relaxed)),
                 ("too_late", s.plans_too_late.load(Ordering::Relaxed)),
                 ("failed", s.plans_failed.load(Ordering::Relaxed)),
+                ("refused", s.plans_refused.load(Ordering::Relaxed)),
             ]
         },
     );
@@ -514,6 +532,23 @@ fn register_counters(sh: &Arc<Shared>) {
                 ("input_missing", s.inputs_missing()),
                 ("failed", s.tasks_failed.load(Ordering::Relaxed)),
             ]
+        },
+    );
+}
+
+/// Waits on a full internal channel (see [`WORKER_MAX`], [`LOADS_MAX`]).
+fn register_waits(sh: &Arc<Shared>) {
+    let name = sh.name.clone();
+    let w = Arc::downgrade(sh);
+    sh.registry.collector(
+        "fermata_backend_channel_waits_total",
+        "Times a backend thread found an internal channel full (WORKER_MAX, LOADS_MAX) and waited.",
+        Kind::Counter,
+        move || {
+            w.upgrade().map_or_else(Vec::new, |s| {
+                let v = s.channel_waits.load(Ordering::Relaxed) as f64;
+                vec![(vec![("backend".to_string(), name.clone())], v)]
+            })
         },
     );
 }
@@ -565,7 +600,7 @@ struct NetLoop {
 
 impl NetLoop {
     fn run(&mut self, rx: Receiver<Event>, stop: &AtomicBool) -> Result<()> {
-        let (ltx, lrx) = unbounded::<Loaded>();
+        let (ltx, lrx) = bounded::<Loaded>(LOADS_MAX);
         let local = self.shared.clock.local();
         while !stop.load(Ordering::Acquire) {
             self.apply(&ltx)?;
@@ -613,6 +648,8 @@ impl NetLoop {
 
     /// Carries out what the protocol asked for.
     fn apply(&mut self, ltx: &Sender<Loaded>) -> Result<()> {
+        let refused = self.proto.counts().plans_refused;
+        self.shared.plans_refused.store(refused, Ordering::Relaxed);
         while let Some(a) = self.proto.poll_action() {
             match a {
                 Action::Send(c, m) => {
@@ -631,7 +668,7 @@ impl NetLoop {
                 Action::Load(model, prof) => self.load(model, prof, ltx),
                 Action::Unload(model) => {
                     for w in &self.workers {
-                        let _ = w.send(WorkerMsg::Unload(model));
+                        send_counted(w, WorkerMsg::Unload(model), &self.shared.channel_waits);
                     }
                 }
                 Action::Attach {
@@ -648,10 +685,16 @@ impl NetLoop {
                         self.fe_conns.remove(&c);
                     }
                 }
-                Action::Queue { gpu, plan } => {
-                    self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
-                    let _ = self.pullers[gpu].send(plan);
-                }
+                Action::Queue { gpu, plan } => match self.pullers[gpu].try_send(plan) {
+                    Ok(()) => {
+                        self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(TrySendError::Full(plan)) => {
+                        let now = self.shared.clock.local().now();
+                        self.proto.handle_queue_full(now, plan);
+                    }
+                    Err(TrySendError::Disconnected(_)) => {}
+                },
                 Action::Ready(ids) => {
                     if let Some(t) = self.ready_tx.take() {
                         let _ = t.send(Ok(ids));
@@ -697,7 +740,11 @@ impl NetLoop {
         );
         sh.batch_sizes.write().expect("lock").insert(model.id, h);
         for w in &self.workers {
-            let _ = w.send(WorkerMsg::Load(model.clone(), ltx.clone()));
+            send_counted(
+                w,
+                WorkerMsg::Load(model.clone(), ltx.clone()),
+                &sh.channel_waits,
+            );
         }
     }
 
@@ -763,6 +810,19 @@ impl NetLoop {
     }
 }
 
+/// Sends on a bounded channel, waiting when it is full (the wait counted in
+/// `waits`); false when the receiver is gone.
+fn send_counted<T>(tx: &Sender<T>, v: T, waits: &AtomicU64) -> bool {
+    match tx.try_send(v) {
+        Ok(()) => true,
+        Err(TrySendError::Disconnected(_)) => false,
+        Err(TrySendError::Full(v)) => {
+            waits.fetch_add(1, Ordering::Relaxed);
+            tx.send(v).is_ok()
+        }
+    }
+}
+
 /// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
 fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
     while let Ok(plan) = rx.recv() {
@@ -810,7 +870,7 @@ fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
                     .ok()
             })
             .collect();
-        if worker.send(WorkerMsg::Run(plan, inputs)).is_err() {
+        if !send_counted(&worker, WorkerMsg::Run(plan, inputs), &sh.channel_waits) {
             break;
         }
     }
@@ -851,7 +911,7 @@ fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>)
                             .load(&model)
                             .map(|()| exec.device_bytes(model.id))
                             .map_err(|e| format!("{e:#}"));
-                        let _ = ack.send((model.id, r));
+                        send_counted(&ack, (model.id, r), &sh.channel_waits);
                     }
                     WorkerMsg::Unload(model) => exec.unload(model),
                     WorkerMsg::Run(plan, inputs) => queue.push(plan.exec_at, (plan, inputs)),

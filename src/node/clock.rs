@@ -111,8 +111,10 @@ impl OffsetEstimator {
     /// Adds a probe without a clock to update (what the cluster simulator's nodes
     /// do); returns its round trip.
     pub fn push(&mut self, t0: Time, t1: Time, t2: Time) -> Dur {
-        let rtt = (t2.0 - t0.0).max(0);
-        let offset = t1.0 - (t0.0 + (t2.0 - t0.0) / 2);
+        // Saturating: the times come from the wire (a pong echoes what we sent,
+        // but a broken peer may echo anything).
+        let rtt = t2.0.saturating_sub(t0.0).max(0);
+        let offset = t1.0.saturating_sub(t0.0.saturating_add(rtt / 2));
         if self.samples.len() == WINDOW {
             self.samples.pop_front();
         }

@@ -26,7 +26,7 @@ use crate::runtime::clock::Clock;
 use crate::transport::{Conn, ConnId, Event, Listener, Region, RegionServer, Transport};
 use crate::wire::{DropCode, ModelInfo, Msg, ReplyStatus, Role, SubmitTask, MAX_ITEMS};
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -35,6 +35,11 @@ use std::time::{Duration, Instant};
 
 /// Most events handled between two submits to the scheduler.
 const DRAIN_MAX: usize = 64;
+
+/// Most in-process requests (HTTP, gRPC) waiting for the frontend's loop; beyond,
+/// a request is refused at once as dropped (overloaded) and counted in
+/// `fermata_frontend_queue_full_total`.
+pub const LOCAL_MAX: usize = 16_384;
 
 /// The window of the `fermata_bad_rate` gauge.
 pub const BAD_RATE_WINDOW: Duration = Duration::from_secs(10);
@@ -129,6 +134,8 @@ struct FrontendState {
     gpus: AtomicU32,
     registry: Arc<Registry>,
     tx: Sender<LocalInfer>,
+    /// Requests refused because `tx` was full.
+    local_full: Arc<Counter>,
     /// The loop ended: requests are refused.
     stopped: AtomicBool,
 }
@@ -183,12 +190,28 @@ impl FrontendHandle {
         input: Vec<u8>,
     ) -> tokio::sync::oneshot::Receiver<InferDone> {
         let (reply, rx) = tokio::sync::oneshot::channel();
-        if !self.state.stopped.load(Ordering::Acquire) {
-            let _ = self.state.tx.send(LocalInfer {
-                model: model.to_string(),
-                slo_ns,
-                input,
-                reply,
+        if self.state.stopped.load(Ordering::Acquire) {
+            return rx;
+        }
+        let l = LocalInfer {
+            model: model.to_string(),
+            slo_ns,
+            input,
+            reply,
+        };
+        if let Err(TrySendError::Full(l)) = self.state.tx.try_send(l) {
+            // The loop is LOCAL_MAX requests behind: refuse at once, counted.
+            self.state.local_full.inc();
+            let _ = l.reply.send(InferDone {
+                ended: Ended::Dropped(DropCode::Overloaded),
+                status: ReplyStatus::Dropped,
+                output: Vec::new(),
+                message: format!(
+                    "the frontend is overloaded ({LOCAL_MAX} requests waiting for its loop)"
+                ),
+                latency: Duration::ZERO,
+                queue: Duration::ZERO,
+                batch_size: 0,
             });
         }
         rx
@@ -274,7 +297,8 @@ impl FrontendNode {
         let server = transport
             .serve_region(region.clone(), &opts.data_listen)
             .with_context(|| format!("cannot serve the input region at {}", opts.data_listen))?;
-        let (tx, rx) = unbounded();
+        let registry = Registry::new();
+        let (tx, rx) = super::event_channel(&registry, "frontend");
         let listener = transport
             .listen(&opts.listen, tx.clone())
             .with_context(|| format!("cannot listen at {}", opts.listen))?;
@@ -359,14 +383,18 @@ impl FrontendNode {
                 Err(_) => bail!("no capacity message from the scheduler in 5 s"),
             }
         };
-        let registry = Registry::new();
-        let (ltx, lrx) = unbounded();
+        let (ltx, lrx) = bounded(LOCAL_MAX);
         let state = Arc::new(FrontendState {
             models: models.clone(),
             sched_ok: AtomicBool::new(true),
             gpus: AtomicU32::new(gpus),
             registry: registry.clone(),
             tx: ltx,
+            local_full: registry.counter(
+                "fermata_frontend_queue_full_total",
+                "Requests refused (dropped, overloaded) because LOCAL_MAX requests were already waiting for the frontend's loop.",
+                &[],
+            ),
             stopped: AtomicBool::new(false),
         });
         let shared = FrontendHandle {

@@ -21,7 +21,7 @@ use crate::transport::{Conn, Event, Transport};
 use crate::wire::{Msg, ReplyStatus};
 use crate::workload::{Arrival, Workload};
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{unbounded, RecvTimeoutError};
+use crossbeam_channel::RecvTimeoutError;
 use hdrhistogram::Histogram;
 use rand::{RngCore, SeedableRng};
 use std::sync::Arc;
@@ -136,7 +136,7 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         bail!("the rate must be > 0, got {}", o.rate_rps);
     }
     let wall = Instant::now();
-    let (tx, rx) = unbounded();
+    let (tx, rx) = crate::transport::event_channel();
     let mut conns: Vec<Arc<dyn Conn>> = Vec::new();
     for a in &o.frontends {
         conns.push(

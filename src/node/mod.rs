@@ -15,3 +15,27 @@ pub mod procs;
 pub mod proto;
 pub mod scheduler;
 pub mod serve;
+
+/// A node's event channel ([`crate::transport::event_channel`], bounded at
+/// [`crate::transport::EVENTS_MAX`]) and its `fermata_events_full_total{role}`
+/// counter in `reg`: the times a transport found the channel full and waited.
+pub fn event_channel(
+    reg: &crate::metrics::Registry,
+    role: &'static str,
+) -> (
+    crate::transport::EventTx,
+    crossbeam_channel::Receiver<crate::transport::Event>,
+) {
+    let (tx, rx) = crate::transport::event_channel();
+    let full = tx.full_counter();
+    reg.collector(
+        "fermata_events_full_total",
+        "Times this node's event channel was full (EVENTS_MAX events) and a transport waited for room.",
+        crate::metrics::Kind::Counter,
+        move || {
+            let v = full.load(std::sync::atomic::Ordering::Relaxed) as f64;
+            vec![(vec![("role".to_string(), role.to_string())], v)]
+        },
+    );
+    (tx, rx)
+}

@@ -63,7 +63,7 @@ use crate::transport::{Conn, ConnId, Event, Listener, Transport};
 use crate::wire::{DropCode, ModelInfo, Msg, NodeId, PlanTask};
 use crate::workload::Workload;
 use anyhow::Result;
-use crossbeam_channel::{unbounded, RecvTimeoutError};
+use crossbeam_channel::RecvTimeoutError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -405,7 +405,7 @@ impl SchedulerNode {
         register_gpu_metrics(&registry, busy.clone());
         let rt = RtScheduler::start(rcfg, specs, routes.clone(), clock)?;
         let _ = routes.reporter.set(rt.gpu_reporter());
-        let (tx, rx) = unbounded();
+        let (tx, rx) = super::event_channel(&registry, "scheduler");
         let listener = transport.listen(&opts.listen, tx)?;
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));

@@ -5,5 +5,4 @@ pub mod cpu;
 pub mod fake;
 pub mod pin;
 pub mod sched;
-pub mod timer;
 pub mod wait;

@@ -1,7 +1,7 @@
 //! A park/spin hybrid waiter for a runtime thread with inboxes and timers.
 //!
 //! A runtime thread (the scheduler, a backend) owns some inboxes (crossbeam channels it
-//! polls with `try_recv`) and a [`TimerTable`](super::timer::TimerTable). When it has
+//! polls with `try_recv`) and its next deadline. When it has
 //! nothing to do it calls [`Waiter::wait_until`] with its next timer deadline and a
 //! closure that says whether any inbox holds work. Producers hold a clone of the
 //! waiter's [`Unparker`] and call [`Unparker::unpark`] after every send.

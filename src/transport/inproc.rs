@@ -74,17 +74,22 @@ impl Conn for InProcConn {
                 self.link.reason.lock().expect("lock").clone(),
             ));
         }
-        self.peer_tx
-            .send(Event::Msg(self.peer_id, msg))
-            .map_err(|_| SendError::Closed("peer's event loop is gone".into()))
+        match self.peer_tx.try_send(Event::Msg(self.peer_id, msg)) {
+            Ok(()) => Ok(()),
+            // As a TCP connection's send queue: full is an error, never a wait.
+            Err(crossbeam_channel::TrySendError::Full(_)) => Err(SendError::Full),
+            Err(_) => Err(SendError::Closed("peer's event loop is gone".into())),
+        }
     }
     fn close(&self, reason: &str) {
         if self.link.closed.swap(true, Ordering::AcqRel) {
             return;
         }
         *self.link.reason.lock().expect("lock") = reason.to_string();
-        let _ = self.own_tx.send(Event::Closed(self.id, reason.to_string()));
-        let _ = self.peer_tx.send(Event::Closed(
+        let _ = self
+            .own_tx
+            .send_detached(Event::Closed(self.id, reason.to_string()));
+        let _ = self.peer_tx.send_detached(Event::Closed(
             self.peer_id,
             format!("peer closed: {reason}"),
         ));
@@ -302,7 +307,7 @@ impl Transport for InProc {
             own_tx: ltx.clone(),
             link,
         });
-        if ltx.send(Event::Accepted(server)).is_err() {
+        if ltx.send_detached(Event::Accepted(server)).is_err() {
             anyhow::bail!("the listener at `{addr}` is gone");
         }
         Ok(client)

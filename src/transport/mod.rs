@@ -18,12 +18,14 @@ pub mod rdma;
 #[cfg(not(feature = "rdma"))]
 pub mod rdma_stub;
 pub mod region;
+pub mod region_wire;
 pub mod tcp;
 
 pub use region::{InputRef, Region, SlotHeader, SLOT_HEADER};
 
 use crate::wire::{Msg, RegionInfo};
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,8 +43,100 @@ pub enum Event {
     Closed(ConnId, String),
 }
 
-/// Where a connection's events go.
-pub type EventTx = Sender<Event>;
+/// Most events a node's event channel holds. A transport that finds it full
+/// waits (its reader stops reading, so TCP flow control slows the peer down) and
+/// counts the wait ([`EventTx::full_count`]); events are never dropped.
+pub const EVENTS_MAX: usize = 65_536;
+
+/// Where a connection's events go: a bounded channel ([`event_channel`]) and the
+/// count of the times it was found full.
+#[derive(Clone, Debug)]
+pub struct EventTx {
+    tx: Sender<Event>,
+    full: Arc<AtomicU64>,
+}
+
+/// The receiver of an event channel is gone (the node's loop ended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone;
+
+/// A node's event channel, bounded at [`EVENTS_MAX`].
+pub fn event_channel() -> (EventTx, Receiver<Event>) {
+    let (tx, rx) = crossbeam_channel::bounded(EVENTS_MAX);
+    (EventTx::from(tx), rx)
+}
+
+impl From<Sender<Event>> for EventTx {
+    fn from(tx: Sender<Event>) -> EventTx {
+        EventTx {
+            tx,
+            full: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl EventTx {
+    /// Pushes an event, waiting while the channel is full (the wait is counted).
+    /// For threads that may block.
+    pub fn send(&self, ev: Event) -> Result<(), Gone> {
+        match self.try_send(ev) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Disconnected(_)) => Err(Gone),
+            Err(TrySendError::Full(ev)) => self.tx.send(ev).map_err(|_| Gone),
+        }
+    }
+
+    /// Pushes an event if there is room (a full channel is counted). The event
+    /// comes back in the error, for the caller to try again.
+    #[allow(clippy::result_large_err)]
+    pub fn try_send(&self, ev: Event) -> Result<(), TrySendError<Event>> {
+        let r = self.tx.try_send(ev);
+        if let Err(TrySendError::Full(_)) = &r {
+            self.full.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Pushes an event without ever blocking the caller: when the channel is full
+    /// (counted), a short-lived thread waits for room. For the rare events a node's
+    /// own loop may cause (a connection's `Closed`, a listener's `Accepted`), which
+    /// must not be lost and must not wait on the loop itself.
+    pub fn send_detached(&self, ev: Event) -> Result<(), Gone> {
+        match self.try_send(ev) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Disconnected(_)) => Err(Gone),
+            Err(TrySendError::Full(ev)) => {
+                let tx = self.tx.clone();
+                let slot = Arc::new(std::sync::Mutex::new(Some(ev)));
+                let theirs = slot.clone();
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("event-wait".into())
+                        .spawn(move || {
+                            if let Some(ev) = theirs.lock().expect("lock").take() {
+                                let _ = tx.send(ev);
+                            }
+                        });
+                // Without a thread, wait here rather than lose the event.
+                let left = spawned.is_err().then(|| slot.lock().expect("lock").take());
+                match left.flatten() {
+                    Some(ev) => self.tx.send(ev).map_err(|_| Gone),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Times the channel was found full.
+    pub fn full_count(&self) -> u64 {
+        self.full.load(Ordering::Relaxed)
+    }
+
+    /// The shared counter behind [`EventTx::full_count`] (for metrics).
+    pub fn full_counter(&self) -> Arc<AtomicU64> {
+        self.full.clone()
+    }
+}
 
 /// Errors of the control half.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,15 +276,14 @@ pub fn by_name(name: &str) -> anyhow::Result<Arc<dyn Transport>> {
 /// that goes away.
 #[cfg(test)]
 pub(crate) fn conformance(tr: &dyn Transport, listen: &str, region_at: &str) {
-    use crossbeam_channel::unbounded;
     let t = Duration::from_secs(5);
-    let (stx, srx) = unbounded();
+    let (stx, srx) = crate::transport::event_channel();
     let l = tr.listen(listen, stx).unwrap();
     assert!(
         !l.local_addr().ends_with(":0"),
         "the real address is reported"
     );
-    let (ctx, crx) = unbounded();
+    let (ctx, crx) = crate::transport::event_channel();
     let c = tr.connect(&l.local_addr(), ctx).unwrap();
     let Event::Accepted(s) = srx.recv_timeout(t).unwrap() else {
         panic!("accept")

@@ -1091,7 +1091,7 @@ impl CtrlConn {
             return false;
         }
         *self.reason.lock().expect("lock") = reason.clone();
-        let _ = self.events.send(Event::Closed(self.id, reason));
+        let _ = self.events.send_detached(Event::Closed(self.id, reason));
         true
     }
 
@@ -1261,7 +1261,7 @@ fn establish(
     }
     shared.conns.lock().expect("lock").insert(id, conn.clone());
     let ready = (|| {
-        if accepted && events.send(Event::Accepted(conn.clone())).is_err() {
+        if accepted && events.send_detached(Event::Accepted(conn.clone())).is_err() {
             anyhow::bail!("the listener's event loop is gone");
         }
         exchange_ready(&mut tcp)?;

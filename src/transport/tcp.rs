@@ -20,8 +20,9 @@
 //! [`Event::Closed`] and nothing after it. `close` sends what was queued before it
 //! (for at most [`CLOSE_FLUSH`]) and shuts the socket down; the peer sees EOF.
 //! Dropping a `Conn` handle does not close the connection (as in-process).
-//! Events are pushed from the runtime's threads with a blocking `send`: give an
-//! unbounded (or roomy) event channel, or a slow event loop stalls the transport.
+//! Events are pushed from the runtime's threads without blocking them: at a full
+//! event channel ([`EVENTS_MAX`]) a reader waits and tries again (it reads no more
+//! meanwhile, so TCP flow control slows the peer down); the waits are counted.
 //!
 //! # Region server (one-sided reads without the application)
 //! [`Transport::serve_region`] runs its own listener; a task per reader connection
@@ -48,10 +49,13 @@
 //! `0.0.0.0:0` reports `0.0.0.0:PORT`, which peers on other hosts cannot use; bind
 //! to the address peers should connect to.
 
+use super::region_wire::{
+    self as rw, AnswerHeader, Request, ANS_LEN, REQ_LEN, ST_OK, ST_WRONG_REGION,
+};
 use super::*;
 use crate::wire::{self, MAX_FRAME};
 use anyhow::Context as _;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -73,12 +77,6 @@ const WRITE_CHUNK: usize = 1 << 20;
 /// Smallest read a connection's reader asks the socket for.
 const READ_CHUNK: usize = 64 << 10;
 
-const REGION_MAGIC: u32 = u32::from_le_bytes(*b"FTRG");
-const REQ_LEN: usize = 20;
-const ANS_LEN: usize = 16;
-const ST_OK: u32 = 0;
-const ST_OOB: u32 = 1;
-const ST_WRONG_REGION: u32 = 1;
 /// A region reader's buffer for answer headers (and small answers); larger answers
 /// bypass it, straight into their own `Vec`.
 const ANSWER_BUF: usize = 8 << 10;
@@ -180,6 +178,18 @@ fn bind_std(addr: &str, what: &str) -> anyhow::Result<std::net::TcpListener> {
 // ---------------------------------------------------------------------------
 // Control connections
 
+/// How long a reader waits before it tries a full event channel again.
+const EVENTS_FULL_WAIT: Duration = Duration::from_micros(200);
+
+/// What [`ConnShared::deliver`] got done.
+enum Delivered {
+    All,
+    /// The event channel is full; the rest is still to deliver.
+    Full,
+    /// The event loop is gone.
+    Gone,
+}
+
 struct ConnShared {
     id: ConnId,
     peer: String,
@@ -203,27 +213,49 @@ impl ConnShared {
             return false;
         }
         self.closed.store(true, Ordering::Release);
-        let _ = self.events.send(Event::Closed(self.id, reason.clone()));
+        // Never waits: `finish` may run on the node's own loop (`close`).
+        let _ = self
+            .events
+            .send_detached(Event::Closed(self.id, reason.clone()));
         *r = Some(reason);
         drop(r);
         self.stop.send_replace(true);
         true
     }
 
-    /// Pushes decoded messages unless the connection has ended. False when the
-    /// event loop is gone.
-    fn deliver(&self, msgs: &mut Vec<Msg>) -> bool {
+    /// Pushes decoded messages, in order, unless the connection has ended; stops
+    /// at a full event channel, leaving the rest in `msgs` (the lock is not held
+    /// while waiting, so `close` never waits on a reader).
+    fn deliver(&self, msgs: &mut VecDeque<Msg>) -> Delivered {
         let r = self.reason.lock().expect("conn lock");
         if r.is_some() {
             msgs.clear();
-            return true;
+            return Delivered::All;
         }
-        for m in msgs.drain(..) {
-            if self.events.send(Event::Msg(self.id, m)).is_err() {
-                return false;
+        while let Some(m) = msgs.pop_front() {
+            match self.events.try_send(Event::Msg(self.id, m)) {
+                Ok(()) => {}
+                Err(crossbeam_channel::TrySendError::Full(Event::Msg(_, m))) => {
+                    msgs.push_front(m);
+                    return Delivered::Full;
+                }
+                Err(_) => return Delivered::Gone,
             }
         }
-        true
+        Delivered::All
+    }
+
+    /// [`ConnShared::deliver`] until every message is in (waiting
+    /// [`EVENTS_FULL_WAIT`] at a time while the channel is full). False when the
+    /// event loop is gone.
+    async fn deliver_all(&self, msgs: &mut VecDeque<Msg>) -> bool {
+        loop {
+            match self.deliver(msgs) {
+                Delivered::All => return true,
+                Delivered::Gone => return false,
+                Delivered::Full => tokio::time::sleep(EVENTS_FULL_WAIT).await,
+            }
+        }
     }
 
     fn reason(&self) -> String {
@@ -413,7 +445,7 @@ async fn conn_reader(shared: Arc<ConnShared>, rd: OwnedReadHalf, mut stop: watch
 /// a protocol error worth logging), None when the event loop is gone.
 async fn read_frames(shared: &ConnShared, mut rd: OwnedReadHalf) -> Option<(String, bool)> {
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut msgs = Vec::new();
+    let mut msgs = VecDeque::new();
     let mut need = 4usize; // bytes the next frame needs in `buf` (prefix included)
     loop {
         let want = need.saturating_sub(buf.len()).max(READ_CHUNK);
@@ -453,17 +485,17 @@ async fn read_frames(shared: &ConnShared, mut rd: OwnedReadHalf) -> Option<(Stri
                 break;
             }
             match wire::decode(&rest[4..4 + len]) {
-                Ok(m) => msgs.push(m),
+                Ok(m) => msgs.push_back(m),
                 Err(e) => {
                     // Deliver what came before the bad frame, then close.
-                    shared.deliver(&mut msgs);
+                    shared.deliver_all(&mut msgs).await;
                     return Some((format!("bad frame: {e}"), true));
                 }
             }
             pos += 4 + len;
         }
         buf.drain(..pos);
-        if !msgs.is_empty() && !shared.deliver(&mut msgs) {
+        if !msgs.is_empty() && !shared.deliver_all(&mut msgs).await {
             return None;
         }
         if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
@@ -514,7 +546,7 @@ async fn accept_loop(
         }
         let (conn, start) = new_conn(&inner, stream, peer.to_string(), events.clone());
         let conn: Arc<dyn Conn> = conn;
-        if events.send(Event::Accepted(conn.clone())).is_err() {
+        if events.send_detached(Event::Accepted(conn.clone())).is_err() {
             // Nobody listens to this listener's events any more.
             conn.close("listener's event loop is gone");
             return;
@@ -611,28 +643,18 @@ async fn region_conn(
 }
 
 async fn serve_reads(mut s: TcpStream, region: &Region) -> std::io::Result<()> {
-    let mut hello = [0u8; 8];
+    let mut hello = [0u8; rw::HELLO_LEN];
     tokio::time::timeout(CONNECT_TIMEOUT, s.read_exact(&mut hello))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello"))??;
-    let magic = u32::from_le_bytes(hello[..4].try_into().expect("4"));
-    let want = u32::from_le_bytes(hello[4..].try_into().expect("4"));
-    if magic != REGION_MAGIC {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "not a region reader (bad magic)",
-        ));
-    }
+    let want = rw::parse_hello(&hello)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     let status = if want == region.id() {
         ST_OK
     } else {
         ST_WRONG_REGION
     };
-    let mut welcome = [0u8; 16];
-    welcome[..4].copy_from_slice(&REGION_MAGIC.to_le_bytes());
-    welcome[4..8].copy_from_slice(&status.to_le_bytes());
-    welcome[8..].copy_from_slice(&region.len().to_le_bytes());
-    s.write_all(&welcome).await?;
+    s.write_all(&rw::welcome(status, region.len())).await?;
     if status != ST_OK {
         return Ok(());
     }
@@ -645,20 +667,7 @@ async fn serve_reads(mut s: TcpStream, region: &Region) -> std::io::Result<()> {
         }
         let mut pos = 0;
         while inb.len() - pos >= REQ_LEN {
-            let r = &inb[pos..pos + REQ_LEN];
-            pos += REQ_LEN;
-            let id = &r[..8];
-            let offset = u64::from_le_bytes(r[8..16].try_into().expect("8"));
-            let len = u32::from_le_bytes(r[16..20].try_into().expect("4"));
-            let hdr_at = out.len();
-            out.extend_from_slice(id);
-            out.extend_from_slice(&ST_OK.to_le_bytes());
-            out.extend_from_slice(&len.to_le_bytes());
-            let copied = region.with_slice(offset, len, |b| out.extend_from_slice(b));
-            if copied.is_err() {
-                out[hdr_at + 8..hdr_at + 12].copy_from_slice(&ST_OOB.to_le_bytes());
-                out[hdr_at + 12..hdr_at + 16].copy_from_slice(&0u32.to_le_bytes());
-            }
+            pos += rw::serve_requests(&inb[pos..], region, &mut out, ANSWER_CHUNK);
             if out.len() >= ANSWER_CHUNK {
                 s.write_all(&out).await?;
                 out.clear();
@@ -812,9 +821,7 @@ async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
                 )
             };
         }
-        let id = u64::from_le_bytes(hdr[..8].try_into().expect("8"));
-        let status = u32::from_le_bytes(hdr[8..12].try_into().expect("4"));
-        let len = u32::from_le_bytes(hdr[12..16].try_into().expect("4"));
+        let AnswerHeader { id, status, len } = AnswerHeader::decode(&hdr);
         let p = peer.state.lock().expect("peer lock").pending.remove(&id);
         if status != ST_OK {
             if let Some(p) = p {
@@ -883,19 +890,12 @@ impl TcpReader {
         use std::io::{Read, Write};
         s.set_read_timeout(Some(CONNECT_TIMEOUT))?;
         s.set_write_timeout(Some(CONNECT_TIMEOUT))?;
-        let mut hello = [0u8; 8];
-        hello[..4].copy_from_slice(&REGION_MAGIC.to_le_bytes());
-        hello[4..].copy_from_slice(&info.region.to_le_bytes());
-        let mut welcome = [0u8; 16];
-        s.write_all(&hello)
+        let mut welcome = [0u8; rw::WELCOME_LEN];
+        s.write_all(&rw::hello(info.region))
             .and_then(|_| s.read_exact(&mut welcome))
             .with_context(|| format!("greeting the region server at `{addr}`"))?;
-        let magic = u32::from_le_bytes(welcome[..4].try_into().expect("4"));
-        let status = u32::from_le_bytes(welcome[4..8].try_into().expect("4"));
-        let len = u64::from_le_bytes(welcome[8..].try_into().expect("8"));
-        if magic != REGION_MAGIC {
-            anyhow::bail!("`{addr}` is not a Fermata region server");
-        }
+        let (status, len) =
+            rw::parse_welcome(&welcome).map_err(|e| anyhow::anyhow!("`{addr}`: {e}"))?;
         if status != ST_OK {
             anyhow::bail!(
                 "the region server at `{addr}` does not serve region {}",
@@ -1008,9 +1008,12 @@ impl RegionReader for TcpReader {
                         batch: batch.clone(),
                     },
                 );
-                bytes.extend_from_slice(&id.to_le_bytes());
-                bytes.extend_from_slice(&r.offset.to_le_bytes());
-                bytes.extend_from_slice(&r.len.to_le_bytes());
+                let req = Request {
+                    id,
+                    offset: r.offset,
+                    len: r.len,
+                };
+                bytes.extend_from_slice(&req.encode());
                 ids.push(id);
             }
             drop(st);
@@ -1148,7 +1151,6 @@ impl Transport for Tcp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crossbeam_channel::unbounded;
 
     /// The in-process transport's test scenario, over loopback TCP.
     #[test]
@@ -1159,7 +1161,7 @@ mod tests {
     #[test]
     fn bind_and_connect_errors_name_the_address() {
         let tr = Tcp::new().unwrap();
-        let (tx, _rx) = unbounded();
+        let (tx, _rx) = crate::transport::event_channel();
         let l = tr.listen("127.0.0.1:0", tx.clone()).unwrap();
         let e = tr.listen(&l.local_addr(), tx.clone()).err().unwrap();
         assert!(format!("{e:#}").contains(&l.local_addr()), "{e:#}");

@@ -104,7 +104,8 @@ enum Phase {
 }
 
 /// The backend's membership, health and plan checks (see the module docs).
-/// Times passed in are on the backend's own clock.
+/// Times passed in are on the backend's own clock. After [`Action::Exit`] it is
+/// inert: every input is ignored.
 pub struct BackendProto {
     sched: ConnId,
     name: String,
@@ -229,6 +230,16 @@ impl BackendProto {
         self.pull_ns = check::measured(ns).0;
     }
 
+    /// The driver could not queue `plan` (its GPU's queue is full): it is
+    /// refused like a plan that fails a check.
+    pub fn handle_queue_full(&mut self, now: Time, plan: PlanMsg) {
+        if self.phase == Phase::Gone {
+            return;
+        }
+        let sched_now = now + self.offset();
+        self.refuse(sched_now, plan, true, "the GPU's plan queue is full".into());
+    }
+
     pub fn handle_timeout(&mut self, now: Time) {
         match self.phase {
             Phase::Gone => {}
@@ -256,6 +267,9 @@ impl BackendProto {
     /// A worker finished loading `model` on one GPU (`Ok(bytes)`: its device
     /// footprint when known).
     pub fn handle_loaded(&mut self, model: u32, res: Result<Option<u64>, String>) {
+        if self.phase == Phase::Gone {
+            return;
+        }
         let Some(entry) = self.loading.get_mut(&model) else {
             return;
         };
@@ -279,6 +293,9 @@ impl BackendProto {
 
     /// The connection to frontend `node` asked for by [`Action::Attach`] is up.
     pub fn handle_connected(&mut self, node: NodeId, conn: ConnId) {
+        if self.phase == Phase::Gone {
+            return;
+        }
         if let Some(old) = self.frontends.insert(node, conn) {
             self.fe_conns.remove(&old);
             self.out
@@ -288,6 +305,9 @@ impl BackendProto {
     }
 
     pub fn handle_closed(&mut self, conn: ConnId, reason: &str) {
+        if self.phase == Phase::Gone {
+            return;
+        }
         if conn == self.sched {
             return self.exit(format!("lost the scheduler: {reason}"));
         }
@@ -411,8 +431,8 @@ impl BackendProto {
     }
 
     fn pong(&mut self, now: Time, echo: Time, sched: Time) {
-        if echo > now {
-            // Not a time we sent: ignore rather than skew the clock.
+        if echo > now || now - echo > check::MAX_MEASURED {
+            // Not a time we sent lately: ignore rather than skew the clock.
             self.counts.unexpected += 1;
             return;
         }
@@ -915,7 +935,28 @@ mod tests {
                 )
             )));
         }
-        assert_eq!(p.counts().plans_refused, 3);
+        // The driver found the GPU's queue full: refused the same way.
+        let plan = PlanMsg {
+            id: 9,
+            model: 0,
+            gpu: 10,
+            exec_at: ms(30),
+            tasks: vec![],
+        };
+        p.handle_queue_full(ms(23), plan);
+        let acts = drain(&mut p);
+        assert!(matches!(
+            &acts[..],
+            [Action::Send(
+                1,
+                Msg::PlanDone {
+                    id: 9,
+                    status: PlanStatus::Failed,
+                    ..
+                }
+            )]
+        ));
+        assert_eq!(p.counts().plans_refused, 4);
         assert_eq!(p.counts().plans_received, 4);
     }
 

@@ -1,0 +1,9 @@
+//! Arbitrary bytes as a sequence of events for `fermata::fuzzing::backend_proto` (see
+//! there for what is generated and checked).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = fermata::fuzzing::backend_proto(data);
+});

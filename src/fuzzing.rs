@@ -1,0 +1,653 @@
+//! Fuzz drivers: arbitrary bytes turned into sequences of events for each node's
+//! protocol machine ([`crate::node::proto`]) and into TCP region frames
+//! ([`crate::transport::region_wire`]), with the machines' guarantees checked
+//! after every step. A panic is a finding. Each driver returns how many times
+//! the input reached its machine's deepest path (GPUs in service, a plan
+//! queued, a request answered, a read served), so a harness can tell that the
+//! inputs get past the first checks.
+//!
+//! Two harnesses call these: the cargo-fuzz targets in `fuzz/` (coverage-guided,
+//! nightly: `cargo +nightly fuzz run sched_proto`) and `tests/fuzz_smoke.rs`
+//! (seeded random inputs on stable, in CI). Harness code: no production module
+//! imports it (`tests/core_purity.rs`).
+
+use crate::core::{Dur, GpuId, NetBudget, Time};
+use crate::node::proto::backend::{Action as BeAction, BackendProto};
+use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
+use crate::node::proto::sched::{Action as SchedAction, SchedConfig, SchedProto};
+use crate::transport::region_wire::{self as rw, AnswerHeader, Request, ANS_LEN, REQ_LEN};
+use crate::transport::{InputRef, Region};
+use crate::wire::{
+    self, task_id, DropCode, GpuInfo, ModelInfo, Msg, PlanStatus, PlanTask, RegionInfo, Role,
+    SubmitTask, TaskResult, TaskStatus, WireProfile,
+};
+use std::collections::{HashMap, HashSet};
+
+/// Reads fuzz bytes as choices; past the end, every read is 0.
+pub struct Bytes<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Bytes<'a> {
+    pub fn new(data: &'a [u8]) -> Bytes<'a> {
+        Bytes { data, pos: 0 }
+    }
+
+    pub fn done(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+
+    pub fn u8(&mut self) -> u8 {
+        let b = self.data.get(self.pos).copied().unwrap_or(0);
+        self.pos += 1;
+        b
+    }
+
+    /// True one time in `n` (by the next byte).
+    pub fn one_in(&mut self, n: u8) -> bool {
+        self.u8().is_multiple_of(n.max(1))
+    }
+
+    pub fn bool(&mut self) -> bool {
+        self.u8() & 1 == 1
+    }
+
+    /// A value below `n` (n > 0).
+    pub fn below(&mut self, n: u32) -> u32 {
+        let v = u32::from_le_bytes([self.u8(), self.u8(), 0, 0]);
+        v % n.max(1)
+    }
+
+    pub fn u64(&mut self) -> u64 {
+        let mut b = [0u8; 8];
+        for x in &mut b {
+            *x = self.u8();
+        }
+        u64::from_le_bytes(b)
+    }
+
+    /// A time or duration: often an edge (0, ±1, the ends of i64), often near
+    /// `around`, else anything.
+    pub fn i64_near(&mut self, around: i64) -> i64 {
+        match self.u8() % 8 {
+            0 => 0,
+            1 => i64::MAX,
+            2 => i64::MIN,
+            3 => -1,
+            4 | 5 => {
+                around.saturating_add(self.below(1 << 16) as i64 * 100_000 - (1 << 15) * 100_000)
+            }
+            _ => self.u64() as i64,
+        }
+    }
+
+    /// A small id, sometimes a huge one.
+    pub fn id(&mut self, small: u32) -> u64 {
+        if self.one_in(8) {
+            self.u64()
+        } else {
+            self.below(small) as u64
+        }
+    }
+
+    pub fn string(&mut self) -> String {
+        let n = self.below(12) as usize;
+        (0..n).map(|_| (b'a' + self.u8() % 26) as char).collect()
+    }
+}
+
+fn model(id: u32) -> ModelInfo {
+    ModelInfo {
+        id,
+        name: format!("m{id}"),
+        slo_ns: 100_000_000,
+        profile: WireProfile::Linear {
+            alpha_ns: 1_000_000,
+            beta_ns: 5_000_000,
+            max_batch: 16,
+        },
+        input_bytes: 64,
+        meta_json: String::new(),
+    }
+}
+
+fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
+    (0..b.below(4))
+        .map(|_| PlanTask {
+            id: task_id(1 + b.below(3), b.id(100)),
+            deadline_ns: b.i64_near(now),
+            input: b.u64(),
+        })
+        .collect()
+}
+
+/// A message a peer might send, from the fuzz bytes: every kind, with field
+/// values biased towards the edges and towards ids that exist; or, one time in
+/// eight, whatever the wire decoder makes of the next bytes.
+pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
+    let gpu = |b: &mut Bytes| b.id(6) as u32;
+    Some(match b.u8() % 20 {
+        0 => Msg::Register {
+            role: if b.bool() {
+                Role::Backend
+            } else {
+                Role::Frontend
+            },
+            name: b.string(),
+            gpus: (0..b.below(3))
+                .map(|i| GpuInfo {
+                    local: i,
+                    name: b.string(),
+                    mem_bytes: b.u64(),
+                })
+                .collect(),
+            ctrl_addr: b.string(),
+            region: b.bool().then(|| RegionInfo {
+                addr: b.string(),
+                region: b.below(4),
+                len: b.u64(),
+                rkey: 0,
+                base: 0,
+            }),
+        },
+        1 => Msg::ModelLoaded {
+            model: b.id(4) as u32,
+            ok: !b.one_in(4),
+            error: b.string(),
+            device_bytes: b.u64(),
+        },
+        2 => Msg::Submit {
+            tasks: (0..b.below(4))
+                .map(|_| SubmitTask {
+                    id: task_id(1 + b.below(3), b.id(100)),
+                    model: b.id(4) as u32,
+                    arrival_ns: b.i64_near(now),
+                    deadline_ns: b.i64_near(now),
+                    input: b.u64(),
+                })
+                .collect(),
+        },
+        3 => Msg::PlanDone {
+            id: b.id(20),
+            gpu: gpu(b),
+            status: match b.u8() % 3 {
+                0 => PlanStatus::Ran,
+                1 => PlanStatus::TooLate,
+                _ => PlanStatus::Failed,
+            },
+            started_ns: b.i64_near(now),
+            finished_ns: b.i64_near(now),
+            missing: b.below(8),
+        },
+        4 | 5 => Msg::Ping {
+            seq: b.u64(),
+            sent_ns: b.i64_near(now),
+            ctrl_delay_ns: b.i64_near(0),
+            pull_ns: b.i64_near(0),
+        },
+        6 | 7 => Msg::Pong {
+            seq: b.u64(),
+            echo_ns: b.i64_near(now),
+            sched_ns: b.i64_near(now),
+        },
+        8 => Msg::Unregister { reason: b.string() },
+        9 => Msg::RegisterAck {
+            node: b.id(8) as u32,
+            gpu_ids: (0..b.below(4)).map(|_| gpu(b)).collect(),
+            models: (0..b.below(3)).map(model).collect(),
+            heartbeat_ms: b.below(1000),
+        },
+        10 => Msg::LoadModel {
+            model: model(b.id(4) as u32),
+        },
+        11 => Msg::UnloadModel {
+            model: b.id(4) as u32,
+        },
+        12 => Msg::FrontendUp {
+            node: b.id(4) as u32,
+            ctrl_addr: b.string(),
+            region: RegionInfo {
+                addr: b.string(),
+                region: b.below(4),
+                len: b.u64(),
+                rkey: 0,
+                base: 0,
+            },
+        },
+        13 => Msg::FrontendDown {
+            node: b.id(4) as u32,
+        },
+        14 | 15 => Msg::Plan {
+            id: b.id(20),
+            model: b.id(4) as u32,
+            gpu: gpu(b),
+            exec_at_ns: b.i64_near(now),
+            finish_at_ns: b.i64_near(now),
+            sent_ns: b.i64_near(now),
+            tasks: plan_tasks(b, now),
+        },
+        16 => Msg::Results {
+            items: (0..b.below(4))
+                .map(|_| TaskResult {
+                    id: task_id(1 + b.below(3), b.id(100)),
+                    status: if b.bool() {
+                        TaskStatus::Ok
+                    } else {
+                        TaskStatus::Failed
+                    },
+                    started_ns: b.i64_near(now),
+                    finished_ns: b.i64_near(now),
+                    batch_size: b.below(64),
+                    output: vec![b.u8(); b.below(4) as usize],
+                })
+                .collect(),
+        },
+        17 => Msg::Dropped {
+            items: vec![(task_id(1, b.id(100)), DropCode::Expired)],
+        },
+        18 => Msg::Error {
+            message: b.string(),
+        },
+        _ => {
+            let n = b.below(64) as usize;
+            let bytes: Vec<u8> = (0..n).map(|_| b.u8()).collect();
+            return wire::decode(&bytes).ok();
+        }
+    })
+}
+
+/// How far the clock moves between two steps.
+fn step(b: &mut Bytes) -> Dur {
+    match b.u8() % 4 {
+        0 => Dur::ZERO,
+        1 => Dur::from_us(b.below(1000) as i64),
+        2 => Dur::from_ms(b.below(2000) as i64),
+        _ => Dur::from_ms(b.below(10) as i64 * 1000),
+    }
+}
+
+/// What a well-behaved peer of the scheduler sends next on a connection: a
+/// backend registers, then confirms each model; a frontend registers, then
+/// submits well-formed tasks. Mixed with arbitrary messages, these let the
+/// inputs reach the machine's deep states.
+fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> Option<Msg> {
+    let region = RegionInfo {
+        addr: "r".into(),
+        region: 1,
+        len: 1 << 20,
+        rkey: 0,
+        base: 0,
+    };
+    Some(match (step, backend) {
+        (0, _) => Msg::Register {
+            role: if backend {
+                Role::Backend
+            } else {
+                Role::Frontend
+            },
+            name: "n".into(),
+            gpus: if backend {
+                vec![GpuInfo {
+                    local: 0,
+                    name: "g".into(),
+                    mem_bytes: 1 << 30,
+                }]
+            } else {
+                vec![]
+            },
+            ctrl_addr: "c".into(),
+            region: (!backend).then_some(region),
+        },
+        (1..=3, true) => Msg::ModelLoaded {
+            model: step as u32 - 1,
+            ok: true,
+            error: String::new(),
+            device_bytes: 1 << 20,
+        },
+        (_, false) => Msg::Submit {
+            tasks: vec![SubmitTask {
+                id: task_id(node?, step as u64),
+                model: 0,
+                arrival_ns: now.0,
+                deadline_ns: now.0 + 100_000_000,
+                input: InputRef { offset: 0, len: 8 }.pack(),
+            }],
+        },
+        _ => Msg::Ping {
+            seq: step as u64,
+            sent_ns: now.0,
+            ctrl_delay_ns: 50_000,
+            pull_ns: 1_000,
+        },
+    })
+}
+
+/// The scheduler's protocol under arbitrary connections, messages, closes and
+/// timeouts, from peers that follow the protocol and peers that do not.
+/// Checks: no panic; every connection it closes stays closed (no message is
+/// sent on it after); a GPU goes up once and down at most once.
+pub fn sched_proto(data: &[u8]) -> u64 {
+    let mut b = Bytes::new(data);
+    let mut now = Time(1_000_000_000);
+    let mut p = SchedProto::new(
+        now,
+        SchedConfig {
+            models: (0..3).map(model).collect(),
+            heartbeat: Dur::from_ms(100),
+            node_timeout: Dur::from_ms(1000),
+            net_update: Dur::from_ms(200),
+            floors: NetBudget::default(),
+            max_ctrl: Dur::from_us(2000),
+            max_data: Dur::from_us(500),
+        },
+    );
+    let mut closed: HashSet<u64> = HashSet::new();
+    let mut up: HashSet<GpuId> = HashSet::new();
+    let mut down: HashSet<GpuId> = HashSet::new();
+    // Open connections: (id, well-behaved step, backend?).
+    let mut open: Vec<(u64, usize, bool)> = Vec::new();
+    let mut nodes: HashMap<u64, u32> = HashMap::new();
+    let mut next = 0;
+    let mut deep = 0;
+    while !b.done() {
+        now += step(&mut b);
+        match b.u8() % 8 {
+            0 => {
+                next += 1;
+                p.handle_accept(now, next);
+                open.push((next, 0, b.bool()));
+            }
+            1 if !open.is_empty() && b.one_in(4) => {
+                let (c, ..) = open.remove(b.below(open.len() as u32) as usize);
+                p.handle_closed(now, c, "fuzz".into());
+                closed.insert(c);
+            }
+            2 if now >= p.poll_timeout() => p.handle_timeout(now),
+            3..=5 if !open.is_empty() => {
+                let i = b.below(open.len() as u32) as usize;
+                let (c, k, be) = open[i];
+                open[i].1 += 1;
+                if let Some(m) = good_for_sched(k, be, nodes.get(&c).copied(), now) {
+                    p.handle_msg(now, c, m);
+                }
+            }
+            _ if !open.is_empty() => {
+                let (c, ..) = open[b.below(open.len() as u32) as usize];
+                if let Some(m) = msg(&mut b, now.0) {
+                    p.handle_msg(now, c, m);
+                }
+            }
+            _ => {}
+        }
+        while let Some(a) = p.poll_action() {
+            match a {
+                SchedAction::Send(c, m) => {
+                    assert!(!closed.contains(&c), "sent on closed {c}");
+                    if let Msg::RegisterAck { node, .. } = m {
+                        nodes.insert(c, node);
+                    }
+                }
+                SchedAction::Close(c, _) => {
+                    open.retain(|o| o.0 != c);
+                    closed.insert(c);
+                }
+                SchedAction::GpusUp { gpus, .. } => {
+                    deep += 1;
+                    for g in gpus {
+                        assert!(up.insert(g), "GPU {g} up twice");
+                    }
+                }
+                SchedAction::GpusDown { gpus, .. } => {
+                    for g in gpus {
+                        assert!(up.contains(&g), "GPU {g} down before up");
+                        assert!(down.insert(g), "GPU {g} down twice");
+                    }
+                }
+                SchedAction::Submit(t) => deep += t.len() as u64,
+                _ => {}
+            }
+        }
+    }
+    deep
+}
+
+/// The backend's protocol under arbitrary scheduler and frontend messages, load
+/// results and timeouts, mixed with what a well-behaved scheduler would send
+/// next (a pong for the last ping, the ack after the registration, models, then
+/// plans for its GPUs). Checks: no panic; a queued plan is for one of its GPUs
+/// and a model every GPU loaded; after `Exit` nothing more happens.
+pub fn backend_proto(data: &[u8]) -> u64 {
+    let mut b = Bytes::new(data);
+    let mut now = Time(1_000_000_000);
+    let gpus = 1 + b.below(3);
+    let infos = (0..gpus)
+        .map(|local| GpuInfo {
+            local,
+            name: "f".into(),
+            mem_bytes: 1 << 30,
+        })
+        .collect();
+    let mut p = BackendProto::new(now, 1, "be".into(), infos, Dur::from_ms(1000));
+    let mut gone = false;
+    let mut next_conn = 100;
+    let mut deep = 0;
+    // What a good scheduler knows: the last ping's time, whether the backend
+    // registered, was acked, and how many models it was sent.
+    let mut last_ping = None;
+    let (mut registered, mut acked, mut models) = (false, false, 0u32);
+    while !b.done() {
+        now += step(&mut b);
+        match b.u8() % 10 {
+            0 => {
+                if now >= p.poll_timeout() {
+                    p.handle_timeout(now);
+                }
+            }
+            1 => {
+                let res = if b.one_in(4) {
+                    Err("no".into())
+                } else {
+                    Ok(Some(b.u64()))
+                };
+                p.handle_loaded(b.id(4) as u32, res);
+            }
+            2 => {
+                next_conn += 1;
+                p.handle_connected(b.id(4) as u32, next_conn);
+            }
+            3 if b.one_in(4) => p.handle_closed(if b.bool() { 1 } else { next_conn }, "fuzz"),
+            4..=6 => {
+                let m = if !registered {
+                    last_ping.map(|sent: i64| Msg::Pong {
+                        seq: 0,
+                        echo_ns: sent,
+                        sched_ns: sent + 7_000,
+                    })
+                } else if !acked {
+                    acked = true;
+                    Some(Msg::RegisterAck {
+                        node: 5,
+                        gpu_ids: (0..gpus).map(|g| 10 + g).collect(),
+                        models: vec![],
+                        heartbeat_ms: 100,
+                    })
+                } else if models < 2 {
+                    models += 1;
+                    Some(Msg::LoadModel {
+                        model: model(models - 1),
+                    })
+                } else {
+                    Some(Msg::Plan {
+                        id: b.id(20),
+                        model: b.below(2),
+                        gpu: 10 + b.below(gpus),
+                        exec_at_ns: now.0 + 5_000_000,
+                        finish_at_ns: now.0 + 10_000_000,
+                        sent_ns: now.0,
+                        tasks: plan_tasks(&mut b, now.0),
+                    })
+                };
+                if let Some(m) = m {
+                    let loads = matches!(m, Msg::LoadModel { .. });
+                    p.handle_msg(now, 1, m);
+                    for _ in 0..gpus * u32::from(loads) {
+                        p.handle_loaded(models - 1, Ok(None));
+                    }
+                }
+            }
+            _ => {
+                let c = if b.one_in(8) { next_conn } else { 1 };
+                if let Some(m) = msg(&mut b, now.0) {
+                    p.handle_msg(now, c, m);
+                }
+            }
+        }
+        while let Some(a) = p.poll_action() {
+            assert!(!gone, "an action after Exit: {a:?}");
+            match a {
+                BeAction::Send(1, Msg::Ping { sent_ns, .. }) => last_ping = Some(sent_ns),
+                BeAction::Send(1, Msg::Register { .. }) => registered = true,
+                BeAction::Queue { gpu, plan } => {
+                    assert!(gpu < gpus as usize);
+                    assert!(p.has_loaded(plan.model), "plan for a model not loaded");
+                    deep += 1;
+                }
+                BeAction::Exit(_) => gone = true,
+                _ => {}
+            }
+        }
+    }
+    deep
+}
+
+/// A frontend's request ledger under arbitrary admissions, answers (for its own
+/// requests and others'), sweeps and failures. Checks: no panic; every request
+/// ends exactly once; the counts add up; nothing is pending after `fail_all`.
+pub fn frontend_ledger(data: &[u8]) -> u64 {
+    let mut b = Bytes::new(data);
+    let mut now = Time(b.i64_near(1_000_000_000).clamp(i64::MIN / 4, i64::MAX / 4));
+    let mut l: RequestLedger<u64> = RequestLedger::new(2, Dur::from_ms(3000));
+    let mut admitted: Vec<u64> = Vec::new();
+    let mut ended: HashSet<u64> = HashSet::new();
+    let end = |client: u64, ended: &mut HashSet<u64>| {
+        assert!(ended.insert(client), "request {client} ended twice");
+    };
+    while !b.done() {
+        now += step(&mut b);
+        match b.u8() % 6 {
+            0 | 1 => {
+                let slo = Dur(b.i64_near(100_000_000).clamp(1, 3_600_000_000_000));
+                let id = l.next_id();
+                let t = l.admit(now, 0, 0, slo, id, InputRef { offset: 0, len: 8 });
+                assert_eq!(t.id, id);
+                admitted.push(id);
+            }
+            2 => {
+                let id = match admitted.len() {
+                    0 => b.u64(),
+                    n if !b.one_in(4) => admitted[b.below(n as u32) as usize],
+                    _ => b.u64(),
+                };
+                let answer = match b.u8() % 3 {
+                    0 => Answer::of_drop(DropCode::Expired),
+                    1 => Answer::Failed(Ended::Failed, "fuzz".into()),
+                    _ => Answer::Output {
+                        output: vec![1],
+                        started: Time(b.i64_near(now.0)),
+                        batch_size: b.below(64),
+                    },
+                };
+                if let Some(f) = l.finish(now, id, answer) {
+                    end(f.client, &mut ended);
+                }
+            }
+            3 => {
+                for f in l.handle_timeout(now) {
+                    end(f.client, &mut ended);
+                }
+            }
+            4 if b.one_in(8) => {
+                for f in l.fail_all(now, Ended::NoScheduler, "fuzz") {
+                    end(f.client, &mut ended);
+                }
+                assert!(l.is_empty());
+            }
+            _ => {}
+        }
+        let c = l.counts();
+        assert_eq!(c.admitted, admitted.len() as u64);
+        assert_eq!(c.good + c.late + c.dropped + c.failed, ended.len() as u64);
+        assert_eq!(admitted.len(), ended.len() + l.len());
+    }
+    for f in l.fail_all(now, Ended::NoScheduler, "end") {
+        end(f.client, &mut ended);
+    }
+    assert_eq!(ended.len(), admitted.len(), "a request never ended");
+    l.counts().good + l.counts().late
+}
+
+/// The TCP region protocol's frames: hello and welcome parse without panics and
+/// round-trip; a region server answers arbitrary request bytes with one answer
+/// per whole request, in order, each with the bytes asked for or an
+/// out-of-bounds status, never more than the region holds.
+pub fn region_frames(data: &[u8]) -> u64 {
+    let mut h = [0u8; rw::HELLO_LEN];
+    let mut w = [0u8; rw::WELCOME_LEN];
+    for (i, x) in data.iter().take(rw::WELCOME_LEN).enumerate() {
+        if i < rw::HELLO_LEN {
+            h[i] = *x;
+        }
+        w[i] = *x;
+    }
+    if let Ok(r) = rw::parse_hello(&h) {
+        assert_eq!(rw::hello(r), h);
+    }
+    if let Ok((st, len)) = rw::parse_welcome(&w) {
+        assert_eq!(rw::welcome(st, len), w);
+    }
+    let region = Region::new(1, 4096).expect("region");
+    let _ = region.put(7, b"input bytes");
+    // The first byte picks how often the server flushes; the rest are requests.
+    let flush_at = 1 + data.first().copied().unwrap_or(0) as usize * 64;
+    let data = data.get(1..).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    let mut answers = Vec::new();
+    let mut served = 0;
+    while data.len() - pos >= REQ_LEN {
+        let used = rw::serve_requests(&data[pos..], &region, &mut out, flush_at);
+        assert!(used > 0 && used.is_multiple_of(REQ_LEN) && pos + used <= data.len());
+        // Parse what was answered.
+        let mut at = 0;
+        for k in 0..used / REQ_LEN {
+            let mut r = [0u8; REQ_LEN];
+            r.copy_from_slice(&data[pos + k * REQ_LEN..pos + (k + 1) * REQ_LEN]);
+            let req = Request::decode(&r);
+            let mut hb = [0u8; ANS_LEN];
+            hb.copy_from_slice(&out[at..at + ANS_LEN]);
+            let a = AnswerHeader::decode(&hb);
+            assert_eq!(a.id, req.id);
+            at += ANS_LEN;
+            if a.status == rw::ST_OK {
+                assert_eq!(a.len, req.len);
+                assert!(req.offset.saturating_add(req.len as u64) <= region.len());
+                let mut want = Vec::new();
+                region
+                    .read_into(req.offset, req.len, &mut want)
+                    .expect("in bounds");
+                assert_eq!(&out[at..at + a.len as usize], &want[..]);
+                at += a.len as usize;
+                served += 1;
+            } else {
+                assert_eq!((a.status, a.len), (rw::ST_OOB, 0));
+            }
+            answers.push(a.id);
+        }
+        assert_eq!(at, out.len(), "bytes beyond the answers");
+        out.clear();
+        pos += used;
+    }
+    assert_eq!(answers.len(), data.len() / REQ_LEN);
+    served
+}

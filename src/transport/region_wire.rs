@@ -1,0 +1,196 @@
+//! The TCP region protocol's frames (see [`super::tcp`]'s module docs), as pure
+//! functions: what a region server and reader send each other, and the server's
+//! answer to a run of requests. Every byte here comes from a peer: nothing
+//! panics, a request outside the region gets an out-of-bounds answer, and what is
+//! not a whole request waits for more bytes. Fuzzed by `fuzz/` (target
+//! `region_frames`) and by `tests/fuzz_smoke.rs`.
+
+use super::region::Region;
+
+/// "FTRG": the first four bytes of a hello and a welcome.
+pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"FTRG");
+pub const HELLO_LEN: usize = 8;
+pub const WELCOME_LEN: usize = 16;
+/// A read request: u64 id, u64 offset, u32 len.
+pub const REQ_LEN: usize = 20;
+/// An answer's header: u64 id, u32 status, u32 len (then `len` bytes when ok).
+pub const ANS_LEN: usize = 16;
+pub const ST_OK: u32 = 0;
+/// An answer's status: the read is outside the region.
+pub const ST_OOB: u32 = 1;
+/// A welcome's status: the server does not serve the region asked for.
+pub const ST_WRONG_REGION: u32 = 1;
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// A reader's hello for `region`.
+pub fn hello(region: u32) -> [u8; HELLO_LEN] {
+    let mut h = [0u8; HELLO_LEN];
+    h[..4].copy_from_slice(&REGION_MAGIC.to_le_bytes());
+    h[4..].copy_from_slice(&region.to_le_bytes());
+    h
+}
+
+/// The region a hello asks for; Err when it is not a region reader's.
+pub fn parse_hello(h: &[u8; HELLO_LEN]) -> Result<u32, String> {
+    if u32_at(h, 0) != REGION_MAGIC {
+        return Err("not a region reader (bad magic)".into());
+    }
+    Ok(u32_at(h, 4))
+}
+
+/// A server's welcome: `status` and the region's length.
+pub fn welcome(status: u32, len: u64) -> [u8; WELCOME_LEN] {
+    let mut w = [0u8; WELCOME_LEN];
+    w[..4].copy_from_slice(&REGION_MAGIC.to_le_bytes());
+    w[4..8].copy_from_slice(&status.to_le_bytes());
+    w[8..].copy_from_slice(&len.to_le_bytes());
+    w
+}
+
+/// (status, region length) of a welcome; Err when it is not a region server's.
+pub fn parse_welcome(w: &[u8; WELCOME_LEN]) -> Result<(u32, u64), String> {
+    if u32_at(w, 0) != REGION_MAGIC {
+        return Err("not a Fermata region server".into());
+    }
+    Ok((u32_at(w, 4), u64_at(w, 8)))
+}
+
+/// One read request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub id: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl Request {
+    pub fn encode(&self) -> [u8; REQ_LEN] {
+        let mut r = [0u8; REQ_LEN];
+        r[..8].copy_from_slice(&self.id.to_le_bytes());
+        r[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        r[16..].copy_from_slice(&self.len.to_le_bytes());
+        r
+    }
+
+    pub fn decode(r: &[u8; REQ_LEN]) -> Request {
+        Request {
+            id: u64_at(r, 0),
+            offset: u64_at(r, 8),
+            len: u32_at(r, 16),
+        }
+    }
+}
+
+/// An answer's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnswerHeader {
+    pub id: u64,
+    pub status: u32,
+    /// Bytes that follow (0 unless the status is [`ST_OK`]).
+    pub len: u32,
+}
+
+impl AnswerHeader {
+    pub fn decode(h: &[u8; ANS_LEN]) -> AnswerHeader {
+        AnswerHeader {
+            id: u64_at(h, 0),
+            status: u32_at(h, 8),
+            len: u32_at(h, 12),
+        }
+    }
+}
+
+/// Answers every whole request at the start of `inb` from `region`, appending
+/// the answers to `out`; returns the bytes of `inb` used (a multiple of
+/// [`REQ_LEN`]; the rest waits for more). Stops early, having used a whole
+/// number of requests, once `out` holds `flush_at` bytes or more, so the caller
+/// can write them and call again.
+pub fn serve_requests(inb: &[u8], region: &Region, out: &mut Vec<u8>, flush_at: usize) -> usize {
+    let mut pos = 0;
+    while inb.len() - pos >= REQ_LEN && out.len() < flush_at {
+        let mut r = [0u8; REQ_LEN];
+        r.copy_from_slice(&inb[pos..pos + REQ_LEN]);
+        pos += REQ_LEN;
+        let req = Request::decode(&r);
+        let hdr_at = out.len();
+        out.extend_from_slice(&req.id.to_le_bytes());
+        out.extend_from_slice(&ST_OK.to_le_bytes());
+        out.extend_from_slice(&req.len.to_le_bytes());
+        if region
+            .with_slice(req.offset, req.len, |b| out.extend_from_slice(b))
+            .is_err()
+        {
+            out[hdr_at + 8..hdr_at + 12].copy_from_slice(&ST_OOB.to_le_bytes());
+            out[hdr_at + 12..hdr_at + 16].copy_from_slice(&0u32.to_le_bytes());
+        }
+    }
+    pos
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bad_magic_is_refused() {
+        assert_eq!(parse_hello(&hello(7)), Ok(7));
+        assert_eq!(
+            parse_welcome(&welcome(ST_OK, 1 << 40)),
+            Ok((ST_OK, 1 << 40))
+        );
+        assert!(parse_hello(&[0; HELLO_LEN]).is_err());
+        assert!(parse_welcome(&[0; WELCOME_LEN]).is_err());
+        let r = Request {
+            id: u64::MAX,
+            offset: 3,
+            len: 9,
+        };
+        assert_eq!(Request::decode(&r.encode()), r);
+    }
+
+    #[test]
+    fn requests_are_answered_in_order_and_out_of_bounds_is_an_answer() {
+        let region = Region::new(1, 4096).unwrap();
+        let at = region.put(5, b"hello").unwrap();
+        let mut inb = Vec::new();
+        inb.extend_from_slice(
+            &Request {
+                id: 1,
+                offset: at.offset,
+                len: at.len,
+            }
+            .encode(),
+        );
+        inb.extend_from_slice(
+            &Request {
+                id: 2,
+                offset: u64::MAX - 3,
+                len: u32::MAX,
+            }
+            .encode(),
+        );
+        inb.extend_from_slice(&[9; 7]); // part of a third
+        let mut out = Vec::new();
+        let used = serve_requests(&inb, &region, &mut out, usize::MAX);
+        assert_eq!(used, 2 * REQ_LEN);
+        let h1 = AnswerHeader::decode(out[..ANS_LEN].try_into().unwrap());
+        assert_eq!((h1.id, h1.status, h1.len), (1, ST_OK, at.len));
+        let data = &out[ANS_LEN..ANS_LEN + at.len as usize];
+        assert_eq!(&data[data.len() - 5..], b"hello");
+        let rest = &out[ANS_LEN + at.len as usize..];
+        let h2 = AnswerHeader::decode(rest[..ANS_LEN].try_into().unwrap());
+        assert_eq!((h2.id, h2.status, h2.len), (2, ST_OOB, 0));
+        assert_eq!(rest.len(), ANS_LEN);
+    }
+}
