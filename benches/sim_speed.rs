@@ -13,7 +13,7 @@
 
 use fermata::bench::{goodput_search, SearchOptions};
 use fermata::core::{Dur, Policy};
-use fermata::sim::{simulate, SimOptions};
+use fermata::sim::{simulate, RunOptions};
 use fermata::workload::{Arrival, Workload};
 use std::path::Path;
 use std::time::Instant;
@@ -43,7 +43,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn sim_speed(w: &Workload, s: &Settings, check: bool) -> f64 {
-    let mut o = SimOptions::from_workload(w);
+    let mut o = RunOptions::from_workload(w);
     o.policy = Policy::Deferred;
     o.rate_rps = RATE_RPS;
     o.arrival = Arrival::Poisson;
@@ -90,7 +90,7 @@ fn main() {
 
     // One full goodput search as the CLI runs it (`fermata bench goodput`): the
     // workload's own options, deferred policy, default search settings.
-    let mut o = SimOptions::from_workload(&w);
+    let mut o = RunOptions::from_workload(&w);
     o.policy = Policy::Deferred;
     if !full {
         o.warmup = Dur::from_secs_f64(s.warmup_s);

@@ -4,9 +4,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use fermata::bench::{self, plot, SearchOptions};
 use fermata::core::{Dur, Policy};
-use fermata::node::loadgen::{self, LoadgenOpts};
+use fermata::harness::loadgen::{self, LoadgenOpts};
 use fermata::node::procs::{ProcCluster, ProcOpts};
-use fermata::sim::{simulate, SimOptions};
+use fermata::sim::{simulate, RunOptions};
 use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
 
@@ -257,7 +257,7 @@ struct RtArgs {
 }
 
 impl RtArgs {
-    fn options(&self) -> Result<fermata::runtime::fake::RtOptions> {
+    fn options(&self) -> Result<fermata::harness::fake::RtOptions> {
         let pin_cpus = match &self.pin_cpus {
             Some(s) => Some(fermata::runtime::pin::parse_cpu_list(s).context("--pin-cpus")?),
             None => None,
@@ -268,7 +268,7 @@ impl RtArgs {
         if !(self.rank_spin_us >= 0.0 && self.gen_quantum_us > 0.0) {
             bail!("--rank-spin-us must be >= 0 and --gen-quantum-us > 0");
         }
-        Ok(fermata::runtime::fake::RtOptions {
+        Ok(fermata::harness::fake::RtOptions {
             model_threads: self.threads,
             pin_cpus,
             rank_spin: Dur::from_us_f64(self.rank_spin_us),
@@ -434,7 +434,7 @@ fn main() {
     }
 }
 
-fn load(run: &RunArgs) -> Result<(Workload, SimOptions)> {
+fn load(run: &RunArgs) -> Result<(Workload, RunOptions)> {
     let Some(path) = &run.workload else {
         bail!("--workload FILE is required (e.g. configs/workloads/resnet50_8gpu.toml)");
     };
@@ -442,7 +442,7 @@ fn load(run: &RunArgs) -> Result<(Workload, SimOptions)> {
     if let Some(g) = &run.gather {
         w.gather = Some(g.parse().map_err(anyhow::Error::msg).context("--gather")?);
     }
-    let mut o = SimOptions::from_workload(&w);
+    let mut o = RunOptions::from_workload(&w);
     if let Some(a) = &run.arrival {
         o.arrival = a
             .parse::<Arrival>()
@@ -550,7 +550,7 @@ fn cmd_sim(a: SimArgs) -> Result<()> {
     if a.run.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&bench::sim_json(&w, &r))?
+            serde_json::to_string_pretty(&fermata::run::run_json(&w, &r))?
         );
     } else {
         println!(
@@ -594,7 +594,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                 let rt = a.rt.options()?;
                 let json = a.run.json;
                 bench::goodput_search_with(&w, &oo, &so, |o| {
-                    let r = fermata::runtime::fake::run_realtime(&w, o, &rt)?;
+                    let r = fermata::harness::fake::run_realtime(&w, o, &rt)?;
                     if !json {
                         eprintln!(
                             "  probe {:>9.1} r/s: worst model bad {:.3}%, lag p99 {:.0} us, dispatch error p99 {:.0} us",
@@ -969,12 +969,12 @@ fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
 }
 
 fn cmd_overload(a: OverloadArgs) -> Result<()> {
-    use fermata::runtime::fake::run_realtime;
+    use fermata::harness::fake::run_realtime;
     if !(a.factor >= 1.0 && a.factor <= 100.0 && a.secs > 0.0) {
         bail!("--factor must be in [1, 100] and --secs > 0");
     }
     let w = Workload::from_file(&a.workload)?;
-    let mut o = SimOptions::from_workload(&w);
+    let mut o = RunOptions::from_workload(&w);
     if let Some(p) = &a.policy {
         o.policy = p
             .parse::<Policy>()
@@ -1003,7 +1003,7 @@ fn cmd_overload(a: OverloadArgs) -> Result<()> {
     let mut rt2 = rt.clone();
     rt2.rate_steps = vec![(Dur::ZERO, a.factor), (Dur::from_secs_f64(a.secs), 0.5)];
     let r2 = run_realtime(&w, &o2, &rt2)?;
-    let ok_once = |r: &fermata::runtime::fake::RtRun| {
+    let ok_once = |r: &fermata::harness::fake::RtRun| {
         r.duplicates == 0 && r.unended == 0 && r.backend.overlaps == 0
     };
     let v = serde_json::json!({

@@ -3,10 +3,10 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fermata::core::Dur;
+use fermata::harness::loadgen::{self, LoadgenOpts};
 use fermata::node::backend::{BackendNode, BackendOpts};
 use fermata::node::frontend::{FrontendNode, FrontendOpts};
 use fermata::node::http::{HttpOpts, HttpServer};
-use fermata::node::loadgen::{self, LoadgenOpts};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::node::serve::{self, ClusterOpts};
 use fermata::transport::{self, Transport};
@@ -640,7 +640,7 @@ pub struct ServeGoodputArgs {
 
 /// The batch-size distribution of a run as (batch size, percent of requests),
 /// for sizes with at least 0.5% of the requests.
-fn batch_distribution(r: &fermata::sim::SimResult) -> Vec<(String, f64)> {
+fn batch_distribution(r: &fermata::sim::RunResult) -> Vec<(String, f64)> {
     fermata::bench::batch_bins(r)
         .into_iter()
         .filter(|(_, f)| *f >= 0.005)
@@ -657,7 +657,7 @@ fn cuda_devices_of(s: &Option<String>) -> Result<Option<Vec<u32>>> {
 
 pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
     use fermata::bench::{goodput_search, goodput_search_with, SearchOptions};
-    use fermata::sim::SimOptions;
+    use fermata::sim::RunOptions;
     let devices = cuda_devices_of(&a.cuda_devices)?;
     if let Some(d) = &devices {
         if d.len() != a.gpus as usize {
@@ -678,7 +678,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
     let _ = fermata::node::exec::executor_factory_on(&a.executor, &a.models, devices.clone())
         .with_context(|| format!("--executor {}", a.executor))?;
     let w = repository_workload(&a.models, &a.executor, a.gpus, None)?;
-    let mut o = SimOptions::from_workload(&w);
+    let mut o = RunOptions::from_workload(&w);
     o.duration = Dur::from_secs_f64(a.duration_s);
     o.warmup = Dur::from_secs_f64(a.warmup_s);
     if let Some(s) = &a.arrival {

@@ -1,11 +1,14 @@
+pub mod arrivals;
 pub mod bench;
 pub mod core;
 pub mod fuzzing;
+pub mod harness;
 pub mod metrics;
 pub mod node;
 pub mod plan;
 pub mod profiler;
 pub mod repo;
+pub mod run;
 pub mod runtime;
 pub mod sim;
 pub mod transport;

@@ -6,7 +6,7 @@
 //! Throughput of N GPUs at batch b: N * b / l(b).
 
 use fermata::core::{Dur, LatencyProfile, Policy};
-use fermata::sim::{simulate, SimOptions, SimResult};
+use fermata::sim::{simulate, RunOptions, RunResult};
 use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
 
@@ -105,8 +105,8 @@ fn workload(file: &str) -> Workload {
     Workload::from_file(&path).expect("shipped workload parses")
 }
 
-fn run(w: &Workload, policy: Policy, rate_rps: f64) -> SimResult {
-    let mut o = SimOptions::from_workload(w);
+fn run(w: &Workload, policy: Policy, rate_rps: f64) -> RunResult {
+    let mut o = RunOptions::from_workload(w);
     o.policy = policy;
     o.arrival = Arrival::Constant;
     o.rate_rps = rate_rps;

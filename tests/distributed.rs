@@ -4,9 +4,9 @@
 //! malformed and unexpected messages.
 
 use fermata::core::Dur;
+use fermata::harness::loadgen::{self, LoadReport, LoadgenOpts};
 use fermata::node::backend::{BackendNode, BackendOpts};
 use fermata::node::frontend::{FrontendNode, FrontendOpts};
-use fermata::node::loadgen::{self, LoadReport, LoadgenOpts};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::node::serve::{Cluster, ClusterOpts};
 use fermata::transport::{inproc::InProc, tcp::Tcp, Event, Transport};

@@ -3,7 +3,7 @@
 //! load generator in this (separate) process.
 
 use fermata::core::Dur;
-use fermata::node::loadgen::{self, LoadgenOpts};
+use fermata::harness::loadgen::{self, LoadgenOpts};
 use fermata::node::procs::{ProcCluster, ProcOpts};
 use fermata::transport::tcp::Tcp;
 use fermata::workload::Workload;

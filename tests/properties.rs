@@ -6,7 +6,7 @@ use fermata::core::{
     Dispatcher, DispatcherConfig, Dur, Gather, GpuId, ModelId, NetBudget, Output, Policy, Task,
     TaskId, Time,
 };
-use fermata::sim::{simulate, SimOptions};
+use fermata::sim::{simulate, RunOptions};
 use fermata::workload::{Arrival, Workload};
 use proptest::prelude::*;
 
@@ -43,7 +43,7 @@ fn policies() -> Vec<Policy> {
 }
 
 /// Per GPU, the plans the simulator started never overlap.
-fn assert_no_double_booking(w: &Workload, r: &fermata::sim::SimResult) {
+fn assert_no_double_booking(w: &Workload, r: &fermata::sim::RunResult) {
     let mut per_gpu: Vec<Vec<(Time, Time)>> = vec![Vec::new(); w.gpus as usize];
     for p in r.plans.iter().filter(|p| !p.preempted) {
         let l = w.models[p.model.idx()]
@@ -86,7 +86,7 @@ proptest! {
             Err(_) => return Ok(()),
         };
         let policy = policies()[policy_idx];
-        let mut o = SimOptions::from_workload(&w);
+        let mut o = RunOptions::from_workload(&w);
         o.policy = policy;
         o.seed = seed;
         o.rate_rps = load * fermata::bench::throughput_upper_bound(&w);

@@ -7,10 +7,10 @@ use fermata::core::{
     DispatcherConfig, DropReason, Dur, GpuId, LatencyProfile, ModelId, ModelSpec, Plan, Policy,
     Task, TaskId, Time,
 };
+use fermata::harness::fake::{run_realtime, RtOptions};
 use fermata::runtime::clock::Clock;
-use fermata::runtime::fake::{run_realtime, RtOptions};
 use fermata::runtime::sched::{Outlet, RtConfig, RtScheduler};
-use fermata::sim::SimOptions;
+use fermata::sim::RunOptions;
 use fermata::workload::Workload;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -291,7 +291,7 @@ fn resnet() -> Workload {
 fn realtime_run_ends_every_request_once_with_fake_backends() {
     let _serial = serial();
     let w = resnet();
-    let mut o = SimOptions::from_workload(&w);
+    let mut o = RunOptions::from_workload(&w);
     o.rate_rps = 3000.0;
     o.warmup = Dur::from_ms(300);
     o.duration = Dur::from_ms(1500);
@@ -322,7 +322,7 @@ fn overload_is_bounded_and_recovers() {
     // queues stay within their bound, every request ends once, and after the overload
     // the scheduler serves the normal load again.
     let w = resnet();
-    let mut o = SimOptions::from_workload(&w);
+    let mut o = RunOptions::from_workload(&w);
     o.rate_rps = 2700.0;
     o.warmup = Dur::from_ms(1500);
     o.duration = Dur::from_ms(1500);

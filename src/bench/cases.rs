@@ -3,7 +3,7 @@
 
 use super::{goodput_search, SearchOptions};
 use crate::core::Policy;
-use crate::sim::{simulate, SimOptions};
+use crate::sim::{simulate, RunOptions};
 use crate::workload::Workload;
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -24,7 +24,7 @@ pub fn fig6a_rows(seed: u64) -> Vec<Value> {
     let mut rows = Vec::new();
     for beta in [1.0, 5.0, 10.0, 15.0] {
         let w = fig6a_workload(beta);
-        let mut o = SimOptions::from_workload(&w);
+        let mut o = RunOptions::from_workload(&w);
         o.seed = seed;
         let so = SearchOptions::default();
         o.policy = Policy::Deferred;
@@ -64,7 +64,7 @@ pub fn fig6a(seed: u64, as_json: bool) -> Result<()> {
 /// Section 3.5: find the goodput p, then run at 1.5 p (goodput should stay near p)
 /// and at 0.3 p (the GPU idle fraction should be near (p - o) / p = 0.7, with the
 /// idle time on the highest-id GPUs).
-pub fn flattop(w: &Workload, base: &SimOptions) -> Value {
+pub fn flattop(w: &Workload, base: &RunOptions) -> Value {
     let g = goodput_search(w, base, &SearchOptions::default());
     let p = g.goodput_rps;
     let mut o = base.clone();

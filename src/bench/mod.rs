@@ -7,7 +7,7 @@ pub mod plot;
 pub mod scheduler;
 
 use crate::core::Policy;
-use crate::sim::{quantile_of_counts, simulate, SimOptions, SimResult};
+use crate::sim::{quantile_of_counts, simulate, RunOptions, RunResult};
 use crate::workload::{Arrival, Workload};
 use serde_json::{json, Value};
 
@@ -46,7 +46,7 @@ pub struct GoodputResult {
     pub arrival: Arrival,
     pub goodput_rps: f64,
     /// The run at the goodput rate (None when no rate passed).
-    pub at_goodput: Option<SimResult>,
+    pub at_goodput: Option<RunResult>,
     pub trials: Vec<Trial>,
     pub sim_requests: u64,
     pub wall_secs: f64,
@@ -73,13 +73,13 @@ pub fn throughput_upper_bound(w: &Workload) -> f64 {
 }
 
 /// Whether a run meets the goodput criterion: every model's bad rate <= 1%.
-pub fn passes(r: &SimResult) -> bool {
+pub fn passes(r: &RunResult) -> bool {
     r.models.iter().all(|m| m.bad_rate() <= BAD_RATE_LIMIT)
 }
 
 /// Binary search for the highest aggregate rate at which every model's bad rate is at
 /// most 1%, with warm-up and the workload's measured window (>= 20 s by default).
-pub fn goodput_search(w: &Workload, base: &SimOptions, so: &SearchOptions) -> GoodputResult {
+pub fn goodput_search(w: &Workload, base: &RunOptions, so: &SearchOptions) -> GoodputResult {
     goodput_search_with(w, base, so, |o| Ok(simulate(w, o))).expect("the simulator cannot fail")
 }
 
@@ -87,14 +87,14 @@ pub fn goodput_search(w: &Workload, base: &SimOptions, so: &SearchOptions) -> Go
 /// scheduler with fake backends).
 pub fn goodput_search_with(
     w: &Workload,
-    base: &SimOptions,
+    base: &RunOptions,
     so: &SearchOptions,
-    mut run: impl FnMut(&SimOptions) -> anyhow::Result<SimResult>,
+    mut run: impl FnMut(&RunOptions) -> anyhow::Result<RunResult>,
 ) -> anyhow::Result<GoodputResult> {
     let wall = std::time::Instant::now();
     let mut trials = Vec::new();
     let mut sim_requests = 0;
-    let mut probe = |rate: f64, trials: &mut Vec<Trial>| -> anyhow::Result<SimResult> {
+    let mut probe = |rate: f64, trials: &mut Vec<Trial>| -> anyhow::Result<RunResult> {
         let mut o = base.clone();
         o.rate_rps = rate;
         let r = run(&o)?;
@@ -107,7 +107,7 @@ pub fn goodput_search_with(
         Ok(r)
     };
     let mut lo = 0.0;
-    let mut best: Option<SimResult> = None;
+    let mut best: Option<RunResult> = None;
     let mut hi = throughput_upper_bound(w) * 1.05;
     // The bound should fail; if it passes (it cannot with exact profiles), grow it.
     for _ in 0..4 {
@@ -146,57 +146,11 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * k).round() / k
 }
 
-/// JSON for one simulation run.
-pub fn sim_json(w: &Workload, r: &SimResult) -> Value {
-    let per_model: Vec<Value> = r
-        .models
-        .iter()
-        .map(|m| {
-            json!({
-                "name": m.name,
-                "offered": m.offered,
-                "good": m.good,
-                "late": m.late,
-                "dropped": m.dropped,
-                "bad_rate": round(m.bad_rate(), 6),
-                "goodput_rps": round(m.good as f64 / r.window.as_secs_f64(), 2),
-                "batch_size_p50": m.batch_quantile(0.5),
-                "batch_size_p99": m.batch_quantile(0.99),
-                "batch_size_requests": m.batch_requests,
-                "queuing_delay_ms_p50": round(m.queuing_us.value_at_quantile(0.5) as f64 / 1e3, 4),
-                "queuing_delay_ms_p99": round(m.queuing_us.value_at_quantile(0.99) as f64 / 1e3, 4),
-            })
-        })
-        .collect();
-    let q = r.queuing_us();
-    let batches = r.batch_requests();
-    json!({
-        "workload": w.name,
-        "policy": r.policy.name(),
-        "rate_rps": round(r.rate_rps, 3),
-        "offered": r.offered(),
-        "good": r.good(),
-        "goodput_rps": round(r.goodput_rps(), 2),
-        "bad_rate": round(r.bad_rate(), 6),
-        "max_model_bad_rate": round(r.max_model_bad_rate(), 6),
-        "batch_size_p50": quantile_of_counts(&batches, 0.5),
-        "batch_size_p99": quantile_of_counts(&batches, 0.99),
-        "gpu_busy_fraction": round(r.gpu_busy_fraction(), 4),
-        "gpu_busy_per_gpu": r.gpu_busy.iter().map(|b| round(*b, 4)).collect::<Vec<_>>(),
-        "queuing_delay_ms_p50": round(q.value_at_quantile(0.5) as f64 / 1e3, 4),
-        "queuing_delay_ms_p99": round(q.value_at_quantile(0.99) as f64 / 1e3, 4),
-        "preemptions": r.preemptions,
-        "sim_requests": r.sim_requests,
-        "sim_requests_per_sec": round(r.sim_requests_per_sec(), 0),
-        "per_model": per_model,
-    })
-}
-
-/// JSON for a goodput search (the fields of `sim_json` at the goodput rate, plus the
+/// JSON for a goodput search (the fields of `run_json` at the goodput rate, plus the
 /// search itself).
 pub fn goodput_json(w: &Workload, g: &GoodputResult) -> Value {
     let mut v = match &g.at_goodput {
-        Some(r) => sim_json(w, r),
+        Some(r) => crate::run::run_json(w, r),
         None => json!({
             "workload": w.name, "policy": g.policy.name(), "bad_rate": 1.0,
             "batch_size_p50": 0, "batch_size_p99": 0, "gpu_busy_fraction": 0.0,
@@ -229,7 +183,7 @@ pub fn goodput_json(w: &Workload, g: &GoodputResult) -> Value {
 }
 
 /// A human-readable table of per-model results.
-pub fn sim_table(r: &SimResult) -> String {
+pub fn sim_table(r: &RunResult) -> String {
     let mut s = format!(
         "{:<24} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>10} {:>10}\n",
         "model",
@@ -290,7 +244,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 /// The batch-size distribution as (label, fraction of requests) bins.
-pub fn batch_bins(r: &SimResult) -> Vec<(String, f64)> {
+pub fn batch_bins(r: &RunResult) -> Vec<(String, f64)> {
     let c = r.batch_requests();
     let total: u64 = c.iter().sum();
     c.iter()

@@ -4,8 +4,8 @@
 //! requests/s; reports whether the rate is sustained (load generator lag p99 < 2 ms and
 //! bad rate < 1%), lag, decision latency, dispatch error and CPU use.
 
-use crate::runtime::fake::{run_realtime, RtOptions, RtRun};
-use crate::sim::SimOptions;
+use crate::harness::fake::{run_realtime, RtOptions, RtRun};
+use crate::sim::RunOptions;
 use crate::workload::Workload;
 use anyhow::{bail, Result};
 use hdrhistogram::Histogram;
@@ -87,7 +87,7 @@ pub fn stress_workload(o: &StressOptions, rate_rps: f64) -> Result<Workload> {
 /// One stress run.
 pub fn stress_run(o: &StressOptions, rate_rps: f64) -> Result<RtRun> {
     let w = stress_workload(o, rate_rps)?;
-    let mut so = SimOptions::from_workload(&w);
+    let mut so = RunOptions::from_workload(&w);
     so.rate_rps = rate_rps;
     run_realtime(&w, &so, &o.rt)
 }

@@ -9,7 +9,6 @@ pub mod clock;
 pub mod exec;
 pub mod frontend;
 pub mod http;
-pub mod loadgen;
 pub mod onnx;
 pub mod procs;
 pub mod proto;

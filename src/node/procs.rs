@@ -2,7 +2,7 @@
 //! and `fermata frontend` started from the binary at hand, talking TCP over
 //! loopback. The goodput benchmark (`--runtime tcp`) and the end-to-end tests use
 //! it; the caller drives the frontends (for instance with
-//! [`super::loadgen::run`]), so the load generator is a process of its own too.
+//! [`crate::harness::loadgen::run`]), so the load generator is a process of its own too.
 //!
 //! Each role prints one line when it is ready (with its address); the cluster waits
 //! for those lines, so ports can be 0. Stopping sends SIGTERM, waits, then SIGKILL;

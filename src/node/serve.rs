@@ -4,8 +4,8 @@
 
 use super::backend::{BackendNode, BackendOpts, BackendReport};
 use super::frontend::{FrontendNode, FrontendOpts, FrontendReport};
-use super::loadgen::{self, LoadReport, LoadgenOpts};
 use super::scheduler::{SchedReport, SchedulerNode, SchedulerOpts};
+use crate::harness::loadgen::{self, LoadReport, LoadgenOpts};
 use crate::transport::Transport;
 use crate::workload::Workload;
 use anyhow::Result;

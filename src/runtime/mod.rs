@@ -2,7 +2,6 @@
 
 pub mod clock;
 pub mod cpu;
-pub mod fake;
 pub mod pin;
 pub mod sched;
 pub mod wait;

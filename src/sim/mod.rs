@@ -5,203 +5,24 @@
 //! The simulator drives the production core (the same [`Dispatcher`] the real-time
 //! runtime uses), never a copy of it.
 
-pub mod arrivals;
+pub use crate::arrivals;
 pub mod cluster;
+
+pub use crate::run::{
+    new_hist, quantile_of_counts, ModelResult, PlanRecord, RunOptions, RunResult,
+};
 
 use crate::core::nexus::NexusCore;
 use crate::core::{
     Dispatcher, DispatcherConfig, Dur, GpuId, ModelId, Output, Plan, PlanId, Policy, Scheduler,
     Task, TaskId, Time,
 };
-use crate::workload::{Arrival, Workload};
-use hdrhistogram::Histogram;
+use crate::workload::Workload;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-
-/// Options of one simulation run (the workload gives the rest).
-#[derive(Debug, Clone)]
-pub struct SimOptions {
-    pub policy: Policy,
-    pub rate_rps: f64,
-    pub arrival: Arrival,
-    pub seed: u64,
-    pub warmup: Dur,
-    pub duration: Dur,
-    /// Check the core's and the simulator's invariants after every event.
-    pub check: bool,
-    /// Keep every dispatched plan (for traces and tests).
-    pub record_plans: bool,
-}
-
-impl SimOptions {
-    pub fn from_workload(w: &Workload) -> SimOptions {
-        SimOptions {
-            policy: w.policy,
-            rate_rps: w.rate_rps,
-            arrival: w.arrival,
-            seed: w.seed,
-            warmup: w.warmup,
-            duration: w.duration,
-            check: true,
-            record_plans: false,
-        }
-    }
-}
-
-/// One dispatched plan as the simulator saw it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlanRecord {
-    pub plan: PlanId,
-    pub model: ModelId,
-    pub gpu: GpuId,
-    /// When the scheduler sent it.
-    pub sent_at: Time,
-    pub exec_at: Time,
-    pub tasks: Vec<TaskId>,
-    /// Set when Shepherd preempted it.
-    pub preempted: bool,
-}
-
-/// Per-model results over the measured window.
-#[derive(Debug, Clone)]
-pub struct ModelResult {
-    pub name: String,
-    /// Requests that arrived in the measured window.
-    pub offered: u64,
-    pub good: u64,
-    pub late: u64,
-    pub dropped: u64,
-    /// `batch_requests[b]`: requests that ran in a batch of size b (b >= 1).
-    pub batch_requests: Vec<u64>,
-    /// Arrival to batch start, in microseconds.
-    pub queuing_us: Histogram<u64>,
-}
-
-impl ModelResult {
-    /// No requests yet.
-    pub fn new(name: &str) -> ModelResult {
-        ModelResult {
-            name: name.to_string(),
-            offered: 0,
-            good: 0,
-            late: 0,
-            dropped: 0,
-            batch_requests: Vec::new(),
-            queuing_us: new_hist(),
-        }
-    }
-
-    pub fn bad(&self) -> u64 {
-        self.late + self.dropped
-    }
-    pub fn bad_rate(&self) -> f64 {
-        if self.offered == 0 {
-            0.0
-        } else {
-            self.bad() as f64 / self.offered as f64
-        }
-    }
-    /// The batch size at quantile `q` over requests.
-    pub fn batch_quantile(&self, q: f64) -> u32 {
-        quantile_of_counts(&self.batch_requests, q)
-    }
-}
-
-/// The `q` quantile of a histogram given as counts per value.
-pub fn quantile_of_counts(counts: &[u64], q: f64) -> u32 {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
-        return 0;
-    }
-    let target = ((q * total as f64).ceil() as u64).clamp(1, total);
-    let mut acc = 0;
-    for (b, c) in counts.iter().enumerate() {
-        acc += c;
-        if acc >= target {
-            return b as u32;
-        }
-    }
-    (counts.len() - 1) as u32
-}
-
-/// Results of one run.
-#[derive(Debug, Clone)]
-pub struct SimResult {
-    pub policy: Policy,
-    pub rate_rps: f64,
-    pub models: Vec<ModelResult>,
-    /// Busy fraction of each GPU over the measured window.
-    pub gpu_busy: Vec<f64>,
-    /// All requests simulated (warm-up and drain included).
-    pub sim_requests: u64,
-    pub wall_secs: f64,
-    pub plans: Vec<PlanRecord>,
-    pub preemptions: u64,
-    pub window: Dur,
-}
-
-impl SimResult {
-    pub fn offered(&self) -> u64 {
-        self.models.iter().map(|m| m.offered).sum()
-    }
-    pub fn good(&self) -> u64 {
-        self.models.iter().map(|m| m.good).sum()
-    }
-    pub fn bad_rate(&self) -> f64 {
-        let o = self.offered();
-        if o == 0 {
-            0.0
-        } else {
-            (o - self.good()) as f64 / o as f64
-        }
-    }
-    /// The worst model's bad rate (goodput requires every model <= 1%).
-    pub fn max_model_bad_rate(&self) -> f64 {
-        self.models.iter().map(|m| m.bad_rate()).fold(0.0, f64::max)
-    }
-    pub fn goodput_rps(&self) -> f64 {
-        self.good() as f64 / self.window.as_secs_f64()
-    }
-    pub fn gpu_busy_fraction(&self) -> f64 {
-        if self.gpu_busy.is_empty() {
-            0.0
-        } else {
-            self.gpu_busy.iter().sum::<f64>() / self.gpu_busy.len() as f64
-        }
-    }
-    pub fn batch_requests(&self) -> Vec<u64> {
-        let n = self
-            .models
-            .iter()
-            .map(|m| m.batch_requests.len())
-            .max()
-            .unwrap_or(0);
-        let mut v = vec![0; n];
-        for m in &self.models {
-            for (b, c) in m.batch_requests.iter().enumerate() {
-                v[b] += c;
-            }
-        }
-        v
-    }
-    pub fn queuing_us(&self) -> Histogram<u64> {
-        let mut h = new_hist();
-        for m in &self.models {
-            h.add(&m.queuing_us).expect("same bounds");
-        }
-        h
-    }
-    pub fn sim_requests_per_sec(&self) -> f64 {
-        self.sim_requests as f64 / self.wall_secs.max(1e-9)
-    }
-}
-
-pub fn new_hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
-}
 
 #[derive(Debug, Clone)]
 struct InFlight {
@@ -218,7 +39,7 @@ const ENDED: u8 = 1;
 
 struct Engine<'w> {
     w: &'w Workload,
-    opt: SimOptions,
+    opt: RunOptions,
     win_start: Time,
     win_end: Time,
     models: Vec<ModelResult>,
@@ -385,7 +206,7 @@ pub fn dispatcher_config(w: &Workload, policy: Policy, check: bool) -> Dispatche
 }
 
 /// Runs one simulation.
-pub fn simulate(w: &Workload, opt: &SimOptions) -> SimResult {
+pub fn simulate(w: &Workload, opt: &RunOptions) -> RunResult {
     match AnyCore::new(w, opt.policy, opt.rate_rps, opt.check) {
         AnyCore::Central(mut d) => run(w, opt, d.as_mut()),
         AnyCore::Nexus(mut n) => run(w, opt, n.as_mut()),
@@ -393,7 +214,7 @@ pub fn simulate(w: &Workload, opt: &SimOptions) -> SimResult {
 }
 
 /// Runs a simulation on any core.
-pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimResult {
+pub fn run<S: Scheduler>(w: &Workload, opt: &RunOptions, core: &mut S) -> RunResult {
     let wall = std::time::Instant::now();
     let win_start = Time::ZERO + opt.warmup;
     let win_end = win_start + opt.duration;
@@ -474,7 +295,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &SimOptions, core: &mut S) -> SimRes
         e.ended, next_id
     );
     let window_ns = opt.duration.0 as f64;
-    SimResult {
+    RunResult {
         policy: opt.policy,
         rate_rps: opt.rate_rps,
         gpu_busy: e

@@ -3,18 +3,20 @@
 //! run each plan on an emulated GPU and check that no two plans overlap on a GPU.
 //!
 //! [`run_realtime`] runs one workload at one rate in real time and returns the same
-//! [`SimResult`] the simulator returns (so the goodput search and reports are shared),
+//! [`RunResult`] the simulator returns (so the goodput search and reports are shared),
 //! plus the runtime's own measurements.
 //!
 //! Every request ends exactly once, as good, late, dropped or failed; the [`Ledger`]
 //! checks it (one flag per request id, set once).
 
-use super::clock::Clock;
-use super::sched::{new_hist, GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
-use super::wait::Waiter;
+use crate::arrivals::{model_gens, MergedArrivals};
 use crate::core::{DropReason, Dur, ModelId, Plan, Task, TaskId, Time};
-use crate::sim::arrivals::{model_gens, MergedArrivals};
-use crate::sim::{dispatcher_config, ModelResult, SimOptions, SimResult};
+use crate::run::{ModelResult, RunOptions, RunResult};
+use crate::runtime::clock::Clock;
+use crate::runtime::sched::{
+    new_hist, GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter,
+};
+use crate::runtime::wait::Waiter;
 use crate::workload::Workload;
 use anyhow::Result;
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -219,7 +221,7 @@ impl FakeBackends {
                 late_starts: 0,
                 busy_ns: vec![0; w.gpus as usize],
                 batch_requests: vec![Vec::new(); nm],
-                queuing_us: (0..nm).map(|_| crate::sim::new_hist()).collect(),
+                queuing_us: (0..nm).map(|_| crate::run::new_hist()).collect(),
                 cpu: std::time::Duration::ZERO,
             },
             w,
@@ -368,7 +370,7 @@ impl Default for RtOptions {
 #[derive(Debug, Clone)]
 pub struct RtRun {
     /// The same fields as a simulation (per-model outcomes, batch sizes, GPU busy).
-    pub sim: SimResult,
+    pub sim: RunResult,
     /// Load generator lag: hand-in time − arrival time, ns.
     pub lag_ns: Histogram<u64>,
     pub generated: u64,
@@ -402,9 +404,9 @@ impl RtRun {
 /// thread that plays every frontend (generating arrivals, handing them in every
 /// `gen_quantum`) and every backend (emulated GPUs). The fakes share a thread so that
 /// on a small machine the scheduler, not the test harness, gets the cores.
-pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<RtRun> {
+pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<RtRun> {
     let wall = std::time::Instant::now();
-    let cpu0 = super::cpu::process_cpu_time();
+    let cpu0 = crate::runtime::cpu::process_cpu_time();
     let w = Arc::new(w.clone());
     let clock = Clock::new();
     // The run's time 0 is a little after start-up, so the threads are up.
@@ -436,7 +438,7 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
         backend: world_waiter.unparker(),
         ledger: ledger.clone(),
     });
-    let mut dcfg = dispatcher_config(&w, opt.policy, false);
+    let mut dcfg = w.dispatcher_config(opt.policy, false);
     dcfg.queue_max = rt.queue_max;
     let mut cfg = RtConfig::new(dcfg, rt.model_threads);
     cfg.pin_cpus = rt.pin_cpus.clone();
@@ -465,7 +467,7 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
                         wake = gen.step(now, su, &ledger, quantum);
                         if wake.is_none() {
                             generating = false;
-                            gen.cpu = super::cpu::thread_cpu_time();
+                            gen.cpu = crate::runtime::cpu::thread_cpu_time();
                             // Submitters must go for the scheduler to shut down.
                             sub = None;
                             let _ = gen_tx.send(gen.result(clock));
@@ -488,7 +490,7 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
                     waiter.wait_until(&clock, deadline, || false);
                 }
                 let mut st = backends.st;
-                st.cpu = super::cpu::thread_cpu_time();
+                st.cpu = crate::runtime::cpu::thread_cpu_time();
                 st
             })?
     };
@@ -529,7 +531,7 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
     busy.resize(w.gpus as usize, 0);
     let wall_secs = wall.elapsed().as_secs_f64();
     Ok(RtRun {
-        sim: SimResult {
+        sim: RunResult {
             policy: opt.policy,
             rate_rps: opt.rate_rps,
             models,
@@ -549,7 +551,7 @@ pub fn run_realtime(w: &Workload, opt: &SimOptions, rt: &RtOptions) -> Result<Rt
         scheduler,
         backend,
         generator_cpu: gen.cpu,
-        process_cpu: super::cpu::process_cpu_time().saturating_sub(cpu0),
+        process_cpu: crate::runtime::cpu::process_cpu_time().saturating_sub(cpu0),
         wall_secs,
         gen_secs: gen.secs,
     })
@@ -580,7 +582,7 @@ struct LoadGen {
 }
 
 impl LoadGen {
-    fn new(w: &Workload, opt: &SimOptions, rt: &RtOptions, t0: Time, end: Time) -> LoadGen {
+    fn new(w: &Workload, opt: &RunOptions, rt: &RtOptions, t0: Time, end: Time) -> LoadGen {
         let trace = (!rt.rate_steps.is_empty()).then_some(rt.rate_steps.as_slice());
         let gens = model_gens(w, opt.arrival, opt.rate_rps, opt.seed, trace);
         LoadGen {

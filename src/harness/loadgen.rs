@@ -1,7 +1,7 @@
 //! The load generator: drives frontends with the simulator's arrival processes
 //! (same per-model seeds), open loop, and reports what clients saw: goodput, bad
 //! rate, latency percentiles and the batch-size distribution, in the simulator's
-//! [`SimResult`] so the same reports and the same goodput search apply.
+//! [`RunResult`] so the same reports and the same goodput search apply.
 //!
 //! Every request is accounted for exactly once: a second answer for a request is
 //! counted as a duplicate; a request with no answer by the end of the drain is
@@ -13,10 +13,10 @@
 //! [`crate::repo::ModelMeta::sample_input`]. Their outputs are checked only for length (the model's
 //! output bytes per request), since the load generator cannot compute them.
 
-use super::exec::emulated_output;
+use crate::arrivals::{model_gens, MergedArrivals};
 use crate::core::{Dur, Time};
-use crate::sim::arrivals::{model_gens, MergedArrivals};
-use crate::sim::{new_hist, ModelResult, SimResult};
+use crate::node::exec::emulated_output;
+use crate::run::{new_hist, ModelResult, RunResult};
 use crate::transport::{Conn, Event, Transport};
 use crate::wire::{Msg, ReplyStatus};
 use crate::workload::{Arrival, Workload};
@@ -65,7 +65,7 @@ impl LoadgenOpts {
 pub struct LoadReport {
     /// Per model over the measured window (`dropped` includes failed and
     /// unanswered requests).
-    pub sim: SimResult,
+    pub sim: RunResult,
     /// Client-side latency of answered requests in the window (us).
     pub latency_us: Histogram<u64>,
     pub sent: u64,
@@ -79,7 +79,7 @@ pub struct LoadReport {
 
 impl LoadReport {
     pub fn json(&self, w: &Workload) -> serde_json::Value {
-        let mut v = crate::bench::sim_json(w, &self.sim);
+        let mut v = crate::run::run_json(w, &self.sim);
         let l = &self.latency_us;
         if let serde_json::Value::Object(m) = &mut v {
             m.insert(
@@ -215,7 +215,7 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         (o.rate_rps * (o.warmup + o.duration).as_secs_f64() * 1.1) as usize + 16,
     );
     let mut rep = LoadReport {
-        sim: SimResult {
+        sim: RunResult {
             policy: w.policy,
             rate_rps: o.rate_rps,
             models: Vec::new(),
