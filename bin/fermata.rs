@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use fermata::bench::{self, plot, SearchOptions};
 use fermata::core::{Dur, Policy};
 use fermata::harness::loadgen::{self, LoadgenOpts};
-use fermata::node::procs::{ProcCluster, ProcOpts};
+use fermata::harness::procs::{ProcCluster, ProcOpts};
 use fermata::sim::{simulate, RunOptions};
 use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
@@ -655,10 +655,10 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                         std::sync::Arc::new(fermata::transport::tcp::Tcp::new()?);
                     // CPU the whole run uses: the cluster's processes and this one
                     // (the load generator).
-                    let cpu0 = c.cpu_seconds() + fermata::node::procs::self_cpu_seconds();
+                    let cpu0 = c.cpu_seconds() + fermata::harness::procs::self_cpu_seconds();
                     let t0 = std::time::Instant::now();
                     let r = loadgen::run(tr, &w, &lo);
-                    let cpu = c.cpu_seconds() + fermata::node::procs::self_cpu_seconds() - cpu0;
+                    let cpu = c.cpu_seconds() + fermata::harness::procs::self_cpu_seconds() - cpu0;
                     let cores_used = cpu / t0.elapsed().as_secs_f64();
                     let reps = c.stop();
                     let r = r?;

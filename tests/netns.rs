@@ -216,7 +216,7 @@ impl Role {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let lines = fermata::node::procs::stdout_lines(&mut child, name).expect("reader thread");
+        let lines = fermata::harness::procs::stdout_lines(&mut child, name).expect("reader thread");
         Role {
             name: name.to_string(),
             child,

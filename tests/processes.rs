@@ -4,7 +4,7 @@
 
 use fermata::core::Dur;
 use fermata::harness::loadgen::{self, LoadgenOpts};
-use fermata::node::procs::{ProcCluster, ProcOpts};
+use fermata::harness::procs::{ProcCluster, ProcOpts};
 use fermata::transport::tcp::Tcp;
 use fermata::workload::Workload;
 use std::path::PathBuf;

@@ -1,9 +1,12 @@
 //! The test and benchmark harness, apart from the runtime: the load generator
 //! (a client of the frontends, `fermata loadgen`) and the in-process fakes that
 //! drive the real-time scheduler (fake frontends replaying the simulator's
-//! arrivals, fake backends that check every plan). Production modules do not
+//! arrivals, fake backends that check every plan), and the orchestration of a
+//! cluster of processes (`procs`, for `bench goodput --runtime tcp` and the
+//! process tests). Production modules do not
 //! depend on it, except `fermata serve`'s all-in-one demo, which runs the load
 //! generator against its own cluster.
 
 pub mod fake;
 pub mod loadgen;
+pub mod procs;

@@ -10,7 +10,6 @@ pub mod exec;
 pub mod frontend;
 pub mod http;
 pub mod onnx;
-pub mod procs;
 pub mod proto;
 pub mod scheduler;
 pub mod serve;
