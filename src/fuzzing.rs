@@ -18,7 +18,7 @@ use crate::node::proto::sched::{Action as SchedAction, SchedConfig, SchedProto};
 use crate::transport::region_wire::{self as rw, AnswerHeader, Request, ANS_LEN, REQ_LEN};
 use crate::transport::{InputRef, Region};
 use crate::wire::{
-    self, task_id, DropCode, GpuInfo, ModelInfo, Msg, PlanStatus, PlanTask, RegionInfo, Role,
+    self, task_id, DropReason, GpuInfo, ModelInfo, Msg, PlanStatus, PlanTask, RegionInfo, Role,
     SubmitTask, TaskResult, TaskStatus, WireProfile,
 };
 use std::collections::{HashMap, HashSet};
@@ -244,7 +244,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
                 .collect(),
         },
         17 => Msg::Dropped {
-            items: vec![(task_id(1, b.id(100)), DropCode::Expired)],
+            items: vec![(task_id(1, b.id(100)), DropReason::Expired)],
         },
         18 => Msg::Error {
             message: b.string(),
@@ -550,7 +550,7 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
                     _ => b.u64(),
                 };
                 let answer = match b.u8() % 3 {
-                    0 => Answer::of_drop(DropCode::Expired),
+                    0 => Answer::of_drop(DropReason::Expired),
                     1 => Answer::Failed(Ended::Failed, "fuzz".into()),
                     _ => Answer::Output {
                         output: vec![1],

@@ -8,7 +8,7 @@ use std::cell::Cell;
 
 use fermata::wire::codec::frame_len;
 use fermata::wire::{
-    decode, encode, encode_to_vec, DecodeError, DropCode, FrameReader, GpuInfo, ModelInfo, Msg,
+    decode, encode, encode_to_vec, DecodeError, DropReason, FrameReader, GpuInfo, ModelInfo, Msg,
     PlanStatus, PlanTask, RegionInfo, ReplyStatus, Role, SubmitTask, TaskResult, TaskStatus,
     WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
 };
@@ -87,8 +87,8 @@ fn arb_role() -> impl Strategy<Value = Role> {
     prop_oneof![Just(Role::Backend), Just(Role::Frontend)]
 }
 
-fn arb_drop_code() -> impl Strategy<Value = DropCode> {
-    prop::sample::select(DropCode::ALL.to_vec())
+fn arb_drop_reason() -> impl Strategy<Value = DropReason> {
+    prop::sample::select(DropReason::ALL.to_vec())
 }
 
 fn arb_plan_status() -> impl Strategy<Value = PlanStatus> {
@@ -102,7 +102,7 @@ fn arb_plan_status() -> impl Strategy<Value = PlanStatus> {
 fn arb_task_status() -> impl Strategy<Value = TaskStatus> {
     prop_oneof![
         Just(TaskStatus::Ok),
-        arb_drop_code().prop_map(TaskStatus::Dropped),
+        arb_drop_reason().prop_map(TaskStatus::Dropped),
         Just(TaskStatus::InputMissing),
         Just(TaskStatus::Failed),
     ]
@@ -325,7 +325,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         arb_vec(arb_task_result())
             .prop_map(|items| Msg::Results { items })
             .boxed(),
-        arb_vec((any::<u64>(), arb_drop_code()))
+        arb_vec((any::<u64>(), arb_drop_reason()))
             .prop_map(|items| Msg::Dropped { items })
             .boxed(),
         (any::<u64>(), any::<i64>(), any::<i64>(), any::<i64>())
@@ -828,7 +828,7 @@ fn counts_over_max_items() {
         too_large("RegisterAck.gpu_ids", MAX_ITEMS + 1, MAX_ITEMS)
     );
     let msg = Msg::Dropped {
-        items: vec![(0, DropCode::Shutdown); MAX_ITEMS + 1],
+        items: vec![(0, DropReason::Shutdown); MAX_ITEMS + 1],
     };
     assert_eq!(
         decode(body(&encode_to_vec(&msg))),
@@ -1023,7 +1023,7 @@ fn unknown_enum_tags() {
             tag: 2
         })
     );
-    // TaskStatus 4, and Dropped with DropCode 10.
+    // TaskStatus 4, and Dropped with DropReason 10.
     for (status, code, tag) in [(4u8, None, 4u8), (1, Some(10u8), 10)] {
         let mut b = raw(12, &[1, 0, 0, 0]);
         b.extend_from_slice(&[0; 8]);

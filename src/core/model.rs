@@ -71,7 +71,10 @@ pub struct ModelState {
     pub min_expected_gain: f64,
 }
 
-/// Why the scheduler gave up on a request.
+/// Why a request was dropped: the one drop reason of the whole
+/// system. The core produces the first six; the nodes add those only they can
+/// see (a batch too late on its backend, a backend lost, an unknown model, no
+/// GPU in service). The wire carries it as is (its tag is [`DropReason::index`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DropReason {
     /// It could no longer finish by its deadline (lazy drop).
@@ -86,6 +89,35 @@ pub enum DropReason {
     Overloaded,
     /// The scheduler shut down before the request could be scheduled.
     Shutdown,
+    /// The plan could not start in time on its backend.
+    TooLate,
+    /// The backend running it was lost.
+    BackendLost,
+    /// The model is unknown to the scheduler.
+    UnknownModel,
+    /// No GPU was in service when the task arrived: nothing could run it.
+    NoGpu,
+}
+
+impl DropReason {
+    /// Every reason, in declaration (and wire-tag) order: `ALL[r.index()] == r`.
+    pub const ALL: [DropReason; 10] = [
+        DropReason::Expired,
+        DropReason::EarlyDrop,
+        DropReason::QueueFull,
+        DropReason::ModelRemoved,
+        DropReason::Overloaded,
+        DropReason::Shutdown,
+        DropReason::TooLate,
+        DropReason::BackendLost,
+        DropReason::UnknownModel,
+        DropReason::NoGpu,
+    ];
+    /// Its position in [`DropReason::ALL`].
+    #[inline]
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 impl ModelState {

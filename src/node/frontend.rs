@@ -15,7 +15,7 @@
 //!
 //! The scheduler tells the frontend how many GPUs are in service (`Capacity`); a
 //! request that arrives while there is none ends at once as dropped with
-//! [`DropCode::NoGpu`].
+//! [`DropReason::NoGpu`].
 
 use super::clock::{OffsetEstimator, SchedClock};
 use super::proto::check;
@@ -24,7 +24,7 @@ use crate::core::{Dur, Time};
 use crate::metrics::{Counter, Gauge, Histogram, Registry, LATENCY_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::transport::{Conn, ConnId, Event, Listener, Region, RegionServer, Transport};
-use crate::wire::{DropCode, ModelInfo, Msg, ReplyStatus, Role, SubmitTask, MAX_ITEMS};
+use crate::wire::{DropReason, ModelInfo, Msg, ReplyStatus, Role, SubmitTask, MAX_ITEMS};
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::HashMap;
@@ -203,7 +203,7 @@ impl FrontendHandle {
             // The loop is LOCAL_MAX requests behind: refuse at once, counted.
             self.state.local_full.inc();
             let _ = l.reply.send(InferDone {
-                ended: Ended::Dropped(DropCode::Overloaded),
+                ended: Ended::Dropped(DropReason::Overloaded),
                 status: ReplyStatus::Dropped,
                 output: Vec::new(),
                 message: format!(
@@ -900,7 +900,7 @@ impl Loop {
                 client,
                 received,
                 Some(mi),
-                Ended::Dropped(DropCode::NoGpu),
+                Ended::Dropped(DropReason::NoGpu),
                 why,
             );
         }

@@ -32,7 +32,7 @@ use super::exec::profile_of;
 use super::frontend::{Ended, FrontendHandle, InferDone};
 use crate::metrics::{self, Counter, Histogram, Registry, LATENCY_BUCKETS};
 use crate::repo::{DType, ModelMeta, TensorMeta};
-use crate::wire::{DropCode, ModelInfo};
+use crate::wire::{DropReason, ModelInfo};
 use anyhow::{Context, Result};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -731,20 +731,20 @@ pub fn f16_to_f32(h: u16) -> f32 {
     half::f16::from_bits(h).to_f32()
 }
 
-fn drop_text(c: DropCode) -> &'static str {
+fn drop_text(c: DropReason) -> &'static str {
     match c {
-        DropCode::Expired => "it could not finish by its deadline even in a batch of one",
-        DropCode::EarlyDrop => {
+        DropReason::Expired => "it could not finish by its deadline even in a batch of one",
+        DropReason::EarlyDrop => {
             "it could not meet its deadline in a batch the load needs (early drop)"
         }
-        DropCode::TooLate => "its batch could not start in time for its deadline",
-        DropCode::QueueFull => "the model's queue is full",
-        DropCode::Overloaded => "the scheduler is overloaded",
-        DropCode::ModelRemoved => "the model was removed",
-        DropCode::Shutdown => "the scheduler is shutting down",
-        DropCode::BackendLost => "the backend running it was lost",
-        DropCode::UnknownModel => "the scheduler does not know the model",
-        DropCode::NoGpu => "no GPU is in service: no backend can serve the model",
+        DropReason::TooLate => "its batch could not start in time for its deadline",
+        DropReason::QueueFull => "the model's queue is full",
+        DropReason::Overloaded => "the scheduler is overloaded",
+        DropReason::ModelRemoved => "the model was removed",
+        DropReason::Shutdown => "the scheduler is shutting down",
+        DropReason::BackendLost => "the backend running it was lost",
+        DropReason::UnknownModel => "the scheduler does not know the model",
+        DropReason::NoGpu => "no GPU is in service: no backend can serve the model",
     }
 }
 
@@ -761,11 +761,14 @@ fn answer(
         Ended::Good => StatusCode::OK,
         Ended::Late | Ended::TimedOut => StatusCode::GATEWAY_TIMEOUT,
         Ended::Dropped(
-            DropCode::NoGpu | DropCode::Shutdown | DropCode::ModelRemoved | DropCode::UnknownModel,
+            DropReason::NoGpu
+            | DropReason::Shutdown
+            | DropReason::ModelRemoved
+            | DropReason::UnknownModel,
         )
         | Ended::NoScheduler
         | Ended::BackendLost => StatusCode::SERVICE_UNAVAILABLE,
-        Ended::Dropped(DropCode::BackendLost) => StatusCode::SERVICE_UNAVAILABLE,
+        Ended::Dropped(DropReason::BackendLost) => StatusCode::SERVICE_UNAVAILABLE,
         Ended::Dropped(_) | Ended::RegionFull => StatusCode::TOO_MANY_REQUESTS,
         Ended::BadRequest => StatusCode::BAD_REQUEST,
         Ended::Failed => StatusCode::INTERNAL_SERVER_ERROR,
@@ -783,7 +786,7 @@ fn answer(
             ),
             Ended::Dropped(c) => format!(
                 "dropped ({}): {}",
-                super::scheduler::drop_code_label(c),
+                super::scheduler::drop_reason_label(c),
                 drop_text(c)
             ),
             _ => d.message,

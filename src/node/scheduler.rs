@@ -54,13 +54,13 @@
 
 use super::clock::SchedClock;
 use super::proto::plans::PlanLedger;
-use super::proto::sched::{drop_code, Action, SchedConfig, SchedProto};
+use super::proto::sched::{Action, SchedConfig, SchedProto};
 use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, Plan, Task, Time};
 use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, BATCH_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
 use crate::transport::{Conn, ConnId, Event, Listener, Transport};
-use crate::wire::{DropCode, ModelInfo, Msg, NodeId, PlanTask};
+use crate::wire::{ModelInfo, Msg, NodeId, PlanTask};
 use crate::workload::Workload;
 use anyhow::Result;
 use crossbeam_channel::RecvTimeoutError;
@@ -151,18 +151,18 @@ struct SchedMetrics {
 }
 
 /// The label of a drop code.
-pub fn drop_code_label(c: DropCode) -> &'static str {
+pub fn drop_reason_label(c: DropReason) -> &'static str {
     match c {
-        DropCode::Expired => "expired",
-        DropCode::EarlyDrop => "early_drop",
-        DropCode::QueueFull => "queue_full",
-        DropCode::ModelRemoved => "model_removed",
-        DropCode::Overloaded => "overloaded",
-        DropCode::Shutdown => "shutdown",
-        DropCode::TooLate => "too_late",
-        DropCode::BackendLost => "backend_lost",
-        DropCode::UnknownModel => "unknown_model",
-        DropCode::NoGpu => "no_gpu",
+        DropReason::Expired => "expired",
+        DropReason::EarlyDrop => "early_drop",
+        DropReason::QueueFull => "queue_full",
+        DropReason::ModelRemoved => "model_removed",
+        DropReason::Overloaded => "overloaded",
+        DropReason::Shutdown => "shutdown",
+        DropReason::TooLate => "too_late",
+        DropReason::BackendLost => "backend_lost",
+        DropReason::UnknownModel => "unknown_model",
+        DropReason::NoGpu => "no_gpu",
     }
 }
 
@@ -197,13 +197,13 @@ impl SchedMetrics {
                     )
                 })
                 .collect(),
-            drops: DropCode::ALL
+            drops: DropReason::ALL
                 .iter()
                 .map(|&c| {
                     reg.counter(
                         "fermata_scheduler_dropped_total",
                         "Tasks the scheduler dropped or failed, by reason.",
-                        &[("reason", drop_code_label(c))],
+                        &[("reason", drop_reason_label(c))],
                     )
                 })
                 .collect(),
@@ -230,15 +230,15 @@ impl SchedMetrics {
         }
     }
 
-    fn dropped(&self, c: DropCode, n: u64) {
+    fn dropped(&self, c: DropReason, n: u64) {
         self.drops[c.index()].add(n);
     }
 }
 
 impl Routes {
     /// Tells the tasks' frontends they were dropped.
-    fn notify(&self, tasks: impl IntoIterator<Item = u64>, code: DropCode) {
-        let mut by_fe: HashMap<NodeId, Vec<(u64, DropCode)>> = HashMap::new();
+    fn notify(&self, tasks: impl IntoIterator<Item = u64>, code: DropReason) {
+        let mut by_fe: HashMap<NodeId, Vec<(u64, DropReason)>> = HashMap::new();
         let mut n = 0;
         for t in tasks {
             by_fe.entry(task_owner(t)).or_default().push((t, code));
@@ -282,7 +282,7 @@ impl Outlet for Routes {
                 drop(g);
                 // The GPU's backend is gone (its GPUs are leaving service).
                 self.lost.fetch_add(ntasks as u64, Ordering::Relaxed);
-                self.notify(tasks.iter().map(|t| t.id), DropCode::BackendLost);
+                self.notify(tasks.iter().map(|t| t.id), DropReason::BackendLost);
                 return;
             };
             if tasks.is_empty() {
@@ -318,7 +318,7 @@ impl Outlet for Routes {
             let lost = self.plans.lock().expect("plans lock").unsent(plan.id);
             if !lost.is_empty() {
                 self.lost.fetch_add(lost.len() as u64, Ordering::Relaxed);
-                self.notify(lost, DropCode::BackendLost);
+                self.notify(lost, DropReason::BackendLost);
             }
         }
     }
@@ -327,11 +327,11 @@ impl Outlet for Routes {
         // Called once per dropped task from the ModelThreads: straight to its
         // frontend, without `notify`'s grouping.
         self.dropped.fetch_add(1, Ordering::Relaxed);
-        self.metrics.dropped(drop_code(reason), 1);
+        self.metrics.dropped(reason, 1);
         let fes = self.frontends.read().expect("routes lock");
         if let Some(c) = fes.get(&task_owner(task.id.0)) {
             let _ = c.send(Msg::Dropped {
-                items: vec![(task.id.0, drop_code(reason))],
+                items: vec![(task.id.0, reason)],
             });
         }
     }
@@ -630,8 +630,10 @@ impl EventLoop {
             self.routes
                 .dropped
                 .fetch_add(refused.len() as u64, Ordering::Relaxed);
-            self.routes
-                .notify(refused.drain(..).map(|(_, t)| t.id.0), DropCode::Overloaded);
+            self.routes.notify(
+                refused.drain(..).map(|(_, t)| t.id.0),
+                DropReason::Overloaded,
+            );
         }
     }
 
@@ -813,7 +815,7 @@ impl EventLoop {
             self.routes
                 .lost
                 .fetch_add(late.len() as u64, Ordering::Relaxed);
-            self.routes.notify(late, DropCode::BackendLost);
+            self.routes.notify(late, DropReason::BackendLost);
         }
     }
 }

@@ -38,7 +38,7 @@ use crate::node::proto::backend::{
 };
 use crate::node::proto::check;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
-use crate::node::proto::sched::{drop_code, Action, SchedConfig, SchedProto};
+use crate::node::proto::sched::{Action, SchedConfig, SchedProto};
 use crate::transport::{ConnId, InputRef};
 use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role};
 use crate::workload::Workload;
@@ -859,7 +859,7 @@ impl ClusterSim {
         let refused = if !f.sched_ok || f.node.is_none() {
             Some(Ended::NoScheduler)
         } else if f.gpus == 0 {
-            Some(Ended::Dropped(crate::wire::DropCode::NoGpu))
+            Some(Ended::Dropped(crate::wire::DropReason::NoGpu))
         } else {
             None
         };
@@ -1011,7 +1011,7 @@ impl ClusterSim {
                 match o {
                     crate::core::Output::Dispatch(p) => plans.push(p),
                     crate::core::Output::Drop { task, reason, .. } => {
-                        drops.push((task.id.0, drop_code(reason)))
+                        drops.push((task.id.0, reason))
                     }
                     crate::core::Output::Preempt { .. } => {}
                 }
@@ -1078,7 +1078,7 @@ impl ClusterSim {
         let Some(&conn) = s.gpu_conn.get(&p.gpu.0) else {
             s.proto.notify(
                 tasks.iter().map(|t| t.id),
-                crate::wire::DropCode::BackendLost,
+                crate::wire::DropReason::BackendLost,
             );
             return true;
         };

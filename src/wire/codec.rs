@@ -11,7 +11,7 @@
 //! a panic or a large allocation.
 
 use super::{
-    DropCode, GpuInfo, ModelInfo, Msg, PlanStatus, PlanTask, RegionInfo, ReplyStatus, Role,
+    DropReason, GpuInfo, ModelInfo, Msg, PlanStatus, PlanTask, RegionInfo, ReplyStatus, Role,
     SubmitTask, TaskResult, TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR,
     PROTOCOL_VERSION,
 };
@@ -303,7 +303,7 @@ macro_rules! wire_enum {
 wire_enum!(Role { 0 => Backend, 1 => Frontend });
 wire_enum!(PlanStatus { 0 => Ran, 1 => TooLate, 2 => Failed });
 wire_enum!(ReplyStatus { 0 => Good, 1 => Late, 2 => Dropped, 3 => Failed });
-wire_enum!(DropCode {
+wire_enum!(DropReason {
     0 => Expired,
     1 => EarlyDrop,
     2 => QueueFull,
@@ -316,7 +316,7 @@ wire_enum!(DropCode {
     9 => NoGpu,
 });
 
-/// u8 tag (Ok 0, Dropped 1, InputMissing 2, Failed 3); Dropped adds its DropCode.
+/// u8 tag (Ok 0, Dropped 1, InputMissing 2, Failed 3); Dropped adds its DropReason.
 impl Wire for TaskStatus {
     const MIN: usize = 1;
     fn size(&self) -> usize {
@@ -339,7 +339,7 @@ impl Wire for TaskStatus {
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
         match r.u8(field)? {
             0 => Ok(TaskStatus::Ok),
-            1 => DropCode::get(r, field).map(TaskStatus::Dropped),
+            1 => DropReason::get(r, field).map(TaskStatus::Dropped),
             2 => Ok(TaskStatus::InputMissing),
             3 => Ok(TaskStatus::Failed),
             tag => Err(DecodeError::BadTag { what: field, tag }),
@@ -458,7 +458,7 @@ wire_struct!(TaskResult {
 });
 
 /// `(task id, code)` of `Msg::Dropped`.
-impl Wire for (u64, DropCode) {
+impl Wire for (u64, DropReason) {
     const MIN: usize = 8 + 1;
     fn size(&self) -> usize {
         Self::MIN
@@ -468,7 +468,7 @@ impl Wire for (u64, DropCode) {
         self.1.put(out);
     }
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
-        Ok((u64::get(r, field)?, DropCode::get(r, field)?))
+        Ok((u64::get(r, field)?, DropReason::get(r, field)?))
     }
 }
 
@@ -677,8 +677,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drop_code_index_is_its_wire_tag() {
-        for (i, c) in DropCode::ALL.into_iter().enumerate() {
+    fn drop_reason_index_is_its_wire_tag() {
+        for (i, c) in DropReason::ALL.into_iter().enumerate() {
             assert_eq!(c.index(), i);
             let mut b = Vec::new();
             c.put(&mut b);
@@ -839,7 +839,7 @@ mod tests {
                     },
                     TaskResult {
                         id: 2,
-                        status: TaskStatus::Dropped(DropCode::TooLate),
+                        status: TaskStatus::Dropped(DropReason::TooLate),
                         started_ns: 0,
                         finished_ns: 5,
                         batch_size: 0,
@@ -864,7 +864,7 @@ mod tests {
                 ],
             },
             Msg::Dropped {
-                items: DropCode::ALL
+                items: DropReason::ALL
                     .iter()
                     .enumerate()
                     .map(|(i, &c)| (i as u64 + 1, c))
@@ -980,7 +980,7 @@ mod tests {
         let frame = encode_to_vec(&Msg::Results {
             items: vec![TaskResult {
                 id: 2,
-                status: TaskStatus::Dropped(DropCode::BackendLost),
+                status: TaskStatus::Dropped(DropReason::BackendLost),
                 started_ns: 0,
                 finished_ns: 3,
                 batch_size: 0,
@@ -1126,7 +1126,7 @@ mod tests {
             })
         );
         let mut frame = encode_to_vec(&Msg::Dropped {
-            items: vec![(1, DropCode::Expired)],
+            items: vec![(1, DropReason::Expired)],
         });
         let last = frame.len() - 1;
         frame[last] = 10;

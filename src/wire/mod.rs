@@ -22,11 +22,11 @@
 //! - `Option<T>`: u8 0 (None) or 1 (Some) followed by the value.
 //! - structs ([`GpuInfo`], [`ModelInfo`], [`RegionInfo`], [`SubmitTask`],
 //!   [`PlanTask`], [`TaskResult`]): their fields in declaration order; the pair of
-//!   `Msg::Dropped` is the u64 then the [`DropCode`].
+//!   `Msg::Dropped` is the u64 then the [`DropReason`].
 //! - enums: a u8 tag, in declaration order from 0, then the variant's fields:
 //!   [`Role`] (Backend 0, Frontend 1), [`PlanStatus`] (Ran 0, TooLate 1, Failed 2),
-//!   [`ReplyStatus`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropCode`] (Expired 0
-//!   ... UnknownModel 8, NoGpu 9), [`TaskStatus`] (Ok 0, Dropped 1 followed by its DropCode
+//!   [`ReplyStatus`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropReason`] (Expired 0
+//!   ... UnknownModel 8, NoGpu 9), [`TaskStatus`] (Ok 0, Dropped 1 followed by its DropReason
 //!   tag, InputMissing 2, Failed 3), [`WireProfile`] (Linear 0 with `alpha_ns`,
 //!   `beta_ns`, `max_batch`; Table 1 with `lat_ns`).
 //!
@@ -197,53 +197,16 @@ pub enum PlanStatus {
 pub enum TaskStatus {
     /// Output attached.
     Ok,
-    /// The scheduler dropped it (code: [`DropCode`]).
-    Dropped(DropCode),
+    /// The scheduler dropped it (code: [`DropReason`]).
+    Dropped(DropReason),
     /// Its input could not be read by the backend.
     InputMissing,
     /// The backend could not run it (executor error, backend lost).
     Failed,
 }
 
-/// Why a task was dropped (mirrors [`crate::core::DropReason`] plus node-level causes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropCode {
-    Expired,
-    EarlyDrop,
-    QueueFull,
-    ModelRemoved,
-    Overloaded,
-    Shutdown,
-    /// The plan could not start in time on its backend.
-    TooLate,
-    /// The backend running it was lost.
-    BackendLost,
-    /// The model is unknown to the scheduler.
-    UnknownModel,
-    /// No GPU was in service when the task arrived: nothing could run it.
-    NoGpu,
-}
-
-impl DropCode {
-    /// Every drop code, in declaration (and wire-tag) order: `ALL[c.index()] == c`.
-    pub const ALL: [DropCode; 10] = [
-        DropCode::Expired,
-        DropCode::EarlyDrop,
-        DropCode::QueueFull,
-        DropCode::ModelRemoved,
-        DropCode::Overloaded,
-        DropCode::Shutdown,
-        DropCode::TooLate,
-        DropCode::BackendLost,
-        DropCode::UnknownModel,
-        DropCode::NoGpu,
-    ];
-    /// Its position in [`DropCode::ALL`].
-    #[inline]
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
+/// Why a task was dropped: the core's [`DropReason`], the one type for it.
+pub use crate::core::DropReason;
 
 /// One result pushed by a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -356,7 +319,7 @@ pub enum Msg {
     },
     // ---- scheduler -> frontend ----
     Dropped {
-        items: Vec<(u64, DropCode)>,
+        items: Vec<(u64, DropReason)>,
     },
     // ---- any node <-> scheduler ----
     /// Liveness and clock probe, sent by nodes. `sent_ns` is the sender's own clock;

@@ -25,8 +25,8 @@ use crate::core::{Dur, LatencyProfile, Time};
 use crate::node::clock::{OffsetEstimator, Recent};
 use crate::transport::{ConnId, InputRef, ReadError, ReadReq, SlotHeader, SLOT_HEADER};
 use crate::wire::{
-    task_owner, DropCode, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo, Role,
-    TaskResult, TaskStatus, MAX_NODE_ID, NET_QUANTILE,
+    task_owner, DropReason, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo,
+    Role, TaskResult, TaskStatus, MAX_NODE_ID, NET_QUANTILE,
 };
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -730,7 +730,12 @@ pub fn settle(
         });
     };
     for &i in &cut.too_late {
-        push(i, TaskStatus::Dropped(DropCode::TooLate), start, Vec::new());
+        push(
+            i,
+            TaskStatus::Dropped(DropReason::TooLate),
+            start,
+            Vec::new(),
+        );
     }
     match outputs {
         Some(outs) if !too_late => {
@@ -1056,7 +1061,7 @@ mod tests {
         let by_id = |id| all.iter().find(|r| r.id == id).unwrap();
         assert_eq!(
             by_id(plan.tasks[1].id).status,
-            TaskStatus::Dropped(DropCode::TooLate)
+            TaskStatus::Dropped(DropReason::TooLate)
         );
         assert_eq!(by_id(plan.tasks[3].id).status, TaskStatus::InputMissing);
         assert_eq!(by_id(plan.tasks[2].id).output, vec![1]);

@@ -7,7 +7,7 @@
 
 use crate::core::{Dur, Time};
 use crate::transport::InputRef;
-use crate::wire::{task_id, DropCode, NodeId, ReplyStatus, SubmitTask, TaskResult, TaskStatus};
+use crate::wire::{task_id, DropReason, NodeId, ReplyStatus, SubmitTask, TaskResult, TaskStatus};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -21,7 +21,7 @@ pub enum Ended {
     Late,
     /// The scheduler or a backend gave up on it (the reason; `NoGpu` also when the
     /// frontend knew no GPU was in service).
-    Dropped(DropCode),
+    Dropped(DropReason),
     /// No answer by the deadline plus the frontend's grace.
     TimedOut,
     /// Refused by the frontend: unknown model, bad SLO.
@@ -57,7 +57,7 @@ pub enum Answer {
         started: Time,
         batch_size: u32,
     },
-    Dropped(DropCode),
+    Dropped(DropReason),
     Failed(Ended, String),
 }
 
@@ -81,10 +81,10 @@ impl Answer {
     }
 
     /// The scheduler's drop notice for one task.
-    pub fn of_drop(code: DropCode) -> Answer {
+    pub fn of_drop(code: DropReason) -> Answer {
         match code {
             // Lost with its backend: an explicit failure, not a scheduling decision.
-            DropCode::BackendLost => {
+            DropReason::BackendLost => {
                 Answer::Failed(Ended::BackendLost, "the backend running it was lost".into())
             }
             c => Answer::Dropped(c),
@@ -355,12 +355,12 @@ mod tests {
     #[test]
     fn answers_map_to_endings() {
         assert_eq!(
-            Answer::of_drop(DropCode::BackendLost),
+            Answer::of_drop(DropReason::BackendLost),
             Answer::Failed(Ended::BackendLost, "the backend running it was lost".into())
         );
         assert_eq!(
-            Answer::of_drop(DropCode::Expired),
-            Answer::Dropped(DropCode::Expired)
+            Answer::of_drop(DropReason::Expired),
+            Answer::Dropped(DropReason::Expired)
         );
         let r = TaskResult {
             id: 1,

@@ -27,22 +27,9 @@ use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
 use crate::transport::ConnId;
-use crate::wire::{task_owner, DropCode, ModelInfo, Msg, NodeId, Role, MAX_NODE_ID};
+use crate::wire::{task_owner, DropReason, ModelInfo, Msg, NodeId, Role, MAX_NODE_ID};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-
-/// The wire code of a core drop reason.
-pub fn drop_code(r: crate::core::DropReason) -> DropCode {
-    use crate::core::DropReason as R;
-    match r {
-        R::Expired => DropCode::Expired,
-        R::EarlyDrop => DropCode::EarlyDrop,
-        R::QueueFull => DropCode::QueueFull,
-        R::ModelRemoved => DropCode::ModelRemoved,
-        R::Overloaded => DropCode::Overloaded,
-        R::Shutdown => DropCode::Shutdown,
-    }
-}
 
 /// The scheduler's protocol settings.
 #[derive(Debug, Clone)]
@@ -248,15 +235,15 @@ impl SchedProto {
 
     /// Tells the tasks' frontends that they were dropped (`code`), grouped by
     /// frontend; counted. Tasks of frontends that are gone are left out.
-    pub fn notify(&mut self, tasks: impl IntoIterator<Item = u64>, code: DropCode) {
-        let mut by_fe: HashMap<NodeId, Vec<(u64, DropCode)>> = HashMap::new();
+    pub fn notify(&mut self, tasks: impl IntoIterator<Item = u64>, code: DropReason) {
+        let mut by_fe: HashMap<NodeId, Vec<(u64, DropReason)>> = HashMap::new();
         for t in tasks {
             by_fe.entry(task_owner(t)).or_default().push((t, code));
         }
         let mut fes: Vec<_> = by_fe.into_iter().collect();
         fes.sort_by_key(|(n, _)| *n);
         for (fe, items) in fes {
-            if code == DropCode::BackendLost {
+            if code == DropReason::BackendLost {
                 self.report.tasks_failed_backend_lost += items.len() as u64;
             } else {
                 self.report.tasks_dropped += items.len() as u64;
@@ -388,13 +375,13 @@ impl SchedProto {
         }
         self.report.tasks_received += ok.len() as u64;
         if !unknown.is_empty() {
-            self.notify(unknown, DropCode::UnknownModel);
+            self.notify(unknown, DropReason::UnknownModel);
         }
         if ok.is_empty() {
             return;
         }
         if self.gpus_in_service == 0 {
-            self.notify(ok.iter().map(|(_, t)| t.id.0), DropCode::NoGpu);
+            self.notify(ok.iter().map(|(_, t)| t.id.0), DropReason::NoGpu);
             return;
         }
         self.actions.push_back(Action::Submit(ok));
@@ -625,7 +612,7 @@ impl SchedProto {
                 self.gpus_in_service -= gpus.len() as u32;
                 let lost = self.plans.lock().expect("plans lock").take_backend(node);
                 let n = lost.len();
-                self.notify(lost, DropCode::BackendLost);
+                self.notify(lost, DropReason::BackendLost);
                 self.actions.push_back(Action::GpusDown {
                     backend: node,
                     gpus: gpus.clone(),
