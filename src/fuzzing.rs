@@ -112,10 +112,25 @@ fn model(id: u32) -> ModelInfo {
     }
 }
 
+fn region_info(b: &mut Bytes) -> RegionInfo {
+    RegionInfo {
+        addr: b.string(),
+        region: b.below(4),
+        len: b.u64(),
+        rkey: 0,
+        base: 0,
+    }
+}
+
+/// A task id of one of frontends 1 to 3, mostly with a small sequence number.
+fn some_task(b: &mut Bytes) -> u64 {
+    task_id(1 + b.below(3), b.id(100))
+}
+
 fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
     (0..b.below(4))
         .map(|_| PlanTask {
-            id: task_id(1 + b.below(3), b.id(100)),
+            id: some_task(b),
             deadline_ns: b.i64_near(now),
             input: b.u64(),
         })
@@ -143,13 +158,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
                 })
                 .collect(),
             ctrl_addr: b.string(),
-            region: b.bool().then(|| RegionInfo {
-                addr: b.string(),
-                region: b.below(4),
-                len: b.u64(),
-                rkey: 0,
-                base: 0,
-            }),
+            region: b.bool().then(|| region_info(b)),
         },
         1 => Msg::ModelLoaded {
             model: b.id(4) as u32,
@@ -160,7 +169,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
         2 => Msg::Submit {
             tasks: (0..b.below(4))
                 .map(|_| SubmitTask {
-                    id: task_id(1 + b.below(3), b.id(100)),
+                    id: some_task(b),
                     model: b.id(4) as u32,
                     arrival_ns: b.i64_near(now),
                     deadline_ns: b.i64_near(now),
@@ -207,13 +216,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
         12 => Msg::FrontendUp {
             node: b.id(4) as u32,
             ctrl_addr: b.string(),
-            region: RegionInfo {
-                addr: b.string(),
-                region: b.below(4),
-                len: b.u64(),
-                rkey: 0,
-                base: 0,
-            },
+            region: region_info(b),
         },
         13 => Msg::FrontendDown {
             node: b.id(4) as u32,
@@ -230,7 +233,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
         16 => Msg::Results {
             items: (0..b.below(4))
                 .map(|_| TaskResult {
-                    id: task_id(1 + b.below(3), b.id(100)),
+                    id: some_task(b),
                     status: if b.bool() {
                         TaskStatus::Ok
                     } else {

@@ -154,6 +154,14 @@ impl Peer {
         .expect("frontend ack")
     }
     /// Waits for the `RegisterAck`; its GPU ids.
+    /// Registers as a backend with one GPU, confirms both models and waits for
+    /// the ack: the GPU's global id, when it entered service.
+    fn enter_service(&self) -> Option<Vec<u32>> {
+        self.register_backend(1);
+        self.loaded(0);
+        self.loaded(1);
+        self.ack(Duration::from_secs(5))
+    }
     fn ack(&self, t: Duration) -> Option<Vec<u32>> {
         self.wait(t, |m| match m {
             Msg::RegisterAck { gpu_ids, .. } => Some(gpu_ids.clone()),
@@ -226,13 +234,7 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
         ctrl_delay_ns: i64::MAX,
         pull_ns: i64::MAX,
     });
-    p.register_backend(1);
-    p.loaded(0);
-    p.loaded(1);
-    assert!(
-        p.ack(Duration::from_secs(5)).is_some(),
-        "backend enters service"
-    );
+    assert!(p.enter_service().is_some(), "backend enters service");
     let q = Peer::connect(&tr, s.addr());
     assert!(q.alive(7), "the scheduler's network thread must survive");
     drop(p);
@@ -288,15 +290,9 @@ fn plan_done_is_checked_against_the_senders_gpus_and_plans() {
     let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
     // Two raw backends with one GPU each: ids 0 and 1.
     let a = Peer::connect(&tr, s.addr());
-    a.register_backend(1);
-    a.loaded(0);
-    a.loaded(1);
-    let ga = a.ack(Duration::from_secs(5)).expect("a in service");
+    let ga = a.enter_service().expect("a in service");
     let b = Peer::connect(&tr, s.addr());
-    b.register_backend(1);
-    b.loaded(0);
-    b.loaded(1);
-    let gb = b.ack(Duration::from_secs(5)).expect("b in service");
+    let gb = b.enter_service().expect("b in service");
     assert_ne!(ga, gb);
     // A frontend whose tasks make plans.
     let mut fo = FrontendOpts::new(s.addr());
@@ -364,10 +360,7 @@ fn extreme_times_in_plan_done_do_not_overflow() {
     let w = workload();
     let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
     let a = Peer::connect(&tr, s.addr());
-    a.register_backend(1);
-    a.loaded(0);
-    a.loaded(1);
-    let ga = a.ack(Duration::from_secs(5)).expect("in service");
+    let ga = a.enter_service().expect("in service");
     // A raw frontend submits one task by hand.
     let f = Peer::connect(&tr, s.addr());
     let node = f.register_frontend("rawfe");

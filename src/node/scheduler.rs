@@ -54,13 +54,13 @@
 
 use super::clock::SchedClock;
 use super::proto::plans::PlanLedger;
-use super::proto::sched::{Action, SchedConfig, SchedProto};
+use super::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
 use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, Plan, Task, Time};
 use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, BATCH_BUCKETS};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter};
 use crate::transport::{Conn, ConnId, Event, Listener, Transport};
-use crate::wire::{ModelInfo, Msg, NodeId, PlanTask};
+use crate::wire::{ModelInfo, Msg, NodeId};
 use crate::workload::Workload;
 use anyhow::Result;
 use crossbeam_channel::RecvTimeoutError;
@@ -256,17 +256,9 @@ impl Routes {
 
 impl Outlet for Routes {
     fn dispatch(&self, plan: Plan, sent_at: Time) {
-        let tasks: Vec<PlanTask> = {
+        let tasks = {
             let fes = self.frontends.read().expect("routes lock");
-            plan.tasks
-                .iter()
-                .filter(|t| fes.contains_key(&task_owner(t.id.0)))
-                .map(|t| PlanTask {
-                    id: t.id.0,
-                    deadline_ns: t.deadline.0,
-                    input: t.tag,
-                })
-                .collect()
+            plan_tasks(&plan, |fe| fes.contains_key(&fe))
         };
         // The route lookup and the plan's record happen under the routes' read
         // lock: once a backend's routes are gone (write lock), no plan of it can
@@ -300,15 +292,7 @@ impl Outlet for Routes {
                 .sent(plan.id, backend, plan.gpu, ids);
             conn
         };
-        let msg = Msg::Plan {
-            id: plan.id.0,
-            model: plan.model.0,
-            gpu: plan.gpu.0,
-            exec_at_ns: plan.exec_at.0,
-            finish_at_ns: plan.finish_at.0,
-            sent_ns: sent_at.0,
-            tasks,
-        };
+        let msg = plan_msg(&plan, tasks, sent_at);
         self.plans_sent.fetch_add(1, Ordering::Relaxed);
         if let Some(c) = self.metrics.plans.get(plan.model.idx()) {
             c.inc();

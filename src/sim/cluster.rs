@@ -38,9 +38,9 @@ use crate::node::proto::backend::{
 };
 use crate::node::proto::check;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
-use crate::node::proto::sched::{Action, SchedConfig, SchedProto};
+use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
 use crate::transport::{ConnId, InputRef};
-use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role};
+use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, RegionInfo, Role};
 use crate::workload::Workload;
 use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -1065,16 +1065,7 @@ impl ClusterSim {
             }
         }
         s.gpu_free.insert(p.gpu.0, (p.id.0, p.finish_at));
-        let tasks: Vec<PlanTask> = p
-            .tasks
-            .iter()
-            .filter(|t| s.fe_nodes.contains(&task_owner(t.id.0)))
-            .map(|t| PlanTask {
-                id: t.id.0,
-                deadline_ns: t.deadline.0,
-                input: t.tag,
-            })
-            .collect();
+        let tasks = plan_tasks(&p, |fe| s.fe_nodes.contains(&fe));
         let Some(&conn) = s.gpu_conn.get(&p.gpu.0) else {
             s.proto.notify(
                 tasks.iter().map(|t| t.id),
@@ -1097,15 +1088,7 @@ impl ClusterSim {
             tasks.iter().map(|t| t.id).collect(),
         );
         self.report.plans += 1;
-        let msg = Msg::Plan {
-            id: p.id.0,
-            model: p.model.0,
-            gpu: p.gpu.0,
-            exec_at_ns: p.exec_at.0,
-            finish_at_ns: p.finish_at.0,
-            sent_ns: now.0,
-            tasks,
-        };
+        let msg = plan_msg(&p, tasks, now);
         self.send(sp, conn, msg);
         false
     }

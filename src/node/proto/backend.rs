@@ -556,10 +556,6 @@ impl<T> PlanQueue<T> {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.ready.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.ready.is_empty()
     }

@@ -27,9 +27,36 @@ use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
 use crate::transport::ConnId;
-use crate::wire::{task_owner, DropReason, ModelInfo, Msg, NodeId, Role, MAX_NODE_ID};
+use crate::wire::{task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, Role, MAX_NODE_ID};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+
+/// A plan's tasks as the wire carries them, leaving out those whose frontend
+/// is gone (`live` says which are up).
+pub fn plan_tasks(plan: &crate::core::Plan, live: impl Fn(NodeId) -> bool) -> Vec<PlanTask> {
+    plan.tasks
+        .iter()
+        .filter(|t| live(task_owner(t.id.0)))
+        .map(|t| PlanTask {
+            id: t.id.0,
+            deadline_ns: t.deadline.0,
+            input: t.tag,
+        })
+        .collect()
+}
+
+/// The `Plan` message of `plan` with its wire `tasks`, sent at `sent`.
+pub fn plan_msg(plan: &crate::core::Plan, tasks: Vec<PlanTask>, sent: Time) -> Msg {
+    Msg::Plan {
+        id: plan.id.0,
+        model: plan.model.0,
+        gpu: plan.gpu.0,
+        exec_at_ns: plan.exec_at.0,
+        finish_at_ns: plan.finish_at.0,
+        sent_ns: sent.0,
+        tasks,
+    }
+}
 
 /// The scheduler's protocol settings.
 #[derive(Debug, Clone)]
