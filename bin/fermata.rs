@@ -184,6 +184,10 @@ struct ClusterArgs {
     /// partition faults).
     #[arg(long, default_value_t = 1e-5)]
     loss: f64,
+    /// Mean time between stalls of a live process (0.5 to 8 ms each; 0: none),
+    /// with any --faults.
+    #[arg(long, default_value_t = 0.0)]
+    stall_every_ms: f64,
     /// Plant a bug, to see the checks catch it.
     #[arg(long, value_enum)]
     plant: Option<fermata::sim::cluster::Planted>,
@@ -488,6 +492,9 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&a.loss) || a.delay_us < 0 || a.jitter_us < 0 {
         bail!("--loss must be in [0, 1]; --delay-us and --jitter-us >= 0");
     }
+    if !(a.stall_every_ms >= 0.0 && a.stall_every_ms <= 1e9) {
+        bail!("--stall-every-ms must be in [0, 1e9]");
+    }
     let t0 = std::time::Instant::now();
     let (mut requests, mut events) = (0u64, 0u64);
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
@@ -502,6 +509,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             delay: Dur::from_us(a.delay_us),
             jitter: Dur::from_us(a.jitter_us),
             loss: a.loss,
+            stall_every: Dur::from_ms_f64(a.stall_every_ms),
             planted: a.plant,
             workload_path: a.workload.as_ref().map(|p| p.display().to_string()),
         };
@@ -512,8 +520,8 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             println!("{}", serde_json::to_string(&r)?);
         } else if a.seeds <= 10 || r.violation.is_some() {
             println!(
-                "seed {seed}: {} requests: {} good, {} late, {} dropped, {} failed; {} plans; faults: {} crashes, {} restarts, {} pauses, {} partitions, {} broken connections",
-                r.requests, r.good, r.late, r.dropped, r.failed, r.plans, r.crashes, r.restarts, r.pauses, r.partitions, r.broken_connections
+                "seed {seed}: {} requests: {} good, {} late, {} dropped, {} failed; {} plans ({} too late); d_ctrl {:.0} us (max {:.0}, {} changes); faults: {} crashes, {} restarts, {} pauses, {} stalls, {} partitions, {} broken connections",
+                r.requests, r.good, r.late, r.dropped, r.failed, r.plans, r.plans_too_late, r.d_ctrl_us, r.d_ctrl_us_max, r.budget_changes, r.crashes, r.restarts, r.pauses, r.stalls, r.partitions, r.broken_connections
             );
         }
         if let Some(v) = r.violation {

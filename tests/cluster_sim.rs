@@ -136,3 +136,49 @@ fn the_cli_runs_seeds_and_prints_the_replay_line_of_a_failure() {
         "{err}"
     );
 }
+
+/// The network budget follows the measured delay — jitter included — and a
+/// stall now and then does not send it to its cap (it did when every message a
+/// stall held up counted as a sample of the delay's p99.9).
+#[test]
+fn the_network_budget_follows_jitter_and_shrugs_off_stalls() {
+    let w = workload();
+    let cap = 2000.0;
+    for seed in 1..=3 {
+        let run = |jitter_us: i64, stall_ms: i64| {
+            let mut o = opts(seed, Faults::None);
+            o.duration = Dur::from_ms(4000);
+            o.delay = Dur::from_us(50);
+            o.jitter = Dur::from_us(jitter_us);
+            o.stall_every = Dur::from_ms(stall_ms);
+            let r = ClusterSim::new(&w, o).run();
+            assert!(r.violation.is_none(), "{r:?}");
+            r
+        };
+        // Jitter: the budget covers the one-way delay's tail (50 + 1000 us).
+        let wide = run(1000, 0);
+        assert!(
+            wide.d_ctrl_us >= 1050.0 && wide.d_ctrl_us < cap,
+            "seed {seed}: {wide:?}"
+        );
+        assert_eq!(wide.plans_too_late, 0, "seed {seed}: {wide:?}");
+        // Stalls of 0.5 to 8 ms, about one a second: the budget stays near the
+        // stall-free one, far from the cap.
+        let calm = run(100, 0);
+        let stalled = run(100, 1000);
+        assert!(stalled.stalls >= 2, "seed {seed}: {stalled:?}");
+        assert!(calm.d_ctrl_us >= 150.0, "seed {seed}: {calm:?}");
+        assert!(
+            stalled.d_ctrl_us_max <= 2.5 * calm.d_ctrl_us
+                && stalled.d_ctrl_us <= 1.6 * calm.d_ctrl_us,
+            "seed {seed}: stall-free d_ctrl {} us, with stalls {} us (max {} us)",
+            calm.d_ctrl_us,
+            stalled.d_ctrl_us,
+            stalled.d_ctrl_us_max
+        );
+        let bad = |r: &fermata::sim::cluster::ClusterSimReport| {
+            (r.late + r.dropped + r.failed) as f64 / r.requests as f64
+        };
+        assert!(bad(&calm) < 0.01 && bad(&stalled) < 0.02, "seed {seed}");
+    }
+}

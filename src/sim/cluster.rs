@@ -40,7 +40,7 @@ use crate::node::proto::check;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
 use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
 use crate::transport::{ConnId, InputRef};
-use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, RegionInfo, Role};
+use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, RegionInfo, Role};
 use crate::workload::Workload;
 use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -100,6 +100,10 @@ pub struct ClusterSimOpts {
     /// Probability that a message is lost (its connection breaks), with partition
     /// faults.
     pub loss: f64,
+    /// Mean time between stalls (none when zero): a live process — a frontend,
+    /// a backend or the scheduler — stops for 0.5 to 8 ms, as an OS scheduling
+    /// hiccup or a page fault stops one; its events wait. Any fault setting.
+    pub stall_every: Dur,
     pub planted: Option<Planted>,
     /// The workload file given on the command line, for the replay line.
     pub workload_path: Option<String>,
@@ -118,6 +122,7 @@ impl Default for ClusterSimOpts {
             delay: Dur::from_us(50),
             jitter: Dur::from_us(100),
             loss: 1e-5,
+            stall_every: Dur::ZERO,
             planted: None,
             workload_path: None,
         }
@@ -140,6 +145,9 @@ impl ClusterSimOpts {
             self.jitter.0 / 1_000,
             self.loss
         );
+        if self.stall_every > Dur::ZERO {
+            s += &format!(" --stall-every-ms {}", self.stall_every.as_ms_f64());
+        }
         if let Some(w) = &self.workload_path {
             s += &format!(" --workload {w}");
         }
@@ -173,11 +181,19 @@ pub struct ClusterSimReport {
     pub crashes: u64,
     pub restarts: u64,
     pub pauses: u64,
+    pub stalls: u64,
     pub partitions: u64,
     pub broken_connections: u64,
     pub backends_registered: u32,
     pub frontends_registered: u32,
     pub sim_seconds: f64,
+    /// Plans that reached their backend too late to start (their tasks dropped).
+    pub plans_too_late: u64,
+    /// The network budget: d_ctrl at the end, its largest value after the first
+    /// simulated second, and how often the scheduler changed the budget.
+    pub d_ctrl_us: f64,
+    pub d_ctrl_us_max: f64,
+    pub budget_changes: u64,
     pub violation: Option<Violation>,
 }
 
@@ -216,6 +232,7 @@ enum Ev {
     },
     Crash,
     Pause,
+    Stall,
     Partition,
     Restart {
         role: Role,
@@ -384,6 +401,7 @@ impl ClusterSim {
         if sim.opts.faults != Faults::None {
             sim.schedule_faults();
         }
+        sim.next_stall();
         sim
     }
 
@@ -657,6 +675,7 @@ impl ClusterSim {
             self.violate(format!("{open} requests never ended at their clients"));
         }
         self.report.sim_seconds = self.now.as_secs_f64();
+        self.report.d_ctrl_us_max = self.report.d_ctrl_us_max.max(self.report.d_ctrl_us);
         self.report.violation = self.violation.take();
         if let Proc::Sched(s) = &self.procs[self.sched_pid] {
             let r = s.proto.report();
@@ -703,6 +722,7 @@ impl ClusterSim {
             Ev::Start { pid, gpu } => self.be_next(pid, gpu),
             Ev::Crash => self.crash(),
             Ev::Pause => self.pause(),
+            Ev::Stall => self.stall(),
             Ev::Partition => self.partition(),
             Ev::Restart { role, slot } => match role {
                 Role::Backend => {
@@ -763,6 +783,34 @@ impl ClusterSim {
         // Some pauses outlast the heartbeat timeout, most do not.
         let len = Dur(self.rng.gen_range(10_000_000..1_500_000_000));
         self.paused[pid] = self.now + len;
+    }
+
+    /// A short stop of a live process (the scheduler too), then the next stall.
+    fn stall(&mut self) {
+        let mut pids: Vec<Pid> = (0..self.procs.len())
+            .filter(|&p| !matches!(self.procs[p], Proc::Dead))
+            .collect();
+        pids.sort_unstable();
+        if !pids.is_empty() {
+            let pid = pids[self.rng.gen_range(0..pids.len())];
+            let len = Dur(self.rng.gen_range(500_000..8_000_000));
+            self.paused[pid] = self.paused[pid].max(self.now + len);
+            self.report.stalls += 1;
+        }
+        self.next_stall();
+    }
+
+    /// Stalls come as a Poisson process while clients send.
+    fn next_stall(&mut self) {
+        let mean = self.opts.stall_every.0 as f64;
+        if mean <= 0.0 {
+            return;
+        }
+        let gap = -mean * (1.0 - self.rng.gen::<f64>()).ln();
+        let t = self.now + Dur(gap as i64);
+        if t.0 < self.opts.duration.0 {
+            self.at(t, Ev::Stall);
+        }
     }
 
     fn partition(&mut self) {
@@ -934,6 +982,13 @@ impl ClusterSim {
     // ------------------------------------------------------------ scheduler
 
     fn sched_msg(&mut self, conn: ConnId, msg: Msg) {
+        if let Msg::PlanDone {
+            status: PlanStatus::TooLate,
+            ..
+        } = msg
+        {
+            self.report.plans_too_late += 1;
+        }
         let now = self.now;
         let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
             return;
@@ -993,7 +1048,16 @@ impl ClusterSim {
                         }
                         s.core.handle_gpu_report(now, gpu, plan, finished);
                     }
-                    Action::SetNet(net) => s.core.set_net(net),
+                    Action::SetNet(net) => {
+                        s.core.set_net(net);
+                        let r = &mut self.report;
+                        r.budget_changes += 1;
+                        if now >= Time(Dur::from_ms(1000).0) {
+                            // The budget in force until now counts too.
+                            r.d_ctrl_us_max = r.d_ctrl_us_max.max(r.d_ctrl_us);
+                        }
+                        r.d_ctrl_us = net.ctrl.as_us_f64();
+                    }
                     Action::DeviceBytes { .. } => {}
                 }
             }

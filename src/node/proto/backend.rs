@@ -22,7 +22,7 @@
 
 use super::check;
 use crate::core::{Dur, LatencyProfile, Time};
-use crate::node::clock::{OffsetEstimator, Recent};
+use crate::node::clock::{Delays, OffsetEstimator, Recent};
 use crate::transport::{ConnId, InputRef, ReadError, ReadReq, SlotHeader, SLOT_HEADER};
 use crate::wire::{
     task_owner, DropReason, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo,
@@ -38,6 +38,11 @@ pub const SYNC_MAX: Dur = Dur(2_000_000_000);
 pub const SYNC_PING: Dur = Dur(200_000_000);
 /// The heartbeat until `RegisterAck` says otherwise.
 pub const DEFAULT_HEARTBEAT: Dur = Dur(100_000_000);
+/// Plan delays kept for the control delay (bursts count once: [`Delays`]).
+pub const PLAN_DELAYS_MAX: usize = 4096;
+/// Plan delays measured before they alone make the control delay (until then the
+/// ping round trips stand in).
+pub const PLAN_DELAYS_MIN: usize = 64;
 
 /// A plan as the backend keeps it (times on the scheduler's clock; `gpu` is the
 /// global id).
@@ -116,8 +121,8 @@ pub struct BackendProto {
     /// Global GPU id -> local index.
     gpu_map: HashMap<u32, usize>,
     est: OffsetEstimator,
-    rtt: Recent,
-    plan_delay: Recent,
+    rtt: Delays,
+    plan_delay: Delays,
     /// Pull time per task at [`NET_QUANTILE`] (measured by the driver).
     pull_ns: i64,
     /// Model -> GPUs still loading it, and the largest footprint reported so far.
@@ -147,8 +152,8 @@ impl BackendProto {
             heartbeat: DEFAULT_HEARTBEAT,
             gpu_map: HashMap::new(),
             est: OffsetEstimator::new(),
-            rtt: Recent::new(256),
-            plan_delay: Recent::new(1024),
+            rtt: Delays::new(256),
+            plan_delay: Delays::new(PLAN_DELAYS_MAX),
             pull_ns: 0,
             loading: HashMap::new(),
             loaded: HashSet::new(),
@@ -215,14 +220,28 @@ impl BackendProto {
         self.loaded.contains(&model)
     }
 
-    /// One-way plan delay at [`NET_QUANTILE`] (scheduler's send to our receipt).
+    /// One-way plan delay's tail at [`NET_QUANTILE`] ([`Delays::tail`];
+    /// scheduler's send to our receipt).
     pub fn plan_delay_ns(&self) -> i64 {
-        self.plan_delay.quantile(NET_QUANTILE)
+        self.plan_delay.tail(NET_QUANTILE)
     }
 
     /// The plan delays measured so far (scheduler's send to our receipt).
     pub fn plan_delays(&self) -> &Recent {
-        &self.plan_delay
+        self.plan_delay.recent()
+    }
+
+    /// The control delay this backend reports (ns, 0 = none yet): once enough
+    /// plans came, their one-way delay at [`NET_QUANTILE`] plus the clock
+    /// offset's error bound (the delays are measured across the two clocks);
+    /// before that, half the ping round trip at the same quantile. Stalls weigh
+    /// as one sample each ([`Delays`]), so one does not move the budget.
+    pub fn ctrl_delay_ns(&self) -> i64 {
+        if self.plan_delay.len() < PLAN_DELAYS_MIN {
+            return (self.rtt.tail(NET_QUANTILE) / 2).max(self.plan_delay_ns());
+        }
+        let err = self.est.best().map_or(0, |(_, e)| e.0.max(0));
+        self.plan_delay_ns().saturating_add(err)
     }
 
     /// The driver's latest pull time per task (reported in pings).
@@ -396,11 +415,10 @@ impl BackendProto {
                 Phase::Sync { .. } => SYNC_PING,
                 _ => self.heartbeat,
             };
-        let ctrl = (self.rtt.quantile(NET_QUANTILE) / 2).max(self.plan_delay_ns());
         self.send(Msg::Ping {
             seq: self.seq,
             sent_ns: now.0,
-            ctrl_delay_ns: ctrl,
+            ctrl_delay_ns: self.ctrl_delay_ns(),
             pull_ns: self.pull_ns,
         });
     }
@@ -438,7 +456,7 @@ impl BackendProto {
         }
         self.last_pong = now;
         let rtt = self.est.push(echo, sched, now);
-        self.rtt.push(rtt.0);
+        self.rtt.push(now, rtt.0);
         if let Some((offset, error)) = self.est.best() {
             self.out.push_back(Action::SetClock { offset, error });
         }
@@ -488,7 +506,7 @@ impl BackendProto {
         self.counts.plans_received += 1;
         let sched_now = now + self.offset();
         self.plan_delay
-            .push(check::measured((sched_now - sent).0).0);
+            .push(now, check::measured((sched_now - sent).0).0);
         let gpu = self.gpu_map.get(&plan.gpu).copied();
         let why = match gpu {
             None => Some(format!("GPU {} is not this backend's", plan.gpu)),
