@@ -1,0 +1,167 @@
+//! TCP transport (tokio, loopback or LAN).
+//!
+//! A [`Tcp`] value owns a small tokio runtime (two named worker threads); every
+//! method is a plain synchronous call that can be made from any thread, inside tokio
+//! or not. Every socket has `TCP_NODELAY` set.
+//!
+//! # Control connections
+//! Each [`Conn`] has two tasks:
+//! * a **writer** draining a bounded queue ([`SEND_QUEUE`] messages;
+//!   [`SendError::Full`] beyond): it encodes everything queued into one buffer
+//!   (frames of [`crate::wire::encode`]) and writes it at once, so a burst of sends
+//!   costs a few system calls;
+//! * a **reader** splitting the byte stream into frames, decoding them and pushing
+//!   [`Event::Msg`]s. A frame longer than [`MAX_FRAME`] or one that does not decode
+//!   closes that connection (the reason is logged on stderr); nothing else is
+//!   affected.
+//!
+//! A connection ends once, for whichever comes first: [`Conn::close`], the peer's
+//! end (EOF), a read or write error, a bad frame. Its event channel then gets one
+//! [`Event::Closed`] and nothing after it. `close` sends what was queued before it
+//! (for at most [`CLOSE_FLUSH`]) and shuts the socket down; the peer sees EOF.
+//! Dropping a `Conn` handle does not close the connection (as in-process).
+//! Events are pushed from the runtime's threads without blocking them: at a full
+//! event channel ([`EVENTS_MAX`]) a reader waits and tries again (it reads no more
+//! meanwhile, so TCP flow control slows the peer down); the waits are counted.
+//!
+//! # Region server (one-sided reads without the application)
+//! [`Transport::serve_region`] runs its own listener; a task per reader connection
+//! answers fixed-size binary requests straight from the [`Region`] (copied with
+//! [`Region::with_slice`] into the socket's write buffer). The protocol (all little
+//! endian) is not [`Msg`]:
+//!
+//! ```text
+//! hello    reader -> server   u32 magic "FTRG", u32 region id
+//! welcome  server -> reader   u32 magic, u32 status (0 ok, 1 wrong region), u64 region len
+//! request  reader -> server   u64 request id, u64 offset, u32 len           (20 bytes)
+//! answer   server -> reader   u64 request id, u32 status (0 ok, 1 out of bounds),
+//!                             u32 len, then len bytes when ok               (16 bytes + data)
+//! ```
+//!
+//! Requests are pipelined: a reader sends every request of a [`RegionReader::read_many`]
+//! at once and answers come back in order. The [`RegionReader`] keeps one connection
+//! per attached peer (made in `attach`); a broken connection fails its reads as
+//! [`ReadError::Unreachable`] until the peer is attached again. The caller of
+//! `read_many` sleeps on a condition variable until the last answer (one wake-up per
+//! call), so it may be any plain thread.
+//!
+//! Addresses are reported as bound: a listener or region server bound to
+//! `0.0.0.0:0` reports `0.0.0.0:PORT`, which peers on other hosts cannot use; bind
+//! to the address peers should connect to.
+//!
+//! # Files
+//! * `options`: sizes, timeouts, `FERMATA_TCP_THREADS`;
+//! * `runtime`: the tokio runtime shared by everything a [`Tcp`] made;
+//! * `net`: address resolution, blocking connect, binding;
+//! * `conn`, `conn_writer`, `conn_reader`: a control connection, its writer
+//!   and its reader task;
+//! * `listener`: accepting control connections;
+//! * `region_server`: serving a region to readers;
+//! * `reader`, `reader_peer`: the pull side, and its connection to one peer.
+//!
+//! [`SendError::Full`]: super::SendError::Full
+//! [`Event::Msg`]: super::Event::Msg
+//! [`MAX_FRAME`]: crate::wire::MAX_FRAME
+//! [`Event::Closed`]: super::Event::Closed
+//! [`EVENTS_MAX`]: super::EVENTS_MAX
+//! [`Msg`]: crate::wire::Msg
+//! [`ReadError::Unreachable`]: super::ReadError::Unreachable
+
+mod conn;
+mod conn_reader;
+mod conn_writer;
+mod listener;
+mod net;
+mod options;
+mod reader;
+mod reader_peer;
+mod region_server;
+mod runtime;
+
+pub use options::{CLOSE_FLUSH, CONNECT_TIMEOUT, SEND_QUEUE};
+
+use super::{Conn, EventTx, Listener, Region, RegionReader, RegionServer, Transport};
+use std::sync::Arc;
+
+/// The TCP transport. Clones share one runtime, which lives as long as the last
+/// clone or anything made with it (connections, listeners, servers, readers).
+#[derive(Clone)]
+pub struct Tcp {
+    inner: Arc<runtime::Inner>,
+}
+
+impl Tcp {
+    /// A transport with its own runtime (2 worker threads named `fermata-tcp`).
+    pub fn new() -> anyhow::Result<Tcp> {
+        Ok(Tcp {
+            inner: Arc::new(runtime::Inner::start()?),
+        })
+    }
+}
+
+impl Transport for Tcp {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn listen(&self, addr: &str, events: EventTx) -> anyhow::Result<Box<dyn Listener>> {
+        listener::listen(&self.inner, addr, events)
+    }
+
+    fn connect(&self, addr: &str, events: EventTx) -> anyhow::Result<Arc<dyn Conn>> {
+        conn::connect(&self.inner, addr, events)
+    }
+
+    fn serve_region(
+        &self,
+        region: Arc<Region>,
+        addr: &str,
+    ) -> anyhow::Result<Box<dyn RegionServer>> {
+        region_server::serve(&self.inner, region, addr)
+    }
+
+    fn reader(&self) -> anyhow::Result<Arc<dyn RegionReader>> {
+        Ok(Arc::new(reader::TcpReader::new(self.inner.clone())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// The in-process transport's test scenario, over loopback TCP.
+    #[test]
+    fn messages_regions_and_close() {
+        crate::transport::conformance(&Tcp::new().unwrap(), "127.0.0.1:0", "127.0.0.1:0");
+    }
+
+    #[test]
+    fn bind_and_connect_errors_name_the_address() {
+        let tr = Tcp::new().unwrap();
+        let (tx, _rx) = crate::transport::event_channel();
+        let l = tr.listen("127.0.0.1:0", tx.clone()).unwrap();
+        let e = tr.listen(&l.local_addr(), tx.clone()).err().unwrap();
+        assert!(format!("{e:#}").contains(&l.local_addr()), "{e:#}");
+        let addr = l.local_addr();
+        drop(l);
+        // Let the accept task see the abort and close the socket.
+        let mut refused = None;
+        for _ in 0..100 {
+            match tr.connect(&addr, tx.clone()) {
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+                Ok(c) => {
+                    c.close("test");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+        let e = refused.expect("a dropped listener stops accepting");
+        assert!(format!("{e:#}").contains(&addr), "{e:#}");
+        let e = tr.listen("not an address", tx).err().unwrap();
+        assert!(format!("{e:#}").contains("not an address"), "{e:#}");
+    }
+}

@@ -1,0 +1,34 @@
+//! The TCP transport's sizes, timeouts and its one environment setting
+//! (`FERMATA_TCP_THREADS`). The public ones are re-exported by [`super`].
+
+use std::time::Duration;
+
+/// Messages a connection queues before `send` answers
+/// [`SendError::Full`](crate::transport::SendError::Full).
+pub const SEND_QUEUE: usize = 65536;
+/// How long `close` keeps trying to send what was queued before it.
+pub const CLOSE_FLUSH: Duration = Duration::from_secs(1);
+/// How long `connect` and `attach` wait for the peer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The writer writes once this much is encoded even if more is queued.
+pub(super) const WRITE_CHUNK: usize = 1 << 20;
+/// Smallest read a connection's reader asks the socket for.
+pub(super) const READ_CHUNK: usize = 64 << 10;
+/// How long a reader waits before it tries a full event channel again.
+pub(super) const EVENTS_FULL_WAIT: Duration = Duration::from_micros(200);
+
+/// A region reader's buffer for answer headers (and small answers); larger answers
+/// bypass it, straight into their own `Vec`.
+pub(super) const ANSWER_BUF: usize = 8 << 10;
+/// A region server writes its answers once this much is buffered.
+pub(super) const ANSWER_CHUNK: usize = 256 << 10;
+
+/// Worker threads of each TCP transport's tokio runtime: `FERMATA_TCP_THREADS`
+/// (1 to 64), default 2.
+pub(super) fn tcp_threads() -> usize {
+    std::env::var("FERMATA_TCP_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=64).contains(n))
+        .unwrap_or(2)
+}

@@ -1,0 +1,236 @@
+//! The region reader's connection to one attached peer's region server
+//! ([`Peer`]): the greeting, the reads waiting for an answer, a writer task that
+//! sends pipelined requests and a reader task that reads the answers straight into
+//! their buffers and completes them in their [`Batch`]es.
+
+use super::net::connect_std;
+use super::options::{ANSWER_BUF, CONNECT_TIMEOUT};
+use super::reader::Batch;
+use super::runtime::{stopped, Inner};
+use crate::transport::region_wire::{self as rw, AnswerHeader, ANS_LEN, ST_OK};
+use crate::transport::ReadError;
+use crate::wire::RegionInfo;
+use anyhow::Context as _;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, watch};
+
+/// A read sent and not answered yet.
+pub(super) struct Pending {
+    pub(super) idx: usize,
+    pub(super) len: u32,
+    /// Capacity `len`; the answer's bytes are read straight into it.
+    pub(super) buf: Vec<u8>,
+    pub(super) batch: Arc<Batch>,
+}
+
+#[derive(Default)]
+pub(super) struct PeerState {
+    pub(super) pending: HashMap<u64, Pending>,
+    /// Why the connection is unusable (broken or detached).
+    pub(super) broken: Option<String>,
+}
+
+pub(super) struct Peer {
+    pub(super) addr: String,
+    pub(super) region_len: u64,
+    pub(super) state: Mutex<PeerState>,
+    /// Encoded requests for the writer task.
+    pub(super) requests: mpsc::UnboundedSender<Vec<u8>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Peer {
+    /// Marks the connection unusable and fails every read waiting on it.
+    pub(super) fn fail(&self, reason: String) {
+        let mut st = self.state.lock().expect("peer lock");
+        let reason = st.broken.get_or_insert(reason).clone();
+        for (_, p) in st.pending.drain() {
+            p.batch
+                .complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
+        }
+        drop(st);
+        self.stop.send_replace(true);
+    }
+
+    /// Connects to the region server `info` names, checks it serves the region and
+    /// starts the connection's two tasks on `inner`'s runtime.
+    pub(super) fn connect(inner: &Inner, info: &RegionInfo) -> anyhow::Result<Arc<Peer>> {
+        let addr = &info.addr;
+        let (s, len) = greet(info)?;
+        s.set_nonblocking(true)?;
+        let stream = inner
+            .stream(s)
+            .with_context(|| format!("registering the socket to `{addr}`"))?;
+        let (rd, wr) = stream.into_split();
+        let (requests, req_rx) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = watch::channel(false);
+        let peer = Arc::new(Peer {
+            addr: addr.clone(),
+            region_len: len,
+            state: Mutex::new(PeerState::default()),
+            requests,
+            stop,
+        });
+        inner
+            .handle
+            .spawn(peer_writer(peer.clone(), wr, req_rx, stop_rx.clone()));
+        inner.handle.spawn(peer_reader(peer.clone(), rd, stop_rx));
+        Ok(peer)
+    }
+}
+
+/// Connects (blocking) and greets the region server; the socket (timeouts off
+/// again) and the region's length.
+fn greet(info: &RegionInfo) -> anyhow::Result<(std::net::TcpStream, u64)> {
+    use std::io::{Read, Write};
+    let addr = &info.addr;
+    let mut s = connect_std(addr).context("attaching a region")?;
+    s.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    s.set_write_timeout(Some(CONNECT_TIMEOUT))?;
+    let mut welcome = [0u8; rw::WELCOME_LEN];
+    s.write_all(&rw::hello(info.region))
+        .and_then(|_| s.read_exact(&mut welcome))
+        .with_context(|| format!("greeting the region server at `{addr}`"))?;
+    let (status, len) =
+        rw::parse_welcome(&welcome).map_err(|e| anyhow::anyhow!("`{addr}`: {e}"))?;
+    if status != ST_OK {
+        anyhow::bail!(
+            "the region server at `{addr}` does not serve region {}",
+            info.region
+        );
+    }
+    s.set_read_timeout(None)?;
+    s.set_write_timeout(None)?;
+    Ok((s, len))
+}
+
+async fn peer_writer(
+    peer: Arc<Peer>,
+    mut wr: OwnedWriteHalf,
+    mut requests: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let work = async {
+        let mut buf = Vec::new();
+        while let Some(first) = requests.recv().await {
+            buf.clear();
+            buf.extend_from_slice(&first);
+            while let Ok(more) = requests.try_recv() {
+                buf.extend_from_slice(&more);
+            }
+            if let Err(e) = wr.write_all(&buf).await {
+                peer.fail(format!(
+                    "sending read requests to the region server at {} failed: {e}",
+                    peer.addr
+                ));
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = stopped(&mut stop) => {}
+        _ = work => {}
+    }
+    let _ = wr.shutdown().await;
+}
+
+async fn peer_reader(peer: Arc<Peer>, rd: OwnedReadHalf, mut stop: watch::Receiver<bool>) {
+    let reason = tokio::select! {
+        _ = stopped(&mut stop) => return,
+        r = read_answers(&peer, rd) => r,
+    };
+    peer.fail(reason);
+}
+
+type Answers = BufReader<OwnedReadHalf>;
+
+/// The reason when the region server closed the connection.
+fn closed(peer: &Peer) -> String {
+    format!("the region server at {} closed the connection", peer.addr)
+}
+
+/// The reason when reading from the region server failed.
+fn failed(peer: &Peer, e: &std::io::Error) -> String {
+    format!(
+        "reading from the region server at {} failed: {e}",
+        peer.addr
+    )
+}
+
+/// Reads answers until the connection ends; the reason it ended.
+async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
+    let mut rd = BufReader::with_capacity(ANSWER_BUF, rd);
+    let mut hdr = [0u8; ANS_LEN];
+    loop {
+        if let Err(e) = rd.read_exact(&mut hdr).await {
+            return if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                closed(peer)
+            } else {
+                failed(peer, &e)
+            };
+        }
+        let AnswerHeader { id, status, len } = AnswerHeader::decode(&hdr);
+        let p = peer.state.lock().expect("peer lock").pending.remove(&id);
+        if status != ST_OK {
+            if let Some(p) = p {
+                p.batch.complete(p.idx, Err(ReadError::OutOfBounds));
+            }
+            continue;
+        }
+        let res = match p {
+            Some(p) => receive_answer(peer, &mut rd, p, len).await,
+            // Its read timed out (or was detached): skip the bytes.
+            None => skip_answer(peer, &mut rd, len).await,
+        };
+        if let Err(reason) = res {
+            return reason;
+        }
+    }
+}
+
+/// Reads the `len` bytes of `p`'s answer into its buffer and completes it; Err:
+/// why the connection is unusable now (`p` failed with it).
+async fn receive_answer(
+    peer: &Peer,
+    rd: &mut Answers,
+    mut p: Pending,
+    len: u32,
+) -> Result<(), String> {
+    if p.len != len {
+        p.batch
+            .complete(p.idx, Err(ReadError::Unreachable("protocol error".into())));
+        return Err(format!(
+            "region server at {} answered {len} bytes for a read of {}",
+            peer.addr, p.len
+        ));
+    }
+    let mut left = len as u64;
+    while left > 0 {
+        let reason = match (&mut *rd).take(left).read_buf(&mut p.buf).await {
+            Ok(0) => closed(peer),
+            Ok(n) => {
+                left -= n as u64;
+                continue;
+            }
+            Err(e) => failed(peer, &e),
+        };
+        p.batch
+            .complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
+        return Err(reason);
+    }
+    p.batch.complete(p.idx, Ok(p.buf));
+    Ok(())
+}
+
+/// Skips the `len` bytes of an answer nobody waits for.
+async fn skip_answer(peer: &Peer, rd: &mut Answers, len: u32) -> Result<(), String> {
+    let mut skip = (&mut *rd).take(len as u64);
+    match tokio::io::copy(&mut skip, &mut tokio::io::sink()).await {
+        Ok(n) if n == len as u64 => Ok(()),
+        Ok(_) => Err(closed(peer)),
+        Err(e) => Err(failed(peer, &e)),
+    }
+}

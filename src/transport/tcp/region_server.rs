@@ -1,0 +1,176 @@
+//! The region server: serves one-sided reads of a [`Region`] without the
+//! application. A listener of its own, and a task per reader connection that
+//! greets the reader and answers its requests straight from the region (the
+//! frames are those of [`crate::transport::region_wire`]).
+
+use super::net;
+use super::options::{ANSWER_CHUNK, CONNECT_TIMEOUT, READ_CHUNK};
+use super::runtime::Inner;
+use crate::transport::region_wire::{self as rw, REQ_LEN, ST_OK, ST_WRONG_REGION};
+use crate::transport::{Region, RegionServer};
+use crate::wire::RegionInfo;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+struct TcpRegionServer {
+    info: RegionInfo,
+    /// Dropped with the server: its tasks see the channel closed and stop.
+    stop: Option<watch::Sender<()>>,
+    /// One clone per running server task (accept loop, reader connections).
+    live: Arc<()>,
+    _inner: Arc<Inner>,
+}
+
+impl Drop for TcpRegionServer {
+    /// Stops serving and, outside the runtime, waits (up to 2 s) until every
+    /// server task has ended and closed its socket, so no read is answered after
+    /// the drop returns.
+    fn drop(&mut self) {
+        self.stop.take();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let end = std::time::Instant::now() + Duration::from_secs(2);
+        while Arc::strong_count(&self.live) > 1 && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl RegionServer for TcpRegionServer {
+    fn info(&self) -> RegionInfo {
+        self.info.clone()
+    }
+}
+
+/// [`Transport::serve_region`](crate::transport::Transport::serve_region) for TCP.
+pub(super) fn serve(
+    inner: &Arc<Inner>,
+    region: Arc<Region>,
+    addr: &str,
+) -> anyhow::Result<Box<dyn RegionServer>> {
+    let addr = if addr.is_empty() { "127.0.0.1:0" } else { addr };
+    let (l, local) = net::bind(inner, addr, "region server")?;
+    let info = RegionInfo {
+        addr: local.to_string(),
+        region: region.id(),
+        len: region.len(),
+        rkey: 0,
+        base: 0,
+    };
+    let (stop, stop_rx) = watch::channel(());
+    let live = Arc::new(());
+    inner
+        .handle
+        .spawn(region_accept(l, region, stop_rx, live.clone()));
+    Ok(Box::new(TcpRegionServer {
+        info,
+        stop: Some(stop),
+        live,
+        _inner: inner.clone(),
+    }))
+}
+
+async fn region_accept(
+    listener: tokio::net::TcpListener,
+    region: Arc<Region>,
+    stop: watch::Receiver<()>,
+    live: Arc<()>,
+) {
+    let mut stop2 = stop.clone();
+    let accept = async {
+        loop {
+            match listener.accept().await {
+                Ok((s, peer)) => {
+                    let _ = s.set_nodelay(true);
+                    tokio::spawn(region_conn(
+                        s,
+                        peer,
+                        region.clone(),
+                        stop.clone(),
+                        live.clone(),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "tcp: region server: accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = stop2.changed() => {}
+        _ = accept => {}
+    }
+}
+
+async fn region_conn(
+    s: TcpStream,
+    peer: SocketAddr,
+    region: Arc<Region>,
+    mut stop: watch::Receiver<()>,
+    _live: Arc<()>,
+) {
+    let serve = async {
+        if let Err(e) = serve_reads(s, &region).await {
+            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                tracing::warn!(%peer, error = %e, "tcp: region server: reader failed");
+            }
+        }
+    };
+    tokio::select! {
+        _ = stop.changed() => {}
+        _ = serve => {}
+    }
+}
+
+/// Greets a reader; false when it asked for another region (it was told so).
+async fn greet(s: &mut TcpStream, region: &Region) -> std::io::Result<bool> {
+    let mut hello = [0u8; rw::HELLO_LEN];
+    tokio::time::timeout(CONNECT_TIMEOUT, s.read_exact(&mut hello))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello"))??;
+    let want = rw::parse_hello(&hello)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let status = if want == region.id() {
+        ST_OK
+    } else {
+        ST_WRONG_REGION
+    };
+    s.write_all(&rw::welcome(status, region.len())).await?;
+    Ok(status == ST_OK)
+}
+
+async fn serve_reads(mut s: TcpStream, region: &Region) -> std::io::Result<()> {
+    if !greet(&mut s, region).await? {
+        return Ok(());
+    }
+    let mut inb: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    loop {
+        inb.reserve(READ_CHUNK);
+        if s.read_buf(&mut inb).await? == 0 {
+            return Ok(());
+        }
+        let mut pos = 0;
+        while inb.len() - pos >= REQ_LEN {
+            pos += rw::serve_requests(&inb[pos..], region, &mut out, ANSWER_CHUNK);
+            if out.len() >= ANSWER_CHUNK {
+                s.write_all(&out).await?;
+                out.clear();
+            }
+        }
+        inb.drain(..pos);
+        if !out.is_empty() {
+            s.write_all(&out).await?;
+            out.clear();
+        }
+        if out.capacity() > 64 * ANSWER_CHUNK {
+            out.shrink_to(ANSWER_CHUNK);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The tokio runtime a [`Tcp`](super::Tcp) transport owns ([`Inner`], shared by
+//! everything made with the transport), how sockets made with std are handed to it,
+//! and the stop signal its tasks wait on.
+
+use super::options::tcp_threads;
+use anyhow::Context as _;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::watch;
+
+/// The runtime and the connection id counter of one transport (and its clones).
+pub(super) struct Inner {
+    rt: Option<Runtime>,
+    pub(super) handle: Handle,
+    pub(super) next_id: AtomicU64,
+}
+
+impl Inner {
+    /// Starts the runtime (worker threads named `fermata-tcp`, see
+    /// [`tcp_threads`]).
+    pub(super) fn start() -> anyhow::Result<Inner> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(tcp_threads())
+            .thread_name("fermata-tcp")
+            .enable_all()
+            .build()
+            .context("starting the TCP transport's tokio runtime")?;
+        let handle = rt.handle().clone();
+        Ok(Inner {
+            rt: Some(rt),
+            handle,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// Registers a connected (non-blocking) std socket with the runtime.
+    pub(super) fn stream(&self, s: std::net::TcpStream) -> std::io::Result<tokio::net::TcpStream> {
+        let _g = self.handle.enter();
+        tokio::net::TcpStream::from_std(s)
+    }
+
+    /// Registers a bound (non-blocking) std listener with the runtime.
+    pub(super) fn listener(
+        &self,
+        l: std::net::TcpListener,
+    ) -> std::io::Result<tokio::net::TcpListener> {
+        let _g = self.handle.enter();
+        tokio::net::TcpListener::from_std(l)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            if Handle::try_current().is_ok() {
+                // Dropped inside a runtime (maybe our own): must not block.
+                rt.shutdown_background();
+            } else {
+                rt.shutdown_timeout(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Resolves once `stop` is set (or its sender is gone).
+pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
