@@ -1,0 +1,44 @@
+//! The bounded channels between the backend's threads: what goes on them, how
+//! deep they are, and [`send_counted`], which waits on a full one and counts the
+//! wait.
+
+use crate::node::proto::backend::{Input, PlanMsg};
+use crate::wire::ModelInfo;
+use crossbeam_channel::{Sender, TrySendError};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Most plans waiting for a GPU's puller; beyond, a plan is refused (its tasks
+/// fail, the scheduler hears `PlanDone{Failed}`), counted as `refused`.
+pub(super) const PLANS_MAX: usize = 1024;
+/// Most messages waiting for a GPU's worker (pulled plans, loads); beyond, the
+/// sender waits, counted in `fermata_backend_channel_waits_total`.
+pub(super) const WORKER_MAX: usize = 1024;
+/// Most load results waiting for the network loop; beyond, the worker waits
+/// (counted as above).
+pub(super) const LOADS_MAX: usize = 256;
+
+/// What a GPU's worker is asked to do.
+pub(super) enum WorkerMsg {
+    Load(ModelInfo, Sender<Loaded>),
+    Unload(u32),
+    Run(PlanMsg, Vec<Option<Input>>),
+}
+
+/// A plan with its inputs pulled (None: could not be read).
+pub(super) type Pulled = (PlanMsg, Vec<Option<Input>>);
+
+/// A GPU's load result: (model, its device footprint or the error).
+pub(super) type Loaded = (u32, Result<Option<u64>, String>);
+
+/// Sends on a bounded channel, waiting when it is full (the wait counted in
+/// `waits`); false when the receiver is gone.
+pub(super) fn send_counted<T>(tx: &Sender<T>, v: T, waits: &AtomicU64) -> bool {
+    match tx.try_send(v) {
+        Ok(()) => true,
+        Err(TrySendError::Disconnected(_)) => false,
+        Err(TrySendError::Full(v)) => {
+            waits.fetch_add(1, Ordering::Relaxed);
+            tx.send(v).is_ok()
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The backend's network loop (thread `backend-net`), the driver of the sans-IO
+//! [`BackendProto`]: the scheduler's and the frontends' connections, the OS
+//! clock, heartbeats and timeouts; it carries out the protocol's actions (sends,
+//! closes, the clock offset, model loads on every worker, frontends' regions
+//! attached and probed, plans queued to the GPUs' pullers, readiness).
+
+use super::channels::{send_counted, Loaded, WorkerMsg, LOADS_MAX};
+use super::metrics::batch_size_histogram;
+use super::shared::Shared;
+use crate::core::{Dur, LatencyProfile};
+use crate::node::proto::backend::{Action, BackendProto, PlanMsg};
+use crate::transport::{Conn, ConnId, Event, EventTx, ReadReq, Transport, SLOT_HEADER};
+use crate::wire::{ModelInfo, NodeId, RegionInfo, NET_QUANTILE};
+use anyhow::{bail, Result};
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Reads of a new frontend's region to measure the pull cost at start-up.
+const PROBE_READS: usize = 8;
+
+/// Longest wait of the network loop between looks at the stop flag.
+const LOOP_WAIT_MAX: Dur = Dur(50_000_000);
+
+/// The network loop: the driver of [`BackendProto`] (connections, the OS clock,
+/// the pullers and workers).
+pub(super) struct NetLoop {
+    pub(super) shared: Arc<Shared>,
+    pub(super) transport: Arc<dyn Transport>,
+    pub(super) events: EventTx,
+    pub(super) proto: BackendProto,
+    pub(super) pullers: Vec<Sender<PlanMsg>>,
+    pub(super) workers: Vec<Sender<WorkerMsg>>,
+    /// Frontend connections by id.
+    pub(super) fe_conns: HashMap<ConnId, Arc<dyn Conn>>,
+    pub(super) ready_tx: Option<Sender<Result<Vec<u32>, String>>>,
+}
+
+impl NetLoop {
+    /// Runs the loop on its own thread until `stop` or the scheduler is lost.
+    pub(super) fn spawn(
+        mut self,
+        rx: Receiver<Event>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<JoinHandle<Result<()>>> {
+        std::thread::Builder::new()
+            .name("backend-net".into())
+            .spawn(move || {
+                let r = self.run(rx, &stop);
+                // The plan delays measured by the protocol, for the report.
+                *self.shared.plan_delay.lock().expect("lock") = self.proto.plan_delays().clone();
+                r
+            })
+    }
+
+    fn run(&mut self, rx: Receiver<Event>, stop: &AtomicBool) -> Result<()> {
+        let (ltx, lrx) = bounded::<Loaded>(LOADS_MAX);
+        let local = self.shared.clock.local();
+        while !stop.load(Ordering::Acquire) {
+            self.apply(&ltx)?;
+            let wait = (self.proto.poll_timeout() - local.now()).clamp(Dur::ZERO, LOOP_WAIT_MAX);
+            crossbeam_channel::select! {
+                recv(rx) -> ev => match ev {
+                    Ok(ev) => self.event(ev),
+                    Err(_) => bail!("event channel closed"),
+                },
+                recv(lrx) -> r => {
+                    if let Ok((model, res)) = r {
+                        self.proto.handle_loaded(model, res);
+                    }
+                }
+                default(Duration::from_nanos(wait.0 as u64)) => {}
+            }
+            let now = local.now();
+            if now >= self.proto.poll_timeout() {
+                let pull = self
+                    .shared
+                    .pull
+                    .lock()
+                    .expect("lock")
+                    .quantile(NET_QUANTILE);
+                self.proto.set_pull_ns(pull);
+                self.proto.handle_timeout(now);
+            }
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Accepted(c) => c.close("backends accept no connections"),
+            Event::Closed(c, reason) => {
+                self.forget(c);
+                self.proto.handle_closed(c, &reason);
+            }
+            Event::Msg(c, msg) => {
+                let now = self.shared.clock.local().now();
+                self.proto.handle_msg(now, c, msg);
+            }
+        }
+    }
+
+    /// Carries out what the protocol asked for.
+    fn apply(&mut self, ltx: &Sender<Loaded>) -> Result<()> {
+        let refused = self.proto.counts().plans_refused;
+        self.shared.plans_refused.store(refused, Ordering::Relaxed);
+        while let Some(a) = self.proto.poll_action() {
+            match a {
+                Action::Send(c, m) => {
+                    let conn = self.conn(c);
+                    if let Some(conn) = conn {
+                        let _ = conn.send(m);
+                    }
+                }
+                Action::Close(c, why) => {
+                    if let Some(conn) = self.conn(c) {
+                        conn.close(&why);
+                    }
+                    self.forget(c);
+                }
+                Action::SetClock { offset, error } => self.shared.clock.set(offset.0, error.0),
+                Action::Load(model, prof) => self.load(model, prof, ltx),
+                Action::Unload(model) => self.unload(model),
+                Action::Attach {
+                    node,
+                    ctrl_addr,
+                    region,
+                } => self.attach(node, &ctrl_addr, &region),
+                Action::Detach { node, conn } => self.detach(node, conn),
+                Action::Queue { gpu, plan } => self.queue(gpu, plan),
+                Action::Ready(ids) => {
+                    if let Some(t) = self.ready_tx.take() {
+                        let _ = t.send(Ok(ids));
+                    }
+                }
+                Action::Exit(why) => {
+                    if let Some(t) = self.ready_tx.take() {
+                        let _ = t.send(Err(why.clone()));
+                    }
+                    bail!("{why}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn conn(&self, c: ConnId) -> Option<Arc<dyn Conn>> {
+        if c == self.shared.sched.id() {
+            return Some(self.shared.sched.clone());
+        }
+        self.fe_conns.get(&c).cloned()
+    }
+
+    /// Drops a frontend connection from the maps (the workers stop using it).
+    fn forget(&mut self, c: ConnId) {
+        if self.fe_conns.remove(&c).is_some() {
+            self.shared
+                .frontends
+                .write()
+                .expect("lock")
+                .retain(|_, conn| conn.id() != c);
+        }
+    }
+
+    fn load(&mut self, model: ModelInfo, prof: LatencyProfile, ltx: &Sender<Loaded>) {
+        let sh = &self.shared;
+        sh.profiles.write().expect("lock").insert(model.id, prof);
+        let h = batch_size_histogram(sh, &model);
+        sh.batch_sizes.write().expect("lock").insert(model.id, h);
+        for w in &self.workers {
+            send_counted(
+                w,
+                WorkerMsg::Load(model.clone(), ltx.clone()),
+                &sh.channel_waits,
+            );
+        }
+    }
+
+    fn unload(&self, model: u32) {
+        for w in &self.workers {
+            send_counted(w, WorkerMsg::Unload(model), &self.shared.channel_waits);
+        }
+    }
+
+    /// A plan for GPU `gpu` goes to its puller (or back to the protocol when the
+    /// puller's queue is full).
+    fn queue(&mut self, gpu: usize, plan: PlanMsg) {
+        match self.pullers[gpu].try_send(plan) {
+            Ok(()) => {
+                self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Full(plan)) => {
+                let now = self.shared.clock.local().now();
+                self.proto.handle_queue_full(now, plan);
+            }
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+
+    fn attach(&mut self, node: NodeId, ctrl_addr: &str, region: &RegionInfo) {
+        match self.shared.reader.attach(node, region) {
+            Err(e) => tracing::warn!(
+                frontend = node,
+                error = %format!("{e:#}"),
+                "backend: cannot attach a frontend's region"
+            ),
+            Ok(()) => self.probe_pull(node, region.len),
+        }
+        match self.transport.connect(ctrl_addr, self.events.clone()) {
+            Ok(conn) => {
+                let id = conn.id();
+                self.fe_conns.insert(id, conn.clone());
+                let old = self
+                    .shared
+                    .frontends
+                    .write()
+                    .expect("lock")
+                    .insert(node, conn);
+                if let Some(old) = old {
+                    self.fe_conns.remove(&old.id());
+                    old.close("frontend reconnected");
+                }
+                self.proto.handle_connected(node, id);
+            }
+            Err(e) => {
+                tracing::warn!(frontend = node, addr = %ctrl_addr, error = %format!("{e:#}"), "backend: cannot reach a frontend")
+            }
+        }
+    }
+
+    /// A frontend is down: its region is no longer read, its connection closes.
+    fn detach(&mut self, node: NodeId, conn: Option<ConnId>) {
+        self.shared.reader.detach(node);
+        if let Some(c) = self.shared.frontends.write().expect("lock").remove(&node) {
+            c.close("frontend down");
+        }
+        if let Some(c) = conn {
+            self.fe_conns.remove(&c);
+        }
+    }
+
+    /// Measures the pull cost from a new frontend at once (a few reads of the
+    /// largest input's size, off this thread), so d_data is known before the
+    /// first plans rather than learned from late ones.
+    fn probe_pull(&self, peer: NodeId, region_len: u64) {
+        let len = (self.proto.max_input() as u64 + SLOT_HEADER as u64).min(region_len) as u32;
+        let sh = self.shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("pull-probe".into())
+            .spawn(move || {
+                for _ in 0..PROBE_READS {
+                    let t0 = Instant::now();
+                    let r = sh.reader.read_many(
+                        &[ReadReq {
+                            peer,
+                            offset: 0,
+                            len,
+                        }],
+                        Duration::from_secs(1),
+                    );
+                    if r[0].is_err() {
+                        break;
+                    }
+                    sh.pull
+                        .lock()
+                        .expect("lock")
+                        .push(t0.elapsed().as_nanos() as i64);
+                }
+            });
+    }
+}

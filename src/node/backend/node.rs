@@ -1,0 +1,189 @@
+//! [`BackendNode`], a running backend: start-up (the scheduler's connection, the
+//! shared state and metrics, each GPU's executor, worker and puller, the network
+//! loop's thread), readiness, and the ways it ends (stop, crash, join).
+
+use super::channels::{WorkerMsg, PLANS_MAX, WORKER_MAX};
+use super::metrics::{register_counters, register_waits};
+use super::net::NetLoop;
+use super::options::BackendOpts;
+use super::report::BackendReport;
+use super::shared::Shared;
+use super::{puller, worker};
+use crate::core::Dur;
+use crate::metrics::Registry;
+use crate::node::clock::SchedClock;
+use crate::node::proto::backend::{BackendProto, PlanMsg};
+use crate::runtime::clock::Clock;
+use crate::transport::Transport;
+use crate::wire::Msg;
+use anyhow::{bail, Context, Result};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A running backend.
+pub struct BackendNode {
+    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+    handle: Option<JoinHandle<Result<()>>>,
+    ready: Receiver<Result<Vec<u32>, String>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Each GPU's channel to its puller and to its worker, and the threads.
+struct GpuThreads {
+    pullers: Vec<Sender<PlanMsg>>,
+    workers: Vec<Sender<WorkerMsg>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl BackendNode {
+    /// Connects to the scheduler, syncs the clock and registers; returns at once
+    /// (see [`BackendNode::wait_ready`]).
+    pub fn start(transport: Arc<dyn Transport>, opts: BackendOpts) -> Result<BackendNode> {
+        if opts.gpus == 0 {
+            bail!("a backend needs at least one GPU (--gpus)");
+        }
+        let registry = Registry::new();
+        let (tx, rx) = crate::node::event_channel(&registry, "backend");
+        let sched = transport
+            .connect(&opts.scheduler, tx.clone())
+            .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
+        let clock = SchedClock::exact(Clock::new());
+        let reader = transport.reader()?;
+        let shared = Arc::new(Shared::new(clock, sched, reader, registry, &opts.name));
+        register_counters(&shared);
+        register_waits(&shared);
+        let gpus = spawn_gpus(&opts, &shared)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready) = bounded(1);
+        let proto = BackendProto::new(
+            shared.clock.local().now(),
+            shared.sched.id(),
+            opts.name.clone(),
+            opts.gpu_infos(),
+            Dur::from_std(opts.scheduler_timeout),
+        );
+        let lp = NetLoop {
+            shared: shared.clone(),
+            transport,
+            events: tx,
+            proto,
+            pullers: gpus.pullers,
+            workers: gpus.workers,
+            fe_conns: HashMap::new(),
+            ready_tx: Some(ready_tx),
+        };
+        let handle = lp.spawn(rx, stop.clone())?;
+        Ok(BackendNode {
+            stop,
+            shared,
+            handle: Some(handle),
+            ready,
+            threads: gpus.threads,
+        })
+    }
+
+    /// Waits until the scheduler put the GPUs in service; returns their global ids.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<Vec<u32>> {
+        match self.ready.recv_timeout(timeout) {
+            Ok(Ok(ids)) => Ok(ids),
+            Ok(Err(e)) => bail!("backend registration failed: {e}"),
+            Err(_) => bail!("backend not registered within {timeout:?}"),
+        }
+    }
+
+    /// The backend's Prometheus metrics.
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.shared.registry.clone()
+    }
+
+    /// Plans received and not yet ended (pulling, waiting or running).
+    pub fn plans_in_flight(&self) -> u64 {
+        let s = &self.shared;
+        s.plans_received
+            .load(Ordering::Relaxed)
+            .saturating_sub(s.plans_ended.load(Ordering::Relaxed))
+    }
+
+    /// Whether the network loop has ended (scheduler lost, or stopped).
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
+    }
+
+    /// Stops: says goodbye to the scheduler, lets running batches finish.
+    pub fn stop(mut self) -> BackendReport {
+        let _ = self.shared.sched.send(Msg::Unregister {
+            reason: "backend stopping".into(),
+        });
+        self.finish()
+    }
+
+    /// Dies abruptly (for failure tests): every connection drops, nothing more is
+    /// sent, no goodbye.
+    pub fn crash(mut self) -> BackendReport {
+        self.shared.dead.store(true, Ordering::Release);
+        self.shared.sched.close("backend crashed");
+        for c in self.shared.frontends.read().expect("lock").values() {
+            c.close("backend crashed");
+        }
+        self.finish()
+    }
+
+    /// Runs until the network loop ends (the scheduler is lost or closes us).
+    pub fn join(mut self) -> BackendReport {
+        let mut r = match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => Some(format!("{e:#}")),
+            Some(Err(_)) => Some("the backend's network loop panicked".to_string()),
+            _ => None,
+        };
+        let mut rep = self.finish();
+        rep.error = r.take();
+        rep
+    }
+
+    fn finish(&mut self) -> BackendReport {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        self.shared.dead.store(true, Ordering::Release);
+        let rep = self.shared.report();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        rep
+    }
+}
+
+impl Drop for BackendNode {
+    fn drop(&mut self) {
+        if self.handle.is_some() {
+            self.finish();
+        }
+    }
+}
+
+/// Starts each GPU's executor, worker and puller.
+fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
+    let mut t = GpuThreads {
+        pullers: Vec::new(),
+        workers: Vec::new(),
+        threads: Vec::new(),
+    };
+    for g in 0..opts.gpus {
+        let exec =
+            (opts.executor)(g).with_context(|| format!("cannot start the executor of GPU {g}"))?;
+        let (wtx, wrx) = bounded::<WorkerMsg>(WORKER_MAX);
+        let (ptx, prx) = bounded::<PlanMsg>(PLANS_MAX);
+        t.threads.push(worker::spawn(g, shared.clone(), exec, wrx)?);
+        t.threads
+            .push(puller::spawn(g, shared.clone(), prx, wtx.clone())?);
+        t.pullers.push(ptx);
+        t.workers.push(wtx);
+    }
+    Ok(t)
+}

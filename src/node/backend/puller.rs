@@ -1,0 +1,75 @@
+//! A GPU's puller (thread `gpu{g}-pull`): reads each plan's inputs one-sided
+//! from the frontends' regions as soon as the plan arrives, so the pull overlaps
+//! the previous batch, then hands the plan to the GPU's worker.
+
+use super::channels::{send_counted, WorkerMsg};
+use super::shared::Shared;
+use crate::node::proto::backend::{classify_input, pull_budget, pull_requests, Input, PlanMsg};
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Starts GPU `g`'s puller.
+pub(super) fn spawn(
+    g: u32,
+    sh: Arc<Shared>,
+    rx: Receiver<PlanMsg>,
+    worker: Sender<WorkerMsg>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("gpu{g}-pull"))
+        .spawn(move || puller(sh, rx, worker))
+}
+
+/// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
+fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
+    while let Ok(plan) = rx.recv() {
+        if sh.dead.load(Ordering::Acquire) {
+            break;
+        }
+        let inputs = pull(&sh, &plan);
+        if !send_counted(&worker, WorkerMsg::Run(plan, inputs), &sh.channel_waits) {
+            break;
+        }
+    }
+}
+
+/// Reads `plan`'s inputs (None: could not be read, counted by reason).
+fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
+    let reqs = pull_requests(&plan.tasks);
+    // Reads may take until the batch's latest start.
+    let now = sh.clock.now();
+    sh.lead_arrived
+        .lock()
+        .expect("lock")
+        .push((plan.exec_at - now).0);
+    let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
+    let budget = pull_budget(plan, prof.as_ref(), now);
+    let bufs = sh.take_buffers(reqs.len());
+    let t0 = Instant::now();
+    let got = sh
+        .reader
+        .read_many_into(&reqs, Duration::from_nanos(budget.0 as u64), bufs);
+    let el = t0.elapsed();
+    sh.lead_pulled
+        .lock()
+        .expect("lock")
+        .push((plan.exec_at - sh.clock.now()).0);
+    if !plan.tasks.is_empty() {
+        sh.pull
+            .lock()
+            .expect("lock")
+            .push(el.as_nanos() as i64 / plan.tasks.len() as i64);
+    }
+    // Each input stays in the slot it was read into (header first): no copy.
+    got.into_iter()
+        .zip(&plan.tasks)
+        .map(|(r, t)| {
+            classify_input(r, t.id)
+                .map_err(|why| sh.missing_why[why as usize].fetch_add(1, Ordering::Relaxed))
+                .ok()
+        })
+        .collect()
+}

@@ -1,0 +1,80 @@
+//! What a backend counted ([`BackendReport`]), read from its shared counters and
+//! recent measurements when it stops.
+
+use super::shared::Shared;
+use crate::node::clock::Recent;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+/// Counts of what a backend did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct BackendReport {
+    pub plans_run: u64,
+    /// Plans not run at all: none of their tasks could still meet its deadline.
+    pub plans_too_late: u64,
+    /// Tasks left out of their batch because it started too late for them.
+    pub tasks_too_late: u64,
+    pub plans_failed: u64,
+    pub tasks_run: u64,
+    pub inputs_missing: u64,
+    /// Why inputs went missing: no answer within the pull budget, a slot that no
+    /// longer held the task (freed or reused at the frontend), an unreachable or
+    /// out-of-bounds region.
+    pub inputs_missing_timeout: u64,
+    pub inputs_missing_stale: u64,
+    pub inputs_missing_error: u64,
+    /// How late batches started after exec_at, p50/p99 (us).
+    pub start_delay_p50_us: f64,
+    pub start_delay_p99_us: f64,
+    pub pull_p99_us_per_task: f64,
+    /// Pull time per input of a batch: median and largest (us).
+    pub pull_p50_us_per_task: f64,
+    pub pull_max_us_per_task: f64,
+    /// Inputs pulled into a fresh buffer because the pool had none.
+    pub pull_buffers_allocated: u64,
+    /// One-way plan delay from the scheduler, p50 / p99 (us).
+    pub plan_delay_p50_us: f64,
+    pub plan_delay_p99_us: f64,
+    /// exec_at minus the plan's arrival at the backend, 1st percentile and median
+    /// (us; negative: it came too late to start on time).
+    pub lead_arrived_p1_us: f64,
+    pub lead_arrived_p50_us: f64,
+    /// exec_at minus the moment its inputs were pulled, 1st percentile (us).
+    pub lead_pulled_p1_us: f64,
+    pub clock_offset_us: f64,
+    pub clock_error_us: f64,
+    pub error: Option<String>,
+}
+
+impl Shared {
+    /// The report of what the backend did so far.
+    pub(super) fn report(&self) -> BackendReport {
+        let s = self;
+        let q = |r: &Mutex<Recent>, p: f64| r.lock().expect("lock").quantile(p) as f64 / 1e3;
+        BackendReport {
+            plans_run: s.plans_run.load(Ordering::Relaxed),
+            plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
+            tasks_too_late: s.tasks_too_late.load(Ordering::Relaxed),
+            plans_failed: s.plans_failed.load(Ordering::Relaxed),
+            tasks_run: s.tasks_run.load(Ordering::Relaxed),
+            inputs_missing: s.inputs_missing(),
+            inputs_missing_timeout: s.missing_why[0].load(Ordering::Relaxed),
+            inputs_missing_stale: s.missing_why[1].load(Ordering::Relaxed),
+            inputs_missing_error: s.missing_why[2].load(Ordering::Relaxed),
+            start_delay_p50_us: q(&s.start_delay, 0.5),
+            start_delay_p99_us: q(&s.start_delay, 0.99),
+            pull_p99_us_per_task: q(&s.pull, 0.99),
+            pull_p50_us_per_task: q(&s.pull, 0.5),
+            pull_max_us_per_task: q(&s.pull, 1.0),
+            pull_buffers_allocated: s.pool_misses.load(Ordering::Relaxed),
+            plan_delay_p50_us: q(&s.plan_delay, 0.5),
+            plan_delay_p99_us: q(&s.plan_delay, 0.99),
+            lead_arrived_p1_us: q(&s.lead_arrived, 0.01),
+            lead_arrived_p50_us: q(&s.lead_arrived, 0.5),
+            lead_pulled_p1_us: q(&s.lead_pulled, 0.01),
+            clock_offset_us: s.clock.offset().as_us_f64(),
+            clock_error_us: s.clock.error_bound().as_us_f64(),
+            error: None,
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! What the backend's threads share ([`Shared`]): the scheduler's clock and
+//! connection, the frontends' connections, the models' profiles, the region
+//! reader, the counters and recent measurements, and the pool of input buffers
+//! the pullers read into and the workers give back.
+
+use super::metrics::start_delay_histogram;
+use crate::core::LatencyProfile;
+use crate::metrics::{Histogram, Registry};
+use crate::node::clock::{Recent, SchedClock};
+use crate::node::proto::backend::Input;
+use crate::transport::{Conn, RegionReader};
+use crate::wire::NodeId;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Most input buffers a backend keeps for reuse (a few batches' worth), and most
+/// bytes they may hold together.
+const POOL_MAX: usize = 512;
+const POOL_MAX_BYTES: usize = 256 << 20;
+
+pub(super) struct Shared {
+    pub(super) clock: SchedClock,
+    pub(super) sched: Arc<dyn Conn>,
+    pub(super) frontends: RwLock<HashMap<NodeId, Arc<dyn Conn>>>,
+    pub(super) profiles: RwLock<HashMap<u32, LatencyProfile>>,
+    pub(super) reader: Arc<dyn RegionReader>,
+    pub(super) pull: Mutex<Recent>,
+    /// One-way delay of plans (scheduler's send to our receipt, on the scheduler's
+    /// clock; includes the clock offset's error).
+    pub(super) plan_delay: Mutex<Recent>,
+    pub(super) start_delay: Mutex<Recent>,
+    /// exec_at minus when the plan reached the backend, and minus when its inputs
+    /// were in (negative: too late already).
+    pub(super) lead_arrived: Mutex<Recent>,
+    pub(super) lead_pulled: Mutex<Recent>,
+    /// Set when the node stops or crashes: workers send nothing more.
+    pub(super) dead: AtomicBool,
+    /// Plans received, and plans done (run, too late or failed).
+    pub(super) plans_received: AtomicU64,
+    pub(super) plans_ended: AtomicU64,
+    pub(super) plans_run: AtomicU64,
+    pub(super) plans_too_late: AtomicU64,
+    pub(super) tasks_too_late: AtomicU64,
+    pub(super) plans_failed: AtomicU64,
+    /// Plans refused by the protocol's checks or a full puller queue.
+    pub(super) plans_refused: AtomicU64,
+    /// Waits on a full internal channel (worker, load results).
+    pub(super) channel_waits: AtomicU64,
+    pub(super) tasks_run: AtomicU64,
+    pub(super) tasks_failed: AtomicU64,
+    /// Missing inputs by reason: [timeout, stale slot, error] (counted when the
+    /// pull ends).
+    pub(super) missing_why: [AtomicU64; 3],
+    /// Input buffers of finished batches, reused by the pullers (see
+    /// [`RegionReader::read_many_into`]); at most [`POOL_MAX`].
+    pool: Mutex<Vec<Vec<u8>>>,
+    pub(super) pool_misses: AtomicU64,
+    pub(super) registry: Arc<Registry>,
+    /// The backend's name (the metrics' `backend` label).
+    pub(super) name: String,
+    /// Batch sizes per model id (added when a model loads).
+    pub(super) batch_sizes: RwLock<HashMap<u32, Arc<Histogram>>>,
+    pub(super) start_delay_hist: Arc<Histogram>,
+}
+
+impl Shared {
+    pub(super) fn new(
+        clock: SchedClock,
+        sched: Arc<dyn Conn>,
+        reader: Arc<dyn RegionReader>,
+        registry: Arc<Registry>,
+        name: &str,
+    ) -> Shared {
+        Shared {
+            clock,
+            sched,
+            frontends: RwLock::new(HashMap::new()),
+            profiles: RwLock::new(HashMap::new()),
+            reader,
+            pull: Mutex::new(Recent::new(512)),
+            plan_delay: Mutex::new(Recent::new(1024)),
+            start_delay: Mutex::new(Recent::new(2048)),
+            lead_arrived: Mutex::new(Recent::new(2048)),
+            lead_pulled: Mutex::new(Recent::new(2048)),
+            dead: AtomicBool::new(false),
+            plans_received: AtomicU64::new(0),
+            plans_ended: AtomicU64::new(0),
+            plans_run: AtomicU64::new(0),
+            plans_too_late: AtomicU64::new(0),
+            tasks_too_late: AtomicU64::new(0),
+            plans_failed: AtomicU64::new(0),
+            plans_refused: AtomicU64::new(0),
+            channel_waits: AtomicU64::new(0),
+            tasks_run: AtomicU64::new(0),
+            tasks_failed: AtomicU64::new(0),
+            missing_why: Default::default(),
+            pool: Mutex::new(Vec::new()),
+            pool_misses: AtomicU64::new(0),
+            start_delay_hist: start_delay_histogram(&registry, name),
+            registry,
+            name: name.to_string(),
+            batch_sizes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Inputs that could not be pulled, whatever the reason.
+    pub(super) fn inputs_missing(&self) -> u64 {
+        self.missing_why
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Up to `n` buffers from the pool to read inputs into (those it lacks are
+    /// counted in `pool_misses`).
+    pub(super) fn take_buffers(&self, n: usize) -> Vec<Vec<u8>> {
+        let bufs: Vec<Vec<u8>> = {
+            let mut p = self.pool.lock().expect("lock");
+            let k = p.len().saturating_sub(n);
+            p.split_off(k)
+        };
+        self.pool_misses
+            .fetch_add((n - bufs.len()) as u64, Ordering::Relaxed);
+        bufs
+    }
+
+    /// The inputs' buffers go back to the pullers (bounded in count and bytes).
+    pub(super) fn recycle(&self, inputs: Vec<Option<Input>>) {
+        let mut p = self.pool.lock().expect("lock");
+        let mut bytes: usize = p.iter().map(Vec::capacity).sum();
+        for i in inputs.into_iter().flatten() {
+            if p.len() >= POOL_MAX || bytes + i.slot.capacity() > POOL_MAX_BYTES {
+                break;
+            }
+            bytes += i.slot.capacity();
+            p.push(i.slot);
+        }
+    }
+}

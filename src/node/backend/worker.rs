@@ -1,0 +1,185 @@
+//! A GPU's worker (thread `gpu{g}-worker`): takes the pulled plans in `exec_at`
+//! order, sleeps until just before a plan's start and spins, runs the batch on the
+//! executor (late tasks and missing inputs left out, see [`cut_batch`]), sends
+//! the results to the frontends and `PlanDone` to the scheduler, counts the
+//! outcome; loads and unloads models between batches.
+
+use super::channels::{send_counted, Pulled, WorkerMsg};
+use super::shared::Shared;
+use crate::node::exec::Executor;
+use crate::node::proto::backend::{cut_batch, settle, Cut, Input, PlanMsg, PlanQueue, Settled};
+use crate::wire::{Msg, PlanStatus};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Nice value of the GPU worker threads (best effort): they sleep until a batch's
+/// planned start and must win the CPU then.
+const WORKER_NICE: i32 = -10;
+
+/// A worker sleeps until this long before a batch's start, then spins.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Starts GPU `g`'s worker on `exec`.
+pub(super) fn spawn(
+    g: u32,
+    sh: Arc<Shared>,
+    exec: Box<dyn Executor>,
+    rx: Receiver<WorkerMsg>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("gpu{g}-worker"))
+        .spawn(move || {
+            crate::runtime::pin::set_timer_slack_ns(1);
+            crate::runtime::pin::set_thread_nice(WORKER_NICE);
+            worker(sh, exec, rx)
+        })
+}
+
+/// Runs one GPU: plans in `exec_at` order ([`PlanQueue`]; a plan that arrives
+/// while the worker waits for a later one goes first), loads and unloads between
+/// batches. It sleeps until just before a plan's start, then spins.
+fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>) {
+    let mut queue: PlanQueue<Pulled> = PlanQueue::default();
+    loop {
+        let msg = match queue.next_at() {
+            None => match rx.recv() {
+                Ok(m) => Some(m),
+                Err(_) => break,
+            },
+            Some(at) => {
+                let wake = sh
+                    .clock
+                    .instant_of(at)
+                    .checked_sub(SPIN)
+                    .unwrap_or(Instant::now());
+                match rx.recv_deadline(wake) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+                        None
+                    }
+                }
+            }
+        };
+        if let Some(m) = msg {
+            for m in std::iter::once(m).chain(rx.try_iter()) {
+                receive(&sh, exec.as_mut(), &mut queue, m);
+            }
+            continue;
+        }
+        if let Some(at) = queue.next_at() {
+            let at = sh.clock.instant_of(at);
+            while Instant::now() < at {
+                std::hint::spin_loop();
+            }
+        }
+        if let Some((plan, inputs)) = queue.pop_due(sh.clock.now()) {
+            if !sh.dead.load(Ordering::Acquire) {
+                run_plan(&sh, exec.as_mut(), plan, inputs);
+            }
+        }
+    }
+}
+
+/// One message to the worker: a load or unload now, a plan into the queue.
+fn receive(sh: &Shared, exec: &mut dyn Executor, queue: &mut PlanQueue<Pulled>, m: WorkerMsg) {
+    match m {
+        WorkerMsg::Load(model, ack) => {
+            let r = exec
+                .load(&model)
+                .map(|()| exec.device_bytes(model.id))
+                .map_err(|e| format!("{e:#}"));
+            send_counted(&ack, (model.id, r), &sh.channel_waits);
+        }
+        WorkerMsg::Unload(model) => exec.unload(model),
+        WorkerMsg::Run(plan, inputs) => queue.push(plan.exec_at, (plan, inputs)),
+    }
+}
+
+/// Runs a due plan (see [`cut_batch`]: late tasks and missing inputs are left
+/// out), reports to the frontends and the scheduler, recycles the input buffers.
+fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Option<Input>>) {
+    let start = sh.clock.now();
+    let delay = (start - plan.exec_at).0.max(0);
+    sh.start_delay.lock().expect("lock").push(delay);
+    sh.start_delay_hist.observe(delay as u64);
+    let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
+    let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
+    let cut = cut_batch(&plan.tasks, &present, start, prof.as_ref());
+    let outputs = execute(exec, &plan, &cut, &inputs);
+    let settled = settle(&plan, &cut, start, sh.clock.now(), outputs);
+    count(sh, &plan, &cut, &settled);
+    sh.plans_ended.fetch_add(1, Ordering::Relaxed);
+    if sh.dead.load(Ordering::Acquire) {
+        return;
+    }
+    {
+        let fes = sh.frontends.read().expect("lock");
+        for (fe, items) in settled.results {
+            if let Some(c) = fes.get(&fe) {
+                let _ = c.send(Msg::Results { items });
+            }
+        }
+    }
+    let _ = sh.sched.send(settled.done);
+    sh.recycle(inputs);
+}
+
+/// The outputs of the tasks `cut` runs (none run: no outputs); Err when the
+/// executor failed (logged).
+fn execute(
+    exec: &mut dyn Executor,
+    plan: &PlanMsg,
+    cut: &Cut,
+    inputs: &[Option<Input>],
+) -> Result<Vec<Vec<u8>>, ()> {
+    if cut.run.is_empty() {
+        return Ok(Vec::new());
+    }
+    let refs: Vec<&[u8]> = cut
+        .run
+        .iter()
+        .map(|&i| inputs[i].as_ref().expect("present").bytes())
+        .collect();
+    match exec.run(plan.model, &refs) {
+        Ok(o) if o.len() == refs.len() => Ok(o),
+        Ok(_) => {
+            tracing::error!(
+                plan = plan.id,
+                model = plan.model,
+                "backend: the executor returned the wrong number of outputs"
+            );
+            Err(())
+        }
+        Err(e) => {
+            tracing::error!(plan = plan.id, model = plan.model, error = %format!("{e:#}"), "backend: the executor failed a batch");
+            Err(())
+        }
+    }
+}
+
+/// Counts a batch's outcome.
+fn count(sh: &Shared, plan: &PlanMsg, cut: &Cut, s: &Settled) {
+    let add = |a: &AtomicU64, n: usize| a.fetch_add(n as u64, Ordering::Relaxed);
+    add(&sh.tasks_too_late, cut.too_late.len());
+    match s.status {
+        PlanStatus::Ran => {
+            add(&sh.plans_run, 1);
+            add(&sh.tasks_run, s.ran);
+            if let Some(h) = sh.batch_sizes.read().expect("lock").get(&plan.model) {
+                h.observe(s.ran as u64);
+            }
+        }
+        PlanStatus::TooLate => {
+            add(&sh.plans_too_late, 1);
+        }
+        PlanStatus::Failed => {
+            add(&sh.plans_failed, 1);
+            add(&sh.tasks_failed, cut.run.len());
+        }
+    }
+}

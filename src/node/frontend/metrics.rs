@@ -1,0 +1,138 @@
+//! The frontend's Prometheus series: per model the requests by outcome, their
+//! latency and queuing delay and the bad rate over [`BAD_RATE_WINDOW`]; for the
+//! frontend, requests refused before admission, requests pending, in-process
+//! requests refused on a full queue, the GPUs in service and whether it has its
+//! scheduler.
+
+use super::handle::FrontendState;
+use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, Window, LATENCY_BUCKETS};
+use crate::wire::ModelInfo;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The window of the `fermata_bad_rate` gauge.
+pub const BAD_RATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// Per-model series of the frontend.
+pub(super) struct ModelStats {
+    pub(super) good: Arc<Counter>,
+    pub(super) late: Arc<Counter>,
+    pub(super) dropped: Arc<Counter>,
+    pub(super) failed: Arc<Counter>,
+    pub(super) latency: Arc<Histogram>,
+    pub(super) queue: Arc<Histogram>,
+    bad_rate: Arc<Gauge>,
+    /// (ended, bad) over the last BAD_RATE_WINDOW.
+    window: Window<(u64, u64)>,
+}
+
+impl ModelStats {
+    fn new(reg: &Registry, model: &str) -> ModelStats {
+        let outcome = |o: &str| {
+            reg.counter(
+                "fermata_requests_total",
+                "Requests ended at the frontend, by outcome (good, late, dropped, failed).",
+                &[("model", model), ("outcome", o)],
+            )
+        };
+        ModelStats {
+            good: outcome("good"),
+            late: outcome("late"),
+            dropped: outcome("dropped"),
+            failed: outcome("failed"),
+            latency: reg.histogram(
+                "fermata_request_latency_seconds",
+                "From the frontend's receipt of a request to its answer, every outcome.",
+                &[("model", model)],
+                Histogram::seconds(LATENCY_BUCKETS),
+            ),
+            queue: reg.histogram(
+                "fermata_queuing_delay_seconds",
+                "From a request's arrival to the start of its batch (requests that ran).",
+                &[("model", model)],
+                Histogram::seconds(LATENCY_BUCKETS),
+            ),
+            bad_rate: reg.gauge(
+                "fermata_bad_rate",
+                "Fraction of requests ended over the last 10 s that were not good (late, dropped or failed).",
+                &[("model", model)],
+            ),
+            window: Default::default(),
+        }
+    }
+    fn ended(&self) -> u64 {
+        self.good.get() + self.late.get() + self.dropped.get() + self.failed.get()
+    }
+    pub(super) fn update_bad_rate(&mut self, now: Instant) {
+        let ended = self.ended();
+        let bad = ended - self.good.get();
+        let (_, (e0, b0)) = self.window.push(now, (ended, bad), BAD_RATE_WINDOW);
+        let n = ended - e0;
+        self.bad_rate.set(if n == 0 {
+            0.0
+        } else {
+            (bad - b0) as f64 / n as f64
+        });
+    }
+}
+
+/// In-process requests refused because the loop's queue was full.
+pub(super) fn queue_full_counter(reg: &Registry) -> Arc<Counter> {
+    reg.counter(
+        "fermata_frontend_queue_full_total",
+        "Requests refused (dropped, overloaded) because LOCAL_MAX requests were already waiting for the frontend's loop.",
+        &[],
+    )
+}
+
+/// The series the frontend's loop updates.
+pub(super) struct LoopMetrics {
+    pub(super) stats: Vec<ModelStats>,
+    pub(super) bad_requests: Arc<Counter>,
+    pub(super) pending: Arc<Gauge>,
+}
+
+impl LoopMetrics {
+    /// The loop's series, and the gauges read from `state` at scrape time.
+    pub(super) fn new(reg: &Registry, models: &[ModelInfo], state: &Arc<FrontendState>) -> Self {
+        let stats = models
+            .iter()
+            .map(|m| ModelStats::new(reg, &m.name))
+            .collect();
+        let bad_requests = reg.counter(
+            "fermata_frontend_bad_requests_total",
+            "Requests the frontend refused before admission (unknown model, bad SLO).",
+            &[],
+        );
+        let pending = reg.gauge(
+            "fermata_frontend_pending_requests",
+            "Requests admitted and not yet answered.",
+            &[],
+        );
+        register_state_gauges(reg, state);
+        LoopMetrics {
+            stats,
+            bad_requests,
+            pending,
+        }
+    }
+}
+
+/// The GPUs in service and the scheduler's connection, as `state` has them.
+fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
+    let st = state.clone();
+    reg.collector(
+        "fermata_frontend_gpus_in_service",
+        "GPUs in service as the scheduler last told this frontend.",
+        Kind::Gauge,
+        move || vec![(vec![], st.gpus.load(Ordering::Relaxed) as f64)],
+    );
+    let st = state.clone();
+    reg.collector(
+        "fermata_frontend_scheduler_connected",
+        "1 while the frontend has its scheduler.",
+        Kind::Gauge,
+        move || vec![(vec![], if st.scheduler_connected() { 1.0 } else { 0.0 })],
+    );
+}

@@ -1,0 +1,133 @@
+//! [`FrontendNode`], a running frontend: start-up (the input region and its
+//! server, the client listener, the scheduler's connection and registration, the
+//! shared state and metrics, the event loop's thread, the HTTP API when asked
+//! for) and stop.
+
+use super::event_loop::{Links, Loop};
+use super::handle::{FrontendHandle, FrontendState, LOCAL_MAX};
+use super::metrics::LoopMetrics;
+use super::options::FrontendOpts;
+use super::register::register;
+use super::report::FrontendReport;
+use crate::metrics::Registry;
+use crate::node::clock::SchedClock;
+use crate::node::http::HttpServer;
+use crate::runtime::clock::Clock;
+use crate::transport::{Region, Transport};
+use anyhow::{Context, Result};
+use crossbeam_channel::bounded;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// A running frontend.
+pub struct FrontendNode {
+    addr: String,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<FrontendReport>>,
+    shared: FrontendHandle,
+    http: Option<HttpServer>,
+}
+
+impl FrontendNode {
+    /// Starts and registers; returns once the scheduler acknowledged (or fails).
+    pub fn start(transport: Arc<dyn Transport>, opts: FrontendOpts) -> Result<FrontendNode> {
+        let region = Arc::new(Region::new(1, opts.region_bytes)?);
+        let server = transport
+            .serve_region(region.clone(), &opts.data_listen)
+            .with_context(|| format!("cannot serve the input region at {}", opts.data_listen))?;
+        let registry = Registry::new();
+        let (tx, rx) = crate::node::event_channel(&registry, "frontend");
+        let listener = transport
+            .listen(&opts.listen, tx.clone())
+            .with_context(|| format!("cannot listen at {}", opts.listen))?;
+        let sched = transport
+            .connect(&opts.scheduler, tx)
+            .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
+        let clock = SchedClock::exact(Clock::new());
+        let ctrl_addr = listener.local_addr();
+        let mut reg = register(&*sched, &rx, &clock, &opts, ctrl_addr, server.info())?;
+        let (ltx, lrx) = bounded(LOCAL_MAX);
+        let state = Arc::new(FrontendState::new(
+            reg.models.clone(),
+            reg.gpus,
+            registry.clone(),
+            ltx,
+        ));
+        let shared = FrontendHandle {
+            state: state.clone(),
+        };
+        let metrics = LoopMetrics::new(&registry, &reg.models, &state);
+        let addr = listener.local_addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let early = std::mem::take(&mut reg.early);
+        let links = Links {
+            sched,
+            clock,
+            region,
+            server,
+            listener,
+        };
+        let lp = Loop::new(state, reg, metrics, links, &opts);
+        let handle = lp.spawn(early, rx, lrx, stop.clone())?;
+        let mut node = FrontendNode {
+            addr,
+            stop,
+            handle: Some(handle),
+            shared,
+            http: None,
+        };
+        if let Some(h) = &opts.http {
+            node.http = Some(HttpServer::start_frontend(node.shared.clone(), h)?);
+        }
+        Ok(node)
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Where the HTTP API listens, when it was asked for.
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http.as_ref().map(|h| h.addr())
+    }
+
+    /// A handle for in-process clients.
+    pub fn handle(&self) -> FrontendHandle {
+        self.shared.clone()
+    }
+
+    /// The frontend's metrics.
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.shared.metrics()
+    }
+
+    pub fn stop(mut self) -> FrontendReport {
+        // The HTTP server first: its requests in flight end through the loop.
+        if let Some(h) = self.http.take() {
+            h.stop();
+        }
+        self.stop.store(true, Ordering::Release);
+        self.handle
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
+    }
+}
+
+impl Drop for FrontendNode {
+    fn drop(&mut self) {
+        if let Some(h) = self.http.take() {
+            h.stop();
+        }
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

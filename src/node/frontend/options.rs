@@ -1,0 +1,35 @@
+//! The frontend's settings ([`FrontendOpts`]).
+
+use std::time::Duration;
+
+/// Frontend settings.
+#[derive(Debug, Clone)]
+pub struct FrontendOpts {
+    pub scheduler: String,
+    /// Where clients connect and backends push results.
+    pub listen: String,
+    /// Where the region is served (TCP: host:port).
+    pub data_listen: String,
+    pub region_bytes: u64,
+    pub name: String,
+    /// A task with no answer by its deadline plus this ends as Failed.
+    pub grace: Duration,
+    pub scheduler_timeout: Duration,
+    /// Serve the KServe v2 HTTP API (and `/metrics`) too.
+    pub http: Option<crate::node::http::HttpOpts>,
+}
+
+impl FrontendOpts {
+    pub fn new(scheduler: &str) -> FrontendOpts {
+        FrontendOpts {
+            scheduler: scheduler.to_string(),
+            listen: "127.0.0.1:0".into(),
+            data_listen: "127.0.0.1:0".into(),
+            region_bytes: 1 << 30,
+            name: "frontend".into(),
+            grace: Duration::from_millis(3000),
+            scheduler_timeout: Duration::from_millis(2000),
+            http: None,
+        }
+    }
+}

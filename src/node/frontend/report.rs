@@ -1,0 +1,18 @@
+//! What a frontend counted ([`FrontendReport`]).
+
+/// What a frontend counted.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct FrontendReport {
+    pub requests: u64,
+    pub good: u64,
+    pub late: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    /// Of `failed`: no answer by deadline + grace.
+    pub timed_out: u64,
+    /// Answers for tasks that had already ended (ignored).
+    pub stray_answers: u64,
+    pub bad_requests: u64,
+    pub clock_offset_us: f64,
+    pub clock_error_us: f64,
+}

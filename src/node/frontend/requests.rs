@@ -1,0 +1,167 @@
+//! A request's life at the frontend's loop: admission ([`Loop::infer`]: the
+//! model, the SLO, a GPU in service, a slot in the region; else refused at once)
+//! and its one answer ([`Loop::finish`], [`Loop::answer`]: the slot freed, the
+//! per-model series counted, the client answered on its connection or oneshot).
+
+use super::event_loop::Loop;
+use super::handle::{InferDone, LocalInfer};
+use super::Ended;
+use crate::core::Dur;
+use crate::node::proto::check;
+use crate::node::proto::ledger::{Answer, Finished};
+use crate::transport::ConnId;
+use crate::wire::{DropReason, Msg, ReplyStatus};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Who waits for a request's answer.
+pub(super) enum Client {
+    /// A wire client: its connection and request id.
+    Conn(ConnId, u64),
+    /// An in-process client (HTTP).
+    Local(tokio::sync::oneshot::Sender<InferDone>),
+}
+
+impl Loop {
+    /// Answers `client`.
+    fn reply(&mut self, client: Client, done: InferDone) {
+        match client {
+            Client::Conn(c, req) => {
+                if let Some(conn) = self.clients.get(&c) {
+                    let _ = conn.send(Msg::InferReply {
+                        req,
+                        status: done.status,
+                        latency_ns: done.latency.as_nanos() as i64,
+                        queue_ns: done.queue.as_nanos() as i64,
+                        batch_size: done.batch_size,
+                        output: done.output,
+                        message: done.message,
+                    });
+                }
+            }
+            // A client that went away (HTTP connection closed) is not waiting.
+            Client::Local(tx) => {
+                let _ = tx.send(done);
+            }
+        }
+    }
+
+    /// A request refused before admission (`model`: its index when it is known).
+    fn refuse(
+        &mut self,
+        client: Client,
+        received: Instant,
+        model: Option<usize>,
+        ended: Ended,
+        why: String,
+    ) {
+        let st = model.map(|i| &self.stats[i]);
+        let status = match ended {
+            // Counted as dropped, not failed: a scheduling outcome.
+            Ended::Dropped(_) => {
+                self.report.dropped += 1;
+                st.inspect(|s| s.dropped.inc());
+                ReplyStatus::Dropped
+            }
+            _ => {
+                self.report.failed += 1;
+                st.inspect(|s| s.failed.inc());
+                ReplyStatus::Failed
+            }
+        };
+        if let Some(s) = st {
+            s.latency.observe_duration(received.elapsed());
+        }
+        if ended == Ended::BadRequest {
+            self.report.bad_requests += 1;
+            self.bad_requests.inc();
+        }
+        let done = InferDone::unserved(ended, status, why, received.elapsed());
+        self.reply(client, done);
+    }
+
+    /// Request `id` got its answer.
+    pub(super) fn finish(&mut self, id: u64, answer: Answer) {
+        let now = self.clock.now();
+        if let Some(f) = self.ledger.finish(now, id, answer) {
+            self.answer(f);
+        }
+    }
+
+    /// A request ended: its slot is free, its client answered, its stats counted.
+    pub(super) fn answer(&mut self, f: Finished<Client>) {
+        self.region.release(f.input);
+        let st = &self.stats[f.model];
+        match f.ended {
+            Ended::Good => st.good.inc(),
+            Ended::Late => st.late.inc(),
+            Ended::Dropped(_) => st.dropped.inc(),
+            _ => st.failed.inc(),
+        }
+        if matches!(f.ended, Ended::Good | Ended::Late) {
+            st.queue.observe(f.queue.0.max(0) as u64);
+        }
+        let latency = Duration::from_nanos(f.latency.0.max(0) as u64);
+        st.latency.observe_duration(latency);
+        let done = InferDone {
+            ended: f.ended,
+            status: f.ended.status(),
+            output: f.output,
+            message: f.message,
+            latency,
+            queue: Duration::from_nanos(f.queue.0.max(0) as u64),
+            batch_size: f.batch_size,
+        };
+        self.reply(f.client, done);
+    }
+
+    pub(super) fn local(&mut self, l: LocalInfer) {
+        self.infer(Client::Local(l.reply), &l.model, l.slo_ns, l.input);
+    }
+
+    /// Admits a request (its task goes out with the next `Submit`) or refuses it.
+    pub(super) fn infer(&mut self, client: Client, model: &str, slo_ns: i64, input: Vec<u8>) {
+        self.report.requests += 1;
+        let received = Instant::now();
+        if !self.sched_ok() {
+            return self.refuse(
+                client,
+                received,
+                self.by_name.get(model).copied(),
+                Ended::NoScheduler,
+                "no scheduler: the frontend lost it".into(),
+            );
+        }
+        let Some(&mi) = self.by_name.get(model) else {
+            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+            let why = format!("unknown model `{model}` (served: {})", known.join(", "));
+            return self.refuse(client, received, None, Ended::BadRequest, why);
+        };
+        let m = &self.models[mi];
+        let slo = match check::slo(slo_ns, Dur(m.slo_ns)) {
+            Ok(slo) => slo,
+            Err(why) => return self.refuse(client, received, Some(mi), Ended::BadRequest, why),
+        };
+        if self.state.gpus.load(Ordering::Acquire) == 0 {
+            let why = format!("no GPU in service: no backend can serve model `{model}` now");
+            return self.refuse(
+                client,
+                received,
+                Some(mi),
+                Ended::Dropped(DropReason::NoGpu),
+                why,
+            );
+        }
+        let mid = m.id;
+        let Some(r) = self.region.put(self.ledger.next_id(), &input) else {
+            let why = format!(
+                "input region full or input too large ({} bytes)",
+                input.len()
+            );
+            return self.refuse(client, received, Some(mi), Ended::RegionFull, why);
+        };
+        let now = self.clock.now();
+        let task = self.ledger.admit(now, mi, mid, slo, client, r);
+        self.submit.push(task);
+    }
+}

@@ -1,0 +1,56 @@
+//! The KServe v2 (Open Inference Protocol) HTTP API of a frontend, and the
+//! Prometheus `/metrics` endpoint of every node.
+//!
+//! The server is hyper 1 (HTTP/1.1 with keep-alive) on its own small tokio runtime,
+//! with hand-written routing: tokio is already the TCP transport's runtime, hyper is
+//! the HTTP implementation under axum and most of the ecosystem, and the handful of
+//! fixed routes does not need a framework's router, extractors or tower layers.
+//!
+//! An inference request is parsed and checked here (tensor names, datatypes,
+//! shapes, byte counts; errors name the field), turned into the model's request
+//! bytes ([`crate::repo`]: each input tensor's raw little-endian sample bytes in the
+//! model's input order) and handed to the frontend's event loop in-process
+//! ([`FrontendHandle::infer`](super::frontend::FrontendHandle::infer)); the
+//! answer comes back on a oneshot channel and is mapped to a status code:
+//!
+//! | outcome | status |
+//! |---|---|
+//! | output by the deadline | 200 |
+//! | malformed JSON, unknown/missing/duplicate input, wrong shape, datatype or byte count, bad parameter | 400 |
+//! | unknown model or route | 404 |
+//! | body or tensor over the limits | 413 |
+//! | dropped because it could not meet its deadline (expired, early drop, too late on its backend), queue full, overloaded, input region full | 429 |
+//! | the backend failed to run it or read its input | 500 |
+//! | no GPU in service, no scheduler, its backend lost, scheduler shutting down | 503 |
+//! | late (output after the deadline) or no answer by the deadline plus the frontend's grace | 504 |
+//!
+//! Models without metadata (emulated, profile-only) appear as one `UINT8` input
+//! `input` of shape `[-1, input_bytes]` and one `UINT8` output `output` of shape
+//! `[-1, 16]` (the emulated GPU's length and checksum).
+//!
+//! # Files
+//! * `options.rs`: the settings ([`HttpOpts`]).
+//! * `server.rs`: [`HttpServer`]: the runtime, the accept loop, stop.
+//! * `routes.rs`: the routes and their handlers.
+//! * `request.rs`: an inference request's JSON, checked, to request bytes.
+//! * `response.rs`: responses, and an inference's answer (its outputs).
+//! * `tensor.rs`: tensor data between JSON and bytes ([`f32_to_f16`],
+//!   [`HEADER_LEN`]).
+//! * `errors.rs`: error responses; status codes and messages of the outcomes.
+//! * `model.rs`: a model as the API shows it (its tensors, its metadata).
+//! * `metrics.rs`: the API's Prometheus series.
+
+mod errors;
+mod metrics;
+mod model;
+mod options;
+mod request;
+mod response;
+mod routes;
+mod server;
+mod tensor;
+
+pub use options::HttpOpts;
+pub use request::MAX_TIMEOUT_US;
+pub use server::HttpServer;
+pub use tensor::{f16_to_f32, f32_to_f16, HEADER_LEN};

@@ -1,0 +1,422 @@
+//! An inference request's JSON body, checked against the model (tensor names,
+//! datatypes, shapes, byte counts; errors name the field) and turned into the
+//! model's request bytes: each input tensor's raw little-endian sample bytes in
+//! the model's input order, from JSON `data` or the binary tensor extension.
+
+use super::errors::{bad, Fail};
+use super::tensor::{encode_elem, flatten, shape_text};
+use crate::repo::{DType, ModelMeta, TensorMeta};
+use hyper::StatusCode;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// The largest `parameters.timeout` accepted (microseconds): one hour.
+pub const MAX_TIMEOUT_US: u64 = 3_600_000_000;
+
+#[derive(Deserialize)]
+struct InferRequest {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    inputs: Vec<InputTensor>,
+    #[serde(default)]
+    outputs: Option<Vec<OutputRequest>>,
+}
+
+#[derive(Deserialize)]
+struct InputTensor {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    #[serde(default)]
+    data: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct OutputRequest {
+    name: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+}
+
+/// A checked request.
+pub(super) struct Decoded {
+    pub(super) input: Vec<u8>,
+    pub(super) slo_ns: i64,
+    pub(super) id: Option<Value>,
+    /// Outputs to return: index in the model's outputs, and whether as binary.
+    pub(super) outputs: Vec<(usize, bool)>,
+}
+
+fn param_bool(p: &Option<Map<String, Value>>, key: &str, what: &str) -> Result<Option<bool>, Fail> {
+    match p.as_ref().and_then(|p| p.get(key)) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(bad(format!(
+            "{what}.parameters.{key} must be true or false, got {v}"
+        ))),
+    }
+}
+
+/// The tensors' names, for messages.
+fn names(ts: &[TensorMeta]) -> String {
+    ts.iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Checks an inference request against the model and builds its request bytes.
+pub(super) fn decode_request(
+    meta: &ModelMeta,
+    head: &[u8],
+    bin: &[u8],
+    max_tensor: usize,
+) -> Result<Decoded, Fail> {
+    let req: InferRequest =
+        serde_json::from_slice(head).map_err(|e| bad(format!("malformed JSON request: {e}")))?;
+    let slo_ns = slo_param(&req.parameters)?;
+    let all_binary = param_bool(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);
+    let input = decode_inputs(meta, &req.inputs, bin, max_tensor)?;
+    let outputs = requested_outputs(meta, req.outputs.as_deref(), all_binary)?;
+    Ok(Decoded {
+        input,
+        slo_ns,
+        id: req.id,
+        outputs,
+    })
+}
+
+/// The SLO: parameters.timeout in microseconds (Triton's unit); 0 or absent:
+/// the model's default.
+fn slo_param(p: &Option<Map<String, Value>>) -> Result<i64, Fail> {
+    match p.as_ref().and_then(|p| p.get("timeout")) {
+        None => Ok(0),
+        Some(v) => match v.as_u64() {
+            Some(us) if us <= MAX_TIMEOUT_US => Ok(us as i64 * 1000),
+            _ => Err(bad(format!(
+                "parameters.timeout must be an integer number of microseconds from 0 to {MAX_TIMEOUT_US}, got {v}"
+            ))),
+        },
+    }
+}
+
+/// Each model input's bytes, found by name, joined in the model's input order;
+/// `bin` is the binary data after the JSON header.
+fn decode_inputs(
+    meta: &ModelMeta,
+    inputs: &[InputTensor],
+    bin: &[u8],
+    max_tensor: usize,
+) -> Result<Vec<u8>, Fail> {
+    let mut parts: Vec<Option<Vec<u8>>> = vec![None; meta.inputs.len()];
+    let mut bin_at = 0usize;
+    for (k, t) in inputs.iter().enumerate() {
+        let mi = match_input(meta, &parts, k, t)?;
+        let want = &meta.inputs[mi];
+        let dt = check_datatype(want, k, t)?;
+        let expect = check_shape(want, dt, k, t, max_tensor)?;
+        let data = match data_of(k, t)? {
+            Data::Binary(n) => binary_data(want, &expect, t, n, bin, &mut bin_at)?,
+            Data::Json(v) => json_data(want, dt, &expect, k, t, v)?,
+        };
+        parts[mi] = Some(data);
+    }
+    if bin_at != bin.len() {
+        return Err(bad(format!(
+            "{} bytes of binary data after the JSON header, but the inputs' parameters.binary_data_size add up to {bin_at}",
+            bin.len()
+        )));
+    }
+    let mut input = Vec::with_capacity(meta.input_bytes());
+    for (t, p) in meta.inputs.iter().zip(parts) {
+        match p {
+            Some(b) => input.extend_from_slice(&b),
+            None => {
+                return Err(bad(format!(
+                    "missing input `{}`; the model's inputs are: {}",
+                    t.name,
+                    names(&meta.inputs)
+                )))
+            }
+        }
+    }
+    Ok(input)
+}
+
+/// The index of the model's input that `t` (`inputs[k]`) names, not given before.
+fn match_input(
+    meta: &ModelMeta,
+    parts: &[Option<Vec<u8>>],
+    k: usize,
+    t: &InputTensor,
+) -> Result<usize, Fail> {
+    let Some(mi) = meta.inputs.iter().position(|x| x.name == t.name) else {
+        return Err(bad(format!(
+            "unknown input `{}` (inputs[{k}].name); the model's inputs are: {}",
+            t.name,
+            names(&meta.inputs)
+        )));
+    };
+    if parts[mi].is_some() {
+        return Err(bad(format!(
+            "input `{}` is given twice (inputs[{k}])",
+            t.name
+        )));
+    }
+    Ok(mi)
+}
+
+/// `t`'s datatype, which must be the model's.
+fn check_datatype(want: &TensorMeta, k: usize, t: &InputTensor) -> Result<DType, Fail> {
+    let dt = DType::from_kserve(&t.datatype).ok_or_else(|| {
+        bad(format!(
+            "input `{}`: unknown datatype `{}` (inputs[{k}].datatype)",
+            t.name, t.datatype
+        ))
+    })?;
+    if dt != want.datatype {
+        return Err(bad(format!(
+            "input `{}`: datatype {} (inputs[{k}].datatype), the model expects {}",
+            t.name,
+            t.datatype,
+            want.datatype.kserve_name()
+        )));
+    }
+    Ok(dt)
+}
+
+/// Checks `t`'s shape: its size first (bounded before anything is allocated),
+/// then one sample of the model's input; returns that shape.
+fn check_shape(
+    want: &TensorMeta,
+    dt: DType,
+    k: usize,
+    t: &InputTensor,
+    max_tensor: usize,
+) -> Result<Vec<i64>, Fail> {
+    let mut elems: u64 = 1;
+    for &d in &t.shape {
+        if d < 0 {
+            return Err(bad(format!(
+                "input `{}`: negative dimension in shape {} (inputs[{k}].shape)",
+                t.name,
+                shape_text(&t.shape)
+            )));
+        }
+        elems = elems.saturating_mul(d as u64);
+    }
+    let bytes = elems.saturating_mul(dt.size() as u64);
+    if bytes > max_tensor as u64 {
+        return Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "input `{}`: shape {} is {bytes} bytes, over the limit of {max_tensor} bytes per tensor (--http-max-tensor-bytes)",
+                t.name,
+                shape_text(&t.shape)
+            ),
+        ));
+    }
+    let mut expect = vec![1i64];
+    expect.extend_from_slice(want.sample_shape());
+    if t.shape != expect {
+        return Err(bad(format!(
+            "input `{}`: shape {} (inputs[{k}].shape), expected {} (one sample per request)",
+            t.name,
+            shape_text(&t.shape),
+            shape_text(&expect)
+        )));
+    }
+    Ok(expect)
+}
+
+/// Where an input tensor's data is.
+enum Data<'a> {
+    /// `parameters.binary_data_size` bytes of the binary data.
+    Binary(u64),
+    /// JSON `data`.
+    Json(&'a Value),
+}
+
+/// Where `t`'s data is: JSON `data` or binary (exactly one of them).
+fn data_of(k: usize, t: &InputTensor) -> Result<Data<'_>, Fail> {
+    let bin_size = match t
+        .parameters
+        .as_ref()
+        .and_then(|p| p.get("binary_data_size"))
+    {
+        None => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            bad(format!(
+                "input `{}`: parameters.binary_data_size must be a byte count, got {v}",
+                t.name
+            ))
+        })?),
+    };
+    match (bin_size, &t.data) {
+        (Some(_), Some(_)) => Err(bad(format!(
+            "input `{}`: both `data` and parameters.binary_data_size are given",
+            t.name
+        ))),
+        (None, None) => Err(bad(format!(
+            "input `{}`: no `data` and no parameters.binary_data_size (inputs[{k}])",
+            t.name
+        ))),
+        (Some(n), None) => Ok(Data::Binary(n)),
+        (None, Some(v)) => Ok(Data::Json(v)),
+    }
+}
+
+/// `t`'s `n` bytes from the binary data at `bin_at` (moved past them).
+fn binary_data(
+    want: &TensorMeta,
+    expect: &[i64],
+    t: &InputTensor,
+    n: u64,
+    bin: &[u8],
+    bin_at: &mut usize,
+) -> Result<Vec<u8>, Fail> {
+    let need = want.sample_bytes();
+    if n != need as u64 {
+        return Err(bad(format!(
+            "input `{}`: parameters.binary_data_size is {n} bytes, the tensor {} {} needs {need}",
+            t.name,
+            shape_text(expect),
+            want.datatype.kserve_name()
+        )));
+    }
+    if bin.len() - *bin_at < need {
+        return Err(bad(format!(
+            "input `{}`: parameters.binary_data_size is {n} but only {} bytes of binary data are left after the JSON header",
+            t.name,
+            bin.len() - *bin_at
+        )));
+    }
+    let b = bin[*bin_at..*bin_at + need].to_vec();
+    *bin_at += need;
+    Ok(b)
+}
+
+/// `t`'s JSON `data` (nested arrays, row-major) as bytes of `dt`.
+fn json_data(
+    want: &TensorMeta,
+    dt: DType,
+    expect: &[i64],
+    k: usize,
+    t: &InputTensor,
+    v: &Value,
+) -> Result<Vec<u8>, Fail> {
+    let mut flat = Vec::with_capacity(want.sample_elems());
+    flatten(v, &mut flat);
+    if flat.len() != want.sample_elems() {
+        return Err(bad(format!(
+            "input `{}`: `data` has {} elements (inputs[{k}].data), the shape {} needs {}",
+            t.name,
+            flat.len(),
+            shape_text(expect),
+            want.sample_elems()
+        )));
+    }
+    let mut out = Vec::with_capacity(want.sample_bytes());
+    for (j, e) in flat.iter().enumerate() {
+        encode_elem(dt, e, &mut out).ok_or_else(|| {
+            bad(format!(
+                "input `{}`: element {j} of `data` is {e}, not a valid {}",
+                t.name,
+                dt.kserve_name()
+            ))
+        })?;
+    }
+    Ok(out)
+}
+
+/// The outputs to return (all when none are named), each as binary or not.
+fn requested_outputs(
+    meta: &ModelMeta,
+    outputs: Option<&[OutputRequest]>,
+    all_binary: bool,
+) -> Result<Vec<(usize, bool)>, Fail> {
+    let Some(os) = outputs else {
+        return Ok((0..meta.outputs.len()).map(|i| (i, all_binary)).collect());
+    };
+    let mut v = Vec::new();
+    for (k, o) in os.iter().enumerate() {
+        let Some(i) = meta.outputs.iter().position(|x| x.name == o.name) else {
+            return Err(bad(format!(
+                "unknown output `{}` (outputs[{k}].name); the model's outputs are: {}",
+                o.name,
+                names(&meta.outputs)
+            )));
+        };
+        let b = param_bool(&o.parameters, "binary_data", &format!("outputs[{k}]"))?
+            .unwrap_or(all_binary);
+        v.push((i, b));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> ModelMeta {
+        ModelMeta::from_json(
+            r#"{"name":"m","inputs":[{"name":"x","datatype":"FP32","shape":[-1,2,2]},{"name":"ids","datatype":"INT64","shape":[-1,1]}],
+               "outputs":[{"name":"y","datatype":"INT64","shape":[-1,2]}],"slo_ms":20,"max_batch":8}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn json_inputs_become_request_bytes_in_model_order() {
+        let m = meta();
+        let body = br#"{"id":"a","parameters":{"timeout":1500},"inputs":[
+            {"name":"ids","shape":[1,1],"datatype":"INT64","data":[-7]},
+            {"name":"x","shape":[1,2,2],"datatype":"FP32","data":[[1,2],[3.5,4]]}]}"#;
+        let d = decode_request(&m, body, &[], 1 << 20).unwrap_or_else(|e| panic!("{e:?}"));
+        let mut want = Vec::new();
+        for f in [1.0f32, 2.0, 3.5, 4.0] {
+            want.extend_from_slice(&f.to_le_bytes());
+        }
+        want.extend_from_slice(&(-7i64).to_le_bytes());
+        assert_eq!(d.input, want);
+        assert_eq!(d.slo_ns, 1_500_000);
+        assert_eq!(d.outputs, vec![(0, false)]);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let m = meta();
+        let err = |b: &str| {
+            decode_request(&m, b.as_bytes(), &[], 1 << 20)
+                .err()
+                .unwrap()
+        };
+        let ok_ids = r#"{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1]}"#;
+        let e = err(&format!(
+            r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,"a"]}}]}}"#
+        ));
+        assert!(e.1.contains("element 3 of `data`"), "{e:?}");
+        let e = err(&format!(
+            r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3]}}]}}"#
+        ));
+        assert!(e.1.contains("`data` has 3 elements"), "{e:?}");
+        let e = err(&format!(r#"{{"inputs":[{ok_ids}]}}"#));
+        assert!(e.1.contains("missing input `x`"), "{e:?}");
+        let e = err(&format!(r#"{{"inputs":[{ok_ids},{ok_ids}]}}"#));
+        assert!(e.1.contains("given twice"), "{e:?}");
+        let e = err(r#"{"inputs":[],"parameters":{"timeout":-1}}"#);
+        assert!(e.1.contains("parameters.timeout"), "{e:?}");
+        let e = err(
+            r#"{"inputs":[{"name":"ids","shape":[1,100000000],"datatype":"INT64","data":[1]}]}"#,
+        );
+        assert_eq!(e.0, StatusCode::PAYLOAD_TOO_LARGE, "{e:?}");
+        let e = err(&format!(
+            r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}],"outputs":[{{"name":"z"}}]}}"#
+        ));
+        assert!(e.1.contains("unknown output `z`"), "{e:?}");
+    }
+}

@@ -1,0 +1,293 @@
+//! The scheduler's Prometheus series: tasks, plans and batch sizes per model,
+//! drops per reason, the network budget in use, each model's device memory, and
+//! per GPU its busy seconds and busy fraction over the last [`BUSY_WINDOW`] (from
+//! the start and finish times backends report in `PlanDone`), with the mean over
+//! the sub-cluster (`subcluster="0"`).
+
+use crate::core::{DropReason, Dur};
+use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, Window, BATCH_BUCKETS};
+use crate::wire::ModelInfo;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The window of the GPU busy fractions in the metrics.
+pub const BUSY_WINDOW: Duration = Duration::from_secs(10);
+
+/// The scheduler's hot-path metrics (per model by id, per drop code by tag).
+pub(super) struct SchedMetrics {
+    pub(super) tasks: Vec<Arc<Counter>>,
+    pub(super) plans: Vec<Arc<Counter>>,
+    pub(super) batch: Vec<Arc<Histogram>>,
+    drops: Vec<Arc<Counter>>,
+    pub(super) d_ctrl: Arc<Gauge>,
+    /// Device memory each model takes on a GPU, as its backends report it.
+    pub(super) device_bytes: Vec<Arc<Gauge>>,
+    pub(super) d_data: Arc<Gauge>,
+}
+
+/// The label of a drop code.
+pub fn drop_reason_label(c: DropReason) -> &'static str {
+    match c {
+        DropReason::Expired => "expired",
+        DropReason::EarlyDrop => "early_drop",
+        DropReason::QueueFull => "queue_full",
+        DropReason::ModelRemoved => "model_removed",
+        DropReason::Overloaded => "overloaded",
+        DropReason::Shutdown => "shutdown",
+        DropReason::TooLate => "too_late",
+        DropReason::BackendLost => "backend_lost",
+        DropReason::UnknownModel => "unknown_model",
+        DropReason::NoGpu => "no_gpu",
+    }
+}
+
+impl SchedMetrics {
+    pub(super) fn new(reg: &Registry, models: &[ModelInfo]) -> SchedMetrics {
+        SchedMetrics {
+            tasks: per_model_counter(
+                reg,
+                models,
+                "fermata_scheduler_tasks_total",
+                "Tasks submitted to the scheduler by frontends.",
+            ),
+            plans: per_model_counter(
+                reg,
+                models,
+                "fermata_scheduler_plans_total",
+                "Batch plans sent to backends.",
+            ),
+            batch: batch_histograms(reg, models),
+            drops: drop_counters(reg),
+            device_bytes: device_bytes_gauges(reg, models),
+            d_ctrl: reg.gauge(
+                "fermata_scheduler_d_ctrl_seconds",
+                "The control-delay budget d_ctrl in use (measured, Appendix D).",
+                &[],
+            ),
+            d_data: reg.gauge(
+                "fermata_scheduler_d_data_seconds",
+                "The input-transfer budget per task d_data in use.",
+                &[],
+            ),
+        }
+    }
+
+    pub(super) fn dropped(&self, c: DropReason, n: u64) {
+        self.drops[c.index()].add(n);
+    }
+}
+
+/// One counter per model (label `model`).
+fn per_model_counter(
+    reg: &Registry,
+    models: &[ModelInfo],
+    name: &str,
+    help: &str,
+) -> Vec<Arc<Counter>> {
+    models
+        .iter()
+        .map(|m| reg.counter(name, help, &[("model", &m.name)]))
+        .collect()
+}
+
+/// Tasks per batch plan sent, per model.
+fn batch_histograms(reg: &Registry, models: &[ModelInfo]) -> Vec<Arc<Histogram>> {
+    models
+        .iter()
+        .map(|m| {
+            reg.histogram(
+                "fermata_scheduler_batch_size",
+                "Tasks per batch plan sent (frontends gone are left out).",
+                &[("model", &m.name)],
+                Histogram::new(BATCH_BUCKETS, 1.0),
+            )
+        })
+        .collect()
+}
+
+/// Drops per reason, indexed by [`DropReason::index`].
+fn drop_counters(reg: &Registry) -> Vec<Arc<Counter>> {
+    DropReason::ALL
+        .iter()
+        .map(|&c| {
+            reg.counter(
+                "fermata_scheduler_dropped_total",
+                "Tasks the scheduler dropped or failed, by reason.",
+                &[("reason", drop_reason_label(c))],
+            )
+        })
+        .collect()
+}
+
+/// Each model's device memory on one GPU.
+fn device_bytes_gauges(reg: &Registry, models: &[ModelInfo]) -> Vec<Arc<Gauge>> {
+    models
+        .iter()
+        .map(|m| {
+            reg.gauge(
+                "fermata_model_device_bytes",
+                "Device memory a model takes on one GPU (all its bucket sessions), as the last backend to load it measured; 0 when not measured.",
+                &[("model", &m.name)],
+            )
+        })
+        .collect()
+}
+
+/// A GPU's busy time as backends report it.
+#[derive(Default)]
+pub(super) struct GpuBusy {
+    in_service: bool,
+    /// Sum of (finish - start) of its batches, ns.
+    total_ns: i64,
+    /// total_ns over the last BUSY_WINDOW.
+    window: Window<i64>,
+}
+
+impl GpuBusy {
+    /// The GPU ran a batch for `busy`.
+    pub(super) fn add(&mut self, busy: Dur) {
+        self.total_ns = self.total_ns.saturating_add(busy.0);
+    }
+
+    /// The GPU enters service at `now`: its busy fraction starts over.
+    pub(super) fn enter_service(&mut self, now: Instant) {
+        self.in_service = true;
+        self.window.clear();
+        self.window.push(now, self.total_ns, BUSY_WINDOW);
+    }
+
+    pub(super) fn leave_service(&mut self) {
+        self.in_service = false;
+    }
+
+    /// What the metrics show of GPU `gpu` at `now`.
+    fn snap(&mut self, gpu: u32, now: Instant) -> GpuSnap {
+        let (t0, n0) = self.window.push(now, self.total_ns, BUSY_WINDOW);
+        let span = now.duration_since(t0).as_nanos() as f64;
+        let ratio = if span > 0.0 {
+            ((self.total_ns - n0) as f64 / span).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        GpuSnap {
+            gpu,
+            in_service: self.in_service,
+            busy_s: self.total_ns as f64 / 1e9,
+            ratio,
+        }
+    }
+}
+
+/// What the metrics show of a GPU (refreshed every second).
+#[derive(Clone, Copy)]
+pub(super) struct GpuSnap {
+    gpu: u32,
+    in_service: bool,
+    busy_s: f64,
+    /// Busy fraction over the last BUSY_WINDOW (or since it entered service).
+    ratio: f64,
+}
+
+/// The GPUs' busy fractions at `now`, by global GPU id.
+pub(super) fn busy_snapshot(busy: &mut [GpuBusy], now: Instant) -> Vec<GpuSnap> {
+    busy.iter_mut()
+        .enumerate()
+        .map(|(i, b)| b.snap(i as u32, now))
+        .collect()
+}
+
+/// The mean busy fraction of the GPUs in service (None when there is none).
+fn mean_busy(v: &[GpuSnap]) -> Option<f64> {
+    let (n, sum) = v
+        .iter()
+        .filter(|g| g.in_service)
+        .fold((0usize, 0.0), |(n, s), g| (n + 1, s + g.ratio));
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// The GPUs' snapshots, shared by the event loop (which refreshes them) and the
+/// collectors (which read them at scrape time).
+pub(super) type BusySnaps = Arc<Mutex<Vec<GpuSnap>>>;
+
+/// The per-GPU and sub-cluster busy series, read from `snap` at scrape time.
+pub(super) fn register_gpu_metrics(reg: &Registry, snap: BusySnaps) {
+    per_gpu(
+        reg,
+        &snap,
+        "fermata_gpu_busy_seconds_total",
+        "Seconds a GPU ran batches (start to finish as its backend reports them).",
+        Kind::Counter,
+        |_| true,
+        |g| g.busy_s,
+    );
+    per_gpu(
+        reg,
+        &snap,
+        "fermata_gpu_busy_ratio",
+        "Busy fraction of each GPU in service over the last 10 s (idle = 1 - busy).",
+        Kind::Gauge,
+        |g| g.in_service,
+        |g| g.ratio,
+    );
+    subcluster(
+        reg,
+        &snap,
+        "fermata_subcluster_busy_ratio",
+        "Mean busy fraction of the sub-cluster's GPUs in service over the last 10 s.",
+        |v| mean_busy(v).unwrap_or(0.0),
+    );
+    subcluster(
+        reg,
+        &snap,
+        "fermata_subcluster_idle_ratio",
+        "Mean idle fraction of the sub-cluster's GPUs in service over the last 10 s.",
+        |v| mean_busy(v).map_or(0.0, |m| 1.0 - m),
+    );
+    subcluster(
+        reg,
+        &snap,
+        "fermata_subcluster_gpus_in_service",
+        "GPUs in service in the sub-cluster.",
+        |v| v.iter().filter(|g| g.in_service).count() as f64,
+    );
+}
+
+/// The `subcluster` label (one scheduler is one sub-cluster).
+fn sub() -> (String, String) {
+    ("subcluster".to_string(), "0".to_string())
+}
+
+/// A series per GPU that `keep` keeps (labels `gpu`, `subcluster`).
+fn per_gpu(
+    reg: &Registry,
+    snap: &BusySnaps,
+    name: &str,
+    help: &str,
+    kind: Kind,
+    keep: fn(&GpuSnap) -> bool,
+    value: fn(&GpuSnap) -> f64,
+) {
+    let s = snap.clone();
+    reg.collector(name, help, kind, move || {
+        let v = s.lock().expect("busy lock");
+        v.iter()
+            .filter(|g| keep(g))
+            .map(|g| (vec![("gpu".into(), g.gpu.to_string()), sub()], value(g)))
+            .collect()
+    });
+}
+
+/// A gauge of the whole sub-cluster.
+fn subcluster(
+    reg: &Registry,
+    snap: &BusySnaps,
+    name: &str,
+    help: &str,
+    value: fn(&[GpuSnap]) -> f64,
+) {
+    let s = snap.clone();
+    reg.collector(name, help, Kind::Gauge, move || {
+        let v = s.lock().expect("busy lock");
+        vec![(vec![sub()], value(&v))]
+    });
+}

@@ -1,0 +1,145 @@
+//! [`SchedulerNode`], a running scheduler process: start-up (the real-time
+//! scheduler and its configuration, the protocol machine, the metrics, the
+//! listener and the event loop's thread) and stop.
+
+use super::event_loop::EventLoop;
+use super::metrics::{register_gpu_metrics, BusySnaps, SchedMetrics};
+use super::options::SchedulerOpts;
+use super::routes::Routes;
+use crate::core::{Dur, ModelSpec, NetBudget};
+use crate::metrics::Registry;
+use crate::node::clock::SchedClock;
+use crate::node::proto::sched::{SchedConfig, SchedProto, SchedReport};
+use crate::runtime::clock::Clock;
+use crate::runtime::sched::{RtConfig, RtScheduler};
+use crate::transport::Transport;
+use crate::wire::ModelInfo;
+use crate::workload::Workload;
+use anyhow::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// A running scheduler process (its event loop thread and the real-time scheduler).
+pub struct SchedulerNode {
+    addr: String,
+    metrics: Arc<Registry>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Result<SchedReport>>>,
+}
+
+impl SchedulerNode {
+    /// Starts serving `workload`'s models at `opts.listen`, with no GPUs until
+    /// backends register.
+    pub fn start(
+        transport: Arc<dyn Transport>,
+        workload: &Workload,
+        opts: SchedulerOpts,
+    ) -> Result<SchedulerNode> {
+        check_policy(workload)?;
+        let clock = Clock::new();
+        let (rcfg, floors) = rt_config(workload, &opts);
+        let specs: Vec<ModelSpec> = workload.models.iter().map(|m| m.spec.clone()).collect();
+        let models = crate::node::exec::model_infos(workload);
+        let proto = SchedProto::new(
+            SchedClock::exact(clock).now(),
+            sched_config(&opts, models.clone(), floors),
+        );
+        let registry = Registry::new();
+        let metrics = SchedMetrics::new(&registry, &models);
+        let routes = Arc::new(Routes::new(proto.plans(), clock, metrics));
+        let busy: BusySnaps = Arc::new(Mutex::new(Vec::new()));
+        register_gpu_metrics(&registry, busy.clone());
+        let rt = RtScheduler::start(rcfg, specs, routes.clone(), clock)?;
+        let _ = routes.reporter.set(rt.gpu_reporter());
+        let (tx, rx) = crate::node::event_channel(&registry, "scheduler");
+        let listener = transport.listen(&opts.listen, tx)?;
+        let addr = listener.local_addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let ev = EventLoop::new(rt, routes, SchedClock::exact(clock), proto, busy, listener);
+        let submitter = ev.submitter();
+        let stop2 = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("sched-net".into())
+            .spawn(move || ev.run(rx, submitter, &stop2))?;
+        Ok(SchedulerNode {
+            addr,
+            metrics: registry,
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    /// Where nodes connect.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The scheduler's Prometheus metrics.
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.metrics.clone()
+    }
+
+    /// Stops: queued tasks end as `Shutdown` drops at their frontends, every
+    /// connection closes.
+    pub fn stop(mut self) -> Result<SchedReport> {
+        self.stop.store(true, Ordering::Release);
+        let h = self.handle.take().expect("joined once");
+        h.join()
+            .map_err(|_| anyhow::anyhow!("the scheduler's event loop panicked"))?
+    }
+}
+
+impl Drop for SchedulerNode {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The distributed runtime runs the policies of the real-time scheduler only.
+fn check_policy(workload: &Workload) -> Result<()> {
+    if matches!(
+        workload.policy,
+        crate::core::Policy::Nexus | crate::core::Policy::Shepherd { .. }
+    ) {
+        anyhow::bail!(
+            "policy `{}` is simulator-only; the distributed runtime runs deferred, eager or timeout",
+            workload.policy
+        );
+    }
+    Ok(())
+}
+
+/// The real-time scheduler's configuration (no GPUs until backends register),
+/// and the workload's network budget: the floors under the measured one.
+fn rt_config(workload: &Workload, opts: &SchedulerOpts) -> (RtConfig, NetBudget) {
+    let mut dcfg = workload.dispatcher_config(workload.policy, false);
+    dcfg.gpus = 0;
+    dcfg.net.slack = dcfg.net.slack.max(opts.min_slack);
+    let floors = dcfg.net;
+    let mut rcfg = RtConfig::new(dcfg, opts.model_threads);
+    rcfg.rank_spin = opts.rank_spin;
+    rcfg.model_spin = opts.model_spin;
+    rcfg.model_loads = workload
+        .models
+        .iter()
+        .map(|m| m.share * m.spec.profile.latency(1).as_secs_f64())
+        .collect();
+    (rcfg, floors)
+}
+
+/// The protocol machine's configuration.
+fn sched_config(opts: &SchedulerOpts, models: Vec<ModelInfo>, floors: NetBudget) -> SchedConfig {
+    SchedConfig {
+        models,
+        heartbeat: Dur(opts.heartbeat.as_nanos() as i64),
+        node_timeout: Dur(opts.node_timeout.as_nanos() as i64),
+        net_update: Dur(opts.net_update.as_nanos() as i64),
+        floors,
+        max_ctrl: opts.max_ctrl,
+        max_data: opts.max_data,
+    }
+}

@@ -1,0 +1,47 @@
+//! The scheduler's settings ([`SchedulerOpts`]).
+
+use crate::core::Dur;
+use std::time::Duration;
+
+/// Scheduler settings.
+#[derive(Debug, Clone)]
+pub struct SchedulerOpts {
+    pub listen: String,
+    pub model_threads: usize,
+    /// How often nodes ping (told to them in `RegisterAck`).
+    pub heartbeat: Duration,
+    /// A node silent this long is removed.
+    pub node_timeout: Duration,
+    /// How often the measured network budget is applied.
+    pub net_update: Duration,
+    /// RankThread spin before a timer, and ModelThread poll before parking (see
+    /// [`RtConfig`](crate::runtime::sched::RtConfig)); 0 saves CPU where the
+    /// scheduler shares few cores.
+    pub rank_spin: Dur,
+    pub model_spin: Dur,
+    /// Ceilings on the measured d_ctrl and d_data (per task): a burst of slow
+    /// probes must not make every request unschedulable.
+    pub max_ctrl: Dur,
+    pub max_data: Dur,
+    /// Floor on the frontrun slack ([`NetBudget::slack`](crate::core::NetBudget::slack)):
+    /// how long before its latest start a deferred batch is planned at the
+    /// latest, for the timing error of real threads and networks.
+    pub min_slack: Dur,
+}
+
+impl Default for SchedulerOpts {
+    fn default() -> Self {
+        SchedulerOpts {
+            listen: "127.0.0.1:0".into(),
+            model_threads: 1,
+            heartbeat: Duration::from_millis(100),
+            node_timeout: Duration::from_millis(1000),
+            net_update: Duration::from_millis(200),
+            rank_spin: Dur::from_us(100),
+            model_spin: Dur::from_us(100),
+            max_ctrl: Dur::from_us(2000),
+            max_data: Dur::from_us(500),
+            min_slack: Dur::from_us(500),
+        }
+    }
+}
