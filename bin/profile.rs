@@ -6,7 +6,7 @@ use clap::Args;
 use fermata::node::exec::executor_factory;
 use fermata::profiler::{self, ProfileOpts};
 use fermata::repo;
-use fermata::wire::{ModelInfo, WireProfile};
+use fermata::wire::{Dur, ModelId, ModelInfo, WireProfile};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -96,9 +96,9 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     // The executor plans nothing with this profile; it is a placeholder until the
     // measured one exists.
     let info = ModelInfo {
-        id: 0,
+        id: ModelId(0),
         name: meta.name.clone(),
-        slo_ns: (meta.slo_ms * 1e6) as i64,
+        slo: Dur::from_ms_f64(meta.slo_ms),
         profile: WireProfile::Linear {
             alpha_ns: 0,
             beta_ns: 1,

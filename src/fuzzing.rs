@@ -11,7 +11,7 @@
 //! (seeded random inputs on stable, in CI). Harness code: no production module
 //! imports it (`tests/core_purity.rs`).
 
-use crate::core::{Dur, GpuId, NetBudget, Time};
+use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, TaskId, Time};
 use crate::node::proto::backend::{Action as BeAction, BackendProto};
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
 use crate::node::proto::sched::{Action as SchedAction, SchedConfig, SchedProto};
@@ -69,6 +69,11 @@ impl<'a> Bytes<'a> {
 
     /// A time or duration: often an edge (0, ±1, the ends of i64), often near
     /// `around`, else anything.
+    /// A time near `around` ([`Bytes::i64_near`]).
+    pub fn time_near(&mut self, around: i64) -> Time {
+        Time(self.i64_near(around))
+    }
+
     pub fn i64_near(&mut self, around: i64) -> i64 {
         match self.u8() % 8 {
             0 => 0,
@@ -97,11 +102,11 @@ impl<'a> Bytes<'a> {
     }
 }
 
-fn model(id: u32) -> ModelInfo {
+fn model(id: ModelId) -> ModelInfo {
     ModelInfo {
         id,
         name: format!("m{id}"),
-        slo_ns: 100_000_000,
+        slo: Dur::from_ms(100),
         profile: WireProfile::Linear {
             alpha_ns: 1_000_000,
             beta_ns: 5_000_000,
@@ -123,7 +128,7 @@ fn region_info(b: &mut Bytes) -> RegionInfo {
 }
 
 /// A task id of one of frontends 1 to 3, mostly with a small sequence number.
-fn some_task(b: &mut Bytes) -> u64 {
+fn some_task(b: &mut Bytes) -> TaskId {
     task_id(1 + b.below(3), b.id(100))
 }
 
@@ -131,7 +136,7 @@ fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
     (0..b.below(4))
         .map(|_| PlanTask {
             id: some_task(b),
-            deadline_ns: b.i64_near(now),
+            deadline: b.time_near(now),
             input: b.u64(),
         })
         .collect()
@@ -141,7 +146,7 @@ fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
 /// values biased towards the edges and towards ids that exist; or, one time in
 /// eight, whatever the wire decoder makes of the next bytes.
 pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
-    let gpu = |b: &mut Bytes| b.id(6) as u32;
+    let gpu = |b: &mut Bytes| GpuId(b.id(6) as u32);
     Some(match b.u8() % 20 {
         0 => Msg::Register {
             role: if b.bool() {
@@ -161,7 +166,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
             region: b.bool().then(|| region_info(b)),
         },
         1 => Msg::ModelLoaded {
-            model: b.id(4) as u32,
+            model: ModelId(b.id(4) as u32),
             ok: !b.one_in(4),
             error: b.string(),
             device_bytes: b.u64(),
@@ -170,48 +175,48 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
             tasks: (0..b.below(4))
                 .map(|_| SubmitTask {
                     id: some_task(b),
-                    model: b.id(4) as u32,
-                    arrival_ns: b.i64_near(now),
-                    deadline_ns: b.i64_near(now),
+                    model: ModelId(b.id(4) as u32),
+                    arrival: b.time_near(now),
+                    deadline: b.time_near(now),
                     input: b.u64(),
                 })
                 .collect(),
         },
         3 => Msg::PlanDone {
-            id: b.id(20),
+            id: PlanId(b.id(20)),
             gpu: gpu(b),
             status: match b.u8() % 3 {
                 0 => PlanStatus::Ran,
                 1 => PlanStatus::TooLate,
                 _ => PlanStatus::Failed,
             },
-            started_ns: b.i64_near(now),
-            finished_ns: b.i64_near(now),
+            started: b.time_near(now),
+            finished: b.time_near(now),
             missing: b.below(8),
         },
         4 | 5 => Msg::Ping {
             seq: b.u64(),
-            sent_ns: b.i64_near(now),
-            ctrl_delay_ns: b.i64_near(0),
-            pull_ns: b.i64_near(0),
+            sent: b.time_near(now),
+            ctrl_delay: Dur(b.i64_near(0)),
+            pull: Dur(b.i64_near(0)),
         },
         6 | 7 => Msg::Pong {
             seq: b.u64(),
-            echo_ns: b.i64_near(now),
-            sched_ns: b.i64_near(now),
+            echo: b.time_near(now),
+            sched: b.time_near(now),
         },
         8 => Msg::Unregister { reason: b.string() },
         9 => Msg::RegisterAck {
             node: b.id(8) as u32,
             gpu_ids: (0..b.below(4)).map(|_| gpu(b)).collect(),
-            models: (0..b.below(3)).map(model).collect(),
+            models: (0..b.below(3)).map(|i| model(ModelId(i))).collect(),
             heartbeat_ms: b.below(1000),
         },
         10 => Msg::LoadModel {
-            model: model(b.id(4) as u32),
+            model: model(ModelId(b.id(4) as u32)),
         },
         11 => Msg::UnloadModel {
-            model: b.id(4) as u32,
+            model: ModelId(b.id(4) as u32),
         },
         12 => Msg::FrontendUp {
             node: b.id(4) as u32,
@@ -222,12 +227,12 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
             node: b.id(4) as u32,
         },
         14 | 15 => Msg::Plan {
-            id: b.id(20),
-            model: b.id(4) as u32,
+            id: PlanId(b.id(20)),
+            model: ModelId(b.id(4) as u32),
             gpu: gpu(b),
-            exec_at_ns: b.i64_near(now),
-            finish_at_ns: b.i64_near(now),
-            sent_ns: b.i64_near(now),
+            exec_at: b.time_near(now),
+            finish_at: b.time_near(now),
+            sent: b.time_near(now),
             tasks: plan_tasks(b, now),
         },
         16 => Msg::Results {
@@ -239,8 +244,8 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
                     } else {
                         TaskStatus::Failed
                     },
-                    started_ns: b.i64_near(now),
-                    finished_ns: b.i64_near(now),
+                    started: b.time_near(now),
+                    finished: b.time_near(now),
                     batch_size: b.below(64),
                     output: vec![b.u8(); b.below(4) as usize],
                 })
@@ -303,7 +308,7 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
             region: (!backend).then_some(region),
         },
         (1..=3, true) => Msg::ModelLoaded {
-            model: step as u32 - 1,
+            model: ModelId(step as u32 - 1),
             ok: true,
             error: String::new(),
             device_bytes: 1 << 20,
@@ -311,17 +316,17 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
         (_, false) => Msg::Submit {
             tasks: vec![SubmitTask {
                 id: task_id(node?, step as u64),
-                model: 0,
-                arrival_ns: now.0,
-                deadline_ns: now.0 + 100_000_000,
+                model: ModelId(0),
+                arrival: now,
+                deadline: now + Dur::from_ms(100),
                 input: InputRef { offset: 0, len: 8 }.pack(),
             }],
         },
         _ => Msg::Ping {
             seq: step as u64,
-            sent_ns: now.0,
-            ctrl_delay_ns: 50_000,
-            pull_ns: 1_000,
+            sent: now,
+            ctrl_delay: Dur::from_us(50),
+            pull: Dur::from_us(1),
         },
     })
 }
@@ -336,7 +341,7 @@ pub fn sched_proto(data: &[u8]) -> u64 {
     let mut p = SchedProto::new(
         now,
         SchedConfig {
-            models: (0..3).map(model).collect(),
+            models: (0..3).map(|i| model(ModelId(i))).collect(),
             heartbeat: Dur::from_ms(100),
             node_timeout: Dur::from_ms(1000),
             net_update: Dur::from_ms(200),
@@ -453,7 +458,7 @@ pub fn backend_proto(data: &[u8]) -> u64 {
                 } else {
                     Ok(Some(b.u64()))
                 };
-                p.handle_loaded(b.id(4) as u32, res);
+                p.handle_loaded(ModelId(b.id(4) as u32), res);
             }
             2 => {
                 next_conn += 1;
@@ -462,32 +467,32 @@ pub fn backend_proto(data: &[u8]) -> u64 {
             3 if b.one_in(4) => p.handle_closed(if b.bool() { 1 } else { next_conn }, "fuzz"),
             4..=6 => {
                 let m = if !registered {
-                    last_ping.map(|sent: i64| Msg::Pong {
+                    last_ping.map(|sent: Time| Msg::Pong {
                         seq: 0,
-                        echo_ns: sent,
-                        sched_ns: sent + 7_000,
+                        echo: sent,
+                        sched: sent + Dur::from_us(7),
                     })
                 } else if !acked {
                     acked = true;
                     Some(Msg::RegisterAck {
                         node: 5,
-                        gpu_ids: (0..gpus).map(|g| 10 + g).collect(),
+                        gpu_ids: (0..gpus).map(|g| GpuId(10 + g)).collect(),
                         models: vec![],
                         heartbeat_ms: 100,
                     })
                 } else if models < 2 {
                     models += 1;
                     Some(Msg::LoadModel {
-                        model: model(models - 1),
+                        model: model(ModelId(models - 1)),
                     })
                 } else {
                     Some(Msg::Plan {
-                        id: b.id(20),
-                        model: b.below(2),
-                        gpu: 10 + b.below(gpus),
-                        exec_at_ns: now.0 + 5_000_000,
-                        finish_at_ns: now.0 + 10_000_000,
-                        sent_ns: now.0,
+                        id: PlanId(b.id(20)),
+                        model: ModelId(b.below(2)),
+                        gpu: GpuId(10 + b.below(gpus)),
+                        exec_at: now + Dur::from_ms(5),
+                        finish_at: now + Dur::from_ms(10),
+                        sent: now,
                         tasks: plan_tasks(&mut b, now.0),
                     })
                 };
@@ -495,7 +500,7 @@ pub fn backend_proto(data: &[u8]) -> u64 {
                     let loads = matches!(m, Msg::LoadModel { .. });
                     p.handle_msg(now, 1, m);
                     for _ in 0..gpus * u32::from(loads) {
-                        p.handle_loaded(models - 1, Ok(None));
+                        p.handle_loaded(ModelId(models - 1), Ok(None));
                     }
                 }
             }
@@ -509,7 +514,7 @@ pub fn backend_proto(data: &[u8]) -> u64 {
         while let Some(a) = p.poll_action() {
             assert!(!gone, "an action after Exit: {a:?}");
             match a {
-                BeAction::Send(1, Msg::Ping { sent_ns, .. }) => last_ping = Some(sent_ns),
+                BeAction::Send(1, Msg::Ping { sent, .. }) => last_ping = Some(sent),
                 BeAction::Send(1, Msg::Register { .. }) => registered = true,
                 BeAction::Queue { gpu, plan } => {
                     assert!(gpu < gpus as usize);
@@ -530,10 +535,10 @@ pub fn backend_proto(data: &[u8]) -> u64 {
 pub fn frontend_ledger(data: &[u8]) -> u64 {
     let mut b = Bytes::new(data);
     let mut now = Time(b.i64_near(1_000_000_000).clamp(i64::MIN / 4, i64::MAX / 4));
-    let mut l: RequestLedger<u64> = RequestLedger::new(2, Dur::from_ms(3000));
-    let mut admitted: Vec<u64> = Vec::new();
-    let mut ended: HashSet<u64> = HashSet::new();
-    let end = |client: u64, ended: &mut HashSet<u64>| {
+    let mut l: RequestLedger<TaskId> = RequestLedger::new(2, Dur::from_ms(3000));
+    let mut admitted: Vec<TaskId> = Vec::new();
+    let mut ended: HashSet<TaskId> = HashSet::new();
+    let end = |client: TaskId, ended: &mut HashSet<TaskId>| {
         assert!(ended.insert(client), "request {client} ended twice");
     };
     while !b.done() {
@@ -542,22 +547,22 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
             0 | 1 => {
                 let slo = Dur(b.i64_near(100_000_000).clamp(1, 3_600_000_000_000));
                 let id = l.next_id();
-                let t = l.admit(now, 0, 0, slo, id, InputRef { offset: 0, len: 8 });
+                let input = InputRef { offset: 0, len: 8 };
+                let t = l.admit(now, 0, ModelId(0), slo, id, input);
                 assert_eq!(t.id, id);
                 admitted.push(id);
             }
             2 => {
                 let id = match admitted.len() {
-                    0 => b.u64(),
-                    n if !b.one_in(4) => admitted[b.below(n as u32) as usize],
-                    _ => b.u64(),
+                    n if n > 0 && !b.one_in(4) => admitted[b.below(n as u32) as usize],
+                    _ => TaskId(b.u64()),
                 };
                 let answer = match b.u8() % 3 {
                     0 => Answer::of_drop(DropReason::Expired),
                     1 => Answer::Failed(Ended::Failed, "fuzz".into()),
                     _ => Answer::Output {
                         output: vec![1],
-                        started: Time(b.i64_near(now.0)),
+                        started: b.time_near(now.0),
                         batch_size: b.below(64),
                     },
                 };

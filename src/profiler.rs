@@ -301,7 +301,7 @@ mod tests {
     use super::*;
     use crate::node::exec::EmulatedGpu;
     use crate::repo::{DType, TensorMeta};
-    use crate::wire::WireProfile;
+    use crate::wire::{Dur, ModelId, WireProfile};
 
     #[test]
     fn batch_size_lists() {
@@ -331,10 +331,10 @@ mod tests {
         fn load(&mut self, m: &ModelInfo) -> Result<()> {
             self.inner.load(m)
         }
-        fn unload(&mut self, m: u32) {
+        fn unload(&mut self, m: ModelId) {
             self.inner.unload(m)
         }
-        fn run(&mut self, m: u32, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        fn run(&mut self, m: ModelId, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
             if inputs.len() != self.last {
                 std::thread::sleep(self.penalty);
                 self.last = inputs.len();
@@ -364,9 +364,9 @@ mod tests {
             batch_buckets: None,
         };
         let info = ModelInfo {
-            id: 0,
+            id: ModelId(0),
             name: "lin".into(),
-            slo_ns: 50_000_000,
+            slo: Dur(50_000_000),
             profile: WireProfile::Linear {
                 alpha_ns,
                 beta_ns: 1_000_000,

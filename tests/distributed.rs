@@ -10,7 +10,7 @@ use fermata::node::frontend::{FrontendNode, FrontendOpts};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::node::serve::{Cluster, ClusterOpts};
 use fermata::transport::{inproc::InProc, tcp::Tcp, Event, Transport};
-use fermata::wire::{Msg, Role};
+use fermata::wire::{GpuId, ModelId, Msg, PlanId, Role, Time};
 use fermata::workload::Workload;
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
@@ -139,7 +139,11 @@ fn a_dead_backend_fails_its_tasks_and_the_rest_go_on() {
     std::thread::spawn(move || tx.send(loadgen::run(tr2, &w2, &lo)).unwrap());
     std::thread::sleep(Duration::from_millis(1500));
     // The backend with GPU 0: deferred scheduling keeps the lowest GPUs busiest.
-    let first = c.backend_gpus.iter().position(|g| g.contains(&0)).unwrap();
+    let first = c
+        .backend_gpus
+        .iter()
+        .position(|g| g.contains(&GpuId(0)))
+        .unwrap();
     // Die while it has a plan in flight.
     let t = std::time::Instant::now();
     while c.backends[first].plans_in_flight() == 0 && t.elapsed() < Duration::from_secs(2) {
@@ -220,12 +224,12 @@ fn malformed_and_unexpected_messages_close_only_that_connection() {
     let (etx, erx) = fermata::transport::event_channel();
     let conn = tr.connect(s.addr(), etx).unwrap();
     conn.send(Msg::Plan {
-        id: 1,
-        model: 0,
-        gpu: 0,
-        exec_at_ns: 0,
-        finish_at_ns: 0,
-        sent_ns: 0,
+        id: PlanId(1),
+        model: ModelId(0),
+        gpu: GpuId(0),
+        exec_at: Time(0),
+        finish_at: Time(0),
+        sent: Time(0),
         tasks: vec![],
     })
     .unwrap();
@@ -287,14 +291,14 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
     conn.send(Msg::Infer {
         req: 7,
         model: "nope".into(),
-        slo_ns: 0,
+        slo: Dur::ZERO,
         input: vec![1, 2, 3],
     })
     .unwrap();
     conn.send(Msg::Infer {
         req: 8,
         model: "small".into(),
-        slo_ns: -5,
+        slo: Dur(-5),
         input: vec![1, 2, 3],
     })
     .unwrap();
@@ -317,17 +321,17 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
             }
         }
     };
-    use fermata::wire::ReplyStatus;
+    use fermata::wire::Outcome;
     let r7 = reply(7);
-    assert_eq!(r7.0, ReplyStatus::Failed);
+    assert_eq!(r7.0, Outcome::Failed);
     assert!(
         r7.1.contains("unknown model `nope`") && r7.1.contains("small"),
         "{}",
         r7.1
     );
     let r8 = reply(8);
-    assert_eq!(r8.0, ReplyStatus::Failed);
-    assert!(r8.1.contains("slo_ns"), "{}", r8.1);
+    assert_eq!(r8.0, Outcome::Failed);
+    assert!(r8.1.contains("the SLO must be >= 0"), "{}", r8.1);
     // A valid request is served, with the right bytes. A lone request is held to
     // its frontrun moment, which leaves it only l(2) - l(1) = 0.5 ms (plus the
     // slack) to spare: on a busy machine it may come back late, or be dropped when
@@ -339,21 +343,21 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
         conn.send(Msg::Infer {
             req,
             model: "small".into(),
-            slo_ns: 0,
+            slo: Dur::ZERO,
             input: vec![5; 2048],
         })
         .unwrap();
         let (status, message, output) = reply(req);
         match status {
-            ReplyStatus::Good | ReplyStatus::Late => {
+            Outcome::Good | Outcome::Late => {
                 assert_eq!(output, fermata::node::exec::emulated_output(&[5; 2048]));
                 served = true;
                 break;
             }
-            ReplyStatus::Dropped => {
+            Outcome::Dropped => {
                 assert!(message.contains("dropped"), "{message}");
             }
-            ReplyStatus::Failed => panic!("a valid request failed: {message}"),
+            Outcome::Failed => panic!("a valid request failed: {message}"),
         }
     }
     assert!(served, "20 lone requests in a row were dropped");

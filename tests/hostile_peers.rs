@@ -8,7 +8,9 @@ use fermata::node::frontend::{FrontendNode, FrontendOpts};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::node::serve::{Cluster, ClusterOpts};
 use fermata::transport::{inproc::InProc, tcp::Tcp, Conn, Event, Transport};
-use fermata::wire::{GpuInfo, Msg, ReplyStatus, Role, SubmitTask};
+use fermata::wire::{
+    task_id, Dur, GpuId, GpuInfo, ModelId, Msg, Outcome, PlanId, Role, SubmitTask, Time,
+};
 use fermata::workload::Workload;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -99,9 +101,9 @@ impl Peer {
     fn alive(&self, seq: u64) -> bool {
         self.send(Msg::Ping {
             seq,
-            sent_ns: 0,
-            ctrl_delay_ns: 0,
-            pull_ns: 0,
+            sent: Time(0),
+            ctrl_delay: Dur::ZERO,
+            pull: Dur::ZERO,
         });
         self.wait(Duration::from_secs(3), |m| match m {
             Msg::Pong { seq: s, .. } if *s == seq => Some(()),
@@ -126,7 +128,7 @@ impl Peer {
     }
     fn loaded(&self, model: u32) {
         self.send(Msg::ModelLoaded {
-            model,
+            model: ModelId(model),
             ok: true,
             error: String::new(),
             device_bytes: 0,
@@ -156,13 +158,13 @@ impl Peer {
     /// Waits for the `RegisterAck`; its GPU ids.
     /// Registers as a backend with one GPU, confirms both models and waits for
     /// the ack: the GPU's global id, when it entered service.
-    fn enter_service(&self) -> Option<Vec<u32>> {
+    fn enter_service(&self) -> Option<Vec<GpuId>> {
         self.register_backend(1);
         self.loaded(0);
         self.loaded(1);
         self.ack(Duration::from_secs(5))
     }
-    fn ack(&self, t: Duration) -> Option<Vec<u32>> {
+    fn ack(&self, t: Duration) -> Option<Vec<GpuId>> {
         self.wait(t, |m| match m {
             Msg::RegisterAck { gpu_ids, .. } => Some(gpu_ids.clone()),
             _ => None,
@@ -200,23 +202,23 @@ fn a_huge_slo_is_refused_and_the_frontend_goes_on() {
         p.send(Msg::Infer {
             req,
             model: "small".into(),
-            slo_ns: slo,
+            slo: Dur(slo),
             input: vec![1; 64],
         });
         let (status, message) = reply(req);
-        assert_eq!(status, ReplyStatus::Failed, "{message}");
-        assert!(message.contains("slo_ns"), "{message}");
+        assert_eq!(status, Outcome::Failed, "{message}");
+        assert!(message.contains("one hour"), "{message}");
     }
     // The frontend still answers: a valid request ends (a lone request may be
     // dropped or late on a busy machine; what matters is that it is answered).
     p.send(Msg::Infer {
         req: 10,
         model: "small".into(),
-        slo_ns: 0,
+        slo: Dur::ZERO,
         input: vec![1; 64],
     });
     let (status, message) = reply(10);
-    assert_ne!(status, ReplyStatus::Failed, "{message}");
+    assert_ne!(status, Outcome::Failed, "{message}");
     c.stop().unwrap();
 }
 
@@ -230,9 +232,9 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
     // when this backend's GPUs enter service.
     p.send(Msg::Ping {
         seq: 1,
-        sent_ns: i64::MIN,
-        ctrl_delay_ns: i64::MAX,
-        pull_ns: i64::MAX,
+        sent: Time(i64::MIN),
+        ctrl_delay: Dur(i64::MAX),
+        pull: Dur(i64::MAX),
     });
     assert!(p.enter_service().is_some(), "backend enters service");
     let q = Peer::connect(&tr, s.addr());
@@ -310,7 +312,7 @@ fn plan_done_is_checked_against_the_senders_gpus_and_plans() {
     };
     let mut got = None;
     for _ in 0..20 {
-        let _answer = h.infer("small", 0, vec![3; 64]);
+        let _answer = h.infer("small", Dur(0), vec![3; 64]);
         if let Some(p) = plan(&a) {
             got = Some((p, true));
             break;
@@ -329,8 +331,8 @@ fn plan_done_is_checked_against_the_senders_gpus_and_plans() {
         id: plan_a,
         gpu: gb[0],
         status: fermata::wire::PlanStatus::Ran,
-        started_ns: 0,
-        finished_ns: 1,
+        started: Time(0),
+        finished: Time(1),
         missing: 0,
     });
     b.expect_error("plan");
@@ -339,8 +341,8 @@ fn plan_done_is_checked_against_the_senders_gpus_and_plans() {
         id: plan_a,
         gpu: gb[0],
         status: fermata::wire::PlanStatus::Ran,
-        started_ns: i64::MIN,
-        finished_ns: i64::MAX,
+        started: Time(i64::MIN),
+        finished: Time(i64::MAX),
         missing: 0,
     });
     a.expect_error("GPU");
@@ -364,7 +366,7 @@ fn extreme_times_in_plan_done_do_not_overflow() {
     // A raw frontend submits one task by hand.
     let f = Peer::connect(&tr, s.addr());
     let node = f.register_frontend("rawfe");
-    let id = ((node as u64) << fermata::node::scheduler::TASK_SEQ_BITS) | 1;
+    let id = task_id(node, 1);
     let now = f
         .wait(Duration::from_secs(5), |m| match m {
             Msg::Capacity { .. } => Some(()),
@@ -373,12 +375,12 @@ fn extreme_times_in_plan_done_do_not_overflow() {
         .map(|_| {
             f.send(Msg::Ping {
                 seq: 1,
-                sent_ns: 0,
-                ctrl_delay_ns: 0,
-                pull_ns: 0,
+                sent: Time(0),
+                ctrl_delay: Dur::ZERO,
+                pull: Dur::ZERO,
             });
             f.wait(Duration::from_secs(5), |m| match m {
-                Msg::Pong { sched_ns, .. } => Some(*sched_ns),
+                Msg::Pong { sched, .. } => Some(*sched),
                 _ => None,
             })
             .expect("pong")
@@ -387,9 +389,9 @@ fn extreme_times_in_plan_done_do_not_overflow() {
     f.send(Msg::Submit {
         tasks: vec![SubmitTask {
             id,
-            model: 0,
-            arrival_ns: now,
-            deadline_ns: now + 40_000_000,
+            model: ModelId(0),
+            arrival: now,
+            deadline: now + Dur::from_ms(40),
             input: 0,
         }],
     });
@@ -405,8 +407,8 @@ fn extreme_times_in_plan_done_do_not_overflow() {
         id: plan,
         gpu,
         status: fermata::wire::PlanStatus::Ran,
-        started_ns: i64::MIN,
-        finished_ns: i64::MAX,
+        started: Time(i64::MIN),
+        finished: Time(i64::MAX),
         missing: 0,
     });
     let q = Peer::connect(&tr, s.addr());
@@ -429,10 +431,10 @@ fn a_submit_with_a_task_of_another_frontend_or_a_wild_deadline_is_refused() {
     };
     let (f1, n1) = reg("one");
     let task = |owner: u32, deadline_ns: i64| SubmitTask {
-        id: ((owner as u64) << fermata::node::scheduler::TASK_SEQ_BITS) | 1,
-        model: 0,
-        arrival_ns: 0,
-        deadline_ns,
+        id: task_id(owner, 1),
+        model: ModelId(0),
+        arrival: Time(0),
+        deadline: Time(deadline_ns),
         input: 0,
     };
     // A task id that another frontend owns.
@@ -475,17 +477,17 @@ fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
     // Answer pings, the first one with a wild echo, until it registers.
     let mut wild = true;
     let registered = sched.wait(Duration::from_secs(10), |m| match m {
-        Msg::Ping { seq, sent_ns, .. } => {
-            let (echo_ns, sched_ns) = if wild {
-                (i64::MIN, i64::MAX)
+        Msg::Ping { seq, sent, .. } => {
+            let (echo, sched_t) = if wild {
+                (Time(i64::MIN), Time(i64::MAX))
             } else {
-                (*sent_ns, *sent_ns)
+                (*sent, *sent)
             };
             wild = false;
             sched.send(Msg::Pong {
                 seq: *seq,
-                echo_ns,
-                sched_ns,
+                echo,
+                sched: sched_t,
             });
             None
         }
@@ -496,31 +498,39 @@ fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
     let model = fermata::node::exec::model_infos(&workload())[0].clone();
     sched.send(Msg::LoadModel { model });
     let loaded = sched.wait(Duration::from_secs(5), |m| match m {
-        Msg::ModelLoaded { model: 0, ok, .. } => Some(*ok),
+        Msg::ModelLoaded {
+            model: ModelId(0),
+            ok,
+            ..
+        } => Some(*ok),
         _ => None,
     });
     assert_eq!(loaded, Some(true));
     sched.send(Msg::RegisterAck {
         node: 1,
-        gpu_ids: vec![7],
+        gpu_ids: vec![GpuId(7)],
         models: vec![],
         heartbeat_ms: 50,
     });
     sched.send(Msg::Plan {
-        id: 1,
-        model: 0,
-        gpu: 7,
-        exec_at_ns: i64::MAX,
-        finish_at_ns: i64::MAX,
-        sent_ns: 0,
+        id: PlanId(1),
+        model: ModelId(0),
+        gpu: GpuId(7),
+        exec_at: Time(i64::MAX),
+        finish_at: Time(i64::MAX),
+        sent: Time(0),
         tasks: vec![fermata::wire::PlanTask {
             id: fermata::wire::task_id(3, 1),
-            deadline_ns: i64::MAX,
+            deadline: Time(i64::MAX),
             input: 0,
         }],
     });
     let done = sched.wait(Duration::from_secs(5), |m| match m {
-        Msg::PlanDone { id: 1, status, .. } => Some(*status),
+        Msg::PlanDone {
+            id: PlanId(1),
+            status,
+            ..
+        } => Some(*status),
         _ => None,
     });
     assert_eq!(done, Some(fermata::wire::PlanStatus::Failed));

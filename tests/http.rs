@@ -10,7 +10,7 @@ use fermata::node::http::{HttpOpts, HttpServer};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::repo::ModelMeta;
 use fermata::transport::{inproc::InProc, Transport};
-use fermata::wire::ModelInfo;
+use fermata::wire::{ModelId, ModelInfo};
 use fermata::workload::Workload;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -82,7 +82,7 @@ input_bytes = 4
 /// The emulated GPU, 30 ms slower than the profile for the model named `slow`.
 struct SlowFor {
     inner: EmulatedGpu,
-    slow: HashSet<u32>,
+    slow: HashSet<ModelId>,
 }
 
 impl Executor for SlowFor {
@@ -95,10 +95,10 @@ impl Executor for SlowFor {
         }
         self.inner.load(m)
     }
-    fn unload(&mut self, m: u32) {
+    fn unload(&mut self, m: ModelId) {
         self.inner.unload(m)
     }
-    fn run(&mut self, m: u32, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
+    fn run(&mut self, m: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
         let out = self.inner.run(m, inputs)?;
         if self.slow.contains(&m) {
             std::thread::sleep(Duration::from_millis(30));

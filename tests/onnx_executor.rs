@@ -10,7 +10,7 @@ use fermata::node::exec::{executor_factory, Executor};
 use fermata::node::onnx::{OnnxExecutor, OnnxModel, OnnxOptions, Sharing};
 use fermata::repo::BucketPolicy;
 use fermata::repo::{load_meta, DType, ModelMeta};
-use fermata::wire::{ModelInfo, WireProfile};
+use fermata::wire::{Dur, ModelId, ModelInfo, WireProfile};
 use rand::SeedableRng;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -264,9 +264,9 @@ fn resnet50_runs_padded_with_shared_weights() {
 
 fn info(id: u32, name: &str, meta: Option<&ModelMeta>) -> ModelInfo {
     ModelInfo {
-        id,
+        id: ModelId(id),
         name: name.into(),
-        slo_ns: 20_000_000,
+        slo: Dur(20_000_000),
         profile: WireProfile::Linear {
             alpha_ns: 100_000,
             beta_ns: 500_000,
@@ -289,9 +289,9 @@ fn bad_models_give_clear_errors() {
     let mlp = meta("mlp");
     exec.load(&info(0, "mlp", Some(&mlp))).unwrap();
     let x = vec![0u8; mlp.input_bytes()];
-    assert_eq!(exec.run(0, &[&x, &x]).unwrap().len(), 2);
-    exec.unload(0);
-    assert!(format!("{:#}", exec.run(0, &[&x]).unwrap_err()).contains("not loaded"));
+    assert_eq!(exec.run(ModelId(0), &[&x, &x]).unwrap().len(), 2);
+    exec.unload(ModelId(0));
+    assert!(format!("{:#}", exec.run(ModelId(0), &[&x]).unwrap_err()).contains("not loaded"));
 
     // No metadata: a profile-only (emulated) model.
     let e = load_err(&mut exec, &info(1, "mlp", None));
@@ -413,7 +413,10 @@ fn cuda_executor_without_a_gpu_says_so() {
             let m = meta("mlp");
             exec.load(&info(0, "mlp", Some(&m))).unwrap();
             let x = vec![0u8; m.input_bytes()];
-            assert_eq!(exec.run(0, &[&x]).unwrap()[0].len(), m.output_bytes());
+            assert_eq!(
+                exec.run(ModelId(0), &[&x]).unwrap()[0].len(),
+                m.output_bytes()
+            );
         }
     }
 }

@@ -8,7 +8,7 @@ use fermata::transport::tcp::Tcp;
 use fermata::transport::{
     Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader, Transport,
 };
-use fermata::wire::Msg;
+use fermata::wire::{Dur, Msg, Time};
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,9 +35,9 @@ fn pair(tr: &Tcp) -> (End, End) {
 fn ping(seq: u64) -> Msg {
     Msg::Ping {
         seq,
-        sent_ns: seq as i64 * 3,
-        ctrl_delay_ns: 0,
-        pull_ns: 0,
+        sent: Time(seq as i64 * 3),
+        ctrl_delay: Dur::ZERO,
+        pull: Dur::ZERO,
     }
 }
 
@@ -85,8 +85,8 @@ fn messages_both_ways_in_order() {
         c.send(ping(i)).unwrap();
         s.send(Msg::Pong {
             seq: i,
-            echo_ns: 1,
-            sched_ns: 2,
+            echo: Time(1),
+            sched: Time(2),
         })
         .unwrap();
     }
@@ -110,7 +110,7 @@ fn many_messages_batched_large_and_small() {
     let big = |i: u64| Msg::Infer {
         req: i,
         model: "resnet".into(),
-        slo_ns: 0,
+        slo: Dur::ZERO,
         input: vec![(i % 251) as u8; 150 * 1024],
     };
     let t0 = Instant::now();

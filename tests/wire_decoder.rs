@@ -9,9 +9,10 @@ use std::cell::Cell;
 use fermata::wire::codec::frame_len;
 use fermata::wire::{
     decode, encode, encode_to_vec, DecodeError, DropReason, FrameReader, GpuInfo, ModelInfo, Msg,
-    PlanStatus, PlanTask, RegionInfo, ReplyStatus, Role, SubmitTask, TaskResult, TaskStatus,
+    Outcome, PlanStatus, PlanTask, RegionInfo, Role, SubmitTask, TaskResult, TaskStatus,
     WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
 };
+use fermata::wire::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::strategy::Union;
@@ -108,12 +109,12 @@ fn arb_task_status() -> impl Strategy<Value = TaskStatus> {
     ]
 }
 
-fn arb_reply_status() -> impl Strategy<Value = ReplyStatus> {
+fn arb_reply_status() -> impl Strategy<Value = Outcome> {
     prop_oneof![
-        Just(ReplyStatus::Good),
-        Just(ReplyStatus::Late),
-        Just(ReplyStatus::Dropped),
-        Just(ReplyStatus::Failed),
+        Just(Outcome::Good),
+        Just(Outcome::Late),
+        Just(Outcome::Dropped),
+        Just(Outcome::Failed),
     ]
 }
 
@@ -141,9 +142,9 @@ fn arb_model() -> impl Strategy<Value = ModelInfo> {
     )
         .prop_map(
             |(id, name, slo_ns, profile, input_bytes, meta_json)| ModelInfo {
-                id,
+                id: ModelId(id),
                 name,
-                slo_ns,
+                slo: Dur(slo_ns),
                 profile,
                 input_bytes,
                 meta_json,
@@ -185,18 +186,18 @@ fn arb_submit_task() -> impl Strategy<Value = SubmitTask> {
         any::<u64>(),
     )
         .prop_map(|(id, model, arrival_ns, deadline_ns, input)| SubmitTask {
-            id,
-            model,
-            arrival_ns,
-            deadline_ns,
+            id: TaskId(id),
+            model: ModelId(model),
+            arrival: Time(arrival_ns),
+            deadline: Time(deadline_ns),
             input,
         })
 }
 
 fn arb_plan_task() -> impl Strategy<Value = PlanTask> {
     (any::<u64>(), any::<i64>(), any::<u64>()).prop_map(|(id, deadline_ns, input)| PlanTask {
-        id,
-        deadline_ns,
+        id: TaskId(id),
+        deadline: Time(deadline_ns),
         input,
     })
 }
@@ -210,10 +211,10 @@ fn arb_task_result() -> impl Strategy<Value = TaskResult> {
     )
         .prop_map(
             |(id, status, (started_ns, finished_ns, batch_size), output)| TaskResult {
-                id,
+                id: TaskId(id),
                 status,
-                started_ns,
-                finished_ns,
+                started: Time(started_ns),
+                finished: Time(finished_ns),
                 batch_size,
                 output,
             },
@@ -242,14 +243,14 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             any::<u32>(),
             prop_oneof![
                 8 => arb_vec(any::<u32>()),
-                1 => (0..=MAX_ITEMS as u32).prop_map(|n| (0..n).collect()),
+                1 => (0..=MAX_ITEMS as u32).prop_map(|n| (0..n).collect::<Vec<u32>>()),
             ],
             arb_vec(arb_model()),
             any::<u32>(),
         )
             .prop_map(|(node, gpu_ids, models, heartbeat_ms)| Msg::RegisterAck {
                 node,
-                gpu_ids,
+                gpu_ids: gpu_ids.into_iter().map(GpuId).collect(),
                 models,
                 heartbeat_ms,
             })
@@ -261,11 +262,13 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             .prop_map(|model| Msg::LoadModel { model })
             .boxed(),
         any::<u32>()
-            .prop_map(|model| Msg::UnloadModel { model })
+            .prop_map(|model| Msg::UnloadModel {
+                model: ModelId(model),
+            })
             .boxed(),
         (any::<u32>(), any::<bool>(), arb_str(), any::<u64>())
             .prop_map(|(model, ok, error, device_bytes)| Msg::ModelLoaded {
-                model,
+                model: ModelId(model),
                 ok,
                 error,
                 device_bytes,
@@ -293,12 +296,12 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         )
             .prop_map(
                 |(id, model, gpu, (exec_at_ns, finish_at_ns, sent_ns), tasks)| Msg::Plan {
-                    id,
-                    model,
-                    gpu,
-                    exec_at_ns,
-                    finish_at_ns,
-                    sent_ns,
+                    id: PlanId(id),
+                    model: ModelId(model),
+                    gpu: GpuId(gpu),
+                    exec_at: Time(exec_at_ns),
+                    finish_at: Time(finish_at_ns),
+                    sent: Time(sent_ns),
                     tasks,
                 },
             )
@@ -313,11 +316,11 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         )
             .prop_map(
                 |(id, gpu, status, started_ns, finished_ns, missing)| Msg::PlanDone {
-                    id,
-                    gpu,
+                    id: PlanId(id),
+                    gpu: GpuId(gpu),
                     status,
-                    started_ns,
-                    finished_ns,
+                    started: Time(started_ns),
+                    finished: Time(finished_ns),
                     missing,
                 },
             )
@@ -325,29 +328,29 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         arb_vec(arb_task_result())
             .prop_map(|items| Msg::Results { items })
             .boxed(),
-        arb_vec((any::<u64>(), arb_drop_reason()))
+        arb_vec((any::<u64>().prop_map(TaskId), arb_drop_reason()))
             .prop_map(|items| Msg::Dropped { items })
             .boxed(),
         (any::<u64>(), any::<i64>(), any::<i64>(), any::<i64>())
             .prop_map(|(seq, sent_ns, ctrl_delay_ns, pull_ns)| Msg::Ping {
                 seq,
-                sent_ns,
-                ctrl_delay_ns,
-                pull_ns,
+                sent: Time(sent_ns),
+                ctrl_delay: Dur(ctrl_delay_ns),
+                pull: Dur(pull_ns),
             })
             .boxed(),
         (any::<u64>(), any::<i64>(), any::<i64>())
             .prop_map(|(seq, echo_ns, sched_ns)| Msg::Pong {
                 seq,
-                echo_ns,
-                sched_ns,
+                echo: Time(echo_ns),
+                sched: Time(sched_ns),
             })
             .boxed(),
         (any::<u64>(), arb_str(), any::<i64>(), arb_bytes())
             .prop_map(|(req, model, slo_ns, input)| Msg::Infer {
                 req,
                 model,
-                slo_ns,
+                slo: Dur(slo_ns),
                 input,
             })
             .boxed(),
@@ -363,8 +366,8 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                     Msg::InferReply {
                         req,
                         status,
-                        latency_ns,
-                        queue_ns,
+                        latency: Dur(latency_ns),
+                        queue: Dur(queue_ns),
                         batch_size,
                         output,
                         message,
@@ -599,18 +602,18 @@ fn some_msgs() -> Vec<Msg> {
     vec![
         Msg::Ping {
             seq: 1,
-            sent_ns: 2,
-            ctrl_delay_ns: 3,
-            pull_ns: 4,
+            sent: Time(2),
+            ctrl_delay: Dur(3),
+            pull: Dur(4),
         },
         Msg::ListModels,
         Msg::Submit {
             tasks: vec![
                 SubmitTask {
-                    id: 1,
-                    model: 2,
-                    arrival_ns: 3,
-                    deadline_ns: 4,
+                    id: TaskId(1),
+                    model: ModelId(2),
+                    arrival: Time(3),
+                    deadline: Time(4),
                     input: 5,
                 };
                 10
@@ -622,7 +625,7 @@ fn some_msgs() -> Vec<Msg> {
         Msg::Infer {
             req: 9,
             model: "m".into(),
-            slo_ns: 0,
+            slo: Dur::ZERO,
             input: (0..=255).collect(),
         },
         Msg::ListModels,
@@ -681,7 +684,7 @@ fn the_largest_frame_decodes() {
     let msg = Msg::Infer {
         req: 1,
         model: String::new(),
-        slo_ns: 0,
+        slo: Dur::ZERO,
         input: vec![7; MAX_FRAME - fixed],
     };
     let frame = encode_to_vec(&msg);
@@ -704,9 +707,9 @@ fn strings_over_max_str() {
         base: 0,
     };
     let model = |name: String| ModelInfo {
-        id: 0,
+        id: ModelId(0),
         name,
-        slo_ns: 0,
+        slo: Dur::ZERO,
         profile: WireProfile::Table { lat_ns: vec![] },
         input_bytes: 0,
         meta_json: String::new(),
@@ -765,7 +768,7 @@ fn strings_over_max_str() {
         ),
         (
             Msg::ModelLoaded {
-                model: 0,
+                model: ModelId(0),
                 ok: false,
                 error: long(),
                 device_bytes: 0,
@@ -784,7 +787,7 @@ fn strings_over_max_str() {
             Msg::Infer {
                 req: 0,
                 model: long(),
-                slo_ns: 0,
+                slo: Dur::ZERO,
                 input: vec![],
             },
             "Infer.model",
@@ -792,9 +795,9 @@ fn strings_over_max_str() {
         (
             Msg::InferReply {
                 req: 0,
-                status: ReplyStatus::Failed,
-                latency_ns: 0,
-                queue_ns: 0,
+                status: Outcome::Failed,
+                latency: Dur::ZERO,
+                queue: Dur::ZERO,
                 batch_size: 0,
                 output: vec![],
                 message: long(),
@@ -819,7 +822,7 @@ fn counts_over_max_items() {
     // Encoded with MAX_ITEMS + 1 items (the encoder does not check).
     let msg = Msg::RegisterAck {
         node: 1,
-        gpu_ids: vec![0; MAX_ITEMS + 1],
+        gpu_ids: vec![GpuId(0); MAX_ITEMS + 1],
         models: vec![],
         heartbeat_ms: 0,
     };
@@ -828,7 +831,7 @@ fn counts_over_max_items() {
         too_large("RegisterAck.gpu_ids", MAX_ITEMS + 1, MAX_ITEMS)
     );
     let msg = Msg::Dropped {
-        items: vec![(0, DropReason::Shutdown); MAX_ITEMS + 1],
+        items: vec![(TaskId(0), DropReason::Shutdown); MAX_ITEMS + 1],
     };
     assert_eq!(
         decode(body(&encode_to_vec(&msg))),
@@ -854,9 +857,9 @@ fn hostile_lengths_do_not_allocate() {
         frame[4..].to_vec()
     };
     let model = ModelInfo {
-        id: 0,
+        id: ModelId(0),
         name: String::new(),
-        slo_ns: 0,
+        slo: Dur::ZERO,
         profile: WireProfile::Table { lat_ns: vec![] },
         input_bytes: 0,
         meta_json: String::new(),
@@ -869,12 +872,12 @@ fn hostile_lengths_do_not_allocate() {
         ),
         (
             at_end(Msg::Plan {
-                id: 0,
-                model: 0,
-                gpu: 0,
-                exec_at_ns: 0,
-                finish_at_ns: 0,
-                sent_ns: 0,
+                id: PlanId(0),
+                model: ModelId(0),
+                gpu: GpuId(0),
+                exec_at: Time(0),
+                finish_at: Time(0),
+                sent: Time(0),
                 tasks: vec![],
             }),
             "Plan.tasks",
@@ -906,7 +909,7 @@ fn hostile_lengths_do_not_allocate() {
             at_end(Msg::Infer {
                 req: 0,
                 model: String::new(),
-                slo_ns: 0,
+                slo: Dur::ZERO,
                 input: vec![],
             }),
             "Infer.input",
@@ -915,10 +918,10 @@ fn hostile_lengths_do_not_allocate() {
         (
             at_end(Msg::Results {
                 items: vec![TaskResult {
-                    id: 0,
+                    id: TaskId(0),
                     status: TaskStatus::Ok,
-                    started_ns: 0,
-                    finished_ns: 0,
+                    started: Time(0),
+                    finished: Time(0),
                     batch_size: 0,
                     output: vec![],
                 }],

@@ -14,7 +14,7 @@ pub mod time;
 
 pub use dispatcher::{Counters, Dispatcher, DispatcherConfig, Output, Plan};
 pub use ids::{GpuId, ModelId, PlanId, TaskId};
-pub use model::{Candidate, DropReason, ModelSpec, Task};
+pub use model::{Candidate, DropReason, ModelSpec, Outcome, Task};
 pub use policy::{Gather, NetBudget, Policy};
 pub use profile::LatencyProfile;
 pub use time::{Dur, Time};

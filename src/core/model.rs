@@ -71,6 +71,26 @@ pub struct ModelState {
     pub min_expected_gain: f64,
 }
 
+/// How a request ended, as its client sees it: every request ends exactly once,
+/// in one of these four. The one end-of-request type of the whole system: the
+/// wire's `InferReply` carries it, the frontend's finer [`Ended`] maps onto it
+/// ([`Ended::outcome`]), and the harness and the reports count by it.
+///
+/// [`Ended`]: crate::node::proto::ledger::Ended
+/// [`Ended::outcome`]: crate::node::proto::ledger::Ended::outcome
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Output within the deadline.
+    Good,
+    /// Output, but after the deadline.
+    Late,
+    /// Dropped by the scheduler or a backend (could not meet its deadline,
+    /// overload...).
+    Dropped,
+    /// Failed (backend lost, input missing, executor error, bad request).
+    Failed,
+}
+
 /// Why a request was dropped: the one drop reason of the whole
 /// system. The core produces the first six; the nodes add those only they can
 /// see (a batch too late on its backend, a backend lost, an unknown model, no

@@ -10,7 +10,7 @@
 //! checks it (one flag per request id, set once).
 
 use crate::arrivals::{model_gens, MergedArrivals};
-use crate::core::{DropReason, Dur, ModelId, Plan, Task, TaskId, Time};
+use crate::core::{DropReason, Dur, ModelId, Outcome, Plan, Task, TaskId, Time};
 use crate::run::{ModelResult, RunOptions, RunResult};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{
@@ -26,16 +26,6 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-
-/// How each request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Good,
-    Late,
-    Dropped,
-    /// Ended by an explicit failure (shutdown).
-    Failed,
-}
 
 #[derive(Default)]
 struct Tally {

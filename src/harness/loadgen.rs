@@ -18,7 +18,7 @@ use crate::core::{Dur, Time};
 use crate::node::exec::emulated_output;
 use crate::run::{new_hist, ModelResult, RunResult};
 use crate::transport::{Conn, Event, Transport};
-use crate::wire::{Msg, ReplyStatus};
+use crate::wire::{Msg, Outcome};
 use crate::workload::{Arrival, Workload};
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::RecvTimeoutError;
@@ -248,7 +248,7 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
             Msg::InferReply {
                 req,
                 status,
-                queue_ns,
+                queue,
                 batch_size,
                 output,
                 ..
@@ -271,15 +271,15 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         }
         let mr = &mut models[r.model as usize];
         let wrong = o.verify
-            && matches!(status, ReplyStatus::Good | ReplyStatus::Late)
+            && matches!(status, Outcome::Good | Outcome::Late)
             && !expect[r.model as usize][r.pool as usize].ok(&output);
         if wrong {
             rep.wrong_outputs += 1;
         }
         match status {
-            ReplyStatus::Good if !wrong => mr.good += 1,
-            ReplyStatus::Late if !wrong => mr.late += 1,
-            ReplyStatus::Dropped => mr.dropped += 1,
+            Outcome::Good if !wrong => mr.good += 1,
+            Outcome::Late if !wrong => mr.late += 1,
+            Outcome::Dropped => mr.dropped += 1,
             _ => {
                 rep.failed += 1;
                 mr.dropped += 1;
@@ -292,9 +292,9 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
             }
             mr.batch_requests[b] += 1;
             mr.queuing_us
-                .saturating_record((queue_ns / 1000).max(1) as u64);
+                .saturating_record((queue.0 / 1000).max(1) as u64);
         }
-        if matches!(status, ReplyStatus::Good | ReplyStatus::Late) {
+        if matches!(status, Outcome::Good | Outcome::Late) {
             rep.latency_us
                 .saturating_record(r.sent.elapsed().as_micros().max(1) as u64);
         }
@@ -327,7 +327,7 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
             if let Err(e) = c.send(Msg::Infer {
                 req,
                 model: names[m].clone(),
-                slo_ns: 0,
+                slo: Dur::ZERO,
                 input: pools[m][pool as usize].clone(),
             }) {
                 bail!("cannot send to the frontend: {e}");

@@ -6,7 +6,7 @@
 //! simulator's. [`super::onnx::OnnxExecutor`] runs real ONNX models with ONNX
 //! Runtime (kind `onnx`, CPU; kind `cuda` with the `cuda` cargo feature).
 
-use crate::core::{Dur, LatencyProfile};
+use crate::core::{Dur, LatencyProfile, ModelId};
 use crate::wire::{ModelInfo, WireProfile};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,17 +16,17 @@ pub trait Executor: Send {
     fn name(&self) -> &'static str;
     /// Loads `model` (called before any batch of it).
     fn load(&mut self, model: &ModelInfo) -> anyhow::Result<()>;
-    fn unload(&mut self, model: u32);
+    fn unload(&mut self, model: ModelId);
     /// Device memory a loaded model takes on this GPU, when the executor knows it.
-    fn device_bytes(&self, _model: u32) -> Option<u64> {
+    fn device_bytes(&self, _model: ModelId) -> Option<u64> {
         None
     }
     /// The batch-size buckets a loaded model runs in (empty: exact sizes).
-    fn buckets(&self, _model: u32) -> Vec<u32> {
+    fn buckets(&self, _model: ModelId) -> Vec<u32> {
         Vec::new()
     }
     /// Runs one batch; one output per input, in order.
-    fn run(&mut self, model: u32, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>>;
+    fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>>;
 }
 
 /// Makes the executor of each GPU.
@@ -155,9 +155,9 @@ pub fn model_infos(w: &crate::workload::Workload) -> Vec<crate::wire::ModelInfo>
         .iter()
         .enumerate()
         .map(|(i, m)| crate::wire::ModelInfo {
-            id: i as u32,
+            id: ModelId(i as u32),
             name: m.spec.name.clone(),
-            slo_ns: m.spec.slo.0,
+            slo: m.spec.slo,
             profile: wire_profile(&m.spec.profile),
             input_bytes: m.input_bytes,
             meta_json: m
@@ -229,7 +229,7 @@ pub fn emulated_output(input: &[u8]) -> Vec<u8> {
 /// finishing within microseconds of l(b); the backend sets its GPU threads' timer
 /// slack to 1 ns so the sleep ends on time.
 pub struct EmulatedGpu {
-    profiles: HashMap<u32, LatencyProfile>,
+    profiles: HashMap<ModelId, LatencyProfile>,
     spin: Duration,
 }
 
@@ -257,10 +257,10 @@ impl Executor for EmulatedGpu {
         self.profiles.insert(model.id, p);
         Ok(())
     }
-    fn unload(&mut self, model: u32) {
+    fn unload(&mut self, model: ModelId) {
         self.profiles.remove(&model);
     }
-    fn run(&mut self, model: u32, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
+    fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
         let t0 = Instant::now();
         let Some(p) = self.profiles.get(&model) else {
             anyhow::bail!("model {model} is not loaded on this GPU");
@@ -317,9 +317,9 @@ mod tests {
     fn emulated_takes_l_of_b() {
         let mut g = EmulatedGpu::new();
         let m = ModelInfo {
-            id: 3,
+            id: ModelId(3),
             name: "m".into(),
-            slo_ns: 100_000_000,
+            slo: Dur(100_000_000),
             profile: WireProfile::Linear {
                 alpha_ns: 1_000_000,
                 beta_ns: 2_000_000,
@@ -330,12 +330,12 @@ mod tests {
         };
         g.load(&m).unwrap();
         let t = Instant::now();
-        let out = g.run(3, &[b"abcd", b"efgh"]).unwrap();
+        let out = g.run(ModelId(3), &[b"abcd", b"efgh"]).unwrap();
         let el = t.elapsed();
         assert!(el >= Duration::from_millis(4), "{el:?}");
         assert_eq!(out[0], emulated_output(b"abcd"));
         assert_ne!(out[0], out[1]);
-        assert!(g.run(4, &[b"x"]).is_err());
+        assert!(g.run(ModelId(4), &[b"x"]).is_err());
         // Every byte matters, wherever it is.
         let a = vec![7u8; 150_528];
         for i in [0, 31, 32, 100_000, 150_527] {
@@ -343,7 +343,7 @@ mod tests {
             b[i] ^= 1;
             assert_ne!(checksum64(&a), checksum64(&b), "byte {i}");
         }
-        assert!(g.run(3, &[&b"x"[..]; 9]).is_err());
+        assert!(g.run(ModelId(3), &[&b"x"[..]; 9]).is_err());
         assert_eq!(
             profile_of(&wire_profile(&profile_of(&m.profile).unwrap())).unwrap(),
             profile_of(&m.profile).unwrap()

@@ -45,7 +45,7 @@
 
 use super::exec::Executor;
 use crate::repo::{BucketPolicy, DType, ModelMeta};
-use crate::wire::ModelInfo;
+use crate::wire::{ModelId, ModelInfo};
 use anyhow::{anyhow, bail, Context, Result};
 use ort::environment::Environment;
 use ort::memory::MemoryInfo;
@@ -1108,7 +1108,7 @@ unsafe fn tensor_view(
 /// One executor per backend "GPU"; used by that GPU's worker thread only.
 pub struct OnnxExecutor {
     opts: OnnxOptions,
-    models: HashMap<u32, OnnxModel>,
+    models: HashMap<ModelId, OnnxModel>,
 }
 
 impl OnnxExecutor {
@@ -1128,7 +1128,7 @@ impl OnnxExecutor {
     }
 
     /// The loaded model with the scheduler's id `id`.
-    pub fn model_mut(&mut self, id: u32) -> Option<&mut OnnxModel> {
+    pub fn model_mut(&mut self, id: ModelId) -> Option<&mut OnnxModel> {
         self.models.get_mut(&id)
     }
 }
@@ -1174,22 +1174,22 @@ impl Executor for OnnxExecutor {
         Ok(())
     }
 
-    fn unload(&mut self, model: u32) {
+    fn unload(&mut self, model: ModelId) {
         self.models.remove(&model);
     }
 
-    fn device_bytes(&self, model: u32) -> Option<u64> {
+    fn device_bytes(&self, model: ModelId) -> Option<u64> {
         self.models.get(&model).and_then(|m| m.device_bytes())
     }
 
-    fn buckets(&self, model: u32) -> Vec<u32> {
+    fn buckets(&self, model: ModelId) -> Vec<u32> {
         self.models
             .get(&model)
             .map(|m| m.buckets().to_vec())
             .unwrap_or_default()
     }
 
-    fn run(&mut self, model: u32, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+    fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         let Some(m) = self.models.get_mut(&model) else {
             bail!("model {model} is not loaded on this GPU");
         };

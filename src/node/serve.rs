@@ -5,6 +5,7 @@
 use super::backend::{BackendNode, BackendOpts, BackendReport};
 use super::frontend::{FrontendNode, FrontendOpts, FrontendReport};
 use super::scheduler::{SchedReport, SchedulerNode, SchedulerOpts};
+use crate::core::GpuId;
 use crate::harness::loadgen::{self, LoadReport, LoadgenOpts};
 use crate::transport::Transport;
 use crate::workload::Workload;
@@ -62,7 +63,7 @@ pub struct Cluster {
     pub scheduler: SchedulerNode,
     pub backends: Vec<BackendNode>,
     /// Global GPU ids of each backend.
-    pub backend_gpus: Vec<Vec<u32>>,
+    pub backend_gpus: Vec<Vec<GpuId>>,
     pub frontends: Vec<FrontendNode>,
 }
 

@@ -31,7 +31,7 @@
 //! A violation stops the run with a [`Violation`] whose `replay` is the one-line
 //! command that runs exactly that seed again.
 
-use crate::core::{Dispatcher, Dur, Time};
+use crate::core::{Dispatcher, Dur, ModelId, Time};
 use crate::node::clock::OffsetEstimator;
 use crate::node::proto::backend::{
     self as be_proto, cut_batch, settle, BackendProto, PlanMsg, PlanQueue,
@@ -292,7 +292,7 @@ struct Be {
     clock: NodeClock,
     proto: BackendProto,
     /// The models the (modelled) GPUs really hold.
-    loaded: HashSet<u32>,
+    loaded: HashSet<ModelId>,
     /// Frontend node -> its pid.
     fe_pids: HashMap<NodeId, Pid>,
     run: Vec<GpuRun>,
@@ -583,9 +583,9 @@ impl ClusterSim {
         };
         Msg::Ping {
             seq,
-            sent_ns: local.0,
-            ctrl_delay_ns: 0,
-            pull_ns: 0,
+            sent: local,
+            ctrl_delay: Dur::ZERO,
+            pull: Dur::ZERO,
         }
     }
 
@@ -915,7 +915,7 @@ impl ClusterSim {
             return self.client_end(client, e);
         }
         let m = &f.models[mi];
-        let slo = match check::slo(0, Dur(m.slo_ns)) {
+        let slo = match check::slo(Dur::ZERO, m.slo) {
             Ok(s) => s,
             Err(_) => return self.client_end(client, Ended::BadRequest),
         };
@@ -1074,9 +1074,7 @@ impl ClusterSim {
             while let Some(o) = s.core.poll_output() {
                 match o {
                     crate::core::Output::Dispatch(p) => plans.push(p),
-                    crate::core::Output::Drop { task, reason, .. } => {
-                        drops.push((task.id.0, reason))
-                    }
+                    crate::core::Output::Drop { task, reason, .. } => drops.push((task.id, reason)),
                     crate::core::Output::Preempt { .. } => {}
                 }
             }
@@ -1220,11 +1218,9 @@ impl ClusterSim {
         let sched_now = Time(local.0 + offset(&f.off));
         let mut ended = Vec::new();
         match msg {
-            Msg::Pong {
-                echo_ns, sched_ns, ..
-            } if conn == f.sched => {
+            Msg::Pong { echo, sched, .. } if conn == f.sched => {
                 f.last_pong = now;
-                f.off.push(Time(echo_ns), Time(sched_ns), local);
+                f.off.push(echo, sched, local);
             }
             Msg::RegisterAck { node, models, .. } if conn == f.sched => {
                 f.node = Some(node);
@@ -1263,7 +1259,7 @@ impl ClusterSim {
             // model of the workload, by id and name).
             let assigned = self
                 .models
-                .get(model.id as usize)
+                .get(model.id.idx())
                 .is_some_and(|m| m.name == model.name);
             if !assigned {
                 let what = format!(
@@ -1299,7 +1295,7 @@ impl ClusterSim {
                 be_proto::Action::Load(model, _) => {
                     // The modelled GPUs load at once (the planted bug: they skip
                     // the last model but confirm it).
-                    let skip = planted == Some(Planted::SkipLoad) && model.id + 1 == nmodels;
+                    let skip = planted == Some(Planted::SkipLoad) && model.id.0 + 1 == nmodels;
                     if !skip {
                         b.loaded.insert(model.id);
                     }
@@ -1411,7 +1407,7 @@ impl ClusterSim {
                 })
             })
             .collect();
-        let prof = &self.w.models[plan.model as usize].spec.profile;
+        let prof = &self.w.models[plan.model.idx()].spec.profile;
         let pull = Dur(2_000 * plan.tasks.len() as i64);
         let start = sched_now + pull;
         let cut = cut_batch(&plan.tasks, &present, start, Some(prof));

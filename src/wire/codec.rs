@@ -11,9 +11,9 @@
 //! a panic or a large allocation.
 
 use super::{
-    DropReason, GpuInfo, ModelInfo, Msg, PlanStatus, PlanTask, RegionInfo, ReplyStatus, Role,
-    SubmitTask, TaskResult, TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR,
-    PROTOCOL_VERSION,
+    DropReason, Dur, GpuId, GpuInfo, ModelId, ModelInfo, Msg, Outcome, PlanId, PlanStatus,
+    PlanTask, RegionInfo, Role, SubmitTask, TaskId, TaskResult, TaskStatus, Time, WireProfile,
+    MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
 };
 
 /// Bytes of the length prefix in front of every frame body.
@@ -175,6 +175,35 @@ macro_rules! wire_int {
 }
 wire_int!(u32, u64, i64);
 
+/// The typed ids and times: their integer.
+macro_rules! wire_newtype {
+    ($($t:ident($inner:ty)),*) => {$(
+        impl Wire for $t {
+            const MIN: usize = std::mem::size_of::<$inner>();
+            #[inline]
+            fn size(&self) -> usize {
+                <Self as Wire>::MIN
+            }
+            #[inline]
+            fn put(&self, out: &mut Vec<u8>) {
+                self.0.put(out);
+            }
+            #[inline]
+            fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+                <$inner>::get(r, field).map($t)
+            }
+        }
+    )*};
+}
+wire_newtype!(
+    TaskId(u64),
+    PlanId(u64),
+    ModelId(u32),
+    GpuId(u32),
+    Time(i64),
+    Dur(i64)
+);
+
 impl Wire for bool {
     const MIN: usize = 1;
     fn size(&self) -> usize {
@@ -302,7 +331,7 @@ macro_rules! wire_enum {
 
 wire_enum!(Role { 0 => Backend, 1 => Frontend });
 wire_enum!(PlanStatus { 0 => Ran, 1 => TooLate, 2 => Failed });
-wire_enum!(ReplyStatus { 0 => Good, 1 => Late, 2 => Dropped, 3 => Failed });
+wire_enum!(Outcome { 0 => Good, 1 => Late, 2 => Dropped, 3 => Failed });
 wire_enum!(DropReason {
     0 => Expired,
     1 => EarlyDrop,
@@ -422,9 +451,9 @@ wire_struct!(GpuInfo {
     mem_bytes: u64,
 });
 wire_struct!(ModelInfo {
-    id: u32,
+    id: ModelId,
     name: String,
-    slo_ns: i64,
+    slo: Dur,
     profile: WireProfile,
     input_bytes: u32,
     meta_json: String,
@@ -437,28 +466,28 @@ wire_struct!(RegionInfo {
     base: u64,
 });
 wire_struct!(SubmitTask {
-    id: u64,
-    model: u32,
-    arrival_ns: i64,
-    deadline_ns: i64,
+    id: TaskId,
+    model: ModelId,
+    arrival: Time,
+    deadline: Time,
     input: u64,
 });
 wire_struct!(PlanTask {
-    id: u64,
-    deadline_ns: i64,
+    id: TaskId,
+    deadline: Time,
     input: u64,
 });
 wire_struct!(TaskResult {
-    id: u64,
+    id: TaskId,
     status: TaskStatus,
-    started_ns: i64,
-    finished_ns: i64,
+    started: Time,
+    finished: Time,
     batch_size: u32,
     output: Vec<u8>,
 });
 
 /// `(task id, code)` of `Msg::Dropped`.
-impl Wire for (u64, DropReason) {
+impl Wire for (TaskId, DropReason) {
     const MIN: usize = 8 + 1;
     fn size(&self) -> usize {
         Self::MIN
@@ -468,7 +497,7 @@ impl Wire for (u64, DropReason) {
         self.1.put(out);
     }
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
-        Ok((u64::get(r, field)?, DropReason::get(r, field)?))
+        Ok((TaskId::get(r, field)?, DropReason::get(r, field)?))
     }
 }
 
@@ -520,14 +549,14 @@ wire_messages! {
     7 => FrontendUp { node, ctrl_addr, region },
     8 => FrontendDown { node },
     9 => Submit { tasks },
-    10 => Plan { id, model, gpu, exec_at_ns, finish_at_ns, sent_ns, tasks },
-    11 => PlanDone { id, gpu, status, started_ns, finished_ns, missing },
+    10 => Plan { id, model, gpu, exec_at, finish_at, sent, tasks },
+    11 => PlanDone { id, gpu, status, started, finished, missing },
     12 => Results { items },
     13 => Dropped { items },
-    14 => Ping { seq, sent_ns, ctrl_delay_ns, pull_ns },
-    15 => Pong { seq, echo_ns, sched_ns },
-    16 => Infer { req, model, slo_ns, input },
-    17 => InferReply { req, status, latency_ns, queue_ns, batch_size, output, message },
+    14 => Ping { seq, sent, ctrl_delay, pull },
+    15 => Pong { seq, echo, sched },
+    16 => Infer { req, model, slo, input },
+    17 => InferReply { req, status, latency, queue, batch_size, output, message },
     18 => ListModels {},
     19 => Models { models },
     20 => Error { message },
@@ -688,9 +717,9 @@ mod tests {
 
     fn model(id: u32) -> ModelInfo {
         ModelInfo {
-            id,
+            id: ModelId(id),
             name: format!("resnet{id}"),
-            slo_ns: 25_000_000,
+            slo: Dur(25_000_000),
             profile: if id.is_multiple_of(2) {
                 WireProfile::Linear {
                     alpha_ns: 1_000,
@@ -751,7 +780,7 @@ mod tests {
             },
             Msg::RegisterAck {
                 node: 7,
-                gpu_ids: vec![4, 5, 6],
+                gpu_ids: vec![GpuId(4), GpuId(5), GpuId(6)],
                 models: vec![model(0), model(1)],
                 heartbeat_ms: 100,
             },
@@ -759,15 +788,15 @@ mod tests {
                 reason: "bye".into(),
             },
             Msg::LoadModel { model: model(2) },
-            Msg::UnloadModel { model: 9 },
+            Msg::UnloadModel { model: ModelId(9) },
             Msg::ModelLoaded {
-                model: 1,
+                model: ModelId(1),
                 ok: true,
                 error: String::new(),
                 device_bytes: 123 << 20,
             },
             Msg::ModelLoaded {
-                model: 1,
+                model: ModelId(1),
                 ok: false,
                 error: "out of memory".into(),
                 device_bytes: 0,
@@ -780,84 +809,84 @@ mod tests {
             Msg::FrontendDown { node: 3 },
             Msg::Submit {
                 tasks: vec![SubmitTask {
-                    id: 1 << 40,
-                    model: 2,
-                    arrival_ns: -5,
-                    deadline_ns: 10,
+                    id: TaskId(1 << 40),
+                    model: ModelId(2),
+                    arrival: Time(-5),
+                    deadline: Time(10),
                     input: 77,
                 }],
             },
             Msg::Plan {
-                id: 11,
-                model: 2,
-                gpu: 1,
-                exec_at_ns: 100,
-                finish_at_ns: 200,
-                sent_ns: 0,
+                id: PlanId(11),
+                model: ModelId(2),
+                gpu: GpuId(1),
+                exec_at: Time(100),
+                finish_at: Time(200),
+                sent: Time(0),
                 tasks: vec![
                     PlanTask {
-                        id: 1,
-                        deadline_ns: 300,
+                        id: TaskId(1),
+                        deadline: Time(300),
                         input: 5,
                     };
                     3
                 ],
             },
             Msg::PlanDone {
-                id: 11,
-                gpu: 1,
+                id: PlanId(11),
+                gpu: GpuId(1),
                 status: PlanStatus::Ran,
-                started_ns: 101,
-                finished_ns: 199,
+                started: Time(101),
+                finished: Time(199),
                 missing: 0,
             },
             Msg::PlanDone {
-                id: 12,
-                gpu: 1,
+                id: PlanId(12),
+                gpu: GpuId(1),
                 status: PlanStatus::TooLate,
-                started_ns: 0,
-                finished_ns: 0,
+                started: Time(0),
+                finished: Time(0),
                 missing: 2,
             },
             Msg::PlanDone {
-                id: 13,
-                gpu: 0,
+                id: PlanId(13),
+                gpu: GpuId(0),
                 status: PlanStatus::Failed,
-                started_ns: 0,
-                finished_ns: 0,
+                started: Time(0),
+                finished: Time(0),
                 missing: 0,
             },
             Msg::Results {
                 items: vec![
                     TaskResult {
-                        id: 1,
+                        id: TaskId(1),
                         status: TaskStatus::Ok,
-                        started_ns: 0,
-                        finished_ns: 5,
+                        started: Time(0),
+                        finished: Time(5),
                         batch_size: 0,
                         output: vec![1, 2, 3],
                     },
                     TaskResult {
-                        id: 2,
+                        id: TaskId(2),
                         status: TaskStatus::Dropped(DropReason::TooLate),
-                        started_ns: 0,
-                        finished_ns: 5,
+                        started: Time(0),
+                        finished: Time(5),
                         batch_size: 0,
                         output: vec![],
                     },
                     TaskResult {
-                        id: 3,
+                        id: TaskId(3),
                         status: TaskStatus::InputMissing,
-                        started_ns: 0,
-                        finished_ns: 5,
+                        started: Time(0),
+                        finished: Time(5),
                         batch_size: 0,
                         output: vec![],
                     },
                     TaskResult {
-                        id: 4,
+                        id: TaskId(4),
                         status: TaskStatus::Failed,
-                        started_ns: 0,
-                        finished_ns: 5,
+                        started: Time(0),
+                        finished: Time(5),
                         batch_size: 0,
                         output: vec![0; 1000],
                     },
@@ -867,58 +896,58 @@ mod tests {
                 items: DropReason::ALL
                     .iter()
                     .enumerate()
-                    .map(|(i, &c)| (i as u64 + 1, c))
+                    .map(|(i, &c)| (TaskId(i as u64 + 1), c))
                     .collect(),
             },
             Msg::Ping {
                 seq: 1,
-                sent_ns: 2,
-                ctrl_delay_ns: 3,
-                pull_ns: 4,
+                sent: Time(2),
+                ctrl_delay: Dur(3),
+                pull: Dur(4),
             },
             Msg::Pong {
                 seq: 1,
-                echo_ns: 2,
-                sched_ns: 3,
+                echo: Time(2),
+                sched: Time(3),
             },
             Msg::Infer {
                 req: 42,
                 model: "resnet50".into(),
-                slo_ns: 0,
+                slo: Dur::ZERO,
                 input: vec![9; 4096],
             },
             Msg::InferReply {
                 req: 42,
-                status: ReplyStatus::Good,
-                latency_ns: 1234,
-                queue_ns: 0,
+                status: Outcome::Good,
+                latency: Dur(1234),
+                queue: Dur::ZERO,
                 batch_size: 0,
                 output: vec![1],
                 message: String::new(),
             },
             Msg::InferReply {
                 req: 43,
-                status: ReplyStatus::Late,
-                latency_ns: 1,
-                queue_ns: 0,
+                status: Outcome::Late,
+                latency: Dur(1),
+                queue: Dur::ZERO,
                 batch_size: 0,
                 output: vec![],
                 message: "late".into(),
             },
             Msg::InferReply {
                 req: 44,
-                status: ReplyStatus::Dropped,
-                latency_ns: 1,
-                queue_ns: 0,
+                status: Outcome::Dropped,
+                latency: Dur(1),
+                queue: Dur::ZERO,
                 batch_size: 0,
                 output: vec![],
                 message: "dropped".into(),
             },
             Msg::InferReply {
                 req: 45,
-                status: ReplyStatus::Failed,
-                latency_ns: 1,
-                queue_ns: 0,
+                status: Outcome::Failed,
+                latency: Dur(1),
+                queue: Dur::ZERO,
                 batch_size: 0,
                 output: vec![],
                 message: "failed".into(),
@@ -968,8 +997,8 @@ mod tests {
         // The layout is the contract with other builds: pin it.
         let frame = encode_to_vec(&Msg::Pong {
             seq: 1,
-            echo_ns: -1,
-            sched_ns: 0x0102,
+            echo: Time(-1),
+            sched: Time(0x0102),
         });
         let mut want = vec![27, 0, 0, 0, 4, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
@@ -979,10 +1008,10 @@ mod tests {
 
         let frame = encode_to_vec(&Msg::Results {
             items: vec![TaskResult {
-                id: 2,
+                id: TaskId(2),
                 status: TaskStatus::Dropped(DropReason::BackendLost),
-                started_ns: 0,
-                finished_ns: 3,
+                started: Time(0),
+                finished: Time(3),
                 batch_size: 0,
                 output: vec![0xAB],
             }],
@@ -1065,7 +1094,7 @@ mod tests {
         // MAX_ITEMS items are fine.
         let msg = Msg::RegisterAck {
             node: 1,
-            gpu_ids: (0..MAX_ITEMS as u32).collect(),
+            gpu_ids: (0..MAX_ITEMS as u32).map(GpuId).collect(),
             models: vec![],
             heartbeat_ms: 1,
         };
@@ -1112,7 +1141,7 @@ mod tests {
             })
         );
         let mut frame = encode_to_vec(&Msg::ModelLoaded {
-            model: 1,
+            model: ModelId(1),
             ok: true,
             error: String::new(),
             device_bytes: 0,
@@ -1126,7 +1155,7 @@ mod tests {
             })
         );
         let mut frame = encode_to_vec(&Msg::Dropped {
-            items: vec![(1, DropReason::Expired)],
+            items: vec![(TaskId(1), DropReason::Expired)],
         });
         let last = frame.len() - 1;
         frame[last] = 10;

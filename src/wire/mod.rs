@@ -14,7 +14,9 @@
 //! # Encoding of the fields
 //! Fields follow in declaration order, with no padding and nothing else between them:
 //!
-//! - `u32`, `u64`, `i64` (and [`NodeId`]): little endian, 4 or 8 bytes.
+//! - `u32`, `u64`, `i64` (and [`NodeId`]): little endian, 4 or 8 bytes. The typed
+//!   ids and times are their integer: [`ModelId`], [`GpuId`] u32; [`TaskId`],
+//!   [`PlanId`] u64; [`Time`], [`Dur`] i64 nanoseconds.
 //! - `bool`: u8 0 or 1.
 //! - `String`: u32 LE byte length, then the UTF-8 bytes; at most [`MAX_STR`] bytes.
 //! - `Vec<u8>` (inputs, outputs): u32 LE length, then the bytes; bounded by the frame.
@@ -25,7 +27,7 @@
 //!   `Msg::Dropped` is the u64 then the [`DropReason`].
 //! - enums: a u8 tag, in declaration order from 0, then the variant's fields:
 //!   [`Role`] (Backend 0, Frontend 1), [`PlanStatus`] (Ran 0, TooLate 1, Failed 2),
-//!   [`ReplyStatus`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropReason`] (Expired 0
+//!   [`Outcome`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropReason`] (Expired 0
 //!   ... UnknownModel 8, NoGpu 9), [`TaskStatus`] (Ok 0, Dropped 1 followed by its DropReason
 //!   tag, InputMissing 2, Failed 3), [`WireProfile`] (Linear 0 with `alpha_ns`,
 //!   `beta_ns`, `max_batch`; Table 1 with `lat_ns`).
@@ -51,6 +53,11 @@
 pub mod codec;
 
 pub use codec::{decode, encode, encode_to_vec, DecodeError, FrameReader};
+
+/// The typed values the wire carries: ids ([`TaskId`], [`ModelId`], [`GpuId`],
+/// [`PlanId`]) and times ([`Time`] on the scheduler's clock unless said otherwise,
+/// [`Dur`]) are the core's own types, encoded as their integer.
+pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
@@ -82,14 +89,14 @@ pub const MAX_NODE_ID: NodeId = (1 << (64 - TASK_SEQ_BITS)) - 1;
 /// The task id of frontend `node`'s `seq`-th task (the sequence wraps at
 /// 2^[`TASK_SEQ_BITS`]).
 #[inline]
-pub fn task_id(node: NodeId, seq: u64) -> u64 {
-    ((node as u64) << TASK_SEQ_BITS) | (seq & ((1 << TASK_SEQ_BITS) - 1))
+pub fn task_id(node: NodeId, seq: u64) -> TaskId {
+    TaskId(((node as u64) << TASK_SEQ_BITS) | (seq & ((1 << TASK_SEQ_BITS) - 1)))
 }
 
 /// The node (frontend) that owns a task.
 #[inline]
-pub fn task_owner(id: u64) -> NodeId {
-    (id >> TASK_SEQ_BITS) as NodeId
+pub fn task_owner(id: TaskId) -> NodeId {
+    (id.0 >> TASK_SEQ_BITS) as NodeId
 }
 
 /// What a registering node is.
@@ -124,10 +131,10 @@ pub enum WireProfile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
     /// The scheduler's dense model id.
-    pub id: u32,
+    pub id: ModelId,
     pub name: String,
     /// Default SLO.
-    pub slo_ns: i64,
+    pub slo: Dur,
     pub profile: WireProfile,
     /// Size of one input in bytes (what the load generator sends).
     pub input_bytes: u32,
@@ -164,11 +171,11 @@ pub struct RegionInfo {
 /// A task as a frontend submits it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SubmitTask {
-    /// Globally unique: the frontend's node id in the top 24 bits.
-    pub id: u64,
-    pub model: u32,
-    pub arrival_ns: i64,
-    pub deadline_ns: i64,
+    /// Globally unique: the frontend's node id in the top 24 bits ([`task_id`]).
+    pub id: TaskId,
+    pub model: ModelId,
+    pub arrival: Time,
+    pub deadline: Time,
     /// Where the input is: [`crate::transport::InputRef`] packed.
     pub input: u64,
 }
@@ -176,8 +183,8 @@ pub struct SubmitTask {
 /// A task inside a batch plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanTask {
-    pub id: u64,
-    pub deadline_ns: i64,
+    pub id: TaskId,
+    pub deadline: Time,
     pub input: u64,
 }
 
@@ -211,28 +218,19 @@ pub use crate::core::DropReason;
 /// One result pushed by a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskResult {
-    pub id: u64,
+    pub id: TaskId,
     pub status: TaskStatus,
     /// When the batch started and finished (scheduler clock).
-    pub started_ns: i64,
-    pub finished_ns: i64,
+    pub started: Time,
+    pub finished: Time,
     /// Size of the batch it ran in (0 when it did not run).
     pub batch_size: u32,
     pub output: Vec<u8>,
 }
 
-/// Outcome of a client request as the frontend replies it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyStatus {
-    /// Output within the deadline.
-    Good,
-    /// Output, but after the deadline.
-    Late,
-    /// Dropped by the scheduler (could not meet its deadline, overload...).
-    Dropped,
-    /// Failed (backend lost, input missing, executor error, bad request).
-    Failed,
-}
+/// How a client request ended, as the frontend replies it: the core's
+/// [`Outcome`], the one end-of-request type.
+pub use crate::core::Outcome;
 
 /// Every message of the protocol.
 #[derive(Debug, Clone, PartialEq)]
@@ -252,7 +250,7 @@ pub enum Msg {
     /// registered), and the models served.
     RegisterAck {
         node: NodeId,
-        gpu_ids: Vec<u32>,
+        gpu_ids: Vec<GpuId>,
         models: Vec<ModelInfo>,
         /// Scheduler's settings the nodes follow.
         heartbeat_ms: u32,
@@ -266,11 +264,11 @@ pub enum Msg {
         model: ModelInfo,
     },
     UnloadModel {
-        model: u32,
+        model: ModelId,
     },
     /// Backend -> scheduler: a model is (or failed to get) loaded.
     ModelLoaded {
-        model: u32,
+        model: ModelId,
         ok: bool,
         error: String,
         /// Device memory the model takes on each GPU of the backend (the largest
@@ -293,23 +291,23 @@ pub enum Msg {
     },
     // ---- scheduler -> backend ----
     Plan {
-        id: u64,
-        model: u32,
+        id: PlanId,
+        model: ModelId,
         /// Global GPU id (the backend maps it to its local GPU).
-        gpu: u32,
-        exec_at_ns: i64,
-        finish_at_ns: i64,
+        gpu: GpuId,
+        exec_at: Time,
+        finish_at: Time,
         /// When the scheduler sent it (the backend measures the control delay).
-        sent_ns: i64,
+        sent: Time,
         tasks: Vec<PlanTask>,
     },
     // ---- backend -> scheduler ----
     PlanDone {
-        id: u64,
-        gpu: u32,
+        id: PlanId,
+        gpu: GpuId,
         status: PlanStatus,
-        started_ns: i64,
-        finished_ns: i64,
+        started: Time,
+        finished: Time,
         /// Tasks whose input could not be read.
         missing: u32,
     },
@@ -319,43 +317,45 @@ pub enum Msg {
     },
     // ---- scheduler -> frontend ----
     Dropped {
-        items: Vec<(u64, DropReason)>,
+        items: Vec<(TaskId, DropReason)>,
     },
     // ---- any node <-> scheduler ----
-    /// Liveness and clock probe, sent by nodes. `sent_ns` is the sender's own clock;
-    /// the node's latest measurements ride along.
+    /// Liveness and clock probe, sent by nodes. `sent` is on the sender's own
+    /// clock; the node's latest measurements ride along.
     Ping {
         seq: u64,
-        sent_ns: i64,
+        sent: Time,
         /// Node's recent control delay at a high percentile ([`NET_QUANTILE`])
-        /// (ns; 0 = none yet): a backend reports the larger of its plans' one-way
-        /// delay and half its ping round trip.
-        ctrl_delay_ns: i64,
-        /// Backend's recent input pull time per task at the same percentile (ns;
-        /// 0 = none yet).
-        pull_ns: i64,
+        /// (zero = none yet): a backend reports its plans' one-way delay (half its
+        /// ping round trip until enough plans came).
+        ctrl_delay: Dur,
+        /// Backend's recent input pull time per task at the same percentile
+        /// (zero = none yet).
+        pull: Dur,
     },
-    /// Answer to a ping: echoes `sent_ns`, adds the scheduler's clock at receipt.
+    /// Answer to a ping: echoes `sent` (the node's clock), adds the scheduler's
+    /// clock at receipt.
     Pong {
         seq: u64,
-        echo_ns: i64,
-        sched_ns: i64,
+        echo: Time,
+        sched: Time,
     },
     // ---- client <-> frontend ----
-    /// A client's inference request (`slo_ns` 0: the model's default SLO).
+    /// A client's inference request (`slo` zero: the model's default SLO).
     Infer {
         req: u64,
         model: String,
-        slo_ns: i64,
+        slo: Dur,
         input: Vec<u8>,
     },
     InferReply {
         req: u64,
-        status: ReplyStatus,
+        status: Outcome,
         /// Time from the frontend's receipt to its reply.
-        latency_ns: i64,
-        /// From the frontend's receipt to the batch's start (0 when it did not run).
-        queue_ns: i64,
+        latency: Dur,
+        /// From the frontend's receipt to the batch's start (zero when it did not
+        /// run).
+        queue: Dur,
         /// Size of the batch it ran in (0 when it did not run).
         batch_size: u32,
         output: Vec<u8>,

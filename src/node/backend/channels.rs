@@ -3,7 +3,7 @@
 //! wait.
 
 use crate::node::proto::backend::{Input, PlanMsg};
-use crate::wire::ModelInfo;
+use crate::wire::{ModelId, ModelInfo};
 use crossbeam_channel::{Sender, TrySendError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,7 +20,7 @@ pub(super) const LOADS_MAX: usize = 256;
 /// What a GPU's worker is asked to do.
 pub(super) enum WorkerMsg {
     Load(ModelInfo, Sender<Loaded>),
-    Unload(u32),
+    Unload(ModelId),
     Run(PlanMsg, Vec<Option<Input>>),
 }
 
@@ -28,7 +28,7 @@ pub(super) enum WorkerMsg {
 pub(super) type Pulled = (PlanMsg, Vec<Option<Input>>);
 
 /// A GPU's load result: (model, its device footprint or the error).
-pub(super) type Loaded = (u32, Result<Option<u64>, String>);
+pub(super) type Loaded = (ModelId, Result<Option<u64>, String>);
 
 /// Sends on a bounded channel, waiting when it is full (the wait counted in
 /// `waits`); false when the receiver is gone.

@@ -7,7 +7,7 @@
 use super::channels::{send_counted, Loaded, WorkerMsg, LOADS_MAX};
 use super::metrics::batch_size_histogram;
 use super::shared::Shared;
-use crate::core::{Dur, LatencyProfile};
+use crate::core::{Dur, GpuId, LatencyProfile, ModelId};
 use crate::node::proto::backend::{Action, BackendProto, PlanMsg};
 use crate::transport::{Conn, ConnId, Event, EventTx, ReadReq, Transport, SLOT_HEADER};
 use crate::wire::{ModelInfo, NodeId, RegionInfo, NET_QUANTILE};
@@ -36,7 +36,7 @@ pub(super) struct NetLoop {
     pub(super) workers: Vec<Sender<WorkerMsg>>,
     /// Frontend connections by id.
     pub(super) fe_conns: HashMap<ConnId, Arc<dyn Conn>>,
-    pub(super) ready_tx: Option<Sender<Result<Vec<u32>, String>>>,
+    pub(super) ready_tx: Option<Sender<Result<Vec<GpuId>, String>>>,
 }
 
 impl NetLoop {
@@ -82,7 +82,7 @@ impl NetLoop {
                     .lock()
                     .expect("lock")
                     .quantile(NET_QUANTILE);
-                self.proto.set_pull_ns(pull);
+                self.proto.set_pull(Dur(pull));
                 self.proto.handle_timeout(now);
             }
         }
@@ -179,7 +179,7 @@ impl NetLoop {
         }
     }
 
-    fn unload(&self, model: u32) {
+    fn unload(&self, model: ModelId) {
         for w in &self.workers {
             send_counted(w, WorkerMsg::Unload(model), &self.shared.channel_waits);
         }

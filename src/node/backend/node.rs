@@ -9,7 +9,7 @@ use super::options::BackendOpts;
 use super::report::BackendReport;
 use super::shared::Shared;
 use super::{puller, worker};
-use crate::core::Dur;
+use crate::core::{Dur, GpuId};
 use crate::metrics::Registry;
 use crate::node::clock::SchedClock;
 use crate::node::proto::backend::{BackendProto, PlanMsg};
@@ -29,7 +29,7 @@ pub struct BackendNode {
     stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
     handle: Option<JoinHandle<Result<()>>>,
-    ready: Receiver<Result<Vec<u32>, String>>,
+    ready: Receiver<Result<Vec<GpuId>, String>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -88,7 +88,7 @@ impl BackendNode {
     }
 
     /// Waits until the scheduler put the GPUs in service; returns their global ids.
-    pub fn wait_ready(&self, timeout: Duration) -> Result<Vec<u32>> {
+    pub fn wait_ready(&self, timeout: Duration) -> Result<Vec<GpuId>> {
         match self.ready.recv_timeout(timeout) {
             Ok(Ok(ids)) => Ok(ids),
             Ok(Err(e)) => bail!("backend registration failed: {e}"),

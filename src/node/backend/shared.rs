@@ -4,7 +4,7 @@
 //! the pullers read into and the workers give back.
 
 use super::metrics::start_delay_histogram;
-use crate::core::LatencyProfile;
+use crate::core::{LatencyProfile, ModelId};
 use crate::metrics::{Histogram, Registry};
 use crate::node::clock::{Recent, SchedClock};
 use crate::node::proto::backend::Input;
@@ -23,7 +23,7 @@ pub(super) struct Shared {
     pub(super) clock: SchedClock,
     pub(super) sched: Arc<dyn Conn>,
     pub(super) frontends: RwLock<HashMap<NodeId, Arc<dyn Conn>>>,
-    pub(super) profiles: RwLock<HashMap<u32, LatencyProfile>>,
+    pub(super) profiles: RwLock<HashMap<ModelId, LatencyProfile>>,
     pub(super) reader: Arc<dyn RegionReader>,
     pub(super) pull: Mutex<Recent>,
     /// One-way delay of plans (scheduler's send to our receipt, on the scheduler's
@@ -60,7 +60,7 @@ pub(super) struct Shared {
     /// The backend's name (the metrics' `backend` label).
     pub(super) name: String,
     /// Batch sizes per model id (added when a model loads).
-    pub(super) batch_sizes: RwLock<HashMap<u32, Arc<Histogram>>>,
+    pub(super) batch_sizes: RwLock<HashMap<ModelId, Arc<Histogram>>>,
     pub(super) start_delay_hist: Arc<Histogram>,
 }
 

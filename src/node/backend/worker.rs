@@ -149,14 +149,14 @@ fn execute(
         Ok(o) if o.len() == refs.len() => Ok(o),
         Ok(_) => {
             tracing::error!(
-                plan = plan.id,
-                model = plan.model,
+                plan = plan.id.0,
+                model = plan.model.0,
                 "backend: the executor returned the wrong number of outputs"
             );
             Err(())
         }
         Err(e) => {
-            tracing::error!(plan = plan.id, model = plan.model, error = %format!("{e:#}"), "backend: the executor failed a batch");
+            tracing::error!(plan = plan.id.0, model = plan.model.0, error = %format!("{e:#}"), "backend: the executor failed a batch");
             Err(())
         }
     }

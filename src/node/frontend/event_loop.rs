@@ -13,7 +13,7 @@ use super::register::{ping, Registered};
 use super::report::FrontendReport;
 use super::requests::Client;
 use super::Ended;
-use crate::core::{Dur, Time};
+use crate::core::Dur;
 use crate::metrics::{Counter, Gauge};
 use crate::node::clock::{OffsetEstimator, SchedClock};
 use crate::node::proto::ledger::{Answer, RequestLedger};
@@ -304,12 +304,10 @@ impl Loop {
     /// A message from the scheduler.
     fn sched_msg(&mut self, msg: Msg) {
         match msg {
-            Msg::Pong {
-                echo_ns, sched_ns, ..
-            } => {
+            Msg::Pong { echo, sched, .. } => {
                 self.last_pong = Instant::now();
                 let t2 = self.clock.local().now();
-                self.est.add(Time(echo_ns), Time(sched_ns), t2, &self.clock);
+                self.est.add(echo, sched, t2, &self.clock);
             }
             Msg::Dropped { items } => {
                 for (id, code) in items {
@@ -334,9 +332,9 @@ impl Loop {
             Msg::Infer {
                 req,
                 model,
-                slo_ns,
+                slo,
                 input,
-            } => self.infer(Client::Conn(c, req), &model, slo_ns, input),
+            } => self.infer(Client::Conn(c, req), &model, slo, input),
             Msg::ListModels => {
                 if let Some(conn) = self.clients.get(&c) {
                     let _ = conn.send(Msg::Models {

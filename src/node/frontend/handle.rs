@@ -5,8 +5,9 @@
 
 use super::metrics::queue_full_counter;
 use super::Ended;
+use crate::core::Dur;
 use crate::metrics::{Counter, Registry};
-use crate::wire::{DropReason, ModelInfo, ReplyStatus};
+use crate::wire::{DropReason, ModelInfo};
 use crossbeam_channel::{Sender, TrySendError};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -20,8 +21,8 @@ pub const LOCAL_MAX: usize = 16_384;
 /// The answer to an in-process request.
 #[derive(Debug, Clone)]
 pub struct InferDone {
+    /// How it ended (its [`crate::core::Outcome`]: `ended.outcome()`).
     pub ended: Ended,
-    pub status: ReplyStatus,
     pub output: Vec<u8>,
     /// Why it was not good (empty when it was).
     pub message: String,
@@ -35,15 +36,9 @@ pub struct InferDone {
 
 impl InferDone {
     /// The answer to a request that never ran.
-    pub(super) fn unserved(
-        ended: Ended,
-        status: ReplyStatus,
-        message: String,
-        latency: Duration,
-    ) -> InferDone {
+    pub(super) fn unserved(ended: Ended, message: String, latency: Duration) -> InferDone {
         InferDone {
             ended,
-            status,
             output: Vec::new(),
             message,
             latency,
@@ -56,7 +51,7 @@ impl InferDone {
 /// A request from an in-process client.
 pub(super) struct LocalInfer {
     pub(super) model: String,
-    pub(super) slo_ns: i64,
+    pub(super) slo: Dur,
     pub(super) input: Vec<u8>,
     pub(super) reply: tokio::sync::oneshot::Sender<InferDone>,
 }
@@ -135,11 +130,11 @@ impl FrontendHandle {
     }
     /// Hands one request to the frontend's loop; the answer comes on the returned
     /// receiver, exactly once (or the receiver errs if the frontend stopped first).
-    /// `slo_ns` 0 means the model's default SLO.
+    /// An `slo` of zero means the model's default SLO.
     pub fn infer(
         &self,
         model: &str,
-        slo_ns: i64,
+        slo: Dur,
         input: Vec<u8>,
     ) -> tokio::sync::oneshot::Receiver<InferDone> {
         let (reply, rx) = tokio::sync::oneshot::channel();
@@ -148,7 +143,7 @@ impl FrontendHandle {
         }
         let l = LocalInfer {
             model: model.to_string(),
-            slo_ns,
+            slo,
             input,
             reply,
         };
@@ -157,7 +152,6 @@ impl FrontendHandle {
             self.state.local_full.inc();
             let _ = l.reply.send(InferDone::unserved(
                 Ended::Dropped(DropReason::Overloaded),
-                ReplyStatus::Dropped,
                 format!("the frontend is overloaded ({LOCAL_MAX} requests waiting for its loop)"),
                 Duration::ZERO,
             ));

@@ -4,7 +4,7 @@
 //! that come meanwhile are kept for the event loop.
 
 use super::options::FrontendOpts;
-use crate::core::Time;
+use crate::core::Dur;
 use crate::node::clock::{OffsetEstimator, SchedClock};
 use crate::transport::{Conn, ConnId, Event};
 use crate::wire::{ModelInfo, Msg, NodeId, RegionInfo, Role};
@@ -29,9 +29,9 @@ pub(super) struct Registered {
 pub(super) fn ping(clock: &SchedClock, seq: u64) -> Msg {
     Msg::Ping {
         seq,
-        sent_ns: clock.local().now().0,
-        ctrl_delay_ns: 0,
-        pull_ns: 0,
+        sent: clock.local().now(),
+        ctrl_delay: Dur::ZERO,
+        pull: Dur::ZERO,
     }
 }
 
@@ -86,13 +86,8 @@ fn sync_clock(
         seq += 1;
         let _ = sched.send(ping(clock, seq));
         match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(Event::Msg(
-                c,
-                Msg::Pong {
-                    echo_ns, sched_ns, ..
-                },
-            )) if c == sched_id => {
-                est.add(Time(echo_ns), Time(sched_ns), clock.local().now(), clock);
+            Ok(Event::Msg(c, Msg::Pong { echo, sched, .. })) if c == sched_id => {
+                est.add(echo, sched, clock.local().now(), clock);
             }
             Ok(Event::Closed(c, r)) if c == sched_id => {
                 bail!("the scheduler closed the connection: {r}")

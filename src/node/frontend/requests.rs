@@ -6,11 +6,11 @@
 use super::event_loop::Loop;
 use super::handle::{InferDone, LocalInfer};
 use super::Ended;
-use crate::core::Dur;
+use crate::core::{Dur, Outcome, TaskId};
 use crate::node::proto::check;
 use crate::node::proto::ledger::{Answer, Finished};
 use crate::transport::ConnId;
-use crate::wire::{DropReason, Msg, ReplyStatus};
+use crate::wire::{DropReason, Msg};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -30,9 +30,9 @@ impl Loop {
                 if let Some(conn) = self.clients.get(&c) {
                     let _ = conn.send(Msg::InferReply {
                         req,
-                        status: done.status,
-                        latency_ns: done.latency.as_nanos() as i64,
-                        queue_ns: done.queue.as_nanos() as i64,
+                        status: done.ended.outcome(),
+                        latency: Dur::from_std(done.latency),
+                        queue: Dur::from_std(done.queue),
                         batch_size: done.batch_size,
                         output: done.output,
                         message: done.message,
@@ -56,19 +56,17 @@ impl Loop {
         why: String,
     ) {
         let st = model.map(|i| &self.stats[i]);
-        let status = match ended {
+        match ended.outcome() {
             // Counted as dropped, not failed: a scheduling outcome.
-            Ended::Dropped(_) => {
+            Outcome::Dropped => {
                 self.report.dropped += 1;
                 st.inspect(|s| s.dropped.inc());
-                ReplyStatus::Dropped
             }
             _ => {
                 self.report.failed += 1;
                 st.inspect(|s| s.failed.inc());
-                ReplyStatus::Failed
             }
-        };
+        }
         if let Some(s) = st {
             s.latency.observe_duration(received.elapsed());
         }
@@ -76,12 +74,12 @@ impl Loop {
             self.report.bad_requests += 1;
             self.bad_requests.inc();
         }
-        let done = InferDone::unserved(ended, status, why, received.elapsed());
+        let done = InferDone::unserved(ended, why, received.elapsed());
         self.reply(client, done);
     }
 
     /// Request `id` got its answer.
-    pub(super) fn finish(&mut self, id: u64, answer: Answer) {
+    pub(super) fn finish(&mut self, id: TaskId, answer: Answer) {
         let now = self.clock.now();
         if let Some(f) = self.ledger.finish(now, id, answer) {
             self.answer(f);
@@ -92,20 +90,20 @@ impl Loop {
     pub(super) fn answer(&mut self, f: Finished<Client>) {
         self.region.release(f.input);
         let st = &self.stats[f.model];
-        match f.ended {
-            Ended::Good => st.good.inc(),
-            Ended::Late => st.late.inc(),
-            Ended::Dropped(_) => st.dropped.inc(),
-            _ => st.failed.inc(),
+        let outcome = f.ended.outcome();
+        match outcome {
+            Outcome::Good => st.good.inc(),
+            Outcome::Late => st.late.inc(),
+            Outcome::Dropped => st.dropped.inc(),
+            Outcome::Failed => st.failed.inc(),
         }
-        if matches!(f.ended, Ended::Good | Ended::Late) {
+        if matches!(outcome, Outcome::Good | Outcome::Late) {
             st.queue.observe(f.queue.0.max(0) as u64);
         }
         let latency = Duration::from_nanos(f.latency.0.max(0) as u64);
         st.latency.observe_duration(latency);
         let done = InferDone {
             ended: f.ended,
-            status: f.ended.status(),
             output: f.output,
             message: f.message,
             latency,
@@ -116,11 +114,11 @@ impl Loop {
     }
 
     pub(super) fn local(&mut self, l: LocalInfer) {
-        self.infer(Client::Local(l.reply), &l.model, l.slo_ns, l.input);
+        self.infer(Client::Local(l.reply), &l.model, l.slo, l.input);
     }
 
     /// Admits a request (its task goes out with the next `Submit`) or refuses it.
-    pub(super) fn infer(&mut self, client: Client, model: &str, slo_ns: i64, input: Vec<u8>) {
+    pub(super) fn infer(&mut self, client: Client, model: &str, slo: Dur, input: Vec<u8>) {
         self.report.requests += 1;
         let received = Instant::now();
         if !self.sched_ok() {
@@ -138,7 +136,7 @@ impl Loop {
             return self.refuse(client, received, None, Ended::BadRequest, why);
         };
         let m = &self.models[mi];
-        let slo = match check::slo(slo_ns, Dur(m.slo_ns)) {
+        let slo = match check::slo(slo, m.slo) {
             Ok(slo) => slo,
             Err(why) => return self.refuse(client, received, Some(mi), Ended::BadRequest, why),
         };
@@ -153,7 +151,7 @@ impl Loop {
             );
         }
         let mid = m.id;
-        let Some(r) = self.region.put(self.ledger.next_id(), &input) else {
+        let Some(r) = self.region.put(self.ledger.next_id().0, &input) else {
             let why = format!(
                 "input region full or input too large ({} bytes)",
                 input.len()

@@ -78,7 +78,7 @@ pub(super) fn failure_message(info: &ModelInfo, d: InferDone) -> String {
         Ended::Late => format!(
             "deadline exceeded: the result came after the deadline ({:.2} ms after receipt, SLO {:.2} ms by default)",
             ms(d.latency),
-            info.slo_ns as f64 / 1e6
+            info.slo.as_ms_f64()
         ),
         Ended::TimedOut => format!(
             "deadline exceeded: no result by the deadline plus the frontend's grace ({:.2} ms)",

@@ -30,7 +30,7 @@ impl HttpModel {
                     datatype: DType::U8,
                     shape: vec![-1, 16],
                 }],
-                slo_ms: info.slo_ns as f64 / 1e6,
+                slo_ms: info.slo.as_ms_f64(),
                 max_batch: profile_of(&info.profile).map_or(1, |p| p.max_batch()),
                 description: "emulated (profile only)".into(),
                 batch_buckets: None,

@@ -5,6 +5,7 @@
 
 use super::errors::{bad, Fail};
 use super::tensor::{encode_elem, flatten, shape_text};
+use crate::core::Dur;
 use crate::repo::{DType, ModelMeta, TensorMeta};
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -45,7 +46,7 @@ struct OutputRequest {
 /// A checked request.
 pub(super) struct Decoded {
     pub(super) input: Vec<u8>,
-    pub(super) slo_ns: i64,
+    pub(super) slo: Dur,
     pub(super) id: Option<Value>,
     /// Outputs to return: index in the model's outputs, and whether as binary.
     pub(super) outputs: Vec<(usize, bool)>,
@@ -78,13 +79,13 @@ pub(super) fn decode_request(
 ) -> Result<Decoded, Fail> {
     let req: InferRequest =
         serde_json::from_slice(head).map_err(|e| bad(format!("malformed JSON request: {e}")))?;
-    let slo_ns = slo_param(&req.parameters)?;
+    let slo = slo_param(&req.parameters)?;
     let all_binary = param_bool(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);
     let input = decode_inputs(meta, &req.inputs, bin, max_tensor)?;
     let outputs = requested_outputs(meta, req.outputs.as_deref(), all_binary)?;
     Ok(Decoded {
         input,
-        slo_ns,
+        slo,
         id: req.id,
         outputs,
     })
@@ -92,11 +93,11 @@ pub(super) fn decode_request(
 
 /// The SLO: parameters.timeout in microseconds (Triton's unit); 0 or absent:
 /// the model's default.
-fn slo_param(p: &Option<Map<String, Value>>) -> Result<i64, Fail> {
+fn slo_param(p: &Option<Map<String, Value>>) -> Result<Dur, Fail> {
     match p.as_ref().and_then(|p| p.get("timeout")) {
-        None => Ok(0),
+        None => Ok(Dur::ZERO),
         Some(v) => match v.as_u64() {
-            Some(us) if us <= MAX_TIMEOUT_US => Ok(us as i64 * 1000),
+            Some(us) if us <= MAX_TIMEOUT_US => Ok(Dur::from_us(us as i64)),
             _ => Err(bad(format!(
                 "parameters.timeout must be an integer number of microseconds from 0 to {MAX_TIMEOUT_US}, got {v}"
             ))),
@@ -383,7 +384,7 @@ mod tests {
         }
         want.extend_from_slice(&(-7i64).to_le_bytes());
         assert_eq!(d.input, want);
-        assert_eq!(d.slo_ns, 1_500_000);
+        assert_eq!(d.slo, Dur(1_500_000));
         assert_eq!(d.outputs, vec![(0, false)]);
     }
 

@@ -238,7 +238,7 @@ impl App {
         let d = decode_request(meta, head, bin, self.max_tensor)?;
         let done = self
             .fe()
-            .infer(&m.info.name, d.slo_ns, d.input)
+            .infer(&m.info.name, d.slo, d.input)
             .await
             .map_err(|_| {
                 (

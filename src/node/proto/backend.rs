@@ -21,7 +21,7 @@
 //! silently.
 
 use super::check;
-use crate::core::{Dur, LatencyProfile, Time};
+use crate::core::{Dur, GpuId, LatencyProfile, ModelId, PlanId, TaskId, Time};
 use crate::node::clock::{Delays, OffsetEstimator, Recent};
 use crate::transport::{ConnId, InputRef, ReadError, ReadReq, SlotHeader, SLOT_HEADER};
 use crate::wire::{
@@ -48,9 +48,9 @@ pub const PLAN_DELAYS_MIN: usize = 64;
 /// global id).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanMsg {
-    pub id: u64,
-    pub model: u32,
-    pub gpu: u32,
+    pub id: PlanId,
+    pub model: ModelId,
+    pub gpu: GpuId,
     pub exec_at: Time,
     pub tasks: Vec<PlanTask>,
 }
@@ -68,7 +68,7 @@ pub enum Action {
     /// [`BackendProto::handle_loaded`].
     Load(ModelInfo, LatencyProfile),
     /// Unload a model from every GPU.
-    Unload(u32),
+    Unload(ModelId),
     /// Attach a frontend's region and connect to it; report the connection with
     /// [`BackendProto::handle_connected`].
     Attach {
@@ -81,7 +81,7 @@ pub enum Action {
     /// Pull the plan's inputs and queue it on local GPU `gpu`.
     Queue { gpu: usize, plan: PlanMsg },
     /// Registered: these are our GPUs' global ids, in local order.
-    Ready(Vec<u32>),
+    Ready(Vec<GpuId>),
     /// The backend must stop (lost the scheduler, or told to).
     Exit(String),
 }
@@ -119,15 +119,15 @@ pub struct BackendProto {
     timeout: Dur,
     heartbeat: Dur,
     /// Global GPU id -> local index.
-    gpu_map: HashMap<u32, usize>,
+    gpu_map: HashMap<GpuId, usize>,
     est: OffsetEstimator,
     rtt: Delays,
     plan_delay: Delays,
     /// Pull time per task at [`NET_QUANTILE`] (measured by the driver).
-    pull_ns: i64,
+    pull: Dur,
     /// Model -> GPUs still loading it, and the largest footprint reported so far.
-    loading: HashMap<u32, (u32, u64)>,
-    loaded: HashSet<u32>,
+    loading: HashMap<ModelId, (u32, u64)>,
+    loaded: HashSet<ModelId>,
     /// Largest input of the models loaded (bytes).
     max_input: u32,
     frontends: HashMap<NodeId, ConnId>,
@@ -154,7 +154,7 @@ impl BackendProto {
             est: OffsetEstimator::new(),
             rtt: Delays::new(256),
             plan_delay: Delays::new(PLAN_DELAYS_MAX),
-            pull_ns: 0,
+            pull: Dur::ZERO,
             loading: HashMap::new(),
             loaded: HashSet::new(),
             max_input: 0,
@@ -216,14 +216,14 @@ impl BackendProto {
     }
 
     /// Whether every GPU has loaded `model`.
-    pub fn has_loaded(&self, model: u32) -> bool {
+    pub fn has_loaded(&self, model: ModelId) -> bool {
         self.loaded.contains(&model)
     }
 
     /// One-way plan delay's tail at [`NET_QUANTILE`] ([`Delays::tail`];
     /// scheduler's send to our receipt).
-    pub fn plan_delay_ns(&self) -> i64 {
-        self.plan_delay.tail(NET_QUANTILE)
+    pub fn plan_delay(&self) -> Dur {
+        Dur(self.plan_delay.tail(NET_QUANTILE))
     }
 
     /// The plan delays measured so far (scheduler's send to our receipt).
@@ -236,17 +236,17 @@ impl BackendProto {
     /// offset's error bound (the delays are measured across the two clocks);
     /// before that, half the ping round trip at the same quantile. Stalls weigh
     /// as one sample each ([`Delays`]), so one does not move the budget.
-    pub fn ctrl_delay_ns(&self) -> i64 {
+    pub fn ctrl_delay(&self) -> Dur {
         if self.plan_delay.len() < PLAN_DELAYS_MIN {
-            return (self.rtt.tail(NET_QUANTILE) / 2).max(self.plan_delay_ns());
+            return Dur(self.rtt.tail(NET_QUANTILE) / 2).max(self.plan_delay());
         }
-        let err = self.est.best().map_or(0, |(_, e)| e.0.max(0));
-        self.plan_delay_ns().saturating_add(err)
+        let err = self.est.best().map_or(Dur::ZERO, |(_, e)| e.max(Dur::ZERO));
+        Dur(self.plan_delay().0.saturating_add(err.0))
     }
 
     /// The driver's latest pull time per task (reported in pings).
-    pub fn set_pull_ns(&mut self, ns: i64) {
-        self.pull_ns = check::measured(ns).0;
+    pub fn set_pull(&mut self, d: Dur) {
+        self.pull = check::measured(d);
     }
 
     /// The driver could not queue `plan` (its GPU's queue is full): it is
@@ -285,7 +285,7 @@ impl BackendProto {
 
     /// A worker finished loading `model` on one GPU (`Ok(bytes)`: its device
     /// footprint when known).
-    pub fn handle_loaded(&mut self, model: u32, res: Result<Option<u64>, String>) {
+    pub fn handle_loaded(&mut self, model: ModelId, res: Result<Option<u64>, String>) {
         if self.phase == Phase::Gone {
             return;
         }
@@ -349,9 +349,7 @@ impl BackendProto {
             return self.out.push_back(Action::Close(conn, why));
         }
         match msg {
-            Msg::Pong {
-                echo_ns, sched_ns, ..
-            } => self.pong(now, Time(echo_ns), Time(sched_ns)),
+            Msg::Pong { echo, sched, .. } => self.pong(now, echo, sched),
             Msg::RegisterAck {
                 heartbeat_ms,
                 gpu_ids,
@@ -361,8 +359,8 @@ impl BackendProto {
                 id,
                 model,
                 gpu,
-                exec_at_ns,
-                sent_ns,
+                exec_at,
+                sent,
                 tasks,
                 ..
             } => {
@@ -370,10 +368,10 @@ impl BackendProto {
                     id,
                     model,
                     gpu,
-                    exec_at: Time(exec_at_ns),
+                    exec_at,
                     tasks,
                 };
-                self.plan(now, Time(sent_ns), plan);
+                self.plan(now, sent, plan);
             }
             Msg::LoadModel { model } => self.load(model),
             Msg::UnloadModel { model } => {
@@ -417,9 +415,9 @@ impl BackendProto {
             };
         self.send(Msg::Ping {
             seq: self.seq,
-            sent_ns: now.0,
-            ctrl_delay_ns: self.ctrl_delay_ns(),
-            pull_ns: self.pull_ns,
+            sent: now,
+            ctrl_delay: self.ctrl_delay(),
+            pull: self.pull,
         });
     }
 
@@ -469,7 +467,7 @@ impl BackendProto {
         }
     }
 
-    fn registered(&mut self, now: Time, heartbeat_ms: u32, gpu_ids: Vec<u32>) {
+    fn registered(&mut self, now: Time, heartbeat_ms: u32, gpu_ids: Vec<GpuId>) {
         if self.phase != Phase::Registering || gpu_ids.len() != self.gpus.len() {
             self.counts.unexpected += 1;
             return;
@@ -493,7 +491,7 @@ impl BackendProto {
         }
     }
 
-    fn model_loaded(&mut self, model: u32, ok: bool, error: String, device_bytes: u64) {
+    fn model_loaded(&mut self, model: ModelId, ok: bool, error: String, device_bytes: u64) {
         self.send(Msg::ModelLoaded {
             model,
             ok,
@@ -506,7 +504,7 @@ impl BackendProto {
         self.counts.plans_received += 1;
         let sched_now = now + self.offset();
         self.plan_delay
-            .push(now, check::measured((sched_now - sent).0).0);
+            .push(now, check::measured(sched_now - sent).0);
         let gpu = self.gpu_map.get(&plan.gpu).copied();
         let why = match gpu {
             None => Some(format!("GPU {} is not this backend's", plan.gpu)),
@@ -525,7 +523,7 @@ impl BackendProto {
     /// the GPU is ours (a report for another's GPU would be a protocol error).
     fn refuse(&mut self, now: Time, plan: PlanMsg, ours: bool, why: String) {
         self.counts.plans_refused += 1;
-        tracing::warn!(plan = plan.id, why = %why, "backend: plan refused; its tasks fail");
+        tracing::warn!(plan = plan.id.0, why = %why, "backend: plan refused; its tasks fail");
         let failed = Settled::failed(&plan, now);
         for (fe, items) in failed.results {
             if let Some(&c) = self.frontends.get(&fe) {
@@ -599,8 +597,8 @@ pub fn pull_requests(tasks: &[PlanTask]) -> Vec<ReadReq> {
 pub fn pull_budget(plan: &PlanMsg, prof: Option<&LatencyProfile>, now: Time) -> Dur {
     let n = plan.tasks.len() as u32;
     let l = prof.map_or(Dur::ZERO, |p| p.latency(n.clamp(1, p.max_batch())));
-    let dl = plan.tasks.iter().map(|t| t.deadline_ns).min();
-    let latest = Time(dl.unwrap_or(i64::MAX)) - l;
+    let dl = plan.tasks.iter().map(|t| t.deadline).min();
+    let latest = dl.unwrap_or(Time(i64::MAX)) - l;
     (latest - now).max(Dur::from_ms(1))
 }
 
@@ -627,9 +625,9 @@ impl Input {
 }
 
 /// Checks one read against the task it was for (the slot's header names it).
-pub fn classify_input(read: Result<Vec<u8>, ReadError>, task: u64) -> Result<Input, Missing> {
+pub fn classify_input(read: Result<Vec<u8>, ReadError>, task: TaskId) -> Result<Input, Missing> {
     match read {
-        Ok(slot) => match SlotHeader::check(&slot, task) {
+        Ok(slot) => match SlotHeader::check(&slot, task.0) {
             Ok(p) => {
                 let len = p.len();
                 Ok(Input { slot, len })
@@ -675,8 +673,8 @@ pub fn cut_batch(
     prof: Option<&LatencyProfile>,
 ) -> Cut {
     let mut have: Vec<usize> = (0..tasks.len()).filter(|&i| present[i]).collect();
-    have.sort_by_key(|&i| tasks[i].deadline_ns);
-    let deadlines: Vec<Time> = have.iter().map(|&i| Time(tasks[i].deadline_ns)).collect();
+    have.sort_by_key(|&i| tasks[i].deadline);
+    let deadlines: Vec<Time> = have.iter().map(|&i| tasks[i].deadline).collect();
     let cut = prof.map_or(0, |p| too_late_prefix(&deadlines, start, p));
     let run = have.split_off(cut);
     Cut {
@@ -733,8 +731,8 @@ pub fn settle(
         by_fe.entry(task_owner(t.id)).or_default().push(TaskResult {
             id: t.id,
             status,
-            started_ns: start.0,
-            finished_ns: fin.0,
+            started: start,
+            finished: fin,
             batch_size: if status == TaskStatus::Ok {
                 ran as u32
             } else {
@@ -773,8 +771,8 @@ pub fn settle(
             id: plan.id,
             gpu: plan.gpu,
             status,
-            started_ns: start.0,
-            finished_ns: fin.0,
+            started: start,
+            finished: fin,
             missing: cut.missing.len() as u32,
         },
         ran,
@@ -806,9 +804,9 @@ mod tests {
 
     fn model(id: u32) -> ModelInfo {
         ModelInfo {
-            id,
+            id: ModelId(id),
             name: format!("m{id}"),
-            slo_ns: 100_000_000,
+            slo: Dur(100_000_000),
             profile: crate::wire::WireProfile::Linear {
                 alpha_ns: 1_000_000,
                 beta_ns: 5_000_000,
@@ -822,8 +820,8 @@ mod tests {
     fn pong(p: &mut BackendProto, now: Time, sent: Time) {
         let m = Msg::Pong {
             seq: 0,
-            echo_ns: sent.0,
-            sched_ns: sent.0 + 1_000,
+            echo: Time(sent.0),
+            sched: Time(sent.0 + 1_000),
         };
         p.handle_msg(now, 1, m);
     }
@@ -840,14 +838,14 @@ mod tests {
             .iter()
             .any(|a| matches!(a, Action::Send(1, Msg::Register { .. }))));
         p.handle_msg(ms(20), 1, Msg::LoadModel { model: model(0) });
-        p.handle_loaded(0, Ok(Some(7)));
-        assert!(!p.has_loaded(0), "one GPU of two");
-        p.handle_loaded(0, Ok(Some(9)));
-        assert!(p.has_loaded(0));
+        p.handle_loaded(ModelId(0), Ok(Some(7)));
+        assert!(!p.has_loaded(ModelId(0)), "one GPU of two");
+        p.handle_loaded(ModelId(0), Ok(Some(9)));
+        assert!(p.has_loaded(ModelId(0)));
         let ack = Msg::RegisterAck {
             node: 3,
             heartbeat_ms: 50,
-            gpu_ids: vec![10, 11],
+            gpu_ids: vec![GpuId(10), GpuId(11)],
             models: vec![],
         };
         p.handle_msg(ms(21), 1, ack);
@@ -857,7 +855,7 @@ mod tests {
             Action::Send(
                 1,
                 Msg::ModelLoaded {
-                    model: 0,
+                    model: ModelId(0),
                     ok: true,
                     device_bytes: 9,
                     ..
@@ -866,21 +864,21 @@ mod tests {
         )));
         assert!(acts
             .iter()
-            .any(|a| matches!(a, Action::Ready(g) if g == &vec![10, 11])));
+            .any(|a| matches!(a, Action::Ready(g) if g == &vec![GpuId(10), GpuId(11)])));
         p
     }
 
     fn plan_msg(gpu: u32, model: u32, exec_at: Time) -> Msg {
         Msg::Plan {
-            id: 5,
-            model,
-            gpu,
-            exec_at_ns: exec_at.0,
-            finish_at_ns: exec_at.0,
-            sent_ns: ms(22).0,
+            id: PlanId(5),
+            model: ModelId(model),
+            gpu: GpuId(gpu),
+            exec_at: Time(exec_at.0),
+            finish_at: Time(exec_at.0),
+            sent: Time(ms(22).0),
             tasks: vec![PlanTask {
                 id: crate::wire::task_id(2, 1),
-                deadline_ns: ms(500).0,
+                deadline: Time(ms(500).0),
                 input: 0,
             }],
         }
@@ -927,7 +925,7 @@ mod tests {
         p.handle_connected(2, 40);
         p.handle_msg(ms(23), 1, plan_msg(11, 0, ms(30)));
         let acts = drain(&mut p);
-        assert!(matches!(&acts[..], [Action::Queue { gpu: 1, plan }] if plan.id == 5));
+        assert!(matches!(&acts[..], [Action::Queue { gpu: 1, plan }] if plan.id == PlanId(5)));
         // Another's GPU: the tasks fail at their frontend; the scheduler does not
         // hear of it (it would be a report on a GPU that is not ours).
         p.handle_msg(ms(23), 1, plan_msg(12, 0, ms(30)));
@@ -956,9 +954,9 @@ mod tests {
         }
         // The driver found the GPU's queue full: refused the same way.
         let plan = PlanMsg {
-            id: 9,
-            model: 0,
-            gpu: 10,
+            id: PlanId(9),
+            model: ModelId(0),
+            gpu: GpuId(10),
             exec_at: ms(30),
             tasks: vec![],
         };
@@ -969,7 +967,7 @@ mod tests {
             [Action::Send(
                 1,
                 Msg::PlanDone {
-                    id: 9,
+                    id: PlanId(9),
                     status: PlanStatus::Failed,
                     ..
                 }
@@ -983,9 +981,9 @@ mod tests {
     fn a_failed_load_is_reported_and_the_model_is_not_loaded() {
         let mut p = ready();
         p.handle_msg(ms(30), 1, Msg::LoadModel { model: model(1) });
-        p.handle_loaded(1, Err("no memory".into()));
+        p.handle_loaded(ModelId(1), Err("no memory".into()));
         // The other GPU's answer comes after: ignored.
-        p.handle_loaded(1, Ok(None));
+        p.handle_loaded(ModelId(1), Ok(None));
         let acts = drain(&mut p);
         let reports: Vec<_> = acts
             .iter()
@@ -995,7 +993,7 @@ mod tests {
         assert!(
             matches!(reports[0], Action::Send(_, Msg::ModelLoaded { ok: false, error, .. }) if error == "no memory")
         );
-        assert!(!p.has_loaded(1));
+        assert!(!p.has_loaded(ModelId(1)));
     }
 
     #[test]
@@ -1048,13 +1046,13 @@ mod tests {
         let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
         let t = |fe: u32, seq: u64, dl: i64| PlanTask {
             id: crate::wire::task_id(fe, seq),
-            deadline_ns: ms(dl).0,
+            deadline: Time(ms(dl).0),
             input: 0,
         };
         let plan = PlanMsg {
-            id: 1,
-            model: 0,
-            gpu: 3,
+            id: PlanId(1),
+            model: ModelId(0),
+            gpu: GpuId(3),
             exec_at: ms(0),
             tasks: vec![t(1, 1, 20), t(2, 2, 9), t(1, 3, 12), t(2, 4, 30)],
         };
@@ -1095,6 +1093,6 @@ mod tests {
         let cut = cut_batch(&plan.tasks, &[true; 4], ms(40), Some(&p));
         let s = settle(&plan, &cut, ms(40), ms(50), Err(()));
         assert_eq!(s.status, PlanStatus::TooLate);
-        assert!(matches!(s.done, Msg::PlanDone { finished_ns, .. } if finished_ns == ms(40).0));
+        assert!(matches!(s.done, Msg::PlanDone { finished, .. } if finished == ms(40)));
     }
 }

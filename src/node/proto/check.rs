@@ -23,31 +23,33 @@ pub const MAX_MEASURED: Dur = Dur(10_000_000_000);
 /// Longest batch a backend may report (start to finish) for the busy metrics.
 pub const MAX_BATCH_SPAN: Dur = Dur(60_000_000_000);
 
-/// A request's SLO: `slo_ns` 0 means the model's default.
-pub fn slo(slo_ns: i64, default: Dur) -> Result<Dur, String> {
-    if slo_ns < 0 {
+/// A request's SLO: zero means the model's default.
+pub fn slo(requested: Dur, default: Dur) -> Result<Dur, String> {
+    let ns = requested.0;
+    if ns < 0 {
         return Err(format!(
-            "slo_ns must be >= 0 (0 = the model's default), got {slo_ns}"
+            "the SLO must be >= 0 ns (0 = the model's default), got {ns} ns"
         ));
     }
-    if slo_ns > MAX_SLO.0 {
+    if ns > MAX_SLO.0 {
         return Err(format!(
-            "slo_ns must be at most {} (one hour), got {slo_ns}",
+            "the SLO must be at most {} ns (one hour), got {ns} ns",
             MAX_SLO.0
         ));
     }
-    Ok(if slo_ns == 0 { default } else { Dur(slo_ns) })
+    Ok(if ns == 0 { default } else { requested })
 }
 
-/// A delay a node measured (ns; 0 = none yet), clamped to `[0, MAX_MEASURED]`.
-pub fn measured(ns: i64) -> Dur {
-    Dur(ns.clamp(0, MAX_MEASURED.0))
+/// A delay a node measured (zero = none yet), clamped to `[0, MAX_MEASURED]`.
+pub fn measured(d: Dur) -> Dur {
+    Dur(d.0.clamp(0, MAX_MEASURED.0))
 }
 
 /// The busy time of a batch a backend reports, clamped to `[0, MAX_BATCH_SPAN]`.
-pub fn batch_span(started_ns: i64, finished_ns: i64) -> Dur {
-    Dur(finished_ns
-        .saturating_sub(started_ns)
+pub fn batch_span(started: Time, finished: Time) -> Dur {
+    Dur(finished
+        .0
+        .saturating_sub(started.0)
         .clamp(0, MAX_BATCH_SPAN.0))
 }
 
@@ -58,7 +60,7 @@ pub enum Submitted {
     Task(ModelId, Task),
     /// A model id the scheduler does not serve (the task is dropped with
     /// `UnknownModel`; the frontend's models list may be older than ours).
-    UnknownModel(u64),
+    UnknownModel(TaskId),
 }
 
 /// Checks a task that frontend `sender` submitted at scheduler time `now`, with
@@ -75,12 +77,12 @@ pub fn submit_task(
             t.id
         ));
     }
-    let (arrival, deadline) = (Time(t.arrival_ns), Time(t.deadline_ns));
+    let (arrival, deadline) = (t.arrival, t.deadline);
     if (arrival - now).0.saturating_abs() > MAX_ARRIVAL_SKEW.0 {
         return Err(format!(
             "task {}: arrival {} ns is more than {} s from the scheduler's clock ({} ns)",
             t.id,
-            t.arrival_ns,
+            arrival.0,
             MAX_ARRIVAL_SKEW.as_secs_f64(),
             now.0
         ));
@@ -89,18 +91,18 @@ pub fn submit_task(
         return Err(format!(
             "task {}: deadline {} ns is not within {} s after its arrival {} ns",
             t.id,
-            t.deadline_ns,
+            deadline.0,
             MAX_SLO.as_secs_f64(),
-            t.arrival_ns
+            arrival.0
         ));
     }
-    if t.model as usize >= models {
+    if t.model.idx() >= models {
         return Ok(Submitted::UnknownModel(t.id));
     }
     Ok(Submitted::Task(
-        ModelId(t.model),
+        t.model,
         Task {
-            id: TaskId(t.id),
+            id: t.id,
             arrival,
             deadline,
             tag: t.input,
@@ -116,21 +118,21 @@ mod tests {
     #[test]
     fn slo_bounds() {
         let d = Dur::from_ms(40);
-        assert_eq!(slo(0, d), Ok(d));
-        assert_eq!(slo(5, d), Ok(Dur(5)));
-        assert!(slo(-1, d).unwrap_err().contains(">= 0"));
-        assert!(slo(i64::MAX, d).unwrap_err().contains("one hour"));
-        assert_eq!(slo(MAX_SLO.0, d), Ok(MAX_SLO));
+        assert_eq!(slo(Dur(0), d), Ok(d));
+        assert_eq!(slo(Dur(5), d), Ok(Dur(5)));
+        assert!(slo(Dur(-1), d).unwrap_err().contains(">= 0"));
+        assert!(slo(Dur(i64::MAX), d).unwrap_err().contains("one hour"));
+        assert_eq!(slo(MAX_SLO, d), Ok(MAX_SLO));
     }
 
     #[test]
     fn measurements_and_spans_are_clamped() {
-        assert_eq!(measured(i64::MAX), MAX_MEASURED);
-        assert_eq!(measured(-7), Dur(0));
-        assert_eq!(measured(1234), Dur(1234));
-        assert_eq!(batch_span(i64::MIN, i64::MAX), MAX_BATCH_SPAN);
-        assert_eq!(batch_span(10, 5), Dur(0));
-        assert_eq!(batch_span(5, 10), Dur(5));
+        assert_eq!(measured(Dur(i64::MAX)), MAX_MEASURED);
+        assert_eq!(measured(Dur(-7)), Dur(0));
+        assert_eq!(measured(Dur(1234)), Dur(1234));
+        assert_eq!(batch_span(Time(i64::MIN), Time(i64::MAX)), MAX_BATCH_SPAN);
+        assert_eq!(batch_span(Time(10), Time(5)), Dur(0));
+        assert_eq!(batch_span(Time(5), Time(10)), Dur(5));
     }
 
     #[test]
@@ -138,9 +140,9 @@ mod tests {
         let now = Time(1_000_000_000);
         let t = |owner, arrival, deadline, model| SubmitTask {
             id: task_id(owner, 1),
-            model,
-            arrival_ns: arrival,
-            deadline_ns: deadline,
+            model: ModelId(model),
+            arrival: Time(arrival),
+            deadline: Time(deadline),
             input: 9,
         };
         let ok = t(3, now.0, now.0 + 40_000_000, 1);

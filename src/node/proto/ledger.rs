@@ -5,13 +5,13 @@
 //! Times are on the scheduler's clock; the sweep is a timer as data
 //! ([`RequestLedger::poll_timeout`]).
 
-use crate::core::{Dur, Time};
+use crate::core::{Dur, ModelId, TaskId, Time};
 use crate::transport::InputRef;
-use crate::wire::{task_id, DropReason, NodeId, ReplyStatus, SubmitTask, TaskResult, TaskStatus};
+use crate::wire::{task_id, DropReason, NodeId, Outcome, SubmitTask, TaskResult, TaskStatus};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-/// How a request ended, finer than [`ReplyStatus`] (what the HTTP API maps to
+/// How a request ended, finer than its [`Outcome`] (what the HTTP API maps to
 /// status codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -37,13 +37,13 @@ pub enum Ended {
 }
 
 impl Ended {
-    /// What a wire client is told.
-    pub fn status(self) -> ReplyStatus {
+    /// The request's outcome: what a wire client is told and what is counted.
+    pub fn outcome(self) -> Outcome {
         match self {
-            Ended::Good => ReplyStatus::Good,
-            Ended::Late => ReplyStatus::Late,
-            Ended::Dropped(_) => ReplyStatus::Dropped,
-            _ => ReplyStatus::Failed,
+            Ended::Good => Outcome::Good,
+            Ended::Late => Outcome::Late,
+            Ended::Dropped(_) => Outcome::Dropped,
+            _ => Outcome::Failed,
         }
     }
 }
@@ -67,7 +67,7 @@ impl Answer {
         match r.status {
             TaskStatus::Ok => Answer::Output {
                 output: r.output,
-                started: Time(r.started_ns),
+                started: r.started,
                 batch_size: r.batch_size,
             },
             TaskStatus::Dropped(code) => Answer::Dropped(code),
@@ -95,7 +95,7 @@ impl Answer {
 /// A request that ended: everything the driver needs to answer its client.
 #[derive(Debug)]
 pub struct Finished<C> {
-    pub id: u64,
+    pub id: TaskId,
     pub client: C,
     /// The model's index in the frontend's list.
     pub model: usize,
@@ -139,9 +139,9 @@ pub struct RequestLedger<C> {
     node: NodeId,
     grace: Dur,
     next_seq: u64,
-    pending: HashMap<u64, Pending<C>>,
+    pending: HashMap<TaskId, Pending<C>>,
     /// (deadline + grace, task) for the sweep.
-    timeouts: BinaryHeap<Reverse<(Time, u64)>>,
+    timeouts: BinaryHeap<Reverse<(Time, TaskId)>>,
     counts: LedgerCounts,
 }
 
@@ -171,12 +171,12 @@ impl<C> RequestLedger<C> {
         self.counts
     }
 
-    pub fn contains(&self, id: u64) -> bool {
+    pub fn contains(&self, id: TaskId) -> bool {
         self.pending.contains_key(&id)
     }
 
     /// The id the next admitted request gets.
-    pub fn next_id(&self) -> u64 {
+    pub fn next_id(&self) -> TaskId {
         task_id(self.node, self.next_seq + 1)
     }
 
@@ -187,7 +187,7 @@ impl<C> RequestLedger<C> {
         &mut self,
         now: Time,
         model: usize,
-        model_id: u32,
+        model_id: ModelId,
         slo: Dur,
         client: C,
         input: InputRef,
@@ -210,14 +210,14 @@ impl<C> RequestLedger<C> {
         SubmitTask {
             id,
             model: model_id,
-            arrival_ns: now.0,
-            deadline_ns: deadline.0,
+            arrival: now,
+            deadline,
             input: input.pack(),
         }
     }
 
     /// Request `id` is answered at `now`; None when it had already ended.
-    pub fn finish(&mut self, now: Time, id: u64, answer: Answer) -> Option<Finished<C>> {
+    pub fn finish(&mut self, now: Time, id: TaskId, answer: Answer) -> Option<Finished<C>> {
         let Some(p) = self.pending.remove(&id) else {
             self.counts.stray_answers += 1;
             return None;
@@ -287,7 +287,7 @@ impl<C> RequestLedger<C> {
     /// Every pending request fails (`ended`, `why`): the scheduler is lost or
     /// the frontend stops. In id order.
     pub fn fail_all(&mut self, now: Time, ended: Ended, why: &str) -> Vec<Finished<C>> {
-        let mut ids: Vec<u64> = self.pending.keys().copied().collect();
+        let mut ids: Vec<TaskId> = self.pending.keys().copied().collect();
         ids.sort_unstable();
         self.timeouts.clear();
         ids.into_iter()
@@ -308,11 +308,11 @@ mod tests {
     fn each_request_ends_once_by_the_first_answer() {
         let mut l: RequestLedger<u32> = RequestLedger::new(3, Dur::from_ms(100));
         let t0 = Time(1_000);
-        let a = l.admit(t0, 0, 0, Dur::from_ms(10), 7, input());
-        let b = l.admit(t0, 1, 5, Dur::from_ms(10), 8, input());
+        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), 7, input());
+        let b = l.admit(t0, 1, ModelId(5), Dur::from_ms(10), 8, input());
         assert_eq!(crate::wire::task_owner(a.id), 3);
-        assert_eq!(b.model, 5);
-        assert_eq!(a.deadline_ns, t0.0 + 10_000_000);
+        assert_eq!(b.model, ModelId(5));
+        assert_eq!(a.deadline, t0 + Dur::from_ms(10));
         let out = Answer::Output {
             output: vec![1],
             started: t0 + Dur::from_ms(2),
@@ -335,10 +335,10 @@ mod tests {
     fn the_sweep_fails_what_nobody_answered_and_saturates() {
         let mut l: RequestLedger<()> = RequestLedger::new(1, Dur::from_ms(100));
         let t0 = Time(0);
-        let a = l.admit(t0, 0, 0, Dur::from_ms(10), (), input());
+        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), (), input());
         // A deadline at the end of time never wraps into the past.
-        let z = l.admit(t0, 0, 0, Dur(i64::MAX), (), input());
-        assert_eq!(z.deadline_ns, i64::MAX);
+        let z = l.admit(t0, 0, ModelId(0), Dur(i64::MAX), (), input());
+        assert_eq!(z.deadline, Time(i64::MAX));
         assert_eq!(l.poll_timeout(), Some(Time(110_000_000)));
         assert!(l.handle_timeout(Time(109_999_999)).is_empty());
         let f = l.handle_timeout(Time(110_000_000));
@@ -347,7 +347,7 @@ mod tests {
         assert_eq!(l.poll_timeout(), Some(Time(i64::MAX)));
         let rest = l.fail_all(Time(5), Ended::NoScheduler, "gone");
         assert_eq!(rest.len(), 1);
-        assert_eq!(rest[0].ended.status(), ReplyStatus::Failed);
+        assert_eq!(rest[0].ended.outcome(), Outcome::Failed);
         assert_eq!(l.counts().failed, 2);
         assert_eq!(l.counts().timed_out, 1);
     }
@@ -363,10 +363,10 @@ mod tests {
             Answer::Dropped(DropReason::Expired)
         );
         let r = TaskResult {
-            id: 1,
+            id: TaskId(1),
             status: TaskStatus::InputMissing,
-            started_ns: 0,
-            finished_ns: 0,
+            started: Time(0),
+            finished: Time(0),
             batch_size: 0,
             output: vec![],
         };

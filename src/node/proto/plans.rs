@@ -2,7 +2,7 @@
 //! and one of its GPUs until that backend reports it done or is lost. A backend
 //! may only report its own plans on the GPU they were sent to.
 
-use crate::core::{GpuId, PlanId};
+use crate::core::{GpuId, PlanId, TaskId};
 use crate::wire::NodeId;
 use std::collections::HashMap;
 
@@ -10,7 +10,7 @@ use std::collections::HashMap;
 struct InFlight {
     backend: NodeId,
     gpu: GpuId,
-    tasks: Vec<u64>,
+    tasks: Vec<TaskId>,
 }
 
 /// Why a reported plan was not taken.
@@ -43,7 +43,7 @@ impl PlanLedger {
     }
 
     /// `plan` was sent to `backend`'s `gpu` with these tasks.
-    pub fn sent(&mut self, plan: PlanId, backend: NodeId, gpu: GpuId, tasks: Vec<u64>) {
+    pub fn sent(&mut self, plan: PlanId, backend: NodeId, gpu: GpuId, tasks: Vec<TaskId>) {
         self.plans.insert(
             plan,
             InFlight {
@@ -55,7 +55,7 @@ impl PlanLedger {
     }
 
     /// The plan could not be sent after all: its tasks.
-    pub fn unsent(&mut self, plan: PlanId) -> Vec<u64> {
+    pub fn unsent(&mut self, plan: PlanId) -> Vec<TaskId> {
         self.plans
             .remove(&plan)
             .map(|f| f.tasks)
@@ -84,7 +84,7 @@ impl PlanLedger {
     }
 
     /// `backend` is lost: the tasks of every plan it had not reported done.
-    pub fn take_backend(&mut self, backend: NodeId) -> Vec<u64> {
+    pub fn take_backend(&mut self, backend: NodeId) -> Vec<TaskId> {
         let ids: Vec<PlanId> = self
             .plans
             .iter()
@@ -108,8 +108,8 @@ mod tests {
     #[test]
     fn only_the_owner_reports_a_plan_and_only_once() {
         let mut l = PlanLedger::new();
-        l.sent(PlanId(1), 7, GpuId(0), vec![10, 11]);
-        l.sent(PlanId(2), 8, GpuId(1), vec![12]);
+        l.sent(PlanId(1), 7, GpuId(0), vec![TaskId(10), TaskId(11)]);
+        l.sent(PlanId(2), 8, GpuId(1), vec![TaskId(12)]);
         assert!(matches!(
             l.done(8, PlanId(1), GpuId(1)),
             Err(Refused::NotYours(_))
@@ -120,10 +120,10 @@ mod tests {
         ));
         assert_eq!(l.done(7, PlanId(1), GpuId(0)), Ok(2));
         assert_eq!(l.done(7, PlanId(1), GpuId(0)), Err(Refused::Unknown));
-        assert_eq!(l.take_backend(8), vec![12]);
+        assert_eq!(l.take_backend(8), vec![TaskId(12)]);
         assert!(l.is_empty());
-        l.sent(PlanId(3), 7, GpuId(0), vec![1]);
-        assert_eq!(l.unsent(PlanId(3)), vec![1]);
-        assert_eq!(l.unsent(PlanId(3)), Vec::<u64>::new());
+        l.sent(PlanId(3), 7, GpuId(0), vec![TaskId(1)]);
+        assert_eq!(l.unsent(PlanId(3)), vec![TaskId(1)]);
+        assert_eq!(l.unsent(PlanId(3)), Vec::<TaskId>::new());
     }
 }

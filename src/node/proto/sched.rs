@@ -25,7 +25,7 @@
 
 use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
-use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
+use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, TaskId, Time};
 use crate::transport::ConnId;
 use crate::wire::{task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, Role, MAX_NODE_ID};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -36,10 +36,10 @@ use std::sync::{Arc, Mutex};
 pub fn plan_tasks(plan: &crate::core::Plan, live: impl Fn(NodeId) -> bool) -> Vec<PlanTask> {
     plan.tasks
         .iter()
-        .filter(|t| live(task_owner(t.id.0)))
+        .filter(|t| live(task_owner(t.id)))
         .map(|t| PlanTask {
-            id: t.id.0,
-            deadline_ns: t.deadline.0,
+            id: t.id,
+            deadline: t.deadline,
             input: t.tag,
         })
         .collect()
@@ -48,12 +48,12 @@ pub fn plan_tasks(plan: &crate::core::Plan, live: impl Fn(NodeId) -> bool) -> Ve
 /// The `Plan` message of `plan` with its wire `tasks`, sent at `sent`.
 pub fn plan_msg(plan: &crate::core::Plan, tasks: Vec<PlanTask>, sent: Time) -> Msg {
     Msg::Plan {
-        id: plan.id.0,
-        model: plan.model.0,
-        gpu: plan.gpu.0,
-        exec_at_ns: plan.exec_at.0,
-        finish_at_ns: plan.finish_at.0,
-        sent_ns: sent.0,
+        id: plan.id,
+        model: plan.model,
+        gpu: plan.gpu,
+        exec_at: plan.exec_at,
+        finish_at: plan.finish_at,
+        sent,
         tasks,
     }
 }
@@ -134,7 +134,7 @@ pub enum Action {
     /// A new network budget for the core.
     SetNet(NetBudget),
     /// A backend measured a model's device memory on one GPU.
-    DeviceBytes { model: u32, bytes: u64 },
+    DeviceBytes { model: ModelId, bytes: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -145,7 +145,7 @@ enum Peer {
     Loading {
         node: NodeId,
         gpus: u32,
-        missing: BTreeSet<u32>,
+        missing: BTreeSet<ModelId>,
     },
     Backend {
         node: NodeId,
@@ -262,8 +262,8 @@ impl SchedProto {
 
     /// Tells the tasks' frontends that they were dropped (`code`), grouped by
     /// frontend; counted. Tasks of frontends that are gone are left out.
-    pub fn notify(&mut self, tasks: impl IntoIterator<Item = u64>, code: DropReason) {
-        let mut by_fe: HashMap<NodeId, Vec<(u64, DropReason)>> = HashMap::new();
+    pub fn notify(&mut self, tasks: impl IntoIterator<Item = TaskId>, code: DropReason) {
+        let mut by_fe: HashMap<NodeId, Vec<(TaskId, DropReason)>> = HashMap::new();
         for t in tasks {
             by_fe.entry(task_owner(t)).or_default().push((t, code));
         }
@@ -291,18 +291,18 @@ impl SchedProto {
         match msg {
             Msg::Ping {
                 seq,
-                sent_ns,
-                ctrl_delay_ns,
-                pull_ns,
+                sent,
+                ctrl_delay,
+                pull,
             } => {
-                pc.ctrl_delay = check::measured(ctrl_delay_ns);
-                pc.pull = check::measured(pull_ns);
+                pc.ctrl_delay = check::measured(ctrl_delay);
+                pc.pull = check::measured(pull);
                 self.send(
                     c,
                     Msg::Pong {
                         seq,
-                        echo_ns: sent_ns,
-                        sched_ns: now.0,
+                        echo: sent,
+                        sched: now,
                     },
                 );
             }
@@ -347,10 +347,10 @@ impl SchedProto {
             Msg::PlanDone {
                 id,
                 gpu,
-                started_ns,
-                finished_ns,
+                started,
+                finished,
                 ..
-            } => self.plan_done(now, c, PlanId(id), GpuId(gpu), started_ns, finished_ns),
+            } => self.plan_done(now, c, id, gpu, started, finished),
             Msg::Unregister { reason } => {
                 let why = format!("unregistered: {reason}");
                 self.remove(c, why, true);
@@ -408,7 +408,7 @@ impl SchedProto {
             return;
         }
         if self.gpus_in_service == 0 {
-            self.notify(ok.iter().map(|(_, t)| t.id.0), DropReason::NoGpu);
+            self.notify(ok.iter().map(|(_, t)| t.id), DropReason::NoGpu);
             return;
         }
         self.actions.push_back(Action::Submit(ok));
@@ -474,7 +474,14 @@ impl SchedProto {
         (self.cfg.heartbeat.0 / 1_000_000).clamp(1, u32::MAX as i64) as u32
     }
 
-    fn model_loaded(&mut self, c: ConnId, model: u32, ok: bool, error: String, device_bytes: u64) {
+    fn model_loaded(
+        &mut self,
+        c: ConnId,
+        model: ModelId,
+        ok: bool,
+        error: String,
+        device_bytes: u64,
+    ) {
         let served = self.cfg.models.iter().any(|m| m.id == model);
         let Some(Peer::Loading { missing, .. }) = self.conns.get_mut(&c).map(|p| &mut p.peer)
         else {
@@ -509,8 +516,8 @@ impl SchedProto {
         c: ConnId,
         plan: PlanId,
         gpu: GpuId,
-        started_ns: i64,
-        finished_ns: i64,
+        started: Time,
+        finished: Time,
     ) {
         let Some(Peer::Backend { node, gpus }) = self.conns.get(&c).map(|p| &p.peer) else {
             return self.reject(c, "PlanDone from a node that is not a backend".into());
@@ -533,12 +540,13 @@ impl SchedProto {
         }
         self.report.plans_done += 1;
         // The GPU is free now that the report is here, whatever time it names.
-        let finished = Time(finished_ns).min(now).max(now - check::MAX_BATCH_SPAN);
+        let busy = check::batch_span(started, finished);
+        let finished = finished.min(now).max(now - check::MAX_BATCH_SPAN);
         self.actions.push_back(Action::PlanDone {
             gpu,
             plan,
             finished,
-            busy: check::batch_span(started_ns, finished_ns),
+            busy,
         });
     }
 
@@ -600,7 +608,7 @@ impl SchedProto {
             c,
             Msg::RegisterAck {
                 node,
-                gpu_ids: ids.iter().map(|g| g.0).collect(),
+                gpu_ids: ids.clone(),
                 models: self.cfg.models.clone(),
                 heartbeat_ms: self.heartbeat_ms(),
             },

@@ -142,10 +142,8 @@ impl EventLoop {
             self.routes
                 .dropped
                 .fetch_add(refused.len() as u64, Ordering::Relaxed);
-            self.routes.notify(
-                refused.drain(..).map(|(_, t)| t.id.0),
-                DropReason::Overloaded,
-            );
+            self.routes
+                .notify(refused.drain(..).map(|(_, t)| t.id), DropReason::Overloaded);
         }
     }
 
@@ -252,11 +250,15 @@ impl EventLoop {
             .set(net.data_per_req.as_secs_f64());
     }
 
-    fn device_bytes(&self, model: u32, bytes: u64) {
-        if let Some(g) = self.routes.metrics.device_bytes.get(model as usize) {
+    fn device_bytes(&self, model: ModelId, bytes: u64) {
+        if let Some(g) = self.routes.metrics.device_bytes.get(model.idx()) {
             g.set(bytes as f64);
         }
-        tracing::info!(model, bytes, "scheduler: model's device footprint");
+        tracing::info!(
+            model = model.0,
+            bytes,
+            "scheduler: model's device footprint"
+        );
     }
 
     /// GPUs enter the core (their routes and acks are out).

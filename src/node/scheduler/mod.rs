@@ -72,7 +72,6 @@ mod options;
 mod routes;
 
 pub use super::proto::sched::SchedReport;
-pub use crate::wire::{task_owner, TASK_SEQ_BITS};
 pub use metrics::{drop_reason_label, BUSY_WINDOW};
 pub use node::SchedulerNode;
 pub use options::SchedulerOpts;

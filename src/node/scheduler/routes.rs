@@ -5,14 +5,13 @@
 //! come and go.
 
 use super::metrics::SchedMetrics;
-use super::task_owner;
-use crate::core::{DropReason, GpuId, ModelId, Plan, Task, Time};
+use crate::core::{DropReason, GpuId, ModelId, Plan, Task, TaskId, Time};
 use crate::node::proto::plans::PlanLedger;
 use crate::node::proto::sched::{plan_msg, plan_tasks};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{GpuReporter, Outlet};
 use crate::transport::Conn;
-use crate::wire::{Msg, NodeId};
+use crate::wire::{task_owner, Msg, NodeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -56,8 +55,8 @@ impl Routes {
     }
 
     /// Tells the tasks' frontends they were dropped.
-    pub(super) fn notify(&self, tasks: impl IntoIterator<Item = u64>, code: DropReason) {
-        let mut by_fe: HashMap<NodeId, Vec<(u64, DropReason)>> = HashMap::new();
+    pub(super) fn notify(&self, tasks: impl IntoIterator<Item = TaskId>, code: DropReason) {
+        let mut by_fe: HashMap<NodeId, Vec<(TaskId, DropReason)>> = HashMap::new();
         let mut n = 0;
         for t in tasks {
             by_fe.entry(task_owner(t)).or_default().push((t, code));
@@ -73,7 +72,7 @@ impl Routes {
     }
 
     /// The tasks' backend is gone: they end as `BackendLost`.
-    fn lose(&self, tasks: impl ExactSizeIterator<Item = u64>) {
+    fn lose(&self, tasks: impl ExactSizeIterator<Item = TaskId>) {
         self.lost.fetch_add(tasks.len() as u64, Ordering::Relaxed);
         self.notify(tasks, DropReason::BackendLost);
     }
@@ -155,7 +154,7 @@ impl Outlet for Routes {
                 }
                 return;
             }
-            let ids: Vec<u64> = tasks.iter().map(|t| t.id).collect();
+            let ids: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
             self.plans
                 .lock()
                 .expect("plans lock")
@@ -182,9 +181,9 @@ impl Outlet for Routes {
         self.dropped.fetch_add(1, Ordering::Relaxed);
         self.metrics.dropped(reason, 1);
         let fes = self.frontends.read().expect("routes lock");
-        if let Some(c) = fes.get(&task_owner(task.id.0)) {
+        if let Some(c) = fes.get(&task_owner(task.id)) {
             let _ = c.send(Msg::Dropped {
-                items: vec![(task.id.0, reason)],
+                items: vec![(task.id, reason)],
             });
         }
     }
