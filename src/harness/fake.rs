@@ -395,11 +395,70 @@ impl RtRun {
 /// `gen_quantum`) and every backend (emulated GPUs). The fakes share a thread so that
 /// on a small machine the scheduler, not the test harness, gets the cores.
 pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<RtRun> {
-    let wall = std::time::Instant::now();
-    let cpu0 = crate::runtime::cpu::process_cpu_time();
+    let start = RunStart {
+        wall: std::time::Instant::now(),
+        cpu0: crate::runtime::cpu::process_cpu_time(),
+    };
     let w = Arc::new(w.clone());
     let clock = Clock::new();
-    // The run's time 0 is a little after start-up, so the threads are up.
+    let (ledger, t0, win_end) = rt_ledger(&w, opt, rt, clock);
+    let (plan_tx, plan_rx) = unbounded();
+    let world_waiter = Waiter::new(Dur::ZERO);
+    let outlet = Arc::new(FakeOutlet {
+        plans: plan_tx,
+        // Plans are accounted with emulated times: the world thread need not wake
+        // for each; it takes them on its next pass (every `gen_quantum` under load).
+        backend: world_waiter.unparker(),
+        ledger: ledger.clone(),
+    });
+    let sched = RtScheduler::start(rt_config(&w, opt, rt), w.specs(), outlet, clock)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let backends = FakeBackends::new(w.clone(), plan_rx, ledger.clone(), sched.gpu_reporter());
+    let gen = LoadGen::new(&w, opt, rt, t0, win_end);
+    let sub = Some(sched.submitter());
+    let (gen_tx, gen_rx) = crossbeam_channel::bounded(1);
+    let world = FakeWorld {
+        clock,
+        waiter: world_waiter,
+        gen,
+        sub,
+        backends,
+        ledger: ledger.clone(),
+        stop: stop.clone(),
+        quantum: rt.gen_quantum,
+        gen_tx,
+    };
+    let world = std::thread::Builder::new()
+        .name("fermata-fake-world".into())
+        .spawn(move || world.run())?;
+    let gen = gen_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the fake world thread died"))?;
+
+    // Let what is queued end by itself (every request has a deadline), then shut down.
+    wait_drained(&ledger, clock, gen.generated, rt.drain);
+    let scheduler = sched.shutdown();
+    stop.store(true, Ordering::Release);
+    let mut backend = world.join().expect("the fake world thread panicked");
+    let world_cpu = backend.cpu;
+    backend.cpu = world_cpu.saturating_sub(gen.cpu);
+    Ok(rt_run(&w, opt, &ledger, gen, scheduler, backend, start))
+}
+
+/// When a real-time run started: the wall clock and the process's CPU time.
+struct RunStart {
+    wall: std::time::Instant,
+    cpu0: std::time::Duration,
+}
+
+/// The run's ledger (with a flag per request it may generate, when each must be
+/// checked to end exactly once), the run's time 0 and the end of its window.
+fn rt_ledger(
+    w: &Workload,
+    opt: &RunOptions,
+    rt: &RtOptions,
+    clock: Clock,
+) -> (Arc<Ledger>, Time, Time) {
     let expect = opt.rate_rps * (opt.warmup + opt.duration).as_secs_f64();
     let peak = rt.rate_steps.iter().map(|s| s.1).fold(1.0f64, f64::max);
     let capacity = if rt.check_exactly_once {
@@ -418,16 +477,11 @@ pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<Rt
         win_start,
         win_end,
     ));
+    (ledger, t0, win_end)
+}
 
-    let (plan_tx, plan_rx) = unbounded();
-    let world_waiter = Waiter::new(Dur::ZERO);
-    let outlet = Arc::new(FakeOutlet {
-        plans: plan_tx,
-        // Plans are accounted with emulated times: the world thread need not wake
-        // for each; it takes them on its next pass (every `gen_quantum` under load).
-        backend: world_waiter.unparker(),
-        ledger: ledger.clone(),
-    });
+/// The real-time scheduler's configuration for the run.
+fn rt_config(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> RtConfig {
     let mut dcfg = w.dispatcher_config(opt.policy, false);
     dcfg.queue_max = rt.queue_max;
     let mut cfg = RtConfig::new(dcfg, rt.model_threads);
@@ -436,91 +490,90 @@ pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<Rt
     cfg.model_spin = rt.model_spin;
     cfg.request_chunks_max = rt.request_chunks_max;
     cfg.model_loads = w.models.iter().map(|m| m.share).collect();
-    let sched = RtScheduler::start(cfg, w.specs(), outlet, clock)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut backends = FakeBackends::new(w.clone(), plan_rx, ledger.clone(), sched.gpu_reporter());
-    let mut gen = LoadGen::new(&w, opt, rt, t0, win_end);
-    let mut sub = Some(sched.submitter());
-    let (gen_tx, gen_rx) = crossbeam_channel::bounded(1);
-    let world = {
-        let (ledger, stop) = (ledger.clone(), stop.clone());
-        let quantum = rt.gen_quantum;
-        std::thread::Builder::new()
-            .name("fermata-fake-world".into())
-            .spawn(move || {
-                let mut waiter = world_waiter;
-                let mut generating = true;
-                loop {
-                    let now = clock.now();
-                    let mut wake = None;
-                    if let Some(su) = sub.as_mut() {
-                        wake = gen.step(now, su, &ledger, quantum);
-                        if wake.is_none() {
-                            generating = false;
-                            gen.cpu = crate::runtime::cpu::thread_cpu_time();
-                            // Submitters must go for the scheduler to shut down.
-                            sub = None;
-                            let _ = gen_tx.send(gen.result(clock));
-                        }
-                    }
-                    backends.step(now);
-                    if !generating && stop.load(Ordering::Acquire) && backends.idle() {
-                        break;
-                    }
-                    let next = match (wake, backends.next_finish()) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    let deadline = if generating {
-                        next
-                    } else {
-                        // Draining: look at the stop flag every millisecond.
-                        Some(next.map_or(now + Dur::from_ms(1), |n| n.min(now + Dur::from_ms(1))))
-                    };
-                    waiter.wait_until(&clock, deadline, || false);
-                }
-                let mut st = backends.st;
-                st.cpu = crate::runtime::cpu::thread_cpu_time();
-                st
-            })?
-    };
-    let gen = gen_rx
-        .recv()
-        .map_err(|_| anyhow::anyhow!("the fake world thread died"))?;
+    cfg
+}
 
-    // Let what is queued end by itself (every request has a deadline), then shut down.
-    let drain_until = clock.now() + rt.drain;
-    while ledger.ended() < gen.generated && clock.now() < drain_until {
+/// Waits (up to `drain`) until all `generated` requests have ended.
+fn wait_drained(ledger: &Ledger, clock: Clock, generated: u64, drain: Dur) {
+    let drain_until = clock.now() + drain;
+    while ledger.ended() < generated && clock.now() < drain_until {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    let scheduler = sched.shutdown();
-    stop.store(true, Ordering::Release);
-    let mut backend = world.join().expect("the fake world thread panicked");
-    let world_cpu = backend.cpu;
-    backend.cpu = world_cpu.saturating_sub(gen.cpu);
+}
+
+/// The "fake world" thread: every frontend (the load generator) and every
+/// backend (emulated GPUs).
+struct FakeWorld {
+    clock: Clock,
+    waiter: Waiter,
+    gen: LoadGen,
+    /// The generator's submitter; dropped when it is done.
+    sub: Option<Submitter>,
+    backends: FakeBackends,
+    ledger: Arc<Ledger>,
+    stop: Arc<AtomicBool>,
+    quantum: Dur,
+    /// Where the generator's result goes when it is done.
+    gen_tx: Sender<GenResult>,
+}
+
+impl FakeWorld {
+    /// Generates load and runs the backends until the load is done, `stop` is
+    /// set and the backends are idle; returns the backends' statistics.
+    fn run(mut self) -> BackendStats {
+        let mut generating = true;
+        loop {
+            let now = self.clock.now();
+            let mut wake = None;
+            if let Some(su) = self.sub.as_mut() {
+                wake = self.gen.step(now, su, &self.ledger, self.quantum);
+                if wake.is_none() {
+                    generating = false;
+                    self.gen.cpu = crate::runtime::cpu::thread_cpu_time();
+                    // Submitters must go for the scheduler to shut down.
+                    self.sub = None;
+                    let _ = self.gen_tx.send(self.gen.result(self.clock));
+                }
+            }
+            self.backends.step(now);
+            if !generating && self.stop.load(Ordering::Acquire) && self.backends.idle() {
+                break;
+            }
+            let next = match (wake, self.backends.next_finish()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let deadline = if generating {
+                next
+            } else {
+                // Draining: look at the stop flag every millisecond.
+                Some(next.map_or(now + Dur::from_ms(1), |n| n.min(now + Dur::from_ms(1))))
+            };
+            self.waiter.wait_until(&self.clock, deadline, || false);
+        }
+        let mut st = self.backends.st;
+        st.cpu = crate::runtime::cpu::thread_cpu_time();
+        st
+    }
+}
+
+/// Puts a finished run's results together.
+fn rt_run(
+    w: &Workload,
+    opt: &RunOptions,
+    ledger: &Ledger,
+    gen: GenResult,
+    scheduler: RtReport,
+    backend: BackendStats,
+    start: RunStart,
+) -> RtRun {
     let ended = ledger.ended();
     let window_ns = opt.duration.0 as f64;
-    let models = w
-        .models
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let t = &ledger.models[i];
-            ModelResult {
-                name: m.spec.name.clone(),
-                offered: t.offered.load(Ordering::Acquire),
-                good: t.good.load(Ordering::Acquire),
-                late: t.late.load(Ordering::Acquire),
-                dropped: t.dropped.load(Ordering::Acquire) + t.failed.load(Ordering::Acquire),
-                batch_requests: backend.batch_requests[i].clone(),
-                queuing_us: backend.queuing_us[i].clone(),
-            }
-        })
-        .collect();
+    let models = model_results(w, ledger, &backend);
     let mut busy = backend.busy_ns.clone();
     busy.resize(w.gpus as usize, 0);
-    let wall_secs = wall.elapsed().as_secs_f64();
-    Ok(RtRun {
+    let wall_secs = start.wall.elapsed().as_secs_f64();
+    RtRun {
         sim: RunResult {
             policy: opt.policy,
             rate_rps: opt.rate_rps,
@@ -541,10 +594,30 @@ pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<Rt
         scheduler,
         backend,
         generator_cpu: gen.cpu,
-        process_cpu: crate::runtime::cpu::process_cpu_time().saturating_sub(cpu0),
+        process_cpu: crate::runtime::cpu::process_cpu_time().saturating_sub(start.cpu0),
         wall_secs,
         gen_secs: gen.secs,
-    })
+    }
+}
+
+/// Each model's outcomes (from the ledger) and batches (from the backends).
+fn model_results(w: &Workload, ledger: &Ledger, backend: &BackendStats) -> Vec<ModelResult> {
+    w.models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let t = &ledger.models[i];
+            ModelResult {
+                name: m.spec.name.clone(),
+                offered: t.offered.load(Ordering::Acquire),
+                good: t.good.load(Ordering::Acquire),
+                late: t.late.load(Ordering::Acquire),
+                dropped: t.dropped.load(Ordering::Acquire) + t.failed.load(Ordering::Acquire),
+                batch_requests: backend.batch_requests[i].clone(),
+                queuing_us: backend.queuing_us[i].clone(),
+            }
+        })
+        .collect()
 }
 
 struct GenResult {

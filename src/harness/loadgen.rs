@@ -18,10 +18,10 @@ use crate::core::{Dur, Time};
 use crate::node::exec::emulated_output;
 use crate::run::{new_hist, ModelResult, RunResult};
 use crate::transport::{Conn, Event, Transport};
-use crate::wire::{Msg, Outcome};
+use crate::wire::{ModelInfo, Msg, Outcome};
 use crate::workload::{Arrival, Workload};
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::RecvTimeoutError;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use hdrhistogram::Histogram;
 use rand::{RngCore, SeedableRng};
 use std::sync::Arc;
@@ -136,8 +136,21 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         bail!("the rate must be > 0, got {}", o.rate_rps);
     }
     let wall = Instant::now();
+    let (conns, rx) = connect(transport.as_ref(), o)?;
+    let served = list_models(conns[0].as_ref(), &rx)?;
+    let inputs = Inputs::new(w, o, &served)?;
+    let mut d = Driver::new(w, o, conns, rx, inputs);
+    d.drive()?;
+    Ok(d.finish(wall))
+}
+
+/// The connections to the frontends, in the order of their addresses.
+type Conns = Vec<Arc<dyn Conn>>;
+
+/// Connects to every frontend; their events come on the one receiver.
+fn connect(transport: &dyn Transport, o: &LoadgenOpts) -> Result<(Conns, Receiver<Event>)> {
     let (tx, rx) = crate::transport::event_channel();
-    let mut conns: Vec<Arc<dyn Conn>> = Vec::new();
+    let mut conns: Conns = Vec::new();
     for a in &o.frontends {
         conns.push(
             transport
@@ -146,75 +159,296 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         );
     }
     drop(tx);
-    conns[0]
-        .send(Msg::ListModels)
+    Ok((conns, rx))
+}
+
+/// Asks a frontend for the models it serves.
+fn list_models(c: &dyn Conn, rx: &Receiver<Event>) -> Result<Vec<ModelInfo>> {
+    c.send(Msg::ListModels)
         .map_err(|e| anyhow::anyhow!("frontend: {e}"))?;
-    let served = loop {
+    loop {
         match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(Event::Msg(_, Msg::Models { models })) => break models,
+            Ok(Event::Msg(_, Msg::Models { models })) => return Ok(models),
             Ok(Event::Closed(_, r)) => bail!("the frontend closed the connection: {r}"),
             Ok(_) => {}
             Err(_) => bail!("no model list from the frontend in 5 s"),
         }
-    };
-    // Workload model i -> (name, input pool, expected outputs).
-    let mut names = Vec::new();
-    let mut pools: Vec<Vec<Vec<u8>>> = Vec::new();
-    let mut expect: Vec<Vec<Expect>> = Vec::new();
-    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(o.seed ^ 0x1f2e3d4c);
-    for m in &w.models {
-        let Some(info) = served.iter().find(|s| s.name == m.spec.name) else {
-            bail!(
-                "the frontend does not serve model `{}` of the workload (it serves: {})",
-                m.spec.name,
-                served
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        };
-        names.push(info.name.clone());
-        let meta = match info.meta() {
-            None => None,
-            Some(Ok(m)) => Some(m),
-            Some(Err(e)) => bail!("model `{}`: the frontend sent bad metadata: {e}", info.name),
-        };
-        let mut p = Vec::new();
-        for _ in 0..o.pool.max(1) {
-            p.push(match &meta {
-                Some(m) => m.sample_input(&mut rng),
-                None => {
-                    let mut b = vec![0u8; info.input_bytes as usize];
-                    rng.fill_bytes(&mut b);
-                    b
-                }
-            });
-        }
-        expect.push(
-            p.iter()
-                .map(|b| match &meta {
-                    Some(m) => Expect::Len(m.output_bytes()),
-                    None => Expect::Bytes(emulated_output(b)),
-                })
-                .collect(),
-        );
-        pools.push(p);
     }
-    let mut arrivals = MergedArrivals::new(
-        model_gens(w, o.arrival, o.rate_rps, o.seed, None),
-        Time::ZERO + o.warmup + o.duration,
-    );
-    let win_start = Time::ZERO + o.warmup;
-    let mut models: Vec<ModelResult> = w
-        .models
+}
+
+/// Per workload model i: its name at the frontend, its input pool and what
+/// each pooled input's output must be.
+struct Inputs {
+    names: Vec<String>,
+    pools: Vec<Vec<Vec<u8>>>,
+    expect: Vec<Vec<Expect>>,
+}
+
+impl Inputs {
+    /// Makes the input pools of the workload's models (each must be served).
+    fn new(w: &Workload, o: &LoadgenOpts, served: &[ModelInfo]) -> Result<Inputs> {
+        let mut inputs = Inputs {
+            names: Vec::new(),
+            pools: Vec::new(),
+            expect: Vec::new(),
+        };
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(o.seed ^ 0x1f2e3d4c);
+        for m in &w.models {
+            let Some(info) = served.iter().find(|s| s.name == m.spec.name) else {
+                bail!(
+                    "the frontend does not serve model `{}` of the workload (it serves: {})",
+                    m.spec.name,
+                    served
+                        .iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            };
+            inputs.names.push(info.name.clone());
+            let (p, expect) = model_pool(info, o.pool.max(1), &mut rng)?;
+            inputs.expect.push(expect);
+            inputs.pools.push(p);
+        }
+        Ok(inputs)
+    }
+}
+
+/// `n` inputs for a model and their expected outputs: valid inputs in a real
+/// model's layout (outputs checked for length), else random bytes (outputs
+/// the emulated GPU's).
+fn model_pool(
+    info: &ModelInfo,
+    n: usize,
+    rng: &mut rand_xoshiro::Xoshiro256PlusPlus,
+) -> Result<(Vec<Vec<u8>>, Vec<Expect>)> {
+    let meta = match info.meta() {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => bail!("model `{}`: the frontend sent bad metadata: {e}", info.name),
+    };
+    let mut p = Vec::new();
+    for _ in 0..n {
+        p.push(match &meta {
+            Some(m) => m.sample_input(rng),
+            None => {
+                let mut b = vec![0u8; info.input_bytes as usize];
+                rng.fill_bytes(&mut b);
+                b
+            }
+        });
+    }
+    let expect = p
         .iter()
-        .map(|m| ModelResult::new(&m.spec.name))
+        .map(|b| match &meta {
+            Some(m) => Expect::Len(m.output_bytes()),
+            None => Expect::Bytes(emulated_output(b)),
+        })
         .collect();
-    let mut recs: Vec<Rec> = Vec::with_capacity(
-        (o.rate_rps * (o.warmup + o.duration).as_secs_f64() * 1.1) as usize + 16,
-    );
-    let mut rep = LoadReport {
+    Ok((p, expect))
+}
+
+/// One load run: sends each arrival when it is due and counts the answers.
+struct Driver<'a> {
+    o: &'a LoadgenOpts,
+    conns: Conns,
+    rx: Receiver<Event>,
+    inputs: Inputs,
+    arrivals: MergedArrivals,
+    win_start: Time,
+    models: Vec<ModelResult>,
+    recs: Vec<Rec>,
+    rep: LoadReport,
+    lag: Histogram<u64>,
+    /// Requests sent and not answered yet.
+    open: u64,
+    t0: Instant,
+    last_arrival: Instant,
+}
+
+impl<'a> Driver<'a> {
+    /// A run that starts 20 ms from now.
+    fn new(
+        w: &Workload,
+        o: &'a LoadgenOpts,
+        conns: Conns,
+        rx: Receiver<Event>,
+        inputs: Inputs,
+    ) -> Driver<'a> {
+        let arrivals = MergedArrivals::new(
+            model_gens(w, o.arrival, o.rate_rps, o.seed, None),
+            Time::ZERO + o.warmup + o.duration,
+        );
+        let models = w
+            .models
+            .iter()
+            .map(|m| ModelResult::new(&m.spec.name))
+            .collect();
+        let recs = Vec::with_capacity(
+            (o.rate_rps * (o.warmup + o.duration).as_secs_f64() * 1.1) as usize + 16,
+        );
+        let rep = empty_report(w, o);
+        let lag = new_hist();
+        let t0 = Instant::now() + Duration::from_millis(20);
+        Driver {
+            o,
+            conns,
+            rx,
+            inputs,
+            arrivals,
+            win_start: Time::ZERO + o.warmup,
+            models,
+            recs,
+            rep,
+            lag,
+            open: 0,
+            t0,
+            last_arrival: t0,
+        }
+    }
+
+    /// Sends the arrivals as they fall due and takes the answers, until all
+    /// are sent and answered (or the drain time has passed since the last).
+    fn drive(&mut self) -> Result<()> {
+        loop {
+            let now = Instant::now();
+            let rel = Time(now.saturating_duration_since(self.t0).as_nanos() as i64);
+            self.send_due(now, rel)?;
+            let done_sending = self.arrivals.is_empty();
+            if done_sending
+                && (self.open == 0 || now.duration_since(self.last_arrival) > self.o.drain)
+            {
+                break;
+            }
+            let wait = match self.arrivals.peek() {
+                Some((_, t)) => Duration::from_nanos((t - rel).0.max(0) as u64),
+                None => Duration::from_millis(5),
+            };
+            match self.rx.recv_timeout(wait.min(Duration::from_millis(5))) {
+                Ok(ev) => {
+                    if let Event::Closed(_, r) = &ev {
+                        if !done_sending || self.open > 0 {
+                            bail!("a frontend closed the connection: {r}");
+                        }
+                    }
+                    self.handle(ev);
+                    while let Ok(ev) = self.rx.try_recv() {
+                        self.handle(ev);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends every arrival due by `rel` (the run's time at `now`).
+    fn send_due(&mut self, now: Instant, rel: Time) -> Result<()> {
+        while let Some((_, t)) = self.arrivals.peek() {
+            if t > rel {
+                break;
+            }
+            let (m, t) = self.arrivals.pop().expect("peeked");
+            let req = self.recs.len() as u64;
+            let pool = (req % self.inputs.pools[m].len() as u64) as u32;
+            let in_window = t >= self.win_start;
+            if in_window {
+                self.models[m].offered += 1;
+            }
+            self.lag
+                .saturating_record(((rel - t).0 / 1000).max(1) as u64);
+            self.recs.push(Rec {
+                model: m as u32,
+                pool,
+                sent: now,
+                in_window,
+                done: false,
+            });
+            self.open += 1;
+            self.rep.sent += 1;
+            let c = &self.conns[(req % self.conns.len() as u64) as usize];
+            if let Err(e) = c.send(Msg::Infer {
+                req,
+                model: self.inputs.names[m].clone(),
+                slo: Dur::ZERO,
+                input: self.inputs.pools[m][pool as usize].clone(),
+            }) {
+                bail!("cannot send to the frontend: {e}");
+            }
+            self.last_arrival = now;
+        }
+        Ok(())
+    }
+
+    /// Counts an answer (a second one for a request as a duplicate); other
+    /// events are ignored.
+    fn handle(&mut self, ev: Event) {
+        let Event::Msg(
+            _,
+            Msg::InferReply {
+                req,
+                status,
+                queue,
+                batch_size,
+                output,
+                ..
+            },
+        ) = ev
+        else {
+            return;
+        };
+        let Some(r) = self.recs.get_mut(req as usize) else {
+            return;
+        };
+        if r.done {
+            self.rep.duplicates += 1;
+            return;
+        }
+        r.done = true;
+        self.open -= 1;
+        if !r.in_window {
+            return;
+        }
+        let mr = &mut self.models[r.model as usize];
+        let answered = matches!(status, Outcome::Good | Outcome::Late);
+        let wrong = self.o.verify
+            && answered
+            && !self.inputs.expect[r.model as usize][r.pool as usize].ok(&output);
+        if wrong {
+            self.rep.wrong_outputs += 1;
+        }
+        count_outcome(mr, &mut self.rep, status, wrong);
+        record_batch(mr, batch_size, queue);
+        if answered {
+            self.rep
+                .latency_us
+                .saturating_record(r.sent.elapsed().as_micros().max(1) as u64);
+        }
+    }
+
+    /// Counts what was never answered, closes the connections and returns the
+    /// report.
+    fn finish(mut self, wall: Instant) -> LoadReport {
+        for r in self.recs.iter().filter(|r| !r.done && r.in_window) {
+            self.rep.unanswered += 1;
+            self.models[r.model as usize].dropped += 1;
+        }
+        for c in &self.conns {
+            c.close("load generator done");
+        }
+        let mut rep = self.rep;
+        rep.send_lag_p99_us = self.lag.value_at_quantile(0.99) as f64;
+        rep.sim.models = self.models;
+        rep.sim.sim_requests = rep.sent;
+        rep.sim.wall_secs = wall.elapsed().as_secs_f64();
+        rep
+    }
+}
+
+/// A report with nothing counted yet.
+fn empty_report(w: &Workload, o: &LoadgenOpts) -> LoadReport {
+    LoadReport {
         sim: RunResult {
             policy: w.policy,
             rate_rps: o.rate_rps,
@@ -233,141 +467,33 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
         duplicates: 0,
         wrong_outputs: 0,
         send_lag_p99_us: 0.0,
-    };
-    let mut lag = new_hist();
-    let mut open = 0u64;
-    let t0 = Instant::now() + Duration::from_millis(20);
-    let mut last_arrival = t0;
-    let handle = |ev: Event,
-                  recs: &mut Vec<Rec>,
-                  models: &mut Vec<ModelResult>,
-                  rep: &mut LoadReport,
-                  open: &mut u64| {
-        let Event::Msg(
-            _,
-            Msg::InferReply {
-                req,
-                status,
-                queue,
-                batch_size,
-                output,
-                ..
-            },
-        ) = ev
-        else {
-            return;
-        };
-        let Some(r) = recs.get_mut(req as usize) else {
-            return;
-        };
-        if r.done {
-            rep.duplicates += 1;
-            return;
-        }
-        r.done = true;
-        *open -= 1;
-        if !r.in_window {
-            return;
-        }
-        let mr = &mut models[r.model as usize];
-        let wrong = o.verify
-            && matches!(status, Outcome::Good | Outcome::Late)
-            && !expect[r.model as usize][r.pool as usize].ok(&output);
-        if wrong {
-            rep.wrong_outputs += 1;
-        }
-        match status {
-            Outcome::Good if !wrong => mr.good += 1,
-            Outcome::Late if !wrong => mr.late += 1,
-            Outcome::Dropped => mr.dropped += 1,
-            _ => {
-                rep.failed += 1;
-                mr.dropped += 1;
-            }
-        }
-        if batch_size > 0 {
-            let b = batch_size as usize;
-            if mr.batch_requests.len() <= b {
-                mr.batch_requests.resize(b + 1, 0);
-            }
-            mr.batch_requests[b] += 1;
-            mr.queuing_us
-                .saturating_record((queue.0 / 1000).max(1) as u64);
-        }
-        if matches!(status, Outcome::Good | Outcome::Late) {
-            rep.latency_us
-                .saturating_record(r.sent.elapsed().as_micros().max(1) as u64);
-        }
-    };
-    loop {
-        let now = Instant::now();
-        let rel = Time(now.saturating_duration_since(t0).as_nanos() as i64);
-        while let Some((_, t)) = arrivals.peek() {
-            if t > rel {
-                break;
-            }
-            let (m, t) = arrivals.pop().expect("peeked");
-            let req = recs.len() as u64;
-            let pool = (req % pools[m].len() as u64) as u32;
-            let in_window = t >= win_start;
-            if in_window {
-                models[m].offered += 1;
-            }
-            lag.saturating_record(((rel - t).0 / 1000).max(1) as u64);
-            recs.push(Rec {
-                model: m as u32,
-                pool,
-                sent: now,
-                in_window,
-                done: false,
-            });
-            open += 1;
-            rep.sent += 1;
-            let c = &conns[(req % conns.len() as u64) as usize];
-            if let Err(e) = c.send(Msg::Infer {
-                req,
-                model: names[m].clone(),
-                slo: Dur::ZERO,
-                input: pools[m][pool as usize].clone(),
-            }) {
-                bail!("cannot send to the frontend: {e}");
-            }
-            last_arrival = now;
-        }
-        let done_sending = arrivals.is_empty();
-        if done_sending && (open == 0 || now.duration_since(last_arrival) > o.drain) {
-            break;
-        }
-        let wait = match arrivals.peek() {
-            Some((_, t)) => Duration::from_nanos((t - rel).0.max(0) as u64),
-            None => Duration::from_millis(5),
-        };
-        match rx.recv_timeout(wait.min(Duration::from_millis(5))) {
-            Ok(ev) => {
-                if let Event::Closed(_, r) = &ev {
-                    if !done_sending || open > 0 {
-                        bail!("a frontend closed the connection: {r}");
-                    }
-                }
-                handle(ev, &mut recs, &mut models, &mut rep, &mut open);
-                while let Ok(ev) = rx.try_recv() {
-                    handle(ev, &mut recs, &mut models, &mut rep, &mut open);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+    }
+}
+
+/// Counts an answered request in the window by its outcome (a wrong output
+/// counts as failed).
+fn count_outcome(mr: &mut ModelResult, rep: &mut LoadReport, status: Outcome, wrong: bool) {
+    match status {
+        Outcome::Good if !wrong => mr.good += 1,
+        Outcome::Late if !wrong => mr.late += 1,
+        Outcome::Dropped => mr.dropped += 1,
+        _ => {
+            rep.failed += 1;
+            mr.dropped += 1;
         }
     }
-    for r in recs.iter().filter(|r| !r.done && r.in_window) {
-        rep.unanswered += 1;
-        models[r.model as usize].dropped += 1;
+}
+
+/// Records the size of the batch a request ran in and its queuing time (if
+/// it ran).
+fn record_batch(mr: &mut ModelResult, batch_size: u32, queue: Dur) {
+    if batch_size > 0 {
+        let b = batch_size as usize;
+        if mr.batch_requests.len() <= b {
+            mr.batch_requests.resize(b + 1, 0);
+        }
+        mr.batch_requests[b] += 1;
+        mr.queuing_us
+            .saturating_record((queue.0 / 1000).max(1) as u64);
     }
-    for c in &conns {
-        c.close("load generator done");
-    }
-    rep.send_lag_p99_us = lag.value_at_quantile(0.99) as f64;
-    rep.sim.models = models;
-    rep.sim.sim_requests = rep.sent;
-    rep.sim.wall_secs = wall.elapsed().as_secs_f64();
-    Ok(rep)
 }

@@ -44,7 +44,7 @@
 //! ([`Sharing`]).
 
 use super::exec::Executor;
-use crate::repo::{BucketPolicy, DType, ModelMeta};
+use crate::repo::{BucketPolicy, DType, ModelMeta, TensorMeta};
 use crate::wire::{ModelId, ModelInfo};
 use anyhow::{anyhow, bail, Context, Result};
 use ort::environment::Environment;
@@ -551,27 +551,362 @@ fn batch_symbols(session: &Session) -> Vec<String> {
     v
 }
 
+/// Checks a model's metadata and file, and returns its bucket sizes (empty:
+/// exact shapes).
+fn checked_buckets(file: &Path, meta: &ModelMeta, opts: &OnnxOptions) -> Result<Vec<u32>> {
+    meta.validate()
+        .with_context(|| format!("model `{}`: bad metadata", meta.name))?;
+    if !file.is_file() {
+        bail!(
+            "model `{}`: no ONNX file {} (is --models the right directory?)",
+            meta.name,
+            file.display()
+        );
+    }
+    let gpu = opts.device != Device::Cpu;
+    Ok(opts
+        .buckets
+        .buckets(meta, gpu)
+        .with_context(|| format!("model `{}`: buckets", meta.name))?
+        .unwrap_or_default())
+}
+
+/// The device's free memory before a model loads (None on the CPU).
+fn free_device_memory(device: Device) -> Result<Option<u64>> {
+    match device {
+        Device::Cpu => Ok(None),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => Ok(Some(cuda::free_memory(dev)?)),
+    }
+}
+
+/// The weights a model's bucket sessions share, when they share them (more than
+/// one bucket and sharing on).
+fn shared_weights(
+    file: &Path,
+    meta: &ModelMeta,
+    opts: &OnnxOptions,
+    buckets: usize,
+    stream: Option<&cuda_stream::Stream>,
+) -> Result<Option<SharedWeights>> {
+    if opts.sharing != Sharing::None && buckets > 1 {
+        Ok(Some(SharedWeights::load(file, opts, stream).with_context(
+            || format!("model `{}`: shared weights", meta.name),
+        )?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Whether the bucket sessions use one memory arena registered with the
+/// environment (sharing all, on a GPU, with more than one bucket).
+fn share_env_arena(
+    #[allow(unused)] env: &Environment,
+    #[allow(unused)] opts: &OnnxOptions,
+    #[allow(unused)] buckets: usize,
+) -> bool {
+    #[allow(unused_mut)]
+    let mut env_arena = false;
+    #[cfg(feature = "cuda")]
+    if let (Device::Cuda(dev), Sharing::All, true) = (opts.device, opts.sharing, buckets > 1) {
+        env_arena = cuda::share_arena(env, dev);
+    }
+    env_arena
+}
+
+/// What the sessions of one model are built from.
+struct SessionMaker<'a> {
+    env: &'a Environment,
+    file: &'a Path,
+    meta: &'a ModelMeta,
+    opts: &'a OnnxOptions,
+    /// The sessions use the environment's (shared) allocators.
+    env_arena: bool,
+    prepacked: ort::session::builder::PrepackedWeights,
+    /// The CUDA provider's stream and its batch timer.
+    #[cfg(feature = "cuda")]
+    timer: Option<&'a cuda::BatchTimer>,
+}
+
+impl SessionMaker<'_> {
+    /// One session (exact shapes), or one per bucket (with the shared weights
+    /// if ONNX Runtime takes them; else `shared` becomes None).
+    fn open_all(
+        &self,
+        buckets: &[u32],
+        shared: &mut Option<SharedWeights>,
+    ) -> Result<Vec<Session>> {
+        if buckets.is_empty() {
+            return Ok(vec![self.make(None, None)?]);
+        }
+        // The batch dimension's name comes from the file; a session per bucket
+        // then fixes it to the bucket's size.
+        let syms = self.probe_batch_symbols()?;
+        let build = |shared: Option<&SharedWeights>| -> Result<Vec<Session>> {
+            buckets
+                .iter()
+                .map(|&size| self.make(Some((&syms, size)), shared))
+                .collect()
+        };
+        match build(shared.as_ref()) {
+            Ok(s) => Ok(s),
+            // A model whose weights ONNX Runtime will not take as shared
+            // initializers still runs, each session with its own copy.
+            Err(e) if shared.is_some() => {
+                tracing::warn!(
+                    model = %self.meta.name,
+                    "cannot share weights between bucket sessions ({e:#}); each loads its own"
+                );
+                *shared = None;
+                build(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The symbols of the file's batch dimension, read with a CPU session with
+    /// no optimizations (dropped at once).
+    fn probe_batch_symbols(&self) -> Result<Vec<String>> {
+        let name = &self.meta.name;
+        let mut probe = Session::builder(self.env)
+            .map_err(|err| anyhow!("model `{name}`: session builder: {err}"))?
+            .with_optimization_level(GraphOptimizationLevel::Disable)
+            .map_err(|err| anyhow!("model `{name}`: session builder: {err}"))?
+            .with_intra_threads(1)
+            .map_err(|err| anyhow!("model `{name}`: session builder: {err}"))?;
+        let s = probe
+            .commit_from_file(self.file)
+            .map_err(|err| self.cannot_open(err))?;
+        Ok(batch_symbols(&s))
+    }
+
+    /// Opens a session: its batch dimension fixed to a size (the symbols and the
+    /// size) or not, with the shared weights or not.
+    fn make(
+        &self,
+        fixed: Option<(&[String], u32)>,
+        shared: Option<&SharedWeights>,
+    ) -> Result<Session> {
+        let e = |what: &str| self.err(what);
+        let mut b = self.builder()?;
+        if let Some((syms, size)) = fixed {
+            for s in syms {
+                b = b
+                    .with_dimension_override(s, size as i64)
+                    .map_err(e("batch dimension override"))?;
+            }
+        }
+        if let Some(sw) = shared {
+            for (name, v) in &sw.values {
+                b = b
+                    .with_initializer(name, v.clone())
+                    .map_err(e(&format!("shared initializer `{name}`")))?;
+            }
+            if self.opts.device == Device::Cpu {
+                b = b
+                    .with_prepacked_weights(&self.prepacked)
+                    .map_err(e("shared prepacked weights"))?;
+            }
+        }
+        if self.env_arena {
+            b = b.with_env_allocators().map_err(e("shared arena"))?;
+        }
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = self.opts.device {
+            let t = self.timer.expect("a timer for CUDA");
+            b = cuda::with_cuda_provider(b, dev, t)
+                .with_context(|| format!("model `{}`", self.meta.name))?;
+        }
+        b.commit_from_file(self.file)
+            .map_err(|err| self.cannot_open(err))
+    }
+
+    /// A session builder with the settings of every session.
+    fn builder(&self) -> Result<ort::session::builder::SessionBuilder> {
+        let e = |what: &str| self.err(what);
+        Session::builder(self.env)
+            .map_err(|err| anyhow!("model `{}`: session builder: {err}", self.meta.name))?
+            .with_optimization_level(GraphOptimizationLevel::Level3)
+            .map_err(e("optimization level"))?
+            .with_intra_threads(self.opts.intra_threads)
+            .map_err(e("intra-op threads"))?
+            .with_inter_threads(1)
+            .map_err(e("inter-op threads"))?
+            .with_parallel_execution(false)
+            .map_err(e("sequential execution"))
+    }
+
+    /// Maps a session builder's error to one that names the model and what
+    /// failed.
+    fn err(
+        &self,
+        what: &str,
+    ) -> impl FnOnce(ort::Error<ort::session::builder::SessionBuilder>) -> anyhow::Error + '_ {
+        let what = what.to_string();
+        move |err| anyhow!("model `{}`: {what}: {err}", self.meta.name)
+    }
+
+    /// The error of a session that cannot be opened from the file.
+    fn cannot_open(&self, err: impl std::fmt::Display) -> anyhow::Error {
+        anyhow!(
+            "model `{}`: cannot open {}: {err}",
+            self.meta.name,
+            self.file.display()
+        )
+    }
+}
+
+/// Inputs: the session's inputs must be the metadata's (the same set of names,
+/// each with the metadata's type and shape); a plan for each, in session order.
+fn input_plans(
+    session: &Session,
+    meta: &ModelMeta,
+    device: Device,
+    first_bucket: Option<u32>,
+) -> Result<Vec<InputPlan>> {
+    let mut offsets = HashMap::new();
+    let mut off = 0;
+    for t in &meta.inputs {
+        offsets.insert(t.name.as_str(), (off, t));
+        off += t.sample_bytes();
+    }
+    let mut inputs = Vec::new();
+    for o in session.inputs() {
+        let Some(&(offset, t)) = offsets.get(o.name()) else {
+            bail!(
+                "model `{}`: the ONNX file has input `{}` that the metadata does not list (it lists: {})",
+                meta.name,
+                o.name(),
+                meta.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+            );
+        };
+        check_input(meta, o.name(), o.dtype(), t, first_bucket)?;
+        inputs.push(InputPlan::new(t, offset, meta.max_batch, device)?);
+    }
+    if let Some(t) = meta
+        .inputs
+        .iter()
+        .find(|t| !session.inputs().iter().any(|o| o.name() == t.name))
+    {
+        bail!(
+            "model `{}`: the metadata lists input `{}` but the ONNX file has no such input (it has: {})",
+            meta.name,
+            t.name,
+            session.inputs().iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(inputs)
+}
+
+/// Checks that the session's input `name` of type `vt` is a tensor of the
+/// metadata's element type and shape `t`.
+fn check_input(
+    meta: &ModelMeta,
+    name: &str,
+    vt: &ValueType,
+    t: &TensorMeta,
+    first_bucket: Option<u32>,
+) -> Result<()> {
+    let Some((ty, shape)) = tensor_of(vt) else {
+        bail!("model `{}`: input `{}` is not a tensor", meta.name, name);
+    };
+    if ty != element_type(t.datatype) {
+        bail!(
+            "model `{}`: input `{}` is {ty:?} in the ONNX file but {} in the metadata",
+            meta.name,
+            t.name,
+            t.datatype.kserve_name()
+        );
+    }
+    if !dims_match_batch(&shape, &t.shape, first_bucket) {
+        bail!(
+            "model `{}`: input `{}` has shape {shape:?} in the ONNX file but {:?} in the \
+             metadata (the first dimension must be a dynamic batch)",
+            meta.name,
+            t.name,
+            t.shape
+        );
+    }
+    Ok(())
+}
+
+impl InputPlan {
+    /// The plan of input `t` (its bytes at `offset` in a request's bytes), with
+    /// a buffer for `max_batch` samples (pinned host memory on a GPU).
+    fn new(t: &TensorMeta, offset: usize, max_batch: u32, device: Device) -> Result<InputPlan> {
+        let max_bytes = t.sample_bytes() * max_batch as usize;
+        let buf = match device {
+            Device::Cpu => HostBuf::heap(max_bytes),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) => cuda::pinned_buffer(dev, max_bytes)?,
+        };
+        Ok(InputPlan {
+            name: t.name.clone(),
+            dtype: t.datatype,
+            offset,
+            sample_bytes: t.sample_bytes(),
+            sample_shape: t.sample_shape().to_vec(),
+            views: (0..=max_batch).map(|_| None).collect(),
+            buf,
+        })
+    }
+}
+
+/// Outputs: every metadata output must be a session output of that type (and,
+/// where the file knows it, shape); a plan for each, in metadata order.
+fn output_plans(
+    session: &Session,
+    meta: &ModelMeta,
+    first_bucket: Option<u32>,
+) -> Result<Vec<OutputPlan>> {
+    let mut outputs = Vec::new();
+    for t in &meta.outputs {
+        let Some(o) = session.outputs().iter().find(|o| o.name() == t.name) else {
+            bail!(
+                "model `{}`: the metadata lists output `{}` but the ONNX file has no such output (it has: {})",
+                meta.name,
+                t.name,
+                session.outputs().iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
+            );
+        };
+        let Some((ty, shape)) = tensor_of(o.dtype()) else {
+            bail!("model `{}`: output `{}` is not a tensor", meta.name, t.name);
+        };
+        if ty != element_type(t.datatype) {
+            bail!(
+                "model `{}`: output `{}` is {ty:?} in the ONNX file but {} in the metadata",
+                meta.name,
+                t.name,
+                t.datatype.kserve_name()
+            );
+        }
+        // An output's shape may be unknown to the file (-1s); a known rank or
+        // dimension must agree. The real shape is checked on every run.
+        if !shape.is_empty() && !dims_match_batch(&shape, &t.shape, first_bucket) {
+            bail!(
+                "model `{}`: output `{}` has shape {shape:?} in the ONNX file but {:?} in the metadata",
+                meta.name,
+                t.name,
+                t.shape
+            );
+        }
+        outputs.push(OutputPlan {
+            name: t.name.clone(),
+            dtype: t.datatype,
+            sample_bytes: t.sample_bytes(),
+            sample_shape: t.sample_shape().to_vec(),
+        });
+    }
+    Ok(outputs)
+}
+
 impl OnnxModel {
     /// Opens `file` with its metadata `meta`: one session (exact shapes) or one per
     /// bucket, and checks that the sessions' inputs and outputs are exactly the
     /// metadata's (names, element types, shapes with a batch dimension); an error
     /// names the tensor that differs.
     pub fn open(file: &Path, meta: &ModelMeta, opts: &OnnxOptions) -> Result<OnnxModel> {
-        meta.validate()
-            .with_context(|| format!("model `{}`: bad metadata", meta.name))?;
-        if !file.is_file() {
-            bail!(
-                "model `{}`: no ONNX file {} (is --models the right directory?)",
-                meta.name,
-                file.display()
-            );
-        }
-        let gpu = opts.device != Device::Cpu;
-        let buckets = opts
-            .buckets
-            .buckets(meta, gpu)
-            .with_context(|| format!("model `{}`: buckets", meta.name))?
-            .unwrap_or_default();
+        let buckets = checked_buckets(file, meta, opts)?;
         let env = ort_environment()?;
         // The CUDA timer's stream becomes the provider's compute stream, so its
         // events bracket the batch's work; it must outlive the sessions (it is
@@ -581,250 +916,31 @@ impl OnnxModel {
             Device::Cuda(dev) => Some(cuda::BatchTimer::new(dev)?),
             Device::Cpu => None,
         };
-        #[cfg(feature = "cuda")]
-        let free_before = match opts.device {
-            Device::Cuda(dev) => Some(cuda::free_memory(dev)?),
-            Device::Cpu => None,
-        };
-        #[cfg(not(feature = "cuda"))]
-        let free_before: Option<u64> = None;
+        let free_before = free_device_memory(opts.device)?;
         #[cfg(feature = "cuda")]
         let stream = timer.as_ref().map(|t| t.stream());
         #[cfg(not(feature = "cuda"))]
         let stream: Option<cuda_stream::Stream> = None;
-
-        let mut shared = if opts.sharing != Sharing::None && buckets.len() > 1 {
-            Some(
-                SharedWeights::load(file, opts, stream.as_ref())
-                    .with_context(|| format!("model `{}`: shared weights", meta.name))?,
-            )
-        } else {
-            None
+        let mut shared = shared_weights(file, meta, opts, buckets.len(), stream.as_ref())?;
+        let maker = SessionMaker {
+            env: &env,
+            file,
+            meta,
+            opts,
+            env_arena: share_env_arena(&env, opts, buckets.len()),
+            prepacked: ort::session::builder::PrepackedWeights::new(),
+            #[cfg(feature = "cuda")]
+            timer: timer.as_ref(),
         };
-        #[allow(unused_mut)]
-        let mut env_arena = false;
-        #[cfg(feature = "cuda")]
-        if let (Device::Cuda(dev), Sharing::All, true) =
-            (opts.device, opts.sharing, buckets.len() > 1)
-        {
-            env_arena = cuda::share_arena(&env, dev);
-        }
-        let prepacked = ort::session::builder::PrepackedWeights::new();
-        let make =
-            |fixed: Option<(&[String], u32)>, shared: Option<&SharedWeights>| -> Result<Session> {
-                let e = |what: &str| {
-                    let what = what.to_string();
-                    move |err: ort::Error<ort::session::builder::SessionBuilder>| {
-                        anyhow!("model `{}`: {what}: {err}", meta.name)
-                    }
-                };
-                let mut b = Session::builder(&env)
-                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?
-                    .with_optimization_level(GraphOptimizationLevel::Level3)
-                    .map_err(e("optimization level"))?
-                    .with_intra_threads(opts.intra_threads)
-                    .map_err(e("intra-op threads"))?
-                    .with_inter_threads(1)
-                    .map_err(e("inter-op threads"))?
-                    .with_parallel_execution(false)
-                    .map_err(e("sequential execution"))?;
-                if let Some((syms, size)) = fixed {
-                    for s in syms {
-                        b = b
-                            .with_dimension_override(s, size as i64)
-                            .map_err(e("batch dimension override"))?;
-                    }
-                }
-                if let Some(sw) = shared {
-                    for (name, v) in &sw.values {
-                        b = b
-                            .with_initializer(name, v.clone())
-                            .map_err(e(&format!("shared initializer `{name}`")))?;
-                    }
-                    if opts.device == Device::Cpu {
-                        b = b
-                            .with_prepacked_weights(&prepacked)
-                            .map_err(e("shared prepacked weights"))?;
-                    }
-                }
-                if env_arena {
-                    b = b.with_env_allocators().map_err(e("shared arena"))?;
-                }
-                #[cfg(feature = "cuda")]
-                if let Device::Cuda(dev) = opts.device {
-                    let t = timer.as_ref().expect("a timer for CUDA");
-                    b = cuda::with_cuda_provider(b, dev, t)
-                        .with_context(|| format!("model `{}`", meta.name))?;
-                }
-                b.commit_from_file(file).map_err(|err| {
-                    anyhow!(
-                        "model `{}`: cannot open {}: {err}",
-                        meta.name,
-                        file.display()
-                    )
-                })
-            };
-        let mut sessions = Vec::new();
-        if buckets.is_empty() {
-            sessions.push(make(None, None)?);
-        } else {
-            // The batch dimension's name comes from the file; a session per bucket
-            // then fixes it to the bucket's size.
-            let syms = {
-                let mut probe = Session::builder(&env)
-                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?
-                    .with_optimization_level(GraphOptimizationLevel::Disable)
-                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?
-                    .with_intra_threads(1)
-                    .map_err(|err| anyhow!("model `{}`: session builder: {err}", meta.name))?;
-                // A CPU session with no optimizations only to read the input
-                // names' symbols; dropped at once.
-                let s = probe.commit_from_file(file).map_err(|err| {
-                    anyhow!(
-                        "model `{}`: cannot open {}: {err}",
-                        meta.name,
-                        file.display()
-                    )
-                })?;
-                batch_symbols(&s)
-            };
-            let build = |shared: Option<&SharedWeights>| -> Result<Vec<Session>> {
-                buckets
-                    .iter()
-                    .map(|&size| make(Some((&syms, size)), shared))
-                    .collect()
-            };
-            sessions = match build(shared.as_ref()) {
-                Ok(s) => s,
-                // A model whose weights ONNX Runtime will not take as shared
-                // initializers still runs, each session with its own copy.
-                Err(e) if shared.is_some() => {
-                    tracing::warn!(
-                        model = %meta.name,
-                        "cannot share weights between bucket sessions ({e:#}); each loads its own"
-                    );
-                    shared = None;
-                    build(None)?
-                }
-                Err(e) => return Err(e),
-            };
-        }
+        let sessions = maker.open_all(&buckets, &mut shared)?;
         let mem = match opts.device {
             Device::Cpu => MemoryInfo::default(),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => cuda::pinned_memory_info()?,
         };
-
-        // Inputs: the same set of names, each with the metadata's type and shape.
-        let session = &sessions[0];
         let first_bucket = buckets.first().copied();
-        let mut offsets = HashMap::new();
-        let mut off = 0;
-        for t in &meta.inputs {
-            offsets.insert(t.name.as_str(), (off, t));
-            off += t.sample_bytes();
-        }
-        let mut inputs = Vec::new();
-        for o in session.inputs() {
-            let Some(&(offset, t)) = offsets.get(o.name()) else {
-                bail!(
-                    "model `{}`: the ONNX file has input `{}` that the metadata does not list (it lists: {})",
-                    meta.name,
-                    o.name(),
-                    meta.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
-                );
-            };
-            let Some((ty, shape)) = tensor_of(o.dtype()) else {
-                bail!(
-                    "model `{}`: input `{}` is not a tensor",
-                    meta.name,
-                    o.name()
-                );
-            };
-            if ty != element_type(t.datatype) {
-                bail!(
-                    "model `{}`: input `{}` is {ty:?} in the ONNX file but {} in the metadata",
-                    meta.name,
-                    t.name,
-                    t.datatype.kserve_name()
-                );
-            }
-            if !dims_match_batch(&shape, &t.shape, first_bucket) {
-                bail!(
-                    "model `{}`: input `{}` has shape {shape:?} in the ONNX file but {:?} in the \
-                     metadata (the first dimension must be a dynamic batch)",
-                    meta.name,
-                    t.name,
-                    t.shape
-                );
-            }
-            let max_bytes = t.sample_bytes() * meta.max_batch as usize;
-            let buf = match opts.device {
-                Device::Cpu => HostBuf::heap(max_bytes),
-                #[cfg(feature = "cuda")]
-                Device::Cuda(dev) => cuda::pinned_buffer(dev, max_bytes)?,
-            };
-            inputs.push(InputPlan {
-                name: t.name.clone(),
-                dtype: t.datatype,
-                offset,
-                sample_bytes: t.sample_bytes(),
-                sample_shape: t.sample_shape().to_vec(),
-                views: (0..=meta.max_batch).map(|_| None).collect(),
-                buf,
-            });
-        }
-        if let Some(t) = meta
-            .inputs
-            .iter()
-            .find(|t| !session.inputs().iter().any(|o| o.name() == t.name))
-        {
-            bail!(
-                "model `{}`: the metadata lists input `{}` but the ONNX file has no such input (it has: {})",
-                meta.name,
-                t.name,
-                session.inputs().iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
-            );
-        }
-        // Outputs: every metadata output must be a session output of that type.
-        let mut outputs = Vec::new();
-        for t in &meta.outputs {
-            let Some(o) = session.outputs().iter().find(|o| o.name() == t.name) else {
-                bail!(
-                    "model `{}`: the metadata lists output `{}` but the ONNX file has no such output (it has: {})",
-                    meta.name,
-                    t.name,
-                    session.outputs().iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
-                );
-            };
-            let Some((ty, shape)) = tensor_of(o.dtype()) else {
-                bail!("model `{}`: output `{}` is not a tensor", meta.name, t.name);
-            };
-            if ty != element_type(t.datatype) {
-                bail!(
-                    "model `{}`: output `{}` is {ty:?} in the ONNX file but {} in the metadata",
-                    meta.name,
-                    t.name,
-                    t.datatype.kserve_name()
-                );
-            }
-            // An output's shape may be unknown to the file (-1s); a known rank or
-            // dimension must agree. The real shape is checked on every run.
-            if !shape.is_empty() && !dims_match_batch(&shape, &t.shape, first_bucket) {
-                bail!(
-                    "model `{}`: output `{}` has shape {shape:?} in the ONNX file but {:?} in the metadata",
-                    meta.name,
-                    t.name,
-                    t.shape
-                );
-            }
-            outputs.push(OutputPlan {
-                name: t.name.clone(),
-                dtype: t.datatype,
-                sample_bytes: t.sample_bytes(),
-                sample_shape: t.sample_shape().to_vec(),
-            });
-        }
+        let inputs = input_plans(&sessions[0], meta, opts.device, first_bucket)?;
+        let outputs = output_plans(&sessions[0], meta, first_bucket)?;
         let mut m = OnnxModel {
             meta: meta.clone(),
             buckets,
@@ -912,69 +1028,14 @@ impl OnnxModel {
     /// (padded to its bucket), one session run, each output split per request.
     pub fn run(&mut self, requests: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         let n = requests.len();
-        let name = &self.meta.name;
         if n == 0 {
             return Ok(Vec::new());
         }
-        if n > self.meta.max_batch as usize {
-            bail!(
-                "model `{name}`: batch of {n} exceeds its max batch {}",
-                self.meta.max_batch
-            );
-        }
-        let want = self.meta.input_bytes();
-        if let Some((i, r)) = requests.iter().enumerate().find(|(_, r)| r.len() != want) {
-            bail!(
-                "model `{name}`: request {i} of the batch has {} input bytes; the model takes {want} \
-                 (its inputs' sample bytes, concatenated in metadata order)",
-                r.len()
-            );
-        }
-        let (shape, si) = if self.buckets.is_empty() {
-            (n, 0)
-        } else {
-            let i = self.buckets.partition_point(|&b| (b as usize) < n);
-            (self.buckets[i] as usize, i)
-        };
-        // Gather: the only copy of the inputs. Rows n..shape (padding) keep what
-        // the buffer holds; their outputs are not used. A large gather bypasses
-        // the CPU caches (the buffer is read by the device's DMA, not the CPU), so
-        // a batch of 64 images does not evict what the next, small batch's run
-        // needs on the host.
-        for p in &mut self.inputs {
-            let sb = p.sample_bytes;
-            let dst = p.buf.as_mut_bytes()?;
-            let streaming = sb * n >= STREAMING_GATHER_BYTES;
-            for (k, r) in requests.iter().enumerate() {
-                let (d, s) = (&mut dst[k * sb..(k + 1) * sb], &r[p.offset..p.offset + sb]);
-                if streaming {
-                    copy_streaming(d, s);
-                } else {
-                    d.copy_from_slice(s);
-                }
-            }
-        }
-        if self
-            .inputs
-            .iter()
-            .any(|p| p.sample_bytes * n >= STREAMING_GATHER_BYTES)
-        {
-            streaming_fence();
-        }
-        for p in &mut self.inputs {
-            if p.views[shape].is_none() {
-                let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
-                dims.push(shape as i64);
-                dims.extend_from_slice(&p.sample_shape);
-                let ptr = p.buf.as_mut_bytes()?.as_mut_ptr();
-                // SAFETY: `ptr` points to max_batch * sample_bytes >= shape * sample_bytes
-                // bytes, 8-byte aligned, that never move and outlive the view (see
-                // `InputPlan::views`); they are written only between runs.
-                let v = unsafe { tensor_view(&self.mem, p.dtype, ptr, Shape::new(dims)) }
-                    .map_err(|e| anyhow!("model `{name}`: input `{}`: {e}", p.name))?;
-                p.views[shape] = Some(v);
-            }
-        }
+        self.check_batch(requests)?;
+        let (shape, si) = self.bucket_index(n);
+        gather(&mut self.inputs, requests)?;
+        self.make_views(shape)?;
+        let name = &self.meta.name;
         let values: Vec<SessionInputValue<'_>> = self
             .inputs
             .iter()
@@ -994,41 +1055,137 @@ impl OnnxModel {
         let per_request = self.meta.output_bytes();
         let mut res: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(per_request)).collect();
         for o in &self.outputs {
-            let v = outs.get(&o.name).ok_or_else(|| {
-                anyhow!("model `{name}`: the run returned no output `{}`", o.name)
-            })?;
-            let t = v
-                .view()
-                .downcast::<DynTensorValueType>()
-                .map_err(|e| anyhow!("model `{name}`: output `{}`: {e}", o.name))?;
-            let expect = || std::iter::once(shape as i64).chain(o.sample_shape.iter().copied());
-            let good = match t.dtype() {
-                ValueType::Tensor { ty, shape, .. } => {
-                    *ty == element_type(o.dtype) && shape.iter().copied().eq(expect())
-                }
-                _ => false,
-            };
-            if !good {
-                bail!(
-                    "model `{name}`: output `{}` came back as {:?}; the metadata says {} {:?}",
-                    o.name,
-                    t.dtype(),
-                    o.dtype.kserve_name(),
-                    expect().collect::<Vec<_>>()
-                );
-            }
-            if !t.memory_info().is_cpu_accessible() {
-                bail!("model `{name}`: output `{}` is not in host memory", o.name);
-            }
-            let sb = o.sample_bytes;
-            // SAFETY: a CPU-accessible tensor of shape * sample elements of this
-            // type (n <= shape rows are read), alive while `outs` is.
-            let bytes = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<u8>(), n * sb) };
-            for (k, r) in res.iter_mut().enumerate() {
-                r.extend_from_slice(&bytes[k * sb..(k + 1) * sb]);
-            }
+            o.split(name, &outs, shape, &mut res)?;
         }
         Ok(res)
+    }
+
+    /// Checks a batch's size and each request's input length.
+    fn check_batch(&self, requests: &[&[u8]]) -> Result<()> {
+        let n = requests.len();
+        let name = &self.meta.name;
+        if n > self.meta.max_batch as usize {
+            bail!(
+                "model `{name}`: batch of {n} exceeds its max batch {}",
+                self.meta.max_batch
+            );
+        }
+        let want = self.meta.input_bytes();
+        if let Some((i, r)) = requests.iter().enumerate().find(|(_, r)| r.len() != want) {
+            bail!(
+                "model `{name}`: request {i} of the batch has {} input bytes; the model takes {want} \
+                 (its inputs' sample bytes, concatenated in metadata order)",
+                r.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// The shape a batch of `n` runs at and the index of the session that runs it.
+    fn bucket_index(&self, n: usize) -> (usize, usize) {
+        if self.buckets.is_empty() {
+            (n, 0)
+        } else {
+            let i = self.buckets.partition_point(|&b| (b as usize) < n);
+            (self.buckets[i] as usize, i)
+        }
+    }
+
+    /// Makes the input tensor views of shape `shape` not made yet.
+    fn make_views(&mut self, shape: usize) -> Result<()> {
+        let name = &self.meta.name;
+        for p in &mut self.inputs {
+            if p.views[shape].is_none() {
+                let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
+                dims.push(shape as i64);
+                dims.extend_from_slice(&p.sample_shape);
+                let ptr = p.buf.as_mut_bytes()?.as_mut_ptr();
+                // SAFETY: `ptr` points to max_batch * sample_bytes >= shape * sample_bytes
+                // bytes, 8-byte aligned, that never move and outlive the view (see
+                // `InputPlan::views`); they are written only between runs.
+                let v = unsafe { tensor_view(&self.mem, p.dtype, ptr, Shape::new(dims)) }
+                    .map_err(|e| anyhow!("model `{name}`: input `{}`: {e}", p.name))?;
+                p.views[shape] = Some(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gather: the only copy of the inputs. Rows n..shape (padding) keep what the
+/// buffer holds; their outputs are not used. A large gather bypasses the CPU
+/// caches (the buffer is read by the device's DMA, not the CPU), so a batch of 64
+/// images does not evict what the next, small batch's run needs on the host.
+fn gather(inputs: &mut [InputPlan], requests: &[&[u8]]) -> Result<()> {
+    let n = requests.len();
+    for p in inputs.iter_mut() {
+        let sb = p.sample_bytes;
+        let dst = p.buf.as_mut_bytes()?;
+        let streaming = sb * n >= STREAMING_GATHER_BYTES;
+        for (k, r) in requests.iter().enumerate() {
+            let (d, s) = (&mut dst[k * sb..(k + 1) * sb], &r[p.offset..p.offset + sb]);
+            if streaming {
+                copy_streaming(d, s);
+            } else {
+                d.copy_from_slice(s);
+            }
+        }
+    }
+    if inputs
+        .iter()
+        .any(|p| p.sample_bytes * n >= STREAMING_GATHER_BYTES)
+    {
+        streaming_fence();
+    }
+    Ok(())
+}
+
+impl OutputPlan {
+    /// Checks this output of a run of shape `shape` (its type and shape) and
+    /// appends each request's row to its bytes in `res`.
+    fn split(
+        &self,
+        name: &str,
+        outs: &ort::session::SessionOutputs<'_>,
+        shape: usize,
+        res: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let o = self;
+        let n = res.len();
+        let v = outs
+            .get(&o.name)
+            .ok_or_else(|| anyhow!("model `{name}`: the run returned no output `{}`", o.name))?;
+        let t = v
+            .view()
+            .downcast::<DynTensorValueType>()
+            .map_err(|e| anyhow!("model `{name}`: output `{}`: {e}", o.name))?;
+        let expect = || std::iter::once(shape as i64).chain(o.sample_shape.iter().copied());
+        let good = match t.dtype() {
+            ValueType::Tensor { ty, shape, .. } => {
+                *ty == element_type(o.dtype) && shape.iter().copied().eq(expect())
+            }
+            _ => false,
+        };
+        if !good {
+            bail!(
+                "model `{name}`: output `{}` came back as {:?}; the metadata says {} {:?}",
+                o.name,
+                t.dtype(),
+                o.dtype.kserve_name(),
+                expect().collect::<Vec<_>>()
+            );
+        }
+        if !t.memory_info().is_cpu_accessible() {
+            bail!("model `{name}`: output `{}` is not in host memory", o.name);
+        }
+        let sb = o.sample_bytes;
+        // SAFETY: a CPU-accessible tensor of shape * sample elements of this
+        // type (n <= shape rows are read), alive while `outs` is.
+        let bytes = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<u8>(), n * sb) };
+        for (k, r) in res.iter_mut().enumerate() {
+            r.extend_from_slice(&bytes[k * sb..(k + 1) * sb]);
+        }
+        Ok(())
     }
 }
 

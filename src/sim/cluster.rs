@@ -31,7 +31,7 @@
 //! A violation stops the run with a [`Violation`] whose `replay` is the one-line
 //! command that runs exactly that seed again.
 
-use crate::core::{Dispatcher, Dur, ModelId, Time};
+use crate::core::{Dispatcher, Dur, GpuId, ModelId, NetBudget, PlanId, Time};
 use crate::node::clock::OffsetEstimator;
 use crate::node::proto::backend::{
     self as be_proto, cut_batch, settle, BackendProto, PlanMsg, PlanQueue,
@@ -999,112 +999,68 @@ impl ClusterSim {
 
     /// Carries out the protocol machine's actions and the core's outputs.
     fn sched_apply(&mut self) {
-        let now = self.now;
         let sp = self.sched_pid;
         loop {
             let Proc::Sched(s) = &mut self.procs[sp] else {
                 return;
             };
-            let mut up = Vec::new();
-            let mut sends = Vec::new();
-            let mut closes = Vec::new();
-            while let Some(a) = s.proto.poll_action() {
-                match a {
-                    Action::Send(c, m) => sends.push((c, m)),
-                    Action::Close(c, _) => closes.push(c),
-                    Action::GpusUp { conn, gpus, .. } => {
-                        for g in &gpus {
-                            s.gpu_conn.insert(g.0, conn);
-                        }
-                        up.extend(gpus);
-                    }
-                    Action::GpusDown { gpus, .. } => {
-                        for g in gpus {
-                            s.gpu_conn.remove(&g.0);
-                            s.core.remove_gpu(now, g);
-                        }
-                    }
-                    Action::FrontendUp { node, .. } => {
-                        s.fe_nodes.insert(node);
-                    }
-                    Action::FrontendDown { node } => {
-                        s.fe_nodes.remove(&node);
-                    }
-                    Action::Submit(tasks) => {
-                        for (m, t) in tasks {
-                            s.core.handle_request(now, m, t);
-                        }
-                    }
-                    Action::PlanDone {
-                        gpu,
-                        plan,
-                        finished,
-                        ..
-                    } => {
-                        if let Some(f) = s.gpu_free.get_mut(&gpu.0) {
-                            if f.0 == plan.0 {
-                                f.1 = finished;
-                            }
-                        }
-                        s.core.handle_gpu_report(now, gpu, plan, finished);
-                    }
-                    Action::SetNet(net) => {
-                        s.core.set_net(net);
-                        let r = &mut self.report;
-                        r.budget_changes += 1;
-                        if now >= Time(Dur::from_ms(1000).0) {
-                            // The budget in force until now counts too.
-                            r.d_ctrl_us_max = r.d_ctrl_us_max.max(r.d_ctrl_us);
-                        }
-                        r.d_ctrl_us = net.ctrl.as_us_f64();
-                    }
-                    Action::DeviceBytes { .. } => {}
-                }
-            }
-            for g in up {
-                let got = s.core.add_gpu();
-                if got != g {
-                    let what = format!("GPU ids diverged: protocol {g:?}, core {got:?}");
-                    self.violate(what);
-                    return;
-                }
-            }
-            let mut plans = Vec::new();
-            let mut drops = Vec::new();
-            while let Some(o) = s.core.poll_output() {
-                match o {
-                    crate::core::Output::Dispatch(p) => plans.push(p),
-                    crate::core::Output::Drop { task, reason, .. } => drops.push((task.id, reason)),
-                    crate::core::Output::Preempt { .. } => {}
-                }
-            }
-            for (id, code) in drops {
-                s.proto.notify([id], code);
-            }
-            let mut more = !plans.is_empty();
-            for p in plans {
-                more |= self.dispatch(p);
-            }
-            for (c, m) in sends {
-                self.send(sp, c, m);
-            }
-            for c in closes {
-                self.break_link(c, "closed by the scheduler");
+            let acts = sched_take_actions(s, &mut self.report, self.now);
+            if !self.sched_add_gpus(acts.up) {
+                return;
             }
             let Proc::Sched(s) = &mut self.procs[sp] else {
                 return;
             };
-            let t = s.proto.poll_timeout();
-            let t = s.core.next_timeout().map_or(t, |c| c.min(t)).max(now);
-            // One wake-up pending at a time (the earliest needed).
-            if self.sched_wake.is_none_or(|w| t < w) {
-                self.sched_wake = Some(t);
-                self.at(t, Ev::Wake { pid: sp });
+            let plans = sched_core_plans(s);
+            let mut more = !plans.is_empty();
+            for p in plans {
+                more |= self.dispatch(p);
             }
-            if !more {
+            for (c, m) in acts.sends {
+                self.send(sp, c, m);
+            }
+            for c in acts.closes {
+                self.break_link(c, "closed by the scheduler");
+            }
+            if !self.sched_rearm() || !more {
                 return;
             }
         }
+    }
+
+    /// Adds the GPUs that went into service to the core, checking that the
+    /// core gives them the protocol's ids; false on a violation.
+    fn sched_add_gpus(&mut self, up: Vec<GpuId>) -> bool {
+        let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
+            return false;
+        };
+        for g in up {
+            let got = s.core.add_gpu();
+            if got != g {
+                let what = format!("GPU ids diverged: protocol {g:?}, core {got:?}");
+                self.violate(what);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sets the scheduler's wake-up for its earliest timeout; false when the
+    /// scheduler is gone.
+    fn sched_rearm(&mut self) -> bool {
+        let now = self.now;
+        let sp = self.sched_pid;
+        let Proc::Sched(s) = &mut self.procs[sp] else {
+            return false;
+        };
+        let t = s.proto.poll_timeout();
+        let t = s.core.next_timeout().map_or(t, |c| c.min(t)).max(now);
+        // One wake-up pending at a time (the earliest needed).
+        if self.sched_wake.is_none_or(|w| t < w) {
+            self.sched_wake = Some(t);
+            self.at(t, Ev::Wake { pid: sp });
+        }
+        true
     }
 
     /// Sends a plan the core made (as the real scheduler's dispatch path does);
@@ -1279,8 +1235,6 @@ impl ClusterSim {
 
     /// Carries out what a backend's protocol asked for, then sets its wake-up.
     fn be_apply(&mut self, pid: Pid) {
-        let planted = self.opts.planted;
-        let nmodels = self.models.len() as u32;
         loop {
             let Proc::Be(b) = &mut self.procs[pid] else {
                 return;
@@ -1288,56 +1242,73 @@ impl ClusterSim {
             let Some(a) = b.proto.poll_action() else {
                 break;
             };
-            match a {
-                be_proto::Action::Send(c, m) => self.send(pid, c, m),
-                be_proto::Action::Close(c, why) => self.break_link(c, &why),
-                be_proto::Action::SetClock { .. } | be_proto::Action::Ready(_) => {}
-                be_proto::Action::Load(model, _) => {
-                    // The modelled GPUs load at once (the planted bug: they skip
-                    // the last model but confirm it).
-                    let skip = planted == Some(Planted::SkipLoad) && model.id.0 + 1 == nmodels;
-                    if !skip {
-                        b.loaded.insert(model.id);
-                    }
-                    for _ in 0..b.run.len() {
-                        b.proto.handle_loaded(model.id, Ok(None));
-                    }
-                }
-                be_proto::Action::Unload(model) => {
-                    b.loaded.remove(&model);
-                }
-                be_proto::Action::Attach {
-                    node, ctrl_addr, ..
-                } => {
-                    let fe_pid: Pid = ctrl_addr
-                        .trim_start_matches("fe")
-                        .parse()
-                        .unwrap_or(usize::MAX);
-                    if fe_pid < self.procs.len() {
-                        let c = self.connect(pid, fe_pid);
-                        if let Proc::Be(b) = &mut self.procs[pid] {
-                            b.fe_pids.insert(node, fe_pid);
-                            b.proto.handle_connected(node, c);
-                        }
-                    }
-                }
-                be_proto::Action::Detach { node, conn } => {
-                    b.fe_pids.remove(&node);
-                    if let Some(c) = conn {
-                        self.break_link(c, "frontend down");
-                    }
-                }
-                be_proto::Action::Queue { gpu, plan } => {
-                    b.run[gpu].queue.push(plan.exec_at, plan);
-                    self.be_next(pid, gpu as u32);
-                }
-                be_proto::Action::Exit(why) => {
-                    let slot = b.slot;
-                    self.kill(pid, &why);
-                    return self.restart_later(Role::Backend, slot);
-                }
+            if !self.be_action(pid, a) {
+                return;
             }
         }
+        self.be_rearm(pid);
+    }
+
+    /// Carries out one action of a backend's protocol; false when the backend
+    /// exited.
+    fn be_action(&mut self, pid: Pid, a: be_proto::Action) -> bool {
+        let skip_last = self.opts.planted == Some(Planted::SkipLoad);
+        let nmodels = self.models.len() as u32;
+        let Proc::Be(b) = &mut self.procs[pid] else {
+            return false;
+        };
+        match a {
+            be_proto::Action::Send(c, m) => self.send(pid, c, m),
+            be_proto::Action::Close(c, why) => self.break_link(c, &why),
+            be_proto::Action::SetClock { .. } | be_proto::Action::Ready(_) => {}
+            be_proto::Action::Load(model, _) => {
+                // The planted bug: the GPUs skip the last model but confirm it.
+                be_load(b, model.id, skip_last && model.id.0 + 1 == nmodels);
+            }
+            be_proto::Action::Unload(model) => {
+                b.loaded.remove(&model);
+            }
+            be_proto::Action::Attach {
+                node, ctrl_addr, ..
+            } => self.be_attach(pid, node, &ctrl_addr),
+            be_proto::Action::Detach { node, conn } => {
+                b.fe_pids.remove(&node);
+                if let Some(c) = conn {
+                    self.break_link(c, "frontend down");
+                }
+            }
+            be_proto::Action::Queue { gpu, plan } => {
+                b.run[gpu].queue.push(plan.exec_at, plan);
+                self.be_next(pid, gpu as u32);
+            }
+            be_proto::Action::Exit(why) => {
+                let slot = b.slot;
+                self.kill(pid, &why);
+                self.restart_later(Role::Backend, slot);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Connects a backend to the frontend whose control address it was given
+    /// (`fe<pid>`) and reports the connection to its protocol.
+    fn be_attach(&mut self, pid: Pid, node: NodeId, ctrl_addr: &str) {
+        let fe_pid: Pid = ctrl_addr
+            .trim_start_matches("fe")
+            .parse()
+            .unwrap_or(usize::MAX);
+        if fe_pid < self.procs.len() {
+            let c = self.connect(pid, fe_pid);
+            if let Proc::Be(b) = &mut self.procs[pid] {
+                b.fe_pids.insert(node, fe_pid);
+                b.proto.handle_connected(node, c);
+            }
+        }
+    }
+
+    /// Sets a backend's wake-up for its protocol's next deadline.
+    fn be_rearm(&mut self, pid: Pid) {
         let now = self.now;
         let Proc::Be(b) = &mut self.procs[pid] else {
             return;
@@ -1358,22 +1329,44 @@ impl ClusterSim {
     /// Starts the next plan on a free GPU at its planned time.
     fn be_next(&mut self, pid: Pid, gpu: u32) {
         let now = self.now;
-        let Proc::Be(b) = &mut self.procs[pid] else {
+        let Some((plan, sched_now)) = self.be_take_due(pid, gpu) else {
             return;
+        };
+        let Proc::Be(b) = &self.procs[pid] else {
+            return;
+        };
+        let present = inputs_present(b, &self.procs, &plan);
+        let prof = &self.w.models[plan.model.idx()].spec.profile;
+        let pull = Dur(2_000 * plan.tasks.len() as i64);
+        let start = sched_now + pull;
+        let cut = cut_batch(&plan.tasks, &present, start, Some(prof));
+        let span = self.batch_span(plan.model, cut.run.len());
+        let outputs = vec![vec![1u8]; cut.run.len()];
+        let settled = settle(&plan, &cut, start, start + span, Ok(outputs));
+        if self.be_hold_results(pid, gpu, settled) {
+            self.at(now + pull + span, Ev::BatchDone { pid, gpu });
+        }
+    }
+
+    /// Takes a free GPU's next plan if it is due (else sets the event for its
+    /// start), with the time on the scheduler's clock; checks its model is
+    /// loaded.
+    fn be_take_due(&mut self, pid: Pid, gpu: u32) -> Option<(PlanMsg, Time)> {
+        let now = self.now;
+        let Proc::Be(b) = &mut self.procs[pid] else {
+            return None;
         };
         let offset = b.proto.offset();
         let run = &mut b.run[gpu as usize];
         if run.busy {
-            return;
+            return None;
         }
-        let Some(at) = run.queue.next_at() else {
-            return;
-        };
+        let at = run.queue.next_at()?;
         // The planned start on this node's clock, in true time.
         let start_true = b.clock.true_of(at - offset);
         if start_true > now {
             self.at(start_true, Ev::Start { pid, gpu });
-            return;
+            return None;
         }
         let sched_now = b.clock.local(now) + offset;
         let plan = run.queue.pop_due(Time::NEVER).expect("peeked");
@@ -1384,45 +1377,31 @@ impl ClusterSim {
                 "plan {} runs model {} on a backend that has not loaded it",
                 plan.id, plan.model
             );
-            return self.violate(what);
+            self.violate(what);
+            return None;
         }
-        // The pull: an input is there while its frontend is connected and
-        // still holds the request.
-        let holders: Vec<Option<Pid>> = plan
-            .tasks
-            .iter()
-            .map(|t| {
-                let fe = task_owner(t.id);
-                let connected = b.proto.frontend(fe).is_some();
-                b.fe_pids.get(&fe).copied().filter(|_| connected)
-            })
-            .collect();
-        let present: Vec<bool> = holders
-            .iter()
-            .zip(&plan.tasks)
-            .map(|(p, t)| {
-                p.is_some_and(|p| match &self.procs[p] {
-                    Proc::Fe(f) => f.ledger.contains(t.id),
-                    _ => false,
-                })
-            })
-            .collect();
-        let prof = &self.w.models[plan.model.idx()].spec.profile;
-        let pull = Dur(2_000 * plan.tasks.len() as i64);
-        let start = sched_now + pull;
-        let cut = cut_batch(&plan.tasks, &present, start, Some(prof));
-        let n = cut.run.len() as u32;
+        Some((plan, sched_now))
+    }
+
+    /// How long the modelled GPU runs a batch of `n`: the profile's l(n) with
+    /// a little noise (one draw from the run's generator).
+    fn batch_span(&mut self, model: ModelId, n: usize) -> Dur {
+        let prof = &self.w.models[model.idx()].spec.profile;
+        let n = n as u32;
         let l = if n > 0 {
             prof.latency(n.clamp(1, prof.max_batch()))
         } else {
             Dur::ZERO
         };
         let noise = 1.0 + self.rng.gen_range(-0.02..0.05);
-        let span = Dur((l.0 as f64 * noise) as i64);
-        let outputs = vec![vec![1u8]; cut.run.len()];
-        let settled = settle(&plan, &cut, start, start + span, Ok(outputs));
+        Dur((l.0 as f64 * noise) as i64)
+    }
+
+    /// Keeps a batch's results and report to send when it finishes; false when
+    /// the backend is gone.
+    fn be_hold_results(&mut self, pid: Pid, gpu: u32, settled: be_proto::Settled) -> bool {
         let Proc::Be(b) = &mut self.procs[pid] else {
-            return;
+            return false;
         };
         let pending: Vec<(ConnId, Msg)> = settled
             .results
@@ -1436,7 +1415,7 @@ impl ClusterSim {
         // Results and the report go out when the batch finishes.
         self.pending_out
             .insert((pid, gpu), (pending, sched, settled.done));
-        self.at(now + pull + span, Ev::BatchDone { pid, gpu });
+        true
     }
 
     fn batch_done(&mut self, pid: Pid, gpu: u32) {
@@ -1452,4 +1431,136 @@ impl ClusterSim {
         }
         self.be_next(pid, gpu);
     }
+}
+
+/// The scheduler protocol's actions left for the simulator once a pass over
+/// them is done.
+struct SchedActions {
+    /// GPUs that went into service, in order (the core must give the same ids).
+    up: Vec<GpuId>,
+    sends: Vec<(ConnId, Msg)>,
+    closes: Vec<ConnId>,
+}
+
+/// Drains the scheduler protocol's actions: carries out those on the
+/// scheduler's own state (and counts budget changes), returns the rest.
+fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -> SchedActions {
+    let mut acts = SchedActions {
+        up: Vec::new(),
+        sends: Vec::new(),
+        closes: Vec::new(),
+    };
+    while let Some(a) = s.proto.poll_action() {
+        match a {
+            Action::Send(c, m) => acts.sends.push((c, m)),
+            Action::Close(c, _) => acts.closes.push(c),
+            Action::GpusUp { conn, gpus, .. } => {
+                for g in &gpus {
+                    s.gpu_conn.insert(g.0, conn);
+                }
+                acts.up.extend(gpus);
+            }
+            Action::GpusDown { gpus, .. } => {
+                for g in gpus {
+                    s.gpu_conn.remove(&g.0);
+                    s.core.remove_gpu(now, g);
+                }
+            }
+            Action::FrontendUp { node, .. } => {
+                s.fe_nodes.insert(node);
+            }
+            Action::FrontendDown { node } => {
+                s.fe_nodes.remove(&node);
+            }
+            Action::Submit(tasks) => {
+                for (m, t) in tasks {
+                    s.core.handle_request(now, m, t);
+                }
+            }
+            Action::PlanDone {
+                gpu,
+                plan,
+                finished,
+                ..
+            } => sched_plan_done(s, now, gpu, plan, finished),
+            Action::SetNet(net) => {
+                s.core.set_net(net);
+                count_budget_change(report, now, net);
+            }
+            Action::DeviceBytes { .. } => {}
+        }
+    }
+    acts
+}
+
+/// A GPU reported a plan done: the GPU is free from `finished` (if that plan
+/// is its latest), and the core hears of it.
+fn sched_plan_done(s: &mut Sched, now: Time, gpu: GpuId, plan: PlanId, finished: Time) {
+    if let Some(f) = s.gpu_free.get_mut(&gpu.0) {
+        if f.0 == plan.0 {
+            f.1 = finished;
+        }
+    }
+    s.core.handle_gpu_report(now, gpu, plan, finished);
+}
+
+/// Counts a change of the network budget and tracks d_ctrl's largest value
+/// after the first simulated second.
+fn count_budget_change(r: &mut ClusterSimReport, now: Time, net: NetBudget) {
+    r.budget_changes += 1;
+    if now >= Time(Dur::from_ms(1000).0) {
+        // The budget in force until now counts too.
+        r.d_ctrl_us_max = r.d_ctrl_us_max.max(r.d_ctrl_us);
+    }
+    r.d_ctrl_us = net.ctrl.as_us_f64();
+}
+
+/// Takes the core's outputs: tells the protocol of the drops and returns the
+/// plans to dispatch.
+fn sched_core_plans(s: &mut Sched) -> Vec<crate::core::Plan> {
+    let mut plans = Vec::new();
+    let mut drops = Vec::new();
+    while let Some(o) = s.core.poll_output() {
+        match o {
+            crate::core::Output::Dispatch(p) => plans.push(p),
+            crate::core::Output::Drop { task, reason, .. } => drops.push((task.id, reason)),
+            crate::core::Output::Preempt { .. } => {}
+        }
+    }
+    for (id, code) in drops {
+        s.proto.notify([id], code);
+    }
+    plans
+}
+
+/// Marks a backend's (modelled) GPUs loaded with a model, unless `skip`, and
+/// confirms the load on each GPU.
+fn be_load(b: &mut Be, model: ModelId, skip: bool) {
+    // The modelled GPUs load at once.
+    if !skip {
+        b.loaded.insert(model);
+    }
+    for _ in 0..b.run.len() {
+        b.proto.handle_loaded(model, Ok(None));
+    }
+}
+
+/// Which of a plan's inputs a backend can pull: its frontend is connected and
+/// still holds the request.
+fn inputs_present(b: &Be, procs: &[Proc], plan: &PlanMsg) -> Vec<bool> {
+    plan.tasks
+        .iter()
+        .map(|t| {
+            let fe = task_owner(t.id);
+            let connected = b.proto.frontend(fe).is_some();
+            b.fe_pids
+                .get(&fe)
+                .copied()
+                .filter(|_| connected)
+                .is_some_and(|p| match &procs[p] {
+                    Proc::Fe(f) => f.ledger.contains(t.id),
+                    _ => false,
+                })
+        })
+        .collect()
 }

@@ -27,7 +27,9 @@ use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, TaskId, Time};
 use crate::transport::ConnId;
-use crate::wire::{task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, Role, MAX_NODE_ID};
+use crate::wire::{
+    task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role, MAX_NODE_ID,
+};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -297,14 +299,12 @@ impl SchedProto {
             } => {
                 pc.ctrl_delay = check::measured(ctrl_delay);
                 pc.pull = check::measured(pull);
-                self.send(
-                    c,
-                    Msg::Pong {
-                        seq,
-                        echo: sent,
-                        sched: now,
-                    },
-                );
+                let pong = Msg::Pong {
+                    seq,
+                    echo: sent,
+                    sched: now,
+                };
+                self.send(c, pong);
             }
             Msg::Submit { tasks } => self.submit(now, c, tasks),
             Msg::Register {
@@ -317,26 +317,7 @@ impl SchedProto {
                 if !matches!(pc.peer, Peer::New) {
                     return self.reject(c, "second Register on one connection".into());
                 }
-                if self.next_node > MAX_NODE_ID {
-                    return self.reject(c, "out of node ids".into());
-                }
-                let node = self.next_node;
-                self.next_node += 1;
-                match role {
-                    Role::Backend => self.register_backend(c, node, &name, gpus.len()),
-                    Role::Frontend => {
-                        let Some(region) = region else {
-                            return self
-                                .reject(c, "a frontend must register its input region".into());
-                        };
-                        let up = Msg::FrontendUp {
-                            node,
-                            ctrl_addr,
-                            region,
-                        };
-                        self.register_frontend(c, node, &name, up);
-                    }
-                }
+                self.register(c, role, &name, gpus.len(), ctrl_addr, region);
             }
             Msg::ModelLoaded {
                 model,
@@ -358,6 +339,38 @@ impl SchedProto {
             other => {
                 let k = other.kind();
                 self.reject(c, format!("unexpected message {k} at the scheduler"));
+            }
+        }
+    }
+
+    /// A `Register` on a new connection: gives the node an id and registers it
+    /// by its role.
+    fn register(
+        &mut self,
+        c: ConnId,
+        role: Role,
+        name: &str,
+        gpus: usize,
+        ctrl_addr: String,
+        region: Option<RegionInfo>,
+    ) {
+        if self.next_node > MAX_NODE_ID {
+            return self.reject(c, "out of node ids".into());
+        }
+        let node = self.next_node;
+        self.next_node += 1;
+        match role {
+            Role::Backend => self.register_backend(c, node, name, gpus),
+            Role::Frontend => {
+                let Some(region) = region else {
+                    return self.reject(c, "a frontend must register its input region".into());
+                };
+                let up = Msg::FrontendUp {
+                    node,
+                    ctrl_addr,
+                    region,
+                };
+                self.register_frontend(c, node, name, up);
             }
         }
     }
