@@ -538,6 +538,11 @@ pub struct ServeArgs {
     /// Override every model's input size in bytes (emulated only).
     #[arg(long)]
     input_bytes: Option<u32>,
+    /// Override the workload's scheduling policy, as `fermata scheduler
+    /// --policy`: deferred, eager, timeout:FRAC, clockwork[:MS], shepherd[:K]
+    /// or nexus.
+    #[arg(long)]
+    policy: Option<String>,
     /// What runs the batches: emulated (the workload's profiles, waits l(b)),
     /// onnx (ONNX Runtime on the CPU: serves every model of --models under its
     /// file stem, with its measured profile) or cuda (feature `cuda`).
@@ -565,6 +570,15 @@ pub const REPO_DEFAULT_RATE: f64 = 100.0;
 /// The workload of `serve`: the workload file (emulated), or the model repository
 /// with its profiles for the executor (onnx, cuda).
 fn serve_workload(a: &ServeArgs) -> Result<Workload> {
+    let mut w = serve_workload_of(a)?;
+    if let Some(p) = &a.policy {
+        w.policy = p.parse().map_err(anyhow::Error::msg).context("--policy")?;
+    }
+    Ok(w)
+}
+
+/// The workload `serve` runs before `--policy`.
+fn serve_workload_of(a: &ServeArgs) -> Result<Workload> {
     let devices = cuda_devices_of(&a.cuda_devices)?;
     let gpus = match (&devices, a.gpus) {
         (Some(d), Some(g)) if d.len() != g as usize => {
@@ -851,10 +865,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let lo = a.load.options(&w, Vec::new())?;
     if !a.load.json {
         eprintln!(
-            "fermata serve: {} ({} GPUs, {}) over {} | {} backend(s), {} frontend(s) | {:.0} r/s for {:.1}+{:.1} s",
+            "fermata serve: {} ({} GPUs, {}, policy {}) over {} | {} backend(s), {} frontend(s) | {:.0} r/s for {:.1}+{:.1} s",
             w.name,
             w.gpus,
             a.executor,
+            w.policy,
             tr.name(),
             a.backends,
             a.frontends,
@@ -867,6 +882,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let s = &r.cluster.scheduler;
     let extra = serde_json::json!({
         "startup_ms": r.startup.as_secs_f64() * 1e3,
+        "policy": w.policy.to_string(),
         "d_ctrl_us": s.d_ctrl_us,
         "d_data_us": s.d_data_us,
         "cluster": r.cluster,

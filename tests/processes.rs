@@ -105,6 +105,8 @@ fn serve_starts_fast_and_reports() {
             "0.2",
             "--rate",
             "500",
+            "--policy",
+            "eager",
             "--json",
         ])
         .output()
@@ -116,6 +118,7 @@ fn serve_starts_fast_and_reports() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["startup_ms"].as_f64().unwrap() < 2000.0);
+    assert_eq!(v["policy"], "eager", "serve --policy is the scheduler's");
     assert!(v["goodput_rps"].as_f64().unwrap() > 0.0);
     assert_eq!(v["unanswered"], 0);
     assert_eq!(v["duplicates"], 0);
@@ -147,6 +150,8 @@ fn bad_arguments_and_unreachable_peers_fail_clearly() {
         "127.0.0.1:0",
     ]);
     assert!(e.contains("cannot reach the scheduler"), "{e}");
+    let e = run(&["serve", "--policy", "sometimes", "--duration-s", "0.1"]);
+    assert!(e.contains("--policy"), "{e}");
     let e = run(&["serve", "--transport", "carrier-pigeon"]);
     assert!(e.contains("unknown transport"), "{e}");
     let e = run(&["serve", "--transport", "rdma", "--duration-s", "0.1"]);
