@@ -41,6 +41,17 @@ input_bytes = 128
     .unwrap()
 }
 
+/// A scheduler that does not time out silent nodes during a test: the raw peers
+/// here do not send heartbeats, and on a loaded machine the steps between a
+/// backend entering service and its plan can outlast the default 1 s timeout
+/// (its GPUs would leave service and the task be dropped with no plan).
+fn patient() -> SchedulerOpts {
+    SchedulerOpts {
+        node_timeout: Duration::from_secs(30),
+        ..SchedulerOpts::default()
+    }
+}
+
 fn tcp() -> Arc<dyn Transport> {
     Arc::new(Tcp::new().unwrap())
 }
@@ -289,7 +300,7 @@ fn plan_done_is_checked_against_the_senders_gpus_and_plans() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tr = tcp();
     let w = workload();
-    let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
+    let s = SchedulerNode::start(tr.clone(), &w, patient()).unwrap();
     // Two raw backends with one GPU each: ids 0 and 1.
     let a = Peer::connect(&tr, s.addr());
     let ga = a.enter_service().expect("a in service");
@@ -360,7 +371,7 @@ fn extreme_times_in_plan_done_do_not_overflow() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tr = tcp();
     let w = workload();
-    let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
+    let s = SchedulerNode::start(tr.clone(), &w, patient()).unwrap();
     let a = Peer::connect(&tr, s.addr());
     let ga = a.enter_service().expect("in service");
     // A raw frontend submits one task by hand.
