@@ -99,6 +99,20 @@ pub fn task_owner(id: TaskId) -> NodeId {
     (id.0 >> TASK_SEQ_BITS) as NodeId
 }
 
+/// `tasks` dropped for `code`, grouped by the frontend that owns them (in node
+/// order): the items of one `Msg::Dropped` per frontend.
+pub fn drops_by_frontend(
+    tasks: impl IntoIterator<Item = TaskId>,
+    code: DropReason,
+) -> Vec<(NodeId, Vec<(TaskId, DropReason)>)> {
+    let mut by_fe: std::collections::BTreeMap<NodeId, Vec<(TaskId, DropReason)>> =
+        Default::default();
+    for t in tasks {
+        by_fe.entry(task_owner(t)).or_default().push((t, code));
+    }
+    by_fe.into_iter().collect()
+}
+
 /// What a registering node is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

@@ -28,7 +28,8 @@ use super::plans::{PlanLedger, Refused};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, TaskId, Time};
 use crate::transport::ConnId;
 use crate::wire::{
-    task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role, MAX_NODE_ID,
+    drops_by_frontend, task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role,
+    MAX_NODE_ID,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -265,13 +266,7 @@ impl SchedProto {
     /// Tells the tasks' frontends that they were dropped (`code`), grouped by
     /// frontend; counted. Tasks of frontends that are gone are left out.
     pub fn notify(&mut self, tasks: impl IntoIterator<Item = TaskId>, code: DropReason) {
-        let mut by_fe: HashMap<NodeId, Vec<(TaskId, DropReason)>> = HashMap::new();
-        for t in tasks {
-            by_fe.entry(task_owner(t)).or_default().push((t, code));
-        }
-        let mut fes: Vec<_> = by_fe.into_iter().collect();
-        fes.sort_by_key(|(n, _)| *n);
-        for (fe, items) in fes {
+        for (fe, items) in drops_by_frontend(tasks, code) {
             if code == DropReason::BackendLost {
                 self.report.tasks_failed_backend_lost += items.len() as u64;
             } else {

@@ -11,7 +11,7 @@ use crate::node::proto::sched::{plan_msg, plan_tasks};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{GpuReporter, Outlet};
 use crate::transport::Conn;
-use crate::wire::{task_owner, Msg, NodeId};
+use crate::wire::{drops_by_frontend, task_owner, Msg, NodeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -56,13 +56,11 @@ impl Routes {
 
     /// Tells the tasks' frontends they were dropped.
     pub(super) fn notify(&self, tasks: impl IntoIterator<Item = TaskId>, code: DropReason) {
-        let mut by_fe: HashMap<NodeId, Vec<(TaskId, DropReason)>> = HashMap::new();
-        let mut n = 0;
-        for t in tasks {
-            by_fe.entry(task_owner(t)).or_default().push((t, code));
-            n += 1;
-        }
-        self.metrics.dropped(code, n);
+        let by_fe = drops_by_frontend(tasks, code);
+        self.metrics.dropped(
+            code,
+            by_fe.iter().map(|(_, items)| items.len() as u64).sum(),
+        );
         let fes = self.frontends.read().expect("routes lock");
         for (fe, items) in by_fe {
             if let Some(c) = fes.get(&fe) {
@@ -71,8 +69,11 @@ impl Routes {
         }
     }
 
-    /// The tasks' backend is gone: they end as `BackendLost`.
+    /// The tasks' backend is gone: they end as `BackendLost` (none: nothing to do).
     fn lose(&self, tasks: impl ExactSizeIterator<Item = TaskId>) {
+        if tasks.len() == 0 {
+            return;
+        }
         self.lost.fetch_add(tasks.len() as u64, Ordering::Relaxed);
         self.notify(tasks, DropReason::BackendLost);
     }
@@ -105,9 +106,7 @@ impl Routes {
     /// event loop) end as `BackendLost`.
     pub(super) fn lose_backend(&self, backend: NodeId) {
         let late = self.plans.lock().expect("plans lock").take_backend(backend);
-        if !late.is_empty() {
-            self.lose(late.into_iter());
-        }
+        self.lose(late.into_iter());
     }
 
     /// Drops for `node`'s tasks go to `conn` from now on.
@@ -169,9 +168,7 @@ impl Outlet for Routes {
         }
         if conn.send(msg).is_err() {
             let lost = self.plans.lock().expect("plans lock").unsent(plan.id);
-            if !lost.is_empty() {
-                self.lose(lost.into_iter());
-            }
+            self.lose(lost.into_iter());
         }
     }
 
