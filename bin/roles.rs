@@ -146,6 +146,10 @@ pub struct SchedulerArgs {
     /// Cap on the measured input-pull budget d_data per request (us).
     #[arg(long, default_value_t = 500)]
     max_data_us: u64,
+    /// Cap on a model's measured response margin, from a batch's end to its
+    /// results handed to the clients, as the frontends report it (us).
+    #[arg(long, default_value_t = 5000)]
+    max_margin_us: u64,
     /// A deferred batch is planned at least this long before its latest start
     /// (us), for timing error; matters for models whose l(b+1) - l(b) is smaller.
     #[arg(long, default_value_t = 500)]
@@ -249,6 +253,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             model_spin: Dur::from_us(a.spin.model_spin_us as i64),
             max_ctrl: Dur::from_us(a.max_ctrl_us as i64),
             max_data: Dur::from_us(a.max_data_us as i64),
+            max_margin: Dur::from_us(a.max_margin_us as i64),
             min_slack: Dur::from_us(a.slack_us as i64),
             ..SchedulerOpts::default()
         },

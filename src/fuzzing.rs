@@ -313,6 +313,9 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
             error: String::new(),
             device_bytes: 1 << 20,
         },
+        (s, false) if s % 7 == 6 => Msg::Margins {
+            items: vec![(ModelId(s as u32 % 4), Dur::from_us(s as i64 * 100))],
+        },
         (_, false) => Msg::Submit {
             tasks: vec![SubmitTask {
                 id: task_id(node?, step as u64),
@@ -348,6 +351,7 @@ pub fn sched_proto(data: &[u8]) -> u64 {
             floors: NetBudget::default(),
             max_ctrl: Dur::from_us(2000),
             max_data: Dur::from_us(500),
+            max_margin: Dur::from_us(5000),
         },
     );
     let mut closed: HashSet<u64> = HashSet::new();
@@ -563,6 +567,7 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
                     _ => Answer::Output {
                         output: vec![1],
                         started: b.time_near(now.0),
+                        finished: b.time_near(now.0),
                         batch_size: b.below(64),
                     },
                 };

@@ -323,7 +323,7 @@ fn plan_done_is_checked_against_the_senders_gpus_and_plans() {
     };
     let mut got = None;
     for _ in 0..20 {
-        let _answer = h.infer("small", Dur(0), vec![3; 64]);
+        let _answer = h.infer("small", Dur(0), vec![3; 64], std::time::Instant::now());
         if let Some(p) = plan(&a) {
             got = Some((p, true));
             break;

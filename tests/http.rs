@@ -233,6 +233,28 @@ impl Http {
         let s = self.r.get_mut();
         s.write_all(h.as_bytes()).unwrap();
         s.write_all(body).unwrap();
+        self.read_resp()
+    }
+
+    /// A POST of `body` to `path` written in two parts, `pause` apart: the
+    /// first `split` bytes of the whole request (head and body), then the rest.
+    fn post_slowly(&mut self, path: &str, body: &[u8], split: usize, pause: Duration) -> Resp {
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        let s = self.r.get_mut();
+        s.write_all(&req[..split]).unwrap();
+        s.flush().unwrap();
+        std::thread::sleep(pause);
+        s.write_all(&req[split..]).unwrap();
+        self.read_resp()
+    }
+
+    fn read_resp(&mut self) -> Resp {
         let mut line = String::new();
         self.r.read_line(&mut line).unwrap();
         let status: u16 = line
@@ -627,6 +649,61 @@ fn deadlines_that_cannot_be_met_get_429_and_late_results_504() {
         "{}",
         r.error()
     );
+    c.stop();
+}
+
+/// The SLO is the client's: it runs from the request's first byte, so a client
+/// that writes its request slowly spends its own deadline, and the frontend
+/// does not answer 200 to a request whose deadline passed while it was read.
+#[test]
+fn a_slow_client_spends_its_own_deadline() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-slow", 1, |_| {});
+    let mut h = Http::connect(c.http);
+    let mut v = tiny_json([1.0; 4], [1, 2]);
+    // 60 ms of SLO.
+    v["parameters"] = json!({"timeout": 60_000});
+    let body = v.to_string().into_bytes();
+    // The head written at once, the body 100 ms later: the deadline passed
+    // while the body was read.
+    let head_len = {
+        let r = format!(
+            "POST /v2/models/tiny/infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        r.len()
+    };
+    let pause = Duration::from_millis(100);
+    let r = h.post_slowly("/v2/models/tiny/infer", &body, head_len, pause);
+    assert_eq!(r.status, 429, "body 100 ms late: {}", r.text());
+    assert!(r.error().contains("expired"), "{}", r.error());
+    // Half of the head, then the rest 100 ms later: the SLO runs from the
+    // first byte, not from the parsed head.
+    let r = h.post_slowly("/v2/models/tiny/infer", &body, 20, pause);
+    assert_eq!(r.status, 429, "head 100 ms late: {}", r.text());
+    // With the time to spare the same slow client is served, on the same
+    // connection (the next request's first byte starts a new stamp).
+    v["parameters"] = json!({"timeout": 90_000});
+    let body = v.to_string().into_bytes();
+    let mut ok = false;
+    for _ in 0..5 {
+        let r = h.post_slowly(
+            "/v2/models/tiny/infer",
+            &body,
+            20,
+            Duration::from_millis(20),
+        );
+        if r.status == 200 {
+            ok = true;
+            break;
+        }
+        // A lone request on a busy 2-core machine can miss its start: 429.
+        assert_eq!(r.status, 429, "{}", r.text());
+    }
+    assert!(ok, "5 slow requests with 70 ms to spare were all dropped");
+    let r = h.post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]));
+    assert_eq!(r.status, 200, "{}", r.text());
     c.stop();
 }
 

@@ -194,6 +194,12 @@ impl Dispatcher {
         self.shard.set_net(net);
     }
 
+    /// Sets the models' measured response margins (`margins[id]`), see
+    /// [`ModelState::set_margin`].
+    pub fn set_margins(&mut self, margins: &[super::time::Dur]) {
+        self.shard.set_margins(margins);
+    }
+
     /// Adds a GPU (free from now on); returns its id.
     pub fn add_gpu(&mut self) -> GpuId {
         let g = self.rank.add_gpu();

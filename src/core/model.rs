@@ -77,6 +77,10 @@ pub struct ModelState {
     rate_rps: f64,
     /// The model's share of the GPUs in service (GPUs), set with the rate.
     share: f64,
+    /// The measured response margin (from a batch's end on its GPU to its
+    /// results handed to the clients); the budget for results is the larger of
+    /// it and `net.resp`.
+    margin: Dur,
     /// Deferred: a batch runs at once when running it now rather than at its
     /// frontrun moment costs at most this fraction of the model's spare GPU time
     /// ([`DispatcherConfig::eager_cost_max`](super::DispatcherConfig::eager_cost_max)).
@@ -190,6 +194,7 @@ impl ModelState {
             cand: None,
             rate_rps: 0.0,
             share: 0.0,
+            margin: Dur::ZERO,
             eager_cost_max: 0.0,
         }
     }
@@ -223,6 +228,21 @@ impl ModelState {
         self.net = net;
     }
 
+    /// Sets the model's measured response margin: the time from a batch's end on
+    /// its GPU to its results in the clients' hands (the frontends measure it,
+    /// per model: it grows with the output's size). Every plan reserves the
+    /// larger of it and the network's `resp`, so a request the core counts good
+    /// is good at the client. The candidate follows at the model's next event.
+    pub fn set_margin(&mut self, margin: Dur) {
+        self.margin = margin.max(Dur::ZERO);
+    }
+
+    /// The time reserved between a batch's end and its head's deadline.
+    #[inline]
+    pub fn resp(&self) -> Dur {
+        self.net.resp.max(self.margin)
+    }
+
     pub fn observe_rate(&mut self, rate_rps: f64, gpus: f64) {
         self.rate_rps = rate_rps;
         self.share = gpus;
@@ -232,7 +252,7 @@ impl ModelState {
         let prof = &self.spec.profile;
         let n = gpus.max(1.0);
         let budget =
-            Dur(((self.spec.slo - self.net.resp - self.net.ctrl).0 as f64 * n / (n + 1.0)) as i64);
+            Dur(((self.spec.slo - self.resp() - self.net.ctrl).0 as f64 * n / (n + 1.0)) as i64);
         let cap = prof
             .max_batch_within(budget, self.net.data_per_req, self.max_batch)
             .max(1);
@@ -297,7 +317,7 @@ impl ModelState {
     /// The deadline by which the batch must finish on the GPU.
     #[inline]
     fn finish_by(&self, t: &Task) -> Time {
-        t.deadline - self.net.resp
+        t.deadline - self.resp()
     }
 
     /// GetBatch + UpdateCandidate. `gpu_free` is the free time of a GPU that has been
@@ -482,5 +502,47 @@ mod tests {
         // Slack never plans a batch before it could start.
         let c = cand(20_000);
         assert_eq!(c.exec_at, Time(1_000_000_000) + Dur::from_us(110));
+    }
+
+    /// A measured response margin larger than the network's `resp` moves every
+    /// batch's latest start earlier by the difference; a smaller one changes
+    /// nothing.
+    #[test]
+    fn the_response_margin_is_reserved() {
+        let spec = ModelSpec {
+            name: "m".into(),
+            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(2), 8).unwrap(),
+            slo: Dur::from_ms(20),
+        };
+        let net = NetBudget {
+            resp: Dur::from_us(300),
+            ..NetBudget::default()
+        };
+        let latest = |margin_us: i64| {
+            let mut m = ModelState::new(
+                ModelId(0),
+                spec.clone(),
+                Policy::Eager,
+                Gather::Lazy,
+                net,
+                10,
+            );
+            m.set_margin(Dur::from_us(margin_us));
+            let now = Time(1_000_000_000);
+            assert!(m.enqueue(Task {
+                id: TaskId(1),
+                arrival: now,
+                deadline: now + Dur::from_ms(20),
+                tag: 0,
+            }));
+            let c = m
+                .update(now, None, &mut |_, _| panic!("nothing to drop"))
+                .unwrap();
+            c.latest - now
+        };
+        // l(1) = 3 ms.
+        assert_eq!(latest(0), Dur::from_us(20_000 - 300 - 3_000));
+        assert_eq!(latest(100), latest(0));
+        assert_eq!(latest(2_000), Dur::from_us(20_000 - 2_000 - 3_000));
     }
 }

@@ -135,6 +135,17 @@ impl ModelShard {
         }
     }
 
+    /// Sets each owned model's measured response margin (`margins[id]`; a model
+    /// beyond the slice gets none). See [`ModelState::set_margin`].
+    pub fn set_margins(&mut self, margins: &[Dur]) {
+        for &id in &self.own {
+            let m = margins.get(id.idx()).copied().unwrap_or(Dur::ZERO);
+            if let Some(e) = self.models[id.idx()].as_mut() {
+                e.state.set_margin(m);
+            }
+        }
+    }
+
     fn entry(&self, id: ModelId) -> Option<&Entry> {
         self.models.get(id.idx()).and_then(|e| e.as_ref())
     }
@@ -462,7 +473,7 @@ impl ModelShard {
             c.exec_at
         );
         if self.cfg.check_invariants {
-            let resp = self.cfg.net.resp;
+            let resp = e.state.resp();
             let first = tasks.iter().map(|t| t.deadline).min().expect("bs >= 1");
             assert!(
                 finish_at + resp <= first,

@@ -101,6 +101,7 @@ enum ModelCtl {
     Add(ModelId, ModelSpec),
     Remove(ModelId),
     SetNet(NetBudget),
+    SetMargins(Arc<[Dur]>),
     Shutdown,
 }
 
@@ -538,6 +539,16 @@ impl RtScheduler {
         }
     }
 
+    /// Sets the models' measured response margins (`margins[id]`; see
+    /// [`crate::core::ModelState::set_margin`]).
+    pub fn set_margins(&self, margins: &[Dur]) {
+        let m: Arc<[Dur]> = margins.into();
+        for (t, tx) in self.ctl_txs.iter().enumerate() {
+            let _ = tx.send(ModelCtl::SetMargins(m.clone()));
+            self.model_unparkers[t].unpark();
+        }
+    }
+
     /// Adds a GPU (free from now on); returns its id.
     pub fn add_gpu(&self) -> GpuId {
         // The RankThread publishes the count of GPUs in service after each pass.
@@ -731,6 +742,7 @@ impl ModelThread {
                     ModelCtl::Add(id, spec) => self.shard.add_model(id, spec),
                     ModelCtl::Remove(id) => self.shard.remove_model(now, id),
                     ModelCtl::SetNet(net) => self.shard.set_net(net),
+                    ModelCtl::SetMargins(m) => self.shard.set_margins(&m),
                     ModelCtl::Shutdown => {
                         shutdown_at = Some(now);
                         self.shard.drain_all(now);

@@ -459,6 +459,7 @@ impl ClusterSim {
                 floors: dcfg.net,
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
+                max_margin: Dur::from_us(5000),
             },
         );
         let s = Sched {
@@ -1487,6 +1488,7 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
                 s.core.set_net(net);
                 count_budget_change(report, now, net);
             }
+            Action::SetMargins(m) => s.core.set_margins(&m),
             Action::DeviceBytes { .. } => {}
         }
     }

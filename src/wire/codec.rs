@@ -501,6 +501,21 @@ impl Wire for (TaskId, DropReason) {
     }
 }
 
+/// `(model id, margin)` of `Msg::Margins`.
+impl Wire for (ModelId, Dur) {
+    const MIN: usize = 4 + 8;
+    fn size(&self) -> usize {
+        Self::MIN
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        self.0.put(out);
+        self.1.put(out);
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        Ok((ModelId::get(r, field)?, Dur::get(r, field)?))
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Messages
 
@@ -561,6 +576,7 @@ wire_messages! {
     19 => Models { models },
     20 => Error { message },
     21 => Capacity { gpus },
+    22 => Margins { items },
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -960,6 +976,9 @@ mod tests {
                 message: "bad frame".into(),
             },
             Msg::Capacity { gpus: 8 },
+            Msg::Margins {
+                items: vec![(ModelId(0), Dur(250_000)), (ModelId(7), Dur::ZERO)],
+            },
         ]
     }
 

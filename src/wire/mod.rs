@@ -24,7 +24,8 @@
 //! - `Option<T>`: u8 0 (None) or 1 (Some) followed by the value.
 //! - structs ([`GpuInfo`], [`ModelInfo`], [`RegionInfo`], [`SubmitTask`],
 //!   [`PlanTask`], [`TaskResult`]): their fields in declaration order; the pair of
-//!   `Msg::Dropped` is the u64 then the [`DropReason`].
+//!   `Msg::Dropped` is the u64 then the [`DropReason`]; the pair of
+//!   `Msg::Margins` is the model id then the duration.
 //! - enums: a u8 tag, in declaration order from 0, then the variant's fields:
 //!   [`Role`] (Backend 0, Frontend 1), [`PlanStatus`] (Ran 0, TooLate 1, Failed 2),
 //!   [`Outcome`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropReason`] (Expired 0
@@ -36,7 +37,7 @@
 //! RegisterAck 2, Unregister 3, LoadModel 4, UnloadModel 5, ModelLoaded 6,
 //! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
 //! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
-//! Error 20, Capacity 21. A new message takes the next tag; changing a layout bumps
+//! Error 20, Capacity 21, Margins 22. A new message takes the next tag; changing a layout bumps
 //! [`PROTOCOL_VERSION`].
 //!
 //! A decoder checks every length against its limit and then against what is left of
@@ -61,7 +62,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -391,6 +392,14 @@ pub enum Msg {
     Capacity {
         gpus: u32,
     },
+    // ---- frontend -> scheduler ----
+    /// The frontend's measured response margin per model: from a batch's end on
+    /// its GPU to its results handed to the clients, at a high percentile
+    /// ([`NET_QUANTILE`], stall-robust). Sent when it changes; the scheduler
+    /// reserves it in every plan of the model.
+    Margins {
+        items: Vec<(ModelId, Dur)>,
+    },
 }
 
 impl Msg {
@@ -418,6 +427,7 @@ impl Msg {
             Msg::Models { .. } => "Models",
             Msg::Error { .. } => "Error",
             Msg::Capacity { .. } => "Capacity",
+            Msg::Margins { .. } => "Margins",
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::metrics::{Counter, Gauge};
 use crate::node::clock::{OffsetEstimator, SchedClock};
 use crate::node::proto::ledger::{Answer, RequestLedger};
 use crate::transport::{Conn, ConnId, Event, Listener, Region, RegionServer};
-use crate::wire::{ModelInfo, Msg, SubmitTask, MAX_ITEMS};
+use crate::wire::{ModelInfo, Msg, SubmitTask, MAX_ITEMS, NET_QUANTILE};
 use crossbeam_channel::Receiver;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 /// Most events handled between two submits to the scheduler.
 const DRAIN_MAX: usize = 64;
+/// A model's response margin is reported once this many samples are kept.
+pub const MARGIN_SAMPLES_MIN: usize = 32;
 
 /// The frontend's connections and region, for its loop.
 pub(super) struct Links {
@@ -58,6 +60,8 @@ pub(super) struct Loop {
     heartbeat: Duration,
     sched_timeout: Duration,
     last_pong: Instant,
+    /// The response margins last reported to the scheduler, per model.
+    margins_sent: Vec<Dur>,
     pub(super) report: FrontendReport,
     _server: Box<dyn RegionServer>,
     _listener: Box<dyn Listener>,
@@ -71,6 +75,7 @@ impl Loop {
         links: Links,
         opts: &FrontendOpts,
     ) -> Loop {
+        let nm = reg.models.len();
         Loop {
             by_name: reg
                 .models
@@ -94,6 +99,7 @@ impl Loop {
             heartbeat: Duration::from_millis(reg.heartbeat_ms.max(1) as u64),
             sched_timeout: opts.scheduler_timeout,
             last_pong: Instant::now(),
+            margins_sent: vec![Dur::ZERO; nm],
             report: FrontendReport::default(),
             _server: links.server,
             _listener: links.listener,
@@ -151,6 +157,7 @@ impl Loop {
                 for m in &mut self.stats {
                     m.update_bad_rate(now);
                 }
+                self.report_margins();
             }
             self.pending_gauge.set(self.ledger.len() as f64);
         }
@@ -210,6 +217,35 @@ impl Loop {
         if self.sched_ok() && now.duration_since(self.last_pong) > self.sched_timeout {
             self.sched.close("scheduler silent");
             self.scheduler_lost(format!("no pong for {:?}", self.sched_timeout));
+        }
+    }
+
+    /// Tells the scheduler the models' response margins (the tail of what the
+    /// clients recorded, stall-robust) that moved by more than 10% (or 20 us)
+    /// since they were last told.
+    fn report_margins(&mut self) {
+        let mut items = Vec::new();
+        for (i, m) in self.state.margins.iter().enumerate() {
+            let tail = {
+                let d = m.lock().expect("margins lock");
+                if d.len() < MARGIN_SAMPLES_MIN {
+                    continue;
+                }
+                Dur(d.tail(NET_QUANTILE))
+            };
+            let last = self.margins_sent[i];
+            if (tail - last).0.saturating_abs().saturating_mul(10) > last.0.max(200_000) {
+                self.margins_sent[i] = tail;
+                items.push((self.models[i].id, tail));
+            }
+        }
+        self.report.margin_max_us = self
+            .margins_sent
+            .iter()
+            .map(|d| d.as_us_f64())
+            .fold(0.0, f64::max);
+        if !items.is_empty() && self.sched_ok() {
+            let _ = self.sched.send(Msg::Margins { items });
         }
     }
 
@@ -334,7 +370,7 @@ impl Loop {
                 model,
                 slo,
                 input,
-            } => self.infer(Client::Conn(c, req), &model, slo, input),
+            } => self.infer(Client::Conn(c, req), &model, slo, input, Instant::now()),
             Msg::ListModels => {
                 if let Some(conn) = self.clients.get(&c) {
                     let _ = conn.send(Msg::Models {

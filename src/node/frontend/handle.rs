@@ -7,11 +7,16 @@ use super::metrics::queue_full_counter;
 use super::Ended;
 use crate::core::Dur;
 use crate::metrics::{Counter, Registry};
+use crate::node::clock::Delays;
+use crate::runtime::clock::Clock;
 use crate::wire::{DropReason, ModelInfo};
 use crossbeam_channel::{Sender, TrySendError};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Response-margin samples kept per model (bursts count once).
+pub const MARGIN_SAMPLES_MAX: usize = 2048;
 
 /// Most in-process requests (HTTP, gRPC) waiting for the frontend's loop; beyond,
 /// a request is refused at once as dropped (overloaded) and counted in
@@ -32,6 +37,10 @@ pub struct InferDone {
     pub queue: Duration,
     /// Size of the batch it ran in (0 when it did not run).
     pub batch_size: u32,
+    /// When its batch ended on the GPU, on this host's clock (None when it did
+    /// not run): the client records its response margin from there
+    /// ([`FrontendHandle::record_margin`]).
+    pub finished_at: Option<Instant>,
 }
 
 impl InferDone {
@@ -44,6 +53,7 @@ impl InferDone {
             latency,
             queue: Duration::ZERO,
             batch_size: 0,
+            finished_at: None,
         }
     }
 }
@@ -53,6 +63,8 @@ pub(super) struct LocalInfer {
     pub(super) model: String,
     pub(super) slo: Dur,
     pub(super) input: Vec<u8>,
+    /// When the client's request began to arrive (its SLO runs from there).
+    pub(super) received: Instant,
     pub(super) reply: tokio::sync::oneshot::Sender<InferDone>,
 }
 
@@ -67,6 +79,13 @@ pub(super) struct FrontendState {
     local_full: Arc<Counter>,
     /// The loop ended: requests are refused.
     pub(super) stopped: AtomicBool,
+    /// Per model (index): the measured response margins, from a batch's end on
+    /// its GPU to the response handed to the client. Clients record them
+    /// ([`FrontendHandle::record_margin`]), the loop reports their tail to the
+    /// scheduler.
+    pub(super) margins: Vec<Mutex<Delays>>,
+    /// This host's clock, for the margins' burst grouping.
+    clock: Clock,
 }
 
 impl FrontendState {
@@ -79,6 +98,10 @@ impl FrontendState {
         tx: Sender<LocalInfer>,
     ) -> FrontendState {
         FrontendState {
+            margins: (0..models.len())
+                .map(|_| Mutex::new(Delays::new(MARGIN_SAMPLES_MAX)))
+                .collect(),
+            clock: Clock::new(),
             models,
             sched_ok: AtomicBool::new(true),
             gpus: AtomicU32::new(gpus),
@@ -86,6 +109,16 @@ impl FrontendState {
             registry,
             tx,
             stopped: AtomicBool::new(false),
+        }
+    }
+
+    /// Records a response margin of model `model` (index).
+    pub(super) fn record_margin(&self, model: usize, d: Duration) {
+        if let Some(m) = self.margins.get(model) {
+            let at = self.clock.now();
+            m.lock()
+                .expect("margins lock")
+                .push(at, d.as_nanos().min(i64::MAX as u128) as i64);
         }
     }
 
@@ -128,14 +161,24 @@ impl FrontendHandle {
     pub fn metrics(&self) -> Arc<Registry> {
         self.state.registry.clone()
     }
+    /// The response margin of model `model` (index in [`FrontendHandle::models`]):
+    /// the time from its batch's end on the GPU (`done.finished_at`) to the
+    /// response handed to the client. The scheduler reserves its tail in every
+    /// plan of the model.
+    pub fn record_margin(&self, model: usize, d: Duration) {
+        self.state.record_margin(model, d);
+    }
+
     /// Hands one request to the frontend's loop; the answer comes on the returned
     /// receiver, exactly once (or the receiver errs if the frontend stopped first).
-    /// An `slo` of zero means the model's default SLO.
+    /// An `slo` of zero means the model's default SLO; it runs from `received`,
+    /// when the request's first byte was read.
     pub fn infer(
         &self,
         model: &str,
         slo: Dur,
         input: Vec<u8>,
+        received: Instant,
     ) -> tokio::sync::oneshot::Receiver<InferDone> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         if self.state.stopped.load(Ordering::Acquire) {
@@ -145,6 +188,7 @@ impl FrontendHandle {
             model: model.to_string(),
             slo,
             input,
+            received,
             reply,
         };
         if let Err(TrySendError::Full(l)) = self.state.tx.try_send(l) {

@@ -15,4 +15,6 @@ pub struct FrontendReport {
     pub bad_requests: u64,
     pub clock_offset_us: f64,
     pub clock_error_us: f64,
+    /// The largest response margin last reported to the scheduler (us).
+    pub margin_max_us: f64,
 }

@@ -23,11 +23,15 @@ pub(super) enum Client {
 }
 
 impl Loop {
-    /// Answers `client`.
-    fn reply(&mut self, client: Client, done: InferDone) {
+    /// Answers `client` (a request of model `model`, its index, when known).
+    fn reply(&mut self, client: Client, model: Option<usize>, done: InferDone) {
         match client {
             Client::Conn(c, req) => {
                 if let Some(conn) = self.clients.get(&c) {
+                    // The reply is handed to the client's connection now.
+                    if let (Some(m), Some(f)) = (model, done.finished_at) {
+                        self.state.record_margin(m, f.elapsed());
+                    }
                     let _ = conn.send(Msg::InferReply {
                         req,
                         status: done.ended.outcome(),
@@ -75,7 +79,7 @@ impl Loop {
             self.bad_requests.inc();
         }
         let done = InferDone::unserved(ended, why, received.elapsed());
-        self.reply(client, done);
+        self.reply(client, model, done);
     }
 
     /// Request `id` got its answer.
@@ -109,18 +113,27 @@ impl Loop {
             latency,
             queue: Duration::from_nanos(f.queue.0.max(0) as u64),
             batch_size: f.batch_size,
+            finished_at: f.finished.map(|t| self.clock.instant_of(t)),
         };
-        self.reply(f.client, done);
+        self.reply(f.client, Some(f.model), done);
     }
 
     pub(super) fn local(&mut self, l: LocalInfer) {
-        self.infer(Client::Local(l.reply), &l.model, l.slo, l.input);
+        self.infer(Client::Local(l.reply), &l.model, l.slo, l.input, l.received);
     }
 
     /// Admits a request (its task goes out with the next `Submit`) or refuses it.
-    pub(super) fn infer(&mut self, client: Client, model: &str, slo: Dur, input: Vec<u8>) {
+    /// `received`: when the request's first byte was read; its SLO runs from
+    /// there, so the deadline covers reading it and answering it.
+    pub(super) fn infer(
+        &mut self,
+        client: Client,
+        model: &str,
+        slo: Dur,
+        input: Vec<u8>,
+        received: Instant,
+    ) {
         self.report.requests += 1;
-        let received = Instant::now();
         if !self.sched_ok() {
             return self.refuse(
                 client,
@@ -158,8 +171,8 @@ impl Loop {
             );
             return self.refuse(client, received, Some(mi), Ended::RegionFull, why);
         };
-        let now = self.clock.now();
-        let task = self.ledger.admit(now, mi, mid, slo, client, r);
+        let arrival = self.clock.now() - Dur::from_std(received.elapsed());
+        let task = self.ledger.admit(arrival, mi, mid, slo, client, r);
         self.submit.push(task);
     }
 }

@@ -75,8 +75,8 @@ impl App {
         }
     }
 
-    pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Resp {
-        let t0 = Instant::now();
+    /// Answers `req`, whose first byte was read at `t0`.
+    pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>, t0: Instant) -> Resp {
         let path = req.uri().path().to_string();
         let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
         let method = req.method().clone();
@@ -116,7 +116,7 @@ impl App {
                 None => self.unknown_model(name),
                 Some(&i) => {
                     let (r, infer) = self
-                        .model_route(i, name, rest, &method, &path, &mut req)
+                        .model_route((i, name, rest), (&method, &path), &mut req, t0)
                         .await;
                     model_idx = infer.then_some(i);
                     r
@@ -165,17 +165,16 @@ impl App {
         )
     }
 
-    /// `/v2/models/{name}/{rest}` of model `i`; true with an inference (the
-    /// request taken out of `req`).
+    /// `/v2/models/{name}/{rest}` of model `i` (`at`: the request's method and
+    /// path); true with an inference (the request taken out of `req`).
     async fn model_route(
         &self,
-        i: usize,
-        name: &str,
-        rest: &[&str],
-        method: &Method,
-        path: &str,
+        (i, name, rest): (usize, &str, &[&str]),
+        at: (&Method, &str),
         req: &mut Option<Request<Incoming>>,
+        t0: Instant,
     ) -> (Resp, bool) {
+        let (method, path) = at;
         let r = match (method, rest) {
             (&Method::GET, []) => self.metadata(i),
             (&Method::GET, ["ready"]) => match self.fe().ready() {
@@ -189,7 +188,7 @@ impl App {
                 ),
             },
             (&Method::POST, ["infer"]) => {
-                let r = match self.infer(i, req.take().expect("once")).await {
+                let r = match self.infer(i, req.take().expect("once"), t0).await {
                     Ok(r) => r,
                     Err((code, msg)) => error(code, msg),
                 };
@@ -218,7 +217,16 @@ impl App {
         }
     }
 
-    async fn infer(&self, i: usize, req: Request<Incoming>) -> Result<Resp, Fail> {
+    /// An inference of model `i`, whose first byte was read at `received`: the
+    /// model's SLO runs from there, so reading the body and writing the answer
+    /// are inside it. The time from the batch's end to the answer built is the
+    /// model's response margin, recorded for the scheduler to reserve.
+    async fn infer(
+        &self,
+        i: usize,
+        req: Request<Incoming>,
+        received: Instant,
+    ) -> Result<Resp, Fail> {
         let m = &self.models[i];
         let meta = m
             .meta()
@@ -238,7 +246,7 @@ impl App {
         let d = decode_request(meta, head, bin, self.max_tensor)?;
         let done = self
             .fe()
-            .infer(&m.info.name, d.slo, d.input)
+            .infer(&m.info.name, d.slo, d.input, received)
             .await
             .map_err(|_| {
                 (
@@ -246,7 +254,12 @@ impl App {
                     "the frontend is stopping".to_string(),
                 )
             })?;
-        answer(&m.info, meta, &d.id, &d.outputs, done)
+        let finished_at = done.finished_at;
+        let resp = answer(&m.info, meta, &d.id, &d.outputs, done);
+        if let Some(f) = finished_at {
+            self.fe().record_margin(i, f.elapsed());
+        }
+        resp
     }
 
     /// The request's body, at most `max_body` bytes (413 beyond, whether its

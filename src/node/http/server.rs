@@ -8,8 +8,11 @@ use crate::metrics::Registry;
 use crate::node::frontend::FrontendHandle;
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// A running HTTP server (its own tokio runtime).
 pub struct HttpServer {
@@ -87,17 +90,112 @@ async fn accept_loop(app: Arc<App>, std_listener: std::net::TcpListener) {
     }
 }
 
-/// Serves one connection (keep-alive) until it ends.
+/// Serves one connection (keep-alive) until it ends. Each request is stamped
+/// with the moment its first byte was read ([`Stamped`]): a client's SLO runs
+/// from there.
 async fn serve_connection(app: Arc<App>, stream: tokio::net::TcpStream, peer: SocketAddr) {
+    let stamp = Arc::new(Mutex::new(Stamp::Armed));
+    let io = Stamped {
+        io: stream,
+        stamp: stamp.clone(),
+    };
     let svc = hyper::service::service_fn(move |req| {
         let app = app.clone();
-        async move { Ok::<_, std::convert::Infallible>(app.handle(req).await) }
+        let stamp = stamp.clone();
+        async move {
+            let t0 = take_stamp(&stamp);
+            let resp = app.handle(req, t0).await;
+            // The request is read (its body drained): the next byte read
+            // begins the next request.
+            *stamp.lock().expect("stamp lock") = Stamp::Armed;
+            Ok::<_, std::convert::Infallible>(resp)
+        }
     });
     if let Err(e) = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
-        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
         .await
     {
         tracing::debug!(%peer, error = %e, "http: connection ended with an error");
+    }
+}
+
+/// Where a connection is in noting its next request's first byte.
+#[derive(Debug, Clone, Copy)]
+enum Stamp {
+    /// Between requests: the next byte read is a request's first.
+    Armed,
+    /// The first byte of the request being read came at this instant.
+    Read(Instant),
+    /// Its request is being served: reads are its body.
+    Taken,
+}
+
+/// The stamp of the request now being served: when its first byte was read,
+/// or now when the bytes came before the previous request ended (pipelined
+/// in one read).
+fn take_stamp(stamp: &Mutex<Stamp>) -> Instant {
+    let mut s = stamp.lock().expect("stamp lock");
+    let t = match *s {
+        Stamp::Read(t) => t,
+        Stamp::Armed | Stamp::Taken => Instant::now(),
+    };
+    *s = Stamp::Taken;
+    t
+}
+
+/// A connection's socket that notes when the first byte of each request is
+/// read. Hyper calls the service only once a request's head is parsed; a
+/// client that sends its head slowly, or a server that reads it late, would
+/// otherwise not be charged to the request's SLO.
+struct Stamped {
+    io: tokio::net::TcpStream,
+    stamp: Arc<Mutex<Stamp>>,
+}
+
+impl AsyncRead for Stamped {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            let mut s = self.stamp.lock().expect("stamp lock");
+            if let Stamp::Armed = *s {
+                *s = Stamp::Read(Instant::now());
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Stamped {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

@@ -51,10 +51,11 @@ impl Ended {
 /// What answered a pending request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// Its output, with the batch's start (scheduler clock) and size.
+    /// Its output, with the batch's start and end (scheduler clock) and size.
     Output {
         output: Vec<u8>,
         started: Time,
+        finished: Time,
         batch_size: u32,
     },
     Dropped(DropReason),
@@ -68,6 +69,7 @@ impl Answer {
             TaskStatus::Ok => Answer::Output {
                 output: r.output,
                 started: r.started,
+                finished: r.finished,
                 batch_size: r.batch_size,
             },
             TaskStatus::Dropped(code) => Answer::Dropped(code),
@@ -110,6 +112,8 @@ pub struct Finished<C> {
     /// From admission to the batch's start (zero when it did not run).
     pub queue: Dur,
     pub batch_size: u32,
+    /// When its batch ended on the GPU (scheduler clock), when it ran.
+    pub finished: Option<Time>,
 }
 
 struct Pending<C> {
@@ -180,9 +184,11 @@ impl<C> RequestLedger<C> {
         task_id(self.node, self.next_seq + 1)
     }
 
-    /// Admits a request at `now` for model `model` (index; `model_id` its
-    /// scheduler id) with a checked `slo`, its input at `input`; returns the task
-    /// to submit. The deadline saturates, so no SLO can wrap it.
+    /// Admits a request that arrived at `now` (the frontend's receipt of its
+    /// first byte: the client's SLO runs from there) for model `model` (index;
+    /// `model_id` its scheduler id) with a checked `slo`, its input at `input`;
+    /// returns the task to submit. The deadline saturates, so no SLO can wrap
+    /// it.
     pub fn admit(
         &mut self,
         now: Time,
@@ -222,11 +228,16 @@ impl<C> RequestLedger<C> {
             self.counts.stray_answers += 1;
             return None;
         };
+        let finished = match &answer {
+            Answer::Output { finished, .. } => Some(*finished),
+            _ => None,
+        };
         let (ended, output, message, queue, batch_size) = match answer {
             Answer::Output {
                 output,
                 started,
                 batch_size,
+                ..
             } => {
                 let queue = (started - p.arrival).max(Dur::ZERO);
                 if now <= p.deadline {
@@ -259,6 +270,7 @@ impl<C> RequestLedger<C> {
             latency: (now - p.arrival).max(Dur::ZERO),
             queue,
             batch_size,
+            finished,
         })
     }
 
@@ -316,6 +328,7 @@ mod tests {
         let out = Answer::Output {
             output: vec![1],
             started: t0 + Dur::from_ms(2),
+            finished: t0 + Dur::from_ms(3),
             batch_size: 4,
         };
         let f = l.finish(t0 + Dur::from_ms(5), a.id, out.clone()).unwrap();

@@ -76,6 +76,8 @@ pub struct SchedConfig {
     /// Ceilings on the measured d_ctrl and d_data (per task).
     pub max_ctrl: Dur,
     pub max_data: Dur,
+    /// Ceiling on a model's response margin as frontends report it.
+    pub max_margin: Dur,
 }
 
 /// What the scheduler counted (also its report when it stops).
@@ -103,6 +105,8 @@ pub struct SchedReport {
     /// Backends' last reported control delay and pull time per task at p99.9 (us).
     pub ctrl_delay_us: f64,
     pub pull_us: f64,
+    /// The largest response margin last given to the core (us).
+    pub margin_max_us: f64,
 }
 
 /// What the driver must do.
@@ -136,6 +140,9 @@ pub enum Action {
     },
     /// A new network budget for the core.
     SetNet(NetBudget),
+    /// New response margins for the core, per model id (see
+    /// [`crate::core::ModelState::set_margin`]).
+    SetMargins(Vec<Dur>),
     /// A backend measured a model's device memory on one GPU.
     DeviceBytes { model: ModelId, bytes: u64 },
 }
@@ -169,6 +176,8 @@ struct PeerConn {
     /// registered), clamped: control delay and pull time per task.
     ctrl_delay: Dur,
     pull: Dur,
+    /// A frontend's response margin per model id (empty until it reports).
+    margins: Vec<Dur>,
 }
 
 /// The scheduler's protocol state.
@@ -182,6 +191,8 @@ pub struct SchedProto {
     next_node: NodeId,
     gpus_in_service: u32,
     net: NetBudget,
+    /// The response margins last given to the core (per model id).
+    margins: Vec<Dur>,
     next_check: Time,
     next_net: Time,
     actions: VecDeque<Action>,
@@ -192,6 +203,7 @@ impl SchedProto {
     /// A scheduler starting at `now` with no nodes.
     pub fn new(now: Time, cfg: SchedConfig) -> SchedProto {
         let net = cfg.floors;
+        let margins = vec![Dur::ZERO; cfg.models.len()];
         SchedProto {
             next_check: now + cfg.heartbeat,
             next_net: now + cfg.net_update,
@@ -203,6 +215,7 @@ impl SchedProto {
             next_node: 1,
             gpus_in_service: 0,
             net,
+            margins,
             actions: VecDeque::new(),
             report: SchedReport::default(),
         }
@@ -242,6 +255,7 @@ impl SchedProto {
                 last_seen: now,
                 ctrl_delay: Dur::ZERO,
                 pull: Dur::ZERO,
+                margins: Vec::new(),
             },
         );
     }
@@ -302,6 +316,7 @@ impl SchedProto {
                 self.send(c, pong);
             }
             Msg::Submit { tasks } => self.submit(now, c, tasks),
+            Msg::Margins { items } => self.frontend_margins(c, items),
             Msg::Register {
                 role,
                 name,
@@ -677,6 +692,9 @@ impl SchedProto {
             }
             Peer::Frontend { node, .. } => {
                 self.frontends.remove(&node);
+                if !pc.margins.is_empty() {
+                    self.update_margins();
+                }
                 self.actions.push_back(Action::FrontendDown { node });
                 for b in self.backend_conns() {
                     self.send(b, Msg::FrontendDown { node });
@@ -689,6 +707,55 @@ impl SchedProto {
                     tracing::warn!(node, %reason, "scheduler: frontend removed; its tasks are dropped");
                 }
             }
+        }
+    }
+
+    /// A frontend's `Margins`: each model id must be served; each margin is
+    /// clamped to `[0, max_margin]`. The core gets, per model, the largest over
+    /// the frontends.
+    fn frontend_margins(&mut self, c: ConnId, items: Vec<(ModelId, Dur)>) {
+        let nm = self.cfg.models.len();
+        let max = self.cfg.max_margin;
+        let Some(pc) = self.conns.get_mut(&c) else {
+            return;
+        };
+        if !matches!(pc.peer, Peer::Frontend { .. }) {
+            return self.reject(
+                c,
+                "Margins from a node that is not a registered frontend".into(),
+            );
+        }
+        if let Some((m, _)) = items.iter().find(|(m, _)| m.idx() >= nm) {
+            let why = format!("Margins for model id {} (the scheduler serves {nm})", m.0);
+            return self.reject(c, why);
+        }
+        pc.margins.resize(nm, Dur::ZERO);
+        for (m, d) in items {
+            pc.margins[m.idx()] = Dur(d.0.clamp(0, max.0));
+        }
+        self.update_margins();
+    }
+
+    /// Recomputes the models' response margins over the frontends; a change of
+    /// more than 10% (or 20 us) goes to the core.
+    fn update_margins(&mut self) {
+        let mut next = vec![Dur::ZERO; self.cfg.models.len()];
+        for pc in self.conns.values() {
+            if let Peer::Frontend { .. } = pc.peer {
+                for (n, &m) in next.iter_mut().zip(&pc.margins) {
+                    *n = (*n).max(m);
+                }
+            }
+        }
+        let changed = next
+            .iter()
+            .zip(&self.margins)
+            .any(|(&a, &b)| (a - b).0.saturating_abs().saturating_mul(10) > b.0.max(200_000));
+        if changed {
+            tracing::info!(margins_us = ?next.iter().map(|d| d.as_us_f64()).collect::<Vec<_>>(), "scheduler: response margins changed");
+            self.margins = next.clone();
+            self.report.margin_max_us = next.iter().map(|d| d.as_us_f64()).fold(0.0, f64::max);
+            self.actions.push_back(Action::SetMargins(next));
         }
     }
 
@@ -756,5 +823,129 @@ impl SchedProto {
         }
         self.report.d_ctrl_us = self.net.ctrl.as_us_f64();
         self.report.d_data_us = self.net.data_per_req.as_us_f64();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{RegionInfo, WireProfile};
+
+    fn proto() -> SchedProto {
+        let model = |i: u32| ModelInfo {
+            id: ModelId(i),
+            name: format!("m{i}"),
+            slo: Dur::from_ms(100),
+            profile: WireProfile::Linear {
+                alpha_ns: 1_000_000,
+                beta_ns: 5_000_000,
+                max_batch: 16,
+            },
+            input_bytes: 64,
+            meta_json: String::new(),
+        };
+        SchedProto::new(
+            Time(0),
+            SchedConfig {
+                models: vec![model(0), model(1)],
+                heartbeat: Dur::from_ms(100),
+                node_timeout: Dur::from_ms(1000),
+                net_update: Dur::from_ms(200),
+                floors: NetBudget::default(),
+                max_ctrl: Dur::from_us(2000),
+                max_data: Dur::from_us(500),
+                max_margin: Dur::from_us(5000),
+            },
+        )
+    }
+
+    fn frontend(p: &mut SchedProto, c: ConnId) {
+        p.handle_accept(Time(0), c);
+        p.handle_msg(
+            Time(0),
+            c,
+            Msg::Register {
+                role: Role::Frontend,
+                name: format!("fe{c}"),
+                gpus: vec![],
+                ctrl_addr: "x".into(),
+                region: Some(RegionInfo {
+                    addr: "r".into(),
+                    region: 1,
+                    len: 1 << 20,
+                    rkey: 0,
+                    base: 0,
+                }),
+            },
+        );
+    }
+
+    fn margins_set(p: &mut SchedProto) -> Vec<Vec<Dur>> {
+        std::iter::from_fn(|| p.poll_action())
+            .filter_map(|a| match a {
+                Action::SetMargins(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn closed(p: &mut SchedProto, c: ConnId) -> bool {
+        std::iter::from_fn(|| p.poll_action()).any(|a| matches!(a, Action::Close(x, _) if x == c))
+    }
+
+    /// Frontends' response margins reach the core per model, the largest over
+    /// the frontends, clamped to the cap; they go when a frontend does.
+    #[test]
+    fn response_margins_take_the_largest_frontends_clamped() {
+        let mut p = proto();
+        frontend(&mut p, 1);
+        frontend(&mut p, 2);
+        margins_set(&mut p);
+        let us = Dur::from_us;
+        p.handle_msg(
+            Time(1),
+            1,
+            Msg::Margins {
+                items: vec![(ModelId(0), us(300))],
+            },
+        );
+        assert_eq!(margins_set(&mut p), vec![vec![us(300), Dur::ZERO]]);
+        // Frontend 2 answers slower for model 0, and far beyond the cap for 1.
+        let items = vec![(ModelId(0), us(900)), (ModelId(1), Dur::from_ms(60))];
+        p.handle_msg(Time(2), 2, Msg::Margins { items });
+        assert_eq!(margins_set(&mut p), vec![vec![us(900), us(5000)]]);
+        // A change under 10% (and 20 us) is not worth a message to the core.
+        p.handle_msg(
+            Time(3),
+            2,
+            Msg::Margins {
+                items: vec![(ModelId(0), us(910))],
+            },
+        );
+        assert!(margins_set(&mut p).is_empty());
+        // Frontend 2 leaves: frontend 1's margins are what is left.
+        p.handle_closed(Time(4), 2, "gone".into());
+        assert_eq!(margins_set(&mut p), vec![vec![us(300), Dur::ZERO]]);
+    }
+
+    #[test]
+    fn margins_from_strangers_or_for_unknown_models_close_the_connection() {
+        let mut p = proto();
+        // Not registered.
+        p.handle_accept(Time(0), 7);
+        p.handle_msg(
+            Time(0),
+            7,
+            Msg::Margins {
+                items: vec![(ModelId(0), Dur(1))],
+            },
+        );
+        assert!(closed(&mut p, 7));
+        // A model id the scheduler does not serve.
+        frontend(&mut p, 1);
+        let items = vec![(ModelId(0), Dur(5)), (ModelId(2), Dur(1))];
+        p.handle_msg(Time(1), 1, Msg::Margins { items });
+        assert!(closed(&mut p, 1));
+        assert!(margins_set(&mut p).is_empty());
     }
 }

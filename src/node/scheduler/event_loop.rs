@@ -206,6 +206,7 @@ impl EventLoop {
                     busy,
                 } => self.plan_done(gpu, plan, finished, busy),
                 Action::SetNet(net) => self.set_net(net),
+                Action::SetMargins(m) => self.rt().set_margins(&m),
                 Action::DeviceBytes { model, bytes } => self.device_bytes(model, bytes),
             }
         }

@@ -141,5 +141,6 @@ fn sched_config(opts: &SchedulerOpts, models: Vec<ModelInfo>, floors: NetBudget)
         floors,
         max_ctrl: opts.max_ctrl,
         max_data: opts.max_data,
+        max_margin: opts.max_margin,
     }
 }

@@ -23,6 +23,10 @@ pub struct SchedulerOpts {
     /// probes must not make every request unschedulable.
     pub max_ctrl: Dur,
     pub max_data: Dur,
+    /// Ceiling on a model's measured response margin (what frontends report in
+    /// `Margins`): a frontend stalled for a while must not make its models
+    /// unschedulable.
+    pub max_margin: Dur,
     /// Floor on the frontrun slack ([`NetBudget::slack`](crate::core::NetBudget::slack)):
     /// how long before its latest start a deferred batch is planned at the
     /// latest, for the timing error of real threads and networks.
@@ -41,6 +45,7 @@ impl Default for SchedulerOpts {
             model_spin: Dur::from_us(100),
             max_ctrl: Dur::from_us(2000),
             max_data: Dur::from_us(500),
+            max_margin: Dur::from_us(5000),
             min_slack: Dur::from_us(500),
         }
     }
