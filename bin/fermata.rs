@@ -10,6 +10,7 @@ use fermata::sim::{simulate, RunOptions};
 use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
 
+mod bench_http;
 mod profile;
 mod roles;
 
@@ -215,6 +216,9 @@ enum BenchCmd {
     /// Goodput of a model repository served by a real executor (onnx, cuda) in
     /// an in-process cluster, next to the simulator's for the measured profiles.
     Serve(roles::ServeGoodputArgs),
+    /// The front door, open loop: a fresh `fermata serve --executor onnx` per
+    /// model and rate, driven over HTTP (KServe v2); bad %, latency, client lag.
+    Http(bench_http::BenchHttpArgs),
 }
 
 #[derive(Args)]
@@ -431,6 +435,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Scheduler(a)) => cmd_scheduler(a),
         Cmd::Bench(BenchCmd::Overload(a)) => cmd_overload(a),
         Cmd::Bench(BenchCmd::Serve(a)) => roles::cmd_bench_serve(a),
+        Cmd::Bench(BenchCmd::Http(a)) => bench_http::cmd_bench_http(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

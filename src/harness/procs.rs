@@ -62,7 +62,9 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(exe: &Path, name: &str, args: &[String], verbose: bool) -> Result<Proc> {
+    /// Starts `exe args` with its stdout piped (read line by line) and its
+    /// stderr inherited.
+    pub fn spawn(exe: &Path, name: &str, args: &[String], verbose: bool) -> Result<Proc> {
         let mut cmd = Command::new(exe);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped());
         if !verbose {
@@ -81,19 +83,33 @@ impl Proc {
 
     /// Waits for the line that starts with `prefix`; returns the rest.
     fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Result<String> {
+        self.wait_for(prefix, timeout, |l| {
+            l.strip_prefix(prefix).map(|r| r.trim().to_string())
+        })
+    }
+
+    /// Waits for the first line that `pick` maps to `Some`; returns that. `what`
+    /// names the line in the error (no such line by `timeout`, or the process
+    /// ended first).
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut pick: impl FnMut(&str) -> Option<String>,
+    ) -> Result<String> {
         let end = Instant::now() + timeout;
         loop {
             let left = end.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(l) => {
-                    if let Some(rest) = l.strip_prefix(prefix) {
-                        return Ok(rest.trim().to_string());
+                    if let Some(v) = pick(&l) {
+                        return Ok(v);
                     }
                 }
                 Err(_) => {
                     let st = self.child.try_wait().ok().flatten();
                     bail!(
-                        "{} did not print `{prefix}` within {timeout:?} (exit status: {st:?})",
+                        "{} did not print `{what}` within {timeout:?} (exit status: {st:?})",
                         self.name
                     );
                 }

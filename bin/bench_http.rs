@@ -1,0 +1,175 @@
+//! `fermata bench http`: the front door's open-loop sweep (issue 13). The client
+//! and the sweep are in `fermata::harness::http_load`; this is the command line.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fermata::harness::http_load::{self, SweepOpts, BAD_PCT_MAX};
+use fermata::repo::ModelMeta;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The rates swept when --rates is not given (requests/s).
+const DEFAULT_RATES: &str = "200,500,1000,2000,4000,8000";
+/// The largest rate accepted (requests/s).
+const RATE_MAX: f64 = 1e6;
+/// The longest measured window and warm-up (s).
+const SECS_MAX: f64 = 3600.0;
+const REPS_MAX: u32 = 100;
+
+/// `fermata bench http`.
+#[derive(Args)]
+pub struct BenchHttpArgs {
+    /// The model repository; each run starts `fermata serve --executor onnx
+    /// --models DIR --http-port 0` on it.
+    #[arg(long, default_value = "models")]
+    models: PathBuf,
+    /// Offered rates, requests/s, comma-separated (one model at a time).
+    #[arg(long, default_value = DEFAULT_RATES, allow_hyphen_values = true)]
+    rates: String,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 10.0, allow_hyphen_values = true)]
+    duration_s: f64,
+    /// Seconds of warm-up per run (sent, not counted).
+    #[arg(long, default_value_t = 2.0, allow_hyphen_values = true)]
+    warmup_s: f64,
+    /// Repetitions of each (model, rate), each on a fresh server.
+    #[arg(long, default_value_t = 1)]
+    reps: u32,
+    /// The server's scheduling policy (`fermata serve --policy`): deferred,
+    /// eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Drive only this model (repeatable; default: every model of --models).
+    #[arg(long = "model", value_name = "NAME")]
+    model: Vec<String>,
+    /// Seed of the arrivals and the request inputs.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON document (an array of rows) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--rates`: positive, finite, at most [`RATE_MAX`].
+fn parse_rates(s: &str) -> Result<Vec<f64>> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        let p = part.trim();
+        if p.is_empty() {
+            bail!(
+                "--rates {s:?}: an empty rate; give requests/s separated by commas, e.g. 200,1000"
+            );
+        }
+        let r: f64 = p
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--rates: {p:?} is not a number"))?;
+        if !(r > 0.0 && r <= RATE_MAX) {
+            bail!("--rates: each rate must be positive and at most {RATE_MAX} requests/s, got {p}");
+        }
+        v.push(r);
+    }
+    Ok(v)
+}
+
+/// The models to drive: --model's (checked against the repository) or all.
+fn models_of(a: &BenchHttpArgs) -> Result<Vec<ModelMeta>> {
+    // The profiles too: `serve --executor onnx` refuses a model without one.
+    let repo = fermata::repo::load_repository(&a.models, "onnx")?;
+    if a.model.is_empty() {
+        return Ok(repo.into_iter().map(|m| m.meta).collect());
+    }
+    let names: Vec<&str> = repo.iter().map(|m| m.meta.name.as_str()).collect();
+    let mut out: Vec<ModelMeta> = Vec::new();
+    for n in &a.model {
+        let Some(m) = repo.iter().find(|m| &m.meta.name == n) else {
+            bail!(
+                "--model {n}: no such model in {} (it has {})",
+                a.models.display(),
+                names.join(", ")
+            );
+        };
+        if !out.iter().any(|o| &o.name == n) {
+            out.push(m.meta.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Every flag checked, before any server starts.
+fn sweep_opts(a: &BenchHttpArgs) -> Result<SweepOpts> {
+    let rates = parse_rates(&a.rates)?;
+    if !(a.duration_s > 0.0 && a.duration_s <= SECS_MAX) {
+        bail!(
+            "--duration-s must be in (0, {SECS_MAX}], got {}",
+            a.duration_s
+        );
+    }
+    if !(a.warmup_s >= 0.0 && a.warmup_s <= SECS_MAX) {
+        bail!("--warmup-s must be in [0, {SECS_MAX}], got {}", a.warmup_s);
+    }
+    if !(1..=REPS_MAX).contains(&a.reps) {
+        bail!("--reps must be between 1 and {REPS_MAX}, got {}", a.reps);
+    }
+    if let Some(p) = &a.policy {
+        p.parse::<fermata::core::Policy>()
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("--policy {p}"))?;
+    }
+    Ok(SweepOpts {
+        models_dir: a.models.clone(),
+        models: models_of(a)?,
+        rates,
+        warmup: Duration::from_secs_f64(a.warmup_s),
+        duration: Duration::from_secs_f64(a.duration_s),
+        reps: a.reps,
+        policy: a.policy.clone(),
+        seed: a.seed,
+    })
+}
+
+pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
+    let o = sweep_opts(&a)?;
+    let exe = std::env::current_exe().context("the path of this binary")?;
+    eprintln!(
+        "fermata bench http: {} model(s) of {} x {} rate(s) x {} rep(s), {:.1}+{:.1} s each, policy {}, a fresh `fermata serve --executor onnx` per run",
+        o.models.len(),
+        o.models_dir.display(),
+        o.rates.len(),
+        o.reps,
+        o.warmup.as_secs_f64(),
+        o.duration.as_secs_f64(),
+        o.policy.as_deref().unwrap_or("(the repository's default)"),
+    );
+    let rows = http_load::sweep(&exe, &o, |r| {
+        eprintln!(
+            "  {} at {:.0} r/s (rep {}): ok {}/{} offered, bad {:.3}%, p99 {:.2} ms, client lag p99 {:.2} ms",
+            r.model,
+            r.rate_rps,
+            r.rep,
+            r.counts.ok,
+            r.counts.offered,
+            r.bad_pct,
+            r.latency_p99_ms,
+            r.client_lag_p99_ms
+        );
+    })?;
+    let best = http_load::best_rates(&rows);
+    let best_line = |(m, b): &(String, Option<f64>)| match b {
+        Some(r) => {
+            format!("{m}: highest rate with bad < {BAD_PCT_MAX}% in every repetition: {r:.0} r/s")
+        }
+        None => format!("{m}: no rate had bad < {BAD_PCT_MAX}% in every repetition"),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        for b in &best {
+            eprintln!("{}", best_line(b));
+        }
+        return Ok(());
+    }
+    print!("{}", http_load::table(&rows));
+    for b in &best {
+        println!("{}", best_line(b));
+    }
+    Ok(())
+}

@@ -1,0 +1,799 @@
+//! `fermata bench http`: the front door measured from outside. For each model of
+//! a repository and each offered rate, a fresh `fermata serve --executor onnx
+//! --http-port 0` process is started and driven open-loop over HTTP by the client
+//! here: Poisson arrivals ([`crate::arrivals::ArrivalGen`]), one KServe v2 JSON
+//! inference request (batch 1, the model's input shapes and datatypes) per
+//! arrival, sent on a pool of keep-alive HTTP/1.1 connections (hyper's client).
+//!
+//! # Open loop
+//! A pacing thread sends each request when it falls due and never waits for an
+//! answer: every request is a task on the client's tokio runtime that takes an
+//! idle connection (or opens one, up to [`CONNS_MAX`]; past it the request is
+//! not sent and counts as `conn_limit`), sends, and reads the answer to its last
+//! byte. Latency runs from the request's due time (its scheduled arrival), so a
+//! late send counts against the server's figure too; the client's own lag (send
+//! − due) is reported apart so that a saturated client is visible.
+//!
+//! # Outcomes
+//! Requests due in the warm-up are sent but not counted. Each counted request
+//! ends in one of: `ok` (200 within the model's SLO), `late_200` (200 after it),
+//! 429, 503, 504, another status, a transport error, `conn_limit` or no answer
+//! by the end of the drain ([`DRAIN`]); everything but `ok` is bad.
+
+use crate::arrivals::ArrivalGen;
+use crate::core::Time;
+use crate::harness::procs::Proc;
+use crate::repo::{DType, ModelMeta};
+use crate::workload::Arrival;
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{header, Method, Request};
+use hyper_util::rt::TokioIo;
+use rand::SeedableRng;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+
+/// The most connections the client keeps open at once; a request due when all
+/// are busy is not sent and counts as `conn_limit`.
+pub const CONNS_MAX: usize = 2048;
+/// Worker threads of the client's runtime.
+pub const CLIENT_THREADS: usize = 2;
+/// After the last arrival, how long the client waits for the answers still
+/// outstanding (the server answers every request by its deadline plus a grace).
+pub const DRAIN: Duration = Duration::from_secs(5);
+/// A rate sustains its load when fewer than this percentage of its requests
+/// are bad in every repetition.
+pub const BAD_PCT_MAX: f64 = 0.1;
+/// Distinct request bodies per model (sent round-robin).
+const BODIES: usize = 8;
+
+/// One open-loop run against a serving process.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    pub addr: SocketAddr,
+    pub model: String,
+    /// Request bodies, sent round-robin (see [`infer_bodies`]).
+    pub bodies: Vec<Bytes>,
+    /// A 200 answered after this is late (bad).
+    pub slo: Duration,
+    pub rate_rps: f64,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub seed: u64,
+}
+
+/// Counted requests by outcome.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoadCounts {
+    /// Requests due in the measured window.
+    pub offered: u64,
+    /// Of those, sent (a connection was had).
+    pub sent: u64,
+    pub ok: u64,
+    pub late_200: u64,
+    pub status_429: u64,
+    pub status_503: u64,
+    pub status_504: u64,
+    pub other_status: u64,
+    pub transport_errors: u64,
+    /// Not sent: [`CONNS_MAX`] connections were all busy.
+    pub conn_limit: u64,
+    /// No answer by the end of the drain.
+    pub unanswered: u64,
+}
+
+impl LoadCounts {
+    pub fn bad(&self) -> u64 {
+        self.offered - self.ok
+    }
+    /// Percentage of the offered requests that were bad (0 when none was offered).
+    pub fn bad_pct(&self) -> f64 {
+        if self.offered == 0 {
+            0.0
+        } else {
+            100.0 * self.bad() as f64 / self.offered as f64
+        }
+    }
+}
+
+/// What the client saw in one run.
+pub struct LoadResult {
+    pub counts: LoadCounts,
+    /// Latency of the counted 200 answers, due to last byte (us).
+    pub latency_us: Histogram<u64>,
+    /// Send − due of the counted sent requests (us).
+    pub lag_us: Histogram<u64>,
+    pub conns_opened: u64,
+    pub conns_peak: usize,
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(q) as f64 / 1e3
+    }
+}
+
+type Conn = SendRequest<Full<Bytes>>;
+
+/// A new keep-alive connection to `addr` (its driver runs as a task).
+async fn connect(addr: SocketAddr) -> std::result::Result<Conn, String> {
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let _ = s.set_nodelay(true);
+    let (tx, conn) = http1::handshake(TokioIo::new(s))
+        .await
+        .map_err(|e| format!("handshake with {addr}: {e}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(tx)
+}
+
+/// One request on a fresh connection: (status, body).
+async fn request(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    body: Bytes,
+) -> std::result::Result<(u16, Bytes), String> {
+    let mut c = connect(addr).await?;
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, addr.to_string())
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .map_err(|e| e.to_string())?;
+    let r = c.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let b = r.into_body().collect().await.map_err(|e| e.to_string())?;
+    Ok((status, b.to_bytes()))
+}
+
+/// Waits until `GET /v2/models/MODEL/ready` answers 200 (up to `timeout`).
+pub fn wait_ready(addr: SocketAddr, model: &str, timeout: Duration) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let path = format!("/v2/models/{model}/ready");
+    let end = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < end {
+        match rt.block_on(request(addr, Method::GET, &path, Bytes::new())) {
+            Ok((200, _)) => return Ok(()),
+            Ok((404, b)) => bail!(
+                "the server does not serve model `{model}`: {}",
+                String::from_utf8_lossy(&b)
+            ),
+            Ok((s, b)) => last = format!("{s} {}", String::from_utf8_lossy(&b)),
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("model `{model}` at {addr} was not ready within {timeout:?} (last answer: {last})")
+}
+
+/// Sample element `c` (little-endian bytes of `dt`) as a JSON value.
+fn json_elem(dt: DType, c: &[u8]) -> Value {
+    let a = |n: usize| -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[..n].copy_from_slice(&c[..n]);
+        b
+    };
+    match dt {
+        DType::Bool => Value::Bool(c[0] != 0),
+        DType::U8 => json!(c[0]),
+        DType::I8 => json!(c[0] as i8),
+        DType::I32 => json!(i32::from_le_bytes(c.try_into().expect("4 bytes"))),
+        DType::I64 => json!(i64::from_le_bytes(a(8))),
+        DType::F16 => json!(half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        DType::F32 => json!(f32::from_le_bytes(c.try_into().expect("4 bytes"))),
+        DType::F64 => json!(f64::from_le_bytes(a(8))),
+    }
+}
+
+/// A KServe v2 JSON inference request for `meta` with one sample
+/// ([`ModelMeta::sample_input`]): every input tensor with shape `[1, ...]`, its
+/// datatype and its `data`.
+pub fn infer_body(meta: &ModelMeta, rng: &mut impl rand::RngCore) -> Bytes {
+    let bytes = meta.sample_input(rng);
+    let mut at = 0;
+    let inputs: Vec<Value> = meta
+        .inputs
+        .iter()
+        .map(|t| {
+            let n = t.sample_bytes();
+            let data: Vec<Value> = bytes[at..at + n]
+                .chunks_exact(t.datatype.size())
+                .map(|c| json_elem(t.datatype, c))
+                .collect();
+            at += n;
+            let mut shape = vec![1];
+            shape.extend_from_slice(t.sample_shape());
+            json!({
+                "name": t.name,
+                "shape": shape,
+                "datatype": t.datatype.kserve_name(),
+                "data": data,
+            })
+        })
+        .collect();
+    Bytes::from(json!({ "inputs": inputs }).to_string())
+}
+
+/// A few distinct request bodies for `meta`.
+pub fn infer_bodies(meta: &ModelMeta, seed: u64) -> Vec<Bytes> {
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+    (0..BODIES).map(|_| infer_body(meta, &mut rng)).collect()
+}
+
+struct Acc {
+    c: LoadCounts,
+    lat: Histogram<u64>,
+    lag: Histogram<u64>,
+}
+
+/// What the request tasks share.
+struct Shared {
+    addr: SocketAddr,
+    host: String,
+    path: String,
+    slo: Duration,
+    conns_max: usize,
+    idle: Mutex<Vec<Conn>>,
+    open: AtomicUsize,
+    peak: AtomicUsize,
+    opened: AtomicU64,
+    in_flight: AtomicUsize,
+    acc: Mutex<Acc>,
+}
+
+enum Fail {
+    Transport,
+    ConnLimit,
+}
+
+impl Shared {
+    fn acc(&self) -> std::sync::MutexGuard<'_, Acc> {
+        self.acc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn closed(&self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// An idle connection that is still usable, or a new one.
+    async fn conn(&self) -> std::result::Result<Conn, Fail> {
+        loop {
+            let c = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some(mut c) = c else { break };
+            if c.ready().await.is_ok() {
+                return Ok(c);
+            }
+            self.closed();
+        }
+        let n = self.open.fetch_add(1, Ordering::Relaxed) + 1;
+        if n > self.conns_max {
+            self.closed();
+            return Err(Fail::ConnLimit);
+        }
+        self.peak.fetch_max(n, Ordering::Relaxed);
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        connect(self.addr).await.map_err(|_| {
+            self.closed();
+            Fail::Transport
+        })
+    }
+
+    /// Sends one request due at `due`, reads its answer and counts its outcome
+    /// when `counted`.
+    async fn one(self: Arc<Self>, due: Instant, counted: bool, body: Bytes) {
+        let r = self.exchange(due, counted, body).await;
+        let end = Instant::now();
+        if counted {
+            let mut a = self.acc();
+            match r {
+                Err(Fail::ConnLimit) => a.c.conn_limit += 1,
+                Err(Fail::Transport) => a.c.transport_errors += 1,
+                Ok(status) => {
+                    let lat = end.saturating_duration_since(due);
+                    match status {
+                        200 => {
+                            a.lat.saturating_record((lat.as_micros() as u64).max(1));
+                            if lat <= self.slo {
+                                a.c.ok += 1;
+                            } else {
+                                a.c.late_200 += 1;
+                            }
+                        }
+                        429 => a.c.status_429 += 1,
+                        503 => a.c.status_503 += 1,
+                        504 => a.c.status_504 += 1,
+                        _ => a.c.other_status += 1,
+                    }
+                }
+            }
+        }
+        self.in_flight.fetch_sub(1, Ordering::Release);
+    }
+
+    /// The request's status once its answer is read to the last byte.
+    async fn exchange(&self, due: Instant, counted: bool, body: Bytes) -> Result<u16, Fail> {
+        let mut c = self.conn().await?;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(&self.path)
+            .header(header::HOST, &self.host)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .expect("a valid request");
+        if counted {
+            let lag = Instant::now().saturating_duration_since(due);
+            let mut a = self.acc();
+            a.c.sent += 1;
+            a.lag.saturating_record((lag.as_micros() as u64).max(1));
+        }
+        let answer = async {
+            let r = c.send_request(req).await?;
+            let status = r.status().as_u16();
+            r.into_body().collect().await?;
+            Ok::<u16, hyper::Error>(status)
+        };
+        match answer.await {
+            Ok(status) => {
+                if c.is_closed() {
+                    self.closed();
+                } else {
+                    self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+                }
+                Ok(status)
+            }
+            Err(_) => {
+                self.closed();
+                Err(Fail::Transport)
+            }
+        }
+    }
+}
+
+/// Raises this process's open-file limit to its hard limit (for the client's
+/// connections); returns the soft limit in force.
+fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r = want;
+            }
+        }
+        r.rlim_cur
+    }
+}
+
+/// Drives `spec.addr` open-loop for warm-up + duration, then waits up to
+/// [`DRAIN`] for the answers outstanding.
+pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
+    if spec.bodies.is_empty() {
+        bail!("no request bodies");
+    }
+    let fds = raise_fd_limit() as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(CLIENT_THREADS)
+        .thread_name("http-load")
+        .enable_all()
+        .build()
+        .context("the HTTP client's runtime")?;
+    let sh = Arc::new(Shared {
+        addr: spec.addr,
+        host: spec.addr.to_string(),
+        path: format!("/v2/models/{}/infer", spec.model),
+        slo: spec.slo,
+        conns_max: CONNS_MAX.min(fds.saturating_sub(64)).max(1),
+        idle: Mutex::new(Vec::new()),
+        open: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
+        opened: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
+        acc: Mutex::new(Acc {
+            c: LoadCounts::default(),
+            lat: hist(),
+            lag: hist(),
+        }),
+    });
+    let mut gen = ArrivalGen::new(Arrival::Poisson, spec.rate_rps, vec![], spec.seed, false);
+    let win = Time::ZERO + crate::core::Dur::from_secs_f64(spec.warmup.as_secs_f64());
+    let horizon = win + crate::core::Dur::from_secs_f64(spec.duration.as_secs_f64());
+    let t0 = Instant::now() + Duration::from_millis(10);
+    let mut offered = 0u64;
+    let mut i = 0usize;
+    while gen.peek() < horizon {
+        let t = gen.advance();
+        let due = t0 + Duration::from_nanos(t.0.max(0) as u64);
+        let now = Instant::now();
+        if due > now + Duration::from_micros(20) {
+            std::thread::sleep(due - now);
+        }
+        let counted = t >= win;
+        offered += counted as u64;
+        sh.in_flight.fetch_add(1, Ordering::Relaxed);
+        let body = spec.bodies[i % spec.bodies.len()].clone();
+        i += 1;
+        rt.spawn(sh.clone().one(due, counted, body));
+    }
+    let end = Instant::now() + DRAIN;
+    while sh.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (mut counts, lat, lag) = {
+        let a = sh.acc();
+        (a.c.clone(), a.lat.clone(), a.lag.clone())
+    };
+    rt.shutdown_background();
+    counts.offered = offered;
+    let ended = counts.ok
+        + counts.late_200
+        + counts.status_429
+        + counts.status_503
+        + counts.status_504
+        + counts.other_status
+        + counts.transport_errors
+        + counts.conn_limit;
+    counts.unanswered = offered.saturating_sub(ended);
+    Ok(LoadResult {
+        counts,
+        latency_us: lat,
+        lag_us: lag,
+        conns_opened: sh.opened.load(Ordering::Relaxed),
+        conns_peak: sh.peak.load(Ordering::Relaxed),
+    })
+}
+
+/// The serving process's own figures, from the JSON report it prints when
+/// stopped (warm-up included).
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerFigures {
+    pub requests: u64,
+    pub good: u64,
+    pub late: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    /// Requests per batch run by the backends.
+    pub batch_mean: f64,
+}
+
+impl ServerFigures {
+    /// From `fermata serve`'s report (a `ClusterReport`); None when it lacks the fields.
+    pub fn of_report(v: &Value) -> Option<ServerFigures> {
+        let sum = |list: &str, key: &str| -> Option<u64> {
+            v.get(list)?
+                .as_array()?
+                .iter()
+                .map(|e| e.get(key).and_then(Value::as_u64))
+                .sum()
+        };
+        let tasks = sum("backends", "tasks_run")?;
+        let plans = sum("backends", "plans_run")?;
+        Some(ServerFigures {
+            requests: sum("frontends", "requests")?,
+            good: sum("frontends", "good")?,
+            late: sum("frontends", "late")?,
+            dropped: sum("frontends", "dropped")?,
+            failed: sum("frontends", "failed")?,
+            batch_mean: if plans == 0 {
+                0.0
+            } else {
+                tasks as f64 / plans as f64
+            },
+        })
+    }
+}
+
+/// One row of the sweep: a model at a rate, one repetition.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub model: String,
+    pub rate_rps: f64,
+    /// The repetition, from 1.
+    pub rep: u32,
+    pub slo_ms: f64,
+    #[serde(flatten)]
+    pub counts: LoadCounts,
+    pub bad: u64,
+    pub bad_pct: f64,
+    /// Of the 200 answers (on time or late), due to last byte.
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub client_lag_p99_ms: f64,
+    pub conns_opened: u64,
+    pub conns_peak: usize,
+    /// The server's report; None when it printed none.
+    pub server: Option<ServerFigures>,
+}
+
+/// The sweep: every model × rate × repetition, each on a fresh server.
+#[derive(Debug, Clone)]
+pub struct SweepOpts {
+    /// The model repository the servers serve.
+    pub models_dir: PathBuf,
+    /// The models to drive, one at a time.
+    pub models: Vec<ModelMeta>,
+    pub rates: Vec<f64>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub reps: u32,
+    /// `fermata serve --policy`.
+    pub policy: Option<String>,
+    pub seed: u64,
+}
+
+/// How long a server may take to print its address and to be ready.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a server has to print its report after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The address in serve's `... HTTP API listening on http://ADDR ...` line.
+pub fn listening_addr(line: &str) -> Option<String> {
+    let rest = line.split("HTTP API listening on http://").nth(1)?;
+    rest.split_whitespace().next().map(str::to_string)
+}
+
+/// Starts `exe serve --executor onnx --models DIR --http-port 0 [--policy P]`
+/// and waits for its address.
+pub fn start_server(exe: &Path, o: &SweepOpts) -> Result<(Proc, SocketAddr)> {
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--executor".into(),
+        "onnx".into(),
+        "--models".into(),
+        o.models_dir.to_string_lossy().into_owned(),
+        "--http-port".into(),
+        "0".into(),
+    ];
+    if let Some(p) = &o.policy {
+        args.push("--policy".into());
+        args.push(p.clone());
+    }
+    let mut p = Proc::spawn(exe, "serve", &args, false)?;
+    let a = p.wait_for(
+        "HTTP API listening on http://ADDR",
+        START_TIMEOUT,
+        listening_addr,
+    );
+    let a = match a {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = p.stop(Duration::from_secs(1));
+            return Err(e.context(format!("starting {} {}", exe.display(), args.join(" "))));
+        }
+    };
+    let addr: SocketAddr = a
+        .parse()
+        .with_context(|| format!("serve printed an address that does not parse: {a}"))?;
+    Ok((p, addr))
+}
+
+/// One model at one rate on a fresh server.
+fn run_one(
+    exe: &Path,
+    o: &SweepOpts,
+    m: &ModelMeta,
+    rate: f64,
+    rep: u32,
+    seed: u64,
+) -> Result<Row> {
+    let (p, addr) = start_server(exe, o)?;
+    let load = wait_ready(addr, &m.name, START_TIMEOUT).and_then(|_| {
+        run_load(&LoadSpec {
+            addr,
+            model: m.name.clone(),
+            bodies: infer_bodies(m, seed),
+            slo: Duration::from_secs_f64(m.slo_ms / 1e3),
+            rate_rps: rate,
+            warmup: o.warmup,
+            duration: o.duration,
+            seed,
+        })
+    });
+    let report = p.stop(STOP_GRACE);
+    let r = load?;
+    let server = report
+        .and_then(|l| serde_json::from_str::<Value>(&l).ok())
+        .and_then(|v| ServerFigures::of_report(&v));
+    Ok(Row {
+        model: m.name.clone(),
+        rate_rps: rate,
+        rep,
+        slo_ms: m.slo_ms,
+        bad: r.counts.bad(),
+        bad_pct: r.counts.bad_pct(),
+        counts: r.counts,
+        latency_p50_ms: ms(&r.latency_us, 0.5),
+        latency_p99_ms: ms(&r.latency_us, 0.99),
+        client_lag_p99_ms: ms(&r.lag_us, 0.99),
+        conns_opened: r.conns_opened,
+        conns_peak: r.conns_peak,
+        server,
+    })
+}
+
+/// Runs the sweep with servers started from `exe` (the `fermata` binary);
+/// `progress` sees each row as it is measured.
+pub fn sweep(exe: &Path, o: &SweepOpts, mut progress: impl FnMut(&Row)) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (mi, m) in o.models.iter().enumerate() {
+        for (ri, &rate) in o.rates.iter().enumerate() {
+            for rep in 0..o.reps {
+                let seed = o
+                    .seed
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_add(((mi * 1000 + ri) as u64) << 16 | rep as u64);
+                let row = run_one(exe, o, m, rate, rep + 1, seed).with_context(|| {
+                    format!("model {} at {rate} r/s (repetition {})", m.name, rep + 1)
+                })?;
+                progress(&row);
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// For each model (in order of appearance), the highest rate whose bad
+/// percentage is under [`BAD_PCT_MAX`] in every repetition (None: no rate).
+pub fn best_rates(rows: &[Row]) -> Vec<(String, Option<f64>)> {
+    let mut models: Vec<String> = Vec::new();
+    for r in rows {
+        if !models.contains(&r.model) {
+            models.push(r.model.clone());
+        }
+    }
+    models
+        .into_iter()
+        .map(|m| {
+            let of_m = rows.iter().filter(|r| r.model == m);
+            let best = of_m
+                .clone()
+                .map(|r| r.rate_rps)
+                .filter(|&rate| {
+                    of_m.clone()
+                        .filter(|r| r.rate_rps == rate)
+                        .all(|r| r.bad_pct < BAD_PCT_MAX)
+                })
+                .fold(None, |b: Option<f64>, r| Some(b.map_or(r, |b| b.max(r))));
+            (m, best)
+        })
+        .collect()
+}
+
+/// The rows as a table (one line each, with a header).
+pub fn table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:<10} {:>7} {:>3} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>8} {:>8} {:>6}\n",
+        "model", "rate", "rep", "offered", "sent", "ok", "bad%", "late", "429", "503", "504",
+        "other", "xport", "nconn", "p50 ms", "p99 ms", "lag99 ms", "batch"
+    );
+    for r in rows {
+        let c = &r.counts;
+        let batch = r
+            .server
+            .as_ref()
+            .map_or("-".to_string(), |s| format!("{:.1}", s.batch_mean));
+        s += &format!(
+            "{:<10} {:>7.0} {:>3} {:>7} {:>7} {:>7} {:>7.3} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
+            r.model,
+            r.rate_rps,
+            r.rep,
+            c.offered,
+            c.sent,
+            c.ok,
+            r.bad_pct,
+            c.late_200,
+            c.status_429,
+            c.status_503,
+            c.status_504,
+            c.other_status,
+            c.transport_errors + c.unanswered,
+            c.conn_limit,
+            r.latency_p50_ms,
+            r.latency_p99_ms,
+            r.client_lag_p99_ms,
+            batch
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_address_is_read_from_serves_line() {
+        let l = "fermata serve: models (onnx) (1 GPUs, onnx executor) | HTTP API listening on http://127.0.0.1:4321 (Ctrl-C to stop)";
+        assert_eq!(listening_addr(l).as_deref(), Some("127.0.0.1:4321"));
+        assert_eq!(listening_addr("fermata serve: starting"), None);
+    }
+
+    #[test]
+    fn bodies_have_the_models_inputs() {
+        let meta = ModelMeta::from_json(
+            r#"{"name": "r", "inputs": [
+                {"name": "dense", "datatype": "FP32", "shape": [-1, 4]},
+                {"name": "ids", "datatype": "INT64", "shape": [-1, 2, 3]}],
+               "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}],
+               "slo_ms": 10, "max_batch": 8}"#,
+        )
+        .unwrap();
+        let b = infer_bodies(&meta, 1);
+        assert_eq!(b.len(), BODIES);
+        let v: Value = serde_json::from_slice(&b[0]).unwrap();
+        let ins = v["inputs"].as_array().unwrap();
+        assert_eq!(ins[0]["shape"], json!([1, 4]));
+        assert_eq!(ins[0]["datatype"], "FP32");
+        assert_eq!(ins[0]["data"].as_array().unwrap().len(), 4);
+        assert_eq!(ins[1]["shape"], json!([1, 2, 3]));
+        let ids = ins[1]["data"].as_array().unwrap();
+        assert_eq!(ids.len(), 6);
+        assert!(ids.iter().all(|x| (0..8).contains(&x.as_i64().unwrap())));
+    }
+
+    fn row(model: &str, rate: f64, bad_pct: f64) -> Row {
+        Row {
+            model: model.into(),
+            rate_rps: rate,
+            rep: 1,
+            slo_ms: 10.0,
+            counts: LoadCounts::default(),
+            bad: 0,
+            bad_pct,
+            latency_p50_ms: 0.0,
+            latency_p99_ms: 0.0,
+            client_lag_p99_ms: 0.0,
+            conns_opened: 0,
+            conns_peak: 0,
+            server: None,
+        }
+    }
+
+    #[test]
+    fn the_best_rate_holds_in_every_repetition() {
+        let rows = vec![
+            row("a", 100.0, 0.0),
+            row("a", 200.0, 0.05),
+            row("a", 200.0, 0.2),
+            row("a", 400.0, 5.0),
+            row("b", 100.0, 1.0),
+        ];
+        assert_eq!(
+            best_rates(&rows),
+            vec![("a".to_string(), Some(100.0)), ("b".to_string(), None)]
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! `fermata bench http` as a process: a short sweep of one shipped model gives a
+//! JSON row with answered requests and every field; bad flags fail clearly
+//! before any server starts. Needs ONNX Runtime (`scripts/setup.sh`), as the
+//! `serve --executor onnx` it starts does.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fermata(args: &[&str]) -> Output {
+    Command::new(PathBuf::from(env!("CARGO_BIN_EXE_fermata")))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args(["bench", "http"])
+        .args(args)
+        .output()
+        .expect("run fermata")
+}
+
+#[test]
+fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
+    let out = fermata(&[
+        "--models",
+        "models",
+        "--model",
+        "mlp",
+        "--rates",
+        "50",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0.5",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document: {e}\n{stderr}"));
+    let rows = v.as_array().expect("an array of rows");
+    assert_eq!(rows.len(), 1, "{v}");
+    let r = &rows[0];
+    assert_eq!(r["model"], "mlp");
+    assert_eq!(r["rate_rps"], 50.0);
+    assert_eq!(r["slo_ms"], 20.0);
+    assert_eq!(r["rep"], 1);
+    for f in [
+        "offered",
+        "sent",
+        "ok",
+        "bad",
+        "bad_pct",
+        "late_200",
+        "status_429",
+        "status_503",
+        "status_504",
+        "other_status",
+        "transport_errors",
+        "conn_limit",
+        "unanswered",
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "client_lag_p99_ms",
+        "conns_opened",
+        "server",
+    ] {
+        assert!(r.get(f).is_some(), "no `{f}` in {r}");
+    }
+    let n = |f: &str| r[f].as_u64().unwrap_or_else(|| panic!("{f} in {r}"));
+    assert!(n("ok") > 0, "{r}");
+    assert!(n("offered") >= n("sent") && n("sent") >= n("ok"), "{r}");
+    // Every offered request ends in exactly one outcome.
+    let ended: u64 = [
+        "ok",
+        "late_200",
+        "status_429",
+        "status_503",
+        "status_504",
+        "other_status",
+        "transport_errors",
+        "conn_limit",
+        "unanswered",
+    ]
+    .iter()
+    .map(|f| n(f))
+    .sum();
+    assert_eq!(ended, n("offered"), "{r}");
+    assert_eq!(n("bad"), n("offered") - n("ok"), "{r}");
+    assert!(r["latency_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+    // The server's own report, warm-up included, saw at least what was counted.
+    assert!(
+        r["server"]["requests"].as_u64().unwrap() >= n("sent"),
+        "{r}"
+    );
+    assert!(stderr.contains("mlp: highest rate"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_fail_before_any_server_starts() {
+    for (args, says) in [
+        (&["--rates", ""][..], "--rates"),
+        (&["--rates", "0"][..], "--rates"),
+        (&["--rates", "-100"][..], "must be positive"),
+        (&["--rates", "100,x"][..], "not a number"),
+        (&["--duration-s", "0"][..], "--duration-s"),
+        (&["--warmup-s", "-1"][..], "--warmup-s"),
+        (&["--reps", "0"][..], "--reps"),
+        (
+            &["--model", "nope"][..],
+            "no such model in models (it has cnn, mlp, ranker)",
+        ),
+        (&["--policy", "bogus"][..], "--policy"),
+        (&["--models", "no/such/dir"][..], "no/such/dir"),
+    ] {
+        let out = fermata(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
