@@ -381,8 +381,13 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             .boxed(),
         arb_str().prop_map(|message| Msg::Error { message }).boxed(),
         any::<u32>().prop_map(|gpus| Msg::Capacity { gpus }).boxed(),
+        arb_vec((any::<u32>(), any::<i64>()))
+            .prop_map(|v| Msg::Margins {
+                items: v.into_iter().map(|(m, d)| (ModelId(m), Dur(d))).collect(),
+            })
+            .boxed(),
     ];
-    assert_eq!(arms.len(), 21, "one arm per variant");
+    assert_eq!(arms.len(), 22, "one arm per variant");
     Union::new(arms)
 }
 
@@ -507,7 +512,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 22u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 23u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }

@@ -486,33 +486,19 @@ wire_struct!(TaskResult {
     output: Vec<u8>,
 });
 
-/// `(task id, code)` of `Msg::Dropped`.
-impl Wire for (TaskId, DropReason) {
-    const MIN: usize = 8 + 1;
-    fn size(&self) -> usize {
-        Self::MIN
-    }
-    fn put(&self, out: &mut Vec<u8>) {
-        self.0.put(out);
-        self.1.put(out);
-    }
-    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
-        Ok((TaskId::get(r, field)?, DropReason::get(r, field)?))
-    }
-}
-
+/// Pairs, as their two fields in order: `(task id, code)` of `Msg::Dropped`,
 /// `(model id, margin)` of `Msg::Margins`.
-impl Wire for (ModelId, Dur) {
-    const MIN: usize = 4 + 8;
+impl<A: Wire, B: Wire> Wire for (A, B) {
+    const MIN: usize = A::MIN + B::MIN;
     fn size(&self) -> usize {
-        Self::MIN
+        self.0.size() + self.1.size()
     }
     fn put(&self, out: &mut Vec<u8>) {
         self.0.put(out);
         self.1.put(out);
     }
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
-        Ok((ModelId::get(r, field)?, Dur::get(r, field)?))
+        Ok((A::get(r, field)?, B::get(r, field)?))
     }
 }
 
@@ -997,7 +983,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 21, "a sample of every variant");
+        assert_eq!(kinds.len(), 22, "a sample of every variant");
     }
 
     #[test]
@@ -1019,7 +1005,7 @@ mod tests {
             echo: Time(-1),
             sched: Time(0x0102),
         });
-        let mut want = vec![27, 0, 0, 0, 4, 0, 15];
+        let mut want = vec![27, 0, 0, 0, 5, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1035,7 +1021,7 @@ mod tests {
                 output: vec![0xAB],
             }],
         });
-        let mut want = vec![4, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![5, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1047,8 +1033,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 4, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 4, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 5, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 5, 0, 18]);
     }
 
     #[test]
@@ -1068,7 +1054,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [4, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [5, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1078,7 +1064,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![4, 0, 9];
+        let mut body = vec![5, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 36]);
         assert_eq!(
@@ -1124,23 +1110,23 @@ mod tests {
     fn header_errors() {
         assert_eq!(
             decode(&[1, 0, 18]),
-            Err(DecodeError::Version { got: 1, want: 4 })
+            Err(DecodeError::Version { got: 1, want: 5 })
         );
         assert_eq!(
-            decode(&[4, 0, 0]),
+            decode(&[5, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[4, 0, 22]),
+            decode(&[5, 0, 23]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 22
+                tag: 23
             })
         );
-        let e = decode(&[4, 0, 18, 0]).unwrap_err();
+        let e = decode(&[5, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1150,7 +1136,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![4, 0, 1, 2]; // Register, role 2
+        let mut body = vec![5, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1205,7 +1191,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[4, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[5, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
@@ -1278,7 +1264,7 @@ mod tests {
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
-        let want = Some(Err(DecodeError::Version { got: 7, want: 4 }));
+        let want = Some(Err(DecodeError::Version { got: 7, want: 5 }));
         assert_eq!(r.next_msg(), want);
         assert_eq!(r.next_msg(), want);
     }
