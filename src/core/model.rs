@@ -306,6 +306,17 @@ impl ModelState {
             let d = self.finish_by(head);
             let (w, reason) = match self.gather {
                 Gather::Lazy => (1, DropReason::Expired),
+                // Adaptive early drop skips the head only when the requests behind it
+                // can still fill a whole window. With a window or fewer queued,
+                // dropping the head cannot make the next batch any larger: it only
+                // loses the head (the batch that keeps it is as large as the one
+                // without it). Such a queue is gathered lazily. This matters most for
+                // the low-rate models of a bursty mix: without it, every alpha a
+                // waiting candidate spent in a saturated cluster cost its model a
+                // request, while a busy model merely shrank its batch.
+                Gather::Adaptive if self.queue.len() <= self.window as usize => {
+                    (1, DropReason::Expired)
+                }
                 Gather::EarlyDrop { .. } | Gather::Adaptive => (
                     (self.window as usize).min(self.queue.len()) as u32,
                     DropReason::EarlyDrop,
@@ -373,6 +384,55 @@ impl ModelState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Adaptive early drop skips the head only when more than a window is queued:
+    /// with a window or fewer, dropping the head could not make the batch larger
+    /// (it only loses the head), so the queue is gathered lazily.
+    #[test]
+    fn adaptive_drops_the_head_only_for_a_fuller_window() {
+        // l(b) = 1 ms * b + 5 ms; SLO 50 ms.
+        let spec = ModelSpec {
+            name: "m".into(),
+            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
+            slo: Dur::from_ms(50),
+        };
+        let t0 = Time(1_000_000_000);
+        let task = |id: u64, at_ms: i64| Task {
+            id: TaskId(id),
+            arrival: t0 + Dur::from_ms(at_ms),
+            deadline: t0 + Dur::from_ms(at_ms + 50),
+            tag: 0,
+        };
+        let run = |queued_behind: u64| {
+            let mut m = ModelState::new(
+                ModelId(0),
+                spec.clone(),
+                Policy::Deferred,
+                Gather::Adaptive,
+                NetBudget::default(),
+                100,
+            );
+            // 1 GPU at 2000/3 r/s needs b / l(b) >= 666.7 r/s: a window of 10.
+            m.observe_rate(2000.0 / 3.0, 1.0);
+            assert_eq!(m.window(), 10);
+            assert!(m.enqueue(task(0, 0)));
+            for i in 0..queued_behind {
+                assert!(m.enqueue(task(1 + i, 30)));
+            }
+            // 9 ms left for the head: a batch of 4 fits it, a window of 10 does not.
+            let mut drops = Vec::new();
+            let c = m
+                .update(t0 + Dur::from_ms(41), None, &mut |t, r| {
+                    drops.push((t.id, r))
+                })
+                .unwrap();
+            (c.bs, drops)
+        };
+        // 5 queued (fewer than a window): the head is kept in a batch of 4.
+        assert_eq!(run(4), (4, vec![]));
+        // 12 queued: the 11 behind the head fill a window, so the head is skipped.
+        assert_eq!(run(11), (11, vec![(TaskId(0), DropReason::EarlyDrop)]));
+    }
 
     /// Frontrun keeps `slack` before the latest start, so a model whose batches
     /// cost microseconds more per request is not held to the last microsecond.
