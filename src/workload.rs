@@ -130,8 +130,9 @@ pub struct Workload {
     pub exec_jitter: f64,
     pub frontends: u32,
     pub seed: u64,
-    /// Deferred's early-dispatch threshold (see `DispatcherConfig::min_expected_gain`).
-    pub min_expected_gain: f64,
+    /// Deferred's "defer only when it pays" threshold (see
+    /// `DispatcherConfig::eager_cost_max`).
+    pub eager_cost_max: f64,
 }
 
 #[derive(Deserialize)]
@@ -149,7 +150,7 @@ struct RawWorkload {
     gather: Option<String>,
     seed: Option<u64>,
     frontends: Option<u32>,
-    min_expected_gain: Option<f64>,
+    eager_cost_max: Option<f64>,
     profiles_file: Option<String>,
     network: Option<RawNetwork>,
     #[serde(default)]
@@ -235,7 +236,7 @@ impl Workload {
         cfg.gather = self.gather.unwrap_or_else(|| policy.default_gather());
         cfg.net = self.net;
         cfg.check_invariants = check;
-        cfg.min_expected_gain = self.min_expected_gain;
+        cfg.eager_cost_max = self.eager_cost_max;
         cfg
     }
 
@@ -401,10 +402,10 @@ impl Workload {
             exec_jitter,
             frontends: raw.frontends.unwrap_or(1).max(1),
             seed: raw.seed.unwrap_or(1),
-            min_expected_gain: match raw.min_expected_gain {
-                None => crate::core::dispatcher::DEFAULT_MIN_EXPECTED_GAIN,
+            eager_cost_max: match raw.eager_cost_max {
+                None => crate::core::dispatcher::DEFAULT_EAGER_COST_MAX,
                 Some(g) if (0.0..=1e6).contains(&g) => g,
-                Some(g) => bail!("`min_expected_gain` must be in [0, 1e6], got {g}"),
+                Some(g) => bail!("`eager_cost_max` must be in [0, 1e6], got {g}"),
             },
         })
     }

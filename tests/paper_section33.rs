@@ -184,7 +184,7 @@ fn show(plans: &[Plan]) -> String {
 // sit at 3k+8, 3k+7, 3k+6 while R_{4k+6..4k+8} arrive at 3k+3.75..3k+5.25).
 #[test]
 fn figure4_staggered_trace() {
-    let mut d = dispatcher(Policy::Deferred);
+    let mut d = dispatcher(Policy::Symphony);
     let tr = drive(&mut d, &arrivals(80, &[]));
     let plans = &tr.plans;
     assert!(tr.dropped.is_empty(), "drops: {:?}", tr.dropped);
@@ -251,7 +251,7 @@ fn figure5_skip_three_deferred_recovers_eager_degrades() {
     let skip = [13, 14, 15];
     let tasks = arrivals(80, &skip);
 
-    let mut d = dispatcher(Policy::Deferred);
+    let mut d = dispatcher(Policy::Symphony);
     let def = drive(&mut d, &tasks);
     let plans = &def.plans;
     assert!(def.dropped.is_empty(), "deferred drops: {:?}", def.dropped);
@@ -272,7 +272,7 @@ fn figure5_skip_three_deferred_recovers_eager_degrades() {
 
     // Compared with the run without the gap: from t >= 25 ms on (and before the final
     // leftover) batches are back at the same steady size.
-    let mut full = dispatcher(Policy::Deferred);
+    let mut full = dispatcher(Policy::Symphony);
     let base = drive(&mut full, &arrivals(80, &[]));
     let steady = base.plans[5].tasks.len();
     assert_eq!(steady, 4);

@@ -99,7 +99,7 @@ proptest! {
         for m in &r.models {
             prop_assert_eq!(m.offered, m.good + m.late + m.dropped);
         }
-        if policy == Policy::Deferred {
+        if matches!(policy, Policy::Deferred | Policy::Symphony) {
             for m in &r.models {
                 prop_assert_eq!(m.late, 0, "deferred finished a request late: {:?}", m.name);
             }

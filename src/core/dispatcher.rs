@@ -76,11 +76,13 @@ pub struct DispatcherConfig {
     /// Check the invariants after every event (cheap, O(1); on in debug builds and
     /// in the simulator).
     pub check_invariants: bool,
-    /// Deferred only: once the model's rate is measured, make the batch schedulable
-    /// at once when fewer than this many more requests are expected before its
-    /// frontrun moment (0 = pure Symphony frontrun). Low-rate models then stop
-    /// waiting for requests that will not come and risking a busy cluster.
-    pub min_expected_gain: f64,
+    /// Deferred only ("defer only when it pays"): a batch starts at once, rather
+    /// than at its frontrun moment, when running it now would cost at most this
+    /// fraction of its model's spare GPU time (the GPU time the batch's expected
+    /// growth saves, against the model's share of the GPUs less its expected
+    /// load). 0 defers every batch that can grow, as the paper's rule
+    /// ([`Policy::Symphony`]) does. See `ModelState::waiting_pays`.
+    pub eager_cost_max: f64,
 }
 
 impl DispatcherConfig {
@@ -92,7 +94,7 @@ impl DispatcherConfig {
             gpus,
             queue_max: 1 << 20,
             check_invariants: cfg!(debug_assertions),
-            min_expected_gain: DEFAULT_MIN_EXPECTED_GAIN,
+            eager_cost_max: DEFAULT_EAGER_COST_MAX,
         }
     }
 }
@@ -129,9 +131,9 @@ pub struct Dispatcher {
     num_models: u32,
 }
 
-/// Default of [`DispatcherConfig::min_expected_gain`]: defer a batch only while at
-/// least two more requests are expected before its frontrun moment.
-pub const DEFAULT_MIN_EXPECTED_GAIN: f64 = 2.0;
+/// Default of [`DispatcherConfig::eager_cost_max`]: a batch may start at once when
+/// that costs at most 5% of its model's spare GPU time.
+pub const DEFAULT_EAGER_COST_MAX: f64 = 0.05;
 
 impl Dispatcher {
     pub fn new(cfg: DispatcherConfig, specs: Vec<ModelSpec>) -> Dispatcher {

@@ -7,8 +7,16 @@ use std::str::FromStr;
 /// When a candidate batch may start, and how candidates are matched to GPUs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Policy {
-    /// Symphony: exec = max(earliest, d - l(|B| + 1)) (the frontrun moment).
+    /// Fermata's deferred batching: Symphony's frontrun moment, but a batch waits
+    /// for it only while waiting pays: when running the batch now instead would
+    /// cost more than a small part of the model's spare GPU time
+    /// ([`DispatcherConfig::eager_cost_max`](super::DispatcherConfig::eager_cost_max)).
+    /// Light load gets eager latency, heavy load deferred batching.
     Deferred,
+    /// The paper's pure rule: exec = max(earliest, d - l(|B| + 1)) (the frontrun
+    /// moment) for every batch that can still grow, whatever the load. Kept so the
+    /// Section 3.3 trace and the paper's comparisons stay reproducible.
+    Symphony,
     /// exec = earliest: dispatch whenever a GPU is free.
     Eager,
     /// Section 3.4: exec = max(earliest, a + k) with k = `frac` * SLO, a = the head's arrival.
@@ -29,6 +37,7 @@ impl Policy {
     pub fn name(&self) -> String {
         match self {
             Policy::Deferred => "deferred".into(),
+            Policy::Symphony => "symphony".into(),
             Policy::Eager => "eager".into(),
             Policy::Timeout { frac } => format!("timeout:{frac}"),
             Policy::Clockwork { lookahead } => {
@@ -53,7 +62,7 @@ impl Policy {
     pub const CLOCKWORK_DEFAULT_LOOKAHEAD: Dur = Dur(10_000_000);
 
     /// The batch gathering a policy uses unless a workload sets one: the systems
-    /// Clockwork and Shepherd drop lazily; deferred, eager and timeout use Fermata's
+    /// Clockwork and Shepherd drop lazily; deferred, symphony, eager and timeout use Fermata's
     /// adaptive early drop (Nexus has its own early drop).
     pub fn default_gather(&self) -> Gather {
         match self {
@@ -67,6 +76,7 @@ impl Policy {
     pub fn all_baselines() -> Vec<Policy> {
         vec![
             Policy::Deferred,
+            Policy::Symphony,
             Policy::Eager,
             Policy::Timeout { frac: 0.2 },
             Policy::Clockwork {
@@ -103,7 +113,8 @@ impl FromStr for Policy {
             }
         };
         match name {
-            "deferred" | "symphony" => no_arg(Policy::Deferred),
+            "deferred" => no_arg(Policy::Deferred),
+            "symphony" => no_arg(Policy::Symphony),
             "eager" => no_arg(Policy::Eager),
             "timeout" => {
                 let frac = num("timeout as a fraction of the SLO, e.g. timeout:0.2")?;
@@ -140,7 +151,7 @@ impl FromStr for Policy {
             }
             "nexus" => no_arg(Policy::Nexus),
             _ => Err(format!(
-                "unknown policy `{s}` (expected deferred, eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus)"
+                "unknown policy `{s}` (expected deferred, symphony, eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus)"
             )),
         }
     }
@@ -248,6 +259,8 @@ mod tests {
         for p in Policy::all_baselines() {
             assert_eq!(p.name().parse::<Policy>(), Ok(p));
         }
+        assert_eq!("symphony".parse::<Policy>(), Ok(Policy::Symphony));
+        assert_eq!(Policy::Symphony.name(), "symphony");
         assert_eq!(
             "early:8".parse::<Gather>(),
             Ok(Gather::EarlyDrop { window: Some(8) })

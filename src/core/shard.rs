@@ -143,7 +143,7 @@ impl ModelShard {
     pub fn add_model(&mut self, id: ModelId, spec: ModelSpec) {
         let c = &self.cfg;
         let mut state = ModelState::new(id, spec, c.policy, c.gather, c.net, c.queue_max);
-        state.min_expected_gain = c.min_expected_gain;
+        state.eager_cost_max = c.eager_cost_max;
         if self.models.len() <= id.idx() {
             self.models.resize_with(id.idx() + 1, || None);
         }

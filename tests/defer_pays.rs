@@ -1,0 +1,126 @@
+//! "Defer only when it pays" (issue 13), in the simulator with the production core:
+//! at light load a lone request starts at once (eager latency), under load batches
+//! are still deferred to their frontrun moment, and the idle time still collects on
+//! the highest-numbered GPUs (flat-top). The paper's pure rule stays available as
+//! the `symphony` policy and still defers every batch that can grow.
+
+use fermata::core::Policy;
+use fermata::run::RunResult;
+use fermata::sim::{simulate, RunOptions};
+use fermata::workload::Workload;
+
+/// One model on `gpus` GPUs, Poisson arrivals, no network delay.
+fn workload(gpus: u32, alpha_ms: f64, beta_ms: f64, slo_ms: f64) -> Workload {
+    let toml = format!(
+        "name = \"defer_pays\"\ngpus = {gpus}\narrival = \"poisson\"\nwarmup_s = 1\n\
+         duration_s = 5\n[[models]]\nname = \"m\"\nalpha_ms = {alpha_ms}\n\
+         beta_ms = {beta_ms}\nslo_ms = {slo_ms}\n"
+    );
+    Workload::from_toml(&toml, None).expect("valid workload")
+}
+
+fn run(w: &Workload, policy: Policy, rate_rps: f64) -> RunResult {
+    let mut o = RunOptions::from_workload(w);
+    o.policy = policy;
+    o.rate_rps = rate_rps;
+    o.check = true;
+    simulate(w, &o)
+}
+
+/// Median time from arrival to batch start, in milliseconds.
+fn queuing_p50_ms(r: &RunResult) -> f64 {
+    r.models[0].queuing_us.value_at_quantile(0.5) as f64 / 1000.0
+}
+
+/// ResNet50's Table 2 profile on 8 GPUs (goodput about 5,450 r/s).
+fn resnet() -> Workload {
+    workload(8, 1.053, 5.072, 25.0)
+}
+
+#[test]
+fn a_lone_request_at_light_load_starts_at_once() {
+    // A model whose batches barely amortise (4 us alone, 0.5 us per extra request;
+    // the ONNX mlp's profile on a CPU) at 200 r/s with a 20 ms SLO: about 4 more
+    // requests are expected before the frontrun moment, so the old "expected gain"
+    // rule would wait, but the GPU time they would save is nothing.
+    let w = workload(1, 0.0005, 0.0038, 20.0);
+    let deferred = run(&w, Policy::Deferred, 200.0);
+    let symphony = run(&w, Policy::Symphony, 200.0);
+    assert_eq!(deferred.models[0].bad(), 0);
+    assert!(
+        queuing_p50_ms(&deferred) < 0.05,
+        "deferred held a lone request {} ms at light load",
+        queuing_p50_ms(&deferred)
+    );
+    // The paper's rule holds it until the frontrun moment, near its deadline.
+    assert!(
+        queuing_p50_ms(&symphony) > 5.0,
+        "symphony's frontrun moved: {} ms",
+        queuing_p50_ms(&symphony)
+    );
+    // ResNet50 at 20 r/s: lone requests, no batching to wait for.
+    let w = resnet();
+    let r = run(&w, Policy::Deferred, 20.0);
+    assert!(queuing_p50_ms(&r) < 0.05, "{} ms", queuing_p50_ms(&r));
+    assert_eq!(r.models[0].bad(), 0);
+}
+
+#[test]
+fn under_load_batches_are_still_deferred() {
+    // ResNet50 at 0.8 of its goodput: batching matters for capacity, so deferred
+    // waits for the frontrun moment as the paper's rule does.
+    let w = resnet();
+    let rate = 0.8 * 5450.0;
+    let deferred = run(&w, Policy::Deferred, rate);
+    let symphony = run(&w, Policy::Symphony, rate);
+    let eager = run(&w, Policy::Eager, rate);
+    let (d, s) = (queuing_p50_ms(&deferred), queuing_p50_ms(&symphony));
+    let batch_p50 = |r: &RunResult| {
+        let m = &r.models[0];
+        let total: u64 = m.batch_requests.iter().sum();
+        let mut seen = 0;
+        m.batch_requests
+            .iter()
+            .position(|&n| {
+                seen += n;
+                2 * seen >= total
+            })
+            .unwrap_or(0)
+    };
+    let (bd, bs, be) = (
+        batch_p50(&deferred),
+        batch_p50(&symphony),
+        batch_p50(&eager),
+    );
+    eprintln!("queuing p50 deferred {d} symphony {s} ms; batch p50 {bd} {bs} {be}");
+    assert!(
+        (d - s).abs() < 0.2 * s,
+        "deferred ({d} ms) and symphony ({s} ms) differ under load"
+    );
+    assert!(
+        bd + 1 >= bs && bd > be,
+        "batch p50: deferred {bd}, symphony {bs}, eager {be}"
+    );
+    assert!(deferred.bad_rate() < 0.01, "bad {}", deferred.bad_rate());
+}
+
+#[test]
+fn idle_time_still_collects_on_the_highest_numbered_gpus() {
+    // At 0.3 of the goodput the GPUs are about 70% idle, and the upper half of the
+    // GPU ids is (nearly) all idle: eager starts at light load take the
+    // lowest-numbered free GPU, deferred batches fill the lower GPUs first.
+    let w = resnet();
+    let r = run(&w, Policy::Deferred, 0.3 * 5450.0);
+    let idle: Vec<f64> = r.gpu_busy.iter().map(|b| 1.0 - b).collect();
+    let mean = idle.iter().sum::<f64>() / idle.len() as f64;
+    assert!((0.62..=0.75).contains(&mean), "mean idle {mean}: {idle:?}");
+    for (g, i) in idle.iter().enumerate().skip(4) {
+        assert!(*i > 0.97, "GPU {g} is busy at 0.3 load: {idle:?}");
+    }
+    // At 0.05 of the goodput (eager starts), the same shape.
+    let r = run(&w, Policy::Deferred, 0.05 * 5450.0);
+    let idle: Vec<f64> = r.gpu_busy.iter().map(|b| 1.0 - b).collect();
+    for (g, i) in idle.iter().enumerate().skip(3) {
+        assert!(*i > 0.99, "GPU {g} is busy at 0.05 load: {idle:?}");
+    }
+}
