@@ -77,6 +77,9 @@ pub struct ModelState {
     rate_rps: f64,
     /// The model's share of the GPUs in service (GPUs), set with the rate.
     share: f64,
+    /// Index of dispersion of the arrivals (variance over mean of the requests per
+    /// rate tick): 1 for Poisson arrivals, the mean clump size of bursty ones.
+    dispersion: f64,
     /// Deferred: a batch runs at once when running it now rather than at its
     /// frontrun moment costs at most this fraction of the model's spare GPU time
     /// ([`DispatcherConfig::eager_cost_max`](super::DispatcherConfig::eager_cost_max)).
@@ -190,6 +193,7 @@ impl ModelState {
             cand: None,
             rate_rps: 0.0,
             share: 0.0,
+            dispersion: 1.0,
             eager_cost_max: 0.0,
         }
     }
@@ -221,6 +225,15 @@ impl ModelState {
     /// model's next event.
     pub fn set_net(&mut self, net: NetBudget) {
         self.net = net;
+    }
+
+    /// Takes the arrivals' index of dispersion (see [`ModelState::waiting_pays`]).
+    pub fn observe_dispersion(&mut self, dispersion: f64) {
+        self.dispersion = if dispersion.is_finite() {
+            dispersion.max(1.0)
+        } else {
+            1.0
+        };
     }
 
     pub fn observe_rate(&mut self, rate_rps: f64, gpus: f64) {
@@ -407,6 +420,15 @@ impl ModelState {
     /// the lowest-numbered free GPU; near capacity the spare time vanishes and every
     /// batch that can grow waits for its frontrun moment, as in the paper.
     ///
+    /// Under bursty arrivals the requests come in clumps, and what the batch can
+    /// count on is the clumps expected by then, not the requests: the expected
+    /// growth is divided by the arrivals' index of dispersion (variance over mean of
+    /// the requests per rate tick; 1 for Poisson, about the mean clump size for
+    /// clumps) before the [`MIN_GROWTH`] test. Holding a batch for a clump that
+    /// mostly does not come leaves GPUs idle between bursts and spends the slack
+    /// the next burst needs (on the Gamma(0.05) workloads deferred lost 5-15% of
+    /// goodput to eager that way; Poisson arrivals are unchanged).
+    ///
     /// The rate is the measured one (the shard's estimator). Before any rate is
     /// measured, a batch starts at once. (The queue's own rate, the requests
     /// behind the head over the time since it arrived, was tried as a faster
@@ -425,7 +447,7 @@ impl ModelState {
         );
         let wait = (defer_to - now).as_secs_f64().max(0.0);
         let expected = rate * wait;
-        if expected < MIN_GROWTH {
+        if expected / self.dispersion < MIN_GROWTH {
             // Requests that will not come: waiting for them only risks finding
             // every GPU busy at the frontrun moment.
             return false;
@@ -494,6 +516,47 @@ mod tests {
         assert_eq!(run(4), (4, vec![]));
         // 12 queued: the 11 behind the head fill a window, so the head is skipped.
         assert_eq!(run(11), (11, vec![(TaskId(0), DropReason::EarlyDrop)]));
+    }
+
+    /// Bursty arrivals: the expected growth counts clumps, not requests, so a batch
+    /// that would wait for requests under Poisson arrivals starts at once when they
+    /// come in clumps of about 20.
+    #[test]
+    fn bursty_arrivals_count_clumps() {
+        // l(b) = 1 ms * b + 5 ms; SLO 50 ms; 200 r/s on one GPU: about 8.6 requests
+        // are expected before the frontrun moment (43 ms away).
+        let spec = ModelSpec {
+            name: "m".into(),
+            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
+            slo: Dur::from_ms(50),
+        };
+        let now = Time(1_000_000_000);
+        let exec_in = |dispersion: f64| {
+            let mut m = ModelState::new(
+                ModelId(0),
+                spec.clone(),
+                Policy::Deferred,
+                Gather::Lazy,
+                NetBudget::default(),
+                100,
+            );
+            m.eager_cost_max = 0.05;
+            m.observe_rate(200.0, 1.0);
+            m.observe_dispersion(dispersion);
+            assert!(m.enqueue(Task {
+                id: TaskId(1),
+                arrival: now,
+                deadline: now + Dur::from_ms(50),
+                tag: 0,
+            }));
+            let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
+            c.unwrap().exec_at - now
+        };
+        // Poisson (and a noisy estimate below 1): waits for its frontrun moment.
+        assert_eq!(exec_in(1.0), Dur::from_ms(43));
+        assert_eq!(exec_in(0.5), Dur::from_ms(43));
+        // Clumps of 20: fewer than MIN_GROWTH clumps expected, starts at once.
+        assert_eq!(exec_in(20.0), Dur::ZERO);
     }
 
     /// Frontrun keeps `slack` before the latest start, so a model whose batches
