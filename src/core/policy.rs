@@ -169,8 +169,10 @@ pub enum Gather {
     /// Load-adaptive early drop (Fermata's rule): the window is the smallest batch
     /// whose throughput sustains the model's measured rate on its share of the GPUs,
     /// b / l(b) >= rate / gpus_share. A request is skipped only when serving it would
-    /// force a batch smaller than the load needs; at low load this is lazy drop, in
-    /// overload it keeps batches at their most efficient size.
+    /// force a batch smaller than the load needs and the requests behind it can fill
+    /// a window (with a window or fewer queued, dropping the head could not make the
+    /// batch larger, so the queue is gathered lazily); at low load this is lazy drop,
+    /// in overload it keeps batches at their most efficient size.
     Adaptive,
 }
 

@@ -43,6 +43,12 @@ struct Entry {
     /// Arrivals since the last rate tick and the EWMA rate (r/s).
     arrivals: u32,
     rate: f64,
+    /// The arrivals' variance per tick (for their index of dispersion): an EWMA of
+    /// half the squared difference between consecutive ticks' arrivals, which
+    /// neither the rate's warm-up nor a slow change of rate inflates; `last`: the
+    /// previous tick's arrivals (None before the first tick).
+    var: f64,
+    last: Option<f64>,
     /// Ranker notices handled.
     seq: u64,
     /// The candidate last sent to the ranker; `force` sends the next one regardless.
@@ -55,6 +61,9 @@ struct Entry {
 pub const RATE_TICK: Dur = Dur(100_000_000);
 /// EWMA weight of the newest tick.
 const RATE_EWMA: f64 = 0.2;
+/// EWMA weight of the newest tick in the variance of the arrivals per tick (slower
+/// than the rate's: a variance needs more ticks than a mean).
+const VAR_EWMA: f64 = 0.05;
 
 /// A set of models' scheduling state.
 pub struct ModelShard {
@@ -163,6 +172,8 @@ impl ModelShard {
             state,
             arrivals: 0,
             rate: 0.0,
+            var: 0.0,
+            last: None,
             seq: 0,
             sent: None,
             force: false,
@@ -401,8 +412,13 @@ impl ModelShard {
         let mut local = 0.0;
         for id in &self.own {
             let e = self.models[id.idx()].as_mut().expect("owned");
-            e.rate = ((1.0 - RATE_EWMA) * e.rate
-                + RATE_EWMA * (e.arrivals as f64 / RATE_TICK.as_secs_f64()))
+            let count = e.arrivals as f64;
+            if let Some(last) = e.last {
+                let diff = count - last;
+                e.var = (1.0 - VAR_EWMA) * e.var + VAR_EWMA * diff * diff / 2.0;
+            }
+            e.last = Some(count);
+            e.rate = ((1.0 - RATE_EWMA) * e.rate + RATE_EWMA * (count / RATE_TICK.as_secs_f64()))
                 * decay;
             e.arrivals = 0;
             local += Self::demand(e);
@@ -419,7 +435,10 @@ impl ModelShard {
                 n
             };
             let rate = e.rate;
+            let mean = rate * RATE_TICK.as_secs_f64();
+            let dispersion = if mean > 0.0 { e.var / mean } else { 1.0 };
             e.state.observe_rate(rate, share);
+            e.state.observe_dispersion(dispersion);
             if e.state.cand.is_some() {
                 self.refresh(m, now, None);
                 self.mark(m);
