@@ -134,7 +134,7 @@ struct SimArgs {
     sub: Option<SimCmd>,
     #[command(flatten)]
     run: RunArgs,
-    /// deferred, eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus.
+    /// deferred, symphony, eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus.
     #[arg(long)]
     policy: Option<String>,
     /// Aggregate offered rate in requests/s (default: the workload's rate_rps).

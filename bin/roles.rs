@@ -135,7 +135,7 @@ pub struct SchedulerArgs {
     /// Override every model's input size in bytes (what load generators send).
     #[arg(long)]
     input_bytes: Option<u32>,
-    /// Override the workload's policy: deferred, eager or timeout:FRAC.
+    /// Override the workload's policy: deferred, symphony, eager or timeout:FRAC.
     #[arg(long)]
     policy: Option<String>,
     #[command(flatten)]
@@ -544,7 +544,7 @@ pub struct ServeArgs {
     #[arg(long)]
     input_bytes: Option<u32>,
     /// Override the workload's scheduling policy, as `fermata scheduler
-    /// --policy`: deferred, eager, timeout:FRAC, clockwork[:MS], shepherd[:K]
+    /// --policy`: deferred, symphony, eager, timeout:FRAC, clockwork[:MS], shepherd[:K]
     /// or nexus.
     #[arg(long)]
     policy: Option<String>,

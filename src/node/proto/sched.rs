@@ -105,7 +105,7 @@ pub struct SchedReport {
     /// Backends' last reported control delay and pull time per task at p99.9 (us).
     pub ctrl_delay_us: f64,
     pub pull_us: f64,
-    /// The largest response margin last given to the core (us).
+    /// The largest response margin given to the core (us).
     pub margin_max_us: f64,
 }
 
@@ -754,7 +754,8 @@ impl SchedProto {
         if changed {
             tracing::info!(margins_us = ?next.iter().map(|d| d.as_us_f64()).collect::<Vec<_>>(), "scheduler: response margins changed");
             self.margins = next.clone();
-            self.report.margin_max_us = next.iter().map(|d| d.as_us_f64()).fold(0.0, f64::max);
+            let top = next.iter().map(|d| d.as_us_f64()).fold(0.0, f64::max);
+            self.report.margin_max_us = self.report.margin_max_us.max(top);
             self.actions.push_back(Action::SetMargins(next));
         }
     }

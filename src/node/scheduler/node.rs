@@ -106,7 +106,7 @@ fn check_policy(workload: &Workload) -> Result<()> {
         crate::core::Policy::Nexus | crate::core::Policy::Shepherd { .. }
     ) {
         anyhow::bail!(
-            "policy `{}` is simulator-only; the distributed runtime runs deferred, eager or timeout",
+            "policy `{}` is simulator-only; the distributed runtime runs deferred, symphony, eager or timeout",
             workload.policy
         );
     }
