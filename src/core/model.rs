@@ -433,8 +433,9 @@ impl ModelState {
     ///
     /// The batch is expected to grow to `B = bs + rate * (defer_to - now)` (no more
     /// than the head's deadline allows); if fewer than [`MIN_GROWTH`] more requests
-    /// are expected by then (however many fit), waiting does not pay. Otherwise running every batch at `bs` rather than at
-    /// `B` would cost the model `rate * (l(bs)/bs - l(B)/B)` GPU-seconds per second;
+    /// (clumps, below) are expected by then, however many fit, waiting does not
+    /// pay. Otherwise running every batch at `bs` rather than at `B` would cost
+    /// the model `rate * (l(bs)/bs - l(B)/B)` GPU-seconds per second;
     /// its spare GPU time is `share - rate * l(B)/B`. Waiting pays when that cost
     /// exceeds `eager_cost_max` of the spare time. At light load (or for models
     /// whose batches barely amortise) it does not, and the batch starts at once on
