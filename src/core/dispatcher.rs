@@ -132,8 +132,8 @@ pub struct Dispatcher {
 }
 
 /// Default of [`DispatcherConfig::eager_cost_max`]: a batch may start at once when
-/// that costs at most 5% of its model's spare GPU time.
-pub const DEFAULT_EAGER_COST_MAX: f64 = 0.05;
+/// that costs at most 2% of its model's spare GPU time.
+pub const DEFAULT_EAGER_COST_MAX: f64 = 0.02;
 
 impl Dispatcher {
     pub fn new(cfg: DispatcherConfig, specs: Vec<ModelSpec>) -> Dispatcher {
