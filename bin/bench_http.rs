@@ -36,7 +36,7 @@ pub struct BenchHttpArgs {
     #[arg(long, default_value_t = 1)]
     reps: u32,
     /// The server's scheduling policy (`fermata serve --policy`): deferred,
-    /// eager, timeout:FRAC, clockwork[:MS], shepherd[:K] or nexus.
+    /// symphony, eager, timeout:FRAC or clockwork[:MS].
     #[arg(long)]
     policy: Option<String>,
     /// Drive only this model (repeatable; default: every model of --models).

@@ -32,7 +32,7 @@ use super::model::{DropReason, ModelSpec, ModelState, Task};
 use super::policy::{Gather, NetBudget, Policy};
 use super::rank::{RankOutput, Ranker};
 use super::shard::ModelShard;
-use super::time::Time;
+use super::time::{Dur, Time};
 use std::collections::VecDeque;
 
 /// A batch plan: run `tasks` of `model` on `gpu` starting at `exec_at`.
@@ -196,7 +196,7 @@ impl Dispatcher {
 
     /// Sets the models' measured response margins (`margins[id]`), see
     /// [`ModelState::set_margin`].
-    pub fn set_margins(&mut self, margins: &[super::time::Dur]) {
+    pub fn set_margins(&mut self, margins: &[Dur]) {
         self.shard.set_margins(margins);
     }
 

@@ -23,7 +23,8 @@
 use crate::arrivals::ArrivalGen;
 use crate::core::Time;
 use crate::harness::procs::Proc;
-use crate::repo::{DType, ModelMeta};
+use crate::node::http::decode_elems;
+use crate::repo::ModelMeta;
 use crate::workload::Arrival;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
@@ -189,25 +190,6 @@ pub fn wait_ready(addr: SocketAddr, model: &str, timeout: Duration) -> Result<()
     bail!("model `{model}` at {addr} was not ready within {timeout:?} (last answer: {last})")
 }
 
-/// Sample element `c` (little-endian bytes of `dt`) as a JSON value.
-fn json_elem(dt: DType, c: &[u8]) -> Value {
-    let a = |n: usize| -> [u8; 8] {
-        let mut b = [0u8; 8];
-        b[..n].copy_from_slice(&c[..n]);
-        b
-    };
-    match dt {
-        DType::Bool => Value::Bool(c[0] != 0),
-        DType::U8 => json!(c[0]),
-        DType::I8 => json!(c[0] as i8),
-        DType::I32 => json!(i32::from_le_bytes(c.try_into().expect("4 bytes"))),
-        DType::I64 => json!(i64::from_le_bytes(a(8))),
-        DType::F16 => json!(half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
-        DType::F32 => json!(f32::from_le_bytes(c.try_into().expect("4 bytes"))),
-        DType::F64 => json!(f64::from_le_bytes(a(8))),
-    }
-}
-
 /// A KServe v2 JSON inference request for `meta` with one sample
 /// ([`ModelMeta::sample_input`]): every input tensor with shape `[1, ...]`, its
 /// datatype and its `data`.
@@ -219,10 +201,7 @@ pub fn infer_body(meta: &ModelMeta, rng: &mut impl rand::RngCore) -> Bytes {
         .iter()
         .map(|t| {
             let n = t.sample_bytes();
-            let data: Vec<Value> = bytes[at..at + n]
-                .chunks_exact(t.datatype.size())
-                .map(|c| json_elem(t.datatype, c))
-                .collect();
+            let data = decode_elems(t.datatype, &bytes[at..at + n]);
             at += n;
             let mut shape = vec![1];
             shape.extend_from_slice(t.sample_shape());

@@ -199,6 +199,14 @@ pub struct Delays {
     burst_at: Option<Time>,
 }
 
+/// Whether a measured budget `now` moved far enough from `last` to be worth
+/// applying: by more than a tenth of `last`, and at least a tenth of `floor`
+/// (so that tiny budgets do not churn on noise). The network budget and the
+/// response margins change the core's plans only on such moves.
+pub fn moved(now: Dur, last: Dur, floor: Dur) -> bool {
+    (now - last).0.saturating_abs().saturating_mul(10) > last.0.max(floor.0)
+}
+
 /// Samples that arrive this close to the first of a burst count as one.
 pub const BURST: Dur = Dur(200_000);
 

@@ -15,8 +15,9 @@ use super::requests::Client;
 use super::Ended;
 use crate::core::Dur;
 use crate::metrics::{Counter, Gauge};
-use crate::node::clock::{OffsetEstimator, SchedClock};
+use crate::node::clock::{moved, OffsetEstimator, SchedClock};
 use crate::node::proto::ledger::{Answer, RequestLedger};
+use crate::node::proto::sched::MARGIN_FLOOR;
 use crate::transport::{Conn, ConnId, Event, Listener, Region, RegionServer};
 use crate::wire::{ModelInfo, Msg, SubmitTask, MAX_ITEMS, NET_QUANTILE};
 use crossbeam_channel::Receiver;
@@ -234,7 +235,7 @@ impl Loop {
                 Dur(d.tail(NET_QUANTILE))
             };
             let last = self.margins_sent[i];
-            if (tail - last).0.saturating_abs().saturating_mul(10) > last.0.max(200_000) {
+            if moved(tail, last, MARGIN_FLOOR) {
                 self.margins_sent[i] = tail;
                 items.push((self.models[i].id, tail));
             }

@@ -53,4 +53,4 @@ mod tensor;
 pub use options::HttpOpts;
 pub use request::MAX_TIMEOUT_US;
 pub use server::HttpServer;
-pub use tensor::{f16_to_f32, f32_to_f16, HEADER_LEN};
+pub use tensor::{decode_elems, f16_to_f32, f32_to_f16, HEADER_LEN};

@@ -42,8 +42,8 @@ pub(super) fn encode_elem(dt: DType, v: &Value, out: &mut Vec<u8>) -> Option<()>
     Some(())
 }
 
-/// One output tensor's elements as JSON values.
-pub(super) fn decode_elems(dt: DType, b: &[u8]) -> Vec<Value> {
+/// A tensor's elements (little-endian bytes of `dt`) as JSON values.
+pub fn decode_elems(dt: DType, b: &[u8]) -> Vec<Value> {
     let n = dt.size();
     b.chunks_exact(n)
         .map(|c| match dt {

@@ -26,6 +26,7 @@
 use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, TaskId, Time};
+use crate::node::clock::moved;
 use crate::transport::ConnId;
 use crate::wire::{
     drops_by_frontend, task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role,
@@ -60,6 +61,10 @@ pub fn plan_msg(plan: &crate::core::Plan, tasks: Vec<PlanTask>, sent: Time) -> M
         tasks,
     }
 }
+
+/// Response margins move the core's plans only by more than a tenth of this
+/// (20 us) or of their last value ([`moved`]).
+pub const MARGIN_FLOOR: Dur = Dur(200_000);
 
 /// The scheduler's protocol settings.
 #[derive(Debug, Clone)]
@@ -750,7 +755,7 @@ impl SchedProto {
         let changed = next
             .iter()
             .zip(&self.margins)
-            .any(|(&a, &b)| (a - b).0.saturating_abs().saturating_mul(10) > b.0.max(200_000));
+            .any(|(&a, &b)| moved(a, b, MARGIN_FLOOR));
         if changed {
             tracing::info!(margins_us = ?next.iter().map(|d| d.as_us_f64()).collect::<Vec<_>>(), "scheduler: response margins changed");
             self.margins = next.clone();
@@ -808,8 +813,7 @@ impl SchedProto {
             resp: f.resp.max(ctrl),
             slack: f.slack,
         };
-        let changed =
-            |a: Dur, b: Dur| (a - b).0.saturating_abs().saturating_mul(10) > b.0.max(1_000);
+        let changed = |a: Dur, b: Dur| moved(a, b, Dur::from_us(1));
         if changed(net.ctrl, self.net.ctrl)
             || changed(net.data_per_req, self.net.data_per_req)
             || changed(net.resp, self.net.resp)
