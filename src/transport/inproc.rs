@@ -181,14 +181,21 @@ impl RegionReader for InProcReader {
                 .collect()
         };
         let total: u64 = reqs.iter().map(|r| r.len as u64).sum();
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         copy_all(
             reqs,
             &targets,
             bufs,
-            parallel_copies(reqs.len(), total, cores),
+            parallel_copies(reqs.len(), total, cores()),
         )
     }
+}
+
+/// The cores this process may use, looked up once: `available_parallelism` reads
+/// the cgroup's files on every call (five or more syscalls), and this runs for every
+/// batch a backend pulls.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()))
 }
 
 /// Copies every request's bytes out of its region, with `threads` threads.
