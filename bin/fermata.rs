@@ -219,6 +219,28 @@ enum BenchCmd {
     /// The front door, open loop: a fresh `fermata serve --executor onnx` per
     /// model and rate, driven over HTTP (KServe v2); bad %, latency, client lag.
     Http(bench_http::BenchHttpArgs),
+    /// Policies compared in the simulator over workloads and seeds: each policy's
+    /// mean goodput and range, and the first policy against each other one.
+    Compare(CompareArgs),
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Workload files, or directories whose *.toml files are taken.
+    #[arg(long, num_args = 1.., default_value = "configs/workloads")]
+    workloads: Vec<PathBuf>,
+    /// Policies, comma-separated; the first is compared with each other one.
+    #[arg(long, default_value = "deferred,eager")]
+    policy: String,
+    /// Seeds per workload: the workload's own seed and the next ones.
+    #[arg(long, default_value_t = 3)]
+    seeds: u32,
+    /// Relative tolerance of each binary search.
+    #[arg(long, default_value_t = 0.002)]
+    tolerance: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -436,6 +458,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Overload(a)) => cmd_overload(a),
         Cmd::Bench(BenchCmd::Serve(a)) => roles::cmd_bench_serve(a),
         Cmd::Bench(BenchCmd::Http(a)) => bench_http::cmd_bench_http(a),
+        Cmd::Bench(BenchCmd::Compare(a)) => cmd_compare(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -580,6 +603,59 @@ fn write_plot(dir: &std::path::Path, name: &str, svg: String) -> Result<()> {
     let p = dir.join(name);
     std::fs::write(&p, svg).with_context(|| format!("cannot write {}", p.display()))?;
     eprintln!("wrote {}", p.display());
+    Ok(())
+}
+
+fn cmd_compare(a: CompareArgs) -> Result<()> {
+    use fermata::bench::compare;
+    let policies = parse_policies(&a.policy)?;
+    if policies.len() < 2 {
+        bail!("--policy needs at least two policies to compare, e.g. deferred,eager");
+    }
+    if !(1..=1000).contains(&a.seeds) {
+        bail!("--seeds must be between 1 and 1000, got {}", a.seeds);
+    }
+    if !(a.tolerance > 0.0 && a.tolerance < 0.5) {
+        bail!("--tolerance must be in (0, 0.5)");
+    }
+    let mut files = Vec::new();
+    for p in &a.workloads {
+        if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "toml"))
+                .collect();
+            if found.is_empty() {
+                bail!("{} holds no *.toml workload", p.display());
+            }
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    let workloads = files
+        .iter()
+        .map(|f| Workload::from_file(f))
+        .collect::<Result<Vec<_>>>()?;
+    let o = compare::CompareOptions {
+        policies: policies.clone(),
+        seeds: a.seeds,
+        search: SearchOptions {
+            rel_tolerance: a.tolerance,
+            ..SearchOptions::default()
+        },
+    };
+    let rows = compare::compare(&workloads, &o)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&compare::json(&policies, &rows))?
+        );
+    } else {
+        print!("{}", compare::table(&policies, &rows));
+    }
     Ok(())
 }
 

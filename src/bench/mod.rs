@@ -3,6 +3,7 @@
 //! JSON and SVG plots.
 
 pub mod cases;
+pub mod compare;
 pub mod plot;
 pub mod scheduler;
 
