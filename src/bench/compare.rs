@@ -222,7 +222,10 @@ slo_ms = 40
         let r = &rows[0];
         assert_eq!(r.seeds, vec![7, 8]);
         assert_eq!(r.goodput.len(), 3);
-        assert!(r.goodput.iter().all(|g| g.len() == 2 && g.iter().all(|&x| x > 0.0)));
+        assert!(r
+            .goodput
+            .iter()
+            .all(|g| g.len() == 2 && g.iter().all(|&x| x > 0.0)));
         // The simulator is deterministic: the same policy twice is a tie.
         assert_eq!(r.goodput[0], r.goodput[2]);
         assert_eq!(r.ratio(2), 1.0);
@@ -231,7 +234,10 @@ slo_ms = 40
         assert!((r.ratio(1) - expect).abs() < 1e-12);
         let t = table(&o.policies, &rows);
         assert!(t.contains("tiny"), "{t}");
-        assert!(t.contains("deferred >= eager on the mean over seeds on"), "{t}");
+        assert!(
+            t.contains("deferred >= eager on the mean over seeds on"),
+            "{t}"
+        );
         let j = json(&o.policies, &rows);
         assert_eq!(j[0]["seeds"], serde_json::json!([7, 8]));
         assert_eq!(j[0]["policies"][1]["policy"], "eager");
