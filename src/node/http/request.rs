@@ -4,7 +4,7 @@
 //! the model's input order, from JSON `data` or the binary tensor extension.
 
 use super::errors::{bad, Fail};
-use super::tensor::{encode_elem, flatten, shape_text};
+use super::tensor::{encode_elem, shape_text, JsonElems};
 use crate::core::Dur;
 use crate::repo::{DType, ModelMeta, TensorMeta};
 use hyper::StatusCode;
@@ -33,7 +33,7 @@ struct InputTensor {
     #[serde(default)]
     parameters: Option<Map<String, Value>>,
     #[serde(default)]
-    data: Option<Value>,
+    data: Option<JsonElems>,
 }
 
 #[derive(Deserialize)]
@@ -239,7 +239,7 @@ enum Data<'a> {
     /// `parameters.binary_data_size` bytes of the binary data.
     Binary(u64),
     /// JSON `data`.
-    Json(&'a Value),
+    Json(&'a JsonElems),
 }
 
 /// Where `t`'s data is: JSON `data` or binary (exactly one of them).
@@ -308,10 +308,9 @@ fn json_data(
     expect: &[i64],
     k: usize,
     t: &InputTensor,
-    v: &Value,
+    v: &JsonElems,
 ) -> Result<Vec<u8>, Fail> {
-    let mut flat = Vec::with_capacity(want.sample_elems());
-    flatten(v, &mut flat);
+    let flat = &v.elems;
     if flat.len() != want.sample_elems() {
         return Err(bad(format!(
             "input `{}`: `data` has {} elements (inputs[{k}].data), the shape {} needs {}",
@@ -322,11 +321,12 @@ fn json_data(
         )));
     }
     let mut out = Vec::with_capacity(want.sample_bytes());
-    for (j, e) in flat.iter().enumerate() {
+    for (j, &e) in flat.iter().enumerate() {
         encode_elem(dt, e, &mut out).ok_or_else(|| {
             bad(format!(
-                "input `{}`: element {j} of `data` is {e}, not a valid {}",
+                "input `{}`: element {j} of `data` is {}, not a valid {}",
                 t.name,
+                v.shown(e),
                 dt.kserve_name()
             ))
         })?;

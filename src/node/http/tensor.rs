@@ -19,25 +19,153 @@ pub(super) fn shape_text(s: &[i64]) -> String {
     )
 }
 
-/// Nested arrays flattened in row-major order.
-pub(super) fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
-    match v {
-        Value::Array(a) => a.iter().for_each(|x| flatten(x, out)),
-        x => out.push(x),
+/// A tensor's JSON `data`, flattened in row-major order while it is parsed.
+///
+/// Written by hand on the request path: parsing `data` into a `serde_json::Value`
+/// first built a tree of 32-byte values and one vector per nested array before
+/// any element was converted; this keeps one 16-byte [`Elem`] per element and
+/// nothing else (serde_json's recursion limit still bounds the nesting).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(super) struct JsonElems {
+    pub elems: Vec<Elem>,
+    /// Elements that are neither numbers nor booleans, whole, for error messages.
+    pub odd: Vec<Value>,
+}
+
+/// One element of a JSON `data` array, as JSON typed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Elem {
+    Bool(bool),
+    /// A non-negative integer.
+    U(u64),
+    /// A negative integer.
+    I(i64),
+    F(f64),
+    /// `odd[k]` of its [`JsonElems`]: a string, null or object.
+    Odd(u32),
+}
+
+impl Elem {
+    fn as_u64(self) -> Option<u64> {
+        match self {
+            Elem::U(u) => Some(u),
+            _ => None,
+        }
+    }
+    fn as_i64(self) -> Option<i64> {
+        match self {
+            Elem::U(u) => i64::try_from(u).ok(),
+            Elem::I(i) => Some(i),
+            _ => None,
+        }
+    }
+    fn as_f64(self) -> Option<f64> {
+        match self {
+            Elem::U(u) => Some(u as f64),
+            Elem::I(i) => Some(i as f64),
+            Elem::F(f) => Some(f),
+            _ => None,
+        }
     }
 }
 
-/// Appends one element's little-endian bytes; None when it is not a `dt`.
-pub(super) fn encode_elem(dt: DType, v: &Value, out: &mut Vec<u8>) -> Option<()> {
+impl JsonElems {
+    /// Element `e` as JSON, for messages.
+    pub fn shown(&self, e: Elem) -> Value {
+        match e {
+            Elem::Bool(b) => Value::Bool(b),
+            Elem::U(u) => json!(u),
+            Elem::I(i) => json!(i),
+            Elem::F(f) => json!(f),
+            Elem::Odd(k) => self.odd.get(k as usize).cloned().unwrap_or(Value::Null),
+        }
+    }
+    fn push_odd(&mut self, v: Value) {
+        self.elems.push(Elem::Odd(self.odd.len() as u32));
+        self.odd.push(v);
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JsonElems {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::DeserializeSeed;
+        let mut out = JsonElems::default();
+        Flatten(&mut out).deserialize(d)?;
+        Ok(out)
+    }
+}
+
+/// Appends every element of one (possibly nested) JSON value to a [`JsonElems`].
+struct Flatten<'a>(&'a mut JsonElems);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Flatten<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Flatten<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of numbers or booleans")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+        self.0.elems.push(Elem::Bool(v));
+        Ok(())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        self.0.elems.push(Elem::U(v));
+        Ok(())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        // serde_json hands non-negative integers to visit_u64.
+        self.0.elems.push(match u64::try_from(v) {
+            Ok(u) => Elem::U(u),
+            Err(_) => Elem::I(v),
+        });
+        Ok(())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+        self.0.elems.push(Elem::F(v));
+        Ok(())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.push_odd(Value::String(v.to_owned()));
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.0.push_odd(Value::Null);
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Flatten(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        use serde::Deserialize;
+        let v = Value::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+        self.0.push_odd(v);
+        Ok(())
+    }
+}
+
+/// Appends one element's little-endian bytes; None when it is not a `dt`
+/// (the same rules as `serde_json::Value`'s `as_bool`, `as_u64`, `as_i64` and
+/// `as_f64`: an integer type takes integers only, a float type any number).
+pub(super) fn encode_elem(dt: DType, e: Elem, out: &mut Vec<u8>) -> Option<()> {
     match dt {
-        DType::Bool => out.push(v.as_bool()? as u8),
-        DType::U8 => out.push(u8::try_from(v.as_u64()?).ok()?),
-        DType::I8 => out.extend_from_slice(&i8::try_from(v.as_i64()?).ok()?.to_le_bytes()),
-        DType::I32 => out.extend_from_slice(&i32::try_from(v.as_i64()?).ok()?.to_le_bytes()),
-        DType::I64 => out.extend_from_slice(&v.as_i64()?.to_le_bytes()),
-        DType::F16 => out.extend_from_slice(&f32_to_f16(v.as_f64()? as f32).to_le_bytes()),
-        DType::F32 => out.extend_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
-        DType::F64 => out.extend_from_slice(&v.as_f64()?.to_le_bytes()),
+        DType::Bool => match e {
+            Elem::Bool(b) => out.push(b as u8),
+            _ => return None,
+        },
+        DType::U8 => out.push(u8::try_from(e.as_u64()?).ok()?),
+        DType::I8 => out.extend_from_slice(&i8::try_from(e.as_i64()?).ok()?.to_le_bytes()),
+        DType::I32 => out.extend_from_slice(&i32::try_from(e.as_i64()?).ok()?.to_le_bytes()),
+        DType::I64 => out.extend_from_slice(&e.as_i64()?.to_le_bytes()),
+        DType::F16 => out.extend_from_slice(&f32_to_f16(e.as_f64()? as f32).to_le_bytes()),
+        DType::F32 => out.extend_from_slice(&(e.as_f64()? as f32).to_le_bytes()),
+        DType::F64 => out.extend_from_slice(&e.as_f64()?.to_le_bytes()),
     }
     Some(())
 }
@@ -75,6 +203,76 @@ pub fn f16_to_f32(h: u16) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `data` parsed straight into elements: nested arrays flatten row-major,
+    /// numbers keep their JSON kind, other values are kept for messages, and the
+    /// conversion rules are `serde_json::Value`'s.
+    #[test]
+    fn json_data_flattens_and_converts_like_values() {
+        let d: JsonElems =
+            serde_json::from_str(r#"[[1, -2], [3.5, true], ["x", null, {"a": 1}]]"#).unwrap();
+        assert_eq!(
+            d.elems,
+            vec![
+                Elem::U(1),
+                Elem::I(-2),
+                Elem::F(3.5),
+                Elem::Bool(true),
+                Elem::Odd(0),
+                Elem::Odd(1),
+                Elem::Odd(2)
+            ]
+        );
+        assert_eq!(d.shown(d.elems[6]), json!({"a": 1}));
+        assert_eq!(d.shown(d.elems[2]), json!(3.5));
+        let scalar: JsonElems = serde_json::from_str("7").unwrap();
+        assert_eq!(scalar.elems, vec![Elem::U(7)]);
+        // Against serde_json::Value for every datatype and a spread of elements.
+        let cases = r#"[0, 1, 255, 256, -1, -129, 127, 2147483648, -2147483649,
+            9223372036854775807, 18446744073709551615, -9223372036854775808,
+            0.5, -0.0, 1e300, 65504.0, true, false, "1", null, [], {}]"#;
+        let values: Vec<Value> = serde_json::from_str(cases).unwrap();
+        for v in &values {
+            let text = v.to_string();
+            let d: JsonElems = serde_json::from_str(&format!("[{text}]")).unwrap();
+            if matches!(v, Value::Array(_)) {
+                assert!(d.elems.is_empty());
+                continue;
+            }
+            let e = d.elems[0];
+            for dt in [
+                DType::Bool,
+                DType::U8,
+                DType::I8,
+                DType::I32,
+                DType::I64,
+                DType::F16,
+                DType::F32,
+                DType::F64,
+            ] {
+                let mut ours = Vec::new();
+                let got = encode_elem(dt, e, &mut ours).map(|()| ours);
+                let want = value_bytes(dt, v);
+                assert_eq!(got, want, "{text} as {dt:?}");
+            }
+        }
+    }
+
+    /// The conversion as it was written on `serde_json::Value`.
+    fn value_bytes(dt: DType, v: &Value) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        match dt {
+            DType::Bool => out.push(v.as_bool()? as u8),
+            DType::U8 => out.push(u8::try_from(v.as_u64()?).ok()?),
+            DType::I8 => out.extend_from_slice(&i8::try_from(v.as_i64()?).ok()?.to_le_bytes()),
+            DType::I32 => out.extend_from_slice(&i32::try_from(v.as_i64()?).ok()?.to_le_bytes()),
+            DType::I64 => out.extend_from_slice(&v.as_i64()?.to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&f32_to_f16(v.as_f64()? as f32).to_le_bytes()),
+            DType::F32 => out.extend_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
+            DType::F64 => out.extend_from_slice(&v.as_f64()?.to_le_bytes()),
+        }
+        Some(out)
+    }
 
     #[test]
     fn half_floats_round_trip() {
