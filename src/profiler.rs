@@ -403,8 +403,13 @@ mod tests {
         );
         let w = shape_change_warnings(&pts, true);
         assert!(w[0].contains("already has a session"), "{w:?}");
+        // Every size ran after a change of shape at least once in the mixed
+        // sequence: its slowest mixed run carries the 3 ms. (Medians are not
+        // compared per size: where half of a size's 8 mixed runs followed a
+        // change its median is an unpenalised run, and on a loaded machine the
+        // same-shape median can exceed it.)
         for p in &pts {
-            assert!(p.median_ms > p.same_median_ms, "{p:?}");
+            assert!(p.p99_ms > p.min_ms + 2.0, "{p:?}");
         }
         // The profile is the mixed numbers, with the same-shape ones beside them.
         let prof = to_profile(&meta, "t", "t", &pts, 8, &[1, 4, 16]).unwrap();
