@@ -102,7 +102,8 @@ impl<'a> Bytes<'a> {
     }
 }
 
-fn model(id: ModelId) -> ModelInfo {
+/// A small linear model with id `id` (shared with the protocol machines' unit tests).
+pub(crate) fn model(id: ModelId) -> ModelInfo {
     ModelInfo {
         id,
         name: format!("m{id}"),

@@ -393,8 +393,15 @@ impl ModelState {
         let head = *self.queue.front().expect("non-empty");
         let d = self.finish_by(&head);
         // 2. The largest batch that fits the head's deadline.
+        // `room`: how many the deadline allows from now, however many are queued
+        // (latencies are non-decreasing, so the batch is `room` capped by the queue).
+        let room = prof.max_batch_within(
+            d - now - self.net.ctrl,
+            self.net.data_per_req,
+            self.max_batch,
+        );
         let cap = (self.queue.len() as u32).min(self.max_batch);
-        let mut bs = prof.max_batch_within(d - now - self.net.ctrl, self.net.data_per_req, cap);
+        let mut bs = room.min(cap);
         if gpu_free.is_some() {
             bs = bs.min(prof.max_batch_within(d - floor, Dur::ZERO, cap));
         }
@@ -412,7 +419,7 @@ impl ModelState {
             ExecRule::Eager => earliest,
             ExecRule::Frontrun { pays } => {
                 let defer_to = (d - prof.latency(bs + 1)).min(latest - self.net.slack);
-                if bs >= self.max_batch || (pays && !self.waiting_pays(now, bs, defer_to, d)) {
+                if bs >= self.max_batch || (pays && !self.waiting_pays(now, bs, defer_to, room)) {
                     // The batch cannot grow, or its growth would not matter for
                     // capacity: waiting would only add latency.
                     earliest
@@ -439,7 +446,7 @@ impl ModelState {
     /// `defer_to` saves enough GPU time to matter for capacity.
     ///
     /// The batch is expected to grow to `B = bs + rate * (defer_to - now)` (no more
-    /// than the head's deadline allows); if fewer than [`MIN_GROWTH`] more requests
+    /// than `room`, the batch the head's deadline allows from now); if fewer than [`MIN_GROWTH`] more requests
     /// (clumps, below) are expected by then, however many fit, waiting does not
     /// pay. Otherwise running every batch at `bs` rather than at `B` would cost
     /// the model `rate * (l(bs)/bs - l(B)/B)` GPU-seconds per second;
@@ -463,17 +470,12 @@ impl ModelState {
     /// behind the head over the time since it arrived, was tried as a faster
     /// signal: from two or three requests it overestimates low-rate models and
     /// cost about 12% of goodput on the 1080Ti 35-model mix.)
-    fn waiting_pays(&self, now: Time, bs: u32, defer_to: Time, deadline: Time) -> bool {
+    fn waiting_pays(&self, now: Time, bs: u32, defer_to: Time, room: u32) -> bool {
         let rate = self.rate_rps;
         if rate <= 0.0 {
             return false;
         }
         let prof = &self.spec.profile;
-        let room = prof.max_batch_within(
-            deadline - now - self.net.ctrl,
-            self.net.data_per_req,
-            self.max_batch,
-        );
         let wait = (defer_to - now).as_secs_f64().max(0.0);
         let expected = rate * wait;
         if expected / self.dispersion < MIN_GROWTH {

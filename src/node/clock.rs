@@ -174,20 +174,23 @@ impl Recent {
         if self.vals.is_empty() {
             return 0;
         }
-        let mut v: Vec<i64> = self.vals.iter().copied().collect();
-        let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        *v.select_nth_unstable(i).1
+        nearest_rank(self.vals.iter().copied().collect(), q)
     }
     /// The `q` quantile (nearest rank) of the values at most `max`; `max` when
     /// none is.
     pub fn quantile_within(&self, q: f64, max: i64) -> i64 {
-        let mut v: Vec<i64> = self.vals.iter().copied().filter(|&x| x <= max).collect();
+        let v: Vec<i64> = self.vals.iter().copied().filter(|&x| x <= max).collect();
         if v.is_empty() {
             return max;
         }
-        let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        *v.select_nth_unstable(i).1
+        nearest_rank(v, q)
     }
+}
+
+/// The `q` quantile (nearest rank) of non-empty `v`.
+fn nearest_rank(mut v: Vec<i64>, q: f64) -> i64 {
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    *v.select_nth_unstable(i).1
 }
 
 /// The recent distribution of a delay, for the network budget: the last `cap`

@@ -228,35 +228,32 @@ impl<C> RequestLedger<C> {
             self.counts.stray_answers += 1;
             return None;
         };
-        let finished = match &answer {
-            Answer::Output { finished, .. } => Some(*finished),
-            _ => None,
-        };
-        let (ended, output, message, queue, batch_size) = match answer {
+        let (ended, output, message, queue, batch_size, finished) = match answer {
             Answer::Output {
                 output,
                 started,
+                finished,
                 batch_size,
-                ..
             } => {
                 let queue = (started - p.arrival).max(Dur::ZERO);
+                let ran = Some(finished);
                 if now <= p.deadline {
                     self.counts.good += 1;
-                    (Ended::Good, output, String::new(), queue, batch_size)
+                    (Ended::Good, output, String::new(), queue, batch_size, ran)
                 } else {
                     self.counts.late += 1;
                     let why = "result arrived after the deadline".to_string();
-                    (Ended::Late, output, why, queue, batch_size)
+                    (Ended::Late, output, why, queue, batch_size, ran)
                 }
             }
             Answer::Dropped(code) => {
                 self.counts.dropped += 1;
                 let why = format!("dropped by the scheduler: {code:?}");
-                (Ended::Dropped(code), Vec::new(), why, Dur::ZERO, 0)
+                (Ended::Dropped(code), Vec::new(), why, Dur::ZERO, 0, None)
             }
             Answer::Failed(ended, why) => {
                 self.counts.failed += 1;
-                (ended, Vec::new(), why, Dur::ZERO, 0)
+                (ended, Vec::new(), why, Dur::ZERO, 0, None)
             }
         };
         Some(Finished {
