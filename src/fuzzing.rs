@@ -102,8 +102,7 @@ impl<'a> Bytes<'a> {
     }
 }
 
-/// A small linear model with id `id` (shared with the protocol machines' unit tests).
-pub(crate) fn model(id: ModelId) -> ModelInfo {
+fn model(id: ModelId) -> ModelInfo {
     ModelInfo {
         id,
         name: format!("m{id}"),

@@ -834,14 +834,27 @@ impl SchedProto {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fuzzing::model;
-    use crate::wire::RegionInfo;
+    use crate::wire::{RegionInfo, WireProfile};
 
     fn proto() -> SchedProto {
+        // (crate::fuzzing has the same model, but production modules, their
+        // tests included, must not import the fuzz drivers: tests/core_purity.rs.)
+        let model = |i: u32| ModelInfo {
+            id: ModelId(i),
+            name: format!("m{i}"),
+            slo: Dur::from_ms(100),
+            profile: WireProfile::Linear {
+                alpha_ns: 1_000_000,
+                beta_ns: 5_000_000,
+                max_batch: 16,
+            },
+            input_bytes: 64,
+            meta_json: String::new(),
+        };
         SchedProto::new(
             Time(0),
             SchedConfig {
-                models: vec![model(ModelId(0)), model(ModelId(1))],
+                models: vec![model(0), model(1)],
                 heartbeat: Dur::from_ms(100),
                 node_timeout: Dur::from_ms(1000),
                 net_update: Dur::from_ms(200),
