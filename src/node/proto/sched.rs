@@ -837,7 +837,7 @@ mod tests {
     use crate::wire::{RegionInfo, WireProfile};
 
     fn proto() -> SchedProto {
-        // (crate::fuzzing has the same model, but production modules, their
+        // (The fuzz drivers have the same model, but production modules, their
         // tests included, must not import the fuzz drivers: tests/core_purity.rs.)
         let model = |i: u32| ModelInfo {
             id: ModelId(i),
