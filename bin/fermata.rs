@@ -525,6 +525,8 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     }
     let t0 = std::time::Instant::now();
     let (mut requests, mut events) = (0u64, 0u64);
+    let (mut ended, mut faults) = (0u64, [0u64; 3]);
+    let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
             seed,
@@ -544,12 +546,17 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;
         events += r.events;
+        ended += r.good + r.late + r.dropped + r.failed;
+        faults[0] += r.crashes;
+        faults[1] += r.pauses;
+        faults[2] += r.partitions;
+        rejoin_ms.extend(&r.rejoin_ms);
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else if a.seeds <= 10 || r.violation.is_some() {
             println!(
-                "seed {seed}: {} requests: {} good, {} late, {} dropped, {} failed; {} plans ({} too late); d_ctrl {:.0} us (max {:.0}, {} changes); faults: {} crashes, {} restarts, {} pauses, {} stalls, {} partitions, {} broken connections",
-                r.requests, r.good, r.late, r.dropped, r.failed, r.plans, r.plans_too_late, r.d_ctrl_us, r.d_ctrl_us_max, r.budget_changes, r.crashes, r.restarts, r.pauses, r.stalls, r.partitions, r.broken_connections
+                "seed {seed}: {} requests: {} good, {} late, {} dropped, {} failed; {} plans ({} too late); d_ctrl {:.0} us (max {:.0}, {} changes); faults: {} crashes, {} restarts, {} pauses, {} stalls, {} partitions, {} broken connections; {} rejoins",
+                r.requests, r.good, r.late, r.dropped, r.failed, r.plans, r.plans_too_late, r.d_ctrl_us, r.d_ctrl_us_max, r.budget_changes, r.crashes, r.restarts, r.pauses, r.stalls, r.partitions, r.broken_connections, r.rejoins
             );
         }
         if let Some(v) = r.violation {
@@ -559,6 +566,18 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         }
     }
     let wall = t0.elapsed().as_secs_f64();
+    rejoin_ms.sort_by(f64::total_cmp);
+    let q = |p: f64| fermata::metrics::sorted_quantile(&rejoin_ms, p);
+    eprintln!(
+        "requests ended exactly once: {ended} of {requests}; every node up at the end back in service after {} crashes, {} pauses, {} partitions; {} rejoins, time out of service p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        faults[0],
+        faults[1],
+        faults[2],
+        rejoin_ms.len(),
+        q(0.5),
+        q(0.99),
+        q(1.0)
+    );
     eprintln!(
         "{} seeds, faults {:?}: no violation; {requests} simulated requests, {events} events in {wall:.2} s wall ({:.0} simulated requests per wall second)",
         a.seeds.max(1),

@@ -428,7 +428,9 @@ pub fn sched_proto(data: &[u8]) -> u64 {
 /// results and timeouts, mixed with what a well-behaved scheduler would send
 /// next (a pong for the last ping, the ack after the registration, models, then
 /// plans for its GPUs). Checks: no panic; a queued plan is for one of its GPUs
-/// and a model every GPU loaded; after `Exit` nothing more happens.
+/// and a model every GPU loaded; after `Lost` nothing goes to the scheduler
+/// until the backend asked for a new connection and got it (the fuzzer's
+/// scheduler then starts over, on connection 1 again).
 pub fn backend_proto(data: &[u8]) -> u64 {
     let mut b = Bytes::new(data);
     let mut now = Time(1_000_000_000);
@@ -440,7 +442,8 @@ pub fn backend_proto(data: &[u8]) -> u64 {
             mem_bytes: 1 << 30,
         })
         .collect();
-    let mut p = BackendProto::new(now, 1, "be".into(), infos, Dur::from_ms(1000));
+    let addrs = vec!["sched".to_string()];
+    let mut p = BackendProto::new(now, 1, addrs, "be".into(), infos, Dur::from_ms(1000));
     let mut gone = false;
     let mut next_conn = 100;
     let mut deep = 0;
@@ -468,7 +471,10 @@ pub fn backend_proto(data: &[u8]) -> u64 {
                 next_conn += 1;
                 p.handle_connected(b.id(4) as u32, next_conn);
             }
-            3 if b.one_in(4) => p.handle_closed(if b.bool() { 1 } else { next_conn }, "fuzz"),
+            3 if b.one_in(4) => {
+                let c = if b.bool() { 1 } else { next_conn };
+                p.handle_closed(now, c, "fuzz")
+            }
             4..=6 => {
                 let m = if !registered {
                     last_ping.map(|sent: Time| Msg::Pong {
@@ -516,7 +522,12 @@ pub fn backend_proto(data: &[u8]) -> u64 {
             }
         }
         while let Some(a) = p.poll_action() {
-            assert!(!gone, "an action after Exit: {a:?}");
+            if gone {
+                assert!(
+                    !matches!(a, BeAction::Send(1, _)),
+                    "a send to the lost scheduler: {a:?}"
+                );
+            }
             match a {
                 BeAction::Send(1, Msg::Ping { sent, .. }) => last_ping = Some(sent),
                 BeAction::Send(1, Msg::Register { .. }) => registered = true,
@@ -525,7 +536,17 @@ pub fn backend_proto(data: &[u8]) -> u64 {
                     assert!(p.has_loaded(plan.model), "plan for a model not loaded");
                     deep += 1;
                 }
-                BeAction::Exit(_) => gone = true,
+                BeAction::Lost(_) => gone = true,
+                BeAction::Connect(_) => {
+                    // A new connection: the fuzzer's scheduler starts over.
+                    gone = false;
+                    (registered, acked, models, last_ping) = (false, false, 0, None);
+                    if b.one_in(4) {
+                        p.handle_sched_connect_failed(now, "fuzz");
+                    } else {
+                        p.handle_sched_connected(now, 1);
+                    }
+                }
                 _ => {}
             }
         }

@@ -418,6 +418,15 @@ impl<T: Copy> Window<T> {
     }
 }
 
+/// The `q` quantile (nearest rank) of `v`, which is sorted; 0 when `v` is empty.
+pub fn sorted_quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

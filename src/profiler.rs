@@ -21,6 +21,7 @@
 //! What is timed is [`Executor::run`] on requests in the wire layout: the same call,
 //! with the same gather and split, that a backend makes for a batch.
 
+use crate::metrics::sorted_quantile as quantile;
 use crate::node::exec::Executor;
 use crate::repo::{fit_linear, LinearFit, ModelMeta, ProfileFile};
 use crate::wire::ModelInfo;
@@ -140,12 +141,6 @@ pub fn shape_change_warnings(points: &[Point], bucketed: bool) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// The `q` quantile (nearest rank) of `v`, which is sorted.
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
 }
 
 /// Measures l(b) of `model` (already loaded on `exec`) for each batch size.

@@ -32,12 +32,12 @@
 //! command that runs exactly that seed again.
 
 use crate::core::{Dispatcher, Dur, GpuId, ModelId, NetBudget, PlanId, Time};
-use crate::node::clock::OffsetEstimator;
 use crate::node::proto::backend::{
     self as be_proto, cut_batch, settle, BackendProto, PlanMsg, PlanQueue,
 };
 use crate::node::proto::check;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
+use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
 use crate::transport::{ConnId, InputRef};
 use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, RegionInfo, Role};
@@ -194,10 +194,18 @@ pub struct ClusterSimReport {
     pub d_ctrl_us: f64,
     pub d_ctrl_us_max: f64,
     pub budget_changes: u64,
+    /// Nodes that lost the scheduler and came back into service, and how long
+    /// each was out of service (ms), from the loss to the ack.
+    pub rejoins: u64,
+    pub rejoin_ms: Vec<f64>,
     pub violation: Option<Violation>,
 }
 
 type Pid = usize;
+
+/// The scheduler's address as the nodes know it (every connection reaches the
+/// one scheduler process).
+const SCHED_ADDR: &str = "sched";
 
 #[derive(Debug)]
 enum Ev {
@@ -264,23 +272,21 @@ impl NodeClock {
     }
 }
 
-/// A node's offset to the scheduler's clock (ns), from its ping/pong probes.
-fn offset(e: &OffsetEstimator) -> i64 {
-    e.best().map_or(0, |(off, _)| off.0)
-}
-
 struct Fe {
     clock: NodeClock,
-    sched: ConnId,
+    /// The production membership machine (sync, register, heartbeats, rejoin).
+    member: Member,
     node: Option<NodeId>,
     models: Vec<ModelInfo>,
     ledger: RequestLedger<u64>,
-    off: OffsetEstimator,
     gpus: u32,
-    sched_ok: bool,
-    last_pong: Time,
-    next_ping: Time,
-    seq: u64,
+}
+
+impl Fe {
+    /// Now on the scheduler's clock, as this frontend estimates it.
+    fn sched_now(&self, now: Time) -> Time {
+        self.clock.local(now) + self.member.offset()
+    }
 }
 
 struct GpuRun {
@@ -298,7 +304,6 @@ struct Be {
     run: Vec<GpuRun>,
     /// The pending wake-up for the protocol's timeout (true time).
     wake: Option<Time>,
-    slot: usize,
 }
 
 struct Sched {
@@ -353,7 +358,7 @@ pub struct ClusterSim {
     violation: Option<Violation>,
 }
 
-type BatchOut = (Vec<(ConnId, Msg)>, ConnId, Msg);
+type BatchOut = (Vec<(ConnId, Msg)>, Option<ConnId>, Msg);
 
 impl ClusterSim {
     pub fn new(w: &Workload, opts: ClusterSimOpts) -> ClusterSim {
@@ -516,6 +521,7 @@ impl ClusterSim {
         let proto = BackendProto::new(
             clock.local(self.now),
             sched,
+            vec![SCHED_ADDR.into()],
             format!("be{slot}"),
             gpu_infos,
             self.sched_timeout,
@@ -532,7 +538,6 @@ impl ClusterSim {
                 })
                 .collect(),
             wake: None,
-            slot,
         }));
         self.be_slots[slot] = pid;
         self.be_apply(pid);
@@ -542,52 +547,37 @@ impl ClusterSim {
         let clock = self.node_clock();
         let pid = self.new_pid(Proc::Dead);
         let sched = self.connect(pid, self.sched_pid);
+        let register = Msg::Register {
+            role: Role::Frontend,
+            name: format!("fe{slot}"),
+            gpus: vec![],
+            ctrl_addr: format!("fe{pid}"),
+            region: Some(RegionInfo {
+                addr: format!("fe{pid}"),
+                region: pid as u32,
+                len: 1 << 30,
+                rkey: 0,
+                base: 0,
+            }),
+        };
+        let member = Member::new(
+            clock.local(self.now),
+            sched,
+            vec![SCHED_ADDR.into()],
+            register,
+            self.sched_timeout,
+        );
         self.procs[pid] = Proc::Fe(Box::new(Fe {
             clock,
-            sched,
+            member,
             node: None,
             models: Vec::new(),
             ledger: RequestLedger::new(0, Dur::from_ms(3000)),
-            off: OffsetEstimator::new(),
             gpus: 0,
-            sched_ok: true,
-            last_pong: self.now,
-            next_ping: self.now,
-            seq: 0,
         }));
         self.fe_slots[slot] = pid;
-        self.send(pid, sched, self.ping_msg(pid, 0));
-        self.send(
-            pid,
-            sched,
-            Msg::Register {
-                role: Role::Frontend,
-                name: format!("fe{slot}"),
-                gpus: vec![],
-                ctrl_addr: format!("fe{pid}"),
-                region: Some(RegionInfo {
-                    addr: format!("fe{pid}"),
-                    region: pid as u32,
-                    len: 1 << 30,
-                    rkey: 0,
-                    base: 0,
-                }),
-            },
-        );
+        self.fe_apply(pid);
         self.at(self.now + self.heartbeat, Ev::Wake { pid });
-    }
-
-    fn ping_msg(&self, pid: Pid, seq: u64) -> Msg {
-        let local = match &self.procs[pid] {
-            Proc::Fe(f) => f.clock.local(self.now),
-            _ => self.now,
-        };
-        Msg::Ping {
-            seq,
-            sent: local,
-            ctrl_delay: Dur::ZERO,
-            pull: Dur::ZERO,
-        }
     }
 
     /// Sends `msg` from `from` on `conn`: delivered after the network's delay, in
@@ -674,6 +664,24 @@ impl ClusterSim {
         let open = self.clients.values().filter(|c| !c.ended).count();
         if open > 0 && self.violation.is_none() {
             self.violate(format!("{open} requests never ended at their clients"));
+        }
+        // Every node that is up is back in service: faults end with the clients'
+        // sending, and a node rejoins well within the drain.
+        let nodes: Vec<Pid> = self
+            .fe_slots
+            .iter()
+            .chain(&self.be_slots)
+            .copied()
+            .collect();
+        for pid in nodes {
+            let ready = match &self.procs[pid] {
+                Proc::Fe(f) => f.member.is_ready(),
+                Proc::Be(b) => b.proto.is_ready(),
+                _ => true,
+            };
+            if !ready {
+                self.violate(format!("node {pid} is not back in service at the end"));
+            }
         }
         self.report.sim_seconds = self.now.as_secs_f64();
         self.report.d_ctrl_us_max = self.report.d_ctrl_us_max.max(self.report.d_ctrl_us);
@@ -820,11 +828,13 @@ impl ClusterSim {
         };
         self.report.partitions += 1;
         let sched = match &self.procs[pid] {
-            Proc::Fe(f) => f.sched,
+            Proc::Fe(f) => f.member.conn(),
             Proc::Be(b) => b.proto.sched_conn(),
             _ => return,
         };
-        self.break_link(sched, "network partition");
+        if let Some(c) = sched {
+            self.break_link(c, "network partition");
+        }
     }
 
     /// A process dies: its connections break; its clients' requests end (their
@@ -904,8 +914,8 @@ impl ClusterSim {
         let Proc::Fe(f) = &mut self.procs[pid] else {
             return;
         };
-        let sched_now = Time(f.clock.local(now).0 + offset(&f.off));
-        let refused = if !f.sched_ok || f.node.is_none() {
+        let sched_now = f.sched_now(now);
+        let refused = if !f.member.is_ready() || f.node.is_none() {
             Some(Ended::NoScheduler)
         } else if f.gpus == 0 {
             Some(Ended::Dropped(crate::wire::DropReason::NoGpu))
@@ -925,8 +935,9 @@ impl ClusterSim {
             len: 64,
         };
         let task = f.ledger.admit(sched_now, mi, m.id, slo, client, input);
-        let sched = f.sched;
-        self.send(pid, sched, Msg::Submit { tasks: vec![task] });
+        if let Some(sched) = f.member.conn() {
+            self.send(pid, sched, Msg::Submit { tasks: vec![task] });
+        }
     }
 
     // ------------------------------------------------------------ delivery
@@ -950,33 +961,62 @@ impl ClusterSim {
                 self.sched_apply();
             }
             Proc::Fe(f) => {
-                if f.sched == conn {
-                    self.fe_lost_scheduler(to, &why);
+                let local = f.clock.local(self.now);
+                if f.member.handle_closed(local, conn, &why) {
+                    self.fe_apply(to);
                 }
             }
             Proc::Be(b) => {
-                // A backend exits when it loses its scheduler (see be_apply); its
-                // supervisor restarts it.
-                b.proto.handle_closed(conn, &why);
+                // A backend that loses its scheduler rejoins (see be_action).
+                let local = b.clock.local(self.now);
+                b.proto.handle_closed(local, conn, &why);
                 self.be_apply(to);
             }
             Proc::Dead => {}
         }
     }
 
-    fn fe_lost_scheduler(&mut self, pid: Pid, why: &str) {
-        let now = self.now;
-        let Proc::Fe(f) = &mut self.procs[pid] else {
-            return;
-        };
-        if !f.sched_ok {
-            return;
-        }
-        f.sched_ok = false;
-        let t = Time(f.clock.local(now).0 + offset(&f.off));
-        let done = f.ledger.fail_all(t, Ended::NoScheduler, why);
-        for d in done {
-            self.client_end(d.client, d.ended);
+    /// Carries out what a frontend's membership asked for.
+    fn fe_apply(&mut self, pid: Pid) {
+        loop {
+            let now = self.now;
+            let Proc::Fe(f) = &mut self.procs[pid] else {
+                return;
+            };
+            let Some(a) = f.member.poll_action() else {
+                return;
+            };
+            match a {
+                member::Action::Connect(_) => {
+                    let c = self.connect(pid, self.sched_pid);
+                    if let Proc::Fe(f) = &mut self.procs[pid] {
+                        f.member.handle_connected(f.clock.local(now), c);
+                    }
+                }
+                member::Action::Send(c, m) => self.send(pid, c, m),
+                member::Action::Close(c, why) => self.break_link(c, &why),
+                member::Action::SetClock { .. } => {}
+                member::Action::Joined {
+                    node, models, away, ..
+                } => {
+                    f.node = Some(node);
+                    f.ledger.set_node(node);
+                    f.models = models;
+                    if let Some(d) = away {
+                        self.report.rejoins += 1;
+                        self.report.rejoin_ms.push(d.as_ms_f64());
+                    }
+                }
+                member::Action::Lost(why) => {
+                    f.gpus = 0;
+                    let t = f.sched_now(now);
+                    let why = format!("scheduler lost: {why}");
+                    let done = f.ledger.fail_all(t, Ended::NoScheduler, &why);
+                    for d in done {
+                        self.client_end(d.client, d.ended);
+                    }
+                }
+            }
         }
     }
 
@@ -1129,25 +1169,14 @@ impl ClusterSim {
             }
             Proc::Fe(f) => {
                 let local = f.clock.local(now);
-                let sched_now = Time(local.0 + offset(&f.off));
-                let done = f.ledger.handle_timeout(sched_now);
-                let ping = f.sched_ok && now >= f.next_ping;
-                let silent = f.sched_ok && now - f.last_pong > self.sched_timeout;
-                if ping {
-                    f.next_ping = now + self.heartbeat;
-                    f.seq += 1;
+                let done = f.ledger.handle_timeout(f.sched_now(now));
+                if local >= f.member.poll_timeout() {
+                    f.member.handle_timeout(local);
                 }
-                let (sched, seq) = (f.sched, f.seq);
                 for d in done {
                     self.client_end(d.client, d.ended);
                 }
-                if silent {
-                    self.break_link(sched, "scheduler silent");
-                    self.fe_lost_scheduler(pid, "no pong");
-                } else if ping {
-                    let m = self.ping_msg(pid, seq);
-                    self.send(pid, sched, m);
-                }
+                self.fe_apply(pid);
                 self.at(now + Dur::from_ms(20), Ev::Wake { pid });
             }
             Proc::Be(b) => {
@@ -1171,31 +1200,30 @@ impl ClusterSim {
         let Proc::Fe(f) = &mut self.procs[pid] else {
             return;
         };
-        let local = f.clock.local(now);
-        let sched_now = Time(local.0 + offset(&f.off));
+        let sched_now = f.sched_now(now);
         let mut ended = Vec::new();
+        let msg = if f.member.conn() == Some(conn) {
+            let m = f.member.handle_msg(f.clock.local(now), msg);
+            self.fe_apply(pid);
+            let Some(m) = m else {
+                return;
+            };
+            m
+        } else {
+            msg
+        };
+        let Proc::Fe(f) = &mut self.procs[pid] else {
+            return;
+        };
+        let from_sched = f.member.conn() == Some(conn);
         match msg {
-            Msg::Pong { echo, sched, .. } if conn == f.sched => {
-                f.last_pong = now;
-                f.off.push(echo, sched, local);
-            }
-            Msg::RegisterAck { node, models, .. } if conn == f.sched => {
-                f.node = Some(node);
-                f.ledger = RequestLedger::new(node, Dur::from_ms(3000));
-                f.models = models;
-            }
-            Msg::Capacity { gpus } if conn == f.sched => f.gpus = gpus,
-            Msg::Dropped { items } if conn == f.sched => {
+            Msg::Capacity { gpus } if from_sched => f.gpus = gpus,
+            Msg::Dropped { items } if from_sched => {
                 for (id, code) in items {
                     ended.extend(f.ledger.finish(sched_now, id, Answer::of_drop(code)));
                 }
             }
-            Msg::Error { message } if conn == f.sched => {
-                let sched = f.sched;
-                self.break_link(sched, &message);
-                return self.fe_lost_scheduler(pid, &message);
-            }
-            Msg::Results { items } => {
+            Msg::Results { items } if !from_sched => {
                 for r in items {
                     let id = r.id;
                     ended.extend(f.ledger.finish(sched_now, id, Answer::of_result(r)));
@@ -1261,7 +1289,20 @@ impl ClusterSim {
         match a {
             be_proto::Action::Send(c, m) => self.send(pid, c, m),
             be_proto::Action::Close(c, why) => self.break_link(c, &why),
-            be_proto::Action::SetClock { .. } | be_proto::Action::Ready(_) => {}
+            be_proto::Action::SetClock { .. } => {}
+            be_proto::Action::Ready { away, .. } => {
+                if let Some(d) = away {
+                    self.report.rejoins += 1;
+                    self.report.rejoin_ms.push(d.as_ms_f64());
+                }
+            }
+            be_proto::Action::Connect(_) => {
+                let c = self.connect(pid, self.sched_pid);
+                if let Proc::Be(b) = &mut self.procs[pid] {
+                    let local = b.clock.local(self.now);
+                    b.proto.handle_sched_connected(local, c);
+                }
+            }
             be_proto::Action::Load(model, _) => {
                 // The planted bug: the GPUs skip the last model but confirm it.
                 be_load(b, model.id, skip_last && model.id.0 + 1 == nmodels);
@@ -1282,11 +1323,12 @@ impl ClusterSim {
                 b.run[gpu].queue.push(plan.exec_at, plan);
                 self.be_next(pid, gpu as u32);
             }
-            be_proto::Action::Exit(why) => {
-                let slot = b.slot;
-                self.kill(pid, &why);
-                self.restart_later(Role::Backend, slot);
-                return false;
+            be_proto::Action::Lost(_) => {
+                // The plans queued for the lost scheduler are void (a running
+                // batch finishes; its report goes nowhere).
+                for run in &mut b.run {
+                    while run.queue.pop_due(Time::NEVER).is_some() {}
+                }
             }
         }
         true
@@ -1426,7 +1468,9 @@ impl ClusterSim {
         for (c, m) in results {
             self.send(pid, c, m);
         }
-        self.send(pid, sched, done);
+        if let Some(sched) = sched {
+            self.send(pid, sched, done);
+        }
         if let Proc::Be(b) = &mut self.procs[pid] {
             b.run[gpu as usize].busy = false;
         }

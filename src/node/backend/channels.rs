@@ -21,11 +21,18 @@ pub(super) const LOADS_MAX: usize = 256;
 pub(super) enum WorkerMsg {
     Load(ModelInfo, Sender<Loaded>),
     Unload(ModelId),
-    Run(PlanMsg, Vec<Option<Input>>),
+    Run(Session, PlanMsg, Vec<Option<Input>>),
 }
 
+/// The scheduler session a plan came in: a plan of an earlier session (the
+/// scheduler was lost since) is void and not run.
+pub(super) type Session = u64;
+
+/// A plan of `Session` for a puller.
+pub(super) type Queued = (Session, PlanMsg);
+
 /// A plan with its inputs pulled (None: could not be read).
-pub(super) type Pulled = (PlanMsg, Vec<Option<Input>>);
+pub(super) type Pulled = (Session, PlanMsg, Vec<Option<Input>>);
 
 /// A GPU's load result: (model, its device footprint or the error).
 pub(super) type Loaded = (ModelId, Result<Option<u64>, String>);

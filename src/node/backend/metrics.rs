@@ -33,13 +33,14 @@ pub(super) fn register_counters(sh: &Arc<Shared>) {
     outcome_counter(
         sh,
         "fermata_backend_plans_total",
-        "Batch plans ended on this backend, by outcome (ran, too_late: not started in time, failed, refused: failed a check or found the GPU's queue full).",
+        "Batch plans ended on this backend, by outcome (ran, too_late: not started in time, failed, refused: failed a check or found the GPU's queue full, void: its scheduler was lost before it ran).",
         |s| {
             vec![
                 ("ran", s.plans_run.load(Ordering::Relaxed)),
                 ("too_late", s.plans_too_late.load(Ordering::Relaxed)),
                 ("failed", s.plans_failed.load(Ordering::Relaxed)),
                 ("refused", s.plans_refused.load(Ordering::Relaxed)),
+                ("void", s.plans_void.load(Ordering::Relaxed)),
             ]
         },
     );

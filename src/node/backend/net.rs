@@ -4,7 +4,7 @@
 //! closes, the clock offset, model loads on every worker, frontends' regions
 //! attached and probed, plans queued to the GPUs' pullers, readiness).
 
-use super::channels::{send_counted, Loaded, WorkerMsg, LOADS_MAX};
+use super::channels::{send_counted, Loaded, Queued, WorkerMsg, LOADS_MAX};
 use super::metrics::batch_size_histogram;
 use super::shared::Shared;
 use crate::core::{Dur, GpuId, LatencyProfile, ModelId};
@@ -32,7 +32,7 @@ pub(super) struct NetLoop {
     pub(super) transport: Arc<dyn Transport>,
     pub(super) events: EventTx,
     pub(super) proto: BackendProto,
-    pub(super) pullers: Vec<Sender<PlanMsg>>,
+    pub(super) pullers: Vec<Sender<Queued>>,
     pub(super) workers: Vec<Sender<WorkerMsg>>,
     /// Frontend connections by id.
     pub(super) fe_conns: HashMap<ConnId, Arc<dyn Conn>>,
@@ -94,7 +94,8 @@ impl NetLoop {
             Event::Accepted(c) => c.close("backends accept no connections"),
             Event::Closed(c, reason) => {
                 self.forget(c);
-                self.proto.handle_closed(c, &reason);
+                let now = self.shared.clock.local().now();
+                self.proto.handle_closed(now, c, &reason);
             }
             Event::Msg(c, msg) => {
                 let now = self.shared.clock.local().now();
@@ -131,27 +132,50 @@ impl NetLoop {
                 } => self.attach(node, &ctrl_addr, &region),
                 Action::Detach { node, conn } => self.detach(node, conn),
                 Action::Queue { gpu, plan } => self.queue(gpu, plan),
-                Action::Ready(ids) => {
+                Action::Ready { gpus, away } => {
+                    self.shared.in_service.store(true, Ordering::Release);
+                    if let Some(away) = away {
+                        self.shared.rejoins.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(away_ms = away.as_ms_f64(), gpus = ?gpus, "backend: back in service");
+                    }
                     if let Some(t) = self.ready_tx.take() {
-                        let _ = t.send(Ok(ids));
+                        let _ = t.send(Ok(gpus));
                     }
                 }
-                Action::Exit(why) => {
-                    if let Some(t) = self.ready_tx.take() {
-                        let _ = t.send(Err(why.clone()));
-                    }
-                    bail!("{why}");
+                Action::Lost(why) => {
+                    // Plans queued so far are void (see `worker::void`).
+                    self.shared.session.fetch_add(1, Ordering::AcqRel);
+                    self.shared.in_service.store(false, Ordering::Release);
+                    tracing::warn!(reason = %why, "backend: lost the scheduler; its plans are void, rejoining");
                 }
+                Action::Connect(addr) => self.reconnect(&addr),
             }
         }
         Ok(())
     }
 
     fn conn(&self, c: ConnId) -> Option<Arc<dyn Conn>> {
-        if c == self.shared.sched.id() {
-            return Some(self.shared.sched.clone());
+        let sched = self.shared.sched();
+        if c == sched.id() {
+            return Some(sched);
         }
         self.fe_conns.get(&c).cloned()
+    }
+
+    /// Opens a new connection to the scheduler at `addr` (the protocol lost the
+    /// last one).
+    fn reconnect(&mut self, addr: &str) {
+        let now = self.shared.clock.local().now();
+        match self.transport.connect(addr, self.events.clone()) {
+            Ok(conn) => {
+                let id = conn.id();
+                *self.shared.sched.write().expect("lock") = conn;
+                self.proto.handle_sched_connected(now, id);
+            }
+            Err(e) => self
+                .proto
+                .handle_sched_connect_failed(now, &format!("{e:#}")),
+        }
     }
 
     /// Drops a frontend connection from the maps (the workers stop using it).
@@ -188,11 +212,12 @@ impl NetLoop {
     /// A plan for GPU `gpu` goes to its puller (or back to the protocol when the
     /// puller's queue is full).
     fn queue(&mut self, gpu: usize, plan: PlanMsg) {
-        match self.pullers[gpu].try_send(plan) {
+        let session = self.shared.session.load(Ordering::Acquire);
+        match self.pullers[gpu].try_send((session, plan)) {
             Ok(()) => {
                 self.shared.plans_received.fetch_add(1, Ordering::Relaxed);
             }
-            Err(TrySendError::Full(plan)) => {
+            Err(TrySendError::Full((_, plan))) => {
                 let now = self.shared.clock.local().now();
                 self.proto.handle_queue_full(now, plan);
             }

@@ -2,6 +2,7 @@
 //! shared state and metrics, each GPU's executor, worker and puller, the network
 //! loop's thread), readiness, and the ways it ends (stop, crash, join).
 
+use super::channels::Queued;
 use super::channels::{WorkerMsg, PLANS_MAX, WORKER_MAX};
 use super::metrics::{register_counters, register_waits};
 use super::net::NetLoop;
@@ -12,7 +13,7 @@ use super::{puller, worker};
 use crate::core::{Dur, GpuId};
 use crate::metrics::Registry;
 use crate::node::clock::SchedClock;
-use crate::node::proto::backend::{BackendProto, PlanMsg};
+use crate::node::proto::backend::BackendProto;
 use crate::runtime::clock::Clock;
 use crate::transport::Transport;
 use crate::wire::Msg;
@@ -35,7 +36,7 @@ pub struct BackendNode {
 
 /// Each GPU's channel to its puller and to its worker, and the threads.
 struct GpuThreads {
-    pullers: Vec<Sender<PlanMsg>>,
+    pullers: Vec<Sender<Queued>>,
     workers: Vec<Sender<WorkerMsg>>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -62,7 +63,8 @@ impl BackendNode {
         let (ready_tx, ready) = bounded(1);
         let proto = BackendProto::new(
             shared.clock.local().now(),
-            shared.sched.id(),
+            shared.sched().id(),
+            vec![opts.scheduler.clone()],
             opts.name.clone(),
             opts.gpu_infos(),
             Dur::from_std(opts.scheduler_timeout),
@@ -116,7 +118,7 @@ impl BackendNode {
 
     /// Stops: says goodbye to the scheduler, lets running batches finish.
     pub fn stop(mut self) -> BackendReport {
-        let _ = self.shared.sched.send(Msg::Unregister {
+        let _ = self.shared.sched().send(Msg::Unregister {
             reason: "backend stopping".into(),
         });
         self.finish()
@@ -126,7 +128,7 @@ impl BackendNode {
     /// sent, no goodbye.
     pub fn crash(mut self) -> BackendReport {
         self.shared.dead.store(true, Ordering::Release);
-        self.shared.sched.close("backend crashed");
+        self.shared.sched().close("backend crashed");
         for c in self.shared.frontends.read().expect("lock").values() {
             c.close("backend crashed");
         }
@@ -178,7 +180,7 @@ fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
         let exec =
             (opts.executor)(g).with_context(|| format!("cannot start the executor of GPU {g}"))?;
         let (wtx, wrx) = bounded::<WorkerMsg>(WORKER_MAX);
-        let (ptx, prx) = bounded::<PlanMsg>(PLANS_MAX);
+        let (ptx, prx) = bounded::<Queued>(PLANS_MAX);
         t.threads.push(worker::spawn(g, shared.clone(), exec, wrx)?);
         t.threads
             .push(puller::spawn(g, shared.clone(), prx, wtx.clone())?);

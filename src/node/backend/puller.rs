@@ -2,7 +2,7 @@
 //! from the frontends' regions as soon as the plan arrives, so the pull overlaps
 //! the previous batch, then hands the plan to the GPU's worker.
 
-use super::channels::{send_counted, WorkerMsg};
+use super::channels::{send_counted, Queued, WorkerMsg};
 use super::shared::Shared;
 use crate::node::proto::backend::{classify_input, pull_budget, pull_requests, Input, PlanMsg};
 use crossbeam_channel::{Receiver, Sender};
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 pub(super) fn spawn(
     g: u32,
     sh: Arc<Shared>,
-    rx: Receiver<PlanMsg>,
+    rx: Receiver<Queued>,
     worker: Sender<WorkerMsg>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -24,13 +24,19 @@ pub(super) fn spawn(
 }
 
 /// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
-fn puller(sh: Arc<Shared>, rx: Receiver<PlanMsg>, worker: Sender<WorkerMsg>) {
-    while let Ok(plan) = rx.recv() {
+fn puller(sh: Arc<Shared>, rx: Receiver<Queued>, worker: Sender<WorkerMsg>) {
+    while let Ok((session, plan)) = rx.recv() {
         if sh.dead.load(Ordering::Acquire) {
             break;
         }
-        let inputs = pull(&sh, &plan);
-        if !send_counted(&worker, WorkerMsg::Run(plan, inputs), &sh.channel_waits) {
+        // A void plan (its scheduler was lost) is not pulled; the worker drops it.
+        let inputs = if sh.current(session) {
+            pull(&sh, &plan)
+        } else {
+            Vec::new()
+        };
+        let run = WorkerMsg::Run(session, plan, inputs);
+        if !send_counted(&worker, run, &sh.channel_waits) {
             break;
         }
     }

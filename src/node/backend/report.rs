@@ -15,6 +15,10 @@ pub struct BackendReport {
     /// Tasks left out of their batch because it started too late for them.
     pub tasks_too_late: u64,
     pub plans_failed: u64,
+    /// Plans not run because their scheduler was lost before their start.
+    pub plans_void: u64,
+    /// Times the backend lost its scheduler and joined again.
+    pub rejoins: u64,
     pub tasks_run: u64,
     pub inputs_missing: u64,
     /// Why inputs went missing: no answer within the pull budget, a slot that no
@@ -56,6 +60,8 @@ impl Shared {
             plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
             tasks_too_late: s.tasks_too_late.load(Ordering::Relaxed),
             plans_failed: s.plans_failed.load(Ordering::Relaxed),
+            plans_void: s.plans_void.load(Ordering::Relaxed),
+            rejoins: s.rejoins.load(Ordering::Relaxed),
             tasks_run: s.tasks_run.load(Ordering::Relaxed),
             inputs_missing: s.inputs_missing(),
             inputs_missing_timeout: s.missing_why[0].load(Ordering::Relaxed),

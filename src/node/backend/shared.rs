@@ -21,7 +21,17 @@ const POOL_MAX_BYTES: usize = 256 << 20;
 
 pub(super) struct Shared {
     pub(super) clock: SchedClock,
-    pub(super) sched: Arc<dyn Conn>,
+    /// The scheduler's connection (replaced when the backend rejoins).
+    pub(super) sched: RwLock<Arc<dyn Conn>>,
+    /// The scheduler session: counts the times the scheduler was lost, so
+    /// plans of an earlier session are known void.
+    pub(super) session: AtomicU64,
+    /// In service (registered with the scheduler, its GPUs acknowledged).
+    pub(super) in_service: AtomicBool,
+    /// Times the backend rejoined after losing the scheduler.
+    pub(super) rejoins: AtomicU64,
+    /// Plans void when they reached the worker (the scheduler was lost since).
+    pub(super) plans_void: AtomicU64,
     pub(super) frontends: RwLock<HashMap<NodeId, Arc<dyn Conn>>>,
     pub(super) profiles: RwLock<HashMap<ModelId, LatencyProfile>>,
     pub(super) reader: Arc<dyn RegionReader>,
@@ -74,7 +84,11 @@ impl Shared {
     ) -> Shared {
         Shared {
             clock,
-            sched,
+            sched: RwLock::new(sched),
+            session: AtomicU64::new(0),
+            in_service: AtomicBool::new(false),
+            rejoins: AtomicU64::new(0),
+            plans_void: AtomicU64::new(0),
             frontends: RwLock::new(HashMap::new()),
             profiles: RwLock::new(HashMap::new()),
             reader,
@@ -102,6 +116,17 @@ impl Shared {
             name: name.to_string(),
             batch_sizes: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The scheduler's connection now.
+    pub(super) fn sched(&self) -> Arc<dyn Conn> {
+        self.sched.read().expect("lock").clone()
+    }
+
+    /// Whether a plan of `session` is still valid (the scheduler it came from
+    /// was not lost since).
+    pub(super) fn current(&self, session: u64) -> bool {
+        self.session.load(Ordering::Acquire) == session
     }
 
     /// Inputs that could not be pulled, whatever the reason.

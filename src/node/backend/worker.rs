@@ -77,9 +77,11 @@ fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>)
                 std::hint::spin_loop();
             }
         }
-        if let Some((plan, inputs)) = queue.pop_due(sh.clock.now()) {
-            if !sh.dead.load(Ordering::Acquire) {
-                run_plan(&sh, exec.as_mut(), plan, inputs);
+        if let Some((session, plan, inputs)) = queue.pop_due(sh.clock.now()) {
+            if !sh.current(session) {
+                void(&sh, &plan);
+            } else if !sh.dead.load(Ordering::Acquire) {
+                run_plan(&sh, exec.as_mut(), session, plan, inputs);
             }
         }
     }
@@ -96,13 +98,33 @@ fn receive(sh: &Shared, exec: &mut dyn Executor, queue: &mut PlanQueue<Pulled>, 
             send_counted(&ack, (model.id, r), &sh.channel_waits);
         }
         WorkerMsg::Unload(model) => exec.unload(model),
-        WorkerMsg::Run(plan, inputs) => queue.push(plan.exec_at, (plan, inputs)),
+        WorkerMsg::Run(session, plan, _) if !sh.current(session) => void(sh, &plan),
+        WorkerMsg::Run(session, plan, inputs) => queue.push(plan.exec_at, (session, plan, inputs)),
     }
+}
+
+/// A plan of a scheduler session that ended is not run: that scheduler failed
+/// its tasks at their frontends when it lost this backend (or its frontends
+/// failed them when they lost it), and a new scheduler knows nothing of it, so
+/// running it would take GPU time the new plans were given.
+fn void(sh: &Shared, plan: &PlanMsg) {
+    sh.plans_void.fetch_add(1, Ordering::Relaxed);
+    sh.plans_ended.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        plan = plan.id.0,
+        "backend: a plan of a lost scheduler is not run"
+    );
 }
 
 /// Runs a due plan (see [`cut_batch`]: late tasks and missing inputs are left
 /// out), reports to the frontends and the scheduler, recycles the input buffers.
-fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Option<Input>>) {
+fn run_plan(
+    sh: &Shared,
+    exec: &mut dyn Executor,
+    session: u64,
+    plan: PlanMsg,
+    inputs: Vec<Option<Input>>,
+) {
     let start = sh.clock.now();
     let delay = (start - plan.exec_at).0.max(0);
     sh.start_delay.lock().expect("lock").push(delay);
@@ -125,7 +147,11 @@ fn run_plan(sh: &Shared, exec: &mut dyn Executor, plan: PlanMsg, inputs: Vec<Opt
             }
         }
     }
-    let _ = sh.sched.send(settled.done);
+    // A report to a scheduler that was lost meanwhile would go to its
+    // successor, which never sent this plan: it is not sent.
+    if sh.current(session) {
+        let _ = sh.sched().send(settled.done);
+    }
     sh.recycle(inputs);
 }
 

@@ -9,16 +9,17 @@
 use super::handle::{FrontendState, LocalInfer};
 use super::metrics::{LoopMetrics, ModelStats};
 use super::options::FrontendOpts;
-use super::register::{ping, Registered};
+use super::register::Registered;
 use super::report::FrontendReport;
 use super::requests::Client;
 use super::Ended;
 use crate::core::Dur;
 use crate::metrics::{Counter, Gauge};
-use crate::node::clock::{moved, OffsetEstimator, SchedClock};
+use crate::node::clock::{moved, SchedClock};
 use crate::node::proto::ledger::{Answer, RequestLedger};
+use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::MARGIN_FLOOR;
-use crate::transport::{Conn, ConnId, Event, Listener, Region, RegionServer};
+use crate::transport::{Conn, ConnId, Event, EventTx, Listener, Region, RegionServer, Transport};
 use crate::wire::{ModelInfo, Msg, SubmitTask, MAX_ITEMS, NET_QUANTILE};
 use crossbeam_channel::Receiver;
 use std::collections::HashMap;
@@ -34,7 +35,9 @@ pub const MARGIN_SAMPLES_MIN: usize = 32;
 
 /// The frontend's connections and region, for its loop.
 pub(super) struct Links {
-    pub(super) sched: Arc<dyn Conn>,
+    /// To reconnect to the scheduler when it is lost.
+    pub(super) transport: Arc<dyn Transport>,
+    pub(super) events: EventTx,
     pub(super) clock: SchedClock,
     pub(super) region: Arc<Region>,
     pub(super) server: Box<dyn RegionServer>,
@@ -49,18 +52,19 @@ pub(super) struct Loop {
     pub(super) stats: Vec<ModelStats>,
     pub(super) bad_requests: Arc<Counter>,
     pending_gauge: Arc<Gauge>,
+    /// The membership (heartbeats, rejoining) and the scheduler's connection
+    /// (the last one opened).
+    member: Member,
     sched: Arc<dyn Conn>,
     sched_id: ConnId,
+    transport: Arc<dyn Transport>,
+    events: EventTx,
     pub(super) clock: SchedClock,
-    est: OffsetEstimator,
     pub(super) region: Arc<Region>,
     pub(super) clients: HashMap<ConnId, Arc<dyn Conn>>,
     /// The pending requests (sans-IO): each ends exactly once.
     pub(super) ledger: RequestLedger<Client>,
     pub(super) submit: Vec<SubmitTask>,
-    heartbeat: Duration,
-    sched_timeout: Duration,
-    last_pong: Instant,
     /// The response margins last reported to the scheduler, per model.
     margins_sent: Vec<Dur>,
     pub(super) report: FrontendReport,
@@ -89,17 +93,16 @@ impl Loop {
             stats: metrics.stats,
             bad_requests: metrics.bad_requests,
             pending_gauge: metrics.pending,
-            sched_id: links.sched.id(),
-            sched: links.sched,
+            sched_id: reg.sched.id(),
+            sched: reg.sched,
+            member: reg.member,
+            transport: links.transport,
+            events: links.events,
             clock: links.clock,
-            est: reg.est,
             region: links.region,
             clients: HashMap::new(),
             ledger: RequestLedger::new(reg.node, Dur(opts.grace.as_nanos() as i64)),
             submit: Vec::new(),
-            heartbeat: Duration::from_millis(reg.heartbeat_ms.max(1) as u64),
-            sched_timeout: opts.scheduler_timeout,
-            last_pong: Instant::now(),
             margins_sent: vec![Dur::ZERO; nm],
             report: FrontendReport::default(),
             _server: links.server,
@@ -137,21 +140,22 @@ impl Loop {
         lrx: Receiver<LocalInfer>,
         stop: &AtomicBool,
     ) -> FrontendReport {
-        let mut next_ping = Instant::now();
         let mut next_stats = Instant::now();
-        self.last_pong = Instant::now();
-        let mut seq = 100u64;
+        let local = self.clock.local();
         while !stop.load(Ordering::Acquire) {
-            let wait = next_ping
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(20));
-            if !self.receive(&rx, &lrx, wait) {
+            let wait =
+                (self.member.poll_timeout() - local.now()).clamp(Dur::ZERO, Dur::from_ms(20));
+            if !self.receive(&rx, &lrx, Duration::from_nanos(wait.0 as u64)) {
                 break;
             }
             self.drain(&rx, &lrx);
             self.flush_submit();
             let now = Instant::now();
-            self.heartbeat(now, &mut next_ping, &mut seq);
+            let t = local.now();
+            if t >= self.member.poll_timeout() {
+                self.member.handle_timeout(t);
+            }
+            self.apply_member();
             self.sweep();
             if now >= next_stats {
                 next_stats = now + Duration::from_secs(1);
@@ -208,17 +212,70 @@ impl Loop {
         }
     }
 
-    /// Pings the scheduler when due; gives it up when it has been silent too long.
-    fn heartbeat(&mut self, now: Instant, next_ping: &mut Instant, seq: &mut u64) {
-        if self.sched_ok() && now >= *next_ping {
-            *next_ping = now + self.heartbeat;
-            *seq += 1;
-            let _ = self.sched.send(ping(&self.clock, *seq));
+    /// Carries out what the membership asked for: pings and the register on
+    /// the scheduler's connection, the clock, a new connection after a loss,
+    /// and the frontend's service state as it leaves and rejoins.
+    fn apply_member(&mut self) {
+        while let Some(a) = self.member.poll_action() {
+            match a {
+                member::Action::Send(c, m) => {
+                    if c == self.sched_id {
+                        let _ = self.sched.send(m);
+                    }
+                }
+                member::Action::Close(c, why) => {
+                    if c == self.sched_id {
+                        self.sched.close(&why);
+                    }
+                }
+                member::Action::SetClock { offset, error } => self.clock.set(offset.0, error.0),
+                member::Action::Connect(addr) => {
+                    let now = self.clock.local().now();
+                    match self.transport.connect(&addr, self.events.clone()) {
+                        Ok(c) => {
+                            self.sched_id = c.id();
+                            self.sched = c;
+                            self.member.handle_connected(now, self.sched_id);
+                        }
+                        Err(e) => self.member.handle_connect_failed(now, &format!("{e:#}")),
+                    }
+                }
+                member::Action::Joined {
+                    node, models, away, ..
+                } => self.rejoined(node, &models, away),
+                member::Action::Lost(why) => self.scheduler_lost(why),
+            }
         }
-        if self.sched_ok() && now.duration_since(self.last_pong) > self.sched_timeout {
-            self.sched.close("scheduler silent");
-            self.scheduler_lost(format!("no pong for {:?}", self.sched_timeout));
+    }
+
+    /// In service again after `away` (None: the first join, handled at start).
+    fn rejoined(&mut self, node: crate::wire::NodeId, models: &[ModelInfo], away: Option<Dur>) {
+        let Some(away) = away else {
+            return;
+        };
+        let same = models.len() == self.models.len()
+            && models
+                .iter()
+                .zip(&self.models)
+                .all(|(a, b)| a.id == b.id && a.name == b.name);
+        if !same {
+            // Requests are admitted by this frontend's model list: a scheduler
+            // serving others cannot be served through it.
+            let now = self.clock.local().now();
+            self.member.leave(
+                now,
+                "the scheduler serves other models than when this frontend started (restart it)",
+            );
+            return;
         }
+        self.ledger.set_node(node);
+        self.report.rejoins += 1;
+        self.state.sched_ok.store(true, Ordering::Release);
+        tracing::info!(
+            node,
+            away_ms = away.as_ms_f64(),
+            "frontend: back in service with the scheduler"
+        );
     }
 
     /// Tells the scheduler the models' response margins (the tail of what the
@@ -298,11 +355,14 @@ impl Loop {
     }
 
     fn scheduler_lost(&mut self, why: String) {
-        if !self.sched_ok() {
-            return;
-        }
         self.state.sched_ok.store(false, Ordering::Release);
-        tracing::error!(reason = %why, pending = self.ledger.len(), "frontend: lost the scheduler; failing every pending request");
+        self.state.gpus.store(0, Ordering::Release);
+        // What was not yet submitted fails with the rest.
+        for t in std::mem::take(&mut self.submit) {
+            let why = format!("scheduler lost: {why}");
+            self.finish(t.id, Answer::Failed(Ended::NoScheduler, why));
+        }
+        tracing::error!(reason = %why, pending = self.ledger.len(), "frontend: lost the scheduler; failing every pending request and rejoining");
         let now = self.clock.now();
         let why = format!("scheduler lost: {why}");
         for f in self.ledger.fail_all(now, Ended::NoScheduler, &why) {
@@ -326,14 +386,23 @@ impl Loop {
             }
             Event::Closed(c, reason) => {
                 if c == self.sched_id {
-                    self.scheduler_lost(reason);
+                    let now = self.clock.local().now();
+                    self.member.handle_closed(now, c, &reason);
+                    self.apply_member();
                 } else {
                     // A client or a backend left; pending answers for a client that
                     // left are dropped when they come.
                     self.clients.remove(&c);
                 }
             }
-            Event::Msg(c, msg) if c == self.sched_id => self.sched_msg(msg),
+            Event::Msg(c, msg) if c == self.sched_id => {
+                let now = self.clock.local().now();
+                let msg = self.member.handle_msg(now, msg);
+                self.apply_member();
+                if let Some(m) = msg {
+                    self.sched_msg(m);
+                }
+            }
             Event::Msg(c, msg) => self.client_msg(c, msg),
         }
     }
@@ -341,11 +410,6 @@ impl Loop {
     /// A message from the scheduler.
     fn sched_msg(&mut self, msg: Msg) {
         match msg {
-            Msg::Pong { echo, sched, .. } => {
-                self.last_pong = Instant::now();
-                let t2 = self.clock.local().now();
-                self.est.add(echo, sched, t2, &self.clock);
-            }
             Msg::Dropped { items } => {
                 for (id, code) in items {
                     self.finish(id, Answer::of_drop(code));
@@ -355,7 +419,6 @@ impl Loop {
                 tracing::info!(gpus, "frontend: GPUs in service changed");
                 self.state.gpus.store(gpus, Ordering::Release);
             }
-            Msg::Error { message } => self.scheduler_lost(message),
             other => tracing::warn!(
                 kind = other.kind(),
                 "frontend: ignoring an unexpected message from the scheduler"

@@ -7,7 +7,7 @@ use super::event_loop::{Links, Loop};
 use super::handle::{FrontendHandle, FrontendState, LOCAL_MAX};
 use super::metrics::LoopMetrics;
 use super::options::FrontendOpts;
-use super::register::register;
+use super::register::{register, register_msg};
 use super::report::FrontendReport;
 use crate::metrics::Registry;
 use crate::node::clock::SchedClock;
@@ -41,12 +41,9 @@ impl FrontendNode {
         let listener = transport
             .listen(&opts.listen, tx.clone())
             .with_context(|| format!("cannot listen at {}", opts.listen))?;
-        let sched = transport
-            .connect(&opts.scheduler, tx)
-            .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
         let clock = SchedClock::exact(Clock::new());
-        let ctrl_addr = listener.local_addr();
-        let mut reg = register(&*sched, &rx, &clock, &opts, ctrl_addr, server.info())?;
+        let reg_msg = register_msg(&opts, listener.local_addr(), server.info());
+        let mut reg = register(&*transport, tx.clone(), &rx, &clock, &opts, reg_msg)?;
         let (ltx, lrx) = bounded(LOCAL_MAX);
         let state = Arc::new(FrontendState::new(
             reg.models.clone(),
@@ -62,7 +59,8 @@ impl FrontendNode {
         let stop = Arc::new(AtomicBool::new(false));
         let early = std::mem::take(&mut reg.early);
         let links = Links {
-            sched,
+            transport,
+            events: tx,
             clock,
             region,
             server,

@@ -1,146 +1,123 @@
-//! Joining the scheduler at start-up: clock sync (pings until the offset is
-//! known), `Register` with the frontend's addresses, then the `RegisterAck` (the
-//! node id, the models, the heartbeat) and the first `Capacity`. Other events
-//! that come meanwhile are kept for the event loop.
+//! Joining the scheduler at start-up: the membership machine ([`Member`]: clock
+//! sync, `Register`, the ack) driven on this thread until the frontend is in
+//! service and has heard the GPUs in service (`Capacity`). Other events that
+//! come meanwhile are kept for the event loop, which then drives the same
+//! machine (heartbeats, and rejoining whenever the scheduler is lost).
 
 use super::options::FrontendOpts;
 use crate::core::Dur;
-use crate::node::clock::{OffsetEstimator, SchedClock};
-use crate::transport::{Conn, ConnId, Event};
+use crate::node::clock::SchedClock;
+use crate::node::proto::member::{self, Member};
+use crate::transport::{Conn, Event, EventTx, Transport};
 use crate::wire::{ModelInfo, Msg, NodeId, RegionInfo, Role};
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The longest a frontend waits at start-up for the scheduler's ack and the
+/// GPUs in service.
+const JOIN_MAX: Duration = Duration::from_secs(10);
 
 /// What registration gave the frontend.
 pub(super) struct Registered {
-    /// The clock offset's estimator (it goes on with the loop's pongs).
-    pub(super) est: OffsetEstimator,
+    /// The membership, in service (the loop goes on driving it).
+    pub(super) member: Member,
+    pub(super) sched: Arc<dyn Conn>,
     pub(super) node: NodeId,
     pub(super) models: Vec<ModelInfo>,
-    pub(super) heartbeat_ms: u32,
     /// GPUs in service.
     pub(super) gpus: u32,
     /// Events that came meanwhile, for the event loop.
     pub(super) early: Vec<Event>,
 }
 
-/// A ping to the scheduler (the loop's heartbeats too).
-pub(super) fn ping(clock: &SchedClock, seq: u64) -> Msg {
-    Msg::Ping {
-        seq,
-        sent: clock.local().now(),
-        ctrl_delay: Dur::ZERO,
-        pull: Dur::ZERO,
+/// The `Register` of this frontend.
+pub(super) fn register_msg(opts: &FrontendOpts, ctrl_addr: String, region: RegionInfo) -> Msg {
+    Msg::Register {
+        role: Role::Frontend,
+        name: opts.name.clone(),
+        gpus: Vec::new(),
+        ctrl_addr,
+        region: Some(region),
     }
 }
 
-/// Syncs `clock` with the scheduler on `sched`, registers, and waits for the ack
-/// and the GPUs in service.
+/// Connects to the scheduler, syncs `clock`, registers, and waits for the ack
+/// and the GPUs in service; a scheduler that cannot be reached, refuses us or
+/// does not answer in [`JOIN_MAX`] is an error.
 pub(super) fn register(
-    sched: &dyn Conn,
+    transport: &dyn Transport,
+    events: EventTx,
     rx: &Receiver<Event>,
     clock: &SchedClock,
     opts: &FrontendOpts,
-    ctrl_addr: String,
-    region: RegionInfo,
+    register: Msg,
 ) -> Result<Registered> {
-    let mut early = Vec::new();
-    let est = sync_clock(sched, rx, clock, &mut early)?;
-    if est.samples() == 0 {
-        bail!("the scheduler at {} does not answer pings", opts.scheduler);
-    }
-    sched
-        .send(Msg::Register {
-            role: Role::Frontend,
-            name: opts.name.clone(),
-            gpus: Vec::new(),
-            ctrl_addr,
-            region: Some(region),
-        })
-        .map_err(|e| anyhow::anyhow!("cannot register: {e}"))?;
-    let (node, models, heartbeat_ms) = await_ack(sched.id(), rx, &mut early)?;
-    let gpus = await_capacity(sched.id(), rx, &mut early)?;
-    Ok(Registered {
-        est,
-        node,
-        models,
-        heartbeat_ms,
-        gpus,
-        early,
-    })
-}
-
-/// Pings the scheduler until 8 pongs (or 2 s) have set `clock`'s offset.
-fn sync_clock(
-    sched: &dyn Conn,
-    rx: &Receiver<Event>,
-    clock: &SchedClock,
-    early: &mut Vec<Event>,
-) -> Result<OffsetEstimator> {
-    let mut est = OffsetEstimator::new();
+    let sched = transport
+        .connect(&opts.scheduler, events)
+        .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
     let sched_id = sched.id();
+    let local = clock.local();
+    let mut member = Member::new(
+        local.now(),
+        sched_id,
+        vec![opts.scheduler.clone()],
+        register,
+        Dur::from_std(opts.scheduler_timeout),
+    );
     let t0 = Instant::now();
-    let mut seq = 0;
-    while est.samples() < 8 && t0.elapsed() < Duration::from_secs(2) {
-        seq += 1;
-        let _ = sched.send(ping(clock, seq));
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(Event::Msg(c, Msg::Pong { echo, sched, .. })) if c == sched_id => {
-                est.add(echo, sched, clock.local().now(), clock);
-            }
-            Ok(Event::Closed(c, r)) if c == sched_id => {
-                bail!("the scheduler closed the connection: {r}")
-            }
-            Ok(ev) => early.push(ev),
-            Err(_) => {}
-        }
-    }
-    Ok(est)
-}
-
-/// The scheduler's `RegisterAck`: (node id, models, heartbeat in ms).
-fn await_ack(
-    sched_id: ConnId,
-    rx: &Receiver<Event>,
-    early: &mut Vec<Event>,
-) -> Result<(NodeId, Vec<ModelInfo>, u32)> {
+    let mut early = Vec::new();
+    let mut joined: Option<(NodeId, Vec<ModelInfo>)> = None;
+    let mut gpus = None;
     loop {
-        match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(Event::Msg(
-                c,
-                Msg::RegisterAck {
-                    node,
-                    models,
-                    heartbeat_ms,
-                    ..
-                },
-            )) if c == sched_id => return Ok((node, models, heartbeat_ms)),
-            Ok(Event::Msg(c, Msg::Error { message })) if c == sched_id => {
-                bail!("the scheduler refused the frontend: {message}")
+        while let Some(a) = member.poll_action() {
+            match a {
+                member::Action::Send(_, m) => sched
+                    .send(m)
+                    .map_err(|e| anyhow!("cannot register with the scheduler: {e}"))?,
+                member::Action::Close(_, why) => sched.close(&why),
+                member::Action::SetClock { offset, error } => clock.set(offset.0, error.0),
+                member::Action::Joined { node, models, .. } => joined = Some((node, models)),
+                member::Action::Lost(why) => {
+                    bail!("cannot join the scheduler at {}: {why}", opts.scheduler)
+                }
+                member::Action::Connect(_) => {}
             }
+        }
+        if let (Some((node, models)), Some(gpus)) = (&joined, gpus) {
+            return Ok(Registered {
+                member,
+                sched,
+                node: *node,
+                models: models.clone(),
+                gpus,
+                early,
+            });
+        }
+        if t0.elapsed() > JOIN_MAX {
+            bail!(
+                "no registration answer from the scheduler at {} in {JOIN_MAX:?}",
+                opts.scheduler
+            );
+        }
+        let wait = (member.poll_timeout() - local.now()).clamp(Dur::ZERO, Dur::from_ms(50));
+        match rx.recv_timeout(Duration::from_nanos(wait.0 as u64)) {
+            Ok(Event::Msg(c, m)) if c == sched_id => match member.handle_msg(local.now(), m) {
+                Some(Msg::Capacity { gpus: g }) if joined.is_some() => gpus = Some(g),
+                Some(m) => early.push(Event::Msg(c, m)),
+                None => {}
+            },
             Ok(Event::Closed(c, r)) if c == sched_id => {
-                bail!("the scheduler closed the connection: {r}")
+                member.handle_closed(local.now(), c, &r);
             }
             Ok(ev) => early.push(ev),
-            Err(RecvTimeoutError::Timeout) => {
-                bail!("no registration answer from the scheduler in 5 s")
-            }
+            Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => bail!("event channel closed"),
         }
-    }
-}
-
-/// The GPUs in service (the `Capacity` that follows the ack at once).
-fn await_capacity(sched_id: ConnId, rx: &Receiver<Event>, early: &mut Vec<Event>) -> Result<u32> {
-    loop {
-        match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(Event::Msg(c, Msg::Capacity { gpus })) if c == sched_id => return Ok(gpus),
-            Ok(Event::Closed(c, r)) if c == sched_id => {
-                bail!("the scheduler closed the connection: {r}")
-            }
-            Ok(ev) => early.push(ev),
-            Err(_) => bail!("no capacity message from the scheduler in 5 s"),
+        let now = local.now();
+        if now >= member.poll_timeout() {
+            member.handle_timeout(now);
         }
     }
 }

@@ -13,6 +13,8 @@ pub struct FrontendReport {
     /// Answers for tasks that had already ended (ignored).
     pub stray_answers: u64,
     pub bad_requests: u64,
+    /// Times the frontend lost the scheduler and joined again.
+    pub rejoins: u64,
     pub clock_offset_us: f64,
     pub clock_error_us: f64,
     /// The largest response margin last reported to the scheduler (us).

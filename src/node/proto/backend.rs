@@ -6,12 +6,16 @@
 //! [`settle`]). The real driver ([`crate::node::backend`]) and the cluster
 //! simulator run the same code.
 //!
-//! # Start-up
-//! The backend pings the scheduler until it has [`SYNC_SAMPLES`] clock samples
-//! (or [`SYNC_MAX`] has passed with at least one), then registers. Each
-//! `LoadModel` goes to every GPU ([`Action::Load`]); when every GPU confirmed it,
-//! the scheduler hears `ModelLoaded` with the largest device footprint. On
-//! `RegisterAck` the backend is ready ([`Action::Ready`]).
+//! # Membership
+//! Clock sync, `Register`, heartbeats and reconnecting after the scheduler is
+//! lost are the shared [`Member`] machine. Each `LoadModel` goes to every GPU
+//! ([`Action::Load`]); when every GPU confirmed it, the scheduler hears
+//! `ModelLoaded` with the largest device footprint. A model the GPUs still hold
+//! from before a rejoin, with the same description, is confirmed at once. On
+//! `RegisterAck` the backend is ready ([`Action::Ready`]). When the scheduler is
+//! lost ([`Action::Lost`]) the session's plans are void (the driver fails the
+//! queued ones at their frontends), every frontend is detached (the scheduler
+//! announces them again), and the backend rejoins.
 //!
 //! # Checks on plans
 //! A plan is queued ([`Action::Queue`]) only if it is for one of this backend's
@@ -21,23 +25,17 @@
 //! silently.
 
 use super::check;
+use super::member::{self, Member, MemberCounts};
 use crate::core::{Dur, GpuId, LatencyProfile, ModelId, PlanId, TaskId, Time};
-use crate::node::clock::{Delays, OffsetEstimator, Recent};
+use crate::node::clock::{Delays, Recent};
 use crate::transport::{ConnId, InputRef, ReadError, ReadReq, SlotHeader, SLOT_HEADER};
 use crate::wire::{
     task_owner, DropReason, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo,
     Role, TaskResult, TaskStatus, MAX_NODE_ID, NET_QUANTILE,
 };
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
-/// Clock samples taken before registering.
-pub const SYNC_SAMPLES: usize = 8;
-/// Longest clock sync before registering (with at least one sample).
-pub const SYNC_MAX: Dur = Dur(2_000_000_000);
-/// During the sync, a ping unanswered this long is followed by another.
-pub const SYNC_PING: Dur = Dur(200_000_000);
-/// The heartbeat until `RegisterAck` says otherwise.
-pub const DEFAULT_HEARTBEAT: Dur = Dur(100_000_000);
+pub use super::member::{DEFAULT_HEARTBEAT, SYNC_MAX, SYNC_PING, SYNC_SAMPLES};
 /// Plan delays kept for the control delay (bursts count once: [`Delays`]).
 pub const PLAN_DELAYS_MAX: usize = 4096;
 /// Plan delays measured before they alone make the control delay (until then the
@@ -58,6 +56,10 @@ pub struct PlanMsg {
 /// What the driver must do.
 #[derive(Debug, Clone)]
 pub enum Action {
+    /// Open a connection to the scheduler at this address; report it with
+    /// [`BackendProto::handle_sched_connected`] or
+    /// [`BackendProto::handle_sched_connect_failed`].
+    Connect(String),
     /// Send a message on a connection (the scheduler's or a frontend's).
     Send(ConnId, Msg),
     /// Close a connection (this machine has already forgotten it).
@@ -80,10 +82,13 @@ pub enum Action {
     Detach { node: NodeId, conn: Option<ConnId> },
     /// Pull the plan's inputs and queue it on local GPU `gpu`.
     Queue { gpu: usize, plan: PlanMsg },
-    /// Registered: these are our GPUs' global ids, in local order.
-    Ready(Vec<GpuId>),
-    /// The backend must stop (lost the scheduler, or told to).
-    Exit(String),
+    /// Registered (again): these are our GPUs' global ids, in local order;
+    /// `away`: how long the backend was out of service before this rejoin.
+    Ready { gpus: Vec<GpuId>, away: Option<Dur> },
+    /// The scheduler is lost: every plan queued so far is void (fail its tasks
+    /// at their frontends, report nothing to the scheduler); the backend
+    /// reconnects on its own.
+    Lost(String),
 }
 
 /// What the backend's protocol counted.
@@ -96,77 +101,66 @@ pub struct ProtoCounts {
     pub unexpected: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Pinging; registered once the clock is known.
-    Sync {
-        since: Time,
-    },
-    /// Registered, waiting for `RegisterAck`.
-    Registering,
-    Ready,
-    Gone,
-}
-
 /// The backend's membership, health and plan checks (see the module docs).
-/// Times passed in are on the backend's own clock. After [`Action::Exit`] it is
-/// inert: every input is ignored.
+/// Times passed in are on the backend's own clock.
 pub struct BackendProto {
-    sched: ConnId,
-    name: String,
+    member: Member,
     gpus: Vec<GpuInfo>,
-    phase: Phase,
-    timeout: Dur,
-    heartbeat: Dur,
-    /// Global GPU id -> local index.
+    /// Global GPU id -> local index (this session's).
     gpu_map: HashMap<GpuId, usize>,
-    est: OffsetEstimator,
-    rtt: Delays,
     plan_delay: Delays,
-    /// Pull time per task at [`NET_QUANTILE`] (measured by the driver).
-    pull: Dur,
     /// Model -> GPUs still loading it, and the largest footprint reported so far.
     loading: HashMap<ModelId, (u32, u64)>,
-    loaded: HashSet<ModelId>,
+    /// The models every GPU holds, as they were described, with their footprint
+    /// (kept across rejoins: the GPUs keep them).
+    loaded: HashMap<ModelId, (ModelInfo, u64)>,
+    /// The description of each model being loaded.
+    loading_info: HashMap<ModelId, ModelInfo>,
     /// Largest input of the models loaded (bytes).
     max_input: u32,
     frontends: HashMap<NodeId, ConnId>,
     fe_conns: HashMap<ConnId, NodeId>,
-    last_pong: Time,
-    next_ping: Time,
-    seq: u64,
+    /// Pull time per task at [`NET_QUANTILE`] (measured by the driver).
+    pull: Dur,
     counts: ProtoCounts,
     out: VecDeque<Action>,
 }
 
 impl BackendProto {
-    /// A backend connected to the scheduler on `sched` at `now`; it starts by
+    /// A backend connected to the scheduler at `addrs[0]` on `sched` at `now`
+    /// (`addrs`: every scheduler it may join, a standby's too); it starts by
     /// pinging (take the first [`Action`]s with [`BackendProto::poll_action`]).
-    pub fn new(now: Time, sched: ConnId, name: String, gpus: Vec<GpuInfo>, timeout: Dur) -> Self {
-        let mut p = BackendProto {
-            sched,
+    pub fn new(
+        now: Time,
+        sched: ConnId,
+        addrs: Vec<String>,
+        name: String,
+        gpus: Vec<GpuInfo>,
+        timeout: Dur,
+    ) -> Self {
+        let register = Msg::Register {
+            role: Role::Backend,
             name,
+            gpus: gpus.clone(),
+            ctrl_addr: String::new(),
+            region: None,
+        };
+        let mut p = BackendProto {
+            member: Member::new(now, sched, addrs, register, timeout),
             gpus,
-            phase: Phase::Sync { since: now },
-            timeout,
-            heartbeat: DEFAULT_HEARTBEAT,
             gpu_map: HashMap::new(),
-            est: OffsetEstimator::new(),
-            rtt: Delays::new(256),
             plan_delay: Delays::new(PLAN_DELAYS_MAX),
-            pull: Dur::ZERO,
             loading: HashMap::new(),
-            loaded: HashSet::new(),
+            loaded: HashMap::new(),
+            loading_info: HashMap::new(),
             max_input: 0,
             frontends: HashMap::new(),
             fe_conns: HashMap::new(),
-            last_pong: now,
-            next_ping: now,
-            seq: 0,
+            pull: Dur::ZERO,
             counts: ProtoCounts::default(),
             out: VecDeque::new(),
         };
-        p.ping(now);
+        p.take_member();
         p
     }
 
@@ -176,33 +170,31 @@ impl BackendProto {
 
     /// When [`BackendProto::handle_timeout`] is next due (our clock).
     pub fn poll_timeout(&self) -> Time {
-        match self.phase {
-            Phase::Sync { since } => self.next_ping.min(since + SYNC_MAX),
-            Phase::Gone => Time::NEVER,
-            _ => self.next_ping.min(self.last_pong + self.timeout),
-        }
+        self.member.poll_timeout()
     }
 
+    /// In service: registered, its GPUs acknowledged.
     pub fn is_ready(&self) -> bool {
-        self.phase == Phase::Ready
-    }
-
-    pub fn is_gone(&self) -> bool {
-        self.phase == Phase::Gone
+        self.member.is_ready()
     }
 
     pub fn counts(&self) -> ProtoCounts {
         self.counts
     }
 
-    /// The scheduler's clock minus ours (0 before the first pong).
-    pub fn offset(&self) -> Dur {
-        self.est.best().map_or(Dur::ZERO, |b| b.0)
+    /// What the membership counted (joins, scheduler losses).
+    pub fn member_counts(&self) -> MemberCounts {
+        self.member.counts()
     }
 
-    /// The scheduler's connection.
-    pub fn sched_conn(&self) -> ConnId {
-        self.sched
+    /// The scheduler's clock minus ours (0 before the first pong).
+    pub fn offset(&self) -> Dur {
+        self.member.offset()
+    }
+
+    /// The scheduler's connection, while there is one.
+    pub fn sched_conn(&self) -> Option<ConnId> {
+        self.member.conn()
     }
 
     /// Our connection to frontend `node`, when it is up.
@@ -217,7 +209,7 @@ impl BackendProto {
 
     /// Whether every GPU has loaded `model`.
     pub fn has_loaded(&self, model: ModelId) -> bool {
-        self.loaded.contains(&model)
+        self.loaded.contains_key(&model)
     }
 
     /// One-way plan delay's tail at [`NET_QUANTILE`] ([`Delays::tail`];
@@ -238,9 +230,9 @@ impl BackendProto {
     /// as one sample each ([`Delays`]), so one does not move the budget.
     pub fn ctrl_delay(&self) -> Dur {
         if self.plan_delay.len() < PLAN_DELAYS_MIN {
-            return Dur(self.rtt.tail(NET_QUANTILE) / 2).max(self.plan_delay());
+            return Dur(self.member.rtt_tail(NET_QUANTILE).0 / 2).max(self.plan_delay());
         }
-        let err = self.est.best().map_or(Dur::ZERO, |(_, e)| e.max(Dur::ZERO));
+        let err = self.member.offset_error();
         Dur(self.plan_delay().0.saturating_add(err.0))
     }
 
@@ -252,49 +244,38 @@ impl BackendProto {
     /// The driver could not queue `plan` (its GPU's queue is full): it is
     /// refused like a plan that fails a check.
     pub fn handle_queue_full(&mut self, now: Time, plan: PlanMsg) {
-        if self.phase == Phase::Gone {
-            return;
-        }
         let sched_now = now + self.offset();
         self.refuse(sched_now, plan, true, "the GPU's plan queue is full".into());
     }
 
     pub fn handle_timeout(&mut self, now: Time) {
-        match self.phase {
-            Phase::Gone => {}
-            Phase::Sync { since } => {
-                if now >= since + SYNC_MAX {
-                    self.end_sync(now);
-                } else if now >= self.next_ping {
-                    self.ping(now);
-                }
-            }
-            _ => {
-                if now - self.last_pong > self.timeout {
-                    self.out
-                        .push_back(Action::Close(self.sched, "scheduler silent".into()));
-                    let why = format!("lost the scheduler: no pong for {:?}", self.timeout);
-                    return self.exit(why);
-                }
-                if now >= self.next_ping {
-                    self.ping(now);
-                }
-            }
-        }
+        self.member.set_report(self.ctrl_delay(), self.pull);
+        self.member.handle_timeout(now);
+        self.take_member();
+    }
+
+    /// The connection to the scheduler asked for by [`Action::Connect`] is up.
+    pub fn handle_sched_connected(&mut self, now: Time, conn: ConnId) {
+        self.member.handle_connected(now, conn);
+        self.take_member();
+    }
+
+    /// The connection asked for by [`Action::Connect`] could not be opened.
+    pub fn handle_sched_connect_failed(&mut self, now: Time, why: &str) {
+        self.member.handle_connect_failed(now, why);
+        self.take_member();
     }
 
     /// A worker finished loading `model` on one GPU (`Ok(bytes)`: its device
     /// footprint when known).
     pub fn handle_loaded(&mut self, model: ModelId, res: Result<Option<u64>, String>) {
-        if self.phase == Phase::Gone {
-            return;
-        }
         let Some(entry) = self.loading.get_mut(&model) else {
             return;
         };
         match res {
             Err(error) => {
                 self.loading.remove(&model);
+                self.loading_info.remove(&model);
                 self.model_loaded(model, false, error, 0);
             }
             Ok(bytes) => {
@@ -303,7 +284,9 @@ impl BackendProto {
                 if entry.0 == 0 {
                     let bytes = entry.1;
                     self.loading.remove(&model);
-                    self.loaded.insert(model);
+                    if let Some(info) = self.loading_info.remove(&model) {
+                        self.loaded.insert(model, (info, bytes));
+                    }
                     self.model_loaded(model, true, String::new(), bytes);
                 }
             }
@@ -312,9 +295,6 @@ impl BackendProto {
 
     /// The connection to frontend `node` asked for by [`Action::Attach`] is up.
     pub fn handle_connected(&mut self, node: NodeId, conn: ConnId) {
-        if self.phase == Phase::Gone {
-            return;
-        }
         if let Some(old) = self.frontends.insert(node, conn) {
             self.fe_conns.remove(&old);
             self.out
@@ -323,12 +303,9 @@ impl BackendProto {
         self.fe_conns.insert(conn, node);
     }
 
-    pub fn handle_closed(&mut self, conn: ConnId, reason: &str) {
-        if self.phase == Phase::Gone {
-            return;
-        }
-        if conn == self.sched {
-            return self.exit(format!("lost the scheduler: {reason}"));
+    pub fn handle_closed(&mut self, now: Time, conn: ConnId, reason: &str) {
+        if self.member.handle_closed(now, conn, reason) {
+            return self.take_member();
         }
         if let Some(fe) = self.fe_conns.remove(&conn) {
             self.frontends.remove(&fe);
@@ -336,11 +313,9 @@ impl BackendProto {
     }
 
     pub fn handle_msg(&mut self, now: Time, conn: ConnId, msg: Msg) {
-        if self.phase == Phase::Gone {
-            return;
-        }
-        if conn != self.sched {
-            // Frontends send nothing to backends.
+        if Some(conn) != self.member.conn() {
+            // Frontends send nothing to backends (and an old scheduler's
+            // connection is closed already).
             self.counts.unexpected += 1;
             if let Some(fe) = self.fe_conns.remove(&conn) {
                 self.frontends.remove(&fe);
@@ -348,13 +323,12 @@ impl BackendProto {
             let why = format!("unexpected {} from a frontend", msg.kind());
             return self.out.push_back(Action::Close(conn, why));
         }
+        let msg = self.member.handle_msg(now, msg);
+        self.take_member();
+        let Some(msg) = msg else {
+            return;
+        };
         match msg {
-            Msg::Pong { echo, sched, .. } => self.pong(now, echo, sched),
-            Msg::RegisterAck {
-                heartbeat_ms,
-                gpu_ids,
-                ..
-            } => self.registered(now, heartbeat_ms, gpu_ids),
             Msg::Plan {
                 id,
                 model,
@@ -377,6 +351,7 @@ impl BackendProto {
             Msg::UnloadModel { model } => {
                 self.loaded.remove(&model);
                 self.loading.remove(&model);
+                self.loading_info.remove(&model);
                 self.out.push_back(Action::Unload(model));
             }
             Msg::FrontendUp {
@@ -401,91 +376,84 @@ impl BackendProto {
                 }
                 self.out.push_back(Action::Detach { node, conn });
             }
-            Msg::Error { message } => self.exit(format!("the scheduler closed us: {message}")),
             _ => self.counts.unexpected += 1,
         }
     }
 
-    fn ping(&mut self, now: Time) {
-        self.seq += 1;
-        self.next_ping = now
-            + match self.phase {
-                Phase::Sync { .. } => SYNC_PING,
-                _ => self.heartbeat,
-            };
-        self.send(Msg::Ping {
-            seq: self.seq,
-            sent: now,
-            ctrl_delay: self.ctrl_delay(),
-            pull: self.pull,
-        });
-    }
-
-    fn send(&mut self, m: Msg) {
-        self.out.push_back(Action::Send(self.sched, m));
-    }
-
-    fn exit(&mut self, why: String) {
-        self.phase = Phase::Gone;
-        self.out.push_back(Action::Exit(why));
-    }
-
-    fn end_sync(&mut self, now: Time) {
-        if self.est.samples() == 0 {
-            return self.exit("the scheduler does not answer pings".into());
-        }
-        self.phase = Phase::Registering;
-        self.last_pong = now;
-        self.next_ping = now + self.heartbeat;
-        self.send(Msg::Register {
-            role: Role::Backend,
-            name: self.name.clone(),
-            gpus: self.gpus.clone(),
-            ctrl_addr: String::new(),
-            region: None,
-        });
-    }
-
-    fn pong(&mut self, now: Time, echo: Time, sched: Time) {
-        if echo > now || now - echo > check::MAX_MEASURED {
-            // Not a time we sent lately: ignore rather than skew the clock.
-            self.counts.unexpected += 1;
-            return;
-        }
-        self.last_pong = now;
-        let rtt = self.est.push(echo, sched, now);
-        self.rtt.push(now, rtt.0);
-        if let Some((offset, error)) = self.est.best() {
-            self.out.push_back(Action::SetClock { offset, error });
-        }
-        if let Phase::Sync { .. } = self.phase {
-            if self.est.samples() >= SYNC_SAMPLES {
-                self.end_sync(now);
-            } else {
-                self.ping(now);
+    /// Carries out what the membership asked for.
+    fn take_member(&mut self) {
+        while let Some(a) = self.member.poll_action() {
+            match a {
+                member::Action::Connect(addr) => self.out.push_back(Action::Connect(addr)),
+                member::Action::Send(c, m) => self.out.push_back(Action::Send(c, m)),
+                member::Action::Close(c, why) => self.out.push_back(Action::Close(c, why)),
+                member::Action::SetClock { offset, error } => {
+                    self.out.push_back(Action::SetClock { offset, error })
+                }
+                member::Action::Joined { gpu_ids, away, .. } => self.joined(gpu_ids, away),
+                member::Action::Lost(why) => self.lost(why),
             }
         }
     }
 
-    fn registered(&mut self, now: Time, heartbeat_ms: u32, gpu_ids: Vec<GpuId>) {
-        if self.phase != Phase::Registering || gpu_ids.len() != self.gpus.len() {
+    fn joined(&mut self, gpu_ids: Vec<GpuId>, away: Option<Dur>) {
+        if gpu_ids.len() != self.gpus.len() {
+            // Not an answer to our Register: a broken scheduler.
             self.counts.unexpected += 1;
-            return;
+            tracing::warn!(
+                got = gpu_ids.len(),
+                have = self.gpus.len(),
+                "backend: RegisterAck with the wrong number of GPUs"
+            );
         }
-        self.heartbeat = Dur::from_ms(heartbeat_ms.clamp(1, 60_000) as i64);
-        self.next_ping = self.next_ping.min(now + self.heartbeat);
         self.gpu_map = gpu_ids.iter().enumerate().map(|(i, &g)| (g, i)).collect();
-        self.phase = Phase::Ready;
-        self.out.push_back(Action::Ready(gpu_ids));
+        self.out.push_back(Action::Ready {
+            gpus: gpu_ids,
+            away,
+        });
+    }
+
+    /// The scheduler is lost: the session's GPU ids, plans in flight and
+    /// frontends are void; the models stay loaded.
+    fn lost(&mut self, why: String) {
+        self.gpu_map.clear();
+        self.loading.clear();
+        self.loading_info.clear();
+        // A new scheduler has a new clock: the delays measured across it are void.
+        self.plan_delay = Delays::new(PLAN_DELAYS_MAX);
+        let mut fes: Vec<(NodeId, ConnId)> = self.frontends.drain().collect();
+        fes.sort_unstable();
+        self.fe_conns.clear();
+        self.out.push_back(Action::Lost(why));
+        for (node, conn) in fes {
+            self.out.push_back(Action::Detach {
+                node,
+                conn: Some(conn),
+            });
+        }
+    }
+
+    fn send(&mut self, m: Msg) {
+        if let Some(c) = self.member.conn() {
+            self.out.push_back(Action::Send(c, m));
+        }
     }
 
     fn load(&mut self, model: ModelInfo) {
+        if let Some((info, bytes)) = self.loaded.get(&model.id) {
+            if *info == model {
+                // Still on the GPUs from before a rejoin.
+                let bytes = *bytes;
+                return self.model_loaded(model.id, true, String::new(), bytes);
+            }
+        }
         match crate::node::exec::profile_of(&model.profile) {
             Err(e) => self.model_loaded(model.id, false, format!("{e:#}"), 0),
             Ok(p) => {
                 self.max_input = self.max_input.max(model.input_bytes);
                 self.loaded.remove(&model.id);
                 self.loading.insert(model.id, (self.gpus.len() as u32, 0));
+                self.loading_info.insert(model.id, model.clone());
                 self.out.push_back(Action::Load(model, p));
             }
         }
@@ -508,7 +476,7 @@ impl BackendProto {
         let gpu = self.gpu_map.get(&plan.gpu).copied();
         let why = match gpu {
             None => Some(format!("GPU {} is not this backend's", plan.gpu)),
-            Some(_) if !self.loaded.contains(&plan.model) => {
+            Some(_) if !self.loaded.contains_key(&plan.model) => {
                 Some(format!("model {} is not loaded here", plan.model))
             }
             Some(_) if (plan.exec_at - sched_now).0.saturating_abs() > check::MAX_SLO.0 => {
@@ -798,6 +766,11 @@ mod tests {
             .collect()
     }
 
+    fn new_proto(n: u32) -> BackendProto {
+        let addrs = vec!["sched".to_string()];
+        BackendProto::new(ms(0), 1, addrs, "be".into(), gpus(n), Dur::from_ms(500))
+    }
+
     fn drain(p: &mut BackendProto) -> Vec<Action> {
         std::iter::from_fn(|| p.poll_action()).collect()
     }
@@ -829,7 +802,7 @@ mod tests {
     /// A backend with 2 GPUs (global ids 10, 11), registered, with model 0
     /// loaded on both.
     fn ready() -> BackendProto {
-        let mut p = BackendProto::new(ms(0), 1, "be".into(), gpus(2), Dur::from_ms(500));
+        let mut p = new_proto(2);
         for i in 0..SYNC_SAMPLES as i64 {
             pong(&mut p, ms(i + 1), ms(i));
         }
@@ -864,7 +837,7 @@ mod tests {
         )));
         assert!(acts
             .iter()
-            .any(|a| matches!(a, Action::Ready(g) if g == &vec![GpuId(10), GpuId(11)])));
+            .any(|a| matches!(a, Action::Ready { gpus, away: None } if gpus == &vec![GpuId(10), GpuId(11)])));
         p
     }
 
@@ -892,31 +865,124 @@ mod tests {
     }
 
     #[test]
-    fn a_scheduler_that_never_answers_ends_the_sync() {
-        let mut p = BackendProto::new(ms(0), 1, "be".into(), gpus(1), Dur::from_ms(500));
+    fn a_scheduler_that_never_answers_is_left_and_tried_again() {
+        let mut p = new_proto(1);
         let mut now = ms(0);
-        while !p.is_gone() {
+        let mut acts = Vec::new();
+        while !acts.iter().any(|a| matches!(a, Action::Connect(_))) {
             now = p.poll_timeout();
             p.handle_timeout(now);
+            acts.extend(drain(&mut p));
         }
-        assert_eq!(now, Time(0) + SYNC_MAX);
-        let acts = drain(&mut p);
         let pings = acts
             .iter()
             .filter(|a| matches!(a, Action::Send(1, Msg::Ping { .. })))
             .count();
-        assert_eq!(pings, 10, "a ping every 200 ms for 2 s");
-        assert!(matches!(acts.last(), Some(Action::Exit(w)) if w.contains("does not answer")));
+        assert_eq!(pings, 3, "a ping every 200 ms until the 500 ms timeout");
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::Lost(w) if w.contains("does not answer"))));
+        assert!(acts.iter().any(|a| matches!(a, Action::Close(1, _))));
+        // The first retry after about the shortest backoff.
+        let lost_at = ms(500);
+        assert!(now >= lost_at + Dur(member::BACKOFF_MIN.0 * 3 / 4));
+        assert!(now <= lost_at + Dur(member::BACKOFF_MIN.0 * 5 / 4));
+        assert!(matches!(acts.last(), Some(Action::Connect(a)) if a == "sched"));
+        assert_eq!(p.poll_timeout(), Time::NEVER, "waits for the connection");
+        // It cannot connect: the next wait is longer.
+        p.handle_sched_connect_failed(now, "refused");
+        let next = p.poll_timeout();
+        assert!(next - now >= Dur(member::BACKOFF_MIN.0 * 2 * 3 / 4));
     }
 
     #[test]
-    fn a_silent_scheduler_is_left() {
+    fn a_silent_scheduler_is_left_and_the_backend_rejoins_with_its_models() {
         let mut p = ready();
+        p.handle_connected(2, 40);
         p.handle_timeout(ms(600));
         let acts = drain(&mut p);
         assert!(acts.iter().any(|a| matches!(a, Action::Close(1, _))));
-        assert!(matches!(acts.last(), Some(Action::Exit(_))));
-        assert_eq!(p.poll_timeout(), Time::NEVER);
+        assert!(acts.iter().any(|a| matches!(a, Action::Lost(_))));
+        assert!(
+            acts.iter().any(|a| matches!(
+                a,
+                Action::Detach {
+                    node: 2,
+                    conn: Some(40)
+                }
+            )),
+            "frontends are detached: {acts:?}"
+        );
+        assert!(!p.is_ready());
+        assert_eq!(p.sched_conn(), None);
+        // A plan for the old session's GPU is refused now.
+        let t = p.poll_timeout();
+        p.handle_timeout(t);
+        assert!(matches!(drain(&mut p)[..], [Action::Connect(_)]));
+        p.handle_sched_connected(t, 7);
+        // Clock sync on the new connection, then Register.
+        for i in 0..SYNC_SAMPLES as i64 {
+            let sent = t + Dur::from_ms(i);
+            let pong = Msg::Pong {
+                seq: 0,
+                echo: sent,
+                sched: sent + Dur::from_us(3),
+            };
+            p.handle_msg(t + Dur::from_ms(i + 1), 7, pong);
+        }
+        let acts = drain(&mut p);
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::Send(7, Msg::Register { .. }))));
+        // The same model again: confirmed at once, not loaded again.
+        p.handle_msg(t + Dur::from_ms(20), 7, Msg::LoadModel { model: model(0) });
+        let acts = drain(&mut p);
+        assert!(
+            matches!(
+                &acts[..],
+                [Action::Send(
+                    7,
+                    Msg::ModelLoaded {
+                        ok: true,
+                        device_bytes: 9,
+                        ..
+                    }
+                )]
+            ),
+            "{acts:?}"
+        );
+        // A model with another description is loaded.
+        let mut other = model(0);
+        other.input_bytes = 128;
+        p.handle_msg(t + Dur::from_ms(21), 7, Msg::LoadModel { model: other });
+        assert!(matches!(drain(&mut p)[..], [Action::Load(..)]));
+        let ack = Msg::RegisterAck {
+            node: 4,
+            heartbeat_ms: 50,
+            gpu_ids: vec![GpuId(12), GpuId(13)],
+            models: vec![],
+        };
+        p.handle_msg(t + Dur::from_ms(22), 7, ack);
+        let acts = drain(&mut p);
+        assert!(acts.iter().any(|a| matches!(
+            a,
+            Action::Ready { gpus, away: Some(d) } if gpus == &vec![GpuId(12), GpuId(13)] && *d > Dur::ZERO
+        )));
+        assert!(p.is_ready());
+        assert_eq!(p.member_counts().joins, 2);
+        assert_eq!(p.member_counts().lost, 1);
+    }
+
+    #[test]
+    fn the_old_scheduler_connection_is_not_heard_after_a_loss() {
+        let mut p = ready();
+        p.handle_closed(ms(30), 1, "reset");
+        let acts = drain(&mut p);
+        assert!(acts.iter().any(|a| matches!(a, Action::Lost(_))));
+        // A late plan on the old connection: closed, not queued.
+        p.handle_msg(ms(31), 1, plan_msg(10, 0, ms(40)));
+        let acts = drain(&mut p);
+        assert!(matches!(&acts[..], [Action::Close(1, _)]), "{acts:?}");
     }
 
     #[test]

@@ -163,6 +163,13 @@ impl<C> RequestLedger<C> {
         }
     }
 
+    /// The frontend's node id from now on (it registered again and was given a
+    /// new one): new requests' ids carry it; pending ones keep theirs, so their
+    /// answers still match. Sequence numbers go on, so no id is given twice.
+    pub fn set_node(&mut self, node: NodeId) {
+        self.node = node;
+    }
+
     pub fn len(&self) -> usize {
         self.pending.len()
     }

@@ -23,5 +23,6 @@
 pub mod backend;
 pub mod check;
 pub mod ledger;
+pub mod member;
 pub mod plans;
 pub mod sched;
