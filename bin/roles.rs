@@ -315,8 +315,17 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
     let ids = b.wait_ready(Duration::from_secs(30))?;
     announce(format!("fermata backend ready: GPUs {ids:?}"));
     let m = metrics_server("backend", &a.metrics_listen, vec![b.metrics()])?;
+    // The backend rejoins on its own when it loses the scheduler; each return
+    // is announced like the first start.
+    let mut rejoins = 0;
     while !signalled() && !b.is_finished() {
         std::thread::sleep(Duration::from_millis(20));
+        if b.rejoins() > rejoins {
+            rejoins = b.rejoins();
+            announce(format!(
+                "fermata backend back in service (rejoin {rejoins})"
+            ));
+        }
     }
     if let Some(m) = m {
         m.stop();
@@ -374,8 +383,15 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     if let Some(h) = f.http_addr() {
         announce(format!("fermata frontend HTTP API listening on {h}"));
     }
+    let mut rejoins = 0;
     while !signalled() && !f.is_finished() {
         std::thread::sleep(Duration::from_millis(20));
+        if f.rejoins() > rejoins {
+            rejoins = f.rejoins();
+            announce(format!(
+                "fermata frontend back in service (rejoin {rejoins})"
+            ));
+        }
     }
     let rep = f.stop();
     announce(serde_json::to_string(&rep)?);

@@ -182,3 +182,33 @@ fn the_network_budget_follows_jitter_and_shrugs_off_stalls() {
         assert!(bad(&calm) < 0.01 && bad(&stalled) < 0.02, "seed {seed}");
     }
 }
+
+/// Nodes cut off from the scheduler (partitions) or stopped past the timeouts
+/// (pauses) come back into service on their own: every run ends with each live
+/// node registered (checked inside the run), and the rejoins are counted with
+/// the time each node was out of service.
+#[test]
+fn nodes_rejoin_after_partitions_and_pauses() {
+    let w = workload();
+    let (mut rejoins, mut partitions, mut times) = (0, 0, Vec::new());
+    for seed in 0..50 {
+        for faults in [Faults::Partition, Faults::Crash] {
+            let r = ClusterSim::new(&w, opts(seed, faults)).run();
+            assert!(r.violation.is_none(), "seed {seed}: {:?}", r.violation);
+            assert_eq!(r.rejoin_ms.len() as u64, r.rejoins);
+            rejoins += r.rejoins;
+            partitions += r.partitions;
+            times.extend(r.rejoin_ms);
+        }
+    }
+    assert!(partitions > 0);
+    assert!(
+        rejoins >= partitions,
+        "each partition sends a node away: {rejoins} rejoins, {partitions} partitions"
+    );
+    // Back within the backoff, the clock sync and the registration: most
+    // within a few hundred ms (a pause during the rejoin adds its length).
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    assert!(median > 0.0 && median < 300.0, "median {median} ms");
+}

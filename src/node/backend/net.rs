@@ -40,7 +40,8 @@ pub(super) struct NetLoop {
 }
 
 impl NetLoop {
-    /// Runs the loop on its own thread until `stop` or the scheduler is lost.
+    /// Runs the loop on its own thread until `stop` (a lost scheduler is
+    /// rejoined, see [`BackendProto`]).
     pub(super) fn spawn(
         mut self,
         rx: Receiver<Event>,

@@ -103,6 +103,17 @@ impl BackendNode {
         self.shared.registry.clone()
     }
 
+    /// In service now: registered with the scheduler, its GPUs acknowledged
+    /// (false while it rejoins after losing the scheduler).
+    pub fn in_service(&self) -> bool {
+        self.shared.in_service.load(Ordering::Acquire)
+    }
+
+    /// Times the backend lost the scheduler and joined again.
+    pub fn rejoins(&self) -> u64 {
+        self.shared.rejoins.load(Ordering::Relaxed)
+    }
+
     /// Plans received and not yet ended (pulling, waiting or running).
     pub fn plans_in_flight(&self) -> u64 {
         let s = &self.shared;
@@ -111,7 +122,7 @@ impl BackendNode {
             .saturating_sub(s.plans_ended.load(Ordering::Relaxed))
     }
 
-    /// Whether the network loop has ended (scheduler lost, or stopped).
+    /// Whether the network loop has ended (stopped; a lost scheduler is rejoined).
     pub fn is_finished(&self) -> bool {
         self.handle.as_ref().is_none_or(|h| h.is_finished())
     }
@@ -135,7 +146,8 @@ impl BackendNode {
         self.finish()
     }
 
-    /// Runs until the network loop ends (the scheduler is lost or closes us).
+    /// Runs until the network loop ends (its event channel closed; a lost
+    /// scheduler does not end it: the backend rejoins).
     pub fn join(mut self) -> BackendReport {
         let mut r = match self.handle.take().map(|h| h.join()) {
             Some(Ok(Err(e))) => Some(format!("{e:#}")),

@@ -1,7 +1,8 @@
 //! The frontend's event loop (thread `frontend`): one thread for the scheduler's
 //! connection, the clients' connections, the backends' result pushes and the
-//! in-process requests. It batches tasks into `Submit` messages, pings the
-//! scheduler and notices when it is lost, sweeps requests past their deadline
+//! in-process requests. It batches tasks into `Submit` messages, drives the
+//! membership ([`Member`]: heartbeats, and rejoining when the scheduler is
+//! lost), sweeps requests past their deadline
 //! plus grace, refreshes the per-model bad rates, and at stop ends every request
 //! still pending and returns the [`FrontendReport`]. Admission and answers are in
 //! `requests.rs`.
@@ -270,6 +271,7 @@ impl Loop {
         }
         self.ledger.set_node(node);
         self.report.rejoins += 1;
+        self.state.rejoins.fetch_add(1, Ordering::Relaxed);
         self.state.sched_ok.store(true, Ordering::Release);
         tracing::info!(
             node,

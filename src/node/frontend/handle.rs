@@ -11,7 +11,7 @@ use crate::node::clock::Delays;
 use crate::runtime::clock::Clock;
 use crate::wire::{DropReason, ModelInfo};
 use crossbeam_channel::{Sender, TrySendError};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -73,6 +73,8 @@ pub(super) struct FrontendState {
     models: Vec<ModelInfo>,
     pub(super) sched_ok: AtomicBool,
     pub(super) gpus: AtomicU32,
+    /// Times the frontend lost the scheduler and joined again.
+    pub(super) rejoins: AtomicU64,
     registry: Arc<Registry>,
     tx: Sender<LocalInfer>,
     /// Requests refused because `tx` was full.
@@ -105,6 +107,7 @@ impl FrontendState {
             models,
             sched_ok: AtomicBool::new(true),
             gpus: AtomicU32::new(gpus),
+            rejoins: AtomicU64::new(0),
             local_full: queue_full_counter(&registry),
             registry,
             tx,

@@ -113,6 +113,11 @@ impl FrontendNode {
             .unwrap_or_default()
     }
 
+    /// Times the frontend lost the scheduler and joined again.
+    pub fn rejoins(&self) -> u64 {
+        self.shared.state.rejoins.load(Ordering::Relaxed)
+    }
+
     pub fn is_finished(&self) -> bool {
         self.handle.as_ref().is_none_or(|h| h.is_finished())
     }

@@ -487,3 +487,124 @@ fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: i64) -> Time {
+        Time(v * 1_000_000)
+    }
+
+    fn drain(m: &mut Member) -> Vec<Action> {
+        std::iter::from_fn(|| m.poll_action()).collect()
+    }
+
+    fn member(addrs: &[&str]) -> Member {
+        let reg = Msg::Register {
+            role: crate::wire::Role::Frontend,
+            name: "fe".into(),
+            gpus: vec![],
+            ctrl_addr: String::new(),
+            region: None,
+        };
+        let addrs = addrs.iter().map(|s| s.to_string()).collect();
+        Member::new(ms(0), 1, addrs, reg, Dur::from_ms(500))
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_its_cap_with_bounded_jitter() {
+        for attempt in 0..30 {
+            let base = (BACKOFF_MIN.0 << attempt.min(20)).min(BACKOFF_MAX.0) as f64;
+            for seed in 0..20 {
+                let d = backoff(attempt, seed).0 as f64;
+                assert!(
+                    d >= 0.75 * base && d <= 1.25 * base,
+                    "{attempt} {seed}: {d}"
+                );
+            }
+        }
+        // Jitter: nodes that lost the scheduler together spread out.
+        let spread: std::collections::HashSet<i64> = (0..20).map(|s| backoff(0, s).0).collect();
+        assert!(spread.len() > 10);
+    }
+
+    #[test]
+    fn a_lost_scheduler_is_retried_at_the_next_address_until_one_answers() {
+        let mut m = member(&["a", "b"]);
+        m.handle_closed(ms(1), 1, "reset");
+        let acts = drain(&mut m);
+        assert!(matches!(
+            &acts[..],
+            [Action::Send(1, Msg::Ping { .. }), Action::Lost(_)]
+        ));
+        assert!(!m.is_ready());
+        let t = m.poll_timeout();
+        m.handle_timeout(t);
+        assert_eq!(drain(&mut m), vec![Action::Connect("b".into())]);
+        m.handle_connect_failed(t, "refused");
+        let t2 = m.poll_timeout();
+        assert!(t2 - t >= Dur(BACKOFF_MIN.0 * 2 * 3 / 4), "the wait grows");
+        m.handle_timeout(t2);
+        assert_eq!(drain(&mut m), vec![Action::Connect("a".into())]);
+        m.handle_connected(t2, 9);
+        // A new clock sync on the new connection, then the registration and the
+        // ack (the node's first join: no time away to report).
+        for i in 0..SYNC_SAMPLES as i64 {
+            let sent = t2 + Dur::from_ms(i);
+            let pong = Msg::Pong {
+                seq: 0,
+                echo: sent,
+                sched: Time(77),
+            };
+            assert_eq!(m.handle_msg(sent + Dur::from_us(10), pong), None);
+        }
+        let acts = drain(&mut m);
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::Send(9, Msg::Register { .. }))));
+        let ack = Msg::RegisterAck {
+            node: 5,
+            gpu_ids: vec![],
+            models: vec![],
+            heartbeat_ms: 100,
+        };
+        let now = t2 + Dur::from_ms(20);
+        assert_eq!(m.handle_msg(now, ack), None);
+        let acts = drain(&mut m);
+        assert!(acts.iter().any(|a| matches!(
+            a,
+            Action::Joined {
+                node: 5,
+                away: None,
+                ..
+            }
+        )));
+        assert!(m.is_ready());
+        // Other messages go to the owner now.
+        assert_eq!(
+            m.handle_msg(now, Msg::Capacity { gpus: 3 }),
+            Some(Msg::Capacity { gpus: 3 })
+        );
+        assert_eq!(m.counts().joins, 1);
+        assert_eq!(m.counts().lost, 1);
+        assert_eq!(m.counts().connect_failures, 1);
+    }
+
+    #[test]
+    fn nothing_is_handed_on_while_away_and_stale_connections_are_closed() {
+        let mut m = member(&["a"]);
+        m.handle_msg(
+            ms(1),
+            Msg::Error {
+                message: "no".into(),
+            },
+        );
+        drain(&mut m);
+        assert_eq!(m.handle_msg(ms(2), Msg::Capacity { gpus: 1 }), None);
+        assert_eq!(m.counts().unexpected, 1);
+        // A connection the member did not ask for is closed.
+        m.handle_connected(ms(3), 4);
+        assert_eq!(drain(&mut m), vec![Action::Close(4, "not wanted".into())]);
+    }
+}

@@ -1,0 +1,161 @@
+//! Nodes that lose the scheduler come back on their own, as real processes on
+//! loopback: a backend stopped (`SIGSTOP`) past every heartbeat timeout rejoins
+//! when it resumes; after the scheduler is killed (`SIGKILL`) and started again
+//! on its address, the backend and the frontend register again and serve.
+//! Meanwhile every request the load generator sent gets an answer.
+
+use fermata::core::Dur;
+use fermata::harness::loadgen::{self, LoadReport, LoadgenOpts};
+use fermata::harness::procs::{Proc, ProcCluster, ProcOpts};
+use fermata::transport::tcp::Tcp;
+use fermata::workload::Workload;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WORKLOAD: &str = r#"
+name = "rejoin"
+gpus = 2
+rate_rps = 100
+[[models]]
+name = "mlp"
+alpha_ms = 0.2
+beta_ms = 1.0
+slo_ms = 30
+input_bytes = 256
+"#;
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
+}
+
+fn cluster(dir: &Path) -> (ProcCluster, Workload, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("w.toml");
+    std::fs::write(&path, WORKLOAD).unwrap();
+    let w = Workload::from_file(&path).unwrap();
+    let c = ProcCluster::start(
+        &exe(),
+        &ProcOpts {
+            workload: path.clone(),
+            backend_gpus: vec![2],
+            frontends: 1,
+            model_threads: 1,
+            input_bytes: None,
+            rank_spin_us: 0,
+            model_spin_us: 0,
+            scheduler_args: vec![],
+            verbose: false,
+        },
+    )
+    .unwrap();
+    (c, w, path)
+}
+
+fn load(c: &ProcCluster, w: &Workload, secs: f64) -> LoadReport {
+    let mut lo = LoadgenOpts::new(c.frontend_addrs.clone(), w);
+    lo.rate_rps = 100.0;
+    lo.warmup = Dur::ZERO;
+    lo.duration = Dur::from_secs_f64(secs);
+    loadgen::run(Arc::new(Tcp::new().unwrap()), w, &lo).unwrap()
+}
+
+/// Load until a run of it is served well (the cluster is back), at most `max`.
+fn served_again(c: &ProcCluster, w: &Workload, max: Duration) -> LoadReport {
+    let t0 = Instant::now();
+    loop {
+        let r = load(c, w, 0.5);
+        assert_eq!(r.unanswered, 0, "every request is answered");
+        if r.sim.offered() > 20 && r.sim.bad_rate() < 0.05 {
+            return r;
+        }
+        assert!(
+            t0.elapsed() < max,
+            "not served again within {max:?}: bad rate {}",
+            r.sim.bad_rate()
+        );
+    }
+}
+
+#[test]
+fn a_backend_stopped_past_the_timeouts_rejoins_when_it_resumes() {
+    let dir = std::env::temp_dir().join(format!("fermata-rejoin-be-{}", std::process::id()));
+    let (mut c, w, _) = cluster(&dir);
+    served_again(&c, &w, Duration::from_secs(10));
+    // Stopped for longer than the scheduler's node timeout (1 s) and the
+    // backend's own scheduler timeout (2 s): both give the other up.
+    c.backends[0].signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(2500));
+    c.backends[0].signal(libc::SIGCONT);
+    c.backends[0]
+        .wait_for("the backend's rejoin", Duration::from_secs(15), |l| {
+            l.starts_with("fermata backend back in service")
+                .then(|| l.to_string())
+        })
+        .unwrap();
+    let r = served_again(&c, &w, Duration::from_secs(10));
+    assert_eq!(r.duplicates, 0);
+    let reps = c.stop();
+    let b = reps.backends[0].as_ref().expect("backend report");
+    assert_eq!(b["rejoins"], 1, "{b}");
+    assert!(b["error"].is_null(), "{b}");
+    let s = reps.scheduler.expect("scheduler report");
+    assert_eq!(s["backends_registered"], 2, "registered, then again");
+    assert_eq!(s["backends_lost"], 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
+    let dir = std::env::temp_dir().join(format!("fermata-rejoin-sc-{}", std::process::id()));
+    let (mut c, w, path) = cluster(&dir);
+    served_again(&c, &w, Duration::from_secs(10));
+    c.scheduler.signal(libc::SIGKILL);
+    let _ = c.scheduler.child.wait();
+    // No scheduler: requests fail at once, each answered.
+    std::thread::sleep(Duration::from_millis(200));
+    let r = load(&c, &w, 0.3);
+    assert_eq!(r.unanswered, 0);
+    assert!(r.sim.bad_rate() > 0.99, "no scheduler, no service");
+    // A new scheduler on the same address.
+    let args: Vec<String> = [
+        "scheduler",
+        "--workload",
+        &path.to_string_lossy(),
+        "--listen",
+        &c.scheduler_addr,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut s2 = Proc::spawn(&exe(), "scheduler2", &args, false).unwrap();
+    s2.wait_for("listening", Duration::from_secs(20), |l| {
+        l.starts_with("fermata scheduler listening on")
+            .then(|| l.to_string())
+    })
+    .unwrap();
+    c.scheduler = s2;
+    for (p, what) in [
+        (&mut c.backends[0], "fermata backend back in service"),
+        (&mut c.frontends[0], "fermata frontend back in service"),
+    ] {
+        p.wait_for(what, Duration::from_secs(15), |l| {
+            l.starts_with(what).then(|| l.to_string())
+        })
+        .unwrap();
+    }
+    served_again(&c, &w, Duration::from_secs(10));
+    let reps = c.stop();
+    let f = reps.frontends[0].as_ref().expect("frontend report");
+    assert_eq!(f["rejoins"], 1, "{f}");
+    let n = |k: &str| f[k].as_u64().unwrap();
+    assert_eq!(
+        n("good") + n("late") + n("dropped") + n("failed"),
+        n("requests"),
+        "every request the frontend took ended once"
+    );
+    let s = reps.scheduler.expect("the new scheduler's report");
+    assert_eq!(s["backends_registered"], 1);
+    assert_eq!(s["frontends_registered"], 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
