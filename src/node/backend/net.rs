@@ -134,7 +134,6 @@ impl NetLoop {
                 Action::Detach { node, conn } => self.detach(node, conn),
                 Action::Queue { gpu, plan } => self.queue(gpu, plan),
                 Action::Ready { gpus, away } => {
-                    self.shared.in_service.store(true, Ordering::Release);
                     if let Some(away) = away {
                         self.shared.rejoins.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(away_ms = away.as_ms_f64(), gpus = ?gpus, "backend: back in service");
@@ -146,7 +145,6 @@ impl NetLoop {
                 Action::Lost(why) => {
                     // Plans queued so far are void (see `worker::void`).
                     self.shared.session.fetch_add(1, Ordering::AcqRel);
-                    self.shared.in_service.store(false, Ordering::Release);
                     tracing::warn!(reason = %why, "backend: lost the scheduler; its plans are void, rejoining");
                 }
                 Action::Connect(addr) => self.reconnect(&addr),

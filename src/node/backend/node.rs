@@ -103,12 +103,6 @@ impl BackendNode {
         self.shared.registry.clone()
     }
 
-    /// In service now: registered with the scheduler, its GPUs acknowledged
-    /// (false while it rejoins after losing the scheduler).
-    pub fn in_service(&self) -> bool {
-        self.shared.in_service.load(Ordering::Acquire)
-    }
-
     /// Times the backend lost the scheduler and joined again.
     pub fn rejoins(&self) -> u64 {
         self.shared.rejoins.load(Ordering::Relaxed)

@@ -26,8 +26,6 @@ pub(super) struct Shared {
     /// The scheduler session: counts the times the scheduler was lost, so
     /// plans of an earlier session are known void.
     pub(super) session: AtomicU64,
-    /// In service (registered with the scheduler, its GPUs acknowledged).
-    pub(super) in_service: AtomicBool,
     /// Times the backend rejoined after losing the scheduler.
     pub(super) rejoins: AtomicU64,
     /// Plans void when they reached the worker (the scheduler was lost since).
@@ -86,7 +84,6 @@ impl Shared {
             clock,
             sched: RwLock::new(sched),
             session: AtomicU64::new(0),
-            in_service: AtomicBool::new(false),
             rejoins: AtomicU64::new(0),
             plans_void: AtomicU64::new(0),
             frontends: RwLock::new(HashMap::new()),

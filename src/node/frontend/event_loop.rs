@@ -10,7 +10,7 @@
 use super::handle::{FrontendState, LocalInfer};
 use super::metrics::{LoopMetrics, ModelStats};
 use super::options::FrontendOpts;
-use super::register::Registered;
+use super::register::{carry, Registered};
 use super::report::FrontendReport;
 use super::requests::Client;
 use super::Ended;
@@ -218,18 +218,10 @@ impl Loop {
     /// and the frontend's service state as it leaves and rejoins.
     fn apply_member(&mut self) {
         while let Some(a) = self.member.poll_action() {
+            let Some(a) = carry(a, &*self.sched, &self.clock) else {
+                continue;
+            };
             match a {
-                member::Action::Send(c, m) => {
-                    if c == self.sched_id {
-                        let _ = self.sched.send(m);
-                    }
-                }
-                member::Action::Close(c, why) => {
-                    if c == self.sched_id {
-                        self.sched.close(&why);
-                    }
-                }
-                member::Action::SetClock { offset, error } => self.clock.set(offset.0, error.0),
                 member::Action::Connect(addr) => {
                     let now = self.clock.local().now();
                     match self.transport.connect(&addr, self.events.clone()) {
@@ -245,6 +237,10 @@ impl Loop {
                     node, models, away, ..
                 } => self.rejoined(node, &models, away),
                 member::Action::Lost(why) => self.scheduler_lost(why),
+                // Carried out above.
+                member::Action::Send(..)
+                | member::Action::Close(..)
+                | member::Action::SetClock { .. } => {}
             }
         }
     }
@@ -270,7 +266,6 @@ impl Loop {
             return;
         }
         self.ledger.set_node(node);
-        self.report.rejoins += 1;
         self.state.rejoins.fetch_add(1, Ordering::Relaxed);
         self.state.sched_ok.store(true, Ordering::Release);
         tracing::info!(
@@ -333,6 +328,7 @@ impl Loop {
         self.report.dropped += c.dropped;
         self.report.failed += c.failed;
         self.report.timed_out += c.timed_out;
+        self.report.rejoins = self.state.rejoins.load(Ordering::Relaxed);
         self.report.stray_answers += c.stray_answers;
         self.report.clock_offset_us = self.clock.offset().as_us_f64();
         self.report.clock_error_us = self.clock.error_bound().as_us_f64();

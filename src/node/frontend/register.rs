@@ -10,7 +10,7 @@ use crate::node::clock::SchedClock;
 use crate::node::proto::member::{self, Member};
 use crate::transport::{Conn, Event, EventTx, Transport};
 use crate::wire::{ModelInfo, Msg, NodeId, RegionInfo, Role};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +30,31 @@ pub(super) struct Registered {
     pub(super) gpus: u32,
     /// Events that came meanwhile, for the event loop.
     pub(super) early: Vec<Event>,
+}
+
+/// Carries out a membership action that concerns only the scheduler's
+/// connection `sched` or the `clock` (sends, closes, the offset); hands back
+/// the others (connect, joined, lost) for the caller.
+pub(super) fn carry(
+    a: member::Action,
+    sched: &dyn Conn,
+    clock: &SchedClock,
+) -> Option<member::Action> {
+    match a {
+        member::Action::Send(c, m) => {
+            if c == sched.id() {
+                let _ = sched.send(m);
+            }
+        }
+        member::Action::Close(c, why) => {
+            if c == sched.id() {
+                sched.close(&why);
+            }
+        }
+        member::Action::SetClock { offset, error } => clock.set(offset.0, error.0),
+        other => return Some(other),
+    }
+    None
 }
 
 /// The `Register` of this frontend.
@@ -72,17 +97,14 @@ pub(super) fn register(
     let mut gpus = None;
     loop {
         while let Some(a) = member.poll_action() {
-            match a {
-                member::Action::Send(_, m) => sched
-                    .send(m)
-                    .map_err(|e| anyhow!("cannot register with the scheduler: {e}"))?,
-                member::Action::Close(_, why) => sched.close(&why),
-                member::Action::SetClock { offset, error } => clock.set(offset.0, error.0),
-                member::Action::Joined { node, models, .. } => joined = Some((node, models)),
-                member::Action::Lost(why) => {
+            // A send that fails closes the connection: the member hears of it.
+            match carry(a, &*sched, clock) {
+                None => {}
+                Some(member::Action::Joined { node, models, .. }) => joined = Some((node, models)),
+                Some(member::Action::Lost(why)) => {
                     bail!("cannot join the scheduler at {}: {why}", opts.scheduler)
                 }
-                member::Action::Connect(_) => {}
+                Some(_) => {}
             }
         }
         if let (Some((node, models)), Some(gpus)) = (&joined, gpus) {

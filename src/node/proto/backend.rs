@@ -101,6 +101,16 @@ pub struct ProtoCounts {
     pub unexpected: u64,
 }
 
+/// A model being loaded on every GPU.
+struct Loading {
+    /// Its description, kept once every GPU has it.
+    info: ModelInfo,
+    /// GPUs that have not confirmed it yet.
+    gpus_left: u32,
+    /// The largest device footprint reported so far.
+    bytes: u64,
+}
+
 /// The backend's membership, health and plan checks (see the module docs).
 /// Times passed in are on the backend's own clock.
 pub struct BackendProto {
@@ -109,13 +119,11 @@ pub struct BackendProto {
     /// Global GPU id -> local index (this session's).
     gpu_map: HashMap<GpuId, usize>,
     plan_delay: Delays,
-    /// Model -> GPUs still loading it, and the largest footprint reported so far.
-    loading: HashMap<ModelId, (u32, u64)>,
+    /// The models being loaded.
+    loading: HashMap<ModelId, Loading>,
     /// The models every GPU holds, as they were described, with their footprint
     /// (kept across rejoins: the GPUs keep them).
     loaded: HashMap<ModelId, (ModelInfo, u64)>,
-    /// The description of each model being loaded.
-    loading_info: HashMap<ModelId, ModelInfo>,
     /// Largest input of the models loaded (bytes).
     max_input: u32,
     frontends: HashMap<NodeId, ConnId>,
@@ -152,7 +160,6 @@ impl BackendProto {
             plan_delay: Delays::new(PLAN_DELAYS_MAX),
             loading: HashMap::new(),
             loaded: HashMap::new(),
-            loading_info: HashMap::new(),
             max_input: 0,
             frontends: HashMap::new(),
             fe_conns: HashMap::new(),
@@ -275,19 +282,15 @@ impl BackendProto {
         match res {
             Err(error) => {
                 self.loading.remove(&model);
-                self.loading_info.remove(&model);
                 self.model_loaded(model, false, error, 0);
             }
             Ok(bytes) => {
-                entry.1 = entry.1.max(bytes.unwrap_or(0));
-                entry.0 -= 1;
-                if entry.0 == 0 {
-                    let bytes = entry.1;
-                    self.loading.remove(&model);
-                    if let Some(info) = self.loading_info.remove(&model) {
-                        self.loaded.insert(model, (info, bytes));
-                    }
-                    self.model_loaded(model, true, String::new(), bytes);
+                entry.bytes = entry.bytes.max(bytes.unwrap_or(0));
+                entry.gpus_left -= 1;
+                if entry.gpus_left == 0 {
+                    let done = self.loading.remove(&model).expect("entry");
+                    self.loaded.insert(model, (done.info, done.bytes));
+                    self.model_loaded(model, true, String::new(), done.bytes);
                 }
             }
         }
@@ -351,7 +354,6 @@ impl BackendProto {
             Msg::UnloadModel { model } => {
                 self.loaded.remove(&model);
                 self.loading.remove(&model);
-                self.loading_info.remove(&model);
                 self.out.push_back(Action::Unload(model));
             }
             Msg::FrontendUp {
@@ -418,7 +420,6 @@ impl BackendProto {
     fn lost(&mut self, why: String) {
         self.gpu_map.clear();
         self.loading.clear();
-        self.loading_info.clear();
         // A new scheduler has a new clock: the delays measured across it are void.
         self.plan_delay = Delays::new(PLAN_DELAYS_MAX);
         let mut fes: Vec<(NodeId, ConnId)> = self.frontends.drain().collect();
@@ -452,8 +453,12 @@ impl BackendProto {
             Ok(p) => {
                 self.max_input = self.max_input.max(model.input_bytes);
                 self.loaded.remove(&model.id);
-                self.loading.insert(model.id, (self.gpus.len() as u32, 0));
-                self.loading_info.insert(model.id, model.clone());
+                let loading = Loading {
+                    info: model.clone(),
+                    gpus_left: self.gpus.len() as u32,
+                    bytes: 0,
+                };
+                self.loading.insert(model.id, loading);
                 self.out.push_back(Action::Load(model, p));
             }
         }

@@ -127,7 +127,6 @@ pub struct Member {
     jitter_seed: u64,
     /// When the node last left service (None while in service).
     lost_at: Option<Time>,
-    ever_joined: bool,
     counts: MemberCounts,
     out: VecDeque<Action>,
 }
@@ -160,7 +159,6 @@ impl Member {
             attempt: 0,
             jitter_seed: fnv(name.as_bytes()),
             lost_at: None,
-            ever_joined: false,
             counts: MemberCounts::default(),
             out: VecDeque::new(),
         };
@@ -409,14 +407,10 @@ impl Member {
         self.next_ping = self.next_ping.min(now + self.heartbeat);
         self.phase = Phase::Ready;
         self.attempt = 0;
+        // Time away only for a rejoin (a failed first attempt is no absence).
+        let away = self.lost_at.take().filter(|_| self.counts.joins > 0);
+        let away = away.map(|t| now - t);
         self.counts.joins += 1;
-        let away = if self.ever_joined {
-            self.lost_at.map(|t| now - t)
-        } else {
-            None
-        };
-        self.ever_joined = true;
-        self.lost_at = None;
         self.out.push_back(Action::Joined {
             node,
             gpu_ids,
