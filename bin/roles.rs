@@ -502,6 +502,25 @@ fn print_load(
         r.duplicates,
         r.wrong_outputs
     );
+    for l in &r.lost {
+        let ex: Vec<String> = l
+            .examples
+            .iter()
+            .map(|(req, m)| format!("#{req} ({m})"))
+            .collect();
+        println!(
+            "frontend {} lost at {:.2} s ({}): {} requests never answered{}",
+            l.addr,
+            l.at_secs,
+            l.reason,
+            l.open,
+            if ex.is_empty() {
+                String::new()
+            } else {
+                format!(", e.g. {}", ex.join(", "))
+            }
+        );
+    }
     print!("{}", fermata::bench::sim_table(&r.sim));
     Ok(())
 }

@@ -159,3 +159,65 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
     assert_eq!(s["frontends_registered"], 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_load_generator_accounts_for_a_frontend_killed_under_it() {
+    let dir = std::env::temp_dir().join(format!("fermata-rejoin-fe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.toml");
+    std::fs::write(&path, WORKLOAD).unwrap();
+    let w = Workload::from_file(&path).unwrap();
+    let mut c = ProcCluster::start(
+        &exe(),
+        &ProcOpts {
+            workload: path.clone(),
+            backend_gpus: vec![2],
+            frontends: 2,
+            model_threads: 1,
+            input_bytes: None,
+            rank_spin_us: 0,
+            model_spin_us: 0,
+            scheduler_args: vec![],
+            verbose: false,
+        },
+    )
+    .unwrap();
+    served_again(&c, &w, Duration::from_secs(10));
+    let (c2, w2) = (c.frontend_addrs.clone(), w.clone());
+    let run = std::thread::spawn(move || {
+        let mut lo = LoadgenOpts::new(c2, &w2);
+        lo.rate_rps = 200.0;
+        lo.warmup = Dur::ZERO;
+        lo.duration = Dur::from_secs_f64(2.0);
+        loadgen::run(Arc::new(Tcp::new().unwrap()), &w2, &lo)
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    c.frontends[1].signal(libc::SIGKILL);
+    let r = run
+        .join()
+        .unwrap()
+        .expect("the run ends with its accounting");
+    assert_eq!(r.lost.len(), 1, "one frontend lost");
+    let l = &r.lost[0];
+    assert_eq!(l.addr, c.frontend_addrs[1]);
+    assert!(l.at_secs > 0.5 && l.at_secs < 2.0, "{l:?}");
+    assert!(l.examples.len() as u64 == l.open.min(5), "{l:?}");
+    let s = &r.sim;
+    let ended: u64 = s.models.iter().map(|m| m.good + m.late + m.dropped).sum();
+    assert_eq!(
+        ended,
+        s.offered(),
+        "every offered request is counted once (good, late, dropped/failed or unanswered)"
+    );
+    assert_eq!(r.unanswered, l.open, "only what the dead frontend held");
+    assert_eq!(r.duplicates, 0);
+    // The rest went to the live frontend and was served.
+    assert!(s.offered() > 300, "the run went on after the kill");
+    assert!(
+        s.bad_rate() < 0.2,
+        "after the kill the live frontend serves: bad {}",
+        s.bad_rate()
+    );
+    let _ = c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,8 +5,13 @@
 //!
 //! Every request is accounted for exactly once: a second answer for a request is
 //! counted as a duplicate; a request with no answer by the end of the drain is
-//! counted as unanswered (and as bad). With `verify`, outputs are checked against
-//! the emulated GPU's (the input's length and hash).
+//! counted as unanswered (and as bad). A frontend that closes its connection
+//! (it died, or shed the load generator) does not end the run: the requests open
+//! on it are counted as unanswered at once, named by frontend in
+//! [`LoadReport::lost`], and later arrivals go round-robin over the frontends
+//! still connected (with none left, they count as unanswered unsent). With
+//! `verify`, outputs are checked against the emulated GPU's (the input's length
+//! and hash).
 //!
 //! Real models (those the frontend lists with metadata, from a model repository)
 //! get valid inputs in the model's byte layout instead of random bytes: see
@@ -75,7 +80,28 @@ pub struct LoadReport {
     pub wrong_outputs: u64,
     /// How late requests were sent after their arrival time, p99 (us).
     pub send_lag_p99_us: f64,
+    /// The frontends whose connection ended before the run did, in the order
+    /// they went.
+    pub lost: Vec<LostFrontend>,
 }
+
+/// A frontend whose connection ended during the run, and what it took along.
+#[derive(Debug, Clone)]
+pub struct LostFrontend {
+    pub addr: String,
+    /// Why the connection ended, as the transport said.
+    pub reason: String,
+    /// Seconds into the run when it ended.
+    pub at_secs: f64,
+    /// Requests it had been sent and had not answered (all of them, window or
+    /// not); those in the measured window are in `unanswered` too.
+    pub open: u64,
+    /// The first few of those, for the log: (request id, model).
+    pub examples: Vec<(u64, String)>,
+}
+
+/// How many unanswered requests a lost frontend names.
+const LOST_EXAMPLES: usize = 5;
 
 impl LoadReport {
     pub fn json(&self, w: &Workload) -> serde_json::Value {
@@ -97,6 +123,24 @@ impl LoadReport {
             m.insert("duplicates".into(), self.duplicates.into());
             m.insert("wrong_outputs".into(), self.wrong_outputs.into());
             m.insert("send_lag_us_p99".into(), self.send_lag_p99_us.into());
+            m.insert(
+                "frontends_lost".into(),
+                self.lost
+                    .iter()
+                    .map(|l| {
+                        serde_json::json!({
+                            "frontend": l.addr,
+                            "reason": l.reason,
+                            "at_s": l.at_secs,
+                            "unanswered": l.open,
+                            "examples": l.examples.iter()
+                                .map(|(r, m)| serde_json::json!({"req": r, "model": m}))
+                                .collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .into(),
+            );
         }
         v
     }
@@ -122,6 +166,9 @@ impl Expect {
 struct Rec {
     model: u32,
     pool: u32,
+    /// The frontend it was sent to (an index into the connections), or
+    /// `NOT_SENT` when no frontend was left.
+    fe: u32,
     sent: Instant,
     in_window: bool,
     done: bool,
@@ -140,12 +187,15 @@ pub fn run(transport: Arc<dyn Transport>, w: &Workload, o: &LoadgenOpts) -> Resu
     let served = list_models(conns[0].as_ref(), &rx)?;
     let inputs = Inputs::new(w, o, &served)?;
     let mut d = Driver::new(w, o, conns, rx, inputs);
-    d.drive()?;
+    d.drive();
     Ok(d.finish(wall))
 }
 
 /// The connections to the frontends, in the order of their addresses.
 type Conns = Vec<Arc<dyn Conn>>;
+
+/// `Rec::fe` of a request no frontend was left to take.
+const NOT_SENT: u32 = u32::MAX;
 
 /// Connects to every frontend; their events come on the one receiver.
 fn connect(transport: &dyn Transport, o: &LoadgenOpts) -> Result<(Conns, Receiver<Event>)> {
@@ -262,6 +312,10 @@ struct Driver<'a> {
     lag: Histogram<u64>,
     /// Requests sent and not answered yet.
     open: u64,
+    /// Whether each connection is still up.
+    live: Vec<bool>,
+    /// The next connection to try (round-robin over the live ones).
+    next: usize,
     t0: Instant,
     last_arrival: Instant,
 }
@@ -290,8 +344,11 @@ impl<'a> Driver<'a> {
         let rep = empty_report(w, o);
         let lag = new_hist();
         let t0 = Instant::now() + Duration::from_millis(20);
+        let live = vec![true; conns.len()];
         Driver {
             o,
+            live,
+            next: 0,
             conns,
             rx,
             inputs,
@@ -309,11 +366,16 @@ impl<'a> Driver<'a> {
 
     /// Sends the arrivals as they fall due and takes the answers, until all
     /// are sent and answered (or the drain time has passed since the last).
-    fn drive(&mut self) -> Result<()> {
+    fn drive(&mut self) {
         loop {
             let now = Instant::now();
-            let rel = Time(now.saturating_duration_since(self.t0).as_nanos() as i64);
-            self.send_due(now, rel)?;
+            let mut rel = Time(now.saturating_duration_since(self.t0).as_nanos() as i64);
+            if !self.live.contains(&true) {
+                // Every frontend is gone: the rest of the arrivals are counted
+                // (unsent, unanswered) at once rather than waited for.
+                rel = Time(i64::MAX);
+            }
+            self.send_due(now, rel);
             let done_sending = self.arrivals.is_empty();
             if done_sending
                 && (self.open == 0 || now.duration_since(self.last_arrival) > self.o.drain)
@@ -326,25 +388,24 @@ impl<'a> Driver<'a> {
             };
             match self.rx.recv_timeout(wait.min(Duration::from_millis(5))) {
                 Ok(ev) => {
-                    if let Event::Closed(_, r) = &ev {
-                        if !done_sending || self.open > 0 {
-                            bail!("a frontend closed the connection: {r}");
-                        }
-                    }
                     self.handle(ev);
                     while let Ok(ev) = self.rx.try_recv() {
                         self.handle(ev);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    if self.arrivals.is_empty() {
+                        break;
+                    }
+                    std::thread::sleep(wait.min(Duration::from_millis(5)));
+                }
             }
         }
-        Ok(())
     }
 
     /// Sends every arrival due by `rel` (the run's time at `now`).
-    fn send_due(&mut self, now: Instant, rel: Time) -> Result<()> {
+    fn send_due(&mut self, now: Instant, rel: Time) {
         while let Some((_, t)) = self.arrivals.peek() {
             if t > rel {
                 break;
@@ -356,34 +417,91 @@ impl<'a> Driver<'a> {
             if in_window {
                 self.models[m].offered += 1;
             }
-            self.lag
-                .saturating_record(((rel - t).0 / 1000).max(1) as u64);
+            let fe = self.pick();
             self.recs.push(Rec {
                 model: m as u32,
                 pool,
+                fe: fe.map_or(NOT_SENT, |i| i as u32),
                 sent: now,
                 in_window,
                 done: false,
             });
+            self.last_arrival = now;
+            let Some(i) = fe else {
+                // No frontend left: never sent, never answered (finish counts it).
+                continue;
+            };
             self.open += 1;
             self.rep.sent += 1;
-            let c = &self.conns[(req % self.conns.len() as u64) as usize];
-            if let Err(e) = c.send(Msg::Infer {
+            self.lag
+                .saturating_record(((rel - t).0 / 1000).max(1) as u64);
+            let sent = self.conns[i].send(Msg::Infer {
                 req,
                 model: self.inputs.names[m].clone(),
                 slo: Dur::ZERO,
                 input: self.inputs.pools[m][pool as usize].clone(),
-            }) {
-                bail!("cannot send to the frontend: {e}");
+            });
+            if let Err(e) = sent {
+                // Its Closed event follows; until then, mark it gone here.
+                let id = self.conns[i].id();
+                self.lose(id, format!("send failed: {e}"));
             }
-            self.last_arrival = now;
         }
-        Ok(())
     }
 
-    /// Counts an answer (a second one for a request as a duplicate); other
-    /// events are ignored.
+    /// The next live frontend, round-robin; `None` when every one is gone.
+    fn pick(&mut self) -> Option<usize> {
+        let n = self.conns.len();
+        for k in 0..n {
+            let i = (self.next + k) % n;
+            if self.live[i] {
+                self.next = (i + 1) % n;
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// A frontend's connection ended: the requests open on it will not be
+    /// answered; they are ended now (as unanswered, in `finish`) and named.
+    fn lose(&mut self, conn: crate::transport::ConnId, reason: String) {
+        let Some(i) = self.conns.iter().position(|c| c.id() == conn) else {
+            return;
+        };
+        if !std::mem::replace(&mut self.live[i], false) {
+            return;
+        }
+        let mut lost = LostFrontend {
+            addr: self.o.frontends.get(i).cloned().unwrap_or_default(),
+            reason,
+            at_secs: self.t0.elapsed().as_secs_f64(),
+            open: 0,
+            examples: Vec::new(),
+        };
+        // Requests still open are counted as unanswered by `finish` (done stays
+        // false); they are taken off `open` here so the drain need not wait.
+        for (req, r) in self.recs.iter().enumerate() {
+            if !r.done && r.fe == i as u32 {
+                lost.open += 1;
+                if lost.examples.len() < LOST_EXAMPLES {
+                    lost.examples
+                        .push((req as u64, self.inputs.names[r.model as usize].clone()));
+                }
+            }
+        }
+        self.open -= lost.open;
+        self.rep.lost.push(lost);
+    }
+
+    /// Counts an answer (a second one for a request as a duplicate), and a
+    /// frontend's connection ending; other events are ignored.
     fn handle(&mut self, ev: Event) {
+        if let Event::Closed(c, why) = ev {
+            if !self.arrivals.is_empty() || self.open > 0 {
+                self.lose(c, why);
+            }
+            return;
+        }
         let Event::Msg(
             _,
             Msg::InferReply {
@@ -401,6 +519,11 @@ impl<'a> Driver<'a> {
         let Some(r) = self.recs.get_mut(req as usize) else {
             return;
         };
+        if r.fe == NOT_SENT || !self.live[r.fe as usize] {
+            // From a frontend already counted lost (its last words raced the
+            // close): it stays unanswered, as counted.
+            return;
+        }
         if r.done {
             self.rep.duplicates += 1;
             return;
@@ -467,6 +590,7 @@ fn empty_report(w: &Workload, o: &LoadgenOpts) -> LoadReport {
         duplicates: 0,
         wrong_outputs: 0,
         send_lag_p99_us: 0.0,
+        lost: Vec::new(),
     }
 }
 
