@@ -167,7 +167,7 @@ fn the_load_generator_accounts_for_a_frontend_killed_under_it() {
     let path = dir.join("w.toml");
     std::fs::write(&path, WORKLOAD).unwrap();
     let w = Workload::from_file(&path).unwrap();
-    let mut c = ProcCluster::start(
+    let c = ProcCluster::start(
         &exe(),
         &ProcOpts {
             workload: path.clone(),
