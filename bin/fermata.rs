@@ -525,7 +525,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     }
     let t0 = std::time::Instant::now();
     let (mut requests, mut events) = (0u64, 0u64);
-    let (mut ended, mut faults) = (0u64, [0u64; 3]);
+    let (mut ended, mut faults) = (0u64, [0u64; 5]);
     let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
@@ -550,13 +550,15 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         faults[0] += r.crashes;
         faults[1] += r.pauses;
         faults[2] += r.partitions;
+        faults[3] += r.hangs;
+        faults[4] += r.backends_overdue as u64;
         rejoin_ms.extend(&r.rejoin_ms);
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else if a.seeds <= 10 || r.violation.is_some() {
             println!(
-                "seed {seed}: {} requests: {} good, {} late, {} dropped, {} failed; {} plans ({} too late); d_ctrl {:.0} us (max {:.0}, {} changes); faults: {} crashes, {} restarts, {} pauses, {} stalls, {} partitions, {} broken connections; {} rejoins",
-                r.requests, r.good, r.late, r.dropped, r.failed, r.plans, r.plans_too_late, r.d_ctrl_us, r.d_ctrl_us_max, r.budget_changes, r.crashes, r.restarts, r.pauses, r.stalls, r.partitions, r.broken_connections, r.rejoins
+                "seed {seed}: {} requests: {} good, {} late, {} dropped, {} failed; {} plans ({} too late); d_ctrl {:.0} us (max {:.0}, {} changes); faults: {} crashes, {} restarts, {} pauses, {} GPU hangs, {} stalls, {} partitions, {} broken connections; {} backends taken out by the plan watchdog; {} rejoins",
+                r.requests, r.good, r.late, r.dropped, r.failed, r.plans, r.plans_too_late, r.d_ctrl_us, r.d_ctrl_us_max, r.budget_changes, r.crashes, r.restarts, r.pauses, r.hangs, r.stalls, r.partitions, r.broken_connections, r.backends_overdue, r.rejoins
             );
         }
         if let Some(v) = r.violation {
@@ -569,10 +571,12 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     rejoin_ms.sort_by(f64::total_cmp);
     let q = |p: f64| fermata::metrics::sorted_quantile(&rejoin_ms, p);
     eprintln!(
-        "requests ended exactly once: {ended} of {requests}; every node up at the end back in service after {} crashes, {} pauses, {} partitions; {} rejoins, time out of service p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        "requests ended exactly once: {ended} of {requests}; every node up at the end back in service after {} crashes, {} pauses, {} partitions, {} GPU hangs ({} backends taken out by the plan watchdog); {} rejoins, time out of service p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         faults[0],
         faults[1],
         faults[2],
+        faults[3],
+        faults[4],
         rejoin_ms.len(),
         q(0.5),
         q(0.99),
@@ -744,6 +748,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                     rank_spin_us: a.rt.rank_spin_us as u64,
                     model_spin_us: a.rt.model_spin_us as u64,
                     scheduler_args: vec!["--policy".into(), p.name()],
+                    backend_env: vec![],
                     verbose: false,
                 };
                 let json = a.run.json;

@@ -123,6 +123,11 @@ pub struct SchedulerArgs {
     /// A node silent this long is removed (ms).
     #[arg(long, default_value_t = 1000)]
     node_timeout_ms: u64,
+    /// Plan watchdog: a backend that has not reported a plan done this long
+    /// (or the batch's own latency, if longer) after the plan's planned end is
+    /// taken out of service and the plan's tasks fail (ms).
+    #[arg(long, default_value_t = 500)]
+    plan_grace_ms: u64,
     /// Log registrations, removals and budget changes to stderr (the log level
     /// info; see --log-level).
     #[arg(long)]
@@ -241,6 +246,11 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     if a.heartbeat_ms == 0 || a.node_timeout_ms <= a.heartbeat_ms {
         bail!("need 0 < --heartbeat-ms < --node-timeout-ms");
     }
+    if a.plan_grace_ms < a.heartbeat_ms {
+        bail!(
+            "--plan-grace-ms must be at least --heartbeat-ms (the watchdog looks once a heartbeat)"
+        );
+    }
     let s = SchedulerNode::start(
         transport_of(&a.transport)?,
         &w,
@@ -249,6 +259,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             model_threads: a.threads,
             heartbeat: Duration::from_millis(a.heartbeat_ms),
             node_timeout: Duration::from_millis(a.node_timeout_ms),
+            plan_grace: Duration::from_millis(a.plan_grace_ms),
             rank_spin: Dur::from_us(a.spin.rank_spin_us as i64),
             model_spin: Dur::from_us(a.spin.model_spin_us as i64),
             max_ctrl: Dur::from_us(a.max_ctrl_us as i64),

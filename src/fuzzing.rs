@@ -347,6 +347,7 @@ pub fn sched_proto(data: &[u8]) -> u64 {
             models: (0..3).map(|i| model(ModelId(i))).collect(),
             heartbeat: Dur::from_ms(100),
             node_timeout: Dur::from_ms(1000),
+            plan_grace: crate::node::proto::plans::PLAN_GRACE,
             net_update: Dur::from_ms(200),
             floors: NetBudget::default(),
             max_ctrl: Dur::from_us(2000),

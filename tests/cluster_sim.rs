@@ -212,3 +212,24 @@ fn nodes_rejoin_after_partitions_and_pauses() {
     let median = times[times.len() / 2];
     assert!(median > 0.0 && median < 300.0, "median {median} ms");
 }
+
+/// A backend whose GPUs hang while it goes on answering pings is taken out by
+/// the scheduler's plan watchdog (its tasks fail at their frontends, each
+/// request still ends once), and comes back only when its GPUs are free again.
+#[test]
+fn the_plan_watchdog_takes_out_a_backend_whose_gpus_hang() {
+    let w = workload();
+    let (mut hangs, mut overdue) = (0, 0);
+    for seed in 0..50 {
+        let r = ClusterSim::new(&w, opts(seed, Faults::Crash)).run();
+        assert!(r.violation.is_none(), "seed {seed}: {:?}", r.violation);
+        assert_eq!(r.good + r.late + r.dropped + r.failed, r.requests);
+        hangs += r.hangs;
+        overdue += r.backends_overdue as u64;
+    }
+    assert!(hangs > 0);
+    // Hangs shorter than the grace (500 ms), or on a backend with nothing
+    // planned, need no watchdog; the rest must meet it. (A pause longer than
+    // the grace may meet it too: also a backend not finishing its plans.)
+    assert!(overdue > hangs / 5, "{overdue} of {hangs} hangs");
+}

@@ -51,6 +51,7 @@ fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
             rank_spin_us: 20,
             model_spin_us: 20,
             scheduler_args: vec![],
+            backend_env: vec![],
             verbose: false,
         },
     )

@@ -2,7 +2,10 @@
 //! loopback: a backend stopped (`SIGSTOP`) past every heartbeat timeout rejoins
 //! when it resumes; after the scheduler is killed (`SIGKILL`) and started again
 //! on its address, the backend and the frontend register again and serve.
-//! Meanwhile every request the load generator sent gets an answer.
+//! Meanwhile every request the load generator sent gets an answer. A backend
+//! whose GPU hangs while it still answers pings is taken out by the plan
+//! watchdog and comes back when the GPU is free; a frontend killed under load
+//! is accounted for by the load generator.
 
 use fermata::core::Dur;
 use fermata::harness::loadgen::{self, LoadReport, LoadgenOpts};
@@ -45,6 +48,7 @@ fn cluster(dir: &Path) -> (ProcCluster, Workload, PathBuf) {
             rank_spin_us: 0,
             model_spin_us: 0,
             scheduler_args: vec![],
+            backend_env: vec![],
             verbose: false,
         },
     )
@@ -178,6 +182,7 @@ fn the_load_generator_accounts_for_a_frontend_killed_under_it() {
             rank_spin_us: 0,
             model_spin_us: 0,
             scheduler_args: vec![],
+            backend_env: vec![],
             verbose: false,
         },
     )
@@ -219,5 +224,63 @@ fn the_load_generator_accounts_for_a_frontend_killed_under_it() {
         s.bad_rate()
     );
     let _ = c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_backend_whose_gpu_hangs_is_taken_out_by_the_watchdog_and_comes_back() {
+    let dir = std::env::temp_dir().join(format!("fermata-rejoin-wd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.toml");
+    std::fs::write(&path, WORKLOAD).unwrap();
+    let w = Workload::from_file(&path).unwrap();
+    // Backend 0's GPU hangs for 2.5 s in its 6th batch, and goes on pinging.
+    let mut c = ProcCluster::start(
+        &exe(),
+        &ProcOpts {
+            workload: path.clone(),
+            backend_gpus: vec![1, 1],
+            frontends: 1,
+            model_threads: 1,
+            input_bytes: None,
+            rank_spin_us: 0,
+            model_spin_us: 0,
+            scheduler_args: vec![],
+            backend_env: vec![(0, "FERMATA_FAULT".into(), "gpu-hang:5:2500".into())],
+            verbose: false,
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let r = load(&c, &w, 3.5);
+    assert_eq!(r.unanswered, 0, "every request answered");
+    assert_eq!(r.duplicates, 0);
+    // Failed: what backend 0 held when it hung and until the watchdog (500 ms
+    // after the plan's end) took it out; the other GPU served the rest.
+    assert!(
+        r.sim.bad_rate() < 0.3,
+        "bad rate {} (the frontend fallback alone would fail every request planned on the hung GPU for 3 s)",
+        r.sim.bad_rate()
+    );
+    c.backends[0]
+        .wait_for("the backend's return", Duration::from_secs(15), |l| {
+            l.starts_with("fermata backend back in service")
+                .then(|| l.to_string())
+        })
+        .unwrap();
+    assert!(
+        t0.elapsed() > Duration::from_millis(2500),
+        "back only when the GPU is free again"
+    );
+    served_again(&c, &w, Duration::from_secs(10));
+    let reps = c.stop();
+    let s = reps.scheduler.expect("scheduler report");
+    assert_eq!(s["backends_overdue"], 1, "{s}");
+    assert_eq!(s["backends_lost"], 1, "{s}");
+    let b = reps.backends[0].as_ref().expect("backend report");
+    assert_eq!(
+        b["rejoins"], 1,
+        "not taken out again after it came back: {b}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -30,6 +30,9 @@ pub struct ProcOpts {
     pub model_spin_us: u64,
     /// Extra arguments for the scheduler.
     pub scheduler_args: Vec<String>,
+    /// Environment variables for backend processes: (backend index, name, value)
+    /// — e.g. a `FERMATA_FAULT` for one of them.
+    pub backend_env: Vec<(usize, String, String)>,
     pub verbose: bool,
 }
 
@@ -65,8 +68,20 @@ impl Proc {
     /// Starts `exe args` with its stdout piped (read line by line) and its
     /// stderr inherited.
     pub fn spawn(exe: &Path, name: &str, args: &[String], verbose: bool) -> Result<Proc> {
+        Proc::spawn_env(exe, name, args, &[], verbose)
+    }
+
+    /// [`Proc::spawn`] with these environment variables set.
+    pub fn spawn_env(
+        exe: &Path,
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        verbose: bool,
+    ) -> Result<Proc> {
         let mut cmd = Command::new(exe);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped());
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         if !verbose {
             cmd.stderr(Stdio::inherit());
         }
@@ -214,8 +229,15 @@ impl ProcCluster {
                 "--name".into(),
                 format!("backend{i}"),
             ];
+            let env: Vec<(String, String)> = o
+                .backend_env
+                .iter()
+                .filter(|(b, _, _)| *b == i)
+                .map(|(_, k, v)| (k.clone(), v.clone()))
+                .collect();
+            let name = format!("backend{i}");
             c.backends
-                .push(Proc::spawn(exe, &format!("backend{i}"), &args, o.verbose)?);
+                .push(Proc::spawn_env(exe, &name, &args, &env, o.verbose)?);
         }
         for b in &mut c.backends {
             b.wait_line("fermata backend ready", t)?;

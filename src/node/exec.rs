@@ -6,6 +6,8 @@
 //! simulator's. [`super::onnx::OnnxExecutor`] runs real ONNX models with ONNX
 //! Runtime (kind `onnx`, CPU; kind `cuda` with the `cuda` cargo feature).
 
+pub mod fault;
+
 use crate::core::{Dur, LatencyProfile, ModelId};
 use crate::wire::{ModelInfo, WireProfile};
 use std::collections::HashMap;
@@ -75,6 +77,21 @@ pub fn parse_cuda_devices(s: &str) -> anyhow::Result<Vec<u32>> {
 /// [`executor_factory`] with, for `cuda`, the CUDA device of each backend GPU:
 /// backend GPU g runs on `cuda_devices[g]` (default: device g).
 pub fn executor_factory_on(
+    kind: &str,
+    models_dir: &std::path::Path,
+    cuda_devices: Option<Vec<u32>>,
+) -> anyhow::Result<ExecutorFactory> {
+    let make = executor_factory_of(kind, models_dir, cuda_devices)?;
+    // Fault injection for failure tests (FERMATA_FAULT; unset: not wrapped).
+    Ok(match fault::from_env()? {
+        None => make,
+        Some(f) => {
+            Box::new(move |g| Ok(Box::new(fault::Faulty::new(make(g)?, f)) as Box<dyn Executor>))
+        }
+    })
+}
+
+fn executor_factory_of(
     kind: &str,
     models_dir: &std::path::Path,
     cuda_devices: Option<Vec<u32>>,

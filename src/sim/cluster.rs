@@ -16,9 +16,11 @@
 //! connection as TCP keeps it, in any order across connections); a lost
 //! message breaks its connection, as a TCP connection breaks. Faults come from
 //! the same seed: process crashes (a supervisor restarts the process after a
-//! while as a new node), pauses (a stopped process: its events wait), partitions
-//! (every connection between a node and the scheduler breaks), and each node's
-//! clock has its own skew and drift.
+//! while as a new node), pauses (a stopped process: its events wait), GPU hangs
+//! (a backend's batches end only after the hang while it goes on answering
+//! pings: the scheduler's plan watchdog must take it out), partitions (every
+//! connection between a node and the scheduler breaks), and each node's clock
+//! has its own skew and drift.
 //!
 //! After every event the simulator checks:
 //! - every request ends exactly once at its client (good, late, dropped or
@@ -181,6 +183,9 @@ pub struct ClusterSimReport {
     pub crashes: u64,
     pub restarts: u64,
     pub pauses: u64,
+    pub hangs: u64,
+    /// Backends the scheduler's plan watchdog took out of service.
+    pub backends_overdue: u32,
     pub stalls: u64,
     pub partitions: u64,
     pub broken_connections: u64,
@@ -240,6 +245,8 @@ enum Ev {
     },
     Crash,
     Pause,
+    /// A backend's GPUs stop finishing batches for a while (it still pings).
+    Hang,
     Stall,
     Partition,
     Restart {
@@ -292,6 +299,8 @@ impl Fe {
 struct GpuRun {
     busy: bool,
     queue: PlanQueue<PlanMsg>,
+    /// Models to confirm loaded (a rejoin) when the running batch ends.
+    confirms: Vec<ModelId>,
 }
 
 struct Be {
@@ -304,6 +313,9 @@ struct Be {
     run: Vec<GpuRun>,
     /// The pending wake-up for the protocol's timeout (true time).
     wake: Option<Time>,
+    /// A hang fault: batches running or starting before this (true time) end
+    /// only then, while the process goes on answering pings.
+    hung_until: Time,
 }
 
 struct Sched {
@@ -426,6 +438,8 @@ impl ClusterSim {
                 self.at(t, Ev::Crash);
                 let t2 = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
                 self.at(t2, Ev::Pause);
+                let t4 = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+                self.at(t4, Ev::Hang);
             }
             if self.opts.faults.partition() {
                 let t3 = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
@@ -460,6 +474,7 @@ impl ClusterSim {
                 models: self.models.clone(),
                 heartbeat: self.heartbeat,
                 node_timeout: Dur::from_ms(1000),
+                plan_grace: crate::node::proto::plans::PLAN_GRACE,
                 net_update: Dur::from_ms(200),
                 floors: dcfg.net,
                 max_ctrl: Dur::from_us(2000),
@@ -535,9 +550,11 @@ impl ClusterSim {
                 .map(|_| GpuRun {
                     busy: false,
                     queue: PlanQueue::default(),
+                    confirms: Vec::new(),
                 })
                 .collect(),
             wake: None,
+            hung_until: Time::EPOCH_MIN,
         }));
         self.be_slots[slot] = pid;
         self.be_apply(pid);
@@ -690,6 +707,7 @@ impl ClusterSim {
             let r = s.proto.report();
             self.report.backends_registered = r.backends_registered;
             self.report.frontends_registered = r.frontends_registered;
+            self.report.backends_overdue = r.backends_overdue;
         }
         self.report
     }
@@ -731,6 +749,7 @@ impl ClusterSim {
             Ev::Start { pid, gpu } => self.be_next(pid, gpu),
             Ev::Crash => self.crash(),
             Ev::Pause => self.pause(),
+            Ev::Hang => self.hang(),
             Ev::Stall => self.stall(),
             Ev::Partition => self.partition(),
             Ev::Restart { role, slot } => match role {
@@ -792,6 +811,28 @@ impl ClusterSim {
         // Some pauses outlast the heartbeat timeout, most do not.
         let len = Dur(self.rng.gen_range(10_000_000..1_500_000_000));
         self.paused[pid] = self.now + len;
+    }
+
+    /// A live backend's GPUs hang for 0.3 to 1.5 s: the batches they run end
+    /// only after it, while the process answers pings (the plan watchdog's
+    /// case).
+    fn hang(&mut self) {
+        let pids: Vec<Pid> = self
+            .be_slots
+            .iter()
+            .copied()
+            .filter(|&p| matches!(self.procs[p], Proc::Be(_)))
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        let pid = pids[self.rng.gen_range(0..pids.len())];
+        let len = Dur(self.rng.gen_range(300_000_000..1_500_000_000));
+        let until = self.now + len;
+        if let Proc::Be(b) = &mut self.procs[pid] {
+            b.hung_until = b.hung_until.max(until);
+            self.report.hangs += 1;
+        }
     }
 
     /// A short stop of a live process (the scheduler too), then the next stall.
@@ -1141,9 +1182,8 @@ impl ClusterSim {
         }
         let backend = s.proto.gpu_owner(p.gpu).unwrap_or(0);
         s.proto.plans().lock().expect("plans").sent(
-            p.id,
+            &p,
             backend,
-            p.gpu,
             tasks.iter().map(|t| t.id).collect(),
         );
         self.report.plans += 1;
@@ -1307,6 +1347,16 @@ impl ClusterSim {
                 // The planted bug: the GPUs skip the last model but confirm it.
                 be_load(b, model.id, skip_last && model.id.0 + 1 == nmodels);
             }
+            be_proto::Action::Confirm(model) => {
+                // As a worker does: at once when free, else after its batch.
+                for g in 0..b.run.len() {
+                    if b.run[g].busy {
+                        b.run[g].confirms.push(model);
+                    } else {
+                        b.proto.handle_loaded(model, Ok(None));
+                    }
+                }
+            }
             be_proto::Action::Unload(model) => {
                 b.loaded.remove(&model);
             }
@@ -1379,6 +1429,7 @@ impl ClusterSim {
             return;
         };
         let present = inputs_present(b, &self.procs, &plan);
+        let hung = b.hung_until;
         let prof = &self.w.models[plan.model.idx()].spec.profile;
         let pull = Dur(2_000 * plan.tasks.len() as i64);
         let start = sched_now + pull;
@@ -1387,7 +1438,7 @@ impl ClusterSim {
         let outputs = vec![vec![1u8]; cut.run.len()];
         let settled = settle(&plan, &cut, start, start + span, Ok(outputs));
         if self.be_hold_results(pid, gpu, settled) {
-            self.at(now + pull + span, Ev::BatchDone { pid, gpu });
+            self.at((now + pull + span).max(hung), Ev::BatchDone { pid, gpu });
         }
     }
 
@@ -1472,7 +1523,15 @@ impl ClusterSim {
             self.send(pid, sched, done);
         }
         if let Proc::Be(b) = &mut self.procs[pid] {
-            b.run[gpu as usize].busy = false;
+            let run = &mut b.run[gpu as usize];
+            run.busy = false;
+            let confirms = std::mem::take(&mut run.confirms);
+            if !confirms.is_empty() {
+                for m in confirms {
+                    b.proto.handle_loaded(m, Ok(None));
+                }
+                self.be_apply(pid);
+            }
         }
         self.be_next(pid, gpu);
     }

@@ -20,6 +20,8 @@ pub(super) const LOADS_MAX: usize = 256;
 /// What a GPU's worker is asked to do.
 pub(super) enum WorkerMsg {
     Load(ModelInfo, Sender<Loaded>),
+    /// Answer that the model is loaded once the worker is free (a rejoin).
+    Confirm(ModelId, Sender<Loaded>),
     Unload(ModelId),
     Run(Session, PlanMsg, Vec<Option<Input>>),
 }

@@ -125,6 +125,12 @@ impl NetLoop {
                 }
                 Action::SetClock { offset, error } => self.shared.clock.set(offset.0, error.0),
                 Action::Load(model, prof) => self.load(model, prof, ltx),
+                Action::Confirm(model) => {
+                    for w in &self.workers {
+                        let m = WorkerMsg::Confirm(model, ltx.clone());
+                        send_counted(w, m, &self.shared.channel_waits);
+                    }
+                }
                 Action::Unload(model) => self.unload(model),
                 Action::Attach {
                     node,

@@ -97,6 +97,13 @@ fn receive(sh: &Shared, exec: &mut dyn Executor, queue: &mut PlanQueue<Pulled>, 
                 .map_err(|e| format!("{e:#}"));
             send_counted(&ack, (model.id, r), &sh.channel_waits);
         }
+        WorkerMsg::Confirm(model, ack) => {
+            send_counted(
+                &ack,
+                (model, Ok(exec.device_bytes(model))),
+                &sh.channel_waits,
+            );
+        }
         WorkerMsg::Unload(model) => exec.unload(model),
         WorkerMsg::Run(session, plan, _) if !sh.current(session) => void(sh, &plan),
         WorkerMsg::Run(session, plan, inputs) => queue.push(plan.exec_at, (session, plan, inputs)),

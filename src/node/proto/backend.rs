@@ -69,6 +69,11 @@ pub enum Action {
     /// Load a model on every GPU; report each GPU's result with
     /// [`BackendProto::handle_loaded`].
     Load(ModelInfo, LatencyProfile),
+    /// A model still loaded from before a rejoin: have every GPU's worker
+    /// confirm it once it is free (done with what it runs now, so a GPU stuck in
+    /// a batch does not come back into service before it is free); report each
+    /// with [`BackendProto::handle_loaded`].
+    Confirm(ModelId),
     /// Unload a model from every GPU.
     Unload(ModelId),
     /// Attach a frontend's region and connect to it; report the connection with
@@ -441,11 +446,19 @@ impl BackendProto {
     }
 
     fn load(&mut self, model: ModelInfo) {
-        if let Some((info, bytes)) = self.loaded.get(&model.id) {
+        if let Some((info, _)) = self.loaded.get(&model.id) {
             if *info == model {
-                // Still on the GPUs from before a rejoin.
-                let bytes = *bytes;
-                return self.model_loaded(model.id, true, String::new(), bytes);
+                // Still on the GPUs from before a rejoin: not loaded again, but
+                // confirmed by each GPU's worker once it is free.
+                let (info, bytes) = self.loaded.remove(&model.id).expect("present");
+                let loading = Loading {
+                    info,
+                    gpus_left: self.gpus.len() as u32,
+                    bytes,
+                };
+                self.loading.insert(model.id, loading);
+                self.out.push_back(Action::Confirm(model.id));
+                return;
             }
         }
         match crate::node::exec::profile_of(&model.profile) {
@@ -939,8 +952,12 @@ mod tests {
         assert!(acts
             .iter()
             .any(|a| matches!(a, Action::Send(7, Msg::Register { .. }))));
-        // The same model again: confirmed at once, not loaded again.
+        // The same model again: confirmed by the GPUs' workers, not loaded again.
         p.handle_msg(t + Dur::from_ms(20), 7, Msg::LoadModel { model: model(0) });
+        assert!(matches!(drain(&mut p)[..], [Action::Confirm(ModelId(0))]));
+        p.handle_loaded(ModelId(0), Ok(None));
+        assert!(drain(&mut p).is_empty(), "one GPU of two");
+        p.handle_loaded(ModelId(0), Ok(None));
         let acts = drain(&mut p);
         assert!(
             matches!(

@@ -1,8 +1,15 @@
 //! The scheduler's in-flight plans: each dispatched plan belongs to one backend
 //! and one of its GPUs until that backend reports it done or is lost. A backend
 //! may only report its own plans on the GPU they were sent to.
+//!
+//! The plan watchdog: each plan is due back by its planned end `finish_at =
+//! exec_at + l(b)` plus a grace of `max(grace, l(b))`; [`PlanLedger::overdue`]
+//! names the backends with a plan past that, which the scheduler takes out of
+//! service (a backend that still answers pings but no longer finishes plans
+//! would otherwise keep being given work while its tasks wait for the
+//! frontends' fallback).
 
-use crate::core::{GpuId, PlanId, TaskId};
+use crate::core::{Dur, GpuId, Plan, PlanId, TaskId, Time};
 use crate::wire::NodeId;
 use std::collections::HashMap;
 
@@ -11,7 +18,22 @@ struct InFlight {
     backend: NodeId,
     gpu: GpuId,
     tasks: Vec<TaskId>,
+    /// When the report is overdue (scheduler time).
+    due: Time,
 }
+
+/// A plan not reported done in time, the worst of its backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overdue {
+    pub backend: NodeId,
+    pub plan: PlanId,
+    pub gpu: GpuId,
+    /// How long past its due time.
+    pub late: Dur,
+}
+
+/// The default grace after a plan's planned end before the watchdog acts.
+pub const PLAN_GRACE: Dur = Dur(500_000_000);
 
 /// Why a reported plan was not taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,14 +46,25 @@ pub enum Refused {
 }
 
 /// Plans sent and not yet reported done.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PlanLedger {
     plans: HashMap<PlanId, InFlight>,
+    grace: Dur,
+}
+
+impl Default for PlanLedger {
+    fn default() -> Self {
+        PlanLedger::new(PLAN_GRACE)
+    }
 }
 
 impl PlanLedger {
-    pub fn new() -> PlanLedger {
-        PlanLedger::default()
+    /// A ledger whose plans are overdue `max(grace, l(b))` after their planned end.
+    pub fn new(grace: Dur) -> PlanLedger {
+        PlanLedger {
+            plans: HashMap::new(),
+            grace,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -42,16 +75,42 @@ impl PlanLedger {
         self.plans.is_empty()
     }
 
-    /// `plan` was sent to `backend`'s `gpu` with these tasks.
-    pub fn sent(&mut self, plan: PlanId, backend: NodeId, gpu: GpuId, tasks: Vec<TaskId>) {
+    /// `plan` was sent to `backend` (its GPU) with these tasks.
+    pub fn sent(&mut self, plan: &Plan, backend: NodeId, tasks: Vec<TaskId>) {
+        let span = (plan.finish_at - plan.exec_at).max(Dur::ZERO);
         self.plans.insert(
-            plan,
+            plan.id,
             InFlight {
                 backend,
-                gpu,
+                gpu: plan.gpu,
                 tasks,
+                due: plan.finish_at + self.grace.max(span),
             },
         );
+    }
+
+    /// The backends with a plan overdue at `now`, each with its latest plan,
+    /// in backend order.
+    pub fn overdue(&self, now: Time) -> Vec<Overdue> {
+        let mut worst: HashMap<NodeId, Overdue> = HashMap::new();
+        for (&id, f) in &self.plans {
+            if now <= f.due {
+                continue;
+            }
+            let o = Overdue {
+                backend: f.backend,
+                plan: id,
+                gpu: f.gpu,
+                late: now - f.due,
+            };
+            let w = worst.entry(f.backend).or_insert_with(|| o.clone());
+            if (o.late, std::cmp::Reverse(o.plan)) > (w.late, std::cmp::Reverse(w.plan)) {
+                *w = o;
+            }
+        }
+        let mut v: Vec<Overdue> = worst.into_values().collect();
+        v.sort_unstable_by_key(|o| o.backend);
+        v
     }
 
     /// The plan could not be sent after all: its tasks.
@@ -105,11 +164,22 @@ impl PlanLedger {
 mod tests {
     use super::*;
 
+    fn plan(id: u64, gpu: u32, exec_ms: i64, finish_ms: i64) -> Plan {
+        Plan {
+            id: PlanId(id),
+            gpu: GpuId(gpu),
+            exec_at: Time(exec_ms * 1_000_000),
+            finish_at: Time(finish_ms * 1_000_000),
+            model: crate::core::ModelId(0),
+            tasks: Vec::new(),
+        }
+    }
+
     #[test]
     fn only_the_owner_reports_a_plan_and_only_once() {
-        let mut l = PlanLedger::new();
-        l.sent(PlanId(1), 7, GpuId(0), vec![TaskId(10), TaskId(11)]);
-        l.sent(PlanId(2), 8, GpuId(1), vec![TaskId(12)]);
+        let mut l = PlanLedger::default();
+        l.sent(&plan(1, 0, 0, 5), 7, vec![TaskId(10), TaskId(11)]);
+        l.sent(&plan(2, 1, 0, 5), 8, vec![TaskId(12)]);
         assert!(matches!(
             l.done(8, PlanId(1), GpuId(1)),
             Err(Refused::NotYours(_))
@@ -122,8 +192,38 @@ mod tests {
         assert_eq!(l.done(7, PlanId(1), GpuId(0)), Err(Refused::Unknown));
         assert_eq!(l.take_backend(8), vec![TaskId(12)]);
         assert!(l.is_empty());
-        l.sent(PlanId(3), 7, GpuId(0), vec![TaskId(1)]);
+        l.sent(&plan(3, 0, 0, 5), 7, vec![TaskId(1)]);
         assert_eq!(l.unsent(PlanId(3)), vec![TaskId(1)]);
         assert_eq!(l.unsent(PlanId(3)), Vec::<TaskId>::new());
+    }
+
+    #[test]
+    fn a_plan_is_overdue_after_its_end_plus_the_larger_of_the_grace_and_its_span() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut l = PlanLedger::new(Dur::from_ms(100));
+        // Short batch: due 10 + 100 ms.
+        l.sent(&plan(1, 0, 0, 10), 7, vec![TaskId(1)]);
+        // Long batch (300 ms): due 400 + 300 ms.
+        l.sent(&plan(2, 1, 100, 400), 8, vec![TaskId(2)]);
+        assert!(l.overdue(ms(110)).is_empty(), "due at, not after");
+        let o = l.overdue(ms(111));
+        assert_eq!(
+            o,
+            vec![Overdue {
+                backend: 7,
+                plan: PlanId(1),
+                gpu: GpuId(0),
+                late: Dur::from_ms(1)
+            }]
+        );
+        assert_eq!(l.overdue(ms(700)).len(), 1, "the long one has until 700");
+        assert_eq!(l.overdue(ms(701)).len(), 2);
+        // Reported: no longer overdue; the worst plan of a backend is named.
+        assert_eq!(l.done(7, PlanId(1), GpuId(0)), Ok(1));
+        l.sent(&plan(3, 1, 0, 10), 8, vec![TaskId(3)]);
+        let o = l.overdue(ms(800));
+        assert_eq!(o.len(), 1);
+        assert_eq!(o[0].plan, PlanId(3), "the later due one is less late");
+        assert_eq!(o[0].late, Dur::from_ms(690));
     }
 }

@@ -74,6 +74,10 @@ pub struct SchedConfig {
     pub heartbeat: Dur,
     /// A registered node silent this long is removed.
     pub node_timeout: Dur,
+    /// The plan watchdog: a backend with a plan not reported done by its
+    /// planned end plus `max(plan_grace, l(b))` is removed
+    /// ([`super::plans::PlanLedger::overdue`]).
+    pub plan_grace: Dur,
     /// How often the measured network budget is recomputed.
     pub net_update: Dur,
     /// The workload's network budget: floors under the measured one.
@@ -90,8 +94,11 @@ pub struct SchedConfig {
 pub struct SchedReport {
     pub backends_registered: u32,
     pub frontends_registered: u32,
-    /// Removed for a failure (connection broken, heartbeat timeout, protocol error).
+    /// Removed for a failure (connection broken, heartbeat timeout, protocol
+    /// error, overdue plan).
     pub backends_lost: u32,
+    /// Of those, removed by the plan watchdog.
+    pub backends_overdue: u32,
     pub frontends_lost: u32,
     /// Left on purpose (`Unregister`).
     pub backends_left: u32,
@@ -199,6 +206,8 @@ pub struct SchedProto {
     /// The response margins last given to the core (per model id).
     margins: Vec<Dur>,
     next_check: Time,
+    /// When the last heartbeat check ran (a long gap: the scheduler stalled).
+    last_check: Time,
     next_net: Time,
     actions: VecDeque<Action>,
     report: SchedReport,
@@ -211,12 +220,13 @@ impl SchedProto {
         let margins = vec![Dur::ZERO; cfg.models.len()];
         SchedProto {
             next_check: now + cfg.heartbeat,
+            last_check: now,
             next_net: now + cfg.net_update,
+            plans: Arc::new(Mutex::new(PlanLedger::new(cfg.plan_grace))),
             cfg,
             conns: HashMap::new(),
             frontends: HashMap::new(),
             gpu_owner: Vec::new(),
-            plans: Arc::new(Mutex::new(PlanLedger::new())),
             next_node: 1,
             gpus_in_service: 0,
             net,
@@ -765,8 +775,35 @@ impl SchedProto {
         }
     }
 
-    /// Removes registered nodes that stopped pinging.
+    /// Removes registered nodes that stopped pinging, and backends with a plan
+    /// overdue (the watchdog).
     fn check_timeouts(&mut self, now: Time) {
+        // After a stall of the scheduler itself, reports may wait unread in its
+        // queues: the watchdog looks again at the next check instead.
+        let stalled = now - self.last_check > self.cfg.heartbeat * 2;
+        self.last_check = now;
+        let overdue = if stalled {
+            Vec::new()
+        } else {
+            self.plans.lock().expect("plans lock").overdue(now)
+        };
+        for o in overdue {
+            let conn = self.conns.iter().find_map(|(&c, pc)| match pc.peer {
+                Peer::Backend { node, .. } if node == o.backend => Some(c),
+                _ => None,
+            });
+            let Some(c) = conn else {
+                continue;
+            };
+            self.report.backends_overdue += 1;
+            let why = format!(
+                "plan {} on GPU {} not reported done {:.0} ms past its planned end and grace",
+                o.plan.0,
+                o.gpu.0,
+                o.late.as_ms_f64()
+            );
+            self.remove(c, why, false);
+        }
         let mut dead: Vec<ConnId> = self
             .conns
             .iter()
@@ -857,6 +894,7 @@ mod tests {
                 models: vec![model(0), model(1)],
                 heartbeat: Dur::from_ms(100),
                 node_timeout: Dur::from_ms(1000),
+                plan_grace: crate::node::proto::plans::PLAN_GRACE,
                 net_update: Dur::from_ms(200),
                 floors: NetBudget::default(),
                 max_ctrl: Dur::from_us(2000),
@@ -954,5 +992,137 @@ mod tests {
         p.handle_msg(Time(1), 1, Msg::Margins { items });
         assert!(closed(&mut p, 1));
         assert!(margins_set(&mut p).is_empty());
+    }
+
+    fn ping(now: Time) -> Msg {
+        Msg::Ping {
+            seq: 0,
+            sent: now,
+            ctrl_delay: Dur::ZERO,
+            pull: Dur::ZERO,
+        }
+    }
+
+    /// Registers a backend with one GPU on connection `c`; its node id.
+    fn backend(p: &mut SchedProto, c: ConnId, now: Time) -> NodeId {
+        p.handle_accept(now, c);
+        p.handle_msg(
+            now,
+            c,
+            Msg::Register {
+                role: Role::Backend,
+                name: format!("be{c}"),
+                gpus: vec![crate::wire::GpuInfo {
+                    local: 0,
+                    name: "g".into(),
+                    mem_bytes: 1 << 30,
+                }],
+                ctrl_addr: String::new(),
+                region: None,
+            },
+        );
+        for m in 0..2 {
+            p.handle_msg(
+                now,
+                c,
+                Msg::ModelLoaded {
+                    model: ModelId(m),
+                    ok: true,
+                    error: String::new(),
+                    device_bytes: 0,
+                },
+            );
+        }
+        std::iter::from_fn(|| p.poll_action())
+            .find_map(|a| match a {
+                Action::GpusUp { backend, .. } => Some(backend),
+                _ => None,
+            })
+            .expect("the backend's GPU went into service")
+    }
+
+    /// The watchdog: a backend that still pings but has not reported a plan
+    /// done by its end plus the grace is removed and the plan's tasks fail;
+    /// one that reports in time stays; after a stall of the scheduler itself
+    /// the watchdog waits one more check.
+    #[test]
+    fn a_backend_with_an_overdue_plan_is_removed_and_its_tasks_fail() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut p = proto();
+        frontend(&mut p, 1);
+        let fe = 1; // the first node id
+        let b1 = backend(&mut p, 2, ms(0));
+        let b2 = backend(&mut p, 3, ms(0));
+        while p.poll_action().is_some() {}
+        let plan = |id: u64, gpu: u32| crate::core::Plan {
+            id: PlanId(id),
+            model: ModelId(0),
+            gpu: GpuId(gpu),
+            exec_at: ms(10),
+            finish_at: ms(20),
+            tasks: Vec::new(),
+        };
+        let t = crate::wire::task_id(fe, 1);
+        let u = crate::wire::task_id(fe, 2);
+        p.plans().lock().unwrap().sent(&plan(1, 0), b1, vec![t]);
+        p.plans().lock().unwrap().sent(&plan(2, 1), b2, vec![u]);
+        // b2 reports; both keep pinging; b1 never reports plan 1.
+        p.handle_msg(
+            ms(21),
+            3,
+            Msg::PlanDone {
+                id: PlanId(2),
+                gpu: GpuId(1),
+                status: crate::wire::PlanStatus::Ran,
+                started: ms(10),
+                finished: ms(20),
+                missing: 0,
+            },
+        );
+        let mut acts = Vec::new();
+        for k in 1..=6 {
+            let now = ms(100 * k + 20);
+            for c in [1, 2, 3] {
+                p.handle_msg(now, c, ping(now));
+            }
+            p.handle_timeout(now);
+            acts.extend(std::iter::from_fn(|| p.poll_action()));
+            if k < 5 {
+                assert!(
+                    acts.iter().all(|a| !matches!(a, Action::Close(..))),
+                    "within the grace (520 ms)"
+                );
+            }
+        }
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::Close(2, why) if why.contains("plan 1"))),
+            "{acts:?}"
+        );
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::GpusDown { backend, .. } if *backend == b1)));
+        assert!(acts.iter().any(|a| matches!(a, Action::Send(1, Msg::Dropped { items }) if items.len() == 1 && items[0].0 == t)), "{acts:?}");
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Close(3, _))),
+            "b2 reported in time"
+        );
+        assert_eq!(p.report().backends_overdue, 1);
+
+        // A stall of the scheduler: the first check after it does not act.
+        let b3 = backend(&mut p, 4, ms(700));
+        p.plans().lock().unwrap().sent(&plan(3, 2), b3, vec![u]);
+        let now = ms(2000);
+        for c in [1, 3, 4] {
+            p.handle_msg(now, c, ping(now));
+        }
+        p.handle_timeout(now);
+        assert!(!closed(&mut p, 4), "the check after a stall waits");
+        let now = ms(2100);
+        for c in [1, 3, 4] {
+            p.handle_msg(now, c, ping(now));
+        }
+        p.handle_timeout(now);
+        assert!(closed(&mut p, 4));
     }
 }

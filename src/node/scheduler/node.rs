@@ -137,6 +137,7 @@ fn sched_config(opts: &SchedulerOpts, models: Vec<ModelInfo>, floors: NetBudget)
         models,
         heartbeat: Dur(opts.heartbeat.as_nanos() as i64),
         node_timeout: Dur(opts.node_timeout.as_nanos() as i64),
+        plan_grace: Dur(opts.plan_grace.as_nanos() as i64),
         net_update: Dur(opts.net_update.as_nanos() as i64),
         floors,
         max_ctrl: opts.max_ctrl,

@@ -12,6 +12,10 @@ pub struct SchedulerOpts {
     pub heartbeat: Duration,
     /// A node silent this long is removed.
     pub node_timeout: Duration,
+    /// The plan watchdog's grace: a backend that has not reported a plan done
+    /// by its planned end plus `max(plan_grace, l(b))` is removed and the plan's
+    /// tasks fail.
+    pub plan_grace: Duration,
     /// How often the measured network budget is applied.
     pub net_update: Duration,
     /// RankThread spin before a timer, and ModelThread poll before parking (see
@@ -40,6 +44,7 @@ impl Default for SchedulerOpts {
             model_threads: 1,
             heartbeat: Duration::from_millis(100),
             node_timeout: Duration::from_millis(1000),
+            plan_grace: Duration::from_millis(500),
             net_update: Duration::from_millis(200),
             rank_spin: Dur::from_us(100),
             model_spin: Dur::from_us(100),

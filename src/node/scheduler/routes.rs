@@ -157,7 +157,7 @@ impl Outlet for Routes {
             self.plans
                 .lock()
                 .expect("plans lock")
-                .sent(plan.id, backend, plan.gpu, ids);
+                .sent(&plan, backend, ids);
             conn
         };
         let msg = plan_msg(&plan, tasks, sent_at);
