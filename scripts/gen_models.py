@@ -58,8 +58,11 @@ def value_info(name, elem, shape):
     return helper.make_tensor_value_info(name, elem, dims)
 
 
-def tensor_meta(name, elem, shape):
-    return {"name": name, "datatype": KSERVE[elem], "shape": [-1] + list(shape[1:])}
+def tensor_meta(name, elem, shape, value_range=None):
+    t = {"name": name, "datatype": KSERVE[elem], "shape": [-1] + list(shape[1:])}
+    if value_range is not None:
+        t["range"] = list(value_range)
+    return t
 
 
 def finish(name, nodes, inits, inputs, outputs, doc, full_check=True):
@@ -144,6 +147,10 @@ def cnn():
 
 
 VOCAB = 32
+
+# Integer inputs' value ranges (inclusive), written to the metadata: the
+# frontend answers a value outside with 400 before it can fail a batch.
+RANGES = {("ranker", "ids"): (0, VOCAB - 1)}
 
 
 def ranker():
@@ -254,7 +261,7 @@ def save_model(out, model, ins, outs, doc, slo_ms):
     onnx.save(model, path)
     meta = {
         "name": name,
-        "inputs": [tensor_meta(*t) for t in ins],
+        "inputs": [tensor_meta(*t, RANGES.get((name, t[0]))) for t in ins],
         "outputs": [tensor_meta(*t) for t in outs],
         "slo_ms": slo_ms,
         "max_batch": MAX_BATCH,

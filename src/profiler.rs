@@ -346,12 +346,14 @@ mod tests {
                 name: "x".into(),
                 datatype: DType::F32,
                 shape: vec![-1, 4],
+                range: None,
             }],
             // The emulated GPU's output: length and checksum, 16 bytes.
             outputs: vec![TensorMeta {
                 name: "y".into(),
                 datatype: DType::I64,
                 shape: vec![-1, 2],
+                range: None,
             }],
             slo_ms: 50.0,
             max_batch: 16,

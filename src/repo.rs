@@ -90,9 +90,31 @@ pub struct TensorMeta {
     pub datatype: DType,
     /// Full shape; the first dimension is the batch and must be `-1`.
     pub shape: Vec<i64>,
+    /// For an integer input: the values the model takes, `[min, max]`
+    /// inclusive (e.g. ids into an embedding table). A request with a value
+    /// outside is answered 400 at the frontend, before it can fail a batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<[i64; 2]>,
 }
 
 impl TensorMeta {
+    /// The first value of one sample's bytes `b` (this tensor's part of a
+    /// request) outside [`TensorMeta::range`]: (element index, value).
+    pub fn out_of_range(&self, b: &[u8]) -> Option<(usize, i64)> {
+        let [lo, hi] = self.range?;
+        let n = self.datatype.size();
+        b.chunks_exact(n).enumerate().find_map(|(i, c)| {
+            let v = match self.datatype {
+                DType::I64 => i64::from_le_bytes(c.try_into().expect("8 bytes")),
+                DType::I32 => i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64,
+                DType::I8 => c[0] as i8 as i64,
+                DType::U8 | DType::Bool => c[0] as i64,
+                // Float inputs carry no range (`check` refuses one).
+                _ => return None,
+            };
+            (v < lo || v > hi).then_some((i, v))
+        })
+    }
     /// The shape of one sample (without the batch dimension).
     pub fn sample_shape(&self) -> &[i64] {
         &self.shape[1..]
@@ -122,6 +144,22 @@ impl TensorMeta {
                 self.name,
                 self.shape
             );
+        }
+        if let Some([lo, hi]) = self.range {
+            let int = matches!(
+                self.datatype,
+                DType::I64 | DType::I32 | DType::I8 | DType::U8 | DType::Bool
+            );
+            if !int {
+                bail!(
+                    "{what} `{}`: a range is for integer tensors, not {}",
+                    self.name,
+                    self.datatype.kserve_name()
+                );
+            }
+            if lo > hi {
+                bail!("{what} `{}`: range [{lo}, {hi}] is empty", self.name);
+            }
         }
         Ok(())
     }
@@ -327,18 +365,23 @@ impl ModelMeta {
         let unit =
             |rng: &mut dyn rand::RngCore| (rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
         for t in &self.inputs {
+            // Small values, inside the tensor's range when it has one.
+            let (lo, span) = match t.range {
+                Some([lo, hi]) => (lo, (hi - lo).clamp(0, 7) as u32 + 1),
+                None => (0, 8),
+            };
             for _ in 0..t.sample_elems() {
-                let small = (rng.next_u32() % 8) as u8;
+                let small = lo.wrapping_add((rng.next_u32() % span) as i64);
                 match t.datatype {
                     DType::F32 => b.extend_from_slice(&unit(rng).to_le_bytes()),
                     DType::F64 => b.extend_from_slice(&(unit(rng) as f64).to_le_bytes()),
                     DType::F16 => {
                         b.extend_from_slice(&half::f16::from_f32(unit(rng)).to_le_bytes())
                     }
-                    DType::Bool => b.push(small & 1),
-                    DType::U8 | DType::I8 => b.push(small),
+                    DType::Bool => b.push(small as u8 & 1),
+                    DType::U8 | DType::I8 => b.push(small as u8),
                     DType::I32 => b.extend_from_slice(&(small as i32).to_le_bytes()),
-                    DType::I64 => b.extend_from_slice(&(small as i64).to_le_bytes()),
+                    DType::I64 => b.extend_from_slice(&small.to_le_bytes()),
                 }
             }
         }
@@ -705,11 +748,13 @@ mod tests {
                 name: "x".into(),
                 datatype: DType::F32,
                 shape: vec![-1, 64],
+                range: None,
             }],
             outputs: vec![TensorMeta {
                 name: "y".into(),
                 datatype: DType::F32,
                 shape: vec![-1, 10],
+                range: None,
             }],
             slo_ms: 20.0,
             max_batch: 64,
@@ -860,5 +905,41 @@ mod tests {
         let e = load_repository(&dir, "onnx").unwrap_err();
         assert!(format!("{e:#}").contains("file stem"), "{e:#}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn integer_ranges_are_checked_and_only_integers_have_one() {
+        let t = |dt: &str, range: &str| {
+            format!(
+                r#"{{"name":"m","inputs":[{{"name":"ids","datatype":"{dt}","shape":[-1,3]{range}}}],
+                "outputs":[{{"name":"o","datatype":"FP32","shape":[-1,1]}}],"slo_ms":5,"max_batch":4}}"#
+            )
+        };
+        let m = ModelMeta::from_json(&t("INT64", r#","range":[0,31]"#)).unwrap();
+        let ids = &m.inputs[0];
+        let bytes = |v: [i64; 3]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(ids.out_of_range(&bytes([0, 31, 5])), None);
+        assert_eq!(ids.out_of_range(&bytes([0, 32, -1])), Some((1, 32)));
+        assert_eq!(ids.out_of_range(&bytes([-1, 0, 0])), Some((0, -1)));
+        let m = ModelMeta::from_json(&t("INT32", r#","range":[-2,2]"#)).unwrap();
+        let b: Vec<u8> = [1i32, -3, 0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(m.inputs[0].out_of_range(&b), Some((1, -3)));
+        // No range: nothing is out of it.
+        let m = ModelMeta::from_json(&t("INT64", "")).unwrap();
+        assert_eq!(m.inputs[0].out_of_range(&bytes([1 << 40, 0, 0])), None);
+        let e = ModelMeta::from_json(&t("FP32", r#","range":[0,1]"#)).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("a range is for integer tensors"),
+            "{e:#}"
+        );
+        let e = ModelMeta::from_json(&t("INT64", r#","range":[3,1]"#)).unwrap_err();
+        assert!(format!("{e:#}").contains("range [3, 1] is empty"), "{e:#}");
+        // Sample inputs stay inside the range.
+        let m = ModelMeta::from_json(&t("INT64", r#","range":[100,101]"#)).unwrap();
+        use rand::SeedableRng;
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
+        for _ in 0..20 {
+            assert_eq!(m.inputs[0].out_of_range(&m.sample_input(&mut rng)), None);
+        }
     }
 }

@@ -1078,3 +1078,132 @@ fn shipped_models_over_http_return_the_reference_outputs() {
     assert_eq!(fe.good + fe.late + fe.dropped + fe.failed, fe.requests);
     assert_eq!(fe.failed, 0);
 }
+
+/// The shipped `ranker` with its ids' range [0, 31] dropped from the metadata
+/// (so a bad id reaches ONNX Runtime), in a temporary repository.
+fn ranker_without_range() -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let dir = std::env::temp_dir().join(format!("fermata-norange-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["ranker.onnx", "ranker.profile-cpu.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("ranker.json")).unwrap()).unwrap();
+    meta["inputs"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("range")
+        .expect("the shipped ranker declares its ids' range");
+    std::fs::write(dir.join("ranker.json"), meta.to_string()).unwrap();
+    dir
+}
+
+fn ranker_cluster(dir: &std::path::Path) -> fermata::node::serve::Cluster {
+    let models = fermata::repo::load_repository(dir, "onnx").unwrap();
+    let w = Workload::from_repository("ranker", &models, 1, 100.0).unwrap();
+    let co = fermata::node::serve::ClusterOpts {
+        host: format!("http-ranker-{}", dir.display()),
+        region_bytes: 16 << 20,
+        executor: "onnx".into(),
+        models_dir: dir.to_path_buf(),
+        http: Some(HttpOpts::new("127.0.0.1:0")),
+        min_slack: fermata::core::Dur::from_ms(3),
+        ..Default::default()
+    };
+    let tr: Arc<dyn Transport> = Arc::new(InProc::global());
+    fermata::node::serve::Cluster::start(tr, &w, &co).unwrap()
+}
+
+fn ranker_req(ids: [i64; 8]) -> Value {
+    let dense = vec![0.5f32; 16];
+    json!({"inputs": [
+        {"name": "dense", "shape": [1, 16], "datatype": "FP32", "data": dense},
+        {"name": "ids", "shape": [1, 8], "datatype": "INT64", "data": ids},
+    ]})
+}
+
+/// A request whose ids lie outside the embedding table: with the range in the
+/// metadata the frontend answers 400 naming it; without, ONNX Runtime fails the
+/// batch, the backend finds the culprit by halving, and it alone fails — every
+/// other request of the batch gets its output.
+#[test]
+fn one_bad_request_fails_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let c = ranker_cluster(&shipped);
+    let addr = c.frontends[0].http_addr().unwrap();
+    let mut h = Http::connect(addr);
+    wait_for("ready", 10, || h.get("/v2/health/ready").status == 200);
+    let r = h.post_json(
+        "/v2/models/ranker/infer",
+        &ranker_req([1, 2, 3, 900, 4, 5, 6, 7]),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error()
+            .contains("input `ids`: element 3 is 900, outside the model's range [0, 31]"),
+        "{}",
+        r.error()
+    );
+    c.stop().unwrap();
+
+    let dir = ranker_without_range();
+    let c = ranker_cluster(&dir);
+    let addr = c.frontends[0].http_addr().unwrap();
+    wait_for("ready", 10, || {
+        Http::connect(addr).get("/v2/health/ready").status == 200
+    });
+    let n = 12;
+    let (mut good_ok, mut bad_500) = (0, 0);
+    for round in 0..4 {
+        let bar = Arc::new(std::sync::Barrier::new(n));
+        let threads: Vec<_> = (0..n)
+            .map(|i| {
+                let bar = bar.clone();
+                std::thread::spawn(move || {
+                    let mut h = Http::connect(addr);
+                    let bad = i == round % n;
+                    let ids = if bad {
+                        [0, 1, 2, 3, 4, 5, 6, 1000]
+                    } else {
+                        [i as i64; 8]
+                    };
+                    bar.wait();
+                    let r = h.post_json("/v2/models/ranker/infer", &ranker_req(ids));
+                    (bad, r.status, r.text())
+                })
+            })
+            .collect();
+        for t in threads {
+            let (bad, status, text) = t.join().unwrap();
+            if bad {
+                // 500 (the executor refused it) or, if it missed its
+                // deadline first, 429/504; never 200.
+                assert!(
+                    [500, 429, 504].contains(&status),
+                    "bad request: {status} {text}"
+                );
+                bad_500 += (status == 500) as u32;
+            } else {
+                assert_ne!(
+                    status, 500,
+                    "a good request failed with the bad one: {text}"
+                );
+                good_ok += (status == 200) as u32;
+            }
+        }
+    }
+    assert!(bad_500 >= 1, "the bad request reached the executor");
+    assert!(
+        good_ok >= 4 * (n as u32 - 1) / 2,
+        "{good_ok} good requests answered 200"
+    );
+    let rep = c.stop().unwrap();
+    let b = &rep.backends[0];
+    assert_eq!(
+        b.tasks_failed, bad_500 as u64,
+        "only the bad requests failed: {b:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

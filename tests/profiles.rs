@@ -26,11 +26,13 @@ fn repo_without_profile(tag: &str) -> PathBuf {
             name: "x".into(),
             datatype: DType::F32,
             shape: vec![-1, 8],
+            range: None,
         }],
         outputs: vec![TensorMeta {
             name: "y".into(),
             datatype: DType::F32,
             shape: vec![-1, 2],
+            range: None,
         }],
         slo_ms: 20.0,
         max_batch: 8,

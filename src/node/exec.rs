@@ -7,6 +7,7 @@
 //! Runtime (kind `onnx`, CPU; kind `cuda` with the `cuda` cargo feature).
 
 pub mod fault;
+pub mod isolate;
 
 use crate::core::{Dur, LatencyProfile, ModelId};
 use crate::wire::{ModelInfo, WireProfile};

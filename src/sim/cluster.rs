@@ -1435,7 +1435,7 @@ impl ClusterSim {
         let start = sched_now + pull;
         let cut = cut_batch(&plan.tasks, &present, start, Some(prof));
         let span = self.batch_span(plan.model, cut.run.len());
-        let outputs = vec![vec![1u8]; cut.run.len()];
+        let outputs = vec![Some(vec![1u8]); cut.run.len()];
         let settled = settle(&plan, &cut, start, start + span, Ok(outputs));
         if self.be_hold_results(pid, gpu, settled) {
             self.at((now + pull + span).max(hung), Ev::BatchDone { pid, gpu });

@@ -20,6 +20,10 @@ pub struct BackendReport {
     /// Times the backend lost its scheduler and joined again.
     pub rejoins: u64,
     pub tasks_run: u64,
+    /// Tasks that failed in the executor (alone, when the rest of their batch
+    /// ran), and the extra runs spent finding them.
+    pub tasks_failed: u64,
+    pub isolate_reruns: u64,
     pub inputs_missing: u64,
     /// Why inputs went missing: no answer within the pull budget, a slot that no
     /// longer held the task (freed or reused at the frontend), an unreachable or
@@ -63,6 +67,8 @@ impl Shared {
             plans_void: s.plans_void.load(Ordering::Relaxed),
             rejoins: s.rejoins.load(Ordering::Relaxed),
             tasks_run: s.tasks_run.load(Ordering::Relaxed),
+            tasks_failed: s.tasks_failed.load(Ordering::Relaxed),
+            isolate_reruns: s.isolate_reruns.load(Ordering::Relaxed),
             inputs_missing: s.inputs_missing(),
             inputs_missing_timeout: s.missing_why[0].load(Ordering::Relaxed),
             inputs_missing_stale: s.missing_why[1].load(Ordering::Relaxed),

@@ -57,6 +57,8 @@ pub(super) struct Shared {
     pub(super) channel_waits: AtomicU64,
     pub(super) tasks_run: AtomicU64,
     pub(super) tasks_failed: AtomicU64,
+    /// Extra executor runs spent finding the requests that failed a batch.
+    pub(super) isolate_reruns: AtomicU64,
     /// Missing inputs by reason: [timeout, stale slot, error] (counted when the
     /// pull ends).
     pub(super) missing_why: [AtomicU64; 3],
@@ -105,6 +107,7 @@ impl Shared {
             channel_waits: AtomicU64::new(0),
             tasks_run: AtomicU64::new(0),
             tasks_failed: AtomicU64::new(0),
+            isolate_reruns: AtomicU64::new(0),
             missing_why: Default::default(),
             pool: Mutex::new(Vec::new()),
             pool_misses: AtomicU64::new(0),

@@ -6,6 +6,7 @@
 
 use super::channels::{send_counted, Pulled, WorkerMsg};
 use super::shared::Shared;
+use crate::node::exec::isolate::run_isolating;
 use crate::node::exec::Executor;
 use crate::node::proto::backend::{cut_batch, settle, Cut, Input, PlanMsg, PlanQueue, Settled};
 use crate::wire::{Msg, PlanStatus};
@@ -139,7 +140,7 @@ fn run_plan(
     let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
     let cut = cut_batch(&plan.tasks, &present, start, prof.as_ref());
-    let outputs = execute(exec, &plan, &cut, &inputs);
+    let outputs = execute(sh, exec, &plan, &cut, &inputs);
     let settled = settle(&plan, &cut, start, sh.clock.now(), outputs);
     count(sh, &plan, &cut, &settled);
     sh.plans_ended.fetch_add(1, Ordering::Relaxed);
@@ -162,37 +163,40 @@ fn run_plan(
     sh.recycle(inputs);
 }
 
-/// The outputs of the tasks `cut` runs (none run: no outputs); Err when the
-/// executor failed (logged).
+/// The outputs of the tasks `cut` runs (none run: no outputs), one per task:
+/// when the executor fails the batch, the requests that fail it are found and
+/// fail alone ([`run_isolating`]); the errors are logged.
 fn execute(
+    sh: &Shared,
     exec: &mut dyn Executor,
     plan: &PlanMsg,
     cut: &Cut,
     inputs: &[Option<Input>],
-) -> Result<Vec<Vec<u8>>, ()> {
-    if cut.run.is_empty() {
-        return Ok(Vec::new());
-    }
+) -> Result<Vec<Option<Vec<u8>>>, ()> {
     let refs: Vec<&[u8]> = cut
         .run
         .iter()
         .map(|&i| inputs[i].as_ref().expect("present").bytes())
         .collect();
-    match exec.run(plan.model, &refs) {
-        Ok(o) if o.len() == refs.len() => Ok(o),
-        Ok(_) => {
-            tracing::error!(
-                plan = plan.id.0,
-                model = plan.model.0,
-                "backend: the executor returned the wrong number of outputs"
-            );
-            Err(())
+    let mut first = true;
+    let (out, st) = run_isolating(exec, plan.model, &refs, &mut |e| {
+        if std::mem::take(&mut first) {
+            tracing::error!(plan = plan.id.0, model = plan.model.0, batch = refs.len(), error = %format!("{e:#}"), "backend: the executor failed a batch; looking for the requests that fail it");
         }
-        Err(e) => {
-            tracing::error!(plan = plan.id.0, model = plan.model.0, error = %format!("{e:#}"), "backend: the executor failed a batch");
-            Err(())
-        }
+    });
+    if st.failed > 0 || st.reruns > 0 {
+        sh.isolate_reruns
+            .fetch_add(st.reruns as u64, Ordering::Relaxed);
+        tracing::warn!(
+            plan = plan.id.0,
+            model = plan.model.0,
+            batch = refs.len(),
+            failed = st.failed,
+            reruns = st.reruns,
+            "backend: after the batch failed, these requests failed alone; the rest ran"
+        );
     }
+    Ok(out)
 }
 
 /// Counts a batch's outcome.
@@ -203,6 +207,7 @@ fn count(sh: &Shared, plan: &PlanMsg, cut: &Cut, s: &Settled) {
         PlanStatus::Ran => {
             add(&sh.plans_run, 1);
             add(&sh.tasks_run, s.ran);
+            add(&sh.tasks_failed, cut.run.len() - s.ran);
             if let Some(h) = sh.batch_sizes.read().expect("lock").get(&plan.model) {
                 h.observe(s.ran as u64);
             }

@@ -24,11 +24,13 @@ impl HttpModel {
                     name: "input".into(),
                     datatype: DType::U8,
                     shape: vec![-1, info.input_bytes as i64],
+                    range: None,
                 }],
                 outputs: vec![TensorMeta {
                     name: "output".into(),
                     datatype: DType::U8,
                     shape: vec![-1, 16],
+                    range: None,
                 }],
                 slo_ms: info.slo.as_ms_f64(),
                 max_batch: profile_of(&info.profile).map_or(1, |p| p.max_batch()),

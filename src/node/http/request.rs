@@ -124,6 +124,12 @@ fn decode_inputs(
             Data::Binary(n) => binary_data(want, &expect, t, n, bin, &mut bin_at)?,
             Data::Json(v) => json_data(want, dt, &expect, k, t, v)?,
         };
+        if let (Some((i, v)), Some([lo, hi])) = (want.out_of_range(&data), want.range) {
+            return Err(bad(format!(
+                "input `{}`: element {i} is {v}, outside the model's range [{lo}, {hi}]",
+                t.name
+            )));
+        }
         parts[mi] = Some(data);
     }
     if bin_at != bin.len() {

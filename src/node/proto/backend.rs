@@ -692,8 +692,10 @@ impl Settled {
     }
 }
 
-/// Ends a batch: `outputs` is the executor's answer for the tasks in `cut.run`
-/// (`Err`, or the wrong number of outputs: they fail). With nothing to run
+/// Ends a batch: `outputs` is the executor's answer for the tasks in `cut.run`,
+/// one per task (`None`: that task failed alone, see
+/// [`crate::node::exec::isolate`]; `Err`, or the wrong number of outputs: they
+/// all fail). The plan `Ran` when any task got its output. With nothing to run
 /// because every task was too late, the plan is `TooLate` and the executor is
 /// not asked (`outputs` is ignored).
 pub fn settle(
@@ -701,15 +703,18 @@ pub fn settle(
     cut: &Cut,
     start: Time,
     finished: Time,
-    outputs: Result<Vec<Vec<u8>>, ()>,
+    outputs: Result<Vec<Option<Vec<u8>>>, ()>,
 ) -> Settled {
     let mut by_fe: BTreeMap<NodeId, Vec<TaskResult>> = BTreeMap::new();
     let outputs = outputs.ok().filter(|o| o.len() == cut.run.len());
     let too_late = cut.run.is_empty() && !cut.too_late.is_empty();
+    let ok = outputs
+        .as_ref()
+        .map_or(0, |o| o.iter().filter(|x| x.is_some()).count());
     let (status, ran) = match &outputs {
         _ if too_late => (PlanStatus::TooLate, 0),
-        Some(o) => (PlanStatus::Ran, o.len()),
-        None => (PlanStatus::Failed, 0),
+        Some(_) if ok > 0 || cut.run.is_empty() => (PlanStatus::Ran, ok),
+        _ => (PlanStatus::Failed, 0),
     };
     let fin = if too_late { start } else { finished };
     let mut push = |i: usize, status: TaskStatus, fin: Time, output: Vec<u8>| {
@@ -738,7 +743,10 @@ pub fn settle(
     match outputs {
         Some(outs) if !too_late => {
             for (&i, o) in cut.run.iter().zip(outs) {
-                push(i, TaskStatus::Ok, fin, o);
+                match o {
+                    Some(o) => push(i, TaskStatus::Ok, fin, o),
+                    None => push(i, TaskStatus::Failed, fin, Vec::new()),
+                }
             }
         }
         _ => {
@@ -1150,7 +1158,13 @@ mod tests {
         assert_eq!(cut.too_late, vec![1]);
         assert_eq!(cut.run, vec![2, 0]);
         assert_eq!(cut.missing, vec![3]);
-        let s = settle(&plan, &cut, ms(3), ms(10), Ok(vec![vec![1], vec![2]]));
+        let s = settle(
+            &plan,
+            &cut,
+            ms(3),
+            ms(10),
+            Ok(vec![Some(vec![1]), Some(vec![2])]),
+        );
         assert_eq!(s.status, PlanStatus::Ran);
         assert_eq!(s.ran, 2);
         let all: Vec<&TaskResult> = s.results.iter().flat_map(|r| &r.1).collect();
@@ -1175,7 +1189,19 @@ mod tests {
             }
         ));
         // The wrong number of outputs fails the batch.
-        let s = settle(&plan, &cut, ms(3), ms(10), Ok(vec![vec![1]]));
+        let s = settle(&plan, &cut, ms(3), ms(10), Ok(vec![Some(vec![1])]));
+        assert_eq!(s.status, PlanStatus::Failed);
+        // A task that failed alone fails; the rest of the batch ran.
+        let s = settle(&plan, &cut, ms(3), ms(10), Ok(vec![None, Some(vec![2])]));
+        assert_eq!(s.status, PlanStatus::Ran);
+        assert_eq!(s.ran, 1);
+        let all: Vec<&TaskResult> = s.results.iter().flat_map(|r| &r.1).collect();
+        let by_id = |id| all.iter().find(|r| r.id == id).unwrap();
+        assert_eq!(by_id(plan.tasks[2].id).status, TaskStatus::Failed);
+        assert_eq!(by_id(plan.tasks[0].id).status, TaskStatus::Ok);
+        assert_eq!(by_id(plan.tasks[0].id).output, vec![2]);
+        // Every task failed alone: the plan failed.
+        let s = settle(&plan, &cut, ms(3), ms(10), Ok(vec![None, None]));
         assert_eq!(s.status, PlanStatus::Failed);
         // Every task too late: not run.
         let cut = cut_batch(&plan.tasks, &[true; 4], ms(40), Some(&p));
