@@ -417,34 +417,37 @@ impl<'a> Driver<'a> {
             if in_window {
                 self.models[m].offered += 1;
             }
-            let fe = self.pick();
             self.recs.push(Rec {
                 model: m as u32,
                 pool,
-                fe: fe.map_or(NOT_SENT, |i| i as u32),
+                fe: NOT_SENT,
                 sent: now,
                 in_window,
                 done: false,
             });
             self.last_arrival = now;
-            let Some(i) = fe else {
-                // No frontend left: never sent, never answered (finish counts it).
-                continue;
-            };
-            self.open += 1;
-            self.rep.sent += 1;
-            self.lag
-                .saturating_record(((rel - t).0 / 1000).max(1) as u64);
-            let sent = self.conns[i].send(Msg::Infer {
-                req,
-                model: self.inputs.names[m].clone(),
-                slo: Dur::ZERO,
-                input: self.inputs.pools[m][pool as usize].clone(),
-            });
-            if let Err(e) = sent {
-                // Its Closed event follows; until then, mark it gone here.
-                let id = self.conns[i].id();
-                self.lose(id, format!("send failed: {e}"));
+            // To the next live frontend; one whose connection refuses the send
+            // is lost (its Closed event follows) and the next one is tried.
+            // With none left the request is never sent, never answered
+            // (`finish` counts it).
+            while let Some(i) = self.pick() {
+                let sent = self.conns[i].send(Msg::Infer {
+                    req,
+                    model: self.inputs.names[m].clone(),
+                    slo: Dur::ZERO,
+                    input: self.inputs.pools[m][pool as usize].clone(),
+                });
+                if let Err(e) = sent {
+                    let id = self.conns[i].id();
+                    self.lose(id, format!("send failed: {e}"));
+                    continue;
+                }
+                self.recs[req as usize].fe = i as u32;
+                self.open += 1;
+                self.rep.sent += 1;
+                self.lag
+                    .saturating_record(((rel - t).0 / 1000).max(1) as u64);
+                break;
             }
         }
     }
