@@ -251,7 +251,6 @@ fn a_backend_whose_gpu_hangs_is_taken_out_by_the_watchdog_and_comes_back() {
         },
     )
     .unwrap();
-    let t0 = Instant::now();
     let r = load(&c, &w, 3.5);
     assert_eq!(r.unanswered, 0, "every request answered");
     assert_eq!(r.duplicates, 0);
@@ -268,19 +267,14 @@ fn a_backend_whose_gpu_hangs_is_taken_out_by_the_watchdog_and_comes_back() {
                 .then(|| l.to_string())
         })
         .unwrap();
-    assert!(
-        t0.elapsed() > Duration::from_millis(2500),
-        "back only when the GPU is free again"
-    );
     served_again(&c, &w, Duration::from_secs(10));
     let reps = c.stop();
     let s = reps.scheduler.expect("scheduler report");
     assert_eq!(s["backends_overdue"], 1, "{s}");
     assert_eq!(s["backends_lost"], 1, "{s}");
+    // One rejoin, one removal: had it come back while its GPU still hung, the
+    // watchdog would have taken it out again.
     let b = reps.backends[0].as_ref().expect("backend report");
-    assert_eq!(
-        b["rejoins"], 1,
-        "not taken out again after it came back: {b}"
-    );
+    assert_eq!(b["rejoins"], 1, "back only once its GPU was free: {b}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -193,7 +193,7 @@ fn execute(
             batch = refs.len(),
             failed = st.failed,
             reruns = st.reruns,
-            "backend: after the batch failed, these requests failed alone; the rest ran"
+            "backend: a failed batch rerun in parts: `failed` requests failed (alone, or undecided when the rerun budget ran out), the others got their outputs"
         );
     }
     Ok(out)

@@ -446,15 +446,17 @@ impl BackendProto {
     }
 
     fn load(&mut self, model: ModelInfo) {
-        if let Some((info, _)) = self.loaded.get(&model.id) {
+        if let Some((info, bytes)) = self.loaded.get(&model.id) {
             if *info == model {
                 // Still on the GPUs from before a rejoin: not loaded again, but
-                // confirmed by each GPU's worker once it is free.
-                let (info, bytes) = self.loaded.remove(&model.id).expect("present");
+                // confirmed by each GPU's worker once it is free. It stays in
+                // `loaded` meanwhile (the GPUs do hold it), so losing the
+                // scheduler again before the confirmations does not make the
+                // next rejoin load it anew.
                 let loading = Loading {
-                    info,
+                    info: info.clone(),
                     gpus_left: self.gpus.len() as u32,
-                    bytes,
+                    bytes: *bytes,
                 };
                 self.loading.insert(model.id, loading);
                 self.out.push_back(Action::Confirm(model.id));

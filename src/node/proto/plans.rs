@@ -89,8 +89,8 @@ impl PlanLedger {
         );
     }
 
-    /// The backends with a plan overdue at `now`, each with its latest plan,
-    /// in backend order.
+    /// The backends with a plan overdue at `now`, each with its most overdue
+    /// plan (the lowest id on a tie), in backend order.
     pub fn overdue(&self, now: Time) -> Vec<Overdue> {
         let mut worst: HashMap<NodeId, Overdue> = HashMap::new();
         for (&id, f) in &self.plans {
