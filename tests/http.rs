@@ -972,21 +972,8 @@ fn bad_log_filters_are_refused() {
 fn shipped_models_over_http_return_the_reference_outputs() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let models = fermata::repo::load_repository(&dir, "onnx").unwrap();
+    let (c, models) = onnx_cluster(&dir, "http-onnx");
     assert!(models.len() >= 2, "the shipped models");
-    let w = Workload::from_repository("shipped", &models, 1, 100.0).unwrap();
-    let co = fermata::node::serve::ClusterOpts {
-        host: "http-onnx".into(),
-        region_bytes: 16 << 20,
-        executor: "onnx".into(),
-        models_dir: dir.clone(),
-        http: Some(HttpOpts::new("127.0.0.1:0")),
-        // As in `cluster`: room for a late wake-up on a busy CI machine.
-        min_slack: fermata::core::Dur::from_ms(3),
-        ..Default::default()
-    };
-    let tr: Arc<dyn Transport> = Arc::new(InProc::global());
-    let c = fermata::node::serve::Cluster::start(tr, &w, &co).unwrap();
     let mut h = Http::connect(c.frontends[0].http_addr().unwrap());
     wait_for("ready", 10, || h.get("/v2/health/ready").status == 200);
     // A lone request at low load runs near its deadline, and the first ones
@@ -1099,20 +1086,27 @@ fn ranker_without_range() -> std::path::PathBuf {
     dir
 }
 
-fn ranker_cluster(dir: &std::path::Path) -> fermata::node::serve::Cluster {
+/// An in-process cluster serving every model of the repository `dir` with
+/// ONNX Runtime (one GPU), its frontend on HTTP; and the models.
+fn onnx_cluster(
+    dir: &std::path::Path,
+    host: &str,
+) -> (fermata::node::serve::Cluster, Vec<fermata::repo::RepoModel>) {
     let models = fermata::repo::load_repository(dir, "onnx").unwrap();
-    let w = Workload::from_repository("ranker", &models, 1, 100.0).unwrap();
+    let w = Workload::from_repository(host, &models, 1, 100.0).unwrap();
     let co = fermata::node::serve::ClusterOpts {
-        host: format!("http-ranker-{}", dir.display()),
+        host: host.into(),
         region_bytes: 16 << 20,
         executor: "onnx".into(),
         models_dir: dir.to_path_buf(),
         http: Some(HttpOpts::new("127.0.0.1:0")),
+        // As in `cluster`: room for a late wake-up on a busy CI machine.
         min_slack: fermata::core::Dur::from_ms(3),
         ..Default::default()
     };
     let tr: Arc<dyn Transport> = Arc::new(InProc::global());
-    fermata::node::serve::Cluster::start(tr, &w, &co).unwrap()
+    let c = fermata::node::serve::Cluster::start(tr, &w, &co).unwrap();
+    (c, models)
 }
 
 fn ranker_req(ids: [i64; 8]) -> Value {
@@ -1131,7 +1125,7 @@ fn ranker_req(ids: [i64; 8]) -> Value {
 fn one_bad_request_fails_alone() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let c = ranker_cluster(&shipped);
+    let (c, _) = onnx_cluster(&shipped, "http-ranker-range");
     let addr = c.frontends[0].http_addr().unwrap();
     let mut h = Http::connect(addr);
     wait_for("ready", 10, || h.get("/v2/health/ready").status == 200);
@@ -1149,7 +1143,7 @@ fn one_bad_request_fails_alone() {
     c.stop().unwrap();
 
     let dir = ranker_without_range();
-    let c = ranker_cluster(&dir);
+    let (c, _) = onnx_cluster(&dir, "http-ranker-norange");
     let addr = c.frontends[0].http_addr().unwrap();
     wait_for("ready", 10, || {
         Http::connect(addr).get("/v2/health/ready").status == 200

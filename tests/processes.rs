@@ -43,16 +43,11 @@ fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
     let c = ProcCluster::start(
         &exe(),
         &ProcOpts {
-            workload: path.clone(),
             backend_gpus: vec![2, 2],
             frontends: 2,
-            model_threads: 1,
-            input_bytes: None,
             rank_spin_us: 20,
             model_spin_us: 20,
-            scheduler_args: vec![],
-            backend_env: vec![],
-            verbose: false,
+            ..ProcOpts::new(path.clone())
         },
     )
     .unwrap();

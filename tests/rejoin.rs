@@ -32,28 +32,24 @@ fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
 }
 
-fn cluster(dir: &Path) -> (ProcCluster, Workload, PathBuf) {
+/// A cluster serving the test workload from `dir`, as `tweak` sets it up (by
+/// default: one backend with 2 GPUs, one frontend).
+fn cluster_with(dir: &Path, tweak: impl FnOnce(&mut ProcOpts)) -> (ProcCluster, Workload, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("w.toml");
     std::fs::write(&path, WORKLOAD).unwrap();
     let w = Workload::from_file(&path).unwrap();
-    let c = ProcCluster::start(
-        &exe(),
-        &ProcOpts {
-            workload: path.clone(),
-            backend_gpus: vec![2],
-            frontends: 1,
-            model_threads: 1,
-            input_bytes: None,
-            rank_spin_us: 0,
-            model_spin_us: 0,
-            scheduler_args: vec![],
-            backend_env: vec![],
-            verbose: false,
-        },
-    )
-    .unwrap();
+    let mut o = ProcOpts {
+        backend_gpus: vec![2],
+        ..ProcOpts::new(path.clone())
+    };
+    tweak(&mut o);
+    let c = ProcCluster::start(&exe(), &o).unwrap();
     (c, w, path)
+}
+
+fn cluster(dir: &Path) -> (ProcCluster, Workload, PathBuf) {
+    cluster_with(dir, |_| {})
 }
 
 fn load(c: &ProcCluster, w: &Workload, secs: f64) -> LoadReport {
@@ -167,26 +163,7 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
 #[test]
 fn the_load_generator_accounts_for_a_frontend_killed_under_it() {
     let dir = std::env::temp_dir().join(format!("fermata-rejoin-fe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("w.toml");
-    std::fs::write(&path, WORKLOAD).unwrap();
-    let w = Workload::from_file(&path).unwrap();
-    let c = ProcCluster::start(
-        &exe(),
-        &ProcOpts {
-            workload: path.clone(),
-            backend_gpus: vec![2],
-            frontends: 2,
-            model_threads: 1,
-            input_bytes: None,
-            rank_spin_us: 0,
-            model_spin_us: 0,
-            scheduler_args: vec![],
-            backend_env: vec![],
-            verbose: false,
-        },
-    )
-    .unwrap();
+    let (c, w, _) = cluster_with(&dir, |o| o.frontends = 2);
     served_again(&c, &w, Duration::from_secs(10));
     let (c2, w2) = (c.frontend_addrs.clone(), w.clone());
     let run = std::thread::spawn(move || {
@@ -230,27 +207,11 @@ fn the_load_generator_accounts_for_a_frontend_killed_under_it() {
 #[test]
 fn a_backend_whose_gpu_hangs_is_taken_out_by_the_watchdog_and_comes_back() {
     let dir = std::env::temp_dir().join(format!("fermata-rejoin-wd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("w.toml");
-    std::fs::write(&path, WORKLOAD).unwrap();
-    let w = Workload::from_file(&path).unwrap();
     // Backend 0's GPU hangs for 2.5 s in its 6th batch, and goes on pinging.
-    let mut c = ProcCluster::start(
-        &exe(),
-        &ProcOpts {
-            workload: path.clone(),
-            backend_gpus: vec![1, 1],
-            frontends: 1,
-            model_threads: 1,
-            input_bytes: None,
-            rank_spin_us: 0,
-            model_spin_us: 0,
-            scheduler_args: vec![],
-            backend_env: vec![(0, "FERMATA_FAULT".into(), "gpu-hang:5:2500".into())],
-            verbose: false,
-        },
-    )
-    .unwrap();
+    let (mut c, w, _) = cluster_with(&dir, |o| {
+        o.backend_gpus = vec![1, 1];
+        o.backend_env = vec![(0, "FERMATA_FAULT".into(), "gpu-hang:5:2500".into())];
+    });
     let r = load(&c, &w, 3.5);
     assert_eq!(r.unanswered, 0, "every request answered");
     assert_eq!(r.duplicates, 0);

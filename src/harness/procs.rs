@@ -36,6 +36,25 @@ pub struct ProcOpts {
     pub verbose: bool,
 }
 
+impl ProcOpts {
+    /// One backend with one GPU and one frontend serving `workload`, one
+    /// ModelThread, no spinning, nothing extra; change what a run needs.
+    pub fn new(workload: PathBuf) -> ProcOpts {
+        ProcOpts {
+            workload,
+            backend_gpus: vec![1],
+            frontends: 1,
+            model_threads: 1,
+            input_bytes: None,
+            rank_spin_us: 0,
+            model_spin_us: 0,
+            scheduler_args: Vec::new(),
+            backend_env: Vec::new(),
+            verbose: false,
+        }
+    }
+}
+
 /// The lines `child` prints on its stdout (which must be piped), read on a
 /// thread named after `name`; the channel ends when the stdout does.
 pub fn stdout_lines(child: &mut Child, name: &str) -> std::io::Result<mpsc::Receiver<String>> {

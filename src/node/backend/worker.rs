@@ -141,7 +141,7 @@ fn run_plan(
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
     let cut = cut_batch(&plan.tasks, &present, start, prof.as_ref());
     let outputs = execute(sh, exec, &plan, &cut, &inputs);
-    let settled = settle(&plan, &cut, start, sh.clock.now(), outputs);
+    let settled = settle(&plan, &cut, start, sh.clock.now(), Ok(outputs));
     count(sh, &plan, &cut, &settled);
     sh.plans_ended.fetch_add(1, Ordering::Relaxed);
     if sh.dead.load(Ordering::Acquire) {
@@ -172,7 +172,7 @@ fn execute(
     plan: &PlanMsg,
     cut: &Cut,
     inputs: &[Option<Input>],
-) -> Result<Vec<Option<Vec<u8>>>, ()> {
+) -> Vec<Option<Vec<u8>>> {
     let refs: Vec<&[u8]> = cut
         .run
         .iter()
@@ -196,7 +196,7 @@ fn execute(
             "backend: a failed batch rerun in parts: `failed` requests failed (alone, or undecided when the rerun budget ran out), the others got their outputs"
         );
     }
-    Ok(out)
+    out
 }
 
 /// Counts a batch's outcome.

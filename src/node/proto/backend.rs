@@ -819,12 +819,17 @@ mod tests {
     }
 
     fn pong(p: &mut BackendProto, now: Time, sent: Time) {
+        pong_on(p, 1, now, sent);
+    }
+
+    /// The scheduler's answer on connection `c` to a ping sent at `sent`.
+    fn pong_on(p: &mut BackendProto, c: ConnId, now: Time, sent: Time) {
         let m = Msg::Pong {
             seq: 0,
             echo: Time(sent.0),
             sched: Time(sent.0 + 1_000),
         };
-        p.handle_msg(now, 1, m);
+        p.handle_msg(now, c, m);
     }
 
     /// A backend with 2 GPUs (global ids 10, 11), registered, with model 0
@@ -950,13 +955,7 @@ mod tests {
         p.handle_sched_connected(t, 7);
         // Clock sync on the new connection, then Register.
         for i in 0..SYNC_SAMPLES as i64 {
-            let sent = t + Dur::from_ms(i);
-            let pong = Msg::Pong {
-                seq: 0,
-                echo: sent,
-                sched: sent + Dur::from_us(3),
-            };
-            p.handle_msg(t + Dur::from_ms(i + 1), 7, pong);
+            pong_on(&mut p, 7, t + Dur::from_ms(i + 1), t + Dur::from_ms(i));
         }
         let acts = drain(&mut p);
         assert!(acts
