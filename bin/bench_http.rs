@@ -29,6 +29,10 @@ pub struct BenchHttpArgs {
     /// Measured seconds per run.
     #[arg(long, default_value_t = 10.0, allow_hyphen_values = true)]
     duration_s: f64,
+    /// How arrivals are spaced: poisson, constant (equal gaps: at a low rate,
+    /// lone requests) or gamma:SHAPE.
+    #[arg(long, default_value = "poisson")]
+    arrival: String,
     /// Seconds of warm-up per run (sent, not counted).
     #[arg(long, default_value_t = 2.0, allow_hyphen_values = true)]
     warmup_s: f64,
@@ -115,10 +119,16 @@ fn sweep_opts(a: &BenchHttpArgs) -> Result<SweepOpts> {
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("--policy {p}"))?;
     }
+    let arrival: fermata::workload::Arrival = a
+        .arrival
+        .parse()
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("--arrival {}", a.arrival))?;
     Ok(SweepOpts {
         models_dir: a.models.clone(),
         models: models_of(a)?,
         rates,
+        arrival,
         warmup: Duration::from_secs_f64(a.warmup_s),
         duration: Duration::from_secs_f64(a.duration_s),
         reps: a.reps,

@@ -20,6 +20,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 extern "C" {
     /// mimalloc's option setter (libmimalloc, linked through the `mimalloc` crate).
     fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+    /// Frees what the calling thread's heap holds unused and purges the
+    /// program's arenas of ranges whose purge delay has passed.
+    fn mi_collect(force: bool);
 }
 
 /// `mi_option_purge_delay` in mimalloc v2's option enum (libmimalloc-sys 0.1, pinned
@@ -31,10 +34,21 @@ const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
 /// the next request reuses them, so every input of hundreds of KB (a 224x224 FP32
 /// image is 588 KiB) was page-faulted in afresh at every copy: measured, a third of
 /// the per-input pull time on a busy host. A server's working set comes back
-/// within a second; an idle one still returns it.
+/// within a second; an idle one still returns it: mimalloc purges only when
+/// an allocation asks it to, so a thread does every second (memory that one
+/// huge request or one hostile connection took goes back to the OS once freed,
+/// even on a server that then goes quiet).
 fn tune_allocator() {
     // SAFETY: a plain option setter, called before any other thread exists.
     unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
+    let _ = std::thread::Builder::new()
+        .name("mi-purge".into())
+        .spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            // SAFETY: a collection of this (allocation-free) thread's heap and
+            // of the program-wide arenas, which mimalloc makes thread-safe.
+            unsafe { mi_collect(false) };
+        });
 }
 
 #[derive(Parser)]
@@ -91,6 +105,8 @@ enum Cmd {
     Serve(roles::ServeArgs),
     /// The scheduler process.
     Scheduler(roles::SchedulerArgs),
+    /// Makes a new cluster secret file (for every role's --cluster-secret-file).
+    Secret(roles::SecretCmdArgs),
     /// A backend process with emulated GPUs.
     Backend(roles::BackendArgs),
     /// A frontend process.
@@ -445,6 +461,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Sim(a) => cmd_sim(a),
         Cmd::Serve(a) => roles::cmd_serve(a),
+        Cmd::Secret(a) => roles::cmd_secret(a),
         Cmd::Scheduler(a) => roles::cmd_scheduler(a),
         Cmd::Backend(a) => roles::cmd_backend(a),
         Cmd::Frontend(a) => roles::cmd_frontend(a),
@@ -764,8 +781,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                     lo.seed = o.seed;
                     lo.warmup = o.warmup;
                     lo.duration = o.duration;
-                    let tr: std::sync::Arc<dyn fermata::transport::Transport> =
-                        std::sync::Arc::new(fermata::transport::tcp::Tcp::new()?);
+                    let tr = c.secret.transport()?;
                     // CPU the whole run uses: the cluster's processes and this one
                     // (the load generator).
                     let cpu0 = c.cpu_seconds() + fermata::harness::procs::self_cpu_seconds();

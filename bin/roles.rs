@@ -9,6 +9,7 @@ use fermata::node::frontend::{FrontendNode, FrontendOpts};
 use fermata::node::http::{HttpOpts, HttpServer};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::node::serve::{self, ClusterOpts};
+use fermata::transport::auth::ClusterKey;
 use fermata::transport::{self, Transport};
 use fermata::workload::{Arrival, Workload};
 use std::io::Write;
@@ -42,27 +43,61 @@ fn signalled() -> bool {
 /// The HTTP API's limits and threads (`frontend --http-listen`, `serve --http-port`).
 #[derive(Args, Clone)]
 pub struct HttpArgs {
-    /// Worker threads of the HTTP server.
-    #[arg(long, default_value_t = 1)]
-    http_threads: usize,
+    /// Worker threads of the HTTP server (default: half the cores, 1 to 16).
+    #[arg(long)]
+    http_threads: Option<usize>,
     /// Largest HTTP request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 64 << 20)]
     http_max_body_bytes: usize,
     /// Largest input tensor a request may declare, in bytes; larger ones get 413.
     #[arg(long, default_value_t = fermata::workload::MAX_INPUT_BYTES as usize)]
     http_max_tensor_bytes: usize,
+    /// Most HTTP connections open at once; a new one beyond closes the one that
+    /// has waited longest for its next request (default: the open-file limit
+    /// less 128).
+    #[arg(long)]
+    http_max_connections: Option<usize>,
+    /// A connection that sends no complete request head within this time (an
+    /// idle keep-alive connection included) is closed.
+    #[arg(long, default_value_t = 30_000)]
+    http_header_timeout_ms: u64,
+    /// A request body that has not arrived within this time of its head gets 408.
+    #[arg(long, default_value_t = 30_000)]
+    http_body_timeout_ms: u64,
 }
 
 impl HttpArgs {
     fn opts(&self, listen: &str) -> Result<HttpOpts> {
-        if !(1..=64).contains(&self.http_threads) {
-            bail!("--http-threads must be between 1 and 64");
+        let mut o = HttpOpts::new(listen);
+        if let Some(t) = self.http_threads {
+            if !(1..=64).contains(&t) {
+                bail!("--http-threads must be between 1 and 64");
+            }
+            o.threads = t;
         }
         if self.http_max_body_bytes == 0 || self.http_max_tensor_bytes == 0 {
             bail!("--http-max-body-bytes and --http-max-tensor-bytes must be positive");
         }
-        let mut o = HttpOpts::new(listen);
-        o.threads = self.http_threads;
+        if let Some(m) = self.http_max_connections {
+            let fds = fermata::node::http::default_max_connections();
+            if m == 0 || m > fds {
+                bail!(
+                    "--http-max-connections must be between 1 and {fds} (the open-file limit, `ulimit -n`, less {})",
+                    fermata::node::http::RESERVED_FDS
+                );
+            }
+            o.max_connections = m;
+        }
+        for (flag, ms) in [
+            ("--http-header-timeout-ms", self.http_header_timeout_ms),
+            ("--http-body-timeout-ms", self.http_body_timeout_ms),
+        ] {
+            if !(100..=3_600_000).contains(&ms) {
+                bail!("{flag} must be between 100 and 3600000, got {ms}");
+            }
+        }
+        o.header_timeout = Duration::from_millis(self.http_header_timeout_ms);
+        o.body_timeout = Duration::from_millis(self.http_body_timeout_ms);
         o.max_body_bytes = self.http_max_body_bytes;
         o.max_tensor_bytes = self.http_max_tensor_bytes;
         Ok(o)
@@ -93,6 +128,73 @@ fn transport_of(name: &str) -> Result<Arc<dyn Transport>> {
     transport::by_name(name).with_context(|| format!("--transport {name}"))
 }
 
+/// The environment variable that names the cluster secret file when
+/// `--cluster-secret-file` is not given.
+pub const SECRET_ENV: &str = "FERMATA_CLUSTER_SECRET_FILE";
+
+/// The cluster secret (every role).
+#[derive(Args, Clone)]
+pub struct SecretArgs {
+    /// The cluster secret: a file only its owner can read (make one with
+    /// `fermata secret PATH`); every node of a cluster must have the same.
+    /// Every internal connection opens with an HMAC challenge-response over
+    /// it. Default: $FERMATA_CLUSTER_SECRET_FILE.
+    #[arg(long, value_name = "PATH")]
+    cluster_secret_file: Option<PathBuf>,
+}
+
+impl SecretArgs {
+    fn path(&self) -> Option<PathBuf> {
+        self.cluster_secret_file
+            .clone()
+            .or_else(|| std::env::var_os(SECRET_ENV).map(PathBuf::from))
+    }
+
+    /// The key a role needs to join a cluster over `transport` (none for the
+    /// in-process transport, which never leaves the process).
+    fn key_for(&self, transport: &str) -> Result<Option<ClusterKey>> {
+        match self.path() {
+            Some(p) => Ok(Some(ClusterKey::from_file(&p).context("--cluster-secret-file")?)),
+            None if transport == "inproc" => Ok(None),
+            None => bail!(
+                "no cluster secret: give --cluster-secret-file PATH (or ${SECRET_ENV}); every node of the cluster needs the same file; make one with `fermata secret PATH`"
+            ),
+        }
+    }
+
+    /// The role's transport, authenticating every connection with the key.
+    fn transport(&self, name: &str) -> Result<Arc<dyn Transport>> {
+        let key = self.key_for(name)?;
+        transport::by_name_keyed(name, key).with_context(|| format!("--transport {name}"))
+    }
+
+    /// `fermata serve`: the given secret, else a fresh one (the whole cluster
+    /// is in this process).
+    fn key_or_new(&self) -> Result<ClusterKey> {
+        match self.path() {
+            Some(p) => Ok(ClusterKey::from_file(&p).context("--cluster-secret-file")?),
+            None => Ok(ClusterKey::generate()),
+        }
+    }
+}
+
+/// `fermata secret PATH`: makes a new cluster secret file.
+#[derive(Args)]
+pub struct SecretCmdArgs {
+    /// The file to create (mode 0600; an existing file is never overwritten).
+    path: PathBuf,
+}
+
+pub fn cmd_secret(a: SecretCmdArgs) -> Result<()> {
+    ClusterKey::create_file(&a.path)?;
+    announce(format!(
+        "fermata secret: wrote a new cluster secret to {} (give every node --cluster-secret-file {})",
+        a.path.display(),
+        a.path.display()
+    ));
+    Ok(())
+}
+
 pub fn workload_of(path: &Option<PathBuf>) -> Result<Workload> {
     match path {
         Some(p) => Workload::from_file(p),
@@ -117,6 +219,8 @@ pub struct SchedulerArgs {
     /// tcp or rdma.
     #[arg(long, default_value = "tcp")]
     transport: String,
+    #[command(flatten)]
+    secret: SecretArgs,
     /// Heartbeat period told to nodes (ms).
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
@@ -252,7 +356,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
         );
     }
     let s = SchedulerNode::start(
-        transport_of(&a.transport)?,
+        a.secret.transport(&a.transport)?,
         &w,
         SchedulerOpts {
             listen: a.listen,
@@ -307,6 +411,8 @@ pub struct BackendArgs {
     /// tcp or rdma.
     #[arg(long, default_value = "tcp")]
     transport: String,
+    #[command(flatten)]
+    secret: SecretArgs,
     /// Log at level info (see --log-level).
     #[arg(long)]
     verbose: bool,
@@ -322,7 +428,7 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
         BackendOpts::with_executor_on(&a.scheduler, a.gpus, &a.executor, &a.models, devices)
             .with_context(|| format!("--executor {}", a.executor))?;
     o.name = a.name;
-    let b = BackendNode::start(transport_of(&a.transport)?, o)?;
+    let b = BackendNode::start(a.secret.transport(&a.transport)?, o)?;
     let ids = b.wait_ready(Duration::from_secs(30))?;
     announce(format!("fermata backend ready: GPUs {ids:?}"));
     let m = metrics_server("backend", &a.metrics_listen, vec![b.metrics()])?;
@@ -369,6 +475,8 @@ pub struct FrontendArgs {
     /// tcp or rdma.
     #[arg(long, default_value = "tcp")]
     transport: String,
+    #[command(flatten)]
+    secret: SecretArgs,
     /// Serve the KServe v2 HTTP API (and /metrics) at ADDR (host:port).
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
@@ -389,7 +497,7 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     if let Some(l) = &a.http_listen {
         o.http = Some(a.http.opts(l)?);
     }
-    let f = FrontendNode::start(transport_of(&a.transport)?, o)?;
+    let f = FrontendNode::start(a.secret.transport(&a.transport)?, o)?;
     announce(format!("fermata frontend listening on {}", f.addr()));
     if let Some(h) = f.http_addr() {
         announce(format!("fermata frontend HTTP API listening on {h}"));
@@ -475,6 +583,8 @@ pub struct LoadgenArgs {
     #[arg(long, default_value = "tcp")]
     transport: String,
     #[command(flatten)]
+    secret: SecretArgs,
+    #[command(flatten)]
     repo: RepoArgs,
     #[command(flatten)]
     load: LoadArgs,
@@ -548,7 +658,7 @@ pub fn cmd_loadgen(a: LoadgenArgs) -> Result<()> {
         .filter(|s| !s.is_empty())
         .collect();
     let o = a.load.options(&w, fes)?;
-    let r = loadgen::run(transport_of(&a.transport)?, &w, &o)?;
+    let r = loadgen::run(a.secret.transport(&a.transport)?, &w, &o)?;
     print_load(&w, &r, a.load.json, None)
 }
 
@@ -557,6 +667,10 @@ pub struct ServeArgs {
     /// in-process (default) or tcp (loopback sockets, still one process).
     #[arg(long, default_value = "inproc")]
     transport: String,
+    /// With --transport tcp: the cluster secret its connections prove (default:
+    /// a fresh one, made at start; give a file to let other processes join).
+    #[command(flatten)]
+    secret: SecretArgs,
     /// Backend nodes (the workload's GPUs are split among them).
     #[arg(long, default_value_t = 1)]
     backends: u32,
@@ -889,7 +1003,11 @@ impl BackendArgs {
 
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let w = serve_workload(&a)?;
-    let tr = transport_of(&a.transport)?;
+    let key = (a.transport != "inproc")
+        .then(|| a.secret.key_or_new())
+        .transpose()?;
+    let tr = transport::by_name_keyed(&a.transport, key)
+        .with_context(|| format!("--transport {}", a.transport))?;
     let co = ClusterOpts {
         backends: a.backends,
         frontends: a.frontends,

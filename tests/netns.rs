@@ -206,11 +206,16 @@ struct Role {
 }
 
 impl Role {
+    /// Starts `exe args` in namespace `ns`, with the test's cluster secret.
     fn spawn(exe: &Path, ns: &str, name: &str, args: &[&str]) -> Role {
+        static SECRET: std::sync::OnceLock<fermata::harness::procs::SecretFile> =
+            std::sync::OnceLock::new();
+        let secret = SECRET.get_or_init(|| fermata::harness::procs::SecretFile::new().unwrap());
         let mut child = Command::new(ip_cmd())
             .args(["netns", "exec", ns])
             .arg(exe)
             .args(args)
+            .env("FERMATA_CLUSTER_SECRET_FILE", &secret.path)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -361,6 +361,7 @@ fn fermata() -> Command {
 
 #[test]
 fn missing_onnx_runtime_is_a_clear_error() {
+    let secret = fermata::harness::procs::SecretFile::new().unwrap();
     let out = fermata()
         .args([
             "backend",
@@ -370,6 +371,7 @@ fn missing_onnx_runtime_is_a_clear_error() {
             "127.0.0.1:1",
         ])
         .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
+        .env("FERMATA_CLUSTER_SECRET_FILE", &secret.path)
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -5,11 +5,9 @@
 use fermata::core::Dur;
 use fermata::harness::loadgen::{self, LoadgenOpts};
 use fermata::harness::procs::{ProcCluster, ProcOpts};
-use fermata::transport::tcp::Tcp;
 use fermata::workload::Workload;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 
 const WORKLOAD: &str = r#"
 name = "procs"
@@ -55,7 +53,7 @@ fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
     lo.rate_rps = 200.0;
     lo.warmup = Dur::from_secs_f64(0.3);
     lo.duration = Dur::from_secs_f64(2.0);
-    let r = loadgen::run(Arc::new(Tcp::new().unwrap()), &w, &lo);
+    let r = loadgen::run(c.secret.transport().unwrap(), &w, &lo);
     let reps = c.stop();
     let r = r.unwrap();
     assert_eq!(r.unanswered, 0);
@@ -123,11 +121,30 @@ fn serve_starts_fast_and_reports() {
 
 #[test]
 fn bad_arguments_and_unreachable_peers_fail_clearly() {
+    let secret = fermata::harness::procs::SecretFile::new().unwrap();
     let run = |args: &[&str]| {
-        let o = Command::new(exe()).args(args).output().unwrap();
+        let o = Command::new(exe())
+            .args(args)
+            .env("FERMATA_CLUSTER_SECRET_FILE", &secret.path)
+            .output()
+            .unwrap();
         assert!(!o.status.success(), "{args:?} should fail");
         String::from_utf8_lossy(&o.stderr).to_string()
     };
+    // No secret: every role that joins a cluster says how to get one.
+    for role in ["scheduler", "backend", "frontend", "loadgen"] {
+        let o = Command::new(exe())
+            .arg(role)
+            .env_remove("FERMATA_CLUSTER_SECRET_FILE")
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{role} without a secret should fail");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            e.contains("--cluster-secret-file") && e.contains("fermata secret"),
+            "{role}: {e}"
+        );
+    }
     let e = run(&["backend", "--gpus", "0"]);
     assert!(e.contains("at least one GPU"), "{e}");
     // Port 1 on loopback: nothing listens there.

@@ -10,10 +10,8 @@
 use fermata::core::Dur;
 use fermata::harness::loadgen::{self, LoadReport, LoadgenOpts};
 use fermata::harness::procs::{Proc, ProcCluster, ProcOpts};
-use fermata::transport::tcp::Tcp;
 use fermata::workload::Workload;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const WORKLOAD: &str = r#"
@@ -57,7 +55,7 @@ fn load(c: &ProcCluster, w: &Workload, secs: f64) -> LoadReport {
     lo.rate_rps = 100.0;
     lo.warmup = Dur::ZERO;
     lo.duration = Dur::from_secs_f64(secs);
-    loadgen::run(Arc::new(Tcp::new().unwrap()), w, &lo).unwrap()
+    loadgen::run(c.secret.transport().unwrap(), w, &lo).unwrap()
 }
 
 /// Load until a run of it is served well (the cluster is back), at most `max`.
@@ -118,7 +116,7 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
     assert_eq!(r.unanswered, 0);
     assert!(r.sim.bad_rate() > 0.99, "no scheduler, no service");
     // A new scheduler on the same address.
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "scheduler",
         "--workload",
         &path.to_string_lossy(),
@@ -128,6 +126,7 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.extend(c.secret.args());
     let mut s2 = Proc::spawn(&exe(), "scheduler2", &args, false).unwrap();
     s2.wait_for("listening", Duration::from_secs(20), |l| {
         l.starts_with("fermata scheduler listening on")
@@ -166,12 +165,13 @@ fn the_load_generator_accounts_for_a_frontend_killed_under_it() {
     let (c, w, _) = cluster_with(&dir, |o| o.frontends = 2);
     served_again(&c, &w, Duration::from_secs(10));
     let (c2, w2) = (c.frontend_addrs.clone(), w.clone());
+    let tr = c.secret.transport().unwrap();
     let run = std::thread::spawn(move || {
         let mut lo = LoadgenOpts::new(c2, &w2);
         lo.rate_rps = 200.0;
         lo.warmup = Dur::ZERO;
         lo.duration = Dur::from_secs_f64(2.0);
-        loadgen::run(Arc::new(Tcp::new().unwrap()), &w2, &lo)
+        loadgen::run(tr, &w2, &lo)
     });
     std::thread::sleep(Duration::from_millis(700));
     c.frontends[1].signal(libc::SIGKILL);

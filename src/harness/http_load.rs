@@ -67,6 +67,9 @@ pub struct LoadSpec {
     /// A 200 answered after this is late (bad).
     pub slo: Duration,
     pub rate_rps: f64,
+    /// How the arrivals are spaced (Poisson in the sweeps; constant gaps send
+    /// lone requests at a low rate).
+    pub arrival: Arrival,
     pub warmup: Duration,
     pub duration: Duration,
     pub seed: u64,
@@ -406,7 +409,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
             lag: hist(),
         }),
     });
-    let mut gen = ArrivalGen::new(Arrival::Poisson, spec.rate_rps, vec![], spec.seed, false);
+    let mut gen = ArrivalGen::new(spec.arrival, spec.rate_rps, vec![], spec.seed, false);
     let win = Time::ZERO + crate::core::Dur::from_secs_f64(spec.warmup.as_secs_f64());
     let horizon = win + crate::core::Dur::from_secs_f64(spec.duration.as_secs_f64());
     let t0 = Instant::now() + Duration::from_millis(10);
@@ -524,6 +527,8 @@ pub struct SweepOpts {
     /// The models to drive, one at a time.
     pub models: Vec<ModelMeta>,
     pub rates: Vec<f64>,
+    /// The arrivals' spacing.
+    pub arrival: Arrival,
     pub warmup: Duration,
     pub duration: Duration,
     pub reps: u32,
@@ -595,6 +600,7 @@ fn run_one(
             bodies: infer_bodies(m, seed),
             slo: Duration::from_secs_f64(m.slo_ms / 1e3),
             rate_rps: rate,
+            arrival: o.arrival,
             warmup: o.warmup,
             duration: o.duration,
             seed,

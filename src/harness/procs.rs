@@ -9,6 +9,7 @@
 //! each role prints a JSON report as its last line, which [`ProcCluster::stop`]
 //! returns.
 
+use crate::transport::auth::ClusterKey;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -182,8 +183,52 @@ impl Proc {
     }
 }
 
+/// A cluster secret file made for one process cluster, removed with it.
+pub struct SecretFile {
+    pub path: PathBuf,
+    pub key: ClusterKey,
+}
+
+impl SecretFile {
+    /// A fresh secret in a new file under the temporary directory.
+    pub fn new() -> Result<SecretFile> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "fermata-secret-{}-{n}-{:016x}",
+            std::process::id(),
+            rand::RngCore::next_u64(&mut rand::rngs::OsRng)
+        ));
+        let key = ClusterKey::create_file(&path)?;
+        Ok(SecretFile { path, key })
+    }
+
+    /// `--cluster-secret-file PATH` for a role's arguments.
+    pub fn args(&self) -> [String; 2] {
+        [
+            "--cluster-secret-file".into(),
+            self.path.to_string_lossy().into_owned(),
+        ]
+    }
+
+    /// A TCP transport that proves this secret (a load generator's, a test's).
+    pub fn transport(&self) -> Result<std::sync::Arc<dyn crate::transport::Transport>> {
+        Ok(std::sync::Arc::new(crate::transport::tcp::Tcp::keyed(
+            Some(self.key.clone()),
+        )?))
+    }
+}
+
+impl Drop for SecretFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// A running process cluster.
 pub struct ProcCluster {
+    /// The secret every process of the cluster proves.
+    pub secret: SecretFile,
     pub scheduler: Proc,
     pub scheduler_addr: String,
     pub backends: Vec<Proc>,
@@ -229,9 +274,12 @@ impl ProcCluster {
             sa.push("--verbose".into());
         }
         sa.extend(o.scheduler_args.iter().cloned());
+        let secret = SecretFile::new()?;
+        sa.extend(secret.args());
         let mut scheduler = Proc::spawn(exe, "scheduler", &sa, o.verbose)?;
         let addr = scheduler.wait_line("fermata scheduler listening on", t)?;
         let mut c = ProcCluster {
+            secret,
             scheduler,
             scheduler_addr: addr.clone(),
             backends: Vec::new(),
@@ -239,7 +287,7 @@ impl ProcCluster {
             frontend_addrs: Vec::new(),
         };
         for (i, g) in o.backend_gpus.iter().enumerate() {
-            let args = vec![
+            let mut args = vec![
                 "backend".to_string(),
                 "--scheduler".into(),
                 addr.clone(),
@@ -248,6 +296,7 @@ impl ProcCluster {
                 "--name".into(),
                 format!("backend{i}"),
             ];
+            args.extend(c.secret.args());
             let env: Vec<(String, String)> = o
                 .backend_env
                 .iter()
@@ -262,7 +311,7 @@ impl ProcCluster {
             b.wait_line("fermata backend ready", t)?;
         }
         for i in 0..o.frontends {
-            let args = vec![
+            let mut args = vec![
                 "frontend".to_string(),
                 "--scheduler".into(),
                 addr.clone(),
@@ -275,6 +324,7 @@ impl ProcCluster {
                 "--region-mib".into(),
                 "512".into(),
             ];
+            args.extend(c.secret.args());
             let mut f = Proc::spawn(exe, &format!("frontend{i}"), &args, o.verbose)?;
             let a = f.wait_line("fermata frontend listening on", t)?;
             c.frontend_addrs.push(a);

@@ -12,6 +12,7 @@
 //! Implementations: [`inproc`] (one process, channels and shared memory), [`tcp`]
 //! (tokio, loopback or LAN) and `rdma` (ibverbs, behind the `rdma` cargo feature).
 
+pub mod auth;
 pub mod inproc;
 #[cfg(feature = "rdma")]
 pub mod rdma;
@@ -257,15 +258,29 @@ pub trait Transport: Send + Sync {
     fn reader(&self) -> anyhow::Result<Arc<dyn RegionReader>>;
 }
 
-/// Makes the transport named `name` ("inproc", "tcp" or "rdma").
+/// Makes the transport named `name` ("inproc", "tcp" or "rdma"), without peer
+/// authentication (see [`by_name_keyed`]).
 pub fn by_name(name: &str) -> anyhow::Result<Arc<dyn Transport>> {
+    by_name_keyed(name, None)
+}
+
+/// Makes the transport named `name`; with `key`, every connection it makes or
+/// accepts opens with the cluster handshake ([`auth`]). The in-process
+/// transport never leaves the process and needs none.
+pub fn by_name_keyed(
+    name: &str,
+    key: Option<auth::ClusterKey>,
+) -> anyhow::Result<Arc<dyn Transport>> {
     match name {
         "inproc" => Ok(Arc::new(inproc::InProc::global())),
-        "tcp" => Ok(Arc::new(tcp::Tcp::new()?)),
+        "tcp" => Ok(Arc::new(tcp::Tcp::keyed(key)?)),
         #[cfg(feature = "rdma")]
-        "rdma" => Ok(Arc::new(rdma::Rdma::open(None)?)),
+        "rdma" => Ok(Arc::new(rdma::Rdma::open_keyed(None, key)?)),
         #[cfg(not(feature = "rdma"))]
-        "rdma" => Err(rdma_stub::not_built()),
+        "rdma" => {
+            let _ = key;
+            Err(rdma_stub::not_built())
+        }
         other => anyhow::bail!("unknown transport `{other}` (expected inproc, tcp or rdma)"),
     }
 }

@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 /// A running frontend.
 pub struct FrontendNode {
     addr: String,
+    data_addr: String,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<FrontendReport>>,
     shared: FrontendHandle,
@@ -56,6 +57,7 @@ impl FrontendNode {
         };
         let metrics = LoopMetrics::new(&registry, &reg.models, &state);
         let addr = listener.local_addr();
+        let data_addr = server.info().addr;
         let stop = Arc::new(AtomicBool::new(false));
         let early = std::mem::take(&mut reg.early);
         let links = Links {
@@ -70,6 +72,7 @@ impl FrontendNode {
         let handle = lp.spawn(early, rx, lrx, stop.clone())?;
         let mut node = FrontendNode {
             addr,
+            data_addr,
             stop,
             handle: Some(handle),
             shared,
@@ -84,6 +87,11 @@ impl FrontendNode {
     /// Where clients connect.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Where backends read the input region (the region server).
+    pub fn data_addr(&self) -> &str {
+        &self.data_addr
     }
 
     /// Where the HTTP API listens, when it was asked for.

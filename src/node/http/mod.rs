@@ -30,7 +30,11 @@
 //!
 //! # Files
 //! * `options.rs`: the settings ([`HttpOpts`]).
-//! * `server.rs`: [`HttpServer`]: the runtime, the accept loop, stop.
+//! * `server.rs`: [`HttpServer`]: the runtime, the accept loop (accept errors
+//!   back off and are logged once per interval), each connection's header
+//!   timeout, stop.
+//! * `conns.rs`: the connection cap; at the cap the longest-waiting connection
+//!   gives way.
 //! * `routes.rs`: the routes and their handlers.
 //! * `request.rs`: an inference request's JSON, checked, to request bytes.
 //! * `response.rs`: responses, and an inference's answer (its outputs).
@@ -40,6 +44,7 @@
 //! * `model.rs`: a model as the API shows it (its tensors, its metadata).
 //! * `metrics.rs`: the API's Prometheus series.
 
+mod conns;
 mod errors;
 mod metrics;
 mod model;
@@ -50,7 +55,7 @@ mod routes;
 mod server;
 mod tensor;
 
-pub use options::HttpOpts;
+pub use options::{default_max_connections, default_threads, HttpOpts, RESERVED_FDS};
 pub use request::MAX_TIMEOUT_US;
 pub use server::HttpServer;
 pub use tensor::{decode_elems, f16_to_f32, f32_to_f16, HEADER_LEN};

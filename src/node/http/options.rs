@@ -1,19 +1,32 @@
-//! The HTTP server's settings ([`HttpOpts`]).
+//! The HTTP server's settings ([`HttpOpts`]) and their defaults, sized to the
+//! machine: worker threads to its cores, the connection cap to its file limit.
 
 use crate::metrics::Registry;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// HTTP settings of a frontend.
 #[derive(Clone)]
 pub struct HttpOpts {
     /// host:port to listen on (port 0: any free port).
     pub listen: String,
-    /// Worker threads of the HTTP runtime.
+    /// Worker threads of the HTTP runtime ([`default_threads`]).
     pub threads: usize,
     /// Largest request body (bytes); larger ones get 413.
     pub max_body_bytes: usize,
     /// Largest input tensor a request may declare (bytes); larger ones get 413.
     pub max_tensor_bytes: usize,
+    /// Most connections open at once ([`default_max_connections`]). A new one
+    /// beyond closes the connection that has waited longest for its next
+    /// request; with none waiting it is answered 503 and closed.
+    pub max_connections: usize,
+    /// A connection that sends no complete request head within this time is
+    /// closed: an idle keep-alive connection (from its last answer) and a
+    /// client that sends its head slowly alike.
+    pub header_timeout: Duration,
+    /// A request whose body has not arrived within this time of its head gets
+    /// 408 and its connection is closed.
+    pub body_timeout: Duration,
     /// More registries rendered on `/metrics` with the frontend's own (the other
     /// nodes of `fermata serve`).
     pub extra_metrics: Vec<Arc<Registry>>,
@@ -26,18 +39,54 @@ impl std::fmt::Debug for HttpOpts {
             .field("threads", &self.threads)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_tensor_bytes", &self.max_tensor_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("header_timeout", &self.header_timeout)
+            .field("body_timeout", &self.body_timeout)
             .field("extra_metrics", &self.extra_metrics.len())
             .finish()
     }
+}
+
+/// File descriptors kept for everything but HTTP connections (the listening
+/// sockets, the cluster's connections, logs, models).
+pub const RESERVED_FDS: u64 = 128;
+
+/// The HTTP workers by default: half the machine's cores (the other half runs
+/// the frontend's loop, its transport and, in `fermata serve`, the other
+/// roles), at least 1 and at most 16.
+pub fn default_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 2).clamp(1, 16)
+}
+
+/// The connection cap by default: the process's open-file limit
+/// (`RLIMIT_NOFILE`, soft) less [`RESERVED_FDS`], between 16 and 16,384. Below
+/// the limit, a flood of connections is refused by the cap (oldest waiting
+/// first), never by the kernel's EMFILE, which would stop accepting anyone.
+pub fn default_max_connections() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit through a valid pointer.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    soft.saturating_sub(RESERVED_FDS).clamp(16, 16_384) as usize
 }
 
 impl HttpOpts {
     pub fn new(listen: &str) -> HttpOpts {
         HttpOpts {
             listen: listen.to_string(),
-            threads: 1,
+            threads: default_threads(),
             max_body_bytes: 64 << 20,
             max_tensor_bytes: crate::workload::MAX_INPUT_BYTES as usize,
+            max_connections: default_max_connections(),
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
             extra_metrics: Vec::new(),
         }
     }

@@ -14,23 +14,30 @@ use serde_json::{Map, Value};
 /// The largest `parameters.timeout` accepted (microseconds): one hour.
 pub const MAX_TIMEOUT_US: u64 = 3_600_000_000;
 
+// The request's JSON is parsed under a budget ([`budget`]) so that what the
+// parser holds stays within a small multiple of the body: tensor data at most
+// the model's elements (plus slack), lists and parameter maps at most
+// [`budget::ENTRIES`] entries in all, and a parameter or `id` that is an array
+// or object kept as a short placeholder, not as a tree of values.
 #[derive(Deserialize)]
 struct InferRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "budget::scalar")]
     id: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "budget::params")]
     parameters: Option<Map<String, Value>>,
+    #[serde(deserialize_with = "budget::list")]
     inputs: Vec<InputTensor>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "budget::opt_list")]
     outputs: Option<Vec<OutputRequest>>,
 }
 
 #[derive(Deserialize)]
 struct InputTensor {
     name: String,
+    #[serde(deserialize_with = "budget::list")]
     shape: Vec<i64>,
     datatype: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "budget::params")]
     parameters: Option<Map<String, Value>>,
     #[serde(default)]
     data: Option<JsonElems>,
@@ -39,7 +46,7 @@ struct InputTensor {
 #[derive(Deserialize)]
 struct OutputRequest {
     name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "budget::params")]
     parameters: Option<Map<String, Value>>,
 }
 
@@ -77,8 +84,8 @@ pub(super) fn decode_request(
     bin: &[u8],
     max_tensor: usize,
 ) -> Result<Decoded, Fail> {
-    let req: InferRequest =
-        serde_json::from_slice(head).map_err(|e| bad(format!("malformed JSON request: {e}")))?;
+    let total: usize = meta.inputs.iter().map(|t| t.sample_elems()).sum();
+    let req: InferRequest = budget::parse(head, total)?;
     let slo = slo_param(&req.parameters)?;
     let all_binary = param_bool(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);
     let input = decode_inputs(meta, &req.inputs, bin, max_tensor)?;
@@ -365,6 +372,220 @@ fn requested_outputs(
     Ok(v)
 }
 
+/// What parsing a request's JSON may hold, per thread (the parse runs on one).
+pub(super) mod budget {
+    use super::{bad, Fail};
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde::{Deserialize, Deserializer};
+    use serde_json::{Map, Value};
+    use std::cell::Cell;
+    use std::fmt;
+
+    /// List entries and parameters in one request, in all (a request names a
+    /// few tensors with a few parameters each).
+    pub const ENTRIES: u32 = 1024;
+    /// Tensor elements beyond the model's, so that an input with a few too
+    /// many is still named in the error.
+    pub const SLACK_ELEMS: usize = 4096;
+
+    #[derive(Clone, Copy)]
+    struct Left {
+        elems: usize,
+        entries: u32,
+    }
+
+    thread_local! {
+        /// None: no budget (outside [`parse`]).
+        static LEFT: Cell<Option<Left>> = const { Cell::new(None) };
+        /// What ran out, when something did.
+        static SPENT: Cell<Option<&'static str>> = const { Cell::new(None) };
+    }
+
+    /// Parses `head` as `T` holding at most `elems` (+ [`SLACK_ELEMS`]) tensor
+    /// elements and [`ENTRIES`] entries.
+    pub(in super::super) fn parse<T: for<'de> Deserialize<'de>>(
+        head: &[u8],
+        elems: usize,
+    ) -> Result<T, Fail> {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                LEFT.with(|l| l.set(None));
+            }
+        }
+        let _reset = Reset;
+        LEFT.with(|l| {
+            l.set(Some(Left {
+                elems: elems.saturating_add(SLACK_ELEMS),
+                entries: ENTRIES,
+            }))
+        });
+        SPENT.with(|s| s.set(None));
+        serde_json::from_slice(head).map_err(|e| match SPENT.with(|s| s.take()) {
+            Some("elems") => bad(format!(
+                "the inputs' `data` hold more elements than the model's inputs take ({elems} in all)"
+            )),
+            Some(_) => bad(format!(
+                "the request has more than {ENTRIES} list entries and parameters in all"
+            )),
+            None => bad(format!("malformed JSON request: {e}")),
+        })
+    }
+
+    fn take<E: de::Error>(what: &'static str) -> Result<(), E> {
+        let ok = LEFT.with(|l| match l.get() {
+            None => true,
+            Some(mut left) => {
+                let ok = if what == "elems" {
+                    left.elems.checked_sub(1).map(|n| left.elems = n).is_some()
+                } else {
+                    left.entries
+                        .checked_sub(1)
+                        .map(|n| left.entries = n)
+                        .is_some()
+                };
+                l.set(Some(left));
+                ok
+            }
+        });
+        if ok {
+            Ok(())
+        } else {
+            SPENT.with(|s| s.set(Some(what)));
+            Err(E::custom(format!("over the request's budget of {what}")))
+        }
+    }
+
+    /// One tensor element from the budget.
+    pub(in super::super) fn take_elem<E: de::Error>() -> Result<(), E> {
+        take("elems")
+    }
+
+    /// A list, one entry from the budget per element.
+    pub fn list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Vec<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+                let mut v = Vec::new();
+                loop {
+                    take::<A::Error>("entries")?;
+                    match seq.next_element()? {
+                        Some(x) => v.push(x),
+                        None => return Ok(v),
+                    }
+                }
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
+
+    /// [`list`], or null.
+    pub fn opt_list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<T>>, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Option<Vec<T>>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array or null")
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                list(d).map(Some)
+            }
+        }
+        d.deserialize_option(V(std::marker::PhantomData))
+    }
+
+    /// A scalar kept as it is; an array or object skipped (nothing held) and
+    /// kept as a placeholder string, which any check of the value refuses.
+    struct Scalar;
+
+    impl<'de> DeserializeSeed<'de> for Scalar {
+        type Value = Value;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Scalar {
+        type Value = Value;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a value")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_owned()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Value::String("(an array)".into()))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(Value::String("(an object)".into()))
+        }
+    }
+
+    /// `id`: a scalar (see [`Scalar`]).
+    pub fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+        Scalar.deserialize(d).map(Some)
+    }
+
+    /// A `parameters` object: each entry from the budget, each value a
+    /// [`Scalar`]; null is no parameters.
+    pub fn params<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Map<String, Value>>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Option<Map<String, Value>>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of parameters")
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut m = Map::new();
+                loop {
+                    take::<A::Error>("entries")?;
+                    let Some(k) = map.next_key::<String>()? else {
+                        return Ok(Some(m));
+                    };
+                    let v = map.next_value_seed(Scalar)?;
+                    m.insert(k, v);
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,14 +615,16 @@ mod tests {
         assert_eq!(d.outputs, vec![(0, false)]);
     }
 
+    /// The error of a request that `meta()` refuses.
+    fn refused(b: &str) -> Fail {
+        decode_request(&meta(), b.as_bytes(), &[], 1 << 20)
+            .err()
+            .unwrap()
+    }
+
     #[test]
     fn bad_requests_name_the_field() {
-        let m = meta();
-        let err = |b: &str| {
-            decode_request(&m, b.as_bytes(), &[], 1 << 20)
-                .err()
-                .unwrap()
-        };
+        let err = refused;
         let ok_ids = r#"{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1]}"#;
         let e = err(&format!(
             r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,"a"]}}]}}"#
@@ -425,5 +648,54 @@ mod tests {
             r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}],"outputs":[{{"name":"z"}}]}}"#
         ));
         assert!(e.1.contains("unknown output `z`"), "{e:?}");
+    }
+
+    /// The parse holds at most the model's elements (plus slack) and a bounded
+    /// number of entries, whatever the body's size: a body far over either is
+    /// refused while it is parsed, naming the limit; a parameter that is an
+    /// array or object is not kept as a tree.
+    #[test]
+    fn parsing_is_bounded_by_the_model_not_the_body() {
+        let m = meta();
+        let err = refused;
+        let ok_ids = r#"{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1]}"#;
+        let many = vec!["0"; 1_000_000].join(",");
+        let e = err(&format!(
+            r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[{many}]}}]}}"#
+        ));
+        assert_eq!(e.0, StatusCode::BAD_REQUEST);
+        assert!(
+            e.1.contains("more elements than the model's inputs take (5 in all)"),
+            "{e:?}"
+        );
+        // A few too many still name the input.
+        let e = err(&format!(
+            r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4,5]}}]}}"#
+        ));
+        assert!(e.1.contains("`data` has 5 elements"), "{e:?}");
+        let keys: Vec<String> = (0..5000).map(|i| format!(r#""k{i}":1"#)).collect();
+        let e = err(&format!(
+            r#"{{"inputs":[],"parameters":{{{}}}}}"#,
+            keys.join(",")
+        ));
+        assert!(e.1.contains("more than 1024 list entries"), "{e:?}");
+        let e = err(&format!(
+            r#"{{"inputs":[{}]}}"#,
+            vec![ok_ids; 2000].join(",")
+        ));
+        assert!(e.1.contains("more than 1024 list entries"), "{e:?}");
+        let e = err(&format!(
+            r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}],"parameters":{{"timeout":[{many}]}}}}"#
+        ));
+        assert!(
+            e.1.contains(r#"parameters.timeout must be"#) && e.1.contains("(an array)"),
+            "{e:?}"
+        );
+        // The budget is the parse's only: a good request after a refused one.
+        let ok = format!(
+            r#"{{"id":{{"a":[1,2]}},"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
+        );
+        let d = decode_request(&m, ok.as_bytes(), &[], 1 << 20).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(d.id, Some(Value::String("(an object)".into())));
     }
 }

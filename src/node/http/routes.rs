@@ -21,7 +21,7 @@ use hyper::{Method, Request, StatusCode};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the server's handlers share.
 pub(super) struct App {
@@ -31,6 +31,7 @@ pub(super) struct App {
     regs: Vec<Arc<Registry>>,
     max_body: usize,
     max_tensor: usize,
+    body_timeout: Duration,
     codes: Option<Codes>,
     /// Per model: from the request's receipt to the response (infer only).
     infer_time: Vec<Arc<Histogram>>,
@@ -56,6 +57,7 @@ impl App {
             regs,
             max_body: o.max_body_bytes,
             max_tensor: o.max_tensor_bytes,
+            body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
             infer_time,
         }
@@ -70,6 +72,7 @@ impl App {
             regs,
             max_body: 0,
             max_tensor: 0,
+            body_timeout: Duration::from_secs(1),
             codes: None,
             infer_time: Vec::new(),
         }
@@ -141,7 +144,8 @@ impl App {
         // keep-alive client can go on with its connection.
         if let Some(r) = req {
             let limit = self.max_body.max(64 << 10);
-            let _ = Limited::new(r.into_body(), limit).collect().await;
+            let drain = Limited::new(r.into_body(), limit).collect();
+            let _ = tokio::time::timeout(self.body_timeout, drain).await;
         }
         if let Some(c) = &self.codes {
             c.count(resp.status());
@@ -243,7 +247,25 @@ impl App {
                 )))
             }
         };
-        let d = decode_request(meta, head, bin, self.max_tensor)?;
+        let d = if body.len() <= DECODE_INLINE_BYTES {
+            decode_request(meta, head, bin, self.max_tensor)?
+        } else {
+            // A large body is decoded on the blocking pool (at most twice the
+            // workers at once), so that the workers go on serving others.
+            let (meta, body, max_tensor) = (meta.clone(), body.clone(), self.max_tensor);
+            let split = head.len();
+            tokio::task::spawn_blocking(move || {
+                let (head, bin) = body.split_at(split);
+                decode_request(&meta, head, bin, max_tensor)
+            })
+            .await
+            .map_err(|e| {
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("decoding the request failed: {e}"),
+                )
+            })??
+        };
         let done = self
             .fe()
             .infer(&m.info.name, d.slo, d.input, received)
@@ -265,29 +287,49 @@ impl App {
     /// The request's body, at most `max_body` bytes (413 beyond, whether its
     /// `Content-Length` says so or its bytes do).
     async fn read_body(&self, req: Request<Incoming>) -> Result<Bytes, Fail> {
-        if let Some(n) = req
+        let declared = req
             .headers()
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.parse::<u64>().ok())
-        {
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(n) = declared {
             if n > self.max_body as u64 {
                 return Err(too_large_body(n, self.max_body));
             }
         }
-        match Limited::new(req.into_body(), self.max_body).collect().await {
-            Ok(b) => Ok(b.to_bytes()),
-            Err(e) => {
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    return Err(too_large_body(self.max_body as u64 + 1, self.max_body));
+        // The body's bytes are gathered into one buffer of the declared size
+        // (collecting the chunks and joining them held the body twice).
+        let cap = declared.unwrap_or(0) as usize;
+        let max = self.max_body;
+        let read = async move {
+            let mut body = req.into_body();
+            let mut buf: Vec<u8> = Vec::with_capacity(cap);
+            while let Some(f) = body.frame().await {
+                let f = f.map_err(|e| bad(format!("cannot read the request body: {e}")))?;
+                if let Ok(d) = f.into_data() {
+                    if buf.len() + d.len() > max {
+                        return Err(too_large_body((buf.len() + d.len()) as u64, max));
+                    }
+                    buf.extend_from_slice(&d);
                 }
-                Err(bad(format!("cannot read the request body: {e}")))
             }
+            Ok(Bytes::from(buf))
+        };
+        match tokio::time::timeout(self.body_timeout, read).await {
+            Ok(r) => r,
+            Err(_) => Err((
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} ms of its head (--http-body-timeout-ms)",
+                    self.body_timeout.as_millis()
+                ),
+            )),
         }
     }
 }
+
+/// Bodies up to this size are decoded on the HTTP worker that read them.
+const DECODE_INLINE_BYTES: usize = 256 << 10;
 
 /// The binary tensor extension's header: the length of the body's JSON part
 /// (None: all of it).

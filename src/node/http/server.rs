@@ -2,6 +2,7 @@
 //! runtime: the listening socket, the accept loop (one task per connection), and
 //! stop.
 
+use super::conns::{Admitted, Conns};
 use super::options::HttpOpts;
 use super::routes::App;
 use crate::metrics::Registry;
@@ -23,26 +24,39 @@ pub struct HttpServer {
 impl HttpServer {
     /// The KServe v2 API of `fe`, with `/metrics`.
     pub fn start_frontend(fe: FrontendHandle, o: &HttpOpts) -> Result<HttpServer> {
-        Self::start(App::frontend(fe, o), &o.listen, o.threads)
+        let conns = Conns::new(o.max_connections, Some(&fe.metrics()));
+        Self::start(App::frontend(fe, o), o, conns)
     }
 
     /// `/metrics` (and `/v2/health/live`) only: the scheduler's and backends'.
     pub fn start_metrics(listen: &str, regs: Vec<Arc<Registry>>) -> Result<HttpServer> {
-        Self::start(App::metrics_only(regs), listen, 1)
+        let mut o = HttpOpts::new(listen);
+        o.threads = 1;
+        o.max_connections = o.max_connections.min(METRICS_MAX_CONNECTIONS);
+        let conns = Conns::new(o.max_connections, regs.first().map(|r| r.as_ref()));
+        Self::start(App::metrics_only(regs), &o, conns)
     }
 
-    fn start(app: App, listen: &str, threads: usize) -> Result<HttpServer> {
+    fn start(app: App, o: &HttpOpts, conns: Arc<Conns>) -> Result<HttpServer> {
+        let threads = o.threads.max(1);
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.max(1))
+            .worker_threads(threads)
+            // Large bodies are decoded off the workers (`routes.rs`); this
+            // bounds how many at once.
+            .max_blocking_threads(threads * 2)
             .thread_name("http")
             .enable_all()
             .build()
             .context("cannot start the HTTP runtime")?;
+        let listen = &o.listen;
         let std_listener = std::net::TcpListener::bind(listen)
             .with_context(|| format!("cannot listen for HTTP at {listen}"))?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
-        rt.spawn(accept_loop(Arc::new(app), std_listener));
+        let limits = ConnLimits {
+            header_timeout: o.header_timeout,
+        };
+        rt.spawn(accept_loop(Arc::new(app), std_listener, conns, limits));
         Ok(HttpServer { addr, rt: Some(rt) })
     }
 
@@ -67,8 +81,28 @@ impl Drop for HttpServer {
     }
 }
 
-/// Accepts connections for ever, each served on its own task.
-async fn accept_loop(app: Arc<App>, std_listener: std::net::TcpListener) {
+/// Most connections of a metrics-only server (`--metrics-listen`).
+const METRICS_MAX_CONNECTIONS: usize = 64;
+
+/// How long an accept error is quiet in the log after it is logged.
+const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What every connection is held to.
+#[derive(Clone, Copy)]
+struct ConnLimits {
+    header_timeout: Duration,
+}
+
+/// Accepts connections for ever, each served on its own task (or refused at
+/// the cap, see [`Conns`]). An accept error (EMFILE: out of file descriptors)
+/// closes the longest-waiting connection, backs off (10 ms doubling to 1 s)
+/// and is logged once per [`ACCEPT_LOG_EVERY`] with the count since.
+async fn accept_loop(
+    app: Arc<App>,
+    std_listener: std::net::TcpListener,
+    conns: Arc<Conns>,
+    limits: ConnLimits,
+) {
     let listener = match tokio::net::TcpListener::from_std(std_listener) {
         Ok(l) => l,
         Err(e) => {
@@ -76,46 +110,130 @@ async fn accept_loop(app: Arc<App>, std_listener: std::net::TcpListener) {
             return;
         }
     };
+    let mut errors = AcceptErrors::default();
     loop {
         let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
+            Ok(x) => {
+                errors.backoff = Duration::ZERO;
+                x
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "http: accepting a connection failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                conns.evict_one();
+                let wait = errors.note(&e, Instant::now());
+                tokio::time::sleep(wait).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(app.clone(), stream, peer));
+        match conns.admit() {
+            Some(adm) => {
+                tokio::spawn(serve_connection(app.clone(), stream, peer, adm, limits));
+            }
+            None => refuse(stream),
+        }
     }
 }
 
-/// Serves one connection (keep-alive) until it ends. Each request is stamped
-/// with the moment its first byte was read ([`Stamped`]): a client's SLO runs
-/// from there.
-async fn serve_connection(app: Arc<App>, stream: tokio::net::TcpStream, peer: SocketAddr) {
+/// Accept errors: the backoff, and the log's quiet interval.
+#[derive(Default)]
+struct AcceptErrors {
+    backoff: Duration,
+    logged_at: Option<Instant>,
+    since_logged: u64,
+}
+
+impl AcceptErrors {
+    /// Notes error `e` at `now`: logs it unless one was logged within
+    /// [`ACCEPT_LOG_EVERY`]; the time to wait before the next accept.
+    fn note(&mut self, e: &std::io::Error, now: Instant) -> Duration {
+        self.since_logged += 1;
+        if self
+            .logged_at
+            .is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_EVERY)
+        {
+            let fds =
+                e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE);
+            tracing::warn!(
+                error = %e,
+                errors = self.since_logged,
+                "http: accepting connections fails{}; backing off (logged once per {}s)",
+                if fds { " (out of file descriptors: raise `ulimit -n` or lower --http-max-connections)" } else { "" },
+                ACCEPT_LOG_EVERY.as_secs()
+            );
+            self.logged_at = Some(now);
+            self.since_logged = 0;
+        }
+        self.backoff = (self.backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        self.backoff
+    }
+}
+
+/// Answers a connection over the cap with 503 and closes it (what the socket
+/// takes at once; nothing waits on a client that does not read).
+fn refuse(stream: tokio::net::TcpStream) {
+    const BODY: &str = r#"{"error":"the server is at its connection limit (--http-max-connections) with every connection in a request; try again"}"#;
+    let msg = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = stream.try_write(msg.as_bytes());
+}
+
+/// Serves one connection (keep-alive) until it ends, or until [`Conns`] tells
+/// it to make room: then a connection still sending its head is dropped (no
+/// request of it was taken) and any other closes once its answer is written.
+/// Each request is stamped with the moment its first byte was read
+/// ([`Stamped`]): a client's SLO runs from there.
+async fn serve_connection(
+    app: Arc<App>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    adm: Admitted,
+    limits: ConnLimits,
+) {
     let stamp = Arc::new(Mutex::new(Stamp::Armed));
     let io = Stamped {
         io: stream,
         stamp: stamp.clone(),
     };
-    let svc = hyper::service::service_fn(move |req| {
-        let app = app.clone();
+    let adm = Arc::new(adm);
+    let svc = {
         let stamp = stamp.clone();
-        async move {
-            let t0 = take_stamp(&stamp);
-            let resp = app.handle(req, t0).await;
-            // The request is read (its body drained): the next byte read
-            // begins the next request.
-            *stamp.lock().expect("stamp lock") = Stamp::Armed;
-            Ok::<_, std::convert::Infallible>(resp)
-        }
-    });
-    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        let adm = adm.clone();
+        hyper::service::service_fn(move |req| {
+            let app = app.clone();
+            let stamp = stamp.clone();
+            let adm = adm.clone();
+            async move {
+                adm.busy();
+                let t0 = take_stamp(&stamp);
+                let resp = app.handle(req, t0).await;
+                // The request is read (its body drained): the next byte read
+                // begins the next request.
+                *stamp.lock().expect("stamp lock") = Stamp::Armed;
+                adm.waiting();
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
-        .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
-        .await
-    {
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let r = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = adm.slot.evict.notified() => {
+            if matches!(*stamp.lock().expect("stamp lock"), Stamp::Read(_)) {
+                tracing::debug!(%peer, "http: closed a connection still sending its head to make room");
+                return;
+            }
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = r {
         tracing::debug!(%peer, error = %e, "http: connection ended with an error");
     }
 }

@@ -2,6 +2,7 @@
 //! datatype and back, FP16 conversions, the shape's text in messages, and the
 //! binary tensor extension's header.
 
+use super::request::budget::take_elem;
 use crate::repo::DType;
 use serde_json::{json, Value};
 
@@ -24,7 +25,10 @@ pub(super) fn shape_text(s: &[i64]) -> String {
 /// Written by hand on the request path: parsing `data` into a `serde_json::Value`
 /// first built a tree of 32-byte values and one vector per nested array before
 /// any element was converted; this keeps one 16-byte [`Elem`] per element and
-/// nothing else (serde_json's recursion limit still bounds the nesting).
+/// nothing else (serde_json's recursion limit still bounds the nesting). Inside
+/// a request's parse each element comes from its budget
+/// ([`super::request::budget`]), and an object among the elements is kept as
+/// a placeholder, not as a tree.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(super) struct JsonElems {
     pub elems: Vec<Elem>,
@@ -110,15 +114,18 @@ impl<'de> serde::de::Visitor<'de> for Flatten<'_> {
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("an array of numbers or booleans")
     }
-    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
+        take_elem()?;
         self.0.elems.push(Elem::Bool(v));
         Ok(())
     }
-    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        take_elem()?;
         self.0.elems.push(Elem::U(v));
         Ok(())
     }
-    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        take_elem()?;
         // serde_json hands non-negative integers to visit_u64.
         self.0.elems.push(match u64::try_from(v) {
             Ok(u) => Elem::U(u),
@@ -126,15 +133,18 @@ impl<'de> serde::de::Visitor<'de> for Flatten<'_> {
         });
         Ok(())
     }
-    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        take_elem()?;
         self.0.elems.push(Elem::F(v));
         Ok(())
     }
-    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        take_elem()?;
         self.0.push_odd(Value::String(v.to_owned()));
         Ok(())
     }
-    fn visit_unit<E>(self) -> Result<(), E> {
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        take_elem()?;
         self.0.push_odd(Value::Null);
         Ok(())
     }
@@ -142,10 +152,11 @@ impl<'de> serde::de::Visitor<'de> for Flatten<'_> {
         while seq.next_element_seed(Flatten(&mut *self.0))?.is_some() {}
         Ok(())
     }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
-        use serde::Deserialize;
-        let v = Value::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-        self.0.push_odd(v);
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        take_elem()?;
+        use serde::de::IgnoredAny;
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        self.0.push_odd(Value::String("(an object)".into()));
         Ok(())
     }
 }
@@ -223,7 +234,8 @@ mod tests {
                 Elem::Odd(2)
             ]
         );
-        assert_eq!(d.shown(d.elems[6]), json!({"a": 1}));
+        // An object is not kept as a tree: a placeholder names it.
+        assert_eq!(d.shown(d.elems[6]), json!("(an object)"));
         assert_eq!(d.shown(d.elems[2]), json!(3.5));
         let scalar: JsonElems = serde_json::from_str("7").unwrap();
         assert_eq!(scalar.elems, vec![Elem::U(7)]);

@@ -10,6 +10,7 @@ use super::side_channel::{
     KIND_CTRL,
 };
 use super::verbs;
+use crate::transport::auth::ClusterKey;
 use crate::transport::{Conn, ConnId, Event, EventTx, Listener};
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
@@ -158,12 +159,13 @@ pub(super) fn listen(
     shared: &Arc<Shared>,
     addr: &str,
     events: EventTx,
+    key: Option<ClusterKey>,
 ) -> anyhow::Result<Box<dyn Listener>> {
     let l =
         TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("cannot listen at `{addr}`: {e}"))?;
     let local = l.local_addr()?.to_string();
     let shared = Arc::downgrade(shared);
-    let accept = AcceptThread::spawn(l, move |tcp, peer| {
+    let accept = AcceptThread::spawn(l, key, move |tcp, peer| {
         let Some(s) = shared.upgrade() else {
             return;
         };

@@ -114,6 +114,8 @@ fn no_device(detail: &str) -> anyhow::Error {
 /// The RDMA transport. See the module documentation.
 pub struct Rdma {
     shared: Arc<Shared>,
+    /// The cluster secret every side channel proves (None: no handshake).
+    key: Option<crate::transport::auth::ClusterKey>,
     poller: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -148,6 +150,15 @@ impl Rdma {
     /// Opens RDMA device `device` (else `$FERMATA_RDMA_DEVICE`, else the first one).
     /// Fails with a clear message when the machine has none.
     pub fn open(device: Option<&str>) -> anyhow::Result<Rdma> {
+        Self::open_keyed(device, None)
+    }
+
+    /// [`Rdma::open`] whose side channels open with the cluster handshake over
+    /// `key` ([`crate::transport::auth`]).
+    pub fn open_keyed(
+        device: Option<&str>,
+        key: Option<crate::transport::auth::ClusterKey>,
+    ) -> anyhow::Result<Rdma> {
         let name = pick_device(device)?;
         let dev = Arc::new(
             verbs::Device::open(&name)
@@ -160,6 +171,7 @@ impl Rdma {
             .spawn(move || poller::poll_loop(&s))?;
         Ok(Rdma {
             shared,
+            key,
             poller: Mutex::new(Some(poller)),
         })
     }
@@ -192,11 +204,11 @@ impl Transport for Rdma {
     }
 
     fn listen(&self, addr: &str, events: EventTx) -> anyhow::Result<Box<dyn Listener>> {
-        control::listen(&self.shared, addr, events)
+        control::listen(&self.shared, addr, events, self.key.clone())
     }
 
     fn connect(&self, addr: &str, events: EventTx) -> anyhow::Result<Arc<dyn Conn>> {
-        let tcp = side_channel::tcp_connect(addr)?;
+        let tcp = side_channel::tcp_connect(addr, self.key.as_ref())?;
         let conn = control::establish(&self.shared, tcp, addr.to_string(), events, false)?;
         Ok(conn)
     }
@@ -206,11 +218,14 @@ impl Transport for Rdma {
         region: Arc<Region>,
         addr: &str,
     ) -> anyhow::Result<Box<dyn RegionServer>> {
-        region_server::serve(&self.shared.pd, region, addr)
+        region_server::serve(&self.shared.pd, region, addr, self.key.clone())
     }
 
     fn reader(&self) -> anyhow::Result<Arc<dyn RegionReader>> {
-        Ok(Arc::new(reader::RdmaReader::new(self.shared.pd.clone())?))
+        Ok(Arc::new(reader::RdmaReader::new(
+            self.shared.pd.clone(),
+            self.key.clone(),
+        )?))
     }
 }
 

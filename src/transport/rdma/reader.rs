@@ -11,6 +11,7 @@ use super::side_channel::{
     KIND_REGION,
 };
 use super::verbs;
+use crate::transport::auth::ClusterKey;
 use crate::transport::{ReadError, ReadReq, RegionReader};
 use crate::wire::RegionInfo;
 use std::collections::HashMap;
@@ -51,6 +52,8 @@ struct ReaderInner {
 }
 
 pub(super) struct RdmaReader {
+    /// The cluster secret each region connection proves.
+    key: Option<ClusterKey>,
     pd: Arc<verbs::Pd>,
     cq: Arc<verbs::Cq>,
     inner: Mutex<ReaderInner>,
@@ -75,11 +78,12 @@ struct Wave {
 
 impl RdmaReader {
     /// A reader on `pd`, with its own CQ and staging buffer.
-    pub(super) fn new(pd: Arc<verbs::Pd>) -> anyhow::Result<RdmaReader> {
+    pub(super) fn new(pd: Arc<verbs::Pd>, key: Option<ClusterKey>) -> anyhow::Result<RdmaReader> {
         let entries = pd.dev.max_cqe.clamp(1, 4096);
         let cq = verbs::Cq::new(pd.dev.clone(), entries)?;
         let staging = verbs::Buf::alloc(&pd, STAGING)?;
         Ok(RdmaReader {
+            key,
             pd,
             cq,
             inner: Mutex::new(ReaderInner {
@@ -91,7 +95,7 @@ impl RdmaReader {
     }
 
     fn connect(&self, info: &RegionInfo) -> anyhow::Result<ReadLink> {
-        let mut tcp = tcp_connect(&info.addr)?;
+        let mut tcp = tcp_connect(&info.addr, self.key.as_ref())?;
         handshake_timeouts(&tcp, true)?;
         let qp = verbs::Qp::new_rc(&self.pd, &self.cq, READ_WAVE as u32, 1)?;
         let (remote, desc) =

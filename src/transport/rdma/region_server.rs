@@ -57,6 +57,7 @@ pub(super) fn serve(
     pd: &Arc<verbs::Pd>,
     region: Arc<Region>,
     addr: &str,
+    key: Option<crate::transport::auth::ClusterKey>,
 ) -> anyhow::Result<Box<dyn RegionServer>> {
     let l = TcpListener::bind(addr)
         .map_err(|e| anyhow::anyhow!("cannot serve a region at `{addr}`: {e}"))?;
@@ -79,7 +80,7 @@ pub(super) fn serve(
         next: AtomicU64::new(0),
     });
     let weak: Weak<RegionShared> = Arc::downgrade(&rs);
-    let accept = AcceptThread::spawn(l, move |tcp, peer| {
+    let accept = AcceptThread::spawn(l, key, move |tcp, peer| {
         let Some(rs) = weak.upgrade() else {
             return;
         };

@@ -5,6 +5,7 @@
 
 use super::options::HANDSHAKE_TIMEOUT;
 use super::verbs::{Endpoint, ENDPOINT_BYTES};
+use crate::transport::auth::{self, ClusterKey, Side};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,14 +101,22 @@ pub(super) fn exchange_ready(tcp: &mut TcpStream) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(super) fn tcp_connect(addr: &str) -> anyhow::Result<TcpStream> {
+/// Connects the side channel to `addr` and, with `key`, proves membership
+/// ([`crate::transport::auth`]).
+pub(super) fn tcp_connect(addr: &str, key: Option<&ClusterKey>) -> anyhow::Result<TcpStream> {
     let mut last = None;
     for sa in addr
         .to_socket_addrs()
         .map_err(|e| anyhow::anyhow!("bad address `{addr}`: {e}"))?
     {
         match TcpStream::connect_timeout(&sa, HANDSHAKE_TIMEOUT) {
-            Ok(s) => return Ok(s),
+            Ok(mut s) => {
+                if let Some(k) = key {
+                    auth::handshake_std(&mut s, k, Side::Client)
+                        .map_err(|e| anyhow::anyhow!("authenticating to `{addr}`: {e}"))?;
+                }
+                return Ok(s);
+            }
             Err(e) => last = Some(e),
         }
     }
@@ -145,13 +154,24 @@ pub(super) struct AcceptThread {
 
 impl AcceptThread {
     /// Accepts on `listener` until stopped, running `on_conn` on a thread per
-    /// connection.
+    /// connection once the peer proved membership over `key` (when given; a
+    /// peer that does not is logged and closed).
     pub(super) fn spawn(
         listener: TcpListener,
+        key: Option<ClusterKey>,
         on_conn: impl Fn(TcpStream, String) + Send + Sync + 'static,
     ) -> std::io::Result<AcceptThread> {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let on_conn = move |mut s: TcpStream, peer: String| {
+            if let Some(k) = &key {
+                if let Err(e) = auth::handshake_std(&mut s, k, Side::Server) {
+                    tracing::warn!(%peer, reason = %e, "rdma: refused a peer that is not a cluster member");
+                    return;
+                }
+            }
+            on_conn(s, peer)
+        };
         let thread = accept_loop(listener, stop.clone(), Arc::new(on_conn))?;
         Ok(AcceptThread {
             stop,

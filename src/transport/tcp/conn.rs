@@ -171,7 +171,8 @@ pub(super) fn connect(
     addr: &str,
     events: EventTx,
 ) -> anyhow::Result<Arc<dyn Conn>> {
-    let s = connect_std(addr)?;
+    let mut s = connect_std(addr)?;
+    inner.authenticate_std(&mut s, addr)?;
     s.set_nonblocking(true)
         .with_context(|| format!("making the connection to `{addr}` non-blocking"))?;
     let stream = inner

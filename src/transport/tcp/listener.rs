@@ -55,17 +55,31 @@ async fn accept_loop(inner: Weak<Inner>, listener: tokio::net::TcpListener, even
                 continue;
             }
         };
-        let Some(inner) = inner.upgrade() else { return };
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
         if let Err(e) = stream.set_nodelay(true) {
             tracing::warn!(%peer, error = %e, "tcp: setting TCP_NODELAY failed");
         }
-        let (conn, start) = new_conn(&inner, stream, peer.to_string(), events.clone());
-        let conn: Arc<dyn Conn> = conn;
-        if events.send_detached(Event::Accepted(conn.clone())).is_err() {
-            // Nobody listens to this listener's events any more.
-            conn.close("listener's event loop is gone");
-            return;
-        }
-        start();
+        // The handshake runs on its own task: a peer that sends nothing holds
+        // up no one else's accept.
+        let key = strong.key.clone();
+        drop(strong);
+        let (inner, events) = (inner.clone(), events.clone());
+        tokio::spawn(async move {
+            let mut stream = stream;
+            if !Inner::authenticate(&key, &mut stream, &peer, "listener").await {
+                return;
+            }
+            let Some(inner) = inner.upgrade() else { return };
+            let (conn, start) = new_conn(&inner, stream, peer.to_string(), events.clone());
+            let conn: Arc<dyn Conn> = conn;
+            if events.send_detached(Event::Accepted(conn.clone())).is_err() {
+                // Nobody listens to this listener's events any more.
+                conn.close("listener's event loop is gone");
+                return;
+            }
+            start();
+        });
     }
 }

@@ -80,6 +80,7 @@ mod runtime;
 
 pub use options::{CLOSE_FLUSH, CONNECT_TIMEOUT, SEND_QUEUE};
 
+use super::auth::ClusterKey;
 use super::{Conn, EventTx, Listener, Region, RegionReader, RegionServer, Transport};
 use std::sync::Arc;
 
@@ -91,10 +92,17 @@ pub struct Tcp {
 }
 
 impl Tcp {
-    /// A transport with its own runtime (2 worker threads named `fermata-tcp`).
+    /// A transport with its own runtime (2 worker threads named `fermata-tcp`),
+    /// without peer authentication: for tests and tools outside a cluster.
     pub fn new() -> anyhow::Result<Tcp> {
+        Self::keyed(None)
+    }
+
+    /// A transport whose every connection, made or accepted, opens with the
+    /// cluster handshake over `key` ([`crate::transport::auth`]).
+    pub fn keyed(key: Option<ClusterKey>) -> anyhow::Result<Tcp> {
         Ok(Tcp {
-            inner: Arc::new(runtime::Inner::start()?),
+            inner: Arc::new(runtime::Inner::start(key)?),
         })
     }
 }

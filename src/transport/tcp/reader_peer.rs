@@ -59,7 +59,7 @@ impl Peer {
     /// starts the connection's two tasks on `inner`'s runtime.
     pub(super) fn connect(inner: &Inner, info: &RegionInfo) -> anyhow::Result<Arc<Peer>> {
         let addr = &info.addr;
-        let (s, len) = greet(info)?;
+        let (s, len) = greet(inner, info)?;
         s.set_nonblocking(true)?;
         let stream = inner
             .stream(s)
@@ -84,10 +84,11 @@ impl Peer {
 
 /// Connects (blocking) and greets the region server; the socket (timeouts off
 /// again) and the region's length.
-fn greet(info: &RegionInfo) -> anyhow::Result<(std::net::TcpStream, u64)> {
+fn greet(inner: &Inner, info: &RegionInfo) -> anyhow::Result<(std::net::TcpStream, u64)> {
     use std::io::{Read, Write};
     let addr = &info.addr;
     let mut s = connect_std(addr).context("attaching a region")?;
+    inner.authenticate_std(&mut s, addr)?;
     s.set_read_timeout(Some(CONNECT_TIMEOUT))?;
     s.set_write_timeout(Some(CONNECT_TIMEOUT))?;
     let mut welcome = [0u8; rw::WELCOME_LEN];

@@ -6,6 +6,7 @@
 use super::net;
 use super::options::{ANSWER_CHUNK, CONNECT_TIMEOUT, READ_CHUNK};
 use super::runtime::Inner;
+use crate::transport::auth::ClusterKey;
 use crate::transport::region_wire::{self as rw, REQ_LEN, ST_OK, ST_WRONG_REGION};
 use crate::transport::{Region, RegionServer};
 use crate::wire::RegionInfo;
@@ -64,9 +65,13 @@ pub(super) fn serve(
     };
     let (stop, stop_rx) = watch::channel(());
     let live = Arc::new(());
-    inner
-        .handle
-        .spawn(region_accept(l, region, stop_rx, live.clone()));
+    inner.handle.spawn(region_accept(
+        l,
+        region,
+        stop_rx,
+        live.clone(),
+        inner.key.clone(),
+    ));
     Ok(Box::new(TcpRegionServer {
         info,
         stop: Some(stop),
@@ -80,6 +85,7 @@ async fn region_accept(
     region: Arc<Region>,
     stop: watch::Receiver<()>,
     live: Arc<()>,
+    key: Option<ClusterKey>,
 ) {
     let mut stop2 = stop.clone();
     let accept = async {
@@ -92,7 +98,7 @@ async fn region_accept(
                         peer,
                         region.clone(),
                         stop.clone(),
-                        live.clone(),
+                        (live.clone(), key.clone()),
                     ));
                 }
                 Err(e) => {
@@ -113,9 +119,13 @@ async fn region_conn(
     peer: SocketAddr,
     region: Arc<Region>,
     mut stop: watch::Receiver<()>,
-    _live: Arc<()>,
+    (_live, key): (Arc<()>, Option<ClusterKey>),
 ) {
     let serve = async {
+        let mut s = s;
+        if !Inner::authenticate(&key, &mut s, &peer, "region server").await {
+            return;
+        }
         if let Err(e) = serve_reads(s, &region).await {
             if e.kind() != std::io::ErrorKind::UnexpectedEof {
                 tracing::warn!(%peer, error = %e, "tcp: region server: reader failed");

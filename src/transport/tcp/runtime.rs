@@ -3,6 +3,7 @@
 //! and the stop signal its tasks wait on.
 
 use super::options::tcp_threads;
+use crate::transport::auth::{self, ClusterKey, Side};
 use anyhow::Context as _;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -14,12 +15,15 @@ pub(super) struct Inner {
     rt: Option<Runtime>,
     pub(super) handle: Handle,
     pub(super) next_id: AtomicU64,
+    /// The cluster secret every connection proves (None: no handshake, for
+    /// tests and tools that talk to no cluster).
+    pub(super) key: Option<ClusterKey>,
 }
 
 impl Inner {
     /// Starts the runtime (worker threads named `fermata-tcp`, see
     /// [`tcp_threads`]).
-    pub(super) fn start() -> anyhow::Result<Inner> {
+    pub(super) fn start(key: Option<ClusterKey>) -> anyhow::Result<Inner> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(tcp_threads())
             .thread_name("fermata-tcp")
@@ -31,7 +35,40 @@ impl Inner {
             rt: Some(rt),
             handle,
             next_id: AtomicU64::new(1),
+            key,
         })
+    }
+
+    /// Proves membership on a socket just connected (blocking), when the
+    /// transport has a key.
+    pub(super) fn authenticate_std(
+        &self,
+        s: &mut std::net::TcpStream,
+        addr: &str,
+    ) -> anyhow::Result<()> {
+        if let Some(k) = &self.key {
+            auth::handshake_std(s, k, Side::Client)
+                .with_context(|| format!("authenticating to `{addr}`"))?;
+        }
+        Ok(())
+    }
+
+    /// Proves membership on a socket just accepted, when the transport has a
+    /// key; a peer that fails is logged (`what`: the listener) and refused.
+    pub(super) async fn authenticate(
+        key: &Option<ClusterKey>,
+        s: &mut tokio::net::TcpStream,
+        peer: &std::net::SocketAddr,
+        what: &str,
+    ) -> bool {
+        let Some(k) = key else { return true };
+        match auth::handshake_async(s, k, Side::Server).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%peer, reason = %e, "tcp: {what}: refused a peer that is not a cluster member");
+                false
+            }
+        }
     }
 
     /// Registers a connected (non-blocking) std socket with the runtime.
