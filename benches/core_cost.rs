@@ -145,6 +145,7 @@ impl Driver {
             arrival: t,
             deadline: t + SLO,
             tag: 0,
+            cap: 0,
         };
         self.next_id += 1;
         self.d.handle_request(t, model, task);

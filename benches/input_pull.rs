@@ -197,6 +197,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                                 peer: 0,
                                 offset,
                                 len,
+                                cap: cap_of(task),
                             });
                             tasks.push(task);
                         }
@@ -205,7 +206,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                         let ns = t0.elapsed().as_nanos() as u64;
                         for (o, &task) in out.iter().zip(&tasks) {
                             let bytes = o.as_ref().expect("read");
-                            let payload = SlotHeader::check(bytes, task).expect("slot");
+                            let payload = SlotHeader::check(bytes, task, cap_of(task)).expect("slot");
                             assert_eq!(payload.len(), INPUT_BYTES);
                         }
                         ns
@@ -265,7 +266,7 @@ fn main() {
     let slots: Vec<(u64, u64, u32)> = (0..cfg.inputs as u64)
         .map(|task| {
             let input: Vec<u8> = (0..INPUT_BYTES).map(|_| rng.gen()).collect();
-            let r = region.put(task, &input).expect("region big enough");
+            let r = region.put(task, cap_of(task), &input).expect("region big enough");
             (task, r.offset, r.len)
         })
         .collect();
@@ -321,4 +322,9 @@ fn main() {
         );
     }
     println!("total {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Task `task`'s read capability in this bench (any value but the probe's).
+fn cap_of(task: u64) -> u64 {
+    task + 1
 }

@@ -138,6 +138,7 @@ fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
             id: some_task(b),
             deadline: b.time_near(now),
             input: b.u64(),
+            cap: b.u64(),
         })
         .collect()
 }
@@ -179,6 +180,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
                     arrival: b.time_near(now),
                     deadline: b.time_near(now),
                     input: b.u64(),
+                    cap: b.u64(),
                 })
                 .collect(),
         },
@@ -248,6 +250,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
                     finished: b.time_near(now),
                     batch_size: b.below(64),
                     output: vec![b.u8(); b.below(4) as usize],
+                    cap: b.u64(),
                 })
                 .collect(),
         },
@@ -323,6 +326,7 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
                 arrival: now,
                 deadline: now + Dur::from_ms(100),
                 input: InputRef { offset: 0, len: 8 }.pack(),
+                cap: step as u64 + 1,
             }],
         },
         _ => Msg::Ping {
@@ -574,8 +578,8 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
                 let slo = Dur(b.i64_near(100_000_000).clamp(1, 3_600_000_000_000));
                 let id = l.next_id();
                 let input = InputRef { offset: 0, len: 8 };
-                let t = l.admit(now, 0, ModelId(0), slo, id, input);
-                assert_eq!(t.id, id);
+                let t = l.admit(now, 0, ModelId(0), slo, id, input, cap_of(id));
+                assert_eq!((t.id, t.cap), (id, cap_of(id)));
                 admitted.push(id);
             }
             2 => {
@@ -594,6 +598,31 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
                     },
                 };
                 if let Some(f) = l.finish(now, id, answer) {
+                    end(f.client, &mut ended);
+                }
+            }
+            5 => {
+                // A backend's result, with the task's capability or not: only
+                // the right one may end a request.
+                let id = match admitted.len() {
+                    n if n > 0 && !b.one_in(4) => admitted[b.below(n as u32) as usize],
+                    _ => TaskId(b.u64()),
+                };
+                let right = !b.one_in(3);
+                let cap = if right { cap_of(id) } else { !cap_of(id) };
+                let pending = l.contains(id);
+                let r = TaskResult {
+                    id,
+                    status: TaskStatus::Ok,
+                    started: now,
+                    finished: now,
+                    batch_size: 1,
+                    output: vec![],
+                    cap,
+                };
+                let f = l.result(now, r);
+                assert_eq!(f.is_some(), pending && right, "capability check");
+                if let Some(f) = f {
                     end(f.client, &mut ended);
                 }
             }
@@ -622,10 +651,16 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
     l.counts().good + l.counts().late
 }
 
+/// The capability the ledger fuzzer gives request `id`.
+fn cap_of(id: TaskId) -> u64 {
+    id.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+}
+
 /// The TCP region protocol's frames: hello and welcome parse without panics and
 /// round-trip; a region server answers arbitrary request bytes with one answer
 /// per whole request, in order, each with the bytes asked for or an
-/// out-of-bounds status, never more than the region holds.
+/// out-of-bounds or denied status, never more than the region holds, and the
+/// slot's bytes only to a read with its capability that stays within it.
 pub fn region_frames(data: &[u8]) -> u64 {
     let mut h = [0u8; rw::HELLO_LEN];
     let mut w = [0u8; rw::WELCOME_LEN];
@@ -641,11 +676,27 @@ pub fn region_frames(data: &[u8]) -> u64 {
     if let Ok((st, len)) = rw::parse_welcome(&w) {
         assert_eq!(rw::welcome(st, len), w);
     }
+    const CAP: u64 = 0xc0ff_ee00_1234_5678;
     let region = Region::new(1, 4096).expect("region");
-    let _ = region.put(7, b"input bytes");
-    // The first byte picks how often the server flushes; the rest are requests.
+    let slot = region.put(7, CAP, b"input bytes").expect("room");
+    // The first byte picks how often the server flushes; the rest are requests,
+    // whose offsets and capabilities are steered towards the slot's (a quarter
+    // each its offset, its capability, a probe's).
     let flush_at = 1 + data.first().copied().unwrap_or(0) as usize * 64;
-    let data = data.get(1..).unwrap_or_default();
+    let mut data = data.get(1..).unwrap_or_default().to_vec();
+    for r in data.chunks_exact_mut(REQ_LEN) {
+        let off = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
+        if off % 4 == 0 {
+            r[8..16].copy_from_slice(&slot.offset.to_le_bytes());
+        }
+        let cap = u64::from_le_bytes(r[20..28].try_into().expect("8 bytes"));
+        match cap % 4 {
+            0 => r[20..28].copy_from_slice(&CAP.to_le_bytes()),
+            1 => r[20..28].copy_from_slice(&crate::transport::PROBE_CAP.to_le_bytes()),
+            _ => {}
+        }
+    }
+    let data = &data[..];
     let mut out = Vec::new();
     let mut pos = 0;
     let mut answers = Vec::new();
@@ -668,14 +719,25 @@ pub fn region_frames(data: &[u8]) -> u64 {
                 assert_eq!(a.len, req.len);
                 assert!(req.offset.saturating_add(req.len as u64) <= region.len());
                 let mut want = Vec::new();
-                region
-                    .read_into(req.offset, req.len, &mut want)
-                    .expect("in bounds");
+                if req.cap == crate::transport::PROBE_CAP {
+                    want.resize(req.len as usize, 0);
+                } else {
+                    assert_eq!(req.cap, CAP, "served without the capability");
+                    assert_eq!(req.offset, slot.offset, "served outside the slot");
+                    assert!(req.len <= slot.len, "served past the slot");
+                    region
+                        .read_into(req.offset, req.len, &mut want)
+                        .expect("in bounds");
+                }
                 assert_eq!(&out[at..at + a.len as usize], &want[..]);
                 at += a.len as usize;
                 served += 1;
             } else {
-                assert_eq!((a.status, a.len), (rw::ST_OOB, 0));
+                assert!(
+                    a.status == rw::ST_OOB || a.status == rw::ST_DENIED,
+                    "{a:?}"
+                );
+                assert_eq!(a.len, 0);
             }
             answers.push(a.id);
         }

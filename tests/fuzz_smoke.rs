@@ -65,10 +65,11 @@ fn region_input(rng: &mut Xoshiro256PlusPlus) -> Vec<u8> {
                 id: rng.gen(),
                 offset: rng.gen_range(0..5000),
                 len: rng.gen_range(0..300),
+                cap: rng.gen(),
             };
             v.extend_from_slice(&r.encode());
         } else {
-            v.extend((0..20).map(|_| rng.gen::<u8>()));
+            v.extend((0..fermata::transport::region_wire::REQ_LEN).map(|_| rng.gen::<u8>()));
         }
     }
     v.extend((0..rng.gen_range(0..20)).map(|_| rng.gen::<u8>()));
@@ -95,7 +96,10 @@ fn the_drivers_reach_their_checks() {
         &fermata::transport::region_wire::Request {
             id: 5,
             offset: 0,
-            len: 16,
+            // The slot's header and part of its bytes (it holds 32 + 11).
+            len: 40,
+            // A multiple of 4: the driver makes it the slot's capability.
+            cap: 4,
         }
         .encode(),
     );

@@ -404,6 +404,7 @@ fn extreme_times_in_plan_done_do_not_overflow() {
             arrival: now,
             deadline: now + Dur::from_ms(40),
             input: 0,
+            cap: 42,
         }],
     });
     let (plan, gpu) = a
@@ -447,6 +448,7 @@ fn a_submit_with_a_task_of_another_frontend_or_a_wild_deadline_is_refused() {
         arrival: Time(0),
         deadline: Time(deadline_ns),
         input: 0,
+        cap: 1,
     };
     // A task id that another frontend owns.
     f1.send(Msg::Submit {
@@ -534,6 +536,7 @@ fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
             id: fermata::wire::task_id(3, 1),
             deadline: Time(i64::MAX),
             input: 0,
+            cap: 1,
         }],
     });
     let done = sched.wait(Duration::from_secs(5), |m| match m {

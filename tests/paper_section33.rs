@@ -42,6 +42,7 @@ fn arrivals(n: u64, skip: &[u64]) -> Vec<Task> {
                 arrival,
                 deadline: arrival + Dur::from_ms(SLO_MS),
                 tag: 0,
+                cap: 0,
             }
         })
         .collect()
@@ -352,6 +353,7 @@ fn figure5a_eager_from_r16_deteriorates() {
             arrival: Time::ZERO,
             deadline: ms(12.0),
             tag: 0,
+            cap: 0,
         };
         d.handle_request(Time::ZERO, ModelId(0), t);
         let Some(Output::Dispatch(p)) = d.poll_output() else {

@@ -169,6 +169,7 @@ fn dispatcher_random_events_deep_check() {
                 arrival: now,
                 deadline: now + specs[m].slo,
                 tag: 0,
+                cap: 0,
             };
             last = now;
             d.handle_request(now, ModelId(m as u32), task);

@@ -102,6 +102,7 @@ fn feed(
                 arrival: now,
                 deadline: now + Dur::from_ms(20),
                 tag: 0,
+                cap: 0,
             };
             *next_id += 1;
             sent += 1;
@@ -228,6 +229,7 @@ fn shutdown_ends_queued_requests_as_explicit_failures() {
                 arrival: now,
                 deadline: now + Dur::from_ms(2_000),
                 tag: 0,
+                cap: 0,
             },
             &mut refused,
         );
@@ -276,6 +278,7 @@ fn submitter_refuses_after_shutdown_and_never_loses_a_request() {
             arrival: now,
             deadline: now + Dur::from_ms(20),
             tag: 0,
+            cap: 0,
         },
         &mut refused,
     );

@@ -75,6 +75,7 @@ fn run(seed: u64, policy: Policy, max_delay_us: u64) {
                 arrival: now,
                 deadline: now + Dur::from_ms(15 + 3 * m as i64),
                 tag: 0,
+                cap: 0,
             };
             id += 1;
             sh[m as usize % shards].handle_request(now, ModelId(m), task);

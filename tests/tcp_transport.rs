@@ -6,7 +6,7 @@ use crossbeam_channel::Receiver;
 use fermata::transport::event_channel;
 use fermata::transport::tcp::Tcp;
 use fermata::transport::{
-    Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader, Transport,
+    Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader, PROBE_CAP, Transport,
 };
 use fermata::wire::{Dur, Msg, Time};
 use std::io::{Read, Write};
@@ -260,20 +260,26 @@ fn region(id: u32, n: usize, size: usize) -> (Arc<Region>, Vec<ReadReq>) {
     let reqs = (0..n)
         .map(|i| {
             let payload: Vec<u8> = (0..size).map(|j| (i * 7 + j + id as usize) as u8).collect();
-            let r = reg.put(100 + i as u64, &payload).unwrap();
+            let r = reg.put(100 + i as u64, cap_of(i), &payload).unwrap();
             ReadReq {
                 peer: 0,
                 offset: r.offset,
                 len: r.len,
+                cap: cap_of(i),
             }
         })
         .collect();
     (reg, reqs)
 }
 
+/// Slot `i`'s read capability.
+fn cap_of(i: usize) -> u64 {
+    1000 + i as u64
+}
+
 fn check_slot(out: &Result<Vec<u8>, ReadError>, region: u32, i: usize, size: usize) {
     let bytes = out.as_ref().expect("read ok");
-    let payload = SlotHeader::check(bytes, 100 + i as u64).unwrap();
+    let payload = SlotHeader::check(bytes, 100 + i as u64, cap_of(i)).unwrap();
     assert_eq!(payload.len(), size);
     assert!(payload
         .iter()
@@ -312,6 +318,7 @@ fn region_reads_from_two_servers() {
                 peer: 20,
                 offset: r2.len() - 10,
                 len: 11,
+                cap: cap_of(i),
             });
             expect.push(None);
         }
@@ -344,18 +351,20 @@ fn region_reads_from_two_servers() {
         }
     });
 
-    // A zero-length read and a read past the end computed with overflow.
+    // A zero-length probe and a read past the end computed with overflow.
     let out = rd.read_many(
         &[
             ReadReq {
                 peer: 10,
                 offset: 0,
                 len: 0,
+                cap: PROBE_CAP,
             },
             ReadReq {
                 peer: 10,
                 offset: u64::MAX,
                 len: 2,
+                cap: cap_of(0),
             },
         ],
         T,
@@ -492,12 +501,14 @@ fn read_timeout_is_honored() {
                 peer: 1,
                 offset: 0,
                 len: 100,
+                cap: 1,
             },
             ReadReq { peer: 2, ..q2[1] },
             ReadReq {
                 peer: 1,
                 offset: 1 << 20,
                 len: 1,
+                cap: 1,
             },
         ],
         Duration::from_millis(300),

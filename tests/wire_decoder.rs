@@ -184,22 +184,27 @@ fn arb_submit_task() -> impl Strategy<Value = SubmitTask> {
         any::<i64>(),
         any::<i64>(),
         any::<u64>(),
+        any::<u64>(),
     )
-        .prop_map(|(id, model, arrival_ns, deadline_ns, input)| SubmitTask {
+        .prop_map(|(id, model, arrival_ns, deadline_ns, input, cap)| SubmitTask {
             id: TaskId(id),
             model: ModelId(model),
             arrival: Time(arrival_ns),
             deadline: Time(deadline_ns),
             input,
+            cap,
         })
 }
 
 fn arb_plan_task() -> impl Strategy<Value = PlanTask> {
-    (any::<u64>(), any::<i64>(), any::<u64>()).prop_map(|(id, deadline_ns, input)| PlanTask {
-        id: TaskId(id),
-        deadline: Time(deadline_ns),
-        input,
-    })
+    (any::<u64>(), any::<i64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(id, deadline_ns, input, cap)| PlanTask {
+            id: TaskId(id),
+            deadline: Time(deadline_ns),
+            input,
+            cap,
+        },
+    )
 }
 
 fn arb_task_result() -> impl Strategy<Value = TaskResult> {
@@ -208,15 +213,17 @@ fn arb_task_result() -> impl Strategy<Value = TaskResult> {
         arb_task_status(),
         (any::<i64>(), any::<i64>(), any::<u32>()),
         prop_oneof![4 => vec(any::<u8>(), 0..32), 1 => Just(Vec::new())],
+        any::<u64>(),
     )
         .prop_map(
-            |(id, status, (started_ns, finished_ns, batch_size), output)| TaskResult {
+            |(id, status, (started_ns, finished_ns, batch_size), output, cap)| TaskResult {
                 id: TaskId(id),
                 status,
                 started: Time(started_ns),
                 finished: Time(finished_ns),
                 batch_size,
                 output,
+                cap,
             },
         )
 }
@@ -620,6 +627,7 @@ fn some_msgs() -> Vec<Msg> {
                     arrival: Time(3),
                     deadline: Time(4),
                     input: 5,
+                    cap: 6,
                 };
                 10
             ],
@@ -921,16 +929,23 @@ fn hostile_lengths_do_not_allocate() {
             MAX_FRAME,
         ),
         (
-            at_end(Msg::Results {
-                items: vec![TaskResult {
-                    id: TaskId(0),
-                    status: TaskStatus::Ok,
-                    started: Time(0),
-                    finished: Time(0),
-                    batch_size: 0,
-                    output: vec![],
-                }],
-            }),
+            {
+                let mut b = at_end(Msg::Results {
+                    items: vec![TaskResult {
+                        id: TaskId(0),
+                        status: TaskStatus::Ok,
+                        started: Time(0),
+                        finished: Time(0),
+                        batch_size: 0,
+                        output: vec![],
+                        cap: 0,
+                    }],
+                });
+                // The output's length comes before the capability's 8 bytes.
+                let n = b.len();
+                b[n - 12..n - 8].copy_from_slice(&HUGE);
+                b
+            },
             "TaskResult.output",
             MAX_FRAME,
         ),
@@ -1037,7 +1052,7 @@ fn unknown_enum_tags() {
         b.extend_from_slice(&[0; 8]);
         b.push(status);
         b.extend(code);
-        b.extend_from_slice(&[0; 24]);
+        b.extend_from_slice(&[0; 32]);
         assert_eq!(
             decode(&b),
             Err(DecodeError::BadTag {
@@ -1073,7 +1088,7 @@ fn errors_read_well() {
     let e = decode(&raw(9, &[2, 0, 0, 0, 1, 2, 3])).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "frame truncated at field `Submit.tasks`: needs 72 bytes, only 3 left"
+        "frame truncated at field `Submit.tasks`: needs 88 bytes, only 3 left"
     );
     let e = decode(&raw(3, &[0xFF, 0xFF, 0x01, 0])).unwrap_err();
     assert_eq!(

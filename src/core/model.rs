@@ -20,6 +20,9 @@ pub struct Task {
     /// Opaque to the scheduler; rides into the plan. The distributed runtime keeps
     /// the input's location in its frontend's region here (0 elsewhere).
     pub tag: u64,
+    /// Opaque too, and rides into the plan alongside `tag`: the distributed
+    /// runtime's per-task read capability (0 elsewhere).
+    pub cap: u64,
 }
 
 /// A model as configured.
@@ -517,6 +520,7 @@ mod tests {
             arrival: t0 + Dur::from_ms(at_ms),
             deadline: t0 + Dur::from_ms(at_ms + 50),
             tag: 0,
+            cap: 0,
         };
         let run = |queued_behind: u64| {
             let mut m = ModelState::new(
@@ -579,6 +583,7 @@ mod tests {
                 arrival: now,
                 deadline: now + Dur::from_ms(50),
                 tag: 0,
+                cap: 0,
             }));
             let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
             c.unwrap().exec_at - now
@@ -621,6 +626,7 @@ mod tests {
                 arrival: now,
                 deadline: now + Dur::from_ms(10),
                 tag: 0,
+                cap: 0,
             }));
             m.update(now, None, &mut |_, _| panic!("nothing to drop"))
                 .unwrap()
@@ -668,6 +674,7 @@ mod tests {
                 arrival: now,
                 deadline: now + Dur::from_ms(20),
                 tag: 0,
+                cap: 0,
             }));
             let c = m
                 .update(now, None, &mut |_, _| panic!("nothing to drop"))

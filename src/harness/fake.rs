@@ -684,6 +684,7 @@ impl LoadGen {
                 arrival,
                 deadline: arrival + self.slo[m],
                 tag: 0,
+                cap: 0,
             };
             self.id += 1;
             let model = ModelId(m as u32);

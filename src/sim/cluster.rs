@@ -975,7 +975,9 @@ impl ClusterSim {
             offset: (client % (1 << 20)) * 64,
             len: 64,
         };
-        let task = f.ledger.admit(sched_now, mi, m.id, slo, client, input);
+        // Each task's capability (a fixed function of the client: reproducible).
+        let cap = client.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let task = f.ledger.admit(sched_now, mi, m.id, slo, client, input, cap);
         if let Some(sched) = f.member.conn() {
             self.send(pid, sched, Msg::Submit { tasks: vec![task] });
         }
@@ -1265,8 +1267,14 @@ impl ClusterSim {
             }
             Msg::Results { items } if !from_sched => {
                 for r in items {
-                    let id = r.id;
-                    ended.extend(f.ledger.finish(sched_now, id, Answer::of_result(r)));
+                    ended.extend(f.ledger.result(sched_now, r));
+                }
+                // Every result comes from the backend its task was planned on,
+                // with the capability the scheduler handed on.
+                if f.ledger.counts().forged_results > 0 {
+                    self.violate(format!(
+                        "frontend {pid} refused a result: its capability was not its task's"
+                    ));
                 }
             }
             _ => {}

@@ -274,6 +274,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &RunOptions, core: &mut S) -> RunRes
                 arrival: t,
                 deadline: t + spec.slo,
                 tag: 0,
+                cap: 0,
             };
             if opt.check {
                 e.state.push(PENDING);

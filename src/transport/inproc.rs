@@ -208,8 +208,9 @@ fn copy_all(
     {
         let copy = |r: &ReadReq, t: &Result<Arc<Region>, ReadError>, mut out: Vec<u8>| {
             let reg = t.as_ref().map_err(Clone::clone)?;
+            out.clear();
             out.reserve(r.len as usize);
-            reg.read_into(r.offset, r.len, &mut out)?;
+            reg.read_slot(r.offset, r.len, r.cap, |b| out.extend_from_slice(b))?;
             Ok(out)
         };
         if threads <= 1 {
@@ -377,21 +378,24 @@ mod tests {
         let refs: Vec<_> = (0..13u64)
             .map(|i| {
                 let v: Vec<u8> = (0..100_000u32).map(|b| (b as u64 * 31 + i) as u8).collect();
-                reg.put(i, &v).unwrap()
+                reg.put(i, i + 100, &v).unwrap()
             })
             .collect();
         let mut reqs: Vec<ReadReq> = refs
             .iter()
-            .map(|r| ReadReq {
+            .zip(100u64..)
+            .map(|(r, cap)| ReadReq {
                 peer: 1,
                 offset: r.offset,
                 len: r.len,
+                cap,
             })
             .collect();
         reqs.push(ReadReq {
             peer: 2,
             offset: 0,
             len: 16,
+            cap: 1,
         });
         let mut targets: Vec<Result<Arc<Region>, ReadError>> =
             refs.iter().map(|_| Ok(reg.clone())).collect();
@@ -407,7 +411,7 @@ mod tests {
         }
         assert!(one[..13]
             .iter()
-            .all(|r| r.as_ref().is_ok_and(|b| b.len() == 100_016)));
+            .all(|r| r.as_ref().is_ok_and(|b| b.len() == 100_000 + SLOT_HEADER)));
         assert!(one[13].is_err());
     }
 }

@@ -22,7 +22,7 @@ pub mod region;
 pub mod region_wire;
 pub mod tcp;
 
-pub use region::{InputRef, Region, SlotHeader, SLOT_HEADER};
+pub use region::{CapSource, InputRef, Region, SlotHeader, PROBE_CAP, SLOT_HEADER};
 
 use crate::wire::{Msg, RegionInfo};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -192,6 +192,9 @@ pub enum ReadError {
     OutOfBounds,
     /// No answer before the timeout.
     Timeout,
+    /// Refused by the region's owner: the capability does not open a live slot
+    /// there (the request ended, or the reader was not given the task).
+    Denied,
 }
 
 impl std::fmt::Display for ReadError {
@@ -200,17 +203,23 @@ impl std::fmt::Display for ReadError {
             ReadError::Unreachable(r) => write!(f, "region unreachable: {r}"),
             ReadError::OutOfBounds => write!(f, "read out of the region's bounds"),
             ReadError::Timeout => write!(f, "read timed out"),
+            ReadError::Denied => write!(
+                f,
+                "read refused: no live slot there opens with this capability"
+            ),
         }
     }
 }
 impl std::error::Error for ReadError {}
 
-/// One read: `len` bytes at `offset` of peer `peer`'s region.
+/// One read: `len` bytes at `offset` of peer `peer`'s region, with the task's
+/// capability `cap` ([`Region::read_slot`]; [`region::PROBE_CAP`] for a probe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadReq {
     pub peer: u32,
     pub offset: u64,
     pub len: u32,
+    pub cap: u64,
 }
 
 /// Reads slices of remote regions (a backend has one).
@@ -319,22 +328,44 @@ pub(crate) fn conformance(tr: &dyn Transport, listen: &str, region_at: &str) {
     assert!(c.send(Msg::ListModels).is_err());
 
     let reg = Arc::new(Region::new(1, 1 << 16).unwrap());
-    let r = reg.put(5, b"hello").unwrap();
+    const CAP: u64 = 0x5eed;
+    let r = reg.put(5, CAP, b"hello").unwrap();
+    let gone = reg.put(6, CAP + 1, b"ended").unwrap();
+    reg.release(gone);
     let srv = tr.serve_region(reg.clone(), region_at).unwrap();
     let rd = tr.reader().unwrap();
     rd.attach(3, &srv.info()).unwrap();
-    let req = |peer, offset, len| ReadReq { peer, offset, len };
+    let req = |peer, offset, len, cap| ReadReq {
+        peer,
+        offset,
+        len,
+        cap,
+    };
     let out = rd.read_many(
-        &[req(3, r.offset, r.len), req(4, 0, 1), req(3, 1 << 16, 1)],
+        &[
+            req(3, r.offset, r.len, CAP),
+            req(4, 0, 1, CAP),
+            req(3, 1 << 16, 1, CAP),
+            // Another capability, a read past the slot, a slot whose request
+            // ended: refused. A probe: zeros, nobody's input.
+            req(3, r.offset, r.len, CAP + 7),
+            req(3, r.offset, r.len + 64, CAP),
+            req(3, gone.offset, gone.len, CAP + 1),
+            req(3, r.offset, r.len, PROBE_CAP),
+        ],
         t,
     );
     assert_eq!(
-        SlotHeader::check(out[0].as_ref().unwrap(), 5).unwrap(),
+        SlotHeader::check(out[0].as_ref().unwrap(), 5, CAP).unwrap(),
         b"hello"
     );
     assert!(matches!(out[1], Err(ReadError::Unreachable(_))));
     assert_eq!(out[2], Err(ReadError::OutOfBounds));
+    assert_eq!(out[3], Err(ReadError::Denied));
+    assert_eq!(out[4], Err(ReadError::Denied));
+    assert_eq!(out[5], Err(ReadError::Denied));
+    assert_eq!(out[6].as_deref(), Ok(&vec![0u8; r.len as usize][..]));
     drop(srv);
-    let out = rd.read_many(&[req(3, r.offset, r.len)], t);
+    let out = rd.read_many(&[req(3, r.offset, r.len, CAP)], t);
     assert!(matches!(out[0], Err(ReadError::Unreachable(_))), "{out:?}");
 }

@@ -1,10 +1,14 @@
 //! A frontend's input region: one block of memory holding the inputs of the tasks
 //! it has in flight, read one-sided by backends.
 //!
-//! Each input lives in a slot: a [`SlotHeader`] (the task id, the payload length and
-//! a magic number) followed by the bytes. A backend reads the whole slot and checks
-//! the header, so a read of a slot that was freed and reused (a task that ended
-//! meanwhile) is detected instead of running on someone else's input.
+//! Each input lives in a slot: a [`SlotHeader`] (the task id, the payload length,
+//! a magic number and the task's read capability) followed by the bytes. A
+//! backend reads the whole slot and checks the header, so a read of a slot that
+//! was freed and reused (a task that ended meanwhile) is detected instead of
+//! running on someone else's input. A region server hands out a slot only to a
+//! reader that names its capability ([`Region::read_slot`]); when a request ends
+//! its header, capability included, is wiped ([`Region::release`]), so its bytes
+//! can no longer be read through a server.
 //!
 //! Slots are placed first-fit in a free list with coalescing; alignment 64 bytes.
 
@@ -13,13 +17,53 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, RwLock};
 
 /// Bytes of the slot header.
-pub const SLOT_HEADER: usize = 16;
+pub const SLOT_HEADER: usize = 32;
 const MAGIC: u32 = 0x4654_4d41; // "FTMA"
 const ALIGN: u64 = 64;
 /// Largest slot (header included) an [`InputRef`] can describe: 16 MiB - 1.
 pub const MAX_SLOT: usize = (1 << 24) - 1;
 /// Largest region an [`InputRef`] can address: 1 TiB.
 pub const MAX_REGION: u64 = 1 << 40;
+/// The capability of a probe: a read that names it is answered with zeros of
+/// the length asked (a backend measuring its pull cost reads no one's input).
+/// A task's capability is never this.
+pub const PROBE_CAP: u64 = 0;
+
+/// Makes tasks' capabilities: 64 unpredictable bits each (ChaCha seeded from
+/// the OS), never [`PROBE_CAP`]. A reader that saw some capabilities (a
+/// backend, its own tasks') cannot tell any other.
+pub struct CapSource(rand::rngs::StdRng);
+
+impl CapSource {
+    /// Seeded from the OS's randomness.
+    pub fn new() -> CapSource {
+        use rand::SeedableRng;
+        CapSource(rand::rngs::StdRng::from_entropy())
+    }
+
+    /// Seeded from `seed`: reproducible (the cluster simulator).
+    pub fn seeded(seed: u64) -> CapSource {
+        use rand::SeedableRng;
+        CapSource(rand::rngs::StdRng::seed_from_u64(seed))
+    }
+
+    /// The next capability.
+    pub fn next_cap(&mut self) -> u64 {
+        use rand::RngCore;
+        loop {
+            let c = self.0.next_u64();
+            if c != PROBE_CAP {
+                return c;
+            }
+        }
+    }
+}
+
+impl Default for CapSource {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// Where a task's input is in its frontend's region; packs into a u64 (40 bits of
 /// offset, 24 of length) that rides through the scheduler as the task's tag.
@@ -43,11 +87,21 @@ impl InputRef {
     }
 }
 
-/// The header at the start of a slot.
+/// The header at the start of a slot: u64 task, u32 payload length, u32 magic,
+/// u64 capability, 8 bytes reserved (zero; the payload starts 32-byte aligned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotHeader {
     pub task: u64,
     pub payload_len: u32,
+    pub cap: u64,
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
 impl SlotHeader {
@@ -56,28 +110,44 @@ impl SlotHeader {
         b[0..8].copy_from_slice(&self.task.to_le_bytes());
         b[8..12].copy_from_slice(&self.payload_len.to_le_bytes());
         b[12..16].copy_from_slice(&MAGIC.to_le_bytes());
+        b[16..24].copy_from_slice(&self.cap.to_le_bytes());
         b
     }
 
-    /// Checks a slot read back for task `task`; returns the payload.
-    pub fn check(slot: &[u8], task: u64) -> Result<&[u8], String> {
+    /// The header at the start of `slot`, when it has a whole one with the magic.
+    fn decode(slot: &[u8]) -> Option<SlotHeader> {
+        if slot.len() < SLOT_HEADER || u32_at(slot, 12) != MAGIC {
+            return None;
+        }
+        Some(SlotHeader {
+            task: u64_at(slot, 0),
+            payload_len: u32_at(slot, 8),
+            cap: u64_at(slot, 16),
+        })
+    }
+
+    /// Checks a slot read back for task `task` with capability `cap`; returns
+    /// the payload.
+    pub fn check(slot: &[u8], task: u64, cap: u64) -> Result<&[u8], String> {
         if slot.len() < SLOT_HEADER {
             return Err(format!(
                 "slot of {} bytes is shorter than its header",
                 slot.len()
             ));
         }
-        let t = u64::from_le_bytes(slot[0..8].try_into().expect("8 bytes"));
-        let n = u32::from_le_bytes(slot[8..12].try_into().expect("4 bytes")) as usize;
-        let m = u32::from_le_bytes(slot[12..16].try_into().expect("4 bytes"));
-        if m != MAGIC {
+        let Some(h) = SlotHeader::decode(slot) else {
             return Err("slot header has a bad magic number (freed or never written)".into());
-        }
-        if t != task {
+        };
+        if h.task != task {
             return Err(format!(
-                "slot holds task {t}, expected {task} (reused slot)"
+                "slot holds task {}, expected {task} (reused slot)",
+                h.task
             ));
         }
+        if h.cap != cap {
+            return Err(format!("slot of task {task} has another capability"));
+        }
+        let n = h.payload_len as usize;
         if SLOT_HEADER + n > slot.len() {
             return Err(format!(
                 "slot says {n} payload bytes but only {} were read",
@@ -167,9 +237,9 @@ impl Region {
         self.free.lock().expect("region lock").used
     }
 
-    /// Stores `input` of `task` in a new slot; None when the region is full or the
-    /// input is larger than a slot can be.
-    pub fn put(&self, task: u64, input: &[u8]) -> Option<InputRef> {
+    /// Stores `input` of `task`, readable with capability `cap`, in a new slot;
+    /// None when the region is full or the input is larger than a slot can be.
+    pub fn put(&self, task: u64, cap: u64, input: &[u8]) -> Option<InputRef> {
         let slot_len = SLOT_HEADER + input.len();
         if slot_len > MAX_SLOT {
             return None;
@@ -178,6 +248,7 @@ impl Region {
         let hdr = SlotHeader {
             task,
             payload_len: input.len() as u32,
+            cap,
         }
         .encode();
         self.write_at(offset, slot_len, |mem| {
@@ -190,8 +261,9 @@ impl Region {
         })
     }
 
-    /// Frees a slot made by [`Region::put`]; its header is wiped so a late read of it
-    /// is detected.
+    /// Frees a slot made by [`Region::put`]; its header is wiped, capability
+    /// included, so a late read of it is detected and no server hands its bytes
+    /// out again.
     pub fn release(&self, r: InputRef) {
         if r.offset + SLOT_HEADER as u64 <= self.len {
             self.write_at(r.offset, SLOT_HEADER, |mem| mem.fill(0));
@@ -207,8 +279,41 @@ impl Region {
         })
     }
 
-    /// Runs `f` on the bytes at `offset..offset+len` without copying them out
-    /// (a region server writes them straight to its socket buffer).
+    /// A reader's read of a slot: runs `f` on the `len` bytes at `offset` when
+    /// they lie within one live slot that starts there and whose capability is
+    /// `cap`, its header included; else [`ReadError::Denied`] (a freed slot,
+    /// another capability, a read shorter than the header or past the slot's
+    /// end, or not a slot's start). A read with
+    /// [`PROBE_CAP`] sees `len` zero bytes instead (the region is not touched).
+    /// What region servers and in-process readers serve: the check and the read
+    /// are under the same stripe locks, so a slot cannot be freed in between.
+    pub fn read_slot<R>(
+        &self,
+        offset: u64,
+        len: u32,
+        cap: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ReadError> {
+        let end = offset
+            .checked_add(len as u64)
+            .ok_or(ReadError::OutOfBounds)?;
+        if end > self.len {
+            return Err(ReadError::OutOfBounds);
+        }
+        if cap == PROBE_CAP {
+            return Ok(f(&vec![0u8; len as usize]));
+        }
+        self.with_slice(offset, len, |b| match SlotHeader::decode(b) {
+            Some(h) if h.cap == cap && len as usize <= SLOT_HEADER + h.payload_len as usize => {
+                Ok(f(b))
+            }
+            _ => Err(ReadError::Denied),
+        })?
+    }
+
+    /// Runs `f` on the bytes at `offset..offset+len` without copying them out,
+    /// unchecked: the frontend's own view (tests, fuzzers); readers go through
+    /// [`Region::read_slot`].
     pub fn with_slice<R>(
         &self,
         offset: u64,
@@ -307,27 +412,67 @@ mod tests {
     #[test]
     fn put_read_release() {
         let reg = Region::new(7, 4096).unwrap();
-        let a = reg.put(1, &[1, 2, 3]).unwrap();
-        let b = reg.put(2, &[9; 100]).unwrap();
+        let a = reg.put(1, 11, &[1, 2, 3]).unwrap();
+        let b = reg.put(2, 22, &[9; 100]).unwrap();
         assert_ne!(a.offset, b.offset);
         let mut out = Vec::new();
         reg.read_into(a.offset, a.len, &mut out).unwrap();
-        assert_eq!(SlotHeader::check(&out, 1).unwrap(), &[1, 2, 3]);
-        assert!(SlotHeader::check(&out, 2).is_err());
+        assert_eq!(SlotHeader::check(&out, 1, 11).unwrap(), &[1, 2, 3]);
+        assert!(SlotHeader::check(&out, 2, 11).is_err());
+        assert!(SlotHeader::check(&out, 1, 12).is_err(), "another capability");
         reg.release(a);
         reg.read_into(a.offset, a.len, &mut out).unwrap();
         assert!(
-            SlotHeader::check(&out, 1).is_err(),
+            SlotHeader::check(&out, 1, 11).is_err(),
             "freed slot must not check"
         );
         reg.release(b);
         assert_eq!(reg.used(), 0);
         // Everything merged back: one slot of the whole region fits again.
-        assert!(reg.put(3, &vec![0u8; 4096 - SLOT_HEADER]).is_some());
-        assert!(reg.put(4, &[0]).is_none(), "full");
+        assert!(reg.put(3, 33, &vec![0u8; 4096 - SLOT_HEADER]).is_some());
+        assert!(reg.put(4, 44, &[0]).is_none(), "full");
         assert_eq!(
             reg.read_into(4090, 10, &mut out),
             Err(ReadError::OutOfBounds)
         );
+    }
+
+    /// A reader gets a slot's bytes only with its capability, from its start
+    /// and within it, and only while its request lives; a probe gets zeros.
+    #[test]
+    fn reads_need_the_slots_capability() {
+        let reg = Region::new(7, 4096).unwrap();
+        let a = reg.put(1, 11, b"secret input").unwrap();
+        let b = reg.put(2, 22, b"another").unwrap();
+        let read = |off, len, cap| reg.read_slot(off, len, cap, |x| x.to_vec());
+        let got = read(a.offset, a.len, 11).unwrap();
+        assert_eq!(SlotHeader::check(&got, 1, 11).unwrap(), b"secret input");
+        // Shorter reads from the start are fine down to the header, longer
+        // ones are not.
+        assert!(read(a.offset, SLOT_HEADER as u32, 11).is_ok());
+        assert_eq!(read(a.offset, 8, 11), Err(ReadError::Denied));
+        assert_eq!(read(a.offset, a.len + 1, 11), Err(ReadError::Denied));
+        // b's capability does not open a, nor a read from inside a slot.
+        assert_eq!(read(a.offset, a.len, 22), Err(ReadError::Denied));
+        assert_eq!(read(a.offset + 16, 8, 11), Err(ReadError::Denied));
+        assert!(read(b.offset, b.len, 22).is_ok());
+        // Free space is no slot.
+        assert_eq!(read(1024, 64, 0x1234), Err(ReadError::Denied));
+        assert_eq!(read(4090, 10, 11), Err(ReadError::OutOfBounds));
+        // A probe sees zeros, not the bytes.
+        assert_eq!(read(a.offset, a.len, PROBE_CAP).unwrap(), vec![0; a.len as usize]);
+        // Once the request ended, its capability opens nothing.
+        reg.release(a);
+        assert_eq!(read(a.offset, a.len, 11), Err(ReadError::Denied));
+    }
+
+    #[test]
+    fn capabilities_are_never_the_probes_and_do_not_repeat() {
+        let mut c = CapSource::new();
+        let caps: std::collections::HashSet<u64> = (0..10_000).map(|_| c.next_cap()).collect();
+        assert_eq!(caps.len(), 10_000);
+        assert!(!caps.contains(&PROBE_CAP));
+        let (mut x, mut y) = (CapSource::seeded(5), CapSource::seeded(5));
+        assert_eq!(x.next_cap(), y.next_cap());
     }
 }

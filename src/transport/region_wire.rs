@@ -11,13 +11,16 @@ use super::region::Region;
 pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"FTRG");
 pub const HELLO_LEN: usize = 8;
 pub const WELCOME_LEN: usize = 16;
-/// A read request: u64 id, u64 offset, u32 len.
-pub const REQ_LEN: usize = 20;
+/// A read request: u64 id, u64 offset, u32 len, u64 capability.
+pub const REQ_LEN: usize = 28;
 /// An answer's header: u64 id, u32 status, u32 len (then `len` bytes when ok).
 pub const ANS_LEN: usize = 16;
 pub const ST_OK: u32 = 0;
 /// An answer's status: the read is outside the region.
 pub const ST_OOB: u32 = 1;
+/// An answer's status: the capability does not open a live slot there
+/// ([`Region::read_slot`]).
+pub const ST_DENIED: u32 = 2;
 /// A welcome's status: the server does not serve the region asked for.
 pub const ST_WRONG_REGION: u32 = 1;
 
@@ -72,6 +75,8 @@ pub struct Request {
     pub id: u64,
     pub offset: u64,
     pub len: u32,
+    /// The task's capability ([`super::PROBE_CAP`]: a probe, answered with zeros).
+    pub cap: u64,
 }
 
 impl Request {
@@ -79,7 +84,8 @@ impl Request {
         let mut r = [0u8; REQ_LEN];
         r[..8].copy_from_slice(&self.id.to_le_bytes());
         r[8..16].copy_from_slice(&self.offset.to_le_bytes());
-        r[16..].copy_from_slice(&self.len.to_le_bytes());
+        r[16..20].copy_from_slice(&self.len.to_le_bytes());
+        r[20..].copy_from_slice(&self.cap.to_le_bytes());
         r
     }
 
@@ -88,6 +94,7 @@ impl Request {
             id: u64_at(r, 0),
             offset: u64_at(r, 8),
             len: u32_at(r, 16),
+            cap: u64_at(r, 20),
         }
     }
 }
@@ -127,13 +134,14 @@ pub fn serve_requests(inb: &[u8], region: &Region, out: &mut Vec<u8>, flush_at: 
         out.extend_from_slice(&req.id.to_le_bytes());
         out.extend_from_slice(&ST_OK.to_le_bytes());
         out.extend_from_slice(&req.len.to_le_bytes());
-        if region
-            .with_slice(req.offset, req.len, |b| out.extend_from_slice(b))
-            .is_err()
+        let st = match region.read_slot(req.offset, req.len, req.cap, |b| out.extend_from_slice(b))
         {
-            out[hdr_at + 8..hdr_at + 12].copy_from_slice(&ST_OOB.to_le_bytes());
-            out[hdr_at + 12..hdr_at + 16].copy_from_slice(&0u32.to_le_bytes());
-        }
+            Ok(()) => continue,
+            Err(super::ReadError::Denied) => ST_DENIED,
+            Err(_) => ST_OOB,
+        };
+        out[hdr_at + 8..hdr_at + 12].copy_from_slice(&st.to_le_bytes());
+        out[hdr_at + 12..hdr_at + 16].copy_from_slice(&0u32.to_le_bytes());
     }
     pos
 }
@@ -155,6 +163,7 @@ mod tests {
             id: u64::MAX,
             offset: 3,
             len: 9,
+            cap: u64::MAX - 1,
         };
         assert_eq!(Request::decode(&r.encode()), r);
     }
@@ -162,13 +171,14 @@ mod tests {
     #[test]
     fn requests_are_answered_in_order_and_out_of_bounds_is_an_answer() {
         let region = Region::new(1, 4096).unwrap();
-        let at = region.put(5, b"hello").unwrap();
+        let at = region.put(5, 55, b"hello").unwrap();
         let mut inb = Vec::new();
         inb.extend_from_slice(
             &Request {
                 id: 1,
                 offset: at.offset,
                 len: at.len,
+                cap: 55,
             }
             .encode(),
         );
@@ -177,6 +187,7 @@ mod tests {
                 id: 2,
                 offset: u64::MAX - 3,
                 len: u32::MAX,
+                cap: 55,
             }
             .encode(),
         );

@@ -471,11 +471,13 @@ wire_struct!(SubmitTask {
     arrival: Time,
     deadline: Time,
     input: u64,
+    cap: u64,
 });
 wire_struct!(PlanTask {
     id: TaskId,
     deadline: Time,
     input: u64,
+    cap: u64,
 });
 wire_struct!(TaskResult {
     id: TaskId,
@@ -484,6 +486,7 @@ wire_struct!(TaskResult {
     finished: Time,
     batch_size: u32,
     output: Vec<u8>,
+    cap: u64,
 });
 
 /// Pairs, as their two fields in order: `(task id, code)` of `Msg::Dropped`,
@@ -816,6 +819,7 @@ mod tests {
                     arrival: Time(-5),
                     deadline: Time(10),
                     input: 77,
+                    cap: u64::MAX,
                 }],
             },
             Msg::Plan {
@@ -830,6 +834,7 @@ mod tests {
                         id: TaskId(1),
                         deadline: Time(300),
                         input: 5,
+                        cap: 9,
                     };
                     3
                 ],
@@ -867,6 +872,7 @@ mod tests {
                         finished: Time(5),
                         batch_size: 0,
                         output: vec![1, 2, 3],
+                        cap: 3,
                     },
                     TaskResult {
                         id: TaskId(2),
@@ -875,6 +881,7 @@ mod tests {
                         finished: Time(5),
                         batch_size: 0,
                         output: vec![],
+                        cap: 3,
                     },
                     TaskResult {
                         id: TaskId(3),
@@ -883,6 +890,7 @@ mod tests {
                         finished: Time(5),
                         batch_size: 0,
                         output: vec![],
+                        cap: 3,
                     },
                     TaskResult {
                         id: TaskId(4),
@@ -891,6 +899,7 @@ mod tests {
                         finished: Time(5),
                         batch_size: 0,
                         output: vec![0; 1000],
+                        cap: 3,
                     },
                 ],
             },
@@ -1005,7 +1014,7 @@ mod tests {
             echo: Time(-1),
             sched: Time(0x0102),
         });
-        let mut want = vec![27, 0, 0, 0, 5, 0, 15];
+        let mut want = vec![27, 0, 0, 0, 6, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1019,22 +1028,24 @@ mod tests {
                 finished: Time(3),
                 batch_size: 0,
                 output: vec![0xAB],
+                cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![5, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![6, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
         want.extend_from_slice(&3i64.to_le_bytes());
         want.extend_from_slice(&0u32.to_le_bytes());
         want.extend_from_slice(&[1, 0, 0, 0, 0xAB]);
+        want.extend_from_slice(&[8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(body(&frame), &want[..]);
 
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 5, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 5, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 6, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 6, 0, 18]);
     }
 
     #[test]
@@ -1054,7 +1065,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [5, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [6, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1064,15 +1075,15 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![5, 0, 9];
+        let mut body = vec![6, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
-        body.extend_from_slice(&[0; 36]);
+        body.extend_from_slice(&[0; 44]);
         assert_eq!(
             decode(&body),
             Err(DecodeError::Truncated {
                 field: "Submit.tasks",
-                need: MAX_ITEMS * 36,
-                have: 36
+                need: MAX_ITEMS * 44,
+                have: 44
             })
         );
     }
@@ -1110,23 +1121,23 @@ mod tests {
     fn header_errors() {
         assert_eq!(
             decode(&[1, 0, 18]),
-            Err(DecodeError::Version { got: 1, want: 5 })
+            Err(DecodeError::Version { got: 1, want: PROTOCOL_VERSION })
         );
         assert_eq!(
-            decode(&[5, 0, 0]),
+            decode(&[6, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[5, 0, 23]),
+            decode(&[6, 0, 23]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 23
             })
         );
-        let e = decode(&[5, 0, 18, 0]).unwrap_err();
+        let e = decode(&[6, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1136,7 +1147,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![5, 0, 1, 2]; // Register, role 2
+        let mut body = vec![6, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1191,7 +1202,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[5, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[6, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
@@ -1264,7 +1275,7 @@ mod tests {
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
-        let want = Some(Err(DecodeError::Version { got: 7, want: 5 }));
+        let want = Some(Err(DecodeError::Version { got: 7, want: PROTOCOL_VERSION }));
         assert_eq!(r.next_msg(), want);
         assert_eq!(r.next_msg(), want);
     }

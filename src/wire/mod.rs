@@ -62,7 +62,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -193,6 +193,10 @@ pub struct SubmitTask {
     pub deadline: Time,
     /// Where the input is: [`crate::transport::InputRef`] packed.
     pub input: u64,
+    /// The task's capability: a random secret of the frontend's that the
+    /// scheduler hands only to the backend it plans the task on. Reading the
+    /// input and answering the task both need it (docs/security.md).
+    pub cap: u64,
 }
 
 /// A task inside a batch plan.
@@ -201,6 +205,9 @@ pub struct PlanTask {
     pub id: TaskId,
     pub deadline: Time,
     pub input: u64,
+    /// The task's capability ([`SubmitTask::cap`]): the backend reads the input
+    /// with it and returns it with the result.
+    pub cap: u64,
 }
 
 /// How a plan ended on its backend.
@@ -241,6 +248,9 @@ pub struct TaskResult {
     /// Size of the batch it ran in (0 when it did not run).
     pub batch_size: u32,
     pub output: Vec<u8>,
+    /// The task's capability ([`SubmitTask::cap`]): a result without the right
+    /// one is refused by the frontend.
+    pub cap: u64,
 }
 
 /// How a client request ended, as the frontend replies it: the core's

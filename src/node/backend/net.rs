@@ -9,7 +9,9 @@ use super::metrics::batch_size_histogram;
 use super::shared::Shared;
 use crate::core::{Dur, GpuId, LatencyProfile, ModelId};
 use crate::node::proto::backend::{Action, BackendProto, PlanMsg};
-use crate::transport::{Conn, ConnId, Event, EventTx, ReadReq, Transport, SLOT_HEADER};
+use crate::transport::{
+    Conn, ConnId, Event, EventTx, ReadReq, Transport, PROBE_CAP, SLOT_HEADER,
+};
 use crate::wire::{ModelInfo, NodeId, RegionInfo, NET_QUANTILE};
 use anyhow::{bail, Result};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
@@ -288,6 +290,9 @@ impl NetLoop {
                             peer,
                             offset: 0,
                             len,
+                            // Zeros of the input's size: moves what a pull
+                            // moves, reads no one's input.
+                            cap: PROBE_CAP,
                         }],
                         Duration::from_secs(1),
                     );

@@ -73,7 +73,7 @@ fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
     got.into_iter()
         .zip(&plan.tasks)
         .map(|(r, t)| {
-            classify_input(r, t.id)
+            classify_input(r, t.id, t.cap)
                 .map_err(|why| sh.missing_why[why as usize].fetch_add(1, Ordering::Relaxed))
                 .ok()
         })

@@ -20,7 +20,9 @@ use crate::node::clock::{moved, SchedClock};
 use crate::node::proto::ledger::{Answer, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::MARGIN_FLOOR;
-use crate::transport::{Conn, ConnId, Event, EventTx, Listener, Region, RegionServer, Transport};
+use crate::transport::{
+    CapSource, Conn, ConnId, Event, EventTx, Listener, Region, RegionServer, Transport,
+};
 use crate::wire::{ModelInfo, Msg, SubmitTask, MAX_ITEMS, NET_QUANTILE};
 use crossbeam_channel::Receiver;
 use std::collections::HashMap;
@@ -62,6 +64,8 @@ pub(super) struct Loop {
     events: EventTx,
     pub(super) clock: SchedClock,
     pub(super) region: Arc<Region>,
+    /// Each task's read capability (docs/security.md).
+    pub(super) caps: CapSource,
     pub(super) clients: HashMap<ConnId, Arc<dyn Conn>>,
     /// The pending requests (sans-IO): each ends exactly once.
     pub(super) ledger: RequestLedger<Client>,
@@ -101,6 +105,7 @@ impl Loop {
             events: links.events,
             clock: links.clock,
             region: links.region,
+            caps: CapSource::new(),
             clients: HashMap::new(),
             ledger: RequestLedger::new(reg.node, Dur(opts.grace.as_nanos() as i64)),
             submit: Vec::new(),
@@ -330,6 +335,7 @@ impl Loop {
         self.report.timed_out += c.timed_out;
         self.report.rejoins = self.state.rejoins.load(Ordering::Relaxed);
         self.report.stray_answers += c.stray_answers;
+        self.report.forged_results += c.forged_results;
         self.report.clock_offset_us = self.clock.offset().as_us_f64();
         self.report.clock_error_us = self.clock.error_bound().as_us_f64();
         self.report
@@ -424,6 +430,20 @@ impl Loop {
         }
     }
 
+    /// Connection `c` sent `n` results whose capability is not their task's:
+    /// it is not the backend those tasks were planned on. They were refused
+    /// (the requests wait for their real answers); the connection is logged
+    /// and closed.
+    fn forged(&mut self, c: ConnId, n: u64) {
+        let why = format!(
+            "{n} result(s) without their task's capability: not the backend the tasks were planned on"
+        );
+        tracing::warn!(conn = c, reason = %why, "frontend: refused results; closing the connection");
+        if let Some(conn) = self.clients.remove(&c) {
+            conn.close(&why);
+        }
+    }
+
     /// A message from a client or a backend on connection `c`.
     fn client_msg(&mut self, c: ConnId, msg: Msg) {
         match msg {
@@ -441,9 +461,16 @@ impl Loop {
                 }
             }
             Msg::Results { items } => {
+                let now = self.clock.now();
+                let forged = self.ledger.counts().forged_results;
                 for r in items {
-                    let id = r.id;
-                    self.finish(id, Answer::of_result(r));
+                    if let Some(f) = self.ledger.result(now, r) {
+                        self.answer(f);
+                    }
+                }
+                let n = self.ledger.counts().forged_results - forged;
+                if n > 0 {
+                    self.forged(c, n);
                 }
             }
             other => {

@@ -12,6 +12,9 @@ pub struct FrontendReport {
     pub timed_out: u64,
     /// Answers for tasks that had already ended (ignored).
     pub stray_answers: u64,
+    /// Results refused because they did not carry their task's capability
+    /// (their connection was closed).
+    pub forged_results: u64,
     pub bad_requests: u64,
     /// Times the frontend lost the scheduler and joined again.
     pub rejoins: u64,

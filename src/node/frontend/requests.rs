@@ -164,7 +164,8 @@ impl Loop {
             );
         }
         let mid = m.id;
-        let Some(r) = self.region.put(self.ledger.next_id().0, &input) else {
+        let cap = self.caps.next_cap();
+        let Some(r) = self.region.put(self.ledger.next_id().0, cap, &input) else {
             let why = format!(
                 "input region full or input too large ({} bytes)",
                 input.len()
@@ -172,7 +173,7 @@ impl Loop {
             return self.refuse(client, received, Some(mi), Ended::RegionFull, why);
         };
         let arrival = self.clock.now() - Dur::from_std(received.elapsed());
-        let task = self.ledger.admit(arrival, mi, mid, slo, client, r);
+        let task = self.ledger.admit(arrival, mi, mid, slo, client, r, cap);
         self.submit.push(task);
     }
 }

@@ -28,6 +28,8 @@ pub(super) struct Conns {
     open: Option<Arc<Gauge>>,
     evicted: Option<Arc<Counter>>,
     refused: Option<Arc<Counter>>,
+    /// Notified whenever a connection ends (see [`Conns::settle`]).
+    room: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -73,6 +75,7 @@ impl Conns {
             open: reg.map(|r| r.gauge("fermata_http_connections", "HTTP connections open.", &[])),
             evicted: reg.map(|r| closed(r, "evicted")),
             refused: reg.map(|r| closed(r, "refused")),
+            room: tokio::sync::Notify::new(),
         })
     }
 
@@ -147,11 +150,35 @@ impl Conns {
     }
 
     /// Connections open now (those told to close included).
-    #[cfg(test)]
     fn open(&self) -> usize {
         self.table.lock().expect("conns lock").slots.len()
     }
+
+    /// Waits (at most [`SETTLE_WAIT`]) until the connections still open, those
+    /// told to close included, are within the cap. A connection told to close
+    /// holds its file descriptor until its task ends; the accept loop waits
+    /// here before it accepts more, so a flood cannot open descriptors faster
+    /// than evicted connections give theirs back (which ran the process into
+    /// EMFILE under `ulimit -n 1024`).
+    pub(super) async fn settle(&self) {
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let ended = self.room.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.open() <= self.max {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return;
+            }
+        }
+    }
 }
+
+/// The longest the accept loop waits for evicted connections to end (one that
+/// is in a request closes once answered: it is not waited for).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Admitted {
     /// The connection is in a request: it is not closed to make room.
@@ -184,6 +211,8 @@ impl Drop for Admitted {
             t.closing -= 1;
         }
         self.conns.set_open(&t);
+        drop(t);
+        self.conns.room.notify_waiters();
     }
 }
 

@@ -128,6 +128,7 @@ async fn accept_loop(
         match conns.admit() {
             Some(adm) => {
                 tokio::spawn(serve_connection(app.clone(), stream, peer, adm, limits));
+                conns.settle().await;
             }
             None => refuse(stream),
         }

@@ -575,6 +575,7 @@ pub fn pull_requests(tasks: &[PlanTask]) -> Vec<ReadReq> {
                 peer: task_owner(t.id),
                 offset: r.offset,
                 len: r.len,
+                cap: t.cap,
             }
         })
         .collect()
@@ -612,10 +613,16 @@ impl Input {
     }
 }
 
-/// Checks one read against the task it was for (the slot's header names it).
-pub fn classify_input(read: Result<Vec<u8>, ReadError>, task: TaskId) -> Result<Input, Missing> {
+/// Checks one read against the task it was for (the slot's header names it
+/// and its capability). A read the frontend refused (the request ended and its
+/// slot was wiped) is a stale slot too.
+pub fn classify_input(
+    read: Result<Vec<u8>, ReadError>,
+    task: TaskId,
+    cap: u64,
+) -> Result<Input, Missing> {
     match read {
-        Ok(slot) => match SlotHeader::check(&slot, task.0) {
+        Ok(slot) => match SlotHeader::check(&slot, task.0, cap) {
             Ok(p) => {
                 let len = p.len();
                 Ok(Input { slot, len })
@@ -623,6 +630,7 @@ pub fn classify_input(read: Result<Vec<u8>, ReadError>, task: TaskId) -> Result<
             Err(_) => Err(Missing::StaleSlot),
         },
         Err(ReadError::Timeout) => Err(Missing::Timeout),
+        Err(ReadError::Denied) => Err(Missing::StaleSlot),
         Err(_) => Err(Missing::Error),
     }
 }
@@ -732,6 +740,7 @@ pub fn settle(
                 0
             },
             output,
+            cap: t.cap,
         });
     };
     for &i in &cut.too_late {
@@ -886,6 +895,7 @@ mod tests {
                 id: crate::wire::task_id(2, 1),
                 deadline: Time(ms(500).0),
                 input: 0,
+                cap: 1,
             }],
         }
     }
@@ -1145,6 +1155,7 @@ mod tests {
             id: crate::wire::task_id(fe, seq),
             deadline: Time(ms(dl).0),
             input: 0,
+            cap: seq,
         };
         let plan = PlanMsg {
             id: PlanId(1),

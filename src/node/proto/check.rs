@@ -106,6 +106,7 @@ pub fn submit_task(
             arrival,
             deadline,
             tag: t.input,
+            cap: t.cap,
         },
     ))
 }
@@ -144,13 +145,14 @@ mod tests {
             arrival: Time(arrival),
             deadline: Time(deadline),
             input: 9,
+            cap: 77,
         };
         let ok = t(3, now.0, now.0 + 40_000_000, 1);
         match submit_task(now, 3, 2, &ok).unwrap() {
             Submitted::Task(m, task) => {
                 assert_eq!(m, ModelId(1));
                 assert_eq!(task.deadline, Time(now.0 + 40_000_000));
-                assert_eq!(task.tag, 9);
+                assert_eq!((task.tag, task.cap), (9, 77));
             }
             other => panic!("{other:?}"),
         }

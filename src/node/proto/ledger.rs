@@ -122,6 +122,8 @@ struct Pending<C> {
     arrival: Time,
     deadline: Time,
     input: InputRef,
+    /// The task's capability: a result must carry it.
+    cap: u64,
 }
 
 /// What the ledger counted.
@@ -136,6 +138,9 @@ pub struct LedgerCounts {
     pub timed_out: u64,
     /// Answers for requests that had already ended (ignored).
     pub stray_answers: u64,
+    /// Results for pending requests with another capability than theirs
+    /// (refused: not from the backend the task was planned on).
+    pub forged_results: u64,
 }
 
 /// The pending requests of one frontend; `C` is how the driver reaches a client.
@@ -193,9 +198,11 @@ impl<C> RequestLedger<C> {
 
     /// Admits a request that arrived at `now` (the frontend's receipt of its
     /// first byte: the client's SLO runs from there) for model `model` (index;
-    /// `model_id` its scheduler id) with a checked `slo`, its input at `input`;
-    /// returns the task to submit. The deadline saturates, so no SLO can wrap
-    /// it.
+    /// `model_id` its scheduler id) with a checked `slo`, its input at `input`
+    /// readable with capability `cap` (which its result must carry, see
+    /// [`RequestLedger::result`]); returns the task to submit. The deadline
+    /// saturates, so no SLO can wrap it.
+    #[allow(clippy::too_many_arguments)]
     pub fn admit(
         &mut self,
         now: Time,
@@ -204,6 +211,7 @@ impl<C> RequestLedger<C> {
         slo: Dur,
         client: C,
         input: InputRef,
+        cap: u64,
     ) -> SubmitTask {
         self.next_seq += 1;
         let id = task_id(self.node, self.next_seq);
@@ -216,6 +224,7 @@ impl<C> RequestLedger<C> {
                 arrival: now,
                 deadline,
                 input,
+                cap,
             },
         );
         self.timeouts.push(Reverse((deadline + self.grace, id)));
@@ -226,7 +235,23 @@ impl<C> RequestLedger<C> {
             arrival: now,
             deadline,
             input: input.pack(),
+            cap,
         }
+    }
+
+    /// A backend's result for a request: ends it when it carries the request's
+    /// capability (only the scheduler and the backend the task was planned on
+    /// were given it); one with another capability is refused and counted
+    /// (`forged_results`), and the request goes on waiting for its real answer.
+    pub fn result(&mut self, now: Time, r: TaskResult) -> Option<Finished<C>> {
+        if let Some(p) = self.pending.get(&r.id) {
+            if p.cap != r.cap {
+                self.counts.forged_results += 1;
+                return None;
+            }
+        }
+        let id = r.id;
+        self.finish(now, id, Answer::of_result(r))
     }
 
     /// Request `id` is answered at `now`; None when it had already ended.
@@ -324,8 +349,8 @@ mod tests {
     fn each_request_ends_once_by_the_first_answer() {
         let mut l: RequestLedger<u32> = RequestLedger::new(3, Dur::from_ms(100));
         let t0 = Time(1_000);
-        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), 7, input());
-        let b = l.admit(t0, 1, ModelId(5), Dur::from_ms(10), 8, input());
+        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), 7, input(), 11);
+        let b = l.admit(t0, 1, ModelId(5), Dur::from_ms(10), 8, input(), 12);
         assert_eq!(crate::wire::task_owner(a.id), 3);
         assert_eq!(b.model, ModelId(5));
         assert_eq!(a.deadline, t0 + Dur::from_ms(10));
@@ -348,13 +373,39 @@ mod tests {
         assert!(l.is_empty());
     }
 
+    /// A result must carry its task's capability: a forged one (another
+    /// capability) ends nothing, and the real one still ends the request.
+    #[test]
+    fn results_without_the_tasks_capability_are_refused() {
+        let mut l: RequestLedger<u32> = RequestLedger::new(3, Dur::from_ms(100));
+        let t0 = Time(1_000);
+        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), 7, input(), 0xfeed);
+        assert_eq!(a.cap, 0xfeed);
+        let r = |cap| TaskResult {
+            id: a.id,
+            status: TaskStatus::Ok,
+            started: t0,
+            finished: t0,
+            batch_size: 1,
+            output: vec![cap as u8],
+            cap,
+        };
+        assert!(l.result(t0, r(0xfeee)).is_none());
+        assert!(l.result(t0, r(0)).is_none());
+        assert!(l.contains(a.id), "still waiting for its real answer");
+        assert_eq!(l.counts().forged_results, 2);
+        let f = l.result(t0, r(0xfeed)).expect("the real result ends it");
+        assert_eq!((f.ended, f.output), (Ended::Good, vec![0xed]));
+        assert_eq!(l.counts().good, 1);
+    }
+
     #[test]
     fn the_sweep_fails_what_nobody_answered_and_saturates() {
         let mut l: RequestLedger<()> = RequestLedger::new(1, Dur::from_ms(100));
         let t0 = Time(0);
-        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), (), input());
+        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), (), input(), 13);
         // A deadline at the end of time never wraps into the past.
-        let z = l.admit(t0, 0, ModelId(0), Dur(i64::MAX), (), input());
+        let z = l.admit(t0, 0, ModelId(0), Dur(i64::MAX), (), input(), 14);
         assert_eq!(z.deadline, Time(i64::MAX));
         assert_eq!(l.poll_timeout(), Some(Time(110_000_000)));
         assert!(l.handle_timeout(Time(109_999_999)).is_empty());
@@ -386,6 +437,7 @@ mod tests {
             finished: Time(0),
             batch_size: 0,
             output: vec![],
+            cap: 1,
         };
         assert!(matches!(
             Answer::of_result(r),

@@ -45,6 +45,7 @@ pub fn plan_tasks(plan: &crate::core::Plan, live: impl Fn(NodeId) -> bool) -> Ve
             id: t.id,
             deadline: t.deadline,
             input: t.tag,
+            cap: t.cap,
         })
         .collect()
 }

@@ -27,15 +27,17 @@
 //! # Region server (one-sided reads without the application)
 //! [`Transport::serve_region`] runs its own listener; a task per reader connection
 //! answers fixed-size binary requests straight from the [`Region`] (copied with
-//! [`Region::with_slice`] into the socket's write buffer). The protocol (all little
-//! endian) is not [`Msg`]:
+//! [`Region::read_slot`] into the socket's write buffer, which serves a read only
+//! when its capability opens the live slot it names). With a cluster key the
+//! connection first proves membership ([`crate::transport::auth`]). The protocol
+//! (all little endian) is not [`Msg`]:
 //!
 //! ```text
 //! hello    reader -> server   u32 magic "FTRG", u32 region id
 //! welcome  server -> reader   u32 magic, u32 status (0 ok, 1 wrong region), u64 region len
-//! request  reader -> server   u64 request id, u64 offset, u32 len           (20 bytes)
-//! answer   server -> reader   u64 request id, u32 status (0 ok, 1 out of bounds),
-//!                             u32 len, then len bytes when ok               (16 bytes + data)
+//! request  reader -> server   u64 request id, u64 offset, u32 len, u64 cap  (28 bytes)
+//! answer   server -> reader   u64 request id, u32 status (0 ok, 1 out of bounds,
+//!                             2 denied), u32 len, then len bytes when ok    (16 bytes + data)
 //! ```
 //!
 //! Requests are pipelined: a reader sends every request of a [`RegionReader::read_many`]

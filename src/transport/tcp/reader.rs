@@ -178,6 +178,7 @@ impl TcpReader {
                 id,
                 offset: r.offset,
                 len: r.len,
+                cap: r.cap,
             };
             bytes.extend_from_slice(&req.encode());
             ids.push(id);

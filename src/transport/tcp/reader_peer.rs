@@ -7,7 +7,7 @@ use super::net::connect_std;
 use super::options::{ANSWER_BUF, CONNECT_TIMEOUT};
 use super::reader::Batch;
 use super::runtime::{stopped, Inner};
-use crate::transport::region_wire::{self as rw, AnswerHeader, ANS_LEN, ST_OK};
+use crate::transport::region_wire::{self as rw, AnswerHeader, ANS_LEN, ST_DENIED, ST_OK};
 use crate::transport::ReadError;
 use crate::wire::RegionInfo;
 use anyhow::Context as _;
@@ -177,7 +177,12 @@ async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
         let p = peer.state.lock().expect("peer lock").pending.remove(&id);
         if status != ST_OK {
             if let Some(p) = p {
-                p.batch.complete(p.idx, Err(ReadError::OutOfBounds));
+                let e = if status == ST_DENIED {
+                    ReadError::Denied
+                } else {
+                    ReadError::OutOfBounds
+                };
+                p.batch.complete(p.idx, Err(e));
             }
             continue;
         }
