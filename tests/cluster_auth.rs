@@ -133,3 +133,106 @@ fn only_members_of_the_cluster_get_in() {
     let cr = c.stop().unwrap();
     assert_eq!(cr.scheduler.backends_registered, 1);
 }
+
+/// A peer that holds the cluster secret but was not given a task (a backend
+/// the task was not planned on, or a compromised member) can neither read the
+/// task's input nor answer it: every read without the task's capability is
+/// refused, a probe reads zeros, and forged results are refused while the
+/// real ones still answer every request, with the right bytes.
+#[test]
+fn a_member_without_the_tasks_capability_reads_and_answers_nothing() {
+    use fermata::transport::{ReadError, ReadReq, PROBE_CAP};
+    use fermata::wire::{task_id, TaskId, TaskResult, TaskStatus, Time};
+    let key = ClusterKey::generate();
+    let tr: Arc<dyn Transport> = Arc::new(Tcp::keyed(Some(key.clone())).unwrap());
+    let w = workload();
+    let o = ClusterOpts {
+        host: "127.0.0.1".into(),
+        region_bytes: 1 << 20,
+        ..ClusterOpts::default()
+    };
+    let c = Cluster::start(tr.clone(), &w, &o).unwrap();
+    let fe = c.frontend_addrs()[0].clone();
+    let data = c.frontends[0].data_addr().to_string();
+    let rogue: Arc<dyn Transport> = Arc::new(Tcp::keyed(Some(key)).unwrap());
+
+    let load = {
+        let (tr, w, fes) = (tr.clone(), w.clone(), c.frontend_addrs());
+        std::thread::spawn(move || {
+            let mut lo = LoadgenOpts::new(fes, &w);
+            lo.rate_rps = 300.0;
+            lo.warmup = Dur::ZERO;
+            lo.duration = Dur::from_secs_f64(2.0);
+            loadgen::run(tr, &w, &lo).unwrap()
+        })
+    };
+
+    // Reads of every slot-aligned offset of the region, while requests come
+    // and go, with guessed capabilities: none served; probes: zeros.
+    let rd = rogue.reader().unwrap();
+    let info = RegionInfo {
+        addr: data,
+        region: 1,
+        len: 1 << 20,
+        rkey: 0,
+        base: 0,
+    };
+    rd.attach(9, &info).unwrap();
+    let (mut denied, mut probes) = (0, 0);
+    let end = Instant::now() + Duration::from_millis(1500);
+    let mut guess = 1u64;
+    while Instant::now() < end {
+        let reqs: Vec<ReadReq> = (0..256u64)
+            .map(|i| {
+                guess = guess.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ReadReq {
+                    peer: 9,
+                    offset: i * 64,
+                    len: 96,
+                    cap: if i % 16 == 0 { PROBE_CAP } else { guess | 1 },
+                }
+            })
+            .collect();
+        for (r, out) in reqs.iter().zip(rd.read_many(&reqs, Duration::from_secs(2))) {
+            match out {
+                Err(ReadError::Denied) => denied += 1,
+                Ok(b) if r.cap == PROBE_CAP => {
+                    assert!(b.iter().all(|&x| x == 0), "a probe read the region");
+                    probes += 1;
+                }
+                other => panic!("a read without the capability got {other:?}"),
+            }
+        }
+        // Forged answers for every task id the frontend may have given: each
+        // message that hits a pending request closes the connection.
+        let (tx, rx) = fermata::transport::event_channel();
+        if let Ok(conn) = rogue.connect(&fe, tx) {
+            let items: Vec<TaskResult> = (1..=3u32)
+                .flat_map(|node| (1..=800u64).map(move |seq| task_id(node, seq)))
+                .map(|id: TaskId| TaskResult {
+                    id,
+                    status: TaskStatus::Failed,
+                    started: Time(0),
+                    finished: Time(0),
+                    batch_size: 0,
+                    output: Vec::new(),
+                    cap: id.0 ^ 0x5a5a,
+                })
+                .collect();
+            let _ = conn.send(Msg::Results { items });
+            // Paces the rounds: the frontend's close, or 20 ms.
+            let _ = rx.recv_timeout(Duration::from_millis(20));
+            conn.close("done");
+        }
+    }
+    assert!(denied > 1000 && probes > 50, "{denied} denied, {probes} probes");
+
+    let rep = load.join().unwrap();
+    assert_eq!(rep.unanswered, 0);
+    assert_eq!(rep.wrong_outputs, 0);
+    assert_eq!(rep.failed, 0, "a forged failure ended a request");
+    assert!(rep.sim.bad_rate() < 0.05, "bad rate {}", rep.sim.bad_rate());
+    let cr = c.stop().unwrap();
+    let forged: u64 = cr.frontends.iter().map(|f| f.forged_results).sum();
+    assert!(forged > 0, "the forgeries never met a pending request");
+}

@@ -30,6 +30,9 @@ pub(super) async fn conn_reader(
     }
 }
 
+/// The most the read buffer grows by at once ahead of the bytes received.
+const GROW_MAX: usize = 1 << 20;
+
 /// Why [`split_frames`] stopped before the end of the bytes.
 enum FrameError {
     /// A length prefix over [`MAX_FRAME`].
@@ -45,7 +48,11 @@ async fn read_frames(shared: &ConnShared, mut rd: OwnedReadHalf) -> Option<(Stri
     let mut msgs = VecDeque::new();
     let mut need = 4usize; // bytes the next frame needs in `buf` (prefix included)
     loop {
-        let want = need.saturating_sub(buf.len()).max(READ_CHUNK);
+        // The buffer grows with the bytes that came, not with what a frame's
+        // length prefix announces: a peer that announces 64 MiB and sends a
+        // few bytes holds a few bytes (at most twice what it sent, through the
+        // vector's doubling).
+        let want = need.saturating_sub(buf.len()).clamp(READ_CHUNK, GROW_MAX);
         buf.reserve(want);
         let n = match rd.read_buf(&mut buf).await {
             Ok(n) => n,

@@ -179,8 +179,13 @@ async fn serve_reads(mut s: TcpStream, region: &Region) -> std::io::Result<()> {
             s.write_all(&out).await?;
             out.clear();
         }
-        if out.capacity() > 64 * ANSWER_CHUNK {
+        // One large answer (an input of up to 16 MiB) grows the buffer; it
+        // is not kept beyond a few chunks between bursts.
+        if out.capacity() > 4 * ANSWER_CHUNK {
             out.shrink_to(ANSWER_CHUNK);
+        }
+        if inb.capacity() > 4 * READ_CHUNK {
+            inb.shrink_to(READ_CHUNK);
         }
     }
 }
