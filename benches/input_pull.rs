@@ -206,7 +206,8 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                         let ns = t0.elapsed().as_nanos() as u64;
                         for (o, &task) in out.iter().zip(&tasks) {
                             let bytes = o.as_ref().expect("read");
-                            let payload = SlotHeader::check(bytes, task, cap_of(task)).expect("slot");
+                            let payload =
+                                SlotHeader::check(bytes, task, cap_of(task)).expect("slot");
                             assert_eq!(payload.len(), INPUT_BYTES);
                         }
                         ns
@@ -266,7 +267,9 @@ fn main() {
     let slots: Vec<(u64, u64, u32)> = (0..cfg.inputs as u64)
         .map(|task| {
             let input: Vec<u8> = (0..INPUT_BYTES).map(|_| rng.gen()).collect();
-            let r = region.put(task, cap_of(task), &input).expect("region big enough");
+            let r = region
+                .put(task, cap_of(task), &input)
+                .expect("region big enough");
             (task, r.offset, r.len)
         })
         .collect();

@@ -221,6 +221,12 @@ pub struct SchedulerArgs {
     transport: String,
     #[command(flatten)]
     secret: SecretArgs,
+    /// Start as a hot standby of the primary scheduler at ADDR: listen at
+    /// --listen, follow the primary (a ping every heartbeat) and serve only
+    /// once it is gone (its connection closed and not reopened, or 3 heartbeats
+    /// without a pong). Nodes take both: --scheduler PRIMARY,STANDBY.
+    #[arg(long, value_name = "ADDR")]
+    standby_of: Option<String>,
     /// Heartbeat period told to nodes (ms).
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
@@ -370,13 +376,30 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             max_data: Dur::from_us(a.max_data_us as i64),
             max_margin: Dur::from_us(a.max_margin_us as i64),
             min_slack: Dur::from_us(a.slack_us as i64),
+            standby_of: a.standby_of.clone(),
             ..SchedulerOpts::default()
         },
     )?;
-    announce(format!("fermata scheduler listening on {}", s.addr()));
+    match &a.standby_of {
+        Some(p) => announce(format!(
+            "fermata scheduler listening on {} (standby of {p})",
+            s.addr()
+        )),
+        None => announce(format!("fermata scheduler listening on {}", s.addr())),
+    }
     let m = metrics_server("scheduler", &a.metrics_listen, vec![s.metrics()])?;
+    let mut announced = false;
     while !signalled() {
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
+        if let (Some(st), false) = (s.standby(), announced) {
+            if let Some((why, after)) = st.took_over.lock().expect("lock").clone() {
+                announce(format!(
+                    "fermata scheduler took over ({why}; {:.1} ms after the last sign of it)",
+                    after.as_secs_f64() * 1e3
+                ));
+                announced = true;
+            }
+        }
     }
     if let Some(m) = m {
         m.stop();
@@ -388,7 +411,8 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct BackendArgs {
-    /// The scheduler's address.
+    /// The scheduler's address; a primary and its standbys separated by
+    /// commas (tried in turn).
     #[arg(long, default_value = "127.0.0.1:7300")]
     scheduler: String,
     /// GPUs on this backend (with --executor onnx: ONNX Runtime CPU workers, one
@@ -458,7 +482,8 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct FrontendArgs {
-    /// The scheduler's address.
+    /// The scheduler's address; a primary and its standbys separated by
+    /// commas (tried in turn).
     #[arg(long, default_value = "127.0.0.1:7300")]
     scheduler: String,
     /// Where clients connect and backends push results.

@@ -733,10 +733,7 @@ pub fn region_frames(data: &[u8]) -> u64 {
                 at += a.len as usize;
                 served += 1;
             } else {
-                assert!(
-                    a.status == rw::ST_OOB || a.status == rw::ST_DENIED,
-                    "{a:?}"
-                );
+                assert!(a.status == rw::ST_OOB || a.status == rw::ST_DENIED, "{a:?}");
                 assert_eq!(a.len, 0);
             }
             answers.push(a.id);

@@ -184,7 +184,9 @@ fn a_member_without_the_tasks_capability_reads_and_answers_nothing() {
     while Instant::now() < end {
         let reqs: Vec<ReadReq> = (0..256u64)
             .map(|i| {
-                guess = guess.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                guess = guess
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ReadReq {
                     peer: 9,
                     offset: i * 64,
@@ -225,7 +227,10 @@ fn a_member_without_the_tasks_capability_reads_and_answers_nothing() {
             conn.close("done");
         }
     }
-    assert!(denied > 1000 && probes > 50, "{denied} denied, {probes} probes");
+    assert!(
+        denied > 1000 && probes > 50,
+        "{denied} denied, {probes} probes"
+    );
 
     let rep = load.join().unwrap();
     assert_eq!(rep.unanswered, 0);

@@ -6,7 +6,7 @@ use crossbeam_channel::Receiver;
 use fermata::transport::event_channel;
 use fermata::transport::tcp::Tcp;
 use fermata::transport::{
-    Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader, PROBE_CAP, Transport,
+    Conn, ConnId, Event, ReadError, ReadReq, Region, SendError, SlotHeader, Transport, PROBE_CAP,
 };
 use fermata::wire::{Dur, Msg, Time};
 use std::io::{Read, Write};

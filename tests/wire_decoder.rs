@@ -186,14 +186,16 @@ fn arb_submit_task() -> impl Strategy<Value = SubmitTask> {
         any::<u64>(),
         any::<u64>(),
     )
-        .prop_map(|(id, model, arrival_ns, deadline_ns, input, cap)| SubmitTask {
-            id: TaskId(id),
-            model: ModelId(model),
-            arrival: Time(arrival_ns),
-            deadline: Time(deadline_ns),
-            input,
-            cap,
-        })
+        .prop_map(
+            |(id, model, arrival_ns, deadline_ns, input, cap)| SubmitTask {
+                id: TaskId(id),
+                model: ModelId(model),
+                arrival: Time(arrival_ns),
+                deadline: Time(deadline_ns),
+                input,
+                cap,
+            },
+        )
 }
 
 fn arb_plan_task() -> impl Strategy<Value = PlanTask> {

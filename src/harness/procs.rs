@@ -34,6 +34,9 @@ pub struct ProcOpts {
     /// Environment variables for backend processes: (backend index, name, value)
     /// — e.g. a `FERMATA_FAULT` for one of them.
     pub backend_env: Vec<(usize, String, String)>,
+    /// Also start a hot standby scheduler (`--standby-of` the first); the
+    /// nodes get both addresses.
+    pub standby: bool,
     pub verbose: bool,
 }
 
@@ -51,6 +54,7 @@ impl ProcOpts {
             model_spin_us: 0,
             scheduler_args: Vec::new(),
             backend_env: Vec::new(),
+            standby: false,
             verbose: false,
         }
     }
@@ -231,6 +235,12 @@ pub struct ProcCluster {
     pub secret: SecretFile,
     pub scheduler: Proc,
     pub scheduler_addr: String,
+    /// The standby scheduler, when asked for ([`ProcOpts::standby`]).
+    pub standby: Option<Proc>,
+    pub standby_addr: Option<String>,
+    /// The scheduler's arguments (listening on any port), to start another
+    /// one ([`ProcCluster::spawn_standby`]).
+    pub scheduler_args: Vec<String>,
     pub backends: Vec<Proc>,
     pub frontends: Vec<Proc>,
     pub frontend_addrs: Vec<String>,
@@ -277,15 +287,26 @@ impl ProcCluster {
         let secret = SecretFile::new()?;
         sa.extend(secret.args());
         let mut scheduler = Proc::spawn(exe, "scheduler", &sa, o.verbose)?;
-        let addr = scheduler.wait_line("fermata scheduler listening on", t)?;
+        let primary = scheduler.wait_line("fermata scheduler listening on", t)?;
         let mut c = ProcCluster {
             secret,
             scheduler,
-            scheduler_addr: addr.clone(),
+            scheduler_addr: primary.clone(),
+            standby: None,
+            standby_addr: None,
+            scheduler_args: sa,
             backends: Vec::new(),
             frontends: Vec::new(),
             frontend_addrs: Vec::new(),
         };
+        // What the nodes are told: the primary, and the standby after it.
+        let mut addr = primary.clone();
+        if o.standby {
+            let (p, a) = c.spawn_standby(exe, &primary, o.verbose)?;
+            addr = format!("{primary},{a}");
+            c.standby = Some(p);
+            c.standby_addr = Some(a);
+        }
         for (i, g) in o.backend_gpus.iter().enumerate() {
             let mut args = vec![
                 "backend".to_string(),
@@ -333,6 +354,41 @@ impl ProcCluster {
         Ok(c)
     }
 
+    /// Starts a scheduler that is a hot standby of the one at `primary`; the
+    /// process and its address (once it listens).
+    pub fn spawn_standby(
+        &self,
+        exe: &Path,
+        primary: &str,
+        verbose: bool,
+    ) -> Result<(Proc, String)> {
+        self.spawn_standby_at(exe, primary, "127.0.0.1:0", verbose)
+    }
+
+    /// [`ProcCluster::spawn_standby`] listening at `listen` (a killed
+    /// scheduler's address, which the nodes know).
+    pub fn spawn_standby_at(
+        &self,
+        exe: &Path,
+        primary: &str,
+        listen: &str,
+        verbose: bool,
+    ) -> Result<(Proc, String)> {
+        let mut args = self.scheduler_args.clone();
+        if let Some(i) = args.iter().position(|a| a == "--listen") {
+            args[i + 1] = listen.to_string();
+        }
+        args.extend(["--standby-of".to_string(), primary.to_string()]);
+        let mut p = Proc::spawn(exe, "standby", &args, verbose)?;
+        let line = p.wait_line("fermata scheduler listening on", Duration::from_secs(20))?;
+        let a = line
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        Ok((p, a))
+    }
+
     /// CPU time (user + system, seconds) the cluster's processes have used so far
     /// (Linux: /proc/PID/stat; NaN where it cannot be read).
     pub fn cpu_seconds(&self) -> f64 {
@@ -353,6 +409,9 @@ impl ProcCluster {
             .map(|p| json(p.stop(g)))
             .collect();
         let backends = self.backends.into_iter().map(|p| json(p.stop(g))).collect();
+        if let Some(p) = self.standby {
+            let _ = p.stop(g);
+        }
         let scheduler = json(self.scheduler.stop(g));
         ProcReports {
             scheduler,

@@ -37,3 +37,33 @@ pub fn event_channel(
     );
     (tx, rx)
 }
+
+/// Connects to the first scheduler of `list` (addresses separated by commas:
+/// a primary and its standbys) that answers; the connection and the addresses
+/// in the order a node's membership tries them, the connected one first.
+pub fn connect_scheduler(
+    transport: &dyn crate::transport::Transport,
+    list: &str,
+    events: crate::transport::EventTx,
+) -> anyhow::Result<(std::sync::Arc<dyn crate::transport::Conn>, Vec<String>)> {
+    let addrs: Vec<String> = list
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if addrs.is_empty() {
+        anyhow::bail!("no scheduler address given");
+    }
+    let mut errors = Vec::new();
+    for i in 0..addrs.len() {
+        match transport.connect(&addrs[i], events.clone()) {
+            Ok(c) => {
+                let mut order = addrs.clone();
+                order.rotate_left(i);
+                return Ok((c, order));
+            }
+            Err(e) => errors.push(format!("{}: {e:#}", addrs[i])),
+        }
+    }
+    anyhow::bail!("cannot reach the scheduler ({})", errors.join("; "))
+}

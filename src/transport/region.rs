@@ -419,7 +419,10 @@ mod tests {
         reg.read_into(a.offset, a.len, &mut out).unwrap();
         assert_eq!(SlotHeader::check(&out, 1, 11).unwrap(), &[1, 2, 3]);
         assert!(SlotHeader::check(&out, 2, 11).is_err());
-        assert!(SlotHeader::check(&out, 1, 12).is_err(), "another capability");
+        assert!(
+            SlotHeader::check(&out, 1, 12).is_err(),
+            "another capability"
+        );
         reg.release(a);
         reg.read_into(a.offset, a.len, &mut out).unwrap();
         assert!(
@@ -460,7 +463,10 @@ mod tests {
         assert_eq!(read(1024, 64, 0x1234), Err(ReadError::Denied));
         assert_eq!(read(4090, 10, 11), Err(ReadError::OutOfBounds));
         // A probe sees zeros, not the bytes.
-        assert_eq!(read(a.offset, a.len, PROBE_CAP).unwrap(), vec![0; a.len as usize]);
+        assert_eq!(
+            read(a.offset, a.len, PROBE_CAP).unwrap(),
+            vec![0; a.len as usize]
+        );
         // Once the request ended, its capability opens nothing.
         reg.release(a);
         assert_eq!(read(a.offset, a.len, 11), Err(ReadError::Denied));

@@ -1121,7 +1121,10 @@ mod tests {
     fn header_errors() {
         assert_eq!(
             decode(&[1, 0, 18]),
-            Err(DecodeError::Version { got: 1, want: PROTOCOL_VERSION })
+            Err(DecodeError::Version {
+                got: 1,
+                want: PROTOCOL_VERSION
+            })
         );
         assert_eq!(
             decode(&[6, 0, 0]),
@@ -1275,7 +1278,10 @@ mod tests {
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
-        let want = Some(Err(DecodeError::Version { got: 7, want: PROTOCOL_VERSION }));
+        let want = Some(Err(DecodeError::Version {
+            got: 7,
+            want: PROTOCOL_VERSION,
+        }));
         assert_eq!(r.next_msg(), want);
         assert_eq!(r.next_msg(), want);
     }

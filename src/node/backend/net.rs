@@ -9,9 +9,7 @@ use super::metrics::batch_size_histogram;
 use super::shared::Shared;
 use crate::core::{Dur, GpuId, LatencyProfile, ModelId};
 use crate::node::proto::backend::{Action, BackendProto, PlanMsg};
-use crate::transport::{
-    Conn, ConnId, Event, EventTx, ReadReq, Transport, PROBE_CAP, SLOT_HEADER,
-};
+use crate::transport::{Conn, ConnId, Event, EventTx, ReadReq, Transport, PROBE_CAP, SLOT_HEADER};
 use crate::wire::{ModelInfo, NodeId, RegionInfo, NET_QUANTILE};
 use anyhow::{bail, Result};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};

@@ -50,9 +50,9 @@ impl BackendNode {
         }
         let registry = Registry::new();
         let (tx, rx) = crate::node::event_channel(&registry, "backend");
-        let sched = transport
-            .connect(&opts.scheduler, tx.clone())
-            .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
+        let (sched, addrs) =
+            crate::node::connect_scheduler(&*transport, &opts.scheduler, tx.clone())
+                .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
         let clock = SchedClock::exact(Clock::new());
         let reader = transport.reader()?;
         let shared = Arc::new(Shared::new(clock, sched, reader, registry, &opts.name));
@@ -64,7 +64,7 @@ impl BackendNode {
         let proto = BackendProto::new(
             shared.clock.local().now(),
             shared.sched().id(),
-            vec![opts.scheduler.clone()],
+            addrs,
             opts.name.clone(),
             opts.gpu_infos(),
             Dur::from_std(opts.scheduler_timeout),

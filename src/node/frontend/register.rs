@@ -79,15 +79,14 @@ pub(super) fn register(
     opts: &FrontendOpts,
     register: Msg,
 ) -> Result<Registered> {
-    let sched = transport
-        .connect(&opts.scheduler, events)
+    let (sched, addrs) = crate::node::connect_scheduler(transport, &opts.scheduler, events)
         .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
     let sched_id = sched.id();
     let local = clock.local();
     let mut member = Member::new(
         local.now(),
         sched_id,
-        vec![opts.scheduler.clone()],
+        addrs,
         register,
         Dur::from_std(opts.scheduler_timeout),
     );

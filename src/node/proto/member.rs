@@ -20,8 +20,9 @@
 //! member closes the connection, tells its owner ([`Action::Lost`]: forget what
 //! this session had — plans, frontends, pending requests) and waits a backoff
 //! before it asks its driver for a new connection ([`Action::Connect`]) to the
-//! next of the scheduler addresses it knows (a standby's too), round robin. The
-//! backoff doubles from [`BACKOFF_MIN`] to [`BACKOFF_MAX`] with ±25% jitter
+//! next of the scheduler addresses it knows (a standby's too), round robin; the
+//! first try after a loss, when there is another address, is at once (a hot
+//! standby takes over as the primary goes). The backoff doubles from [`BACKOFF_MIN`] to [`BACKOFF_MAX`] with ±25% jitter
 //! (from the node's name and the attempt, so a replay is exact) and starts
 //! again from the minimum once the node is back in service. Each new connection
 //! starts a new clock sync: a restarted scheduler has a new clock.
@@ -434,6 +435,13 @@ impl Member {
         tracing::warn!(addr = %self.addr(), reason = %why, "lost the scheduler; will reconnect");
         self.out.push_back(Action::Lost(why));
         self.next_addr();
+        if self.addrs.len() > 1 && self.attempt == 0 {
+            // Another address is a standby taking over now: try it at once
+            // (its failover is what the node waits for). Should it fail, the
+            // backoff starts from its minimum.
+            self.phase = Phase::Away { retry: now };
+            return;
+        }
         self.away(now);
     }
 
@@ -533,14 +541,22 @@ mod tests {
             [Action::Send(1, Msg::Ping { .. }), Action::Lost(_)]
         ));
         assert!(!m.is_ready());
+        // The other address (a standby) is tried at once.
         let t = m.poll_timeout();
+        assert_eq!(t, ms(1));
         m.handle_timeout(t);
         assert_eq!(drain(&mut m), vec![Action::Connect("b".into())]);
         m.handle_connect_failed(t, "refused");
         let t2 = m.poll_timeout();
-        assert!(t2 - t >= Dur(BACKOFF_MIN.0 * 2 * 3 / 4), "the wait grows");
+        assert!(t2 - t >= Dur(BACKOFF_MIN.0 * 3 / 4), "then the backoff");
         m.handle_timeout(t2);
         assert_eq!(drain(&mut m), vec![Action::Connect("a".into())]);
+        m.handle_connect_failed(t2, "refused");
+        let t3 = m.poll_timeout();
+        assert!(t3 - t2 >= Dur(BACKOFF_MIN.0 * 2 * 3 / 4), "the wait grows");
+        let t2 = t3;
+        m.handle_timeout(t2);
+        assert_eq!(drain(&mut m), vec![Action::Connect("b".into())]);
         m.handle_connected(t2, 9);
         // A new clock sync on the new connection, then the registration and the
         // ack (the node's first join: no time away to report).
@@ -582,7 +598,7 @@ mod tests {
         );
         assert_eq!(m.counts().joins, 1);
         assert_eq!(m.counts().lost, 1);
-        assert_eq!(m.counts().connect_failures, 1);
+        assert_eq!(m.counts().connect_failures, 2);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use super::metrics::{busy_snapshot, BusySnaps, GpuBusy};
 use super::routes::Routes;
+use super::standby::{Seen, Standby};
 use crate::core::{DropReason, Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
@@ -34,6 +35,8 @@ pub(super) struct EventLoop {
     /// Per global GPU id: busy time, for the metrics.
     busy: Vec<GpuBusy>,
     busy_snap: BusySnaps,
+    /// While a hot standby follows its primary (None once it serves).
+    standby: Option<Standby>,
     _listener: Box<dyn Listener>,
 }
 
@@ -45,6 +48,7 @@ impl EventLoop {
         proto: SchedProto,
         busy_snap: BusySnaps,
         listener: Box<dyn Listener>,
+        standby: Option<Standby>,
     ) -> EventLoop {
         EventLoop {
             reporter: rt.gpu_reporter(),
@@ -55,6 +59,7 @@ impl EventLoop {
             conns: HashMap::new(),
             busy: Vec::new(),
             busy_snap,
+            standby,
             _listener: listener,
         }
     }
@@ -79,7 +84,16 @@ impl EventLoop {
         let mut refused = Vec::new();
         while !stop.load(Ordering::Acquire) {
             let due = self.proto.poll_timeout();
-            let wait = Duration::from_nanos((due - self.clock.now()).0.max(0) as u64);
+            let mut wait = Duration::from_nanos((due - self.clock.now()).0.max(0) as u64);
+            if let Some(sb) = &mut self.standby {
+                let now = Instant::now();
+                if let Some(why) = sb.tick(now, self.clock.now()) {
+                    let since = sb.last_heard();
+                    self.take_over(&why, since, &mut sub, &mut refused);
+                } else {
+                    wait = wait.min(sb.next_tick().saturating_duration_since(now));
+                }
+            }
             match rx.recv_timeout(wait.min(Duration::from_millis(50))) {
                 Ok(ev) => self.handle_batch(ev, &rx, &mut sub, &mut refused),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -153,7 +167,52 @@ impl EventLoop {
         *self.busy_snap.lock().expect("busy lock") = snap;
     }
 
+    /// The standby takes over: it serves from now on, starting with the
+    /// messages it held.
+    fn take_over(&mut self, why: &str, since: Instant, sub: &mut Submitter, refused: &mut Refused) {
+        let Some(sb) = self.standby.take() else {
+            return;
+        };
+        let primary = sb.primary().to_string();
+        let held = sb.promote(&format!("primary {primary}: {why}"), since);
+        for (c, msg) in held {
+            let now = self.clock.now();
+            self.proto.handle_msg(now, c, msg);
+            self.apply(sub, refused);
+        }
+    }
+
     fn handle(&mut self, ev: Event, sub: &mut Submitter, refused: &mut Refused) {
+        if let Some(sb) = &mut self.standby {
+            let ev = match ev {
+                Event::Msg(c, msg) => match sb.on_msg(c, msg) {
+                    Seen::Mine | Seen::Held => return,
+                    Seen::Overflow => {
+                        if let Some(conn) = self.conns.remove(&c) {
+                            conn.close("standby: too many messages held");
+                        }
+                        return;
+                    }
+                },
+                Event::Closed(c, reason) => {
+                    let t0 = Instant::now();
+                    match sb.on_closed(c, &reason) {
+                        Some(why) => {
+                            self.take_over(&why, t0, sub, refused);
+                            return;
+                        }
+                        None if self.conns.contains_key(&c) => Event::Closed(c, reason),
+                        None => return,
+                    }
+                }
+                other => other,
+            };
+            return self.handle_now(ev, sub, refused);
+        }
+        self.handle_now(ev, sub, refused)
+    }
+
+    fn handle_now(&mut self, ev: Event, sub: &mut Submitter, refused: &mut Refused) {
         let now = self.clock.now();
         match ev {
             Event::Accepted(conn) => {

@@ -70,8 +70,10 @@ mod metrics;
 mod node;
 mod options;
 mod routes;
+pub mod standby;
 
 pub use super::proto::sched::SchedReport;
 pub use metrics::{drop_reason_label, BUSY_WINDOW};
 pub use node::SchedulerNode;
 pub use options::SchedulerOpts;
+pub use standby::StandbyStatus;

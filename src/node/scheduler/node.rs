@@ -6,6 +6,7 @@ use super::event_loop::EventLoop;
 use super::metrics::{register_gpu_metrics, BusySnaps, SchedMetrics};
 use super::options::SchedulerOpts;
 use super::routes::Routes;
+use super::standby::{Standby, StandbyStatus};
 use crate::core::{Dur, ModelSpec, NetBudget};
 use crate::metrics::Registry;
 use crate::node::clock::SchedClock;
@@ -23,6 +24,7 @@ use std::thread::JoinHandle;
 /// A running scheduler process (its event loop thread and the real-time scheduler).
 pub struct SchedulerNode {
     addr: String,
+    standby: Option<Arc<StandbyStatus>>,
     metrics: Arc<Registry>,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Result<SchedReport>>>,
@@ -53,10 +55,32 @@ impl SchedulerNode {
         let rt = RtScheduler::start(rcfg, specs, routes.clone(), clock)?;
         let _ = routes.reporter.set(rt.gpu_reporter());
         let (tx, rx) = crate::node::event_channel(&registry, "scheduler");
+        let (standby, status) = match &opts.standby_of {
+            Some(primary) => {
+                let status = Arc::new(StandbyStatus::default());
+                let sb = Standby::follow(
+                    primary,
+                    transport.clone(),
+                    tx.clone(),
+                    opts.heartbeat,
+                    status.clone(),
+                )?;
+                (Some(sb), Some(status))
+            }
+            None => (None, None),
+        };
         let listener = transport.listen(&opts.listen, tx)?;
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
-        let ev = EventLoop::new(rt, routes, SchedClock::exact(clock), proto, busy, listener);
+        let ev = EventLoop::new(
+            rt,
+            routes,
+            SchedClock::exact(clock),
+            proto,
+            busy,
+            listener,
+            standby,
+        );
         let submitter = ev.submitter();
         let stop2 = stop.clone();
         let handle = std::thread::Builder::new()
@@ -64,6 +88,7 @@ impl SchedulerNode {
             .spawn(move || ev.run(rx, submitter, &stop2))?;
         Ok(SchedulerNode {
             addr,
+            standby: status,
             metrics: registry,
             stop,
             handle: Some(handle),
@@ -73,6 +98,11 @@ impl SchedulerNode {
     /// Where nodes connect.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// A standby's state (None: started as a primary).
+    pub fn standby(&self) -> Option<&StandbyStatus> {
+        self.standby.as_deref()
     }
 
     /// The scheduler's Prometheus metrics.

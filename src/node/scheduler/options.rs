@@ -35,6 +35,9 @@ pub struct SchedulerOpts {
     /// how long before its latest start a deferred batch is planned at the
     /// latest, for the timing error of real threads and networks.
     pub min_slack: Dur,
+    /// A hot standby of the primary at this address: it follows the primary
+    /// and serves only once the primary is gone ([`super::standby`]).
+    pub standby_of: Option<String>,
 }
 
 impl Default for SchedulerOpts {
@@ -52,6 +55,7 @@ impl Default for SchedulerOpts {
             max_data: Dur::from_us(500),
             max_margin: Dur::from_us(5000),
             min_slack: Dur::from_us(500),
+            standby_of: None,
         }
     }
 }
