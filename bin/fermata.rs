@@ -208,6 +208,11 @@ struct ClusterArgs {
     /// Plant a bug, to see the checks catch it.
     #[arg(long, value_enum)]
     plant: Option<fermata::sim::cluster::Planted>,
+    /// A hot-standby scheduler follows the primary; nodes know both; with
+    /// crash faults the serving scheduler crashes too (and comes back as the
+    /// next standby).
+    #[arg(long)]
+    standby: bool,
     /// Print one JSON object per seed.
     #[arg(long)]
     json: bool,
@@ -585,6 +590,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let (mut requests, mut events) = (0u64, 0u64);
     let (mut ended, mut faults) = (0u64, [0u64; 5]);
+    let (mut sched_crashes, mut takeovers) = (0u64, 0u64);
     let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
@@ -601,6 +607,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             stall_every: Dur::from_ms_f64(a.stall_every_ms),
             planted: a.plant,
             workload_path: a.workload.as_ref().map(|p| p.display().to_string()),
+            standby: a.standby,
         };
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;
@@ -612,6 +619,8 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         faults[3] += r.hangs;
         faults[4] += r.backends_overdue as u64;
         rejoin_ms.extend(&r.rejoin_ms);
+        sched_crashes += r.scheduler_crashes;
+        takeovers += r.takeovers;
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else if a.seeds <= 10 || r.violation.is_some() {
@@ -641,6 +650,11 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         q(0.99),
         q(1.0)
     );
+    if a.standby {
+        eprintln!(
+            "standby: {sched_crashes} crashes of the serving scheduler, {takeovers} takeovers"
+        );
+    }
     eprintln!(
         "{} seeds, faults {:?}: no violation; {requests} simulated requests, {events} events in {wall:.2} s wall ({:.0} simulated requests per wall second)",
         a.seeds.max(1),

@@ -233,3 +233,43 @@ fn the_plan_watchdog_takes_out_a_backend_whose_gpus_hang() {
     // the grace may meet it too: also a backend not finishing its plans.)
     assert!(overdue > hangs / 5, "{overdue} of {hangs} hangs");
 }
+
+/// A hot standby in the simulator: the serving scheduler crashes (once or
+/// twice a run, on top of every other fault) while a standby follows it; the
+/// standby takes over every time, the nodes move to it, every request ends
+/// exactly once and every node is back in service at the end. The crashed
+/// scheduler comes back as the next standby, so later crashes fail over too.
+#[test]
+fn a_standby_takes_over_every_crash_of_the_serving_scheduler() {
+    let w = workload();
+    let (mut crashes, mut takeovers, mut rejoins) = (0, 0, 0);
+    for seed in 0..100 {
+        let o = ClusterSimOpts {
+            standby: true,
+            ..opts(seed, Faults::All)
+        };
+        assert!(
+            o.replay().ends_with(" --standby"),
+            "a replay keeps the standby"
+        );
+        let r = ClusterSim::new(&w, o).run();
+        if let Some(v) = &r.violation {
+            panic!("seed {seed}: {} (replay: {})", v.what, v.replay);
+        }
+        assert_eq!(
+            r.good + r.late + r.dropped + r.failed,
+            r.requests,
+            "every request ends exactly once (seed {seed})"
+        );
+        assert_eq!(r.takeovers, r.scheduler_crashes, "seed {seed}");
+        crashes += r.scheduler_crashes;
+        takeovers += r.takeovers;
+        rejoins += r.rejoins;
+    }
+    assert!(crashes >= 100, "{crashes} crashes of the serving scheduler");
+    assert_eq!(takeovers, crashes);
+    assert!(
+        rejoins > crashes,
+        "nodes moved to the standby: {rejoins} rejoins"
+    );
+}

@@ -20,7 +20,10 @@
 //! (a backend's batches end only after the hang while it goes on answering
 //! pings: the scheduler's plan watchdog must take it out), partitions (every
 //! connection between a node and the scheduler breaks), and each node's clock
-//! has its own skew and drift.
+//! has its own skew and drift. With `standby`, a second scheduler follows the
+//! first with the production [`StandbyProto`], the nodes know both addresses,
+//! and the serving scheduler itself crashes too: the standby takes over, and
+//! the crashed one comes back on its address as the next standby.
 //!
 //! After every event the simulator checks:
 //! - every request ends exactly once at its client (good, late, dropped or
@@ -41,6 +44,7 @@ use crate::node::proto::check;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
+use crate::node::proto::standby::{Action as StandbyAction, StandbyProto};
 use crate::transport::{ConnId, InputRef};
 use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, RegionInfo, Role};
 use crate::workload::Workload;
@@ -109,6 +113,10 @@ pub struct ClusterSimOpts {
     pub planted: Option<Planted>,
     /// The workload file given on the command line, for the replay line.
     pub workload_path: Option<String>,
+    /// A hot-standby scheduler follows the primary (the production
+    /// [`StandbyProto`]); nodes know both addresses; with crash faults the
+    /// serving scheduler crashes too, and comes back as the new standby.
+    pub standby: bool,
 }
 
 impl Default for ClusterSimOpts {
@@ -127,6 +135,7 @@ impl Default for ClusterSimOpts {
             stall_every: Dur::ZERO,
             planted: None,
             workload_path: None,
+            standby: false,
         }
     }
 }
@@ -155,6 +164,9 @@ impl ClusterSimOpts {
         }
         if self.planted == Some(Planted::SkipLoad) {
             s += " --plant skip-load";
+        }
+        if self.standby {
+            s += " --standby";
         }
         s
     }
@@ -203,14 +215,19 @@ pub struct ClusterSimReport {
     /// each was out of service (ms), from the loss to the ack.
     pub rejoins: u64,
     pub rejoin_ms: Vec<f64>,
+    /// With a standby: the serving scheduler's crashes, and the standby's
+    /// takeovers.
+    pub scheduler_crashes: u64,
+    pub takeovers: u64,
     pub violation: Option<Violation>,
 }
 
 type Pid = usize;
 
 /// The scheduler's address as the nodes know it (every connection reaches the
-/// one scheduler process).
+/// one scheduler process), and the standby's.
 const SCHED_ADDR: &str = "sched";
+const STANDBY_ADDR: &str = "standby";
 
 #[derive(Debug)]
 enum Ev {
@@ -252,6 +269,12 @@ enum Ev {
     Restart {
         role: Role,
         slot: usize,
+    },
+    /// The serving scheduler crashes (with a standby).
+    SchedCrash,
+    /// A scheduler starts again at `addr`, as the standby of the serving one.
+    SchedRestart {
+        addr: &'static str,
     },
 }
 
@@ -327,8 +350,17 @@ struct Sched {
     gpu_free: HashMap<u32, (u64, Time)>,
 }
 
+/// A hot standby: a whole scheduler that does not serve yet, and the
+/// production machine that decides when it takes over.
+struct StandbySim {
+    sched: Sched,
+    proto: StandbyProto,
+    wake: Option<Time>,
+}
+
 enum Proc {
     Sched(Box<Sched>),
+    Standby(Box<StandbySim>),
     Fe(Box<Fe>),
     Be(Box<Be>),
     Dead,
@@ -354,6 +386,9 @@ pub struct ClusterSim {
     links: HashMap<ConnId, Link>,
     next_conn: ConnId,
     sched_pid: Pid,
+    /// Scheduler addresses and the process at each (the primary's and, with a
+    /// standby, the standby's).
+    sched_addrs: Vec<(&'static str, Pid)>,
     fe_slots: Vec<Pid>,
     be_slots: Vec<Pid>,
     next_client: u64,
@@ -393,6 +428,7 @@ impl ClusterSim {
             links: HashMap::new(),
             next_conn: 1,
             sched_pid: 0,
+            sched_addrs: Vec::new(),
             fe_slots: Vec::new(),
             be_slots: Vec::new(),
             next_client: 0,
@@ -405,6 +441,9 @@ impl ClusterSim {
             violation: None,
         };
         sim.start_scheduler();
+        if sim.opts.standby {
+            sim.start_standby(STANDBY_ADDR);
+        }
         for slot in 0..sim.opts.backends as usize {
             sim.be_slots.push(usize::MAX);
             sim.start_backend(slot);
@@ -446,6 +485,13 @@ impl ClusterSim {
                 self.at(t3, Ev::Partition);
             }
         }
+        if self.opts.standby && self.opts.faults.crash() {
+            // The serving scheduler crashes once or twice a run.
+            for _ in 0..1 + n / 3 {
+                let t = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+                self.at(t, Ev::SchedCrash);
+            }
+        }
     }
 
     fn new_pid(&mut self, p: Proc) -> Pid {
@@ -461,7 +507,7 @@ impl ClusterSim {
         }
     }
 
-    fn start_scheduler(&mut self) {
+    fn new_sched(&self) -> Sched {
         let dcfg = {
             let mut c = self.w.dispatcher_config(self.w.policy, true);
             c.gpus = 0;
@@ -482,14 +528,68 @@ impl ClusterSim {
                 max_margin: Dur::from_us(5000),
             },
         );
-        let s = Sched {
+        Sched {
             proto,
             core: Dispatcher::new(dcfg, specs),
             gpu_conn: HashMap::new(),
             fe_nodes: HashSet::new(),
             gpu_free: HashMap::new(),
-        };
+        }
+    }
+
+    fn start_scheduler(&mut self) {
+        let s = self.new_sched();
         self.sched_pid = self.new_pid(Proc::Sched(Box::new(s)));
+        self.sched_addrs = vec![(SCHED_ADDR, self.sched_pid)];
+    }
+
+    /// Starts a standby scheduler at `addr` following the serving one.
+    fn start_standby(&mut self, addr: &'static str) {
+        let sched = self.new_sched();
+        let pid = self.new_pid(Proc::Dead);
+        let primary = self.addr_of(self.sched_pid);
+        let c = self.connect(pid, self.sched_pid);
+        let proto = StandbyProto::new(self.now, primary, c, self.heartbeat);
+        self.procs[pid] = Proc::Standby(Box::new(StandbySim {
+            sched,
+            proto,
+            wake: None,
+        }));
+        match self.sched_addrs.iter_mut().find(|(a, _)| *a == addr) {
+            Some(e) => e.1 = pid,
+            None => self.sched_addrs.push((addr, pid)),
+        }
+        self.at(self.now, Ev::Wake { pid });
+    }
+
+    /// The address of scheduler process `pid`.
+    fn addr_of(&self, pid: Pid) -> &'static str {
+        self.sched_addrs
+            .iter()
+            .find(|(_, p)| *p == pid)
+            .map_or(SCHED_ADDR, |(a, _)| *a)
+    }
+
+    /// The scheduler process at `addr`.
+    fn pid_at(&self, addr: &str) -> Pid {
+        self.sched_addrs
+            .iter()
+            .find(|(a, _)| *a == addr)
+            .map_or(self.sched_pid, |(_, p)| *p)
+    }
+
+    /// The scheduler addresses a starting node is given: the serving one
+    /// first (the one it connects to), then the standby's.
+    fn node_addrs(&self) -> Vec<String> {
+        let first = self.addr_of(self.sched_pid);
+        let mut v = vec![first.to_string()];
+        v.extend(
+            self.sched_addrs
+                .iter()
+                .filter(|(a, _)| *a != first)
+                .map(|(a, _)| a.to_string()),
+        );
+        v
     }
 
     /// Opens a connection from `from` to `to`; the accepting side hears of it
@@ -517,6 +617,8 @@ impl ClusterSim {
             );
         } else if let Proc::Sched(s) = &mut self.procs[to] {
             s.proto.handle_accept(self.now, c);
+        } else if let Proc::Standby(sb) = &mut self.procs[to] {
+            sb.sched.proto.handle_accept(self.now, c);
         }
         c
     }
@@ -536,7 +638,7 @@ impl ClusterSim {
         let proto = BackendProto::new(
             clock.local(self.now),
             sched,
-            vec![SCHED_ADDR.into()],
+            self.node_addrs(),
             format!("be{slot}"),
             gpu_infos,
             self.sched_timeout,
@@ -580,7 +682,7 @@ impl ClusterSim {
         let member = Member::new(
             clock.local(self.now),
             sched,
-            vec![SCHED_ADDR.into()],
+            self.node_addrs(),
             register,
             self.sched_timeout,
         );
@@ -752,6 +854,8 @@ impl ClusterSim {
             Ev::Hang => self.hang(),
             Ev::Stall => self.stall(),
             Ev::Partition => self.partition(),
+            Ev::SchedCrash => self.sched_crash(),
+            Ev::SchedRestart { addr } => self.sched_restart(addr),
             Ev::Restart { role, slot } => match role {
                 Role::Backend => {
                     self.report.restarts += 1;
@@ -763,6 +867,88 @@ impl ClusterSim {
                 }
             },
         }
+    }
+
+    // ------------------------------------------------------------ standby
+
+    /// Carries out what standby `pid`'s machine decided, then sets its
+    /// wake-up; at a takeover it becomes the serving scheduler.
+    fn standby_apply(&mut self, pid: Pid) {
+        loop {
+            let now = self.now;
+            let Proc::Standby(sb) = &mut self.procs[pid] else {
+                return;
+            };
+            let Some(a) = sb.proto.poll_action() else {
+                break;
+            };
+            match a {
+                StandbyAction::Connect(addr) => {
+                    let c = self.connect(pid, self.pid_at(&addr));
+                    if let Proc::Standby(sb) = &mut self.procs[pid] {
+                        sb.proto.handle_connected(now, c);
+                    }
+                }
+                StandbyAction::Send(c, m) => self.send(pid, c, m),
+                StandbyAction::Close(c, why) => self.break_link(c, &why),
+                StandbyAction::Refuse(c, why) => {
+                    self.send(pid, c, Msg::Error { message: why });
+                }
+                StandbyAction::TakeOver { held, .. } => {
+                    let Proc::Standby(sb) = std::mem::replace(&mut self.procs[pid], Proc::Dead)
+                    else {
+                        return;
+                    };
+                    self.procs[pid] = Proc::Sched(Box::new(sb.sched));
+                    self.sched_pid = pid;
+                    self.sched_wake = None;
+                    self.report.takeovers += 1;
+                    for (c, m) in held {
+                        if self.links.get(&c).is_some_and(|l| l.open) {
+                            self.sched_msg(c, m);
+                        }
+                    }
+                    self.sched_apply();
+                    return;
+                }
+            }
+        }
+        let Proc::Standby(sb) = &mut self.procs[pid] else {
+            return;
+        };
+        let t = sb.proto.poll_timeout().max(self.now);
+        if t != Time::NEVER && sb.wake.is_none_or(|w| t < w) {
+            sb.wake = Some(t);
+            self.at(t, Ev::Wake { pid });
+        }
+    }
+
+    /// The serving scheduler crashes while a standby follows it; a supervisor
+    /// starts it again later, on its address, as the next standby.
+    fn sched_crash(&mut self) {
+        let following = self
+            .sched_addrs
+            .iter()
+            .any(|&(_, p)| matches!(self.procs[p], Proc::Standby(_)));
+        if !following || !matches!(self.procs[self.sched_pid], Proc::Sched(_)) {
+            return;
+        }
+        let addr = self.addr_of(self.sched_pid);
+        self.report.scheduler_crashes += 1;
+        self.kill(self.sched_pid, "process crashed");
+        let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
+        self.at(back, Ev::SchedRestart { addr });
+    }
+
+    /// The crashed scheduler is back at `addr`: the standby of the serving one
+    /// (later, while the standby has not taken over yet).
+    fn sched_restart(&mut self, addr: &'static str) {
+        if !matches!(self.procs[self.sched_pid], Proc::Sched(_)) {
+            self.at(self.now + Dur::from_ms(100), Ev::SchedRestart { addr });
+            return;
+        }
+        self.report.restarts += 1;
+        self.start_standby(addr);
     }
 
     // ------------------------------------------------------------ faults
@@ -991,6 +1177,12 @@ impl ClusterSim {
         }
         match &self.procs[to] {
             Proc::Sched(_) => self.sched_msg(conn, msg),
+            Proc::Standby(_) => {
+                if let Proc::Standby(sb) = &mut self.procs[to] {
+                    sb.proto.handle_msg(self.now, conn, msg);
+                }
+                self.standby_apply(to);
+            }
             Proc::Fe(_) => self.fe_msg(to, conn, msg),
             Proc::Be(_) => self.be_msg(to, conn, msg),
             Proc::Dead => {}
@@ -1002,6 +1194,14 @@ impl ClusterSim {
             Proc::Sched(s) => {
                 s.proto.handle_closed(self.now, conn, why);
                 self.sched_apply();
+            }
+            Proc::Standby(sb) => {
+                if !sb.proto.is_primary_conn(conn) {
+                    // A node's connection: the waiting scheduler knows it.
+                    sb.sched.proto.handle_closed(self.now, conn, why.clone());
+                }
+                sb.proto.handle_closed(self.now, conn, &why);
+                self.standby_apply(to);
             }
             Proc::Fe(f) => {
                 let local = f.clock.local(self.now);
@@ -1030,8 +1230,8 @@ impl ClusterSim {
                 return;
             };
             match a {
-                member::Action::Connect(_) => {
-                    let c = self.connect(pid, self.sched_pid);
+                member::Action::Connect(addr) => {
+                    let c = self.connect(pid, self.pid_at(&addr));
                     if let Proc::Fe(f) = &mut self.procs[pid] {
                         f.member.handle_connected(f.clock.local(now), c);
                     }
@@ -1199,6 +1399,15 @@ impl ClusterSim {
     fn wake(&mut self, pid: Pid) {
         let now = self.now;
         match &mut self.procs[pid] {
+            Proc::Standby(sb) => {
+                if sb.wake.is_some_and(|w| w <= now) {
+                    sb.wake = None;
+                }
+                if now >= sb.proto.poll_timeout() {
+                    sb.proto.handle_timeout(now);
+                }
+                self.standby_apply(pid);
+            }
             Proc::Sched(s) => {
                 if self.sched_wake.is_some_and(|w| w <= now) {
                     self.sched_wake = None;
@@ -1344,8 +1553,8 @@ impl ClusterSim {
                     self.report.rejoin_ms.push(d.as_ms_f64());
                 }
             }
-            be_proto::Action::Connect(_) => {
-                let c = self.connect(pid, self.sched_pid);
+            be_proto::Action::Connect(addr) => {
+                let c = self.connect(pid, self.pid_at(&addr));
                 if let Proc::Be(b) = &mut self.procs[pid] {
                     let local = b.clock.local(self.now);
                     b.proto.handle_sched_connected(local, c);

@@ -16,6 +16,8 @@
 //! - [`plans`]: the scheduler's in-flight plans, each owned by one backend and GPU.
 //! - [`ledger`]: a frontend's pending requests, each ended exactly once, with the
 //!   deadline-plus-grace sweep.
+//! - [`standby`]: a hot-standby scheduler following its primary: when it is
+//!   gone, and what nodes sent meanwhile.
 //! - [`backend`]: the backend's clock sync, registration, model loading and
 //!   checks on plans; its per-GPU plan queue, input-pull tracking and how a
 //!   batch ends.
@@ -26,3 +28,4 @@ pub mod ledger;
 pub mod member;
 pub mod plans;
 pub mod sched;
+pub mod standby;

@@ -7,7 +7,7 @@
 
 use super::metrics::{busy_snapshot, BusySnaps, GpuBusy};
 use super::routes::Routes;
-use super::standby::{Seen, Standby};
+use super::standby::{Action as StandbyAction, Standby};
 use crate::core::{DropReason, Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
@@ -86,12 +86,16 @@ impl EventLoop {
             let due = self.proto.poll_timeout();
             let mut wait = Duration::from_nanos((due - self.clock.now()).0.max(0) as u64);
             if let Some(sb) = &mut self.standby {
-                let now = Instant::now();
-                if let Some(why) = sb.tick(now, self.clock.now()) {
-                    let since = sb.last_heard();
-                    self.take_over(&why, since, &mut sub, &mut refused);
-                } else {
-                    wait = wait.min(sb.next_tick().saturating_duration_since(now));
+                let now = self.clock.now();
+                if now >= sb.proto.poll_timeout() {
+                    sb.proto.handle_timeout(now);
+                }
+                self.standby_step(&mut sub, &mut refused);
+                if let Some(sb) = &self.standby {
+                    let due = sb.proto.poll_timeout();
+                    wait = wait.min(Duration::from_nanos(
+                        (due - self.clock.now()).0.max(0) as u64
+                    ));
                 }
             }
             match rx.recv_timeout(wait.min(Duration::from_millis(50))) {
@@ -167,47 +171,65 @@ impl EventLoop {
         *self.busy_snap.lock().expect("busy lock") = snap;
     }
 
-    /// The standby takes over: it serves from now on, starting with the
-    /// messages it held.
-    fn take_over(&mut self, why: &str, since: Instant, sub: &mut Submitter, refused: &mut Refused) {
-        let Some(sb) = self.standby.take() else {
+    /// Carries out what the standby's machine decided: refusals of nodes
+    /// that wait too long, and the takeover (from then on it serves, starting
+    /// with the messages it held).
+    fn standby_step(&mut self, sub: &mut Submitter, refused: &mut Refused) {
+        let Some(sb) = &mut self.standby else {
             return;
         };
-        let primary = sb.primary().to_string();
-        let held = sb.promote(&format!("primary {primary}: {why}"), since);
-        for (c, msg) in held {
-            let now = self.clock.now();
-            self.proto.handle_msg(now, c, msg);
-            self.apply(sub, refused);
+        let now = self.clock.now();
+        for a in sb.step(now) {
+            match a {
+                StandbyAction::Refuse(c, why) => {
+                    if let Some(conn) = self.conns.remove(&c) {
+                        let _ = conn.send(Msg::Error {
+                            message: why.clone(),
+                        });
+                        conn.close(&why);
+                    }
+                }
+                StandbyAction::TakeOver { why, held } => {
+                    let Some(sb) = self.standby.take() else {
+                        return;
+                    };
+                    tracing::warn!(reason = %why, "standby: the primary is gone; taking over");
+                    let after = sb.last_heard.elapsed();
+                    *sb.status.took_over.lock().expect("status lock") = Some((why, after));
+                    sb.status.promoted.store(true, Ordering::Release);
+                    for (c, msg) in held {
+                        let now = self.clock.now();
+                        self.proto.handle_msg(now, c, msg);
+                        self.apply(sub, refused);
+                    }
+                    return;
+                }
+                _ => {}
+            }
         }
     }
 
     fn handle(&mut self, ev: Event, sub: &mut Submitter, refused: &mut Refused) {
         if let Some(sb) = &mut self.standby {
-            let ev = match ev {
-                Event::Msg(c, msg) => match sb.on_msg(c, msg) {
-                    Seen::Mine | Seen::Held => return,
-                    Seen::Overflow => {
-                        if let Some(conn) = self.conns.remove(&c) {
-                            conn.close("standby: too many messages held");
-                        }
-                        return;
+            let now = self.clock.now();
+            match ev {
+                Event::Msg(c, msg) => {
+                    if sb.is_primary_conn(c) && matches!(msg, Msg::Pong { .. }) {
+                        sb.last_heard = Instant::now();
                     }
-                },
+                    sb.proto.handle_msg(now, c, msg);
+                }
                 Event::Closed(c, reason) => {
-                    let t0 = Instant::now();
-                    match sb.on_closed(c, &reason) {
-                        Some(why) => {
-                            self.take_over(&why, t0, sub, refused);
-                            return;
-                        }
-                        None if self.conns.contains_key(&c) => Event::Closed(c, reason),
-                        None => return,
+                    let mine = sb.is_primary_conn(c);
+                    sb.proto.handle_closed(now, c, &reason);
+                    if !mine {
+                        // A node's connection: the scheduler's machine knows it.
+                        self.handle_now(Event::Closed(c, reason), sub, refused);
                     }
                 }
-                other => other,
-            };
-            return self.handle_now(ev, sub, refused);
+                accepted => self.handle_now(accepted, sub, refused),
+            }
+            return self.standby_step(sub, refused);
         }
         self.handle_now(ev, sub, refused)
     }

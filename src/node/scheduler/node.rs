@@ -59,6 +59,7 @@ impl SchedulerNode {
             Some(primary) => {
                 let status = Arc::new(StandbyStatus::default());
                 let sb = Standby::follow(
+                    SchedClock::exact(clock).now(),
                     primary,
                     transport.clone(),
                     tx.clone(),

@@ -1,0 +1,357 @@
+//! A hot-standby scheduler's following as a pure state machine
+//! ([`StandbyProto`]), driven by the real scheduler's event loop
+//! (`src/node/scheduler/standby.rs`) and by the cluster simulator alike.
+//!
+//! The standby listens from the start but serves no one while it follows the
+//! primary over a connection of its own, pinging it every heartbeat. The
+//! primary is **gone** when that connection closes and a new one cannot be
+//! opened (or closes again before a pong), or when no pong came for
+//! [`SILENT_HEARTBEATS`] heartbeats. Then the standby **takes over**
+//! ([`Action::TakeOver`]): it closes its connection to the primary and hands
+//! its owner the messages it held, in order, for the scheduler's protocol
+//! machine.
+//!
+//! What nodes send it meanwhile is held, not answered: a node that lost the
+//! primary reaches the standby before (or just after) the standby sees the
+//! primary go, and its clock sync and registration complete at the takeover.
+//! A connection whose messages have waited [`HOLD_HEARTBEATS`] heartbeats
+//! while the primary still answers is refused ([`Action::Refuse`]: an `Error`
+//! that names the primary, then a close): that node lost only its own path to
+//! the primary, or started with the standby's address first, and goes back
+//! to the primary.
+
+use crate::core::{Dur, Time};
+use crate::transport::ConnId;
+use crate::wire::Msg;
+use std::collections::{HashMap, VecDeque};
+
+/// A primary silent for this many heartbeats is gone.
+pub const SILENT_HEARTBEATS: i64 = 3;
+/// A node's messages are held at most this many heartbeats while the primary
+/// lives.
+pub const HOLD_HEARTBEATS: i64 = 1;
+/// Messages held in all; beyond, the connection that sent the next is refused.
+pub const HOLD_MAX: usize = 65_536;
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Open a connection to the primary; report it with
+    /// [`StandbyProto::handle_connected`] or [`StandbyProto::handle_connect_failed`].
+    Connect(String),
+    /// Send on the connection to the primary.
+    Send(ConnId, Msg),
+    /// Close a connection (the one to the primary, taking over).
+    Close(ConnId, String),
+    /// Answer `Error` with the reason on a node's connection, then close it.
+    Refuse(ConnId, String),
+    /// Serve from now on: the held messages, in the order they came.
+    TakeOver {
+        why: String,
+        held: Vec<(ConnId, Msg)>,
+    },
+}
+
+/// The following (see the module docs).
+pub struct StandbyProto {
+    primary: String,
+    heartbeat: Dur,
+    conn: Option<ConnId>,
+    /// Connections to the primary that closed since its last pong.
+    closes: u32,
+    last_pong: Time,
+    next_ping: Time,
+    seq: u64,
+    held: Vec<(ConnId, Msg)>,
+    /// When each node connection's first held message came.
+    held_since: HashMap<ConnId, Time>,
+    done: bool,
+    out: VecDeque<Action>,
+}
+
+impl StandbyProto {
+    /// Follows `primary`, already connected as `conn` at `now`.
+    pub fn new(now: Time, primary: &str, conn: ConnId, heartbeat: Dur) -> StandbyProto {
+        StandbyProto {
+            primary: primary.to_string(),
+            heartbeat,
+            conn: Some(conn),
+            closes: 0,
+            last_pong: now,
+            next_ping: now,
+            seq: 0,
+            held: Vec::new(),
+            held_since: HashMap::new(),
+            done: false,
+            out: VecDeque::new(),
+        }
+    }
+
+    pub fn primary(&self) -> &str {
+        &self.primary
+    }
+
+    /// Whether `c` is the connection to the primary.
+    pub fn is_primary_conn(&self, c: ConnId) -> bool {
+        self.conn == Some(c)
+    }
+
+    /// Whether it took over (it follows no more).
+    pub fn took_over(&self) -> bool {
+        self.done
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.out.pop_front()
+    }
+
+    /// When [`StandbyProto::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Time {
+        if self.done {
+            return Time::NEVER;
+        }
+        let hold = self
+            .held_since
+            .values()
+            .min()
+            .map_or(Time::NEVER, |&t| t + self.heartbeat * HOLD_HEARTBEATS);
+        self.next_ping
+            .min(self.last_pong + self.heartbeat * SILENT_HEARTBEATS)
+            .min(hold)
+    }
+
+    /// The connection to the primary asked for is up.
+    pub fn handle_connected(&mut self, now: Time, conn: ConnId) {
+        if self.done {
+            return self
+                .out
+                .push_back(Action::Close(conn, "standby took over".into()));
+        }
+        self.conn = Some(conn);
+        self.next_ping = now;
+    }
+
+    /// The connection to the primary could not be opened: it is gone.
+    pub fn handle_connect_failed(&mut self, _now: Time, why: &str) {
+        self.take_over(format!("it cannot be reached: {why}"));
+    }
+
+    /// Connection `c` closed.
+    pub fn handle_closed(&mut self, _now: Time, c: ConnId, why: &str) {
+        if self.done {
+            return;
+        }
+        if self.conn == Some(c) {
+            self.conn = None;
+            self.closes += 1;
+            if self.closes > 1 {
+                return self
+                    .take_over(format!("its connection closed again before a pong ({why})"));
+            }
+            // A connection can end for other reasons than the primary's
+            // death: one new connection that answers says it lives.
+            let p = self.primary.clone();
+            return self.out.push_back(Action::Connect(p));
+        }
+        self.held.retain(|(x, _)| *x != c);
+        self.held_since.remove(&c);
+    }
+
+    /// A message on connection `c` (the primary's, or a node's: held).
+    pub fn handle_msg(&mut self, now: Time, c: ConnId, msg: Msg) {
+        if self.done {
+            return;
+        }
+        if self.conn == Some(c) {
+            if let Msg::Pong { .. } = msg {
+                self.last_pong = now;
+                self.closes = 0;
+            }
+            return;
+        }
+        if self.held.len() >= HOLD_MAX {
+            return self.refuse(c, "standby: too many messages held".into());
+        }
+        self.held_since.entry(c).or_insert(now);
+        self.held.push((c, msg));
+    }
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.done {
+            return;
+        }
+        let silent = now - self.last_pong;
+        if silent >= self.heartbeat * SILENT_HEARTBEATS {
+            return self.take_over(format!("no pong for {:.0} ms", silent.as_ms_f64()));
+        }
+        let limit = self.heartbeat * HOLD_HEARTBEATS;
+        let mut late: Vec<ConnId> = self
+            .held_since
+            .iter()
+            .filter(|(_, &t)| now - t >= limit)
+            .map(|(&c, _)| c)
+            .collect();
+        late.sort_unstable();
+        for c in late {
+            let why = format!(
+                "this is a standby scheduler and its primary at {} is alive: connect there",
+                self.primary
+            );
+            self.refuse(c, why);
+        }
+        if now >= self.next_ping {
+            self.seq += 1;
+            self.next_ping = now + self.heartbeat;
+            if let Some(c) = self.conn {
+                self.out.push_back(Action::Send(
+                    c,
+                    Msg::Ping {
+                        seq: self.seq,
+                        sent: now,
+                        ctrl_delay: Dur::ZERO,
+                        pull: Dur::ZERO,
+                    },
+                ));
+            }
+        }
+    }
+
+    fn refuse(&mut self, c: ConnId, why: String) {
+        self.held.retain(|(x, _)| *x != c);
+        self.held_since.remove(&c);
+        self.out.push_back(Action::Refuse(c, why));
+    }
+
+    fn take_over(&mut self, why: String) {
+        self.done = true;
+        if let Some(c) = self.conn.take() {
+            self.out
+                .push_back(Action::Close(c, "standby taking over".into()));
+        }
+        self.held_since.clear();
+        let held = std::mem::take(&mut self.held);
+        self.out.push_back(Action::TakeOver {
+            why: format!("primary {}: {why}", self.primary),
+            held,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: i64) -> Time {
+        Time(Dur::from_ms(v).0)
+    }
+
+    fn drain(p: &mut StandbyProto) -> Vec<Action> {
+        std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    fn ping() -> Msg {
+        Msg::ListModels
+    }
+
+    #[test]
+    fn it_follows_while_the_primary_answers_and_holds_what_nodes_send() {
+        let hb = Dur::from_ms(100);
+        let mut p = StandbyProto::new(ms(0), "a", 1, hb);
+        p.handle_timeout(ms(0));
+        assert!(matches!(
+            &drain(&mut p)[..],
+            [Action::Send(1, Msg::Ping { .. })]
+        ));
+        let pong = Msg::Pong {
+            seq: 1,
+            echo: ms(0),
+            sched: ms(0),
+        };
+        for t in [100, 200, 300, 400] {
+            p.handle_msg(ms(t - 1), 1, pong.clone());
+            p.handle_timeout(ms(t));
+        }
+        assert!(!p.took_over());
+        // A node's messages are held, then refused after the hold while the
+        // primary lives.
+        p.handle_msg(ms(410), 7, ping());
+        p.handle_msg(ms(420), 7, ping());
+        drain(&mut p);
+        for t in [500, 600, 700] {
+            p.handle_msg(ms(t - 1), 1, pong.clone());
+            p.handle_timeout(ms(t));
+        }
+        p.handle_timeout(ms(710));
+        let acts = drain(&mut p);
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::Refuse(7, why) if why.contains("primary at a"))),
+            "{acts:?}"
+        );
+        assert!(!p.took_over());
+    }
+
+    #[test]
+    fn a_closed_primary_that_cannot_be_reached_is_taken_over_with_the_held_messages() {
+        let mut p = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        p.handle_msg(ms(5), 7, ping());
+        p.handle_msg(ms(6), 8, ping());
+        p.handle_msg(ms(7), 7, Msg::ListModels);
+        p.handle_closed(ms(10), 8, "gone");
+        p.handle_closed(ms(10), 1, "reset");
+        assert_eq!(drain(&mut p), vec![Action::Connect("a".into())]);
+        p.handle_connect_failed(ms(10), "refused");
+        let acts = drain(&mut p);
+        match &acts[..] {
+            [Action::TakeOver { why, held }] => {
+                assert!(
+                    why.contains("primary a") && why.contains("refused"),
+                    "{why}"
+                );
+                assert_eq!(held.len(), 2, "node 8's message went with its connection");
+                assert!(held.iter().all(|(c, _)| *c == 7));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(p.took_over());
+        assert_eq!(p.poll_timeout(), Time::NEVER);
+        // A connection closing again before a pong is the same verdict.
+        let mut q = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        q.handle_closed(ms(1), 1, "reset");
+        drain(&mut q);
+        q.handle_connected(ms(1), 2);
+        q.handle_closed(ms(2), 2, "refused");
+        assert!(q.took_over());
+        // One that answers again resets it.
+        let mut r = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        r.handle_closed(ms(1), 1, "reset");
+        r.handle_connected(ms(1), 2);
+        r.handle_msg(
+            ms(2),
+            2,
+            Msg::Pong {
+                seq: 1,
+                echo: ms(1),
+                sched: ms(1),
+            },
+        );
+        r.handle_closed(ms(50), 2, "reset");
+        assert!(!r.took_over());
+    }
+
+    #[test]
+    fn a_silent_primary_is_taken_over_after_three_heartbeats() {
+        let mut p = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        p.handle_timeout(ms(0));
+        p.handle_timeout(ms(299));
+        assert!(!p.took_over());
+        assert_eq!(p.poll_timeout(), ms(300));
+        p.handle_timeout(ms(300));
+        assert!(p.took_over());
+        let acts = drain(&mut p);
+        assert!(acts.contains(&Action::Close(1, "standby taking over".into())));
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::TakeOver { why, .. } if why.contains("no pong"))));
+    }
+}
