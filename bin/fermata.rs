@@ -247,6 +247,65 @@ enum BenchCmd {
     /// the primary is killed KILLS times under load; failover time p50/p99 and
     /// the requests lost.
     Failover(FailoverArgs),
+    /// Issue 14's memory attacks on the internal ports, repeated against real
+    /// processes under load: an outsider's and a member's unfinished 64 MiB
+    /// frames; bytes taken, resident memory while open and after close.
+    Attacks(AttacksArgs),
+}
+
+#[derive(Args)]
+struct AttacksArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn cmd_attacks(a: AttacksArgs) -> Result<()> {
+    let exe = std::env::current_exe().context("the fermata binary's path")?;
+    let dir = std::env::temp_dir().join(format!("fermata-attacks-{}", std::process::id()));
+    let r = fermata::harness::attacks::run(&exe, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = r?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{:<9} {:<10} {:>5} {:>14} {:>7} {:>10} {:>9} {:>10} {:>12}",
+        "attack",
+        "target",
+        "conns",
+        "max sent (MB)",
+        "closed",
+        "RSS before",
+        "RSS open",
+        "RSS after",
+        "back after"
+    );
+    for x in &r.rows {
+        println!(
+            "{:<9} {:<10} {:>5} {:>14.1} {:>7} {:>10.1} {:>9.1} {:>10.1} {:>12}",
+            x.attack,
+            x.target,
+            x.connections,
+            x.max_bytes_sent as f64 / (1 << 20) as f64,
+            x.closed_by_target,
+            x.rss_before_mb,
+            x.rss_open_mb,
+            x.rss_after_mb,
+            x.returned_after_s
+                .map_or("not in 5 s".to_string(), |t| format!("{t:.1} s"))
+        );
+    }
+    println!("(RSS in MB; 'max sent' for a connection closed at once is what the kernels buffered before the reset)");
+    println!(
+        "legitimate load meanwhile: {} sent, {} good, bad rate {:.2}%, {} never answered",
+        r.load_sent,
+        r.load_good,
+        r.load_bad_rate * 100.0,
+        r.load_unanswered
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -523,6 +582,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Http(a)) => bench_http::cmd_bench_http(a),
         Cmd::Bench(BenchCmd::Compare(a)) => cmd_compare(a),
         Cmd::Bench(BenchCmd::Failover(a)) => cmd_failover(a),
+        Cmd::Bench(BenchCmd::Attacks(a)) => cmd_attacks(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -8,6 +8,7 @@
 //! modules do not depend on it, except `fermata serve`'s all-in-one demo, which runs the load
 //! generator against its own cluster.
 
+pub mod attacks;
 pub mod failover;
 pub mod fake;
 pub mod http_load;
