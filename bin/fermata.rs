@@ -213,6 +213,10 @@ struct ClusterArgs {
     /// next standby).
     #[arg(long)]
     standby: bool,
+    /// A rogue peer sends the frontends forged results (their latest task
+    /// ids, guessed capabilities) every 5 ms: no request may end by one.
+    #[arg(long)]
+    rogue: bool,
     /// Print one JSON object per seed.
     #[arg(long)]
     json: bool,
@@ -651,6 +655,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let (mut requests, mut events) = (0u64, 0u64);
     let (mut ended, mut faults) = (0u64, [0u64; 5]);
     let (mut sched_crashes, mut takeovers) = (0u64, 0u64);
+    let (mut forged_sent, mut forged_refused) = (0u64, 0u64);
     let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
@@ -668,6 +673,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             planted: a.plant,
             workload_path: a.workload.as_ref().map(|p| p.display().to_string()),
             standby: a.standby,
+            rogue: a.rogue,
         };
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;
@@ -681,6 +687,8 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         rejoin_ms.extend(&r.rejoin_ms);
         sched_crashes += r.scheduler_crashes;
         takeovers += r.takeovers;
+        forged_sent += r.forged_sent;
+        forged_refused += r.forged_refused;
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else if a.seeds <= 10 || r.violation.is_some() {
@@ -713,6 +721,11 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     if a.standby {
         eprintln!(
             "standby: {sched_crashes} crashes of the serving scheduler, {takeovers} takeovers"
+        );
+    }
+    if a.rogue {
+        eprintln!(
+            "rogue: {forged_sent} forged results sent, {forged_refused} refused while their task was pending (the rest named ended tasks), none ended a request"
         );
     }
     eprintln!(

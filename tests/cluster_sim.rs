@@ -273,3 +273,31 @@ fn a_standby_takes_over_every_crash_of_the_serving_scheduler() {
         "nodes moved to the standby: {rejoins} rejoins"
     );
 }
+
+/// A rogue peer in the simulator sends the frontends results for their latest
+/// task ids with guessed capabilities, every 5 ms, on top of every fault and a
+/// standby: many reach pending requests, none ends one (the simulator stops
+/// with a violation if one did), and every request still ends exactly once.
+#[test]
+fn forged_results_never_end_a_request() {
+    let w = workload();
+    let (mut sent, mut refused) = (0, 0);
+    for seed in 0..50 {
+        let o = ClusterSimOpts {
+            rogue: true,
+            standby: true,
+            ..opts(seed, Faults::All)
+        };
+        let r = ClusterSim::new(&w, o).run();
+        if let Some(v) = &r.violation {
+            panic!("seed {seed}: {} (replay: {})", v.what, v.replay);
+        }
+        assert_eq!(r.good + r.late + r.dropped + r.failed, r.requests);
+        sent += r.forged_sent;
+        refused += r.forged_refused;
+    }
+    assert!(
+        refused > 1000,
+        "{refused} of {sent} forgeries met a pending request"
+    );
+}

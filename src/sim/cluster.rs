@@ -23,7 +23,10 @@
 //! has its own skew and drift. With `standby`, a second scheduler follows the
 //! first with the production [`StandbyProto`], the nodes know both addresses,
 //! and the serving scheduler itself crashes too: the standby takes over, and
-//! the crashed one comes back on its address as the next standby.
+//! the crashed one comes back on its address as the next standby. With
+//! `rogue`, a peer forges results for the frontends' latest tasks. Faults and
+//! message losses end when the clients stop sending; the drain that follows
+//! shows every node back in service.
 //!
 //! After every event the simulator checks:
 //! - every request ends exactly once at its client (good, late, dropped or
@@ -31,7 +34,9 @@
 //! - no GPU is planned to run two batches at once (a plan never starts before
 //!   the GPU's previous plan is due to finish or reported done);
 //! - no plan runs a model its backend has not loaded;
-//! - no backend is sent a model it was not assigned.
+//! - no backend is sent a model it was not assigned;
+//! - no result ends a request without its task's capability (a forged one),
+//!   and no real result is refused.
 //!
 //! A violation stops the run with a [`Violation`] whose `replay` is the one-line
 //! command that runs exactly that seed again.
@@ -117,6 +122,10 @@ pub struct ClusterSimOpts {
     /// [`StandbyProto`]); nodes know both addresses; with crash faults the
     /// serving scheduler crashes too, and comes back as the new standby.
     pub standby: bool,
+    /// A rogue peer sends the frontends forged results (the ids of their
+    /// latest tasks, guessed capabilities) every 5 ms while clients send: no
+    /// request may end by one.
+    pub rogue: bool,
 }
 
 impl Default for ClusterSimOpts {
@@ -136,6 +145,7 @@ impl Default for ClusterSimOpts {
             planted: None,
             workload_path: None,
             standby: false,
+            rogue: false,
         }
     }
 }
@@ -167,6 +177,9 @@ impl ClusterSimOpts {
         }
         if self.standby {
             s += " --standby";
+        }
+        if self.rogue {
+            s += " --rogue";
         }
         s
     }
@@ -219,6 +232,10 @@ pub struct ClusterSimReport {
     /// takeovers.
     pub scheduler_crashes: u64,
     pub takeovers: u64,
+    /// With a rogue peer: forged results sent, and those the frontends
+    /// refused while their task was pending (the rest named ended tasks).
+    pub forged_sent: u64,
+    pub forged_refused: u64,
     pub violation: Option<Violation>,
 }
 
@@ -276,6 +293,8 @@ enum Ev {
     SchedRestart {
         addr: &'static str,
     },
+    /// The rogue peer sends a frontend forged results.
+    Forge,
 }
 
 struct Link {
@@ -389,6 +408,10 @@ pub struct ClusterSim {
     /// Scheduler addresses and the process at each (the primary's and, with a
     /// standby, the standby's).
     sched_addrs: Vec<(&'static str, Pid)>,
+    /// The rogue peer (a process id with no process: it only sends) and its
+    /// connection to each frontend.
+    rogue: Option<Pid>,
+    rogue_links: HashMap<Pid, ConnId>,
     fe_slots: Vec<Pid>,
     be_slots: Vec<Pid>,
     next_client: u64,
@@ -429,6 +452,8 @@ impl ClusterSim {
             next_conn: 1,
             sched_pid: 0,
             sched_addrs: Vec::new(),
+            rogue: None,
+            rogue_links: HashMap::new(),
             fe_slots: Vec::new(),
             be_slots: Vec::new(),
             next_client: 0,
@@ -454,6 +479,10 @@ impl ClusterSim {
         }
         // Clients start once the cluster had time to form.
         sim.at(Time(Dur::from_ms(50).0), Ev::Arrival);
+        if sim.opts.rogue {
+            sim.rogue = Some(sim.new_pid(Proc::Dead));
+            sim.at(Time(Dur::from_ms(60).0), Ev::Forge);
+        }
         if sim.opts.faults != Faults::None {
             sim.schedule_faults();
         }
@@ -707,7 +736,11 @@ impl ClusterSim {
         } else {
             0.0
         };
-        let lost = loss > 0.0 && self.rng.gen_bool(loss.min(1.0));
+        // Losses end with the clients' sending, as the other faults do, so
+        // that the drain shows every node back in service (the draw is made
+        // all the same: a run replays as before up to then).
+        let lost =
+            loss > 0.0 && self.rng.gen_bool(loss.min(1.0)) && self.now.0 < self.opts.duration.0;
         let jitter = if self.opts.jitter.0 > 0 {
             self.rng.gen_range(0..=self.opts.jitter.0)
         } else {
@@ -793,13 +826,29 @@ impl ClusterSim {
             .copied()
             .collect();
         for pid in nodes {
-            let ready = match &self.procs[pid] {
-                Proc::Fe(f) => f.member.is_ready(),
-                Proc::Be(b) => b.proto.is_ready(),
-                _ => true,
+            let (ready, state) = match &self.procs[pid] {
+                Proc::Fe(f) => (f.member.is_ready(), f.member.describe()),
+                Proc::Be(b) => (b.proto.is_ready(), b.proto.describe_member()),
+                _ => (true, String::new()),
             };
             if !ready {
-                self.violate(format!("node {pid} is not back in service at the end"));
+                let scheds: Vec<String> = self
+                    .sched_addrs
+                    .iter()
+                    .map(|&(a, p)| {
+                        let k = match &self.procs[p] {
+                            Proc::Sched(_) => "serving",
+                            Proc::Standby(_) => "standby",
+                            Proc::Dead => "dead",
+                            _ => "?",
+                        };
+                        format!("{a}: {k}")
+                    })
+                    .collect();
+                self.violate(format!(
+                    "node {pid} is not back in service at the end ({state}; schedulers: {})",
+                    scheds.join(", ")
+                ));
             }
         }
         self.report.sim_seconds = self.now.as_secs_f64();
@@ -855,6 +904,7 @@ impl ClusterSim {
             Ev::Stall => self.stall(),
             Ev::Partition => self.partition(),
             Ev::SchedCrash => self.sched_crash(),
+            Ev::Forge => self.forge(),
             Ev::SchedRestart { addr } => self.sched_restart(addr),
             Ev::Restart { role, slot } => match role {
                 Role::Backend => {
@@ -949,6 +999,55 @@ impl ClusterSim {
         }
         self.report.restarts += 1;
         self.start_standby(addr);
+    }
+
+    /// The rogue peer sends one frontend results for its 16 latest task ids,
+    /// each with a guessed capability, then comes back in 5 ms.
+    fn forge(&mut self) {
+        let Some(rogue) = self.rogue else {
+            return;
+        };
+        if self.now.0 >= self.opts.duration.0 {
+            return;
+        }
+        self.at(self.now + Dur::from_ms(5), Ev::Forge);
+        let fes: Vec<Pid> = self
+            .fe_slots
+            .iter()
+            .copied()
+            .filter(|&p| matches!(&self.procs[p], Proc::Fe(f) if f.node.is_some()))
+            .collect();
+        if fes.is_empty() {
+            return;
+        }
+        let fe = fes[self.rng.gen_range(0..fes.len())];
+        let Proc::Fe(f) = &self.procs[fe] else {
+            return;
+        };
+        let next = f.ledger.next_id().0;
+        let ids: Vec<u64> = (1..=16u64).filter_map(|k| next.checked_sub(k)).collect();
+        let items: Vec<crate::wire::TaskResult> = ids
+            .into_iter()
+            .map(|id| crate::wire::TaskResult {
+                id: crate::core::TaskId(id),
+                status: crate::wire::TaskStatus::Ok,
+                started: self.now,
+                finished: self.now,
+                batch_size: 1,
+                output: vec![0xEE],
+                cap: self.rng.gen(),
+            })
+            .collect();
+        self.report.forged_sent += items.len() as u64;
+        let conn = match self.rogue_links.get(&fe) {
+            Some(&c) if self.links.get(&c).is_some_and(|l| l.open) => c,
+            _ => {
+                let c = self.connect(rogue, fe);
+                self.rogue_links.insert(fe, c);
+                c
+            }
+        };
+        self.send(rogue, conn, Msg::Results { items });
     }
 
     // ------------------------------------------------------------ faults
@@ -1467,6 +1566,10 @@ impl ClusterSim {
             return;
         };
         let from_sched = f.member.conn() == Some(conn);
+        let from_rogue = self
+            .rogue
+            .is_some_and(|r| self.links.get(&conn).is_some_and(|l| l.ends.contains(&r)));
+        let mut forged_ended = None;
         match msg {
             Msg::Capacity { gpus } if from_sched => f.gpus = gpus,
             Msg::Dropped { items } if from_sched => {
@@ -1474,19 +1577,38 @@ impl ClusterSim {
                     ended.extend(f.ledger.finish(sched_now, id, Answer::of_drop(code)));
                 }
             }
+            Msg::Results { items } if from_rogue => {
+                // A forged result must end nothing.
+                for r in items {
+                    let id = r.id;
+                    let before = f.ledger.counts().forged_results;
+                    if let Some(d) = f.ledger.result(sched_now, r) {
+                        forged_ended = Some(id);
+                        ended.push(d);
+                    }
+                    self.report.forged_refused += f.ledger.counts().forged_results - before;
+                }
+            }
             Msg::Results { items } if !from_sched => {
+                let before = f.ledger.counts().forged_results;
                 for r in items {
                     ended.extend(f.ledger.result(sched_now, r));
                 }
                 // Every result comes from the backend its task was planned on,
                 // with the capability the scheduler handed on.
-                if f.ledger.counts().forged_results > 0 {
+                if f.ledger.counts().forged_results > before {
                     self.violate(format!(
                         "frontend {pid} refused a result: its capability was not its task's"
                     ));
                 }
             }
             _ => {}
+        }
+        if let Some(id) = forged_ended {
+            self.violate(format!(
+                "frontend {pid} ended request {} with a forged result",
+                id.0
+            ));
         }
         for d in ended {
             self.client_end(d.client, d.ended);

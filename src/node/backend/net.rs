@@ -95,6 +95,11 @@ impl NetLoop {
             Event::Accepted(c) => c.close("backends accept no connections"),
             Event::Closed(c, reason) => {
                 self.forget(c);
+                if self.shared.leaving.load(Ordering::Acquire) && self.proto.sched_conn() == Some(c)
+                {
+                    // We said goodbye; the loop is about to stop.
+                    return;
+                }
                 let now = self.shared.clock.local().now();
                 self.proto.handle_closed(now, c, &reason);
             }

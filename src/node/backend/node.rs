@@ -123,6 +123,7 @@ impl BackendNode {
 
     /// Stops: says goodbye to the scheduler, lets running batches finish.
     pub fn stop(mut self) -> BackendReport {
+        self.shared.leaving.store(true, Ordering::Release);
         let _ = self.shared.sched().send(Msg::Unregister {
             reason: "backend stopping".into(),
         });

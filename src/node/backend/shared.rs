@@ -44,6 +44,9 @@ pub(super) struct Shared {
     pub(super) lead_pulled: Mutex<Recent>,
     /// Set when the node stops or crashes: workers send nothing more.
     pub(super) dead: AtomicBool,
+    /// Set when the backend said goodbye (`Unregister`): the scheduler's
+    /// closing the connection then is no loss to rejoin from.
+    pub(super) leaving: AtomicBool,
     /// Plans received, and plans done (run, too late or failed).
     pub(super) plans_received: AtomicU64,
     pub(super) plans_ended: AtomicU64,
@@ -97,6 +100,7 @@ impl Shared {
             lead_arrived: Mutex::new(Recent::new(2048)),
             lead_pulled: Mutex::new(Recent::new(2048)),
             dead: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             plans_received: AtomicU64::new(0),
             plans_ended: AtomicU64::new(0),
             plans_run: AtomicU64::new(0),

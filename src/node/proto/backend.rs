@@ -185,6 +185,11 @@ impl BackendProto {
         self.member.poll_timeout()
     }
 
+    /// Its membership's phase and scheduler address ([`Member::describe`]).
+    pub fn describe_member(&self) -> String {
+        self.member.describe()
+    }
+
     /// In service: registered, its GPUs acknowledged.
     pub fn is_ready(&self) -> bool {
         self.member.is_ready()

@@ -184,6 +184,19 @@ impl Member {
         }
     }
 
+    /// Where the membership is, for a report: its phase and the scheduler
+    /// address it is at (or tries next).
+    pub fn describe(&self) -> String {
+        let phase = match self.phase {
+            Phase::Connecting => "connecting".to_string(),
+            Phase::Away { retry } => format!("away until {retry}"),
+            Phase::Sync { since } => format!("syncing the clock since {since}"),
+            Phase::Registering => "registering".to_string(),
+            Phase::Ready => "in service".to_string(),
+        };
+        format!("{phase}, scheduler `{}`", self.addr())
+    }
+
     /// In service: registered and acknowledged.
     pub fn is_ready(&self) -> bool {
         self.phase == Phase::Ready
