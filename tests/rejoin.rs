@@ -9,22 +9,10 @@
 
 use fermata::core::Dur;
 use fermata::harness::loadgen::{self, LoadReport, LoadgenOpts};
-use fermata::harness::procs::{Proc, ProcCluster, ProcOpts};
+use fermata::harness::procs::{small_workload, Proc, ProcCluster, ProcOpts};
 use fermata::workload::Workload;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-const WORKLOAD: &str = r#"
-name = "rejoin"
-gpus = 2
-rate_rps = 100
-[[models]]
-name = "mlp"
-alpha_ms = 0.2
-beta_ms = 1.0
-slo_ms = 30
-input_bytes = 256
-"#;
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
@@ -35,7 +23,7 @@ fn exe() -> PathBuf {
 fn cluster_with(dir: &Path, tweak: impl FnOnce(&mut ProcOpts)) -> (ProcCluster, Workload, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("w.toml");
-    std::fs::write(&path, WORKLOAD).unwrap();
+    std::fs::write(&path, small_workload("rejoin", 2)).unwrap();
     let w = Workload::from_file(&path).unwrap();
     let mut o = ProcOpts {
         backend_gpus: vec![2],
@@ -56,6 +44,21 @@ fn load(c: &ProcCluster, w: &Workload, secs: f64) -> LoadReport {
     lo.warmup = Dur::ZERO;
     lo.duration = Dur::from_secs_f64(secs);
     loadgen::run(c.secret.transport().unwrap(), w, &lo).unwrap()
+}
+
+/// Stops the cluster and checks its frontend's report: it rejoined once and
+/// every request it took ended once.
+fn stop_after_one_rejoin(c: ProcCluster) -> fermata::harness::procs::ProcReports {
+    let reps = c.stop();
+    let f = reps.frontends[0].as_ref().expect("frontend report");
+    assert_eq!(f["rejoins"], 1, "{f}");
+    let n = |k: &str| f[k].as_u64().unwrap();
+    assert_eq!(
+        n("good") + n("late") + n("dropped") + n("failed"),
+        n("requests"),
+        "every request the frontend took ended once"
+    );
+    reps
 }
 
 /// Load until a run of it is served well (the cluster is back), at most `max`.
@@ -144,15 +147,7 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
         .unwrap();
     }
     served_again(&c, &w, Duration::from_secs(10));
-    let reps = c.stop();
-    let f = reps.frontends[0].as_ref().expect("frontend report");
-    assert_eq!(f["rejoins"], 1, "{f}");
-    let n = |k: &str| f[k].as_u64().unwrap();
-    assert_eq!(
-        n("good") + n("late") + n("dropped") + n("failed"),
-        n("requests"),
-        "every request the frontend took ended once"
-    );
+    let reps = stop_after_one_rejoin(c);
     let s = reps.scheduler.expect("the new scheduler's report");
     assert_eq!(s["backends_registered"], 1);
     assert_eq!(s["frontends_registered"], 1);
@@ -297,14 +292,6 @@ fn a_standby_takes_over_when_the_primary_is_killed_under_load() {
     // the rest were served, before and after.
     assert!(r.sim.bad_rate() < 0.25, "bad rate {}", r.sim.bad_rate());
     served_again(&c, &w, Duration::from_secs(10));
-    let reps = c.stop();
-    let f = reps.frontends[0].as_ref().expect("frontend report");
-    assert_eq!(f["rejoins"], 1, "{f}");
-    let n = |k: &str| f[k].as_u64().unwrap();
-    assert_eq!(
-        n("good") + n("late") + n("dropped") + n("failed"),
-        n("requests"),
-        "every request the frontend took ended once"
-    );
+    stop_after_one_rejoin(c);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,18 +24,6 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
-const WORKLOAD: &str = r#"
-name = "attacks"
-gpus = 1
-rate_rps = 100
-[[models]]
-name = "mlp"
-alpha_ms = 0.2
-beta_ms = 1.0
-slo_ms = 30
-input_bytes = 256
-"#;
-
 /// Connections per attack and target.
 const CONNS: usize = 10;
 /// Bytes each connection tries to send after its frame's length prefix.
@@ -170,7 +158,7 @@ fn attack(
 pub fn run(exe: &Path, dir: &Path) -> Result<AttacksReport> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join("attacks.toml");
-    std::fs::write(&path, WORKLOAD)?;
+    std::fs::write(&path, super::procs::small_workload("attacks", 1))?;
     let w = Workload::from_file(&path)?;
     let c = ProcCluster::start(exe, &ProcOpts::new(path))?;
     let tr = c.secret.transport()?;

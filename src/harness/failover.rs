@@ -15,19 +15,6 @@ use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The workload the measurement serves (a small model, two GPUs).
-const WORKLOAD: &str = r#"
-name = "failover"
-gpus = 2
-rate_rps = 100
-[[models]]
-name = "mlp"
-alpha_ms = 0.2
-beta_ms = 1.0
-slo_ms = 30
-input_bytes = 256
-"#;
-
 /// What a failover run measured.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FailoverReport {
@@ -68,7 +55,7 @@ pub fn run(exe: &Path, dir: &Path, kills: u32, rate: f64) -> Result<FailoverRepo
     }
     std::fs::create_dir_all(dir)?;
     let path = dir.join("failover.toml");
-    std::fs::write(&path, WORKLOAD)?;
+    std::fs::write(&path, super::procs::small_workload("failover", 2))?;
     let w = Workload::from_file(&path)?;
     let o = ProcOpts {
         backend_gpus: vec![2],

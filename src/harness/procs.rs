@@ -187,6 +187,25 @@ impl Proc {
     }
 }
 
+/// A small workload for process tests and benches: one cheap model, `mlp`
+/// (l(b) = 0.2 ms * b + 1 ms, SLO 30 ms, 256-byte inputs), on `gpus` GPUs at
+/// 100 r/s.
+pub fn small_workload(name: &str, gpus: u32) -> String {
+    format!(
+        r#"
+name = "{name}"
+gpus = {gpus}
+rate_rps = 100
+[[models]]
+name = "mlp"
+alpha_ms = 0.2
+beta_ms = 1.0
+slo_ms = 30
+input_bytes = 256
+"#
+    )
+}
+
 /// A cluster secret file made for one process cluster, removed with it.
 pub struct SecretFile {
     pub path: PathBuf,

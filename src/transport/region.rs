@@ -294,13 +294,8 @@ impl Region {
         cap: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, ReadError> {
-        let end = offset
-            .checked_add(len as u64)
-            .ok_or(ReadError::OutOfBounds)?;
-        if end > self.len {
-            return Err(ReadError::OutOfBounds);
-        }
         if cap == PROBE_CAP {
+            self.in_bounds(offset, len)?;
             return Ok(f(&vec![0u8; len as usize]));
         }
         self.with_slice(offset, len, |b| match SlotHeader::decode(b) {
@@ -320,12 +315,7 @@ impl Region {
         len: u32,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, ReadError> {
-        let end = offset
-            .checked_add(len as u64)
-            .ok_or(ReadError::OutOfBounds)?;
-        if end > self.len {
-            return Err(ReadError::OutOfBounds);
-        }
+        self.in_bounds(offset, len)?;
         let _guards: Vec<_> = self
             .stripe_range(offset, len as u64)
             .map(|i| self.stripes[i].read().expect("region lock"))
@@ -334,6 +324,14 @@ impl Region {
         // read-locked above, so no writer touches them meanwhile.
         let b = unsafe { std::slice::from_raw_parts(self.base.add(offset as usize), len as usize) };
         Ok(f(b))
+    }
+
+    /// Whether bytes `offset..offset+len` lie in the region.
+    fn in_bounds(&self, offset: u64, len: u32) -> Result<(), ReadError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(ReadError::OutOfBounds),
+        }
     }
 
     /// The stripes that bytes `offset..offset+len` overlap.
