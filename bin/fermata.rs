@@ -342,8 +342,8 @@ fn cmd_failover(a: FailoverArgs) -> Result<()> {
             r.kills, r.p50_ms, r.p99_ms, r.max_ms
         );
         println!(
-            "requests: {} sent, {} good, {} failed (pending at the killed primary, or sent while no scheduler), {} never answered, {} duplicates",
-            r.sent, r.good, r.failed, r.unanswered, r.duplicates
+            "requests: {} sent, {} good, {} failed (sent while the frontend had no scheduler, or held past their deadline), {} never answered, {} duplicates; {} pending at a killed primary were held and submitted to the standby",
+            r.sent, r.good, r.failed, r.unanswered, r.duplicates, r.retried
         );
     }
     Ok(())
@@ -656,6 +656,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let (mut ended, mut faults) = (0u64, [0u64; 5]);
     let (mut sched_crashes, mut takeovers) = (0u64, 0u64);
     let (mut forged_sent, mut forged_refused) = (0u64, 0u64);
+    let (mut good, mut retried) = (0u64, 0u64);
     let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
@@ -687,6 +688,8 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         rejoin_ms.extend(&r.rejoin_ms);
         sched_crashes += r.scheduler_crashes;
         takeovers += r.takeovers;
+        good += r.good;
+        retried += r.retried;
         forged_sent += r.forged_sent;
         forged_refused += r.forged_refused;
         if a.json {
@@ -707,7 +710,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     rejoin_ms.sort_by(f64::total_cmp);
     let q = |p: f64| fermata::metrics::sorted_quantile(&rejoin_ms, p);
     eprintln!(
-        "requests ended exactly once: {ended} of {requests}; every node up at the end back in service after {} crashes, {} pauses, {} partitions, {} GPU hangs ({} backends taken out by the plan watchdog); {} rejoins, time out of service p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        "requests ended exactly once: {ended} of {requests} ({good} good; {retried} held over a lost scheduler and submitted to the next); every node up at the end back in service after {} crashes, {} pauses, {} partitions, {} GPU hangs ({} backends taken out by the plan watchdog); {} rejoins, time out of service p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         faults[0],
         faults[1],
         faults[2],

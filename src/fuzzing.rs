@@ -560,20 +560,25 @@ pub fn backend_proto(data: &[u8]) -> u64 {
 }
 
 /// A frontend's request ledger under arbitrary admissions, answers (for its own
-/// requests and others'), sweeps and failures. Checks: no panic; every request
-/// ends exactly once; the counts add up; nothing is pending after `fail_all`.
+/// requests and others'), sweeps, failures and lost schedulers (pending
+/// requests orphaned, then readmitted under new ids or ended). Checks: no
+/// panic; every request ends exactly once; the counts add up; nothing is
+/// pending after `fail_all`; a result needs its task's capability.
 pub fn frontend_ledger(data: &[u8]) -> u64 {
     let mut b = Bytes::new(data);
     let mut now = Time(b.i64_near(1_000_000_000).clamp(i64::MIN / 4, i64::MAX / 4));
     let mut l: RequestLedger<TaskId> = RequestLedger::new(2, Dur::from_ms(3000));
     let mut admitted: Vec<TaskId> = Vec::new();
+    // Every id a request had (readmitted ones too) and its capability.
+    let mut ids: Vec<TaskId> = Vec::new();
+    let mut caps: HashMap<TaskId, u64> = HashMap::new();
     let mut ended: HashSet<TaskId> = HashSet::new();
     let end = |client: TaskId, ended: &mut HashSet<TaskId>| {
         assert!(ended.insert(client), "request {client} ended twice");
     };
     while !b.done() {
         now += step(&mut b);
-        match b.u8() % 6 {
+        match b.u8() % 7 {
             0 | 1 => {
                 let slo = Dur(b.i64_near(100_000_000).clamp(1, 3_600_000_000_000));
                 let id = l.next_id();
@@ -581,10 +586,12 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
                 let t = l.admit(now, 0, ModelId(0), slo, id, input, cap_of(id));
                 assert_eq!((t.id, t.cap), (id, cap_of(id)));
                 admitted.push(id);
+                ids.push(id);
+                caps.insert(id, t.cap);
             }
             2 => {
-                let id = match admitted.len() {
-                    n if n > 0 && !b.one_in(4) => admitted[b.below(n as u32) as usize],
+                let id = match ids.len() {
+                    n if n > 0 && !b.one_in(4) => ids[b.below(n as u32) as usize],
                     _ => TaskId(b.u64()),
                 };
                 let answer = match b.u8() % 3 {
@@ -604,12 +611,13 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
             5 => {
                 // A backend's result, with the task's capability or not: only
                 // the right one may end a request.
-                let id = match admitted.len() {
-                    n if n > 0 && !b.one_in(4) => admitted[b.below(n as u32) as usize],
+                let id = match ids.len() {
+                    n if n > 0 && !b.one_in(4) => ids[b.below(n as u32) as usize],
                     _ => TaskId(b.u64()),
                 };
                 let right = !b.one_in(3);
-                let cap = if right { cap_of(id) } else { !cap_of(id) };
+                let real = caps.get(&id).copied().unwrap_or(cap_of(id));
+                let cap = if right { real } else { !real };
                 let pending = l.contains(id);
                 let r = TaskResult {
                     id,
@@ -636,6 +644,24 @@ pub fn frontend_ledger(data: &[u8]) -> u64 {
                     end(f.client, &mut ended);
                 }
                 assert!(l.is_empty());
+            }
+            6 if b.one_in(4) => {
+                // The scheduler is lost: each pending request is handed to
+                // the next one under a new id, or ends without one.
+                let orphans = l.orphan_all();
+                assert!(l.is_empty());
+                for o in orphans {
+                    if b.bool() {
+                        let (cap, old) = (o.cap, o.id);
+                        let t = l.readmit(o, ModelId(0), now, now + Dur::from_ms(50));
+                        assert!(t.id != old && t.cap == cap);
+                        ids.push(t.id);
+                        caps.insert(t.id, cap);
+                    } else {
+                        let f = l.end_orphan(o, Ended::NoScheduler, "fuzz", Dur::ZERO);
+                        end(f.client, &mut ended);
+                    }
+                }
             }
             _ => {}
         }

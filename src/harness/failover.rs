@@ -31,6 +31,9 @@ pub struct FailoverReport {
     /// Requests never answered (lost): must be 0.
     pub unanswered: u64,
     pub duplicates: u64,
+    /// Requests pending at a killed primary that the frontend held and
+    /// submitted to the standby (from the frontend's report).
+    pub retried: u64,
 }
 
 /// Nearest-rank quantile of sorted `v`.
@@ -110,7 +113,13 @@ pub fn run(exe: &Path, dir: &Path, kills: u32, rate: f64) -> Result<FailoverRepo
         c.standby = Some(p);
         c.standby_addr = Some(a);
     }
-    c.stop();
+    let reps = c.stop();
+    let retried = reps
+        .frontends
+        .first()
+        .and_then(|f| f.as_ref())
+        .and_then(|f| f["retried"].as_u64())
+        .unwrap_or(0);
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     Ok(FailoverReport {
@@ -124,5 +133,6 @@ pub fn run(exe: &Path, dir: &Path, kills: u32, rate: f64) -> Result<FailoverRepo
         failed,
         unanswered,
         duplicates,
+        retried,
     })
 }

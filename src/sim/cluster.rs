@@ -46,7 +46,7 @@ use crate::node::proto::backend::{
     self as be_proto, cut_batch, settle, BackendProto, PlanMsg, PlanQueue,
 };
 use crate::node::proto::check;
-use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
+use crate::node::proto::ledger::{Answer, Ended, Orphan, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
 use crate::node::proto::standby::{Action as StandbyAction, StandbyProto};
@@ -236,6 +236,8 @@ pub struct ClusterSimReport {
     /// refused while their task was pending (the rest named ended tasks).
     pub forged_sent: u64,
     pub forged_refused: u64,
+    /// Requests held over a lost scheduler and submitted to the next one.
+    pub retried: u64,
     pub violation: Option<Violation>,
 }
 
@@ -329,6 +331,9 @@ struct Fe {
     models: Vec<ModelInfo>,
     ledger: RequestLedger<u64>,
     gpus: u32,
+    /// Requests held over a lost scheduler, with their arrival and deadline
+    /// on this node's clock (the production frontend's rule).
+    orphans: Vec<(Orphan<u64>, Time, Time)>,
 }
 
 impl Fe {
@@ -722,6 +727,7 @@ impl ClusterSim {
             models: Vec::new(),
             ledger: RequestLedger::new(0, Dur::from_ms(3000)),
             gpus: 0,
+            orphans: Vec::new(),
         }));
         self.fe_slots[slot] = pid;
         self.fe_apply(pid);
@@ -1179,8 +1185,14 @@ impl ClusterSim {
         }
         if let Proc::Fe(f) = &mut self.procs[pid] {
             let now = f.clock.local(self.now);
-            for done in f.ledger.fail_all(now, Ended::NoScheduler, why) {
-                let client = done.client;
+            let mut gone: Vec<u64> = f
+                .ledger
+                .fail_all(now, Ended::NoScheduler, why)
+                .into_iter()
+                .map(|d| d.client)
+                .collect();
+            gone.extend(f.orphans.drain(..).map(|(o, _, _)| o.client));
+            for client in gone {
                 self.client_end(client, Ended::Failed);
             }
         }
@@ -1349,13 +1361,13 @@ impl ClusterSim {
                         self.report.rejoin_ms.push(d.as_ms_f64());
                     }
                 }
-                member::Action::Lost(why) => {
+                member::Action::Lost(_) => {
+                    // Held for the next scheduler, on the node's own clock.
                     f.gpus = 0;
-                    let t = f.sched_now(now);
-                    let why = format!("scheduler lost: {why}");
-                    let done = f.ledger.fail_all(t, Ended::NoScheduler, &why);
-                    for d in done {
-                        self.client_end(d.client, d.ended);
+                    let off = f.member.offset();
+                    for o in f.ledger.orphan_all() {
+                        let (a, d) = (o.arrival - off, o.deadline - off);
+                        f.orphans.push((o, a, d));
                     }
                 }
             }
@@ -1519,7 +1531,16 @@ impl ClusterSim {
             }
             Proc::Fe(f) => {
                 let local = f.clock.local(now);
-                let done = f.ledger.handle_timeout(f.sched_now(now));
+                let mut done = f.ledger.handle_timeout(f.sched_now(now));
+                // Held requests whose deadline passed with no scheduler.
+                let (late, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut f.orphans)
+                    .into_iter()
+                    .partition(|(_, _, d)| *d <= local);
+                f.orphans = keep;
+                for (o, a, _) in late {
+                    let why = "no scheduler until its deadline";
+                    done.push(f.ledger.end_orphan(o, Ended::NoScheduler, why, local - a));
+                }
                 if local >= f.member.poll_timeout() {
                     f.member.handle_timeout(local);
                 }
@@ -1570,8 +1591,33 @@ impl ClusterSim {
             .rogue
             .is_some_and(|r| self.links.get(&conn).is_some_and(|l| l.ends.contains(&r)));
         let mut forged_ended = None;
+        let mut resubmit = None;
         match msg {
-            Msg::Capacity { gpus } if from_sched => f.gpus = gpus,
+            Msg::Capacity { gpus } if from_sched => {
+                f.gpus = gpus;
+                if gpus > 0 && f.member.is_ready() && !f.orphans.is_empty() {
+                    // Held requests go to the new scheduler under new ids.
+                    let local = f.clock.local(now);
+                    let off = f.member.offset();
+                    let mut tasks = Vec::new();
+                    for (o, a, d) in std::mem::take(&mut f.orphans) {
+                        if d <= local {
+                            ended.push(f.ledger.end_orphan(
+                                o,
+                                Ended::NoScheduler,
+                                "no scheduler until its deadline",
+                                local - a,
+                            ));
+                            continue;
+                        }
+                        let model_id = f.models[o.model].id;
+                        tasks.push(f.ledger.readmit(o, model_id, a + off, d + off));
+                    }
+                    if let (Some(c), false) = (f.member.conn(), tasks.is_empty()) {
+                        resubmit = Some((c, tasks));
+                    }
+                }
+            }
             Msg::Dropped { items } if from_sched => {
                 for (id, code) in items {
                     ended.extend(f.ledger.finish(sched_now, id, Answer::of_drop(code)));
@@ -1603,6 +1649,10 @@ impl ClusterSim {
                 }
             }
             _ => {}
+        }
+        if let Some((c, tasks)) = resubmit {
+            self.report.retried += tasks.len() as u64;
+            self.send(pid, c, Msg::Submit { tasks });
         }
         if let Some(id) = forged_ended {
             self.violate(format!(

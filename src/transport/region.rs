@@ -261,6 +261,15 @@ impl Region {
         })
     }
 
+    /// Gives the slot at `r` to task `task` (its capability and bytes stay):
+    /// a request handed to a new scheduler under a new task id. A read for
+    /// the old id then finds the slot taken (a stale slot).
+    pub fn retag(&self, r: InputRef, task: u64) {
+        if r.offset + SLOT_HEADER as u64 <= self.len {
+            self.write_at(r.offset, 8, |mem| mem.copy_from_slice(&task.to_le_bytes()));
+        }
+    }
+
     /// Frees a slot made by [`Region::put`]; its header is wiped, capability
     /// included, so a late read of it is detected and no server hands its bytes
     /// out again.
@@ -465,6 +474,11 @@ mod tests {
             read(a.offset, a.len, PROBE_CAP).unwrap(),
             vec![0; a.len as usize]
         );
+        // A slot given to a new task id: the old id's read sees it taken.
+        reg.retag(b, 9);
+        let got = read(b.offset, b.len, 22).unwrap();
+        assert_eq!(SlotHeader::check(&got, 9, 22).unwrap(), b"another");
+        assert!(SlotHeader::check(&got, 2, 22).is_err());
         // Once the request ended, its capability opens nothing.
         reg.release(a);
         assert_eq!(read(a.offset, a.len, 11), Err(ReadError::Denied));

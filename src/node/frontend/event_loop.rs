@@ -17,7 +17,7 @@ use super::Ended;
 use crate::core::Dur;
 use crate::metrics::{Counter, Gauge};
 use crate::node::clock::{moved, SchedClock};
-use crate::node::proto::ledger::{Answer, RequestLedger};
+use crate::node::proto::ledger::{Answer, Orphan, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::MARGIN_FLOOR;
 use crate::transport::{
@@ -69,6 +69,9 @@ pub(super) struct Loop {
     pub(super) clients: HashMap<ConnId, Arc<dyn Conn>>,
     /// The pending requests (sans-IO): each ends exactly once.
     pub(super) ledger: RequestLedger<Client>,
+    /// Requests pending when the scheduler was lost, held for the next one
+    /// (with their arrival and deadline on this host's clock).
+    orphans: Vec<(Orphan<Client>, Instant, Instant)>,
     pub(super) submit: Vec<SubmitTask>,
     /// The response margins last reported to the scheduler, per model.
     margins_sent: Vec<Dur>,
@@ -108,6 +111,7 @@ impl Loop {
             caps: CapSource::new(),
             clients: HashMap::new(),
             ledger: RequestLedger::new(reg.node, Dur(opts.grace.as_nanos() as i64)),
+            orphans: Vec::new(),
             submit: Vec::new(),
             margins_sent: vec![Dur::ZERO; nm],
             report: FrontendReport::default(),
@@ -273,6 +277,7 @@ impl Loop {
         self.ledger.set_node(node);
         self.state.rejoins.fetch_add(1, Ordering::Relaxed);
         self.state.sched_ok.store(true, Ordering::Release);
+        // The held requests go to it once it has GPUs in service (`Capacity`).
         tracing::info!(
             node,
             away_ms = away.as_ms_f64(),
@@ -323,6 +328,13 @@ impl Loop {
         {
             self.answer(f);
         }
+        for (o, arrival, _) in std::mem::take(&mut self.orphans) {
+            let lat = Dur::from_std(arrival.elapsed());
+            let f = self
+                .ledger
+                .end_orphan(o, Ended::NoScheduler, "frontend stopping", lat);
+            self.answer(f);
+        }
         let _ = self.sched.send(Msg::Unregister {
             reason: "frontend stopping".into(),
         });
@@ -336,6 +348,7 @@ impl Loop {
         self.report.rejoins = self.state.rejoins.load(Ordering::Relaxed);
         self.report.stray_answers += c.stray_answers;
         self.report.forged_results += c.forged_results;
+        self.report.retried += c.retried;
         self.report.clock_offset_us = self.clock.offset().as_us_f64();
         self.report.clock_error_us = self.clock.error_bound().as_us_f64();
         self.report
@@ -358,26 +371,79 @@ impl Loop {
         }
     }
 
+    /// The scheduler is lost: the pending requests (those not yet submitted
+    /// too) are held for the next scheduler, on this host's clock, and end
+    /// as failed if their deadline passes first ([`Loop::sweep`]).
     fn scheduler_lost(&mut self, why: String) {
         self.state.sched_ok.store(false, Ordering::Release);
         self.state.gpus.store(0, Ordering::Release);
-        // What was not yet submitted fails with the rest.
-        for t in std::mem::take(&mut self.submit) {
-            let why = format!("scheduler lost: {why}");
-            self.finish(t.id, Answer::Failed(Ended::NoScheduler, why));
+        self.submit.clear();
+        tracing::warn!(reason = %why, pending = self.ledger.len(), "frontend: lost the scheduler; holding the pending requests for the next one and rejoining");
+        for o in self.ledger.orphan_all() {
+            let (a, d) = (
+                self.clock.instant_of(o.arrival),
+                self.clock.instant_of(o.deadline),
+            );
+            self.orphans.push((o, a, d));
         }
-        tracing::error!(reason = %why, pending = self.ledger.len(), "frontend: lost the scheduler; failing every pending request and rejoining");
-        let now = self.clock.now();
-        let why = format!("scheduler lost: {why}");
-        for f in self.ledger.fail_all(now, Ended::NoScheduler, &why) {
-            self.answer(f);
+    }
+
+    /// Back with a scheduler that has GPUs in service: each held request whose
+    /// deadline has not passed is submitted again under a new task id (its slot retagged), with its
+    /// arrival and deadline on the new scheduler's clock.
+    fn readmit_orphans(&mut self) {
+        if self.orphans.is_empty() || !self.sched_ok() {
+            return;
         }
+        let (now_t, now_i) = (self.clock.now(), Instant::now());
+        let n = self.orphans.len();
+        for (o, arrival, deadline) in std::mem::take(&mut self.orphans) {
+            if deadline <= now_i {
+                let f = self.ledger.end_orphan(
+                    o,
+                    Ended::NoScheduler,
+                    "no scheduler until its deadline",
+                    Dur::from_std(arrival.elapsed()),
+                );
+                self.answer(f);
+                continue;
+            }
+            let model_id = self.models[o.model].id;
+            let arrival = now_t - Dur::from_std(arrival.elapsed());
+            let deadline = now_t + Dur::from_std(deadline - now_i);
+            self.region.retag(o.input, self.ledger.next_id().0);
+            let task = self.ledger.readmit(o, model_id, arrival, deadline);
+            self.submit.push(task);
+        }
+        tracing::info!(
+            held = n,
+            resubmitted = self.submit.len(),
+            "frontend: requests held over the lost scheduler handed to the new one"
+        );
+        self.flush_submit();
     }
 
     fn sweep(&mut self) {
         let now = self.clock.now();
         if self.ledger.poll_timeout().is_some_and(|t| t <= now) {
             for f in self.ledger.handle_timeout(now) {
+                self.answer(f);
+            }
+        }
+        // Held requests whose deadline passed with no scheduler.
+        if !self.orphans.is_empty() {
+            let now_i = Instant::now();
+            let (late, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.orphans)
+                .into_iter()
+                .partition(|(_, _, d)| *d <= now_i);
+            self.orphans = keep;
+            for (o, arrival, _) in late {
+                let f = self.ledger.end_orphan(
+                    o,
+                    Ended::NoScheduler,
+                    "no scheduler until its deadline",
+                    Dur::from_std(arrival.elapsed()),
+                );
                 self.answer(f);
             }
         }
@@ -422,6 +488,9 @@ impl Loop {
             Msg::Capacity { gpus } => {
                 tracing::info!(gpus, "frontend: GPUs in service changed");
                 self.state.gpus.store(gpus, Ordering::Release);
+                if gpus > 0 {
+                    self.readmit_orphans();
+                }
             }
             other => tracing::warn!(
                 kind = other.kind(),

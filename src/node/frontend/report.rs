@@ -15,6 +15,8 @@ pub struct FrontendReport {
     /// Results refused because they did not carry their task's capability
     /// (their connection was closed).
     pub forged_results: u64,
+    /// Requests held over a lost scheduler and submitted to the next one.
+    pub retried: u64,
     pub bad_requests: u64,
     /// Times the frontend lost the scheduler and joined again.
     pub rejoins: u64,

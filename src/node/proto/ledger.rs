@@ -141,6 +141,25 @@ pub struct LedgerCounts {
     /// Results for pending requests with another capability than theirs
     /// (refused: not from the backend the task was planned on).
     pub forged_results: u64,
+    /// Requests held while the scheduler was lost ([`RequestLedger::orphan_all`])
+    /// and handed to the next one under a new id ([`RequestLedger::readmit`]).
+    pub retried: u64,
+}
+
+/// A pending request taken out of the ledger while the frontend has no
+/// scheduler ([`RequestLedger::orphan_all`]): it waits for the next scheduler
+/// ([`RequestLedger::readmit`]) or ends ([`RequestLedger::end_orphan`]). Its
+/// times are on the lost scheduler's clock.
+#[derive(Debug)]
+pub struct Orphan<C> {
+    pub id: TaskId,
+    pub client: C,
+    /// The model's index in the frontend's list.
+    pub model: usize,
+    pub arrival: Time,
+    pub deadline: Time,
+    pub input: InputRef,
+    pub cap: u64,
 }
 
 /// The pending requests of one frontend; `C` is how the driver reaches a client.
@@ -325,6 +344,89 @@ impl<C> RequestLedger<C> {
         out
     }
 
+    /// Takes every pending request out, in id order, to hand to the next
+    /// scheduler: the lost one's plans for them are void, and its clock with
+    /// them. They are not ended; the caller readmits or ends each.
+    pub fn orphan_all(&mut self) -> Vec<Orphan<C>> {
+        let mut ids: Vec<TaskId> = self.pending.keys().copied().collect();
+        ids.sort_unstable();
+        self.timeouts.clear();
+        ids.into_iter()
+            .filter_map(|id| {
+                let p = self.pending.remove(&id)?;
+                Some(Orphan {
+                    id,
+                    client: p.client,
+                    model: p.model,
+                    arrival: p.arrival,
+                    deadline: p.deadline,
+                    input: p.input,
+                    cap: p.cap,
+                })
+            })
+            .collect()
+    }
+
+    /// Admits orphan `o` again under a new id, with its arrival and deadline
+    /// on the new scheduler's clock; the task to submit (same input, same
+    /// capability). A result for its old id is a stray from then on.
+    pub fn readmit(
+        &mut self,
+        o: Orphan<C>,
+        model_id: ModelId,
+        arrival: Time,
+        deadline: Time,
+    ) -> SubmitTask {
+        self.next_seq += 1;
+        let id = task_id(self.node, self.next_seq);
+        self.pending.insert(
+            id,
+            Pending {
+                client: o.client,
+                model: o.model,
+                arrival,
+                deadline,
+                input: o.input,
+                cap: o.cap,
+            },
+        );
+        self.timeouts.push(Reverse((deadline + self.grace, id)));
+        self.counts.retried += 1;
+        SubmitTask {
+            id,
+            model: model_id,
+            arrival,
+            deadline,
+            input: o.input.pack(),
+            cap: o.cap,
+        }
+    }
+
+    /// Orphan `o` ends without a scheduler (`ended`, `why`; `latency` from its
+    /// arrival): counted as failed.
+    pub fn end_orphan(
+        &mut self,
+        o: Orphan<C>,
+        ended: Ended,
+        why: &str,
+        latency: Dur,
+    ) -> Finished<C> {
+        self.counts.failed += 1;
+        Finished {
+            id: o.id,
+            client: o.client,
+            model: o.model,
+            input: o.input,
+            ended,
+            output: Vec::new(),
+            message: why.to_string(),
+            latency: latency.max(Dur::ZERO),
+            queue: Dur::ZERO,
+            batch_size: 0,
+            finished: None,
+        }
+    }
+
     /// Every pending request fails (`ended`, `why`): the scheduler is lost or
     /// the frontend stops. In id order.
     pub fn fail_all(&mut self, now: Time, ended: Ended, why: &str) -> Vec<Finished<C>> {
@@ -371,6 +473,52 @@ mod tests {
         let c = l.counts();
         assert_eq!((c.good, c.late, c.stray_answers), (1, 1, 1));
         assert!(l.is_empty());
+    }
+
+    /// Requests held over a lost scheduler: taken out in id order, readmitted
+    /// under new ids with new times (their old ids' answers are strays), or
+    /// ended as failed; each ends once.
+    #[test]
+    fn orphans_are_readmitted_under_new_ids_or_end_once() {
+        let mut l: RequestLedger<u32> = RequestLedger::new(3, Dur::from_ms(100));
+        let t0 = Time(1_000);
+        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), 7, input(), 11);
+        let b = l.admit(t0, 1, ModelId(5), Dur::from_ms(10), 8, input(), 12);
+        let mut o = l.orphan_all();
+        assert!(l.is_empty() && l.poll_timeout().is_none());
+        assert_eq!(o.iter().map(|x| x.id).collect::<Vec<_>>(), vec![a.id, b.id]);
+        // The frontend joined the next scheduler as node 4.
+        l.set_node(4);
+        let ob = o.pop().unwrap();
+        let t = l.readmit(ob, ModelId(5), Time(50), Time(60));
+        assert_eq!(crate::wire::task_owner(t.id), 4);
+        assert_ne!(t.id, b.id);
+        assert_eq!(
+            (t.cap, t.arrival, t.deadline, t.model),
+            (12, Time(50), Time(60), ModelId(5))
+        );
+        // The old id's answer is a stray; the new one's ends it, once.
+        let out = Answer::Output {
+            output: vec![1],
+            started: Time(52),
+            finished: Time(55),
+            batch_size: 1,
+        };
+        assert!(l.finish(Time(55), b.id, out.clone()).is_none());
+        let f = l.finish(Time(55), t.id, out).unwrap();
+        assert_eq!((f.client, f.ended), (8, Ended::Good));
+        // The other ends without a scheduler.
+        let oa = o.pop().unwrap();
+        let f = l.end_orphan(oa, Ended::NoScheduler, "gone", Dur::from_ms(12));
+        assert_eq!(
+            (f.id, f.client, f.ended.outcome()),
+            (a.id, 7, Outcome::Failed)
+        );
+        let c = l.counts();
+        assert_eq!(
+            (c.admitted, c.retried, c.good, c.failed, c.stray_answers),
+            (2, 1, 1, 1, 1)
+        );
     }
 
     /// A result must carry its task's capability: a forged one (another

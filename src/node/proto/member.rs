@@ -18,7 +18,8 @@
 //! The scheduler is **lost** when its connection closes, when it sends `Error`,
 //! or when no pong came for the timeout (in any phase but `Away`). Then the
 //! member closes the connection, tells its owner ([`Action::Lost`]: forget what
-//! this session had — plans, frontends, pending requests) and waits a backoff
+//! this session had — plans, frontends; a frontend holds its pending requests
+//! for the next scheduler) and waits a backoff
 //! before it asks its driver for a new connection ([`Action::Connect`]) to the
 //! next of the scheduler addresses it knows (a standby's too), round robin; the
 //! first try after a loss, when there is another address, is at once (a hot

@@ -12,8 +12,8 @@
 //!
 //! What a standby does not take over: the primary's state. The nodes
 //! register anew (backends keep their models loaded, so this is quick) and
-//! the frontends fail the requests that were pending at the primary
-//! explicitly (each ends exactly once, none is lost). Two schedulers serve at
+//! the frontends submit the requests that were pending at the primary again,
+//! under new task ids (each ends exactly once, none is lost). Two schedulers serve at
 //! once only when the standby loses the primary and the nodes do not: the
 //! nodes stay with the primary and the standby has none.
 
