@@ -174,7 +174,8 @@ impl Loop {
                 }
                 self.report_margins();
             }
-            self.pending_gauge.set(self.ledger.len() as f64);
+            self.pending_gauge
+                .set((self.ledger.len() + self.orphans.len()) as f64);
         }
         self.shutdown(&lrx)
     }
