@@ -50,17 +50,25 @@ fn raw_exchange(addr: &str, bytes: &[u8]) -> (Vec<u8>, bool) {
     }
 }
 
-#[test]
-fn only_members_of_the_cluster_get_in() {
+/// An in-process cluster on loopback TCP whose connections prove a fresh
+/// secret, with frontend regions of `region_bytes`: the secret, the members'
+/// transport, the workload and the cluster.
+fn keyed_cluster(region_bytes: u64) -> (ClusterKey, Arc<dyn Transport>, Workload, Cluster) {
     let key = ClusterKey::generate();
     let tr: Arc<dyn Transport> = Arc::new(Tcp::keyed(Some(key.clone())).unwrap());
     let w = workload();
     let o = ClusterOpts {
         host: "127.0.0.1".into(),
-        region_bytes: 16 << 20,
+        region_bytes,
         ..ClusterOpts::default()
     };
     let c = Cluster::start(tr.clone(), &w, &o).unwrap();
+    (key, tr, w, c)
+}
+
+#[test]
+fn only_members_of_the_cluster_get_in() {
+    let (_, tr, w, c) = keyed_cluster(16 << 20);
     let sched = c.scheduler.addr().to_string();
     let fe = c.frontend_addrs()[0].clone();
     let data = c.frontends[0].data_addr().to_string();
@@ -143,15 +151,7 @@ fn only_members_of_the_cluster_get_in() {
 fn a_member_without_the_tasks_capability_reads_and_answers_nothing() {
     use fermata::transport::{ReadError, ReadReq, PROBE_CAP};
     use fermata::wire::{task_id, TaskId, TaskResult, TaskStatus, Time};
-    let key = ClusterKey::generate();
-    let tr: Arc<dyn Transport> = Arc::new(Tcp::keyed(Some(key.clone())).unwrap());
-    let w = workload();
-    let o = ClusterOpts {
-        host: "127.0.0.1".into(),
-        region_bytes: 1 << 20,
-        ..ClusterOpts::default()
-    };
-    let c = Cluster::start(tr.clone(), &w, &o).unwrap();
+    let (key, tr, w, c) = keyed_cluster(1 << 20);
     let fe = c.frontend_addrs()[0].clone();
     let data = c.frontends[0].data_addr().to_string();
     let rogue: Arc<dyn Transport> = Arc::new(Tcp::keyed(Some(key)).unwrap());

@@ -238,27 +238,14 @@ fn a_backend_whose_gpu_hangs_is_taken_out_by_the_watchdog_and_comes_back() {
 /// A hot standby (`scheduler --standby-of`) takes over when the primary is
 /// killed under load: the nodes, given both addresses, move to it and are
 /// back in service in well under a second; every request ends exactly once
-/// (those pending at the primary fail explicitly), and the cluster serves
-/// again through the standby.
+/// (those pending at the primary are held and submitted to the standby), and
+/// the cluster serves again through the standby.
 #[test]
 fn a_standby_takes_over_when_the_primary_is_killed_under_load() {
     let dir = std::env::temp_dir().join(format!("fermata-standby-{}", std::process::id()));
     let (mut c, w, _) = cluster_with(&dir, |o| o.standby = true);
     served_again(&c, &w, Duration::from_secs(10));
-    let load_run = {
-        let (fes, w, tr) = (
-            c.frontend_addrs.clone(),
-            w.clone(),
-            c.secret.transport().unwrap(),
-        );
-        std::thread::spawn(move || {
-            let mut lo = LoadgenOpts::new(fes, &w);
-            lo.rate_rps = 200.0;
-            lo.warmup = Dur::ZERO;
-            lo.duration = Dur::from_secs_f64(3.0);
-            loadgen::run(tr, &w, &lo).unwrap()
-        })
-    };
+    let load_run = c.load_in_background(&w, 200.0, 3.0).unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     let killed = Instant::now();
     c.scheduler.signal(libc::SIGKILL);
@@ -285,7 +272,7 @@ fn a_standby_takes_over_when_the_primary_is_killed_under_load() {
         back < Duration::from_secs(2),
         "back in service after {back:?}"
     );
-    let r = load_run.join().unwrap();
+    let r = load_run.join().unwrap().unwrap();
     assert_eq!(r.unanswered, 0, "every request ended");
     assert_eq!((r.duplicates, r.wrong_outputs), (0, 0));
     // Of 600 requests, those pending at the kill and sent in the gap failed;
@@ -317,24 +304,11 @@ fn requests_pending_at_a_killed_primary_are_served_through_the_standby() {
         ..ProcOpts::new(path)
     };
     let mut c = ProcCluster::start(&exe(), &o).unwrap();
-    let load_run = {
-        let (fes, w, tr) = (
-            c.frontend_addrs.clone(),
-            w.clone(),
-            c.secret.transport().unwrap(),
-        );
-        std::thread::spawn(move || {
-            let mut lo = LoadgenOpts::new(fes, &w);
-            lo.rate_rps = 100.0;
-            lo.warmup = Dur::ZERO;
-            lo.duration = Dur::from_secs_f64(3.0);
-            loadgen::run(tr, &w, &lo).unwrap()
-        })
-    };
+    let load_run = c.load_in_background(&w, 100.0, 3.0).unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     c.scheduler.signal(libc::SIGKILL);
     let _ = c.scheduler.child.wait();
-    let r = load_run.join().unwrap();
+    let r = load_run.join().unwrap().unwrap();
     assert_eq!(r.unanswered, 0, "every request ended");
     assert_eq!((r.duplicates, r.wrong_outputs), (0, 0));
     // Only the few sent while the frontend had no scheduler fail.

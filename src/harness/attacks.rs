@@ -13,9 +13,7 @@
 //!   frame. Bounded per connection by the frame limit, not refused: what
 //!   matters is that the memory goes back when they close.
 
-use super::loadgen::{self, LoadgenOpts};
 use super::procs::{ProcCluster, ProcOpts};
-use crate::core::Dur;
 use crate::transport::auth::{handshake_std, ClusterKey, Side};
 use crate::workload::Workload;
 use anyhow::{Context, Result};
@@ -161,17 +159,7 @@ pub fn run(exe: &Path, dir: &Path) -> Result<AttacksReport> {
     std::fs::write(&path, super::procs::small_workload("attacks", 1))?;
     let w = Workload::from_file(&path)?;
     let c = ProcCluster::start(exe, &ProcOpts::new(path))?;
-    let tr = c.secret.transport()?;
-    let load = {
-        let (fes, w, tr) = (c.frontend_addrs.clone(), w.clone(), tr.clone());
-        std::thread::spawn(move || {
-            let mut lo = LoadgenOpts::new(fes, &w);
-            lo.rate_rps = 100.0;
-            lo.warmup = Dur::ZERO;
-            lo.duration = Dur::from_secs_f64(12.0);
-            loadgen::run(tr, &w, &lo)
-        })
-    };
+    let load = c.load_in_background(&w, 100.0, 12.0)?;
     std::thread::sleep(Duration::from_millis(500));
     let sched = (c.scheduler_addr.clone(), c.scheduler.child.id());
     let fe = (c.frontend_addrs[0].clone(), c.frontends[0].child.id());

@@ -7,9 +7,7 @@
 //! takes the new primary: `kills` times. Every request of the load must end
 //! exactly once; the report counts those never answered.
 
-use super::loadgen::{self, LoadgenOpts};
 use super::procs::{Proc, ProcCluster, ProcOpts};
-use crate::core::Dur;
 use crate::workload::Workload;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
@@ -69,21 +67,11 @@ pub fn run(exe: &Path, dir: &Path, kills: u32, rate: f64) -> Result<FailoverRepo
     let mut primary_addr = c.scheduler_addr.clone();
     let mut standby_addr = c.standby_addr.clone().context("no standby")?;
     let t = Duration::from_secs(10);
-    let tr = c.secret.transport()?;
     let mut times = Vec::new();
     let (mut sent, mut good, mut failed, mut unanswered, mut duplicates) = (0, 0, 0, 0, 0);
     for k in 1..=kills {
         // A load run across the kill: 0.5 s before, 1.5 s after.
-        let load = {
-            let (fes, w, tr) = (c.frontend_addrs.clone(), w.clone(), tr.clone());
-            std::thread::spawn(move || {
-                let mut lo = LoadgenOpts::new(fes, &w);
-                lo.rate_rps = rate;
-                lo.warmup = Dur::ZERO;
-                lo.duration = Dur::from_secs_f64(2.0);
-                loadgen::run(tr, &w, &lo)
-            })
-        };
+        let load = c.load_in_background(&w, rate, 2.0)?;
         std::thread::sleep(Duration::from_millis(500));
         let killed = Instant::now();
         c.scheduler.signal(libc::SIGKILL);

@@ -408,6 +408,22 @@ impl ProcCluster {
         Ok((p, a))
     }
 
+    /// Starts the load generator on a thread: `w`'s models at `rate` requests
+    /// per second for `secs` seconds, no warm-up, over the cluster's secret.
+    pub fn load_in_background(
+        &self,
+        w: &crate::workload::Workload,
+        rate: f64,
+        secs: f64,
+    ) -> Result<std::thread::JoinHandle<Result<super::loadgen::LoadReport>>> {
+        let (tr, w) = (self.secret.transport()?, w.clone());
+        let mut lo = super::loadgen::LoadgenOpts::new(self.frontend_addrs.clone(), &w);
+        lo.rate_rps = rate;
+        lo.warmup = crate::core::Dur::ZERO;
+        lo.duration = crate::core::Dur::from_secs_f64(secs);
+        Ok(std::thread::spawn(move || super::loadgen::run(tr, &w, &lo)))
+    }
+
     /// CPU time (user + system, seconds) the cluster's processes have used so far
     /// (Linux: /proc/PID/stat; NaN where it cannot be read).
     pub fn cpu_seconds(&self) -> f64 {

@@ -191,15 +191,22 @@ impl ClusterKey {
         Ok(k)
     }
 
-    fn proof(&self, side: Side, own: &[u8; NONCE], peer: &[u8; NONCE]) -> [u8; PROOF_LEN] {
+    /// The MAC a `side` proves with: over its own nonce, then its peer's.
+    fn mac(&self, side: Side, first: &[u8; NONCE], second: &[u8; NONCE]) -> Hmac<Sha256> {
         let mut m = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key");
         m.update(b"fermata-auth-v1");
         m.update(&[side.tag()]);
-        m.update(own);
-        m.update(peer);
-        m.finalize().into_bytes().into()
+        m.update(first);
+        m.update(second);
+        m
     }
 
+    fn proof(&self, side: Side, own: &[u8; NONCE], peer: &[u8; NONCE]) -> [u8; PROOF_LEN] {
+        self.mac(side, own, peer).finalize().into_bytes().into()
+    }
+
+    /// Checks the peer's proof (over its side, its nonce, then ours), in
+    /// constant time.
     fn check(
         &self,
         side: Side,
@@ -207,13 +214,9 @@ impl ClusterKey {
         peer: &[u8; NONCE],
         proof: &[u8],
     ) -> Result<(), AuthError> {
-        // The peer's proof is over its side, its nonce, then ours.
-        let mut m = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key");
-        m.update(b"fermata-auth-v1");
-        m.update(&[side.other().tag()]);
-        m.update(peer);
-        m.update(own);
-        m.verify_slice(proof).map_err(|_| AuthError::WrongSecret)
+        self.mac(side.other(), peer, own)
+            .verify_slice(proof)
+            .map_err(|_| AuthError::WrongSecret)
     }
 }
 

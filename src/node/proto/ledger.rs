@@ -232,30 +232,33 @@ impl<C> RequestLedger<C> {
         input: InputRef,
         cap: u64,
     ) -> SubmitTask {
+        self.counts.admitted += 1;
+        let p = Pending {
+            client,
+            model,
+            arrival: now,
+            deadline: now + slo,
+            input,
+            cap,
+        };
+        self.enter(p, model_id)
+    }
+
+    /// Enters `p` as pending under the next id, with its sweep; its task.
+    fn enter(&mut self, p: Pending<C>, model_id: ModelId) -> SubmitTask {
         self.next_seq += 1;
         let id = task_id(self.node, self.next_seq);
-        let deadline = now + slo;
-        self.pending.insert(
-            id,
-            Pending {
-                client,
-                model,
-                arrival: now,
-                deadline,
-                input,
-                cap,
-            },
-        );
-        self.timeouts.push(Reverse((deadline + self.grace, id)));
-        self.counts.admitted += 1;
-        SubmitTask {
+        let task = SubmitTask {
             id,
             model: model_id,
-            arrival: now,
-            deadline,
-            input: input.pack(),
-            cap,
-        }
+            arrival: p.arrival,
+            deadline: p.deadline,
+            input: p.input.pack(),
+            cap: p.cap,
+        };
+        self.timeouts.push(Reverse((p.deadline + self.grace, id)));
+        self.pending.insert(id, p);
+        task
     }
 
     /// A backend's result for a request: ends it when it carries the request's
@@ -377,29 +380,16 @@ impl<C> RequestLedger<C> {
         arrival: Time,
         deadline: Time,
     ) -> SubmitTask {
-        self.next_seq += 1;
-        let id = task_id(self.node, self.next_seq);
-        self.pending.insert(
-            id,
-            Pending {
-                client: o.client,
-                model: o.model,
-                arrival,
-                deadline,
-                input: o.input,
-                cap: o.cap,
-            },
-        );
-        self.timeouts.push(Reverse((deadline + self.grace, id)));
         self.counts.retried += 1;
-        SubmitTask {
-            id,
-            model: model_id,
+        let p = Pending {
+            client: o.client,
+            model: o.model,
             arrival,
             deadline,
-            input: o.input.pack(),
+            input: o.input,
             cap: o.cap,
-        }
+        };
+        self.enter(p, model_id)
     }
 
     /// Orphan `o` ends without a scheduler (`ended`, `why`; `latency` from its

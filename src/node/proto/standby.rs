@@ -91,6 +91,11 @@ impl StandbyProto {
         &self.primary
     }
 
+    /// When the primary last answered (or the following began).
+    pub fn last_pong(&self) -> Time {
+        self.last_pong
+    }
+
     /// Whether `c` is the connection to the primary.
     pub fn is_primary_conn(&self, c: ConnId) -> bool {
         self.conn == Some(c)

@@ -194,7 +194,8 @@ impl EventLoop {
                         return;
                     };
                     tracing::warn!(reason = %why, "standby: the primary is gone; taking over");
-                    let after = sb.last_heard.elapsed();
+                    let since = (self.clock.now() - sb.proto.last_pong()).max(Dur::ZERO);
+                    let after = Duration::from_nanos(since.0 as u64);
                     *sb.status.took_over.lock().expect("status lock") = Some((why, after));
                     sb.status.promoted.store(true, Ordering::Release);
                     for (c, msg) in held {
@@ -213,12 +214,7 @@ impl EventLoop {
         if let Some(sb) = &mut self.standby {
             let now = self.clock.now();
             match ev {
-                Event::Msg(c, msg) => {
-                    if sb.is_primary_conn(c) && matches!(msg, Msg::Pong { .. }) {
-                        sb.last_heard = Instant::now();
-                    }
-                    sb.proto.handle_msg(now, c, msg);
-                }
+                Event::Msg(c, msg) => sb.proto.handle_msg(now, c, msg),
                 Event::Closed(c, reason) => {
                     let mine = sb.is_primary_conn(c);
                     sb.proto.handle_closed(now, c, &reason);

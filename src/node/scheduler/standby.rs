@@ -43,8 +43,6 @@ pub(super) struct Standby {
     /// The connection to the primary.
     conn: Option<Arc<dyn Conn>>,
     pub(super) status: Arc<StandbyStatus>,
-    /// When the primary last answered (the process's monotonic clock).
-    pub(super) last_heard: std::time::Instant,
 }
 
 impl Standby {
@@ -69,7 +67,6 @@ impl Standby {
             events,
             conn: Some(conn),
             status,
-            last_heard: std::time::Instant::now(),
         })
     }
 

@@ -98,7 +98,8 @@ async fn region_accept(
                         peer,
                         region.clone(),
                         stop.clone(),
-                        (live.clone(), key.clone()),
+                        live.clone(),
+                        key.clone(),
                     ));
                 }
                 Err(e) => {
@@ -119,7 +120,8 @@ async fn region_conn(
     peer: SocketAddr,
     region: Arc<Region>,
     mut stop: watch::Receiver<()>,
-    (_live, key): (Arc<()>, Option<ClusterKey>),
+    _live: Arc<()>,
+    key: Option<ClusterKey>,
 ) {
     let serve = async {
         let mut s = s;
