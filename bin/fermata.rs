@@ -11,6 +11,7 @@ use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
 
 mod bench_http;
+mod plan;
 mod profile;
 mod roles;
 
@@ -113,6 +114,13 @@ enum Cmd {
     Frontend(roles::FrontendArgs),
     /// Drives frontends with a workload's arrivals and reports what clients saw.
     Loadgen(roles::LoadgenArgs),
+    /// Plans: `plan partition` assigns models to sub-clusters (the epoch
+    /// partitioner's MILP).
+    #[command(subcommand)]
+    Plan(plan::PlanCmd),
+    /// The closed autoscaling loop: reads the scheduler's advice and starts or
+    /// drains backends with command templates (processes, systemd, kubectl).
+    Autoscale(plan::AutoscaleArgs),
     /// Measures a model's batch latency l(b) on an executor, fits l(b) = alpha * b +
     /// beta and writes the profile file the scheduler loads.
     Profile(profile::ProfileArgs),
@@ -255,6 +263,10 @@ enum BenchCmd {
     /// processes under load: an outsider's and a member's unfinished 64 MiB
     /// frames; bytes taken, resident memory while open and after close.
     Attacks(AttacksArgs),
+    /// The epoch partitioner's MILP against random search on seeded instances
+    /// (paper Fig. 16): imbalance of load and memory, solve time, and a
+    /// move-bounded re-partition after the rates drift.
+    Partition(plan::BenchPartitionArgs),
 }
 
 #[derive(Args)]
@@ -576,6 +588,8 @@ fn main() {
         Cmd::Frontend(a) => roles::cmd_frontend(a),
         Cmd::Loadgen(a) => roles::cmd_loadgen(a),
         Cmd::Profile(a) => profile::run(a),
+        Cmd::Plan(a) => plan::cmd_plan(a),
+        Cmd::Autoscale(a) => plan::cmd_autoscale(a),
         Cmd::Bench(BenchCmd::Goodput(a)) => cmd_goodput(a),
         Cmd::Bench(BenchCmd::Load(a)) => cmd_load(a),
         Cmd::Bench(BenchCmd::Fig6a(a)) => fermata::bench::cases::fig6a(a.seed, a.json),
@@ -587,6 +601,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Compare(a)) => cmd_compare(a),
         Cmd::Bench(BenchCmd::Failover(a)) => cmd_failover(a),
         Cmd::Bench(BenchCmd::Attacks(a)) => cmd_attacks(a),
+        Cmd::Bench(BenchCmd::Partition(a)) => plan::cmd_bench_partition(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -28,7 +28,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// SIGINT and SIGTERM set a flag that the role's main loop polls.
-fn catch_signals() {
+pub fn catch_signals() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -36,7 +36,7 @@ fn catch_signals() {
     }
 }
 
-fn signalled() -> bool {
+pub fn signalled() -> bool {
     SIGNALLED.load(Ordering::SeqCst)
 }
 
@@ -242,9 +242,18 @@ pub struct SchedulerArgs {
     /// info; see --log-level).
     #[arg(long)]
     verbose: bool,
-    /// Serve Prometheus metrics at http://ADDR/metrics.
+    /// Serve Prometheus metrics at http://ADDR/metrics, and the autoscaling
+    /// signals and advice as JSON at http://ADDR/v1/autoscale.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// Autoscaling advice: add GPUs when the bad rate over the last 10 s is
+    /// above this fraction.
+    #[arg(long, default_value_t = 0.01)]
+    autoscale_bad_threshold: f64,
+    /// Autoscaling advice: release GPUs when their idle fraction over the last
+    /// 10 s is above this.
+    #[arg(long, default_value_t = 0.3)]
+    autoscale_idle_threshold: f64,
     #[command(flatten)]
     spin: SpinArgs,
     /// Override every model's input size in bytes (what load generators send).
@@ -342,6 +351,14 @@ fn set_input_bytes(w: &mut Workload, b: Option<u32>) -> Result<()> {
 
 pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     catch_signals();
+    for (what, v) in [
+        ("--autoscale-bad-threshold", a.autoscale_bad_threshold),
+        ("--autoscale-idle-threshold", a.autoscale_idle_threshold),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            bail!("{what} must be a fraction between 0 and 1, got {v}");
+        }
+    }
     let mut w = match a.repo.workload(&a.workload, None)? {
         Some(w) => w,
         None => workload_of(&a.workload)?,
@@ -377,6 +394,11 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             max_margin: Dur::from_us(a.max_margin_us as i64),
             min_slack: Dur::from_us(a.slack_us as i64),
             standby_of: a.standby_of.clone(),
+            advice: fermata::plan::autoscale::AdviceConfig {
+                bad_threshold: a.autoscale_bad_threshold,
+                idle_threshold: a.autoscale_idle_threshold,
+                ..Default::default()
+            },
             ..SchedulerOpts::default()
         },
     )?;
@@ -387,7 +409,23 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
         )),
         None => announce(format!("fermata scheduler listening on {}", s.addr())),
     }
-    let m = metrics_server("scheduler", &a.metrics_listen, vec![s.metrics()])?;
+    let m = match &a.metrics_listen {
+        None => None,
+        Some(l) => {
+            let json: fermata::node::http::JsonGet = Arc::new(s.autoscale_json());
+            let srv = HttpServer::start_metrics_with(
+                l,
+                vec![s.metrics()],
+                vec![("v1/autoscale".into(), json)],
+            )
+            .with_context(|| format!("--metrics-listen {l}"))?;
+            announce(format!(
+                "fermata scheduler metrics listening on {}",
+                srv.addr()
+            ));
+            Some(srv)
+        }
+    };
     let mut announced = false;
     while !signalled() {
         std::thread::sleep(Duration::from_millis(5));
@@ -443,9 +481,17 @@ pub struct BackendArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// On SIGTERM or SIGINT, drain before leaving: the scheduler plans nothing
+    /// more here, the plans already sent finish, then the backend unregisters
+    /// (no request fails). Waits at most this long (s); 0: leave at once.
+    #[arg(long, default_value_t = 30.0)]
+    drain_timeout_s: f64,
 }
 
 pub fn cmd_backend(a: BackendArgs) -> Result<()> {
+    if !(a.drain_timeout_s.is_finite() && (0.0..=3600.0).contains(&a.drain_timeout_s)) {
+        bail!("--drain-timeout-s must be between 0 and 3600");
+    }
     catch_signals();
     let devices = cuda_devices_of(&a.cuda_devices)?;
     let mut o =
@@ -472,7 +518,23 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
         m.stop();
     }
     let lost = !signalled();
-    let rep = if lost { b.join() } else { b.stop() };
+    let rep = if lost {
+        b.join()
+    } else if a.drain_timeout_s > 0.0 {
+        announce("fermata backend draining".to_string());
+        let (rep, clean) = b.drain("signalled", Duration::from_secs_f64(a.drain_timeout_s));
+        announce(format!(
+            "fermata backend {}",
+            if clean {
+                "drained"
+            } else {
+                "not drained in time; left anyway"
+            }
+        ));
+        rep
+    } else {
+        b.stop()
+    };
     announce(serde_json::to_string(&rep)?);
     if let Some(e) = rep.error {
         bail!("{e}");

@@ -51,7 +51,7 @@ done
 
 # Debian/Ubuntu packages the tests need: iproute2 (`ip netns`, veth, bridge) for the
 # multi-host test in network namespaces (tests/netns.rs).
-APT_PACKAGES=(iproute2)
+APT_PACKAGES=(iproute2 cmake)
 # Packages the `rdma` feature needs. ibverbs-sys configures its vendored rdma-core
 # with cmake (which wants pkg-config, libnl and python3) and generates its bindings
 # with bindgen (libclang); the crate links against the system libibverbs

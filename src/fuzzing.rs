@@ -148,7 +148,7 @@ fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
 /// eight, whatever the wire decoder makes of the next bytes.
 pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
     let gpu = |b: &mut Bytes| GpuId(b.id(6) as u32);
-    Some(match b.u8() % 20 {
+    Some(match b.u8() % 22 {
         0 => Msg::Register {
             role: if b.bool() {
                 Role::Backend
@@ -260,6 +260,8 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
         18 => Msg::Error {
             message: b.string(),
         },
+        19 => Msg::Drain { reason: b.string() },
+        20 => Msg::Drained,
         _ => {
             let n = b.below(64) as usize;
             let bytes: Vec<u8> = (0..n).map(|_| b.u8()).collect();
@@ -315,6 +317,11 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
             ok: true,
             error: String::new(),
             device_bytes: 1 << 20,
+        },
+        // A backend asks to drain now and then (the scheduler then stops
+        // planning on it and answers once its plans are done).
+        (s, true) if s % 13 == 12 => Msg::Drain {
+            reason: "fuzz".into(),
         },
         (s, false) if s % 7 == 6 => Msg::Margins {
             items: vec![(ModelId(s as u32 % 4), Dur::from_us(s as i64 * 100))],

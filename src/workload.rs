@@ -104,6 +104,12 @@ pub struct WorkloadModel {
     /// The real model's tensors and SLO when it comes from a model repository
     /// ([`crate::repo`]); None for profile-only (emulated) models.
     pub meta: Option<crate::repo::ModelMeta>,
+    /// Static GPU memory (MB) and the largest batch's dynamic memory (MB), when the
+    /// file gives them (the epoch partitioner balances them).
+    pub memory_mb: Option<f64>,
+    pub dynamic_memory_mb: Option<f64>,
+    /// The `profile = "GPU/MODEL"` it was taken from, if any.
+    pub profile: Option<String>,
 }
 
 /// Default input size: one 224x224 RGB image of u8 (147 KiB, the paper's ~150 KB).
@@ -181,6 +187,8 @@ struct RawModel {
     weight: Option<f64>,
     rate_trace: Option<Vec<(f64, f64)>>,
     input_bytes: Option<u32>,
+    memory_mb: Option<f64>,
+    dynamic_memory_mb: Option<f64>,
 }
 
 /// One row of a profiles CSV: gpu,model,alpha_ms,beta_ms,slo_ms.
@@ -276,6 +284,7 @@ impl Workload {
         let mut weights = Vec::new();
         let mut traces = Vec::new();
         let mut inputs = Vec::new();
+        let mut mems = Vec::new();
         for (i, m) in raw.models.iter().enumerate() {
             let (specs, w, tr) = resolve_model(m, &profiles)
                 .with_context(|| format!("model #{} ({})", i + 1, m.label()))?;
@@ -287,11 +296,26 @@ impl Workload {
                     m.label()
                 );
             }
+            for (what, v) in [
+                ("memory_mb", m.memory_mb),
+                ("dynamic_memory_mb", m.dynamic_memory_mb),
+            ] {
+                if let Some(v) = v {
+                    if !(v.is_finite() && (0.0..=1e9).contains(&v)) {
+                        bail!(
+                            "model #{} ({}): `{what}` must be between 0 and 1e9 MB, got {v}",
+                            i + 1,
+                            m.label()
+                        );
+                    }
+                }
+            }
             for s in specs {
                 models.push(s);
                 weights.push(w);
                 traces.push(tr.clone());
                 inputs.push(ib);
+                mems.push((m.memory_mb, m.dynamic_memory_mb, m.profile.clone()));
             }
         }
         if models.len() > 100_000 {
@@ -383,13 +407,19 @@ impl Workload {
                 .zip(shares)
                 .zip(traces)
                 .zip(inputs)
-                .map(|(((spec, share), rate_trace), input_bytes)| WorkloadModel {
-                    spec,
-                    share,
-                    rate_trace,
-                    input_bytes,
-                    meta: None,
-                })
+                .zip(mems)
+                .map(
+                    |((((spec, share), rate_trace), input_bytes), mem)| WorkloadModel {
+                        spec,
+                        share,
+                        rate_trace,
+                        input_bytes,
+                        meta: None,
+                        memory_mb: mem.0,
+                        dynamic_memory_mb: mem.1,
+                        profile: mem.2,
+                    },
+                )
                 .collect(),
             arrival,
             popularity,

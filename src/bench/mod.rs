@@ -4,6 +4,7 @@
 
 pub mod cases;
 pub mod compare;
+pub mod partition;
 pub mod plot;
 pub mod scheduler;
 

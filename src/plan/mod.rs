@@ -1,1 +1,3 @@
+pub mod autoscale;
+pub mod partition;
 pub mod squishy;

@@ -1762,6 +1762,7 @@ impl ClusterSim {
                 b.run[gpu].queue.push(plan.exec_at, plan);
                 self.be_next(pid, gpu as u32);
             }
+            be_proto::Action::Drained => {}
             be_proto::Action::Lost(_) => {
                 // The plans queued for the lost scheduler are void (a running
                 // batch finishes; its report goes nowhere).
@@ -1956,6 +1957,12 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
             Action::GpusDown { gpus, .. } => {
                 for g in gpus {
                     s.gpu_conn.remove(&g.0);
+                    s.core.remove_gpu(now, g);
+                }
+            }
+            // Out of the core; the connection stays for the plans in flight.
+            Action::GpusDraining { gpus, .. } => {
+                for g in gpus {
                     s.core.remove_gpu(now, g);
                 }
             }

@@ -566,6 +566,8 @@ wire_messages! {
     20 => Error { message },
     21 => Capacity { gpus },
     22 => Margins { items },
+    23 => Drain { reason },
+    24 => Drained {},
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -974,6 +976,10 @@ mod tests {
             Msg::Margins {
                 items: vec![(ModelId(0), Dur(250_000)), (ModelId(7), Dur::ZERO)],
             },
+            Msg::Drain {
+                reason: "scale down".into(),
+            },
+            Msg::Drained,
         ]
     }
 
@@ -992,7 +998,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 22, "a sample of every variant");
+        assert_eq!(kinds.len(), 24, "a sample of every variant");
     }
 
     #[test]
@@ -1134,10 +1140,10 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[6, 0, 23]),
+            decode(&[6, 0, 25]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 23
+                tag: 25
             })
         );
         let e = decode(&[6, 0, 18, 0]).unwrap_err();

@@ -37,7 +37,7 @@
 //! RegisterAck 2, Unregister 3, LoadModel 4, UnloadModel 5, ModelLoaded 6,
 //! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
 //! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
-//! Error 20, Capacity 21, Margins 22. A new message takes the next tag; changing a layout bumps
+//! Error 20, Capacity 21, Margins 22, Drain 23, Drained 24. A new message takes the next tag; changing a layout bumps
 //! [`PROTOCOL_VERSION`].
 //!
 //! A decoder checks every length against its limit and then against what is left of
@@ -410,6 +410,16 @@ pub enum Msg {
     Margins {
         items: Vec<(ModelId, Dur)>,
     },
+    // ---- backend -> scheduler ----
+    /// The backend wants to leave without failing a request: the scheduler takes
+    /// its GPUs out of planning, lets the plans already sent finish, then answers
+    /// `Drained`; the backend then finishes what it holds and `Unregister`s.
+    Drain {
+        reason: String,
+    },
+    // ---- scheduler -> backend ----
+    /// No plan will follow and none the scheduler sent is unreported.
+    Drained,
 }
 
 impl Msg {
@@ -438,6 +448,8 @@ impl Msg {
             Msg::Error { .. } => "Error",
             Msg::Capacity { .. } => "Capacity",
             Msg::Margins { .. } => "Margins",
+            Msg::Drain { .. } => "Drain",
+            Msg::Drained => "Drained",
         }
     }
 }

@@ -145,6 +145,7 @@ impl NetLoop {
                 Action::Detach { node, conn } => self.detach(node, conn),
                 Action::Queue { gpu, plan } => self.queue(gpu, plan),
                 Action::Ready { gpus, away } => {
+                    self.shared.in_service.store(true, Ordering::Release);
                     if let Some(away) = away {
                         self.shared.rejoins.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(away_ms = away.as_ms_f64(), gpus = ?gpus, "backend: back in service");
@@ -153,7 +154,12 @@ impl NetLoop {
                         let _ = t.send(Ok(gpus));
                     }
                 }
+                Action::Drained => {
+                    self.shared.drained.store(true, Ordering::Release);
+                    tracing::info!("backend: drained (no plan will follow)");
+                }
                 Action::Lost(why) => {
+                    self.shared.in_service.store(false, Ordering::Release);
                     // Plans queued so far are void (see `worker::void`).
                     self.shared.session.fetch_add(1, Ordering::AcqRel);
                     tracing::warn!(reason = %why, "backend: lost the scheduler; its plans are void, rejoining");

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A running backend.
 pub struct BackendNode {
@@ -128,6 +128,51 @@ impl BackendNode {
             reason: "backend stopping".into(),
         });
         self.finish()
+    }
+
+    /// Drains, then leaves: asks the scheduler to plan nothing more on this
+    /// backend's GPUs (`Drain`; repeated every 500 ms until answered, so a
+    /// scheduler that took over meanwhile hears it too), waits for `Drained`
+    /// and for every plan received to end (its results pushed), then stops
+    /// like [`Self::stop`]. No request fails for it. Gives up waiting after
+    /// `timeout` and stops anyway; the second value says whether it drained.
+    pub fn drain(self, reason: &str, timeout: Duration) -> (BackendReport, bool) {
+        let t0 = Instant::now();
+        let mut asked: Option<Instant> = None;
+        let clean = loop {
+            let drained = self.shared.drained.load(Ordering::Acquire);
+            if drained && self.plans_in_flight() == 0 {
+                break true;
+            }
+            // No scheduler to plan anything here (lost, rejoining): what it
+            // had sent is void already; nothing to wait for.
+            if !self.shared.in_service.load(Ordering::Acquire) {
+                break self.plans_in_flight() == 0;
+            }
+            if t0.elapsed() >= timeout || self.is_finished() {
+                break false;
+            }
+            if !drained && asked.is_none_or(|a| a.elapsed() >= Duration::from_millis(500)) {
+                let _ = self.shared.sched().send(Msg::Drain {
+                    reason: reason.to_string(),
+                });
+                asked = Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        if clean {
+            tracing::info!(
+                waited_ms = t0.elapsed().as_millis() as u64,
+                "backend: drained; leaving"
+            );
+        } else {
+            tracing::warn!(
+                waited_ms = t0.elapsed().as_millis() as u64,
+                in_flight = self.plans_in_flight(),
+                "backend: not drained in time; leaving anyway"
+            );
+        }
+        (self.stop(), clean)
     }
 
     /// Dies abruptly (for failure tests): every connection drops, nothing more is

@@ -47,6 +47,10 @@ pub(super) struct Shared {
     /// Set when the backend said goodbye (`Unregister`): the scheduler's
     /// closing the connection then is no loss to rejoin from.
     pub(super) leaving: AtomicBool,
+    /// Set when the scheduler answered our `Drain` with `Drained`.
+    pub(super) drained: AtomicBool,
+    /// Registered with a scheduler now (between `Ready` and `Lost`).
+    pub(super) in_service: AtomicBool,
     /// Plans received, and plans done (run, too late or failed).
     pub(super) plans_received: AtomicU64,
     pub(super) plans_ended: AtomicU64,
@@ -101,6 +105,8 @@ impl Shared {
             lead_pulled: Mutex::new(Recent::new(2048)),
             dead: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+            in_service: AtomicBool::new(false),
             plans_received: AtomicU64::new(0),
             plans_ended: AtomicU64::new(0),
             plans_run: AtomicU64::new(0),

@@ -35,7 +35,13 @@ pub(super) struct App {
     codes: Option<Codes>,
     /// Per model: from the request's receipt to the response (infer only).
     infer_time: Vec<Arc<Histogram>>,
+    /// Extra read-only JSON documents: GET /PATH answers the function's JSON.
+    json_gets: Vec<(String, JsonGet)>,
 }
+
+/// A read-only JSON document an HTTP server serves (e.g. the scheduler's
+/// `/v1/autoscale`).
+pub type JsonGet = Arc<dyn Fn() -> String + Send + Sync>;
 
 impl App {
     /// The KServe v2 API of `fe`, with `/metrics` (its registry and `o`'s extra
@@ -60,6 +66,7 @@ impl App {
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
             infer_time,
+            json_gets: Vec::new(),
         }
     }
 
@@ -75,7 +82,14 @@ impl App {
             body_timeout: Duration::from_secs(1),
             codes: None,
             infer_time: Vec::new(),
+            json_gets: Vec::new(),
         }
+    }
+
+    /// With extra JSON documents (path without the leading slash, producer).
+    pub(super) fn with_json(mut self, gets: Vec<(String, JsonGet)>) -> App {
+        self.json_gets = gets;
+        self
     }
 
     /// Answers `req`, whose first byte was read at `t0`.
@@ -96,6 +110,20 @@ impl App {
             }
             (&Method::GET, ["v2", "health", "live"]) => {
                 json_resp(StatusCode::OK, &json!({"live": true}))
+            }
+            (&Method::GET, _)
+                if self
+                    .json_gets
+                    .iter()
+                    .any(|(p, _)| *p == path.trim_matches('/')) =>
+            {
+                let f = &self
+                    .json_gets
+                    .iter()
+                    .find(|(p, _)| *p == path.trim_matches('/'))
+                    .unwrap()
+                    .1;
+                respond(StatusCode::OK, "application/json", f())
             }
             _ if self.fe.is_none() => error(
                 StatusCode::NOT_FOUND,

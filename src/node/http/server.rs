@@ -30,11 +30,21 @@ impl HttpServer {
 
     /// `/metrics` (and `/v2/health/live`) only: the scheduler's and backends'.
     pub fn start_metrics(listen: &str, regs: Vec<Arc<Registry>>) -> Result<HttpServer> {
+        Self::start_metrics_with(listen, regs, Vec::new())
+    }
+
+    /// [`Self::start_metrics`] that also answers GET /PATH with each JSON
+    /// producer's document (e.g. the scheduler's `v1/autoscale`).
+    pub fn start_metrics_with(
+        listen: &str,
+        regs: Vec<Arc<Registry>>,
+        json: Vec<(String, super::routes::JsonGet)>,
+    ) -> Result<HttpServer> {
         let mut o = HttpOpts::new(listen);
         o.threads = 1;
         o.max_connections = o.max_connections.min(METRICS_MAX_CONNECTIONS);
         let conns = Conns::new(o.max_connections, regs.first().map(|r| r.as_ref()));
-        Self::start(App::metrics_only(regs), &o, conns)
+        Self::start(App::metrics_only(regs).with_json(json), &o, conns)
     }
 
     fn start(app: App, o: &HttpOpts, conns: Arc<Conns>) -> Result<HttpServer> {

@@ -90,6 +90,9 @@ pub enum Action {
     /// Registered (again): these are our GPUs' global ids, in local order;
     /// `away`: how long the backend was out of service before this rejoin.
     Ready { gpus: Vec<GpuId>, away: Option<Dur> },
+    /// The scheduler answered our `Drain`: no plan follows, none it sent is
+    /// unreported; finish what is queued and leave.
+    Drained,
     /// The scheduler is lost: every plan queued so far is void (fail its tasks
     /// at their frontends, report nothing to the scheduler); the backend
     /// reconnects on its own.
@@ -388,6 +391,7 @@ impl BackendProto {
                 }
                 self.out.push_back(Action::Detach { node, conn });
             }
+            Msg::Drained => self.out.push_back(Action::Drained),
             _ => self.counts.unexpected += 1,
         }
     }

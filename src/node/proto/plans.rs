@@ -18,8 +18,18 @@ struct InFlight {
     backend: NodeId,
     gpu: GpuId,
     tasks: Vec<TaskId>,
+    /// The deadlines of the plan's tasks (to count those it ends past).
+    deadlines: Vec<Time>,
     /// When the report is overdue (scheduler time).
     due: Time,
+}
+
+/// A plan reported done: its task count, and how many of them it finished past
+/// their deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Done {
+    pub tasks: usize,
+    pub late: usize,
 }
 
 /// A plan not reported done in time, the worst of its backend.
@@ -83,6 +93,17 @@ impl PlanLedger {
             InFlight {
                 backend,
                 gpu: plan.gpu,
+                deadlines: if tasks.len() == plan.tasks.len() {
+                    // Every task's frontend is live (the usual case).
+                    plan.tasks.iter().map(|t| t.deadline).collect()
+                } else {
+                    let live: std::collections::HashSet<TaskId> = tasks.iter().copied().collect();
+                    plan.tasks
+                        .iter()
+                        .filter(|t| live.contains(&t.id))
+                        .map(|t| t.deadline)
+                        .collect()
+                },
                 tasks,
                 due: plan.finish_at + self.grace.max(span),
             },
@@ -121,9 +142,15 @@ impl PlanLedger {
             .unwrap_or_default()
     }
 
-    /// `backend` reports `plan` done on `gpu`: the plan's task count when it is
-    /// that backend's plan on that GPU.
-    pub fn done(&mut self, backend: NodeId, plan: PlanId, gpu: GpuId) -> Result<usize, Refused> {
+    /// `backend` reports `plan` done on `gpu` at `finished`: the plan's task
+    /// count and how many it ended late, when it is that backend's plan on that GPU.
+    pub fn done(
+        &mut self,
+        backend: NodeId,
+        plan: PlanId,
+        gpu: GpuId,
+        finished: Time,
+    ) -> Result<Done, Refused> {
         let Some(f) = self.plans.get(&plan) else {
             return Err(Refused::Unknown);
         };
@@ -139,7 +166,18 @@ impl PlanLedger {
                 plan.0, f.gpu.0, gpu.0
             )));
         }
-        Ok(self.plans.remove(&plan).map_or(0, |f| f.tasks.len()))
+        Ok(self
+            .plans
+            .remove(&plan)
+            .map_or(Done { tasks: 0, late: 0 }, |f| Done {
+                tasks: f.tasks.len(),
+                late: f.deadlines.iter().filter(|&&d| finished > d).count(),
+            }))
+    }
+
+    /// Plans in flight on `backend`.
+    pub fn backend_plans(&self, backend: NodeId) -> usize {
+        self.plans.values().filter(|f| f.backend == backend).count()
     }
 
     /// `backend` is lost: the tasks of every plan it had not reported done.
@@ -181,15 +219,21 @@ mod tests {
         l.sent(&plan(1, 0, 0, 5), 7, vec![TaskId(10), TaskId(11)]);
         l.sent(&plan(2, 1, 0, 5), 8, vec![TaskId(12)]);
         assert!(matches!(
-            l.done(8, PlanId(1), GpuId(1)),
+            l.done(8, PlanId(1), GpuId(1), Time(0)),
             Err(Refused::NotYours(_))
         ));
         assert!(matches!(
-            l.done(7, PlanId(1), GpuId(3)),
+            l.done(7, PlanId(1), GpuId(3), Time(0)),
             Err(Refused::NotYours(_))
         ));
-        assert_eq!(l.done(7, PlanId(1), GpuId(0)), Ok(2));
-        assert_eq!(l.done(7, PlanId(1), GpuId(0)), Err(Refused::Unknown));
+        assert_eq!(
+            l.done(7, PlanId(1), GpuId(0), Time(0)).map(|d| d.tasks),
+            Ok(2)
+        );
+        assert_eq!(
+            l.done(7, PlanId(1), GpuId(0), Time(0)),
+            Err(Refused::Unknown)
+        );
         assert_eq!(l.take_backend(8), vec![TaskId(12)]);
         assert!(l.is_empty());
         l.sent(&plan(3, 0, 0, 5), 7, vec![TaskId(1)]);
@@ -219,7 +263,10 @@ mod tests {
         assert_eq!(l.overdue(ms(700)).len(), 1, "the long one has until 700");
         assert_eq!(l.overdue(ms(701)).len(), 2);
         // Reported: no longer overdue; the worst plan of a backend is named.
-        assert_eq!(l.done(7, PlanId(1), GpuId(0)), Ok(1));
+        assert_eq!(
+            l.done(7, PlanId(1), GpuId(0), Time(0)).map(|d| d.tasks),
+            Ok(1)
+        );
         l.sent(&plan(3, 1, 0, 10), 8, vec![TaskId(3)]);
         let o = l.overdue(ms(800));
         assert_eq!(o.len(), 1);

@@ -103,6 +103,8 @@ pub struct SchedReport {
     pub frontends_lost: u32,
     /// Left on purpose (`Unregister`).
     pub backends_left: u32,
+    /// Asked to drain (`Drain`).
+    pub backends_drained: u32,
     pub frontends_left: u32,
     pub tasks_received: u64,
     pub plans_sent: u64,
@@ -111,6 +113,9 @@ pub struct SchedReport {
     pub stray_plan_done: u64,
     pub tasks_failed_backend_lost: u64,
     pub tasks_dropped: u64,
+    /// Tasks of plans that backends reported finished past the task's deadline
+    /// (scheduler time).
+    pub tasks_late: u64,
     pub connections_closed_for_errors: u64,
     /// Last applied d_ctrl / d_data (per task), microseconds.
     pub d_ctrl_us: f64,
@@ -158,7 +163,15 @@ pub enum Action {
     SetMargins(Vec<Dur>),
     /// A backend measured a model's device memory on one GPU.
     DeviceBytes { model: ModelId, bytes: u64 },
+    /// A backend drains: its GPUs leave the core (no new plan on them); their
+    /// routes stay for the plans in flight.
+    GpusDraining { backend: NodeId, gpus: Vec<GpuId> },
 }
+
+/// How long a draining backend's GPUs are out of the core before it may hear
+/// `Drained`: a plan the RankThread decided just before it saw the removal is
+/// recorded in the ledger well within this.
+pub const DRAIN_QUIET: Dur = Dur(100_000_000);
 
 #[derive(Debug, Clone)]
 enum Peer {
@@ -173,6 +186,9 @@ enum Peer {
     Backend {
         node: NodeId,
         gpus: Vec<GpuId>,
+        /// Since when it drains (its GPUs out of the core, its plans finishing),
+        /// and whether it has heard `Drained`.
+        draining: Option<(Time, bool)>,
     },
     Frontend {
         node: NodeId,
@@ -212,6 +228,20 @@ pub struct SchedProto {
     next_net: Time,
     actions: VecDeque<Action>,
     report: SchedReport,
+    /// Registered backends' names.
+    names: HashMap<NodeId, String>,
+}
+
+/// A backend in service, as the autoscaling advice names it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BackendView {
+    pub node: NodeId,
+    /// The name it registered with.
+    pub name: String,
+    /// Its GPUs' global ids.
+    pub gpus: Vec<u32>,
+    /// Told to drain (its GPUs are out of planning).
+    pub draining: bool,
 }
 
 impl SchedProto {
@@ -234,7 +264,31 @@ impl SchedProto {
             margins,
             actions: VecDeque::new(),
             report: SchedReport::default(),
+            names: HashMap::new(),
         }
+    }
+
+    /// The backends in service (loading ones left out), by node id.
+    pub fn backends(&self) -> Vec<BackendView> {
+        let mut v: Vec<BackendView> = self
+            .conns
+            .values()
+            .filter_map(|pc| match &pc.peer {
+                Peer::Backend {
+                    node,
+                    gpus,
+                    draining,
+                } => Some(BackendView {
+                    node: *node,
+                    name: self.names.get(node).cloned().unwrap_or_default(),
+                    gpus: gpus.iter().map(|g| g.0).collect(),
+                    draining: draining.is_some(),
+                }),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|b| b.node);
+        v
     }
 
     /// The in-flight plans, shared with the dispatch path (which records each
@@ -362,6 +416,7 @@ impl SchedProto {
                 let why = format!("unregistered: {reason}");
                 self.remove(c, why, true);
             }
+            Msg::Drain { reason } => self.drain(now, c, reason),
             other => {
                 let k = other.kind();
                 self.reject(c, format!("unexpected message {k} at the scheduler"));
@@ -472,6 +527,9 @@ impl SchedProto {
                 missing: models.iter().map(|m| m.id).collect(),
             };
         }
+        // Names are the node's to choose: kept short for the views.
+        let name: String = name.chars().take(128).collect();
+        self.names.insert(node, name.clone());
         tracing::info!(backend = %name, node, gpus, "scheduler: backend registers");
         if models.is_empty() {
             self.backend_ready(c);
@@ -558,7 +616,7 @@ impl SchedProto {
         started: Time,
         finished: Time,
     ) {
-        let Some(Peer::Backend { node, gpus }) = self.conns.get(&c).map(|p| &p.peer) else {
+        let Some(Peer::Backend { node, gpus, .. }) = self.conns.get(&c).map(|p| &p.peer) else {
             return self.reject(c, "PlanDone from a node that is not a backend".into());
         };
         let node = *node;
@@ -568,9 +626,13 @@ impl SchedProto {
                 format!("PlanDone on GPU {}, which is not this backend's", gpu.0),
             );
         }
-        let res = self.plans.lock().expect("plans lock").done(node, plan, gpu);
+        let res = self
+            .plans
+            .lock()
+            .expect("plans lock")
+            .done(node, plan, gpu, finished);
         match res {
-            Ok(_) => {}
+            Ok(d) => self.report.tasks_late += d.late as u64,
             Err(Refused::Unknown) => {
                 self.report.stray_plan_done += 1;
                 return;
@@ -653,7 +715,11 @@ impl SchedProto {
             },
         );
         if let Some(pc) = self.conns.get_mut(&c) {
-            pc.peer = Peer::Backend { node, gpus: ids };
+            pc.peer = Peer::Backend {
+                node,
+                gpus: ids,
+                draining: None,
+            };
         }
         self.report.backends_registered += 1;
         self.gpus_in_service += gpus;
@@ -677,13 +743,21 @@ impl SchedProto {
         match pc.peer {
             Peer::New => {}
             Peer::Loading { node, .. } => {
+                self.names.remove(&node);
                 tracing::warn!(node, %reason, "scheduler: backend lost while loading");
             }
-            Peer::Backend { node, gpus } => {
+            Peer::Backend {
+                node,
+                gpus,
+                draining,
+            } => {
+                self.names.remove(&node);
                 for g in &gpus {
                     self.gpu_owner[g.idx()] = None;
                 }
-                self.gpus_in_service -= gpus.len() as u32;
+                if draining.is_none() {
+                    self.gpus_in_service -= gpus.len() as u32;
+                }
                 let lost = self.plans.lock().expect("plans lock").take_backend(node);
                 let n = lost.len();
                 self.notify(lost, DropReason::BackendLost);
@@ -778,7 +852,77 @@ impl SchedProto {
 
     /// Removes registered nodes that stopped pinging, and backends with a plan
     /// overdue (the watchdog).
+    /// A backend asks to leave without failing a request: its GPUs leave the
+    /// core now (no new plan), its plans in flight finish, and once none is left
+    /// (and [`DRAIN_QUIET`] has passed, so that a plan the core decided just
+    /// before is recorded too) it hears `Drained` from [`Self::check_drains`].
+    fn drain(&mut self, now: Time, c: ConnId, reason: String) {
+        let Some(pc) = self.conns.get_mut(&c) else {
+            return;
+        };
+        match &mut pc.peer {
+            Peer::Backend {
+                node,
+                gpus,
+                draining,
+            } => {
+                if draining.is_some() {
+                    return;
+                }
+                *draining = Some((now, false));
+                let (node, gpus) = (*node, gpus.clone());
+                self.gpus_in_service -= gpus.len() as u32;
+                self.report.backends_drained += 1;
+                tracing::info!(node, gpus = gpus.len(), %reason, "scheduler: backend draining");
+                self.actions.push_back(Action::GpusDraining {
+                    backend: node,
+                    gpus,
+                });
+                self.send_capacity();
+            }
+            // Nothing of it in service yet: nothing to wait for.
+            Peer::Loading { .. } => self.send(c, Msg::Drained),
+            _ => self.reject(c, "Drain from a node that is not a backend".into()),
+        }
+    }
+
+    /// Draining backends with no plan left in flight hear `Drained`.
+    fn check_drains(&mut self, now: Time) {
+        let mut done = Vec::new();
+        {
+            let plans = self.plans.lock().expect("plans lock");
+            for (&c, pc) in &self.conns {
+                if let Peer::Backend {
+                    node,
+                    draining: Some((since, false)),
+                    ..
+                } = pc.peer
+                {
+                    if now - since >= DRAIN_QUIET && plans.backend_plans(node) == 0 {
+                        done.push(c);
+                    }
+                }
+            }
+        }
+        done.sort_unstable();
+        for c in done {
+            if let Some(PeerConn {
+                peer:
+                    Peer::Backend {
+                        draining: Some((_, told)),
+                        ..
+                    },
+                ..
+            }) = self.conns.get_mut(&c)
+            {
+                *told = true;
+            }
+            self.send(c, Msg::Drained);
+        }
+    }
+
     fn check_timeouts(&mut self, now: Time) {
+        self.check_drains(now);
         // After a stall of the scheduler itself, reports may wait unread in its
         // queues: the watchdog looks again at the next check instead.
         let stalled = now - self.last_check > self.cfg.heartbeat * 2;
@@ -1040,6 +1184,108 @@ mod tests {
                 _ => None,
             })
             .expect("the backend's GPU went into service")
+    }
+
+    /// A backend that drains leaves the core at once, hears `Drained` only
+    /// when its plan in flight is reported done (and the quiet time passed),
+    /// is not counted as a GPU in service meanwhile, and leaves without a task
+    /// failed; the count of late tasks comes from the reports.
+    #[test]
+    fn a_draining_backend_finishes_its_plans_then_hears_drained() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut p = proto();
+        frontend(&mut p, 1);
+        let fe = 1;
+        let b1 = backend(&mut p, 2, ms(0));
+        while p.poll_action().is_some() {}
+        assert_eq!(p.backends()[0].name, "be2");
+        let t = crate::wire::task_id(fe, 1);
+        let task = crate::core::Task {
+            id: t,
+            arrival: ms(0),
+            deadline: ms(15),
+            tag: 0,
+            cap: 1,
+        };
+        let plan = crate::core::Plan {
+            id: PlanId(1),
+            model: ModelId(0),
+            gpu: GpuId(0),
+            exec_at: ms(10),
+            finish_at: ms(14),
+            tasks: vec![task],
+        };
+        p.plans().lock().unwrap().sent(&plan, b1, vec![t]);
+        p.handle_msg(
+            ms(5),
+            2,
+            Msg::Drain {
+                reason: "scale in".into(),
+            },
+        );
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            acts.iter().any(|a| matches!(a, Action::GpusDraining { backend, gpus } if *backend == b1 && gpus == &vec![GpuId(0)])),
+            "{acts:?}"
+        );
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::Send(1, Msg::Capacity { gpus: 0 }))),
+            "{acts:?}"
+        );
+        assert!(p.backends()[0].draining);
+        let drained = |p: &mut SchedProto| {
+            std::iter::from_fn(|| p.poll_action())
+                .any(|a| matches!(a, Action::Send(2, Msg::Drained)))
+        };
+        // The plan is still in flight: no Drained, however long.
+        for k in 1..=3 {
+            let now = ms(100 * k + 5);
+            p.handle_msg(now, 2, ping(now));
+            p.handle_timeout(now);
+            assert!(!drained(&mut p));
+        }
+        // Done, 2 ms past the task's deadline: counted late.
+        p.handle_msg(
+            ms(310),
+            2,
+            Msg::PlanDone {
+                id: PlanId(1),
+                gpu: GpuId(0),
+                status: crate::wire::PlanStatus::Ran,
+                started: ms(10),
+                finished: ms(17),
+                missing: 0,
+            },
+        );
+        assert_eq!(p.report().tasks_late, 1);
+        p.handle_msg(ms(405), 2, ping(ms(405)));
+        p.handle_timeout(ms(405));
+        assert!(drained(&mut p), "told once its plans are done");
+        p.handle_timeout(ms(505));
+        assert!(!drained(&mut p), "told once");
+        // It leaves: nothing fails, nothing is counted twice.
+        p.handle_msg(
+            ms(510),
+            2,
+            Msg::Unregister {
+                reason: "drained".into(),
+            },
+        );
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            !acts
+                .iter()
+                .any(|a| matches!(a, Action::Send(_, Msg::Dropped { .. }))),
+            "{acts:?}"
+        );
+        assert_eq!(p.report().backends_left, 1);
+        assert_eq!(p.report().backends_drained, 1);
+        assert_eq!(p.report().tasks_failed_backend_lost, 0);
+        assert!(p.backends().is_empty());
+        // A frontend may not drain.
+        p.handle_msg(ms(520), 1, Msg::Drain { reason: "x".into() });
+        assert!(closed(&mut p, 1));
     }
 
     /// The watchdog: a backend that still pings but has not reported a plan

@@ -5,12 +5,13 @@
 //! the core, refreshes the GPU busy metrics every second and, at stop, drains the
 //! core into the [`SchedReport`].
 
-use super::metrics::{busy_snapshot, BusySnaps, GpuBusy};
+use super::metrics::{busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ScopeView, BUSY_WINDOW};
 use super::routes::Routes;
 use super::standby::{Action as StandbyAction, Standby};
 use crate::core::{DropReason, Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
+use crate::plan::autoscale::{advise, AdviceConfig, GpuOwner, Signals, TotalsWindow};
 use crate::runtime::sched::{GpuReporter, RtReport, RtScheduler, Submitter};
 use crate::transport::{Conn, ConnId, Event, Listener};
 use crate::wire::{Msg, NodeId};
@@ -38,9 +39,15 @@ pub(super) struct EventLoop {
     /// While a hot standby follows its primary (None once it serves).
     standby: Option<Standby>,
     _listener: Box<dyn Listener>,
+    /// The autoscaling view and its thresholds, and the task totals behind its
+    /// bad rate (over the GPUs' busy window, [`BUSY_WINDOW`]).
+    autoscale: (Arc<std::sync::Mutex<AutoscaleView>>, AdviceConfig),
+    totals: TotalsWindow,
+    started: Instant,
 }
 
 impl EventLoop {
+    #[allow(clippy::too_many_arguments)] // one each of what the loop owns
     pub(super) fn new(
         rt: RtScheduler,
         routes: Arc<Routes>,
@@ -49,6 +56,7 @@ impl EventLoop {
         busy_snap: BusySnaps,
         listener: Box<dyn Listener>,
         standby: Option<Standby>,
+        autoscale: (Arc<std::sync::Mutex<AutoscaleView>>, AdviceConfig),
     ) -> EventLoop {
         EventLoop {
             reporter: rt.gpu_reporter(),
@@ -61,6 +69,9 @@ impl EventLoop {
             busy_snap,
             standby,
             _listener: listener,
+            autoscale,
+            totals: TotalsWindow::default(),
+            started: Instant::now(),
         }
     }
 
@@ -168,7 +179,71 @@ impl EventLoop {
     /// Refreshes the GPUs' busy fractions for the metrics.
     fn update_busy(&mut self, now: Instant) {
         let snap = busy_snapshot(&mut self.busy, now);
+        self.update_autoscale(now, &snap);
         *self.busy_snap.lock().expect("busy lock") = snap;
+    }
+
+    /// The autoscaling signals over the window and the advice they give.
+    fn update_autoscale(&mut self, now: Instant, snap: &[super::metrics::GpuSnap]) {
+        let (view, cfg) = &self.autoscale;
+        let window = BUSY_WINDOW;
+        let tasks: u64 = self.routes.metrics.tasks.iter().map(|c| c.get()).sum();
+        let rep = self.proto.report();
+        let bad = self.routes.dropped.load(Ordering::Relaxed)
+            + self.routes.lost.load(Ordering::Relaxed)
+            + rep.tasks_dropped
+            + rep.tasks_failed_backend_lost
+            + rep.tasks_late;
+        let t = now.duration_since(self.started).as_secs_f64();
+        let (span, tasks, bad) = self.totals.push(t, tasks, bad, window.as_secs_f64());
+        let backends: Vec<_> = self.proto.backends();
+        let owners: Vec<GpuOwner> = backends
+            .iter()
+            .filter(|b| !b.draining)
+            .flat_map(|b| {
+                b.gpus.iter().map(|&g| GpuOwner {
+                    gpu: g,
+                    node: u64::from(b.node),
+                    name: b.name.clone(),
+                })
+            })
+            .collect();
+        let idle: Vec<f64> = owners
+            .iter()
+            .filter_map(|o| snap.get(o.gpu as usize).map(|g| 1.0 - g.ratio()))
+            .collect();
+        let signals = Signals {
+            window_s: span,
+            gpus: owners.len() as u32,
+            idle_fraction: if idle.is_empty() {
+                0.0
+            } else {
+                idle.iter().sum::<f64>() / idle.len() as f64
+            },
+            tasks,
+            bad,
+            bad_rate: if tasks == 0 {
+                0.0
+            } else {
+                (bad as f64 / tasks as f64).min(1.0)
+            },
+        };
+        let advice = advise(&signals, &owners, cfg);
+        let scope = |sub| ScopeView {
+            subcluster: sub,
+            signals: signals.clone(),
+            advice: advice.clone(),
+        };
+        // One scheduler is one sub-cluster (id 0) today: the cluster's figures
+        // are its figures.
+        let v = AutoscaleView {
+            window_s: window.as_secs_f64(),
+            cluster: Some(scope(None)),
+            subclusters: vec![scope(Some(0))],
+            backends,
+            thresholds: Some(*cfg),
+        };
+        *view.lock().expect("autoscale lock") = v;
     }
 
     /// Carries out what the standby's machine decided: refusals of nodes
@@ -269,6 +344,15 @@ impl EventLoop {
                     up.extend(gpus);
                 }
                 Action::GpusDown { backend, gpus } => self.gpus_down(backend, &gpus),
+                Action::GpusDraining { gpus, .. } => {
+                    // Out of the core; the routes stay for the plans in flight.
+                    for &id in &gpus {
+                        self.rt().remove_gpu(id);
+                        if let Some(b) = self.busy.get_mut(id.idx()) {
+                            b.leave_service();
+                        }
+                    }
+                }
                 Action::FrontendUp { conn, node } => {
                     if let Some(conn) = self.conns.get(&conn).cloned() {
                         self.routes.frontend_up(node, conn);

@@ -180,12 +180,19 @@ impl GpuBusy {
 
 /// What the metrics show of a GPU (refreshed every second).
 #[derive(Clone, Copy)]
-pub(super) struct GpuSnap {
+pub struct GpuSnap {
     gpu: u32,
     in_service: bool,
     busy_s: f64,
     /// Busy fraction over the last BUSY_WINDOW (or since it entered service).
     ratio: f64,
+}
+
+impl GpuSnap {
+    /// Busy fraction over the last window.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
 }
 
 /// The GPUs' busy fractions at `now`, by global GPU id.
@@ -290,4 +297,103 @@ fn subcluster(
         let v = s.lock().expect("busy lock");
         vec![(vec![sub()], value(&v))]
     });
+}
+
+/// The autoscaling signals and advice the event loop computes every second
+/// (what `GET /v1/autoscale` shows and the gauges read).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AutoscaleView {
+    /// The signal window (s).
+    pub window_s: f64,
+    /// The whole cluster.
+    pub cluster: Option<ScopeView>,
+    /// Each sub-cluster (one scheduler is one sub-cluster today: id 0).
+    pub subclusters: Vec<ScopeView>,
+    /// The backends in service.
+    pub backends: Vec<crate::node::proto::sched::BackendView>,
+    pub thresholds: Option<crate::plan::autoscale::AdviceConfig>,
+}
+
+/// The signals and advice of the cluster or one sub-cluster.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScopeView {
+    /// The sub-cluster's id (None: the whole cluster).
+    pub subcluster: Option<u32>,
+    pub signals: crate::plan::autoscale::Signals,
+    pub advice: crate::plan::autoscale::Advice,
+}
+
+/// Gauges of the autoscaling signals and advice, per sub-cluster and for the
+/// cluster, read from `view` at scrape time.
+pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<AutoscaleView>>) {
+    type Pick = fn(&ScopeView) -> f64;
+    // (name, help, pick, also per sub-cluster: the idle fraction and GPU count
+    // per sub-cluster are fermata_subcluster_idle_ratio and _gpus_in_service).
+    let series: [(&str, &str, Pick, bool); 5] = [
+        (
+            "bad_ratio",
+            "Share of tasks over the last 10 s that were dropped, failed or finished past their deadline (the autoscaling signal r).",
+            |v| v.signals.bad_rate,
+            true,
+        ),
+        (
+            "advice_add_gpus",
+            "GPUs the autoscaling advice says to add (N·r/(1−r) when the bad rate is above its threshold).",
+            |v| v.advice.add_gpus as f64,
+            true,
+        ),
+        (
+            "advice_release_gpus",
+            "GPUs the autoscaling advice says to release (N·f, the highest ids, when the idle fraction is above its threshold).",
+            |v| v.advice.release_gpus.len() as f64,
+            true,
+        ),
+        (
+            "idle_ratio",
+            "Mean idle fraction of the GPUs in service over the last 10 s (the autoscaling signal f).",
+            |v| v.signals.idle_fraction,
+            false,
+        ),
+        (
+            "gpus_in_service",
+            "GPUs in service (draining ones left out).",
+            |v| v.signals.gpus as f64,
+            false,
+        ),
+    ];
+    for (name, help, pick, per_sub) in series {
+        let v = view.clone();
+        if per_sub {
+            reg.collector(
+                &format!("fermata_subcluster_{name}"),
+                help,
+                Kind::Gauge,
+                move || {
+                    let v = v.lock().expect("autoscale lock");
+                    v.subclusters
+                        .iter()
+                        .map(|s| {
+                            (
+                                vec![(
+                                    "subcluster".to_string(),
+                                    s.subcluster.unwrap_or(0).to_string(),
+                                )],
+                                pick(s),
+                            )
+                        })
+                        .collect()
+                },
+            );
+        }
+        let v = view.clone();
+        reg.collector(
+            &format!("fermata_cluster_{name}"),
+            help,
+            Kind::Gauge,
+            move || {
+                let v = v.lock().expect("autoscale lock");
+                v.cluster.iter().map(|s| (Vec::new(), pick(s))).collect()
+            },
+        );
+    }
 }

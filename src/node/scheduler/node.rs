@@ -3,7 +3,9 @@
 //! listener and the event loop's thread) and stop.
 
 use super::event_loop::EventLoop;
-use super::metrics::{register_gpu_metrics, BusySnaps, SchedMetrics};
+use super::metrics::{
+    register_autoscale_metrics, register_gpu_metrics, AutoscaleView, BusySnaps, SchedMetrics,
+};
 use super::options::SchedulerOpts;
 use super::routes::Routes;
 use super::standby::{Standby, StandbyStatus};
@@ -26,6 +28,7 @@ pub struct SchedulerNode {
     addr: String,
     standby: Option<Arc<StandbyStatus>>,
     metrics: Arc<Registry>,
+    autoscale: Arc<Mutex<AutoscaleView>>,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Result<SchedReport>>>,
 }
@@ -52,6 +55,8 @@ impl SchedulerNode {
         let routes = Arc::new(Routes::new(proto.plans(), clock, metrics));
         let busy: BusySnaps = Arc::new(Mutex::new(Vec::new()));
         register_gpu_metrics(&registry, busy.clone());
+        let autoscale = Arc::new(Mutex::new(AutoscaleView::default()));
+        register_autoscale_metrics(&registry, autoscale.clone());
         let rt = RtScheduler::start(rcfg, specs, routes.clone(), clock)?;
         let _ = routes.reporter.set(rt.gpu_reporter());
         let (tx, rx) = crate::node::event_channel(&registry, "scheduler");
@@ -81,6 +86,7 @@ impl SchedulerNode {
             busy,
             listener,
             standby,
+            (autoscale.clone(), opts.advice),
         );
         let submitter = ev.submitter();
         let stop2 = stop.clone();
@@ -91,6 +97,7 @@ impl SchedulerNode {
             addr,
             standby: status,
             metrics: registry,
+            autoscale,
             stop,
             handle: Some(handle),
         })
@@ -109,6 +116,13 @@ impl SchedulerNode {
     /// The scheduler's Prometheus metrics.
     pub fn metrics(&self) -> Arc<Registry> {
         self.metrics.clone()
+    }
+
+    /// The autoscaling signals and advice, as JSON (refreshed every second);
+    /// what `GET /v1/autoscale` answers.
+    pub fn autoscale_json(&self) -> impl Fn() -> String + Send + Sync + 'static {
+        let v = self.autoscale.clone();
+        move || serde_json::to_string(&*v.lock().expect("autoscale lock")).unwrap_or_default()
     }
 
     /// Stops: queued tasks end as `Shutdown` drops at their frontends, every

@@ -38,6 +38,8 @@ pub struct SchedulerOpts {
     /// A hot standby of the primary at this address: it follows the primary
     /// and serves only once the primary is gone ([`super::standby`]).
     pub standby_of: Option<String>,
+    /// The autoscaling advice's thresholds (bad rate, idle fraction).
+    pub advice: crate::plan::autoscale::AdviceConfig,
 }
 
 impl Default for SchedulerOpts {
@@ -56,6 +58,7 @@ impl Default for SchedulerOpts {
             max_margin: Dur::from_us(5000),
             min_slack: Dur::from_us(500),
             standby_of: None,
+            advice: crate::plan::autoscale::AdviceConfig::default(),
         }
     }
 }

@@ -1,0 +1,539 @@
+//! `fermata plan partition` and `fermata bench partition`: the epoch partitioner
+//! (src/plan/partition.rs) from the command line.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use fermata::bench::partition as bp;
+use fermata::bench::plot;
+use fermata::plan::partition::{self as pp, Instance, MilpOptions, Solution};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Subcommand)]
+pub enum PlanCmd {
+    /// Assigns models to L sub-clusters, balancing request rate and static memory
+    /// (Symphony Appendix A's MILP, solved by HiGHS within a time limit).
+    Partition(PartitionArgs),
+}
+
+#[derive(Args)]
+pub struct PartitionArgs {
+    /// Models file (TOML): [[models]] with name, rate_rps, memory_mb,
+    /// dynamic_memory_mb; optional rate_max_rps, memory_max_mb, weight.
+    #[arg(long, conflicts_with = "workload")]
+    models: Option<PathBuf>,
+    /// A workload file instead: rates from its shares of rate_rps, memory from
+    /// its models' memory_mb / dynamic_memory_mb or the paper's profiles.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Model repository whose ONNX files give the static memory (weights) of
+    /// models the models file lists without memory_mb.
+    #[arg(long)]
+    repository: Option<PathBuf>,
+    /// L, the number of sub-clusters.
+    #[arg(long)]
+    subclusters: usize,
+    /// R_max: requests/s one sub-cluster may take (default: the file's, else none).
+    #[arg(long)]
+    rate_max_rps: Option<f64>,
+    /// S_max: a GPU's memory for models in MB (default: the file's, else none).
+    #[arg(long)]
+    memory_max_mb: Option<f64>,
+    /// w: weight of memory balance against rate balance (default: the file's, else 1).
+    #[arg(long)]
+    weight: Option<f64>,
+    /// Time limit of the solve (s); the best assignment found by then is returned.
+    #[arg(long, default_value_t = 10.0)]
+    time_limit_s: f64,
+    /// The current assignment (the TOML --out writes): re-partition from it.
+    #[arg(long)]
+    current: Option<PathBuf>,
+    /// C_max: at most this many models change sub-cluster (needs --current).
+    #[arg(long)]
+    max_moves: Option<usize>,
+    /// milp, random (the baseline) or both (compared).
+    #[arg(long, default_value = "milp")]
+    solver: String,
+    /// Stop once ΔR + w·ΔS is within this of the solver's lower bound.
+    #[arg(long, default_value_t = 1e-3)]
+    gap: f64,
+    /// HiGHS alone: no greedy + local-search incumbent to start from.
+    #[arg(long)]
+    no_warm_start: bool,
+    /// Seed of the random solver.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the assignment here (TOML, readable by --current).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn time_limit(s: f64) -> Result<Duration> {
+    if !(s > 0.0 && s <= 86_400.0) {
+        bail!("--time-limit-s must be in (0, 86400], got {s}");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+fn read(path: &std::path::Path, what: &str) -> Result<String> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    if meta.len() > 64 << 20 {
+        bail!("{what} {} is over 64 MiB", path.display());
+    }
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {what} {}", path.display()))
+}
+
+/// The instance the arguments describe.
+fn instance(a: &PartitionArgs) -> Result<Instance> {
+    let (models, rate_max, mem_max, weight) = match (&a.models, &a.workload) {
+        (Some(p), None) => {
+            let f = pp::parse_models_file(&read(p, "models file")?)
+                .with_context(|| format!("in {}", p.display()))?;
+            if let Some(dir) = &a.repository {
+                if !dir.is_dir() {
+                    bail!("--repository {} is not a directory", dir.display());
+                }
+            }
+            // A repository model's static memory: the bytes of its weights (the
+            // ONNX initializers every session of it shares on the device).
+            let lookup = |name: &str| {
+                let file = a.repository.as_ref()?.join(format!("{name}.onnx"));
+                let bytes: usize = fermata::node::onnx::proto::shareable_initializers(&file)
+                    .ok()?
+                    .iter()
+                    .map(|i| i.bytes.len())
+                    .sum();
+                Some((bytes as f64 / 1e6, 0.0))
+            };
+            let models = pp::resolve_models(&f, lookup)?;
+            (models, f.rate_max_rps, f.memory_max_mb, f.weight)
+        }
+        (None, Some(p)) => {
+            let w = fermata::workload::Workload::from_file(p)?;
+            (pp::models_of_workload(&w)?, None, None, None)
+        }
+        _ => bail!("give the models with --models FILE or --workload FILE"),
+    };
+    let subclusters = a.subclusters;
+    let current = match &a.current {
+        Some(p) => {
+            let f: pp::AssignmentFile = toml::from_str(&read(p, "current assignment")?)
+                .with_context(|| format!("the current assignment {}", p.display()))?;
+            Some(pp::current_from(&f, &models, subclusters)?)
+        }
+        None => None,
+    };
+    Ok(Instance {
+        models,
+        subclusters,
+        rate_max_rps: a.rate_max_rps.or(rate_max).unwrap_or(f64::INFINITY),
+        memory_max_mb: a.memory_max_mb.or(mem_max).unwrap_or(f64::INFINITY),
+        weight: a.weight.or(weight).unwrap_or(1.0),
+        current,
+        max_moves: a.max_moves,
+    })
+}
+
+fn print_solution(inst: &Instance, s: &Solution) {
+    let e = &s.eval;
+    println!(
+        "{} solver: {} ({:.2} s{}), objective ΔR + w·ΔS = {:.4}{}",
+        s.solver,
+        s.status,
+        s.solve_s,
+        if s.tries > 0 {
+            format!(", {} tries", s.tries)
+        } else {
+            String::new()
+        },
+        e.objective,
+        s.start_objective
+            .map_or(String::new(), |o| format!(" (HiGHS started from {o:.4})"))
+    );
+    println!(
+        "imbalance (max - min) / avg: load {:.2}%, static memory {:.2}%{}",
+        e.load_imbalance * 100.0,
+        e.memory_imbalance * 100.0,
+        if inst.current.is_some() {
+            format!(", {} models moved", e.moves)
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "{:>11} {:>7} {:>12} {:>12} {:>12}",
+        "sub-cluster", "models", "rate (r/s)", "static (MB)", "GPU (MB)"
+    );
+    for j in 0..inst.subclusters {
+        let n = s.assignment.iter().filter(|&&x| x == j).count();
+        println!(
+            "{:>11} {:>7} {:>12.1} {:>12.1} {:>12.1}",
+            j, n, e.load_rps[j], e.static_mb[j], e.gpu_mb[j]
+        );
+    }
+}
+
+pub fn cmd_plan(c: PlanCmd) -> Result<()> {
+    let PlanCmd::Partition(a) = c;
+    let tl = time_limit(a.time_limit_s)?;
+    if !(a.gap.is_finite() && a.gap >= 0.0) {
+        bail!("--gap must be >= 0");
+    }
+    let inst = instance(&a)?;
+    let opts = MilpOptions {
+        time_limit: tl,
+        abs_gap: a.gap,
+        warm_start: !a.no_warm_start,
+        ..Default::default()
+    };
+    let mut sols = Vec::new();
+    match a.solver.as_str() {
+        "milp" => sols.push(pp::solve_milp(&inst, &opts)?),
+        "random" => sols.push(pp::solve_random(&inst, tl, a.seed)?),
+        "both" => {
+            sols.push(pp::solve_milp(&inst, &opts)?);
+            sols.push(pp::solve_random(&inst, tl, a.seed)?);
+        }
+        s => bail!("--solver must be milp, random or both, got {s:?}"),
+    }
+    if let Some(out) = &a.out {
+        let f = pp::AssignmentFile {
+            subclusters: inst.subclusters,
+            assignment: inst
+                .models
+                .iter()
+                .zip(&sols[0].assignment)
+                .map(|(m, &j)| (m.name.clone(), j))
+                .collect(),
+        };
+        std::fs::write(out, toml::to_string(&f)?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+        eprintln!("wrote {}", out.display());
+    }
+    if a.json {
+        let v: Vec<serde_json::Value> = sols
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "solver": s.solver,
+                    "status": s.status,
+                    "solve_s": s.solve_s,
+                    "tries": s.tries,
+                    "start_objective": s.start_objective,
+                    "objective": s.eval.objective,
+                    "load_imbalance": s.eval.load_imbalance,
+                    "memory_imbalance": s.eval.memory_imbalance,
+                    "moves": s.eval.moves,
+                    "load_rps": s.eval.load_rps,
+                    "static_mb": s.eval.static_mb,
+                    "gpu_mb": s.eval.gpu_mb,
+                    "assignment": inst.models.iter().zip(&s.assignment)
+                        .map(|(m, &j)| (m.name.clone(), j)).collect::<std::collections::BTreeMap<_, _>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{} models, {} sub-clusters, R_max {} r/s, S_max {} MB, w {}",
+        inst.models.len(),
+        inst.subclusters,
+        inst.rate_max_rps,
+        inst.memory_max_mb,
+        inst.weight
+    );
+    for s in &sols {
+        println!();
+        print_solution(&inst, s);
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BenchPartitionArgs {
+    #[arg(long, default_value_t = 50)]
+    instances: usize,
+    #[arg(long, default_value_t = 800)]
+    models: usize,
+    #[arg(long, default_value_t = 20)]
+    subclusters: usize,
+    /// Each solver's time limit per instance (s).
+    #[arg(long, default_value_t = 10.0)]
+    time_limit_s: f64,
+    /// Mean of the exponential distribution the rates are drawn from (r/s).
+    #[arg(long, default_value_t = 100.0)]
+    mean_rps: f64,
+    /// The profiles' GPU the memory footprints come from: 1080ti or a100.
+    #[arg(long, default_value = "1080ti")]
+    gpu: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The re-partition step's move bound (models; 0: no re-partition step).
+    #[arg(long, default_value_t = 40)]
+    max_moves: usize,
+    /// Log-normal drift (sigma) of each rate before the re-partition.
+    #[arg(long, default_value_t = 0.3)]
+    drift: f64,
+    /// HiGHS alone: no greedy + local-search incumbent to start from.
+    #[arg(long)]
+    no_warm_start: bool,
+    /// Write the imbalance CDFs (SVG) into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Print JSON instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_partition(a: BenchPartitionArgs) -> Result<()> {
+    if a.models > 100_000 || a.subclusters > 4096 || a.instances > 100_000 {
+        bail!("--models <= 100000, --subclusters <= 4096, --instances <= 100000");
+    }
+    if !(a.mean_rps > 0.0 && a.mean_rps.is_finite()) {
+        bail!("--mean-rps must be > 0");
+    }
+    let o = bp::PartitionBenchOpts {
+        instances: a.instances,
+        models: a.models,
+        subclusters: a.subclusters,
+        time_limit: time_limit(a.time_limit_s)?,
+        mean_rps: a.mean_rps,
+        gpu: a.gpu.clone(),
+        seed: a.seed,
+        max_moves: a.max_moves,
+        drift: a.drift,
+        warm_start: !a.no_warm_start,
+    };
+    let json = a.json;
+    let r = bp::run(&o, |row| {
+        if !json {
+            eprintln!(
+                "seed {:>4}: milp load {:.3}% mem {:.3}% (objective {:.5} from {:.5}, {:.1} s, {}) | random load {:.2}% mem {:.2}% ({} tries){}",
+                row.seed,
+                row.milp_load_imbalance * 100.0,
+                row.milp_memory_imbalance * 100.0,
+                row.milp_objective,
+                row.milp_start_objective.unwrap_or(f64::NAN),
+                row.milp_solve_s,
+                row.milp_status,
+                row.random_load_imbalance * 100.0,
+                row.random_memory_imbalance * 100.0,
+                row.random_tries,
+                match (row.repart_moves, row.repart_load_imbalance, row.free_load_imbalance, row.free_moves) {
+                    (Some(m), Some(rl), Some(fl), Some(fm)) => format!(
+                        " | re-partition {m} moves load {:.3}% (unbounded: {fm} moves, {:.3}%)",
+                        rl * 100.0,
+                        fl * 100.0
+                    ),
+                    _ => String::new(),
+                }
+            );
+        }
+    })?;
+    if let Some(dir) = &a.plots {
+        for (what, file, m, rn) in [
+            (
+                "load",
+                "partition_load_imbalance_cdf.svg",
+                r.rows
+                    .iter()
+                    .map(|x| x.milp_load_imbalance * 100.0)
+                    .collect::<Vec<_>>(),
+                r.rows
+                    .iter()
+                    .map(|x| x.random_load_imbalance * 100.0)
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "static memory",
+                "partition_memory_imbalance_cdf.svg",
+                r.rows
+                    .iter()
+                    .map(|x| x.milp_memory_imbalance * 100.0)
+                    .collect(),
+                r.rows
+                    .iter()
+                    .map(|x| x.random_memory_imbalance * 100.0)
+                    .collect(),
+            ),
+        ] {
+            let svg = plot::line_chart_svg(
+                &format!(
+                    "{} imbalance, {} models x {} sub-clusters, {} instances, {} s each",
+                    what, r.models, r.subclusters, r.instances, r.time_limit_s
+                ),
+                "(max - min) / avg (%)",
+                "CDF",
+                &[
+                    plot::Series {
+                        name: "MILP (HiGHS)".into(),
+                        points: bp::cdf(&m),
+                    },
+                    plot::Series {
+                        name: "random search".into(),
+                        points: bp::cdf(&rn),
+                    },
+                ],
+            );
+            crate::write_plot(dir, file, svg)?;
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{} instances, {} models x {} sub-clusters, {} s per solver",
+        r.instances, r.models, r.subclusters, r.time_limit_s
+    );
+    println!(
+        "MILP lower imbalance than random for load and memory: {:.0}% of instances (load {:.0}%, memory {:.0}%)",
+        r.milp_wins_fraction * 100.0,
+        r.milp_wins_load_fraction * 100.0,
+        r.milp_wins_memory_fraction * 100.0
+    );
+    println!(
+        "median imbalance: MILP load {:.3}% memory {:.3}% | random load {:.2}% memory {:.2}%; longest MILP solve {:.2} s",
+        r.median_milp_load_imbalance * 100.0,
+        r.median_milp_memory_imbalance * 100.0,
+        r.median_random_load_imbalance * 100.0,
+        r.median_random_memory_imbalance * 100.0,
+        r.max_solve_s
+    );
+    if let (Some(wb), Some(w10)) = (
+        r.repart_within_bound_fraction,
+        r.repart_within_10pct_fraction,
+    ) {
+        println!(
+            "re-partition after a drift (sigma {}) with at most {} moves: within the bound {:.0}%, imbalance within 10 points of an unbounded solve {:.0}%",
+            a.drift,
+            r.max_moves,
+            wb * 100.0,
+            w10 * 100.0
+        );
+        println!(
+            "median load imbalance: left as it was {:.2}%, re-partitioned {:.3}%, unbounded {:.3}% ({} moves)",
+            r.median_stay_load_imbalance.unwrap_or(f64::NAN) * 100.0,
+            r.median_repart_load_imbalance.unwrap_or(f64::NAN) * 100.0,
+            r.median_free_load_imbalance.unwrap_or(f64::NAN) * 100.0,
+            r.median_free_moves.unwrap_or(f64::NAN)
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct AutoscaleArgs {
+    /// The scheduler's metrics listener (its --metrics-listen, host:port),
+    /// where it serves /v1/autoscale.
+    #[arg(long)]
+    scheduler: String,
+    /// Command that starts one backend (run with `sh -c`); placeholders
+    /// {name}, {index}, {count}. E.g. `fermata backend --scheduler H:7300
+    /// --gpus 1 --name {name} --cluster-secret-file S`, or `kubectl scale
+    /// statefulset fermata-backend --replicas={count}`.
+    #[arg(long)]
+    launch: String,
+    /// Command that drains and stops one backend; placeholders {name}, {node},
+    /// {pid}, {index}, {count}. Default: SIGTERM to the backend this loop
+    /// launched under that name (a `fermata backend` drains, then leaves).
+    #[arg(long)]
+    stop: Option<String>,
+    /// Prefix of the names given to launched backends ({name} = prefix + index).
+    #[arg(long, default_value = "autoscaled-")]
+    name_prefix: String,
+    /// GPUs each launched backend brings.
+    #[arg(long, default_value_t = 1)]
+    gpus_per_backend: u32,
+    #[arg(long, default_value_t = 1)]
+    min_backends: u32,
+    #[arg(long, default_value_t = 16)]
+    max_backends: u32,
+    /// After a launch, the next launch waits this long (s).
+    #[arg(long, default_value_t = 30.0)]
+    up_cooldown_s: f64,
+    /// After any scaling step, a drain waits this long (s).
+    #[arg(long, default_value_t = 120.0)]
+    down_cooldown_s: f64,
+    /// A launched backend counts as starting until it is in service or this
+    /// passes (s).
+    #[arg(long, default_value_t = 60.0)]
+    provisioning_s: f64,
+    /// How often the advice is read (s).
+    #[arg(long, default_value_t = 1.0)]
+    interval_s: f64,
+    /// Stop after this many seconds (default: until SIGINT/SIGTERM).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Print the decisions, run nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// On exit, SIGTERM the backends this loop launched (they drain and
+    /// leave); by default they keep running.
+    #[arg(long)]
+    stop_launched_on_exit: bool,
+}
+
+pub fn cmd_autoscale(a: AutoscaleArgs) -> Result<()> {
+    use fermata::node::autoscaler::{Autoscaler, AutoscalerOpts};
+    if !(a.interval_s >= 0.05 && a.interval_s <= 3600.0) {
+        bail!("--interval-s must be between 0.05 and 3600");
+    }
+    let mut s = Autoscaler::new(AutoscalerOpts {
+        scheduler: a.scheduler.clone(),
+        launch: a.launch,
+        stop: a.stop,
+        name_prefix: a.name_prefix,
+        interval: Duration::from_secs_f64(a.interval_s),
+        controller: fermata::plan::autoscale::ControllerConfig {
+            gpus_per_backend: a.gpus_per_backend,
+            min_backends: a.min_backends,
+            max_backends: a.max_backends,
+            up_cooldown_s: a.up_cooldown_s,
+            down_cooldown_s: a.down_cooldown_s,
+            provisioning_s: a.provisioning_s,
+        },
+        dry_run: a.dry_run,
+    })?;
+    crate::roles::catch_signals();
+    let t0 = std::time::Instant::now();
+    let mut last_err: Option<String> = None;
+    while !crate::roles::signalled() && a.duration_s.is_none_or(|d| t0.elapsed().as_secs_f64() < d)
+    {
+        match s.tick() {
+            Ok(log) => {
+                last_err = None;
+                println!("{}", serde_json::to_string(&log)?);
+            }
+            Err(e) => {
+                // Said once per kind of failure, not every interval.
+                let msg = format!("{e:#}");
+                if last_err.as_deref() != Some(msg.as_str()) {
+                    eprintln!("fermata autoscale: {msg} (holding)");
+                    last_err = Some(msg);
+                }
+            }
+        }
+        std::thread::sleep(s.interval());
+    }
+    let launched = s.launched();
+    if a.stop_launched_on_exit {
+        s.stop_launched(Duration::from_secs(35));
+    } else if !launched.is_empty() {
+        eprintln!(
+            "fermata autoscale: leaving {} backend(s) it launched running: {}",
+            launched.len(),
+            launched
+                .iter()
+                .map(|(n, p)| format!("{n} (pid {p})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}

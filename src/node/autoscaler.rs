@@ -1,0 +1,352 @@
+//! `fermata autoscale`: the closed loop. Every interval it reads the scheduler's
+//! advice (`GET /v1/autoscale` on the scheduler's metrics listener), lets the
+//! [`Controller`] decide (provisioning delay, cool-downs, bounds) and carries the
+//! decision out with command templates, so the same loop drives plain processes,
+//! systemd units or `kubectl scale`.
+//!
+//! Templates run under `sh -c` with these placeholders replaced:
+//! `{name}` (the backend's name: `--name-prefix` and a number for a launch, the
+//! registered name for a stop), `{index}` (that number), `{count}` (backends in
+//! service or starting after the step), `{node}` (the scheduler's node id, stops
+//! only) and `{pid}` (stops only: the process this loop launched under that
+//! name, empty if none). Without a stop template, a backend this loop launched is
+//! sent SIGTERM (a `fermata backend` then drains and leaves without failing a
+//! request).
+
+use crate::plan::autoscale::{Advice, Controller, ControllerConfig, Decision};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// The loop's settings.
+#[derive(Debug, Clone)]
+pub struct AutoscalerOpts {
+    /// The scheduler's metrics listener (host:port).
+    pub scheduler: String,
+    pub launch: String,
+    pub stop: Option<String>,
+    pub name_prefix: String,
+    pub interval: Duration,
+    pub controller: ControllerConfig,
+    /// Decide and print, run nothing.
+    pub dry_run: bool,
+}
+
+/// One step's record (printed as a JSON line).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepLog {
+    pub t_s: f64,
+    pub backends: u32,
+    pub starting: u32,
+    pub gpus: u32,
+    pub bad_rate: f64,
+    pub idle_fraction: f64,
+    pub advice: String,
+    pub decision: String,
+    /// Backends launched or told to stop: (name, pid if known).
+    pub acted: Vec<(String, Option<u32>)>,
+}
+
+/// What the loop needs of the scheduler's view.
+pub struct View {
+    pub advice: Advice,
+    /// Backends in service, not draining.
+    pub backends: Vec<u64>,
+    pub gpus: u32,
+    pub bad_rate: f64,
+    pub idle_fraction: f64,
+}
+
+/// Reads what `/v1/autoscale` answered.
+pub fn parse_view(body: &str) -> Result<View> {
+    let v: serde_json::Value =
+        serde_json::from_str(body).context("the scheduler's /v1/autoscale is not JSON")?;
+    let cluster = v
+        .get("cluster")
+        .filter(|c| !c.is_null())
+        .context("the scheduler has no signals yet")?;
+    let advice: Advice = serde_json::from_value(cluster["advice"].clone()).context("advice")?;
+    let signals = &cluster["signals"];
+    let backends = v["backends"]
+        .as_array()
+        .context("backends")?
+        .iter()
+        .filter(|b| b["draining"] != serde_json::Value::Bool(true))
+        .filter_map(|b| b["node"].as_u64())
+        .collect();
+    Ok(View {
+        advice,
+        backends,
+        gpus: signals["gpus"].as_u64().unwrap_or(0) as u32,
+        bad_rate: signals["bad_rate"].as_f64().unwrap_or(0.0),
+        idle_fraction: signals["idle_fraction"].as_f64().unwrap_or(0.0),
+    })
+}
+
+/// GET http://ADDR/PATH with a timeout; the body (at most 4 MiB).
+pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<String> {
+    use http_body_util::{BodyExt, Empty, Limited};
+    use hyper::body::Bytes;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        tokio::time::timeout(timeout, async {
+            let s = tokio::net::TcpStream::connect(addr)
+                .await
+                .with_context(|| {
+                    format!("cannot connect to the scheduler's metrics listener {addr}")
+                })?;
+            let (mut tx, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s)).await?;
+            tokio::spawn(conn);
+            let req = hyper::Request::get(path)
+                .header("host", addr)
+                .body(Empty::<Bytes>::new())?;
+            let resp = tx.send_request(req).await?;
+            let status = resp.status();
+            let body = Limited::new(resp.into_body(), 4 << 20)
+                .collect()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?
+                .to_bytes();
+            if !status.is_success() {
+                bail!("GET {path} answered {status}");
+            }
+            Ok(String::from_utf8_lossy(&body).into_owned())
+        })
+        .await
+        .with_context(|| format!("GET http://{addr}{path} took over {timeout:?}"))?
+    })
+}
+
+/// Replaces the placeholders of a template.
+pub fn fill(template: &str, vars: &[(&str, String)]) -> String {
+    let mut s = template.to_string();
+    for (k, v) in vars {
+        s = s.replace(&format!("{{{k}}}"), v);
+    }
+    s
+}
+
+/// The loop: its controller, the processes it launched, its numbering.
+pub struct Autoscaler {
+    o: AutoscalerOpts,
+    ctl: Controller,
+    children: HashMap<String, Child>,
+    /// Stop commands still running.
+    stoppers: Vec<Child>,
+    next_index: u64,
+    t0: Instant,
+}
+
+impl Autoscaler {
+    pub fn new(o: AutoscalerOpts) -> Result<Autoscaler> {
+        if o.launch.trim().is_empty() {
+            bail!("--launch needs a command");
+        }
+        let ctl = Controller::new(o.controller.clone()).map_err(anyhow::Error::msg)?;
+        Ok(Autoscaler {
+            o,
+            ctl,
+            children: HashMap::new(),
+            stoppers: Vec::new(),
+            next_index: 0,
+            t0: Instant::now(),
+        })
+    }
+
+    /// The processes this loop launched that still run: (name, pid).
+    pub fn launched(&self) -> Vec<(String, u32)> {
+        let mut v: Vec<(String, u32)> = self
+            .children
+            .iter()
+            .map(|(n, c)| (n.clone(), c.id()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// SIGTERMs every backend this loop launched and waits up to `timeout` for
+    /// them to end (a `fermata backend` drains first); SIGKILLs the rest.
+    pub fn stop_launched(&mut self, timeout: Duration) {
+        for c in self.children.values() {
+            // SAFETY: kill(2) on a child of ours that has not been reaped.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            self.children
+                .retain(|_, c| !matches!(c.try_wait(), Ok(Some(_))));
+            if self.children.is_empty() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for c in self.children.values_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.children.clear();
+    }
+
+    fn sh(cmd: &str) -> Result<Child> {
+        Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .spawn()
+            .with_context(|| format!("cannot run `{cmd}`"))
+    }
+
+    /// One step on `view` (fetched by the caller).
+    pub fn step(&mut self, view: &View) -> StepLog {
+        // Reap what ended.
+        self.children
+            .retain(|_, c| !matches!(c.try_wait(), Ok(Some(_))));
+        self.stoppers
+            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        let now = self.t0.elapsed().as_secs_f64();
+        let decision = self.ctl.step(now, &view.advice, &view.backends);
+        let starting = self.ctl.starting(view.backends.len() as u32);
+        let mut acted = Vec::new();
+        let what = match &decision {
+            Decision::Launch(n) => {
+                let mut what = format!("launch {n}");
+                let count = view.backends.len() as u32 + starting;
+                for _ in 0..*n {
+                    let index = self.next_index;
+                    self.next_index += 1;
+                    let name = format!("{}{index}", self.o.name_prefix);
+                    let cmd = fill(
+                        &self.o.launch,
+                        &[
+                            ("name", name.clone()),
+                            ("index", index.to_string()),
+                            ("count", count.to_string()),
+                        ],
+                    );
+                    if self.o.dry_run {
+                        acted.push((name, None));
+                        continue;
+                    }
+                    match Self::sh(&cmd) {
+                        Ok(c) => {
+                            acted.push((name.clone(), Some(c.id())));
+                            self.children.insert(name, c);
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %format!("{e:#}"), "autoscale: launch failed");
+                            what.push_str(&format!(" (failed: {e:#})"));
+                        }
+                    }
+                }
+                what
+            }
+            Decision::Drain(list) => {
+                let count =
+                    (view.backends.len() as u32).saturating_sub(list.len() as u32) + starting;
+                for (node, name) in list {
+                    let pid = self.children.get(name).map(|c| c.id());
+                    acted.push((name.clone(), pid));
+                    if self.o.dry_run {
+                        continue;
+                    }
+                    match &self.o.stop {
+                        Some(t) => {
+                            let cmd = fill(
+                                t,
+                                &[
+                                    ("name", name.clone()),
+                                    ("node", node.to_string()),
+                                    ("pid", pid.map(|p| p.to_string()).unwrap_or_default()),
+                                    ("count", count.to_string()),
+                                    (
+                                        "index",
+                                        name.strip_prefix(&self.o.name_prefix)
+                                            .unwrap_or("")
+                                            .to_string(),
+                                    ),
+                                ],
+                            );
+                            match Self::sh(&cmd) {
+                                Ok(c) => self.stoppers.push(c),
+                                Err(e) => {
+                                    tracing::error!(error = %format!("{e:#}"), "autoscale: stop failed")
+                                }
+                            }
+                        }
+                        None => match pid {
+                            // SAFETY: kill(2) on a child of ours that has not been reaped.
+                            Some(p) => unsafe {
+                                libc::kill(p as libc::pid_t, libc::SIGTERM);
+                            },
+                            None => tracing::warn!(
+                                backend = %name,
+                                "autoscale: cannot stop a backend this loop did not launch without --stop"
+                            ),
+                        },
+                    }
+                }
+                format!("drain {}", list.len())
+            }
+            Decision::Hold(why) => format!("hold: {why}"),
+        };
+        StepLog {
+            t_s: now,
+            backends: view.backends.len() as u32,
+            starting: self.ctl.starting(view.backends.len() as u32),
+            gpus: view.gpus,
+            bad_rate: view.bad_rate,
+            idle_fraction: view.idle_fraction,
+            advice: format!("{}: {}", view.advice.action, view.advice.reason),
+            decision: what,
+            acted,
+        }
+    }
+
+    /// Fetches the view and steps; an unreachable scheduler is a hold.
+    pub fn tick(&mut self) -> Result<StepLog> {
+        let body = http_get(&self.o.scheduler, "/v1/autoscale", Duration::from_secs(2))?;
+        let view = parse_view(&body)?;
+        Ok(self.step(&view))
+    }
+
+    pub fn interval(&self) -> Duration {
+        self.o.interval
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_fill_their_placeholders() {
+        assert_eq!(
+            fill(
+                "kubectl scale sts be --replicas={count} # {name} {x}",
+                &[("count", "3".into()), ("name", "b1".into())]
+            ),
+            "kubectl scale sts be --replicas=3 # b1 {x}"
+        );
+    }
+
+    #[test]
+    fn the_view_is_read_from_the_schedulers_json() {
+        let body = r#"{"window_s":10,"cluster":{"subcluster":null,
+            "signals":{"window_s":9,"gpus":3,"idle_fraction":0.5,"tasks":100,"bad":0,"bad_rate":0.0},
+            "advice":{"action":"release","add_gpus":0,"release_gpus":[2],"release_backends":[[3,"b2"]],"reason":"r"}},
+            "subclusters":[],"backends":[{"node":1,"name":"b0","gpus":[0],"draining":false},
+            {"node":3,"name":"b2","gpus":[2],"draining":true}],"thresholds":null}"#;
+        let v = parse_view(body).unwrap();
+        assert_eq!(v.backends, vec![1]);
+        assert_eq!(v.advice.release_backends, vec![(3, "b2".to_string())]);
+        assert_eq!(v.gpus, 3);
+        assert!(parse_view(r#"{"cluster":null,"backends":[]}"#).is_err());
+        assert!(parse_view("<html>").is_err());
+    }
+}

@@ -1,0 +1,575 @@
+//! Autoscaling (Symphony Section 3.5): the signals, the advice, and the closed
+//! loop that acts on it.
+//!
+//! Deferred scheduling packs work onto the lowest-numbered GPUs, so at light
+//! load whole GPUs with the highest ids stay idle. Two numbers over a sliding
+//! window say how many GPUs the load needs: the GPUs' idle fraction f and the
+//! bad rate r (requests dropped or finished past their deadline). With N GPUs in
+//! service, when r is above its threshold the load needs about N·r/(1−r) more
+//! (the bad share, served at the present goodput per GPU); when f is above its
+//! threshold N·f GPUs' worth of time is idle, and the highest-numbered GPUs are
+//! the ones to release.
+//!
+//! [`advise`] turns the signals into advice naming GPUs and backends;
+//! [`Controller`] (the loop behind `fermata autoscale`) decides launches and
+//! drains from successive advice with a provisioning delay, cool-downs and
+//! bounds. Both are pure: time comes in as seconds.
+
+use serde::{Deserialize, Serialize};
+
+/// The window both signals are measured over (the scheduler's GPU busy window).
+pub const SIGNAL_WINDOW_S: f64 = 10.0;
+
+/// The signals of a set of GPUs (a sub-cluster or the whole cluster) over a window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Signals {
+    /// The window the figures cover (s; shorter right after a start).
+    pub window_s: f64,
+    /// GPUs in service now (draining ones left out).
+    pub gpus: u32,
+    /// Mean idle fraction of the GPUs in service over the window (0..1).
+    pub idle_fraction: f64,
+    /// Tasks that reached the scheduler in the window.
+    pub tasks: u64,
+    /// Of those, bad: dropped, failed or finished past their deadline.
+    pub bad: u64,
+    /// bad / tasks (0 without tasks).
+    pub bad_rate: f64,
+}
+
+/// Thresholds of the advice.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdviceConfig {
+    /// Advise adding GPUs when the bad rate is above this.
+    pub bad_threshold: f64,
+    /// Advise releasing GPUs when the idle fraction is above this.
+    pub idle_threshold: f64,
+    /// Signals over fewer tasks than this (and a window shorter than half the
+    /// full one) advise nothing: too little to go on.
+    pub min_tasks: u64,
+}
+
+impl Default for AdviceConfig {
+    fn default() -> Self {
+        AdviceConfig {
+            bad_threshold: 0.01,
+            idle_threshold: 0.3,
+            min_tasks: 50,
+        }
+    }
+}
+
+/// A GPU in service and the backend that has it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuOwner {
+    pub gpu: u32,
+    pub node: u64,
+    /// The backend's registered name.
+    pub name: String,
+}
+
+/// What to do about the GPUs' number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Advice {
+    /// "add", "release" or "hold".
+    pub action: String,
+    /// GPUs to add (ceil(N·r/(1−r))).
+    pub add_gpus: u32,
+    /// GPUs to release (floor(N·f), at most N − 1): the highest ids in service.
+    pub release_gpus: Vec<u32>,
+    /// The backends all of whose GPUs are in `release_gpus` (highest GPU first):
+    /// the ones to drain and stop. (node id, name)
+    pub release_backends: Vec<(u64, String)>,
+    /// Why, for people.
+    pub reason: String,
+}
+
+/// The advice for `s` over the GPUs `owners` (those in service).
+pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
+    let hold = |reason: String| Advice {
+        action: "hold".into(),
+        add_gpus: 0,
+        release_gpus: Vec::new(),
+        release_backends: Vec::new(),
+        reason,
+    };
+    let n = s.gpus as f64;
+    if s.tasks < cfg.min_tasks && s.window_s < SIGNAL_WINDOW_S / 2.0 {
+        return hold(format!(
+            "too little to go on ({} tasks in {:.1} s)",
+            s.tasks, s.window_s
+        ));
+    }
+    if s.bad_rate > cfg.bad_threshold {
+        // r close to 1 says little about how much is missing: cap the step.
+        let r = s.bad_rate.min(0.9);
+        let add = if s.gpus == 0 {
+            1
+        } else {
+            (n * r / (1.0 - r)).ceil().max(1.0) as u32
+        };
+        return Advice {
+            action: "add".into(),
+            add_gpus: add,
+            release_gpus: Vec::new(),
+            release_backends: Vec::new(),
+            reason: format!(
+                "bad rate {:.2}% > {:.2}% over {:.1} s on {} GPUs: add N·r/(1−r) = {add}",
+                s.bad_rate * 100.0,
+                cfg.bad_threshold * 100.0,
+                s.window_s,
+                s.gpus
+            ),
+        };
+    }
+    if s.idle_fraction > cfg.idle_threshold && s.gpus > 1 {
+        let k = ((n * s.idle_fraction).floor() as u32).min(s.gpus - 1);
+        if k == 0 {
+            return hold(format!(
+                "idle {:.1}% is under one GPU",
+                s.idle_fraction * 100.0
+            ));
+        }
+        let mut ids: Vec<u32> = owners.iter().map(|o| o.gpu).collect();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.truncate(k as usize);
+        // A backend goes when every GPU it has is among those released.
+        let mut backends: Vec<(u32, u64, String)> = Vec::new();
+        for o in owners {
+            if backends.iter().any(|b| b.1 == o.node) {
+                continue;
+            }
+            let all: Vec<u32> = owners
+                .iter()
+                .filter(|x| x.node == o.node)
+                .map(|x| x.gpu)
+                .collect();
+            if all.iter().all(|g| ids.contains(g)) {
+                backends.push((*all.iter().max().unwrap(), o.node, o.name.clone()));
+            }
+        }
+        backends.sort_by_key(|b| std::cmp::Reverse(b.0));
+        return Advice {
+            action: "release".into(),
+            add_gpus: 0,
+            reason: format!(
+                "idle {:.1}% > {:.1}% over {:.1} s on {} GPUs: release N·f = {k} (the highest ids)",
+                s.idle_fraction * 100.0,
+                cfg.idle_threshold * 100.0,
+                s.window_s,
+                s.gpus
+            ),
+            release_gpus: ids,
+            release_backends: backends.into_iter().map(|b| (b.1, b.2)).collect(),
+        };
+    }
+    hold(format!(
+        "bad rate {:.2}% and idle {:.1}% within the thresholds",
+        s.bad_rate * 100.0,
+        s.idle_fraction * 100.0
+    ))
+}
+
+/// Running totals sampled over time, for the figures over the last window.
+#[derive(Debug, Default, Clone)]
+pub struct TotalsWindow {
+    /// (time s, tasks, bad)
+    samples: std::collections::VecDeque<(f64, u64, u64)>,
+}
+
+impl TotalsWindow {
+    /// Records the totals at `now` (s) and returns (span s, tasks, bad) over the
+    /// last `window` seconds (since the first sample, until a window has passed).
+    pub fn push(&mut self, now: f64, tasks: u64, bad: u64, window: f64) -> (f64, u64, u64) {
+        self.samples.push_back((now, tasks, bad));
+        while self.samples.len() > 2 && now - self.samples[1].0 >= window {
+            self.samples.pop_front();
+        }
+        let (t0, n0, b0) = self.samples[0];
+        (now - t0, tasks.saturating_sub(n0), bad.saturating_sub(b0))
+    }
+}
+
+/// The closed loop's settings (`fermata autoscale`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerConfig {
+    /// GPUs each launched backend brings.
+    pub gpus_per_backend: u32,
+    /// Bounds on the backends in service (launched ones still starting count).
+    pub min_backends: u32,
+    pub max_backends: u32,
+    /// After a launch, the next launch waits this long (s).
+    pub up_cooldown_s: f64,
+    /// After a drain, or a launch, the next drain waits this long (s).
+    pub down_cooldown_s: f64,
+    /// A launched backend counts as starting for this long (s); until it is in
+    /// service or this passes, the advice is not acted on again.
+    pub provisioning_s: f64,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            gpus_per_backend: 1,
+            min_backends: 1,
+            max_backends: 16,
+            up_cooldown_s: 30.0,
+            down_cooldown_s: 120.0,
+            provisioning_s: 60.0,
+        }
+    }
+}
+
+/// What the loop does now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Start this many backends.
+    Launch(u32),
+    /// Drain and stop these backends (node id, name).
+    Drain(Vec<(u64, String)>),
+    /// Nothing, and why.
+    Hold(String),
+}
+
+/// The loop's memory between steps.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    cfg: ControllerConfig,
+    last_up: Option<f64>,
+    last_down: Option<f64>,
+    /// Launches not yet seen in service: (when, how many in service then + launched).
+    pending: Option<(f64, u32)>,
+    /// Backends told to drain and not yet gone: (node, when).
+    draining: Vec<(u64, f64)>,
+}
+
+impl Controller {
+    pub fn new(cfg: ControllerConfig) -> Result<Controller, String> {
+        if cfg.gpus_per_backend == 0 {
+            return Err("GPUs per backend must be at least 1".into());
+        }
+        if cfg.min_backends > cfg.max_backends {
+            return Err(format!(
+                "the lower bound ({}) is above the upper bound ({})",
+                cfg.min_backends, cfg.max_backends
+            ));
+        }
+        for (what, v) in [
+            ("up cool-down", cfg.up_cooldown_s),
+            ("down cool-down", cfg.down_cooldown_s),
+            ("provisioning delay", cfg.provisioning_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("the {what} must be >= 0 s"));
+            }
+        }
+        Ok(Controller {
+            cfg,
+            last_up: None,
+            last_down: None,
+            pending: None,
+            draining: Vec::new(),
+        })
+    }
+
+    /// Backends being launched and not yet in service.
+    pub fn starting(&self, in_service: u32) -> u32 {
+        self.pending
+            .map_or(0, |(_, want)| want.saturating_sub(in_service))
+    }
+
+    /// One step at `now` (s): the advice and the backends in service (not
+    /// draining) as the scheduler reports them.
+    pub fn step(&mut self, now: f64, advice: &Advice, backends: &[u64]) -> Decision {
+        let in_service = backends.len() as u32;
+        // Launches are done once in service or past the provisioning delay.
+        if let Some((t, want)) = self.pending {
+            if in_service >= want || now - t >= self.cfg.provisioning_s {
+                self.pending = None;
+            }
+        }
+        self.draining
+            .retain(|(node, t)| backends.contains(node) && now - t < self.cfg.provisioning_s);
+        let starting = self.starting(in_service);
+        let total = in_service + starting;
+        let cool_up = self
+            .last_up
+            .is_none_or(|t| now - t >= self.cfg.up_cooldown_s);
+        if total < self.cfg.min_backends {
+            let n = self.cfg.min_backends - total;
+            return self.launch(now, in_service, starting, n);
+        }
+        if advice.action == "add" {
+            if starting > 0 {
+                return Decision::Hold(format!("{starting} backend(s) still starting"));
+            }
+            if !cool_up {
+                return Decision::Hold("in the cool-down after a launch".into());
+            }
+            if total >= self.cfg.max_backends {
+                return Decision::Hold(format!(
+                    "at the upper bound ({} backends)",
+                    self.cfg.max_backends
+                ));
+            }
+            let want = advice.add_gpus.div_ceil(self.cfg.gpus_per_backend).max(1);
+            let n = want.min(self.cfg.max_backends - total);
+            return self.launch(now, in_service, starting, n);
+        }
+        if advice.action == "release" {
+            if starting > 0 {
+                return Decision::Hold(format!("{starting} backend(s) still starting"));
+            }
+            if !self.draining.is_empty() {
+                return Decision::Hold("a drain is still under way".into());
+            }
+            let since = self
+                .last_down
+                .into_iter()
+                .chain(self.last_up)
+                .fold(f64::MIN, f64::max);
+            if now - since < self.cfg.down_cooldown_s {
+                return Decision::Hold("in the cool-down after a scaling step".into());
+            }
+            let room = in_service.saturating_sub(self.cfg.min_backends) as usize;
+            if room == 0 {
+                return Decision::Hold(format!(
+                    "at the lower bound ({} backends)",
+                    self.cfg.min_backends
+                ));
+            }
+            let go: Vec<(u64, String)> = advice
+                .release_backends
+                .iter()
+                .filter(|(n, _)| backends.contains(n))
+                .take(room)
+                .cloned()
+                .collect();
+            if go.is_empty() {
+                return Decision::Hold("no whole backend among the GPUs to release".into());
+            }
+            self.last_down = Some(now);
+            for (n, _) in &go {
+                self.draining.push((*n, now));
+            }
+            return Decision::Drain(go);
+        }
+        Decision::Hold(advice.reason.clone())
+    }
+
+    fn launch(&mut self, now: f64, in_service: u32, starting: u32, n: u32) -> Decision {
+        self.last_up = Some(now);
+        self.pending = Some((now, in_service + starting + n));
+        Decision::Launch(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(gpus: u32, idle: f64, tasks: u64, bad: u64) -> Signals {
+        Signals {
+            window_s: 10.0,
+            gpus,
+            idle_fraction: idle,
+            tasks,
+            bad,
+            bad_rate: if tasks == 0 {
+                0.0
+            } else {
+                bad as f64 / tasks as f64
+            },
+        }
+    }
+
+    fn owners(per_backend: &[u32]) -> Vec<GpuOwner> {
+        let mut v = Vec::new();
+        let mut g = 0;
+        for (i, &n) in per_backend.iter().enumerate() {
+            for _ in 0..n {
+                v.push(GpuOwner {
+                    gpu: g,
+                    node: i as u64 + 1,
+                    name: format!("b{i}"),
+                });
+                g += 1;
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn bad_rate_adds_n_r_over_1_minus_r() {
+        let a = advise(
+            &sig(8, 0.0, 1000, 200),
+            &owners(&[8]),
+            &AdviceConfig::default(),
+        );
+        assert_eq!(a.action, "add");
+        // 8 · 0.2 / 0.8 = 2.
+        assert_eq!(a.add_gpus, 2);
+        let a = advise(
+            &sig(10, 0.0, 1000, 20),
+            &owners(&[10]),
+            &AdviceConfig::default(),
+        );
+        assert_eq!(a.add_gpus, 1, "ceil(10 · 0.02 / 0.98) = 1");
+        let a = advise(
+            &sig(10, 0.0, 1000, 5),
+            &owners(&[10]),
+            &AdviceConfig::default(),
+        );
+        assert_eq!(a.action, "hold", "0.5% is under 1%");
+    }
+
+    #[test]
+    fn idle_releases_the_highest_ids_and_whole_backends() {
+        // Four backends of two GPUs; 45% idle of 8 = 3 GPUs: 7, 6, 5; only
+        // backend 4 (GPUs 6, 7) is wholly among them.
+        let a = advise(
+            &sig(8, 0.45, 1000, 0),
+            &owners(&[2, 2, 2, 2]),
+            &AdviceConfig::default(),
+        );
+        assert_eq!(a.action, "release");
+        assert_eq!(a.release_gpus, vec![7, 6, 5]);
+        assert_eq!(a.release_backends, vec![(4, "b3".to_string())]);
+        // Never all of them.
+        let a = advise(
+            &sig(2, 0.99, 1000, 0),
+            &owners(&[1, 1]),
+            &AdviceConfig::default(),
+        );
+        assert_eq!(a.release_gpus, vec![1]);
+        // Too little data.
+        let mut s = sig(4, 0.9, 3, 0);
+        s.window_s = 1.0;
+        assert_eq!(
+            advise(&s, &owners(&[4]), &AdviceConfig::default()).action,
+            "hold"
+        );
+    }
+
+    #[test]
+    fn totals_window_covers_the_last_window() {
+        let mut w = TotalsWindow::default();
+        assert_eq!(w.push(0.0, 0, 0, 10.0), (0.0, 0, 0));
+        assert_eq!(w.push(5.0, 100, 1, 10.0), (5.0, 100, 1));
+        // The oldest sample that still covers the window back from now.
+        assert_eq!(w.push(12.0, 300, 2, 10.0), (12.0, 300, 2));
+        assert_eq!(w.push(16.0, 400, 2, 10.0), (11.0, 300, 1));
+    }
+
+    fn add(n: u32) -> Advice {
+        Advice {
+            action: "add".into(),
+            add_gpus: n,
+            release_gpus: vec![],
+            release_backends: vec![],
+            reason: String::new(),
+        }
+    }
+
+    fn release(b: &[u64]) -> Advice {
+        Advice {
+            action: "release".into(),
+            add_gpus: 0,
+            release_gpus: vec![],
+            release_backends: b.iter().map(|&n| (n, format!("b{n}"))).collect(),
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn launches_respect_bounds_provisioning_and_cool_down() {
+        let mut c = Controller::new(ControllerConfig {
+            gpus_per_backend: 2,
+            min_backends: 1,
+            max_backends: 4,
+            up_cooldown_s: 10.0,
+            down_cooldown_s: 30.0,
+            provisioning_s: 5.0,
+        })
+        .unwrap();
+        // Below the lower bound: launch at once.
+        assert_eq!(c.step(0.0, &add(0), &[]), Decision::Launch(1));
+        // 3 GPUs wanted = 2 backends; but one is still starting.
+        assert!(matches!(c.step(1.0, &add(3), &[]), Decision::Hold(_)));
+        // In service: cool-down still on.
+        assert!(matches!(c.step(2.0, &add(3), &[1]), Decision::Hold(_)));
+        assert_eq!(c.step(10.0, &add(3), &[1]), Decision::Launch(2));
+        // Upper bound: 3 in service + starting; want 5 more -> only 1.
+        assert!(matches!(
+            c.step(12.0, &add(10), &[1, 2, 3]),
+            Decision::Hold(_)
+        ));
+        assert_eq!(c.step(20.0, &add(10), &[1, 2, 3]), Decision::Launch(1));
+        assert_eq!(
+            c.step(31.0, &add(10), &[1, 2, 3, 4]),
+            Decision::Hold("at the upper bound (4 backends)".into())
+        );
+    }
+
+    #[test]
+    fn a_launch_that_never_shows_up_is_given_up_after_the_provisioning_delay() {
+        let mut c = Controller::new(ControllerConfig {
+            up_cooldown_s: 0.0,
+            provisioning_s: 5.0,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.step(0.0, &add(1), &[1]), Decision::Launch(1));
+        assert!(matches!(c.step(4.0, &add(1), &[1]), Decision::Hold(_)));
+        assert_eq!(c.step(5.0, &add(1), &[1]), Decision::Launch(1));
+    }
+
+    #[test]
+    fn drains_respect_the_lower_bound_and_the_cool_downs() {
+        let mut c = Controller::new(ControllerConfig {
+            min_backends: 2,
+            max_backends: 8,
+            up_cooldown_s: 0.0,
+            down_cooldown_s: 30.0,
+            provisioning_s: 20.0,
+            ..Default::default()
+        })
+        .unwrap();
+        // Lower bound 2 of 4: at most 2 go, highest first as advised.
+        assert_eq!(
+            c.step(0.0, &release(&[4, 3, 2]), &[1, 2, 3, 4]),
+            Decision::Drain(vec![(4, "b4".into()), (3, "b3".into())])
+        );
+        // While they drain, nothing more.
+        assert!(matches!(
+            c.step(5.0, &release(&[2]), &[1, 2, 3, 4]),
+            Decision::Hold(_)
+        ));
+        // Gone, but the cool-down holds.
+        assert!(matches!(
+            c.step(10.0, &release(&[2]), &[1, 2]),
+            Decision::Hold(_)
+        ));
+        // At the lower bound.
+        assert_eq!(
+            c.step(40.0, &release(&[2]), &[1, 2]),
+            Decision::Hold("at the lower bound (2 backends)".into())
+        );
+        // A launch resets the drain cool-down too.
+        assert_eq!(c.step(41.0, &add(1), &[1, 2]), Decision::Launch(1));
+        assert!(matches!(
+            c.step(50.0, &release(&[3]), &[1, 2, 3]),
+            Decision::Hold(_)
+        ));
+        assert_eq!(
+            c.step(71.0, &release(&[3]), &[1, 2, 3]),
+            Decision::Drain(vec![(3, "b3".into())])
+        );
+        assert!(Controller::new(ControllerConfig {
+            min_backends: 3,
+            max_backends: 2,
+            ..Default::default()
+        })
+        .is_err());
+    }
+}
