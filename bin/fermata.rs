@@ -267,6 +267,10 @@ enum BenchCmd {
     /// (paper Fig. 16): imbalance of load and memory, solve time, and a
     /// move-bounded re-partition after the rates drift.
     Partition(plan::BenchPartitionArgs),
+    /// Flat-top with real processes on loopback: the load jumps to FACTOR x
+    /// the start's capacity and `fermata autoscale` adds what the scheduler's
+    /// advice says; bad rate per segment and time to recover.
+    Autoscale(plan::BenchAutoscaleArgs),
 }
 
 #[derive(Args)]
@@ -602,6 +606,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Failover(a)) => cmd_failover(a),
         Cmd::Bench(BenchCmd::Attacks(a)) => cmd_attacks(a),
         Cmd::Bench(BenchCmd::Partition(a)) => plan::cmd_bench_partition(a),
+        Cmd::Bench(BenchCmd::Autoscale(a)) => plan::cmd_bench_autoscale(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -537,3 +537,86 @@ pub fn cmd_autoscale(a: AutoscaleArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchAutoscaleArgs {
+    /// Backends (one emulated GPU each) at the start: the loop's lower bound.
+    #[arg(long, default_value_t = 2)]
+    start: u32,
+    /// The loop's upper bound.
+    #[arg(long, default_value_t = 8)]
+    max: u32,
+    /// The load after the jump, as a multiple of the start's capacity.
+    #[arg(long, default_value_t = 1.5)]
+    factor: f64,
+    /// Seconds of load after the jump.
+    #[arg(long, default_value_t = 30.0)]
+    secs: f64,
+    /// Length of one measured segment (s).
+    #[arg(long, default_value_t = 2.0)]
+    segment_s: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_autoscale(a: BenchAutoscaleArgs) -> Result<()> {
+    use fermata::harness::autoscale_bench::{run, AutoscaleBenchOpts};
+    if a.start == 0 || a.max < a.start || a.max > 64 {
+        bail!("need 1 <= --start <= --max <= 64");
+    }
+    if !(a.factor > 0.0 && a.factor <= 10.0)
+        || !(a.secs >= 1.0 && a.secs <= 3600.0)
+        || !(a.segment_s >= 0.5 && a.segment_s <= a.secs)
+    {
+        bail!("--factor in (0, 10], --secs in [1, 3600], --segment-s in [0.5, --secs]");
+    }
+    let exe = std::env::current_exe().context("the fermata binary's path")?;
+    let dir = std::env::temp_dir().join(format!("fermata-bench-autoscale-{}", std::process::id()));
+    let r = run(
+        &exe,
+        &dir,
+        &AutoscaleBenchOpts {
+            start: a.start,
+            max: a.max,
+            factor: a.factor,
+            secs: a.secs,
+            segment_s: a.segment_s,
+        },
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = r?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "capacity of {} GPUs (simulator goodput): {:.0} r/s; offered {:.0} r/s ({}x) from t = 0",
+        a.start, r.capacity_rps, r.offered_rps, a.factor
+    );
+    println!(
+        "{:>7} {:>8} {:>8} {:>10} {:>9}",
+        "t (s)", "offered", "bad %", "unanswered", "backends"
+    );
+    for s in &r.segments {
+        println!(
+            "{:>7.1} {:>8} {:>8.2} {:>10} {:>9}",
+            s.t_s,
+            s.offered,
+            s.bad_rate * 100.0,
+            s.unanswered,
+            s.backends
+        );
+    }
+    for (t, d) in &r.decisions {
+        println!("  t = {t:>5.1} s: {d}");
+    }
+    match r.recovered_after_s {
+        Some(t) => println!("bad rate under 1% for good {t:.1} s after the jump"),
+        None => println!("the bad rate did not stay under 1%"),
+    }
+    println!(
+        "final: {} backends, simulator goodput {:.0} r/s for {:.0} r/s offered",
+        r.final_backends, r.final_capacity_rps, r.offered_rps
+    );
+    Ok(())
+}

@@ -43,6 +43,10 @@ pub(super) struct EventLoop {
     /// bad rate (over the GPUs' busy window, [`BUSY_WINDOW`]).
     autoscale: (Arc<std::sync::Mutex<AutoscaleView>>, AdviceConfig),
     totals: TotalsWindow,
+    /// The GPUs the signals last covered: when they change, the bad rate
+    /// starts over (it describes the GPUs in service now, not those before a
+    /// scaling step).
+    signal_gpus: Vec<u32>,
     started: Instant,
 }
 
@@ -71,6 +75,7 @@ impl EventLoop {
             _listener: listener,
             autoscale,
             totals: TotalsWindow::default(),
+            signal_gpus: Vec::new(),
             started: Instant::now(),
         }
     }
@@ -195,8 +200,18 @@ impl EventLoop {
             + rep.tasks_failed_backend_lost
             + rep.tasks_late;
         let t = now.duration_since(self.started).as_secs_f64();
-        let (span, tasks, bad) = self.totals.push(t, tasks, bad, window.as_secs_f64());
         let backends: Vec<_> = self.proto.backends();
+        let mut gpus: Vec<u32> = backends
+            .iter()
+            .filter(|b| !b.draining)
+            .flat_map(|b| b.gpus.iter().copied())
+            .collect();
+        gpus.sort_unstable();
+        if gpus != self.signal_gpus {
+            self.totals = TotalsWindow::default();
+            self.signal_gpus = gpus;
+        }
+        let (span, tasks, bad) = self.totals.push(t, tasks, bad, window.as_secs_f64());
         let owners: Vec<GpuOwner> = backends
             .iter()
             .filter(|b| !b.draining)

@@ -329,7 +329,13 @@ pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<Autosca
     type Pick = fn(&ScopeView) -> f64;
     // (name, help, pick, also per sub-cluster: the idle fraction and GPU count
     // per sub-cluster are fermata_subcluster_idle_ratio and _gpus_in_service).
-    let series: [(&str, &str, Pick, bool); 5] = [
+    let series: [(&str, &str, Pick, bool); 6] = [
+        (
+            "advice_target_gpus",
+            "GPUs the advice says the load needs: in service + to add - to release (divide by GPUs per backend for a replica count, e.g. in a KEDA ScaledObject).",
+            |v| v.signals.gpus as f64 + v.advice.add_gpus as f64 - v.advice.release_gpus.len() as f64,
+            true,
+        ),
         (
             "bad_ratio",
             "Share of tasks over the last 10 s that were dropped, failed or finished past their deadline (the autoscaling signal r).",
