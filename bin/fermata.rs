@@ -422,6 +422,11 @@ struct RtArgs {
     /// The load generator hands requests in at least this often (us).
     #[arg(long, default_value_t = 50.0)]
     gen_quantum_us: f64,
+    /// Load generator threads: 1 shares a thread with the fake backends (the
+    /// scheduler gets the cores on a small machine); more split the models
+    /// among their own threads, so that the generator is not the limit.
+    #[arg(long, default_value_t = 1)]
+    gen_threads: usize,
     /// A ModelThread polls this long for more work before it parks (us).
     #[arg(long, default_value_t = 100.0)]
     model_spin_us: f64,
@@ -436,6 +441,12 @@ impl RtArgs {
         if self.threads == 0 || self.threads > 256 {
             bail!("--threads must be between 1 and 256, got {}", self.threads);
         }
+        if self.gen_threads == 0 || self.gen_threads > 256 {
+            bail!(
+                "--gen-threads must be between 1 and 256, got {}",
+                self.gen_threads
+            );
+        }
         if !(self.rank_spin_us >= 0.0 && self.gen_quantum_us > 0.0) {
             bail!("--rank-spin-us must be >= 0 and --gen-quantum-us > 0");
         }
@@ -445,6 +456,7 @@ impl RtArgs {
             rank_spin: Dur::from_us_f64(self.rank_spin_us),
             gen_quantum: Dur::from_us_f64(self.gen_quantum_us),
             model_spin: Dur::from_us_f64(self.model_spin_us.max(0.0)),
+            gen_threads: self.gen_threads,
             ..Default::default()
         })
     }

@@ -318,6 +318,37 @@ fn realtime_run_ends_every_request_once_with_fake_backends() {
     }
 }
 
+/// Several load generator threads, each with its own submitter and a share of
+/// the models: every request still ends exactly once and every model gets its
+/// load.
+#[test]
+fn several_generator_threads_split_the_models_and_lose_nothing() {
+    let _serial = serial();
+    let w = Workload::from_file(std::path::Path::new(
+        "configs/workloads/1080ti_mixed10_16gpu_zipf_bursty.toml",
+    ))
+    .unwrap();
+    let mut o = RunOptions::from_workload(&w);
+    o.rate_rps = 1000.0;
+    o.arrival = fermata::workload::Arrival::Poisson;
+    o.warmup = Dur::from_ms(200);
+    o.duration = Dur::from_ms(1500);
+    let rt = RtOptions {
+        gen_threads: 3,
+        ..RtOptions::default()
+    };
+    let r = run_realtime(&w, &o, &rt).unwrap();
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(r.unended, 0, "every request ends");
+    assert!(r.generated > 1200, "{}", r.generated);
+    let offered: Vec<u64> = r.sim.models.iter().map(|m| m.offered).collect();
+    assert!(
+        offered.iter().all(|&n| n > 0),
+        "every model offered load: {offered:?}"
+    );
+    assert!(r.sim.bad_rate() < 0.05, "bad rate {}", r.sim.bad_rate());
+}
+
 #[test]
 fn overload_is_bounded_and_recovers() {
     let _serial = serial();

@@ -337,6 +337,11 @@ pub struct RtOptions {
     pub drain: Dur,
     /// Optional rate multiplier over time (from the run's start): overload tests.
     pub rate_steps: Vec<(Dur, f64)>,
+    /// Load generator threads. 1: the generator shares the fake world thread
+    /// with the backends (so that on a small machine the scheduler gets the
+    /// cores); more: each thread generates the arrivals of every K-th model with
+    /// its own submitter, so that the generator is not what a run measures.
+    pub gen_threads: usize,
 }
 
 impl Default for RtOptions {
@@ -352,6 +357,7 @@ impl Default for RtOptions {
             request_chunks_max: 4096,
             drain: Dur::from_ms(500),
             rate_steps: Vec::new(),
+            gen_threads: 1,
         }
     }
 }
@@ -414,9 +420,31 @@ pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<Rt
     let sched = RtScheduler::start(rt_config(&w, opt, rt), w.specs(), outlet, clock)?;
     let stop = Arc::new(AtomicBool::new(false));
     let backends = FakeBackends::new(w.clone(), plan_rx, ledger.clone(), sched.gpu_reporter());
-    let gen = LoadGen::new(&w, opt, rt, t0, win_end);
-    let sub = Some(sched.submitter());
-    let (gen_tx, gen_rx) = crossbeam_channel::bounded(1);
+    let k = rt.gen_threads.clamp(1, w.models.len().max(1));
+    let (gen_tx, gen_rx) = crossbeam_channel::bounded(k);
+    // One generator: on the world thread. Several: a thread each.
+    let (gen, sub) = if k == 1 {
+        (
+            Some(LoadGen::new(&w, opt, rt, t0, win_end, (0, 1))),
+            Some(sched.submitter()),
+        )
+    } else {
+        for part in 0..k {
+            let gen = LoadGen::new(&w, opt, rt, t0, win_end, (part, k));
+            let (sub, ledger, tx, quantum) = (
+                sched.submitter(),
+                ledger.clone(),
+                gen_tx.clone(),
+                rt.gen_quantum,
+            );
+            std::thread::Builder::new()
+                .name(format!("fermata-gen-{part}"))
+                .spawn(move || {
+                    let _ = tx.send(gen_thread(gen, sub, &ledger, clock, quantum));
+                })?;
+        }
+        (None, None)
+    };
     let world = FakeWorld {
         clock,
         waiter: world_waiter,
@@ -431,17 +459,25 @@ pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<Rt
     let world = std::thread::Builder::new()
         .name("fermata-fake-world".into())
         .spawn(move || world.run())?;
-    let gen = gen_rx
-        .recv()
-        .map_err(|_| anyhow::anyhow!("the fake world thread died"))?;
+    let mut parts = Vec::with_capacity(k);
+    for _ in 0..k {
+        parts.push(
+            gen_rx
+                .recv()
+                .map_err(|_| anyhow::anyhow!("a load generator thread died"))?,
+        );
+    }
+    let gen = GenResult::merge(parts);
 
     // Let what is queued end by itself (every request has a deadline), then shut down.
     wait_drained(&ledger, clock, gen.generated, rt.drain);
     let scheduler = sched.shutdown();
     stop.store(true, Ordering::Release);
     let mut backend = world.join().expect("the fake world thread panicked");
-    let world_cpu = backend.cpu;
-    backend.cpu = world_cpu.saturating_sub(gen.cpu);
+    if k == 1 {
+        // The world thread generated too: its CPU until then was the generator's.
+        backend.cpu = backend.cpu.saturating_sub(gen.cpu);
+    }
     Ok(rt_run(&w, opt, &ledger, gen, scheduler, backend, start))
 }
 
@@ -461,8 +497,11 @@ fn rt_ledger(
 ) -> (Arc<Ledger>, Time, Time) {
     let expect = opt.rate_rps * (opt.warmup + opt.duration).as_secs_f64();
     let peak = rt.rate_steps.iter().map(|s| s.1).fold(1.0f64, f64::max);
+    // Several generator threads number their tasks with a stride: the ids run
+    // past the count by as much as the threads' shares differ.
+    let spread = if rt.gen_threads > 1 { 1.5 } else { 1.0 };
     let capacity = if rt.check_exactly_once {
-        (expect * peak * 1.2 + 100_000.0) as usize
+        (expect * peak * 1.2 * spread + 100_000.0) as usize
     } else {
         0
     };
@@ -506,7 +545,8 @@ fn wait_drained(ledger: &Ledger, clock: Clock, generated: u64, drain: Dur) {
 struct FakeWorld {
     clock: Clock,
     waiter: Waiter,
-    gen: LoadGen,
+    /// The generator, when it shares this thread (one generator thread).
+    gen: Option<LoadGen>,
     /// The generator's submitter; dropped when it is done.
     sub: Option<Submitter>,
     backends: FakeBackends,
@@ -521,18 +561,18 @@ impl FakeWorld {
     /// Generates load and runs the backends until the load is done, `stop` is
     /// set and the backends are idle; returns the backends' statistics.
     fn run(mut self) -> BackendStats {
-        let mut generating = true;
+        let mut generating = self.gen.is_some();
         loop {
             let now = self.clock.now();
             let mut wake = None;
-            if let Some(su) = self.sub.as_mut() {
-                wake = self.gen.step(now, su, &self.ledger, self.quantum);
+            if let (Some(su), Some(gen)) = (self.sub.as_mut(), self.gen.as_mut()) {
+                wake = gen.step(now, su, &self.ledger, self.quantum);
                 if wake.is_none() {
                     generating = false;
-                    self.gen.cpu = crate::runtime::cpu::thread_cpu_time();
+                    gen.cpu = crate::runtime::cpu::thread_cpu_time();
                     // Submitters must go for the scheduler to shut down.
                     self.sub = None;
-                    let _ = self.gen_tx.send(self.gen.result(self.clock));
+                    let _ = self.gen_tx.send(gen.result(self.clock));
                 }
             }
             self.backends.step(now);
@@ -628,11 +668,50 @@ struct GenResult {
     secs: f64,
 }
 
+/// A load generator thread: hands in its arrivals until the run is over.
+fn gen_thread(
+    mut gen: LoadGen,
+    mut sub: Submitter,
+    ledger: &Ledger,
+    clock: Clock,
+    quantum: Dur,
+) -> GenResult {
+    let mut waiter = Waiter::new(Dur::ZERO);
+    while let Some(next) = gen.step(clock.now(), &mut sub, ledger, quantum) {
+        waiter.wait_until(&clock, Some(next), || false);
+    }
+    gen.cpu = crate::runtime::cpu::thread_cpu_time();
+    // The submitter must go for the scheduler to shut down.
+    drop(sub);
+    gen.result(clock)
+}
+
+impl GenResult {
+    /// The generator threads' results as one.
+    fn merge(parts: Vec<GenResult>) -> GenResult {
+        let mut it = parts.into_iter();
+        let mut g = it.next().expect("at least one generator");
+        for p in it {
+            g.generated += p.generated;
+            g.refused += p.refused;
+            let _ = g.lag_ns.add(&p.lag_ns);
+            g.cpu += p.cpu;
+            g.secs = g.secs.max(p.secs);
+        }
+        g
+    }
+}
+
 /// The fake frontends: per-model arrival processes (seeded as in the simulator),
 /// merged in time order and handed in at least every `gen_quantum`.
 struct LoadGen {
     slo: Vec<Dur>,
     arrivals: MergedArrivals,
+    /// Global model index of each of `arrivals`' generators.
+    models: Vec<usize>,
+    /// Task ids: `first + k * stride` for the k-th arrival (disjoint per thread).
+    first: u64,
+    stride: u64,
     t0: Time,
     win_start: Time,
     end: Time,
@@ -645,12 +724,28 @@ struct LoadGen {
 }
 
 impl LoadGen {
-    fn new(w: &Workload, opt: &RunOptions, rt: &RtOptions, t0: Time, end: Time) -> LoadGen {
+    /// The generator of every `of`-th model from model `part` (all: 0 of 1).
+    fn new(
+        w: &Workload,
+        opt: &RunOptions,
+        rt: &RtOptions,
+        t0: Time,
+        end: Time,
+        (part, of): (usize, usize),
+    ) -> LoadGen {
         let trace = (!rt.rate_steps.is_empty()).then_some(rt.rate_steps.as_slice());
-        let gens = model_gens(w, opt.arrival, opt.rate_rps, opt.seed, trace);
+        let (models, gens): (Vec<usize>, Vec<_>) =
+            model_gens(w, opt.arrival, opt.rate_rps, opt.seed, trace)
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| i % of == part)
+                .unzip();
         LoadGen {
             slo: w.models.iter().map(|m| m.spec.slo).collect(),
             arrivals: MergedArrivals::new(gens, Time::ZERO + (end - t0)),
+            models,
+            first: part as u64,
+            stride: of as u64,
             t0,
             win_start: end - opt.duration,
             end,
@@ -678,9 +773,10 @@ impl LoadGen {
                 break;
             }
             let (m, t) = self.arrivals.pop().expect("peeked");
+            let m = self.models[m];
             let arrival = self.t0 + Dur(t.0);
             let task = Task {
-                id: TaskId(self.id),
+                id: TaskId(self.first + self.id * self.stride),
                 arrival,
                 deadline: arrival + self.slo[m],
                 tag: 0,
