@@ -564,10 +564,12 @@ pub fn cmd_bench_autoscale(a: BenchAutoscaleArgs) -> Result<()> {
     if a.start == 0 || a.max < a.start || a.max > 64 {
         bail!("need 1 <= --start <= --max <= 64");
     }
-    if !(a.factor > 0.0 && a.factor <= 10.0)
-        || !(a.secs >= 1.0 && a.secs <= 3600.0)
-        || !(a.segment_s >= 0.5 && a.segment_s <= a.secs)
-    {
+    let ok = a.factor > 0.0
+        && a.factor <= 10.0
+        && (1.0..=3600.0).contains(&a.secs)
+        && a.segment_s >= 0.5
+        && a.segment_s <= a.secs;
+    if !ok {
         bail!("--factor in (0, 10], --secs in [1, 3600], --segment-s in [0.5, --secs]");
     }
     let exe = std::env::current_exe().context("the fermata binary's path")?;
