@@ -560,7 +560,7 @@ pub struct BenchAutoscaleArgs {
 }
 
 pub fn cmd_bench_autoscale(a: BenchAutoscaleArgs) -> Result<()> {
-    use fermata::harness::autoscale_bench::{run, AutoscaleBenchOpts};
+    use fermata::bench::autoscale::{run, AutoscaleBenchOpts};
     if a.start == 0 || a.max < a.start || a.max > 64 {
         bail!("need 1 <= --start <= --max <= 64");
     }

@@ -9,7 +9,6 @@
 //! generator against its own cluster.
 
 pub mod attacks;
-pub mod autoscale_bench;
 pub mod failover;
 pub mod fake;
 pub mod http_load;

@@ -629,6 +629,10 @@ fn current_completed(inst: &Instance) -> Option<Vec<usize>> {
     Some(a)
 }
 
+/// The most x_ij the MILP is built with (models × sub-clusters): bounds the
+/// model's memory (a few hundred bytes per variable in HiGHS).
+pub const MAX_BINARIES: usize = 2_000_000;
+
 /// Options of the MILP solve.
 #[derive(Debug, Clone)]
 pub struct MilpOptions {
@@ -846,6 +850,14 @@ fn run_highs(
 /// found); an infeasible instance is explained.
 pub fn solve_milp(inst: &Instance, opts: &MilpOptions) -> Result<Solution> {
     inst.validate()?;
+    let binaries = inst.models.len() * inst.subclusters;
+    if binaries > MAX_BINARIES {
+        bail!(
+            "{} models x {} sub-clusters is {binaries} binary variables, more than the MILP takes ({MAX_BINARIES}); use fewer sub-clusters, or --solver random",
+            inst.models.len(),
+            inst.subclusters
+        );
+    }
     if let Some(why) = precheck(inst) {
         return Err(why.into());
     }

@@ -850,8 +850,6 @@ impl SchedProto {
         }
     }
 
-    /// Removes registered nodes that stopped pinging, and backends with a plan
-    /// overdue (the watchdog).
     /// A backend asks to leave without failing a request: its GPUs leave the
     /// core now (no new plan), its plans in flight finish, and once none is left
     /// (and [`DRAIN_QUIET`] has passed, so that a plan the core decided just
@@ -880,8 +878,11 @@ impl SchedProto {
                 });
                 self.send_capacity();
             }
-            // Nothing of it in service yet: nothing to wait for.
-            Peer::Loading { .. } => self.send(c, Msg::Drained),
+            // Nothing of it in service yet (a rejoin while it drains): it
+            // leaves now, so that it never enters service.
+            Peer::Loading { .. } => {
+                self.remove(c, format!("drained while loading: {reason}"), true)
+            }
             _ => self.reject(c, "Drain from a node that is not a backend".into()),
         }
     }
@@ -921,6 +922,8 @@ impl SchedProto {
         }
     }
 
+    /// Removes registered nodes that stopped pinging, and backends with a plan
+    /// overdue (the watchdog); answers draining backends that are done.
     fn check_timeouts(&mut self, now: Time) {
         self.check_drains(now);
         // After a stall of the scheduler itself, reports may wait unread in its

@@ -6,8 +6,8 @@
 //! rate clients saw and the backends in service; and how long after the jump
 //! the bad rate fell under 1% for good.
 
-use super::procs::{Proc, ProcCluster, ProcOpts};
 use crate::bench::{goodput_search, SearchOptions};
+use crate::harness::procs::{Proc, ProcCluster, ProcOpts};
 use crate::sim::RunOptions;
 use crate::workload::Workload;
 use anyhow::Result;
