@@ -49,8 +49,9 @@ for arg in "$@"; do
   esac
 done
 
-# Debian/Ubuntu packages the tests need: iproute2 (`ip netns`, veth, bridge) for the
-# multi-host test in network namespaces (tests/netns.rs).
+# Debian/Ubuntu packages the build and tests need: cmake, with which highs-sys builds
+# HiGHS (the partitioner's MILP solver) from source, and iproute2 (`ip netns`, veth,
+# bridge) for the multi-host test in network namespaces (tests/netns.rs).
 APT_PACKAGES=(iproute2 cmake)
 # Packages the `rdma` feature needs. ibverbs-sys configures its vendored rdma-core
 # with cmake (which wants pkg-config, libnl and python3) and generates its bindings

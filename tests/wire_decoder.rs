@@ -395,8 +395,10 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                 items: v.into_iter().map(|(m, d)| (ModelId(m), Dur(d))).collect(),
             })
             .boxed(),
+        arb_str().prop_map(|reason| Msg::Drain { reason }).boxed(),
+        Just(Msg::Drained).boxed(),
     ];
-    assert_eq!(arms.len(), 22, "one arm per variant");
+    assert_eq!(arms.len(), 24, "one arm per variant");
     Union::new(arms)
 }
 
@@ -521,7 +523,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 23u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 25u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }
