@@ -225,6 +225,10 @@ struct ClusterArgs {
     /// ids, guessed capabilities) every 5 ms: no request may end by one.
     #[arg(long)]
     rogue: bool,
+    /// Backends are told to drain and leave now and then (and come back as
+    /// new nodes): no request may fail for it, no plan follow `Drained`.
+    #[arg(long)]
+    drain: bool,
     /// Print one JSON object per seed.
     #[arg(long)]
     json: bool,
@@ -689,6 +693,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let (mut sched_crashes, mut takeovers) = (0u64, 0u64);
     let (mut forged_sent, mut forged_refused) = (0u64, 0u64);
     let (mut good, mut retried) = (0u64, 0u64);
+    let (mut drains, mut drained_left, mut failed) = (0u64, 0u64, 0u64);
     let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
@@ -707,11 +712,15 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             workload_path: a.workload.as_ref().map(|p| p.display().to_string()),
             standby: a.standby,
             rogue: a.rogue,
+            drain: a.drain,
         };
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;
         events += r.events;
         ended += r.good + r.late + r.dropped + r.failed;
+        drains += r.drains;
+        drained_left += r.drained_left;
+        failed += r.failed;
         faults[0] += r.crashes;
         faults[1] += r.pauses;
         faults[2] += r.partitions;
@@ -756,6 +765,11 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     if a.standby {
         eprintln!(
             "standby: {sched_crashes} crashes of the serving scheduler, {takeovers} takeovers"
+        );
+    }
+    if a.drain {
+        eprintln!(
+            "drain: {drains} backends told to drain, {drained_left} drained and left; {failed} requests failed in all"
         );
     }
     if a.rogue {

@@ -301,3 +301,32 @@ fn forged_results_never_end_a_request() {
         "{refused} of {sent} forgeries met a pending request"
     );
 }
+
+/// Backends told to drain and leave (as an autoscaler scales in) fail no
+/// request: with no other fault every request is served or, at worst, late or
+/// dropped while fewer GPUs serve, none failed; no plan follows a `Drained`
+/// (checked on every send); every drained backend leaves and comes back as a
+/// new node. With every fault kind on top, the invariants still hold.
+#[test]
+fn drained_backends_leave_without_failing_a_request() {
+    let w = workload();
+    let (mut drains, mut left) = (0, 0);
+    for seed in 1..=40 {
+        let mut o = opts(seed, Faults::None);
+        o.drain = true;
+        let r = ClusterSim::new(&w, o).run();
+        assert!(r.violation.is_none(), "seed {seed}: {:?}", r.violation);
+        assert_eq!(r.failed, 0, "seed {seed}: no request fails for a drain");
+        assert_eq!(r.good + r.late + r.dropped, r.requests, "seed {seed}");
+        drains += r.drains;
+        left += r.drained_left;
+    }
+    assert!(drains >= 40, "drains were exercised: {drains}");
+    assert_eq!(left, drains, "every drained backend left");
+    for seed in 1..=40 {
+        let mut o = opts(seed, Faults::All);
+        o.drain = true;
+        let r = ClusterSim::new(&w, o).run();
+        assert!(r.violation.is_none(), "seed {seed}: {:?}", r.violation);
+    }
+}

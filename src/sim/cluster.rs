@@ -126,6 +126,10 @@ pub struct ClusterSimOpts {
     /// latest tasks, guessed capabilities) every 5 ms while clients send: no
     /// request may end by one.
     pub rogue: bool,
+    /// Backends are told to drain and leave now and then (as an autoscaler
+    /// scales in) and come back later as new nodes: no request may fail for
+    /// it, and no plan may follow the scheduler's `Drained`.
+    pub drain: bool,
 }
 
 impl Default for ClusterSimOpts {
@@ -146,6 +150,7 @@ impl Default for ClusterSimOpts {
             workload_path: None,
             standby: false,
             rogue: false,
+            drain: false,
         }
     }
 }
@@ -180,6 +185,9 @@ impl ClusterSimOpts {
         }
         if self.rogue {
             s += " --rogue";
+        }
+        if self.drain {
+            s += " --drain";
         }
         s
     }
@@ -238,6 +246,9 @@ pub struct ClusterSimReport {
     pub forged_refused: u64,
     /// Requests held over a lost scheduler and submitted to the next one.
     pub retried: u64,
+    /// Backends told to drain, and those that then left (drained).
+    pub drains: u64,
+    pub drained_left: u64,
     pub violation: Option<Violation>,
 }
 
@@ -297,6 +308,8 @@ enum Ev {
     },
     /// The rogue peer sends a frontend forged results.
     Forge,
+    /// A backend is told to drain and leave.
+    Drain,
 }
 
 struct Link {
@@ -363,6 +376,9 @@ struct Be {
     /// A hang fault: batches running or starting before this (true time) end
     /// only then, while the process goes on answering pings.
     hung_until: Time,
+    /// Told to drain (it sent `Drain`), and answered (`Drained`).
+    draining: bool,
+    drained: bool,
 }
 
 struct Sched {
@@ -431,6 +447,8 @@ pub struct ClusterSim {
     sched_wake: Option<Time>,
     report: ClusterSimReport,
     violation: Option<Violation>,
+    /// Scheduler connections on which `Drained` was sent: no plan may follow.
+    drained_conns: HashSet<ConnId>,
 }
 
 type BatchOut = (Vec<(ConnId, Msg)>, Option<ConnId>, Msg);
@@ -469,6 +487,7 @@ impl ClusterSim {
             pending_out: HashMap::new(),
             sched_wake: None,
             violation: None,
+            drained_conns: HashSet::new(),
         };
         sim.start_scheduler();
         if sim.opts.standby {
@@ -488,7 +507,7 @@ impl ClusterSim {
             sim.rogue = Some(sim.new_pid(Proc::Dead));
             sim.at(Time(Dur::from_ms(60).0), Ev::Forge);
         }
-        if sim.opts.faults != Faults::None {
+        if sim.opts.faults != Faults::None || sim.opts.drain {
             sim.schedule_faults();
         }
         sim.next_stall();
@@ -517,6 +536,12 @@ impl ClusterSim {
             if self.opts.faults.partition() {
                 let t3 = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
                 self.at(t3, Ev::Partition);
+            }
+        }
+        if self.opts.drain {
+            for _ in 0..n {
+                let t = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+                self.at(t, Ev::Drain);
             }
         }
         if self.opts.standby && self.opts.faults.crash() {
@@ -691,6 +716,8 @@ impl ClusterSim {
                 .collect(),
             wake: None,
             hung_until: Time::EPOCH_MIN,
+            draining: false,
+            drained: false,
         }));
         self.be_slots[slot] = pid;
         self.be_apply(pid);
@@ -752,6 +779,18 @@ impl ClusterSim {
         } else {
             0
         };
+        match &msg {
+            Msg::Drained => {
+                self.drained_conns.insert(conn);
+            }
+            Msg::Plan { id, .. } if self.drained_conns.contains(&conn) => {
+                self.violate(format!(
+                    "plan {} sent on connection {conn} after Drained",
+                    id.0
+                ));
+            }
+            _ => {}
+        }
         let Some(l) = self.links.get_mut(&conn) else {
             return;
         };
@@ -907,6 +946,7 @@ impl ClusterSim {
             Ev::Crash => self.crash(),
             Ev::Pause => self.pause(),
             Ev::Hang => self.hang(),
+            Ev::Drain => self.drain_one(),
             Ev::Stall => self.stall(),
             Ev::Partition => self.partition(),
             Ev::SchedCrash => self.sched_crash(),
@@ -1102,6 +1142,71 @@ impl ClusterSim {
         // Some pauses outlast the heartbeat timeout, most do not.
         let len = Dur(self.rng.gen_range(10_000_000..1_500_000_000));
         self.paused[pid] = self.now + len;
+    }
+
+    /// A live backend in service is told to drain (as `fermata backend` on
+    /// SIGTERM): it sends `Drain` and leaves once answered and idle. Only
+    /// while another backend is in service and none drains, so that the
+    /// cluster keeps a GPU (a drain must fail no request).
+    fn drain_one(&mut self) {
+        let in_service: Vec<Pid> = self
+            .be_slots
+            .iter()
+            .copied()
+            .filter(|&p| matches!(&self.procs[p], Proc::Be(b) if b.proto.sched_conn().is_some() && !b.draining))
+            .collect();
+        let draining = self
+            .be_slots
+            .iter()
+            .any(|&p| matches!(&self.procs[p], Proc::Be(b) if b.draining));
+        if in_service.len() < 2 || draining {
+            return;
+        }
+        let pid = in_service[self.rng.gen_range(0..in_service.len())];
+        let Proc::Be(b) = &mut self.procs[pid] else {
+            return;
+        };
+        let Some(c) = b.proto.sched_conn() else {
+            return;
+        };
+        b.draining = true;
+        self.report.drains += 1;
+        self.send(
+            pid,
+            c,
+            Msg::Drain {
+                reason: "scale in".into(),
+            },
+        );
+    }
+
+    /// A drained backend with nothing queued or running unregisters and
+    /// exits; a supervisor starts it again later as a new node. True when it
+    /// left.
+    fn maybe_leave(&mut self, pid: Pid) -> bool {
+        let Proc::Be(b) = &self.procs[pid] else {
+            return false;
+        };
+        let idle = b.run.iter().all(|r| !r.busy && r.queue.is_empty());
+        if !(b.drained && idle) {
+            return false;
+        }
+        if let Some(c) = b.proto.sched_conn() {
+            self.send(
+                pid,
+                c,
+                Msg::Unregister {
+                    reason: "drained".into(),
+                },
+            );
+        }
+        let slot = self.be_slots.iter().position(|&p| p == pid);
+        self.report.drained_left += 1;
+        self.kill(pid, "drained: left");
+        if let Some(slot) = slot {
+            self.restart_later(Role::Backend, slot);
+        }
+        true
     }
 
     /// A live backend's GPUs hang for 0.3 to 1.5 s: the batches they run end
@@ -1704,6 +1809,9 @@ impl ClusterSim {
                 return;
             }
         }
+        if self.maybe_leave(pid) {
+            return;
+        }
         self.be_rearm(pid);
     }
 
@@ -1762,12 +1870,19 @@ impl ClusterSim {
                 b.run[gpu].queue.push(plan.exec_at, plan);
                 self.be_next(pid, gpu as u32);
             }
-            be_proto::Action::Drained => {}
+            be_proto::Action::Drained => {
+                b.drained = true;
+            }
             be_proto::Action::Lost(_) => {
                 // The plans queued for the lost scheduler are void (a running
                 // batch finishes; its report goes nowhere).
                 for run in &mut b.run {
                     while run.queue.pop_due(Time::NEVER).is_some() {}
+                }
+                // A draining backend with no scheduler has nothing to wait for
+                // (as `BackendNode::drain`): it leaves once idle.
+                if b.draining {
+                    b.drained = true;
                 }
             }
         }
@@ -1922,6 +2037,9 @@ impl ClusterSim {
                 }
                 self.be_apply(pid);
             }
+        }
+        if self.maybe_leave(pid) {
+            return;
         }
         self.be_next(pid, gpu);
     }
