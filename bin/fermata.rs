@@ -275,6 +275,9 @@ enum BenchCmd {
     /// the start's capacity and `fermata autoscale` adds what the scheduler's
     /// advice says; bad rate per segment and time to recover.
     Autoscale(plan::BenchAutoscaleArgs),
+    /// The autoscaling loop in the simulator (paper Fig. 15): 24 models, a rate
+    /// trace that rises and falls, GPUs in use against the fewest needed.
+    Fig15(plan::BenchFig15Args),
 }
 
 #[derive(Args)]
@@ -623,6 +626,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Attacks(a)) => cmd_attacks(a),
         Cmd::Bench(BenchCmd::Partition(a)) => plan::cmd_bench_partition(a),
         Cmd::Bench(BenchCmd::Autoscale(a)) => plan::cmd_bench_autoscale(a),
+        Cmd::Bench(BenchCmd::Fig15(a)) => plan::cmd_bench_fig15(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -622,3 +622,154 @@ pub fn cmd_bench_autoscale(a: BenchAutoscaleArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchFig15Args {
+    /// The most GPUs the loop may use (the paper: 512).
+    #[arg(long, default_value_t = 64)]
+    max_gpus: u32,
+    /// The trace's peak, as a fraction of the simulated capacity of --max-gpus.
+    #[arg(long, default_value_t = 0.8)]
+    peak_load: f64,
+    /// Rate trace (CSV `t_s,multiplier`); default: the generated one
+    /// (configs/traces/fig15.csv is that trace, 600 s).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Write the generated trace here and exit.
+    #[arg(long)]
+    write_trace: Option<PathBuf>,
+    /// Length of the generated trace (s).
+    #[arg(long, default_value_t = 600.0)]
+    trace_s: f64,
+    /// The loop's epoch (s): signals window and decision interval.
+    #[arg(long, default_value_t = 10.0)]
+    epoch_s: f64,
+    /// Seconds before an added GPU is in service.
+    #[arg(long, default_value_t = 5.0)]
+    provisioning_s: f64,
+    /// The advice's bad-rate threshold (add GPUs above it).
+    #[arg(long, default_value_t = 0.01)]
+    bad_threshold: f64,
+    /// The advice's idle threshold (release GPUs above it).
+    #[arg(long, default_value_t = 0.15)]
+    idle_threshold: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the plots (SVG) into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
+    use fermata::bench::fig15;
+    if a.max_gpus == 0 || a.max_gpus > 4096 {
+        bail!("--max-gpus must be between 1 and 4096");
+    }
+    let ok = a.peak_load > 0.0
+        && a.peak_load <= 10.0
+        && a.epoch_s >= 1.0
+        && a.epoch_s <= 3600.0
+        && a.provisioning_s >= 0.0
+        && a.provisioning_s <= 3600.0
+        && a.trace_s >= a.epoch_s
+        && a.trace_s <= 86_400.0
+        && (0.0..=1.0).contains(&a.bad_threshold)
+        && (0.0..=1.0).contains(&a.idle_threshold);
+    if !ok {
+        bail!("--peak-load in (0, 10], --epoch-s in [1, 3600], --provisioning-s in [0, 3600], --trace-s in [--epoch-s, 86400]");
+    }
+    let trace = match &a.trace {
+        Some(p) => {
+            fig15::parse_trace(&read(p, "trace")?).with_context(|| format!("{}", p.display()))?
+        }
+        None => fig15::generate_trace(a.trace_s, 10.0, 0.1, 0.05, a.seed),
+    };
+    if let Some(p) = &a.write_trace {
+        std::fs::write(p, fig15::trace_csv(&trace))
+            .with_context(|| format!("cannot write {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+        return Ok(());
+    }
+    let r = fig15::run(&fig15::Fig15Opts {
+        max_gpus: a.max_gpus,
+        peak_load: a.peak_load,
+        trace,
+        epoch_s: a.epoch_s,
+        provisioning_s: a.provisioning_s,
+        seed: a.seed,
+        advice: fermata::plan::autoscale::AdviceConfig {
+            bad_threshold: a.bad_threshold,
+            idle_threshold: a.idle_threshold,
+            ..Default::default()
+        },
+    })?;
+    if let Some(dir) = &a.plots {
+        let pts = |f: &dyn Fn(&fig15::Fig15Row) -> f64| -> Vec<(f64, f64)> {
+            r.rows.iter().map(|x| (x.epoch.t_s, f(x))).collect()
+        };
+        let svg = plot::line_chart_svg(
+            &format!(
+                "autoscaling in the simulator: 24 models, up to {} GPUs",
+                r.max_gpus
+            ),
+            "time (s)",
+            "GPUs",
+            &[
+                plot::Series {
+                    name: "GPUs in use".into(),
+                    points: pts(&|x| x.epoch.gpus as f64),
+                },
+                plot::Series {
+                    name: "fewest needed".into(),
+                    points: pts(&|x| x.min_gpus as f64),
+                },
+                plot::Series {
+                    name: "offered load (GPUs' worth)".into(),
+                    points: pts(&|x| x.epoch.offered_rps / r.per_gpu_rps),
+                },
+            ],
+        );
+        crate::write_plot(dir, "fig15_gpus.svg", svg)?;
+        let svg = plot::line_chart_svg(
+            "bad rate per epoch",
+            "time (s)",
+            "bad rate (%)",
+            &[plot::Series {
+                name: "bad rate".into(),
+                points: pts(&|x| x.bad_rate * 100.0),
+            }],
+        );
+        crate::write_plot(dir, "fig15_bad_rate.svg", svg)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "one GPU serves {:.0} r/s of the mix (at {} GPUs); peak {:.0} r/s; up to {} GPUs",
+        r.per_gpu_rps, r.per_gpu_at, r.peak_rps, r.max_gpus
+    );
+    println!(
+        "{:>7} {:>10} {:>6} {:>6} {:>8} {:>7}  decision",
+        "t (s)", "offered", "GPUs", "min", "bad %", "idle %"
+    );
+    for x in &r.rows {
+        println!(
+            "{:>7.0} {:>10.0} {:>6} {:>6} {:>8.2} {:>7.1}  {}",
+            x.epoch.t_s,
+            x.epoch.offered_rps,
+            x.epoch.gpus,
+            x.min_gpus,
+            x.bad_rate * 100.0,
+            x.epoch.idle_fraction * 100.0,
+            x.epoch.decision
+        );
+    }
+    println!(
+        "epochs under capacity with bad rate < 1%: {} of {}; after the first minute, GPUs within 15% of the fewest needed: {} of {}; GPU-seconds {:.0} (fewest needed {:.0})",
+        r.under_capacity_good_epochs, r.under_capacity_epochs, r.within_15pct_epochs, r.counted_epochs, r.gpu_seconds, r.min_gpu_seconds
+    );
+    Ok(())
+}

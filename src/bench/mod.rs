@@ -5,6 +5,7 @@
 pub mod autoscale;
 pub mod cases;
 pub mod compare;
+pub mod fig15;
 pub mod partition;
 pub mod plot;
 pub mod scheduler;

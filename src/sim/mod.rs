@@ -312,3 +312,203 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &RunOptions, core: &mut S) -> RunRes
         window: opt.duration,
     }
 }
+
+/// The autoscaling loop in virtual time (paper Fig. 15): the central
+/// dispatcher starts with `start_gpus`; every `epoch` the GPUs' idle fraction and
+/// the bad rate over the epoch give the advice ([`crate::plan::autoscale::advise`]),
+/// and the same [`crate::plan::autoscale::Controller`] that `fermata autoscale`
+/// runs decides: added GPUs enter the core after `provisioning`; released ones
+/// (the highest ids) leave it at once and finish what they run.
+#[derive(Debug, Clone)]
+pub struct AutoscaleSimOpts {
+    pub start_gpus: u32,
+    pub controller: crate::plan::autoscale::ControllerConfig,
+    pub advice: crate::plan::autoscale::AdviceConfig,
+    pub epoch: Dur,
+    pub provisioning: Dur,
+    /// The aggregate rate's multiplier over time: (from, multiplier), sorted.
+    pub trace: Vec<(Dur, f64)>,
+}
+
+/// One epoch of an autoscaled run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EpochRecord {
+    pub t_s: f64,
+    /// Requests that arrived in the epoch, per second.
+    pub offered_rps: f64,
+    /// GPUs in the core at the epoch's end.
+    pub gpus: u32,
+    /// Requests that ended in the epoch, and the bad ones among them.
+    pub ended: u64,
+    pub bad: u64,
+    pub idle_fraction: f64,
+    pub decision: String,
+}
+
+/// Runs `w` (the central dispatcher; `opt.rate_rps` times the trace) with the
+/// autoscaling loop; every request still ends exactly once.
+pub fn simulate_autoscaled(
+    w: &Workload,
+    opt: &RunOptions,
+    a: &AutoscaleSimOpts,
+) -> Vec<EpochRecord> {
+    use crate::plan::autoscale::{advise, Controller, Decision, GpuOwner, Signals};
+    let mut ww = w.clone();
+    ww.gpus = a.start_gpus.max(1);
+    let mut core = Dispatcher::new(dispatcher_config(&ww, opt.policy, opt.check), ww.specs());
+    let max_ids = (a.controller.max_backends as usize * 8).max(64);
+    let end = Time::ZERO + opt.warmup + opt.duration;
+    let mut arrivals = arrivals::MergedArrivals::new(
+        arrivals::model_gens(&ww, opt.arrival, opt.rate_rps, opt.seed, Some(&a.trace)),
+        end,
+    );
+    let mut e = Engine {
+        w: &ww,
+        opt: opt.clone(),
+        win_start: Time::ZERO,
+        win_end: end + Dur::from_secs_f64(3600.0),
+        models: ww
+            .models
+            .iter()
+            .map(|m| ModelResult::new(&m.spec.name))
+            .collect(),
+        gpu_free: vec![Time::EPOCH_MIN; max_ids],
+        gpu_busy_ns: vec![0; max_ids],
+        inflight: vec![VecDeque::new(); max_ids],
+        completions: BinaryHeap::new(),
+        jitter: None,
+        state: Vec::new(),
+        plans: Vec::new(),
+        ended: 0,
+        preemptions: 0,
+    };
+    let mut active: Vec<u32> = (0..ww.gpus).collect();
+    let mut pending_adds: Vec<Time> = Vec::new();
+    let mut ctl = Controller::new(a.controller.clone()).expect("valid controller settings");
+    let mut next_epoch = Time::ZERO + a.epoch;
+    let (mut last_busy, mut last_bad, mut last_ended, mut last_offered) =
+        (vec![0i64; max_ids], 0u64, 0u64, 0u64);
+    let mut out = Vec::new();
+    let mut next_id: u64 = 0;
+    let mut clock = Time::EPOCH_MIN;
+    let totals = |e: &Engine| {
+        let bad: u64 = e.models.iter().map(|m| m.late + m.dropped).sum();
+        let ended: u64 = e.models.iter().map(|m| m.good + m.late + m.dropped).sum();
+        let offered: u64 = e.models.iter().map(|m| m.offered).sum();
+        (bad, ended, offered)
+    };
+    loop {
+        let ta = arrivals.peek().map(|(_, t)| t).unwrap_or(Time::NEVER);
+        let tc = core.next_timeout().unwrap_or(Time::NEVER);
+        let td = e.completions.peek().map(|r| r.0 .0).unwrap_or(Time::NEVER);
+        let tp = pending_adds.iter().copied().min().unwrap_or(Time::NEVER);
+        let te = if next_epoch <= end {
+            next_epoch
+        } else {
+            Time::NEVER
+        };
+        let next = ta.min(tc).min(td).min(tp).min(te);
+        if next == Time::NEVER {
+            break;
+        }
+        let now = next.max(clock);
+        clock = now;
+        if td == next {
+            let Reverse((t, g, p)) = e.completions.pop().expect("peeked");
+            e.on_completion(t, g as usize, PlanId(p), &mut core);
+        } else if tp == next {
+            let due = pending_adds.iter().filter(|&&t| t == tp).count();
+            pending_adds.retain(|&t| t != tp);
+            for _ in 0..due {
+                if core.num_gpus() < max_ids {
+                    let id = core.add_gpu();
+                    active.push(id.0);
+                }
+            }
+        } else if te == next {
+            next_epoch += a.epoch;
+            let span = a.epoch.as_secs_f64();
+            let (bad, ended, offered) = totals(&e);
+            let (db, de, doff) = (bad - last_bad, ended - last_ended, offered - last_offered);
+            (last_bad, last_ended, last_offered) = (bad, ended, offered);
+            let busy: f64 = active
+                .iter()
+                .map(|&g| {
+                    (e.gpu_busy_ns[g as usize] - last_busy[g as usize]) as f64 / a.epoch.0 as f64
+                })
+                .map(|b| b.clamp(0.0, 1.0))
+                .sum();
+            last_busy.copy_from_slice(&e.gpu_busy_ns);
+            let n = active.len() as u32;
+            let sig = Signals {
+                window_s: span,
+                gpus: n,
+                idle_fraction: if n == 0 { 0.0 } else { 1.0 - busy / n as f64 },
+                tasks: de,
+                bad: db,
+                bad_rate: if de == 0 { 0.0 } else { db as f64 / de as f64 },
+            };
+            let owners: Vec<GpuOwner> = active
+                .iter()
+                .map(|&g| GpuOwner {
+                    gpu: g,
+                    node: g as u64,
+                    name: format!("gpu{g}"),
+                })
+                .collect();
+            let advice = advise(&sig, &owners, &a.advice);
+            // Backends = GPUs here; those being added count as starting.
+            let backends: Vec<u64> = active.iter().map(|&g| g as u64).collect();
+            let t_s = (now - Time::ZERO).as_secs_f64();
+            let decision = ctl.step(t_s, &advice, &backends);
+            let what = match &decision {
+                Decision::Launch(k) => {
+                    for _ in 0..*k {
+                        pending_adds.push(now + a.provisioning);
+                    }
+                    format!("add {k}")
+                }
+                Decision::Drain(list) => {
+                    for (g, _) in list {
+                        core.remove_gpu(now, GpuId(*g as u32));
+                        active.retain(|x| *x as u64 != *g);
+                    }
+                    format!("release {}", list.len())
+                }
+                Decision::Hold(_) => "hold".to_string(),
+            };
+            out.push(EpochRecord {
+                t_s,
+                offered_rps: doff as f64 / span,
+                gpus: active.len() as u32,
+                ended: de,
+                bad: db,
+                idle_fraction: sig.idle_fraction,
+                decision: what,
+            });
+        } else if tc == next {
+            core.handle_timeout(now);
+        } else {
+            let (m, t) = arrivals.pop().expect("peeked");
+            let spec = &ww.models[m].spec;
+            let task = Task {
+                id: TaskId(next_id),
+                arrival: t,
+                deadline: t + spec.slo,
+                tag: 0,
+                cap: 0,
+            };
+            if opt.check {
+                e.state.push(PENDING);
+            }
+            e.models[m].offered += 1;
+            next_id += 1;
+            core.handle_request(t, ModelId(m as u32), task);
+        }
+        while let Some(o) = core.poll_output() {
+            e.on_output(now, o);
+        }
+    }
+    assert_eq!(e.ended, next_id, "every request ends exactly once");
+    out
+}
