@@ -64,6 +64,25 @@ impl Engine<'_> {
         self.ended += 1;
     }
 
+    /// A request of model `m` arriving at `t` with task id `id` (counted
+    /// offered from the window's start on).
+    fn arrive(&mut self, m: usize, t: Time, id: u64) -> Task {
+        let task = Task {
+            id: TaskId(id),
+            arrival: t,
+            deadline: t + self.w.models[m].spec.slo,
+            tag: 0,
+            cap: 0,
+        };
+        if self.opt.check {
+            self.state.push(PENDING);
+        }
+        if t >= self.win_start {
+            self.models[m].offered += 1;
+        }
+        task
+    }
+
     #[inline]
     fn in_window(&self, t: &Task) -> bool {
         t.arrival >= self.win_start && t.arrival < self.win_end
@@ -268,20 +287,7 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &RunOptions, core: &mut S) -> RunRes
             core.handle_timeout(now);
         } else {
             let (m, t) = arrivals.pop().expect("peeked");
-            let spec = &w.models[m].spec;
-            let task = Task {
-                id: TaskId(next_id),
-                arrival: t,
-                deadline: t + spec.slo,
-                tag: 0,
-                cap: 0,
-            };
-            if opt.check {
-                e.state.push(PENDING);
-            }
-            if t >= win_start {
-                e.models[m].offered += 1;
-            }
+            let task = e.arrive(m, t, next_id);
             let fe = (next_id % frontends) as u32;
             next_id += 1;
             core.handle_request(t, ModelId(m as u32), task, fe);
@@ -490,18 +496,7 @@ pub fn simulate_autoscaled(
             core.handle_timeout(now);
         } else {
             let (m, t) = arrivals.pop().expect("peeked");
-            let spec = &ww.models[m].spec;
-            let task = Task {
-                id: TaskId(next_id),
-                arrival: t,
-                deadline: t + spec.slo,
-                tag: 0,
-                cap: 0,
-            };
-            if opt.check {
-                e.state.push(PENDING);
-            }
-            e.models[m].offered += 1;
+            let task = e.arrive(m, t, next_id);
             next_id += 1;
             core.handle_request(t, ModelId(m as u32), task);
         }
