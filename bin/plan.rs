@@ -628,6 +628,9 @@ pub struct BenchFig15Args {
     /// The most GPUs the loop may use (the paper: 512).
     #[arg(long, default_value_t = 64)]
     max_gpus: u32,
+    /// GPUs at the start.
+    #[arg(long, default_value_t = 1)]
+    start_gpus: u32,
     /// The trace's peak, as a fraction of the simulated capacity of --max-gpus.
     #[arg(long, default_value_t = 0.8)]
     peak_load: f64,
@@ -694,6 +697,7 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
     }
     let r = fig15::run(&fig15::Fig15Opts {
         max_gpus: a.max_gpus,
+        start_gpus: a.start_gpus,
         peak_load: a.peak_load,
         trace,
         epoch_s: a.epoch_s,

@@ -103,6 +103,8 @@ pub fn trace_csv(trace: &[(f64, f64)]) -> String {
 #[derive(Debug, Clone)]
 pub struct Fig15Opts {
     pub max_gpus: u32,
+    /// GPUs at the start (the loop's lower bound stays 1).
+    pub start_gpus: u32,
     /// The trace's peak as a fraction of the simulated capacity of `max_gpus`.
     pub peak_load: f64,
     pub trace: Vec<(f64, f64)>,
@@ -204,7 +206,7 @@ pub fn run(o: &Fig15Opts) -> Result<Fig15Report> {
     // Checking every event at this scale costs more than it tells.
     opt.check = false;
     let a = AutoscaleSimOpts {
-        start_gpus: 1,
+        start_gpus: o.start_gpus.clamp(1, o.max_gpus),
         controller: ControllerConfig {
             gpus_per_backend: 1,
             min_backends: 1,
@@ -285,6 +287,7 @@ mod tests {
     fn the_loop_follows_the_load_within_its_bounds() {
         let r = run(&Fig15Opts {
             max_gpus: 8,
+            start_gpus: 1,
             peak_load: 0.8,
             trace: generate_trace(200.0, 10.0, 0.1, 0.05, 1),
             epoch_s: 10.0,
