@@ -122,6 +122,16 @@ pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<String> {
     })
 }
 
+/// Whether a backend's name may go into a shell command: 1 to 64 of
+/// `A-Z a-z 0-9 . _ -`, not starting with `-`.
+pub fn shell_safe(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// Replaces the placeholders of a template.
 pub fn fill(template: &str, vars: &[(&str, String)]) -> String {
     let mut s = template.to_string();
@@ -250,6 +260,16 @@ impl Autoscaler {
                 let count =
                     (view.backends.len() as u32).saturating_sub(list.len() as u32) + starting;
                 for (node, name) in list {
+                    // The name is what the backend registered with: untrusted,
+                    // and it goes into a shell command.
+                    if !shell_safe(name) {
+                        tracing::warn!(
+                            backend = ?name,
+                            node,
+                            "autoscale: not stopping a backend whose name is not [A-Za-z0-9._-]{{1,64}} (it would go into a shell command)"
+                        );
+                        continue;
+                    }
                     let pid = self.children.get(name).map(|c| c.id());
                     acted.push((name.clone(), pid));
                     if self.o.dry_run {
@@ -323,6 +343,7 @@ impl Autoscaler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::autoscale::ControllerConfig;
 
     #[test]
     fn templates_fill_their_placeholders() {
@@ -333,6 +354,82 @@ mod tests {
             ),
             "kubectl scale sts be --replicas=3 # b1 {x}"
         );
+    }
+
+    #[test]
+    fn only_plain_names_go_into_a_shell_command() {
+        assert!(shell_safe("autoscaled-3"));
+        assert!(shell_safe("fermata-backend-0.pod_a"));
+        for bad in [
+            "",
+            "x; rm -rf /",
+            "$(id)",
+            "a b",
+            "`id`",
+            "-rf",
+            "a\nb",
+            &"a".repeat(65),
+        ] {
+            assert!(!shell_safe(bad), "{bad:?}");
+        }
+    }
+
+    /// A backend that registered under a name with shell syntax is not handed
+    /// to the stop command; a plain name is.
+    #[test]
+    fn a_hostile_backend_name_never_reaches_the_shell() {
+        let dir = std::env::temp_dir().join(format!("fermata-autoscaler-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut a = Autoscaler::new(AutoscalerOpts {
+            scheduler: "127.0.0.1:1".into(),
+            launch: "true".into(),
+            stop: Some(format!("touch {}/{{name}}", dir.display())),
+            name_prefix: "b".into(),
+            interval: Duration::from_secs(1),
+            controller: ControllerConfig {
+                min_backends: 1,
+                down_cooldown_s: 0.0,
+                ..Default::default()
+            },
+            dry_run: false,
+        })
+        .unwrap();
+        let hostile = format!("x;touch {}/pwned", dir.display());
+        let view = |name: &str| View {
+            advice: Advice {
+                action: "release".into(),
+                add_gpus: 0,
+                release_gpus: vec![1],
+                release_backends: vec![(2, name.to_string())],
+                reason: String::new(),
+            },
+            backends: vec![1, 2],
+            gpus: 2,
+            bad_rate: 0.0,
+            idle_fraction: 0.9,
+        };
+        let log = a.step(&view(&hostile));
+        assert!(log.acted.is_empty(), "{log:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!dir.join("pwned").exists());
+        let mut a = Autoscaler::new(AutoscalerOpts {
+            stop: Some(format!("touch {}/{{name}}", dir.display())),
+            ..a.o.clone()
+        })
+        .unwrap();
+        let log = a.step(&view("plain-2"));
+        assert_eq!(log.acted.len(), 1, "{log:?}");
+        for _ in 0..100 {
+            if dir.join("plain-2").exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            dir.join("plain-2").exists(),
+            "the stop command ran for a plain name"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
