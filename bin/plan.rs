@@ -101,6 +101,10 @@ fn instance(a: &PartitionArgs) -> Result<Instance> {
             // A repository model's static memory: the bytes of its weights (the
             // ONNX initializers every session of it shares on the device).
             let lookup = |name: &str| {
+                // A model's file is DIR/NAME.onnx: a name that is a path is not one.
+                if name.contains(['/', '\\']) || name.starts_with('.') {
+                    return None;
+                }
                 let file = a.repository.as_ref()?.join(format!("{name}.onnx"));
                 let bytes: usize = fermata::node::onnx::proto::shareable_initializers(&file)
                     .ok()?
