@@ -49,10 +49,10 @@ for arg in "$@"; do
   esac
 done
 
-# Debian/Ubuntu packages the build and tests need: cmake, with which highs-sys builds
+# Debian/Ubuntu packages the build and tests need: cmake and g++, with which highs-sys builds
 # HiGHS (the partitioner's MILP solver) from source, and iproute2 (`ip netns`, veth,
 # bridge) for the multi-host test in network namespaces (tests/netns.rs).
-APT_PACKAGES=(iproute2 cmake)
+APT_PACKAGES=(iproute2 cmake g++)
 # Packages the `rdma` feature needs. ibverbs-sys configures its vendored rdma-core
 # with cmake (which wants pkg-config, libnl and python3) and generates its bindings
 # with bindgen (libclang); the crate links against the system libibverbs
