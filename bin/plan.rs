@@ -757,7 +757,7 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
     }
     println!(
         "one GPU serves {:.0} r/s of the mix (at {} GPUs); peak {:.0} r/s; up to {} GPUs",
-        r.per_gpu_rps, r.per_gpu_at, r.peak_rps, r.max_gpus
+        r.per_gpu_rps, r.max_gpus, r.peak_rps, r.max_gpus
     );
     println!(
         "{:>7} {:>10} {:>6} {:>6} {:>8} {:>7}  decision",

@@ -60,25 +60,8 @@ fn the_loop_scales_out_under_overload_and_back_in_when_idle_within_its_bounds() 
         ..ProcOpts::new(path.clone())
     };
     let mut c = ProcCluster::start(&exe(), &o).unwrap();
-    let metrics = c
-        .scheduler
-        .wait_for("metrics listener", Duration::from_secs(10), |l| {
-            l.strip_prefix("fermata scheduler metrics listening on ")
-                .map(|a| a.trim().to_string())
-        })
-        .unwrap();
-    let secret = c.secret.args().join(" ");
-    let launch = format!(
-        "exec {} backend --scheduler {} --gpus 1 --name {{name}} {secret} > /dev/null",
-        exe().display(),
-        c.scheduler_addr
-    );
+    let metrics = c.scheduler_metrics_addr().unwrap();
     let args: Vec<String> = [
-        "autoscale",
-        "--scheduler",
-        &metrics,
-        "--launch",
-        &launch,
         "--min-backends",
         "1",
         "--max-backends",
@@ -91,12 +74,11 @@ fn the_loop_scales_out_under_overload_and_back_in_when_idle_within_its_bounds() 
         "10",
         "--interval-s",
         "0.5",
-        "--stop-launched-on-exit",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut a = Proc::spawn(&exe(), "autoscale", &args, false).unwrap();
+    let mut a = c.spawn_autoscale(&exe(), &metrics, &args).unwrap();
     // The lower bound: one backend, launched at once, in service soon.
     let s = steps_until(&mut a, Duration::from_secs(20), |v| v["backends"] == 1);
     assert!(

@@ -7,7 +7,7 @@
 //! the bad rate fell under 1% for good.
 
 use crate::bench::{goodput_search, SearchOptions};
-use crate::harness::procs::{Proc, ProcCluster, ProcOpts};
+use crate::harness::procs::{ProcCluster, ProcOpts};
 use crate::sim::RunOptions;
 use crate::workload::Workload;
 use anyhow::Result;
@@ -79,24 +79,8 @@ pub fn run(exe: &Path, dir: &Path, o: &AutoscaleBenchOpts) -> Result<AutoscaleBe
         ..ProcOpts::new(path.clone())
     };
     let mut c = ProcCluster::start(exe, &po)?;
-    let metrics = c
-        .scheduler
-        .wait_for("metrics listener", Duration::from_secs(10), |l| {
-            l.strip_prefix("fermata scheduler metrics listening on ")
-                .map(|a| a.trim().to_string())
-        })?;
-    let launch = format!(
-        "exec {} backend --scheduler {} --gpus 1 --name {{name}} {} > /dev/null",
-        exe.display(),
-        c.scheduler_addr,
-        c.secret.args().join(" ")
-    );
+    let metrics = c.scheduler_metrics_addr()?;
     let args: Vec<String> = [
-        "autoscale",
-        "--scheduler",
-        &metrics,
-        "--launch",
-        &launch,
         "--min-backends",
         &o.start.to_string(),
         "--max-backends",
@@ -109,12 +93,11 @@ pub fn run(exe: &Path, dir: &Path, o: &AutoscaleBenchOpts) -> Result<AutoscaleBe
         "10",
         "--interval-s",
         "0.5",
-        "--stop-launched-on-exit",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut a = Proc::spawn(exe, "autoscale", &args, false)?;
+    let mut a = c.spawn_autoscale(exe, &metrics, &args)?;
     // The autoscaler's steps, read on a thread: the last one and the actions.
     let last = Arc::new(Mutex::new(None::<serde_json::Value>));
     let log = Arc::new(Mutex::new(Vec::<(Instant, String)>::new()));

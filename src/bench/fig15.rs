@@ -127,9 +127,8 @@ pub struct Fig15Row {
 #[derive(Debug, Clone, Serialize)]
 pub struct Fig15Report {
     pub max_gpus: u32,
-    /// Goodput of one GPU for the mix, as measured at `per_gpu_at` GPUs.
+    /// Goodput of one GPU for the mix, as measured at `max_gpus` GPUs.
     pub per_gpu_rps: f64,
-    pub per_gpu_at: u32,
     /// The simulated goodput of the mix on n GPUs: (n, r/s).
     pub capacity: Vec<(u32, f64)>,
     pub peak_rps: f64,
@@ -195,7 +194,6 @@ pub fn run(o: &Fig15Opts) -> Result<Fig15Report> {
         bail!("no goodput for the mix at {} GPUs", o.max_gpus);
     }
     let per_gpu = cmax / o.max_gpus as f64;
-    let probe_gpus = o.max_gpus;
     let peak = cmax * o.peak_load;
     let secs = o.trace.last().map_or(0.0, |t| t.0) + o.epoch_s;
     let mut opt = RunOptions::from_workload(&w);
@@ -242,7 +240,6 @@ pub fn run(o: &Fig15Opts) -> Result<Fig15Report> {
     Ok(Fig15Report {
         max_gpus: o.max_gpus,
         per_gpu_rps: per_gpu,
-        per_gpu_at: probe_gpus,
         capacity: curve.clone(),
         peak_rps: peak,
         under_capacity_epochs: under.len(),

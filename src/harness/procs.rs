@@ -408,6 +408,42 @@ impl ProcCluster {
         Ok((p, a))
     }
 
+    /// The address of the scheduler's metrics listener (started with
+    /// `--metrics-listen` in [`ProcOpts::scheduler_args`]).
+    pub fn scheduler_metrics_addr(&mut self) -> Result<String> {
+        self.scheduler
+            .wait_for("metrics listener", Duration::from_secs(10), |l| {
+                l.strip_prefix("fermata scheduler metrics listening on ")
+                    .map(|a| a.trim().to_string())
+            })
+    }
+
+    /// `fermata autoscale` against this cluster's scheduler (its metrics
+    /// listener at `metrics`), launching one-GPU `fermata backend`s with the
+    /// cluster's secret (their output discarded) and draining them when it
+    /// stops; `args` add its bounds, cool-downs and interval.
+    pub fn spawn_autoscale(&self, exe: &Path, metrics: &str, args: &[String]) -> Result<Proc> {
+        let launch = format!(
+            "exec {} backend --scheduler {} --gpus 1 --name {{name}} {} > /dev/null",
+            exe.display(),
+            self.scheduler_addr,
+            self.secret.args().join(" ")
+        );
+        let mut all: Vec<String> = [
+            "autoscale",
+            "--scheduler",
+            metrics,
+            "--launch",
+            &launch,
+            "--stop-launched-on-exit",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        all.extend(args.iter().cloned());
+        Proc::spawn(exe, "autoscale", &all, false)
+    }
+
     /// Starts the load generator on a thread: `w`'s models at `rate` requests
     /// per second for `secs` seconds, no warm-up, over the cluster's secret.
     pub fn load_in_background(

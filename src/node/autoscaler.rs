@@ -85,13 +85,15 @@ pub fn parse_view(body: &str) -> Result<View> {
     })
 }
 
-/// GET http://ADDR/PATH with a timeout; the body (at most 4 MiB).
-pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<String> {
+/// GET http://ADDR/PATH with a timeout on `rt`; the body (at most 4 MiB).
+pub fn http_get(
+    rt: &tokio::runtime::Runtime,
+    addr: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<String> {
     use http_body_util::{BodyExt, Empty, Limited};
     use hyper::body::Bytes;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     rt.block_on(async {
         tokio::time::timeout(timeout, async {
             let s = tokio::net::TcpStream::connect(addr)
@@ -150,6 +152,8 @@ pub struct Autoscaler {
     stoppers: Vec<Child>,
     next_index: u64,
     t0: Instant,
+    /// Where the advice is fetched (one for the loop's life).
+    rt: tokio::runtime::Runtime,
 }
 
 impl Autoscaler {
@@ -165,6 +169,10 @@ impl Autoscaler {
             stoppers: Vec::new(),
             next_index: 0,
             t0: Instant::now(),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the HTTP client's runtime")?,
         })
     }
 
@@ -330,7 +338,12 @@ impl Autoscaler {
 
     /// Fetches the view and steps; an unreachable scheduler is a hold.
     pub fn tick(&mut self) -> Result<StepLog> {
-        let body = http_get(&self.o.scheduler, "/v1/autoscale", Duration::from_secs(2))?;
+        let body = http_get(
+            &self.rt,
+            &self.o.scheduler,
+            "/v1/autoscale",
+            Duration::from_secs(2),
+        )?;
         let view = parse_view(&body)?;
         Ok(self.step(&view))
     }

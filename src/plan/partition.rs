@@ -1101,6 +1101,18 @@ pub fn parse_models_file(text: &str) -> Result<ModelsFile> {
     Ok(f)
 }
 
+/// A model's (static, dynamic) memory: what its file gives, else what was
+/// `found` elsewhere (repository, catalogue), field by field; dynamic defaults
+/// to 0. None without a static figure.
+fn memory_of(
+    static_mb: Option<f64>,
+    dynamic_mb: Option<f64>,
+    found: Option<(f64, f64)>,
+) -> Option<(f64, f64)> {
+    let s = static_mb.or(found.map(|f| f.0))?;
+    Some((s, dynamic_mb.or(found.map(|f| f.1)).unwrap_or(0.0)))
+}
+
 /// The models of a models file, each model's memory from the file or else from
 /// `lookup` (the model repository's footprint); a model with neither is an error.
 pub fn resolve_models(
@@ -1110,13 +1122,12 @@ pub fn resolve_models(
     f.models
         .iter()
         .map(|m| {
-            let (mem, dynm) = match (m.memory_mb, lookup(&m.name)) {
-                (Some(s), found) => (s, m.dynamic_memory_mb.or(found.map(|f| f.1)).unwrap_or(0.0)),
-                (None, Some((s, d))) => (s, m.dynamic_memory_mb.unwrap_or(d)),
-                (None, None) => bail!(
+            let Some((mem, dynm)) = memory_of(m.memory_mb, m.dynamic_memory_mb, lookup(&m.name))
+            else {
+                bail!(
                     "model {:?} has no memory_mb, and no model repository (--repository) has it",
                     m.name
-                ),
+                );
             };
             Ok(PartModel {
                 name: m.name.clone(),
@@ -1152,13 +1163,11 @@ pub fn models_of_workload(w: &crate::workload::Workload) -> Result<Vec<PartModel
             }
             None => None,
         };
-        let (s, d) = match (m.memory_mb, from_profile) {
-            (Some(s), f) => (s, m.dynamic_memory_mb.or(f.map(|f| f.1)).unwrap_or(0.0)),
-            (None, Some((s, d))) => (s, m.dynamic_memory_mb.unwrap_or(d)),
-            (None, None) => bail!(
+        let Some((s, d)) = memory_of(m.memory_mb, m.dynamic_memory_mb, from_profile) else {
+            bail!(
                 "workload model {:?} has no memory_mb and is not one of the paper's profiled models",
                 m.spec.name
-            ),
+            );
         };
         out.push(PartModel {
             name: m.spec.name.clone(),

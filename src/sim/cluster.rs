@@ -1602,7 +1602,7 @@ impl ClusterSim {
         s.proto.plans().lock().expect("plans").sent(
             &p,
             backend,
-            tasks.iter().map(|t| t.id).collect(),
+            tasks.iter().map(|t| (t.id, t.deadline)),
         );
         self.report.plans += 1;
         let msg = plan_msg(&p, tasks, now);

@@ -17,9 +17,8 @@ use std::collections::HashMap;
 struct InFlight {
     backend: NodeId,
     gpu: GpuId,
-    tasks: Vec<TaskId>,
-    /// The deadlines of the plan's tasks (to count those it ends past).
-    deadlines: Vec<Time>,
+    /// Its tasks and their deadlines (to count those it ends past).
+    tasks: Vec<(TaskId, Time)>,
     /// When the report is overdue (scheduler time).
     due: Time,
 }
@@ -85,26 +84,20 @@ impl PlanLedger {
         self.plans.is_empty()
     }
 
-    /// `plan` was sent to `backend` (its GPU) with these tasks.
-    pub fn sent(&mut self, plan: &Plan, backend: NodeId, tasks: Vec<TaskId>) {
+    /// `plan` was sent to `backend` (its GPU) with these tasks (id, deadline).
+    pub fn sent(
+        &mut self,
+        plan: &Plan,
+        backend: NodeId,
+        tasks: impl IntoIterator<Item = (TaskId, Time)>,
+    ) {
         let span = (plan.finish_at - plan.exec_at).max(Dur::ZERO);
         self.plans.insert(
             plan.id,
             InFlight {
                 backend,
                 gpu: plan.gpu,
-                deadlines: if tasks.len() == plan.tasks.len() {
-                    // Every task's frontend is live (the usual case).
-                    plan.tasks.iter().map(|t| t.deadline).collect()
-                } else {
-                    let live: std::collections::HashSet<TaskId> = tasks.iter().copied().collect();
-                    plan.tasks
-                        .iter()
-                        .filter(|t| live.contains(&t.id))
-                        .map(|t| t.deadline)
-                        .collect()
-                },
-                tasks,
+                tasks: tasks.into_iter().collect(),
                 due: plan.finish_at + self.grace.max(span),
             },
         );
@@ -138,7 +131,7 @@ impl PlanLedger {
     pub fn unsent(&mut self, plan: PlanId) -> Vec<TaskId> {
         self.plans
             .remove(&plan)
-            .map(|f| f.tasks)
+            .map(|f| f.tasks.into_iter().map(|t| t.0).collect())
             .unwrap_or_default()
     }
 
@@ -171,7 +164,7 @@ impl PlanLedger {
             .remove(&plan)
             .map_or(Done { tasks: 0, late: 0 }, |f| Done {
                 tasks: f.tasks.len(),
-                late: f.deadlines.iter().filter(|&&d| finished > d).count(),
+                late: f.tasks.iter().filter(|t| finished > t.1).count(),
             }))
     }
 
@@ -191,7 +184,7 @@ impl PlanLedger {
         let mut tasks = Vec::new();
         for id in ids {
             if let Some(f) = self.plans.remove(&id) {
-                tasks.extend(f.tasks);
+                tasks.extend(f.tasks.into_iter().map(|t| t.0));
             }
         }
         tasks
@@ -201,6 +194,11 @@ impl PlanLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tasks with no deadline to miss.
+    fn ids(ids: &[u64]) -> Vec<(TaskId, Time)> {
+        ids.iter().map(|&i| (TaskId(i), Time::NEVER)).collect()
+    }
 
     fn plan(id: u64, gpu: u32, exec_ms: i64, finish_ms: i64) -> Plan {
         Plan {
@@ -216,8 +214,8 @@ mod tests {
     #[test]
     fn only_the_owner_reports_a_plan_and_only_once() {
         let mut l = PlanLedger::default();
-        l.sent(&plan(1, 0, 0, 5), 7, vec![TaskId(10), TaskId(11)]);
-        l.sent(&plan(2, 1, 0, 5), 8, vec![TaskId(12)]);
+        l.sent(&plan(1, 0, 0, 5), 7, ids(&[10, 11]));
+        l.sent(&plan(2, 1, 0, 5), 8, ids(&[12]));
         assert!(matches!(
             l.done(8, PlanId(1), GpuId(1), Time(0)),
             Err(Refused::NotYours(_))
@@ -236,7 +234,7 @@ mod tests {
         );
         assert_eq!(l.take_backend(8), vec![TaskId(12)]);
         assert!(l.is_empty());
-        l.sent(&plan(3, 0, 0, 5), 7, vec![TaskId(1)]);
+        l.sent(&plan(3, 0, 0, 5), 7, ids(&[1]));
         assert_eq!(l.unsent(PlanId(3)), vec![TaskId(1)]);
         assert_eq!(l.unsent(PlanId(3)), Vec::<TaskId>::new());
     }
@@ -246,9 +244,9 @@ mod tests {
         let ms = |m: i64| Time(m * 1_000_000);
         let mut l = PlanLedger::new(Dur::from_ms(100));
         // Short batch: due 10 + 100 ms.
-        l.sent(&plan(1, 0, 0, 10), 7, vec![TaskId(1)]);
+        l.sent(&plan(1, 0, 0, 10), 7, ids(&[1]));
         // Long batch (300 ms): due 400 + 300 ms.
-        l.sent(&plan(2, 1, 100, 400), 8, vec![TaskId(2)]);
+        l.sent(&plan(2, 1, 100, 400), 8, ids(&[2]));
         assert!(l.overdue(ms(110)).is_empty(), "due at, not after");
         let o = l.overdue(ms(111));
         assert_eq!(
@@ -267,7 +265,7 @@ mod tests {
             l.done(7, PlanId(1), GpuId(0), Time(0)).map(|d| d.tasks),
             Ok(1)
         );
-        l.sent(&plan(3, 1, 0, 10), 8, vec![TaskId(3)]);
+        l.sent(&plan(3, 1, 0, 10), 8, ids(&[3]));
         let o = l.overdue(ms(800));
         assert_eq!(o.len(), 1);
         assert_eq!(o[0].plan, PlanId(3), "the later due one is less late");

@@ -1218,7 +1218,10 @@ mod tests {
             finish_at: ms(14),
             tasks: vec![task],
         };
-        p.plans().lock().unwrap().sent(&plan, b1, vec![t]);
+        p.plans()
+            .lock()
+            .unwrap()
+            .sent(&plan, b1, [(t, task.deadline)]);
         p.handle_msg(
             ms(5),
             2,
@@ -1314,8 +1317,14 @@ mod tests {
         };
         let t = crate::wire::task_id(fe, 1);
         let u = crate::wire::task_id(fe, 2);
-        p.plans().lock().unwrap().sent(&plan(1, 0), b1, vec![t]);
-        p.plans().lock().unwrap().sent(&plan(2, 1), b2, vec![u]);
+        p.plans()
+            .lock()
+            .unwrap()
+            .sent(&plan(1, 0), b1, [(t, Time::NEVER)]);
+        p.plans()
+            .lock()
+            .unwrap()
+            .sent(&plan(2, 1), b2, [(u, Time::NEVER)]);
         // b2 reports; both keep pinging; b1 never reports plan 1.
         p.handle_msg(
             ms(21),
@@ -1361,7 +1370,10 @@ mod tests {
 
         // A stall of the scheduler: the first check after it does not act.
         let b3 = backend(&mut p, 4, ms(700));
-        p.plans().lock().unwrap().sent(&plan(3, 2), b3, vec![u]);
+        p.plans()
+            .lock()
+            .unwrap()
+            .sent(&plan(3, 2), b3, [(u, Time::NEVER)]);
         let now = ms(2000);
         for c in [1, 3, 4] {
             p.handle_msg(now, c, ping(now));

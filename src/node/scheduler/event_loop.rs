@@ -201,17 +201,6 @@ impl EventLoop {
             + rep.tasks_late;
         let t = now.duration_since(self.started).as_secs_f64();
         let backends: Vec<_> = self.proto.backends();
-        let mut gpus: Vec<u32> = backends
-            .iter()
-            .filter(|b| !b.draining)
-            .flat_map(|b| b.gpus.iter().copied())
-            .collect();
-        gpus.sort_unstable();
-        if gpus != self.signal_gpus {
-            self.totals = TotalsWindow::default();
-            self.signal_gpus = gpus;
-        }
-        let (span, tasks, bad) = self.totals.push(t, tasks, bad, window.as_secs_f64());
         let owners: Vec<GpuOwner> = backends
             .iter()
             .filter(|b| !b.draining)
@@ -223,6 +212,13 @@ impl EventLoop {
                 })
             })
             .collect();
+        let mut gpus: Vec<u32> = owners.iter().map(|o| o.gpu).collect();
+        gpus.sort_unstable();
+        if gpus != self.signal_gpus {
+            self.totals = TotalsWindow::default();
+            self.signal_gpus = gpus;
+        }
+        let (span, tasks, bad) = self.totals.push(t, tasks, bad, window.as_secs_f64());
         let idle: Vec<f64> = owners
             .iter()
             .filter_map(|o| snap.get(o.gpu as usize).map(|g| 1.0 - g.ratio()))

@@ -368,38 +368,36 @@ pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<Autosca
         ),
     ];
     for (name, help, pick, per_sub) in series {
-        let v = view.clone();
-        if per_sub {
+        for sub in [true, false] {
+            if sub && !per_sub {
+                continue;
+            }
+            let v = view.clone();
+            let scope = if sub { "subcluster" } else { "cluster" };
             reg.collector(
-                &format!("fermata_subcluster_{name}"),
+                &format!("fermata_{scope}_{name}"),
                 help,
                 Kind::Gauge,
                 move || {
                     let v = v.lock().expect("autoscale lock");
-                    v.subclusters
-                        .iter()
+                    // Per sub-cluster (label `subcluster`), or the cluster's one series.
+                    let scopes: Vec<&ScopeView> = if sub {
+                        v.subclusters.iter().collect()
+                    } else {
+                        v.cluster.iter().collect()
+                    };
+                    scopes
+                        .into_iter()
                         .map(|s| {
-                            (
-                                vec![(
-                                    "subcluster".to_string(),
-                                    s.subcluster.unwrap_or(0).to_string(),
-                                )],
-                                pick(s),
-                            )
+                            let labels = match s.subcluster {
+                                Some(id) if sub => vec![("subcluster".to_string(), id.to_string())],
+                                _ => Vec::new(),
+                            };
+                            (labels, pick(s))
                         })
                         .collect()
                 },
             );
         }
-        let v = view.clone();
-        reg.collector(
-            &format!("fermata_cluster_{name}"),
-            help,
-            Kind::Gauge,
-            move || {
-                let v = v.lock().expect("autoscale lock");
-                v.cluster.iter().map(|s| (Vec::new(), pick(s))).collect()
-            },
-        );
     }
 }

@@ -153,11 +153,11 @@ impl Outlet for Routes {
                 }
                 return;
             }
-            let ids: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
-            self.plans
-                .lock()
-                .expect("plans lock")
-                .sent(&plan, backend, ids);
+            self.plans.lock().expect("plans lock").sent(
+                &plan,
+                backend,
+                tasks.iter().map(|t| (t.id, t.deadline)),
+            );
             conn
         };
         let msg = plan_msg(&plan, tasks, sent_at);
