@@ -254,6 +254,23 @@ pub struct SchedulerArgs {
     /// 10 s is above this.
     #[arg(long, default_value_t = 0.3)]
     autoscale_idle_threshold: f64,
+    /// Sub-clusters: each has its own dispatcher (a RankThread and its
+    /// ModelThreads, --threads each) and holds its own models; a backend joins
+    /// the one with the fewest GPUs. The models are partitioned by the
+    /// workload's rates at start and re-partitioned on the measured rates
+    /// every --epoch-s, moving models live.
+    #[arg(long, default_value_t = 1)]
+    subclusters: u32,
+    /// With --subclusters > 1: how often the partitioner re-runs (s).
+    #[arg(long, default_value_t = 300.0)]
+    epoch_s: f64,
+    /// With --subclusters > 1: at most this many models change sub-cluster per
+    /// epoch (each one load and one unload).
+    #[arg(long, default_value_t = 8)]
+    max_moves: usize,
+    /// With --subclusters > 1: the partitioner's time limit per epoch (s).
+    #[arg(long, default_value_t = 2.0)]
+    partition_time_limit_s: f64,
     #[command(flatten)]
     spin: SpinArgs,
     /// Override every model's input size in bytes (what load generators send).
@@ -378,6 +395,21 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             "--plan-grace-ms must be at least --heartbeat-ms (the watchdog looks once a heartbeat)"
         );
     }
+    if !(1..=fermata::node::scheduler::epoch::MAX_SUBCLUSTERS).contains(&a.subclusters) {
+        bail!(
+            "--subclusters must be between 1 and {}, got {}",
+            fermata::node::scheduler::epoch::MAX_SUBCLUSTERS,
+            a.subclusters
+        );
+    }
+    for (what, v) in [
+        ("--epoch-s", a.epoch_s),
+        ("--partition-time-limit-s", a.partition_time_limit_s),
+    ] {
+        if !(v.is_finite() && (0.1..=86_400.0).contains(&v)) {
+            bail!("{what} must be between 0.1 and 86400 seconds, got {v}");
+        }
+    }
     let s = SchedulerNode::start(
         a.secret.transport(&a.transport)?,
         &w,
@@ -397,6 +429,13 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             advice: fermata::plan::autoscale::AdviceConfig {
                 bad_threshold: a.autoscale_bad_threshold,
                 idle_threshold: a.autoscale_idle_threshold,
+                ..Default::default()
+            },
+            epoch: fermata::node::scheduler::epoch::EpochOpts {
+                subclusters: a.subclusters,
+                every: Duration::from_secs_f64(a.epoch_s),
+                max_moves: Some(a.max_moves),
+                time_limit: Duration::from_secs_f64(a.partition_time_limit_s),
                 ..Default::default()
             },
             ..SchedulerOpts::default()

@@ -364,6 +364,8 @@ pub fn sched_proto(data: &[u8]) -> u64 {
             max_ctrl: Dur::from_us(2000),
             max_data: Dur::from_us(500),
             max_margin: Dur::from_us(5000),
+            subclusters: crate::node::proto::subclusters::SubClusters::new(2, vec![0, 1, 0])
+                .expect("two sub-clusters"),
         },
     );
     let mut closed: HashSet<u64> = HashSet::new();
@@ -395,6 +397,10 @@ pub fn sched_proto(data: &[u8]) -> u64 {
                 if let Some(m) = good_for_sched(k, be, nodes.get(&c).copied(), now) {
                     p.handle_msg(now, c, m);
                 }
+            }
+            // Models move between the two sub-clusters at any time.
+            7 if b.one_in(3) => {
+                p.move_model(now, ModelId(b.below(3)), b.below(2));
             }
             _ if !open.is_empty() => {
                 let (c, ..) = open[b.below(open.len() as u32) as usize];

@@ -187,6 +187,18 @@ impl Proc {
     }
 }
 
+/// A process left running when its handle goes (a test that failed before it
+/// stopped its cluster) is killed: it must not outlive the test and hold the
+/// test's output open.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A small workload for process tests and benches: one cheap model, `mlp`
 /// (l(b) = 0.2 ms * b + 1 ms, SLO 30 ms, 256-byte inputs), on `gpus` GPUs at
 /// 100 r/s.

@@ -72,6 +72,9 @@ pub struct RtConfig {
     pub model_spin: Dur,
     /// Expected relative load of each model (for balancing; empty = equal).
     pub model_loads: Vec<f64>,
+    /// This scheduler is number `.0` of `.1` sharing one plan id space (the
+    /// sub-clusters of one process): its plan ids never collide with theirs.
+    pub plan_ids: (u32, u32),
 }
 
 impl RtConfig {
@@ -84,6 +87,7 @@ impl RtConfig {
             request_chunks_max: 4096,
             model_spin: Dur::from_us(100),
             model_loads: Vec::new(),
+            plan_ids: (0, 1),
         }
     }
 }
@@ -113,7 +117,8 @@ enum RankMsg {
         free_at: Time,
     },
     AddModel(ModelId, u32),
-    AddGpu,
+    /// A GPU id; in service, or known and out of service at once.
+    AddGpu(bool),
     RemoveGpu(GpuId),
     Shutdown,
 }
@@ -320,6 +325,10 @@ impl RtScheduler {
         if cfg.request_chunks_max == 0 {
             bail!("request_chunks_max must be at least 1");
         }
+        let (sub, subs) = cfg.plan_ids;
+        if sub >= subs {
+            bail!("plan id space {sub} of {subs}: out of range");
+        }
         let loads: Vec<f64> = if cfg.model_loads.len() == specs.len() {
             cfg.model_loads.clone()
         } else {
@@ -366,7 +375,12 @@ impl RtScheduler {
             req_txs.push(req_tx);
             ctl_txs.push(ctl_tx);
             note_txs.push(note_tx);
-            let mut shard = ModelShard::new(cfg.dispatcher.clone(), t as u32, k as u32);
+            // Plan ids: shard t of scheduler `sub` is slot t * subs + sub of k * subs.
+            let mut shard = ModelShard::new(
+                cfg.dispatcher.clone(),
+                t as u32 * subs + sub,
+                k as u32 * subs,
+            );
             for (m, spec) in specs.iter().enumerate() {
                 if owner[m] as usize == t {
                     shard.add_model(ModelId(m as u32), spec.clone());
@@ -553,7 +567,15 @@ impl RtScheduler {
     pub fn add_gpu(&self) -> GpuId {
         // The RankThread publishes the count of GPUs in service after each pass.
         let g = GpuId(self.shared.num_gpus.fetch_add(1, Ordering::AcqRel));
-        self.to_rank(RankMsg::AddGpu);
+        self.to_rank(RankMsg::AddGpu(true));
+        g
+    }
+
+    /// Takes the next GPU id without ever planning on it: the sub-clusters
+    /// of one process share the GPU ids, and each plans only on its own.
+    pub fn skip_gpu(&self) -> GpuId {
+        let g = GpuId(self.shared.num_gpus.fetch_add(1, Ordering::AcqRel));
+        self.to_rank(RankMsg::AddGpu(false));
         g
     }
 
@@ -634,8 +656,12 @@ impl RankThread {
                         self.owner[id.idx()] = t;
                         self.ranker.add_model(id);
                     }
-                    Ok(RankMsg::AddGpu) => {
-                        self.ranker.add_gpu();
+                    Ok(RankMsg::AddGpu(in_service)) => {
+                        let g = self.ranker.add_gpu();
+                        if !in_service {
+                            // In the same message: no pass sees it free.
+                            self.ranker.remove_gpu(now, g);
+                        }
                     }
                     Ok(RankMsg::RemoveGpu(g)) => self.ranker.remove_gpu(now, g),
                     Ok(RankMsg::Shutdown) | Err(TryRecvError::Disconnected) => break 'run,

@@ -50,6 +50,7 @@ use crate::node::proto::ledger::{Answer, Ended, Orphan, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
 use crate::node::proto::standby::{Action as StandbyAction, StandbyProto};
+use crate::node::proto::subclusters::SubClusters;
 use crate::transport::{ConnId, InputRef};
 use crate::wire::{task_owner, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, RegionInfo, Role};
 use crate::workload::Workload;
@@ -585,6 +586,8 @@ impl ClusterSim {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
+                // The simulated scheduler runs one dispatcher: one sub-cluster.
+                subclusters: SubClusters::single(self.models.len()),
             },
         );
         Sched {
@@ -2072,6 +2075,8 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
                 }
                 acts.up.extend(gpus);
             }
+            // One sub-cluster: every model's home is the one dispatcher.
+            Action::Route { .. } => {}
             Action::GpusDown { gpus, .. } => {
                 for g in gpus {
                     s.gpu_conn.remove(&g.0);

@@ -15,6 +15,9 @@ pub struct BackendReport {
     /// Tasks left out of their batch because it started too late for them.
     pub tasks_too_late: u64,
     pub plans_failed: u64,
+    /// Plans refused on arrival (for another's GPU, for a model not loaded
+    /// here, out of range, or no room in the GPU's queue): their tasks fail.
+    pub plans_refused: u64,
     /// Plans not run because their scheduler was lost before their start.
     pub plans_void: u64,
     /// Times the backend lost its scheduler and joined again.
@@ -64,6 +67,7 @@ impl Shared {
             plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
             tasks_too_late: s.tasks_too_late.load(Ordering::Relaxed),
             plans_failed: s.plans_failed.load(Ordering::Relaxed),
+            plans_refused: s.plans_refused.load(Ordering::Relaxed),
             plans_void: s.plans_void.load(Ordering::Relaxed),
             rejoins: s.rejoins.load(Ordering::Relaxed),
             tasks_run: s.tasks_run.load(Ordering::Relaxed),

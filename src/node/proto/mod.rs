@@ -29,3 +29,4 @@ pub mod member;
 pub mod plans;
 pub mod sched;
 pub mod standby;
+pub mod subclusters;

@@ -9,7 +9,7 @@
 //! would otherwise keep being given work while its tasks wait for the
 //! frontends' fallback).
 
-use crate::core::{Dur, GpuId, Plan, PlanId, TaskId, Time};
+use crate::core::{Dur, GpuId, ModelId, Plan, PlanId, TaskId, Time};
 use crate::wire::NodeId;
 use std::collections::HashMap;
 
@@ -17,6 +17,7 @@ use std::collections::HashMap;
 struct InFlight {
     backend: NodeId,
     gpu: GpuId,
+    model: ModelId,
     /// Its tasks and their deadlines (to count those it ends past).
     tasks: Vec<(TaskId, Time)>,
     /// When the report is overdue (scheduler time).
@@ -27,6 +28,7 @@ struct InFlight {
 /// their deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Done {
+    pub model: ModelId,
     pub tasks: usize,
     pub late: usize,
 }
@@ -97,6 +99,7 @@ impl PlanLedger {
             InFlight {
                 backend,
                 gpu: plan.gpu,
+                model: plan.model,
                 tasks: tasks.into_iter().collect(),
                 due: plan.finish_at + self.grace.max(span),
             },
@@ -159,13 +162,21 @@ impl PlanLedger {
                 plan.0, f.gpu.0, gpu.0
             )));
         }
-        Ok(self
-            .plans
-            .remove(&plan)
-            .map_or(Done { tasks: 0, late: 0 }, |f| Done {
-                tasks: f.tasks.len(),
-                late: f.tasks.iter().filter(|t| finished > t.1).count(),
-            }))
+        let f = self.plans.remove(&plan).expect("looked up above");
+        Ok(Done {
+            model: f.model,
+            tasks: f.tasks.len(),
+            late: f.tasks.iter().filter(|t| finished > t.1).count(),
+        })
+    }
+
+    /// Plans in flight of `model` on the backends `on` names (a model leaving
+    /// a sub-cluster is unloaded from its backends only once this is 0).
+    pub fn model_plans(&self, model: ModelId, on: impl Fn(NodeId) -> bool) -> usize {
+        self.plans
+            .values()
+            .filter(|f| f.model == model && on(f.backend))
+            .count()
     }
 
     /// Plans in flight on `backend`.

@@ -25,6 +25,7 @@
 
 use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
+use super::subclusters::{Move, MoveStats, Phase, SubClusters};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, TaskId, Time};
 use crate::node::clock::moved;
 use crate::transport::ConnId;
@@ -88,6 +89,9 @@ pub struct SchedConfig {
     pub max_data: Dur,
     /// Ceiling on a model's response margin as frontends report it.
     pub max_margin: Dur,
+    /// The sub-clusters and each model's home at the start
+    /// ([`SubClusters::single`]: one dispatcher for every GPU and model).
+    pub subclusters: SubClusters,
 }
 
 /// What the scheduler counted (also its report when it stops).
@@ -125,6 +129,9 @@ pub struct SchedReport {
     pub pull_us: f64,
     /// The largest response margin given to the core (us).
     pub margin_max_us: f64,
+    /// Sub-clusters, and the models' moves between them.
+    pub subclusters: u32,
+    pub moves: MoveStats,
 }
 
 /// What the driver must do.
@@ -140,7 +147,13 @@ pub enum Action {
         conn: ConnId,
         backend: NodeId,
         gpus: Vec<GpuId>,
+        /// The sub-cluster whose dispatcher plans on them.
+        subcluster: u32,
     },
+    /// Model `model`'s new tasks go to sub-cluster `subcluster`'s dispatcher
+    /// from now on (its GPUs all hold it); those queued at its old one stay
+    /// there (see [`super::subclusters`]).
+    Route { model: ModelId, subcluster: u32 },
     /// A backend's GPUs leave service (its plans were failed already).
     GpusDown { backend: NodeId, gpus: Vec<GpuId> },
     /// A frontend joined: drops for its tasks go to `conn`.
@@ -173,6 +186,12 @@ pub enum Action {
 /// recorded in the ledger well within this.
 pub const DRAIN_QUIET: Dur = Dur(100_000_000);
 
+/// A model moving into a sub-cluster whose backends have not all confirmed it
+/// this long after the move started (a load that hangs, or a sub-cluster
+/// without a GPU in service) stays home: the move is aborted, and another can
+/// be tried at the next epoch.
+pub const MOVE_LOAD_TIMEOUT: Dur = Dur(120_000_000_000);
+
 #[derive(Debug, Clone)]
 enum Peer {
     /// Connected, not registered (may ping to sync its clock).
@@ -181,11 +200,16 @@ enum Peer {
     Loading {
         node: NodeId,
         gpus: u32,
+        sub: u32,
         missing: BTreeSet<ModelId>,
     },
     Backend {
         node: NodeId,
         gpus: Vec<GpuId>,
+        /// Its sub-cluster.
+        sub: u32,
+        /// Models moving into its sub-cluster that it has not confirmed yet.
+        missing: BTreeSet<ModelId>,
         /// Since when it drains (its GPUs out of the core, its plans finishing),
         /// and whether it has heard `Drained`.
         draining: Option<(Time, bool)>,
@@ -230,6 +254,12 @@ pub struct SchedProto {
     report: SchedReport,
     /// Registered backends' names.
     names: HashMap<NodeId, String>,
+    /// Each model's sub-cluster and the moves under way.
+    subs: SubClusters,
+    /// GPUs in service per sub-cluster.
+    sub_gpus: Vec<u32>,
+    /// Tasks finished past their deadline, per model id.
+    late_by_model: Vec<u64>,
 }
 
 /// A backend in service, as the autoscaling advice names it.
@@ -242,6 +272,8 @@ pub struct BackendView {
     pub gpus: Vec<u32>,
     /// Told to drain (its GPUs are out of planning).
     pub draining: bool,
+    /// Its sub-cluster.
+    pub subcluster: u32,
 }
 
 impl SchedProto {
@@ -249,7 +281,15 @@ impl SchedProto {
     pub fn new(now: Time, cfg: SchedConfig) -> SchedProto {
         let net = cfg.floors;
         let margins = vec![Dur::ZERO; cfg.models.len()];
+        let subs = cfg.subclusters.clone();
+        let report = SchedReport {
+            subclusters: subs.count(),
+            ..SchedReport::default()
+        };
         SchedProto {
+            sub_gpus: vec![0; subs.count() as usize],
+            late_by_model: vec![0; cfg.models.len()],
+            subs,
             next_check: now + cfg.heartbeat,
             last_check: now,
             next_net: now + cfg.net_update,
@@ -263,7 +303,7 @@ impl SchedProto {
             net,
             margins,
             actions: VecDeque::new(),
-            report: SchedReport::default(),
+            report,
             names: HashMap::new(),
         }
     }
@@ -278,11 +318,14 @@ impl SchedProto {
                     node,
                     gpus,
                     draining,
+                    sub,
+                    ..
                 } => Some(BackendView {
                     node: *node,
                     name: self.names.get(node).cloned().unwrap_or_default(),
                     gpus: gpus.iter().map(|g| g.0).collect(),
                     draining: draining.is_some(),
+                    subcluster: *sub,
                 }),
                 _ => None,
             })
@@ -299,6 +342,16 @@ impl SchedProto {
 
     pub fn report(&self) -> &SchedReport {
         &self.report
+    }
+
+    /// The models' sub-clusters and the moves under way.
+    pub fn subclusters(&self) -> &SubClusters {
+        &self.subs
+    }
+
+    /// Tasks of plans reported finished past their deadline, per model id.
+    pub fn late_by_model(&self) -> &[u64] {
+        &self.late_by_model
     }
 
     /// The backend owning global GPU `gpu`, while it is in service.
@@ -340,6 +393,7 @@ impl SchedProto {
         if now >= self.next_check {
             self.next_check = now + self.cfg.heartbeat;
             self.check_timeouts(now);
+            self.check_moves(now);
         }
         if now >= self.next_net {
             self.next_net = now + self.cfg.net_update;
@@ -404,7 +458,7 @@ impl SchedProto {
                 ok,
                 error,
                 device_bytes,
-            } => self.model_loaded(c, model, ok, error, device_bytes),
+            } => self.model_loaded(now, c, model, ok, error, device_bytes),
             Msg::PlanDone {
                 id,
                 gpu,
@@ -505,6 +559,26 @@ impl SchedProto {
             self.notify(ok.iter().map(|(_, t)| t.id), DropReason::NoGpu);
             return;
         }
+        if self.subs.count() > 1 {
+            // A model whose sub-cluster has no GPU in service has nowhere to run.
+            let mut none = Vec::new();
+            ok.retain(|(m, t)| {
+                let home = self.subs.home(*m);
+                let up = self.sub_gpus[home as usize] > 0;
+                if up {
+                    self.subs.submitted(*m, t.deadline);
+                } else {
+                    none.push(t.id);
+                }
+                up
+            });
+            if !none.is_empty() {
+                self.notify(none, DropReason::NoGpu);
+            }
+            if ok.is_empty() {
+                return;
+            }
+        }
         self.actions.push_back(Action::Submit(ok));
     }
 
@@ -512,9 +586,11 @@ impl SchedProto {
         if gpus == 0 {
             return self.reject(c, "a backend must register at least one GPU".into());
         }
-        let models = self.cfg.models.clone();
-        for m in &models {
-            self.send(c, Msg::LoadModel { model: m.clone() });
+        let sub = self.pick_subcluster();
+        let models = self.subs.held_by(sub);
+        for &m in &models {
+            let info = self.cfg.models[m.idx()].clone();
+            self.send(c, Msg::LoadModel { model: info });
         }
         // Frontends it must know before any plan.
         for up in self.frontend_ups() {
@@ -524,13 +600,14 @@ impl SchedProto {
             pc.peer = Peer::Loading {
                 node,
                 gpus: gpus as u32,
-                missing: models.iter().map(|m| m.id).collect(),
+                sub,
+                missing: models.iter().copied().collect(),
             };
         }
         // Names are the node's to choose: kept short for the views.
         let name: String = name.chars().take(128).collect();
         self.names.insert(node, name.clone());
-        tracing::info!(backend = %name, node, gpus, "scheduler: backend registers");
+        tracing::info!(backend = %name, node, gpus, subcluster = sub, "scheduler: backend registers");
         if models.is_empty() {
             self.backend_ready(c);
         }
@@ -573,6 +650,7 @@ impl SchedProto {
 
     fn model_loaded(
         &mut self,
+        now: Time,
         c: ConnId,
         model: ModelId,
         ok: bool,
@@ -580,15 +658,27 @@ impl SchedProto {
         device_bytes: u64,
     ) {
         let served = self.cfg.models.iter().any(|m| m.id == model);
-        let Some(Peer::Loading { missing, .. }) = self.conns.get_mut(&c).map(|p| &mut p.peer)
-        else {
-            return self.reject(c, "ModelLoaded from a node that is not loading".into());
+        let (missing, in_service, sub) = match self.conns.get_mut(&c).map(|p| &mut p.peer) {
+            Some(Peer::Loading { missing, sub, .. }) => (missing, false, *sub),
+            Some(Peer::Backend { missing, sub, .. }) => (missing, true, *sub),
+            _ => return self.reject(c, "ModelLoaded from a node that is not loading".into()),
         };
         if !served {
             return self.reject(
                 c,
                 format!("ModelLoaded for model {model}, which is not served"),
             );
+        }
+        let asked = missing.contains(&model);
+        if in_service && !ok {
+            if !asked {
+                return;
+            }
+            // A model moving in failed to load: the move is off (a backend in
+            // service keeps serving what it has).
+            missing.remove(&model);
+            tracing::warn!(model = model.0, subcluster = sub, %error, "scheduler: a backend failed to load a model moving in; the move is aborted");
+            return self.abort_move(model);
         }
         if !ok {
             return self.reject(c, format!("backend failed to load model {model}: {error}"));
@@ -602,7 +692,11 @@ impl SchedProto {
                 bytes: device_bytes,
             });
         }
-        if done {
+        if in_service {
+            if asked {
+                self.check_moves(now);
+            }
+        } else if done {
             self.backend_ready(c);
         }
     }
@@ -632,7 +726,12 @@ impl SchedProto {
             .expect("plans lock")
             .done(node, plan, gpu, finished);
         match res {
-            Ok(d) => self.report.tasks_late += d.late as u64,
+            Ok(d) => {
+                self.report.tasks_late += d.late as u64;
+                if let Some(l) = self.late_by_model.get_mut(d.model.idx()) {
+                    *l += d.late as u64;
+                }
+            }
             Err(Refused::Unknown) => {
                 self.report.stray_plan_done += 1;
                 return;
@@ -691,7 +790,9 @@ impl SchedProto {
 
     /// A backend confirmed every model: its GPUs go into service.
     fn backend_ready(&mut self, c: ConnId) {
-        let Some(Peer::Loading { node, gpus, .. }) = self.conns.get(&c).map(|p| p.peer.clone())
+        let Some(Peer::Loading {
+            node, gpus, sub, ..
+        }) = self.conns.get(&c).map(|p| p.peer.clone())
         else {
             return;
         };
@@ -704,6 +805,7 @@ impl SchedProto {
             conn: c,
             backend: node,
             gpus: ids.clone(),
+            subcluster: sub,
         });
         self.send(
             c,
@@ -718,11 +820,14 @@ impl SchedProto {
             pc.peer = Peer::Backend {
                 node,
                 gpus: ids,
+                sub,
+                missing: BTreeSet::new(),
                 draining: None,
             };
         }
         self.report.backends_registered += 1;
         self.gpus_in_service += gpus;
+        self.sub_gpus[sub as usize] += gpus;
         self.send_capacity();
         tracing::info!(
             node,
@@ -750,6 +855,8 @@ impl SchedProto {
                 node,
                 gpus,
                 draining,
+                sub,
+                ..
             } => {
                 self.names.remove(&node);
                 for g in &gpus {
@@ -757,6 +864,7 @@ impl SchedProto {
                 }
                 if draining.is_none() {
                     self.gpus_in_service -= gpus.len() as u32;
+                    self.sub_gpus[sub as usize] -= gpus.len() as u32;
                 }
                 let lost = self.plans.lock().expect("plans lock").take_backend(node);
                 let n = lost.len();
@@ -863,13 +971,16 @@ impl SchedProto {
                 node,
                 gpus,
                 draining,
+                sub,
+                ..
             } => {
                 if draining.is_some() {
                     return;
                 }
                 *draining = Some((now, false));
-                let (node, gpus) = (*node, gpus.clone());
+                let (node, gpus, sub) = (*node, gpus.clone(), *sub);
                 self.gpus_in_service -= gpus.len() as u32;
+                self.sub_gpus[sub as usize] -= gpus.len() as u32;
                 self.report.backends_drained += 1;
                 tracing::info!(node, gpus = gpus.len(), %reason, "scheduler: backend draining");
                 self.actions.push_back(Action::GpusDraining {
@@ -885,6 +996,189 @@ impl SchedProto {
             }
             _ => self.reject(c, "Drain from a node that is not a backend".into()),
         }
+    }
+
+    /// The sub-cluster a new backend joins: the one with the fewest GPUs
+    /// (in service or loading; the lowest id on a tie). The partitioner
+    /// balances load across sub-clusters, so their GPUs are kept even.
+    fn pick_subcluster(&self) -> u32 {
+        let mut gpus = vec![0u32; self.subs.count() as usize];
+        for pc in self.conns.values() {
+            match &pc.peer {
+                Peer::Loading { gpus: n, sub, .. } => gpus[*sub as usize] += n,
+                Peer::Backend {
+                    gpus: g,
+                    sub,
+                    draining: None,
+                    ..
+                } => gpus[*sub as usize] += g.len() as u32,
+                _ => {}
+            }
+        }
+        (0..gpus.len()).min_by_key(|&s| (gpus[s], s)).unwrap_or(0) as u32
+    }
+
+    /// Backend connections of sub-cluster `sub` (loading or in service,
+    /// draining ones too), in a stable order.
+    fn sub_conns(&self, sub: u32) -> Vec<ConnId> {
+        let mut v: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, pc)| match &pc.peer {
+                Peer::Loading { sub: s, .. } | Peer::Backend { sub: s, .. } => *s == sub,
+                _ => false,
+            })
+            .map(|(&c, _)| c)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Starts moving the models whose sub-cluster in `target` (by model id)
+    /// differs from their home; a model already moving is left alone. Returns
+    /// how many moves started. The epoch partitioner's answer comes here.
+    pub fn repartition(&mut self, now: Time, target: &[u32]) -> usize {
+        let mut n = 0;
+        for (m, &to) in target.iter().enumerate() {
+            if self.move_model(now, ModelId(m as u32), to) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Starts moving `model` to sub-cluster `to` (see [`super::subclusters`]):
+    /// `to`'s backends load it. False when it is there already, is moving, or
+    /// either is unknown.
+    pub fn move_model(&mut self, now: Time, model: ModelId, to: u32) -> bool {
+        if !self.subs.start(now, model, to) {
+            return false;
+        }
+        let info = self.cfg.models[model.idx()].clone();
+        tracing::info!(model = %info.name, from = self.subs.home(model), to, "scheduler: model moves");
+        for c in self.sub_conns(to) {
+            if let Some(pc) = self.conns.get_mut(&c) {
+                match &mut pc.peer {
+                    Peer::Loading { missing, .. } | Peer::Backend { missing, .. } => {
+                        missing.insert(model);
+                    }
+                    _ => continue,
+                }
+            }
+            self.send(
+                c,
+                Msg::LoadModel {
+                    model: info.clone(),
+                },
+            );
+        }
+        self.report.moves = self.subs.stats;
+        self.check_moves(now);
+        true
+    }
+
+    /// A move before its switch is off: the target's backends unload the model.
+    fn abort_move(&mut self, model: ModelId) {
+        let Some(mv) = self.subs.abort(model) else {
+            return;
+        };
+        self.report.moves = self.subs.stats;
+        self.unload(mv.to, model);
+    }
+
+    /// Sub-cluster `sub`'s backends unload `model` (loading ones stop waiting
+    /// for it).
+    fn unload(&mut self, sub: u32, model: ModelId) {
+        let mut ready = Vec::new();
+        for c in self.sub_conns(sub) {
+            if let Some(pc) = self.conns.get_mut(&c) {
+                match &mut pc.peer {
+                    Peer::Loading { missing, .. } => {
+                        missing.remove(&model);
+                        if missing.is_empty() {
+                            ready.push(c);
+                        }
+                    }
+                    Peer::Backend { missing, .. } => {
+                        missing.remove(&model);
+                    }
+                    _ => continue,
+                }
+            }
+            self.send(c, Msg::UnloadModel { model });
+        }
+        for c in ready {
+            self.backend_ready(c);
+        }
+    }
+
+    /// Moves forward: a model whose target's backends in service all hold it
+    /// is switched there; a switched model whose source has no task of it
+    /// left (past the latest deadline it was given, and no plan of it in
+    /// flight there) is unloaded from the source.
+    fn check_moves(&mut self, now: Time) {
+        for (m, mv) in self.subs.moves() {
+            match mv.phase {
+                Phase::Loading => {
+                    if self.sub_gpus[mv.to as usize] == 0 || self.sub_missing(mv.to, m) {
+                        if now - mv.since > MOVE_LOAD_TIMEOUT {
+                            tracing::warn!(model = m.0, from = mv.from, to = mv.to, "scheduler: a model moving in was not loaded in time; the move is aborted");
+                            self.abort_move(m);
+                        }
+                        continue;
+                    }
+                    self.subs.switch(m);
+                    tracing::info!(
+                        model = m.0,
+                        from = mv.from,
+                        to = mv.to,
+                        "scheduler: model switched; new tasks go to its new sub-cluster"
+                    );
+                    self.actions.push_back(Action::Route {
+                        model: m,
+                        subcluster: mv.to,
+                    });
+                }
+                Phase::Switched { drain_until } => {
+                    if now < drain_until + DRAIN_QUIET || self.in_flight(mv, m) > 0 {
+                        continue;
+                    }
+                    self.subs.finish(m);
+                    tracing::info!(
+                        model = m.0,
+                        from = mv.from,
+                        to = mv.to,
+                        "scheduler: model moved; unloaded from its old sub-cluster"
+                    );
+                    self.unload(mv.from, m);
+                }
+            }
+        }
+        self.report.moves = self.subs.stats;
+    }
+
+    /// Whether a backend in service of `sub` has not confirmed `model`.
+    fn sub_missing(&self, sub: u32, model: ModelId) -> bool {
+        self.conns.values().any(|pc| {
+            matches!(&pc.peer, Peer::Backend { sub: s, missing, draining: None, .. }
+                if *s == sub && missing.contains(&model))
+        })
+    }
+
+    /// Plans of `model` in flight on the source of move `mv`.
+    fn in_flight(&self, mv: Move, model: ModelId) -> usize {
+        let source: BTreeSet<NodeId> = self
+            .conns
+            .values()
+            .filter_map(|pc| match &pc.peer {
+                Peer::Backend { node, sub, .. } if *sub == mv.from => Some(*node),
+                _ => None,
+            })
+            .collect();
+        self.plans
+            .lock()
+            .expect("plans lock")
+            .model_plans(model, |b| source.contains(&b))
     }
 
     /// Draining backends with no plan left in flight hear `Drained`.
@@ -1022,6 +1316,10 @@ mod tests {
     use crate::wire::{RegionInfo, WireProfile};
 
     fn proto() -> SchedProto {
+        proto_with(SubClusters::single(2))
+    }
+
+    fn proto_with(subclusters: SubClusters) -> SchedProto {
         // (The fuzz drivers have the same model, but production modules, their
         // tests included, must not import the fuzz drivers: tests/core_purity.rs.)
         let model = |i: u32| ModelInfo {
@@ -1048,6 +1346,7 @@ mod tests {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
+                subclusters,
             },
         )
     }
@@ -1386,5 +1685,235 @@ mod tests {
         }
         p.handle_timeout(now);
         assert!(closed(&mut p, 4));
+    }
+
+    fn register(p: &mut SchedProto, c: ConnId, now: Time) -> Vec<Action> {
+        p.handle_accept(now, c);
+        p.handle_msg(
+            now,
+            c,
+            Msg::Register {
+                role: Role::Backend,
+                name: format!("be{c}"),
+                gpus: vec![crate::wire::GpuInfo {
+                    local: 0,
+                    name: "g".into(),
+                    mem_bytes: 1 << 30,
+                }],
+                ctrl_addr: String::new(),
+                region: None,
+            },
+        );
+        std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    fn loaded(p: &mut SchedProto, c: ConnId, now: Time, m: u32, ok: bool) -> Vec<Action> {
+        p.handle_msg(
+            now,
+            c,
+            Msg::ModelLoaded {
+                model: ModelId(m),
+                ok,
+                error: if ok {
+                    String::new()
+                } else {
+                    "no memory".into()
+                },
+                device_bytes: 0,
+            },
+        );
+        std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    /// The models a list of actions tells connection `c` to load / unload.
+    fn loads(acts: &[Action], c: ConnId) -> (Vec<u32>, Vec<u32>) {
+        let mut v = (Vec::new(), Vec::new());
+        for a in acts {
+            match a {
+                Action::Send(x, Msg::LoadModel { model }) if *x == c => v.0.push(model.id.0),
+                Action::Send(x, Msg::UnloadModel { model }) if *x == c => v.1.push(model.0),
+                _ => {}
+            }
+        }
+        v
+    }
+
+    fn submit(p: &mut SchedProto, now: Time, seq: u64, model: u32, deadline: Time) -> Vec<Action> {
+        p.handle_msg(
+            now,
+            1,
+            Msg::Submit {
+                tasks: vec![crate::wire::SubmitTask {
+                    id: crate::wire::task_id(1, seq),
+                    model: ModelId(model),
+                    arrival: now,
+                    deadline,
+                    input: 0,
+                    cap: 1,
+                }],
+            },
+        );
+        std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    /// A model moves live between two sub-clusters: the target's backends load
+    /// it while tasks still go to the source; once they confirm, new tasks go
+    /// to the target; the source unloads it only after the latest deadline it
+    /// was given and once its plans of the model are done.
+    #[test]
+    fn a_model_moves_live_load_switch_then_unload_after_the_source_drains() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
+        frontend(&mut p, 1);
+        // Each backend joins the sub-cluster with the fewest GPUs and loads
+        // only that sub-cluster's models.
+        let acts = register(&mut p, 2, ms(0));
+        assert_eq!(loads(&acts, 2), (vec![0], vec![]));
+        let acts = loaded(&mut p, 2, ms(0), 0, true);
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::GpusUp { subcluster: 0, .. })));
+        let acts = register(&mut p, 3, ms(0));
+        assert_eq!(loads(&acts, 3), (vec![1], vec![]));
+        let acts = loaded(&mut p, 3, ms(0), 1, true);
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Action::GpusUp { subcluster: 1, .. })));
+        let a = p.backends()[0].node;
+        assert_eq!(
+            p.backends()
+                .iter()
+                .map(|b| b.subcluster)
+                .collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+
+        let acts = submit(&mut p, ms(1), 1, 0, ms(50));
+        assert!(acts.iter().any(|a| matches!(a, Action::Submit(_))));
+        assert!(p.move_model(ms(2), ModelId(0), 1));
+        assert!(!p.move_model(ms(2), ModelId(0), 1), "one move at a time");
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(loads(&acts, 3), (vec![0], vec![]), "{acts:?}");
+        assert_eq!(loads(&acts, 2), (vec![], vec![]));
+        assert!(!acts.iter().any(|a| matches!(a, Action::Route { .. })));
+        // Still loading: the task goes to the source (its home).
+        submit(&mut p, ms(3), 2, 0, ms(60));
+        assert_eq!(p.subclusters().home(ModelId(0)), 0);
+        // A backend joining the target now loads the moving model too.
+        let acts = register(&mut p, 4, ms(3));
+        assert_eq!(
+            loads(&acts, 4),
+            (vec![0], vec![]),
+            "fewest GPUs: sub-cluster 0"
+        );
+        // The target confirms: the switch.
+        let acts = loaded(&mut p, 3, ms(4), 0, true);
+        assert!(
+            acts.iter().any(|a| matches!(
+                a,
+                Action::Route {
+                    model: ModelId(0),
+                    subcluster: 1
+                }
+            )),
+            "{acts:?}"
+        );
+        assert_eq!(p.subclusters().home(ModelId(0)), 1);
+        // A plan of model 0 at the source, in flight.
+        let task = crate::core::Task {
+            id: crate::wire::task_id(1, 2),
+            arrival: ms(3),
+            deadline: ms(60),
+            tag: 0,
+            cap: 1,
+        };
+        let plan = crate::core::Plan {
+            id: PlanId(7),
+            model: ModelId(0),
+            gpu: GpuId(0),
+            exec_at: ms(40),
+            finish_at: ms(45),
+            tasks: vec![task],
+        };
+        p.plans()
+            .lock()
+            .unwrap()
+            .sent(&plan, a, [(task.id, task.deadline)]);
+        // Past the last deadline (60 ms) and the quiet time, but the plan is in
+        // flight: no unload.
+        for k in 1..=3 {
+            let now = ms(100 * k + 100);
+            for c in [2, 3] {
+                p.handle_msg(now, c, ping(now));
+            }
+            p.handle_timeout(now);
+            let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+            assert_eq!(loads(&acts, 2), (vec![], vec![]), "{acts:?}");
+        }
+        p.handle_msg(
+            ms(410),
+            2,
+            Msg::PlanDone {
+                id: PlanId(7),
+                gpu: GpuId(0),
+                status: crate::wire::PlanStatus::Ran,
+                started: ms(40),
+                finished: ms(45),
+                missing: 0,
+            },
+        );
+        p.handle_timeout(ms(500));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(loads(&acts, 2), (vec![], vec![0]), "{acts:?}");
+        assert_eq!(loads(&acts, 4), (vec![], vec![0]), "the loading one too");
+        assert_eq!(p.report().moves.done, 1);
+        assert!(!p.subclusters().holds(0, ModelId(0)));
+    }
+
+    /// A model that fails to load at its target stays home; the backend that
+    /// failed stays in service.
+    #[test]
+    fn a_failed_load_aborts_the_move() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
+        register(&mut p, 2, ms(0));
+        loaded(&mut p, 2, ms(0), 0, true);
+        register(&mut p, 3, ms(0));
+        loaded(&mut p, 3, ms(0), 1, true);
+        assert!(p.move_model(ms(1), ModelId(1), 0));
+        while p.poll_action().is_some() {}
+        let acts = loaded(&mut p, 2, ms(2), 1, false);
+        assert_eq!(loads(&acts, 2), (vec![], vec![1]), "{acts:?}");
+        assert!(!acts
+            .iter()
+            .any(|a| matches!(a, Action::Route { .. } | Action::Close(..))));
+        assert_eq!(p.subclusters().home(ModelId(1)), 1);
+        assert_eq!(p.report().moves.aborted, 1);
+        assert_eq!(p.backends().len(), 2);
+    }
+
+    /// A load that never confirms: after [`MOVE_LOAD_TIMEOUT`] the move is off.
+    #[test]
+    fn a_load_that_hangs_aborts_the_move_in_time() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
+        register(&mut p, 2, ms(0));
+        loaded(&mut p, 2, ms(0), 0, true);
+        register(&mut p, 3, ms(0));
+        loaded(&mut p, 3, ms(0), 1, true);
+        assert!(p.move_model(ms(1), ModelId(0), 1));
+        let step = |p: &mut SchedProto, now: Time| {
+            for c in [2, 3] {
+                p.handle_msg(now, c, ping(now));
+            }
+            p.handle_timeout(now);
+            std::iter::from_fn(|| p.poll_action()).collect::<Vec<_>>()
+        };
+        let early = MOVE_LOAD_TIMEOUT - Dur::from_ms(10);
+        assert_eq!(loads(&step(&mut p, ms(1) + early), 3).1, Vec::<u32>::new());
+        let acts = step(&mut p, ms(1) + MOVE_LOAD_TIMEOUT + Dur::from_ms(10));
+        assert_eq!(loads(&acts, 3), (vec![], vec![0]), "{acts:?}");
+        assert_eq!(p.subclusters().home(ModelId(0)), 0);
+        assert_eq!(p.report().moves.aborted, 1);
     }
 }

@@ -4,7 +4,14 @@
 //! of the real-time scheduler, the network budget), submits the checked tasks to
 //! the core, refreshes the GPU busy metrics every second and, at stop, drains the
 //! core into the [`SchedReport`].
+//!
+//! With several sub-clusters it runs one real-time scheduler (ModelThreads and
+//! a RankThread) per sub-cluster: every one knows every model and every GPU id
+//! (so ids need no translation on the dispatch path), but plans only on its own
+//! GPUs, and gets only the tasks of the models whose home it is
+//! ([`Submitters`]). The epoch partitioner ([`super::epoch`]) moves models.
 
+use super::epoch::EpochPlanner;
 use super::metrics::{busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ScopeView, BUSY_WINDOW};
 use super::routes::Routes;
 use super::standby::{Action as StandbyAction, Standby};
@@ -12,6 +19,7 @@ use crate::core::{DropReason, Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
 use crate::plan::autoscale::{advise, AdviceConfig, GpuOwner, Signals, TotalsWindow};
+use crate::plan::partition::PartModel;
 use crate::runtime::sched::{GpuReporter, RtReport, RtScheduler, Submitter};
 use crate::transport::{Conn, ConnId, Event, Listener};
 use crate::wire::{Msg, NodeId};
@@ -25,14 +33,58 @@ use std::time::{Duration, Instant};
 /// Tasks the core refused (its queues full), to drop as `Overloaded`.
 type Refused = Vec<(ModelId, Task)>;
 
+/// The event loop's way into the sub-clusters' schedulers: each task goes to
+/// its model's home.
+pub(super) struct Submitters {
+    /// Per model id: its sub-cluster.
+    home: Vec<u32>,
+    subs: Vec<Submitter>,
+}
+
+impl Submitters {
+    #[inline]
+    fn push(&mut self, m: ModelId, t: Task, refused: &mut Refused) {
+        let s = self.home.get(m.idx()).copied().unwrap_or(0) as usize;
+        self.subs[s].push(m, t, refused);
+    }
+
+    fn flush(&mut self, refused: &mut Refused) {
+        for s in &mut self.subs {
+            s.flush(refused);
+        }
+    }
+
+    /// `m`'s tasks go to sub-cluster `sub` from now on (those buffered for
+    /// its old one still go there).
+    fn route(&mut self, m: ModelId, sub: u32) {
+        if let Some(h) = self.home.get_mut(m.idx()) {
+            *h = sub;
+        }
+    }
+}
+
+/// Autoscaling signals of one scope (the cluster or a sub-cluster): its task
+/// totals over the window, and the GPUs and models they last covered (when
+/// these change, the bad rate starts over: it describes the GPUs in service
+/// and the models served now, not those before a scaling step or a move).
+#[derive(Default)]
+struct ScopeTotals {
+    totals: TotalsWindow,
+    /// The GPUs and models the totals last covered.
+    key: (Vec<u32>, Vec<u32>),
+}
+
 pub(super) struct EventLoop {
-    rt: Option<RtScheduler>,
+    /// One real-time scheduler per sub-cluster (empty once stopped).
+    rts: Vec<RtScheduler>,
     routes: Arc<Routes>,
     clock: SchedClock,
     /// Membership, health, the network budget and the checks (sans-IO).
     proto: SchedProto,
     conns: HashMap<ConnId, Arc<dyn Conn>>,
-    reporter: GpuReporter,
+    /// Each sub-cluster's RankThread, and each GPU's sub-cluster.
+    reporters: Vec<GpuReporter>,
+    gpu_sub: Vec<u32>,
     /// Per global GPU id: busy time, for the metrics.
     busy: Vec<GpuBusy>,
     busy_snap: BusySnaps,
@@ -40,20 +92,21 @@ pub(super) struct EventLoop {
     standby: Option<Standby>,
     _listener: Box<dyn Listener>,
     /// The autoscaling view and its thresholds, and the task totals behind its
-    /// bad rate (over the GPUs' busy window, [`BUSY_WINDOW`]).
+    /// bad rate (over the GPUs' busy window, [`BUSY_WINDOW`]): the cluster's,
+    /// then each sub-cluster's.
     autoscale: (Arc<std::sync::Mutex<AutoscaleView>>, AdviceConfig),
-    totals: TotalsWindow,
-    /// The GPUs the signals last covered: when they change, the bad rate
-    /// starts over (it describes the GPUs in service now, not those before a
-    /// scaling step).
-    signal_gpus: Vec<u32>,
+    scopes: Vec<ScopeTotals>,
     started: Instant,
+    /// The epoch partitioner, and the models as it sees them (memory from the
+    /// workload, or as backends measured it).
+    epoch: EpochPlanner,
+    part_models: Vec<PartModel>,
 }
 
 impl EventLoop {
     #[allow(clippy::too_many_arguments)] // one each of what the loop owns
     pub(super) fn new(
-        rt: RtScheduler,
+        rts: Vec<RtScheduler>,
         routes: Arc<Routes>,
         clock: SchedClock,
         proto: SchedProto,
@@ -61,10 +114,13 @@ impl EventLoop {
         listener: Box<dyn Listener>,
         standby: Option<Standby>,
         autoscale: (Arc<std::sync::Mutex<AutoscaleView>>, AdviceConfig),
+        epoch: (EpochPlanner, Vec<PartModel>),
     ) -> EventLoop {
+        let subs = rts.len();
         EventLoop {
-            reporter: rt.gpu_reporter(),
-            rt: Some(rt),
+            reporters: rts.iter().map(|rt| rt.gpu_reporter()).collect(),
+            gpu_sub: Vec::new(),
+            rts,
             routes,
             clock,
             proto,
@@ -74,26 +130,32 @@ impl EventLoop {
             standby,
             _listener: listener,
             autoscale,
-            totals: TotalsWindow::default(),
-            signal_gpus: Vec::new(),
+            scopes: (0..=subs).map(|_| ScopeTotals::default()).collect(),
             started: Instant::now(),
+            epoch: epoch.0,
+            part_models: epoch.1,
         }
     }
 
-    fn rt(&self) -> &RtScheduler {
-        self.rt.as_ref().expect("running")
+    /// Where the loop's thread submits tasks to the cores.
+    pub(super) fn submitters(&self) -> Submitters {
+        Submitters {
+            home: self.proto.subclusters().homes().to_vec(),
+            subs: self.rts.iter().map(|rt| rt.submitter()).collect(),
+        }
     }
 
-    /// Where the loop's thread submits tasks to the core.
-    pub(super) fn submitter(&self) -> Submitter {
-        self.rt().submitter()
+    /// GPU `id`'s sub-cluster's scheduler.
+    fn rt_of(&self, id: GpuId) -> Option<&RtScheduler> {
+        let s = self.gpu_sub.get(id.idx()).copied()?;
+        self.rts.get(s as usize)
     }
 
     /// Runs until `stop` (or the event channel closes), then stops the core.
     pub(super) fn run(
         mut self,
         rx: crossbeam_channel::Receiver<Event>,
-        mut sub: Submitter,
+        mut sub: Submitters,
         stop: &AtomicBool,
     ) -> Result<SchedReport> {
         let mut next_busy = Instant::now();
@@ -129,8 +191,31 @@ impl EventLoop {
                 next_busy = now + Duration::from_secs(1);
                 self.update_busy(now);
             }
+            self.epoch_step(now, &mut sub, &mut refused);
         }
         Ok(self.finish(sub))
+    }
+
+    /// The epoch partitioner's turn: its answer becomes model moves.
+    fn epoch_step(&mut self, now: Instant, sub: &mut Submitters, refused: &mut Refused) {
+        if self.standby.is_some() {
+            return;
+        }
+        let counts: Vec<u64> = self.routes.metrics.tasks.iter().map(|c| c.get()).collect();
+        let models = &self.part_models;
+        let homes = self.proto.subclusters().homes().to_vec();
+        let Some(r) = self.epoch.poll(now, &counts, || models.clone(), &homes) else {
+            return;
+        };
+        let started = self.proto.repartition(self.clock.now(), &r.assignment);
+        tracing::info!(
+            before = r.before,
+            after = r.after,
+            moves = started,
+            rates = ?r.rates,
+            "scheduler: re-partition"
+        );
+        self.apply(sub, refused);
     }
 
     /// `ev` and the events behind it, then the submitter's flush.
@@ -138,7 +223,7 @@ impl EventLoop {
         &mut self,
         ev: Event,
         rx: &crossbeam_channel::Receiver<Event>,
-        sub: &mut Submitter,
+        sub: &mut Submitters,
         refused: &mut Refused,
     ) {
         self.handle(ev, sub, refused);
@@ -156,15 +241,20 @@ impl EventLoop {
 
     /// Stop: close every connection, then drain the scheduler (its drops go to
     /// frontends that are already closed: they fail their own pending tasks).
-    fn finish(mut self, sub: Submitter) -> SchedReport {
+    fn finish(mut self, sub: Submitters) -> SchedReport {
         for c in self.conns.values() {
             c.close("scheduler stopping");
         }
-        let rt = self.rt.take().expect("running");
         drop(sub);
-        let rep: RtReport = rt.shutdown();
+        let received: u64 = std::mem::take(&mut self.rts)
+            .into_iter()
+            .map(|rt| {
+                let rep: RtReport = rt.shutdown();
+                rep.counters.received
+            })
+            .sum();
         let mut report = self.proto.report().clone();
-        report.tasks_received = rep.counters.received;
+        report.tasks_received = received;
         report.plans_sent = self.routes.plans_sent.load(Ordering::Relaxed);
         report.tasks_failed_backend_lost += self.routes.lost.load(Ordering::Relaxed);
         report.tasks_dropped += self.routes.dropped.load(Ordering::Relaxed);
@@ -188,71 +278,93 @@ impl EventLoop {
         *self.busy_snap.lock().expect("busy lock") = snap;
     }
 
-    /// The autoscaling signals over the window and the advice they give.
+    /// The autoscaling signals over the window and the advice they give, for
+    /// the cluster and each sub-cluster.
     fn update_autoscale(&mut self, now: Instant, snap: &[super::metrics::GpuSnap]) {
-        let (view, cfg) = &self.autoscale;
-        let window = BUSY_WINDOW;
-        let tasks: u64 = self.routes.metrics.tasks.iter().map(|c| c.get()).sum();
+        let (view, cfg) = (self.autoscale.0.clone(), self.autoscale.1);
+        let window = BUSY_WINDOW.as_secs_f64();
+        let t = now.duration_since(self.started).as_secs_f64();
+        let tasks: Vec<u64> = self.routes.metrics.tasks.iter().map(|c| c.get()).collect();
         let rep = self.proto.report();
-        let bad = self.routes.dropped.load(Ordering::Relaxed)
+        let cluster_bad = self.routes.dropped.load(Ordering::Relaxed)
             + self.routes.lost.load(Ordering::Relaxed)
             + rep.tasks_dropped
             + rep.tasks_failed_backend_lost
             + rep.tasks_late;
-        let t = now.duration_since(self.started).as_secs_f64();
+        let homes = self.proto.subclusters().homes().to_vec();
+        let late = self.proto.late_by_model();
         let backends: Vec<_> = self.proto.backends();
-        let owners: Vec<GpuOwner> = backends
-            .iter()
-            .filter(|b| !b.draining)
-            .flat_map(|b| {
-                b.gpus.iter().map(|&g| GpuOwner {
-                    gpu: g,
-                    node: u64::from(b.node),
-                    name: b.name.clone(),
+        let mut scopes = Vec::with_capacity(self.scopes.len());
+        for (i, st) in self.scopes.iter_mut().enumerate() {
+            // Scope 0 is the cluster; scope i the sub-cluster i - 1.
+            let sub = i.checked_sub(1).map(|s| s as u32);
+            let owners: Vec<GpuOwner> = backends
+                .iter()
+                .filter(|b| !b.draining && sub.is_none_or(|s| b.subcluster == s))
+                .flat_map(|b| {
+                    b.gpus.iter().map(|&g| GpuOwner {
+                        gpu: g,
+                        node: u64::from(b.node),
+                        name: b.name.clone(),
+                    })
                 })
-            })
-            .collect();
-        let mut gpus: Vec<u32> = owners.iter().map(|o| o.gpu).collect();
-        gpus.sort_unstable();
-        if gpus != self.signal_gpus {
-            self.totals = TotalsWindow::default();
-            self.signal_gpus = gpus;
+                .collect();
+            let models: Vec<usize> = (0..homes.len())
+                .filter(|&m| sub.is_none_or(|s| homes[m] == s))
+                .collect();
+            let (n, bad) = match sub {
+                None => (tasks.iter().sum(), cluster_bad),
+                // A sub-cluster's bad tasks: its models' drops in the core and
+                // late finishes (a lost backend's tasks and drops before the
+                // core count for the cluster only).
+                Some(_) => models.iter().fold((0, 0), |(n, b), &m| {
+                    let dropped = self.routes.dropped_by_model[m].load(Ordering::Relaxed);
+                    (n + tasks[m], b + dropped + late[m])
+                }),
+            };
+            let mut gpus: Vec<u32> = owners.iter().map(|o| o.gpu).collect();
+            gpus.sort_unstable();
+            let key = (gpus, models.iter().map(|&m| m as u32).collect::<Vec<_>>());
+            if key != st.key {
+                // The GPUs (a scaling step) or the models (a move) changed.
+                st.totals = TotalsWindow::default();
+                st.key = key;
+            }
+            let (span, n, bad) = st.totals.push(t, n, bad, window);
+            let idle: Vec<f64> = owners
+                .iter()
+                .filter_map(|o| snap.get(o.gpu as usize).map(|g| 1.0 - g.ratio()))
+                .collect();
+            let signals = Signals {
+                window_s: span,
+                gpus: owners.len() as u32,
+                idle_fraction: if idle.is_empty() {
+                    0.0
+                } else {
+                    idle.iter().sum::<f64>() / idle.len() as f64
+                },
+                tasks: n,
+                bad,
+                bad_rate: if n == 0 {
+                    0.0
+                } else {
+                    (bad as f64 / n as f64).min(1.0)
+                },
+            };
+            let advice = advise(&signals, &owners, &cfg);
+            scopes.push(ScopeView {
+                subcluster: sub,
+                signals,
+                advice,
+            });
         }
-        let (span, tasks, bad) = self.totals.push(t, tasks, bad, window.as_secs_f64());
-        let idle: Vec<f64> = owners
-            .iter()
-            .filter_map(|o| snap.get(o.gpu as usize).map(|g| 1.0 - g.ratio()))
-            .collect();
-        let signals = Signals {
-            window_s: span,
-            gpus: owners.len() as u32,
-            idle_fraction: if idle.is_empty() {
-                0.0
-            } else {
-                idle.iter().sum::<f64>() / idle.len() as f64
-            },
-            tasks,
-            bad,
-            bad_rate: if tasks == 0 {
-                0.0
-            } else {
-                (bad as f64 / tasks as f64).min(1.0)
-            },
-        };
-        let advice = advise(&signals, &owners, cfg);
-        let scope = |sub| ScopeView {
-            subcluster: sub,
-            signals: signals.clone(),
-            advice: advice.clone(),
-        };
-        // One scheduler is one sub-cluster (id 0) today: the cluster's figures
-        // are its figures.
+        let cluster = (!scopes.is_empty()).then(|| scopes.remove(0));
         let v = AutoscaleView {
-            window_s: window.as_secs_f64(),
-            cluster: Some(scope(None)),
-            subclusters: vec![scope(Some(0))],
+            window_s: window,
+            cluster,
+            subclusters: scopes,
             backends,
-            thresholds: Some(*cfg),
+            thresholds: Some(cfg),
         };
         *view.lock().expect("autoscale lock") = v;
     }
@@ -260,7 +372,7 @@ impl EventLoop {
     /// Carries out what the standby's machine decided: refusals of nodes
     /// that wait too long, and the takeover (from then on it serves, starting
     /// with the messages it held).
-    fn standby_step(&mut self, sub: &mut Submitter, refused: &mut Refused) {
+    fn standby_step(&mut self, sub: &mut Submitters, refused: &mut Refused) {
         let Some(sb) = &mut self.standby else {
             return;
         };
@@ -296,7 +408,7 @@ impl EventLoop {
         }
     }
 
-    fn handle(&mut self, ev: Event, sub: &mut Submitter, refused: &mut Refused) {
+    fn handle(&mut self, ev: Event, sub: &mut Submitters, refused: &mut Refused) {
         if let Some(sb) = &mut self.standby {
             let now = self.clock.now();
             match ev {
@@ -316,7 +428,7 @@ impl EventLoop {
         self.handle_now(ev, sub, refused)
     }
 
-    fn handle_now(&mut self, ev: Event, sub: &mut Submitter, refused: &mut Refused) {
+    fn handle_now(&mut self, ev: Event, sub: &mut Submitters, refused: &mut Refused) {
         let now = self.clock.now();
         match ev {
             Event::Accepted(conn) => {
@@ -331,7 +443,7 @@ impl EventLoop {
     }
 
     /// Carries out what the protocol machine decided.
-    fn apply(&mut self, sub: &mut Submitter, refused: &mut Refused) {
+    fn apply(&mut self, sub: &mut Submitters, refused: &mut Refused) {
         let mut up = Vec::new();
         while let Some(a) = self.proto.poll_action() {
             match a {
@@ -345,20 +457,24 @@ impl EventLoop {
                     conn,
                     backend,
                     gpus,
+                    subcluster,
                 } => {
                     // Routes first; the ack follows as the next action; the GPUs
                     // enter the core after it, so a plan can only follow the ack.
                     let Some(conn) = self.conns.get(&conn) else {
                         continue;
                     };
-                    self.routes.gpus_up(conn, backend, &gpus);
-                    up.extend(gpus);
+                    self.routes.gpus_up(conn, backend, subcluster, &gpus);
+                    up.extend(gpus.into_iter().map(|g| (g, subcluster)));
                 }
+                Action::Route { model, subcluster } => sub.route(model, subcluster),
                 Action::GpusDown { backend, gpus } => self.gpus_down(backend, &gpus),
                 Action::GpusDraining { gpus, .. } => {
                     // Out of the core; the routes stay for the plans in flight.
                     for &id in &gpus {
-                        self.rt().remove_gpu(id);
+                        if let Some(rt) = self.rt_of(id) {
+                            rt.remove_gpu(id);
+                        }
                         if let Some(b) = self.busy.get_mut(id.idx()) {
                             b.leave_service();
                         }
@@ -378,7 +494,11 @@ impl EventLoop {
                     busy,
                 } => self.plan_done(gpu, plan, finished, busy),
                 Action::SetNet(net) => self.set_net(net),
-                Action::SetMargins(m) => self.rt().set_margins(&m),
+                Action::SetMargins(m) => {
+                    for rt in &self.rts {
+                        rt.set_margins(&m);
+                    }
+                }
                 Action::DeviceBytes { model, bytes } => self.device_bytes(model, bytes),
             }
         }
@@ -398,7 +518,7 @@ impl EventLoop {
         }
     }
 
-    fn submit(&self, tasks: Vec<(ModelId, Task)>, sub: &mut Submitter, refused: &mut Refused) {
+    fn submit(&self, tasks: Vec<(ModelId, Task)>, sub: &mut Submitters, refused: &mut Refused) {
         for (m, t) in tasks {
             if let Some(c) = self.routes.metrics.tasks.get(m.idx()) {
                 c.inc();
@@ -411,11 +531,19 @@ impl EventLoop {
         if let Some(b) = self.busy.get_mut(gpu.idx()) {
             b.add(busy);
         }
-        self.reporter.report(gpu, plan, finished);
+        if let Some(r) = self
+            .gpu_sub
+            .get(gpu.idx())
+            .and_then(|&s| self.reporters.get(s as usize))
+        {
+            r.report(gpu, plan, finished);
+        }
     }
 
     fn set_net(&self, net: NetBudget) {
-        self.rt().set_net(net);
+        for rt in &self.rts {
+            rt.set_net(net);
+        }
         self.routes.metrics.d_ctrl.set(net.ctrl.as_secs_f64());
         self.routes
             .metrics
@@ -423,7 +551,11 @@ impl EventLoop {
             .set(net.data_per_req.as_secs_f64());
     }
 
-    fn device_bytes(&self, model: ModelId, bytes: u64) {
+    fn device_bytes(&mut self, model: ModelId, bytes: u64) {
+        // The partitioner balances measured memory from now on.
+        if let Some(m) = self.part_models.get_mut(model.idx()) {
+            m.memory_mb = bytes as f64 / 1e6;
+        }
         if let Some(g) = self.routes.metrics.device_bytes.get(model.idx()) {
             g.set(bytes as f64);
         }
@@ -435,15 +567,27 @@ impl EventLoop {
     }
 
     /// GPUs enter the core (their routes and acks are out).
-    fn enter_service(&mut self, up: Vec<GpuId>) {
+    /// Every sub-cluster's scheduler takes the GPU id (ids stay the same
+    /// everywhere), and only its own sub-cluster's plans on it.
+    fn enter_service(&mut self, up: Vec<(GpuId, u32)>) {
         let now = Instant::now();
-        for id in up {
-            let got = self.rt().add_gpu();
-            debug_assert_eq!(got, id);
+        for (id, sub) in up {
+            for (s, rt) in self.rts.iter().enumerate() {
+                let got = if s == sub as usize {
+                    rt.add_gpu()
+                } else {
+                    rt.skip_gpu()
+                };
+                debug_assert_eq!(got, id);
+            }
+            if self.gpu_sub.len() <= id.idx() {
+                self.gpu_sub.resize(id.idx() + 1, 0);
+            }
+            self.gpu_sub[id.idx()] = sub;
             if self.busy.len() <= id.idx() {
                 self.busy.resize_with(id.idx() + 1, GpuBusy::default);
             }
-            self.busy[id.idx()].enter_service(now);
+            self.busy[id.idx()].enter_service(now, sub);
         }
     }
 
@@ -451,7 +595,9 @@ impl EventLoop {
     fn gpus_down(&mut self, backend: NodeId, gpus: &[GpuId]) {
         self.routes.gpus_down(gpus);
         for &id in gpus {
-            self.rt().remove_gpu(id);
+            if let Some(rt) = self.rt_of(id) {
+                rt.remove_gpu(id);
+            }
             if let Some(b) = self.busy.get_mut(id.idx()) {
                 b.leave_service();
             }

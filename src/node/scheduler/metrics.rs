@@ -137,6 +137,8 @@ fn device_bytes_gauges(reg: &Registry, models: &[ModelInfo]) -> Vec<Arc<Gauge>> 
 #[derive(Default)]
 pub(super) struct GpuBusy {
     in_service: bool,
+    /// Its sub-cluster.
+    sub: u32,
     /// Sum of (finish - start) of its batches, ns.
     total_ns: i64,
     /// total_ns over the last BUSY_WINDOW.
@@ -149,9 +151,11 @@ impl GpuBusy {
         self.total_ns = self.total_ns.saturating_add(busy.0);
     }
 
-    /// The GPU enters service at `now`: its busy fraction starts over.
-    pub(super) fn enter_service(&mut self, now: Instant) {
+    /// The GPU enters service in sub-cluster `sub` at `now`: its busy
+    /// fraction starts over.
+    pub(super) fn enter_service(&mut self, now: Instant, sub: u32) {
         self.in_service = true;
+        self.sub = sub;
         self.window.clear();
         self.window.push(now, self.total_ns, BUSY_WINDOW);
     }
@@ -171,6 +175,7 @@ impl GpuBusy {
         };
         GpuSnap {
             gpu,
+            sub: self.sub,
             in_service: self.in_service,
             busy_s: self.total_ns as f64 / 1e9,
             ratio,
@@ -182,6 +187,7 @@ impl GpuBusy {
 #[derive(Clone, Copy)]
 pub struct GpuSnap {
     gpu: u32,
+    sub: u32,
     in_service: bool,
     busy_s: f64,
     /// Busy fraction over the last BUSY_WINDOW (or since it entered service).
@@ -204,9 +210,8 @@ pub(super) fn busy_snapshot(busy: &mut [GpuBusy], now: Instant) -> Vec<GpuSnap> 
 }
 
 /// The mean busy fraction of the GPUs in service (None when there is none).
-fn mean_busy(v: &[GpuSnap]) -> Option<f64> {
+fn mean_busy<'a>(v: impl Iterator<Item = &'a GpuSnap>) -> Option<f64> {
     let (n, sum) = v
-        .iter()
         .filter(|g| g.in_service)
         .fold((0usize, 0.0), |(n, s), g| (n + 1, s + g.ratio));
     (n > 0).then(|| sum / n as f64)
@@ -255,13 +260,13 @@ pub(super) fn register_gpu_metrics(reg: &Registry, snap: BusySnaps) {
         &snap,
         "fermata_subcluster_gpus_in_service",
         "GPUs in service in the sub-cluster.",
-        |v| v.iter().filter(|g| g.in_service).count() as f64,
+        |v| v.filter(|g| g.in_service).count() as f64,
     );
 }
 
-/// The `subcluster` label (one scheduler is one sub-cluster).
-fn sub() -> (String, String) {
-    ("subcluster".to_string(), "0".to_string())
+/// The `subcluster` label.
+fn sub(id: u32) -> (String, String) {
+    ("subcluster".to_string(), id.to_string())
 }
 
 /// A series per GPU that `keep` keeps (labels `gpu`, `subcluster`).
@@ -279,23 +284,36 @@ fn per_gpu(
         let v = s.lock().expect("busy lock");
         v.iter()
             .filter(|g| keep(g))
-            .map(|g| (vec![("gpu".into(), g.gpu.to_string()), sub()], value(g)))
+            .map(|g| {
+                (
+                    vec![("gpu".into(), g.gpu.to_string()), sub(g.sub)],
+                    value(g),
+                )
+            })
             .collect()
     });
 }
 
-/// A gauge of the whole sub-cluster.
+/// A gauge per sub-cluster (of those with a GPU; sub-cluster 0 always).
 fn subcluster(
     reg: &Registry,
     snap: &BusySnaps,
     name: &str,
     help: &str,
-    value: fn(&[GpuSnap]) -> f64,
+    value: fn(&mut dyn Iterator<Item = &GpuSnap>) -> f64,
 ) {
     let s = snap.clone();
     reg.collector(name, help, Kind::Gauge, move || {
         let v = s.lock().expect("busy lock");
-        vec![(vec![sub()], value(&v))]
+        let mut subs: Vec<u32> = v.iter().map(|g| g.sub).chain([0]).collect();
+        subs.sort_unstable();
+        subs.dedup();
+        subs.into_iter()
+            .map(|id| {
+                let mut of = v.iter().filter(|g| g.sub == id);
+                (vec![sub(id)], value(&mut of))
+            })
+            .collect()
     });
 }
 
@@ -307,7 +325,7 @@ pub struct AutoscaleView {
     pub window_s: f64,
     /// The whole cluster.
     pub cluster: Option<ScopeView>,
-    /// Each sub-cluster (one scheduler is one sub-cluster today: id 0).
+    /// Each sub-cluster.
     pub subclusters: Vec<ScopeView>,
     /// The backends in service.
     pub backends: Vec<crate::node::proto::sched::BackendView>,

@@ -65,6 +65,7 @@
 //! * `metrics.rs`: the Prometheus series, [`drop_reason_label`], the GPU busy
 //!   time and [`BUSY_WINDOW`].
 
+pub mod epoch;
 mod event_loop;
 mod metrics;
 mod node;

@@ -2,6 +2,7 @@
 //! scheduler and its configuration, the protocol machine, the metrics, the
 //! listener and the event loop's thread) and stop.
 
+use super::epoch::{self, EpochPlanner};
 use super::event_loop::EventLoop;
 use super::metrics::{
     register_autoscale_metrics, register_gpu_metrics, AutoscaleView, BusySnaps, SchedMetrics,
@@ -13,6 +14,8 @@ use crate::core::{Dur, ModelSpec, NetBudget};
 use crate::metrics::Registry;
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{SchedConfig, SchedProto, SchedReport};
+use crate::node::proto::subclusters::SubClusters;
+use crate::plan::partition::PartModel;
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{RtConfig, RtScheduler};
 use crate::transport::Transport;
@@ -46,9 +49,16 @@ impl SchedulerNode {
         let (rcfg, floors) = rt_config(workload, &opts);
         let specs: Vec<ModelSpec> = workload.models.iter().map(|m| m.spec.clone()).collect();
         let models = crate::node::exec::model_infos(workload);
+        let part_models = partition_models(workload);
+        let homes = epoch::initial(&part_models, &opts.epoch)?;
+        let subs = SubClusters::new(opts.epoch.subclusters, homes.clone())
+            .map_err(|e| anyhow::anyhow!(e))?;
+        if subs.count() > 1 {
+            tracing::info!(subclusters = subs.count(), homes = ?homes, "scheduler: models' sub-clusters");
+        }
         let proto = SchedProto::new(
             SchedClock::exact(clock).now(),
-            sched_config(&opts, models.clone(), floors),
+            sched_config(&opts, models.clone(), floors, subs),
         );
         let registry = Registry::new();
         let metrics = SchedMetrics::new(&registry, &models);
@@ -57,8 +67,19 @@ impl SchedulerNode {
         register_gpu_metrics(&registry, busy.clone());
         let autoscale = Arc::new(Mutex::new(AutoscaleView::default()));
         register_autoscale_metrics(&registry, autoscale.clone());
-        let rt = RtScheduler::start(rcfg, specs, routes.clone(), clock)?;
-        let _ = routes.reporter.set(rt.gpu_reporter());
+        // One real-time scheduler (a RankThread and its ModelThreads) per
+        // sub-cluster, sharing the plan id space.
+        let n = opts.epoch.subclusters;
+        let rts = (0..n)
+            .map(|j| {
+                let mut c = rcfg.clone();
+                c.plan_ids = (j, n);
+                RtScheduler::start(c, specs.clone(), routes.clone(), clock)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let _ = routes
+            .reporters
+            .set(rts.iter().map(|rt| rt.gpu_reporter()).collect());
         let (tx, rx) = crate::node::event_channel(&registry, "scheduler");
         let (standby, status) = match &opts.standby_of {
             Some(primary) => {
@@ -78,8 +99,9 @@ impl SchedulerNode {
         let listener = transport.listen(&opts.listen, tx)?;
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
+        let planner = EpochPlanner::new(opts.epoch.clone(), std::time::Instant::now());
         let ev = EventLoop::new(
-            rt,
+            rts,
             routes,
             SchedClock::exact(clock),
             proto,
@@ -87,8 +109,9 @@ impl SchedulerNode {
             listener,
             standby,
             (autoscale.clone(), opts.advice),
+            (planner, part_models),
         );
-        let submitter = ev.submitter();
+        let submitter = ev.submitters();
         let stop2 = stop.clone();
         let handle = std::thread::Builder::new()
             .name("sched-net".into())
@@ -177,8 +200,14 @@ fn rt_config(workload: &Workload, opts: &SchedulerOpts) -> (RtConfig, NetBudget)
 }
 
 /// The protocol machine's configuration.
-fn sched_config(opts: &SchedulerOpts, models: Vec<ModelInfo>, floors: NetBudget) -> SchedConfig {
+fn sched_config(
+    opts: &SchedulerOpts,
+    models: Vec<ModelInfo>,
+    floors: NetBudget,
+    subclusters: SubClusters,
+) -> SchedConfig {
     SchedConfig {
+        subclusters,
         models,
         heartbeat: Dur(opts.heartbeat.as_nanos() as i64),
         node_timeout: Dur(opts.node_timeout.as_nanos() as i64),
@@ -189,4 +218,22 @@ fn sched_config(opts: &SchedulerOpts, models: Vec<ModelInfo>, floors: NetBudget)
         max_data: opts.max_data,
         max_margin: opts.max_margin,
     }
+}
+
+/// The models as the epoch partitioner sees them: the workload's rates, and
+/// memory from the workload file or the paper's profiles; a model with neither
+/// counts 0 MB until a backend measures it (then only rates are balanced).
+fn partition_models(workload: &Workload) -> Vec<PartModel> {
+    crate::plan::partition::models_of_workload(workload).unwrap_or_else(|_| {
+        workload
+            .models
+            .iter()
+            .map(|m| PartModel {
+                name: m.spec.name.clone(),
+                rate_rps: m.share * workload.rate_rps,
+                memory_mb: m.memory_mb.unwrap_or(0.0),
+                dynamic_memory_mb: m.dynamic_memory_mb.unwrap_or(0.0),
+            })
+            .collect()
+    })
 }

@@ -40,6 +40,8 @@ pub struct SchedulerOpts {
     pub standby_of: Option<String>,
     /// The autoscaling advice's thresholds (bad rate, idle fraction).
     pub advice: crate::plan::autoscale::AdviceConfig,
+    /// Sub-clusters and the epoch partitioner.
+    pub epoch: super::epoch::EpochOpts,
 }
 
 impl Default for SchedulerOpts {
@@ -59,6 +61,7 @@ impl Default for SchedulerOpts {
             min_slack: Dur::from_us(500),
             standby_of: None,
             advice: crate::plan::autoscale::AdviceConfig::default(),
+            epoch: super::epoch::EpochOpts::default(),
         }
     }
 }

@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 struct GpuRoute {
     conn: Arc<dyn Conn>,
     backend: NodeId,
+    /// Its sub-cluster (whose RankThread hears when it is free).
+    sub: u32,
 }
 
 /// Where plans and drops go; shared by the ModelThreads and the event loop.
@@ -27,11 +29,14 @@ pub(super) struct Routes {
     frontends: RwLock<HashMap<NodeId, Arc<dyn Conn>>>,
     /// In flight plans (the protocol machine's ledger).
     plans: Arc<Mutex<PlanLedger>>,
-    pub(super) reporter: OnceLock<GpuReporter>,
+    /// Each sub-cluster's RankThread, for GPU free times.
+    pub(super) reporters: OnceLock<Vec<GpuReporter>>,
     clock: Clock,
     pub(super) plans_sent: AtomicU64,
     pub(super) lost: AtomicU64,
     pub(super) dropped: AtomicU64,
+    /// Drops in the core per model id (a sub-cluster's bad rate).
+    pub(super) dropped_by_model: Vec<AtomicU64>,
     pub(super) metrics: SchedMetrics,
 }
 
@@ -45,11 +50,14 @@ impl Routes {
             gpus: RwLock::new(Vec::new()),
             frontends: RwLock::new(HashMap::new()),
             plans,
-            reporter: OnceLock::new(),
+            reporters: OnceLock::new(),
             clock,
             plans_sent: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            dropped_by_model: (0..metrics.tasks.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             metrics,
         }
     }
@@ -79,7 +87,7 @@ impl Routes {
     }
 
     /// A backend's GPUs are reached on `conn` from now on.
-    pub(super) fn gpus_up(&self, conn: &Arc<dyn Conn>, backend: NodeId, gpus: &[GpuId]) {
+    pub(super) fn gpus_up(&self, conn: &Arc<dyn Conn>, backend: NodeId, sub: u32, gpus: &[GpuId]) {
         let mut g = self.gpus.write().expect("routes lock");
         for &id in gpus {
             if g.len() <= id.idx() {
@@ -88,6 +96,7 @@ impl Routes {
             g[id.idx()] = Some(GpuRoute {
                 conn: conn.clone(),
                 backend,
+                sub,
             });
         }
     }
@@ -138,8 +147,8 @@ impl Outlet for Routes {
             let route = g
                 .get(plan.gpu.idx())
                 .and_then(|r| r.as_ref())
-                .map(|r| (r.conn.clone(), r.backend));
-            let Some((conn, backend)) = route else {
+                .map(|r| (r.conn.clone(), r.backend, r.sub));
+            let Some((conn, backend, sub)) = route else {
                 drop(g);
                 // The GPU's backend is gone (its GPUs are leaving service).
                 self.lose(tasks.iter().map(|t| t.id));
@@ -148,7 +157,7 @@ impl Outlet for Routes {
             if tasks.is_empty() {
                 drop(g);
                 // Every task's frontend is gone: the GPU is free again now.
-                if let Some(r) = self.reporter.get() {
+                if let Some(r) = self.reporters.get().and_then(|r| r.get(sub as usize)) {
                     r.report(plan.gpu, plan.id, self.clock.now());
                 }
                 return;
@@ -172,10 +181,13 @@ impl Outlet for Routes {
         }
     }
 
-    fn drop_task(&self, _model: ModelId, task: Task, reason: DropReason, _at: Time) {
+    fn drop_task(&self, model: ModelId, task: Task, reason: DropReason, _at: Time) {
         // Called once per dropped task from the ModelThreads: straight to its
         // frontend, without `notify`'s grouping.
         self.dropped.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.dropped_by_model.get(model.idx()) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         self.metrics.dropped(reason, 1);
         let fes = self.frontends.read().expect("routes lock");
         if let Some(c) = fes.get(&task_owner(task.id)) {

@@ -1,0 +1,87 @@
+//! Sub-clusters and live re-partitioning with real processes on loopback: a
+//! scheduler with two sub-clusters (a dispatcher each), one emulated backend
+//! in each, and a load whose mix changes twice, so that the epoch partitioner
+//! moves models between the sub-clusters while requests keep coming. Every
+//! request is answered exactly once, none fails, and no backend is sent a plan
+//! for a model it has not loaded (it would refuse it and fail its tasks).
+
+use fermata::harness::procs::{ProcCluster, ProcOpts};
+use fermata::workload::Workload;
+use std::path::PathBuf;
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
+}
+
+/// Four small emulated models with these weights (shares of the rate).
+fn workload(weights: [f64; 4]) -> String {
+    let mut s = String::from("name = \"subclusters\"\ngpus = 2\nrate_rps = 100\n");
+    for (i, w) in weights.iter().enumerate() {
+        s += &format!(
+            "[[models]]\nname = \"m{i}\"\nalpha_ms = 0.2\nbeta_ms = 1.0\nslo_ms = 300\ninput_bytes = 256\nweight = {w}\n"
+        );
+    }
+    s
+}
+
+#[test]
+fn models_move_between_subclusters_under_load_without_a_lost_request() {
+    let dir = std::env::temp_dir().join(format!("fermata-subclusters-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.toml");
+    std::fs::write(&path, workload([1.0; 4])).unwrap();
+    let o = ProcOpts {
+        backend_gpus: vec![1, 1],
+        scheduler_args: ["--subclusters", "2", "--epoch-s", "1", "--max-moves", "1"]
+            .map(String::from)
+            .to_vec(),
+        ..ProcOpts::new(path.clone())
+    };
+    let c = ProcCluster::start(&exe(), &o).unwrap();
+    // The scheduler split the equal-rate models 2 / 2. A load with 70% on m0
+    // makes its sub-cluster take 80%: an epoch moves m0's partner over. Then
+    // 70% on m3: m3's sub-cluster is the loaded one, and models move again.
+    let mut reports = Vec::new();
+    for weights in [[7.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 7.0]] {
+        let p = dir.join("load.toml");
+        std::fs::write(&p, workload(weights)).unwrap();
+        let w = Workload::from_file(&p).unwrap();
+        let load = c.load_in_background(&w, 300.0, 4.0).unwrap();
+        reports.push(load.join().unwrap().unwrap());
+    }
+    for r in &reports {
+        assert!(r.sim.offered() > 500, "offered {}", r.sim.offered());
+        assert_eq!(r.failed, 0, "no request failed");
+        assert_eq!(r.unanswered, 0, "every request answered");
+        assert_eq!(r.duplicates, 0);
+        assert!(
+            r.sim.bad_rate() < 0.05,
+            "bad rate {} (offered {})",
+            r.sim.bad_rate(),
+            r.sim.offered()
+        );
+    }
+    let reps = c.stop();
+    let s = reps.scheduler.expect("scheduler report");
+    assert_eq!(s["subclusters"], 2, "{s}");
+    let moves = &s["moves"];
+    eprintln!(
+        "moves {moves}; bad rates {:?}",
+        reports.iter().map(|r| r.sim.bad_rate()).collect::<Vec<_>>()
+    );
+    assert!(
+        moves["done"].as_u64().unwrap() >= 2,
+        "models moved in both phases: {s}"
+    );
+    assert_eq!(moves["aborted"], 0, "{s}");
+    assert_eq!(s["tasks_failed_backend_lost"], 0, "{s}");
+    for b in &reps.backends {
+        let b = b.as_ref().expect("backend report");
+        assert_eq!(b["plans_refused"], 0, "no plan for a model not loaded: {b}");
+        assert_eq!(b["tasks_failed"], 0, "{b}");
+        assert!(b["plans_run"].as_u64().unwrap() > 0, "both serve: {b}");
+    }
+    let f = reps.frontends[0].as_ref().expect("frontend report");
+    assert_eq!(f["failed"], 0, "{f}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
