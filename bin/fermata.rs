@@ -229,6 +229,11 @@ struct ClusterArgs {
     /// new nodes): no request may fail for it, no plan follow `Drained`.
     #[arg(long)]
     drain: bool,
+    /// Sub-clusters of the scheduler (a dispatcher each); with more than one,
+    /// models move between them live about every 100 ms: none may be lost or
+    /// answered twice for it, and no plan may reach a backend without its model.
+    #[arg(long, default_value_t = 1)]
+    subclusters: u32,
     /// Print one JSON object per seed.
     #[arg(long)]
     json: bool,
@@ -698,6 +703,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let (mut forged_sent, mut forged_refused) = (0u64, 0u64);
     let (mut good, mut retried) = (0u64, 0u64);
     let (mut drains, mut drained_left, mut failed) = (0u64, 0u64, 0u64);
+    let (mut moves_started, mut moves_done) = (0u64, 0u64);
     let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
@@ -717,12 +723,15 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             standby: a.standby,
             rogue: a.rogue,
             drain: a.drain,
+            subclusters: a.subclusters,
         };
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;
         events += r.events;
         ended += r.good + r.late + r.dropped + r.failed;
         drains += r.drains;
+        moves_started += r.moves_started;
+        moves_done += r.moves_done;
         drained_left += r.drained_left;
         failed += r.failed;
         faults[0] += r.crashes;
@@ -774,6 +783,12 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     if a.drain {
         eprintln!(
             "drain: {drains} backends told to drain, {drained_left} drained and left; {failed} requests failed in all"
+        );
+    }
+    if a.subclusters > 1 {
+        eprintln!(
+            "sub-clusters: {} per scheduler; {moves_started} model moves started, {moves_done} finished; {failed} requests failed in all",
+            a.subclusters
         );
     }
     if a.rogue {

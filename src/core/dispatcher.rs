@@ -137,13 +137,24 @@ pub const DEFAULT_EAGER_COST_MAX: f64 = 0.02;
 
 impl Dispatcher {
     pub fn new(cfg: DispatcherConfig, specs: Vec<ModelSpec>) -> Dispatcher {
+        Dispatcher::with_plan_ids(cfg, specs, 0, 1)
+    }
+
+    /// A dispatcher whose plan ids are `index + k * count`: dispatcher `index`
+    /// of `count` sharing one plan id space (the sub-clusters of a scheduler).
+    pub fn with_plan_ids(
+        cfg: DispatcherConfig,
+        specs: Vec<ModelSpec>,
+        index: u32,
+        count: u32,
+    ) -> Dispatcher {
         assert!(
             cfg.policy != Policy::Nexus,
             "Nexus runs on core::nexus, not on the central dispatcher"
         );
         let mut d = Dispatcher {
             rank: Ranker::new(cfg.policy, cfg.gpus),
-            shard: ModelShard::new(cfg, 0, 1),
+            shard: ModelShard::new(cfg, index, count),
             outputs: VecDeque::new(),
             num_models: 0,
         };

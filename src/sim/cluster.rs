@@ -131,6 +131,11 @@ pub struct ClusterSimOpts {
     /// scales in) and come back later as new nodes: no request may fail for
     /// it, and no plan may follow the scheduler's `Drained`.
     pub drain: bool,
+    /// Sub-clusters of the scheduler (a dispatcher each; the models start
+    /// round-robin). With more than one, models move between them live now
+    /// and then: no request may be lost or answered twice for it, and no
+    /// plan may reach a backend that has not loaded its model.
+    pub subclusters: u32,
 }
 
 impl Default for ClusterSimOpts {
@@ -152,6 +157,7 @@ impl Default for ClusterSimOpts {
             standby: false,
             rogue: false,
             drain: false,
+            subclusters: 1,
         }
     }
 }
@@ -189,6 +195,9 @@ impl ClusterSimOpts {
         }
         if self.drain {
             s += " --drain";
+        }
+        if self.subclusters > 1 {
+            s += &format!(" --subclusters {}", self.subclusters);
         }
         s
     }
@@ -250,6 +259,10 @@ pub struct ClusterSimReport {
     /// Backends told to drain, and those that then left (drained).
     pub drains: u64,
     pub drained_left: u64,
+    /// With sub-clusters: model moves started (over the serving schedulers),
+    /// and finished (unloaded from the source) by the one serving at the end.
+    pub moves_started: u64,
+    pub moves_done: u64,
     pub violation: Option<Violation>,
 }
 
@@ -276,6 +289,12 @@ enum Ev {
         pid: Pid,
     },
     Arrival,
+    /// A paused process may resume: it handles its held events in order.
+    Resume {
+        pid: Pid,
+    },
+    /// The serving scheduler moves a random model to another sub-cluster.
+    Move,
     /// A client's request reaches frontend `pid`.
     Request {
         pid: Pid,
@@ -384,7 +403,11 @@ struct Be {
 
 struct Sched {
     proto: SchedProto,
-    core: Dispatcher,
+    /// One dispatcher per sub-cluster (each knows every model and GPU id,
+    /// plans on its own GPUs), each model's home, each GPU's sub-cluster.
+    cores: Vec<Dispatcher>,
+    home: Vec<u32>,
+    gpu_sub: HashMap<u32, u32>,
     gpu_conn: HashMap<u32, ConnId>,
     fe_nodes: HashSet<NodeId>,
     /// Per GPU: the latest plan booked, and when the GPU is due free.
@@ -424,6 +447,9 @@ pub struct ClusterSim {
     evs: HashMap<usize, Ev>,
     procs: Vec<Proc>,
     paused: Vec<Time>,
+    /// Per process: its events held while it is paused, in arrival order
+    /// (handled in that order when it resumes, [`Ev::Resume`]).
+    held: Vec<std::collections::VecDeque<Ev>>,
     links: HashMap<ConnId, Link>,
     next_conn: ConnId,
     sched_pid: Pid,
@@ -472,6 +498,7 @@ impl ClusterSim {
             evs: HashMap::new(),
             procs: Vec::new(),
             paused: Vec::new(),
+            held: Vec::new(),
             links: HashMap::new(),
             next_conn: 1,
             sched_pid: 0,
@@ -508,7 +535,7 @@ impl ClusterSim {
             sim.rogue = Some(sim.new_pid(Proc::Dead));
             sim.at(Time(Dur::from_ms(60).0), Ev::Forge);
         }
-        if sim.opts.faults != Faults::None || sim.opts.drain {
+        if sim.opts.faults != Faults::None || sim.opts.drain || sim.opts.subclusters > 1 {
             sim.schedule_faults();
         }
         sim.next_stall();
@@ -545,6 +572,13 @@ impl ClusterSim {
                 self.at(t, Ev::Drain);
             }
         }
+        if self.opts.subclusters > 1 {
+            // A move every 100 ms on average.
+            for _ in 0..1 + end / 100_000_000 {
+                let t = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+                self.at(t, Ev::Move);
+            }
+        }
         if self.opts.standby && self.opts.faults.crash() {
             // The serving scheduler crashes once or twice a run.
             for _ in 0..1 + n / 3 {
@@ -557,6 +591,7 @@ impl ClusterSim {
     fn new_pid(&mut self, p: Proc) -> Pid {
         self.procs.push(p);
         self.paused.push(Time::EPOCH_MIN);
+        self.held.push(std::collections::VecDeque::new());
         self.procs.len() - 1
     }
 
@@ -573,7 +608,9 @@ impl ClusterSim {
             c.gpus = 0;
             c
         };
-        let specs = self.w.models.iter().map(|m| m.spec.clone()).collect();
+        let specs: Vec<_> = self.w.models.iter().map(|m| m.spec.clone()).collect();
+        let n = self.opts.subclusters.max(1);
+        let home: Vec<u32> = (0..self.models.len() as u32).map(|m| m % n).collect();
         let proto = SchedProto::new(
             self.now,
             SchedConfig {
@@ -586,13 +623,16 @@ impl ClusterSim {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
-                // The simulated scheduler runs one dispatcher: one sub-cluster.
-                subclusters: SubClusters::single(self.models.len()),
+                subclusters: SubClusters::new(n, home.clone()).expect("sub-clusters"),
             },
         );
         Sched {
             proto,
-            core: Dispatcher::new(dcfg, specs),
+            cores: (0..n)
+                .map(|j| Dispatcher::with_plan_ids(dcfg.clone(), specs.clone(), j, n))
+                .collect(),
+            home,
+            gpu_sub: HashMap::new(),
             gpu_conn: HashMap::new(),
             fe_nodes: HashSet::new(),
             gpu_free: HashMap::new(),
@@ -860,6 +900,9 @@ impl ClusterSim {
             self.event(ev);
         }
         self.now = end;
+        if let Proc::Sched(s) = &self.procs[self.sched_pid] {
+            self.report.moves_done = s.proto.report().moves.done;
+        }
         // Every request must have ended by now: deadline + grace is < 4 s.
         let open = self.clients.values().filter(|c| !c.ended).count();
         if open > 0 && self.violation.is_none() {
@@ -924,6 +967,40 @@ impl ClusterSim {
 
     fn event(&mut self, ev: Ev) {
         if let Some(pid) = self.pid_of(&ev) {
+            // A paused process handles its events when it resumes, in the
+            // order they came (also when its pause is extended meanwhile: a
+            // connection delivers in order).
+            if self.paused[pid] > self.now || !self.held[pid].is_empty() {
+                if self.held[pid].is_empty() {
+                    let t = self.paused[pid].max(self.now);
+                    self.at(t, Ev::Resume { pid });
+                }
+                self.held[pid].push_back(ev);
+                return;
+            }
+        }
+        self.handle_event(ev)
+    }
+
+    /// A paused process's turn: still paused, it waits on; else it handles
+    /// what it holds, in order, until it is paused again.
+    fn resume(&mut self, pid: Pid) {
+        while let Some(ev) = self.held[pid].pop_front() {
+            if self.paused[pid] > self.now {
+                self.held[pid].push_front(ev);
+                let t = self.paused[pid];
+                self.at(t, Ev::Resume { pid });
+                return;
+            }
+            self.handle_event(ev);
+            if self.violation.is_some() {
+                return;
+            }
+        }
+    }
+
+    fn handle_event(&mut self, ev: Ev) {
+        if let Some(pid) = self.pid_of(&ev) {
             if matches!(self.procs[pid], Proc::Dead) {
                 // A request that reaches a dead frontend: connection refused.
                 if let Ev::Request { client, .. } = ev {
@@ -931,14 +1008,9 @@ impl ClusterSim {
                 }
                 return;
             }
-            // A paused process handles its events when it resumes, in order.
-            if self.paused[pid] > self.now {
-                let t = self.paused[pid];
-                self.at(t, ev);
-                return;
-            }
         }
         match ev {
+            Ev::Resume { pid } => self.resume(pid),
             Ev::Deliver { conn, to, msg } => self.deliver(conn, to, msg),
             Ev::Closed { conn, to, why } => self.closed(conn, to, why),
             Ev::Wake { pid } => self.wake(pid),
@@ -950,6 +1022,7 @@ impl ClusterSim {
             Ev::Pause => self.pause(),
             Ev::Hang => self.hang(),
             Ev::Drain => self.drain_one(),
+            Ev::Move => self.move_one(),
             Ev::Stall => self.stall(),
             Ev::Partition => self.partition(),
             Ev::SchedCrash => self.sched_crash(),
@@ -1151,6 +1224,23 @@ impl ClusterSim {
     /// SIGTERM): it sends `Drain` and leaves once answered and idle. Only
     /// while another backend is in service and none drains, so that the
     /// cluster keeps a GPU (a drain must fail no request).
+    /// The serving scheduler starts moving a random model to a random other
+    /// sub-cluster (as an epoch's re-partition would).
+    fn move_one(&mut self) {
+        let now = self.now;
+        let n = self.opts.subclusters;
+        let models = self.models.len() as u32;
+        let (m, k) = (self.rng.gen_range(0..models), self.rng.gen_range(1..n));
+        let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
+            return;
+        };
+        let to = (s.proto.subclusters().home(ModelId(m)) + k) % n;
+        if s.proto.move_model(now, ModelId(m), to) {
+            self.report.moves_started += 1;
+        }
+        self.sched_apply();
+    }
+
     fn drain_one(&mut self) {
         let in_service: Vec<Pid> = self
             .be_slots
@@ -1533,17 +1623,25 @@ impl ClusterSim {
 
     /// Adds the GPUs that went into service to the core, checking that the
     /// core gives them the protocol's ids; false on a violation.
-    fn sched_add_gpus(&mut self, up: Vec<GpuId>) -> bool {
+    fn sched_add_gpus(&mut self, up: Vec<(GpuId, u32)>) -> bool {
+        let now = self.now;
         let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
             return false;
         };
-        for g in up {
-            let got = s.core.add_gpu();
-            if got != g {
-                let what = format!("GPU ids diverged: protocol {g:?}, core {got:?}");
-                self.violate(what);
-                return false;
+        for (g, sub) in up {
+            // Every sub-cluster's dispatcher takes the id; only its own plans on it.
+            for (j, core) in s.cores.iter_mut().enumerate() {
+                let got = core.add_gpu();
+                if j != sub as usize {
+                    core.remove_gpu(now, got);
+                }
+                if got != g {
+                    let what = format!("GPU ids diverged: protocol {g:?}, core {j} {got:?}");
+                    self.violate(what);
+                    return false;
+                }
             }
+            s.gpu_sub.insert(g.0, sub);
         }
         true
     }
@@ -1557,7 +1655,12 @@ impl ClusterSim {
             return false;
         };
         let t = s.proto.poll_timeout();
-        let t = s.core.next_timeout().map_or(t, |c| c.min(t)).max(now);
+        let t = s
+            .cores
+            .iter()
+            .filter_map(|c| c.next_timeout())
+            .fold(t, Time::min)
+            .max(now);
         // One wake-up pending at a time (the earliest needed).
         if self.sched_wake.is_none_or(|w| t < w) {
             self.sched_wake = Some(t);
@@ -1598,7 +1701,7 @@ impl ClusterSim {
             if let Some(f) = s.gpu_free.get_mut(&p.gpu.0) {
                 f.1 = now;
             }
-            s.core.handle_gpu_report(now, p.gpu, p.id, now);
+            sched_report(s, now, p.gpu, p.id, now);
             return true;
         }
         let backend = s.proto.gpu_owner(p.gpu).unwrap_or(0);
@@ -1634,7 +1737,9 @@ impl ClusterSim {
                 if now >= s.proto.poll_timeout() {
                     s.proto.handle_timeout(now);
                 }
-                s.core.handle_timeout(now);
+                for c in &mut s.cores {
+                    c.handle_timeout(now);
+                }
                 self.sched_apply();
             }
             Proc::Fe(f) => {
@@ -1796,6 +1901,14 @@ impl ClusterSim {
             return;
         };
         b.proto.handle_msg(b.clock.local(now), conn, msg);
+        // Invariant: no plan reaches a backend that has not loaded its model
+        // (models move between sub-clusters; the backend would refuse it and
+        // fail its tasks).
+        if b.proto.counts().refused_not_loaded > 0 {
+            return self.violate(format!(
+                "backend {pid} was sent a plan for a model it has not loaded"
+            ));
+        }
         self.be_apply(pid);
     }
 
@@ -2051,8 +2164,9 @@ impl ClusterSim {
 /// The scheduler protocol's actions left for the simulator once a pass over
 /// them is done.
 struct SchedActions {
-    /// GPUs that went into service, in order (the core must give the same ids).
-    up: Vec<GpuId>,
+    /// GPUs that went into service, in order (the core must give the same
+    /// ids), with their sub-clusters.
+    up: Vec<(GpuId, u32)>,
     sends: Vec<(ConnId, Msg)>,
     closes: Vec<ConnId>,
 }
@@ -2069,24 +2183,36 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
         match a {
             Action::Send(c, m) => acts.sends.push((c, m)),
             Action::Close(c, _) => acts.closes.push(c),
-            Action::GpusUp { conn, gpus, .. } => {
+            Action::GpusUp {
+                conn,
+                gpus,
+                subcluster,
+                ..
+            } => {
                 for g in &gpus {
                     s.gpu_conn.insert(g.0, conn);
                 }
-                acts.up.extend(gpus);
+                acts.up.extend(gpus.into_iter().map(|g| (g, subcluster)));
             }
-            // One sub-cluster: every model's home is the one dispatcher.
-            Action::Route { .. } => {}
+            Action::Route { model, subcluster } => {
+                if let Some(h) = s.home.get_mut(model.idx()) {
+                    *h = subcluster;
+                }
+            }
             Action::GpusDown { gpus, .. } => {
                 for g in gpus {
                     s.gpu_conn.remove(&g.0);
-                    s.core.remove_gpu(now, g);
+                    for c in &mut s.cores {
+                        c.remove_gpu(now, g);
+                    }
                 }
             }
             // Out of the core; the connection stays for the plans in flight.
             Action::GpusDraining { gpus, .. } => {
                 for g in gpus {
-                    s.core.remove_gpu(now, g);
+                    for c in &mut s.cores {
+                        c.remove_gpu(now, g);
+                    }
                 }
             }
             Action::FrontendUp { node, .. } => {
@@ -2097,7 +2223,8 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
             }
             Action::Submit(tasks) => {
                 for (m, t) in tasks {
-                    s.core.handle_request(now, m, t);
+                    let h = s.home.get(m.idx()).copied().unwrap_or(0) as usize;
+                    s.cores[h].handle_request(now, m, t);
                 }
             }
             Action::PlanDone {
@@ -2107,10 +2234,16 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
                 ..
             } => sched_plan_done(s, now, gpu, plan, finished),
             Action::SetNet(net) => {
-                s.core.set_net(net);
+                for c in &mut s.cores {
+                    c.set_net(net);
+                }
                 count_budget_change(report, now, net);
             }
-            Action::SetMargins(m) => s.core.set_margins(&m),
+            Action::SetMargins(m) => {
+                for c in &mut s.cores {
+                    c.set_margins(&m);
+                }
+            }
             Action::DeviceBytes { .. } => {}
         }
     }
@@ -2125,7 +2258,15 @@ fn sched_plan_done(s: &mut Sched, now: Time, gpu: GpuId, plan: PlanId, finished:
             f.1 = finished;
         }
     }
-    s.core.handle_gpu_report(now, gpu, plan, finished);
+    sched_report(s, now, gpu, plan, finished);
+}
+
+/// The GPU's sub-cluster's dispatcher hears that it is free.
+fn sched_report(s: &mut Sched, now: Time, gpu: GpuId, plan: PlanId, free: Time) {
+    let j = s.gpu_sub.get(&gpu.0).copied().unwrap_or(0) as usize;
+    if let Some(c) = s.cores.get_mut(j) {
+        c.handle_gpu_report(now, gpu, plan, free);
+    }
 }
 
 /// Counts a change of the network budget and tracks d_ctrl's largest value
@@ -2144,11 +2285,13 @@ fn count_budget_change(r: &mut ClusterSimReport, now: Time, net: NetBudget) {
 fn sched_core_plans(s: &mut Sched) -> Vec<crate::core::Plan> {
     let mut plans = Vec::new();
     let mut drops = Vec::new();
-    while let Some(o) = s.core.poll_output() {
-        match o {
-            crate::core::Output::Dispatch(p) => plans.push(p),
-            crate::core::Output::Drop { task, reason, .. } => drops.push((task.id, reason)),
-            crate::core::Output::Preempt { .. } => {}
+    for c in &mut s.cores {
+        while let Some(o) = c.poll_output() {
+            match o {
+                crate::core::Output::Dispatch(p) => plans.push(p),
+                crate::core::Output::Drop { task, reason, .. } => drops.push((task.id, reason)),
+                crate::core::Output::Preempt { .. } => {}
+            }
         }
     }
     for (id, code) in drops {

@@ -105,6 +105,9 @@ pub struct ProtoCounts {
     pub plans_received: u64,
     /// Plans refused by the checks (their tasks failed).
     pub plans_refused: u64,
+    /// Of those, plans for a model not loaded here (the scheduler must never
+    /// send one: the cluster simulator checks it).
+    pub refused_not_loaded: u64,
     /// Messages of a kind the backend does not expect, ignored or closed on.
     pub unexpected: u64,
 }
@@ -506,6 +509,7 @@ impl BackendProto {
         let why = match gpu {
             None => Some(format!("GPU {} is not this backend's", plan.gpu)),
             Some(_) if !self.loaded.contains_key(&plan.model) => {
+                self.counts.refused_not_loaded += 1;
                 Some(format!("model {} is not loaded here", plan.model))
             }
             Some(_) if (plan.exec_at - sched_now).0.saturating_abs() > check::MAX_SLO.0 => {
