@@ -439,6 +439,11 @@ struct RtArgs {
     /// among their own threads, so that the generator is not the limit.
     #[arg(long, default_value_t = 1)]
     gen_threads: usize,
+    /// Sub-clusters: this many schedulers (a RankThread and --threads
+    /// ModelThreads each), each with a block of the GPUs and a share of the
+    /// models (balanced by rate), as `fermata scheduler --subclusters` runs them.
+    #[arg(long, default_value_t = 1)]
+    subclusters: usize,
     /// A ModelThread polls this long for more work before it parks (us).
     #[arg(long, default_value_t = 100.0)]
     model_spin_us: f64,
@@ -459,6 +464,12 @@ impl RtArgs {
                 self.gen_threads
             );
         }
+        if self.subclusters == 0 || self.subclusters > 64 {
+            bail!(
+                "--subclusters must be between 1 and 64, got {}",
+                self.subclusters
+            );
+        }
         if !(self.rank_spin_us >= 0.0 && self.gen_quantum_us > 0.0) {
             bail!("--rank-spin-us must be >= 0 and --gen-quantum-us > 0");
         }
@@ -469,6 +480,7 @@ impl RtArgs {
             gen_quantum: Dur::from_us_f64(self.gen_quantum_us),
             model_spin: Dur::from_us_f64(self.model_spin_us.max(0.0)),
             gen_threads: self.gen_threads,
+            subclusters: self.subclusters,
             ..Default::default()
         })
     }

@@ -349,6 +349,42 @@ fn several_generator_threads_split_the_models_and_lose_nothing() {
     assert!(r.sim.bad_rate() < 0.05, "bad rate {}", r.sim.bad_rate());
 }
 
+/// Two sub-clusters (a scheduler each, with half the GPUs and half the
+/// models' load): every request ends exactly once, no GPU is booked twice, no
+/// plan lands on a GPU outside its model's sub-cluster, and both halves serve.
+#[test]
+fn subclusters_plan_only_on_their_own_gpus_and_lose_nothing() {
+    let _serial = serial();
+    let w = Workload::from_file(std::path::Path::new(
+        "configs/workloads/1080ti_mixed10_16gpu_zipf_bursty.toml",
+    ))
+    .unwrap();
+    let mut o = RunOptions::from_workload(&w);
+    o.rate_rps = 1000.0;
+    o.arrival = fermata::workload::Arrival::Poisson;
+    o.warmup = Dur::from_ms(200);
+    o.duration = Dur::from_ms(1500);
+    let rt = RtOptions {
+        subclusters: 2,
+        gen_threads: 2,
+        ..RtOptions::default()
+    };
+    let r = run_realtime(&w, &o, &rt).unwrap();
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(r.unended, 0, "every request ends");
+    assert_eq!(r.backend.overlaps, 0, "no GPU booked twice");
+    assert_eq!(r.backend.misplaced, 0, "no plan outside its sub-cluster");
+    assert!(r.generated > 1200, "{}", r.generated);
+    let half = r.backend.busy_ns.len() / 2;
+    let (lo, hi) = r.backend.busy_ns.split_at(half);
+    assert!(
+        lo.iter().sum::<i64>() > 0 && hi.iter().sum::<i64>() > 0,
+        "both sub-clusters serve: {:?}",
+        r.backend.busy_ns
+    );
+    assert!(r.sim.bad_rate() < 0.05, "bad rate {}", r.sim.bad_rate());
+}
+
 #[test]
 fn overload_is_bounded_and_recovers() {
     let _serial = serial();

@@ -14,7 +14,7 @@ use crate::core::{DropReason, Dur, ModelId, Outcome, Plan, Task, TaskId, Time};
 use crate::run::{ModelResult, RunOptions, RunResult};
 use crate::runtime::clock::Clock;
 use crate::runtime::sched::{
-    new_hist, GpuReporter, Outlet, RtConfig, RtReport, RtScheduler, Submitter,
+    balance, new_hist, GpuReporter, Outlet, Routed, RtConfig, RtReport, RtScheduler,
 };
 use crate::runtime::wait::Waiter;
 use crate::workload::Workload;
@@ -165,6 +165,9 @@ pub struct BackendStats {
     /// Plans booked on a GPU before the previous plan there was planned to finish
     /// (the scheduler booked a GPU twice): must be 0.
     pub overlaps: u64,
+    /// With sub-clusters: plans on a GPU outside their model's sub-cluster
+    /// (the GPU does not hold the model): must be 0.
+    pub misplaced: u64,
     /// Plans that reached the backend after their exec time (started late).
     pub late_starts: u64,
     pub busy_ns: Vec<i64>,
@@ -186,7 +189,11 @@ struct FakeBackends {
     w: Arc<Workload>,
     rx: Receiver<(Plan, Time)>,
     ledger: Arc<Ledger>,
-    reporter: GpuReporter,
+    /// Per GPU: its sub-cluster's RankThread, and its sub-cluster; per
+    /// model: its sub-cluster.
+    reporters: Vec<GpuReporter>,
+    gpu_sub: Vec<usize>,
+    home: Vec<u32>,
     st: BackendStats,
     /// Per GPU: the planned finish of its last plan and when it is really free.
     planned_free: Vec<Time>,
@@ -201,13 +208,14 @@ impl FakeBackends {
         w: Arc<Workload>,
         rx: Receiver<(Plan, Time)>,
         ledger: Arc<Ledger>,
-        reporter: GpuReporter,
+        (reporters, gpu_sub, home): (Vec<GpuReporter>, Vec<usize>, Vec<u32>),
     ) -> FakeBackends {
         let nm = w.models.len();
         FakeBackends {
             st: BackendStats {
                 plans: 0,
                 overlaps: 0,
+                misplaced: 0,
                 late_starts: 0,
                 busy_ns: vec![0; w.gpus as usize],
                 batch_requests: vec![Vec::new(); nm],
@@ -217,7 +225,9 @@ impl FakeBackends {
             w,
             rx,
             ledger,
-            reporter,
+            reporters,
+            gpu_sub,
+            home,
             planned_free: Vec::new(),
             free: Vec::new(),
             running: Vec::new(),
@@ -241,6 +251,10 @@ impl FakeBackends {
             }
             if p.exec_at < self.planned_free[g] {
                 self.st.overlaps += 1;
+            }
+            let home = self.home.get(p.model.idx()).map(|&h| h as usize);
+            if self.gpu_sub.get(g).copied() != home {
+                self.st.misplaced += 1;
             }
             self.planned_free[g] = p.finish_at;
             let bs = p.tasks.len() as u32;
@@ -311,7 +325,9 @@ impl FakeBackends {
         }
         if r.finish != p.finish_at {
             // The batch started late: tell the scheduler when the GPU is really free.
-            self.reporter.report(p.gpu, p.id, r.finish);
+            if let Some(rep) = self.reporters.get(p.gpu.idx()) {
+                rep.report(p.gpu, p.id, r.finish);
+            }
         }
     }
 }
@@ -342,6 +358,10 @@ pub struct RtOptions {
     /// cores); more: each thread generates the arrivals of every K-th model with
     /// its own submitter, so that the generator is not what a run measures.
     pub gen_threads: usize,
+    /// Sub-clusters: this many real-time schedulers (a RankThread and
+    /// `model_threads` ModelThreads each), each with its share of the GPUs (a
+    /// contiguous block) and of the models (balanced by share).
+    pub subclusters: usize,
 }
 
 impl Default for RtOptions {
@@ -358,6 +378,7 @@ impl Default for RtOptions {
             drain: Dur::from_ms(500),
             rate_steps: Vec::new(),
             gen_threads: 1,
+            subclusters: 1,
         }
     }
 }
@@ -417,26 +438,47 @@ pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<Rt
         backend: world_waiter.unparker(),
         ledger: ledger.clone(),
     });
-    let sched = RtScheduler::start(rt_config(&w, opt, rt), w.specs(), outlet, clock)?;
+    let subs = rt
+        .subclusters
+        .clamp(1, (w.gpus as usize).min(w.models.len()).max(1));
+    // Each sub-cluster: a block of GPUs, its models balanced by share; every
+    // scheduler knows every GPU id and plans on its own block only.
+    let gpu_sub: Vec<usize> = (0..w.gpus as usize)
+        .map(|g| g * subs / w.gpus as usize)
+        .collect();
+    let shares: Vec<f64> = w.models.iter().map(|m| m.share).collect();
+    let home = balance(&shares, subs);
+    let scheds = (0..subs)
+        .map(|j| {
+            let mut cfg = rt_config(&w, opt, rt);
+            cfg.plan_ids = (j as u32, subs as u32);
+            let s = RtScheduler::start(cfg, w.specs(), outlet.clone(), clock)?;
+            for (g, &o) in gpu_sub.iter().enumerate() {
+                if o != j {
+                    s.remove_gpu(crate::core::GpuId(g as u32));
+                }
+            }
+            Ok(s)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let submitter = || Routed::new(home.clone(), scheds.iter().map(|s| s.submitter()).collect());
     let stop = Arc::new(AtomicBool::new(false));
-    let backends = FakeBackends::new(w.clone(), plan_rx, ledger.clone(), sched.gpu_reporter());
+    let reporters = gpu_sub.iter().map(|&j| scheds[j].gpu_reporter()).collect();
+    let place = (reporters, gpu_sub.clone(), home.clone());
+    let backends = FakeBackends::new(w.clone(), plan_rx, ledger.clone(), place);
     let k = rt.gen_threads.clamp(1, w.models.len().max(1));
     let (gen_tx, gen_rx) = crossbeam_channel::bounded(k);
     // One generator: on the world thread. Several: a thread each.
     let (gen, sub) = if k == 1 {
         (
             Some(LoadGen::new(&w, opt, rt, t0, win_end, (0, 1))),
-            Some(sched.submitter()),
+            Some(submitter()),
         )
     } else {
         for part in 0..k {
             let gen = LoadGen::new(&w, opt, rt, t0, win_end, (part, k));
-            let (sub, ledger, tx, quantum) = (
-                sched.submitter(),
-                ledger.clone(),
-                gen_tx.clone(),
-                rt.gen_quantum,
-            );
+            let (sub, ledger, tx, quantum) =
+                (submitter(), ledger.clone(), gen_tx.clone(), rt.gen_quantum);
             std::thread::Builder::new()
                 .name(format!("fermata-gen-{part}"))
                 .spawn(move || {
@@ -471,7 +513,7 @@ pub fn run_realtime(w: &Workload, opt: &RunOptions, rt: &RtOptions) -> Result<Rt
 
     // Let what is queued end by itself (every request has a deadline), then shut down.
     wait_drained(&ledger, clock, gen.generated, rt.drain);
-    let scheduler = sched.shutdown();
+    let scheduler = RtReport::merge(scheds.into_iter().map(|s| s.shutdown()).collect());
     stop.store(true, Ordering::Release);
     let mut backend = world.join().expect("the fake world thread panicked");
     if k == 1 {
@@ -548,7 +590,7 @@ struct FakeWorld {
     /// The generator, when it shares this thread (one generator thread).
     gen: Option<LoadGen>,
     /// The generator's submitter; dropped when it is done.
-    sub: Option<Submitter>,
+    sub: Option<Routed>,
     backends: FakeBackends,
     ledger: Arc<Ledger>,
     stop: Arc<AtomicBool>,
@@ -671,7 +713,7 @@ struct GenResult {
 /// A load generator thread: hands in its arrivals until the run is over.
 fn gen_thread(
     mut gen: LoadGen,
-    mut sub: Submitter,
+    mut sub: Routed,
     ledger: &Ledger,
     clock: Clock,
     quantum: Dur,
@@ -760,13 +802,7 @@ impl LoadGen {
 
     /// Hands in every arrival due by `now`; returns when to call again (None: the
     /// run is over).
-    fn step(
-        &mut self,
-        now: Time,
-        sub: &mut Submitter,
-        ledger: &Ledger,
-        quantum: Dur,
-    ) -> Option<Time> {
+    fn step(&mut self, now: Time, sub: &mut Routed, ledger: &Ledger, quantum: Dur) -> Option<Time> {
         let rel = now - self.t0;
         while let Some((_, t)) = self.arrivals.peek() {
             if t.0 > rel.0 {

@@ -197,6 +197,25 @@ impl RtReport {
     pub fn cpu(&self) -> std::time::Duration {
         self.threads.iter().map(|t| t.cpu).sum()
     }
+
+    /// The reports of several schedulers (sub-clusters) as one: every thread,
+    /// the counters and rank statistics added up.
+    pub fn merge(reports: Vec<RtReport>) -> RtReport {
+        let mut it = reports.into_iter();
+        let mut r = it.next().expect("at least one report");
+        for (j, o) in it.enumerate() {
+            r.threads.extend(o.threads.into_iter().map(|mut t| {
+                t.name = format!("{}/{}", j + 1, t.name);
+                t
+            }));
+            r.counters.add(&o.counters);
+            r.rank.grants += o.rank.grants;
+            r.rank.expiries += o.rank.expiries;
+            r.rank.preemptions += o.rank.preemptions;
+            r.rank.stale_candidates += o.rank.stale_candidates;
+        }
+        r
+    }
 }
 
 /// Hands requests to the ModelThreads in chunks. One per producer thread.
@@ -257,6 +276,52 @@ impl Submitter {
                 refused.extend(c.tasks)
             }
         }
+    }
+}
+
+/// A producer's way into the schedulers of several sub-clusters in one
+/// process: each task goes to its model's sub-cluster (its home).
+pub struct Routed {
+    /// Per model id: its sub-cluster.
+    home: Vec<u32>,
+    subs: Vec<Submitter>,
+}
+
+impl Routed {
+    /// `subs[j]` is sub-cluster j's submitter; `home[m]` model m's sub-cluster.
+    pub fn new(home: Vec<u32>, subs: Vec<Submitter>) -> Routed {
+        assert!(!subs.is_empty(), "at least one sub-cluster");
+        Routed { home, subs }
+    }
+
+    /// One scheduler: every model's home.
+    pub fn single(sub: Submitter) -> Routed {
+        Routed {
+            home: Vec::new(),
+            subs: vec![sub],
+        }
+    }
+
+    #[inline]
+    pub fn push(&mut self, model: ModelId, task: Task, refused: &mut Vec<(ModelId, Task)>) {
+        let n = self.subs.len();
+        let s = self.home.get(model.idx()).copied().unwrap_or(0) as usize;
+        self.subs[s.min(n - 1)].push(model, task, refused);
+    }
+
+    pub fn flush(&mut self, refused: &mut Vec<(ModelId, Task)>) {
+        for s in &mut self.subs {
+            s.flush(refused);
+        }
+    }
+
+    /// `model`'s tasks go to sub-cluster `sub` from now on (those buffered for
+    /// its old one still go there).
+    pub fn route(&mut self, model: ModelId, sub: u32) {
+        if self.home.len() <= model.idx() {
+            self.home.resize(model.idx() + 1, 0);
+        }
+        self.home[model.idx()] = sub;
     }
 }
 

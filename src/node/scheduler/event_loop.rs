@@ -9,7 +9,7 @@
 //! a RankThread) per sub-cluster: every one knows every model and every GPU id
 //! (so ids need no translation on the dispatch path), but plans only on its own
 //! GPUs, and gets only the tasks of the models whose home it is
-//! ([`Submitters`]). The epoch partitioner ([`super::epoch`]) moves models.
+//! ([`Routed`]). The epoch partitioner ([`super::epoch`]) moves models.
 
 use super::epoch::EpochPlanner;
 use super::metrics::{busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ScopeView, BUSY_WINDOW};
@@ -20,7 +20,7 @@ use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
 use crate::plan::autoscale::{advise, AdviceConfig, GpuOwner, Signals, TotalsWindow};
 use crate::plan::partition::PartModel;
-use crate::runtime::sched::{GpuReporter, RtReport, RtScheduler, Submitter};
+use crate::runtime::sched::{GpuReporter, Routed, RtReport, RtScheduler};
 use crate::transport::{Conn, ConnId, Event, Listener};
 use crate::wire::{Msg, NodeId};
 use anyhow::Result;
@@ -32,36 +32,6 @@ use std::time::{Duration, Instant};
 
 /// Tasks the core refused (its queues full), to drop as `Overloaded`.
 type Refused = Vec<(ModelId, Task)>;
-
-/// The event loop's way into the sub-clusters' schedulers: each task goes to
-/// its model's home.
-pub(super) struct Submitters {
-    /// Per model id: its sub-cluster.
-    home: Vec<u32>,
-    subs: Vec<Submitter>,
-}
-
-impl Submitters {
-    #[inline]
-    fn push(&mut self, m: ModelId, t: Task, refused: &mut Refused) {
-        let s = self.home.get(m.idx()).copied().unwrap_or(0) as usize;
-        self.subs[s].push(m, t, refused);
-    }
-
-    fn flush(&mut self, refused: &mut Refused) {
-        for s in &mut self.subs {
-            s.flush(refused);
-        }
-    }
-
-    /// `m`'s tasks go to sub-cluster `sub` from now on (those buffered for
-    /// its old one still go there).
-    fn route(&mut self, m: ModelId, sub: u32) {
-        if let Some(h) = self.home.get_mut(m.idx()) {
-            *h = sub;
-        }
-    }
-}
 
 /// Autoscaling signals of one scope (the cluster or a sub-cluster): its task
 /// totals over the window, and the GPUs and models they last covered (when
@@ -138,11 +108,11 @@ impl EventLoop {
     }
 
     /// Where the loop's thread submits tasks to the cores.
-    pub(super) fn submitters(&self) -> Submitters {
-        Submitters {
-            home: self.proto.subclusters().homes().to_vec(),
-            subs: self.rts.iter().map(|rt| rt.submitter()).collect(),
-        }
+    pub(super) fn submitters(&self) -> Routed {
+        Routed::new(
+            self.proto.subclusters().homes().to_vec(),
+            self.rts.iter().map(|rt| rt.submitter()).collect(),
+        )
     }
 
     /// GPU `id`'s sub-cluster's scheduler.
@@ -155,7 +125,7 @@ impl EventLoop {
     pub(super) fn run(
         mut self,
         rx: crossbeam_channel::Receiver<Event>,
-        mut sub: Submitters,
+        mut sub: Routed,
         stop: &AtomicBool,
     ) -> Result<SchedReport> {
         let mut next_busy = Instant::now();
@@ -197,7 +167,7 @@ impl EventLoop {
     }
 
     /// The epoch partitioner's turn: its answer becomes model moves.
-    fn epoch_step(&mut self, now: Instant, sub: &mut Submitters, refused: &mut Refused) {
+    fn epoch_step(&mut self, now: Instant, sub: &mut Routed, refused: &mut Refused) {
         if self.standby.is_some() {
             return;
         }
@@ -223,7 +193,7 @@ impl EventLoop {
         &mut self,
         ev: Event,
         rx: &crossbeam_channel::Receiver<Event>,
-        sub: &mut Submitters,
+        sub: &mut Routed,
         refused: &mut Refused,
     ) {
         self.handle(ev, sub, refused);
@@ -241,7 +211,7 @@ impl EventLoop {
 
     /// Stop: close every connection, then drain the scheduler (its drops go to
     /// frontends that are already closed: they fail their own pending tasks).
-    fn finish(mut self, sub: Submitters) -> SchedReport {
+    fn finish(mut self, sub: Routed) -> SchedReport {
         for c in self.conns.values() {
             c.close("scheduler stopping");
         }
@@ -372,7 +342,7 @@ impl EventLoop {
     /// Carries out what the standby's machine decided: refusals of nodes
     /// that wait too long, and the takeover (from then on it serves, starting
     /// with the messages it held).
-    fn standby_step(&mut self, sub: &mut Submitters, refused: &mut Refused) {
+    fn standby_step(&mut self, sub: &mut Routed, refused: &mut Refused) {
         let Some(sb) = &mut self.standby else {
             return;
         };
@@ -408,7 +378,7 @@ impl EventLoop {
         }
     }
 
-    fn handle(&mut self, ev: Event, sub: &mut Submitters, refused: &mut Refused) {
+    fn handle(&mut self, ev: Event, sub: &mut Routed, refused: &mut Refused) {
         if let Some(sb) = &mut self.standby {
             let now = self.clock.now();
             match ev {
@@ -428,7 +398,7 @@ impl EventLoop {
         self.handle_now(ev, sub, refused)
     }
 
-    fn handle_now(&mut self, ev: Event, sub: &mut Submitters, refused: &mut Refused) {
+    fn handle_now(&mut self, ev: Event, sub: &mut Routed, refused: &mut Refused) {
         let now = self.clock.now();
         match ev {
             Event::Accepted(conn) => {
@@ -443,7 +413,7 @@ impl EventLoop {
     }
 
     /// Carries out what the protocol machine decided.
-    fn apply(&mut self, sub: &mut Submitters, refused: &mut Refused) {
+    fn apply(&mut self, sub: &mut Routed, refused: &mut Refused) {
         let mut up = Vec::new();
         while let Some(a) = self.proto.poll_action() {
             match a {
@@ -518,7 +488,7 @@ impl EventLoop {
         }
     }
 
-    fn submit(&self, tasks: Vec<(ModelId, Task)>, sub: &mut Submitters, refused: &mut Refused) {
+    fn submit(&self, tasks: Vec<(ModelId, Task)>, sub: &mut Routed, refused: &mut Refused) {
         for (m, t) in tasks {
             if let Some(c) = self.routes.metrics.tasks.get(m.idx()) {
                 c.inc();
