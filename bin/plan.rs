@@ -660,6 +660,10 @@ pub struct BenchFig15Args {
     /// The advice's idle threshold (release GPUs above it).
     #[arg(long, default_value_t = 0.15)]
     idle_threshold: f64,
+    /// Keep this share of the GPUs' time spare (0: the paper's reactive rule;
+    /// see `fermata scheduler --autoscale-headroom`).
+    #[arg(long, default_value_t = 0.0)]
+    headroom: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Write the plots (SVG) into this directory.
@@ -683,9 +687,10 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
         && a.trace_s >= a.epoch_s
         && a.trace_s <= 86_400.0
         && (0.0..=1.0).contains(&a.bad_threshold)
-        && (0.0..=1.0).contains(&a.idle_threshold);
+        && (0.0..=1.0).contains(&a.idle_threshold)
+        && (0.0..0.9).contains(&a.headroom);
     if !ok {
-        bail!("--peak-load in (0, 10], --epoch-s in [1, 3600], --provisioning-s in [0, 3600], --trace-s in [--epoch-s, 86400]");
+        bail!("--peak-load in (0, 10], --epoch-s in [1, 3600], --provisioning-s in [0, 3600], --trace-s in [--epoch-s, 86400], thresholds in [0, 1], --headroom in [0, 0.9)");
     }
     let trace = match &a.trace {
         Some(p) => {
@@ -710,6 +715,7 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
         advice: fermata::plan::autoscale::AdviceConfig {
             bad_threshold: a.bad_threshold,
             idle_threshold: a.idle_threshold,
+            headroom: a.headroom,
             ..Default::default()
         },
     })?;

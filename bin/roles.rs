@@ -254,6 +254,11 @@ pub struct SchedulerArgs {
     /// 10 s is above this.
     #[arg(long, default_value_t = 0.3)]
     autoscale_idle_threshold: f64,
+    /// Autoscaling advice: keep this share of the GPUs' time spare (0: the
+    /// paper's rule, which adds GPUs only once requests go bad): add GPUs when
+    /// the busy ones need more than N·(1 − headroom), release down to that.
+    #[arg(long, default_value_t = 0.0)]
+    autoscale_headroom: f64,
     /// Sub-clusters: each has its own dispatcher (a RankThread and its
     /// ModelThreads, --threads each) and holds its own models; a backend joins
     /// the one with the fewest GPUs. The models are partitioned by the
@@ -376,6 +381,12 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             bail!("{what} must be a fraction between 0 and 1, got {v}");
         }
     }
+    if !(0.0..0.9).contains(&a.autoscale_headroom) {
+        bail!(
+            "--autoscale-headroom must be in [0, 0.9), got {}",
+            a.autoscale_headroom
+        );
+    }
     let mut w = match a.repo.workload(&a.workload, None)? {
         Some(w) => w,
         None => workload_of(&a.workload)?,
@@ -429,6 +440,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             advice: fermata::plan::autoscale::AdviceConfig {
                 bad_threshold: a.autoscale_bad_threshold,
                 idle_threshold: a.autoscale_idle_threshold,
+                headroom: a.autoscale_headroom,
                 ..Default::default()
             },
             epoch: fermata::node::scheduler::epoch::EpochOpts {

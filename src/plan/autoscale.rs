@@ -47,6 +47,14 @@ pub struct AdviceConfig {
     /// Signals over fewer tasks than this (and a window shorter than half the
     /// full one) advise nothing: too little to go on.
     pub min_tasks: u64,
+    /// 0: the paper's rule. Above 0, the advice keeps this share of the GPUs'
+    /// time spare (an extension: a reactive loop adds GPUs only after requests
+    /// went bad): with the bad rate under its threshold, the busy GPUs'
+    /// worth N·(1−f) needs ceil(N·(1−f)/(1−headroom)) GPUs; fewer in service
+    /// is an add, and with f above the idle threshold the release comes down
+    /// to that many instead of N·f.
+    #[serde(default)]
+    pub headroom: f64,
 }
 
 impl Default for AdviceConfig {
@@ -55,6 +63,7 @@ impl Default for AdviceConfig {
             bad_threshold: 0.01,
             idle_threshold: 0.3,
             min_tasks: 50,
+            headroom: 0.0,
         }
     }
 }
@@ -122,8 +131,32 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
             ),
         };
     }
+    // With a headroom: the GPUs the busy time needs with that much spare.
+    let want = (cfg.headroom > 0.0 && s.gpus > 0).then(|| {
+        let busy = n * (1.0 - s.idle_fraction).clamp(0.0, 1.0);
+        ((busy / (1.0 - cfg.headroom.min(0.9))).ceil() as u32).max(1)
+    });
+    if let Some(want) = want.filter(|&w| w > s.gpus) {
+        let add = want - s.gpus;
+        return Advice {
+            action: "add".into(),
+            add_gpus: add,
+            release_gpus: Vec::new(),
+            release_backends: Vec::new(),
+            reason: format!(
+                "idle {:.1}% < headroom {:.1}% on {} GPUs: add {add} (busy N·(1−f) / (1 − headroom) = {want})",
+                s.idle_fraction * 100.0,
+                cfg.headroom * 100.0,
+                s.gpus
+            ),
+        };
+    }
     if s.idle_fraction > cfg.idle_threshold && s.gpus > 1 {
-        let k = ((n * s.idle_fraction).floor() as u32).min(s.gpus - 1);
+        let k = match want {
+            Some(w) => s.gpus.saturating_sub(w),
+            None => (n * s.idle_fraction).floor() as u32,
+        }
+        .min(s.gpus - 1);
         if k == 0 {
             return hold(format!(
                 "idle {:.1}% is under one GPU",
@@ -153,11 +186,16 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
             action: "release".into(),
             add_gpus: 0,
             reason: format!(
-                "idle {:.1}% > {:.1}% over {:.1} s on {} GPUs: release N·f = {k} (the highest ids)",
+                "idle {:.1}% > {:.1}% over {:.1} s on {} GPUs: release {} = {k} (the highest ids)",
                 s.idle_fraction * 100.0,
                 cfg.idle_threshold * 100.0,
                 s.window_s,
-                s.gpus
+                s.gpus,
+                if want.is_some() {
+                    "N − N·(1−f)/(1−headroom)"
+                } else {
+                    "N·f"
+                }
             ),
             release_gpus: ids,
             release_backends: backends.into_iter().map(|b| (b.1, b.2)).collect(),
@@ -381,6 +419,33 @@ mod tests {
                 bad as f64 / tasks as f64
             },
         }
+    }
+
+    /// With a headroom, nearly busy GPUs are an add before anything goes bad,
+    /// and a release stops at the headroom instead of N·f; bad requests still
+    /// follow the paper's rule.
+    #[test]
+    fn a_headroom_adds_before_requests_go_bad_and_releases_down_to_it() {
+        let cfg = AdviceConfig {
+            headroom: 0.2,
+            idle_threshold: 0.3,
+            ..AdviceConfig::default()
+        };
+        let o = owners(&[1; 10]);
+        // 10 GPUs 95% busy: 9.5 / 0.8 = 11.9 -> 12: add 2.
+        let a = advise(&sig(10, 0.05, 1000, 0), &o, &cfg);
+        assert_eq!((a.action.as_str(), a.add_gpus), ("add", 2), "{a:?}");
+        // 10 GPUs 40% busy: 4 / 0.8 = 5: release 5 (N·f would be 6).
+        let a = advise(&sig(10, 0.6, 1000, 0), &o, &cfg);
+        assert_eq!(a.release_gpus, vec![9, 8, 7, 6, 5], "{a:?}");
+        // 25% idle is within both: hold.
+        let a = advise(&sig(10, 0.25, 1000, 0), &o, &cfg);
+        assert_eq!(a.action, "hold", "{a:?}");
+        // Bad requests: N·r/(1−r) as without a headroom.
+        let a = advise(&sig(10, 0.0, 1000, 100), &o, &cfg);
+        assert_eq!(a.add_gpus, 2, "{a:?}");
+        let paper = advise(&sig(10, 0.05, 1000, 0), &o, &AdviceConfig::default());
+        assert_eq!(paper.action, "hold", "the paper's rule waits: {paper:?}");
     }
 
     fn owners(per_backend: &[u32]) -> Vec<GpuOwner> {
