@@ -654,6 +654,10 @@ pub struct BenchFig15Args {
     /// Seconds before an added GPU is in service.
     #[arg(long, default_value_t = 5.0)]
     provisioning_s: f64,
+    /// After a scaling step, the next release waits this long (s); default
+    /// two epochs.
+    #[arg(long)]
+    down_cooldown_s: Option<f64>,
     /// The advice's bad-rate threshold (add GPUs above it).
     #[arg(long, default_value_t = 0.01)]
     bad_threshold: f64,
@@ -664,6 +668,14 @@ pub struct BenchFig15Args {
     /// see `fermata scheduler --autoscale-headroom`).
     #[arg(long, default_value_t = 0.0)]
     headroom: f64,
+    /// Size the GPUs on the load's demand at this utilization (0: off; see
+    /// `fermata scheduler --autoscale-target-utilization`).
+    #[arg(long, default_value_t = 0.0)]
+    target_utilization: f64,
+    /// With --target-utilization: size for the demand this far ahead (s);
+    /// default: --epoch-s + --provisioning-s.
+    #[arg(long)]
+    lookahead_s: Option<f64>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Write the plots (SVG) into this directory.
@@ -688,9 +700,10 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
         && a.trace_s <= 86_400.0
         && (0.0..=1.0).contains(&a.bad_threshold)
         && (0.0..=1.0).contains(&a.idle_threshold)
-        && (0.0..0.9).contains(&a.headroom);
+        && (0.0..0.9).contains(&a.headroom)
+        && (0.0..=1.0).contains(&a.target_utilization);
     if !ok {
-        bail!("--peak-load in (0, 10], --epoch-s in [1, 3600], --provisioning-s in [0, 3600], --trace-s in [--epoch-s, 86400], thresholds in [0, 1], --headroom in [0, 0.9)");
+        bail!("--peak-load in (0, 10], --epoch-s in [1, 3600], --provisioning-s in [0, 3600], --trace-s in [--epoch-s, 86400], thresholds in [0, 1], --headroom in [0, 0.9), --target-utilization in [0, 1]");
     }
     let trace = match &a.trace {
         Some(p) => {
@@ -711,11 +724,20 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
         trace,
         epoch_s: a.epoch_s,
         provisioning_s: a.provisioning_s,
+        down_cooldown_s: a
+            .down_cooldown_s
+            .unwrap_or(2.0 * a.epoch_s)
+            .clamp(0.0, 86_400.0),
         seed: a.seed,
         advice: fermata::plan::autoscale::AdviceConfig {
             bad_threshold: a.bad_threshold,
             idle_threshold: a.idle_threshold,
             headroom: a.headroom,
+            target_utilization: a.target_utilization,
+            lookahead_s: a
+                .lookahead_s
+                .unwrap_or(a.epoch_s + a.provisioning_s)
+                .clamp(0.0, 3600.0),
             ..Default::default()
         },
     })?;

@@ -259,6 +259,17 @@ pub struct SchedulerArgs {
     /// the busy ones need more than N·(1 − headroom), release down to that.
     #[arg(long, default_value_t = 0.0)]
     autoscale_headroom: f64,
+    /// Autoscaling advice on the load's demand (0: off, the paper's rule):
+    /// the GPUs the load needs are its demand (Σ rate·l(b)/b, b the batch each
+    /// model's rate fills within its SLO) over this utilization, sized for
+    /// the demand --autoscale-lookahead-s ahead; kept within 1.0–1.1× of that.
+    /// 0.93 measured best in `fermata bench fig15` (see docs/control-plane.md).
+    #[arg(long, default_value_t = 0.0)]
+    autoscale_target_utilization: f64,
+    /// With --autoscale-target-utilization: how far ahead to size for a rising
+    /// demand (s): the autoscaler's interval plus the time a new backend takes.
+    #[arg(long, default_value_t = 15.0)]
+    autoscale_lookahead_s: f64,
     /// Sub-clusters: each has its own dispatcher (a RankThread and its
     /// ModelThreads, --threads each) and holds its own models; a backend joins
     /// the one with the fewest GPUs. The models are partitioned by the
@@ -381,6 +392,11 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             bail!("{what} must be a fraction between 0 and 1, got {v}");
         }
     }
+    if !(0.0..=1.0).contains(&a.autoscale_target_utilization)
+        || !(0.0..=3600.0).contains(&a.autoscale_lookahead_s)
+    {
+        bail!("--autoscale-target-utilization must be in [0, 1] and --autoscale-lookahead-s in [0, 3600]");
+    }
     if !(0.0..0.9).contains(&a.autoscale_headroom) {
         bail!(
             "--autoscale-headroom must be in [0, 0.9), got {}",
@@ -441,6 +457,8 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
                 bad_threshold: a.autoscale_bad_threshold,
                 idle_threshold: a.autoscale_idle_threshold,
                 headroom: a.autoscale_headroom,
+                target_utilization: a.autoscale_target_utilization,
+                lookahead_s: a.autoscale_lookahead_s,
                 ..Default::default()
             },
             epoch: fermata::node::scheduler::epoch::EpochOpts {

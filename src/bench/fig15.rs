@@ -110,6 +110,8 @@ pub struct Fig15Opts {
     pub trace: Vec<(f64, f64)>,
     pub epoch_s: f64,
     pub provisioning_s: f64,
+    /// After a scaling step, the next release waits this long (s).
+    pub down_cooldown_s: f64,
     pub seed: u64,
     pub advice: AdviceConfig,
 }
@@ -210,7 +212,7 @@ pub fn run(o: &Fig15Opts) -> Result<Fig15Report> {
             min_backends: 1,
             max_backends: o.max_gpus,
             up_cooldown_s: o.epoch_s,
-            down_cooldown_s: 2.0 * o.epoch_s,
+            down_cooldown_s: o.down_cooldown_s,
             provisioning_s: o.provisioning_s + o.epoch_s,
         },
         advice: o.advice,
@@ -289,6 +291,7 @@ mod tests {
             trace: generate_trace(200.0, 10.0, 0.1, 0.05, 1),
             epoch_s: 10.0,
             provisioning_s: 5.0,
+            down_cooldown_s: 20.0,
             seed: 1,
             advice: AdviceConfig {
                 idle_threshold: 0.15,

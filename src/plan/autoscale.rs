@@ -35,6 +35,52 @@ pub struct Signals {
     pub bad: u64,
     /// bad / tasks (0 without tasks).
     pub bad_rate: f64,
+    /// GPUs' worth of work the load brings ([`demand_gpus`]), when known.
+    #[serde(default)]
+    pub demand_gpus: Option<f64>,
+    /// How fast that demand grows (GPUs per second, over the last two
+    /// windows; 0 when it falls or is unknown).
+    #[serde(default)]
+    pub demand_rise_per_s: f64,
+}
+
+/// The GPUs' worth of work a load brings when each model runs the largest
+/// batch its rate fills within its SLO: Σ λ·l(b)/b over the models (rate λ
+/// requests/s, SLO, profile l), b the largest batch with (b−1)/λ + l(b) ≤ SLO
+/// (the first request waits for the other b−1 to arrive, then the batch runs).
+///
+/// Unlike the busy time, this does not grow when deferred batching lets
+/// batches fill spare GPU time, and unlike the largest batch the profile
+/// allows it does not assume a rate that fills it: on the paper's A100
+/// profiles (24 models, `fermata bench fig15`) it stays at 0.91–0.99 of the
+/// fewest GPUs the simulated capacity curve says the load needs, from 10% to
+/// the peak of the trace.
+pub fn demand_gpus<'a>(
+    models: impl IntoIterator<Item = (f64, &'a crate::core::LatencyProfile, crate::core::Dur)>,
+) -> f64 {
+    let mut d = 0.0;
+    for (rate, profile, slo) in models {
+        if !(rate > 0.0 && rate.is_finite()) {
+            continue;
+        }
+        let slo = slo.as_secs_f64();
+        let fits = |b: u32| (b as f64 - 1.0) / rate + profile.latency(b).as_secs_f64() <= slo;
+        // (b−1)/λ + l(b) grows with b: bisect for the largest that fits.
+        let (mut lo, mut hi) = (1u32, profile.max_batch().max(1));
+        if fits(hi) {
+            lo = hi;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        d += rate * profile.latency(lo).as_secs_f64() / lo as f64;
+    }
+    d
 }
 
 /// Thresholds of the advice.
@@ -55,6 +101,18 @@ pub struct AdviceConfig {
     /// to that many instead of N·f.
     #[serde(default)]
     pub headroom: f64,
+    /// 0: off. Above 0 (with the signals' demand known and the bad rate under
+    /// its threshold): the GPUs the load needs are W = ceil(demand / u); fewer
+    /// in service is an add up to ceil(1.05·W), more than 1.1·W a release
+    /// down to it (another extension; the band keeps the count from
+    /// oscillating with the noise of the rates).
+    #[serde(default)]
+    pub target_utilization: f64,
+    /// With `target_utilization`: size for the demand this many seconds
+    /// ahead (at its present rise), the time an added GPU takes to matter
+    /// (the decision interval plus the provisioning delay).
+    #[serde(default)]
+    pub lookahead_s: f64,
 }
 
 impl Default for AdviceConfig {
@@ -64,6 +122,8 @@ impl Default for AdviceConfig {
             idle_threshold: 0.3,
             min_tasks: 50,
             headroom: 0.0,
+            target_utilization: 0.0,
+            lookahead_s: 0.0,
         }
     }
 }
@@ -131,6 +191,9 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
             ),
         };
     }
+    if let Some(d) = s.demand_gpus.filter(|_| cfg.target_utilization > 0.0) {
+        return advise_demand(s, owners, cfg, d);
+    }
     // With a headroom: the GPUs the busy time needs with that much spare.
     let want = (cfg.headroom > 0.0 && s.gpus > 0).then(|| {
         let busy = n * (1.0 - s.idle_fraction).clamp(0.0, 1.0);
@@ -163,29 +226,10 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
                 s.idle_fraction * 100.0
             ));
         }
-        let mut ids: Vec<u32> = owners.iter().map(|o| o.gpu).collect();
-        ids.sort_unstable_by(|a, b| b.cmp(a));
-        ids.truncate(k as usize);
-        // A backend goes when every GPU it has is among those released.
-        let mut backends: Vec<(u32, u64, String)> = Vec::new();
-        for o in owners {
-            if backends.iter().any(|b| b.1 == o.node) {
-                continue;
-            }
-            let all: Vec<u32> = owners
-                .iter()
-                .filter(|x| x.node == o.node)
-                .map(|x| x.gpu)
-                .collect();
-            if all.iter().all(|g| ids.contains(g)) {
-                backends.push((*all.iter().max().unwrap(), o.node, o.name.clone()));
-            }
-        }
-        backends.sort_by_key(|b| std::cmp::Reverse(b.0));
-        return Advice {
-            action: "release".into(),
-            add_gpus: 0,
-            reason: format!(
+        return release(
+            owners,
+            k,
+            format!(
                 "idle {:.1}% > {:.1}% over {:.1} s on {} GPUs: release {} = {k} (the highest ids)",
                 s.idle_fraction * 100.0,
                 cfg.idle_threshold * 100.0,
@@ -197,15 +241,92 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
                     "N·f"
                 }
             ),
-            release_gpus: ids,
-            release_backends: backends.into_iter().map(|b| (b.1, b.2)).collect(),
-        };
+        );
     }
     hold(format!(
         "bad rate {:.2}% and idle {:.1}% within the thresholds",
         s.bad_rate * 100.0,
         s.idle_fraction * 100.0
     ))
+}
+
+/// Advice to add `k` GPUs.
+fn add(k: u32, reason: String) -> Advice {
+    Advice {
+        action: "add".into(),
+        add_gpus: k,
+        release_gpus: Vec::new(),
+        release_backends: Vec::new(),
+        reason,
+    }
+}
+
+/// Advice to release the `k` highest GPU ids of `owners`, and the backends
+/// all of whose GPUs are among them (highest first).
+fn release(owners: &[GpuOwner], k: u32, reason: String) -> Advice {
+    let mut ids: Vec<u32> = owners.iter().map(|o| o.gpu).collect();
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    ids.truncate(k as usize);
+    let mut backends: Vec<(u32, u64, String)> = Vec::new();
+    for o in owners {
+        if backends.iter().any(|b| b.1 == o.node) {
+            continue;
+        }
+        let all: Vec<u32> = owners
+            .iter()
+            .filter(|x| x.node == o.node)
+            .map(|x| x.gpu)
+            .collect();
+        if all.iter().all(|g| ids.contains(g)) {
+            backends.push((*all.iter().max().unwrap(), o.node, o.name.clone()));
+        }
+    }
+    backends.sort_by_key(|b| std::cmp::Reverse(b.0));
+    Advice {
+        action: "release".into(),
+        add_gpus: 0,
+        release_gpus: ids,
+        release_backends: backends.into_iter().map(|b| (b.1, b.2)).collect(),
+        reason,
+    }
+}
+
+/// The advice on the load's demand (`cfg.target_utilization` > 0; the bad
+/// rate is under its threshold): keep the GPUs in [W, 1.1·W], W =
+/// ceil(demand / u), coming back to ceil(1.05·W) when outside.
+fn advise_demand(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig, demand: f64) -> Advice {
+    let u = cfg.target_utilization.clamp(0.05, 1.0);
+    let ahead = s.demand_rise_per_s.max(0.0) * cfg.lookahead_s.max(0.0);
+    let demand = demand + ahead;
+    let w = ((demand / u).ceil() as u32).max(1);
+    let mid = ((w as f64 * 1.05).ceil() as u32).max(w);
+    let n = s.gpus;
+    if n < w {
+        let k = mid - n;
+        return add(
+            k,
+            format!("demand {demand:.1} GPUs / {u:.2} = {w} > {n} in service: add {k}"),
+        );
+    }
+    if n as f64 > 1.1 * w as f64 && n > 1 {
+        let k = (n - mid).min(n - 1);
+        if k > 0 {
+            return release(
+                owners,
+                k,
+                format!(
+                    "demand {demand:.1} GPUs / {u:.2} = {w}; {n} in service > 1.1·{w}: release {k} (the highest ids)"
+                ),
+            );
+        }
+    }
+    Advice {
+        action: "hold".into(),
+        add_gpus: 0,
+        release_gpus: Vec::new(),
+        release_backends: Vec::new(),
+        reason: format!("demand {demand:.1} GPUs / {u:.2} = {w}; {n} in service"),
+    }
 }
 
 /// Running totals sampled over time, for the figures over the last window.
@@ -418,6 +539,8 @@ mod tests {
             } else {
                 bad as f64 / tasks as f64
             },
+            demand_gpus: None,
+            demand_rise_per_s: 0.0,
         }
     }
 
@@ -446,6 +569,63 @@ mod tests {
         assert_eq!(a.add_gpus, 2, "{a:?}");
         let paper = advise(&sig(10, 0.05, 1000, 0), &o, &AdviceConfig::default());
         assert_eq!(paper.action, "hold", "the paper's rule waits: {paper:?}");
+    }
+
+    /// The demand: each model at the largest batch its rate fills within its
+    /// SLO; a model without load adds nothing.
+    #[test]
+    fn demand_counts_the_batch_each_rate_fills() {
+        use crate::core::{Dur, LatencyProfile};
+        let p = LatencyProfile::Linear {
+            alpha: Dur::from_ms(1),
+            beta: Dur::from_ms(5),
+            max_batch: 32,
+        };
+        // 100 r/s, SLO 52 ms: (b−1)/100 + 0.001·b + 0.005 <= 0.052 up to b = 5.
+        let d = demand_gpus([(100.0, &p, Dur::from_ms(52)), (0.0, &p, Dur::from_ms(52))]);
+        assert!((d - 100.0 * 0.010 / 5.0).abs() < 1e-12, "{d}");
+        // A rate high enough fills the largest batch: 32 in l(32) = 37 ms.
+        let d = demand_gpus([(1e6, &p, Dur::from_ms(50))]);
+        assert!((d - 1e6 * 0.037 / 32.0).abs() < 1e-6, "{d}");
+        // An SLO under l(1): batches of one.
+        let d = demand_gpus([(10.0, &p, Dur::from_ms(1))]);
+        assert!((d - 10.0 * 0.006).abs() < 1e-12, "{d}");
+    }
+
+    /// On the demand: below W = ceil(demand/u) an add to 1.05·W (for the
+    /// demand the lookahead ahead), above 1.1·W a release to it, a hold
+    /// between; bad requests still follow the paper's rule.
+    #[test]
+    fn demand_advice_keeps_the_gpus_in_a_band() {
+        let cfg = AdviceConfig {
+            target_utilization: 0.9,
+            lookahead_s: 10.0,
+            ..AdviceConfig::default()
+        };
+        let o = owners(&[1; 20]);
+        let with = |gpus: u32, demand: f64, rise: f64| Signals {
+            demand_gpus: Some(demand),
+            demand_rise_per_s: rise,
+            ..sig(gpus, 0.1, 1000, 0)
+        };
+        // 9 / 0.9 = 10 > 8: add to ceil(10.5) = 11.
+        let a = advise(&with(8, 9.0, 0.0), &o[..8], &cfg);
+        assert_eq!((a.action.as_str(), a.add_gpus), ("add", 3), "{a:?}");
+        // Rising by 0.09 GPUs/s: 9.9 ahead -> W = 11: add to 12.
+        let a = advise(&with(10, 9.0, 0.09), &o[..10], &cfg);
+        assert_eq!(a.add_gpus, 2, "{a:?}");
+        // 10 in service, W = 10: hold (up to 11 is in the band).
+        assert_eq!(advise(&with(11, 9.0, 0.0), &o[..11], &cfg).action, "hold");
+        // 20 in service for W = 10: release 9, the highest ids.
+        let a = advise(&with(20, 9.0, 0.0), &o, &cfg);
+        assert_eq!(a.release_gpus.len(), 9, "{a:?}");
+        assert_eq!(a.release_gpus[0], 19);
+        // Bad requests: the paper's rule first.
+        let bad = Signals {
+            demand_gpus: Some(1.0),
+            ..sig(10, 0.0, 1000, 100)
+        };
+        assert_eq!(advise(&bad, &o[..10], &cfg).add_gpus, 2);
     }
 
     fn owners(per_backend: &[u32]) -> Vec<GpuOwner> {

@@ -395,6 +395,8 @@ pub fn simulate_autoscaled(
     let (mut last_busy, mut last_bad, mut last_ended, mut last_offered) =
         (vec![0i64; max_ids], 0u64, 0u64, 0u64);
     let mut out = Vec::new();
+    let mut last_model_offered = vec![0u64; ww.models.len()];
+    let mut last_demand: Option<f64> = None;
     let mut next_id: u64 = 0;
     let mut clock = Time::EPOCH_MIN;
     let totals = |e: &Engine| {
@@ -446,7 +448,18 @@ pub fn simulate_autoscaled(
                 .sum();
             last_busy.copy_from_slice(&e.gpu_busy_ns);
             let n = active.len() as u32;
+            let offered_now: Vec<u64> = e.models.iter().map(|m| m.offered).collect();
+            let demand =
+                crate::plan::autoscale::demand_gpus(ww.models.iter().enumerate().map(|(m, x)| {
+                    let rate = offered_now[m].saturating_sub(last_model_offered[m]) as f64 / span;
+                    (rate, &x.spec.profile, x.spec.slo)
+                }));
+            last_model_offered = offered_now;
+            let rise = (demand - last_demand.unwrap_or(demand)).max(0.0) / span;
+            last_demand = Some(demand);
             let sig = Signals {
+                demand_gpus: Some(demand),
+                demand_rise_per_s: rise,
                 window_s: span,
                 gpus: n,
                 idle_fraction: if n == 0 { 0.0 } else { 1.0 - busy / n as f64 },

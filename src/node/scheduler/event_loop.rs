@@ -15,10 +15,10 @@ use super::epoch::EpochPlanner;
 use super::metrics::{busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ScopeView, BUSY_WINDOW};
 use super::routes::Routes;
 use super::standby::{Action as StandbyAction, Standby};
-use crate::core::{DropReason, Dur, GpuId, ModelId, NetBudget, PlanId, Task, Time};
+use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, PlanId, Task, Time};
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
-use crate::plan::autoscale::{advise, AdviceConfig, GpuOwner, Signals, TotalsWindow};
+use crate::plan::autoscale::{advise, demand_gpus, AdviceConfig, GpuOwner, Signals, TotalsWindow};
 use crate::plan::partition::PartModel;
 use crate::runtime::sched::{GpuReporter, Routed, RtReport, RtScheduler};
 use crate::transport::{Conn, ConnId, Event, Listener};
@@ -42,6 +42,9 @@ struct ScopeTotals {
     totals: TotalsWindow,
     /// The GPUs and models the totals last covered.
     key: (Vec<u32>, Vec<u32>),
+    /// The load's demand (GPUs) over the last window and more: (time s,
+    /// demand), for how fast it rises.
+    demand: std::collections::VecDeque<(f64, f64)>,
 }
 
 pub(super) struct EventLoop {
@@ -71,6 +74,10 @@ pub(super) struct EventLoop {
     /// workload, or as backends measured it).
     epoch: EpochPlanner,
     part_models: Vec<PartModel>,
+    /// The models' specs, and their task counts over the signal window
+    /// (samples: time s, per model), for the load's demand in GPUs.
+    specs: Vec<ModelSpec>,
+    model_counts: std::collections::VecDeque<(f64, Vec<u64>)>,
 }
 
 impl EventLoop {
@@ -85,6 +92,7 @@ impl EventLoop {
         standby: Option<Standby>,
         autoscale: (Arc<std::sync::Mutex<AutoscaleView>>, AdviceConfig),
         epoch: (EpochPlanner, Vec<PartModel>),
+        specs: Vec<ModelSpec>,
     ) -> EventLoop {
         let subs = rts.len();
         EventLoop {
@@ -104,6 +112,8 @@ impl EventLoop {
             started: Instant::now(),
             epoch: epoch.0,
             part_models: epoch.1,
+            specs,
+            model_counts: std::collections::VecDeque::new(),
         }
     }
 
@@ -263,6 +273,18 @@ impl EventLoop {
             + rep.tasks_late;
         let homes = self.proto.subclusters().homes().to_vec();
         let late = self.proto.late_by_model();
+        // Each model's rate over the window.
+        self.model_counts.push_back((t, tasks.clone()));
+        while self.model_counts.len() > 2 && t - self.model_counts[1].0 >= window {
+            self.model_counts.pop_front();
+        }
+        let (t0, first) = &self.model_counts[0];
+        let span = (t - t0).max(1e-3);
+        let rates: Vec<f64> = tasks
+            .iter()
+            .zip(first)
+            .map(|(&n, &n0)| n.saturating_sub(n0) as f64 / span)
+            .collect();
         let backends: Vec<_> = self.proto.backends();
         let mut scopes = Vec::with_capacity(self.scopes.len());
         for (i, st) in self.scopes.iter_mut().enumerate() {
@@ -306,6 +328,8 @@ impl EventLoop {
                 .filter_map(|o| snap.get(o.gpu as usize).map(|g| 1.0 - g.ratio()))
                 .collect();
             let signals = Signals {
+                demand_gpus: None,
+                demand_rise_per_s: 0.0,
                 window_s: span,
                 gpus: owners.len() as u32,
                 idle_fraction: if idle.is_empty() {
@@ -320,6 +344,28 @@ impl EventLoop {
                 } else {
                     (bad as f64 / n as f64).min(1.0)
                 },
+            };
+            let specs = &self.specs;
+            let demand = demand_gpus(
+                models
+                    .iter()
+                    .filter_map(|&m| Some((rates[m], &specs.get(m)?.profile, specs[m].slo))),
+            );
+            // Its rise: against the demand one window ago.
+            st.demand.push_back((t, demand));
+            while st.demand.len() > 2 && t - st.demand[1].0 >= window {
+                st.demand.pop_front();
+            }
+            let (t0, d0) = st.demand[0];
+            let rise = if t - t0 > 0.5 * window {
+                ((demand - d0) / (t - t0)).max(0.0)
+            } else {
+                0.0
+            };
+            let signals = Signals {
+                demand_gpus: Some(demand),
+                demand_rise_per_s: rise,
+                ..signals
             };
             let advice = advise(&signals, &owners, &cfg);
             scopes.push(ScopeView {

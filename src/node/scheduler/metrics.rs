@@ -347,7 +347,13 @@ pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<Autosca
     type Pick = fn(&ScopeView) -> f64;
     // (name, help, pick, also per sub-cluster: the idle fraction and GPU count
     // per sub-cluster are fermata_subcluster_idle_ratio and _gpus_in_service).
-    let series: [(&str, &str, Pick, bool); 6] = [
+    let series: [(&str, &str, Pick, bool); 7] = [
+        (
+            "demand_gpus",
+            "GPUs' worth of work the load brings over the last 10 s: the sum over models of rate · l(b)/b, b the largest batch the model's rate fills within its SLO.",
+            |v| v.signals.demand_gpus.unwrap_or(0.0),
+            true,
+        ),
         (
             "advice_target_gpus",
             "GPUs the advice says the load needs: in service + to add - to release (divide by GPUs per backend for a replica count, e.g. in a KEDA ScaledObject).",

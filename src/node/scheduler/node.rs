@@ -110,6 +110,7 @@ impl SchedulerNode {
             standby,
             (autoscale.clone(), opts.advice),
             (planner, part_models),
+            workload.models.iter().map(|m| m.spec.clone()).collect(),
         );
         let submitter = ev.submitters();
         let stop2 = stop.clone();
