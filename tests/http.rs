@@ -857,6 +857,12 @@ fn metrics_count_requests_by_outcome() {
     let idle = n(r#"fermata_subcluster_idle_ratio{subcluster="0"}"#);
     assert!((0.0..=1.0).contains(&busy) && (busy + idle - 1.0).abs() < 1e-9);
     assert!(n(r#"fermata_gpu_busy_seconds_total{gpu="0",subcluster="0"}"#) > 0.0);
+    // The load's demand in GPUs: 4 tasks of a tiny model over the window.
+    wait_for("the demand", 5, || {
+        let t = hm.get("/metrics").text();
+        sample(&t, "fermata_cluster_demand_gpus").is_some_and(|d| d > 0.0 && d < 0.1)
+            && sample(&t, r#"fermata_subcluster_demand_gpus{subcluster="0"}"#).is_some()
+    });
     assert_eq!(
         n(r#"fermata_backend_plans_total{backend="backend",outcome="ran"}"#),
         plans
