@@ -318,12 +318,8 @@ fn realtime_run_ends_every_request_once_with_fake_backends() {
     }
 }
 
-/// Several load generator threads, each with its own submitter and a share of
-/// the models: every request still ends exactly once and every model gets its
-/// load.
-#[test]
-fn several_generator_threads_split_the_models_and_lose_nothing() {
-    let _serial = serial();
+/// The ten-model 1080 Ti workload at 1,000 r/s (Poisson), 1.5 s measured.
+fn mixed10_at_1000() -> (Workload, RunOptions) {
     let w = Workload::from_file(std::path::Path::new(
         "configs/workloads/1080ti_mixed10_16gpu_zipf_bursty.toml",
     ))
@@ -333,6 +329,16 @@ fn several_generator_threads_split_the_models_and_lose_nothing() {
     o.arrival = fermata::workload::Arrival::Poisson;
     o.warmup = Dur::from_ms(200);
     o.duration = Dur::from_ms(1500);
+    (w, o)
+}
+
+/// Several load generator threads, each with its own submitter and a share of
+/// the models: every request still ends exactly once and every model gets its
+/// load.
+#[test]
+fn several_generator_threads_split_the_models_and_lose_nothing() {
+    let _serial = serial();
+    let (w, o) = mixed10_at_1000();
     let rt = RtOptions {
         gen_threads: 3,
         ..RtOptions::default()
@@ -355,15 +361,7 @@ fn several_generator_threads_split_the_models_and_lose_nothing() {
 #[test]
 fn subclusters_plan_only_on_their_own_gpus_and_lose_nothing() {
     let _serial = serial();
-    let w = Workload::from_file(std::path::Path::new(
-        "configs/workloads/1080ti_mixed10_16gpu_zipf_bursty.toml",
-    ))
-    .unwrap();
-    let mut o = RunOptions::from_workload(&w);
-    o.rate_rps = 1000.0;
-    o.arrival = fermata::workload::Arrival::Poisson;
-    o.warmup = Dur::from_ms(200);
-    o.duration = Dur::from_ms(1500);
+    let (w, o) = mixed10_at_1000();
     let rt = RtOptions {
         subclusters: 2,
         gen_threads: 2,

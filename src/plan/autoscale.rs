@@ -64,21 +64,13 @@ pub fn demand_gpus<'a>(
             continue;
         }
         let slo = slo.as_secs_f64();
-        let fits = |b: u32| (b as f64 - 1.0) / rate + profile.latency(b).as_secs_f64() <= slo;
-        // (b−1)/λ + l(b) grows with b: bisect for the largest that fits.
-        let (mut lo, mut hi) = (1u32, profile.max_batch().max(1));
-        if fits(hi) {
-            lo = hi;
-        }
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if fits(mid) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        d += rate * profile.latency(lo).as_secs_f64() / lo as f64;
+        // (b−1)/λ + l(b) grows with b; a model whose SLO is under l(1) runs
+        // batches of one (as many as it can).
+        let b = crate::core::profile::largest_fitting(profile.max_batch(), |b| {
+            (b as f64 - 1.0) / rate + profile.latency(b).as_secs_f64() <= slo
+        })
+        .max(1);
+        d += rate * profile.latency(b).as_secs_f64() / b as f64;
     }
     d
 }

@@ -1452,35 +1452,11 @@ mod tests {
 
     /// Registers a backend with one GPU on connection `c`; its node id.
     fn backend(p: &mut SchedProto, c: ConnId, now: Time) -> NodeId {
-        p.handle_accept(now, c);
-        p.handle_msg(
-            now,
-            c,
-            Msg::Register {
-                role: Role::Backend,
-                name: format!("be{c}"),
-                gpus: vec![crate::wire::GpuInfo {
-                    local: 0,
-                    name: "g".into(),
-                    mem_bytes: 1 << 30,
-                }],
-                ctrl_addr: String::new(),
-                region: None,
-            },
-        );
+        let mut acts = register(p, c, now);
         for m in 0..2 {
-            p.handle_msg(
-                now,
-                c,
-                Msg::ModelLoaded {
-                    model: ModelId(m),
-                    ok: true,
-                    error: String::new(),
-                    device_bytes: 0,
-                },
-            );
+            acts.extend(loaded(p, c, now, m, true));
         }
-        std::iter::from_fn(|| p.poll_action())
+        acts.into_iter()
             .find_map(|a| match a {
                 Action::GpusUp { backend, .. } => Some(backend),
                 _ => None,
@@ -1687,6 +1663,7 @@ mod tests {
         assert!(closed(&mut p, 4));
     }
 
+    /// A backend with one GPU registers on connection `c`: what follows.
     fn register(p: &mut SchedProto, c: ConnId, now: Time) -> Vec<Action> {
         p.handle_accept(now, c);
         p.handle_msg(
@@ -1707,6 +1684,7 @@ mod tests {
         std::iter::from_fn(|| p.poll_action()).collect()
     }
 
+    /// Connection `c`'s backend confirms model `m` (or fails to load it).
     fn loaded(p: &mut SchedProto, c: ConnId, now: Time, m: u32, ok: bool) -> Vec<Action> {
         p.handle_msg(
             now,
@@ -1911,7 +1889,8 @@ mod tests {
         };
         let early = MOVE_LOAD_TIMEOUT - Dur::from_ms(10);
         assert_eq!(loads(&step(&mut p, ms(1) + early), 3).1, Vec::<u32>::new());
-        let acts = step(&mut p, ms(1) + MOVE_LOAD_TIMEOUT + Dur::from_ms(10));
+        // (The next heartbeat check after the timeout.)
+        let acts = step(&mut p, ms(1) + MOVE_LOAD_TIMEOUT + Dur::from_ms(200));
         assert_eq!(loads(&acts, 3), (vec![], vec![0]), "{acts:?}");
         assert_eq!(p.subclusters().home(ModelId(0)), 0);
         assert_eq!(p.report().moves.aborted, 1);
