@@ -203,6 +203,28 @@ impl LatencyProfile {
     }
 }
 
+/// The largest b in 1..=cap with `fits(b)`, for a `fits` that holds up to some
+/// b and not beyond (0 when not even b = 1 fits), by bisection.
+pub fn largest_fitting(cap: u32, fits: impl Fn(u32) -> bool) -> u32 {
+    if cap == 0 || !fits(1) {
+        return 0;
+    }
+    if fits(cap) {
+        return cap;
+    }
+    // invariant: fits(lo), !fits(hi)
+    let (mut lo, mut hi) = (1u32, cap);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,26 +261,4 @@ mod tests {
         let t = LatencyProfile::table(vec![Dur::from_ms(2), Dur::from_ms(3)]).unwrap();
         assert_eq!(t.latency(3), Dur::from_ms(4));
     }
-}
-
-/// The largest b in 1..=cap with `fits(b)`, for a `fits` that holds up to some
-/// b and not beyond (0 when not even b = 1 fits), by bisection.
-pub fn largest_fitting(cap: u32, fits: impl Fn(u32) -> bool) -> u32 {
-    if cap == 0 || !fits(1) {
-        return 0;
-    }
-    if fits(cap) {
-        return cap;
-    }
-    // invariant: fits(lo), !fits(hi)
-    let (mut lo, mut hi) = (1u32, cap);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
 }
