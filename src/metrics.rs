@@ -402,7 +402,7 @@ pub struct Window<T> {
     samples: VecDeque<(Instant, T)>,
 }
 
-impl<T: Copy> Window<T> {
+impl<T: Clone> Window<T> {
     /// Records `total` at `now` and returns the oldest sample that still covers
     /// `span` back from `now` (the first one ever, until `span` has passed).
     pub fn push(&mut self, now: Instant, total: T, span: Duration) -> (Instant, T) {
@@ -410,7 +410,7 @@ impl<T: Copy> Window<T> {
         while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= span {
             self.samples.pop_front();
         }
-        self.samples[0]
+        self.samples[0].clone()
     }
     /// Forgets every sample (a new start).
     pub fn clear(&mut self) {

@@ -169,22 +169,26 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
         } else {
             (n * r / (1.0 - r)).ceil().max(1.0) as u32
         };
-        return Advice {
-            action: "add".into(),
-            add_gpus: add,
-            release_gpus: Vec::new(),
-            release_backends: Vec::new(),
-            reason: format!(
-                "bad rate {:.2}% > {:.2}% over {:.1} s on {} GPUs: add N·r/(1−r) = {add}",
+        // On the demand too: what it says is missing, if that is more.
+        let (add, rule) = match demand_band(s, cfg) {
+            Some((w, mid, _)) if w > s.gpus && mid - s.gpus > add => {
+                (mid - s.gpus, "up to 1.05 × demand / U")
+            }
+            _ => (add, "N·r/(1−r)"),
+        };
+        return self::add(
+            add,
+            format!(
+                "bad rate {:.2}% > {:.2}% over {:.1} s on {} GPUs: add {rule} = {add}",
                 s.bad_rate * 100.0,
                 cfg.bad_threshold * 100.0,
                 s.window_s,
                 s.gpus
             ),
-        };
+        );
     }
-    if let Some(d) = s.demand_gpus.filter(|_| cfg.target_utilization > 0.0) {
-        return advise_demand(s, owners, cfg, d);
+    if let Some(band) = demand_band(s, cfg) {
+        return advise_demand(s, owners, cfg, band);
     }
     // With a headroom: the GPUs the busy time needs with that much spare.
     let want = (cfg.headroom > 0.0 && s.gpus > 0).then(|| {
@@ -283,15 +287,28 @@ fn release(owners: &[GpuOwner], k: u32, reason: String) -> Advice {
     }
 }
 
-/// The advice on the load's demand (`cfg.target_utilization` > 0; the bad
-/// rate is under its threshold): keep the GPUs in [W, 1.1·W], W =
-/// ceil(demand / u), coming back to ceil(1.05·W) when outside.
-fn advise_demand(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig, demand: f64) -> Advice {
+/// With `cfg.target_utilization` > 0 and the demand known: W = ceil(demand
+/// `lookahead_s` ahead / U), the middle of the band ceil(1.05·W), and that
+/// demand.
+fn demand_band(s: &Signals, cfg: &AdviceConfig) -> Option<(u32, u32, f64)> {
+    let demand = s.demand_gpus.filter(|_| cfg.target_utilization > 0.0)?;
     let u = cfg.target_utilization.clamp(0.05, 1.0);
-    let ahead = s.demand_rise_per_s.max(0.0) * cfg.lookahead_s.max(0.0);
-    let demand = demand + ahead;
-    let w = ((demand / u).ceil() as u32).max(1);
+    let ahead = demand + s.demand_rise_per_s.max(0.0) * cfg.lookahead_s.max(0.0);
+    let w = ((ahead / u).ceil() as u32).max(1);
     let mid = ((w as f64 * 1.05).ceil() as u32).max(w);
+    Some((w, mid, ahead))
+}
+
+/// The advice on the load's demand (the bad rate is under its threshold):
+/// keep the GPUs in [W, 1.1·W] ([`demand_band`]), coming back to ceil(1.05·W)
+/// when outside.
+fn advise_demand(
+    s: &Signals,
+    owners: &[GpuOwner],
+    cfg: &AdviceConfig,
+    (w, mid, demand): (u32, u32, f64),
+) -> Advice {
+    let u = cfg.target_utilization;
     let n = s.gpus;
     if n < w {
         let k = mid - n;
@@ -586,7 +603,7 @@ mod tests {
 
     /// On the demand: below W = ceil(demand/u) an add to 1.05·W (for the
     /// demand the lookahead ahead), above 1.1·W a release to it, a hold
-    /// between; bad requests still follow the paper's rule.
+    /// between; bad requests add the larger of the paper's rule and that.
     #[test]
     fn demand_advice_keeps_the_gpus_in_a_band() {
         let cfg = AdviceConfig {
@@ -612,12 +629,14 @@ mod tests {
         let a = advise(&with(20, 9.0, 0.0), &o, &cfg);
         assert_eq!(a.release_gpus.len(), 9, "{a:?}");
         assert_eq!(a.release_gpus[0], 19);
-        // Bad requests: the paper's rule first.
-        let bad = Signals {
-            demand_gpus: Some(1.0),
+        // Bad requests: N·r/(1−r), or what the demand says is missing if
+        // that is more (18 / 0.9 = 20 for 10 in service: up to 21).
+        let bad = |demand: f64| Signals {
+            demand_gpus: Some(demand),
             ..sig(10, 0.0, 1000, 100)
         };
-        assert_eq!(advise(&bad, &o[..10], &cfg).add_gpus, 2);
+        assert_eq!(advise(&bad(1.0), &o[..10], &cfg).add_gpus, 2);
+        assert_eq!(advise(&bad(18.0), &o[..10], &cfg).add_gpus, 11);
     }
 
     fn owners(per_backend: &[u32]) -> Vec<GpuOwner> {

@@ -116,6 +116,13 @@ impl EpochPlanner {
         }
     }
 
+    /// Whether [`EpochPlanner::poll`] has anything to do at `now` (an epoch
+    /// ended, or a solve is in flight): the event loop asks before it
+    /// gathers the counts.
+    pub fn wants(&self, now: Instant) -> bool {
+        self.opts.subclusters > 1 && (self.pending.is_some() || now >= self.next)
+    }
+
     /// One turn of the loop: at an epoch's end, starts a solve on the rates
     /// since the last (`counts`: tasks submitted per model so far; `models`:
     /// their memory; `homes`: the current assignment); when a solve has

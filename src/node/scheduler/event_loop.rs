@@ -42,9 +42,8 @@ struct ScopeTotals {
     totals: TotalsWindow,
     /// The GPUs and models the totals last covered.
     key: (Vec<u32>, Vec<u32>),
-    /// The load's demand (GPUs) over the last window and more: (time s,
-    /// demand), for how fast it rises.
-    demand: std::collections::VecDeque<(f64, f64)>,
+    /// The load's demand (GPUs), for how fast it rises.
+    demand: crate::metrics::Window<f64>,
 }
 
 pub(super) struct EventLoop {
@@ -74,10 +73,10 @@ pub(super) struct EventLoop {
     /// workload, or as backends measured it).
     epoch: EpochPlanner,
     part_models: Vec<PartModel>,
-    /// The models' specs, and their task counts over the signal window
-    /// (samples: time s, per model), for the load's demand in GPUs.
+    /// The models' specs, and their task counts over the signal window, for
+    /// the load's demand in GPUs.
     specs: Vec<ModelSpec>,
-    model_counts: std::collections::VecDeque<(f64, Vec<u64>)>,
+    model_counts: crate::metrics::Window<Vec<u64>>,
 }
 
 impl EventLoop {
@@ -113,7 +112,7 @@ impl EventLoop {
             epoch: epoch.0,
             part_models: epoch.1,
             specs,
-            model_counts: std::collections::VecDeque::new(),
+            model_counts: crate::metrics::Window::default(),
         }
     }
 
@@ -178,7 +177,7 @@ impl EventLoop {
 
     /// The epoch partitioner's turn: its answer becomes model moves.
     fn epoch_step(&mut self, now: Instant, sub: &mut Routed, refused: &mut Refused) {
-        if self.standby.is_some() {
+        if self.standby.is_some() || !self.epoch.wants(now) {
             return;
         }
         let counts: Vec<u64> = self.routes.metrics.tasks.iter().map(|c| c.get()).collect();
@@ -274,15 +273,11 @@ impl EventLoop {
         let homes = self.proto.subclusters().homes().to_vec();
         let late = self.proto.late_by_model();
         // Each model's rate over the window.
-        self.model_counts.push_back((t, tasks.clone()));
-        while self.model_counts.len() > 2 && t - self.model_counts[1].0 >= window {
-            self.model_counts.pop_front();
-        }
-        let (t0, first) = &self.model_counts[0];
-        let span = (t - t0).max(1e-3);
+        let (t0, first) = self.model_counts.push(now, tasks.clone(), BUSY_WINDOW);
+        let span = now.duration_since(t0).as_secs_f64().max(1e-3);
         let rates: Vec<f64> = tasks
             .iter()
-            .zip(first)
+            .zip(&first)
             .map(|(&n, &n0)| n.saturating_sub(n0) as f64 / span)
             .collect();
         let backends: Vec<_> = self.proto.backends();
@@ -327,9 +322,23 @@ impl EventLoop {
                 .iter()
                 .filter_map(|o| snap.get(o.gpu as usize).map(|g| 1.0 - g.ratio()))
                 .collect();
+            let specs = &self.specs;
+            let demand = demand_gpus(
+                models
+                    .iter()
+                    .filter_map(|&m| Some((rates[m], &specs.get(m)?.profile, specs[m].slo))),
+            );
+            // Its rise: against the demand one window ago.
+            let (t0, d0) = st.demand.push(now, demand, BUSY_WINDOW);
+            let ago = now.duration_since(t0).as_secs_f64();
+            let rise = if ago > 0.5 * window {
+                ((demand - d0) / ago).max(0.0)
+            } else {
+                0.0
+            };
             let signals = Signals {
-                demand_gpus: None,
-                demand_rise_per_s: 0.0,
+                demand_gpus: Some(demand),
+                demand_rise_per_s: rise,
                 window_s: span,
                 gpus: owners.len() as u32,
                 idle_fraction: if idle.is_empty() {
@@ -344,28 +353,6 @@ impl EventLoop {
                 } else {
                     (bad as f64 / n as f64).min(1.0)
                 },
-            };
-            let specs = &self.specs;
-            let demand = demand_gpus(
-                models
-                    .iter()
-                    .filter_map(|&m| Some((rates[m], &specs.get(m)?.profile, specs[m].slo))),
-            );
-            // Its rise: against the demand one window ago.
-            st.demand.push_back((t, demand));
-            while st.demand.len() > 2 && t - st.demand[1].0 >= window {
-                st.demand.pop_front();
-            }
-            let (t0, d0) = st.demand[0];
-            let rise = if t - t0 > 0.5 * window {
-                ((demand - d0) / (t - t0)).max(0.0)
-            } else {
-                0.0
-            };
-            let signals = Signals {
-                demand_gpus: Some(demand),
-                demand_rise_per_s: rise,
-                ..signals
             };
             let advice = advise(&signals, &owners, &cfg);
             scopes.push(ScopeView {
