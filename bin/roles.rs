@@ -270,23 +270,8 @@ pub struct SchedulerArgs {
     /// demand (s): the autoscaler's interval plus the time a new backend takes.
     #[arg(long, default_value_t = 15.0)]
     autoscale_lookahead_s: f64,
-    /// Sub-clusters: each has its own dispatcher (a RankThread and its
-    /// ModelThreads, --threads each) and holds its own models; a backend joins
-    /// the one with the fewest GPUs. The models are partitioned by the
-    /// workload's rates at start and re-partitioned on the measured rates
-    /// every --epoch-s, moving models live.
-    #[arg(long, default_value_t = 1)]
-    subclusters: u32,
-    /// With --subclusters > 1: how often the partitioner re-runs (s).
-    #[arg(long, default_value_t = 300.0)]
-    epoch_s: f64,
-    /// With --subclusters > 1: at most this many models change sub-cluster per
-    /// epoch (each one load and one unload).
-    #[arg(long, default_value_t = 8)]
-    max_moves: usize,
-    /// With --subclusters > 1: the partitioner's time limit per epoch (s).
-    #[arg(long, default_value_t = 2.0)]
-    partition_time_limit_s: f64,
+    #[command(flatten)]
+    subclusters: SubclusterArgs,
     #[command(flatten)]
     spin: SpinArgs,
     /// Override every model's input size in bytes (what load generators send).
@@ -311,6 +296,56 @@ pub struct SchedulerArgs {
     /// (us), for timing error; matters for models whose l(b+1) - l(b) is smaller.
     #[arg(long, default_value_t = 500)]
     slack_us: u64,
+}
+
+/// Sub-clusters and the epoch partitioner (scheduler, serve).
+#[derive(Args, Clone)]
+pub struct SubclusterArgs {
+    /// Sub-clusters: each has its own dispatcher (a RankThread and its
+    /// ModelThreads, --threads each) and holds its own models; a backend joins
+    /// the one with the fewest GPUs. The models are partitioned by the
+    /// workload's rates at start and re-partitioned on the measured rates
+    /// every --epoch-s, moving models live.
+    #[arg(long, default_value_t = 1)]
+    subclusters: u32,
+    /// With --subclusters > 1: how often the partitioner re-runs (s).
+    #[arg(long, default_value_t = 300.0)]
+    epoch_s: f64,
+    /// With --subclusters > 1: at most this many models change sub-cluster per
+    /// epoch (each one load and one unload).
+    #[arg(long, default_value_t = 8)]
+    max_moves: usize,
+    /// With --subclusters > 1: the partitioner's time limit per epoch (s).
+    #[arg(long, default_value_t = 2.0)]
+    partition_time_limit_s: f64,
+}
+
+impl SubclusterArgs {
+    /// The checked settings.
+    fn epoch_opts(&self) -> Result<fermata::node::scheduler::epoch::EpochOpts> {
+        use fermata::node::scheduler::epoch::{EpochOpts, MAX_SUBCLUSTERS};
+        if !(1..=MAX_SUBCLUSTERS).contains(&self.subclusters) {
+            bail!(
+                "--subclusters must be between 1 and {MAX_SUBCLUSTERS}, got {}",
+                self.subclusters
+            );
+        }
+        for (what, v) in [
+            ("--epoch-s", self.epoch_s),
+            ("--partition-time-limit-s", self.partition_time_limit_s),
+        ] {
+            if !(v.is_finite() && (0.1..=86_400.0).contains(&v)) {
+                bail!("{what} must be between 0.1 and 86400 seconds, got {v}");
+            }
+        }
+        Ok(EpochOpts {
+            subclusters: self.subclusters,
+            every: Duration::from_secs_f64(self.epoch_s),
+            max_moves: Some(self.max_moves),
+            time_limit: Duration::from_secs_f64(self.partition_time_limit_s),
+            ..Default::default()
+        })
+    }
 }
 
 /// Serving a model repository instead of a workload file (scheduler, loadgen).
@@ -422,21 +457,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             "--plan-grace-ms must be at least --heartbeat-ms (the watchdog looks once a heartbeat)"
         );
     }
-    if !(1..=fermata::node::scheduler::epoch::MAX_SUBCLUSTERS).contains(&a.subclusters) {
-        bail!(
-            "--subclusters must be between 1 and {}, got {}",
-            fermata::node::scheduler::epoch::MAX_SUBCLUSTERS,
-            a.subclusters
-        );
-    }
-    for (what, v) in [
-        ("--epoch-s", a.epoch_s),
-        ("--partition-time-limit-s", a.partition_time_limit_s),
-    ] {
-        if !(v.is_finite() && (0.1..=86_400.0).contains(&v)) {
-            bail!("{what} must be between 0.1 and 86400 seconds, got {v}");
-        }
-    }
+    let epoch = a.subclusters.epoch_opts()?;
     let s = SchedulerNode::start(
         a.secret.transport(&a.transport)?,
         &w,
@@ -461,13 +482,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
                 lookahead_s: a.autoscale_lookahead_s,
                 ..Default::default()
             },
-            epoch: fermata::node::scheduler::epoch::EpochOpts {
-                subclusters: a.subclusters,
-                every: Duration::from_secs_f64(a.epoch_s),
-                max_moves: Some(a.max_moves),
-                time_limit: Duration::from_secs_f64(a.partition_time_limit_s),
-                ..Default::default()
-            },
+            epoch,
             ..SchedulerOpts::default()
         },
     )?;
@@ -835,6 +850,8 @@ pub struct ServeArgs {
     /// ModelThreads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    #[command(flatten)]
+    subclusters: SubclusterArgs,
     /// Log at level info (see --log-level).
     #[arg(long)]
     verbose: bool,
@@ -1178,6 +1195,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         executor: a.executor.clone(),
         models_dir: a.models.clone(),
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
+        epoch: a.subclusters.epoch_opts()?,
         http: match a.http_port {
             Some(p) => Some(a.http.opts(&format!("{}:{p}", a.http_host))?),
             None => None,

@@ -37,6 +37,8 @@ pub struct ClusterOpts {
     pub cuda_devices: Option<Vec<u32>>,
     /// The scheduler's frontrun slack (`SchedulerOpts::min_slack`).
     pub min_slack: crate::core::Dur,
+    /// Sub-clusters and the epoch partitioner (`SchedulerOpts::epoch`).
+    pub epoch: super::scheduler::epoch::EpochOpts,
 }
 
 impl Default for ClusterOpts {
@@ -54,6 +56,7 @@ impl Default for ClusterOpts {
             models_dir: "models".into(),
             cuda_devices: None,
             min_slack: SchedulerOpts::default().min_slack,
+            epoch: Default::default(),
         }
     }
 }
@@ -96,6 +99,7 @@ impl Cluster {
                 rank_spin: crate::core::Dur::from_us(o.rank_spin_us as i64),
                 model_spin: crate::core::Dur::from_us(o.model_spin_us as i64),
                 min_slack: o.min_slack,
+                epoch: o.epoch.clone(),
                 ..SchedulerOpts::default()
             },
         )?;
