@@ -32,12 +32,22 @@ fn models_move_between_subclusters_under_load_without_a_lost_request() {
     std::fs::write(&path, workload([1.0; 4])).unwrap();
     let o = ProcOpts {
         backend_gpus: vec![1, 1],
-        scheduler_args: ["--subclusters", "2", "--epoch-s", "1", "--max-moves", "1"]
-            .map(String::from)
-            .to_vec(),
+        scheduler_args: [
+            "--subclusters",
+            "2",
+            "--epoch-s",
+            "1",
+            "--max-moves",
+            "1",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]
+        .map(String::from)
+        .to_vec(),
         ..ProcOpts::new(path.clone())
     };
-    let c = ProcCluster::start(&exe(), &o).unwrap();
+    let mut c = ProcCluster::start(&exe(), &o).unwrap();
+    let metrics = c.scheduler_metrics_addr().unwrap();
     // The scheduler split the equal-rate models 2 / 2. A load with 70% on m0
     // makes its sub-cluster take 80%: an epoch moves m0's partner over. Then
     // 70% on m3: m3's sub-cluster is the loaded one, and models move again.
@@ -61,6 +71,26 @@ fn models_move_between_subclusters_under_load_without_a_lost_request() {
             r.sim.offered()
         );
     }
+    // What operators see: each model's sub-cluster, the moves, each backend's
+    // sub-cluster.
+    let view: serde_json::Value = serde_json::from_str(&get(&metrics, "/v1/autoscale")).unwrap();
+    assert_eq!(view["models"].as_array().unwrap().len(), 4, "{view}");
+    assert!(view["moves"]["done"].as_u64().unwrap() >= 1, "{view}");
+    let mut subs: Vec<u64> = view["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["subcluster"].as_u64().unwrap())
+        .collect();
+    subs.sort_unstable();
+    assert_eq!(subs, vec![0, 1], "a backend in each sub-cluster: {view}");
+    let text = get(&metrics, "/metrics");
+    assert!(
+        text.contains("fermata_model_subcluster{model=\"m0\"}")
+            && text.contains("fermata_scheduler_model_moves_total{outcome=\"done\"}")
+            && text.contains("fermata_subcluster_demand_gpus{subcluster=\"1\"}"),
+        "{text}"
+    );
     let reps = c.stop();
     let s = reps.scheduler.expect("scheduler report");
     assert_eq!(s["subclusters"], 2, "{s}");
@@ -84,4 +114,19 @@ fn models_move_between_subclusters_under_load_without_a_lost_request() {
     let f = reps.frontends[0].as_ref().expect("frontend report");
     assert_eq!(f["failed"], 0, "{f}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The body of `GET path` from the HTTP server at `addr`.
+fn get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    body.to_string()
 }

@@ -12,12 +12,15 @@
 //! ([`Routed`]). The epoch partitioner ([`super::epoch`]) moves models.
 
 use super::epoch::EpochPlanner;
-use super::metrics::{busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ScopeView, BUSY_WINDOW};
+use super::metrics::{
+    busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ModelHome, ScopeView, BUSY_WINDOW,
+};
 use super::routes::Routes;
 use super::standby::{Action as StandbyAction, Standby};
 use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, PlanId, Task, Time};
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
+use crate::node::proto::subclusters::Phase;
 use crate::plan::autoscale::{advise, demand_gpus, AdviceConfig, GpuOwner, Signals, TotalsWindow};
 use crate::plan::partition::PartModel;
 use crate::runtime::sched::{GpuReporter, Routed, RtReport, RtScheduler};
@@ -362,10 +365,29 @@ impl EventLoop {
             });
         }
         let cluster = (!scopes.is_empty()).then(|| scopes.remove(0));
+        let subs = self.proto.subclusters();
+        let models = self
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(m, spec)| {
+                let id = ModelId(m as u32);
+                let mv = subs.moving(id);
+                let switched = mv.is_some_and(|mv| mv.phase != Phase::Loading);
+                ModelHome {
+                    model: spec.name.clone(),
+                    subcluster: subs.home(id),
+                    loading_at: mv.filter(|_| !switched).map(|mv| mv.to),
+                    draining_from: mv.filter(|_| switched).map(|mv| mv.from),
+                }
+            })
+            .collect();
         let v = AutoscaleView {
             window_s: window,
             cluster,
             subclusters: scopes,
+            models,
+            moves: subs.stats,
             backends,
             thresholds: Some(cfg),
         };

@@ -330,6 +330,21 @@ pub struct AutoscaleView {
     /// The backends in service.
     pub backends: Vec<crate::node::proto::sched::BackendView>,
     pub thresholds: Option<crate::plan::autoscale::AdviceConfig>,
+    /// Each model's sub-cluster, and where it is moving.
+    pub models: Vec<ModelHome>,
+    /// The models' moves between sub-clusters so far.
+    pub moves: crate::node::proto::subclusters::MoveStats,
+}
+
+/// A model's sub-cluster (where its new tasks go) and its move, if one is
+/// under way: the target loading it (before the switch), or the source still
+/// serving what it had queued (after).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelHome {
+    pub model: String,
+    pub subcluster: u32,
+    pub loading_at: Option<u32>,
+    pub draining_from: Option<u32>,
 }
 
 /// The signals and advice of the cluster or one sub-cluster.
@@ -344,6 +359,37 @@ pub struct ScopeView {
 /// Gauges of the autoscaling signals and advice, per sub-cluster and for the
 /// cluster, read from `view` at scrape time.
 pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<AutoscaleView>>) {
+    let v = view.clone();
+    reg.collector(
+        "fermata_model_subcluster",
+        "The sub-cluster whose GPUs serve each model's new tasks.",
+        Kind::Gauge,
+        move || {
+            let v = v.lock().expect("autoscale lock");
+            v.models
+                .iter()
+                .map(|m| (vec![("model".into(), m.model.clone())], m.subcluster as f64))
+                .collect()
+        },
+    );
+    let v = view.clone();
+    reg.collector(
+        "fermata_scheduler_model_moves_total",
+        "Models moved between sub-clusters: moves started, switched (new tasks go to the target), done (unloaded from the source), aborted (the target could not load it).",
+        Kind::Counter,
+        move || {
+            let m = v.lock().expect("autoscale lock").moves;
+            [
+                ("started", m.started),
+                ("switched", m.switched),
+                ("done", m.done),
+                ("aborted", m.aborted),
+            ]
+            .into_iter()
+            .map(|(o, n)| (vec![("outcome".into(), o.to_string())], n as f64))
+            .collect()
+        },
+    );
     type Pick = fn(&ScopeView) -> f64;
     // (name, help, pick, also per sub-cluster: the idle fraction and GPU count
     // per sub-cluster are fermata_subcluster_idle_ratio and _gpus_in_service).
