@@ -1848,16 +1848,23 @@ mod tests {
         assert!(!p.subclusters().holds(0, ModelId(0)));
     }
 
+    /// Two sub-clusters, model 0 in the first and model 1 in the second, a
+    /// one-GPU backend in each (connections 2 and 3).
+    fn two_subclusters() -> SchedProto {
+        let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
+        for (c, m) in [(2, 0), (3, 1)] {
+            register(&mut p, c, Time(0));
+            loaded(&mut p, c, Time(0), m, true);
+        }
+        p
+    }
+
     /// A model that fails to load at its target stays home; the backend that
     /// failed stays in service.
     #[test]
     fn a_failed_load_aborts_the_move() {
         let ms = |m: i64| Time(m * 1_000_000);
-        let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
-        register(&mut p, 2, ms(0));
-        loaded(&mut p, 2, ms(0), 0, true);
-        register(&mut p, 3, ms(0));
-        loaded(&mut p, 3, ms(0), 1, true);
+        let mut p = two_subclusters();
         assert!(p.move_model(ms(1), ModelId(1), 0));
         while p.poll_action().is_some() {}
         let acts = loaded(&mut p, 2, ms(2), 1, false);
@@ -1874,11 +1881,7 @@ mod tests {
     #[test]
     fn a_load_that_hangs_aborts_the_move_in_time() {
         let ms = |m: i64| Time(m * 1_000_000);
-        let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
-        register(&mut p, 2, ms(0));
-        loaded(&mut p, 2, ms(0), 0, true);
-        register(&mut p, 3, ms(0));
-        loaded(&mut p, 3, ms(0), 1, true);
+        let mut p = two_subclusters();
         assert!(p.move_model(ms(1), ModelId(0), 1));
         let step = |p: &mut SchedProto, now: Time| {
             for c in [2, 3] {
