@@ -559,6 +559,10 @@ pub struct BenchAutoscaleArgs {
     /// Length of one measured segment (s).
     #[arg(long, default_value_t = 2.0)]
     segment_s: f64,
+    /// The scheduler's advice on the load's demand at this utilization (0:
+    /// the paper's rule).
+    #[arg(long, default_value_t = 0.0)]
+    target_utilization: f64,
     #[arg(long)]
     json: bool,
 }
@@ -572,9 +576,10 @@ pub fn cmd_bench_autoscale(a: BenchAutoscaleArgs) -> Result<()> {
         && a.factor <= 10.0
         && (1.0..=3600.0).contains(&a.secs)
         && a.segment_s >= 0.5
-        && a.segment_s <= a.secs;
+        && a.segment_s <= a.secs
+        && (0.0..=1.0).contains(&a.target_utilization);
     if !ok {
-        bail!("--factor in (0, 10], --secs in [1, 3600], --segment-s in [0.5, --secs]");
+        bail!("--factor in (0, 10], --secs in [1, 3600], --segment-s in [0.5, --secs], --target-utilization in [0, 1]");
     }
     let exe = std::env::current_exe().context("the fermata binary's path")?;
     let dir = std::env::temp_dir().join(format!("fermata-bench-autoscale-{}", std::process::id()));
@@ -587,6 +592,7 @@ pub fn cmd_bench_autoscale(a: BenchAutoscaleArgs) -> Result<()> {
             factor: a.factor,
             secs: a.secs,
             segment_s: a.segment_s,
+            target_utilization: a.target_utilization,
         },
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -31,6 +31,9 @@ pub struct AutoscaleBenchOpts {
     /// Seconds of load after the jump, and the length of one segment.
     pub secs: f64,
     pub segment_s: f64,
+    /// The scheduler's advice on the load's demand at this utilization (0:
+    /// the paper's rule; `fermata scheduler --autoscale-target-utilization`).
+    pub target_utilization: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -75,7 +78,12 @@ pub fn run(exe: &Path, dir: &Path, o: &AutoscaleBenchOpts) -> Result<AutoscaleBe
     let offered = cap * o.factor;
     let po = ProcOpts {
         backend_gpus: vec![],
-        scheduler_args: vec!["--metrics-listen".into(), "127.0.0.1:0".into()],
+        scheduler_args: vec![
+            "--metrics-listen".into(),
+            "127.0.0.1:0".into(),
+            "--autoscale-target-utilization".into(),
+            o.target_utilization.to_string(),
+        ],
         ..ProcOpts::new(path.clone())
     };
     let mut c = ProcCluster::start(exe, &po)?;

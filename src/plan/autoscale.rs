@@ -95,7 +95,7 @@ pub struct AdviceConfig {
     pub headroom: f64,
     /// 0: off. Above 0 (with the signals' demand known and the bad rate under
     /// its threshold): the GPUs the load needs are W = ceil(demand / u); fewer
-    /// in service is an add up to ceil(1.05·W), more than 1.1·W a release
+    /// in service is an add up to round(1.05·W), more than 1.1·W a release
     /// down to it (another extension; the band keeps the count from
     /// oscillating with the noise of the rates).
     #[serde(default)]
@@ -287,20 +287,26 @@ fn release(owners: &[GpuOwner], k: u32, reason: String) -> Advice {
     }
 }
 
+/// The most the demand's look-ahead adds, as a share of the demand.
+pub const LOOKAHEAD_CAP: f64 = 0.25;
+
 /// With `cfg.target_utilization` > 0 and the demand known: W = ceil(demand
-/// `lookahead_s` ahead / U), the middle of the band ceil(1.05·W), and that
+/// `lookahead_s` ahead / U), the middle of the band round(1.05·W), and that
 /// demand.
 fn demand_band(s: &Signals, cfg: &AdviceConfig) -> Option<(u32, u32, f64)> {
     let demand = s.demand_gpus.filter(|_| cfg.target_utilization > 0.0)?;
     let u = cfg.target_utilization.clamp(0.05, 1.0);
-    let ahead = demand + s.demand_rise_per_s.max(0.0) * cfg.lookahead_s.max(0.0);
+    // A step (a load that starts, a burst) is not a trend: the look-ahead adds
+    // at most LOOKAHEAD_CAP of the demand.
+    let rise = s.demand_rise_per_s.max(0.0) * cfg.lookahead_s.max(0.0);
+    let ahead = demand + rise.min(LOOKAHEAD_CAP * demand);
     let w = ((ahead / u).ceil() as u32).max(1);
-    let mid = ((w as f64 * 1.05).ceil() as u32).max(w);
+    let mid = ((w as f64 * 1.05).round() as u32).max(w);
     Some((w, mid, ahead))
 }
 
 /// The advice on the load's demand (the bad rate is under its threshold):
-/// keep the GPUs in [W, 1.1·W] ([`demand_band`]), coming back to ceil(1.05·W)
+/// keep the GPUs in [W, 1.1·W] ([`demand_band`]), coming back to round(1.05·W)
 /// when outside.
 fn advise_demand(
     s: &Signals,
