@@ -172,7 +172,7 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
         // On the demand too: what it says is missing, if that is more.
         let (add, rule) = match demand_band(s, cfg) {
             Some((w, mid, _)) if w > s.gpus && mid - s.gpus > add => {
-                (mid - s.gpus, "up to 1.05 × demand / U")
+                (mid - s.gpus, "up to round(1.05 · ceil(demand / U))")
             }
             _ => (add, "N·r/(1−r)"),
         };
@@ -196,19 +196,16 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
         ((busy / (1.0 - cfg.headroom.min(0.9))).ceil() as u32).max(1)
     });
     if let Some(want) = want.filter(|&w| w > s.gpus) {
-        let add = want - s.gpus;
-        return Advice {
-            action: "add".into(),
-            add_gpus: add,
-            release_gpus: Vec::new(),
-            release_backends: Vec::new(),
-            reason: format!(
-                "idle {:.1}% < headroom {:.1}% on {} GPUs: add {add} (busy N·(1−f) / (1 − headroom) = {want})",
+        let k = want - s.gpus;
+        return add(
+            k,
+            format!(
+                "idle {:.1}% < headroom {:.1}% on {} GPUs: add {k} (busy N·(1−f) / (1 − headroom) = {want})",
                 s.idle_fraction * 100.0,
                 cfg.headroom * 100.0,
                 s.gpus
             ),
-        };
+        );
     }
     if s.idle_fraction > cfg.idle_threshold && s.gpus > 1 {
         let k = match want {

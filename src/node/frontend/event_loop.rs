@@ -33,6 +33,10 @@ use std::time::{Duration, Instant};
 
 /// Most events handled between two submits to the scheduler.
 const DRAIN_MAX: usize = 64;
+
+/// At stop, at most this many events still queued are handled (their
+/// requests answered) before the connections close.
+const STOP_DRAIN_MAX: usize = 65_536;
 /// A model's response margin is reported once this many samples are kept.
 pub const MARGIN_SAMPLES_MIN: usize = 32;
 
@@ -177,7 +181,7 @@ impl Loop {
             self.pending_gauge
                 .set((self.ledger.len() + self.orphans.len()) as f64);
         }
-        self.shutdown(&lrx)
+        self.shutdown(&rx, &lrx)
     }
 
     /// Waits up to `wait` for an event or an in-process request and handles it;
@@ -316,11 +320,20 @@ impl Loop {
     }
 
     /// Stop: refuse new local requests, then end every request still pending
-    /// (and any local one still queued) now.
-    fn shutdown(mut self, lrx: &Receiver<LocalInfer>) -> FrontendReport {
+    /// (and any local one still queued, and what clients sent before the stop
+    /// that the loop had not read yet) now: every request that reached this
+    /// frontend gets its answer before its connection closes.
+    fn shutdown(mut self, rx: &Receiver<Event>, lrx: &Receiver<LocalInfer>) -> FrontendReport {
         self.state.stopped.store(true, Ordering::Release);
         while let Ok(l) = lrx.try_recv() {
             self.local(l);
+        }
+        // Bounded: a client that floods does not hold the stop.
+        for _ in 0..STOP_DRAIN_MAX {
+            match rx.try_recv() {
+                Ok(ev) => self.event(ev),
+                Err(_) => break,
+            }
         }
         let now = self.clock.now();
         for f in self
