@@ -1072,7 +1072,7 @@ impl SchedProto {
                 },
             );
         }
-        self.report.moves = self.subs.stats;
+        // (check_moves brings the report's move counts up to date.)
         self.check_moves(now);
         true
     }
@@ -1450,6 +1450,39 @@ mod tests {
         }
     }
 
+    /// Records plan `id` of model 0 on GPU `gpu` of `backend`, planned
+    /// `exec_at`..`finish_at`, with one task (id, deadline), as the dispatch
+    /// path does.
+    fn in_flight(
+        p: &SchedProto,
+        backend: NodeId,
+        (id, gpu): (u64, u32),
+        (exec_at, finish_at): (Time, Time),
+        task: (TaskId, Time),
+    ) {
+        let plan = crate::core::Plan {
+            id: PlanId(id),
+            model: ModelId(0),
+            gpu: GpuId(gpu),
+            exec_at,
+            finish_at,
+            tasks: Vec::new(),
+        };
+        p.plans().lock().unwrap().sent(&plan, backend, [task]);
+    }
+
+    /// A backend's report that plan `id` ran on GPU `gpu`.
+    fn ran(id: u64, gpu: u32, started: Time, finished: Time) -> Msg {
+        Msg::PlanDone {
+            id: PlanId(id),
+            gpu: GpuId(gpu),
+            status: crate::wire::PlanStatus::Ran,
+            started,
+            finished,
+            missing: 0,
+        }
+    }
+
     /// Registers a backend with one GPU on connection `c`; its node id.
     fn backend(p: &mut SchedProto, c: ConnId, now: Time) -> NodeId {
         let mut acts = register(p, c, now);
@@ -1478,25 +1511,7 @@ mod tests {
         while p.poll_action().is_some() {}
         assert_eq!(p.backends()[0].name, "be2");
         let t = crate::wire::task_id(fe, 1);
-        let task = crate::core::Task {
-            id: t,
-            arrival: ms(0),
-            deadline: ms(15),
-            tag: 0,
-            cap: 1,
-        };
-        let plan = crate::core::Plan {
-            id: PlanId(1),
-            model: ModelId(0),
-            gpu: GpuId(0),
-            exec_at: ms(10),
-            finish_at: ms(14),
-            tasks: vec![task],
-        };
-        p.plans()
-            .lock()
-            .unwrap()
-            .sent(&plan, b1, [(t, task.deadline)]);
+        in_flight(&p, b1, (1, 0), (ms(10), ms(14)), (t, ms(15)));
         p.handle_msg(
             ms(5),
             2,
@@ -1527,18 +1542,7 @@ mod tests {
             assert!(!drained(&mut p));
         }
         // Done, 2 ms past the task's deadline: counted late.
-        p.handle_msg(
-            ms(310),
-            2,
-            Msg::PlanDone {
-                id: PlanId(1),
-                gpu: GpuId(0),
-                status: crate::wire::PlanStatus::Ran,
-                started: ms(10),
-                finished: ms(17),
-                missing: 0,
-            },
-        );
+        p.handle_msg(ms(310), 2, ran(1, 0, ms(10), ms(17)));
         assert_eq!(p.report().tasks_late, 1);
         p.handle_msg(ms(405), 2, ping(ms(405)));
         p.handle_timeout(ms(405));
@@ -1582,37 +1586,12 @@ mod tests {
         let b1 = backend(&mut p, 2, ms(0));
         let b2 = backend(&mut p, 3, ms(0));
         while p.poll_action().is_some() {}
-        let plan = |id: u64, gpu: u32| crate::core::Plan {
-            id: PlanId(id),
-            model: ModelId(0),
-            gpu: GpuId(gpu),
-            exec_at: ms(10),
-            finish_at: ms(20),
-            tasks: Vec::new(),
-        };
         let t = crate::wire::task_id(fe, 1);
         let u = crate::wire::task_id(fe, 2);
-        p.plans()
-            .lock()
-            .unwrap()
-            .sent(&plan(1, 0), b1, [(t, Time::NEVER)]);
-        p.plans()
-            .lock()
-            .unwrap()
-            .sent(&plan(2, 1), b2, [(u, Time::NEVER)]);
+        in_flight(&p, b1, (1, 0), (ms(10), ms(20)), (t, Time::NEVER));
+        in_flight(&p, b2, (2, 1), (ms(10), ms(20)), (u, Time::NEVER));
         // b2 reports; both keep pinging; b1 never reports plan 1.
-        p.handle_msg(
-            ms(21),
-            3,
-            Msg::PlanDone {
-                id: PlanId(2),
-                gpu: GpuId(1),
-                status: crate::wire::PlanStatus::Ran,
-                started: ms(10),
-                finished: ms(20),
-                missing: 0,
-            },
-        );
+        p.handle_msg(ms(21), 3, ran(2, 1, ms(10), ms(20)));
         let mut acts = Vec::new();
         for k in 1..=6 {
             let now = ms(100 * k + 20);
@@ -1645,10 +1624,7 @@ mod tests {
 
         // A stall of the scheduler: the first check after it does not act.
         let b3 = backend(&mut p, 4, ms(700));
-        p.plans()
-            .lock()
-            .unwrap()
-            .sent(&plan(3, 2), b3, [(u, Time::NEVER)]);
+        in_flight(&p, b3, (3, 2), (ms(10), ms(20)), (u, Time::NEVER));
         let now = ms(2000);
         for c in [1, 3, 4] {
             p.handle_msg(now, c, ping(now));
@@ -1798,25 +1774,8 @@ mod tests {
         );
         assert_eq!(p.subclusters().home(ModelId(0)), 1);
         // A plan of model 0 at the source, in flight.
-        let task = crate::core::Task {
-            id: crate::wire::task_id(1, 2),
-            arrival: ms(3),
-            deadline: ms(60),
-            tag: 0,
-            cap: 1,
-        };
-        let plan = crate::core::Plan {
-            id: PlanId(7),
-            model: ModelId(0),
-            gpu: GpuId(0),
-            exec_at: ms(40),
-            finish_at: ms(45),
-            tasks: vec![task],
-        };
-        p.plans()
-            .lock()
-            .unwrap()
-            .sent(&plan, a, [(task.id, task.deadline)]);
+        let task = crate::wire::task_id(1, 2);
+        in_flight(&p, a, (7, 0), (ms(40), ms(45)), (task, ms(60)));
         // Past the last deadline (60 ms) and the quiet time, but the plan is in
         // flight: no unload.
         for k in 1..=3 {
@@ -1828,18 +1787,7 @@ mod tests {
             let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
             assert_eq!(loads(&acts, 2), (vec![], vec![]), "{acts:?}");
         }
-        p.handle_msg(
-            ms(410),
-            2,
-            Msg::PlanDone {
-                id: PlanId(7),
-                gpu: GpuId(0),
-                status: crate::wire::PlanStatus::Ran,
-                started: ms(40),
-                finished: ms(45),
-                missing: 0,
-            },
-        );
+        p.handle_msg(ms(410), 2, ran(7, 0, ms(40), ms(45)));
         p.handle_timeout(ms(500));
         let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
         assert_eq!(loads(&acts, 2), (vec![], vec![0]), "{acts:?}");
