@@ -293,11 +293,7 @@ struct AttacksArgs {
 }
 
 fn cmd_attacks(a: AttacksArgs) -> Result<()> {
-    let exe = std::env::current_exe().context("the fermata binary's path")?;
-    let dir = std::env::temp_dir().join(format!("fermata-attacks-{}", std::process::id()));
-    let r = fermata::harness::attacks::run(&exe, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = r?;
+    let r = with_scratch("attacks", fermata::harness::attacks::run)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
@@ -357,11 +353,9 @@ fn cmd_failover(a: FailoverArgs) -> Result<()> {
     if !(a.rate > 0.0 && a.rate <= 10_000.0) {
         anyhow::bail!("--rate must be in (0, 10000]");
     }
-    let exe = std::env::current_exe().context("the fermata binary's path")?;
-    let dir = std::env::temp_dir().join(format!("fermata-failover-{}", std::process::id()));
-    let r = fermata::harness::failover::run(&exe, &dir, a.kills, a.rate);
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = r?;
+    let r = with_scratch("failover", |exe, dir| {
+        fermata::harness::failover::run(exe, dir, a.kills, a.rate)
+    })?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -845,6 +839,19 @@ fn cmd_sim(a: SimArgs) -> Result<()> {
         print!("{}", bench::sim_table(&r));
     }
     Ok(())
+}
+
+/// Runs a benchmark of processes with this binary's path and a scratch folder
+/// of its own (`fermata-NAME-PID` under the temporary directory, removed after).
+fn with_scratch<T>(
+    name: &str,
+    f: impl FnOnce(&std::path::Path, &std::path::Path) -> Result<T>,
+) -> Result<T> {
+    let exe = std::env::current_exe().context("the fermata binary's path")?;
+    let dir = std::env::temp_dir().join(format!("fermata-{name}-{}", std::process::id()));
+    let r = f(&exe, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
 }
 
 fn write_plot(dir: &std::path::Path, name: &str, svg: String) -> Result<()> {

@@ -581,22 +581,15 @@ pub fn cmd_bench_autoscale(a: BenchAutoscaleArgs) -> Result<()> {
     if !ok {
         bail!("--factor in (0, 10], --secs in [1, 3600], --segment-s in [0.5, --secs], --target-utilization in [0, 1]");
     }
-    let exe = std::env::current_exe().context("the fermata binary's path")?;
-    let dir = std::env::temp_dir().join(format!("fermata-bench-autoscale-{}", std::process::id()));
-    let r = run(
-        &exe,
-        &dir,
-        &AutoscaleBenchOpts {
-            start: a.start,
-            max: a.max,
-            factor: a.factor,
-            secs: a.secs,
-            segment_s: a.segment_s,
-            target_utilization: a.target_utilization,
-        },
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = r?;
+    let o = AutoscaleBenchOpts {
+        start: a.start,
+        max: a.max,
+        factor: a.factor,
+        secs: a.secs,
+        segment_s: a.segment_s,
+        target_utilization: a.target_utilization,
+    };
+    let r = crate::with_scratch("bench-autoscale", |exe, dir| run(exe, dir, &o))?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
