@@ -25,13 +25,11 @@ fn example() -> String {
         .to_string()
 }
 
-#[test]
-fn partition_solves_writes_and_rereads_an_assignment_within_a_move_bound() {
-    let dir = std::env::temp_dir().join(format!("fermata-plan-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("cur.toml").display().to_string();
+/// `plan partition` of the example models over 3 sub-clusters (5 s, JSON)
+/// with `extra`; its JSON answer (it must succeed).
+fn partition_example(extra: &[&str]) -> serde_json::Value {
     let ex = example();
-    let (code, stdout, stderr) = fermata(&[
+    let mut args = vec![
         "plan",
         "partition",
         "--models",
@@ -40,14 +38,20 @@ fn partition_solves_writes_and_rereads_an_assignment_within_a_move_bound() {
         "3",
         "--time-limit-s",
         "5",
-        "--solver",
-        "both",
         "--json",
-        "--out",
-        &out,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (code, stdout, stderr) = fermata(&args);
     assert_eq!(code, 0, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    serde_json::from_str(&stdout).unwrap()
+}
+
+#[test]
+fn partition_solves_writes_and_rereads_an_assignment_within_a_move_bound() {
+    let dir = std::env::temp_dir().join(format!("fermata-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("cur.toml").display().to_string();
+    let v = partition_example(&["--solver", "both", "--out", &out]);
     let sols = v.as_array().unwrap();
     assert_eq!(sols.len(), 2);
     assert_eq!(sols[0]["solver"], "milp");
@@ -71,23 +75,7 @@ fn partition_solves_writes_and_rereads_an_assignment_within_a_move_bound() {
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(&out, all0).unwrap();
-    let (code, stdout, stderr) = fermata(&[
-        "plan",
-        "partition",
-        "--models",
-        &ex,
-        "--subclusters",
-        "3",
-        "--time-limit-s",
-        "5",
-        "--current",
-        &out,
-        "--max-moves",
-        "2",
-        "--json",
-    ]);
-    assert_eq!(code, 0, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let v = partition_example(&["--current", &out, "--max-moves", "2"]);
     assert_eq!(v[0]["moves"], 2, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
