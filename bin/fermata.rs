@@ -709,7 +709,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let (mut forged_sent, mut forged_refused) = (0u64, 0u64);
     let (mut good, mut retried) = (0u64, 0u64);
     let (mut drains, mut drained_left, mut failed) = (0u64, 0u64, 0u64);
-    let (mut moves_started, mut moves_done) = (0u64, 0u64);
+    let (mut moves_started, mut moves_done, mut stale_unloaded) = (0u64, 0u64, 0u64);
     let mut rejoin_ms: Vec<f64> = Vec::new();
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
@@ -738,6 +738,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         drains += r.drains;
         moves_started += r.moves_started;
         moves_done += r.moves_done;
+        stale_unloaded += r.stale_unloaded;
         drained_left += r.drained_left;
         failed += r.failed;
         faults[0] += r.crashes;
@@ -793,7 +794,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     }
     if a.subclusters > 1 {
         eprintln!(
-            "sub-clusters: {} per scheduler; {moves_started} model moves started, {moves_done} finished; {failed} requests failed in all",
+            "sub-clusters: {} per scheduler; {moves_started} model moves started, {moves_done} finished; {stale_unloaded} models unloaded at rejoins (the backend joined another sub-cluster); {failed} requests failed in all",
             a.subclusters
         );
     }

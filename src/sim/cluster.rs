@@ -263,6 +263,9 @@ pub struct ClusterSimReport {
     /// and finished (unloaded from the source) by the one serving at the end.
     pub moves_started: u64,
     pub moves_done: u64,
+    /// Models that backends alive at the end unloaded at a rejoin because
+    /// the scheduler they joined did not ask for them (another sub-cluster).
+    pub stale_unloaded: u64,
     pub violation: Option<Violation>,
 }
 
@@ -902,6 +905,11 @@ impl ClusterSim {
         self.now = end;
         if let Proc::Sched(s) = &self.procs[self.sched_pid] {
             self.report.moves_done = s.proto.report().moves.done;
+        }
+        for p in &self.procs {
+            if let Proc::Be(b) = p {
+                self.report.stale_unloaded += b.proto.counts().stale_unloaded;
+            }
         }
         // Every request must have ended by now: deadline + grace is < 4 s.
         let open = self.clients.values().filter(|c| !c.ended).count();

@@ -33,7 +33,7 @@ use crate::wire::{
     task_owner, DropReason, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo,
     Role, TaskResult, TaskStatus, MAX_NODE_ID, NET_QUANTILE,
 };
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 pub use super::member::{DEFAULT_HEARTBEAT, SYNC_MAX, SYNC_PING, SYNC_SAMPLES};
 /// Plan delays kept for the control delay (bursts count once: [`Delays`]).
@@ -108,6 +108,9 @@ pub struct ProtoCounts {
     /// Of those, plans for a model not loaded here (the scheduler must never
     /// send one: the cluster simulator checks it).
     pub refused_not_loaded: u64,
+    /// Models the GPUs held from before a rejoin that the new session's
+    /// scheduler did not ask for, unloaded at its `RegisterAck`.
+    pub stale_unloaded: u64,
     /// Messages of a kind the backend does not expect, ignored or closed on.
     pub unexpected: u64,
 }
@@ -135,6 +138,10 @@ pub struct BackendProto {
     /// The models every GPU holds, as they were described, with their footprint
     /// (kept across rejoins: the GPUs keep them).
     loaded: HashMap<ModelId, (ModelInfo, u64)>,
+    /// The models this session's scheduler asked for (`LoadModel` since the
+    /// last `Register`): at the `RegisterAck` the GPUs drop every other model
+    /// they still hold from before a rejoin.
+    asked: BTreeSet<ModelId>,
     /// Largest input of the models loaded (bytes).
     max_input: u32,
     frontends: HashMap<NodeId, ConnId>,
@@ -171,6 +178,7 @@ impl BackendProto {
             plan_delay: Delays::new(PLAN_DELAYS_MAX),
             loading: HashMap::new(),
             loaded: HashMap::new(),
+            asked: BTreeSet::new(),
             max_input: 0,
             frontends: HashMap::new(),
             fe_conns: HashMap::new(),
@@ -366,8 +374,12 @@ impl BackendProto {
                 };
                 self.plan(now, sent, plan);
             }
-            Msg::LoadModel { model } => self.load(model),
+            Msg::LoadModel { model } => {
+                self.asked.insert(model.id);
+                self.load(model)
+            }
             Msg::UnloadModel { model } => {
+                self.asked.remove(&model);
                 self.loaded.remove(&model);
                 self.loading.remove(&model);
                 self.out.push_back(Action::Unload(model));
@@ -426,6 +438,26 @@ impl BackendProto {
             );
         }
         self.gpu_map = gpu_ids.iter().enumerate().map(|(i, &g)| (g, i)).collect();
+        // What the GPUs hold from before a rejoin that this scheduler did not
+        // ask for (it put the backend in another sub-cluster, or a standby
+        // took over with another assignment) would only take device memory:
+        // no plan of it can come, the scheduler sends plans only for models it
+        // had confirmed.
+        let stale: Vec<ModelId> = self
+            .loaded
+            .keys()
+            .filter(|m| !self.asked.contains(m))
+            .copied()
+            .collect();
+        for m in stale {
+            tracing::info!(
+                model = m.0,
+                "backend: unloading a model the scheduler did not ask for"
+            );
+            self.loaded.remove(&m);
+            self.counts.stale_unloaded += 1;
+            self.out.push_back(Action::Unload(m));
+        }
         self.out.push_back(Action::Ready {
             gpus: gpu_ids,
             away,
@@ -437,6 +469,7 @@ impl BackendProto {
     fn lost(&mut self, why: String) {
         self.gpu_map.clear();
         self.loading.clear();
+        self.asked.clear();
         // A new scheduler has a new clock: the delays measured across it are void.
         self.plan_delay = Delays::new(PLAN_DELAYS_MAX);
         let mut fes: Vec<(NodeId, ConnId)> = self.frontends.drain().collect();
@@ -949,6 +982,55 @@ mod tests {
         p.handle_sched_connect_failed(now, "refused");
         let next = p.poll_timeout();
         assert!(next - now >= Dur(member::BACKOFF_MIN.0 * 2 * 3 / 4));
+    }
+
+    #[test]
+    fn a_rejoin_unloads_the_models_the_new_scheduler_did_not_ask_for() {
+        let mut p = ready();
+        p.handle_timeout(ms(600));
+        assert!(drain(&mut p).iter().any(|a| matches!(a, Action::Lost(_))));
+        let t = p.poll_timeout();
+        p.handle_timeout(t);
+        drain(&mut p);
+        p.handle_sched_connected(t, 7);
+        for i in 0..SYNC_SAMPLES as i64 {
+            pong_on(&mut p, 7, t + Dur::from_ms(i + 1), t + Dur::from_ms(i));
+        }
+        drain(&mut p);
+        // The new scheduler puts the backend where model 1 is served, not 0.
+        p.handle_msg(t + Dur::from_ms(20), 7, Msg::LoadModel { model: model(1) });
+        assert!(matches!(drain(&mut p)[..], [Action::Load(..)]));
+        p.handle_loaded(ModelId(1), Ok(Some(5)));
+        p.handle_loaded(ModelId(1), Ok(Some(5)));
+        drain(&mut p);
+        assert!(p.has_loaded(ModelId(0)), "kept until the ack");
+        let ack = Msg::RegisterAck {
+            node: 4,
+            heartbeat_ms: 50,
+            gpu_ids: vec![GpuId(12), GpuId(13)],
+            models: vec![],
+        };
+        p.handle_msg(t + Dur::from_ms(22), 7, ack);
+        let acts = drain(&mut p);
+        let unloads: Vec<_> = acts
+            .iter()
+            .filter_map(|a| match a {
+                Action::Unload(m) => Some(*m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(unloads, vec![ModelId(0)], "{acts:?}");
+        assert!(acts.iter().any(|a| matches!(a, Action::Ready { .. })));
+        assert!(!p.has_loaded(ModelId(0)));
+        assert!(p.has_loaded(ModelId(1)));
+        assert_eq!(p.counts().stale_unloaded, 1);
+        // A plan of the model dropped is refused, as for any model not loaded.
+        p.handle_msg(
+            t + Dur::from_ms(23),
+            7,
+            plan_msg(12, 0, t + Dur::from_ms(30)),
+        );
+        assert_eq!(p.counts().refused_not_loaded, 1);
     }
 
     #[test]
