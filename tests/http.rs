@@ -479,6 +479,29 @@ fn json_and_binary_requests_get_the_right_outputs() {
         .collect();
     assert_eq!(r.json()["outputs"][0]["data"], Value::Array(want));
 
+    // A batch of 3 samples: one task each, the outputs back in the samples' order.
+    let rows = [
+        [1.0f32, 2.0, 3.0, 4.0],
+        [5.0, 6.0, 7.0, 8.0],
+        [9.0, 10.0, 11.0, 12.0],
+    ];
+    let idss = [[1i64, 2], [3, 4], [5, 6]];
+    let req = json!({"inputs": [
+        {"name": "x", "shape": [3, 4], "datatype": "FP32", "data": rows},
+        {"name": "ids", "shape": [3, 2], "datatype": "INT64", "data": idss},
+    ]});
+    let r = h.post_json("/v2/models/tiny/infer", &req);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out = &r.json()["outputs"][0];
+    assert_eq!(out["shape"], json!([3, 2]));
+    let want: Vec<i64> = (0..3)
+        .flat_map(|j| {
+            let b = tiny_bytes(rows[j], idss[j]);
+            [b.len() as i64, checksum64(&b) as i64]
+        })
+        .collect();
+    assert_eq!(out["data"], json!(want));
+
     // A request-level timeout (microseconds) that is ample still gives 200.
     let mut v = tiny_json(x, ids);
     v["parameters"] = json!({"timeout": 200_000});
@@ -523,7 +546,10 @@ fn bad_requests_get_400_naming_the_field() {
     );
     let mut v = ok.clone();
     v["inputs"][1]["shape"] = json!([2, 2]);
-    check(h.post_json(infer, &v), "one sample per request");
+    check(
+        h.post_json(infer, &v),
+        "input `ids`: batch dimension 2 (inputs[1].shape[0]), but input `x` has 1",
+    );
     // Wrong datatype.
     let mut v = ok.clone();
     v["inputs"][0]["datatype"] = json!("FP64");
@@ -646,6 +672,18 @@ fn deadlines_that_cannot_be_met_get_429_and_late_results_504() {
     assert!(
         r.error()
             .starts_with("deadline exceeded: the result came after the deadline"),
+        "{}",
+        r.error()
+    );
+    // A request of 3 samples: each is its own task, all of them late here, and
+    // the request fails with the first one's status, naming it.
+    let r = h.post_json(
+        "/v2/models/slow/infer",
+        &json!({"inputs": [{"name": "v", "shape": [3, 1], "datatype": "FP32", "data": [0.5, 1.5, 2.5]}]}),
+    );
+    assert!(r.status == 504 || r.status == 429, "{}", r.text());
+    assert!(
+        r.error().starts_with("sample 0 of the request's 3: "),
         "{}",
         r.error()
     );

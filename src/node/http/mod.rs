@@ -7,18 +7,21 @@
 //! fixed routes does not need a framework's router, extractors or tower layers.
 //!
 //! An inference request is parsed and checked here (tensor names, datatypes,
-//! shapes, byte counts; errors name the field), turned into the model's request
+//! shapes, byte counts; errors name the field), turned into each sample's request
 //! bytes ([`crate::repo`]: each input tensor's raw little-endian sample bytes in the
-//! model's input order) and handed to the frontend's event loop in-process
-//! ([`FrontendHandle::infer`](super::frontend::FrontendHandle::infer)); the
-//! answer comes back on a oneshot channel and is mapped to a status code:
+//! model's input order) and handed to the frontend's event loop in-process, a
+//! task per sample ([`FrontendHandle::infer`](super::frontend::FrontendHandle::infer));
+//! the answers come back on oneshot channels, the outputs are joined in the
+//! samples' order and the request's status is the first sample's that was not
+//! good, mapped as follows:
 //!
 //! | outcome | status |
 //! |---|---|
 //! | output by the deadline | 200 |
-//! | malformed JSON, unknown/missing/duplicate input, wrong shape, datatype or byte count, bad parameter | 400 |
+//! | malformed JSON, unknown/missing/duplicate input, wrong shape, batch, datatype or byte count, bad or unsupported parameter, duplicate output | 400 |
 //! | unknown model or route | 404 |
-//! | body or tensor over the limits | 413 |
+//! | body (compressed or not) or tensor over the limits | 413 |
+//! | a `Content-Encoding` other than gzip, deflate or identity | 415 |
 //! | dropped because it could not meet its deadline (expired, early drop, too late on its backend), queue full, overloaded, input region full | 429 |
 //! | the backend failed to run it or read its input | 500 |
 //! | no GPU in service, no scheduler, its backend lost, scheduler shutting down | 503 |
@@ -42,6 +45,7 @@
 //!   [`HEADER_LEN`]).
 //! * `errors.rs`: error responses; status codes and messages of the outcomes.
 //! * `model.rs`: a model as the API shows it (its tensors, its metadata).
+//! * `triton.rs`: Triton's documents: a model's configuration and statistics.
 //! * `metrics.rs`: the API's Prometheus series.
 
 mod conns;
@@ -54,6 +58,7 @@ mod response;
 mod routes;
 mod server;
 mod tensor;
+mod triton;
 
 pub use options::{default_max_connections, default_threads, HttpOpts, RESERVED_FDS};
 pub use request::MAX_TIMEOUT_US;

@@ -52,11 +52,69 @@ struct OutputRequest {
 
 /// A checked request.
 pub(super) struct Decoded {
-    pub(super) input: Vec<u8>,
+    /// Each sample's request bytes (a request with a batch dimension of N has
+    /// N; each becomes its own task).
+    pub(super) samples: Vec<Vec<u8>>,
     pub(super) slo: Dur,
     pub(super) id: Option<Value>,
-    /// Outputs to return: index in the model's outputs, and whether as binary.
-    pub(super) outputs: Vec<(usize, bool)>,
+    /// The outputs to return, in the order asked.
+    pub(super) outputs: Vec<OutSpec>,
+}
+
+/// An output to return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct OutSpec {
+    /// Its index in the model's outputs.
+    pub(super) index: usize,
+    /// As binary data after the JSON header.
+    pub(super) binary: bool,
+    /// Triton's classification extension (`parameters.classification`, the
+    /// clients' `class_count`): the top k elements of each sample as `BYTES`
+    /// "value:index" strings instead of the tensor.
+    pub(super) classes: Option<usize>,
+}
+
+/// The request-level parameters understood.
+const REQUEST_PARAMS: &[&str] = &["timeout", "binary_data_output"];
+/// An input's parameters understood.
+const INPUT_PARAMS: &[&str] = &["binary_data_size"];
+/// An output's parameters understood.
+const OUTPUT_PARAMS: &[&str] = &["binary_data", "classification"];
+
+/// Refuses any parameter of `p` (at `what`) outside `known`, naming it and,
+/// for the ones other servers know, why Fermata does not take it: a client
+/// asking for something is told, not silently served without it.
+fn check_params(p: &Option<Map<String, Value>>, known: &[&str], what: &str) -> Result<(), Fail> {
+    let Some(p) = p else { return Ok(()) };
+    for k in p.keys() {
+        if known.contains(&k.as_str()) {
+            continue;
+        }
+        let why = match k.as_str() {
+            "sequence_id" | "sequence_start" | "sequence_end" => {
+                "sequences are not supported: Fermata serves stateless models"
+            }
+            "priority" => "priorities are not supported: requests are ordered by their deadlines",
+            k if k.starts_with("shared_memory_") => {
+                "shared memory is not supported: send the tensor's data in the request"
+            }
+            _ => "unknown parameter",
+        };
+        let known = known
+            .iter()
+            .map(|k| format!("`{k}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(bad(format!(
+            "{what}.parameters.{k} is not supported ({why}); supported here: {known}"
+        )));
+    }
+    Ok(())
+}
+
+/// The most samples one request may carry: the model's largest batch.
+fn max_samples(meta: &ModelMeta) -> usize {
+    meta.max_batch.max(1) as usize
 }
 
 fn param_bool(p: &Option<Map<String, Value>>, key: &str, what: &str) -> Result<Option<bool>, Fail> {
@@ -77,7 +135,8 @@ fn names(ts: &[TensorMeta]) -> String {
         .join(", ")
 }
 
-/// Checks an inference request against the model and builds its request bytes.
+/// Checks an inference request against the model and builds its samples'
+/// request bytes.
 pub(super) fn decode_request(
     meta: &ModelMeta,
     head: &[u8],
@@ -85,16 +144,69 @@ pub(super) fn decode_request(
     max_tensor: usize,
 ) -> Result<Decoded, Fail> {
     let total: usize = meta.inputs.iter().map(|t| t.sample_elems()).sum();
-    let req: InferRequest = budget::parse(head, total)?;
+    let req: InferRequest = budget::parse(head, total.saturating_mul(max_samples(meta)))?;
+    check_params(&req.parameters, REQUEST_PARAMS, "request")?;
     let slo = slo_param(&req.parameters)?;
     let all_binary = param_bool(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);
-    let input = decode_inputs(meta, &req.inputs, bin, max_tensor)?;
+    let samples = decode_inputs(meta, &req.inputs, bin, max_tensor)?;
     let outputs = requested_outputs(meta, req.outputs.as_deref(), all_binary)?;
     Ok(Decoded {
-        input,
+        samples,
         slo,
         id: req.id,
         outputs,
+    })
+}
+
+/// A raw binary body (`Inference-Header-Content-Length: 0`, Triton's binary
+/// extension without a JSON header): the whole body is the data of the
+/// model's one input, as many samples as it holds; every output is returned
+/// as binary data.
+pub(super) fn decode_raw(meta: &ModelMeta, body: &[u8]) -> Result<Decoded, Fail> {
+    let [t] = meta.inputs.as_slice() else {
+        return Err(bad(format!(
+            "a raw binary body (Inference-Header-Content-Length: 0) is the data of a model's only input, but model `{}` has {} inputs ({}): send a JSON header",
+            meta.name,
+            meta.inputs.len(),
+            names(&meta.inputs)
+        )));
+    };
+    let sb = t.sample_bytes();
+    let n = match body.len().checked_div(sb) {
+        Some(n) if n > 0 && body.len().is_multiple_of(sb) => n,
+        _ => {
+            return Err(bad(format!(
+                "a raw binary body of {} bytes is not a whole number of samples of input `{}` ({} {}: {sb} bytes each)",
+                body.len(),
+                t.name,
+                shape_text(t.sample_shape()),
+                t.datatype.kserve_name()
+            )))
+        }
+    };
+    if n > max_samples(meta) {
+        return Err(bad(format!(
+            "a raw binary body of {n} samples is over the model's max_batch_size {}",
+            max_samples(meta)
+        )));
+    }
+    if let (Some((i, v)), Some([lo, hi])) = (t.out_of_range(body), t.range) {
+        return Err(bad(format!(
+            "input `{}`: element {i} is {v}, outside the model's range [{lo}, {hi}]",
+            t.name
+        )));
+    }
+    Ok(Decoded {
+        samples: body.chunks_exact(sb).map(|c| c.to_vec()).collect(),
+        slo: Dur::ZERO,
+        id: None,
+        outputs: (0..meta.outputs.len())
+            .map(|index| OutSpec {
+                index,
+                binary: true,
+                classes: None,
+            })
+            .collect(),
     })
 }
 
@@ -112,23 +224,35 @@ fn slo_param(p: &Option<Map<String, Value>>) -> Result<Dur, Fail> {
     }
 }
 
-/// Each model input's bytes, found by name, joined in the model's input order;
-/// `bin` is the binary data after the JSON header.
+/// Each sample's request bytes: every model input's data, found by name, cut
+/// into samples and joined in the model's input order; `bin` is the binary
+/// data after the JSON header. Every input carries the same number of samples.
 fn decode_inputs(
     meta: &ModelMeta,
     inputs: &[InputTensor],
     bin: &[u8],
     max_tensor: usize,
-) -> Result<Vec<u8>, Fail> {
+) -> Result<Vec<Vec<u8>>, Fail> {
     let mut parts: Vec<Option<Vec<u8>>> = vec![None; meta.inputs.len()];
     let mut bin_at = 0usize;
+    let mut batch: Option<(usize, usize)> = None;
     for (k, t) in inputs.iter().enumerate() {
         let mi = match_input(meta, &parts, k, t)?;
         let want = &meta.inputs[mi];
+        check_params(&t.parameters, INPUT_PARAMS, &format!("inputs[{k}]"))?;
         let dt = check_datatype(want, k, t)?;
-        let expect = check_shape(want, dt, k, t, max_tensor)?;
+        let (n, expect) = check_shape(want, dt, (k, t), max_tensor, max_samples(meta))?;
+        match batch {
+            Some((b, first)) if b != n => {
+                return Err(bad(format!(
+                    "input `{}`: batch dimension {n} (inputs[{k}].shape[0]), but input `{}` has {b}: every input carries the same samples",
+                    t.name, inputs[first].name
+                )))
+            }
+            _ => batch = Some((n, k)),
+        }
         let data = match data_of(k, t)? {
-            Data::Binary(n) => binary_data(want, &expect, t, n, bin, &mut bin_at)?,
+            Data::Binary(size) => binary_data(want, &expect, t, size, bin, &mut bin_at)?,
             Data::Json(v) => json_data(want, dt, &expect, k, t, v)?,
         };
         if let (Some((i, v)), Some([lo, hi])) = (want.out_of_range(&data), want.range) {
@@ -145,10 +269,10 @@ fn decode_inputs(
             bin.len()
         )));
     }
-    let mut input = Vec::with_capacity(meta.input_bytes());
+    let mut all = Vec::with_capacity(parts.len());
     for (t, p) in meta.inputs.iter().zip(parts) {
         match p {
-            Some(b) => input.extend_from_slice(&b),
+            Some(b) => all.push(b),
             None => {
                 return Err(bad(format!(
                     "missing input `{}`; the model's inputs are: {}",
@@ -158,7 +282,20 @@ fn decode_inputs(
             }
         }
     }
-    Ok(input)
+    let n = batch.map_or(1, |(n, _)| n);
+    if let ([one], 1) = (all.as_mut_slice(), n) {
+        return Ok(vec![std::mem::take(one)]);
+    }
+    Ok((0..n)
+        .map(|j| {
+            let mut s = Vec::with_capacity(meta.input_bytes());
+            for (t, b) in meta.inputs.iter().zip(&all) {
+                let sb = t.sample_bytes();
+                s.extend_from_slice(&b[j * sb..(j + 1) * sb]);
+            }
+            s
+        })
+        .collect())
 }
 
 /// The index of the model's input that `t` (`inputs[k]`) names, not given before.
@@ -203,15 +340,16 @@ fn check_datatype(want: &TensorMeta, k: usize, t: &InputTensor) -> Result<DType,
     Ok(dt)
 }
 
-/// Checks `t`'s shape: its size first (bounded before anything is allocated),
-/// then one sample of the model's input; returns that shape.
+/// Checks `t` (`inputs[k]`)'s shape: its size first (bounded before anything
+/// is allocated), then a batch dimension of 1 to `max_samples` followed by
+/// one sample of the model's input; returns the batch and that shape.
 fn check_shape(
     want: &TensorMeta,
     dt: DType,
-    k: usize,
-    t: &InputTensor,
+    (k, t): (usize, &InputTensor),
     max_tensor: usize,
-) -> Result<Vec<i64>, Fail> {
+    max_samples: usize,
+) -> Result<(usize, Vec<i64>), Fail> {
     let mut elems: u64 = 1;
     for &d in &t.shape {
         if d < 0 {
@@ -234,17 +372,30 @@ fn check_shape(
             ),
         ));
     }
-    let mut expect = vec![1i64];
+    let n = t.shape.first().copied().unwrap_or(1);
+    let mut expect = vec![n];
     expect.extend_from_slice(want.sample_shape());
     if t.shape != expect {
         return Err(bad(format!(
-            "input `{}`: shape {} (inputs[{k}].shape), expected {} (one sample per request)",
+            "input `{}`: shape {} (inputs[{k}].shape), expected {} (a batch dimension, then the model's sample shape)",
             t.name,
             shape_text(&t.shape),
             shape_text(&expect)
         )));
     }
-    Ok(expect)
+    if n == 0 {
+        return Err(bad(format!(
+            "input `{}`: batch dimension 0 (inputs[{k}].shape[0]): a request carries at least one sample",
+            t.name
+        )));
+    }
+    if n as usize > max_samples {
+        return Err(bad(format!(
+            "input `{}`: batch dimension {n} (inputs[{k}].shape[0]) is over the model's max_batch_size {max_samples}",
+            t.name
+        )));
+    }
+    Ok((n as usize, expect))
 }
 
 /// Where an input tensor's data is.
@@ -293,7 +444,7 @@ fn binary_data(
     bin: &[u8],
     bin_at: &mut usize,
 ) -> Result<Vec<u8>, Fail> {
-    let need = want.sample_bytes();
+    let need = want.sample_bytes() * expect[0] as usize;
     if n != need as u64 {
         return Err(bad(format!(
             "input `{}`: parameters.binary_data_size is {n} bytes, the tensor {} {} needs {need}",
@@ -324,16 +475,17 @@ fn json_data(
     v: &JsonElems,
 ) -> Result<Vec<u8>, Fail> {
     let flat = &v.elems;
-    if flat.len() != want.sample_elems() {
+    let need = want.sample_elems() * expect[0] as usize;
+    if flat.len() != need {
         return Err(bad(format!(
             "input `{}`: `data` has {} elements (inputs[{k}].data), the shape {} needs {}",
             t.name,
             flat.len(),
             shape_text(expect),
-            want.sample_elems()
+            need
         )));
     }
-    let mut out = Vec::with_capacity(want.sample_bytes());
+    let mut out = Vec::with_capacity(need * dt.size());
     for (j, &e) in flat.iter().enumerate() {
         encode_elem(dt, e, &mut out).ok_or_else(|| {
             bad(format!(
@@ -347,27 +499,56 @@ fn json_data(
     Ok(out)
 }
 
-/// The outputs to return (all when none are named), each as binary or not.
+/// The outputs to return (all when none are named), each as binary or not,
+/// as a tensor or its top classes; an output asked twice is refused.
 fn requested_outputs(
     meta: &ModelMeta,
     outputs: Option<&[OutputRequest]>,
     all_binary: bool,
-) -> Result<Vec<(usize, bool)>, Fail> {
+) -> Result<Vec<OutSpec>, Fail> {
     let Some(os) = outputs else {
-        return Ok((0..meta.outputs.len()).map(|i| (i, all_binary)).collect());
+        return Ok((0..meta.outputs.len())
+            .map(|index| OutSpec {
+                index,
+                binary: all_binary,
+                classes: None,
+            })
+            .collect());
     };
-    let mut v = Vec::new();
+    let mut v: Vec<OutSpec> = Vec::new();
     for (k, o) in os.iter().enumerate() {
-        let Some(i) = meta.outputs.iter().position(|x| x.name == o.name) else {
+        let Some(index) = meta.outputs.iter().position(|x| x.name == o.name) else {
             return Err(bad(format!(
                 "unknown output `{}` (outputs[{k}].name); the model's outputs are: {}",
                 o.name,
                 names(&meta.outputs)
             )));
         };
-        let b = param_bool(&o.parameters, "binary_data", &format!("outputs[{k}]"))?
-            .unwrap_or(all_binary);
-        v.push((i, b));
+        if v.iter().any(|s| s.index == index) {
+            return Err(bad(format!(
+                "output `{}` is requested twice (outputs[{k}])",
+                o.name
+            )));
+        }
+        let what = format!("outputs[{k}]");
+        check_params(&o.parameters, OUTPUT_PARAMS, &what)?;
+        let binary = param_bool(&o.parameters, "binary_data", &what)?.unwrap_or(all_binary);
+        let classes = match o.parameters.as_ref().and_then(|p| p.get("classification")) {
+            None => None,
+            Some(c) => match c.as_u64() {
+                Some(n) if n >= 1 => Some((n as usize).min(meta.outputs[index].sample_elems())),
+                _ => {
+                    return Err(bad(format!(
+                        "{what}.parameters.classification must be a positive number of classes, got {c}"
+                    )))
+                }
+            },
+        };
+        v.push(OutSpec {
+            index,
+            binary,
+            classes,
+        });
     }
     Ok(v)
 }
@@ -423,7 +604,7 @@ pub(super) mod budget {
         SPENT.with(|s| s.set(None));
         serde_json::from_slice(head).map_err(|e| match SPENT.with(|s| s.take()) {
             Some("elems") => bad(format!(
-                "the inputs' `data` hold more elements than the model's inputs take ({elems} in all)"
+                "the inputs' `data` hold more elements than a request of the model may carry ({elems} in all, at its max_batch_size)"
             )),
             Some(_) => bad(format!(
                 "the request has more than {ENTRIES} list entries and parameters in all"
@@ -610,9 +791,125 @@ mod tests {
             want.extend_from_slice(&f.to_le_bytes());
         }
         want.extend_from_slice(&(-7i64).to_le_bytes());
-        assert_eq!(d.input, want);
+        assert_eq!(d.samples, vec![want]);
         assert_eq!(d.slo, Dur(1_500_000));
-        assert_eq!(d.outputs, vec![(0, false)]);
+        assert_eq!(
+            d.outputs,
+            vec![OutSpec {
+                index: 0,
+                binary: false,
+                classes: None
+            }]
+        );
+    }
+
+    #[test]
+    fn a_batch_dimension_makes_one_sample_per_row() {
+        let m = meta();
+        let body = br#"{"inputs":[
+            {"name":"ids","shape":[2,1],"datatype":"INT64","data":[5,6]},
+            {"name":"x","shape":[2,2,2],"datatype":"FP32","data":[1,2,3,4,5,6,7,8]}],
+            "outputs":[{"name":"y","parameters":{"classification":5,"binary_data":true}}]}"#;
+        let d = decode_request(&m, body, &[], 1 << 20).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(d.samples.len(), 2);
+        let row = |xs: [f32; 4], id: i64| {
+            let mut v: Vec<u8> = xs.iter().flat_map(|f| f.to_le_bytes()).collect();
+            v.extend_from_slice(&id.to_le_bytes());
+            v
+        };
+        assert_eq!(d.samples[0], row([1.0, 2.0, 3.0, 4.0], 5));
+        assert_eq!(d.samples[1], row([5.0, 6.0, 7.0, 8.0], 6));
+        // The top 5 of an output of 2 elements are its 2.
+        assert_eq!(
+            d.outputs,
+            vec![OutSpec {
+                index: 0,
+                binary: true,
+                classes: Some(2)
+            }]
+        );
+        // Inputs with different batches, a batch of 0 and one over max_batch 8.
+        let e = refused(
+            r#"{"inputs":[{"name":"ids","shape":[2,1],"datatype":"INT64","data":[5,6]},
+            {"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}]}"#,
+        );
+        assert!(
+            e.1.contains("batch dimension 1") && e.1.contains("`ids` has 2"),
+            "{e:?}"
+        );
+        let e =
+            refused(r#"{"inputs":[{"name":"ids","shape":[0,1],"datatype":"INT64","data":[]}]}"#);
+        assert!(e.1.contains("batch dimension 0"), "{e:?}");
+        let e = refused(
+            r#"{"inputs":[{"name":"ids","shape":[9,1],"datatype":"INT64","data":[1,1,1,1,1,1,1,1,1]}]}"#,
+        );
+        assert!(e.1.contains("over the model's max_batch_size 8"), "{e:?}");
+    }
+
+    #[test]
+    fn unsupported_parameters_and_duplicate_outputs_are_refused_by_name() {
+        let ok_in = r#"{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1]},{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}"#;
+        let e = refused(&format!(
+            r#"{{"inputs":[{ok_in}],"parameters":{{"sequence_id":7}}}}"#
+        ));
+        assert!(
+            e.1.contains("request.parameters.sequence_id is not supported")
+                && e.1.contains("stateless"),
+            "{e:?}"
+        );
+        let e = refused(&format!(
+            r#"{{"inputs":[{ok_in}],"parameters":{{"priority":1}}}}"#
+        ));
+        assert!(e.1.contains("parameters.priority"), "{e:?}");
+        let e = refused(&format!(
+            r#"{{"inputs":[{ok_in}],"parameters":{{"my_knob":1}}}}"#
+        ));
+        assert!(
+            e.1.contains("my_knob is not supported (unknown parameter)"),
+            "{e:?}"
+        );
+        let e = refused(
+            r#"{"inputs":[{"name":"ids","shape":[1,1],"datatype":"INT64","parameters":{"shared_memory_region":"r"}}]}"#,
+        );
+        assert!(
+            e.1.contains("inputs[0].parameters.shared_memory_region"),
+            "{e:?}"
+        );
+        let e = refused(&format!(
+            r#"{{"inputs":[{ok_in}],"outputs":[{{"name":"y"}},{{"name":"y"}}]}}"#
+        ));
+        assert!(
+            e.1.contains("output `y` is requested twice (outputs[1])"),
+            "{e:?}"
+        );
+        let e = refused(&format!(
+            r#"{{"inputs":[{ok_in}],"outputs":[{{"name":"y","parameters":{{"classification":0}}}}]}}"#
+        ));
+        assert!(e.1.contains("classification must be a positive"), "{e:?}");
+    }
+
+    #[test]
+    fn a_raw_body_is_the_only_inputs_samples() {
+        let m = ModelMeta::from_json(
+            r#"{"name":"r","inputs":[{"name":"x","datatype":"FP32","shape":[-1,2]}],
+               "outputs":[{"name":"y","datatype":"FP32","shape":[-1,2]}],"slo_ms":20,"max_batch":2}"#,
+        )
+        .unwrap();
+        let body: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let d = decode_raw(&m, &body).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(d.samples, vec![body[..8].to_vec(), body[8..].to_vec()]);
+        assert!(d.outputs[0].binary);
+        let e = decode_raw(&m, &body[..6]).err().unwrap();
+        assert!(e.1.contains("not a whole number of samples"), "{e:?}");
+        let e = decode_raw(&m, &[body.clone(), body[..8].to_vec()].concat())
+            .err()
+            .unwrap();
+        assert!(e.1.contains("max_batch_size 2"), "{e:?}");
+        let e = decode_raw(&meta(), &body).err().unwrap();
+        assert!(e.1.contains("has 2 inputs"), "{e:?}");
     }
 
     /// The error of a request that `meta()` refuses.
@@ -665,7 +962,7 @@ mod tests {
         ));
         assert_eq!(e.0, StatusCode::BAD_REQUEST);
         assert!(
-            e.1.contains("more elements than the model's inputs take (5 in all)"),
+            e.1.contains("more elements than a request of the model may carry (40 in all"),
             "{e:?}"
         );
         // A few too many still name the input.

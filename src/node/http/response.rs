@@ -3,9 +3,10 @@
 //! JSON header, with Fermata's latency, queuing delay and batch size).
 
 use super::errors::{failure_message, status_of, Fail};
+use super::request::OutSpec;
 use super::tensor::{decode_elems, HEADER_LEN};
 use crate::node::frontend::InferDone;
-use crate::repo::ModelMeta;
+use crate::repo::{DType, ModelMeta};
 use crate::wire::ModelInfo;
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -27,44 +28,57 @@ pub(super) fn json_resp(code: StatusCode, v: &Value) -> Resp {
     respond(code, "application/json", v.to_string())
 }
 
-/// The HTTP answer for a finished request.
+/// The HTTP answer for a finished request: its samples' answers, in order.
+/// One sample that did not end good fails the request with its status.
 pub(super) fn answer(
     info: &ModelInfo,
     meta: &ModelMeta,
     id: &Option<Value>,
-    outputs: &[(usize, bool)],
-    d: InferDone,
+    outputs: &[OutSpec],
+    done: &[InferDone],
 ) -> Result<Resp, Fail> {
-    let code = status_of(d.ended);
-    if code != StatusCode::OK {
-        return Err((code, failure_message(info, d)));
+    let n = done.len();
+    for (j, d) in done.iter().enumerate() {
+        let code = status_of(d.ended);
+        if code != StatusCode::OK {
+            let msg = failure_message(info, d.clone());
+            return Err((
+                code,
+                if n > 1 {
+                    format!("sample {j} of the request's {n}: {msg}")
+                } else {
+                    msg
+                },
+            ));
+        }
+        if d.output.len() != meta.output_bytes() {
+            return Err((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "the backend returned {} output bytes; the model's outputs are {} bytes",
+                    d.output.len(),
+                    meta.output_bytes()
+                ),
+            ));
+        }
     }
-    if d.output.len() != meta.output_bytes() {
-        return Err((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "the backend returned {} output bytes; the model's outputs are {} bytes",
-                d.output.len(),
-                meta.output_bytes()
-            ),
-        ));
-    }
-    let (outs, bin) = output_tensors(meta, outputs, &d.output);
+    let (outs, bin) = output_tensors(meta, outputs, done);
+    let most = |f: fn(&InferDone) -> f64| done.iter().map(f).fold(0.0, f64::max);
     let mut body = json!({
         "model_name": info.name,
         "model_version": "1",
         "outputs": outs,
         "parameters": {
-            "fermata_latency_us": d.latency.as_secs_f64() * 1e6,
-            "fermata_queue_us": d.queue.as_secs_f64() * 1e6,
-            "fermata_batch_size": d.batch_size,
+            "fermata_latency_us": most(|d| d.latency.as_secs_f64() * 1e6),
+            "fermata_queue_us": most(|d| d.queue.as_secs_f64() * 1e6),
+            "fermata_batch_size": done.iter().map(|d| d.batch_size).max().unwrap_or(0),
         },
     });
     if let Some(id) = id {
         body["id"] = id.clone();
     }
     let head = body.to_string();
-    if bin.is_empty() && !outputs.iter().any(|o| o.1) {
+    if bin.is_empty() && !outputs.iter().any(|o| o.binary) {
         return Ok(respond(StatusCode::OK, "application/json", head));
     }
     let hl = head.len();
@@ -78,12 +92,14 @@ pub(super) fn answer(
     Ok(r)
 }
 
-/// The requested `outputs` of the request's `output` bytes: their JSON tensors,
-/// and the binary data of those asked as binary.
+/// The requested `outputs` of the samples' output bytes (each sample's
+/// outputs one after the other, in the model's order): their JSON tensors
+/// with the batch dimension first, and the binary data of those asked as
+/// binary.
 fn output_tensors(
     meta: &ModelMeta,
-    outputs: &[(usize, bool)],
-    output: &[u8],
+    outputs: &[OutSpec],
+    done: &[InferDone],
 ) -> (Vec<Value>, Vec<u8>) {
     let mut offs = Vec::with_capacity(meta.outputs.len());
     let mut at = 0;
@@ -93,19 +109,98 @@ fn output_tensors(
     }
     let mut bin = Vec::new();
     let mut outs = Vec::with_capacity(outputs.len());
-    for &(i, binary) in outputs {
-        let t = &meta.outputs[i];
-        let bytes = &output[offs[i]..offs[i] + t.sample_bytes()];
-        let mut shape = vec![1i64];
-        shape.extend_from_slice(t.sample_shape());
-        let mut o = json!({"name": t.name, "datatype": t.datatype.kserve_name(), "shape": shape});
-        if binary {
-            o["parameters"] = json!({"binary_data_size": bytes.len()});
-            bin.extend_from_slice(bytes);
-        } else {
-            o["data"] = Value::Array(decode_elems(t.datatype, bytes));
+    for o in outputs {
+        let t = &meta.outputs[o.index];
+        let rows = done
+            .iter()
+            .map(|d| &d.output[offs[o.index]..offs[o.index] + t.sample_bytes()]);
+        let mut shape = vec![done.len() as i64];
+        let mut v = match o.classes {
+            None => {
+                shape.extend_from_slice(t.sample_shape());
+                json!({"name": t.name, "datatype": t.datatype.kserve_name(), "shape": shape})
+            }
+            Some(k) => {
+                shape.push(k as i64);
+                json!({"name": t.name, "datatype": "BYTES", "shape": shape})
+            }
+        };
+        match (o.classes, o.binary) {
+            (None, true) => {
+                let before = bin.len();
+                rows.for_each(|r| bin.extend_from_slice(r));
+                v["parameters"] = json!({"binary_data_size": bin.len() - before});
+            }
+            (None, false) => {
+                let mut data = Vec::with_capacity(t.sample_elems() * done.len());
+                rows.for_each(|r| data.extend(decode_elems(t.datatype, r)));
+                v["data"] = Value::Array(data);
+            }
+            (Some(k), binary) => {
+                let classes: Vec<String> =
+                    rows.flat_map(|r| top_classes(t.datatype, r, k)).collect();
+                if binary {
+                    let before = bin.len();
+                    for c in &classes {
+                        bin.extend_from_slice(&(c.len() as u32).to_le_bytes());
+                        bin.extend_from_slice(c.as_bytes());
+                    }
+                    v["parameters"] = json!({"binary_data_size": bin.len() - before});
+                } else {
+                    v["data"] = json!(classes);
+                }
+            }
         }
-        outs.push(o);
+        outs.push(v);
     }
     (outs, bin)
+}
+
+/// Triton's classification of one sample's output: its `k` largest elements,
+/// largest first (ties: the lower index first), each as "value:index" (a
+/// float with six decimals, as Triton writes it).
+fn top_classes(dt: DType, row: &[u8], k: usize) -> Vec<String> {
+    let elems = decode_elems(dt, row);
+    let mut idx: Vec<(usize, f64)> = elems
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            (
+                i,
+                v.as_f64()
+                    .unwrap_or(if v == &Value::Bool(true) { 1.0 } else { 0.0 }),
+            )
+        })
+        .collect();
+    idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    idx.truncate(k);
+    let float = matches!(dt, DType::F16 | DType::F32 | DType::F64);
+    idx.into_iter()
+        .map(|(i, v)| {
+            if float {
+                format!("{v:.6}:{i}")
+            } else {
+                format!("{}:{i}", v as i64)
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_classes_are_the_largest_first_as_value_index() {
+        let row: Vec<u8> = [0.1f32, 0.7, -2.0, 0.7, 0.3]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        assert_eq!(
+            top_classes(DType::F32, &row, 3),
+            vec!["0.700000:1", "0.700000:3", "0.300000:4"]
+        );
+        let ints: Vec<u8> = [4i64, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(top_classes(DType::I64, &ints, 1), vec!["9:1"]);
+    }
 }

@@ -9,16 +9,17 @@ use super::errors::{bad, error, too_large_body, Fail};
 use super::metrics::{infer_time_histograms, Codes};
 use super::model::HttpModel;
 use super::options::HttpOpts;
-use super::request::decode_request;
+use super::request::{decode_raw, decode_request};
 use super::response::{answer, json_resp, respond, Resp};
 use super::tensor::HEADER_LEN;
+use super::triton::{config_json, ModelStats};
 use crate::metrics::{self, Histogram, Registry};
-use crate::node::frontend::FrontendHandle;
+use crate::node::frontend::{Ended, FrontendHandle};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::CONTENT_LENGTH;
+use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::{Method, Request, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +36,8 @@ pub(super) struct App {
     codes: Option<Codes>,
     /// Per model: from the request's receipt to the response (infer only).
     infer_time: Vec<Arc<Histogram>>,
+    /// Per model: Triton's statistics (`/v2/models/{m}/stats`).
+    stats: Vec<ModelStats>,
     /// Extra read-only JSON documents: GET /PATH answers the function's JSON.
     json_gets: Vec<(String, JsonGet)>,
 }
@@ -52,6 +55,10 @@ impl App {
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
         regs.extend(o.extra_metrics.iter().cloned());
+        let stats = models
+            .iter()
+            .map(|m| ModelStats::new(m.meta.as_ref().map_or(1, |x| x.max_batch)))
+            .collect();
         App {
             by_name: models
                 .iter()
@@ -65,6 +72,7 @@ impl App {
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
+            stats,
             infer_time,
             json_gets: Vec::new(),
         }
@@ -81,6 +89,7 @@ impl App {
             max_tensor: 0,
             body_timeout: Duration::from_secs(1),
             codes: None,
+            stats: Vec::new(),
             infer_time: Vec::new(),
             json_gets: Vec::new(),
         }
@@ -96,7 +105,11 @@ impl App {
     pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>, t0: Instant) -> Resp {
         let path = req.uri().path().to_string();
         let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-        let method = req.method().clone();
+        // HEAD is answered as GET (hyper leaves the body out).
+        let method = match req.method() {
+            &Method::HEAD => Method::GET,
+            m => m.clone(),
+        };
         let mut model_idx = None;
         let mut req = Some(req);
         let resp = match (&method, parts.as_slice()) {
@@ -143,6 +156,8 @@ impl App {
                     "extensions": ["binary_tensor_data"],
                 }),
             ),
+            (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
+            (&Method::POST, ["v2", "repository", "index"]) => self.repository_index(),
             (_, ["v2", "models", name, rest @ ..]) => match self.by_name.get(*name) {
                 None => self.unknown_model(name),
                 Some(&i) => {
@@ -207,8 +222,30 @@ impl App {
         t0: Instant,
     ) -> (Resp, bool) {
         let (method, path) = at;
+        // `/versions/{v}/...`: the one version there is, "1".
+        let rest = match rest {
+            ["versions", v, rest @ ..] if *v == "1" => rest,
+            ["versions", v, ..] => {
+                return (
+                    error(
+                        StatusCode::NOT_FOUND,
+                        format!("model `{name}` has no version `{v}` (its versions: 1)"),
+                    ),
+                    false,
+                )
+            }
+            rest => rest,
+        };
         let r = match (method, rest) {
             (&Method::GET, []) => self.metadata(i),
+            (&Method::GET, ["config"]) => match self.models[i].meta() {
+                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+                Ok(meta) => json_resp(
+                    StatusCode::OK,
+                    &config_json(meta, self.models[i].info.meta().is_none()),
+                ),
+            },
+            (&Method::GET, ["stats"]) => self.stats(Some(i)),
             (&Method::GET, ["ready"]) => match self.fe().ready() {
                 Ok(()) => json_resp(
                     StatusCode::OK,
@@ -226,7 +263,7 @@ impl App {
                 };
                 return (r, true);
             }
-            (_, [] | ["ready"] | ["infer"]) => error(
+            (_, [] | ["ready"] | ["infer"] | ["config"] | ["stats"]) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("{method} is not allowed on {path}"),
             ),
@@ -239,6 +276,34 @@ impl App {
         self.fe
             .as_ref()
             .expect("frontend routes only with a frontend")
+    }
+
+    /// Triton's statistics of model `i`, or of every model.
+    fn stats(&self, i: Option<usize>) -> Resp {
+        let all: Vec<usize> = match i {
+            Some(i) => vec![i],
+            None => (0..self.models.len()).collect(),
+        };
+        let v: Vec<Value> = all
+            .into_iter()
+            .map(|i| self.stats[i].json(&self.models[i].info.name))
+            .collect();
+        json_resp(StatusCode::OK, &json!({ "model_stats": v }))
+    }
+
+    /// Triton's repository index: every model served, ready or not.
+    fn repository_index(&self) -> Resp {
+        let state = if self.fe().ready().is_ok() {
+            "READY"
+        } else {
+            "UNAVAILABLE"
+        };
+        let v: Vec<Value> = self
+            .models
+            .iter()
+            .map(|m| json!({"name": m.info.name, "version": "1", "state": state}))
+            .collect();
+        json_resp(StatusCode::OK, &Value::Array(v))
     }
 
     fn metadata(&self, i: usize) -> Resp {
@@ -264,51 +329,80 @@ impl App {
             .meta()
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e))?;
         let header_len = header_len(&req)?;
-        let body = self.read_body(req).await?;
-        let (head, bin) = match header_len {
-            None => (&body[..], &body[..0]),
-            Some(n) if n <= body.len() => (&body[..n], &body[n..]),
-            Some(n) => {
+        let encoding = content_encoding(&req)?;
+        let mut body = self.read_body(req).await?;
+        if let Some(enc) = encoding {
+            body = if body.len() <= DECODE_INLINE_BYTES {
+                decompress(enc, &body, self.max_body)?
+            } else {
+                let max = self.max_body;
+                tokio::task::spawn_blocking(move || decompress(enc, &body, max))
+                    .await
+                    .map_err(|e| {
+                        (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("decompressing the request failed: {e}"),
+                        )
+                    })??
+            };
+        }
+        let d = match header_len {
+            // Triton's raw binary body: the only input's data, no JSON.
+            Some(0) => decode_raw(meta, &body)?,
+            Some(n) if n > body.len() => {
                 return Err(bad(format!(
                     "`Inference-Header-Content-Length` is {n} but the body has only {} bytes",
                     body.len()
                 )))
             }
+            _ if body.len() <= DECODE_INLINE_BYTES => {
+                let (head, bin) = body.split_at(header_len.unwrap_or(body.len()));
+                decode_request(meta, head, bin, self.max_tensor)?
+            }
+            _ => {
+                // A large body is decoded on the blocking pool (at most twice
+                // the workers at once), so that the workers go on serving others.
+                let (meta, body, max_tensor) = (meta.clone(), body.clone(), self.max_tensor);
+                let split = header_len.unwrap_or(body.len());
+                tokio::task::spawn_blocking(move || {
+                    let (head, bin) = body.split_at(split);
+                    decode_request(&meta, head, bin, max_tensor)
+                })
+                .await
+                .map_err(|e| {
+                    (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("decoding the request failed: {e}"),
+                    )
+                })??
+            }
         };
-        let d = if body.len() <= DECODE_INLINE_BYTES {
-            decode_request(meta, head, bin, self.max_tensor)?
-        } else {
-            // A large body is decoded on the blocking pool (at most twice the
-            // workers at once), so that the workers go on serving others.
-            let (meta, body, max_tensor) = (meta.clone(), body.clone(), self.max_tensor);
-            let split = head.len();
-            tokio::task::spawn_blocking(move || {
-                let (head, bin) = body.split_at(split);
-                decode_request(&meta, head, bin, max_tensor)
-            })
-            .await
-            .map_err(|e| {
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("decoding the request failed: {e}"),
-                )
-            })??
-        };
-        let done = self
-            .fe()
-            .infer(&m.info.name, d.slo, d.input, received)
-            .await
-            .map_err(|_| {
+        // Every sample is its own task, all handed over before any answer is
+        // awaited (so they wait together, and may share batches).
+        let fe = self.fe();
+        let rxs: Vec<_> = d
+            .samples
+            .into_iter()
+            .map(|s| fe.infer(&m.info.name, d.slo, s, received))
+            .collect();
+        let mut done = Vec::with_capacity(rxs.len());
+        for rx in rxs {
+            done.push(rx.await.map_err(|_| {
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the frontend is stopping".to_string(),
                 )
-            })?;
-        let finished_at = done.finished_at;
-        let resp = answer(&m.info, meta, &d.id, &d.outputs, done);
-        if let Some(f) = finished_at {
-            self.fe().record_margin(i, f.elapsed());
+            })?);
         }
+        let stats = &self.stats[i];
+        for s in &done {
+            if let (Some(f), Ended::Good) = (s.finished_at, s.ended) {
+                stats.sample(s.queue, s.latency.saturating_sub(s.queue), s.batch_size);
+                self.fe().record_margin(i, f.elapsed());
+            }
+        }
+        let resp = answer(&m.info, meta, &d.id, &d.outputs, &done);
+        stats.request(resp.is_ok(), received.elapsed());
         resp
     }
 
@@ -377,9 +471,110 @@ fn header_len(req: &Request<Incoming>) -> Result<Option<usize>, Fail> {
     }
 }
 
+/// A request body's compression (`Content-Encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Gzip,
+    /// HTTP's `deflate`: zlib-wrapped (RFC 1950), or raw (RFC 1951) as some
+    /// clients send it.
+    Deflate,
+}
+
+/// The body's `Content-Encoding` (None: identity); another one is 415.
+fn content_encoding(req: &Request<Incoming>) -> Result<Option<Encoding>, Fail> {
+    let Some(v) = req.headers().get(CONTENT_ENCODING) else {
+        return Ok(None);
+    };
+    match v.to_str().map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+        Ok("" | "identity") => Ok(None),
+        Ok("gzip" | "x-gzip") => Ok(Some(Encoding::Gzip)),
+        Ok("deflate") => Ok(Some(Encoding::Deflate)),
+        _ => Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("unsupported Content-Encoding {v:?}: send gzip, deflate or identity"),
+        )),
+    }
+}
+
+/// The body decompressed, at most `max` bytes (413 beyond: a small body that
+/// inflates past the limit is refused before it is all held).
+fn decompress(enc: Encoding, body: &[u8], max: usize) -> Result<Bytes, Fail> {
+    use flate2::read::{DeflateDecoder, GzDecoder, ZlibDecoder};
+    use std::io::Read;
+    fn inflate(r: impl Read, max: usize) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        r.take(max as u64 + 1).read_to_end(&mut out)?;
+        Ok(out)
+    }
+    let zlib_header = body.len() >= 2 && (u16::from(body[0]) << 8 | u16::from(body[1])) % 31 == 0;
+    let out = match enc {
+        Encoding::Gzip => inflate(GzDecoder::new(body), max),
+        Encoding::Deflate if zlib_header && body[0] & 0x0f == 8 => {
+            inflate(ZlibDecoder::new(body), max)
+        }
+        Encoding::Deflate => inflate(DeflateDecoder::new(body), max),
+    }
+    .map_err(|e| bad(format!("the request body is not valid {enc:?} data: {e}")))?;
+    if out.len() > max {
+        return Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body decompresses to over the limit of {max} bytes (--http-max-body-bytes)"
+            ),
+        ));
+    }
+    Ok(Bytes::from(out))
+}
+
 fn no_route(method: &Method, path: &str) -> Resp {
     error(
         StatusCode::NOT_FOUND,
         format!("no route for {method} {path}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flate2::write::{DeflateEncoder, GzEncoder, ZlibEncoder};
+    use flate2::Compression;
+    use std::io::Write;
+
+    fn packed<W: Write>(mut w: W, data: &[u8]) -> W {
+        w.write_all(data).unwrap();
+        w
+    }
+
+    #[test]
+    fn bodies_decompress_within_the_limit() {
+        let data = br#"{"inputs":[]}"#.repeat(100);
+        let gz = packed(GzEncoder::new(Vec::new(), Compression::default()), &data)
+            .finish()
+            .unwrap();
+        let zl = packed(ZlibEncoder::new(Vec::new(), Compression::default()), &data)
+            .finish()
+            .unwrap();
+        let raw = packed(
+            DeflateEncoder::new(Vec::new(), Compression::default()),
+            &data,
+        )
+        .finish()
+        .unwrap();
+        assert_eq!(decompress(Encoding::Gzip, &gz, 1 << 20).unwrap(), data);
+        assert_eq!(decompress(Encoding::Deflate, &zl, 1 << 20).unwrap(), data);
+        assert_eq!(decompress(Encoding::Deflate, &raw, 1 << 20).unwrap(), data);
+        // A bomb: 64 MB of zeros in a few tens of KB, refused at the limit.
+        let bomb = packed(
+            GzEncoder::new(Vec::new(), Compression::best()),
+            &vec![0u8; 64 << 20],
+        )
+        .finish()
+        .unwrap();
+        assert!(bomb.len() < 1 << 20);
+        let e = decompress(Encoding::Gzip, &bomb, 1 << 20).unwrap_err();
+        assert_eq!(e.0, StatusCode::PAYLOAD_TOO_LARGE, "{e:?}");
+        let e = decompress(Encoding::Gzip, b"not gzip at all", 1 << 20).unwrap_err();
+        assert_eq!(e.0, StatusCode::BAD_REQUEST);
+        assert!(e.1.contains("not valid Gzip data"), "{e:?}");
+    }
 }

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Triton's own HTTP client (tritonclient.http, sync and aio) against a running
+`fermata serve --executor onnx` serving the shipped models: every call that
+once failed (issue 16), and the error cases with their status and message.
+
+    PYTHONPATH=.deps/py python3 tests/clients/triton_http.py --url 127.0.0.1:8000
+
+Run by `cargo test --test clients`. Prints one line per check; exits 1 on the
+first failure (with what was seen), 0 when all pass.
+"""
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from tritonclient.utils import InferenceServerException
+
+CHECKS = []
+
+
+def check(name):
+    def wrap(f):
+        CHECKS.append((name, f))
+        return f
+    return wrap
+
+
+class Ctx:
+    def __init__(self, url, models):
+        self.url = url
+        self.client = httpclient.InferenceServerClient(url=url)
+        self.mlp = ort.InferenceSession(os.path.join(models, "mlp.onnx"),
+                                        providers=["CPUExecutionProvider"])
+        self.rng = np.random.default_rng(16)
+
+    def logits(self, x):
+        return self.mlp.run(None, {"input": x})[0]
+
+    def infer(self, inputs, outputs=None, **kw):
+        """An inference, sent again when it was dropped or late (a deferred
+        scheduler at light load runs near the deadline on 2 shared cores)."""
+        last = None
+        for _ in range(8):
+            try:
+                return self.client.infer("mlp", inputs, outputs=outputs, **kw)
+            except InferenceServerException as e:
+                if e.status() not in ("429", "504"):
+                    raise
+                last = e
+        raise AssertionError(f"still dropped or late after 8 tries: {last}")
+
+    def raw(self, method, path, body=None, headers=None):
+        """(status, headers, body) of a plain HTTP request."""
+        req = urllib.request.Request(f"http://{self.url}{path}", data=body,
+                                     method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read()
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def refused(f, status, text):
+    """f() must raise the server's error with this status and text."""
+    try:
+        f()
+    except InferenceServerException as e:
+        expect(str(e.status()) == str(status) and text in e.message(),
+               f"want {status} with {text!r}, got {e.status()}: {e.message()}")
+        return
+    raise AssertionError(f"want {status} with {text!r}, got an answer")
+
+
+def mlp_input(x, binary=True):
+    i = httpclient.InferInput("input", list(x.shape), "FP32")
+    i.set_data_from_numpy(x, binary_data=binary)
+    return i
+
+
+@check("versioned readiness and metadata")
+def versions(c):
+    expect(c.client.is_server_live(), "live")
+    expect(c.client.is_server_ready(), "ready")
+    expect(c.client.is_model_ready("mlp", "1"), "mlp version 1 ready")
+    expect(not c.client.is_model_ready("mlp", "2"), "mlp has no version 2")
+    m = c.client.get_model_metadata("mlp", "1")
+    expect(m["versions"] == ["1"] and m["inputs"][0]["shape"] == [-1, 64], m)
+    s, _, b = c.raw("GET", "/v2/models/mlp/versions/7")
+    expect(s == 404 and b"no version `7`" in b, (s, b))
+
+
+@check("model config in Triton's shape")
+def config(c):
+    cfg = c.client.get_model_config("mlp")
+    expect(cfg["max_batch_size"] == 64, cfg)
+    expect(cfg["input"][0]["name"] == "input" and cfg["input"][0]["dims"] == [64]
+           and cfg["input"][0]["data_type"] == "TYPE_FP32", cfg["input"])
+    expect(cfg["output"][0]["dims"] == [10], cfg["output"])
+    expect("dynamic_batching" in cfg, cfg)
+    cfg1 = c.client.get_model_config("mlp", "1")
+    expect(cfg1 == cfg, "the versioned route answers the same")
+
+
+@check("a batch of 4 samples, binary and JSON, matches ONNX Runtime")
+def batch(c):
+    x = c.rng.uniform(-1, 1, size=(4, 64)).astype(np.float32)
+    want = c.logits(x)
+    for binary in (True, False):
+        out = httpclient.InferRequestedOutput("logits", binary_data=binary)
+        r = c.infer([mlp_input(x, binary)], outputs=[out])
+        got = r.as_numpy("logits")
+        expect(got.shape == (4, 10), got.shape)
+        expect(np.allclose(got, want, rtol=1e-5, atol=1e-6),
+               f"max diff {np.abs(got - want).max()}")
+    refused(lambda: c.client.infer("mlp", [mlp_input(np.zeros((65, 64), np.float32))]),
+            400, "over the model's max_batch_size 64")
+
+
+@check("class_count: the top classes as Triton returns them")
+def classes(c):
+    x = c.rng.uniform(-1, 1, size=(2, 64)).astype(np.float32)
+    want = c.logits(x)
+    for binary in (True, False):
+        out = httpclient.InferRequestedOutput("logits", binary_data=binary, class_count=3)
+        got = c.infer([mlp_input(x)], outputs=[out]).as_numpy("logits")
+        expect(got.shape == (2, 3), got.shape)
+        for row, w in zip(got, want):
+            # BYTES elements: bytes from binary data, str from JSON (as with Triton).
+            row = [s.decode() if isinstance(s, bytes) else s for s in row]
+            idx = [int(s.split(":")[1]) for s in row]
+            vals = [float(s.split(":")[0]) for s in row]
+            expect(idx == list(np.argsort(-w, kind="stable")[:3]), (row, w))
+            expect(np.allclose(vals, w[idx], atol=1e-5), (vals, w[idx]))
+
+
+@check("a raw binary body (Inference-Header-Content-Length: 0)")
+def raw_body(c):
+    x = c.rng.uniform(-1, 1, size=(3, 64)).astype(np.float32)
+    s, h, b = c.raw("POST", "/v2/models/mlp/infer", x.tobytes(),
+                    {"Inference-Header-Content-Length": "0",
+                     "Content-Type": "application/octet-stream"})
+    for _ in range(8):
+        if s not in (429, 504):
+            break
+        s, h, b = c.raw("POST", "/v2/models/mlp/infer", x.tobytes(),
+                        {"Inference-Header-Content-Length": "0"})
+    expect(s == 200, (s, b[:200]))
+    hl = int({k.lower(): v for k, v in h.items()}["inference-header-content-length"])
+    head = json.loads(b[:hl])
+    expect(head["outputs"][0]["shape"] == [3, 10], head)
+    got = np.frombuffer(b[hl:], dtype=np.float32).reshape(3, 10)
+    expect(np.allclose(got, c.logits(x), rtol=1e-5, atol=1e-6), "raw outputs")
+    s, _, b = c.raw("POST", "/v2/models/mlp/infer", b"\0" * 10,
+                    {"Inference-Header-Content-Length": "0"})
+    expect(s == 400 and b"not a whole number of samples" in b, (s, b))
+
+
+@check("compressed requests (gzip, deflate)")
+def compression(c):
+    x = c.rng.uniform(-1, 1, size=(1, 64)).astype(np.float32)
+    for alg in ("gzip", "deflate"):
+        r = c.infer([mlp_input(x)], request_compression_algorithm=alg)
+        expect(np.allclose(r.as_numpy("logits"), c.logits(x), rtol=1e-5, atol=1e-6), alg)
+    # A small body that inflates past the server's limit (--http-max-body-bytes).
+    bomb = gzip.compress(b" " * (9 << 20))
+    s, _, b = c.raw("POST", "/v2/models/mlp/infer", bomb, {"Content-Encoding": "gzip"})
+    expect(s == 413 and b"decompresses to over the limit" in b, (s, b[:200]))
+    s, _, b = c.raw("POST", "/v2/models/mlp/infer", b"{}", {"Content-Encoding": "br"})
+    expect(s == 415 and b"unsupported Content-Encoding" in b, (s, b))
+
+
+@check("HEAD on the health routes")
+def head(c):
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/mlp/ready"):
+        s, _, b = c.raw("HEAD", path)
+        expect(s == 200 and b == b"", (path, s, b))
+
+
+@check("unsupported parameters and duplicate outputs are refused by name")
+def refusals(c):
+    x = np.zeros((1, 64), np.float32)
+    refused(lambda: c.client.infer("mlp", [mlp_input(x)], sequence_id=5), 400,
+            "sequences are not supported")
+    refused(lambda: c.client.infer("mlp", [mlp_input(x)], priority=2), 400,
+            "request.parameters.priority is not supported")
+    refused(lambda: c.client.infer("mlp", [mlp_input(x)], parameters={"knob": 1}), 400,
+            "request.parameters.knob is not supported (unknown parameter)")
+    outs = [httpclient.InferRequestedOutput("logits"), httpclient.InferRequestedOutput("logits")]
+    refused(lambda: c.client.infer("mlp", [mlp_input(x)], outputs=outs), 400,
+            "output `logits` is requested twice")
+
+
+@check("statistics in Triton's shape")
+def stats(c):
+    before = c.client.get_inference_statistics("mlp")["model_stats"][0]
+    x = np.zeros((2, 64), np.float32)
+    c.infer([mlp_input(x)])
+    after = c.client.get_inference_statistics("mlp", "1")["model_stats"][0]
+    expect(after["name"] == "mlp" and after["version"] == "1", after)
+    expect(int(after["inference_count"]) >= int(before.get("inference_count", 0)) + 2,
+           (before, after))
+    succ = after["inference_stats"]["success"]
+    expect(int(succ["count"]) >= 1 and int(succ["ns"]) > 0, succ)
+    expect(int(after["execution_count"]) >= 1, after)
+    every = c.client.get_inference_statistics()["model_stats"]
+    expect({m["name"] for m in every} >= {"mlp", "cnn", "ranker"}, every)
+
+
+@check("the aio client: readiness, config and a batch")
+def aio(c):
+    async def go():
+        a = aioclient.InferenceServerClient(url=c.url)
+        try:
+            expect(await a.is_model_ready("mlp", "1"), "aio ready")
+            cfg = await a.get_model_config("mlp")
+            expect(cfg["max_batch_size"] == 64, cfg)
+            x = c.rng.uniform(-1, 1, size=(2, 64)).astype(np.float32)
+            i = aioclient.InferInput("input", [2, 64], "FP32")
+            i.set_data_from_numpy(x)
+            for _ in range(8):
+                try:
+                    r = await a.infer("mlp", [i])
+                    break
+                except InferenceServerException as e:
+                    if e.status() not in ("429", "504"):
+                        raise
+            expect(np.allclose(r.as_numpy("logits"), c.logits(x), rtol=1e-5, atol=1e-6), "aio")
+        finally:
+            await a.close()
+    asyncio.run(go())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--models", default="models")
+    a = ap.parse_args()
+    c = Ctx(a.url, a.models)
+    deadline = time.time() + 20
+    while not c.client.is_server_ready():
+        if time.time() > deadline:
+            print("not ready in 20 s", file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+    for name, f in CHECKS:
+        try:
+            f(c)
+        except Exception as e:  # noqa: BLE001 - report which check and why
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+            return 1
+        print(f"ok   {name}")
+    print(f"{len(CHECKS)} checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
