@@ -64,9 +64,36 @@ pub struct HttpArgs {
     /// A request body that has not arrived within this time of its head gets 408.
     #[arg(long, default_value_t = 30_000)]
     http_body_timeout_ms: u64,
+    /// On SIGTERM/SIGINT, readiness answers 503 ("draining") for this long
+    /// while requests are still served, so that a load balancer polling it
+    /// stops sending first (ms; 0 to skip).
+    #[arg(long, default_value_t = 1_000)]
+    http_drain_ready_ms: u64,
+    /// Then the requests being answered get this long to finish before the
+    /// server closes (ms).
+    #[arg(long, default_value_t = 10_000)]
+    http_drain_timeout_ms: u64,
 }
 
 impl HttpArgs {
+    /// The drain on a signal: readiness 503 for --http-drain-ready-ms, then
+    /// the requests in flight (at most --http-drain-timeout-ms); logged.
+    fn drain(&self, f: &fermata::node::frontend::FrontendNode) {
+        let ready = Duration::from_millis(self.http_drain_ready_ms.min(600_000));
+        let wait = Duration::from_millis(self.http_drain_timeout_ms.min(600_000));
+        if let Some(d) = f.drain_http(ready, wait) {
+            if d.left > 0 {
+                tracing::warn!(
+                    left = d.left,
+                    took_ms = d.took.as_millis() as u64,
+                    "http: drained with requests still in flight"
+                );
+            } else {
+                tracing::info!(took_ms = d.took.as_millis() as u64, "http: drained");
+            }
+        }
+    }
+
     fn opts(&self, listen: &str) -> Result<HttpOpts> {
         let mut o = HttpOpts::new(listen);
         if let Some(t) = self.http_threads {
@@ -683,6 +710,9 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
             ));
         }
     }
+    if signalled() {
+        a.http.drain(&f);
+    }
     let rep = f.stop();
     announce(serde_json::to_string(&rep)?);
     Ok(())
@@ -1140,7 +1170,12 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
 }
 
 /// `serve --http-port` without load: the cluster serves HTTP until a signal.
-fn serve_http_only(tr: Arc<dyn Transport>, w: &Workload, co: &ClusterOpts) -> Result<()> {
+fn serve_http_only(
+    tr: Arc<dyn Transport>,
+    w: &Workload,
+    co: &ClusterOpts,
+    http: &HttpArgs,
+) -> Result<()> {
     catch_signals();
     let c = serve::Cluster::start(tr, w, co)?;
     let addr = c.frontends[0]
@@ -1153,6 +1188,7 @@ fn serve_http_only(tr: Arc<dyn Transport>, w: &Workload, co: &ClusterOpts) -> Re
     while !signalled() {
         std::thread::sleep(Duration::from_millis(20));
     }
+    http.drain(&c.frontends[0]);
     let rep = c.stop()?;
     announce(serde_json::to_string(&rep)?);
     Ok(())
@@ -1203,7 +1239,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         ..ClusterOpts::default()
     };
     if co.http.is_some() && a.load.rate.is_none() {
-        return serve_http_only(tr, &w, &co);
+        return serve_http_only(tr, &w, &co, &a.http);
     }
     let lo = a.load.options(&w, Vec::new())?;
     if !a.load.json {

@@ -356,7 +356,17 @@ fn health_ready_and_metadata() {
     let r = h.get("/v2/models/tiny/ready");
     assert_eq!((r.status, r.json()["ready"].clone()), (200, json!(true)));
     let r = h.get("/v2");
-    assert_eq!(r.json()["extensions"], json!(["binary_tensor_data"]));
+    // The extensions Triton's perf_analyzer looks for before it reads /stats.
+    assert_eq!(
+        r.json()["extensions"],
+        json!([
+            "binary_tensor_data",
+            "classification",
+            "model_configuration",
+            "statistics",
+            "parameters"
+        ])
+    );
 
     let m = h.get("/v2/models/tiny").json();
     assert_eq!(m["name"], "tiny");
@@ -999,6 +1009,59 @@ fn serve_with_an_http_port_serves_until_sigterm() {
             + f["failed"].as_u64().unwrap(),
         tries
     );
+}
+
+/// SIGTERM drains: readiness answers 503 ("draining") at once while requests
+/// are still served for --http-drain-ready-ms, then the process closes and
+/// reports every request ended.
+#[test]
+fn sigterm_turns_readiness_503_first_and_keeps_serving_for_the_grace() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fermata"));
+    cmd.args([
+        "serve",
+        "--http-port",
+        "0",
+        "--input-bytes",
+        "64",
+        "--http-drain-ready-ms",
+        "1500",
+    ]);
+    let (mut child, mut out, _kill, addr) = spawn_serve(cmd);
+    let mut h = Http::connect(addr);
+    wait_for("ready", 5, || h.get("/v2/health/ready").status == 200);
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    wait_for("readiness 503", 1, || {
+        let r = h.get("/v2/health/ready");
+        r.status == 503 && r.error().contains("draining")
+    });
+    assert_eq!(h.get("/v2/models/resnet50/ready").status, 503);
+    assert_eq!(h.get("/v2/health/live").status, 200);
+    // Still served while the load balancer catches up, on a new connection too.
+    let mut h2 = Http::connect(addr);
+    let req = json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "UINT8",
+                                 "parameters": {"binary_data_size": 64}}]});
+    let r = h2.post_binary("/v2/models/resnet50/infer", &req, &[3u8; 64]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "within the grace"
+    );
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1500),
+        "not before the grace"
+    );
+    let rep: Value = serde_json::from_str(rest.lines().last().unwrap()).unwrap();
+    let f = &rep["frontends"][0];
+    assert_eq!(f["requests"], 1);
+    assert_eq!(f["good"], 1);
 }
 
 #[test]

@@ -109,6 +109,18 @@ impl FrontendNode {
         self.shared.metrics()
     }
 
+    /// Drains the HTTP server before a stop (see
+    /// [`HttpServer::drain`](crate::node::http::HttpServer::drain)): readiness
+    /// 503 for `ready_grace`, then the requests in flight answered (at most
+    /// `max_wait`). None without an HTTP server.
+    pub fn drain_http(
+        &self,
+        ready_grace: std::time::Duration,
+        max_wait: std::time::Duration,
+    ) -> Option<crate::node::http::Drained> {
+        self.http.as_ref().map(|h| h.drain(ready_grace, max_wait))
+    }
+
     pub fn stop(mut self) -> FrontendReport {
         // The HTTP server first: its requests in flight end through the loop.
         if let Some(h) = self.http.take() {

@@ -63,5 +63,5 @@ mod triton;
 pub use options::{default_max_connections, default_threads, HttpOpts, RESERVED_FDS};
 pub use request::MAX_TIMEOUT_US;
 pub use routes::JsonGet;
-pub use server::HttpServer;
+pub use server::{Drained, HttpServer};
 pub use tensor::{decode_elems, f16_to_f32, f32_to_f16, HEADER_LEN};

@@ -11,6 +11,7 @@ use super::model::HttpModel;
 use super::options::HttpOpts;
 use super::request::{decode_raw, decode_request};
 use super::response::{answer, json_resp, respond, Resp};
+use super::server::Life;
 use super::tensor::HEADER_LEN;
 use super::triton::{config_json, ModelStats};
 use crate::metrics::{self, Histogram, Registry};
@@ -21,6 +22,7 @@ use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +42,24 @@ pub(super) struct App {
     stats: Vec<ModelStats>,
     /// Extra read-only JSON documents: GET /PATH answers the function's JSON.
     json_gets: Vec<(String, JsonGet)>,
+    /// Draining (readiness 503) and the requests being answered.
+    pub(super) life: Arc<Life>,
+}
+
+/// Counts a request being answered while it lives.
+struct InFlight<'a>(&'a Life);
+
+impl<'a> InFlight<'a> {
+    fn new(l: &'a Life) -> Self {
+        l.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(l)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A read-only JSON document an HTTP server serves (e.g. the scheduler's
@@ -75,6 +95,7 @@ impl App {
             stats,
             infer_time,
             json_gets: Vec::new(),
+            life: Arc::default(),
         }
     }
 
@@ -92,6 +113,7 @@ impl App {
             stats: Vec::new(),
             infer_time: Vec::new(),
             json_gets: Vec::new(),
+            life: Arc::default(),
         }
     }
 
@@ -103,6 +125,7 @@ impl App {
 
     /// Answers `req`, whose first byte was read at `t0`.
     pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>, t0: Instant) -> Resp {
+        let _in_flight = InFlight::new(&self.life);
         let path = req.uri().path().to_string();
         let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
         // HEAD is answered as GET (hyper leaves the body out).
@@ -144,7 +167,7 @@ impl App {
                     "no route for {method} {path}: this node serves /metrics and /v2/health/live"
                 ),
             ),
-            (&Method::GET, ["v2", "health", "ready"]) => match self.fe().ready() {
+            (&Method::GET, ["v2", "health", "ready"]) => match self.ready() {
                 Ok(()) => json_resp(StatusCode::OK, &json!({"ready": true})),
                 Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
             },
@@ -153,7 +176,7 @@ impl App {
                 &json!({
                     "name": "fermata",
                     "version": env!("CARGO_PKG_VERSION"),
-                    "extensions": ["binary_tensor_data"],
+                    "extensions": ["binary_tensor_data", "classification", "model_configuration", "statistics", "parameters"],
                 }),
             ),
             (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
@@ -246,7 +269,7 @@ impl App {
                 ),
             },
             (&Method::GET, ["stats"]) => self.stats(Some(i)),
-            (&Method::GET, ["ready"]) => match self.fe().ready() {
+            (&Method::GET, ["ready"]) => match self.ready() {
                 Ok(()) => json_resp(
                     StatusCode::OK,
                     &json!({"name": self.models[i].info.name, "ready": true}),
@@ -272,6 +295,14 @@ impl App {
         (r, false)
     }
 
+    /// Ready for requests: the frontend is, and this server is not draining.
+    fn ready(&self) -> Result<(), String> {
+        if self.life.draining.load(Ordering::Acquire) {
+            return Err("the frontend is draining (shutting down)".into());
+        }
+        self.fe().ready()
+    }
+
     fn fe(&self) -> &FrontendHandle {
         self.fe
             .as_ref()
@@ -293,7 +324,7 @@ impl App {
 
     /// Triton's repository index: every model served, ready or not.
     fn repository_index(&self) -> Resp {
-        let state = if self.fe().ready().is_ok() {
+        let state = if self.ready().is_ok() {
             "READY"
         } else {
             "UNAVAILABLE"

@@ -19,6 +19,23 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub struct HttpServer {
     addr: SocketAddr,
     rt: Option<tokio::runtime::Runtime>,
+    /// Draining, and the requests being answered ([`HttpServer::drain`]).
+    life: Arc<Life>,
+}
+
+/// A server's drain state, shared with its handlers.
+#[derive(Default)]
+pub(super) struct Life {
+    pub(super) draining: std::sync::atomic::AtomicBool,
+    pub(super) in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// How a drain went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Requests still being answered when the drain gave up (0: all done).
+    pub left: usize,
+    pub took: Duration,
 }
 
 impl HttpServer {
@@ -66,12 +83,39 @@ impl HttpServer {
         let limits = ConnLimits {
             header_timeout: o.header_timeout,
         };
+        let life = app.life.clone();
         rt.spawn(accept_loop(Arc::new(app), std_listener, conns, limits));
-        Ok(HttpServer { addr, rt: Some(rt) })
+        Ok(HttpServer {
+            addr,
+            rt: Some(rt),
+            life,
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The first half of a graceful stop (SIGTERM): readiness answers 503
+    /// ("draining") at once while requests are still served for `ready_grace`
+    /// (so that a load balancer polling readiness takes this node out before
+    /// it closes), then waits for the requests being answered, at most
+    /// `max_wait`. [`HttpServer::stop`] closes afterwards.
+    pub fn drain(&self, ready_grace: Duration, max_wait: Duration) -> Drained {
+        use std::sync::atomic::Ordering;
+        let t0 = Instant::now();
+        self.life.draining.store(true, Ordering::Release);
+        std::thread::sleep(ready_grace);
+        let end = Instant::now() + max_wait;
+        let mut left = self.life.in_flight.load(Ordering::Acquire);
+        while left > 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+            left = self.life.in_flight.load(Ordering::Acquire);
+        }
+        Drained {
+            left,
+            took: t0.elapsed(),
+        }
     }
 
     /// Stops accepting and closes every connection (requests in flight still end
