@@ -52,7 +52,8 @@ done
 # Debian/Ubuntu packages the build and tests need: cmake and g++, with which highs-sys builds
 # HiGHS (the partitioner's MILP solver) from source, and iproute2 (`ip netns`, veth,
 # bridge) for the multi-host test in network namespaces (tests/netns.rs).
-APT_PACKAGES=(iproute2 cmake g++)
+# libb64-0d is a run-time library of Triton's perf_analyzer (below).
+APT_PACKAGES=(iproute2 cmake g++ libb64-0d)
 # Packages the `rdma` feature needs. ibverbs-sys configures its vendored rdma-core
 # with cmake (which wants pkg-config, libnl and python3) and generates its bindings
 # with bindgen (libclang); the crate links against the system libibverbs
@@ -161,6 +162,48 @@ else
   printf '%s\n' "$py_stamp" >"$PY_DIR/.fermata-pins"
 fi
 say "onnxruntime: $(cd "$PY_DIR/onnxruntime/capi" && ls libonnxruntime.so* | head -n1) (the onnx executor finds it, or set ORT_DYLIB_PATH)"
+
+# --- Triton's perf_analyzer into .deps/pa ---------------------------------------------
+# The last tritonclient wheels that ship the perf_analyzer binary and run on Debian
+# 12's glibc 2.36 are the manylinux ones up to 2.50 (2.55 and 2.60 need glibc 2.38;
+# newer wheels ship none). It links libcudart.so.12 (it needs no GPU), taken from
+# NVIDIA's nvidia-cuda-runtime-cu12 wheel, and libb64 (the apt package above).
+# scripts/perf_analyzer runs it with those on the loader path.
+PA_PINS=("tritonclient==2.50.0" "nvidia-cuda-runtime-cu12==12.9.79")
+PA_DIR=.deps/pa
+pa_stamp="${PA_PINS[*]}"
+if [[ "$(uname -m)" != x86_64 ]]; then
+  say "perf_analyzer: not installed (its wheels are for x86_64 only)"
+elif [[ -f "$PA_DIR/.fermata-pins" && "$(cat "$PA_DIR/.fermata-pins")" == "$pa_stamp" && -x "$PA_DIR/bin/perf_analyzer" ]]; then
+  say "perf_analyzer: already in $PA_DIR (${PA_PINS[*]})"
+else
+  say "installing perf_analyzer (${PA_PINS[*]}) into $PA_DIR"
+  rm -rf "$PA_DIR"
+  mkdir -p "$PA_DIR/bin" "$PA_DIR/wheels"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip download --disable-pip-version-check --no-input -q \
+    --no-deps --only-binary=:all: --platform manylinux1_x86_64 --platform manylinux2014_x86_64 \
+    -d "$PA_DIR/wheels" "${PA_PINS[@]}" || die "pip download ${PA_PINS[*]} failed"
+  python3 - "$PA_DIR" <<'PY' || die "cannot unpack perf_analyzer and libcudart.so.12 from the wheels"
+import glob, os, sys, zipfile
+d = sys.argv[1]
+want = {"perf_analyzer": "bin/perf_analyzer", "libcudart.so.12": "lib/libcudart.so.12"}
+for w in glob.glob(os.path.join(d, "wheels", "*.whl")):
+    with zipfile.ZipFile(w) as z:
+        for n in z.namelist():
+            base = os.path.basename(n)
+            if base in want and (base != "perf_analyzer" or "/bin/" in n):
+                out = os.path.join(d, want.pop(base))
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                with open(out, "wb") as f:
+                    f.write(z.read(n))
+                os.chmod(out, 0o755)
+sys.exit(1 if want else 0)
+PY
+  rm -rf "$PA_DIR/wheels"
+  scripts/perf_analyzer --version >/dev/null 2>&1 ||
+    die "perf_analyzer does not run: $(scripts/perf_analyzer --version 2>&1 | head -n 3)"
+  printf '%s\n' "$pa_stamp" >"$PA_DIR/.fermata-pins"
+fi
 
 # --- the real-size models (models/large, not committed) -----------------------------
 # resnet50 and resnet50_fp16: seeded random weights, written by the pinned onnx and

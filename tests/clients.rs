@@ -96,3 +96,41 @@ fn tritonclient_http_works_unchanged() {
     run_client("triton_http.py", &addr);
     check_report(p);
 }
+
+/// Triton's perf_analyzer (scripts/setup.sh installs it into .deps/pa) in
+/// open-loop request-rate mode over HTTP: it reads the model's config, sends
+/// at the rate, reads the server-side statistics, and ends without an error.
+#[test]
+fn perf_analyzer_runs_open_loop_over_http() {
+    let pa = root().join("scripts/perf_analyzer");
+    assert!(
+        root().join(".deps/pa/bin/perf_analyzer").exists(),
+        "perf_analyzer is not installed in .deps/pa: run scripts/setup.sh"
+    );
+    let (p, addr) = serve(&[]);
+    let out = Command::new(pa)
+        .args(["-m", "mlp", "-u", &addr, "--request-rate-range", "100"])
+        .args(["--measurement-mode", "count_windows"])
+        .args(["--measurement-request-count", "200"])
+        // Stability is not what this test is about (2 shared cores).
+        .args(["--stability-percentage", "100", "--max-trials", "20"])
+        .output()
+        .expect("perf_analyzer");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "perf_analyzer failed:\n{text}");
+    assert!(text.contains("Request Rate: 100"), "{text}");
+    // Its server-side section comes from /v2/models/mlp/stats.
+    let server = text.split("Server:").nth(1).expect("a Server: section");
+    let count: u64 = server
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Inference count: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no inference count in {server}"));
+    assert!(count >= 200, "{server}");
+    check_report(p);
+}
