@@ -985,6 +985,7 @@ fn cmd_goodput(a: GoodputArgs) -> Result<()> {
                     backend_env: vec![],
                     standby: false,
                     verbose: false,
+                    ..ProcOpts::new(PathBuf::new())
                 };
                 let json = a.run.json;
                 let extras = std::cell::RefCell::new(Vec::new());

@@ -665,6 +665,12 @@ pub struct FrontendArgs {
     /// Where backends read inputs (one-sided).
     #[arg(long, default_value = "127.0.0.1:7401")]
     data_listen: String,
+    /// The host (name or IP) the scheduler and backends are told to dial for
+    /// --listen and --data-listen, with their ports. Default: the bound
+    /// address; bound to 0.0.0.0 or [::] (a pod), $POD_IP, else the first
+    /// non-loopback address of this host's name.
+    #[arg(long, value_name = "HOST")]
+    advertise: Option<String>,
     /// Size of the input region (MiB).
     #[arg(long, default_value_t = 1024)]
     region_mib: u64,
@@ -690,6 +696,7 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     let mut o = FrontendOpts::new(&a.scheduler);
     o.listen = a.listen;
     o.data_listen = a.data_listen;
+    o.advertise = a.advertise;
     o.region_bytes = a.region_mib << 20;
     o.name = a.name;
     if let Some(l) = &a.http_listen {

@@ -88,6 +88,61 @@ fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A frontend bound to every interface (0.0.0.0, as in a pod) tells its peers
+/// the host it advertises: the scheduler registers it and the backends read
+/// its inputs and push results there; every request is served.
+#[test]
+fn a_frontend_bound_to_every_interface_advertises_its_host() {
+    let dir = std::env::temp_dir().join(format!("fermata-adv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.toml");
+    std::fs::write(&path, WORKLOAD).unwrap();
+    let w = Workload::from_file(&path).unwrap();
+    let c = ProcCluster::start(
+        &exe(),
+        &ProcOpts {
+            frontend_host: "0.0.0.0".into(),
+            frontend_args: vec!["--advertise".into(), "127.0.0.1".into()],
+            ..ProcOpts::new(path.clone())
+        },
+    )
+    .unwrap();
+    assert!(
+        c.frontend_addrs[0].starts_with("127.0.0.1:"),
+        "the frontend announces what it advertises: {}",
+        c.frontend_addrs[0]
+    );
+    let mut lo = LoadgenOpts::new(c.frontend_addrs.clone(), &w);
+    lo.rate_rps = 100.0;
+    lo.warmup = Dur::from_secs_f64(0.2);
+    lo.duration = Dur::from_secs_f64(1.0);
+    let r = loadgen::run(c.secret.transport().unwrap(), &w, &lo);
+    // A host with a port is refused, naming the flag.
+    let o = Command::new(exe())
+        .args([
+            "frontend",
+            "--listen",
+            "0.0.0.0:0",
+            "--data-listen",
+            "0.0.0.0:0",
+        ])
+        .args(["--advertise", "10.0.0.1:80", "--scheduler", "127.0.0.1:1"])
+        .args(c.secret.args())
+        .output()
+        .unwrap();
+    let reps = c.stop();
+    let r = r.unwrap();
+    assert_eq!(r.unanswered, 0);
+    assert_eq!(r.wrong_outputs, 0);
+    assert!(r.sim.offered() > 50);
+    let f = reps.frontends[0].as_ref().expect("frontend report");
+    assert_eq!(f["failed"], 0, "{f}");
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("--advertise takes a host"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn serve_starts_fast_and_reports() {
     let out = Command::new(exe())

@@ -37,6 +37,10 @@ pub struct ProcOpts {
     /// Also start a hot standby scheduler (`--standby-of` the first); the
     /// nodes get both addresses.
     pub standby: bool,
+    /// The host frontends bind (`--listen`, `--data-listen`; port 0) and
+    /// extra arguments for them (e.g. `--advertise`).
+    pub frontend_host: String,
+    pub frontend_args: Vec<String>,
     pub verbose: bool,
 }
 
@@ -55,6 +59,8 @@ impl ProcOpts {
             scheduler_args: Vec::new(),
             backend_env: Vec::new(),
             standby: false,
+            frontend_host: "127.0.0.1".into(),
+            frontend_args: Vec::new(),
             verbose: false,
         }
     }
@@ -368,14 +374,15 @@ impl ProcCluster {
                 "--scheduler".into(),
                 addr.clone(),
                 "--listen".into(),
-                "127.0.0.1:0".into(),
+                format!("{}:0", o.frontend_host),
                 "--data-listen".into(),
-                "127.0.0.1:0".into(),
+                format!("{}:0", o.frontend_host),
                 "--name".into(),
                 format!("frontend{i}"),
                 "--region-mib".into(),
                 "512".into(),
             ];
+            args.extend(o.frontend_args.iter().cloned());
             args.extend(c.secret.args());
             let mut f = Proc::spawn(exe, &format!("frontend{i}"), &args, o.verbose)?;
             let a = f.wait_line("fermata frontend listening on", t)?;

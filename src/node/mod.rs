@@ -4,6 +4,7 @@
 //! runs one per process (`fermata scheduler|backend|frontend|loadgen`);
 //! `fermata serve` runs them all in one process over the in-process transport.
 
+pub mod advertise;
 pub mod autoscaler;
 pub mod backend;
 pub mod clock;

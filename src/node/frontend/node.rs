@@ -10,6 +10,7 @@ use super::options::FrontendOpts;
 use super::register::{register, register_msg};
 use super::report::FrontendReport;
 use crate::metrics::Registry;
+use crate::node::advertise;
 use crate::node::clock::SchedClock;
 use crate::node::http::HttpServer;
 use crate::runtime::clock::Clock;
@@ -43,7 +44,13 @@ impl FrontendNode {
             .listen(&opts.listen, tx.clone())
             .with_context(|| format!("cannot listen at {}", opts.listen))?;
         let clock = SchedClock::exact(Clock::new());
-        let reg_msg = register_msg(&opts, listener.local_addr(), server.info());
+        // What peers dial: the bound addresses, with the advertised host.
+        let adv = opts.advertise.as_deref();
+        let addr = advertise::advertised(&listener.local_addr(), adv)?;
+        let mut region_info = server.info();
+        region_info.addr = advertise::advertised(&region_info.addr, adv)?;
+        let data_addr = region_info.addr.clone();
+        let reg_msg = register_msg(&opts, addr.clone(), region_info);
         let mut reg = register(&*transport, tx.clone(), &rx, &clock, &opts, reg_msg)?;
         let (ltx, lrx) = bounded(LOCAL_MAX);
         let state = Arc::new(FrontendState::new(
@@ -56,8 +63,6 @@ impl FrontendNode {
             state: state.clone(),
         };
         let metrics = LoopMetrics::new(&registry, &reg.models, &state);
-        let addr = listener.local_addr();
-        let data_addr = server.info().addr;
         let stop = Arc::new(AtomicBool::new(false));
         let early = std::mem::take(&mut reg.early);
         let links = Links {

@@ -10,6 +10,10 @@ pub struct FrontendOpts {
     pub listen: String,
     /// Where the region is served (TCP: host:port).
     pub data_listen: String,
+    /// The host peers dial for both (None: the bound address; for a
+    /// wildcard bind, `$POD_IP` or the host name's address; see
+    /// [`crate::node::advertise`]).
+    pub advertise: Option<String>,
     pub region_bytes: u64,
     pub name: String,
     /// A task with no answer by its deadline plus this ends as Failed.
@@ -25,6 +29,7 @@ impl FrontendOpts {
             scheduler: scheduler.to_string(),
             listen: "127.0.0.1:0".into(),
             data_listen: "127.0.0.1:0".into(),
+            advertise: None,
             region_bytes: 1 << 30,
             name: "frontend".into(),
             grace: Duration::from_millis(3000),
