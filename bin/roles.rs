@@ -76,6 +76,16 @@ pub struct HttpArgs {
 }
 
 impl HttpArgs {
+    /// The gRPC API's settings: the HTTP API's limits and threads.
+    fn grpc_opts(&self, listen: &str) -> Result<fermata::node::grpc::GrpcOpts> {
+        let h = self.opts(listen)?;
+        let mut g = fermata::node::grpc::GrpcOpts::new(listen);
+        g.threads = h.threads;
+        g.max_message_bytes = h.max_body_bytes;
+        g.max_tensor_bytes = h.max_tensor_bytes;
+        Ok(g)
+    }
+
     /// The drain on a signal: readiness 503 for --http-drain-ready-ms, then
     /// the requests in flight (at most --http-drain-timeout-ms); logged.
     fn drain(&self, f: &fermata::node::frontend::FrontendNode) {
@@ -684,6 +694,11 @@ pub struct FrontendArgs {
     /// Serve the KServe v2 HTTP API (and /metrics) at ADDR (host:port).
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
+    /// Serve the KServe v2 / Triton gRPC API at ADDR (host:port), with the
+    /// HTTP API's limits (--http-threads, --http-max-body-bytes per message,
+    /// --http-max-tensor-bytes).
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<String>,
     #[command(flatten)]
     http: HttpArgs,
 }
@@ -702,10 +717,16 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     if let Some(l) = &a.http_listen {
         o.http = Some(a.http.opts(l)?);
     }
+    if let Some(l) = &a.grpc_listen {
+        o.grpc = Some(a.http.grpc_opts(l)?);
+    }
     let f = FrontendNode::start(a.secret.transport(&a.transport)?, o)?;
     announce(format!("fermata frontend listening on {}", f.addr()));
     if let Some(h) = f.http_addr() {
         announce(format!("fermata frontend HTTP API listening on {h}"));
+    }
+    if let Some(g) = f.grpc_addr() {
+        announce(format!("fermata frontend gRPC API listening on {g}"));
     }
     let mut rejoins = 0;
     while !signalled() && !f.is_finished() {
@@ -901,6 +922,10 @@ pub struct ServeArgs {
     /// The address the HTTP API binds to.
     #[arg(long, default_value = "127.0.0.1")]
     http_host: String,
+    /// Serve the KServe v2 / Triton gRPC API on this port of --http-host too
+    /// (with --http-port; the HTTP API's limits apply).
+    #[arg(long, value_name = "PORT", requires = "http_port")]
+    grpc_port: Option<u16>,
     #[command(flatten)]
     http: HttpArgs,
     /// The RankThread spins this long before a timer instead of sleeping (us;
@@ -1188,8 +1213,12 @@ fn serve_http_only(
     let addr = c.frontends[0]
         .http_addr()
         .context("the first frontend has no HTTP server")?;
+    let grpc = c.frontends[0]
+        .grpc_addr()
+        .map(|g| format!(" | gRPC API listening on {g}"))
+        .unwrap_or_default();
     announce(format!(
-        "fermata serve: {} ({} GPUs, {} executor) | HTTP API listening on http://{addr} (Ctrl-C to stop)",
+        "fermata serve: {} ({} GPUs, {} executor) | HTTP API listening on http://{addr}{grpc} (Ctrl-C to stop)",
         w.name, w.gpus, co.executor
     ));
     while !signalled() {
@@ -1241,6 +1270,10 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         epoch: a.subclusters.epoch_opts()?,
         http: match a.http_port {
             Some(p) => Some(a.http.opts(&format!("{}:{p}", a.http_host))?),
+            None => None,
+        },
+        grpc: match a.grpc_port {
+            Some(p) => Some(a.http.grpc_opts(&format!("{}:{p}", a.http_host))?),
             None => None,
         },
         ..ClusterOpts::default()

@@ -136,9 +136,9 @@ fi
 
 # --- ONNX Runtime (and the model script's onnx/numpy) into .deps/py -----------------
 # onnxruntime 1.31 matches the ort crate's C API version (ort 2.0.0-rc.15, api-31).
-# tritonclient[http] is a real KServe v2 client for scripts/check_http.py and the
-# HTTP end-to-end test.
-PY_PINS=(onnxruntime==1.31.1 onnx==1.23.2 numpy==2.4.6 "tritonclient[http]==2.73.0")
+# tritonclient[http,grpc] is a real KServe v2 client (HTTP and gRPC) for scripts/check_http.py and the
+# client tests (tests/clients.rs).
+PY_PINS=(onnxruntime==1.31.1 onnx==1.23.2 numpy==2.4.6 "tritonclient[http,grpc]==2.73.0")
 PY_DIR=.deps/py
 if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1; then
   check_apt

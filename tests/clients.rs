@@ -1,12 +1,14 @@
 //! The ecosystem's own clients against `fermata serve --executor onnx` (the
-//! shipped models): Triton's `tritonclient.http` (sync and aio) through
-//! tests/clients/triton_http.py, each call that failed before issue 16 and the
-//! error cases with their status and message; then the serve's report: every
-//! request ended exactly once, none failed.
+//! shipped models): Triton's `tritonclient.http` (sync and aio,
+//! tests/clients/triton_http.py) and `tritonclient.grpc` (sync, stream and
+//! aio, tests/clients/triton_grpc.py), each call that failed before issue 16
+//! and the error cases with their status and message; Triton's perf_analyzer
+//! over HTTP and gRPC; then the serve's report: every request ended exactly
+//! once, none failed.
 //!
 //! Needs python3 with the packages `scripts/setup.sh` installs into .deps/py
-//! (tritonclient, onnxruntime, numpy); without them it fails with the setup
-//! hint, it does not skip.
+//! (tritonclient, onnxruntime, numpy) and perf_analyzer in .deps/pa; without
+//! them it fails with the setup hint, it does not skip.
 
 use fermata::harness::procs::Proc;
 use serde_json::Value;
@@ -18,14 +20,18 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `fermata serve --executor onnx` on an ephemeral port: the process and its
-/// HTTP address (host:port).
-fn serve(extra: &[&str]) -> (Proc, String) {
+/// `fermata serve --executor onnx` with HTTP and gRPC on ephemeral ports: the
+/// process and the two addresses (host:port).
+fn serve(extra: &[&str]) -> (Proc, String, String) {
     let mut args: Vec<String> = [
         "serve",
         "--executor",
         "onnx",
         "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--http-drain-ready-ms",
         "0",
         "--models",
     ]
@@ -36,15 +42,20 @@ fn serve(extra: &[&str]) -> (Proc, String) {
     args.extend(extra.iter().map(|s| s.to_string()));
     let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
     let mut p = Proc::spawn(exe, "serve", &args, false).unwrap();
-    let addr = p
-        .wait_for("the HTTP address", Duration::from_secs(60), |l| {
-            l.split("http://")
-                .nth(1)
-                .and_then(|s| s.split_whitespace().next())
-                .map(str::to_string)
+    let line = p
+        .wait_for("the API addresses", Duration::from_secs(60), |l| {
+            l.contains("gRPC API listening on").then(|| l.to_string())
         })
         .unwrap();
-    (p, addr)
+    let after = |key: &str| {
+        line.split(key)
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no `{key}` in {line}"))
+            .to_string()
+    };
+    let (http, grpc) = (after("http://"), after("gRPC API listening on "));
+    (p, http, grpc)
 }
 
 /// Runs a client script of tests/clients with .deps/py on the path; panics
@@ -92,45 +103,59 @@ fn check_report(p: Proc) {
 fn tritonclient_http_works_unchanged() {
     // A body limit of 8 MiB, so that the script's compressed body that inflates
     // to 9 MiB is refused (413).
-    let (p, addr) = serve(&["--http-max-body-bytes", "8388608"]);
+    let (p, addr, _) = serve(&["--http-max-body-bytes", "8388608"]);
     run_client("triton_http.py", &addr);
     check_report(p);
 }
 
-/// Triton's perf_analyzer (scripts/setup.sh installs it into .deps/pa) in
-/// open-loop request-rate mode over HTTP: it reads the model's config, sends
-/// at the rate, reads the server-side statistics, and ends without an error.
 #[test]
-fn perf_analyzer_runs_open_loop_over_http() {
+fn tritonclient_grpc_works_unchanged() {
+    let (p, _, addr) = serve(&[]);
+    run_client("triton_grpc.py", &addr);
+    check_report(p);
+}
+
+/// Triton's perf_analyzer (scripts/setup.sh installs it into .deps/pa) in
+/// open-loop request-rate mode over HTTP and over gRPC: it reads the model's
+/// config, sends at the rate, reads the server-side statistics, and ends
+/// without an error.
+#[test]
+fn perf_analyzer_runs_open_loop_over_http_and_grpc() {
     let pa = root().join("scripts/perf_analyzer");
     assert!(
         root().join(".deps/pa/bin/perf_analyzer").exists(),
         "perf_analyzer is not installed in .deps/pa: run scripts/setup.sh"
     );
-    let (p, addr) = serve(&[]);
-    let out = Command::new(pa)
-        .args(["-m", "mlp", "-u", &addr, "--request-rate-range", "100"])
-        .args(["--measurement-mode", "count_windows"])
-        .args(["--measurement-request-count", "200"])
-        // Stability is not what this test is about (2 shared cores).
-        .args(["--stability-percentage", "100", "--max-trials", "20"])
-        .output()
-        .expect("perf_analyzer");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    assert!(out.status.success(), "perf_analyzer failed:\n{text}");
-    assert!(text.contains("Request Rate: 100"), "{text}");
-    // Its server-side section comes from /v2/models/mlp/stats.
-    let server = text.split("Server:").nth(1).expect("a Server: section");
-    let count: u64 = server
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Inference count: "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no inference count in {server}"));
-    assert!(count >= 200, "{server}");
+    let (p, http, grpc) = serve(&[]);
+    for (protocol, addr) in [("http", &http), ("grpc", &grpc)] {
+        let out = Command::new(&pa)
+            .args(["-m", "mlp", "-u", addr, "-i", protocol])
+            .args(["--request-rate-range", "100"])
+            .args(["--measurement-mode", "count_windows"])
+            .args(["--measurement-request-count", "200"])
+            // Stability is not what this test is about (2 shared cores).
+            .args(["--stability-percentage", "1000", "--max-trials", "20"])
+            .output()
+            .expect("perf_analyzer");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{protocol}:\n{text}");
+        assert!(
+            out.status.success(),
+            "perf_analyzer -i {protocol} failed:\n{text}"
+        );
+        assert!(text.contains("Request Rate: 100"), "{text}");
+        // Its server-side section comes from the model's statistics.
+        let server = text.split("Server:").nth(1).expect("a Server: section");
+        let count: u64 = server
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Inference count: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no inference count in {server}"));
+        assert!(count >= 200, "{protocol}: {server}");
+    }
     check_report(p);
 }

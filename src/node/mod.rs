@@ -10,6 +10,7 @@ pub mod backend;
 pub mod clock;
 pub mod exec;
 pub mod frontend;
+pub mod grpc;
 pub mod http;
 pub mod onnx;
 pub mod proto;

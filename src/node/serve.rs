@@ -26,6 +26,8 @@ pub struct ClusterOpts {
     /// The first frontend also serves the KServe v2 HTTP API with these settings;
     /// its `/metrics` shows every node of the cluster.
     pub http: Option<super::http::HttpOpts>,
+    /// The first frontend also serves the KServe v2 gRPC API with these.
+    pub grpc: Option<super::grpc::GrpcOpts>,
     /// Scheduler thread spin/poll times (us).
     pub rank_spin_us: u64,
     pub model_spin_us: u64,
@@ -50,6 +52,7 @@ impl Default for ClusterOpts {
             host: "fermata".into(),
             region_bytes: 1 << 30,
             http: None,
+            grpc: None,
             rank_spin_us: 20,
             model_spin_us: 20,
             executor: "emulated".into(),
@@ -138,6 +141,7 @@ impl Cluster {
                     h.extra_metrics.extend(backends.iter().map(|b| b.metrics()));
                     fo.http = Some(h);
                 }
+                fo.grpc = o.grpc.clone();
             }
             frontends.push(FrontendNode::start(transport.clone(), fo)?);
         }

@@ -4,6 +4,7 @@
 //! [`FrontendState`] is what the loop shares with the handles.
 
 use super::metrics::queue_full_counter;
+use super::stats::ModelStats;
 use super::Ended;
 use crate::core::Dur;
 use crate::metrics::{Counter, Registry};
@@ -81,6 +82,8 @@ pub(super) struct FrontendState {
     local_full: Arc<Counter>,
     /// The loop ended: requests are refused.
     pub(super) stopped: AtomicBool,
+    /// Shutting down: readiness says no (requests are still served).
+    pub(super) draining: AtomicBool,
     /// Per model (index): the measured response margins, from a batch's end on
     /// its GPU to the response handed to the client. Clients record them
     /// ([`FrontendHandle::record_margin`]), the loop reports their tail to the
@@ -88,6 +91,8 @@ pub(super) struct FrontendState {
     pub(super) margins: Vec<Mutex<Delays>>,
     /// This host's clock, for the margins' burst grouping.
     clock: Clock,
+    /// Per model (index): the in-process clients' statistics.
+    stats: Vec<ModelStats>,
 }
 
 impl FrontendState {
@@ -104,6 +109,10 @@ impl FrontendState {
                 .map(|_| Mutex::new(Delays::new(MARGIN_SAMPLES_MAX)))
                 .collect(),
             clock: Clock::new(),
+            stats: models
+                .iter()
+                .map(|m| ModelStats::new(max_batch(m)))
+                .collect(),
             models,
             sched_ok: AtomicBool::new(true),
             gpus: AtomicU32::new(gpus),
@@ -112,6 +121,7 @@ impl FrontendState {
             registry,
             tx,
             stopped: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
         }
     }
 
@@ -129,6 +139,18 @@ impl FrontendState {
         self.sched_ok.load(Ordering::Relaxed) && !self.stopped.load(Ordering::Relaxed)
     }
 }
+
+/// The largest batch model `m` runs in (its metadata's, else its profile's).
+fn max_batch(m: &ModelInfo) -> u32 {
+    match m.meta() {
+        Some(Ok(meta)) => meta.max_batch,
+        _ => crate::node::exec::profile_of(&m.profile).map_or(1, |p| p.max_batch()),
+    }
+}
+
+/// The frontend stopped before it answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped;
 
 /// A handle on a running frontend for in-process clients (the HTTP server):
 /// cheap to clone, usable from any thread.
@@ -152,6 +174,9 @@ impl FrontendHandle {
     /// Ready for requests: the scheduler is connected and some GPU is in service
     /// (every backend loads every model, so this holds for each model too).
     pub fn ready(&self) -> Result<(), String> {
+        if self.state.draining.load(Ordering::Acquire) {
+            return Err("the frontend is draining (shutting down)".into());
+        }
         if !self.scheduler_connected() {
             return Err("the frontend has no scheduler".into());
         }
@@ -170,6 +195,44 @@ impl FrontendHandle {
     /// plan of the model.
     pub fn record_margin(&self, model: usize, d: Duration) {
         self.state.record_margin(model, d);
+    }
+
+    /// Model `model`'s statistics (index in [`FrontendHandle::models`]).
+    pub fn stats(&self, model: usize) -> Option<&ModelStats> {
+        self.state.stats.get(model)
+    }
+
+    /// One request of model `model` (index) with these samples, each its own
+    /// task, all handed over before any answer is awaited (so they wait
+    /// together and may share batches); their answers in order. Each good
+    /// sample is counted in the model's statistics and its response margin
+    /// recorded (the caller counts the request with
+    /// [`ModelStats::request`] once it answered).
+    pub async fn infer_samples(
+        &self,
+        model: usize,
+        slo: Dur,
+        samples: Vec<Vec<u8>>,
+        received: Instant,
+    ) -> Result<Vec<InferDone>, Stopped> {
+        let name = &self.state.models[model].name;
+        let rxs: Vec<_> = samples
+            .into_iter()
+            .map(|s| self.infer(name, slo, s, received))
+            .collect();
+        let mut done = Vec::with_capacity(rxs.len());
+        for rx in rxs {
+            done.push(rx.await.map_err(|_| Stopped)?);
+        }
+        if let Some(stats) = self.stats(model) {
+            for s in &done {
+                if let (Some(f), Ended::Good) = (s.finished_at, s.ended) {
+                    stats.sample(s.queue, s.latency.saturating_sub(s.queue), s.batch_size);
+                    self.record_margin(model, f.elapsed());
+                }
+            }
+        }
+        Ok(done)
     }
 
     /// Hands one request to the frontend's loop; the answer comes on the returned

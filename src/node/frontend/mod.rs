@@ -24,6 +24,7 @@
 //! * `event_loop.rs`: the event loop: events, submits, heartbeats, sweeps, stop.
 //! * `requests.rs`: admission and the one answer of each request.
 //! * `handle.rs`: in-process clients ([`FrontendHandle`], [`InferDone`]).
+//! * `stats.rs`: their per-model statistics ([`stats::ModelStats`]).
 //! * `metrics.rs`: the Prometheus series.
 //! * `report.rs`: what the frontend counted ([`FrontendReport`]).
 
@@ -35,9 +36,10 @@ mod options;
 mod register;
 mod report;
 mod requests;
+pub mod stats;
 
 pub use super::proto::ledger::Ended;
-pub use handle::{FrontendHandle, InferDone, LOCAL_MAX};
+pub use handle::{FrontendHandle, InferDone, Stopped, LOCAL_MAX};
 pub use metrics::BAD_RATE_WINDOW;
 pub use node::FrontendNode;
 pub use options::FrontendOpts;

@@ -12,7 +12,11 @@ use super::report::FrontendReport;
 use crate::metrics::Registry;
 use crate::node::advertise;
 use crate::node::clock::SchedClock;
+use crate::node::grpc::GrpcServer;
 use crate::node::http::HttpServer;
+
+/// How long a stopping frontend lets gRPC calls in flight finish.
+const GRPC_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 use crate::runtime::clock::Clock;
 use crate::transport::{Region, Transport};
 use anyhow::{Context, Result};
@@ -29,6 +33,7 @@ pub struct FrontendNode {
     handle: Option<JoinHandle<FrontendReport>>,
     shared: FrontendHandle,
     http: Option<HttpServer>,
+    grpc: Option<GrpcServer>,
 }
 
 impl FrontendNode {
@@ -82,9 +87,13 @@ impl FrontendNode {
             handle: Some(handle),
             shared,
             http: None,
+            grpc: None,
         };
         if let Some(h) = &opts.http {
             node.http = Some(HttpServer::start_frontend(node.shared.clone(), h)?);
+        }
+        if let Some(g) = &opts.grpc {
+            node.grpc = Some(GrpcServer::start(node.shared.clone(), g)?);
         }
         Ok(node)
     }
@@ -104,6 +113,11 @@ impl FrontendNode {
         self.http.as_ref().map(|h| h.addr())
     }
 
+    /// Where the gRPC API listens (with `FrontendOpts::grpc`).
+    pub fn grpc_addr(&self) -> Option<std::net::SocketAddr> {
+        self.grpc.as_ref().map(|g| g.addr())
+    }
+
     /// A handle for in-process clients.
     pub fn handle(&self) -> FrontendHandle {
         self.shared.clone()
@@ -114,7 +128,7 @@ impl FrontendNode {
         self.shared.metrics()
     }
 
-    /// Drains the HTTP server before a stop (see
+    /// Drains the HTTP server (and turns gRPC's readiness off) before a stop (see
     /// [`HttpServer::drain`](crate::node::http::HttpServer::drain)): readiness
     /// 503 for `ready_grace`, then the requests in flight answered (at most
     /// `max_wait`). None without an HTTP server.
@@ -123,11 +137,20 @@ impl FrontendNode {
         ready_grace: std::time::Duration,
         max_wait: std::time::Duration,
     ) -> Option<crate::node::http::Drained> {
+        // gRPC's readiness says no too; its calls in flight end at its stop.
+        self.shared
+            .state
+            .draining
+            .store(true, std::sync::atomic::Ordering::Release);
         self.http.as_ref().map(|h| h.drain(ready_grace, max_wait))
     }
 
     pub fn stop(mut self) -> FrontendReport {
-        // The HTTP server first: its requests in flight end through the loop.
+        // The HTTP and gRPC servers first: their requests in flight end
+        // through the loop.
+        if let Some(g) = self.grpc.take() {
+            g.stop(GRPC_STOP_GRACE);
+        }
         if let Some(h) = self.http.take() {
             h.stop();
         }
@@ -150,6 +173,9 @@ impl FrontendNode {
 
 impl Drop for FrontendNode {
     fn drop(&mut self) {
+        if let Some(g) = self.grpc.take() {
+            g.stop(GRPC_STOP_GRACE);
+        }
         if let Some(h) = self.http.take() {
             h.stop();
         }

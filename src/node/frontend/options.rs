@@ -21,6 +21,8 @@ pub struct FrontendOpts {
     pub scheduler_timeout: Duration,
     /// Serve the KServe v2 HTTP API (and `/metrics`) too.
     pub http: Option<crate::node::http::HttpOpts>,
+    /// Serve the KServe v2 gRPC API too.
+    pub grpc: Option<crate::node::grpc::GrpcOpts>,
 }
 
 impl FrontendOpts {
@@ -35,6 +37,7 @@ impl FrontendOpts {
             grace: Duration::from_millis(3000),
             scheduler_timeout: Duration::from_millis(2000),
             http: None,
+            grpc: None,
         }
     }
 }

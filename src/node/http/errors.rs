@@ -11,7 +11,7 @@ use serde_json::json;
 use std::time::Duration;
 
 /// An error answer: status and message.
-pub(super) type Fail = (StatusCode, String);
+pub(in crate::node) type Fail = (StatusCode, String);
 
 /// The error response: `{"error": msg}` with `code`.
 pub(super) fn error(code: StatusCode, msg: impl Into<String>) -> Resp {

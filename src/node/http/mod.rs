@@ -49,16 +49,16 @@
 //! * `metrics.rs`: the API's Prometheus series.
 
 mod conns;
-mod errors;
+pub(in crate::node) mod errors;
 mod metrics;
-mod model;
+pub(in crate::node) mod model;
 mod options;
-mod request;
-mod response;
+pub(in crate::node) mod request;
+pub(in crate::node) mod response;
 mod routes;
 mod server;
 mod tensor;
-mod triton;
+pub(in crate::node) mod triton;
 
 pub use options::{default_max_connections, default_threads, HttpOpts, RESERVED_FDS};
 pub use request::MAX_TIMEOUT_US;

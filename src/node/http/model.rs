@@ -8,14 +8,14 @@ use crate::wire::ModelInfo;
 use serde_json::{json, Value};
 
 /// A model as the HTTP API shows it.
-pub(super) struct HttpModel {
-    pub(super) info: ModelInfo,
+pub(in crate::node) struct HttpModel {
+    pub(in crate::node) info: ModelInfo,
     /// Its tensors (synthesized for emulated models), or why its metadata is bad.
-    pub(super) meta: Result<ModelMeta, String>,
+    pub(in crate::node) meta: Result<ModelMeta, String>,
 }
 
 impl HttpModel {
-    pub(super) fn new(info: &ModelInfo) -> HttpModel {
+    pub(in crate::node) fn new(info: &ModelInfo) -> HttpModel {
         let meta = match info.meta() {
             Some(m) => m,
             None => Ok(ModelMeta {
@@ -63,7 +63,7 @@ impl HttpModel {
     }
 
     /// The model's metadata, or why it is bad.
-    pub(super) fn meta(&self) -> Result<&ModelMeta, String> {
+    pub(in crate::node) fn meta(&self) -> Result<&ModelMeta, String> {
         self.meta
             .as_ref()
             .map_err(|e| format!("model `{}` has bad metadata: {e}", self.info.name))

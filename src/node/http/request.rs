@@ -20,58 +20,79 @@ pub const MAX_TIMEOUT_US: u64 = 3_600_000_000;
 // [`budget::ENTRIES`] entries in all, and a parameter or `id` that is an array
 // or object kept as a short placeholder, not as a tree of values.
 #[derive(Deserialize)]
-struct InferRequest {
+pub(in crate::node) struct InferRequest {
     #[serde(default, deserialize_with = "budget::scalar")]
-    id: Option<Value>,
+    pub(in crate::node) id: Option<Value>,
     #[serde(default, deserialize_with = "budget::params")]
-    parameters: Option<Map<String, Value>>,
+    pub(in crate::node) parameters: Option<Map<String, Value>>,
     #[serde(deserialize_with = "budget::list")]
-    inputs: Vec<InputTensor>,
+    pub(in crate::node) inputs: Vec<InputTensor>,
     #[serde(default, deserialize_with = "budget::opt_list")]
-    outputs: Option<Vec<OutputRequest>>,
+    pub(in crate::node) outputs: Option<Vec<OutputRequest>>,
 }
 
 #[derive(Deserialize)]
-struct InputTensor {
-    name: String,
+pub(in crate::node) struct InputTensor {
+    pub(in crate::node) name: String,
     #[serde(deserialize_with = "budget::list")]
-    shape: Vec<i64>,
-    datatype: String,
+    pub(in crate::node) shape: Vec<i64>,
+    pub(in crate::node) datatype: String,
     #[serde(default, deserialize_with = "budget::params")]
-    parameters: Option<Map<String, Value>>,
+    pub(in crate::node) parameters: Option<Map<String, Value>>,
     #[serde(default)]
     data: Option<JsonElems>,
 }
 
+impl InputTensor {
+    /// An input whose data is `bytes` bytes of the binary part (the gRPC
+    /// API's raw or typed contents, as little-endian bytes).
+    pub(in crate::node) fn binary(
+        name: String,
+        datatype: String,
+        shape: Vec<i64>,
+        mut parameters: Map<String, Value>,
+        bytes: usize,
+    ) -> InputTensor {
+        parameters.insert("binary_data_size".into(), Value::from(bytes as u64));
+        InputTensor {
+            name,
+            shape,
+            datatype,
+            parameters: Some(parameters),
+            data: None,
+        }
+    }
+}
+
 #[derive(Deserialize)]
-struct OutputRequest {
-    name: String,
+pub(in crate::node) struct OutputRequest {
+    pub(in crate::node) name: String,
     #[serde(default, deserialize_with = "budget::params")]
-    parameters: Option<Map<String, Value>>,
+    pub(in crate::node) parameters: Option<Map<String, Value>>,
 }
 
 /// A checked request.
-pub(super) struct Decoded {
+pub(in crate::node) struct Decoded {
     /// Each sample's request bytes (a request with a batch dimension of N has
     /// N; each becomes its own task).
-    pub(super) samples: Vec<Vec<u8>>,
-    pub(super) slo: Dur,
-    pub(super) id: Option<Value>,
+    pub(in crate::node) samples: Vec<Vec<u8>>,
+    pub(in crate::node) slo: Dur,
+    pub(in crate::node) id: Option<Value>,
     /// The outputs to return, in the order asked.
-    pub(super) outputs: Vec<OutSpec>,
+    pub(in crate::node) outputs: Vec<OutSpec>,
 }
 
 /// An output to return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct OutSpec {
+pub(in crate::node) struct OutSpec {
     /// Its index in the model's outputs.
-    pub(super) index: usize,
+    pub(in crate::node) index: usize,
     /// As binary data after the JSON header.
-    pub(super) binary: bool,
+    pub(in crate::node) binary: bool,
     /// Triton's classification extension (`parameters.classification`, the
     /// clients' `class_count`): the top k elements of each sample as `BYTES`
     /// "value:index" strings instead of the tensor.
-    pub(super) classes: Option<usize>,
+    pub(in crate::node) classes: Option<usize>,
 }
 
 /// The request-level parameters understood.
@@ -145,6 +166,17 @@ pub(super) fn decode_request(
 ) -> Result<Decoded, Fail> {
     let total: usize = meta.inputs.iter().map(|t| t.sample_elems()).sum();
     let req: InferRequest = budget::parse(head, total.saturating_mul(max_samples(meta)))?;
+    decode_parsed(meta, req, bin, max_tensor)
+}
+
+/// Checks a parsed request (JSON's, or the gRPC API's with every input in
+/// the binary part `bin`) against the model and builds its samples.
+pub(in crate::node) fn decode_parsed(
+    meta: &ModelMeta,
+    req: InferRequest,
+    bin: &[u8],
+    max_tensor: usize,
+) -> Result<Decoded, Fail> {
     check_params(&req.parameters, REQUEST_PARAMS, "request")?;
     let slo = slo_param(&req.parameters)?;
     let all_binary = param_bool(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);

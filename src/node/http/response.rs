@@ -28,15 +28,13 @@ pub(super) fn json_resp(code: StatusCode, v: &Value) -> Resp {
     respond(code, "application/json", v.to_string())
 }
 
-/// The HTTP answer for a finished request: its samples' answers, in order.
-/// One sample that did not end good fails the request with its status.
-pub(super) fn answer(
+/// Whether every sample ended good with the model's output size; else the
+/// request's error: the first sample's that did not, naming it.
+pub(in crate::node) fn check_done(
     info: &ModelInfo,
     meta: &ModelMeta,
-    id: &Option<Value>,
-    outputs: &[OutSpec],
     done: &[InferDone],
-) -> Result<Resp, Fail> {
+) -> Result<(), Fail> {
     let n = done.len();
     for (j, d) in done.iter().enumerate() {
         let code = status_of(d.ended);
@@ -62,6 +60,19 @@ pub(super) fn answer(
             ));
         }
     }
+    Ok(())
+}
+
+/// The HTTP answer for a finished request: its samples' answers, in order.
+/// One sample that did not end good fails the request with its status.
+pub(super) fn answer(
+    info: &ModelInfo,
+    meta: &ModelMeta,
+    id: &Option<Value>,
+    outputs: &[OutSpec],
+    done: &[InferDone],
+) -> Result<Resp, Fail> {
+    check_done(info, meta, done)?;
     let (outs, bin) = output_tensors(meta, outputs, done);
     let most = |f: fn(&InferDone) -> f64| done.iter().map(f).fold(0.0, f64::max);
     let mut body = json!({
@@ -92,68 +103,76 @@ pub(super) fn answer(
     Ok(r)
 }
 
-/// The requested `outputs` of the samples' output bytes (each sample's
-/// outputs one after the other, in the model's order): their JSON tensors
-/// with the batch dimension first, and the binary data of those asked as
-/// binary.
+/// One requested output of the samples' output bytes (each sample's outputs
+/// one after the other, in the model's order) as a tensor: its datatype, its
+/// shape (the batch dimension first) and its bytes (the top classes as
+/// `BYTES`: each string after its 4-byte little-endian length).
+pub(in crate::node) fn output_raw(
+    meta: &ModelMeta,
+    o: &OutSpec,
+    done: &[InferDone],
+) -> (&'static str, Vec<i64>, Vec<u8>) {
+    let t = &meta.outputs[o.index];
+    let off: usize = meta.outputs[..o.index]
+        .iter()
+        .map(|t| t.sample_bytes())
+        .sum();
+    let rows = done.iter().map(|d| &d.output[off..off + t.sample_bytes()]);
+    let mut shape = vec![done.len() as i64];
+    let mut bytes = Vec::new();
+    match o.classes {
+        None => {
+            shape.extend_from_slice(t.sample_shape());
+            rows.for_each(|r| bytes.extend_from_slice(r));
+            (t.datatype.kserve_name(), shape, bytes)
+        }
+        Some(k) => {
+            shape.push(k as i64);
+            for c in rows.flat_map(|r| top_classes(t.datatype, r, k)) {
+                bytes.extend_from_slice(&(c.len() as u32).to_le_bytes());
+                bytes.extend_from_slice(c.as_bytes());
+            }
+            ("BYTES", shape, bytes)
+        }
+    }
+}
+
+/// The requested `outputs` as JSON tensors, and the binary data of those
+/// asked as binary.
 fn output_tensors(
     meta: &ModelMeta,
     outputs: &[OutSpec],
     done: &[InferDone],
 ) -> (Vec<Value>, Vec<u8>) {
-    let mut offs = Vec::with_capacity(meta.outputs.len());
-    let mut at = 0;
-    for t in &meta.outputs {
-        offs.push(at);
-        at += t.sample_bytes();
-    }
     let mut bin = Vec::new();
     let mut outs = Vec::with_capacity(outputs.len());
     for o in outputs {
         let t = &meta.outputs[o.index];
-        let rows = done
-            .iter()
-            .map(|d| &d.output[offs[o.index]..offs[o.index] + t.sample_bytes()]);
-        let mut shape = vec![done.len() as i64];
-        let mut v = match o.classes {
-            None => {
-                shape.extend_from_slice(t.sample_shape());
-                json!({"name": t.name, "datatype": t.datatype.kserve_name(), "shape": shape})
-            }
-            Some(k) => {
-                shape.push(k as i64);
-                json!({"name": t.name, "datatype": "BYTES", "shape": shape})
-            }
-        };
-        match (o.classes, o.binary) {
-            (None, true) => {
-                let before = bin.len();
-                rows.for_each(|r| bin.extend_from_slice(r));
-                v["parameters"] = json!({"binary_data_size": bin.len() - before});
-            }
-            (None, false) => {
-                let mut data = Vec::with_capacity(t.sample_elems() * done.len());
-                rows.for_each(|r| data.extend(decode_elems(t.datatype, r)));
-                v["data"] = Value::Array(data);
-            }
-            (Some(k), binary) => {
-                let classes: Vec<String> =
-                    rows.flat_map(|r| top_classes(t.datatype, r, k)).collect();
-                if binary {
-                    let before = bin.len();
-                    for c in &classes {
-                        bin.extend_from_slice(&(c.len() as u32).to_le_bytes());
-                        bin.extend_from_slice(c.as_bytes());
-                    }
-                    v["parameters"] = json!({"binary_data_size": bin.len() - before});
-                } else {
-                    v["data"] = json!(classes);
-                }
-            }
+        let (datatype, shape, bytes) = output_raw(meta, o, done);
+        let mut v = json!({"name": t.name, "datatype": datatype, "shape": shape});
+        if o.binary {
+            v["parameters"] = json!({"binary_data_size": bytes.len()});
+            bin.extend_from_slice(&bytes);
+        } else if o.classes.is_some() {
+            v["data"] = json!(bytes_strings(&bytes));
+        } else {
+            v["data"] = Value::Array(decode_elems(t.datatype, &bytes));
         }
         outs.push(v);
     }
     (outs, bin)
+}
+
+/// `BYTES` elements (each after its 4-byte little-endian length) as strings.
+fn bytes_strings(mut b: &[u8]) -> Vec<String> {
+    let mut v = Vec::new();
+    while b.len() >= 4 {
+        let n = u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize;
+        let end = (4 + n).min(b.len());
+        v.push(String::from_utf8_lossy(&b[4..end]).into_owned());
+        b = &b[end..];
+    }
+    v
 }
 
 /// Triton's classification of one sample's output: its `k` largest elements,

@@ -13,9 +13,9 @@ use super::request::{decode_raw, decode_request};
 use super::response::{answer, json_resp, respond, Resp};
 use super::server::Life;
 use super::tensor::HEADER_LEN;
-use super::triton::{config_json, ModelStats};
+use super::triton::{config_json, stats_json, EXTENSIONS};
 use crate::metrics::{self, Histogram, Registry};
-use crate::node::frontend::{Ended, FrontendHandle};
+use crate::node::frontend::FrontendHandle;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH};
@@ -38,8 +38,6 @@ pub(super) struct App {
     codes: Option<Codes>,
     /// Per model: from the request's receipt to the response (infer only).
     infer_time: Vec<Arc<Histogram>>,
-    /// Per model: Triton's statistics (`/v2/models/{m}/stats`).
-    stats: Vec<ModelStats>,
     /// Extra read-only JSON documents: GET /PATH answers the function's JSON.
     json_gets: Vec<(String, JsonGet)>,
     /// Draining (readiness 503) and the requests being answered.
@@ -75,10 +73,6 @@ impl App {
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
         regs.extend(o.extra_metrics.iter().cloned());
-        let stats = models
-            .iter()
-            .map(|m| ModelStats::new(m.meta.as_ref().map_or(1, |x| x.max_batch)))
-            .collect();
         App {
             by_name: models
                 .iter()
@@ -92,7 +86,6 @@ impl App {
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
-            stats,
             infer_time,
             json_gets: Vec::new(),
             life: Arc::default(),
@@ -110,7 +103,6 @@ impl App {
             max_tensor: 0,
             body_timeout: Duration::from_secs(1),
             codes: None,
-            stats: Vec::new(),
             infer_time: Vec::new(),
             json_gets: Vec::new(),
             life: Arc::default(),
@@ -176,7 +168,7 @@ impl App {
                 &json!({
                     "name": "fermata",
                     "version": env!("CARGO_PKG_VERSION"),
-                    "extensions": ["binary_tensor_data", "classification", "model_configuration", "statistics", "parameters"],
+                    "extensions": EXTENSIONS,
                 }),
             ),
             (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
@@ -317,7 +309,7 @@ impl App {
         };
         let v: Vec<Value> = all
             .into_iter()
-            .map(|i| self.stats[i].json(&self.models[i].info.name))
+            .filter_map(|i| Some(stats_json(&self.models[i].info.name, self.fe().stats(i)?)))
             .collect();
         json_resp(StatusCode::OK, &json!({ "model_stats": v }))
     }
@@ -408,32 +400,20 @@ impl App {
                 })??
             }
         };
-        // Every sample is its own task, all handed over before any answer is
-        // awaited (so they wait together, and may share batches).
-        let fe = self.fe();
-        let rxs: Vec<_> = d
-            .samples
-            .into_iter()
-            .map(|s| fe.infer(&m.info.name, d.slo, s, received))
-            .collect();
-        let mut done = Vec::with_capacity(rxs.len());
-        for rx in rxs {
-            done.push(rx.await.map_err(|_| {
+        let done = self
+            .fe()
+            .infer_samples(i, d.slo, d.samples, received)
+            .await
+            .map_err(|_| {
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the frontend is stopping".to_string(),
                 )
-            })?);
-        }
-        let stats = &self.stats[i];
-        for s in &done {
-            if let (Some(f), Ended::Good) = (s.finished_at, s.ended) {
-                stats.sample(s.queue, s.latency.saturating_sub(s.queue), s.batch_size);
-                self.fe().record_margin(i, f.elapsed());
-            }
-        }
+            })?;
         let resp = answer(&m.info, meta, &d.id, &d.outputs, &done);
-        stats.request(resp.is_ok(), received.elapsed());
+        if let Some(s) = self.fe().stats(i) {
+            s.request(resp.is_ok(), received.elapsed());
+        }
         resp
     }
 

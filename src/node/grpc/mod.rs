@@ -1,0 +1,784 @@
+//! The KServe v2 / Triton gRPC API of a frontend (`fermata frontend
+//! --grpc-listen ADDR`, `fermata serve --grpc-port P`): the service
+//! `inference.GRPCInferenceService` of proto/inference.proto, which Triton's
+//! `tritonclient.grpc`, `perf_analyzer -i grpc` and KServe's
+//! `InferenceGRPCClient` speak. tonic serves it on its own tokio runtime,
+//! beside the HTTP API.
+//!
+//! It is the HTTP API's twin: a `ModelInfer` request is turned into the same
+//! parsed request the JSON body gives (each input's raw or typed contents as
+//! little-endian bytes of the binary part, its parameters as JSON values) and
+//! checked by the same code ([`decode_parsed`]): the same batch dimension (a
+//! task per sample), parameters, classification and errors. Outputs come back
+//! as `raw_output_contents`, as Triton answers. The HTTP status of an error
+//! maps to a gRPC code ([`code_of`]): 400 INVALID_ARGUMENT, 404 NOT_FOUND,
+//! 413 RESOURCE_EXHAUSTED, 429 and 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED,
+//! 500 INTERNAL. RPCs the service does not have (shared memory, repository
+//! load/unload, trace and log settings) answer UNIMPLEMENTED.
+//!
+//! `ModelStreamInfer` takes a stream of requests and answers each on the
+//! response stream as it finishes (an error as `error_message`), a few at
+//! once per stream ([`STREAM_IN_FLIGHT`]).
+
+mod pb {
+    #![allow(clippy::all, clippy::pedantic, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
+}
+
+use crate::node::frontend::FrontendHandle;
+use crate::node::http::errors::Fail;
+use crate::node::http::model::HttpModel;
+use crate::node::http::request::{decode_parsed, InferRequest, InputTensor, OutputRequest};
+use crate::node::http::response::{check_done, output_raw};
+use crate::node::http::triton::config_type;
+use crate::repo::{DType, ModelMeta};
+use anyhow::{Context, Result};
+use hyper::StatusCode;
+use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use pb::infer_parameter::ParameterChoice;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_stream::Stream;
+use tonic::codec::CompressionEncoding;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Requests of one `ModelStreamInfer` stream being answered at once.
+pub const STREAM_IN_FLIGHT: usize = 64;
+
+/// gRPC settings of a frontend.
+#[derive(Debug, Clone)]
+pub struct GrpcOpts {
+    /// host:port to listen on (port 0: any free port).
+    pub listen: String,
+    /// Worker threads of its runtime.
+    pub threads: usize,
+    /// Largest request message (bytes, after decompression); larger ones are
+    /// refused with RESOURCE_EXHAUSTED.
+    pub max_message_bytes: usize,
+    /// Largest input tensor a request may declare (bytes).
+    pub max_tensor_bytes: usize,
+}
+
+impl GrpcOpts {
+    pub fn new(listen: &str) -> GrpcOpts {
+        GrpcOpts {
+            listen: listen.to_string(),
+            threads: crate::node::http::default_threads(),
+            max_message_bytes: 64 << 20,
+            max_tensor_bytes: crate::workload::MAX_INPUT_BYTES as usize,
+        }
+    }
+}
+
+/// A running gRPC server (its own tokio runtime).
+pub struct GrpcServer {
+    addr: SocketAddr,
+    rt: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl GrpcServer {
+    /// Serves `fe`'s models at `o.listen`.
+    pub fn start(fe: FrontendHandle, o: &GrpcOpts) -> Result<GrpcServer> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(o.threads.max(1))
+            .thread_name("grpc")
+            .enable_all()
+            .build()
+            .context("cannot start the gRPC runtime")?;
+        let std_listener = std::net::TcpListener::bind(&o.listen)
+            .with_context(|| format!("cannot listen for gRPC at {}", o.listen))?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let models: Vec<HttpModel> = fe.models().iter().map(HttpModel::new).collect();
+        let svc = Svc {
+            by_name: models
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.info.name.clone(), i))
+                .collect(),
+            models,
+            fe,
+            max_tensor: o.max_tensor_bytes,
+        };
+        let service = GrpcInferenceServiceServer::new(Arc::new(svc))
+            .max_decoding_message_size(o.max_message_bytes)
+            .max_encoding_message_size(usize::MAX)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate)
+            .send_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Deflate);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let listener = {
+            let _g = rt.enter();
+            tokio::net::TcpListener::from_std(std_listener)?
+        };
+        rt.spawn(async move {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let r = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stop_rx.await;
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "grpc: the server failed");
+            }
+            let _ = done_tx.send(());
+        });
+        Ok(GrpcServer {
+            addr,
+            rt: Some(rt),
+            stop: Some(stop_tx),
+            done: Some(done_rx),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, lets the calls in flight finish (at most `grace`),
+    /// then closes every connection.
+    pub fn stop(mut self, grace: Duration) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let (Some(rt), Some(done)) = (self.rt.take(), self.done.take()) {
+            let _ = rt.block_on(async { tokio::time::timeout(grace, done).await });
+            rt.shutdown_timeout(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The gRPC code of an HTTP status (see the module docs).
+pub fn code_of(s: StatusCode) -> tonic::Code {
+    use tonic::Code;
+    match s.as_u16() {
+        400 | 405 | 411 | 415 => Code::InvalidArgument,
+        404 => Code::NotFound,
+        408 | 504 => Code::DeadlineExceeded,
+        413 => Code::ResourceExhausted,
+        429 | 503 => Code::Unavailable,
+        _ => Code::Internal,
+    }
+}
+
+fn status((code, msg): Fail) -> Status {
+    Status::new(code_of(code), msg)
+}
+
+/// A parameter's value as JSON, as the HTTP API's parameters are.
+fn param_json(p: &pb::InferParameter) -> Value {
+    match &p.parameter_choice {
+        None => Value::Null,
+        Some(ParameterChoice::BoolParam(b)) => Value::Bool(*b),
+        Some(ParameterChoice::Int64Param(i)) => Value::from(*i),
+        Some(ParameterChoice::StringParam(s)) => Value::String(s.clone()),
+        Some(ParameterChoice::DoubleParam(d)) => Value::from(*d),
+        Some(ParameterChoice::Uint64Param(u)) => Value::from(*u),
+    }
+}
+
+fn params_json(m: &HashMap<String, pb::InferParameter>) -> Option<Map<String, Value>> {
+    if m.is_empty() {
+        return None;
+    }
+    Some(m.iter().map(|(k, v)| (k.clone(), param_json(v))).collect())
+}
+
+/// An input's typed contents as little-endian bytes of its datatype (only
+/// the field its datatype reads may be set).
+fn contents_bytes(
+    name: &str,
+    datatype: &str,
+    c: &pb::InferTensorContents,
+) -> Result<Vec<u8>, Fail> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    let Some(dt) = DType::from_kserve(datatype) else {
+        return Err(bad(format!(
+            "input `{name}`: unknown datatype `{datatype}`"
+        )));
+    };
+    let set = [
+        ("bool_contents", c.bool_contents.len()),
+        ("int_contents", c.int_contents.len()),
+        ("int64_contents", c.int64_contents.len()),
+        ("uint_contents", c.uint_contents.len()),
+        ("uint64_contents", c.uint64_contents.len()),
+        ("fp32_contents", c.fp32_contents.len()),
+        ("fp64_contents", c.fp64_contents.len()),
+        ("bytes_contents", c.bytes_contents.len()),
+    ];
+    let want = match dt {
+        DType::Bool => "bool_contents",
+        DType::U8 => "uint_contents",
+        DType::I8 | DType::I32 => "int_contents",
+        DType::I64 => "int64_contents",
+        DType::F32 => "fp32_contents",
+        DType::F64 => "fp64_contents",
+        DType::F16 => return Err(bad(format!(
+            "input `{name}`: FP16 data goes in raw_input_contents (there is no typed field for it)"
+        ))),
+    };
+    if let Some((other, _)) = set.iter().find(|(f, n)| *n > 0 && *f != want) {
+        return Err(bad(format!(
+            "input `{name}`: contents.{other} given for datatype {datatype}, which reads contents.{want}"
+        )));
+    }
+    let mut out = Vec::new();
+    let small = |v: i64, lo: i64, hi: i64| {
+        (lo..=hi).contains(&v).then_some(v).ok_or_else(|| {
+            bad(format!(
+                "input `{name}`: element {v} is not a valid {datatype}"
+            ))
+        })
+    };
+    match dt {
+        DType::Bool => out.extend(c.bool_contents.iter().map(|&b| u8::from(b))),
+        DType::U8 => {
+            for &v in &c.uint_contents {
+                out.push(small(v as i64, 0, 255)? as u8);
+            }
+        }
+        DType::I8 => {
+            for &v in &c.int_contents {
+                out.push(small(v as i64, -128, 127)? as i8 as u8);
+            }
+        }
+        DType::I32 => c
+            .int_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
+        DType::I64 => c
+            .int64_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
+        DType::F32 => c
+            .fp32_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
+        DType::F64 => c
+            .fp64_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
+        DType::F16 => unreachable!("refused above"),
+    }
+    Ok(out)
+}
+
+/// The service (see the module docs).
+struct Svc {
+    fe: FrontendHandle,
+    models: Vec<HttpModel>,
+    by_name: HashMap<String, usize>,
+    max_tensor: usize,
+}
+
+impl Svc {
+    /// Model `name` at `version` ("" or "1"): its index and metadata.
+    fn model(&self, name: &str, version: &str) -> Result<(usize, &ModelMeta), Status> {
+        let Some(&i) = self.by_name.get(name) else {
+            let served: Vec<&str> = self.models.iter().map(|m| m.info.name.as_str()).collect();
+            return Err(Status::not_found(format!(
+                "unknown model `{name}` (served: {})",
+                served.join(", ")
+            )));
+        };
+        if !version.is_empty() && version != "1" {
+            return Err(Status::not_found(format!(
+                "model `{name}` has no version `{version}` (its versions: 1)"
+            )));
+        }
+        let meta = self.models[i].meta().map_err(Status::internal)?;
+        Ok((i, meta))
+    }
+
+    /// One inference (the unary call's and each stream message's).
+    async fn infer(&self, mut r: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Status> {
+        let received = Instant::now();
+        let (i, meta) = self.model(&r.model_name, &r.model_version)?;
+        // Triton's flag for decoupled models (perf_analyzer sends it): each
+        // answer here is the request's only one, so it is marked final.
+        let final_flag = r
+            .parameters
+            .remove("triton_enable_empty_final_response")
+            .is_some_and(|p| matches!(p.parameter_choice, Some(ParameterChoice::BoolParam(true))));
+        let raw = !r.raw_input_contents.is_empty();
+        if raw && r.raw_input_contents.len() != r.inputs.len() {
+            return Err(Status::invalid_argument(format!(
+                "raw_input_contents has {} entries for {} inputs: one per input, in their order",
+                r.raw_input_contents.len(),
+                r.inputs.len()
+            )));
+        }
+        let mut raws = std::mem::take(&mut r.raw_input_contents);
+        let mut bin = Vec::new();
+        let mut inputs = Vec::with_capacity(r.inputs.len());
+        for (k, t) in std::mem::take(&mut r.inputs).into_iter().enumerate() {
+            let bytes = match (&t.contents, raw) {
+                (Some(_), true) => {
+                    return Err(Status::invalid_argument(format!(
+                        "input `{}`: both contents and raw_input_contents are given",
+                        t.name
+                    )))
+                }
+                (Some(c), false) => contents_bytes(&t.name, &t.datatype, c).map_err(status)?,
+                (None, true) => std::mem::take(&mut raws[k]),
+                (None, false) => {
+                    return Err(Status::invalid_argument(format!(
+                        "input `{}`: no contents and no raw_input_contents",
+                        t.name
+                    )))
+                }
+            };
+            let params = params_json(&t.parameters).unwrap_or_default();
+            inputs.push(InputTensor::binary(
+                t.name,
+                t.datatype,
+                t.shape,
+                params,
+                bytes.len(),
+            ));
+            bin.extend_from_slice(&bytes);
+        }
+        let outputs = (!r.outputs.is_empty()).then(|| {
+            r.outputs
+                .iter()
+                .map(|o| OutputRequest {
+                    name: o.name.clone(),
+                    parameters: params_json(&o.parameters),
+                })
+                .collect()
+        });
+        let req = InferRequest {
+            id: (!r.id.is_empty()).then(|| Value::String(r.id.clone())),
+            parameters: params_json(&r.parameters),
+            inputs,
+            outputs,
+        };
+        let d = decode_parsed(meta, req, &bin, self.max_tensor).map_err(status)?;
+        drop(bin);
+        let done = self
+            .fe
+            .infer_samples(i, d.slo, d.samples, received)
+            .await
+            .map_err(|_| Status::unavailable("the frontend is stopping"))?;
+        let info = &self.models[i].info;
+        let checked = check_done(info, meta, &done);
+        if let Some(s) = self.fe.stats(i) {
+            s.request(checked.is_ok(), received.elapsed());
+        }
+        checked.map_err(status)?;
+        let mut resp = pb::ModelInferResponse {
+            model_name: info.name.clone(),
+            model_version: "1".into(),
+            id: r.id,
+            ..Default::default()
+        };
+        for o in &d.outputs {
+            let (datatype, shape, bytes) = output_raw(meta, o, &done);
+            resp.outputs
+                .push(pb::model_infer_response::InferOutputTensor {
+                    name: meta.outputs[o.index].name.clone(),
+                    datatype: datatype.to_string(),
+                    shape,
+                    ..Default::default()
+                });
+            resp.raw_output_contents.push(bytes);
+        }
+        let most = |f: fn(&crate::node::frontend::InferDone) -> f64| {
+            done.iter().map(f).fold(0.0, f64::max)
+        };
+        let dp = |v: f64| pb::InferParameter {
+            parameter_choice: Some(ParameterChoice::DoubleParam(v)),
+        };
+        resp.parameters.insert(
+            "fermata_latency_us".into(),
+            dp(most(|d| d.latency.as_secs_f64() * 1e6)),
+        );
+        resp.parameters.insert(
+            "fermata_queue_us".into(),
+            dp(most(|d| d.queue.as_secs_f64() * 1e6)),
+        );
+        let b = done.iter().map(|d| d.batch_size).max().unwrap_or(0);
+        if final_flag {
+            resp.parameters.insert(
+                "triton_final_response".into(),
+                pb::InferParameter {
+                    parameter_choice: Some(ParameterChoice::BoolParam(true)),
+                },
+            );
+        }
+        resp.parameters.insert(
+            "fermata_batch_size".into(),
+            pb::InferParameter {
+                parameter_choice: Some(ParameterChoice::Int64Param(b as i64)),
+            },
+        );
+        Ok(resp)
+    }
+}
+
+fn tensors(ts: &[crate::repo::TensorMeta]) -> Vec<pb::model_metadata_response::TensorMetadata> {
+    ts.iter()
+        .map(|t| pb::model_metadata_response::TensorMetadata {
+            name: t.name.clone(),
+            datatype: t.datatype.kserve_name().into(),
+            shape: t.shape.clone(),
+        })
+        .collect()
+}
+
+fn data_type(d: DType) -> i32 {
+    pb::DataType::from_str_name(config_type(d)).map_or(0, |t| t as i32)
+}
+
+fn duration(s: crate::node::frontend::stats::Stat) -> Option<pb::StatisticDuration> {
+    Some(pb::StatisticDuration {
+        count: s.count,
+        ns: s.ns,
+    })
+}
+
+type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Arc<Svc> {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        Ok(Response::new(pb::ServerReadyResponse {
+            ready: self.fe.ready().is_ok(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        r: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let r = r.into_inner();
+        let ready = match self.model(&r.name, &r.version) {
+            Ok(_) => self.fe.ready().is_ok(),
+            // Triton answers false for a version it does not have.
+            Err(e) if e.message().contains("has no version") => false,
+            Err(e) => return Err(e),
+        };
+        Ok(Response::new(pb::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: "fermata".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: crate::node::http::triton::EXTENSIONS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        r: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        let r = r.into_inner();
+        let (i, meta) = self.model(&r.name, &r.version)?;
+        Ok(Response::new(pb::ModelMetadataResponse {
+            name: self.models[i].info.name.clone(),
+            versions: vec!["1".into()],
+            platform: "fermata".into(),
+            inputs: tensors(&meta.inputs),
+            outputs: tensors(&meta.outputs),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        r: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        self.infer(r.into_inner()).await.map(Response::new)
+    }
+
+    type ModelStreamInferStream = InferStream;
+
+    async fn model_stream_infer(
+        &self,
+        r: Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<InferStream>, Status> {
+        let mut inbound = r.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
+        let svc = self.clone();
+        let slots = Arc::new(tokio::sync::Semaphore::new(STREAM_IN_FLIGHT));
+        tokio::spawn(async move {
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        break;
+                    }
+                };
+                let Ok(permit) = slots.clone().acquire_owned().await else {
+                    break;
+                };
+                let (svc, tx) = (svc.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let id = msg.id.clone();
+                    let out = match svc.infer(msg).await {
+                        Ok(resp) => pb::ModelStreamInferResponse {
+                            error_message: String::new(),
+                            infer_response: Some(resp),
+                        },
+                        Err(e) => pb::ModelStreamInferResponse {
+                            error_message: e.message().to_string(),
+                            infer_response: Some(pb::ModelInferResponse {
+                                id,
+                                ..Default::default()
+                            }),
+                        },
+                    };
+                    let _ = tx.send(Ok(out)).await;
+                    drop(permit);
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn model_config(
+        &self,
+        r: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        let r = r.into_inner();
+        let (i, meta) = self.model(&r.name, &r.version)?;
+        let emulated = self.models[i].info.meta().is_none();
+        let input = meta
+            .inputs
+            .iter()
+            .map(|t| pb::ModelInput {
+                name: t.name.clone(),
+                data_type: data_type(t.datatype),
+                format: 0,
+                dims: t.sample_shape().to_vec(),
+            })
+            .collect();
+        let output = meta
+            .outputs
+            .iter()
+            .map(|t| pb::ModelOutput {
+                name: t.name.clone(),
+                data_type: data_type(t.datatype),
+                dims: t.sample_shape().to_vec(),
+            })
+            .collect();
+        let (platform, backend) = crate::node::http::triton::platform(emulated);
+        let mut parameters = HashMap::new();
+        parameters.insert(
+            "fermata_slo_ms".to_string(),
+            pb::ModelParameter {
+                string_value: meta.slo_ms.to_string(),
+            },
+        );
+        let config = pb::ModelConfig {
+            name: meta.name.clone(),
+            platform: platform.into(),
+            backend: backend.into(),
+            version_policy: Some(pb::ModelVersionPolicy {
+                policy_choice: Some(pb::model_version_policy::PolicyChoice::Latest(
+                    pb::model_version_policy::Latest { num_versions: 1 },
+                )),
+            }),
+            max_batch_size: meta.max_batch as i32,
+            input,
+            output,
+            instance_group: vec![pb::ModelInstanceGroup {
+                name: meta.name.clone(),
+                count: 1,
+                kind: if emulated { 2 } else { 1 },
+            }],
+            dynamic_batching: Some(pb::ModelDynamicBatching {
+                preferred_batch_size: Vec::new(),
+                max_queue_delay_microseconds: 0,
+                preserve_ordering: true,
+                default_queue_policy: Some(pb::ModelQueuePolicy {
+                    timeout_action: 0,
+                    default_timeout_microseconds: (meta.slo_ms * 1e3).round().max(0.0) as u64,
+                    allow_timeout_override: true,
+                    max_queue_size: 0,
+                }),
+            }),
+            parameters,
+        };
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(config),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        r: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let r = r.into_inner();
+        let which: Vec<usize> = if r.name.is_empty() {
+            (0..self.models.len()).collect()
+        } else {
+            vec![self.model(&r.name, &r.version)?.0]
+        };
+        let mut model_stats = Vec::new();
+        for i in which {
+            let Some(s) = self.fe.stats(i) else { continue };
+            let v = s.snapshot();
+            let n = v.compute_infer.count;
+            let zero = |count| duration(crate::node::frontend::stats::Stat { count, ns: 0 });
+            model_stats.push(pb::ModelStatistics {
+                name: self.models[i].info.name.clone(),
+                version: "1".into(),
+                last_inference: v.last_inference_ms,
+                inference_count: v.inference_count,
+                execution_count: v.execution_count,
+                inference_stats: Some(pb::InferStatistics {
+                    success: duration(v.success),
+                    fail: duration(v.fail),
+                    queue: duration(v.queue),
+                    compute_input: zero(n),
+                    compute_infer: duration(v.compute_infer),
+                    compute_output: zero(n),
+                    cache_hit: zero(0),
+                    cache_miss: zero(0),
+                }),
+                batch_stats: v
+                    .batches
+                    .iter()
+                    .map(|b| pb::InferBatchStatistics {
+                        batch_size: b.size,
+                        compute_input: zero(b.count),
+                        compute_infer: duration(crate::node::frontend::stats::Stat {
+                            count: b.count,
+                            ns: b.ns,
+                        }),
+                        compute_output: zero(b.count),
+                    })
+                    .collect(),
+            });
+        }
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+    }
+
+    async fn repository_index(
+        &self,
+        _: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let state = if self.fe.ready().is_ok() {
+            "READY"
+        } else {
+            "UNAVAILABLE"
+        };
+        Ok(Response::new(pb::RepositoryIndexResponse {
+            models: self
+                .models
+                .iter()
+                .map(|m| pb::repository_index_response::ModelIndex {
+                    name: m.info.name.clone(),
+                    version: "1".into(),
+                    state: state.into(),
+                    reason: String::new(),
+                })
+                .collect(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_contents_become_little_endian_bytes_of_their_datatype() {
+        let c = pb::InferTensorContents {
+            fp32_contents: vec![1.5, -2.0],
+            ..Default::default()
+        };
+        let b = contents_bytes("x", "FP32", &c).unwrap();
+        assert_eq!(b, [1.5f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat());
+        let c = pb::InferTensorContents {
+            uint_contents: vec![7, 300],
+            ..Default::default()
+        };
+        let e = contents_bytes("u", "UINT8", &c).unwrap_err();
+        assert!(e.1.contains("300 is not a valid UINT8"), "{e:?}");
+        let e = contents_bytes(
+            "x",
+            "INT64",
+            &pb::InferTensorContents {
+                fp32_contents: vec![1.0],
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(
+            e.1.contains("contents.fp32_contents given for datatype INT64"),
+            "{e:?}"
+        );
+        assert!(contents_bytes("h", "FP16", &c)
+            .unwrap_err()
+            .1
+            .contains("raw_input_contents"));
+    }
+
+    #[test]
+    fn http_statuses_map_to_grpc_codes() {
+        assert_eq!(
+            code_of(StatusCode::BAD_REQUEST),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            code_of(StatusCode::TOO_MANY_REQUESTS),
+            tonic::Code::Unavailable
+        );
+        assert_eq!(
+            code_of(StatusCode::GATEWAY_TIMEOUT),
+            tonic::Code::DeadlineExceeded
+        );
+        assert_eq!(
+            code_of(StatusCode::PAYLOAD_TOO_LARGE),
+            tonic::Code::ResourceExhausted
+        );
+        assert_eq!(
+            code_of(StatusCode::INTERNAL_SERVER_ERROR),
+            tonic::Code::Internal
+        );
+    }
+}
