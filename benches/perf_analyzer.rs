@@ -1,20 +1,24 @@
-//! Triton's perf_analyzer against `fermata serve --executor onnx` over HTTP, in
-//! open-loop request-rate mode: for each rate a fresh server, then
-//! perf_analyzer's client-side latency percentiles and throughput. Prints a
-//! JSON line per rate and, per model, the highest rate whose p99 is under the
+//! Triton's perf_analyzer against `fermata serve --executor onnx` over HTTP and
+//! gRPC, in open-loop request-rate mode: for each rate a fresh server, then
+//! perf_analyzer's client-side latency percentiles and throughput; then closed
+//! loop at 1 and 64 connections (`--concurrency`), where the two protocols'
+//! latencies on the same server show what each adds. Prints a JSON line per
+//! run and, per model and protocol, the highest rate whose p99 is under the
 //! model's SLO (a rate where perf_analyzer stopped on an error response, a
 //! request dropped or late, does not count, nor one the client could not keep:
 //! more than 1% of its requests sent late or a throughput 2% short) and
 //! p50/p99 at 100 r/s. perf_analyzer runs on the same machine: on few cores
 //! the client is what limits the highest rate.
 //!
-//!     cargo bench --bench perf_analyzer                       # mlp, the default rates
-//!     cargo bench --bench perf_analyzer -- --models mlp,cnn --rates 100,1000,4000
+//!     cargo bench --bench perf_analyzer                 # mlp, HTTP and gRPC, the default rates
+//!     cargo bench --bench perf_analyzer -- --models mlp,cnn --rates 100,1000,4000 \
+//!         --protocols grpc --concurrency 1,64
 //!
 //! Needs scripts/setup.sh (ONNX Runtime, perf_analyzer). Run without `--bench`
-//! (as `cargo test --all-targets` does) it makes one short run at 100 r/s.
+//! (as `cargo test --all-targets` does) it makes one short run per protocol at
+//! 100 r/s and one at 1 connection.
 
-use fermata::harness::procs::Proc;
+use fermata::harness::procs::{self, Proc};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,34 +28,12 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A fresh `serve --executor onnx` on an ephemeral port.
-fn serve() -> (Proc, String) {
-    let models = root().join("models").display().to_string();
-    let args: Vec<String> = [
-        "serve",
-        "--executor",
-        "onnx",
-        "--http-port",
-        "0",
-        "--http-drain-ready-ms",
-        "0",
-        "--models",
-        &models,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+/// A fresh `serve --executor onnx` with HTTP and gRPC on ephemeral ports:
+/// the process and the address of `protocol`'s API.
+fn serve(protocol: &str) -> (Proc, String) {
     let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
-    let mut p = Proc::spawn(exe, "serve", &args, false).expect("serve");
-    let addr = p
-        .wait_for("the HTTP address", Duration::from_secs(60), |l| {
-            l.split("http://")
-                .nth(1)
-                .and_then(|s| s.split_whitespace().next())
-                .map(str::to_string)
-        })
-        .expect("serve's address");
-    (p, addr)
+    let (p, http, grpc) = procs::serve_apis(exe, &root().join("models"), &[]).expect("serve");
+    (p, if protocol == "grpc" { grpc } else { http })
 }
 
 /// A number after `key` on a line of perf_analyzer's client section.
@@ -63,16 +45,39 @@ fn field(text: &str, key: &str) -> Option<f64> {
     })
 }
 
-/// One rate: perf_analyzer's numbers, or the error it stopped on.
-fn measure(model: &str, rate: u32, requests: u32) -> Value {
-    let (p, addr) = serve();
-    let out = Command::new(root().join("scripts/perf_analyzer"))
-        .args(["-m", model, "-u", &addr])
-        .args(["--request-rate-range", &rate.to_string()])
+/// How perf_analyzer loads the server.
+#[derive(Clone, Copy)]
+enum Load {
+    /// Open loop at this many requests/s.
+    Rate(u32),
+    /// Closed loop with this many requests outstanding (connections).
+    Concurrency(u32),
+}
+
+/// One load: perf_analyzer's numbers, or the error it stopped on.
+fn measure(model: &str, protocol: &str, load: Load, requests: u32) -> Value {
+    let (p, addr) = serve(protocol);
+    let mut cmd = Command::new(root().join("scripts/perf_analyzer"));
+    cmd.args(["-m", model, "-u", &addr, "-i", protocol]);
+    let (mode, n) = match load {
+        Load::Rate(r) => {
+            cmd.args([
+                "--request-rate-range",
+                &r.to_string(),
+                "--max-threads",
+                "64",
+            ]);
+            ("rate", r)
+        }
+        Load::Concurrency(c) => {
+            cmd.args(["--concurrency-range", &c.to_string()]);
+            ("concurrency", c)
+        }
+    };
+    let out = cmd
         .args(["--measurement-mode", "count_windows"])
         .args(["--measurement-request-count", &requests.to_string()])
         .args(["--stability-percentage", "1000", "--max-trials", "5"])
-        .args(["--max-threads", "64"])
         .output()
         .expect("scripts/perf_analyzer");
     let _ = p.stop(Duration::from_secs(10));
@@ -90,7 +95,7 @@ fn measure(model: &str, rate: u32, requests: u32) -> Value {
             .unwrap_or("perf_analyzer failed")
             .trim()
             .to_string();
-        return json!({"model": model, "rate": rate, "ok": false, "error": why});
+        return json!({"model": model, "protocol": protocol, mode: n, "ok": false, "error": why});
     }
     let us = |k: &str| field(&text, k).map(|v| v / 1e3);
     // "[WARNING] Perf Analyzer was not able to keep up with the desired request
@@ -103,10 +108,11 @@ fn measure(model: &str, rate: u32, requests: u32) -> Value {
         .and_then(|x| x.parse::<f64>().ok())
         .unwrap_or(0.0);
     json!({
-        "delayed_pct": delayed,
         "model": model,
-        "rate": rate,
+        "protocol": protocol,
+        mode: n,
         "ok": true,
+        "delayed_pct": delayed,
         "throughput": field(&text, "Throughput:"),
         "p50_ms": us("p50 latency:"),
         "p99_ms": us("p99 latency:"),
@@ -141,6 +147,16 @@ fn main() {
         None => vec![100],
     };
     let requests = if full { 2000 } else { 100 };
+    let protocols: Vec<String> = opt("--protocols")
+        .unwrap_or_else(|| "http,grpc".into())
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let conns: Vec<u32> = match opt("--concurrency") {
+        Some(c) => c.split(',').map(|x| x.parse().expect("a count")).collect(),
+        None if full => vec![1, 64],
+        None => vec![1],
+    };
     if !root().join(".deps/pa/bin/perf_analyzer").exists() {
         eprintln!("perf_analyzer is not installed in .deps/pa: run scripts/setup.sh");
         std::process::exit(2);
@@ -148,35 +164,49 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     for m in &models {
         let slo = slo_ms(m);
-        let mut best: Option<u32> = None;
-        let mut light = Value::Null;
-        for &r in &rates {
-            let v = measure(m, r, requests);
-            println!("{v}");
-            if r == 100 {
-                light = v.clone();
+        for proto in &protocols {
+            let mut best: Option<u32> = None;
+            let mut light = Value::Null;
+            for &r in &rates {
+                let v = measure(m, proto, Load::Rate(r), requests);
+                println!("{v}");
+                if r == 100 {
+                    light = v.clone();
+                }
+                // The rate counts when the client kept it (at most 1% of the
+                // requests sent late, the throughput within 2% of it) and p99
+                // is under the SLO.
+                let kept = v["delayed_pct"].as_f64().is_some_and(|d| d <= 1.0)
+                    && v["throughput"]
+                        .as_f64()
+                        .is_some_and(|t| t >= 0.98 * r as f64);
+                let met = v["ok"] == true && kept && v["p99_ms"].as_f64().is_some_and(|p| p < slo);
+                if met {
+                    best = Some(best.map_or(r, |b| b.max(r)));
+                }
             }
-            // The rate counts when the client kept it (at most 1% of the
-            // requests sent late, the throughput within 2% of it) and p99 is
-            // under the SLO.
-            let kept = v["delayed_pct"].as_f64().is_some_and(|d| d <= 1.0)
-                && v["throughput"]
-                    .as_f64()
-                    .is_some_and(|t| t >= 0.98 * r as f64);
-            let met = v["ok"] == true && kept && v["p99_ms"].as_f64().is_some_and(|p| p < slo);
-            if met {
-                best = Some(best.map_or(r, |b| b.max(r)));
-            }
+            // Closed loop at 1 and 64 connections: the latency each protocol
+            // adds on the same server and model.
+            let closed: Vec<Value> = conns
+                .iter()
+                .map(|&c| {
+                    let v = measure(m, proto, Load::Concurrency(c), requests);
+                    println!("{v}");
+                    json!({"connections": c, "p50_ms": v["p50_ms"], "p99_ms": v["p99_ms"], "throughput": v["throughput"]})
+                })
+                .collect();
+            println!(
+                "{}",
+                json!({
+                    "model": m,
+                    "protocol": proto,
+                    "slo_ms": slo,
+                    "cores": cores,
+                    "highest_rate_p99_under_slo": best,
+                    "at_100_rps": {"p50_ms": light["p50_ms"], "p99_ms": light["p99_ms"]},
+                    "closed_loop": closed,
+                })
+            );
         }
-        println!(
-            "{}",
-            json!({
-                "model": m,
-                "slo_ms": slo,
-                "cores": cores,
-                "highest_rate_p99_under_slo": best,
-                "at_100_rps": {"p50_ms": light["p50_ms"], "p99_ms": light["p99_ms"]},
-            })
-        );
     }
 }

@@ -10,7 +10,7 @@
 //! (tritonclient, onnxruntime, numpy) and perf_analyzer in .deps/pa; without
 //! them it fails with the setup hint, it does not skip.
 
-use fermata::harness::procs::Proc;
+use fermata::harness::procs::{self, Proc};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,39 +23,8 @@ fn root() -> PathBuf {
 /// `fermata serve --executor onnx` with HTTP and gRPC on ephemeral ports: the
 /// process and the two addresses (host:port).
 fn serve(extra: &[&str]) -> (Proc, String, String) {
-    let mut args: Vec<String> = [
-        "serve",
-        "--executor",
-        "onnx",
-        "--http-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--http-drain-ready-ms",
-        "0",
-        "--models",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.push(root().join("models").display().to_string());
-    args.extend(extra.iter().map(|s| s.to_string()));
     let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
-    let mut p = Proc::spawn(exe, "serve", &args, false).unwrap();
-    let line = p
-        .wait_for("the API addresses", Duration::from_secs(60), |l| {
-            l.contains("gRPC API listening on").then(|| l.to_string())
-        })
-        .unwrap();
-    let after = |key: &str| {
-        line.split(key)
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no `{key}` in {line}"))
-            .to_string()
-    };
-    let (http, grpc) = (after("http://"), after("gRPC API listening on "));
-    (p, http, grpc)
+    procs::serve_apis(exe, &root().join("models"), extra).unwrap()
 }
 
 /// Runs a client script of tests/clients with .deps/py on the path; panics

@@ -31,13 +31,20 @@ fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
 }
 
-#[test]
-fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
-    let dir = std::env::temp_dir().join(format!("fermata-procs-{}", std::process::id()));
+/// WORKLOAD written to a fresh folder named after `tag`: the folder, the
+/// file and the workload.
+fn workload_file(tag: &str) -> (PathBuf, PathBuf, Workload) {
+    let dir = std::env::temp_dir().join(format!("fermata-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("w.toml");
     std::fs::write(&path, WORKLOAD).unwrap();
     let w = Workload::from_file(&path).unwrap();
+    (dir, path, w)
+}
+
+#[test]
+fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
+    let (dir, path, w) = workload_file("procs");
     let c = ProcCluster::start(
         &exe(),
         &ProcOpts {
@@ -93,11 +100,7 @@ fn processes_on_loopback_serve_every_request_once_with_the_right_bytes() {
 /// its inputs and push results there; every request is served.
 #[test]
 fn a_frontend_bound_to_every_interface_advertises_its_host() {
-    let dir = std::env::temp_dir().join(format!("fermata-adv-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("w.toml");
-    std::fs::write(&path, WORKLOAD).unwrap();
-    let w = Workload::from_file(&path).unwrap();
+    let (dir, path, w) = workload_file("adv");
     let c = ProcCluster::start(
         &exe(),
         &ProcOpts {

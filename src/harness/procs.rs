@@ -556,3 +556,29 @@ mod tests {
         assert!(super::proc_cpu_seconds(u32::MAX).is_nan());
     }
 }
+
+/// `fermata serve --executor onnx --models MODELS` (the binary `exe`) serving
+/// HTTP and gRPC on ephemeral ports of loopback, with `extra` arguments: the
+/// process and the two APIs' addresses (host:port), once it announced them.
+pub fn serve_apis(exe: &Path, models: &Path, extra: &[&str]) -> Result<(Proc, String, String)> {
+    let mut args: Vec<String> = ["serve", "--executor", "onnx", "--http-port", "0"]
+        .iter()
+        .chain(&["--grpc-port", "0", "--http-drain-ready-ms", "0", "--models"])
+        .map(|s| s.to_string())
+        .collect();
+    args.push(models.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut p = Proc::spawn(exe, "serve", &args, false)?;
+    let line = p.wait_for("the API addresses", Duration::from_secs(60), |l| {
+        l.contains("gRPC API listening on").then(|| l.to_string())
+    })?;
+    let after = |key: &str| {
+        line.split(key)
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .map(str::to_string)
+            .with_context(|| format!("no `{key}` in {line:?}"))
+    };
+    let (http, grpc) = (after("http://")?, after("gRPC API listening on ")?);
+    Ok((p, http, grpc))
+}

@@ -10,44 +10,31 @@ Run by `cargo test --test clients`. One line per check; exits 1 on the first
 failure, 0 when all pass.
 """
 
-import argparse
 import asyncio
 import os
 import queue
 import sys
-import time
 
 import numpy as np
-import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-CHECKS = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks, Reference, expect, run  # noqa: E402
 
-
-def check(name):
-    def wrap(f):
-        CHECKS.append((name, f))
-        return f
-    return wrap
-
-
-def expect(cond, what):
-    if not cond:
-        raise AssertionError(what)
+check = Checks()
 
 
 class Ctx:
     def __init__(self, url, models):
         self.url = url
         self.client = grpcclient.InferenceServerClient(url=url)
-        self.mlp = ort.InferenceSession(os.path.join(models, "mlp.onnx"),
-                                        providers=["CPUExecutionProvider"])
+        self.ref = Reference(models)
         self.rng = np.random.default_rng(17)
 
     def logits(self, x):
-        return self.mlp.run(None, {"input": x})[0]
+        return self.ref.logits(x)
 
     def infer(self, inputs, outputs=None, **kw):
         """Sent again when dropped or late (UNAVAILABLE / DEADLINE_EXCEEDED
@@ -201,33 +188,5 @@ def aio(c):
     asyncio.run(go())
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--models", default="models")
-    a = ap.parse_args()
-    c = Ctx(a.url, a.models)
-    deadline = time.time() + 20
-    while True:
-        try:
-            if c.client.is_server_ready():
-                break
-        except InferenceServerException:
-            pass
-        if time.time() > deadline:
-            print("not ready in 20 s", file=sys.stderr)
-            return 1
-        time.sleep(0.1)
-    for name, f in CHECKS:
-        try:
-            f(c)
-        except Exception as e:  # noqa: BLE001 - report which check and why
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-            return 1
-        print(f"ok   {name}")
-    print(f"{len(CHECKS)} checks passed")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__, check, Ctx, lambda c: c.client.is_server_ready()))

@@ -9,42 +9,34 @@ Run by `cargo test --test clients`. Prints one line per check; exits 1 on the
 first failure (with what was seen), 0 when all pass.
 """
 
-import argparse
 import asyncio
 import gzip
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import numpy as np
-import onnxruntime as ort
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-CHECKS = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks, Reference, expect, run  # noqa: E402
 
-
-def check(name):
-    def wrap(f):
-        CHECKS.append((name, f))
-        return f
-    return wrap
+check = Checks()
 
 
 class Ctx:
     def __init__(self, url, models):
         self.url = url
         self.client = httpclient.InferenceServerClient(url=url)
-        self.mlp = ort.InferenceSession(os.path.join(models, "mlp.onnx"),
-                                        providers=["CPUExecutionProvider"])
+        self.ref = Reference(models)
         self.rng = np.random.default_rng(16)
 
     def logits(self, x):
-        return self.mlp.run(None, {"input": x})[0]
+        return self.ref.logits(x)
 
     def infer(self, inputs, outputs=None, **kw):
         """An inference, sent again when it was dropped or late (a deferred
@@ -68,11 +60,6 @@ class Ctx:
                 return r.status, dict(r.headers), r.read()
         except urllib.error.HTTPError as e:
             return e.code, dict(e.headers), e.read()
-
-
-def expect(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def refused(f, status, text):
@@ -245,28 +232,5 @@ def aio(c):
     asyncio.run(go())
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--models", default="models")
-    a = ap.parse_args()
-    c = Ctx(a.url, a.models)
-    deadline = time.time() + 20
-    while not c.client.is_server_ready():
-        if time.time() > deadline:
-            print("not ready in 20 s", file=sys.stderr)
-            return 1
-        time.sleep(0.1)
-    for name, f in CHECKS:
-        try:
-            f(c)
-        except Exception as e:  # noqa: BLE001 - report which check and why
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-            return 1
-        print(f"ok   {name}")
-    print(f"{len(CHECKS)} checks passed")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__, check, Ctx, lambda c: c.client.is_server_ready()))

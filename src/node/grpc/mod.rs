@@ -235,9 +235,11 @@ fn contents_bytes(
         DType::I64 => "int64_contents",
         DType::F32 => "fp32_contents",
         DType::F64 => "fp64_contents",
-        DType::F16 => return Err(bad(format!(
+        DType::F16 => {
+            return Err(bad(format!(
             "input `{name}`: FP16 data goes in raw_input_contents (there is no typed field for it)"
-        ))),
+        )))
+        }
     };
     if let Some((other, _)) = set.iter().find(|(f, n)| *n > 0 && *f != want) {
         return Err(bad(format!(

@@ -984,6 +984,19 @@ mod tests {
         assert!(next - now >= Dur(member::BACKOFF_MIN.0 * 2 * 3 / 4));
     }
 
+    /// The new session's `RegisterAck` (node 4, GPUs 12 and 13) on the
+    /// connection 7 at `at`; what the backend does then.
+    fn rejoin_ack(p: &mut BackendProto, at: Time) -> Vec<Action> {
+        let ack = Msg::RegisterAck {
+            node: 4,
+            heartbeat_ms: 50,
+            gpu_ids: vec![GpuId(12), GpuId(13)],
+            models: vec![],
+        };
+        p.handle_msg(at, 7, ack);
+        drain(p)
+    }
+
     #[test]
     fn a_rejoin_unloads_the_models_the_new_scheduler_did_not_ask_for() {
         let mut p = ready();
@@ -1004,14 +1017,7 @@ mod tests {
         p.handle_loaded(ModelId(1), Ok(Some(5)));
         drain(&mut p);
         assert!(p.has_loaded(ModelId(0)), "kept until the ack");
-        let ack = Msg::RegisterAck {
-            node: 4,
-            heartbeat_ms: 50,
-            gpu_ids: vec![GpuId(12), GpuId(13)],
-            models: vec![],
-        };
-        p.handle_msg(t + Dur::from_ms(22), 7, ack);
-        let acts = drain(&mut p);
+        let acts = rejoin_ack(&mut p, t + Dur::from_ms(22));
         let unloads: Vec<_> = acts
             .iter()
             .filter_map(|a| match a {
@@ -1092,14 +1098,7 @@ mod tests {
         other.input_bytes = 128;
         p.handle_msg(t + Dur::from_ms(21), 7, Msg::LoadModel { model: other });
         assert!(matches!(drain(&mut p)[..], [Action::Load(..)]));
-        let ack = Msg::RegisterAck {
-            node: 4,
-            heartbeat_ms: 50,
-            gpu_ids: vec![GpuId(12), GpuId(13)],
-            models: vec![],
-        };
-        p.handle_msg(t + Dur::from_ms(22), 7, ack);
-        let acts = drain(&mut p);
+        let acts = rejoin_ack(&mut p, t + Dur::from_ms(22));
         assert!(acts.iter().any(|a| matches!(
             a,
             Action::Ready { gpus, away: Some(d) } if gpus == &vec![GpuId(12), GpuId(13)] && *d > Dur::ZERO

@@ -1,0 +1,73 @@
+"""What the client scripts of tests/clients share: their checks' registry,
+assertions, the reference model (mlp run by ONNX Runtime in Python), and the
+main loop (wait until ready, run every check, one line each)."""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+
+class Checks:
+    """Checks in the order they are declared."""
+
+    def __init__(self):
+        self.all = []
+
+    def __call__(self, name):
+        def wrap(f):
+            self.all.append((name, f))
+            return f
+        return wrap
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+class Reference:
+    """The shipped mlp, run directly by ONNX Runtime."""
+
+    def __init__(self, models):
+        self.mlp = ort.InferenceSession(os.path.join(models, "mlp.onnx"),
+                                        providers=["CPUExecutionProvider"])
+
+    def logits(self, x):
+        return self.mlp.run(None, {"input": x})[0]
+
+    def same(self, got, x):
+        return np.allclose(got, self.logits(x), rtol=1e-5, atol=1e-6)
+
+
+def run(doc, checks, make_ctx, ready):
+    """Parses --url and --models, makes the context, waits until `ready(ctx)`
+    (20 s at most), then runs every check; the exit status."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--models", default="models")
+    a = ap.parse_args()
+    c = make_ctx(a.url, a.models)
+    deadline = time.time() + 20
+    while True:
+        try:
+            if ready(c):
+                break
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if time.time() > deadline:
+            print("not ready in 20 s", file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+    for name, f in checks.all:
+        try:
+            f(c)
+        except Exception as e:  # noqa: BLE001 - report which check and why
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+            return 1
+        print(f"ok   {name}")
+    print(f"{len(checks.all)} checks passed")
+    return 0
