@@ -538,25 +538,6 @@ pub fn self_cpu_seconds() -> f64 {
     proc_cpu_seconds(std::process::id())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn cpu_time_of_a_busy_process_grows() {
-        let before = super::self_cpu_seconds();
-        assert!(before >= 0.0, "{before}");
-        let t = std::time::Instant::now();
-        let mut x = 0u64;
-        while t.elapsed() < std::time::Duration::from_millis(150) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-        }
-        std::hint::black_box(x);
-        let spent = super::self_cpu_seconds() - before;
-        // At least a clock tick (10 ms) of the 150 ms spun shows.
-        assert!(spent >= 0.01, "{spent}");
-        assert!(super::proc_cpu_seconds(u32::MAX).is_nan());
-    }
-}
-
 /// `fermata serve --executor onnx --models MODELS` (the binary `exe`) serving
 /// HTTP and gRPC on ephemeral ports of loopback, with `extra` arguments: the
 /// process and the two APIs' addresses (host:port), once it announced them.
@@ -581,4 +562,23 @@ pub fn serve_apis(exe: &Path, models: &Path, extra: &[&str]) -> Result<(Proc, St
     };
     let (http, grpc) = (after("http://")?, after("gRPC API listening on ")?);
     Ok((p, http, grpc))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_time_of_a_busy_process_grows() {
+        let before = super::self_cpu_seconds();
+        assert!(before >= 0.0, "{before}");
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(150) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let spent = super::self_cpu_seconds() - before;
+        // At least a clock tick (10 ms) of the 150 ms spun shows.
+        assert!(spent >= 0.01, "{spent}");
+        assert!(super::proc_cpu_seconds(u32::MAX).is_nan());
+    }
 }
