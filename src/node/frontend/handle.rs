@@ -205,9 +205,10 @@ impl FrontendHandle {
     /// One request of model `model` (index) with these samples, each its own
     /// task, all handed over before any answer is awaited (so they wait
     /// together and may share batches); their answers in order. Each good
-    /// sample is counted in the model's statistics and its response margin
-    /// recorded (the caller counts the request with
-    /// [`ModelStats::request`] once it answered).
+    /// sample is counted in the model's statistics; the caller records the
+    /// response margins once its response is built
+    /// ([`FrontendHandle::record_margins`]) and counts the request
+    /// ([`ModelStats::request`]).
     pub async fn infer_samples(
         &self,
         model: usize,
@@ -225,14 +226,19 @@ impl FrontendHandle {
             done.push(rx.await.map_err(|_| Stopped)?);
         }
         if let Some(stats) = self.stats(model) {
-            for s in &done {
-                if let (Some(f), Ended::Good) = (s.finished_at, s.ended) {
-                    stats.sample(s.queue, s.latency.saturating_sub(s.queue), s.batch_size);
-                    self.record_margin(model, f.elapsed());
-                }
+            for s in done.iter().filter(|s| s.ended == Ended::Good) {
+                stats.sample(s.queue, s.latency.saturating_sub(s.queue), s.batch_size);
             }
         }
         Ok(done)
+    }
+
+    /// The response margin of every sample of `done` that ran (good or
+    /// late), measured now: call it once the response is built.
+    pub fn record_margins(&self, model: usize, done: &[InferDone]) {
+        for f in done.iter().filter_map(|d| d.finished_at) {
+            self.record_margin(model, f.elapsed());
+        }
     }
 
     /// Hands one request to the frontend's loop; the answer comes on the returned

@@ -389,7 +389,10 @@ impl Svc {
         if let Some(s) = self.fe.stats(i) {
             s.request(checked.is_ok(), received.elapsed());
         }
-        checked.map_err(status)?;
+        if let Err(e) = checked {
+            self.fe.record_margins(i, &done);
+            return Err(status(e));
+        }
         let mut resp = pb::ModelInferResponse {
             model_name: info.name.clone(),
             model_version: "1".into(),
@@ -436,6 +439,7 @@ impl Svc {
                 parameter_choice: Some(ParameterChoice::Int64Param(b as i64)),
             },
         );
+        self.fe.record_margins(i, &done);
         Ok(resp)
     }
 }

@@ -411,6 +411,7 @@ impl App {
                 )
             })?;
         let resp = answer(&m.info, meta, &d.id, &d.outputs, &done);
+        self.fe().record_margins(i, &done);
         if let Some(s) = self.fe().stats(i) {
             s.request(resp.is_ok(), received.elapsed());
         }
