@@ -29,14 +29,25 @@ pub enum DType {
     Bool,
     #[serde(rename = "UINT8")]
     U8,
+    #[serde(rename = "UINT16")]
+    U16,
+    #[serde(rename = "UINT32")]
+    U32,
+    #[serde(rename = "UINT64")]
+    U64,
     #[serde(rename = "INT8")]
     I8,
+    #[serde(rename = "INT16")]
+    I16,
     #[serde(rename = "INT32")]
     I32,
     #[serde(rename = "INT64")]
     I64,
     #[serde(rename = "FP16")]
     F16,
+    /// bfloat16: the top 16 bits of an FP32.
+    #[serde(rename = "BF16")]
+    BF16,
     #[serde(rename = "FP32")]
     F32,
     #[serde(rename = "FP64")]
@@ -48,9 +59,9 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::Bool | DType::U8 | DType::I8 => 1,
-            DType::F16 => 2,
-            DType::I32 | DType::F32 => 4,
-            DType::I64 | DType::F64 => 8,
+            DType::F16 | DType::BF16 | DType::U16 | DType::I16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 => 8,
         }
     }
     /// The KServe v2 name ("FP32", ...).
@@ -58,10 +69,15 @@ impl DType {
         match self {
             DType::Bool => "BOOL",
             DType::U8 => "UINT8",
+            DType::U16 => "UINT16",
+            DType::U32 => "UINT32",
+            DType::U64 => "UINT64",
             DType::I8 => "INT8",
+            DType::I16 => "INT16",
             DType::I32 => "INT32",
             DType::I64 => "INT64",
             DType::F16 => "FP16",
+            DType::BF16 => "BF16",
             DType::F32 => "FP32",
             DType::F64 => "FP64",
         }
@@ -71,10 +87,15 @@ impl DType {
         Some(match s {
             "BOOL" => DType::Bool,
             "UINT8" => DType::U8,
+            "UINT16" => DType::U16,
+            "UINT32" => DType::U32,
+            "UINT64" => DType::U64,
             "INT8" => DType::I8,
+            "INT16" => DType::I16,
             "INT32" => DType::I32,
             "INT64" => DType::I64,
             "FP16" => DType::F16,
+            "BF16" => DType::BF16,
             "FP32" => DType::F32,
             "FP64" => DType::F64,
             _ => return None,
@@ -107,6 +128,12 @@ impl TensorMeta {
             let v = match self.datatype {
                 DType::I64 => i64::from_le_bytes(c.try_into().expect("8 bytes")),
                 DType::I32 => i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64,
+                DType::I16 => i16::from_le_bytes(c.try_into().expect("2 bytes")) as i64,
+                DType::U16 => u16::from_le_bytes(c.try_into().expect("2 bytes")) as i64,
+                DType::U32 => u32::from_le_bytes(c.try_into().expect("4 bytes")) as i64,
+                // Above i64::MAX is above any range.
+                DType::U64 => i64::try_from(u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .unwrap_or(i64::MAX),
                 DType::I8 => c[0] as i8 as i64,
                 DType::U8 | DType::Bool => c[0] as i64,
                 // Float inputs carry no range (`check` refuses one).
@@ -146,9 +173,9 @@ impl TensorMeta {
             );
         }
         if let Some([lo, hi]) = self.range {
-            let int = matches!(
+            let int = !matches!(
                 self.datatype,
-                DType::I64 | DType::I32 | DType::I8 | DType::U8 | DType::Bool
+                DType::F16 | DType::BF16 | DType::F32 | DType::F64
             );
             if !int {
                 bail!(
@@ -378,10 +405,14 @@ impl ModelMeta {
                     DType::F16 => {
                         b.extend_from_slice(&half::f16::from_f32(unit(rng)).to_le_bytes())
                     }
+                    DType::BF16 => {
+                        b.extend_from_slice(&half::bf16::from_f32(unit(rng)).to_le_bytes())
+                    }
                     DType::Bool => b.push(small as u8 & 1),
                     DType::U8 | DType::I8 => b.push(small as u8),
-                    DType::I32 => b.extend_from_slice(&(small as i32).to_le_bytes()),
-                    DType::I64 => b.extend_from_slice(&small.to_le_bytes()),
+                    DType::U16 | DType::I16 => b.extend_from_slice(&(small as u16).to_le_bytes()),
+                    DType::U32 | DType::I32 => b.extend_from_slice(&(small as u32).to_le_bytes()),
+                    DType::U64 | DType::I64 => b.extend_from_slice(&small.to_le_bytes()),
                 }
             }
         }

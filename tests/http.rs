@@ -55,6 +55,12 @@ alpha_ms = 1.0
 beta_ms = 1.0
 slo_ms = 10
 input_bytes = 4
+[[models]]
+name = "wide"
+alpha_ms = 1.0
+beta_ms = 1.0
+slo_ms = 100
+input_bytes = 24
 "#,
         None,
     )
@@ -73,6 +79,19 @@ input_bytes = 4
             r#"{"name":"slow","slo_ms":10,"max_batch":8,
                 "inputs":[{"name":"v","datatype":"FP32","shape":[-1,1]}],
                 "outputs":[{"name":"o","datatype":"FP32","shape":[-1,4]}]}"#,
+        )
+        .unwrap(),
+    );
+    // The datatypes issue 16 added, one input each (24 bytes a sample).
+    w.models[3].meta = Some(
+        ModelMeta::from_json(
+            r#"{"name":"wide","slo_ms":100,"max_batch":8,
+                "inputs":[{"name":"u16","datatype":"UINT16","shape":[-1,2]},
+                          {"name":"i16","datatype":"INT16","shape":[-1,2]},
+                          {"name":"u32","datatype":"UINT32","shape":[-1,1]},
+                          {"name":"u64","datatype":"UINT64","shape":[-1,1]},
+                          {"name":"bf","datatype":"BF16","shape":[-1,2]}],
+                "outputs":[{"name":"out","datatype":"INT64","shape":[-1,2]}]}"#,
         )
         .unwrap(),
     );
@@ -398,7 +417,7 @@ fn health_ready_and_metadata() {
         assert_eq!(r.status, 404, "{path}");
         assert!(
             r.error()
-                .contains("unknown model `nope` (served: tiny, raw, slow)"),
+                .contains("unknown model `nope` (served: tiny, raw, slow, wide)"),
             "{}",
             r.error()
         );
@@ -511,6 +530,33 @@ fn json_and_binary_requests_get_the_right_outputs() {
         })
         .collect();
     assert_eq!(out["data"], json!(want));
+
+    // UINT16, INT16, UINT32, UINT64 and BF16 inputs: their little-endian
+    // bytes, in the model's input order, are what the GPU gets.
+    let req = json!({"inputs": [
+        {"name": "u16", "shape": [1, 2], "datatype": "UINT16", "data": [1, 65535]},
+        {"name": "i16", "shape": [1, 2], "datatype": "INT16", "data": [-2, 300]},
+        {"name": "u32", "shape": [1, 1], "datatype": "UINT32", "data": [4000000000u64]},
+        {"name": "u64", "shape": [1, 1], "datatype": "UINT64", "data": [18446744073709551615u64]},
+        {"name": "bf", "shape": [1, 2], "datatype": "BF16", "data": [1.5, -2.0]},
+    ]});
+    let mut bytes = Vec::new();
+    bytes.extend([1u16.to_le_bytes(), 65535u16.to_le_bytes()].concat());
+    bytes.extend([(-2i16).to_le_bytes(), 300i16.to_le_bytes()].concat());
+    bytes.extend(4_000_000_000u32.to_le_bytes());
+    bytes.extend(u64::MAX.to_le_bytes());
+    bytes.extend([0x3fc0u16.to_le_bytes(), 0xc000u16.to_le_bytes()].concat());
+    let r = h.post_json("/v2/models/wide/infer", &req);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["outputs"][0]["data"],
+        json!([bytes.len() as i64, checksum64(&bytes) as i64])
+    );
+    let mut bad = req.clone();
+    bad["inputs"][0]["data"] = json!([1, 65536]);
+    let r = h.post_json("/v2/models/wide/infer", &bad);
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("not a valid UINT16"), "{}", r.error());
 
     // A request-level timeout (microseconds) that is ample still gives 200.
     let mut v = tiny_json(x, ids);

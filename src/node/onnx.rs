@@ -221,10 +221,15 @@ pub fn element_type(d: DType) -> TensorElementType {
     match d {
         DType::Bool => TensorElementType::Bool,
         DType::U8 => TensorElementType::Uint8,
+        DType::U16 => TensorElementType::Uint16,
+        DType::U32 => TensorElementType::Uint32,
+        DType::U64 => TensorElementType::Uint64,
         DType::I8 => TensorElementType::Int8,
+        DType::I16 => TensorElementType::Int16,
         DType::I32 => TensorElementType::Int32,
         DType::I64 => TensorElementType::Int64,
         DType::F16 => TensorElementType::Float16,
+        DType::BF16 => TensorElementType::Bfloat16,
         DType::F32 => TensorElementType::Float32,
         DType::F64 => TensorElementType::Float64,
     }
@@ -1252,10 +1257,15 @@ unsafe fn tensor_view(
     match dtype {
         DType::Bool => view!(bool),
         DType::U8 => view!(u8),
+        DType::U16 => view!(u16),
+        DType::U32 => view!(u32),
+        DType::U64 => view!(u64),
         DType::I8 => view!(i8),
+        DType::I16 => view!(i16),
         DType::I32 => view!(i32),
         DType::I64 => view!(i64),
         DType::F16 => view!(half::f16),
+        DType::BF16 => view!(half::bf16),
         DType::F32 => view!(f32),
         DType::F64 => view!(f64),
     }

@@ -230,15 +230,16 @@ fn contents_bytes(
     ];
     let want = match dt {
         DType::Bool => "bool_contents",
-        DType::U8 => "uint_contents",
-        DType::I8 | DType::I32 => "int_contents",
+        DType::U8 | DType::U16 | DType::U32 => "uint_contents",
+        DType::U64 => "uint64_contents",
+        DType::I8 | DType::I16 | DType::I32 => "int_contents",
         DType::I64 => "int64_contents",
         DType::F32 => "fp32_contents",
         DType::F64 => "fp64_contents",
-        DType::F16 => {
+        DType::F16 | DType::BF16 => {
             return Err(bad(format!(
-            "input `{name}`: FP16 data goes in raw_input_contents (there is no typed field for it)"
-        )))
+                "input `{name}`: {datatype} data goes in raw_input_contents (there is no typed field for it)"
+            )))
         }
     };
     if let Some((other, _)) = set.iter().find(|(f, n)| *n > 0 && *f != want) {
@@ -261,9 +262,27 @@ fn contents_bytes(
                 out.push(small(v as i64, 0, 255)? as u8);
             }
         }
+        DType::U16 => {
+            for &v in &c.uint_contents {
+                out.extend((small(v as i64, 0, 65_535)? as u16).to_le_bytes());
+            }
+        }
+        DType::U32 => c
+            .uint_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
+        DType::U64 => c
+            .uint64_contents
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes())),
         DType::I8 => {
             for &v in &c.int_contents {
                 out.push(small(v as i64, -128, 127)? as i8 as u8);
+            }
+        }
+        DType::I16 => {
+            for &v in &c.int_contents {
+                out.extend((small(v as i64, -32_768, 32_767)? as i16).to_le_bytes());
             }
         }
         DType::I32 => c
@@ -282,7 +301,7 @@ fn contents_bytes(
             .fp64_contents
             .iter()
             .for_each(|v| out.extend(v.to_le_bytes())),
-        DType::F16 => unreachable!("refused above"),
+        DType::F16 | DType::BF16 => unreachable!("refused above"),
     }
     Ok(out)
 }

@@ -193,7 +193,7 @@ fn top_classes(dt: DType, row: &[u8], k: usize) -> Vec<String> {
         .collect();
     idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     idx.truncate(k);
-    let float = matches!(dt, DType::F16 | DType::F32 | DType::F64);
+    let float = matches!(dt, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
     idx.into_iter()
         .map(|(i, v)| {
             if float {

@@ -171,10 +171,17 @@ pub(super) fn encode_elem(dt: DType, e: Elem, out: &mut Vec<u8>) -> Option<()> {
             _ => return None,
         },
         DType::U8 => out.push(u8::try_from(e.as_u64()?).ok()?),
+        DType::U16 => out.extend_from_slice(&u16::try_from(e.as_u64()?).ok()?.to_le_bytes()),
+        DType::U32 => out.extend_from_slice(&u32::try_from(e.as_u64()?).ok()?.to_le_bytes()),
+        DType::U64 => out.extend_from_slice(&e.as_u64()?.to_le_bytes()),
         DType::I8 => out.extend_from_slice(&i8::try_from(e.as_i64()?).ok()?.to_le_bytes()),
+        DType::I16 => out.extend_from_slice(&i16::try_from(e.as_i64()?).ok()?.to_le_bytes()),
         DType::I32 => out.extend_from_slice(&i32::try_from(e.as_i64()?).ok()?.to_le_bytes()),
         DType::I64 => out.extend_from_slice(&e.as_i64()?.to_le_bytes()),
         DType::F16 => out.extend_from_slice(&f32_to_f16(e.as_f64()? as f32).to_le_bytes()),
+        DType::BF16 => {
+            out.extend_from_slice(&half::bf16::from_f64(e.as_f64()?).to_bits().to_le_bytes())
+        }
         DType::F32 => out.extend_from_slice(&(e.as_f64()? as f32).to_le_bytes()),
         DType::F64 => out.extend_from_slice(&e.as_f64()?.to_le_bytes()),
     }
@@ -188,12 +195,20 @@ pub fn decode_elems(dt: DType, b: &[u8]) -> Vec<Value> {
         .map(|c| match dt {
             DType::Bool => Value::Bool(c[0] != 0),
             DType::U8 => json!(c[0]),
+            DType::U16 => json!(u16::from_le_bytes(c.try_into().expect("2 bytes"))),
+            DType::U32 => json!(u32::from_le_bytes(c.try_into().expect("4 bytes"))),
+            DType::U64 => json!(u64::from_le_bytes(c.try_into().expect("8 bytes"))),
             DType::I8 => json!(c[0] as i8),
+            DType::I16 => json!(i16::from_le_bytes(c.try_into().expect("2 bytes"))),
             DType::I32 => json!(i32::from_le_bytes(c.try_into().expect("4 bytes"))),
             DType::I64 => json!(i64::from_le_bytes(c.try_into().expect("8 bytes"))),
             DType::F16 => json!(f16_to_f32(u16::from_le_bytes(
                 c.try_into().expect("2 bytes")
             ))),
+            DType::BF16 => json!(half::bf16::from_bits(u16::from_le_bytes(
+                c.try_into().expect("2 bytes")
+            ))
+            .to_f32()),
             DType::F32 => json!(f32::from_le_bytes(c.try_into().expect("4 bytes"))),
             DType::F64 => json!(f64::from_le_bytes(c.try_into().expect("8 bytes"))),
         })
@@ -282,8 +297,44 @@ mod tests {
             DType::F16 => out.extend_from_slice(&f32_to_f16(v.as_f64()? as f32).to_le_bytes()),
             DType::F32 => out.extend_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
             DType::F64 => out.extend_from_slice(&v.as_f64()?.to_le_bytes()),
+            other => unreachable!("the reference predates {other:?}"),
         }
         Some(out)
+    }
+
+    #[test]
+    fn wider_integers_and_bfloat16_round_trip_and_refuse_what_does_not_fit() {
+        let elems = |text: &str| serde_json::from_str::<JsonElems>(text).unwrap();
+        for (dt, ok, bad) in [
+            (DType::U16, "[0, 65535, 7]", "[65536]"),
+            (DType::U32, "[0, 4294967295]", "[-1]"),
+            (DType::U64, "[0, 18446744073709551615]", "[-1]"),
+            (DType::I16, "[-32768, 32767]", "[40000]"),
+        ] {
+            let v = elems(ok);
+            let mut b = Vec::new();
+            for &e in &v.elems {
+                encode_elem(dt, e, &mut b).unwrap_or_else(|| panic!("{dt:?} {ok}"));
+            }
+            assert_eq!(b.len(), v.elems.len() * dt.size());
+            let back = Value::Array(decode_elems(dt, &b));
+            assert_eq!(back, serde_json::from_str::<Value>(ok).unwrap(), "{dt:?}");
+            let e = elems(bad).elems[0];
+            assert!(
+                encode_elem(dt, e, &mut Vec::new()).is_none(),
+                "{dt:?} {bad}"
+            );
+        }
+        // BF16 keeps 8 bits of mantissa: 1.5 and -2.0 exactly, 0.1 nearly.
+        let mut b = Vec::new();
+        for &e in &elems("[1.5, -2.0, 0.1]").elems {
+            encode_elem(DType::BF16, e, &mut b).unwrap();
+        }
+        assert_eq!(&b[..2], &0x3fc0u16.to_le_bytes());
+        let back = decode_elems(DType::BF16, &b);
+        assert_eq!(back[0], json!(1.5));
+        assert_eq!(back[1], json!(-2.0));
+        assert!((back[2].as_f64().unwrap() - 0.1).abs() < 1e-3);
     }
 
     #[test]

@@ -35,10 +35,15 @@ pub(in crate::node) fn config_type(d: DType) -> &'static str {
     match d {
         DType::Bool => "TYPE_BOOL",
         DType::U8 => "TYPE_UINT8",
+        DType::U16 => "TYPE_UINT16",
+        DType::U32 => "TYPE_UINT32",
+        DType::U64 => "TYPE_UINT64",
         DType::I8 => "TYPE_INT8",
+        DType::I16 => "TYPE_INT16",
         DType::I32 => "TYPE_INT32",
         DType::I64 => "TYPE_INT64",
         DType::F16 => "TYPE_FP16",
+        DType::BF16 => "TYPE_BF16",
         DType::F32 => "TYPE_FP32",
         DType::F64 => "TYPE_FP64",
     }
