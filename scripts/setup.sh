@@ -163,6 +163,25 @@ else
 fi
 say "onnxruntime: $(cd "$PY_DIR/onnxruntime/capi" && ls libonnxruntime.so* | head -n1) (the onnx executor finds it, or set ORT_DYLIB_PATH)"
 
+# --- KServe's Python SDK into .deps/kserve ------------------------------------------
+# Its InferenceRESTClient and InferenceGRPCClient are clients tests/clients.rs
+# runs; kept apart from .deps/py (the SDK brings its own grpcio, protobuf and
+# server stack, about 400 MB).
+KS_PINS=("kserve==0.16.0")
+KS_DIR=.deps/kserve
+ks_stamp="python $(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${KS_PINS[*]}"
+if [[ -f "$KS_DIR/.fermata-pins" && "$(cat "$KS_DIR/.fermata-pins")" == "$ks_stamp" && -d "$KS_DIR/kserve" ]]; then
+  say "kserve: already in $KS_DIR (${KS_PINS[*]})"
+else
+  say "installing ${KS_PINS[*]} into $KS_DIR (pip --target)"
+  rm -rf "$KS_DIR"
+  mkdir -p "$KS_DIR"
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install \
+    --disable-pip-version-check --no-input -q --target "$KS_DIR" "${KS_PINS[@]}" ||
+    die "pip install ${KS_PINS[*]} failed"
+  printf '%s\n' "$ks_stamp" >"$KS_DIR/.fermata-pins"
+fi
+
 # --- Triton's perf_analyzer into .deps/pa ---------------------------------------------
 # The last tritonclient wheels that ship the perf_analyzer binary and run on Debian
 # 12's glibc 2.36 are the manylinux ones up to 2.50 (2.55 and 2.60 need glibc 2.38;

@@ -2,7 +2,8 @@
 //! shipped models): Triton's `tritonclient.http` (sync and aio,
 //! tests/clients/triton_http.py) and `tritonclient.grpc` (sync, stream and
 //! aio, tests/clients/triton_grpc.py), each call that failed before issue 16
-//! and the error cases with their status and message; Triton's perf_analyzer
+//! and the error cases with their status and message; KServe's REST and gRPC
+//! clients (tests/clients/kserve_clients.py); Triton's perf_analyzer
 //! over HTTP and gRPC; then the serve's report: every request ended exactly
 //! once, none failed.
 //!
@@ -74,6 +75,37 @@ fn tritonclient_http_works_unchanged() {
     // to 9 MiB is refused (413).
     let (p, addr, _) = serve(&["--http-max-body-bytes", "8388608"]);
     run_client("triton_http.py", &addr);
+    check_report(p);
+}
+
+/// KServe's InferenceRESTClient and InferenceGRPCClient (the `kserve`
+/// package, in .deps/kserve, with onnxruntime from .deps/py for the
+/// reference outputs).
+#[test]
+fn kserve_clients_work_unchanged() {
+    let ks = root().join(".deps/kserve");
+    assert!(
+        ks.join("kserve").exists(),
+        "kserve is not installed in {}: run scripts/setup.sh",
+        ks.display()
+    );
+    let (p, http, grpc) = serve(&[]);
+    let path = std::env::join_paths([ks, root().join(".deps/py")]).unwrap();
+    let out = Command::new("python3")
+        .arg(root().join("tests/clients/kserve_clients.py"))
+        .args(["--url", &http, "--grpc-url", &grpc, "--models"])
+        .arg(root().join("models"))
+        .env("PYTHONPATH", path)
+        .output()
+        .expect("python3");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "kserve_clients.py failed:\n{text}");
+    assert!(text.contains("3 checks passed"), "{text}");
     check_report(p);
 }
 
