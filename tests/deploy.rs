@@ -141,3 +141,76 @@ fn the_images_pin_the_onnx_runtime_the_setup_pins() {
         assert!(d.contains("COPY models/*.onnx models/*.json"), "{f}");
     }
 }
+
+/// The metric families a running `fermata serve` exposes on /metrics (the
+/// names of its `# TYPE` lines), read over a plain HTTP/1.1 GET.
+fn served_metric_families() -> std::collections::BTreeSet<String> {
+    use std::io::{Read, Write};
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_fermata"));
+    let args: Vec<String> = ["serve", "--http-port", "0", "--input-bytes", "64"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut p = fermata::harness::procs::Proc::spawn(exe, "serve", &args, false).unwrap();
+    let addr = p
+        .wait_for(
+            "the HTTP address",
+            std::time::Duration::from_secs(30),
+            |l| {
+                l.split("http://")
+                    .nth(1)
+                    .and_then(|s| s.split_whitespace().next())
+                    .map(str::to_string)
+            },
+        )
+        .unwrap();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    let _ = p.stop(std::time::Duration::from_secs(10));
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The Grafana dashboard (deploy/grafana/fermata.json) reads only metrics
+/// Fermata serves: every `fermata_*` name in its queries (less a histogram's
+/// `_bucket`/`_sum`/`_count`) is a family on a running serve's /metrics.
+#[test]
+fn the_dashboard_reads_only_metrics_fermata_serves() {
+    let text = std::fs::read_to_string(root().join("deploy/grafana/fermata.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut exprs = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() >= 8, "{exprs:?}");
+    let served = served_metric_families();
+    assert!(served.contains("fermata_requests_total"), "{served:?}");
+    let mut read = 0;
+    for e in &exprs {
+        for (i, _) in e.match_indices("fermata_") {
+            let name: String = e[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|f| served.contains(*f))
+                .unwrap_or(&name);
+            assert!(served.contains(family), "`{name}` in `{e}` is not served");
+            read += 1;
+        }
+    }
+    assert!(read >= exprs.len(), "every query reads a fermata metric");
+}
