@@ -81,11 +81,7 @@ fn measure(model: &str, protocol: &str, load: Load, requests: u32) -> Value {
         .output()
         .expect("scripts/perf_analyzer");
     let _ = p.stop(Duration::from_secs(10));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = procs::output_text(&out);
     if !out.status.success() {
         // The first error it printed (a request answered with an error).
         let why = text
@@ -136,27 +132,32 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    let models: Vec<String> = opt("--models")
-        .unwrap_or_else(|| "mlp".into())
-        .split(',')
-        .map(str::to_string)
-        .collect();
-    let rates: Vec<u32> = match opt("--rates") {
-        Some(r) => r.split(',').map(|x| x.parse().expect("a rate")).collect(),
-        None if full => vec![100, 500, 1000, 2000, 4000, 6000, 8000, 12000, 16000],
-        None => vec![100],
+    // A comma-separated option's items, else the default.
+    let list = |k: &str, default: &str| -> Vec<String> {
+        opt(k)
+            .unwrap_or_else(|| default.into())
+            .split(',')
+            .map(str::to_string)
+            .collect()
     };
+    let numbers = |k: &str, full_default: &str, smoke_default: &str| -> Vec<u32> {
+        list(k, if full { full_default } else { smoke_default })
+            .iter()
+            .map(|x| {
+                x.parse()
+                    .unwrap_or_else(|_| panic!("{k}: `{x}` is not a number"))
+            })
+            .collect()
+    };
+    let models = list("--models", "mlp");
+    let rates = numbers(
+        "--rates",
+        "100,500,1000,2000,4000,6000,8000,12000,16000",
+        "100",
+    );
     let requests = if full { 2000 } else { 100 };
-    let protocols: Vec<String> = opt("--protocols")
-        .unwrap_or_else(|| "http,grpc".into())
-        .split(',')
-        .map(str::to_string)
-        .collect();
-    let conns: Vec<u32> = match opt("--concurrency") {
-        Some(c) => c.split(',').map(|x| x.parse().expect("a count")).collect(),
-        None if full => vec![1, 64],
-        None => vec![1],
-    };
+    let protocols = list("--protocols", "http,grpc");
+    let conns = numbers("--concurrency", "1,64", "1");
     if !root().join(".deps/pa/bin/perf_analyzer").exists() {
         eprintln!("perf_analyzer is not installed in .deps/pa: run scripts/setup.sh");
         std::process::exit(2);

@@ -46,11 +46,7 @@ fn run_client(script: &str, args: &[&str], deps: &[&str], package: &str) {
         .env("PYTHONPATH", std::env::join_paths(&dirs).unwrap())
         .output()
         .expect("python3");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = procs::output_text(&out);
     eprintln!("{text}");
     assert!(out.status.success(), "{script} failed:\n{text}");
     assert!(text.contains("checks passed"), "{text}");
@@ -120,11 +116,7 @@ fn perf_analyzer_runs_open_loop_over_http_and_grpc() {
             .args(["--stability-percentage", "1000", "--max-trials", "20"])
             .output()
             .expect("perf_analyzer");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = procs::output_text(&out);
         eprintln!("{protocol}:\n{text}");
         assert!(
             out.status.success(),

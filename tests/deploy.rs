@@ -7,6 +7,7 @@
 //! pins. `scripts/setup.sh` installs both tools into .deps/k8s; without them
 //! this fails with the setup hint, it does not skip.
 
+use fermata::harness::procs::output_text as text;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -22,14 +23,6 @@ fn k8s_tool(name: &str) -> PathBuf {
         p.display()
     );
     p
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `helm template` of the chart with these `--set` values.

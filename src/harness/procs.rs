@@ -564,6 +564,16 @@ pub fn serve_apis(exe: &Path, models: &Path, extra: &[&str]) -> Result<(Proc, St
     Ok((p, http, grpc))
 }
 
+/// A finished command's stdout then stderr, as text (for messages and
+/// parsing a tool's report).
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -19,7 +19,7 @@ import numpy as np
 from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Reference, expect  # noqa: E402
+from harness import Reference, again_async, expect  # noqa: E402
 
 
 def request(x, binary):
@@ -28,19 +28,9 @@ def request(x, binary):
     return InferRequest(model_name="mlp", infer_inputs=[i], request_id="kserve-1")
 
 
-async def answer(f):
-    """f() once, again when it was dropped or late (a deferred scheduler at
-    light load on 2 shared cores runs near the deadline)."""
-    last = None
-    for _ in range(8):
-        try:
-            return await f()
-        except Exception as e:  # noqa: BLE001 - the clients raise their own types
-            text = str(e)
-            if not any(s in text for s in ("429", "504", "dropped", "deadline exceeded")):
-                raise
-            last = e
-    raise AssertionError(f"still dropped or late after 8 tries: {last}")
+def transient(e):
+    """A drop or a late answer, which the checks send again."""
+    return any(s in str(e) for s in ("429", "504", "dropped", "deadline exceeded"))
 
 
 async def main(a):
@@ -54,7 +44,7 @@ async def main(a):
         expect(await rest.is_model_ready(base, "mlp"), "REST: mlp ready")
         for binary in (False, True):
             x = rng.uniform(-1, 1, size=(2, 64)).astype(np.float32)
-            r = await answer(lambda: rest.infer(base, request(x, binary), model_name="mlp"))
+            r = await again_async(lambda: rest.infer(base, request(x, binary), model_name="mlp"), transient)
             out = r.outputs[0]
             expect(out.name == "logits" and out.as_numpy().shape == (2, 10), out)
             expect(ref.same(out.as_numpy(), x), f"REST binary={binary}: values")
@@ -66,7 +56,7 @@ async def main(a):
         expect(await grpc.is_server_ready(), "gRPC: ready")
         expect(await grpc.is_model_ready("mlp"), "gRPC: mlp ready")
         x = rng.uniform(-1, 1, size=(2, 64)).astype(np.float32)
-        r = await answer(lambda: grpc.infer(request(x, False)))
+        r = await again_async(lambda: grpc.infer(request(x, False)), transient)
         expect(r.id == "kserve-1", r.id)
         expect(ref.same(r.outputs[0].as_numpy(), x), "gRPC: values")
         print("ok   gRPC batch of 2")

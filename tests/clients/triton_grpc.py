@@ -21,9 +21,14 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks, Reference, expect, run  # noqa: E402
+from harness import Checks, Reference, again, again_async, expect, run  # noqa: E402
 
 check = Checks()
+
+
+def transient(e):
+    """A drop or a late answer, which the checks send again."""
+    return isinstance(e, InferenceServerException) and e.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 
 
 class Ctx:
@@ -40,15 +45,7 @@ class Ctx:
         """Sent again when dropped or late (UNAVAILABLE / DEADLINE_EXCEEDED
         for a drop or a late answer: a deferred scheduler at light load on 2
         shared cores runs near the deadline)."""
-        last = None
-        for _ in range(8):
-            try:
-                return self.client.infer("mlp", inputs, outputs=outputs, **kw)
-            except InferenceServerException as e:
-                if e.status() not in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"):
-                    raise
-                last = e
-        raise AssertionError(f"still dropped or late after 8 tries: {last}")
+        return again(lambda: self.client.infer("mlp", inputs, outputs=outputs, **kw), transient)
 
 
 def refused(f, status, text):
@@ -175,13 +172,7 @@ def aio(c):
             x = c.rng.uniform(-1, 1, size=(2, 64)).astype(np.float32)
             i = aioclient.InferInput("input", [2, 64], "FP32")
             i.set_data_from_numpy(x)
-            for _ in range(8):
-                try:
-                    r = await a.infer("mlp", [i])
-                    break
-                except InferenceServerException as e:
-                    if e.status() not in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"):
-                        raise
+            r = await again_async(lambda: a.infer("mlp", [i]), transient)
             expect(np.allclose(r.as_numpy("logits"), c.logits(x), rtol=1e-5, atol=1e-6), "aio")
         finally:
             await a.close()

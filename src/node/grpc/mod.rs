@@ -27,10 +27,10 @@ mod pb {
 
 use crate::node::frontend::FrontendHandle;
 use crate::node::http::errors::Fail;
-use crate::node::http::model::HttpModel;
+use crate::node::http::model::Models;
 use crate::node::http::request::{decode_parsed, InferRequest, InputTensor, OutputRequest};
-use crate::node::http::response::{check_done, output_raw};
-use crate::node::http::triton::config_type;
+use crate::node::http::response::{check_done, output_raw, Summary};
+use crate::node::http::triton::{config_type, queue_timeout_us};
 use crate::repo::{DType, ModelMeta};
 use anyhow::{Context, Result};
 use hyper::StatusCode;
@@ -95,14 +95,8 @@ impl GrpcServer {
             .with_context(|| format!("cannot listen for gRPC at {}", o.listen))?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
-        let models: Vec<HttpModel> = fe.models().iter().map(HttpModel::new).collect();
         let svc = Svc {
-            by_name: models
-                .iter()
-                .enumerate()
-                .map(|(i, m)| (m.info.name.clone(), i))
-                .collect(),
-            models,
+            models: Models::new(fe.models()),
             fe,
             max_tensor: o.max_tensor_bytes,
         };
@@ -309,26 +303,15 @@ fn contents_bytes(
 /// The service (see the module docs).
 struct Svc {
     fe: FrontendHandle,
-    models: Vec<HttpModel>,
-    by_name: HashMap<String, usize>,
+    models: Models,
     max_tensor: usize,
 }
 
 impl Svc {
     /// Model `name` at `version` ("" or "1"): its index and metadata.
     fn model(&self, name: &str, version: &str) -> Result<(usize, &ModelMeta), Status> {
-        let Some(&i) = self.by_name.get(name) else {
-            let served: Vec<&str> = self.models.iter().map(|m| m.info.name.as_str()).collect();
-            return Err(Status::not_found(format!(
-                "unknown model `{name}` (served: {})",
-                served.join(", ")
-            )));
-        };
-        if !version.is_empty() && version != "1" {
-            return Err(Status::not_found(format!(
-                "model `{name}` has no version `{version}` (its versions: 1)"
-            )));
-        }
+        let i = self.models.index(name).map_err(Status::not_found)?;
+        Models::version(name, version).map_err(Status::not_found)?;
         let meta = self.models[i].meta().map_err(Status::internal)?;
         Ok((i, meta))
     }
@@ -429,35 +412,32 @@ impl Svc {
                 });
             resp.raw_output_contents.push(bytes);
         }
-        let most = |f: fn(&crate::node::frontend::InferDone) -> f64| {
-            done.iter().map(f).fold(0.0, f64::max)
+        let sum = Summary::of(&done);
+        let param = |p| pb::InferParameter {
+            parameter_choice: Some(p),
         };
-        let dp = |v: f64| pb::InferParameter {
-            parameter_choice: Some(ParameterChoice::DoubleParam(v)),
-        };
-        resp.parameters.insert(
-            "fermata_latency_us".into(),
-            dp(most(|d| d.latency.as_secs_f64() * 1e6)),
-        );
-        resp.parameters.insert(
-            "fermata_queue_us".into(),
-            dp(most(|d| d.queue.as_secs_f64() * 1e6)),
-        );
-        let b = done.iter().map(|d| d.batch_size).max().unwrap_or(0);
+        let params = [
+            (
+                "fermata_latency_us",
+                ParameterChoice::DoubleParam(sum.latency_us),
+            ),
+            (
+                "fermata_queue_us",
+                ParameterChoice::DoubleParam(sum.queue_us),
+            ),
+            (
+                "fermata_batch_size",
+                ParameterChoice::Int64Param(sum.batch_size as i64),
+            ),
+        ];
+        resp.parameters
+            .extend(params.into_iter().map(|(k, v)| (k.to_string(), param(v))));
         if final_flag {
             resp.parameters.insert(
                 "triton_final_response".into(),
-                pb::InferParameter {
-                    parameter_choice: Some(ParameterChoice::BoolParam(true)),
-                },
+                param(ParameterChoice::BoolParam(true)),
             );
         }
-        resp.parameters.insert(
-            "fermata_batch_size".into(),
-            pb::InferParameter {
-                parameter_choice: Some(ParameterChoice::Int64Param(b as i64)),
-            },
-        );
         self.fe.record_margins(i, &done);
         Ok(resp)
     }
@@ -509,12 +489,9 @@ impl GrpcInferenceService for Arc<Svc> {
         r: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = r.into_inner();
-        let ready = match self.model(&r.name, &r.version) {
-            Ok(_) => self.fe.ready().is_ok(),
-            // Triton answers false for a version it does not have.
-            Err(e) if e.message().contains("has no version") => false,
-            Err(e) => return Err(e),
-        };
+        self.models.index(&r.name).map_err(Status::not_found)?;
+        // Triton answers false for a version it does not have.
+        let ready = Models::version(&r.name, &r.version).is_ok() && self.fe.ready().is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -660,7 +637,7 @@ impl GrpcInferenceService for Arc<Svc> {
                 preserve_ordering: true,
                 default_queue_policy: Some(pb::ModelQueuePolicy {
                     timeout_action: 0,
-                    default_timeout_microseconds: (meta.slo_ms * 1e3).round().max(0.0) as u64,
+                    default_timeout_microseconds: queue_timeout_us(meta),
                     allow_timeout_override: true,
                     max_queue_size: 0,
                 }),
@@ -785,25 +762,17 @@ mod tests {
 
     #[test]
     fn http_statuses_map_to_grpc_codes() {
-        assert_eq!(
-            code_of(StatusCode::BAD_REQUEST),
-            tonic::Code::InvalidArgument
-        );
-        assert_eq!(
-            code_of(StatusCode::TOO_MANY_REQUESTS),
-            tonic::Code::Unavailable
-        );
-        assert_eq!(
-            code_of(StatusCode::GATEWAY_TIMEOUT),
-            tonic::Code::DeadlineExceeded
-        );
-        assert_eq!(
-            code_of(StatusCode::PAYLOAD_TOO_LARGE),
-            tonic::Code::ResourceExhausted
-        );
-        assert_eq!(
-            code_of(StatusCode::INTERNAL_SERVER_ERROR),
-            tonic::Code::Internal
-        );
+        for (http, grpc) in [
+            (StatusCode::BAD_REQUEST, tonic::Code::InvalidArgument),
+            (StatusCode::TOO_MANY_REQUESTS, tonic::Code::Unavailable),
+            (StatusCode::GATEWAY_TIMEOUT, tonic::Code::DeadlineExceeded),
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                tonic::Code::ResourceExhausted,
+            ),
+            (StatusCode::INTERNAL_SERVER_ERROR, tonic::Code::Internal),
+        ] {
+            assert_eq!(code_of(http), grpc, "{http}");
+        }
     }
 }

@@ -6,6 +6,52 @@ use crate::node::exec::profile_of;
 use crate::repo::{DType, ModelMeta, TensorMeta};
 use crate::wire::ModelInfo;
 use serde_json::{json, Value};
+use std::collections::HashMap;
+
+/// The models an API serves, by index and by name (the HTTP and gRPC APIs').
+pub(in crate::node) struct Models {
+    list: Vec<HttpModel>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Models {
+    pub(in crate::node) fn new(infos: &[ModelInfo]) -> Models {
+        let list: Vec<HttpModel> = infos.iter().map(HttpModel::new).collect();
+        let by_name = list
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.info.name.clone(), i))
+            .collect();
+        Models { list, by_name }
+    }
+
+    /// Model `name`'s index, or the error that lists what is served.
+    pub(in crate::node) fn index(&self, name: &str) -> Result<usize, String> {
+        self.by_name.get(name).copied().ok_or_else(|| {
+            let served: Vec<&str> = self.list.iter().map(|m| m.info.name.as_str()).collect();
+            format!("unknown model `{name}` (served: {})", served.join(", "))
+        })
+    }
+
+    /// Whether model `name` has `version` (the one there is, "1"; empty: the
+    /// latest); the error says which it has.
+    pub(in crate::node) fn version(name: &str, version: &str) -> Result<(), String> {
+        if version.is_empty() || version == "1" {
+            Ok(())
+        } else {
+            Err(format!(
+                "model `{name}` has no version `{version}` (its versions: 1)"
+            ))
+        }
+    }
+}
+
+impl std::ops::Deref for Models {
+    type Target = [HttpModel];
+    fn deref(&self) -> &[HttpModel] {
+        &self.list
+    }
+}
 
 /// A model as the HTTP API shows it.
 pub(in crate::node) struct HttpModel {

@@ -63,6 +63,26 @@ pub(in crate::node) fn check_done(
     Ok(())
 }
 
+/// What a response tells of how its samples ran (its `fermata_*`
+/// parameters): the slowest sample's latency and time in the queue (µs), and
+/// the largest batch one ran in.
+pub(in crate::node) struct Summary {
+    pub(in crate::node) latency_us: f64,
+    pub(in crate::node) queue_us: f64,
+    pub(in crate::node) batch_size: u32,
+}
+
+impl Summary {
+    pub(in crate::node) fn of(done: &[InferDone]) -> Summary {
+        let most = |f: fn(&InferDone) -> f64| done.iter().map(f).fold(0.0, f64::max);
+        Summary {
+            latency_us: most(|d| d.latency.as_secs_f64() * 1e6),
+            queue_us: most(|d| d.queue.as_secs_f64() * 1e6),
+            batch_size: done.iter().map(|d| d.batch_size).max().unwrap_or(0),
+        }
+    }
+}
+
 /// The HTTP answer for a finished request: its samples' answers, in order.
 /// One sample that did not end good fails the request with its status.
 pub(super) fn answer(
@@ -74,15 +94,15 @@ pub(super) fn answer(
 ) -> Result<Resp, Fail> {
     check_done(info, meta, done)?;
     let (outs, bin) = output_tensors(meta, outputs, done);
-    let most = |f: fn(&InferDone) -> f64| done.iter().map(f).fold(0.0, f64::max);
+    let sum = Summary::of(done);
     let mut body = json!({
         "model_name": info.name,
         "model_version": "1",
         "outputs": outs,
         "parameters": {
-            "fermata_latency_us": most(|d| d.latency.as_secs_f64() * 1e6),
-            "fermata_queue_us": most(|d| d.queue.as_secs_f64() * 1e6),
-            "fermata_batch_size": done.iter().map(|d| d.batch_size).max().unwrap_or(0),
+            "fermata_latency_us": sum.latency_us,
+            "fermata_queue_us": sum.queue_us,
+            "fermata_batch_size": sum.batch_size,
         },
     });
     if let Some(id) = id {

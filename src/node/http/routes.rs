@@ -7,7 +7,7 @@
 
 use super::errors::{bad, error, too_large_body, Fail};
 use super::metrics::{infer_time_histograms, Codes};
-use super::model::HttpModel;
+use super::model::Models;
 use super::options::HttpOpts;
 use super::request::{decode_raw, decode_request};
 use super::response::{answer, json_resp, respond, Resp};
@@ -21,7 +21,6 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,8 +28,7 @@ use std::time::{Duration, Instant};
 /// What the server's handlers share.
 pub(super) struct App {
     fe: Option<FrontendHandle>,
-    models: Vec<HttpModel>,
-    by_name: HashMap<String, usize>,
+    models: Models,
     regs: Vec<Arc<Registry>>,
     max_body: usize,
     max_tensor: usize,
@@ -69,16 +67,11 @@ impl App {
     /// ones).
     pub(super) fn frontend(fe: FrontendHandle, o: &HttpOpts) -> App {
         let reg = fe.metrics();
-        let models: Vec<HttpModel> = fe.models().iter().map(HttpModel::new).collect();
+        let models = Models::new(fe.models());
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
         regs.extend(o.extra_metrics.iter().cloned());
         App {
-            by_name: models
-                .iter()
-                .enumerate()
-                .map(|(i, m)| (m.info.name.clone(), i))
-                .collect(),
             models,
             fe: Some(fe),
             regs,
@@ -96,8 +89,7 @@ impl App {
     pub(super) fn metrics_only(regs: Vec<Arc<Registry>>) -> App {
         App {
             fe: None,
-            models: Vec::new(),
-            by_name: HashMap::new(),
+            models: Models::new(&[]),
             regs,
             max_body: 0,
             max_tensor: 0,
@@ -173,9 +165,9 @@ impl App {
             ),
             (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
             (&Method::POST, ["v2", "repository", "index"]) => self.repository_index(),
-            (_, ["v2", "models", name, rest @ ..]) => match self.by_name.get(*name) {
-                None => self.unknown_model(name),
-                Some(&i) => {
+            (_, ["v2", "models", name, rest @ ..]) => match self.models.index(name) {
+                Err(e) => error(StatusCode::NOT_FOUND, e),
+                Ok(i) => {
                     let (r, infer) = self
                         .model_route((i, name, rest), (&method, &path), &mut req, t0)
                         .await;
@@ -213,20 +205,6 @@ impl App {
         }
     }
 
-    fn unknown_model(&self, name: &str) -> Resp {
-        error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "unknown model `{name}` (served: {})",
-                self.models
-                    .iter()
-                    .map(|m| m.info.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )
-    }
-
     /// `/v2/models/{name}/{rest}` of model `i` (`at`: the request's method and
     /// path); true with an inference (the request taken out of `req`).
     async fn model_route(
@@ -239,16 +217,10 @@ impl App {
         let (method, path) = at;
         // `/versions/{v}/...`: the one version there is, "1".
         let rest = match rest {
-            ["versions", v, rest @ ..] if *v == "1" => rest,
-            ["versions", v, ..] => {
-                return (
-                    error(
-                        StatusCode::NOT_FOUND,
-                        format!("model `{name}` has no version `{v}` (its versions: 1)"),
-                    ),
-                    false,
-                )
-            }
+            ["versions", v, rest @ ..] => match Models::version(name, v) {
+                Ok(()) => rest,
+                Err(e) => return (error(StatusCode::NOT_FOUND, e), false),
+            },
             rest => rest,
         };
         let r = match (method, rest) {

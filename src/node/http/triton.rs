@@ -30,6 +30,12 @@ pub(in crate::node) fn platform(emulated: bool) -> (&'static str, &'static str) 
     }
 }
 
+/// The queue policy's default timeout (µs) in a model's configuration: its
+/// SLO, which a request's `timeout` parameter overrides.
+pub(in crate::node) fn queue_timeout_us(meta: &ModelMeta) -> u64 {
+    (meta.slo_ms * 1e3).round().max(0.0) as u64
+}
+
 /// Triton's model-config name of a datatype.
 pub(in crate::node) fn config_type(d: DType) -> &'static str {
     match d {
@@ -70,7 +76,7 @@ pub(super) fn config_json(meta: &ModelMeta, emulated: bool) -> Value {
             })
             .collect()
     };
-    let slo_us = (meta.slo_ms * 1e3).round().max(0.0) as u64;
+    let slo_us = queue_timeout_us(meta);
     let (platform, backend) = platform(emulated);
     json!({
         "name": meta.name,
