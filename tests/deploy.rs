@@ -135,9 +135,9 @@ fn the_images_pin_the_onnx_runtime_the_setup_pins() {
     }
 }
 
-/// The metric families a running `fermata serve` exposes on /metrics (the
-/// names of its `# TYPE` lines), read over a plain HTTP/1.1 GET.
-fn served_metric_families() -> std::collections::BTreeSet<String> {
+/// A running `fermata serve`'s /metrics, read over plain HTTP/1.1 GETs: the
+/// text format (no `Accept`) and OpenMetrics (Prometheus's `Accept`).
+fn served_metrics() -> (String, String) {
     use std::io::{Read, Write};
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_fermata"));
     let args: Vec<String> = ["serve", "--http-port", "0", "--input-bytes", "64"]
@@ -157,20 +157,79 @@ fn served_metric_families() -> std::collections::BTreeSet<String> {
             },
         )
         .unwrap();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let get = |accept: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    };
+    let t04 = get("");
+    let om = get(
+        "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+    );
     let _ = p.stop(std::time::Duration::from_secs(10));
-    body.lines()
+    (t04, om)
+}
+
+/// The metric families a running `fermata serve` exposes on /metrics (the
+/// names of its `# TYPE` lines in the text format).
+fn served_metric_families() -> std::collections::BTreeSet<String> {
+    served_metrics()
+        .0
+        .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_string)
         .collect()
+}
+
+/// A serve's exposition, in both formats, parses with the Prometheus project's
+/// own Python parsers (prometheus_client, in .deps/kserve: the KServe SDK
+/// depends on it), the OpenMetrics one strict; it has the process's series, the
+/// build's, drops by model and the `_ratio` gauges.
+#[test]
+fn metrics_parse_with_the_prometheus_parsers() {
+    let (t04, om) = served_metrics();
+    let dir = std::env::temp_dir().join(format!("fermata-metrics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tf, of) = (dir.join("text"), dir.join("openmetrics"));
+    std::fs::write(&tf, &t04).unwrap();
+    std::fs::write(&of, &om).unwrap();
+    let ks = root().join(".deps/kserve");
+    assert!(
+        ks.join("prometheus_client").exists(),
+        "{} has no prometheus_client: run scripts/setup.sh",
+        ks.display()
+    );
+    let out = Command::new("python3")
+        .arg(root().join("tests/deploy/parse_metrics.py"))
+        .args([&tf, &of])
+        .env("PYTHONPATH", &ks)
+        .output()
+        .expect("python3");
+    let _ = std::fs::remove_dir_all(&dir);
+    let printed = text(&out);
+    assert!(out.status.success(), "{printed}");
+    for want in [
+        "text fermata_requests counter",
+        "openmetrics fermata_requests counter",
+        "openmetrics fermata_requests_dropped counter",
+        "openmetrics fermata_request_latency_seconds histogram",
+        "openmetrics fermata_bad_ratio gauge",
+        "openmetrics fermata_subcluster_idle_ratio gauge",
+        "openmetrics process_cpu_seconds counter",
+        "openmetrics process_resident_memory_bytes gauge",
+        "openmetrics fermata_build_info gauge",
+    ] {
+        assert!(printed.contains(want), "no `{want}` in\n{printed}");
+    }
 }
 
 /// The Grafana dashboard (deploy/grafana/fermata.json) reads only metrics

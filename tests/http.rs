@@ -908,13 +908,46 @@ fn metrics_count_requests_by_outcome() {
     assert_eq!(n("fermata_frontend_scheduler_connected"), 1.0);
     assert!(t.contains("# TYPE fermata_request_latency_seconds histogram\n"));
     assert!(t.contains("# TYPE fermata_requests_total counter\n"));
-    // The bad rate over the window: 1 of 4 (refreshed every second).
-    wait_for("the bad rate", 5, || {
+    // The dropped one, by model and reason; the process's series.
+    assert_eq!(
+        n(r#"fermata_requests_dropped_total{model="tiny",reason="expired"}"#),
+        1.0
+    );
+    assert_eq!(
+        n(r#"fermata_requests_dropped_total{model="tiny",reason="no_gpu"}"#),
+        0.0
+    );
+    assert!(n("process_resident_memory_bytes") > 0.0);
+    assert!(n("process_open_fds") > 0.0);
+    // The bad ratio over the window: 1 of 4 (refreshed every second).
+    wait_for("the bad ratio", 5, || {
         sample(
             &h.get("/metrics").text(),
-            r#"fermata_bad_rate{model="tiny"}"#,
+            r#"fermata_bad_ratio{model="tiny"}"#,
         ) == Some(0.25)
     });
+    // OpenMetrics when the scrape asks for it, as Prometheus does.
+    let r = h.req(
+        "GET",
+        "/metrics",
+        &[(
+            "Accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5".into(),
+        )],
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.headers["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let t = r.text();
+    assert!(t.contains("# TYPE fermata_requests counter\n"), "{t}");
+    assert_eq!(
+        sample(&t, r#"fermata_requests_total{model="tiny",outcome="good"}"#),
+        Some(3.0)
+    );
+    assert!(t.ends_with("# EOF\n"), "{t}");
 
     // The scheduler's and the backend's, as `--metrics-listen` serves them.
     let m = HttpServer::start_metrics(

@@ -57,8 +57,8 @@ pub(super) struct Loop {
     pub(super) by_name: HashMap<String, usize>,
     pub(super) state: Arc<FrontendState>,
     pub(super) stats: Vec<ModelStats>,
-    pub(super) bad_requests: Arc<Counter>,
-    pending_gauge: Arc<Gauge>,
+    pub(super) bad_requests: Counter,
+    pending_gauge: Gauge,
     /// The membership (heartbeats, rejoining) and the scheduler's connection
     /// (the last one opened).
     member: Member,
@@ -174,7 +174,7 @@ impl Loop {
             if now >= next_stats {
                 next_stats = now + Duration::from_secs(1);
                 for m in &mut self.stats {
-                    m.update_bad_rate(now);
+                    m.update_bad_ratio(now);
                 }
                 self.report_margins();
             }

@@ -79,7 +79,7 @@ pub(super) struct FrontendState {
     registry: Arc<Registry>,
     tx: Sender<LocalInfer>,
     /// Requests refused because `tx` was full.
-    local_full: Arc<Counter>,
+    local_full: Counter,
     /// The loop ended: requests are refused.
     pub(super) stopped: AtomicBool,
     /// Shutting down: readiness says no (requests are still served).

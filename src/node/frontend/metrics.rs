@@ -5,24 +5,29 @@
 //! scheduler.
 
 use super::handle::FrontendState;
+use crate::core::{DropReason, Outcome};
 use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, Window, LATENCY_BUCKETS};
+use crate::node::proto::ledger::Ended;
+use crate::node::scheduler::drop_reason_label;
 use crate::wire::ModelInfo;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The window of the `fermata_bad_rate` gauge.
+/// The window of the `fermata_bad_ratio` gauge.
 pub const BAD_RATE_WINDOW: Duration = Duration::from_secs(10);
 
 /// Per-model series of the frontend.
 pub(super) struct ModelStats {
-    pub(super) good: Arc<Counter>,
-    pub(super) late: Arc<Counter>,
-    pub(super) dropped: Arc<Counter>,
-    pub(super) failed: Arc<Counter>,
+    pub(super) good: Counter,
+    pub(super) late: Counter,
+    pub(super) dropped: Counter,
+    pub(super) failed: Counter,
+    /// The dropped ones by reason, indexed by [`DropReason::index`].
+    drops: Vec<Counter>,
     pub(super) latency: Arc<Histogram>,
     pub(super) queue: Arc<Histogram>,
-    bad_rate: Arc<Gauge>,
+    bad_ratio: Gauge,
     /// (ended, bad) over the last BAD_RATE_WINDOW.
     window: Window<(u64, u64)>,
 }
@@ -36,7 +41,18 @@ impl ModelStats {
                 &[("model", model), ("outcome", o)],
             )
         };
+        let drops = DropReason::ALL
+            .iter()
+            .map(|&r| {
+                reg.counter(
+                    "fermata_requests_dropped_total",
+                    "Requests dropped (not run: a scheduling outcome), by reason.",
+                    &[("model", model), ("reason", drop_reason_label(r))],
+                )
+            })
+            .collect();
         ModelStats {
+            drops,
             good: outcome("good"),
             late: outcome("late"),
             dropped: outcome("dropped"),
@@ -53,23 +69,35 @@ impl ModelStats {
                 &[("model", model)],
                 Histogram::seconds(LATENCY_BUCKETS),
             ),
-            bad_rate: reg.gauge(
-                "fermata_bad_rate",
+            bad_ratio: reg.gauge(
+                "fermata_bad_ratio",
                 "Fraction of requests ended over the last 10 s that were not good (late, dropped or failed).",
                 &[("model", model)],
             ),
             window: Default::default(),
         }
     }
+    /// Counts a request that ended as `e`.
+    pub(super) fn count_end(&self, e: Ended) {
+        match e.outcome() {
+            Outcome::Good => self.good.inc(),
+            Outcome::Late => self.late.inc(),
+            Outcome::Dropped => self.dropped.inc(),
+            Outcome::Failed => self.failed.inc(),
+        };
+        if let Ended::Dropped(r) = e {
+            self.drops[r.index()].inc();
+        }
+    }
     fn ended(&self) -> u64 {
         self.good.get() + self.late.get() + self.dropped.get() + self.failed.get()
     }
-    pub(super) fn update_bad_rate(&mut self, now: Instant) {
+    pub(super) fn update_bad_ratio(&mut self, now: Instant) {
         let ended = self.ended();
         let bad = ended - self.good.get();
         let (_, (e0, b0)) = self.window.push(now, (ended, bad), BAD_RATE_WINDOW);
         let n = ended - e0;
-        self.bad_rate.set(if n == 0 {
+        self.bad_ratio.set(if n == 0 {
             0.0
         } else {
             (bad - b0) as f64 / n as f64
@@ -78,7 +106,7 @@ impl ModelStats {
 }
 
 /// In-process requests refused because the loop's queue was full.
-pub(super) fn queue_full_counter(reg: &Registry) -> Arc<Counter> {
+pub(super) fn queue_full_counter(reg: &Registry) -> Counter {
     reg.counter(
         "fermata_frontend_queue_full_total",
         "Requests refused (dropped, overloaded) because LOCAL_MAX requests were already waiting for the frontend's loop.",
@@ -89,8 +117,8 @@ pub(super) fn queue_full_counter(reg: &Registry) -> Arc<Counter> {
 /// The series the frontend's loop updates.
 pub(super) struct LoopMetrics {
     pub(super) stats: Vec<ModelStats>,
-    pub(super) bad_requests: Arc<Counter>,
-    pub(super) pending: Arc<Gauge>,
+    pub(super) bad_requests: Counter,
+    pub(super) pending: Gauge,
 }
 
 impl LoopMetrics {

@@ -62,16 +62,11 @@ impl Loop {
         let st = model.map(|i| &self.stats[i]);
         match ended.outcome() {
             // Counted as dropped, not failed: a scheduling outcome.
-            Outcome::Dropped => {
-                self.report.dropped += 1;
-                st.inspect(|s| s.dropped.inc());
-            }
-            _ => {
-                self.report.failed += 1;
-                st.inspect(|s| s.failed.inc());
-            }
+            Outcome::Dropped => self.report.dropped += 1,
+            _ => self.report.failed += 1,
         }
         if let Some(s) = st {
+            s.count_end(ended);
             s.latency.observe_duration(received.elapsed());
         }
         if ended == Ended::BadRequest {
@@ -95,12 +90,7 @@ impl Loop {
         self.region.release(f.input);
         let st = &self.stats[f.model];
         let outcome = f.ended.outcome();
-        match outcome {
-            Outcome::Good => st.good.inc(),
-            Outcome::Late => st.late.inc(),
-            Outcome::Dropped => st.dropped.inc(),
-            Outcome::Failed => st.failed.inc(),
-        }
+        st.count_end(f.ended);
         if matches!(outcome, Outcome::Good | Outcome::Late) {
             st.queue.observe(f.queue.0.max(0) as u64);
         }

@@ -25,9 +25,9 @@ pub(super) struct Conns {
     max: usize,
     start: Instant,
     table: Mutex<Table>,
-    open: Option<Arc<Gauge>>,
-    evicted: Option<Arc<Counter>>,
-    refused: Option<Arc<Counter>>,
+    open: Option<Gauge>,
+    evicted: Option<Counter>,
+    refused: Option<Counter>,
     /// Notified whenever a connection ends (see [`Conns::settle`]).
     room: tokio::sync::Notify,
 }

@@ -10,7 +10,7 @@ const CODES: [u16; 11] = [200, 400, 404, 405, 413, 429, 500, 503, 504, 411, 408]
 
 /// Responses by status code.
 pub(super) struct Codes {
-    by_code: Vec<(u16, Arc<Counter>)>,
+    by_code: Vec<(u16, Counter)>,
 }
 
 impl Codes {

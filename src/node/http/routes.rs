@@ -121,11 +121,15 @@ impl App {
         let mut req = Some(req);
         let resp = match (&method, parts.as_slice()) {
             (&Method::GET, ["metrics"]) => {
-                let regs: Vec<&Registry> = self.regs.iter().map(|r| r.as_ref()).collect();
+                let accept = req
+                    .as_ref()
+                    .and_then(|r| r.headers().get(hyper::header::ACCEPT))
+                    .and_then(|v| v.to_str().ok());
+                let format = metrics::Format::from_accept(accept);
                 respond(
                     StatusCode::OK,
-                    metrics::CONTENT_TYPE,
-                    metrics::render(&regs),
+                    format.content_type(),
+                    metrics::render(&self.regs, format),
                 )
             }
             (&Method::GET, ["v2", "health", "live"]) => {

@@ -15,14 +15,14 @@ pub const BUSY_WINDOW: Duration = Duration::from_secs(10);
 
 /// The scheduler's hot-path metrics (per model by id, per drop code by tag).
 pub(super) struct SchedMetrics {
-    pub(super) tasks: Vec<Arc<Counter>>,
-    pub(super) plans: Vec<Arc<Counter>>,
+    pub(super) tasks: Vec<Counter>,
+    pub(super) plans: Vec<Counter>,
     pub(super) batch: Vec<Arc<Histogram>>,
-    drops: Vec<Arc<Counter>>,
-    pub(super) d_ctrl: Arc<Gauge>,
+    drops: Vec<Counter>,
+    pub(super) d_ctrl: Gauge,
     /// Device memory each model takes on a GPU, as its backends report it.
-    pub(super) device_bytes: Vec<Arc<Gauge>>,
-    pub(super) d_data: Arc<Gauge>,
+    pub(super) device_bytes: Vec<Gauge>,
+    pub(super) d_data: Gauge,
 }
 
 /// The label of a drop code.
@@ -73,17 +73,12 @@ impl SchedMetrics {
     }
 
     pub(super) fn dropped(&self, c: DropReason, n: u64) {
-        self.drops[c.index()].add(n);
+        self.drops[c.index()].inc_by(n);
     }
 }
 
 /// One counter per model (label `model`).
-fn per_model_counter(
-    reg: &Registry,
-    models: &[ModelInfo],
-    name: &str,
-    help: &str,
-) -> Vec<Arc<Counter>> {
+fn per_model_counter(reg: &Registry, models: &[ModelInfo], name: &str, help: &str) -> Vec<Counter> {
     models
         .iter()
         .map(|m| reg.counter(name, help, &[("model", &m.name)]))
@@ -106,7 +101,7 @@ fn batch_histograms(reg: &Registry, models: &[ModelInfo]) -> Vec<Arc<Histogram>>
 }
 
 /// Drops per reason, indexed by [`DropReason::index`].
-fn drop_counters(reg: &Registry) -> Vec<Arc<Counter>> {
+fn drop_counters(reg: &Registry) -> Vec<Counter> {
     DropReason::ALL
         .iter()
         .map(|&c| {
@@ -120,7 +115,7 @@ fn drop_counters(reg: &Registry) -> Vec<Arc<Counter>> {
 }
 
 /// Each model's device memory on one GPU.
-fn device_bytes_gauges(reg: &Registry, models: &[ModelInfo]) -> Vec<Arc<Gauge>> {
+fn device_bytes_gauges(reg: &Registry, models: &[ModelInfo]) -> Vec<Gauge> {
     models
         .iter()
         .map(|m| {
