@@ -76,6 +76,23 @@ fn tritonclient_http_works_unchanged() {
     check_report(p);
 }
 
+/// Triton's own HTTP protocol tests (qa/L0_http), adapted to Fermata
+/// (tests/clients/l0_http.py: each keeps the name of the test it adapts; the
+/// Triton-only ones are skipped with the reason). The body limit is small
+/// (2 MiB) so that the size-limit tests stay quick.
+#[test]
+fn triton_l0_http_adapted() {
+    const MAX_BODY: &str = "2097152";
+    let (p, addr, _) = serve(&["--http-max-body-bytes", MAX_BODY]);
+    run_client(
+        "l0_http.py",
+        &["--url", &addr, "--max-body", MAX_BODY],
+        &["py", "kserve"],
+        "tritonclient",
+    );
+    check_report(p);
+}
+
 /// KServe's InferenceRESTClient and InferenceGRPCClient (the `kserve`
 /// package, in .deps/kserve, with onnxruntime from .deps/py for the
 /// reference outputs).

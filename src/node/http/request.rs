@@ -391,9 +391,21 @@ fn check_shape(
                 shape_text(&t.shape)
             )));
         }
-        elems = elems.saturating_mul(d as u64);
+        elems = elems.checked_mul(d as u64).ok_or_else(|| {
+            bad(format!(
+                "input `{}`: shape {} has more elements than fit in 64 bits (inputs[{k}].shape)",
+                t.name,
+                shape_text(&t.shape)
+            ))
+        })?;
     }
-    let bytes = elems.saturating_mul(dt.size() as u64);
+    let bytes = elems.checked_mul(dt.size() as u64).ok_or_else(|| {
+        bad(format!(
+            "input `{}`: shape {} has more bytes than fit in 64 bits (inputs[{k}].shape)",
+            t.name,
+            shape_text(&t.shape)
+        ))
+    })?;
     if bytes > max_tensor as u64 {
         return Err((
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -640,6 +652,11 @@ pub(super) mod budget {
             )),
             Some(_) => bad(format!(
                 "the request has more than {ENTRIES} list entries and parameters in all"
+            )),
+            // serde_json's recursion limit (128 levels) bounds the stack a
+            // nested body can take; say so rather than "recursion limit".
+            None if e.to_string().starts_with("recursion limit exceeded") => bad(format!(
+                "malformed JSON request: nested deeper than 128 levels ({e})"
             )),
             None => bad(format!("malformed JSON request: {e}")),
         })

@@ -168,7 +168,16 @@ impl App {
                 }),
             ),
             (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
-            (&Method::POST, ["v2", "repository", "index"]) => self.repository_index(),
+            (&Method::POST, ["v2", "repository", "index"]) => {
+                let body = match req.take() {
+                    Some(r) => self.read_body(r).await,
+                    None => Ok(Bytes::new()),
+                };
+                match body.and_then(|b| index_filter(&b)) {
+                    Ok(ready_only) => self.repository_index(ready_only),
+                    Err((code, msg)) => error(code, msg),
+                }
+            }
             (_, ["v2", "models", name, rest @ ..]) => match self.models.index(name) {
                 Err(e) => error(StatusCode::NOT_FOUND, e),
                 Ok(i) => {
@@ -290,16 +299,15 @@ impl App {
         json_resp(StatusCode::OK, &json!({ "model_stats": v }))
     }
 
-    /// Triton's repository index: every model served, ready or not.
-    fn repository_index(&self) -> Resp {
-        let state = if self.ready().is_ok() {
-            "READY"
-        } else {
-            "UNAVAILABLE"
-        };
+    /// Triton's repository index: every model served, ready or not (only the
+    /// ready ones for `{"ready": true}`).
+    fn repository_index(&self, ready_only: bool) -> Resp {
+        let ready = self.ready().is_ok();
+        let state = if ready { "READY" } else { "UNAVAILABLE" };
         let v: Vec<Value> = self
             .models
             .iter()
+            .filter(|_| ready || !ready_only)
             .map(|m| json!({"name": m.info.name, "version": "1", "state": state}))
             .collect();
         json_resp(StatusCode::OK, &Value::Array(v))
@@ -514,11 +522,67 @@ fn decompress(enc: Encoding, body: &[u8], max: usize) -> Result<Bytes, Fail> {
     Ok(Bytes::from(out))
 }
 
+/// The body of a repository index request: empty, or a JSON object whose only
+/// key may be `ready` (a bool); whether only ready models are asked for.
+fn index_filter(body: &[u8]) -> Result<bool, Fail> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(false);
+    }
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("malformed JSON repository index request: {e}")))?;
+    let Some(o) = v.as_object() else {
+        return Err(bad("a repository index request is a JSON object"));
+    };
+    if let Some(k) = o.keys().find(|k| *k != "ready") {
+        return Err(bad(format!(
+            "unknown key `{k}` in a repository index request (it takes `ready`)"
+        )));
+    }
+    match o.get("ready") {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad("`ready` in a repository index request is a bool")),
+    }
+}
+
+/// A route Fermata does not have: 400 naming the Triton extension for the
+/// routes of one it does not implement (a client learns why, not just "404"),
+/// else 404.
 fn no_route(method: &Method, path: &str) -> Resp {
-    error(
-        StatusCode::NOT_FOUND,
-        format!("no route for {method} {path}"),
-    )
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let extension = match parts.as_slice() {
+        ["v2", "repository", "models", _, "load" | "unload"] => Some((
+            "model_repository(load/unload)",
+            "models are placed on GPUs by the scheduler from the repository fermata started with",
+        )),
+        ["v2", "systemsharedmemory" | "cudasharedmemory", ..] => Some((
+            "shared-memory",
+            "inputs and outputs travel in the request and response",
+        )),
+        ["v2", "trace", ..] | ["v2", "models", _, "trace", ..] => Some((
+            "trace",
+            "per-request timings are in each response's parameters",
+        )),
+        ["v2", "logging"] => Some(("logging", "fermata logs with RUST_LOG")),
+        ["v2", "models", _, "generate" | "generate_stream", ..]
+        | ["v2", "models", _, "versions", _, "generate" | "generate_stream", ..] => Some((
+            "generate",
+            "send an inference request to /v2/models/{model}/infer",
+        )),
+        _ => None,
+    };
+    match extension {
+        Some((ext, why)) => error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{method} {path}: Triton's {ext} extension is not supported by fermata ({why}); GET /v2 lists the extensions it has"
+            ),
+        ),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("no route for {method} {path}"),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -531,6 +595,73 @@ mod tests {
     fn packed<W: Write>(mut w: W, data: &[u8]) -> W {
         w.write_all(data).unwrap();
         w
+    }
+
+    /// A response's whole body, as text.
+    fn body_text(r: Resp) -> String {
+        use http_body_util::BodyExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let b = rt.block_on(r.into_body().collect()).unwrap().to_bytes();
+        String::from_utf8_lossy(&b).into_owned()
+    }
+
+    #[test]
+    fn a_repository_index_body_is_empty_or_asks_for_ready_models() {
+        assert!(!index_filter(b"").unwrap());
+        assert!(!index_filter(b" \n").unwrap());
+        assert!(!index_filter(br#"{}"#).unwrap());
+        assert!(index_filter(br#"{"ready": true}"#).unwrap());
+        for (body, msg) in [
+            (&b"AAAA"[..], "malformed JSON repository index request"),
+            (b"[1]", "is a JSON object"),
+            (
+                br#"{"ready": 1}"#,
+                "`ready` in a repository index request is a bool",
+            ),
+            (br#"{"x": 1}"#, "unknown key `x`"),
+        ] {
+            let (code, e) = index_filter(body).unwrap_err();
+            assert_eq!(code, StatusCode::BAD_REQUEST);
+            assert!(e.contains(msg), "{e}");
+        }
+    }
+
+    #[test]
+    fn triton_only_routes_are_refused_by_name() {
+        for (m, p, ext) in [
+            (
+                Method::POST,
+                "/v2/repository/models/mlp/load",
+                "model_repository(load/unload)",
+            ),
+            (
+                Method::GET,
+                "/v2/systemsharedmemory/status",
+                "shared-memory",
+            ),
+            (
+                Method::POST,
+                "/v2/cudasharedmemory/region/r/register",
+                "shared-memory",
+            ),
+            (Method::GET, "/v2/models/mlp/trace/setting", "trace"),
+            (Method::POST, "/v2/logging", "logging"),
+            (Method::POST, "/v2/models/mlp/generate", "generate"),
+        ] {
+            let r = no_route(&m, p);
+            assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{p}");
+            let body = body_text(r);
+            assert!(
+                body.contains(&format!("Triton's {ext} extension is not supported")),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            no_route(&Method::GET, "/v3/x").status(),
+            StatusCode::NOT_FOUND
+        );
     }
 
     #[test]
