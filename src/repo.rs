@@ -52,6 +52,46 @@ pub enum DType {
     F32,
     #[serde(rename = "FP64")]
     F64,
+    /// Strings (bytes), for inputs: each element a fixed slot of
+    /// [`BYTES_SLOT`] bytes, its length (u32, little-endian) then up to
+    /// [`BYTES_MAX`] bytes. Fixed so that a sample's size stays fixed, as a
+    /// frontend's input region and a backend's pull need.
+    #[serde(rename = "BYTES")]
+    Bytes,
+}
+
+/// The bytes a BYTES element takes in a sample.
+pub const BYTES_SLOT: usize = 256;
+/// The longest BYTES element.
+pub const BYTES_MAX: usize = BYTES_SLOT - 4;
+
+/// Appends BYTES element `e` as its slot; an error (for a message naming the
+/// element) when it is too long or holds a NUL byte (ONNX Runtime's strings
+/// end at the first NUL).
+pub fn push_bytes_slot(e: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String> {
+    if e.len() > BYTES_MAX {
+        return Err(format!(
+            "{} bytes, over the {BYTES_MAX} a BYTES element may hold",
+            e.len()
+        ));
+    }
+    if e.contains(&0) {
+        return Err("a string with a NUL byte (ONNX Runtime's strings end at NUL)".into());
+    }
+    out.extend_from_slice(&(e.len() as u32).to_le_bytes());
+    out.extend_from_slice(e);
+    out.resize(out.len() + BYTES_MAX - e.len(), 0);
+    Ok(())
+}
+
+/// The element a BYTES slot holds (a length past the slot reads as the whole
+/// slot; slots come from [`push_bytes_slot`]).
+pub fn bytes_of_slot(slot: &[u8]) -> &[u8] {
+    let Some((len, rest)) = slot.split_first_chunk::<4>() else {
+        return &[];
+    };
+    let n = (u32::from_le_bytes(*len) as usize).min(rest.len());
+    &rest[..n]
 }
 
 impl DType {
@@ -62,6 +102,7 @@ impl DType {
             DType::F16 | DType::BF16 | DType::U16 | DType::I16 => 2,
             DType::I32 | DType::U32 | DType::F32 => 4,
             DType::I64 | DType::U64 | DType::F64 => 8,
+            DType::Bytes => BYTES_SLOT,
         }
     }
     /// The KServe v2 name ("FP32", ...).
@@ -80,6 +121,7 @@ impl DType {
             DType::BF16 => "BF16",
             DType::F32 => "FP32",
             DType::F64 => "FP64",
+            DType::Bytes => "BYTES",
         }
     }
     /// Parses a KServe v2 name.
@@ -98,6 +140,7 @@ impl DType {
             "BF16" => DType::BF16,
             "FP32" => DType::F32,
             "FP64" => DType::F64,
+            "BYTES" => DType::Bytes,
             _ => return None,
         })
     }
@@ -175,7 +218,7 @@ impl TensorMeta {
         if let Some([lo, hi]) = self.range {
             let int = !matches!(
                 self.datatype,
-                DType::F16 | DType::BF16 | DType::F32 | DType::F64
+                DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::Bytes
             );
             if !int {
                 bail!(
@@ -351,6 +394,12 @@ impl ModelMeta {
         }
         for t in &self.outputs {
             t.check("output")?;
+            if t.datatype == DType::Bytes {
+                bail!(
+                    "output `{}`: BYTES outputs are not supported (BYTES is for inputs)",
+                    t.name
+                );
+            }
         }
         if !(self.slo_ms.is_finite() && self.slo_ms > 0.0) {
             bail!("`slo_ms` must be positive, got {}", self.slo_ms);
@@ -413,6 +462,13 @@ impl ModelMeta {
                     DType::U16 | DType::I16 => b.extend_from_slice(&(small as u16).to_le_bytes()),
                     DType::U32 | DType::I32 => b.extend_from_slice(&(small as u32).to_le_bytes()),
                     DType::U64 | DType::I64 => b.extend_from_slice(&small.to_le_bytes()),
+                    // A short lowercase word.
+                    DType::Bytes => {
+                        let w: Vec<u8> = (0..1 + small as usize % 8)
+                            .map(|_| b'a' + (rng.next_u32() % 26) as u8)
+                            .collect();
+                        push_bytes_slot(&w, &mut b).expect("a short word");
+                    }
                 }
             }
         }
@@ -716,6 +772,48 @@ pub fn load_model(onnx: &Path, executor: &str) -> Result<RepoModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_slots_round_trip_and_refuse_what_onnx_runtime_cannot_take() {
+        let mut b = Vec::new();
+        push_bytes_slot(b"cat", &mut b).unwrap();
+        push_bytes_slot("ünï".as_bytes(), &mut b).unwrap();
+        push_bytes_slot(b"", &mut b).unwrap();
+        assert_eq!(b.len(), 3 * BYTES_SLOT);
+        assert_eq!(DType::Bytes.size(), BYTES_SLOT);
+        let got: Vec<&[u8]> = b.chunks_exact(BYTES_SLOT).map(bytes_of_slot).collect();
+        assert_eq!(got, [&b"cat"[..], "ünï".as_bytes(), b""]);
+        push_bytes_slot(&[b'x'; BYTES_MAX], &mut b).unwrap();
+        let e = push_bytes_slot(&[b'x'; BYTES_MAX + 1], &mut b).unwrap_err();
+        assert!(e.contains("253 bytes, over the 252"), "{e}");
+        assert!(push_bytes_slot(b"a\0b", &mut b)
+            .unwrap_err()
+            .contains("NUL"));
+        // A length past the slot reads as the whole slot.
+        let mut bad = vec![0xff; 4];
+        bad.resize(BYTES_SLOT, b'y');
+        assert_eq!(bytes_of_slot(&bad).len(), BYTES_MAX);
+    }
+
+    #[test]
+    fn bytes_is_for_inputs() {
+        let j = |out: &str| {
+            format!(
+                r#"{{"name":"m","inputs":[{{"name":"w","datatype":"BYTES","shape":[-1,1]}}],
+                "outputs":[{{"name":"o","datatype":"{out}","shape":[-1,1]}}],"slo_ms":5,"max_batch":4}}"#
+            )
+        };
+        assert!(ModelMeta::from_json(&j("FP32")).is_ok());
+        let e = ModelMeta::from_json(&j("BYTES")).unwrap_err().to_string();
+        assert!(e.contains("BYTES outputs are not supported"), "{e}");
+        let ranged = r#"{"name":"m","inputs":[{"name":"w","datatype":"BYTES","shape":[-1,1],"range":[0,3]}],
+            "outputs":[{"name":"o","datatype":"FP32","shape":[-1,1]}],"slo_ms":5,"max_batch":4}"#;
+        let e = ModelMeta::from_json(ranged).unwrap_err().to_string();
+        assert!(
+            e.contains("a range is for integer tensors, not BYTES"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn buckets_policies_and_choice() {

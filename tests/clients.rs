@@ -76,17 +76,81 @@ fn tritonclient_http_works_unchanged() {
     check_report(p);
 }
 
+/// A model repository in a fresh temporary folder: the shipped models (their
+/// files copied) and the two models of a BYTES input that
+/// tests/clients/strings_models.py writes (`tagger`, `pair_tagger`), profiled
+/// with `fermata profile` as a user would. Removed when dropped.
+struct StringsRepo(PathBuf);
+
+impl StringsRepo {
+    fn new(tag: &str) -> StringsRepo {
+        let dir = std::env::temp_dir().join(format!("fermata-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(root().join("models")).unwrap() {
+            let f = e.unwrap().path();
+            if f.is_file() {
+                std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+            }
+        }
+        let out = Command::new("python3")
+            .arg(root().join("tests/clients/strings_models.py"))
+            .arg(&dir)
+            .env("PYTHONPATH", root().join(".deps/py"))
+            .output()
+            .expect("python3");
+        assert!(out.status.success(), "{}", procs::output_text(&out));
+        for m in ["tagger", "pair_tagger"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_fermata"))
+                .args(["profile", "--repeats", "5", "--warmup", "1", "--model"])
+                .arg(dir.join(format!("{m}.onnx")))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", procs::output_text(&out));
+        }
+        StringsRepo(dir)
+    }
+}
+
+impl Drop for StringsRepo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Triton's own HTTP protocol tests (qa/L0_http), adapted to Fermata
 /// (tests/clients/l0_http.py: each keeps the name of the test it adapts; the
-/// Triton-only ones are skipped with the reason). The body limit is small
-/// (2 MiB) so that the size-limit tests stay quick.
+/// Triton-only ones are skipped with the reason), on the shipped models and
+/// the two of a BYTES input. The body limit is small (2 MiB) so that the
+/// size-limit tests stay quick.
 #[test]
 fn triton_l0_http_adapted() {
     const MAX_BODY: &str = "2097152";
-    let (p, addr, _) = serve(&["--http-max-body-bytes", MAX_BODY]);
+    let repo = StringsRepo::new("l0-http");
+    let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
+    let (p, addr, _) =
+        procs::serve_apis(exe, &repo.0, &["--http-max-body-bytes", MAX_BODY]).unwrap();
     run_client(
         "l0_http.py",
         &["--url", &addr, "--max-body", MAX_BODY],
+        &["py", "kserve"],
+        "tritonclient",
+    );
+    check_report(p);
+}
+
+/// BYTES (string) inputs through tritonclient.http (JSON and binary),
+/// tritonclient.grpc (typed and raw contents) and a raw HTTP body, run by ONNX
+/// Runtime's string tensors; the error cases with their status and message
+/// (tests/clients/strings_clients.py).
+#[test]
+fn bytes_inputs_through_the_clients() {
+    let repo = StringsRepo::new("bytes");
+    let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
+    let (p, addr, grpc) = procs::serve_apis(exe, &repo.0, &[]).unwrap();
+    run_client(
+        "strings_clients.py",
+        &["--url", &addr, "--grpc", &grpc],
         &["py", "kserve"],
         "tritonclient",
     );

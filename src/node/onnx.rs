@@ -232,6 +232,7 @@ pub fn element_type(d: DType) -> TensorElementType {
         DType::BF16 => TensorElementType::Bfloat16,
         DType::F32 => TensorElementType::Float32,
         DType::F64 => TensorElementType::Float64,
+        DType::Bytes => TensorElementType::String,
     }
 }
 
@@ -1041,10 +1042,24 @@ impl OnnxModel {
         gather(&mut self.inputs, requests)?;
         self.make_views(shape)?;
         let name = &self.meta.name;
+        let strings: Vec<Option<ort::value::DynValue>> = self
+            .inputs
+            .iter_mut()
+            .map(|p| {
+                (p.dtype == DType::Bytes)
+                    .then(|| string_input(p, shape))
+                    .transpose()
+            })
+            .collect::<Result<_>>()
+            .map_err(|e| anyhow!("model `{name}`: {e}"))?;
         let values: Vec<SessionInputValue<'_>> = self
             .inputs
             .iter()
-            .map(|p| SessionInputValue::from(&**p.views[shape].as_ref().expect("made above")))
+            .zip(&strings)
+            .map(|(p, s)| match s {
+                Some(v) => SessionInputValue::from(v),
+                None => SessionInputValue::from(&**p.views[shape].as_ref().expect("made above")),
+            })
             .collect();
         #[cfg(feature = "cuda")]
         if let Some(t) = &mut self.timer {
@@ -1100,7 +1115,7 @@ impl OnnxModel {
     fn make_views(&mut self, shape: usize) -> Result<()> {
         let name = &self.meta.name;
         for p in &mut self.inputs {
-            if p.views[shape].is_none() {
+            if p.views[shape].is_none() && p.dtype != DType::Bytes {
                 let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
                 dims.push(shape as i64);
                 dims.extend_from_slice(&p.sample_shape);
@@ -1268,7 +1283,40 @@ unsafe fn tensor_view(
         DType::BF16 => view!(half::bf16),
         DType::F32 => view!(f32),
         DType::F64 => view!(f64),
+        // A string tensor is made at each run (`string_input`): ONNX Runtime
+        // keeps its own copies of the strings.
+        DType::Bytes => Err(ort::Error::new("BYTES inputs have no view")),
     }
+}
+
+/// An element of a BYTES slot as ONNX Runtime's string data: its bytes as they
+/// are (the request decoder refused NUL bytes; ONNX Runtime's strings are byte
+/// strings, whatever their encoding). Owned: the tensor constructor takes
+/// `'static` elements (it copies them again).
+#[derive(Clone)]
+struct SlotStr(Vec<u8>);
+
+impl ort::value::Utf8Data for SlotStr {
+    fn as_utf8_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The string tensor `[shape, sample_shape...]` of a BYTES input's first
+/// `shape` samples in `p.buf` (padding rows hold whatever the buffer holds:
+/// slots of earlier runs, or empty strings).
+fn string_input(p: &mut InputPlan, shape: usize) -> Result<ort::value::DynValue> {
+    let bytes = &p.buf.as_mut_bytes()?[..shape * p.sample_bytes];
+    let elems: Vec<SlotStr> = bytes
+        .chunks_exact(crate::repo::BYTES_SLOT)
+        .map(|c| SlotStr(crate::repo::bytes_of_slot(c).to_vec()))
+        .collect();
+    let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
+    dims.push(shape as i64);
+    dims.extend_from_slice(&p.sample_shape);
+    let t = ort::value::Tensor::from_string_array((dims, &elems[..]))
+        .map_err(|e| anyhow!("input `{}`: {e}", p.name))?;
+    Ok(t.into_dyn())
 }
 
 /// The `onnx` (and `cuda`) executor: one ONNX Runtime session per loaded model.

@@ -4,11 +4,12 @@ adapted to Fermata and written anew for it.
 Each test keeps the name of the Triton test it adapts, and its docstring says
 what Triton checks and what is checked here. Triton's tests run on its QA
 models (identity models `onnx_zero_1_float32` and the like); these run on the
-shipped models: `mlp` (one input `input` [-1, 64] FP32, output `logits`
+shipped models, `mlp` (one input `input` [-1, 64] FP32, output `logits`
 [-1, 10], max_batch 64, checked against ONNX Runtime) and `ranker` (two
-inputs). Where Fermata answers with another status than Triton the docstring
-says which and why. Tests of Triton-only features (BYTES tensors, trace,
-shared memory, per-model queue limits) are skipped with the reason, and
+inputs), and the BYTES-input models of strings_models.py (`tagger`: a word ->
+its index; `pair_tagger`: two words per sample). Where Fermata answers with
+another status than Triton the docstring says which and why. Tests of
+Triton-only features (trace, shared memory) are skipped with the reason, and
 counted apart.
 
 Files adapted: http_test.py, http_input_size_limit_test.py,
@@ -40,7 +41,6 @@ URL = None
 MAX_BODY = None
 REF = None
 
-NOT_BYTES = "BYTES tensors: no executor of Fermata takes strings (BYTES is the classification output's type)"
 NO_TRACE = "Triton's trace extension: not in Fermata's extensions"
 NO_SHM = "Triton's shared-memory extension: not in Fermata's extensions (tensors travel in the request)"
 
@@ -121,13 +121,20 @@ class HttpTest(unittest.TestCase):
         """The same, longer: here 4 samples (the batch dimension deduced)."""
         self._raw_binary(4)
 
-    @unittest.skip(NOT_BYTES)
     def test_byte(self):
-        pass
+        """A raw body to a model of one BYTES input of one element is that
+        element. Triton's model echoes it; `tagger` maps a word to its index:
+        "bird" -> 2.0."""
+        r = raw("tagger", "bird".encode())
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(binary_output(r, (1, 1)).tolist(), [[2.0]])
 
-    @unittest.skip(NOT_BYTES)
     def test_byte_too_many_elements(self):
-        pass
+        """A raw body to a BYTES input of more than one element per sample:
+        400 saying so."""
+        r = raw("pair_tagger", "427".encode())
+        self.assertEqual(r.status_code, 400)
+        self.assertIn("is one element, but the input holds 2 per sample", r.json()["error"])
 
     def test_multi_variable_dimensions(self):
         """Triton: 400 when a raw input's shape cannot be deduced. Fermata's
@@ -394,9 +401,10 @@ class TestHttpAioClient(unittest.IsolatedAsyncioTestCase):
         self.assertEqual((await self.c.get_model_config("mlp"))["name"], "mlp")
 
     async def test_get_model_repository_index(self):
-        """Triton's QA repository has 7 models; the shipped one 3."""
+        """Triton's QA repository has 7 models; this one 5."""
         idx = await self.c.get_model_repository_index()
-        self.assertEqual(sorted(m["name"] for m in idx), ["cnn", "mlp", "ranker"])
+        self.assertEqual(sorted(m["name"] for m in idx),
+                         ["cnn", "mlp", "pair_tagger", "ranker", "tagger"])
 
     async def test_load_model(self):
         """Refused, saying why (Triton: not allowed while polling)."""
@@ -409,7 +417,7 @@ class TestHttpAioClient(unittest.IsolatedAsyncioTestCase):
 
     async def test_get_inference_statistics(self):
         stats = await self.c.get_inference_statistics()
-        self.assertEqual(len(stats["model_stats"]), 3)
+        self.assertEqual(len(stats["model_stats"]), 5)
 
     @unittest.skip(NO_TRACE)
     async def test_update_trace_settings(self):

@@ -230,6 +230,7 @@ fn contents_bytes(
         DType::I64 => "int64_contents",
         DType::F32 => "fp32_contents",
         DType::F64 => "fp64_contents",
+        DType::Bytes => "bytes_contents",
         DType::F16 | DType::BF16 => {
             return Err(bad(format!(
                 "input `{name}`: {datatype} data goes in raw_input_contents (there is no typed field for it)"
@@ -295,6 +296,16 @@ fn contents_bytes(
             .fp64_contents
             .iter()
             .for_each(|v| out.extend(v.to_le_bytes())),
+        // As the binary tensor extension has them (each element's u32 length,
+        // then its bytes), which the request decoder reads for BYTES.
+        DType::Bytes => {
+            for v in &c.bytes_contents {
+                let n = u32::try_from(v.len())
+                    .map_err(|_| bad(format!("input `{name}`: an element over 4 GiB")))?;
+                out.extend(n.to_le_bytes());
+                out.extend_from_slice(v);
+            }
+        }
         DType::F16 | DType::BF16 => unreachable!("refused above"),
     }
     Ok(out)

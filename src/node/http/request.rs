@@ -6,7 +6,7 @@
 use super::errors::{bad, Fail};
 use super::tensor::{encode_elem, shape_text, JsonElems};
 use crate::core::Dur;
-use crate::repo::{DType, ModelMeta, TensorMeta};
+use crate::repo::{push_bytes_slot, DType, ModelMeta, TensorMeta, BYTES_SLOT};
 use hyper::StatusCode;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -203,6 +203,9 @@ pub(super) fn decode_raw(meta: &ModelMeta, body: &[u8]) -> Result<Decoded, Fail>
             names(&meta.inputs)
         )));
     };
+    if t.datatype == DType::Bytes {
+        return raw_bytes_element(meta, t, body);
+    }
     let sb = t.sample_bytes();
     let n = match body.len().checked_div(sb) {
         Some(n) if n > 0 && body.len().is_multiple_of(sb) => n,
@@ -228,8 +231,17 @@ pub(super) fn decode_raw(meta: &ModelMeta, body: &[u8]) -> Result<Decoded, Fail>
             t.name
         )));
     }
-    Ok(Decoded {
-        samples: body.chunks_exact(sb).map(|c| c.to_vec()).collect(),
+    Ok(raw_decoded(
+        meta,
+        body.chunks_exact(sb).map(|c| c.to_vec()).collect(),
+    ))
+}
+
+/// A raw body's request: these samples, the model's SLO, every output as
+/// binary data.
+fn raw_decoded(meta: &ModelMeta, samples: Vec<Vec<u8>>) -> Decoded {
+    Decoded {
+        samples,
         slo: Dur::ZERO,
         id: None,
         outputs: (0..meta.outputs.len())
@@ -239,7 +251,24 @@ pub(super) fn decode_raw(meta: &ModelMeta, body: &[u8]) -> Result<Decoded, Fail>
                 classes: None,
             })
             .collect(),
-    })
+    }
+}
+
+/// A raw body for a BYTES input: the body is one element (as Triton takes
+/// it), so the input must hold one element per sample; one sample.
+fn raw_bytes_element(meta: &ModelMeta, t: &TensorMeta, body: &[u8]) -> Result<Decoded, Fail> {
+    if t.sample_elems() != 1 {
+        return Err(bad(format!(
+            "a raw binary body for BYTES input `{}` is one element, but the input holds {} per sample (shape {}): send a JSON header",
+            t.name,
+            t.sample_elems(),
+            shape_text(&t.shape)
+        )));
+    }
+    let mut sample = Vec::with_capacity(t.sample_bytes());
+    push_bytes_slot(body, &mut sample)
+        .map_err(|e| bad(format!("input `{}`: the raw body is {e}", t.name)))?;
+    Ok(raw_decoded(meta, vec![sample]))
 }
 
 /// The SLO: parameters.timeout in microseconds (Triton's unit); 0 or absent:
@@ -479,7 +508,8 @@ fn data_of(k: usize, t: &InputTensor) -> Result<Data<'_>, Fail> {
     }
 }
 
-/// `t`'s `n` bytes from the binary data at `bin_at` (moved past them).
+/// `t`'s `n` bytes from the binary data at `bin_at` (moved past them); a BYTES
+/// input's as slots.
 fn binary_data(
     want: &TensorMeta,
     expect: &[i64],
@@ -488,8 +518,21 @@ fn binary_data(
     bin: &[u8],
     bin_at: &mut usize,
 ) -> Result<Vec<u8>, Fail> {
+    let left = bin.len() - *bin_at;
+    if n > left as u64 {
+        return Err(bad(format!(
+            "input `{}`: parameters.binary_data_size is {n} but only {left} bytes of binary data are left after the JSON header",
+            t.name
+        )));
+    }
+    let data = &bin[*bin_at..*bin_at + n as usize];
+    if want.datatype == DType::Bytes {
+        let out = bytes_slots(want, expect, t, data)?;
+        *bin_at += data.len();
+        return Ok(out);
+    }
     let need = want.sample_bytes() * expect[0] as usize;
-    if n != need as u64 {
+    if data.len() != need {
         return Err(bad(format!(
             "input `{}`: parameters.binary_data_size is {n} bytes, the tensor {} {} needs {need}",
             t.name,
@@ -497,16 +540,49 @@ fn binary_data(
             want.datatype.kserve_name()
         )));
     }
-    if bin.len() - *bin_at < need {
+    *bin_at += need;
+    Ok(data.to_vec())
+}
+
+/// A BYTES input's binary data: its elements as the binary tensor extension
+/// has them (each a u32 little-endian length, then its bytes), as slots.
+fn bytes_slots(
+    want: &TensorMeta,
+    expect: &[i64],
+    t: &InputTensor,
+    mut data: &[u8],
+) -> Result<Vec<u8>, Fail> {
+    let need = want.sample_elems() * expect[0] as usize;
+    let mut out = Vec::with_capacity(need * BYTES_SLOT);
+    for j in 0..need {
+        let Some((len, rest)) = data.split_first_chunk::<4>() else {
+            return Err(bad(format!(
+                "input `{}`: the BYTES data ends after {j} elements, the shape {} needs {need} (each a 4-byte length, then its bytes)",
+                t.name,
+                shape_text(expect)
+            )));
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > rest.len() {
+            return Err(bad(format!(
+                "input `{}`: BYTES element {j} says {len} bytes, {} are left",
+                t.name,
+                rest.len()
+            )));
+        }
+        push_bytes_slot(&rest[..len], &mut out)
+            .map_err(|e| bad(format!("input `{}`: BYTES element {j} is {e}", t.name)))?;
+        data = &rest[len..];
+    }
+    if !data.is_empty() {
         return Err(bad(format!(
-            "input `{}`: parameters.binary_data_size is {n} but only {} bytes of binary data are left after the JSON header",
+            "input `{}`: {} bytes of BYTES data are left after the {need} elements the shape {} holds",
             t.name,
-            bin.len() - *bin_at
+            data.len(),
+            shape_text(expect)
         )));
     }
-    let b = bin[*bin_at..*bin_at + need].to_vec();
-    *bin_at += need;
-    Ok(b)
+    Ok(out)
 }
 
 /// `t`'s JSON `data` (nested arrays, row-major) as bytes of `dt`.
@@ -530,6 +606,20 @@ fn json_data(
         )));
     }
     let mut out = Vec::with_capacity(need * dt.size());
+    if dt == DType::Bytes {
+        for (j, &e) in flat.iter().enumerate() {
+            let shown = v.shown(e);
+            let Value::String(st) = &shown else {
+                return Err(bad(format!(
+                    "input `{}`: element {j} of `data` is {shown}, not a string (BYTES)",
+                    t.name
+                )));
+            };
+            push_bytes_slot(st.as_bytes(), &mut out)
+                .map_err(|e| bad(format!("input `{}`: element {j} of `data` is {e}", t.name)))?;
+        }
+        return Ok(out);
+    }
     for (j, &e) in flat.iter().enumerate() {
         encode_elem(dt, e, &mut out).ok_or_else(|| {
             bad(format!(

@@ -3,7 +3,7 @@
 //! binary tensor extension's header.
 
 use super::request::budget::take_elem;
-use crate::repo::DType;
+use crate::repo::{bytes_of_slot, DType};
 use serde_json::{json, Value};
 
 /// The binary tensor extension's header: the length of the JSON part of a body.
@@ -184,6 +184,9 @@ pub(super) fn encode_elem(dt: DType, e: Elem, out: &mut Vec<u8>) -> Option<()> {
         }
         DType::F32 => out.extend_from_slice(&(e.as_f64()? as f32).to_le_bytes()),
         DType::F64 => out.extend_from_slice(&e.as_f64()?.to_le_bytes()),
+        // Strings are kept apart from numbers (`JsonElems::odd`): the request
+        // decoder encodes them (`push_bytes_slot`).
+        DType::Bytes => return None,
     }
     Some(())
 }
@@ -211,6 +214,7 @@ pub fn decode_elems(dt: DType, b: &[u8]) -> Vec<Value> {
             .to_f32()),
             DType::F32 => json!(f32::from_le_bytes(c.try_into().expect("4 bytes"))),
             DType::F64 => json!(f64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            DType::Bytes => Value::String(String::from_utf8_lossy(bytes_of_slot(c)).into_owned()),
         })
         .collect()
 }

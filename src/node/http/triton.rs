@@ -52,6 +52,7 @@ pub(in crate::node) fn config_type(d: DType) -> &'static str {
         DType::BF16 => "TYPE_BF16",
         DType::F32 => "TYPE_FP32",
         DType::F64 => "TYPE_FP64",
+        DType::Bytes => "TYPE_STRING",
     }
 }
 
