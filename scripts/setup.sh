@@ -237,6 +237,32 @@ else
   pip_target "$K8S_DIR" "${K8S_PINS[*]}" bin/helm "${K8S_PINS[@]}"
 fi
 
+# --- the ServiceMonitor schema into .deps/npm -------------------------------------
+# tests/deploy.rs validates the chart's ServiceMonitors against the
+# prometheus-operator CRD's schema as @kubernetes-models compiles it (npm; its
+# 4.4 line runs on Node >= 14, Debian 12's nodejs is 18).
+NPM_PINS=("@kubernetes-models/prometheus-operator@4.4.4")
+NPM_DIR=.deps/npm
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  check_apt
+  [[ -z "$problem" ]] || die "node and npm are needed ($problem): install nodejs and npm"
+  apt_install nodejs npm || die "apt-get install nodejs npm failed"
+fi
+npm_stamp="node $(node --version) ${NPM_PINS[*]}"
+if [[ "$(cat "$NPM_DIR/.fermata-pins" 2>/dev/null)" == "$npm_stamp" &&
+  -d "$NPM_DIR/node_modules/@kubernetes-models/prometheus-operator" ]]; then
+  say "npm: ${NPM_PINS[*]} in place"
+else
+  say "installing ${NPM_PINS[*]} into $NPM_DIR (npm)"
+  rm -rf "$NPM_DIR"
+  mkdir -p "$NPM_DIR"
+  npm install --prefix "$NPM_DIR" --no-audit --no-fund --no-save --loglevel=error \
+    "${NPM_PINS[@]}" >/dev/null || die "npm install ${NPM_PINS[*]} failed"
+  [[ -d "$NPM_DIR/node_modules/@kubernetes-models/prometheus-operator" ]] ||
+    die "npm install left no $NPM_DIR/node_modules/@kubernetes-models/prometheus-operator"
+  printf '%s\n' "$npm_stamp" >"$NPM_DIR/.fermata-pins"
+fi
+
 # --- the real-size models (models/large, not committed) -----------------------------
 # resnet50 and resnet50_fp16: seeded random weights, written by the pinned onnx and
 # numpy (a few seconds). Their metadata and profiles are committed; the files are not.

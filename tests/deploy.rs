@@ -4,8 +4,10 @@
 //! PyPI); every container they run, and the KServe ServingRuntime example's,
 //! runs a role of this binary with flags that role takes; the chart refuses to
 //! render without a cluster secret; the images pin the ONNX Runtime the setup
-//! pins. `scripts/setup.sh` installs both tools into .deps/k8s; without them
-//! this fails with the setup hint, it does not skip.
+//! pins; the custom resources (KServe's, the ServiceMonitors) pass their CRDs'
+//! checks (tests/deploy/check_crds.py). `scripts/setup.sh` installs the tools
+//! into .deps (k8s, kserve, npm); without them this fails with the setup hint,
+//! it does not skip.
 
 use fermata::harness::procs::output_text as text;
 use std::path::PathBuf;
@@ -59,6 +61,31 @@ fn validate(files: &[PathBuf]) {
     let t = text(&o);
     eprintln!("{t}");
     assert!(o.status.success(), "the manifests' flags:\n{t}");
+    // The custom resources kubernetes-validate leaves out: KServe's against
+    // its SDK's models, ServiceMonitors against the CRD's schema.
+    let npm = root().join(".deps/npm/node_modules");
+    assert!(
+        npm.join("@kubernetes-models/prometheus-operator").exists(),
+        "{} has no @kubernetes-models/prometheus-operator: run scripts/setup.sh",
+        npm.display()
+    );
+    let o = Command::new("python3")
+        .arg(root().join("tests/deploy/check_crds.py"))
+        .arg(&npm)
+        .args(files)
+        .env(
+            "PYTHONPATH",
+            std::env::join_paths([root().join(".deps/kserve"), py]).unwrap(),
+        )
+        .output()
+        .expect("python3");
+    let t = text(&o);
+    eprintln!("{t}");
+    assert!(o.status.success(), "the custom resources:\n{t}");
+    assert!(
+        t.contains("ok ServingRuntime") && t.contains("ok ServiceMonitor"),
+        "{t}"
+    );
 }
 
 #[test]
