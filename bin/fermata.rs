@@ -706,6 +706,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let (mut requests, mut events) = (0u64, 0u64);
     let (mut ended, mut faults) = (0u64, [0u64; 5]);
     let (mut sched_crashes, mut takeovers) = (0u64, 0u64);
+    let (mut adopted, mut homes_changed, mut homes_stale) = (0u64, 0u64, 0u64);
     let (mut forged_sent, mut forged_refused) = (0u64, 0u64);
     let (mut good, mut retried) = (0u64, 0u64);
     let (mut drains, mut drained_left, mut failed) = (0u64, 0u64, 0u64);
@@ -749,6 +750,9 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         rejoin_ms.extend(&r.rejoin_ms);
         sched_crashes += r.scheduler_crashes;
         takeovers += r.takeovers;
+        adopted += r.assignments_adopted;
+        homes_changed += r.homes_changed_at_takeover;
+        homes_stale += r.homes_stale_at_takeover;
         good += r.good;
         retried += r.retried;
         forged_sent += r.forged_sent;
@@ -784,7 +788,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     );
     if a.standby {
         eprintln!(
-            "standby: {sched_crashes} crashes of the serving scheduler, {takeovers} takeovers"
+            "standby: {sched_crashes} crashes of the serving scheduler, {takeovers} takeovers, {adopted} of them from the primary's assignment ({homes_changed} models' sub-cluster changed from the start-up one; {homes_stale} differed from the crashed primary's)"
         );
     }
     if a.drain {

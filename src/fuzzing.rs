@@ -148,7 +148,7 @@ fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
 /// eight, whatever the wire decoder makes of the next bytes.
 pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
     let gpu = |b: &mut Bytes| GpuId(b.id(6) as u32);
-    Some(match b.u8() % 22 {
+    Some(match b.u8() % 24 {
         0 => Msg::Register {
             role: if b.bool() {
                 Role::Backend
@@ -262,6 +262,10 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
         },
         19 => Msg::Drain { reason: b.string() },
         20 => Msg::Drained,
+        21 => Msg::Follow,
+        22 => Msg::Assignment {
+            homes: (0..b.below(4)).map(|_| b.below(4)).collect(),
+        },
         _ => {
             let n = b.below(64) as usize;
             let bytes: Vec<u8> = (0..n).map(|_| b.u8()).collect();

@@ -362,3 +362,34 @@ fn models_move_between_subclusters_without_a_failed_request() {
         assert!(r.violation.is_none(), "seed {seed}: {:?}", r.violation);
     }
 }
+
+/// A standby that takes over starts from its primary's assignment of models
+/// to sub-clusters (`Follow`, then `Assignment` at every change), not from
+/// the start-up one: with live moves under way and every fault kind, the
+/// takeovers adopt the primary's homes, some of which moves had changed, and
+/// the invariants hold.
+#[test]
+fn a_standby_takes_over_with_the_primary_s_assignment() {
+    let w = workload();
+    let (mut takeovers, mut adopted, mut changed, mut stale) = (0, 0, 0, 0);
+    for seed in 0..60 {
+        let mut o = opts(seed, Faults::All);
+        o.subclusters = 3;
+        o.standby = true;
+        let r = ClusterSim::new(&w, o).run();
+        if let Some(v) = &r.violation {
+            panic!("seed {seed}: {} (replay: {})", v.what, v.replay);
+        }
+        takeovers += r.takeovers;
+        adopted += r.assignments_adopted;
+        changed += r.homes_changed_at_takeover;
+        stale += r.homes_stale_at_takeover;
+    }
+    assert!(takeovers >= 60, "{takeovers} takeovers");
+    // A standby that never got one (its link to the primary broken since it
+    // started) keeps the start-up assignment.
+    assert!(adopted * 10 >= takeovers * 9, "{adopted} of {takeovers}");
+    assert!(changed > 0, "moves had changed homes the standby took");
+    // Only a switch in the primary's last heartbeat is missed.
+    assert!(stale * 4 <= changed, "{stale} stale vs {changed} changed");
+}

@@ -250,6 +250,13 @@ pub struct ClusterSimReport {
     /// takeovers.
     pub scheduler_crashes: u64,
     pub takeovers: u64,
+    /// Takeovers that started from the primary's assignment of models to
+    /// sub-clusters (`Assignment`), the models whose home that changed from
+    /// the standby's start-up one, and the models whose home differed from
+    /// the crashed primary's (a switch in its last heartbeat).
+    pub assignments_adopted: u64,
+    pub homes_changed_at_takeover: u64,
+    pub homes_stale_at_takeover: u64,
     /// With a rogue peer: forged results sent, and those the frontends
     /// refused while their task was pending (the rest named ended tasks).
     pub forged_sent: u64,
@@ -463,6 +470,8 @@ pub struct ClusterSim {
     /// connection to each frontend.
     rogue: Option<Pid>,
     rogue_links: HashMap<Pid, ConnId>,
+    /// The models' homes at the serving scheduler's last crash.
+    crashed_homes: Option<Vec<u32>>,
     fe_slots: Vec<Pid>,
     be_slots: Vec<Pid>,
     next_client: u64,
@@ -507,6 +516,7 @@ impl ClusterSim {
             sched_pid: 0,
             sched_addrs: Vec::new(),
             rogue: None,
+            crashed_homes: None,
             rogue_links: HashMap::new(),
             fe_slots: Vec::new(),
             be_slots: Vec::new(),
@@ -1074,11 +1084,27 @@ impl ClusterSim {
                 StandbyAction::Refuse(c, why) => {
                     self.send(pid, c, Msg::Error { message: why });
                 }
-                StandbyAction::TakeOver { held, .. } => {
-                    let Proc::Standby(sb) = std::mem::replace(&mut self.procs[pid], Proc::Dead)
+                StandbyAction::TakeOver {
+                    held, assignment, ..
+                } => {
+                    let Proc::Standby(mut sb) = std::mem::replace(&mut self.procs[pid], Proc::Dead)
                     else {
                         return;
                     };
+                    if let Some(h) = assignment {
+                        // Before any node registers: it always fits.
+                        let n = sb
+                            .sched
+                            .proto
+                            .adopt_assignment(&h)
+                            .unwrap_or_else(|e| panic!("the primary's assignment: {e}"));
+                        self.report.assignments_adopted += 1;
+                        self.report.homes_changed_at_takeover += n as u64;
+                        if let Some(c) = self.crashed_homes.take() {
+                            self.report.homes_stale_at_takeover +=
+                                c.iter().zip(&h).filter(|(a, b)| a != b).count() as u64;
+                        }
+                    }
                     self.procs[pid] = Proc::Sched(Box::new(sb.sched));
                     self.sched_pid = pid;
                     self.sched_wake = None;
@@ -1114,6 +1140,9 @@ impl ClusterSim {
             return;
         }
         let addr = self.addr_of(self.sched_pid);
+        if let Proc::Sched(sc) = &self.procs[self.sched_pid] {
+            self.crashed_homes = Some(sc.proto.subclusters().homes().to_vec());
+        }
         self.report.scheduler_crashes += 1;
         self.kill(self.sched_pid, "process crashed");
         let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));

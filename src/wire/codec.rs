@@ -568,6 +568,8 @@ wire_messages! {
     22 => Margins { items },
     23 => Drain { reason },
     24 => Drained {},
+    25 => Follow {},
+    26 => Assignment { homes },
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -980,6 +982,10 @@ mod tests {
                 reason: "scale down".into(),
             },
             Msg::Drained,
+            Msg::Follow,
+            Msg::Assignment {
+                homes: vec![0, 2, 1],
+            },
         ]
     }
 

@@ -420,6 +420,16 @@ pub enum Msg {
     // ---- scheduler -> backend ----
     /// No plan will follow and none the scheduler sent is unreported.
     Drained,
+    // ---- standby <-> primary scheduler ----
+    /// A hot standby asks its primary for the models' sub-clusters: the primary
+    /// sends `Assignment` now and whenever it changes (checked at each of the
+    /// standby's pings).
+    Follow,
+    /// Each model's sub-cluster (`homes[m]`, by model id) as the primary has it,
+    /// for a standby to start from when it takes over.
+    Assignment {
+        homes: Vec<u32>,
+    },
 }
 
 impl Msg {
@@ -450,6 +460,8 @@ impl Msg {
             Msg::Margins { .. } => "Margins",
             Msg::Drain { .. } => "Drain",
             Msg::Drained => "Drained",
+            Msg::Follow => "Follow",
+            Msg::Assignment { .. } => "Assignment",
         }
     }
 }

@@ -231,6 +231,9 @@ struct PeerConn {
     pull: Dur,
     /// A frontend's response margin per model id (empty until it reports).
     margins: Vec<Dur>,
+    /// A hot standby following (it sent `Follow`): the version of the
+    /// assignment it was last sent ([`SubClusters::version`]).
+    follows: Option<u64>,
 }
 
 /// The scheduler's protocol state.
@@ -379,8 +382,43 @@ impl SchedProto {
                 ctrl_delay: Dur::ZERO,
                 pull: Dur::ZERO,
                 margins: Vec::new(),
+                follows: None,
             },
         );
+    }
+
+    /// Sends a following standby on `c` the models' sub-clusters if they
+    /// changed since it was last sent them.
+    fn send_assignment(&mut self, c: ConnId) {
+        let version = self.subs.version();
+        let Some(pc) = self.conns.get_mut(&c) else {
+            return;
+        };
+        if pc.follows.is_none_or(|v| v == version) {
+            return;
+        }
+        pc.follows = Some(version);
+        let homes = self.subs.homes().to_vec();
+        self.send(c, Msg::Assignment { homes });
+    }
+
+    /// Starts from a primary's assignment (a standby taking over, before any
+    /// node registers with it): every model's home as `homes` says, routed.
+    /// Refused (nothing changes) once a backend registered or a model moves,
+    /// or when `homes` does not fit this scheduler's models and sub-clusters.
+    pub fn adopt_assignment(&mut self, homes: &[u32]) -> Result<usize, String> {
+        if self
+            .conns
+            .values()
+            .any(|pc| matches!(pc.peer, Peer::Backend { .. } | Peer::Loading { .. }))
+        {
+            return Err("backends registered already".into());
+        }
+        let changed = self.subs.adopt(homes)?;
+        for &(model, subcluster) in &changed {
+            self.actions.push_back(Action::Route { model, subcluster });
+        }
+        Ok(changed.len())
     }
 
     /// A connection ended (the peer closed it or it broke).
@@ -438,6 +476,14 @@ impl SchedProto {
                     sched: now,
                 };
                 self.send(c, pong);
+                self.send_assignment(c);
+            }
+            Msg::Follow => {
+                if !matches!(pc.peer, Peer::New) {
+                    return self.reject(c, "Follow from a registered node".into());
+                }
+                pc.follows = Some(u64::MAX);
+                self.send_assignment(c);
             }
             Msg::Submit { tasks } => self.submit(now, c, tasks),
             Msg::Margins { items } => self.frontend_margins(c, items),
@@ -1794,6 +1840,92 @@ mod tests {
         assert_eq!(loads(&acts, 4), (vec![], vec![0]), "the loading one too");
         assert_eq!(p.report().moves.done, 1);
         assert!(!p.subclusters().holds(0, ModelId(0)));
+    }
+
+    /// What was sent on connection `c`.
+    fn sent_on(acts: &[Action], c: ConnId) -> Vec<&Msg> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Send(x, m) if *x == c => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_following_standby_is_sent_the_assignment_when_it_changes() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut p = two_subclusters();
+        std::iter::from_fn(|| p.poll_action()).for_each(drop);
+        p.handle_accept(ms(1), 9);
+        p.handle_msg(ms(1), 9, Msg::Follow);
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(
+            sent_on(&acts, 9),
+            vec![&Msg::Assignment { homes: vec![0, 1] }]
+        );
+        // Unchanged: a ping gets its pong only.
+        p.handle_msg(ms(2), 9, ping(ms(2)));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            matches!(&sent_on(&acts, 9)[..], [Msg::Pong { .. }]),
+            "{acts:?}"
+        );
+        // A move switches model 0 to sub-cluster 1: the next ping carries it.
+        assert!(p.move_model(ms(3), ModelId(0), 1));
+        loaded(&mut p, 3, ms(4), 0, true);
+        assert_eq!(p.subclusters().home(ModelId(0)), 1);
+        std::iter::from_fn(|| p.poll_action()).for_each(drop);
+        p.handle_msg(ms(5), 9, ping(ms(5)));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            matches!(&sent_on(&acts, 9)[..], [Msg::Pong { .. }, Msg::Assignment { homes }] if homes == &vec![1, 1]),
+            "{acts:?}"
+        );
+        // Backends are not sent it; a registered node may not follow.
+        p.handle_msg(ms(6), 2, ping(ms(6)));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            matches!(&sent_on(&acts, 2)[..], [Msg::Pong { .. }]),
+            "{acts:?}"
+        );
+        p.handle_msg(ms(6), 2, Msg::Follow);
+        assert!(closed(&mut p, 2));
+    }
+
+    #[test]
+    fn a_standby_taking_over_adopts_the_assignment_before_backends_register() {
+        let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
+        frontend(&mut p, 1);
+        std::iter::from_fn(|| p.poll_action()).for_each(drop);
+        for (bad, why) in [(vec![0], "names 1 models"), (vec![0, 2], "sub-cluster 2")] {
+            let e = p.adopt_assignment(&bad).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+        assert_eq!(p.adopt_assignment(&[1, 1]), Ok(1));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            matches!(
+                &acts[..],
+                [Action::Route {
+                    model: ModelId(0),
+                    subcluster: 1
+                }]
+            ),
+            "{acts:?}"
+        );
+        assert_eq!(p.subclusters().homes(), &[1, 1]);
+        // Backends joining now load what the adopted homes say.
+        let acts = register(&mut p, 2, Time(0));
+        assert_eq!(
+            loads(&acts, 2),
+            (vec![], vec![]),
+            "sub-cluster 0 holds none"
+        );
+        let acts = register(&mut p, 3, Time(0));
+        assert_eq!(loads(&acts, 3), (vec![0, 1], vec![]));
+        let e = p.adopt_assignment(&[0, 1]).unwrap_err();
+        assert!(e.contains("backends registered"), "{e}");
     }
 
     /// Two sub-clusters, model 0 in the first and model 1 in the second, a

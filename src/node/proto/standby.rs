@@ -45,10 +45,13 @@ pub enum Action {
     Close(ConnId, String),
     /// Answer `Error` with the reason on a node's connection, then close it.
     Refuse(ConnId, String),
-    /// Serve from now on: the held messages, in the order they came.
+    /// Serve from now on: the held messages, in the order they came, after
+    /// taking the primary's last assignment of models to sub-clusters (none
+    /// received: the start-up one stays).
     TakeOver {
         why: String,
         held: Vec<(ConnId, Msg)>,
+        assignment: Option<Vec<u32>>,
     },
 }
 
@@ -63,6 +66,8 @@ pub struct StandbyProto {
     next_ping: Time,
     seq: u64,
     held: Vec<(ConnId, Msg)>,
+    /// The primary's assignment of models to sub-clusters, as it last sent it.
+    assignment: Option<Vec<u32>>,
     /// When each node connection's first held message came.
     held_since: HashMap<ConnId, Time>,
     done: bool,
@@ -72,6 +77,7 @@ pub struct StandbyProto {
 impl StandbyProto {
     /// Follows `primary`, already connected as `conn` at `now`.
     pub fn new(now: Time, primary: &str, conn: ConnId, heartbeat: Dur) -> StandbyProto {
+        let out = VecDeque::from([Action::Send(conn, Msg::Follow)]);
         StandbyProto {
             primary: primary.to_string(),
             heartbeat,
@@ -81,9 +87,10 @@ impl StandbyProto {
             next_ping: now,
             seq: 0,
             held: Vec::new(),
+            assignment: None,
             held_since: HashMap::new(),
             done: false,
-            out: VecDeque::new(),
+            out,
         }
     }
 
@@ -134,6 +141,12 @@ impl StandbyProto {
         }
         self.conn = Some(conn);
         self.next_ping = now;
+        self.out.push_back(Action::Send(conn, Msg::Follow));
+    }
+
+    /// The primary's assignment as it last sent it.
+    pub fn assignment(&self) -> Option<&[u32]> {
+        self.assignment.as_deref()
     }
 
     /// The connection to the primary could not be opened: it is gone.
@@ -168,9 +181,13 @@ impl StandbyProto {
             return;
         }
         if self.conn == Some(c) {
-            if let Msg::Pong { .. } = msg {
-                self.last_pong = now;
-                self.closes = 0;
+            match msg {
+                Msg::Pong { .. } => {
+                    self.last_pong = now;
+                    self.closes = 0;
+                }
+                Msg::Assignment { homes } => self.assignment = Some(homes),
+                _ => {}
             }
             return;
         }
@@ -238,6 +255,7 @@ impl StandbyProto {
         self.out.push_back(Action::TakeOver {
             why: format!("primary {}: {why}", self.primary),
             held,
+            assignment: self.assignment.take(),
         });
     }
 }
@@ -265,7 +283,10 @@ mod tests {
         p.handle_timeout(ms(0));
         assert!(matches!(
             &drain(&mut p)[..],
-            [Action::Send(1, Msg::Ping { .. })]
+            [
+                Action::Send(1, Msg::Follow),
+                Action::Send(1, Msg::Ping { .. })
+            ]
         ));
         let pong = Msg::Pong {
             seq: 1,
@@ -299,6 +320,7 @@ mod tests {
     #[test]
     fn a_closed_primary_that_cannot_be_reached_is_taken_over_with_the_held_messages() {
         let mut p = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        assert_eq!(drain(&mut p), vec![Action::Send(1, Msg::Follow)]);
         p.handle_msg(ms(5), 7, ping());
         p.handle_msg(ms(6), 8, ping());
         p.handle_msg(ms(7), 7, Msg::ListModels);
@@ -308,7 +330,11 @@ mod tests {
         p.handle_connect_failed(ms(10), "refused");
         let acts = drain(&mut p);
         match &acts[..] {
-            [Action::TakeOver { why, held }] => {
+            [Action::TakeOver {
+                why,
+                held,
+                assignment: None,
+            }] => {
                 assert!(
                     why.contains("primary a") && why.contains("refused"),
                     "{why}"
@@ -358,5 +384,36 @@ mod tests {
         assert!(acts
             .iter()
             .any(|a| matches!(a, Action::TakeOver { why, .. } if why.contains("no pong"))));
+    }
+
+    #[test]
+    fn it_takes_over_with_the_primary_s_last_assignment() {
+        let hb = Dur::from_ms(100);
+        let mut p = StandbyProto::new(ms(0), "a", 1, hb);
+        assert_eq!(drain(&mut p), vec![Action::Send(1, Msg::Follow)]);
+        p.handle_msg(ms(1), 1, Msg::Assignment { homes: vec![0, 1] });
+        p.handle_msg(ms(2), 1, Msg::Assignment { homes: vec![1, 1] });
+        assert_eq!(p.assignment(), Some(&[1, 1][..]));
+        // An Assignment from a node is held like anything it sends, not taken.
+        p.handle_msg(ms(3), 7, Msg::Assignment { homes: vec![0, 0] });
+        assert_eq!(p.assignment(), Some(&[1, 1][..]));
+        // A new connection to the primary asks again.
+        p.handle_closed(ms(4), 1, "reset");
+        assert_eq!(drain(&mut p), vec![Action::Connect("a".into())]);
+        p.handle_connected(ms(5), 2);
+        assert_eq!(drain(&mut p), vec![Action::Send(2, Msg::Follow)]);
+        p.handle_timeout(ms(5));
+        drain(&mut p);
+        p.handle_timeout(ms(400));
+        let acts = drain(&mut p);
+        match &acts[..] {
+            [Action::Close(2, _), Action::TakeOver {
+                held, assignment, ..
+            }] => {
+                assert_eq!(assignment.as_deref(), Some(&[1, 1][..]));
+                assert_eq!(held.len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -66,6 +66,8 @@ pub struct SubClusters {
     moves: BTreeMap<ModelId, Move>,
     /// Per model: the latest deadline of a task submitted (to its home then).
     last_deadline: Vec<Time>,
+    /// Bumped at every change of a home (what a following standby is sent).
+    version: u64,
     pub stats: MoveStats,
 }
 
@@ -86,8 +88,49 @@ impl SubClusters {
             last_deadline: vec![Time::EPOCH_MIN; home.len()],
             home,
             moves: BTreeMap::new(),
+            version: 0,
             stats: MoveStats::default(),
         })
+    }
+
+    /// Changes with every home (see [`SubClusters::adopt`] and moves' switches).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Takes `homes` (a primary's, for a standby that takes over) as every
+    /// model's home: the models whose home changed, with their new one. Only
+    /// with no move under way; `homes` must name every model and valid
+    /// sub-clusters.
+    pub fn adopt(&mut self, homes: &[u32]) -> Result<Vec<(ModelId, u32)>, String> {
+        if homes.len() != self.home.len() {
+            return Err(format!(
+                "the assignment names {} models, this scheduler has {}",
+                homes.len(),
+                self.home.len()
+            ));
+        }
+        if let Some((m, &s)) = homes.iter().enumerate().find(|(_, &s)| s >= self.count) {
+            return Err(format!(
+                "the assignment puts model {m} in sub-cluster {s}, but there are {}",
+                self.count
+            ));
+        }
+        if !self.moves.is_empty() {
+            return Err(format!("{} models are moving", self.moves.len()));
+        }
+        let changed: Vec<(ModelId, u32)> = homes
+            .iter()
+            .zip(&self.home)
+            .enumerate()
+            .filter(|(_, (new, old))| new != old)
+            .map(|(m, (&new, _))| (ModelId(m as u32), new))
+            .collect();
+        if !changed.is_empty() {
+            self.home.copy_from_slice(homes);
+            self.version += 1;
+        }
+        Ok(changed)
     }
 
     /// One sub-cluster serving all `models`.
@@ -178,6 +221,7 @@ impl SubClusters {
             drain_until: self.last_deadline[m.idx()],
         };
         self.home[m.idx()] = mv.to;
+        self.version += 1;
         self.stats.switched += 1;
         Some(*mv)
     }

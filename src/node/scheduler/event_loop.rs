@@ -412,11 +412,29 @@ impl EventLoop {
                         conn.close(&why);
                     }
                 }
-                StandbyAction::TakeOver { why, held } => {
+                StandbyAction::TakeOver {
+                    why,
+                    held,
+                    assignment,
+                } => {
                     let Some(sb) = self.standby.take() else {
                         return;
                     };
                     tracing::warn!(reason = %why, "standby: the primary is gone; taking over");
+                    match assignment.map(|h| self.proto.adopt_assignment(&h)) {
+                        None => tracing::warn!(
+                            "standby: the primary sent no assignment; the start-up one stays"
+                        ),
+                        Some(Ok(n)) => tracing::info!(
+                            changed = n,
+                            "standby: took the primary's assignment of models to sub-clusters"
+                        ),
+                        Some(Err(e)) => tracing::warn!(
+                            error = %e,
+                            "standby: the primary's assignment does not fit; the start-up one stays"
+                        ),
+                    }
+                    self.apply(sub, refused);
                     let since = (self.clock.now() - sb.proto.last_pong()).max(Dur::ZERO);
                     let after = Duration::from_nanos(since.0 as u64);
                     *sb.status.took_over.lock().expect("status lock") = Some((why, after));
