@@ -397,8 +397,12 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             .boxed(),
         arb_str().prop_map(|reason| Msg::Drain { reason }).boxed(),
         Just(Msg::Drained).boxed(),
+        Just(Msg::Follow).boxed(),
+        arb_vec(any::<u32>())
+            .prop_map(|homes| Msg::Assignment { homes })
+            .boxed(),
     ];
-    assert_eq!(arms.len(), 24, "one arm per variant");
+    assert_eq!(arms.len(), 26, "one arm per variant");
     Union::new(arms)
 }
 
@@ -523,7 +527,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 25u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 27u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }

@@ -1004,7 +1004,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 24, "a sample of every variant");
+        assert_eq!(kinds.len(), 26, "a sample of every variant");
     }
 
     #[test]
@@ -1146,10 +1146,10 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[6, 0, 25]),
+            decode(&[6, 0, 27]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 25
+                tag: 27
             })
         );
         let e = decode(&[6, 0, 18, 0]).unwrap_err();
