@@ -188,17 +188,32 @@ fn perf_analyzer_runs_open_loop_over_http_and_grpc() {
     );
     let (p, http, grpc) = serve(&[]);
     for (protocol, addr) in [("http", &http), ("grpc", &grpc)] {
-        let out = Command::new(&pa)
-            .args(["-m", "mlp", "-u", addr, "-i", protocol])
-            .args(["--request-rate-range", "100"])
-            .args(["--measurement-mode", "count_windows"])
-            .args(["--measurement-request-count", "200"])
-            // Stability is not what this test is about (2 shared cores).
-            .args(["--stability-percentage", "1000", "--max-trials", "20"])
-            .output()
-            .expect("perf_analyzer");
-        let text = procs::output_text(&out);
-        eprintln!("{protocol}:\n{text}");
+        let run = || {
+            let out = Command::new(&pa)
+                .args(["-m", "mlp", "-u", addr, "-i", protocol])
+                .args(["--request-rate-range", "100"])
+                .args(["--measurement-mode", "count_windows"])
+                .args(["--measurement-request-count", "200"])
+                // Stability is not what this test is about (2 shared cores).
+                .args(["--stability-percentage", "1000", "--max-trials", "20"])
+                .output()
+                .expect("perf_analyzer");
+            let text = procs::output_text(&out);
+            eprintln!("{protocol}:\n{text}");
+            (out, text)
+        };
+        // perf_analyzer stops at the first error response; a request dropped
+        // or late (a deferred scheduler on 2 cores shared with the other
+        // tests) is such a response, and not what this test is about: run it
+        // again, at most twice more.
+        let transient = |t: &str| t.contains("dropped (") || t.contains("deadline exceeded");
+        let (mut out, mut text) = run();
+        for _ in 0..2 {
+            if out.status.success() || !transient(&text) {
+                break;
+            }
+            (out, text) = run();
+        }
         assert!(
             out.status.success(),
             "perf_analyzer -i {protocol} failed:\n{text}"
