@@ -17,14 +17,19 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn k8s_tool(name: &str) -> PathBuf {
-    let p = root().join(".deps/k8s/bin").join(name);
+/// `path` (something scripts/setup.sh installs), or a failure that says to
+/// run it.
+fn installed(path: PathBuf) -> PathBuf {
     assert!(
-        p.exists(),
+        path.exists(),
         "{} is not installed: run scripts/setup.sh",
-        p.display()
+        path.display()
     );
-    p
+    path
+}
+
+fn k8s_tool(name: &str) -> PathBuf {
+    installed(root().join(".deps/k8s/bin").join(name))
 }
 
 /// `helm template` of the chart with these `--set` values.
@@ -64,11 +69,7 @@ fn validate(files: &[PathBuf]) {
     // The custom resources kubernetes-validate leaves out: KServe's against
     // its SDK's models, ServiceMonitors against the CRD's schema.
     let npm = root().join(".deps/npm/node_modules");
-    assert!(
-        npm.join("@kubernetes-models/prometheus-operator").exists(),
-        "{} has no @kubernetes-models/prometheus-operator: run scripts/setup.sh",
-        npm.display()
-    );
+    installed(npm.join("@kubernetes-models/prometheus-operator"));
     let o = Command::new("python3")
         .arg(root().join("tests/deploy/check_crds.py"))
         .arg(&npm)
@@ -230,11 +231,7 @@ fn metrics_parse_with_the_prometheus_parsers() {
     std::fs::write(&tf, &t04).unwrap();
     std::fs::write(&of, &om).unwrap();
     let ks = root().join(".deps/kserve");
-    assert!(
-        ks.join("prometheus_client").exists(),
-        "{} has no prometheus_client: run scripts/setup.sh",
-        ks.display()
-    );
+    installed(ks.join("prometheus_client"));
     let out = Command::new("python3")
         .arg(root().join("tests/deploy/parse_metrics.py"))
         .args([&tf, &of])

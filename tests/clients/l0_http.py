@@ -306,6 +306,12 @@ class HTTPRequestManyChunksTest(unittest.TestCase):
     def _send(self, path, head=""):
         return chunked(path, head, (b"A" for _ in range(self.CHUNKS)))
 
+    def _refused(self, path, what):
+        """The body sent to `path` is answered 400 with `what` in it."""
+        resp = self._send(path)
+        self.assertEqual(status_of(resp), 400, resp[:300])
+        self.assertIn(what, resp)
+
     def test_infer(self):
         """To infer as a raw body of a model of two inputs: 400 naming them."""
         resp = self._send("/v2/models/ranker/infer", "Inference-Header-Content-Length: 0\r\n")
@@ -314,47 +320,35 @@ class HTTPRequestManyChunksTest(unittest.TestCase):
 
     def test_registry_index(self):
         """To the repository index: 400, not JSON."""
-        resp = self._send("/v2/repository/index")
-        self.assertEqual(status_of(resp), 400, resp[:300])
-        self.assertIn(b"malformed JSON repository index request", resp)
+        self._refused("/v2/repository/index", b"malformed JSON repository index request")
 
     def test_model_control(self):
         """To load and unload: 400, Fermata has no model control (Triton: a
         JSON parse error)."""
         for op in ["load", "unload"]:
-            resp = self._send(f"/v2/repository/models/mlp/{op}")
-            self.assertEqual(status_of(resp), 400, resp[:300])
-            self.assertIn(b"extension is not supported", resp)
+            self._refused(f"/v2/repository/models/mlp/{op}", b"extension is not supported")
 
     def test_trace(self):
         """To trace settings: 400, not supported."""
-        resp = self._send("/v2/models/mlp/trace/setting")
-        self.assertEqual(status_of(resp), 400, resp[:300])
-        self.assertIn(b"trace extension is not supported", resp)
+        self._refused("/v2/models/mlp/trace/setting", b"trace extension is not supported")
 
     def test_logging(self):
         """To logging: 400, not supported."""
-        resp = self._send("/v2/logging")
-        self.assertEqual(status_of(resp), 400, resp[:300])
-        self.assertIn(b"logging extension is not supported", resp)
+        self._refused("/v2/logging", b"logging extension is not supported")
 
     def test_system_shm_register(self):
         """To register system shared memory: 400, not supported."""
-        resp = self._send("/v2/systemsharedmemory/region/r/register")
-        self.assertEqual(status_of(resp), 400, resp[:300])
-        self.assertIn(b"shared-memory extension is not supported", resp)
+        self._refused("/v2/systemsharedmemory/region/r/register",
+                      b"shared-memory extension is not supported")
 
     def test_cuda_shm_register(self):
         """To register CUDA shared memory: 400, not supported."""
-        resp = self._send("/v2/cudasharedmemory/region/r/register")
-        self.assertEqual(status_of(resp), 400, resp[:300])
-        self.assertIn(b"shared-memory extension is not supported", resp)
+        self._refused("/v2/cudasharedmemory/region/r/register",
+                      b"shared-memory extension is not supported")
 
     def test_generate(self):
         """To generate: 400, not supported."""
-        resp = self._send("/v2/models/mlp/generate")
-        self.assertEqual(status_of(resp), 400, resp[:300])
-        self.assertIn(b"generate extension is not supported", resp)
+        self._refused("/v2/models/mlp/generate", b"generate extension is not supported")
 
 
 class NestedJsonCrashTest(unittest.TestCase):
