@@ -166,6 +166,15 @@ pub fn profile_of(p: &WireProfile) -> anyhow::Result<LatencyProfile> {
     prof.map_err(|e| anyhow::anyhow!("bad latency profile: {e}"))
 }
 
+/// The largest batch model `m` runs in: its metadata's, else its latency
+/// profile's (1 when neither can be read).
+pub fn max_batch_of(m: &ModelInfo) -> u32 {
+    match m.meta() {
+        Some(Ok(meta)) => meta.max_batch,
+        _ => profile_of(&m.profile).map_or(1, |p| p.max_batch()),
+    }
+}
+
 /// The wire form of a profile.
 /// The models of `w` as the scheduler serves them (ids in workload order).
 pub fn model_infos(w: &crate::workload::Workload) -> Vec<crate::wire::ModelInfo> {

@@ -1042,22 +1042,21 @@ impl OnnxModel {
         gather(&mut self.inputs, requests)?;
         self.make_views(shape)?;
         let name = &self.meta.name;
-        let strings: Vec<Option<ort::value::DynValue>> = self
+        // The BYTES inputs' string tensors, by input index (none: no allocation).
+        let strings: Vec<(usize, ort::value::DynValue)> = self
             .inputs
             .iter_mut()
-            .map(|p| {
-                (p.dtype == DType::Bytes)
-                    .then(|| string_input(p, shape))
-                    .transpose()
-            })
+            .enumerate()
+            .filter(|(_, p)| p.dtype == DType::Bytes)
+            .map(|(i, p)| Ok((i, string_input(p, shape)?)))
             .collect::<Result<_>>()
             .map_err(|e| anyhow!("model `{name}`: {e}"))?;
         let values: Vec<SessionInputValue<'_>> = self
             .inputs
             .iter()
-            .zip(&strings)
-            .map(|(p, s)| match s {
-                Some(v) => SessionInputValue::from(v),
+            .enumerate()
+            .map(|(i, p)| match strings.iter().find(|(k, _)| *k == i) {
+                Some((_, v)) => SessionInputValue::from(v),
                 None => SessionInputValue::from(&**p.views[shape].as_ref().expect("made above")),
             })
             .collect();

@@ -61,6 +61,65 @@ def again(f, transient):
     raise AssertionError(f"still dropped or late after {TRIES} tries: {last}")
 
 
+def transient_status(*statuses):
+    """A predicate for again(): a tritonclient error whose status is one of
+    `statuses` (the protocol's codes for a drop and a late answer)."""
+    from tritonclient.utils import InferenceServerException
+
+    def transient(e):
+        return isinstance(e, InferenceServerException) and str(e.status()) in statuses
+    return transient
+
+
+# A drop or a late answer, over HTTP and over gRPC.
+HTTP_TRANSIENT = ("429", "504")
+GRPC_TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+
+
+def post_again(url, **kw):
+    """requests.post, sent again while answered 429 (dropped) or 504 (late),
+    at most TRIES times."""
+    import requests
+    for _ in range(TRIES):
+        r = requests.post(url, timeout=30, **kw)
+        if r.status_code not in (429, 504):
+            return r
+    return r
+
+
+def refused(f, status, text):
+    """f() must raise the server's error (a tritonclient error) with this
+    status and text."""
+    from tritonclient.utils import InferenceServerException
+    try:
+        f()
+    except InferenceServerException as e:
+        expect(str(e.status()) == str(status) and text in e.message(),
+               f"want {status} with {text!r}, got {e.status()}: {e.message()}")
+        return
+    raise AssertionError(f"want {status} with {text!r}, got an answer")
+
+
+class MlpClient:
+    """A tritonclient `client` of the shipped mlp, with ONNX Runtime's
+    reference of it and a seeded RNG; infer() is sent again while `transient`
+    says the answer was a drop or a late one."""
+
+    def __init__(self, url, models, client, transient, seed):
+        self.url = url
+        self.client = client
+        self.transient = transient
+        self.ref = Reference(models)
+        self.rng = np.random.default_rng(seed)
+
+    def logits(self, x):
+        return self.ref.logits(x)
+
+    def infer(self, inputs, outputs=None, **kw):
+        return again(lambda: self.client.infer("mlp", inputs, outputs=outputs, **kw),
+                     self.transient)
+
+
 async def again_async(f, transient):
     """again() for a coroutine function."""
     last = None

@@ -35,7 +35,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from harness import TRIES, Reference
+from harness import TRIES, Reference, post_again
 
 URL = None
 MAX_BODY = None
@@ -49,21 +49,10 @@ def infer_url(model):
     return f"http://{URL}/v2/models/{model}/infer"
 
 
-def post(url, **kw):
-    """requests.post, sent again while answered 429 (dropped) or 504 (late):
-    a deferred scheduler at light load on 2 shared cores may run a batch at
-    its deadline."""
-    for _ in range(TRIES):
-        r = requests.post(url, timeout=30, **kw)
-        if r.status_code not in (429, 504):
-            return r
-    return r
-
-
 def raw(model, body, extra=None):
     headers = {"Inference-Header-Content-Length": "0"}
     headers.update(extra or {})
-    return post(infer_url(model), data=body, headers=headers)
+    return post_again(infer_url(model), data=body, headers=headers)
 
 
 def binary_output(r, shape):
@@ -230,8 +219,8 @@ class HttpTest(unittest.TestCase):
             with self.subTest(depth=depth):
                 body = ('{"inputs":[{"name":"input","shape":[1,64],"datatype":"FP32",'
                         '"data":' + "[" * depth + flat + "]" * depth + "}]}")
-                r = post(infer_url("mlp"), data=body,
-                         headers={"Content-Type": "application/json"})
+                r = post_again(infer_url("mlp"), data=body,
+                               headers={"Content-Type": "application/json"})
                 if ok:
                     self.assertEqual(r.status_code, 200, r.text)
                     x = np.full((1, 64), 0.5, np.float32)
@@ -280,8 +269,8 @@ class InferSizeLimitTest(unittest.TestCase):
         for size, code in [(MAX_BODY + 32, 413), (MAX_BODY - 32, 200)]:
             with self.subTest(size=size):
                 padded = body + " " * (size - len(body))
-                r = post(infer_url("mlp"), data=padded,
-                         headers={"Content-Type": "application/json"})
+                r = post_again(infer_url("mlp"), data=padded,
+                               headers={"Content-Type": "application/json"})
                 self.assertEqual(r.status_code, code, r.text[:200])
                 if code == 200:
                     got = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(1, 10)

@@ -18,44 +18,20 @@ import sys
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
-from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks, Reference, again, again_async, expect, run  # noqa: E402
+from harness import (GRPC_TRANSIENT, Checks, MlpClient, again_async,  # noqa: E402
+                     expect, refused, run, transient_status)
 
 check = Checks()
 
 
-def transient(e):
-    """A drop or a late answer, which the checks send again."""
-    return isinstance(e, InferenceServerException) and e.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+transient = transient_status(*GRPC_TRANSIENT)
 
 
-class Ctx:
+class Ctx(MlpClient):
     def __init__(self, url, models):
-        self.url = url
-        self.client = grpcclient.InferenceServerClient(url=url)
-        self.ref = Reference(models)
-        self.rng = np.random.default_rng(17)
-
-    def logits(self, x):
-        return self.ref.logits(x)
-
-    def infer(self, inputs, outputs=None, **kw):
-        """Sent again when dropped or late (UNAVAILABLE / DEADLINE_EXCEEDED
-        for a drop or a late answer: a deferred scheduler at light load on 2
-        shared cores runs near the deadline)."""
-        return again(lambda: self.client.infer("mlp", inputs, outputs=outputs, **kw), transient)
-
-
-def refused(f, status, text):
-    try:
-        f()
-    except InferenceServerException as e:
-        expect(e.status() == status and text in e.message(),
-               f"want {status} with {text!r}, got {e.status()}: {e.message()}")
-        return
-    raise AssertionError(f"want {status} with {text!r}, got an answer")
+        super().__init__(url, models, grpcclient.InferenceServerClient(url=url), transient, 17)
 
 
 def mlp_input(x):

@@ -20,33 +20,20 @@ import urllib.request
 import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
-from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks, Reference, again, again_async, expect, run  # noqa: E402
+from harness import (HTTP_TRANSIENT, Checks, MlpClient, again_async,  # noqa: E402
+                     expect, refused, run, transient_status)
 
 check = Checks()
 
 
-def transient(e):
-    """A drop or a late answer, which the checks send again."""
-    return isinstance(e, InferenceServerException) and e.status() in ("429", "504")
+transient = transient_status(*HTTP_TRANSIENT)
 
 
-class Ctx:
+class Ctx(MlpClient):
     def __init__(self, url, models):
-        self.url = url
-        self.client = httpclient.InferenceServerClient(url=url)
-        self.ref = Reference(models)
-        self.rng = np.random.default_rng(16)
-
-    def logits(self, x):
-        return self.ref.logits(x)
-
-    def infer(self, inputs, outputs=None, **kw):
-        """An inference, sent again when it was dropped or late (a deferred
-        scheduler at light load runs near the deadline on 2 shared cores)."""
-        return again(lambda: self.client.infer("mlp", inputs, outputs=outputs, **kw), transient)
+        super().__init__(url, models, httpclient.InferenceServerClient(url=url), transient, 16)
 
     def raw(self, method, path, body=None, headers=None):
         """(status, headers, body) of a plain HTTP request."""
@@ -57,17 +44,6 @@ class Ctx:
                 return r.status, dict(r.headers), r.read()
         except urllib.error.HTTPError as e:
             return e.code, dict(e.headers), e.read()
-
-
-def refused(f, status, text):
-    """f() must raise the server's error with this status and text."""
-    try:
-        f()
-    except InferenceServerException as e:
-        expect(str(e.status()) == str(status) and text in e.message(),
-               f"want {status} with {text!r}, got {e.status()}: {e.message()}")
-        return
-    raise AssertionError(f"want {status} with {text!r}, got an answer")
 
 
 def mlp_input(x, binary=True):

@@ -111,7 +111,7 @@ impl FrontendState {
             clock: Clock::new(),
             stats: models
                 .iter()
-                .map(|m| ModelStats::new(max_batch(m)))
+                .map(|m| ModelStats::new(crate::node::exec::max_batch_of(m)))
                 .collect(),
             models,
             sched_ok: AtomicBool::new(true),
@@ -137,14 +137,6 @@ impl FrontendState {
 
     pub(super) fn scheduler_connected(&self) -> bool {
         self.sched_ok.load(Ordering::Relaxed) && !self.stopped.load(Ordering::Relaxed)
-    }
-}
-
-/// The largest batch model `m` runs in (its metadata's, else its profile's).
-fn max_batch(m: &ModelInfo) -> u32 {
-    match m.meta() {
-        Some(Ok(meta)) => meta.max_batch,
-        _ => crate::node::exec::profile_of(&m.profile).map_or(1, |p| p.max_batch()),
     }
 }
 

@@ -78,12 +78,10 @@ pub struct ModelStats {
     fail: AtomicStat,
     queue: AtomicStat,
     compute_infer: AtomicStat,
-    inferences: AtomicU64,
-    /// Executions × [`EXEC_UNIT`].
-    executions: AtomicU64,
     last_ms: AtomicU64,
     /// Per batch size b (index b − 1): executions × [`EXEC_UNIT`] and the
-    /// good samples' compute time.
+    /// good samples' compute time. (The inference count is the queue's
+    /// count, the execution count the sum over batch sizes.)
     batches: Vec<(AtomicU64, AtomicU64)>,
 }
 
@@ -95,8 +93,6 @@ impl ModelStats {
             fail: AtomicStat::default(),
             queue: AtomicStat::default(),
             compute_infer: AtomicStat::default(),
-            inferences: AtomicU64::new(0),
-            executions: AtomicU64::new(0),
             last_ms: AtomicU64::new(0),
             batches: (0..max_batch.clamp(1, 4096))
                 .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
@@ -107,11 +103,9 @@ impl ModelStats {
     /// A good sample: its time in the queue, from its batch's start to its
     /// answer, and its batch's size.
     pub fn sample(&self, queue: Duration, compute: Duration, batch: u32) {
-        self.inferences.fetch_add(1, Ordering::Relaxed);
         self.queue.add(1, queue);
         self.compute_infer.add(1, compute);
         let b = batch.max(1) as u64;
-        self.executions.fetch_add(EXEC_UNIT / b, Ordering::Relaxed);
         let i = (b as usize - 1).min(self.batches.len() - 1);
         let (n, ns) = &self.batches[i];
         n.fetch_add(EXEC_UNIT / b, Ordering::Relaxed);
@@ -133,13 +127,19 @@ impl ModelStats {
 
     pub fn snapshot(&self) -> StatsSnapshot {
         let execs = |units: u64| (units + EXEC_UNIT / 2) / EXEC_UNIT;
+        let queue = self.queue.get();
+        let units: u64 = self
+            .batches
+            .iter()
+            .map(|(n, _)| n.load(Ordering::Relaxed))
+            .sum();
         StatsSnapshot {
             success: self.success.get(),
             fail: self.fail.get(),
-            queue: self.queue.get(),
+            queue,
             compute_infer: self.compute_infer.get(),
-            inference_count: self.inferences.load(Ordering::Relaxed),
-            execution_count: execs(self.executions.load(Ordering::Relaxed)),
+            inference_count: queue.count,
+            execution_count: execs(units),
             last_inference_ms: self.last_ms.load(Ordering::Relaxed),
             batches: self
                 .batches

@@ -2,7 +2,7 @@
 //! metadata, or synthesized for emulated, profile-only models) and its KServe v2
 //! metadata document.
 
-use crate::node::exec::profile_of;
+use crate::node::exec::max_batch_of;
 use crate::repo::{DType, ModelMeta, TensorMeta};
 use crate::wire::ModelInfo;
 use serde_json::{json, Value};
@@ -79,7 +79,7 @@ impl HttpModel {
                     range: None,
                 }],
                 slo_ms: info.slo.as_ms_f64(),
-                max_batch: profile_of(&info.profile).map_or(1, |p| p.max_batch()),
+                max_batch: max_batch_of(info),
                 description: "emulated (profile only)".into(),
                 batch_buckets: None,
             }),

@@ -608,11 +608,11 @@ fn json_data(
     let mut out = Vec::with_capacity(need * dt.size());
     if dt == DType::Bytes {
         for (j, &e) in flat.iter().enumerate() {
-            let shown = v.shown(e);
-            let Value::String(st) = &shown else {
+            let Some(st) = v.as_str(e) else {
                 return Err(bad(format!(
-                    "input `{}`: element {j} of `data` is {shown}, not a string (BYTES)",
-                    t.name
+                    "input `{}`: element {j} of `data` is {}, not a string (BYTES)",
+                    t.name,
+                    v.shown(e)
                 )));
             };
             push_bytes_slot(st.as_bytes(), &mut out)

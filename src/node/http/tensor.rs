@@ -84,6 +84,13 @@ impl JsonElems {
             Elem::Odd(k) => self.odd.get(k as usize).cloned().unwrap_or(Value::Null),
         }
     }
+    /// Element `e`'s text when it is a JSON string (borrowed, not copied).
+    pub fn as_str(&self, e: Elem) -> Option<&str> {
+        match e {
+            Elem::Odd(k) => self.odd.get(k as usize)?.as_str(),
+            _ => None,
+        }
+    }
     fn push_odd(&mut self, v: Value) {
         self.elems.push(Elem::Odd(self.odd.len() as u32));
         self.odd.push(v);

@@ -470,13 +470,16 @@ impl SchedProto {
             } => {
                 pc.ctrl_delay = check::measured(ctrl_delay);
                 pc.pull = check::measured(pull);
+                let follows = pc.follows.is_some();
                 let pong = Msg::Pong {
                     seq,
                     echo: sent,
                     sched: now,
                 };
                 self.send(c, pong);
-                self.send_assignment(c);
+                if follows {
+                    self.send_assignment(c);
+                }
             }
             Msg::Follow => {
                 if !matches!(pc.peer, Peer::New) {
