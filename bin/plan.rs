@@ -650,13 +650,16 @@ pub struct BenchFig15Args {
     /// The loop's epoch (s): signals window and decision interval.
     #[arg(long, default_value_t = 10.0)]
     epoch_s: f64,
+    /// How often the loop decides (s; at most --epoch-s, which it must
+    /// divide): `fermata autoscale`'s --interval-s.
+    #[arg(long, default_value_t = 1.0)]
+    interval_s: f64,
     /// Seconds before an added GPU is in service.
     #[arg(long, default_value_t = 5.0)]
     provisioning_s: f64,
-    /// After a scaling step, the next release waits this long (s); default
-    /// two epochs.
-    #[arg(long)]
-    down_cooldown_s: Option<f64>,
+    /// After a scaling step, the next release waits this long (s).
+    #[arg(long, default_value_t = 5.0)]
+    down_cooldown_s: f64,
     /// The advice's bad-rate threshold (add GPUs above it).
     #[arg(long, default_value_t = 0.01)]
     bad_threshold: f64,
@@ -671,8 +674,10 @@ pub struct BenchFig15Args {
     /// `fermata scheduler --autoscale-target-utilization`).
     #[arg(long, default_value_t = 0.0)]
     target_utilization: f64,
-    /// With --target-utilization: size for the demand this far ahead (s);
-    /// default: --epoch-s + --provisioning-s.
+    /// With --target-utilization: size for the demand this far past the
+    /// middle of the window it is measured over (half an epoch; s); default:
+    /// the time until GPUs the next decision adds are in service, --epoch-s / 4
+    /// + --interval-s + --provisioning-s.
     #[arg(long)]
     lookahead_s: Option<f64>,
     #[arg(long, default_value_t = 1)]
@@ -701,6 +706,14 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
         && (0.0..=1.0).contains(&a.idle_threshold)
         && (0.0..0.9).contains(&a.headroom)
         && (0.0..=1.0).contains(&a.target_utilization);
+    let ratio = a.epoch_s / a.interval_s;
+    if !(a.interval_s >= 0.1 && ratio >= 1.0 - 1e-9 && (ratio - ratio.round()).abs() < 1e-6) {
+        bail!("--interval-s must be at least 0.1 and divide --epoch-s");
+    }
+    let ratio = a.epoch_s / a.interval_s;
+    if !(a.interval_s >= 0.1 && ratio >= 1.0 - 1e-9 && (ratio - ratio.round()).abs() < 1e-6) {
+        bail!("--interval-s must be at least 0.1 and divide --epoch-s");
+    }
     if !ok {
         bail!("--peak-load in (0, 10], --epoch-s in [1, 3600], --provisioning-s in [0, 3600], --trace-s in [--epoch-s, 86400], thresholds in [0, 1], --headroom in [0, 0.9), --target-utilization in [0, 1]");
     }
@@ -722,11 +735,9 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
         peak_load: a.peak_load,
         trace,
         epoch_s: a.epoch_s,
+        interval_s: a.interval_s,
         provisioning_s: a.provisioning_s,
-        down_cooldown_s: a
-            .down_cooldown_s
-            .unwrap_or(2.0 * a.epoch_s)
-            .clamp(0.0, 86_400.0),
+        down_cooldown_s: a.down_cooldown_s.clamp(0.0, 86_400.0),
         seed: a.seed,
         advice: fermata::plan::autoscale::AdviceConfig {
             bad_threshold: a.bad_threshold,
@@ -735,7 +746,7 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
             target_utilization: a.target_utilization,
             lookahead_s: a
                 .lookahead_s
-                .unwrap_or(a.epoch_s + a.provisioning_s)
+                .unwrap_or(a.epoch_s / 4.0 + a.interval_s + a.provisioning_s)
                 .clamp(0.0, 3600.0),
             ..Default::default()
         },
@@ -754,7 +765,7 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
             &[
                 plot::Series {
                     name: "GPUs in use".into(),
-                    points: pts(&|x| x.epoch.gpus as f64),
+                    points: pts(&|x| x.epoch.gpus_mean),
                 },
                 plot::Series {
                     name: "fewest needed".into(),
@@ -787,23 +798,24 @@ pub fn cmd_bench_fig15(a: BenchFig15Args) -> Result<()> {
         r.per_gpu_rps, r.max_gpus, r.peak_rps, r.max_gpus
     );
     println!(
-        "{:>7} {:>10} {:>6} {:>6} {:>8} {:>7}  decision",
+        "{:>7} {:>10} {:>6} {:>6} {:>8} {:>7}  decision (GPUs after it)",
         "t (s)", "offered", "GPUs", "min", "bad %", "idle %"
     );
     for x in &r.rows {
         println!(
-            "{:>7.0} {:>10.0} {:>6} {:>6} {:>8.2} {:>7.1}  {}",
+            "{:>7.0} {:>10.0} {:>6.1} {:>6} {:>8.2} {:>7.1}  {} ({})",
             x.epoch.t_s,
             x.epoch.offered_rps,
-            x.epoch.gpus,
+            x.epoch.gpus_mean,
             x.min_gpus,
             x.bad_rate * 100.0,
             x.epoch.idle_fraction * 100.0,
-            x.epoch.decision
+            x.epoch.decision,
+            x.epoch.gpus
         );
     }
     println!(
-        "epochs under capacity with bad rate < 1%: {} of {}; after the first minute, GPUs within 15% of the fewest needed: {} of {}; GPU-seconds {:.0} (fewest needed {:.0})",
+        "after the first minute: epochs under the cluster's capacity with bad rate < 1%: {} of {}; GPUs in use (time-averaged) within 15% of the fewest needed: {} of {}; GPU-seconds {:.0} (fewest needed {:.0})",
         r.under_capacity_good_epochs, r.under_capacity_epochs, r.within_15pct_epochs, r.counted_epochs, r.gpu_seconds, r.min_gpu_seconds
     );
     Ok(())

@@ -298,13 +298,15 @@ pub struct SchedulerArgs {
     autoscale_headroom: f64,
     /// Autoscaling advice on the load's demand (0: off, the paper's rule):
     /// the GPUs the load needs are its demand (Σ rate·l(b)/b, b the batch each
-    /// model's rate fills within its SLO) over this utilization, sized for
-    /// the demand --autoscale-lookahead-s ahead; kept within 1.0–1.1× of that.
-    /// 0.93 measured best in `fermata bench fig15` (see docs/control-plane.md).
+    /// model's rate fills within its SLO) over this utilization, the demand
+    /// carried along its trend to now or --autoscale-lookahead-s on, whichever
+    /// is more; kept within 1.0–1.05× of that. 0.9 measured best in `fermata
+    /// bench fig15` (see docs/control-plane.md).
     #[arg(long, default_value_t = 0.0)]
     autoscale_target_utilization: f64,
-    /// With --autoscale-target-utilization: how far ahead to size for a rising
-    /// demand (s): the autoscaler's interval plus the time a new backend takes.
+    /// With --autoscale-target-utilization: how far past the middle of the
+    /// demand's 5-s window to size for a rising demand (s): 2.5 s, the
+    /// autoscaler's interval and the time a new backend takes to serve.
     #[arg(long, default_value_t = 15.0)]
     autoscale_lookahead_s: f64,
     #[command(flatten)]

@@ -38,10 +38,36 @@ pub struct Signals {
     /// GPUs' worth of work the load brings ([`demand_gpus`]), when known.
     #[serde(default)]
     pub demand_gpus: Option<f64>,
-    /// How fast that demand grows (GPUs per second, over the last two
-    /// windows; 0 when it falls or is unknown).
+    /// That demand's trend (GPUs per second, negative when it falls; 0 when
+    /// unknown): the least-squares slope over the last [`TREND_SPAN_S`].
     #[serde(default)]
     pub demand_rise_per_s: f64,
+    /// The window the demand's rates cover (s; [`DEMAND_WINDOW_S`] once the
+    /// scheduler has run that long).
+    #[serde(default)]
+    pub demand_window_s: f64,
+}
+
+impl Signals {
+    /// Signals over `window_s` with `bad` of `tasks` bad (the bad rate their
+    /// ratio, at most 1), the demand unknown.
+    pub fn new(window_s: f64, gpus: u32, idle_fraction: f64, tasks: u64, bad: u64) -> Signals {
+        Signals {
+            window_s,
+            gpus,
+            idle_fraction,
+            tasks,
+            bad,
+            bad_rate: if tasks == 0 {
+                0.0
+            } else {
+                (bad as f64 / tasks as f64).min(1.0)
+            },
+            demand_gpus: None,
+            demand_rise_per_s: 0.0,
+            demand_window_s: 0.0,
+        }
+    }
 }
 
 /// The GPUs' worth of work a load brings when each model runs the largest
@@ -94,15 +120,16 @@ pub struct AdviceConfig {
     #[serde(default)]
     pub headroom: f64,
     /// 0: off. Above 0 (with the signals' demand known and the bad rate under
-    /// its threshold): the GPUs the load needs are W = ceil(demand / u); fewer
-    /// in service is an add up to round(1.05·W), more than 1.1·W a release
-    /// down to it (another extension; the band keeps the count from
-    /// oscillating with the noise of the rates).
+    /// its threshold): the GPUs the load needs are W = ceil(demand / u), the
+    /// demand carried along its trend; fewer in service is an add up to W,
+    /// more than [`RELEASE_BAND`]·W a release down to it (another extension;
+    /// the band keeps the count from following every wiggle of the rates).
     #[serde(default)]
     pub target_utilization: f64,
-    /// With `target_utilization`: size for the demand this many seconds
-    /// ahead (at its present rise), the time an added GPU takes to matter
-    /// (the decision interval plus the provisioning delay).
+    /// With `target_utilization`: size for the demand this many seconds past
+    /// the middle of the window it is measured over, along its trend: the
+    /// time until GPUs the next decision adds are in service (half the
+    /// demand's window, the decision interval and the provisioning delay).
     #[serde(default)]
     pub lookahead_s: f64,
 }
@@ -171,8 +198,8 @@ pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
         };
         // On the demand too: what it says is missing, if that is more.
         let (add, rule) = match demand_band(s, cfg) {
-            Some((w, mid, _)) if w > s.gpus && mid - s.gpus > add => {
-                (mid - s.gpus, "up to round(1.05 · ceil(demand / U))")
+            Some((w, _)) if w > s.gpus && w - s.gpus > add => {
+                (w - s.gpus, "up to ceil(demand / U)")
             }
             _ => (add, "N·r/(1−r)"),
         };
@@ -284,53 +311,66 @@ fn release(owners: &[GpuOwner], k: u32, reason: String) -> Advice {
     }
 }
 
-/// The most the demand's look-ahead adds, as a share of the demand.
+/// The look-ahead adds or takes at most this share of the demand: a load that
+/// starts or a burst is not a trend to carry on.
 pub const LOOKAHEAD_CAP: f64 = 0.25;
 
-/// With `cfg.target_utilization` > 0 and the demand known: W = ceil(demand
-/// `lookahead_s` ahead / U), the middle of the band round(1.05·W), and that
-/// demand.
-fn demand_band(s: &Signals, cfg: &AdviceConfig) -> Option<(u32, u32, f64)> {
+/// The window the demand's rates are measured over (s): half the signals'
+/// window, so that a step of the load shows within seconds.
+pub const DEMAND_WINDOW_S: f64 = SIGNAL_WINDOW_S / 2.0;
+
+/// The span the demand's trend is fitted over (s): one and a half signal
+/// windows, enough samples to halve the noise of one window's difference
+/// without lagging a turn of the load by more than a window.
+pub const TREND_SPAN_S: f64 = 1.5 * SIGNAL_WINDOW_S;
+
+/// Above this many times W GPUs in service, the demand's advice releases down
+/// to W.
+pub const RELEASE_BAND: f64 = 1.05;
+
+/// With `cfg.target_utilization` > 0 and the demand known: W, the GPUs the
+/// load needs at that utilization, and the demand it is sized for. The
+/// demand is measured over a window whose middle lies `demand_window_s / 2`
+/// back; along its trend it is sized for the larger of the demand now (what a
+/// release must leave GPUs for) and `lookahead_s` past the window's middle
+/// (when GPUs the next decision adds would be in service).
+fn demand_band(s: &Signals, cfg: &AdviceConfig) -> Option<(u32, f64)> {
     let demand = s.demand_gpus.filter(|_| cfg.target_utilization > 0.0)?;
     let u = cfg.target_utilization.clamp(0.05, 1.0);
-    // A step (a load that starts, a burst) is not a trend: the look-ahead adds
-    // at most LOOKAHEAD_CAP of the demand.
-    let rise = s.demand_rise_per_s.max(0.0) * cfg.lookahead_s.max(0.0);
-    let ahead = demand + rise.min(LOOKAHEAD_CAP * demand);
-    let w = ((ahead / u).ceil() as u32).max(1);
-    let mid = ((w as f64 * 1.05).round() as u32).max(w);
-    Some((w, mid, ahead))
+    let cap = LOOKAHEAD_CAP * demand;
+    let along = |secs: f64| (s.demand_rise_per_s * secs.max(0.0)).clamp(-cap, cap);
+    let level = demand + along(s.demand_window_s / 2.0).max(along(cfg.lookahead_s));
+    let w = ((level / u).ceil() as u32).max(1);
+    Some((w, level))
 }
 
 /// The advice on the load's demand (the bad rate is under its threshold):
-/// keep the GPUs in [W, 1.1·W] ([`demand_band`]), coming back to round(1.05·W)
-/// when outside.
+/// fewer than W GPUs in service is an add up to W, more than
+/// [`RELEASE_BAND`]·W a release down to it, in between a hold.
 fn advise_demand(
     s: &Signals,
     owners: &[GpuOwner],
     cfg: &AdviceConfig,
-    (w, mid, demand): (u32, u32, f64),
+    (w, demand): (u32, f64),
 ) -> Advice {
     let u = cfg.target_utilization;
     let n = s.gpus;
     if n < w {
-        let k = mid - n;
+        let k = w - n;
         return add(
             k,
             format!("demand {demand:.1} GPUs / {u:.2} = {w} > {n} in service: add {k}"),
         );
     }
-    if n as f64 > 1.1 * w as f64 && n > 1 {
-        let k = (n - mid).min(n - 1);
-        if k > 0 {
-            return release(
-                owners,
-                k,
-                format!(
-                    "demand {demand:.1} GPUs / {u:.2} = {w}; {n} in service > 1.1·{w}: release {k} (the highest ids)"
-                ),
-            );
-        }
+    if n as f64 > RELEASE_BAND * w as f64 && n > 1 {
+        let k = (n - w).min(n - 1);
+        return release(
+            owners,
+            k,
+            format!(
+                "demand {demand:.1} GPUs / {u:.2} = {w}; {n} in service > {RELEASE_BAND}·{w}: release {k} (the highest ids)"
+            ),
+        );
     }
     Advice {
         action: "hold".into(),
@@ -338,6 +378,46 @@ fn advise_demand(
         release_gpus: Vec::new(),
         release_backends: Vec::new(),
         reason: format!("demand {demand:.1} GPUs / {u:.2} = {w}; {n} in service"),
+    }
+}
+
+/// The load's demand over time, for its trend.
+#[derive(Debug, Default, Clone)]
+pub struct DemandTrend {
+    /// (time s, demand GPUs)
+    samples: std::collections::VecDeque<(f64, f64)>,
+}
+
+impl DemandTrend {
+    /// Records `demand` at `now` (s) and returns its trend in GPUs per second
+    /// (negative when it falls): the least-squares slope over the samples of
+    /// the last `span` seconds, 0 until they cover half of it. A slope over
+    /// two windows of samples halves the noise one window's difference has.
+    pub fn push(&mut self, now: f64, demand: f64, span: f64) -> f64 {
+        if !demand.is_finite() {
+            return 0.0;
+        }
+        self.samples.push_back((now, demand));
+        while self.samples.front().is_some_and(|s| now - s.0 > span) {
+            self.samples.pop_front();
+        }
+        let first = self.samples.front().map_or(now, |s| s.0);
+        if now - first < span / 2.0 || self.samples.len() < 2 {
+            return 0.0;
+        }
+        let n = self.samples.len() as f64;
+        let (tm, dm) = self
+            .samples
+            .iter()
+            .fold((0.0, 0.0), |(a, b), s| (a + s.0 / n, b + s.1 / n));
+        let (num, den) = self.samples.iter().fold((0.0, 0.0), |(a, b), s| {
+            (a + (s.0 - tm) * (s.1 - dm), b + (s.0 - tm) * (s.0 - tm))
+        });
+        if den > 0.0 {
+            num / den
+        } else {
+            0.0
+        }
     }
 }
 
@@ -373,8 +453,9 @@ pub struct ControllerConfig {
     pub up_cooldown_s: f64,
     /// After a drain, or a launch, the next drain waits this long (s).
     pub down_cooldown_s: f64,
-    /// A launched backend counts as starting for this long (s); until it is in
-    /// service or this passes, the advice is not acted on again.
+    /// A launched backend counts as starting for this long (s, counted from
+    /// the latest launch): until it is in service or this passes, no drain,
+    /// and an add launches only what the starting ones do not cover.
     pub provisioning_s: f64,
 }
 
@@ -471,8 +552,14 @@ impl Controller {
             return self.launch(now, in_service, starting, n);
         }
         if advice.action == "add" {
-            if starting > 0 {
-                return Decision::Hold(format!("{starting} backend(s) still starting"));
+            // Backends still starting count toward the add (the advice counts
+            // the GPUs in service): launch only what they do not cover, so a
+            // load still rising while they start is not left waiting for them.
+            let want = advice.add_gpus.div_ceil(self.cfg.gpus_per_backend).max(1);
+            if starting >= want {
+                return Decision::Hold(format!(
+                    "{starting} backend(s) still starting cover the add"
+                ));
             }
             if !cool_up {
                 return Decision::Hold("in the cool-down after a launch".into());
@@ -483,8 +570,7 @@ impl Controller {
                     self.cfg.max_backends
                 ));
             }
-            let want = advice.add_gpus.div_ceil(self.cfg.gpus_per_backend).max(1);
-            let n = want.min(self.cfg.max_backends - total);
+            let n = (want - starting).min(self.cfg.max_backends - total);
             return self.launch(now, in_service, starting, n);
         }
         if advice.action == "release" {
@@ -540,20 +626,7 @@ mod tests {
     use super::*;
 
     fn sig(gpus: u32, idle: f64, tasks: u64, bad: u64) -> Signals {
-        Signals {
-            window_s: 10.0,
-            gpus,
-            idle_fraction: idle,
-            tasks,
-            bad,
-            bad_rate: if tasks == 0 {
-                0.0
-            } else {
-                bad as f64 / tasks as f64
-            },
-            demand_gpus: None,
-            demand_rise_per_s: 0.0,
-        }
+        Signals::new(10.0, gpus, idle, tasks, bad)
     }
 
     /// With a headroom, nearly busy GPUs are an add before anything goes bad,
@@ -604,9 +677,9 @@ mod tests {
         assert!((d - 10.0 * 0.006).abs() < 1e-12, "{d}");
     }
 
-    /// On the demand: below W = ceil(demand/u) an add to 1.05·W (for the
-    /// demand the lookahead ahead), above 1.1·W a release to it, a hold
-    /// between; bad requests add the larger of the paper's rule and that.
+    /// On the demand: below W = ceil(demand/u) an add to W (for the demand
+    /// along its trend), above 1.05·W a release to it, a hold between; bad
+    /// requests add the larger of the paper's rule and that.
     #[test]
     fn demand_advice_keeps_the_gpus_in_a_band() {
         let cfg = AdviceConfig {
@@ -615,31 +688,72 @@ mod tests {
             ..AdviceConfig::default()
         };
         let o = owners(&[1; 20]);
-        let with = |gpus: u32, demand: f64, rise: f64| Signals {
+        let with = |gpus: u32, demand: f64, trend: f64| Signals {
             demand_gpus: Some(demand),
-            demand_rise_per_s: rise,
+            demand_rise_per_s: trend,
+            demand_window_s: 5.0,
             ..sig(gpus, 0.1, 1000, 0)
         };
-        // 9 / 0.9 = 10 > 8: add to ceil(10.5) = 11.
+        // 9 / 0.9 = 10 > 8: add 2.
         let a = advise(&with(8, 9.0, 0.0), &o[..8], &cfg);
-        assert_eq!((a.action.as_str(), a.add_gpus), ("add", 3), "{a:?}");
-        // Rising by 0.09 GPUs/s: 9.9 ahead -> W = 11: add to 12.
+        assert_eq!((a.action.as_str(), a.add_gpus), ("add", 2), "{a:?}");
+        // Rising by 0.09 GPUs/s: 9.9 ten seconds on -> W = 11: add 1.
         let a = advise(&with(10, 9.0, 0.09), &o[..10], &cfg);
-        assert_eq!(a.add_gpus, 2, "{a:?}");
-        // 10 in service, W = 10: hold (up to 11 is in the band).
-        assert_eq!(advise(&with(11, 9.0, 0.0), &o[..11], &cfg).action, "hold");
-        // 20 in service for W = 10: release 9, the highest ids.
+        assert_eq!(a.add_gpus, 1, "{a:?}");
+        // A step is not a trend: the look-ahead adds at most a quarter of the
+        // demand (11.25 / 0.9 = 12.5 -> 13).
+        assert_eq!(advise(&with(10, 9.0, 10.0), &o[..10], &cfg).add_gpus, 3);
+        // W = 10 in service: hold; 11 > 1.05·10: release the highest id.
+        assert_eq!(advise(&with(10, 9.0, 0.0), &o[..10], &cfg).action, "hold");
+        let a = advise(&with(11, 9.0, 0.0), &o[..11], &cfg);
+        assert_eq!(a.release_gpus, vec![10], "{a:?}");
+        // 20 in service for W = 10: release 10, the highest ids.
         let a = advise(&with(20, 9.0, 0.0), &o, &cfg);
-        assert_eq!(a.release_gpus.len(), 9, "{a:?}");
+        assert_eq!(a.release_gpus.len(), 10, "{a:?}");
         assert_eq!(a.release_gpus[0], 19);
+        // Falling by 0.4 GPUs/s: the demand now (2.5 s past the window's
+        // middle) is 9, W = 10, so 12 in service are 2 too many; flat, the
+        // 10 measured would keep all 12 (W = 12).
+        let a = advise(&with(12, 10.0, -0.4), &o[..12], &cfg);
+        assert_eq!(a.release_gpus, vec![11, 10], "{a:?}");
+        assert_eq!(advise(&with(12, 10.0, 0.0), &o[..12], &cfg).action, "hold");
         // Bad requests: N·r/(1−r), or what the demand says is missing if
-        // that is more (18 / 0.9 = 20 for 10 in service: up to 21).
+        // that is more (18 / 0.9 = 20 for 10 in service).
         let bad = |demand: f64| Signals {
             demand_gpus: Some(demand),
             ..sig(10, 0.0, 1000, 100)
         };
         assert_eq!(advise(&bad(1.0), &o[..10], &cfg).add_gpus, 2);
-        assert_eq!(advise(&bad(18.0), &o[..10], &cfg).add_gpus, 11);
+        assert_eq!(advise(&bad(18.0), &o[..10], &cfg).add_gpus, 10);
+    }
+
+    /// The trend: the least-squares slope over the span, signed, 0 until the
+    /// samples cover half of it; one outlier moves it less than a difference
+    /// of two windows would.
+    #[test]
+    fn the_demand_trend_fits_a_line_over_its_span() {
+        let mut t = DemandTrend::default();
+        assert_eq!(t.push(0.0, 10.0, 15.0), 0.0);
+        for i in 1..=6 {
+            assert_eq!(t.push(i as f64, 10.0 + 0.5 * i as f64, 15.0), 0.0, "{i}");
+        }
+        let r = t.push(8.0, 14.0, 15.0);
+        assert!((r - 0.5).abs() < 1e-9, "{r}");
+        let mut t = DemandTrend::default();
+        let mut r = 0.0;
+        for i in 0..=30 {
+            r = t.push(i as f64, 50.0 - i as f64, 15.0);
+        }
+        assert!((r + 1.0).abs() < 1e-9, "{r}");
+        // Flat, then one sample 2 GPUs up: less than the 2 / 15 s a
+        // difference across the span would say.
+        let mut t = DemandTrend::default();
+        for i in 0..15 {
+            t.push(i as f64, 10.0, 15.0);
+        }
+        let r = t.push(15.0, 12.0, 15.0);
+        assert!(r > 0.0 && r < 2.0 / 15.0 / 2.0, "{r}");
+        assert_eq!(t.push(16.0, f64::NAN, 15.0), 0.0);
     }
 
     fn owners(per_backend: &[u32]) -> Vec<GpuOwner> {
@@ -753,7 +867,12 @@ mod tests {
         .unwrap();
         // Below the lower bound: launch at once.
         assert_eq!(c.step(0.0, &add(0), &[]), Decision::Launch(1));
-        // 3 GPUs wanted = 2 backends; but one is still starting.
+        // 2 GPUs wanted = 1 backend: the one starting covers it.
+        assert_eq!(
+            c.step(1.0, &add(2), &[]),
+            Decision::Hold("1 backend(s) still starting cover the add".into())
+        );
+        // 3 GPUs wanted = 2 backends, one starting: the cool-down holds the other.
         assert!(matches!(c.step(1.0, &add(3), &[]), Decision::Hold(_)));
         // In service: cool-down still on.
         assert!(matches!(c.step(2.0, &add(3), &[1]), Decision::Hold(_)));
@@ -767,6 +886,36 @@ mod tests {
         assert_eq!(
             c.step(31.0, &add(10), &[1, 2, 3, 4]),
             Decision::Hold("at the upper bound (4 backends)".into())
+        );
+    }
+
+    /// An add while backends start launches only what they do not cover, and
+    /// a drain waits for them.
+    #[test]
+    fn starting_backends_count_toward_an_add() {
+        let mut c = Controller::new(ControllerConfig {
+            gpus_per_backend: 1,
+            min_backends: 1,
+            max_backends: 10,
+            up_cooldown_s: 1.0,
+            down_cooldown_s: 0.0,
+            provisioning_s: 6.0,
+        })
+        .unwrap();
+        assert_eq!(c.step(0.0, &add(2), &[1]), Decision::Launch(2));
+        assert_eq!(c.starting(1), 2);
+        // The load rose on while they start: 5 wanted, 2 starting: 3 more.
+        assert_eq!(c.step(2.0, &add(5), &[1]), Decision::Launch(3));
+        assert_eq!(c.starting(1), 5);
+        assert!(matches!(c.step(4.0, &add(4), &[1]), Decision::Hold(_)));
+        assert!(matches!(
+            c.step(4.0, &release(&[1]), &[1]),
+            Decision::Hold(_)
+        ));
+        // All in service: the next add is whole again.
+        assert_eq!(
+            c.step(5.0, &add(1), &[1, 2, 3, 4, 5, 6]),
+            Decision::Launch(1)
         );
     }
 

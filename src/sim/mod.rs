@@ -320,17 +320,23 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &RunOptions, core: &mut S) -> RunRes
 }
 
 /// The autoscaling loop in virtual time (paper Fig. 15): the central
-/// dispatcher starts with `start_gpus`; every `epoch` the GPUs' idle fraction and
-/// the bad rate over the epoch give the advice ([`crate::plan::autoscale::advise`]),
-/// and the same [`crate::plan::autoscale::Controller`] that `fermata autoscale`
-/// runs decides: added GPUs enter the core after `provisioning`; released ones
-/// (the highest ids) leave it at once and finish what they run.
+/// dispatcher starts with `start_gpus`; every `interval` the signals over the
+/// last `epoch` (the idle fraction and the bad rate since the GPUs last
+/// changed, as the scheduler keeps them; the load's demand and its trend)
+/// give the advice ([`crate::plan::autoscale::advise`]), and the same
+/// [`crate::plan::autoscale::Controller`] that `fermata autoscale` runs
+/// decides: added GPUs enter the core after `provisioning`; released ones (the
+/// highest ids) leave it at once and finish what they run. One record per
+/// `epoch`.
 #[derive(Debug, Clone)]
 pub struct AutoscaleSimOpts {
     pub start_gpus: u32,
     pub controller: crate::plan::autoscale::ControllerConfig,
     pub advice: crate::plan::autoscale::AdviceConfig,
+    /// The signals' window and the records' span.
     pub epoch: Dur,
+    /// How often the loop decides (at most `epoch`; `epoch` a multiple of it).
+    pub interval: Dur,
     pub provisioning: Dur,
     /// The aggregate rate's multiplier over time: (from, multiplier), sorted.
     pub trace: Vec<(Dur, f64)>,
@@ -342,13 +348,29 @@ pub struct EpochRecord {
     pub t_s: f64,
     /// Requests that arrived in the epoch, per second.
     pub offered_rps: f64,
-    /// GPUs in the core at the epoch's end.
+    /// GPUs in the core at the epoch's end (after its decisions).
     pub gpus: u32,
+    /// GPUs in the core over the epoch, time-averaged: the GPUs that served
+    /// its load (an add arrives after the provisioning delay, a release acts
+    /// at once).
+    pub gpus_mean: f64,
     /// Requests that ended in the epoch, and the bad ones among them.
     pub ended: u64,
     pub bad: u64,
+    /// Idle share of the GPU time in service over the epoch.
     pub idle_fraction: f64,
+    /// The GPUs the loop launched and drained in the epoch ("add K",
+    /// "release D", both, or "hold").
     pub decision: String,
+}
+
+/// Counters of an autoscaled run at one of the loop's ticks.
+struct Snap {
+    t: Time,
+    bad: u64,
+    ended: u64,
+    offered: Vec<u64>,
+    busy: Vec<i64>,
 }
 
 /// Runs `w` (the central dispatcher; `opt.rate_rps` times the trace) with the
@@ -358,7 +380,7 @@ pub fn simulate_autoscaled(
     opt: &RunOptions,
     a: &AutoscaleSimOpts,
 ) -> Vec<EpochRecord> {
-    use crate::plan::autoscale::{advise, Controller, Decision, GpuOwner, Signals};
+    use crate::plan::autoscale::{advise, Controller, Decision, DemandTrend, GpuOwner, Signals};
     let mut ww = w.clone();
     ww.gpus = a.start_gpus.max(1);
     let mut core = Dispatcher::new(dispatcher_config(&ww, opt.policy, opt.check), ww.specs());
@@ -388,30 +410,42 @@ pub fn simulate_autoscaled(
         ended: 0,
         preemptions: 0,
     };
+    let interval = Dur(a.interval.0.clamp(1, a.epoch.0.max(1)));
+    let per_epoch = (a.epoch.0 / interval.0).max(1);
+    let window = Dur(interval.0 * per_epoch);
     let mut active: Vec<u32> = (0..ww.gpus).collect();
     let mut pending_adds: Vec<Time> = Vec::new();
     let mut ctl = Controller::new(a.controller.clone()).expect("valid controller settings");
-    let mut next_epoch = Time::ZERO + a.epoch;
-    let (mut last_busy, mut last_bad, mut last_ended, mut last_offered) =
-        (vec![0i64; max_ids], 0u64, 0u64, 0u64);
+    let mut ticks: i64 = 0;
+    let mut next_tick = Time::ZERO + interval;
     let mut out = Vec::new();
-    let mut last_model_offered = vec![0u64; ww.models.len()];
-    let mut last_demand: Option<f64> = None;
+    let mut trend = DemandTrend::default();
     let mut next_id: u64 = 0;
     let mut clock = Time::EPOCH_MIN;
-    let totals = |e: &Engine| {
-        let bad: u64 = e.models.iter().map(|m| m.late + m.dropped).sum();
-        let ended: u64 = e.models.iter().map(|m| m.good + m.late + m.dropped).sum();
-        let offered: u64 = e.models.iter().map(|m| m.offered).sum();
-        (bad, ended, offered)
+    let snap = |e: &Engine, t: Time| Snap {
+        t,
+        bad: e.models.iter().map(|m| m.late + m.dropped).sum(),
+        ended: e.models.iter().map(|m| m.good + m.late + m.dropped).sum(),
+        offered: e.models.iter().map(|m| m.offered).collect(),
+        busy: e.gpu_busy_ns.clone(),
     };
+    // The loop's snapshots over the last window, the epoch's start, and when
+    // the GPUs in service last changed (the bad rate and the idle fraction
+    // start over then, as in the scheduler).
+    let mut snaps: VecDeque<Snap> = VecDeque::from([snap(&e, Time::ZERO)]);
+    let mut epoch_start = snap(&e, Time::ZERO);
+    let mut changed = Time::ZERO;
+    // GPUs launched and drained in the epoch.
+    let (mut launched, mut drained) = (0u32, 0usize);
+    // GPU-nanoseconds in service since the epoch started, up to `gpus_since`.
+    let (mut gpu_ns, mut gpus_since) = (0u128, Time::ZERO);
     loop {
         let ta = arrivals.peek().map(|(_, t)| t).unwrap_or(Time::NEVER);
         let tc = core.next_timeout().unwrap_or(Time::NEVER);
         let td = e.completions.peek().map(|r| r.0 .0).unwrap_or(Time::NEVER);
         let tp = pending_adds.iter().copied().min().unwrap_or(Time::NEVER);
-        let te = if next_epoch <= end {
-            next_epoch
+        let te = if next_tick <= end {
+            next_tick
         } else {
             Time::NEVER
         };
@@ -427,45 +461,57 @@ pub fn simulate_autoscaled(
         } else if tp == next {
             let due = pending_adds.iter().filter(|&&t| t == tp).count();
             pending_adds.retain(|&t| t != tp);
+            gpu_ns += active.len() as u128 * (now - gpus_since).0.max(0) as u128;
+            gpus_since = now;
             for _ in 0..due {
                 if core.num_gpus() < max_ids {
                     let id = core.add_gpu();
                     active.push(id.0);
+                    changed = now;
                 }
             }
         } else if te == next {
-            next_epoch += a.epoch;
-            let span = a.epoch.as_secs_f64();
-            let (bad, ended, offered) = totals(&e);
-            let (db, de, doff) = (bad - last_bad, ended - last_ended, offered - last_offered);
-            (last_bad, last_ended, last_offered) = (bad, ended, offered);
-            let busy: f64 = active
-                .iter()
-                .map(|&g| {
-                    (e.gpu_busy_ns[g as usize] - last_busy[g as usize]) as f64 / a.epoch.0 as f64
-                })
-                .map(|b| b.clamp(0.0, 1.0))
-                .sum();
-            last_busy.copy_from_slice(&e.gpu_busy_ns);
-            let n = active.len() as u32;
-            let offered_now: Vec<u64> = e.models.iter().map(|m| m.offered).collect();
+            ticks += 1;
+            next_tick += interval;
+            gpu_ns += active.len() as u128 * (now - gpus_since).0.max(0) as u128;
+            gpus_since = now;
+            let cur = snap(&e, now);
+            // The first snapshot at or after `from`.
+            let base = |from: Time| snaps.iter().find(|s| s.t >= from).unwrap_or(&cur);
+            // The demand over the last half window (DEMAND_WINDOW_S of the
+            // scheduler's SIGNAL_WINDOW_S), its trend over one and a half.
+            let d0 = base(now - Dur(window.0 / 2));
+            let dspan = (now - d0.t).as_secs_f64();
             let demand =
                 crate::plan::autoscale::demand_gpus(ww.models.iter().enumerate().map(|(m, x)| {
-                    let rate = offered_now[m].saturating_sub(last_model_offered[m]) as f64 / span;
+                    let rate = if dspan > 0.0 {
+                        cur.offered[m].saturating_sub(d0.offered[m]) as f64 / dspan
+                    } else {
+                        0.0
+                    };
                     (rate, &x.spec.profile, x.spec.slo)
                 }));
-            last_model_offered = offered_now;
-            let rise = (demand - last_demand.unwrap_or(demand)).max(0.0) / span;
-            last_demand = Some(demand);
+            let rise = trend.push(now.as_secs_f64(), demand, 1.5 * window.as_secs_f64());
+            // The bad rate and the idle fraction over the window, since the
+            // GPUs last changed.
+            let s0 = base((now - window).max(changed));
+            let span = (now - s0.t).as_secs_f64();
+            let n = active.len() as u32;
+            let busy: f64 = active
+                .iter()
+                .map(|&g| (cur.busy[g as usize] - s0.busy[g as usize]) as f64 / 1e9)
+                .sum();
+            let (tasks, bad) = (cur.ended - s0.ended, cur.bad - s0.bad);
+            let idle = if n == 0 || span <= 0.0 {
+                0.0
+            } else {
+                (1.0 - busy / (n as f64 * span)).clamp(0.0, 1.0)
+            };
             let sig = Signals {
                 demand_gpus: Some(demand),
                 demand_rise_per_s: rise,
-                window_s: span,
-                gpus: n,
-                idle_fraction: if n == 0 { 0.0 } else { 1.0 - busy / n as f64 },
-                tasks: de,
-                bad: db,
-                bad_rate: if de == 0 { 0.0 } else { db as f64 / de as f64 },
+                demand_window_s: dspan,
+                ..Signals::new(span, n, idle, tasks, bad)
             };
             let owners: Vec<GpuOwner> = active
                 .iter()
@@ -479,32 +525,58 @@ pub fn simulate_autoscaled(
             // Backends = GPUs here; those being added count as starting.
             let backends: Vec<u64> = active.iter().map(|&g| g as u64).collect();
             let t_s = (now - Time::ZERO).as_secs_f64();
-            let decision = ctl.step(t_s, &advice, &backends);
-            let what = match &decision {
+            match ctl.step(t_s, &advice, &backends) {
                 Decision::Launch(k) => {
-                    for _ in 0..*k {
+                    for _ in 0..k {
                         pending_adds.push(now + a.provisioning);
                     }
-                    format!("add {k}")
+                    launched += k;
                 }
                 Decision::Drain(list) => {
-                    for (g, _) in list {
+                    for (g, _) in &list {
                         core.remove_gpu(now, GpuId(*g as u32));
                         active.retain(|x| *x as u64 != *g);
                     }
-                    format!("release {}", list.len())
+                    changed = now;
+                    drained += list.len();
                 }
-                Decision::Hold(_) => "hold".to_string(),
-            };
-            out.push(EpochRecord {
-                t_s,
-                offered_rps: doff as f64 / span,
-                gpus: active.len() as u32,
-                ended: de,
-                bad: db,
-                idle_fraction: sig.idle_fraction,
-                decision: what,
-            });
+                Decision::Hold(_) => {}
+            }
+            snaps.push_back(cur);
+            while snaps.len() > 1 && snaps[0].t < now - window {
+                snaps.pop_front();
+            }
+            if ticks % per_epoch == 0 {
+                let cur = snaps.back().expect("just pushed");
+                let secs = (now - epoch_start.t).as_secs_f64();
+                let busy: i64 = (0..max_ids)
+                    .map(|g| cur.busy[g] - epoch_start.busy[g])
+                    .sum();
+                let offered: u64 =
+                    cur.offered.iter().sum::<u64>() - epoch_start.offered.iter().sum::<u64>();
+                out.push(EpochRecord {
+                    t_s,
+                    offered_rps: offered as f64 / secs,
+                    gpus: active.len() as u32,
+                    gpus_mean: gpu_ns as f64 / (now - epoch_start.t).0 as f64,
+                    ended: cur.ended - epoch_start.ended,
+                    bad: cur.bad - epoch_start.bad,
+                    idle_fraction: if gpu_ns == 0 {
+                        0.0
+                    } else {
+                        (1.0 - busy as f64 / gpu_ns as f64).clamp(0.0, 1.0)
+                    },
+                    decision: match (launched, drained) {
+                        (0, 0) => "hold".into(),
+                        (k, 0) => format!("add {k}"),
+                        (0, d) => format!("release {d}"),
+                        (k, d) => format!("add {k}, release {d}"),
+                    },
+                });
+                (launched, drained) = (0, 0);
+                gpu_ns = 0;
+                epoch_start = snap(&e, now);
+            }
         } else if tc == next {
             core.handle_timeout(now);
         } else {

@@ -21,7 +21,10 @@ use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, PlanId,
 use crate::node::clock::SchedClock;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
 use crate::node::proto::subclusters::Phase;
-use crate::plan::autoscale::{advise, demand_gpus, AdviceConfig, GpuOwner, Signals, TotalsWindow};
+use crate::plan::autoscale::{
+    advise, demand_gpus, AdviceConfig, DemandTrend, GpuOwner, Signals, TotalsWindow,
+    DEMAND_WINDOW_S, TREND_SPAN_S,
+};
 use crate::plan::partition::PartModel;
 use crate::runtime::sched::{GpuReporter, Routed, RtReport, RtScheduler};
 use crate::transport::{Conn, ConnId, Event, Listener};
@@ -45,8 +48,8 @@ struct ScopeTotals {
     totals: TotalsWindow,
     /// The GPUs and models the totals last covered.
     key: (Vec<u32>, Vec<u32>),
-    /// The load's demand (GPUs), for how fast it rises.
-    demand: crate::metrics::Window<f64>,
+    /// The load's demand (GPUs) over time, for its trend.
+    trend: DemandTrend,
 }
 
 pub(super) struct EventLoop {
@@ -76,8 +79,8 @@ pub(super) struct EventLoop {
     /// workload, or as backends measured it).
     epoch: EpochPlanner,
     part_models: Vec<PartModel>,
-    /// The models' specs, and their task counts over the signal window, for
-    /// the load's demand in GPUs.
+    /// The models' specs, and their task counts over the demand's window
+    /// ([`DEMAND_WINDOW_S`]), for the load's demand in GPUs.
     specs: Vec<ModelSpec>,
     model_counts: crate::metrics::Window<Vec<u64>>,
 }
@@ -275,9 +278,12 @@ impl EventLoop {
             + rep.tasks_late;
         let homes = self.proto.subclusters().homes().to_vec();
         let late = self.proto.late_by_model();
-        // Each model's rate over the window.
-        let (t0, first) = self.model_counts.push(now, tasks.clone(), BUSY_WINDOW);
-        let span = now.duration_since(t0).as_secs_f64().max(1e-3);
+        // Each model's rate over the demand's window.
+        let (t0, first) =
+            self.model_counts
+                .push(now, tasks.clone(), Duration::from_secs_f64(DEMAND_WINDOW_S));
+        let demand_span = now.duration_since(t0).as_secs_f64();
+        let span = demand_span.max(1e-3);
         let rates: Vec<f64> = tasks
             .iter()
             .zip(&first)
@@ -331,31 +337,22 @@ impl EventLoop {
                     .iter()
                     .filter_map(|&m| Some((rates[m], &specs.get(m)?.profile, specs[m].slo))),
             );
-            // Its rise: against the demand one window ago.
-            let (t0, d0) = st.demand.push(now, demand, BUSY_WINDOW);
-            let ago = now.duration_since(t0).as_secs_f64();
-            let rise = if ago > 0.5 * window {
-                ((demand - d0) / ago).max(0.0)
-            } else {
-                0.0
-            };
+            let rise = st.trend.push(t, demand, TREND_SPAN_S);
             let signals = Signals {
                 demand_gpus: Some(demand),
                 demand_rise_per_s: rise,
-                window_s: span,
-                gpus: owners.len() as u32,
-                idle_fraction: if idle.is_empty() {
-                    0.0
-                } else {
-                    idle.iter().sum::<f64>() / idle.len() as f64
-                },
-                tasks: n,
-                bad,
-                bad_rate: if n == 0 {
-                    0.0
-                } else {
-                    (bad as f64 / n as f64).min(1.0)
-                },
+                demand_window_s: demand_span,
+                ..Signals::new(
+                    span,
+                    owners.len() as u32,
+                    if idle.is_empty() {
+                        0.0
+                    } else {
+                        idle.iter().sum::<f64>() / idle.len() as f64
+                    },
+                    n,
+                    bad,
+                )
             };
             let advice = advise(&signals, &owners, &cfg);
             scopes.push(ScopeView {
