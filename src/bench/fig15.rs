@@ -146,6 +146,8 @@ pub struct Fig15Report {
     /// After the first minute, the epochs whose GPUs in use (time-averaged
     /// over the epoch) were at most 1.15 × the fewest needed.
     pub within_15pct_epochs: usize,
+    /// The same for the most GPUs in use at any moment of the epoch.
+    pub within_15pct_max_epochs: usize,
     pub counted_epochs: usize,
     pub gpu_seconds: f64,
     pub min_gpu_seconds: f64,
@@ -261,6 +263,10 @@ pub fn run(o: &Fig15Opts) -> Result<Fig15Report> {
         within_15pct_epochs: counted
             .iter()
             .filter(|r| r.epoch.gpus_mean <= 1.15 * r.min_gpus as f64)
+            .count(),
+        within_15pct_max_epochs: counted
+            .iter()
+            .filter(|r| r.epoch.gpus_max as f64 <= 1.15 * r.min_gpus as f64)
             .count(),
         counted_epochs: counted.len(),
         gpu_seconds: rows.iter().map(|r| r.epoch.gpus_mean * o.epoch_s).sum(),

@@ -354,6 +354,8 @@ pub struct EpochRecord {
     /// its load (an add arrives after the provisioning delay, a release acts
     /// at once).
     pub gpus_mean: f64,
+    /// The most GPUs in the core at any moment of the epoch.
+    pub gpus_max: u32,
     /// Requests that ended in the epoch, and the bad ones among them.
     pub ended: u64,
     pub bad: u64,
@@ -439,6 +441,7 @@ pub fn simulate_autoscaled(
     let (mut launched, mut drained) = (0u32, 0usize);
     // GPU-nanoseconds in service since the epoch started, up to `gpus_since`.
     let (mut gpu_ns, mut gpus_since) = (0u128, Time::ZERO);
+    let mut gpus_max = active.len() as u32;
     loop {
         let ta = arrivals.peek().map(|(_, t)| t).unwrap_or(Time::NEVER);
         let tc = core.next_timeout().unwrap_or(Time::NEVER);
@@ -470,6 +473,7 @@ pub fn simulate_autoscaled(
                     changed = now;
                 }
             }
+            gpus_max = gpus_max.max(active.len() as u32);
         } else if te == next {
             ticks += 1;
             next_tick += interval;
@@ -559,6 +563,7 @@ pub fn simulate_autoscaled(
                     offered_rps: offered as f64 / secs,
                     gpus: active.len() as u32,
                     gpus_mean: gpu_ns as f64 / (now - epoch_start.t).0 as f64,
+                    gpus_max,
                     ended: cur.ended - epoch_start.ended,
                     bad: cur.bad - epoch_start.bad,
                     idle_fraction: if gpu_ns == 0 {
@@ -574,6 +579,7 @@ pub fn simulate_autoscaled(
                     },
                 });
                 (launched, drained) = (0, 0);
+                gpus_max = active.len() as u32;
                 gpu_ns = 0;
                 epoch_start = snap(&e, now);
             }
