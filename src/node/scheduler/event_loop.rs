@@ -324,6 +324,10 @@ impl EventLoop {
             if key != st.key {
                 // The GPUs (a scaling step) or the models (a move) changed.
                 st.totals = TotalsWindow::default();
+                if key.1 != st.key.1 {
+                    // A move steps the scope's demand: no trend in that.
+                    st.trend = DemandTrend::default();
+                }
                 st.key = key;
             }
             let (span, n, bad) = st.totals.push(t, n, bad, window);
