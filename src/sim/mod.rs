@@ -356,6 +356,9 @@ pub struct EpochRecord {
     pub gpus_mean: f64,
     /// The most GPUs in the core at any moment of the epoch.
     pub gpus_max: u32,
+    /// The load's demand in GPUs ([`crate::plan::autoscale::demand_gpus`]),
+    /// averaged over the loop's decisions in the epoch.
+    pub demand_gpus: f64,
     /// Requests that ended in the epoch, and the bad ones among them.
     pub ended: u64,
     pub bad: u64,
@@ -442,6 +445,7 @@ pub fn simulate_autoscaled(
     // GPU-nanoseconds in service since the epoch started, up to `gpus_since`.
     let (mut gpu_ns, mut gpus_since) = (0u128, Time::ZERO);
     let mut gpus_max = active.len() as u32;
+    let mut demand_sum = 0.0;
     loop {
         let ta = arrivals.peek().map(|(_, t)| t).unwrap_or(Time::NEVER);
         let tc = core.next_timeout().unwrap_or(Time::NEVER);
@@ -496,6 +500,7 @@ pub fn simulate_autoscaled(
                     (rate, &x.spec.profile, x.spec.slo)
                 }));
             let rise = trend.push(now.as_secs_f64(), demand, 1.5 * window.as_secs_f64());
+            demand_sum += demand;
             // The bad rate and the idle fraction over the window, since the
             // GPUs last changed.
             let s0 = base((now - window).max(changed));
@@ -564,6 +569,7 @@ pub fn simulate_autoscaled(
                     gpus: active.len() as u32,
                     gpus_mean: gpu_ns as f64 / (now - epoch_start.t).0 as f64,
                     gpus_max,
+                    demand_gpus: demand_sum / per_epoch as f64,
                     ended: cur.ended - epoch_start.ended,
                     bad: cur.bad - epoch_start.bad,
                     idle_fraction: if gpu_ns == 0 {
@@ -580,6 +586,7 @@ pub fn simulate_autoscaled(
                 });
                 (launched, drained) = (0, 0);
                 gpus_max = active.len() as u32;
+                demand_sum = 0.0;
                 gpu_ns = 0;
                 epoch_start = snap(&e, now);
             }
