@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use fermata::harness::http_load::{self, SweepOpts, BAD_PCT_MAX};
+use fermata::harness::http_load::{self, SweepOpts};
 use fermata::repo::ModelMeta;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -163,23 +163,17 @@ pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
             r.client_lag_p99_ms
         );
     })?;
-    let best = http_load::best_rates(&rows);
-    let best_line = |(m, b): &(String, Option<f64>)| match b {
-        Some(r) => {
-            format!("{m}: highest rate with bad < {BAD_PCT_MAX}% in every repetition: {r:.0} r/s")
-        }
-        None => format!("{m}: no rate had bad < {BAD_PCT_MAX}% in every repetition"),
-    };
+    let verdicts = http_load::verdicts(&rows);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
-        for b in &best {
-            eprintln!("{}", best_line(b));
+        for v in &verdicts {
+            eprintln!("{v}");
         }
         return Ok(());
     }
     print!("{}", http_load::table(&rows));
-    for b in &best {
-        println!("{}", best_line(b));
+    for v in &verdicts {
+        println!("{v}");
     }
     Ok(())
 }
