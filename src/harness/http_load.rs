@@ -857,7 +857,11 @@ mod tests {
         assert_eq!(v[0].sustained_rps, Some(400.0));
         assert_eq!(v[0].below, vec![100.0, 200.0]);
         assert_eq!(v[0].below_failed, vec![(200.0, 0.2)]);
-        assert!(v[0].to_string().contains("no (200 r/s: 0.200%)"), "{}", v[0]);
+        assert!(
+            v[0].to_string().contains("no (200 r/s: 0.200%)"),
+            "{}",
+            v[0]
+        );
         assert_eq!(v[1].sustained_rps, None);
         assert!(v[1].below.is_empty());
         let ok = verdicts(&[row("c", 100.0, 0.0), row("c", 200.0, 0.5)]);

@@ -389,7 +389,9 @@ pub fn simulate_autoscaled(
     let mut ww = w.clone();
     ww.gpus = a.start_gpus.max(1);
     let mut core = Dispatcher::new(dispatcher_config(&ww, opt.policy, opt.check), ww.specs());
-    let max_ids = (a.controller.max_backends as usize * 8).max(64);
+    // GPU ids are never reused (an add takes the next one), so the engine's
+    // per-GPU tables grow with the adds.
+    let ids = ww.gpus as usize;
     let end = Time::ZERO + opt.warmup + opt.duration;
     let mut arrivals = arrivals::MergedArrivals::new(
         arrivals::model_gens(&ww, opt.arrival, opt.rate_rps, opt.seed, Some(&a.trace)),
@@ -405,9 +407,9 @@ pub fn simulate_autoscaled(
             .iter()
             .map(|m| ModelResult::new(&m.spec.name))
             .collect(),
-        gpu_free: vec![Time::EPOCH_MIN; max_ids],
-        gpu_busy_ns: vec![0; max_ids],
-        inflight: vec![VecDeque::new(); max_ids],
+        gpu_free: vec![Time::EPOCH_MIN; ids],
+        gpu_busy_ns: vec![0; ids],
+        inflight: vec![VecDeque::new(); ids],
         completions: BinaryHeap::new(),
         jitter: None,
         state: Vec::new(),
@@ -434,6 +436,8 @@ pub fn simulate_autoscaled(
         offered: e.models.iter().map(|m| m.offered).collect(),
         busy: e.gpu_busy_ns.clone(),
     };
+    // A GPU added after a snapshot was not busy before it.
+    let busy_at = |s: &Snap, g: usize| s.busy.get(g).copied().unwrap_or(0);
     // The loop's snapshots over the last window, the epoch's start, and when
     // the GPUs in service last changed (the bad rate and the idle fraction
     // start over then, as in the scheduler).
@@ -471,11 +475,14 @@ pub fn simulate_autoscaled(
             gpu_ns += active.len() as u128 * (now - gpus_since).0.max(0) as u128;
             gpus_since = now;
             for _ in 0..due {
-                if core.num_gpus() < max_ids {
-                    let id = core.add_gpu();
-                    active.push(id.0);
-                    changed = now;
+                let id = core.add_gpu();
+                if e.gpu_free.len() <= id.0 as usize {
+                    e.gpu_free.resize(id.0 as usize + 1, Time::EPOCH_MIN);
+                    e.gpu_busy_ns.resize(id.0 as usize + 1, 0);
+                    e.inflight.resize(id.0 as usize + 1, VecDeque::new());
                 }
+                active.push(id.0);
+                changed = now;
             }
             gpus_max = gpus_max.max(active.len() as u32);
         } else if te == next {
@@ -508,7 +515,7 @@ pub fn simulate_autoscaled(
             let n = active.len() as u32;
             let busy: f64 = active
                 .iter()
-                .map(|&g| (cur.busy[g as usize] - s0.busy[g as usize]) as f64 / 1e9)
+                .map(|&g| (cur.busy[g as usize] - busy_at(s0, g as usize)) as f64 / 1e9)
                 .sum();
             let (tasks, bad) = (cur.ended - s0.ended, cur.bad - s0.bad);
             let idle = if n == 0 || span <= 0.0 {
@@ -558,8 +565,8 @@ pub fn simulate_autoscaled(
             if ticks % per_epoch == 0 {
                 let cur = snaps.back().expect("just pushed");
                 let secs = (now - epoch_start.t).as_secs_f64();
-                let busy: i64 = (0..max_ids)
-                    .map(|g| cur.busy[g] - epoch_start.busy[g])
+                let busy: i64 = (0..cur.busy.len())
+                    .map(|g| cur.busy[g] - busy_at(&epoch_start, g))
                     .sum();
                 let offered: u64 =
                     cur.offered.iter().sum::<u64>() - epoch_start.offered.iter().sum::<u64>();
