@@ -80,7 +80,13 @@ fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
         r["server"]["requests"].as_u64().unwrap() >= n("sent"),
         "{r}"
     );
-    assert!(stderr.contains("mlp: highest rate"), "{stderr}");
+    // The verdict line against issue 13's bar.
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("mlp: sustains 50 r/s") || l.starts_with("mlp: no rate had")),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -730,12 +730,19 @@ impl std::fmt::Display for Verdict {
                 self.model
             );
         };
+        let share = BELOW_CAPACITY * 100.0;
         write!(
             f,
-            "{}: sustains {top:.0} r/s (bad < {SUSTAINED_BAD_PCT}% in every repetition); at the {} rate(s) up to {:.0}% of it, bad < {BAD_PCT_MAX}% in every repetition: ",
-            self.model,
-            self.below.len(),
-            BELOW_CAPACITY * 100.0
+            "{}: sustains {top:.0} r/s (bad < {SUSTAINED_BAD_PCT}% in every repetition); ",
+            self.model
+        )?;
+        if self.below.is_empty() {
+            return write!(f, "no rate swept at or under {share:.0}% of it");
+        }
+        write!(
+            f,
+            "at the {} rate(s) up to {share:.0}% of it, bad < {BAD_PCT_MAX}% in every repetition: ",
+            self.below.len()
         )?;
         if self.below_failed.is_empty() {
             return write!(f, "yes");
@@ -863,6 +870,14 @@ mod tests {
             v[0]
         );
         assert_eq!(v[1].sustained_rps, None);
+        let alone = verdicts(&[row("d", 100.0, 0.0)]);
+        assert!(
+            alone[0]
+                .to_string()
+                .ends_with("no rate swept at or under 80% of it"),
+            "{}",
+            alone[0]
+        );
         assert!(v[1].below.is_empty());
         let ok = verdicts(&[row("c", 100.0, 0.0), row("c", 200.0, 0.5)]);
         assert!(ok[0].to_string().ends_with("yes"), "{}", ok[0]);
