@@ -78,9 +78,9 @@ impl Signals {
 /// Unlike the busy time, this does not grow when deferred batching lets
 /// batches fill spare GPU time, and unlike the largest batch the profile
 /// allows it does not assume a rate that fills it: on the paper's A100
-/// profiles (24 models, `fermata bench fig15`) it stays at 0.91–0.99 of the
-/// fewest GPUs the simulated capacity curve says the load needs, from 10% to
-/// the peak of the trace.
+/// profiles (24 models, `fermata bench fig15`, from 10% to the peak of the
+/// trace) it is 0.87–0.96 of the fewest GPUs the simulated capacity curve says
+/// the load needs at 64 GPUs, 0.93–1.00 at 512.
 pub fn demand_gpus<'a>(
     models: impl IntoIterator<Item = (f64, &'a crate::core::LatencyProfile, crate::core::Dur)>,
 ) -> f64 {
