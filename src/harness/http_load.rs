@@ -657,7 +657,7 @@ pub fn sweep(exe: &Path, o: &SweepOpts, mut progress: impl FnMut(&Row)) -> Resul
 }
 
 /// What a sweep says of one model against issue 13's bar.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Verdict {
     pub model: String,
     /// The highest rate with fewer than [`SUSTAINED_BAD_PCT`] bad in every

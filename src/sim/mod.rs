@@ -54,7 +54,33 @@ struct Engine<'w> {
     preemptions: u64,
 }
 
-impl Engine<'_> {
+impl<'w> Engine<'w> {
+    /// An engine for `w`'s GPUs counting the window [`win_start`, `win_end`),
+    /// without execution jitter.
+    fn new(w: &'w Workload, opt: &RunOptions, win_start: Time, win_end: Time) -> Engine<'w> {
+        let gpus = w.gpus as usize;
+        Engine {
+            w,
+            opt: opt.clone(),
+            win_start,
+            win_end,
+            models: w
+                .models
+                .iter()
+                .map(|m| ModelResult::new(&m.spec.name))
+                .collect(),
+            gpu_free: vec![Time::EPOCH_MIN; gpus],
+            gpu_busy_ns: vec![0; gpus],
+            inflight: vec![VecDeque::new(); gpus],
+            completions: BinaryHeap::new(),
+            jitter: None,
+            state: Vec::new(),
+            plans: Vec::new(),
+            ended: 0,
+            preemptions: 0,
+        }
+    }
+
     fn end_task(&mut self, t: &Task) {
         if self.opt.check {
             let s = &mut self.state[t.id.0 as usize];
@@ -241,31 +267,13 @@ pub fn run<S: Scheduler>(w: &Workload, opt: &RunOptions, core: &mut S) -> RunRes
         arrivals::model_gens(w, opt.arrival, opt.rate_rps, opt.seed, None),
         win_end,
     );
-    let mut e = Engine {
-        w,
-        opt: opt.clone(),
-        win_start,
-        win_end,
-        models: w
-            .models
-            .iter()
-            .map(|m| ModelResult::new(&m.spec.name))
-            .collect(),
-        gpu_free: vec![Time::EPOCH_MIN; w.gpus as usize],
-        gpu_busy_ns: vec![0; w.gpus as usize],
-        inflight: vec![VecDeque::new(); w.gpus as usize],
-        completions: BinaryHeap::new(),
-        jitter: (w.exec_jitter > 0.0).then(|| {
-            (
-                Normal::new(1.0, w.exec_jitter).expect("valid jitter"),
-                Xoshiro256PlusPlus::seed_from_u64(opt.seed ^ 0x5151),
-            )
-        }),
-        state: Vec::new(),
-        plans: Vec::new(),
-        ended: 0,
-        preemptions: 0,
-    };
+    let mut e = Engine::new(w, opt, win_start, win_end);
+    e.jitter = (w.exec_jitter > 0.0).then(|| {
+        (
+            Normal::new(1.0, w.exec_jitter).expect("valid jitter"),
+            Xoshiro256PlusPlus::seed_from_u64(opt.seed ^ 0x5151),
+        )
+    });
     let mut next_id: u64 = 0;
     let mut clock = Time::EPOCH_MIN;
     let frontends = w.frontends.max(1) as u64;
@@ -389,34 +397,12 @@ pub fn simulate_autoscaled(
     let mut ww = w.clone();
     ww.gpus = a.start_gpus.max(1);
     let mut core = Dispatcher::new(dispatcher_config(&ww, opt.policy, opt.check), ww.specs());
-    // GPU ids are never reused (an add takes the next one), so the engine's
-    // per-GPU tables grow with the adds.
-    let ids = ww.gpus as usize;
     let end = Time::ZERO + opt.warmup + opt.duration;
     let mut arrivals = arrivals::MergedArrivals::new(
         arrivals::model_gens(&ww, opt.arrival, opt.rate_rps, opt.seed, Some(&a.trace)),
         end,
     );
-    let mut e = Engine {
-        w: &ww,
-        opt: opt.clone(),
-        win_start: Time::ZERO,
-        win_end: end + Dur::from_secs_f64(3600.0),
-        models: ww
-            .models
-            .iter()
-            .map(|m| ModelResult::new(&m.spec.name))
-            .collect(),
-        gpu_free: vec![Time::EPOCH_MIN; ids],
-        gpu_busy_ns: vec![0; ids],
-        inflight: vec![VecDeque::new(); ids],
-        completions: BinaryHeap::new(),
-        jitter: None,
-        state: Vec::new(),
-        plans: Vec::new(),
-        ended: 0,
-        preemptions: 0,
-    };
+    let mut e = Engine::new(&ww, opt, Time::ZERO, end + Dur::from_secs_f64(3600.0));
     let interval = Dur(a.interval.0.clamp(1, a.epoch.0.max(1)));
     let per_epoch = (a.epoch.0 / interval.0).max(1);
     let window = Dur(interval.0 * per_epoch);
@@ -474,6 +460,8 @@ pub fn simulate_autoscaled(
             pending_adds.retain(|&t| t != tp);
             gpu_ns += active.len() as u128 * (now - gpus_since).0.max(0) as u128;
             gpus_since = now;
+            // GPU ids are never reused (an add takes the next one), so the
+            // engine's per-GPU tables grow with the adds.
             for _ in 0..due {
                 let id = core.add_gpu();
                 if e.gpu_free.len() <= id.0 as usize {
