@@ -43,6 +43,10 @@ pub struct BenchHttpArgs {
     /// symphony, eager, timeout:FRAC or clockwork[:MS].
     #[arg(long)]
     policy: Option<String>,
+    /// One more argument for every `fermata serve` (repeatable, in order), e.g.
+    /// `--serve-arg=--http-threads --serve-arg=2`
+    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+    serve_args: Vec<String>,
     /// Drive only this model (repeatable; default: every model of --models).
     #[arg(long = "model", value_name = "NAME")]
     model: Vec<String>,
@@ -133,6 +137,7 @@ fn sweep_opts(a: &BenchHttpArgs) -> Result<SweepOpts> {
         duration: Duration::from_secs_f64(a.duration_s),
         reps: a.reps,
         policy: a.policy.clone(),
+        serve_args: a.serve_args.clone(),
         seed: a.seed,
     })
 }
@@ -162,6 +167,9 @@ pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
             r.latency_p99_ms,
             r.client_lag_p99_ms
         );
+        if r.bad > 0 {
+            eprintln!("{}", http_load::why_bad(r));
+        }
     })?;
     let verdicts = http_load::verdicts(&rows);
     if a.json {

@@ -115,6 +115,84 @@ impl LoadCounts {
     }
 }
 
+/// Width of one slot of a run's timeline (by due time).
+pub const SLOT: Duration = Duration::from_millis(100);
+/// Slots without a bad request that a burst may span and stay one burst.
+const BURST_GAP_SLOTS: usize = 2;
+
+/// One [`SLOT`] of a run (warm-up included), by the requests' due times.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    requests: u64,
+    bad: u64,
+    /// The largest latency of an answer (any status), us.
+    latency_max_us: u64,
+    /// The pacing thread's largest oversleep (woke after the due time), us: the
+    /// client process stalled, so likely the host.
+    pace_late_max_us: u64,
+    /// Connections the client opened in it (by when it began to connect), and
+    /// the longest connect.
+    conns_opened: u64,
+    connect_max_us: u64,
+}
+
+/// Bad requests close together in time: where a run lost what it lost.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Burst {
+    /// Seconds from the start of the load (due times; the warm-up comes first)
+    /// of the first and the end of the last slot with a bad request.
+    pub from_s: f64,
+    pub to_s: f64,
+    pub requests: u64,
+    pub bad: u64,
+    /// The largest latency of an answer due in it.
+    pub latency_max_ms: f64,
+    /// The pacing thread's largest oversleep in it and in the second before it:
+    /// a host stall shows here as well as at the server.
+    pub pace_late_max_ms: f64,
+    /// Connections the client opened in it and in the second before it, and the
+    /// longest connect (a full accept queue makes the kernel drop the handshake,
+    /// and the client retries after a second).
+    pub conns_opened: u64,
+    pub connect_max_ms: f64,
+}
+
+/// The bursts of a timeline: runs of slots with bad requests, at most
+/// [`BURST_GAP_SLOTS`] clean slots apart.
+fn bursts(slots: &[Slot]) -> Vec<Burst> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (i, s) in slots.iter().enumerate() {
+        if s.bad == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((_, end)) if i - *end <= BURST_GAP_SLOTS + 1 => *end = i,
+            _ => out.push((i, i)),
+        }
+    }
+    let per_s = (Duration::from_secs(1).as_nanos() / SLOT.as_nanos()) as usize;
+    out.into_iter()
+        .map(|(a, b)| {
+            let span = &slots[a..=b];
+            let before = &slots[a.saturating_sub(per_s)..=b];
+            Burst {
+                from_s: (a as f64) * SLOT.as_secs_f64(),
+                to_s: ((b + 1) as f64) * SLOT.as_secs_f64(),
+                requests: span.iter().map(|s| s.requests).sum(),
+                bad: span.iter().map(|s| s.bad).sum(),
+                latency_max_ms: span.iter().map(|s| s.latency_max_us).max().unwrap_or(0) as f64
+                    / 1e3,
+                pace_late_max_ms: before.iter().map(|s| s.pace_late_max_us).max().unwrap_or(0)
+                    as f64
+                    / 1e3,
+                conns_opened: before.iter().map(|s| s.conns_opened).sum(),
+                connect_max_ms: before.iter().map(|s| s.connect_max_us).max().unwrap_or(0) as f64
+                    / 1e3,
+            }
+        })
+        .collect()
+}
+
 /// What the client saw in one run.
 pub struct LoadResult {
     pub counts: LoadCounts,
@@ -124,6 +202,10 @@ pub struct LoadResult {
     pub lag_us: Histogram<u64>,
     pub conns_opened: u64,
     pub conns_peak: usize,
+    /// Where the bad requests fell (see [`Burst`]).
+    pub bursts: Vec<Burst>,
+    /// The pacing thread's largest oversleep over the run, ms.
+    pub pace_late_max_ms: f64,
 }
 
 fn hist() -> Histogram<u64> {
@@ -235,6 +317,8 @@ struct Acc {
     c: LoadCounts,
     lat: Histogram<u64>,
     lag: Histogram<u64>,
+    /// The run's timeline, warm-up included.
+    slots: Vec<Slot>,
 }
 
 /// What the request tasks share.
@@ -243,6 +327,8 @@ struct Shared {
     host: String,
     path: String,
     slo: Duration,
+    /// When the load starts (slot 0 of the timeline).
+    t0: Instant,
     conns_max: usize,
     idle: Mutex<Vec<Conn>>,
     open: AtomicUsize,
@@ -283,41 +369,53 @@ impl Shared {
         }
         self.peak.fetch_max(n, Ordering::Relaxed);
         self.opened.fetch_add(1, Ordering::Relaxed);
-        connect(self.addr).await.map_err(|_| {
+        let began = Instant::now();
+        let c = connect(self.addr).await;
+        let took = began.elapsed().as_micros() as u64;
+        if let Some(s) = self
+            .acc()
+            .slots
+            .get_mut(slot_of(began.saturating_duration_since(self.t0)))
+        {
+            s.conns_opened += 1;
+            s.connect_max_us = s.connect_max_us.max(took);
+        }
+        c.map_err(|_| {
             self.closed();
             Fail::Transport
         })
     }
 
-    /// Sends one request due at `due`, reads its answer and counts its outcome
-    /// when `counted`.
+    /// Sends one request due at `due`, reads its answer, counts its outcome
+    /// when `counted` and puts it on the timeline either way.
     async fn one(self: Arc<Self>, due: Instant, counted: bool, body: Bytes) {
         let r = self.exchange(due, counted, body).await;
-        let end = Instant::now();
+        let lat = Instant::now().saturating_duration_since(due);
+        let good = matches!(r, Ok(200)) && lat <= self.slo;
+        let mut a = self.acc();
         if counted {
-            let mut a = self.acc();
+            let c = &mut a.c;
             match r {
-                Err(Fail::ConnLimit) => a.c.conn_limit += 1,
-                Err(Fail::Transport) => a.c.transport_errors += 1,
-                Ok(status) => {
-                    let lat = end.saturating_duration_since(due);
-                    match status {
-                        200 => {
-                            a.lat.saturating_record((lat.as_micros() as u64).max(1));
-                            if lat <= self.slo {
-                                a.c.ok += 1;
-                            } else {
-                                a.c.late_200 += 1;
-                            }
-                        }
-                        429 => a.c.status_429 += 1,
-                        503 => a.c.status_503 += 1,
-                        504 => a.c.status_504 += 1,
-                        _ => a.c.other_status += 1,
-                    }
-                }
+                Err(Fail::ConnLimit) => c.conn_limit += 1,
+                Err(Fail::Transport) => c.transport_errors += 1,
+                Ok(200) if good => c.ok += 1,
+                Ok(200) => c.late_200 += 1,
+                Ok(429) => c.status_429 += 1,
+                Ok(503) => c.status_503 += 1,
+                Ok(504) => c.status_504 += 1,
+                Ok(_) => c.other_status += 1,
+            }
+            if matches!(r, Ok(200)) {
+                a.lat.saturating_record((lat.as_micros() as u64).max(1));
             }
         }
+        let i = slot_of(due.saturating_duration_since(self.t0));
+        if let Some(s) = a.slots.get_mut(i) {
+            s.requests += 1;
+            s.bad += u64::from(!good);
+            s.latency_max_us = s.latency_max_us.max(lat.as_micros() as u64);
+        }
+        drop(a);
         self.in_flight.fetch_sub(1, Ordering::Release);
     }
 
@@ -360,6 +458,11 @@ impl Shared {
     }
 }
 
+/// The timeline slot of a request due `since` after the window opened.
+fn slot_of(since: Duration) -> usize {
+    (since.as_nanos() / SLOT.as_nanos()) as usize
+}
+
 /// Raises this process's open-file limit to its hard limit (for the client's
 /// connections); returns the soft limit in force.
 fn raise_fd_limit() -> u64 {
@@ -398,11 +501,16 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         .enable_all()
         .build()
         .context("the HTTP client's runtime")?;
+    let t0 = Instant::now() + Duration::from_millis(10);
+    // The timeline covers the warm-up and the measured window (at most an hour of
+    // 100-ms slots, 36,000 entries).
+    let n_slots = slot_of((spec.warmup + spec.duration).min(Duration::from_secs(3600))) + 1;
     let sh = Arc::new(Shared {
         addr: spec.addr,
         host: spec.addr.to_string(),
         path: format!("/v2/models/{}/infer", spec.model),
         slo: spec.slo,
+        t0,
         conns_max: CONNS_MAX.min(fds.saturating_sub(64)).max(1),
         idle: Mutex::new(Vec::new()),
         open: AtomicUsize::new(0),
@@ -413,20 +521,25 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
             c: LoadCounts::default(),
             lat: hist(),
             lag: hist(),
+            slots: vec![Slot::default(); n_slots],
         }),
     });
     let mut gen = ArrivalGen::new(spec.arrival, spec.rate_rps, vec![], spec.seed, false);
     let win = Time::ZERO + crate::core::Dur::from_secs_f64(spec.warmup.as_secs_f64());
     let horizon = win + crate::core::Dur::from_secs_f64(spec.duration.as_secs_f64());
-    let t0 = Instant::now() + Duration::from_millis(10);
     let mut offered = 0u64;
     let mut i = 0usize;
+    let mut pace_late = vec![0u64; n_slots];
     while gen.peek() < horizon {
         let t = gen.advance();
         let due = t0 + Duration::from_nanos(t.0.max(0) as u64);
         let now = Instant::now();
         if due > now + Duration::from_micros(20) {
             std::thread::sleep(due - now);
+            let late = Instant::now().saturating_duration_since(due).as_micros() as u64;
+            if let Some(m) = pace_late.get_mut(slot_of(due.saturating_duration_since(t0))) {
+                *m = (*m).max(late);
+            }
         }
         let counted = t >= win;
         offered += counted as u64;
@@ -439,10 +552,13 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
     while sh.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (mut counts, lat, lag) = {
+    let (mut counts, lat, lag, mut slots) = {
         let a = sh.acc();
-        (a.c.clone(), a.lat.clone(), a.lag.clone())
+        (a.c.clone(), a.lat.clone(), a.lag.clone(), a.slots.clone())
     };
+    for (s, &p) in slots.iter_mut().zip(&pace_late) {
+        s.pace_late_max_us = p;
+    }
     rt.shutdown_background();
     counts.offered = offered;
     let ended = counts.ok
@@ -460,6 +576,8 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         lag_us: lag,
         conns_opened: sh.opened.load(Ordering::Relaxed),
         conns_peak: sh.peak.load(Ordering::Relaxed),
+        bursts: bursts(&slots),
+        pace_late_max_ms: pace_late.iter().copied().max().unwrap_or(0) as f64 / 1e3,
     })
 }
 
@@ -474,6 +592,11 @@ pub struct ServerFigures {
     pub failed: u64,
     /// Requests per batch run by the backends.
     pub batch_mean: f64,
+    /// The backends' largest p99 of a plan's start after its planned start, us
+    /// (a stalled worker thread shows here).
+    pub start_delay_p99_us: f64,
+    /// Requests the backends found past their deadline before running them.
+    pub tasks_too_late: u64,
 }
 
 impl ServerFigures {
@@ -487,6 +610,12 @@ impl ServerFigures {
                 .sum()
         };
         let tasks = sum("backends", "tasks_run")?;
+        let start_delay_p99_us = v
+            .get("backends")?
+            .as_array()?
+            .iter()
+            .filter_map(|e| e.get("start_delay_p99_us").and_then(Value::as_f64))
+            .fold(0.0, f64::max);
         let plans = sum("backends", "plans_run")?;
         Some(ServerFigures {
             requests: sum("frontends", "requests")?,
@@ -499,6 +628,8 @@ impl ServerFigures {
             } else {
                 tasks as f64 / plans as f64
             },
+            start_delay_p99_us,
+            tasks_too_late: sum("backends", "tasks_too_late")?,
         })
     }
 }
@@ -521,8 +652,36 @@ pub struct Row {
     pub client_lag_p99_ms: f64,
     pub conns_opened: u64,
     pub conns_peak: usize,
+    /// Where the bad requests fell.
+    pub bursts: Vec<Burst>,
+    /// The client's pacing thread's largest oversleep, ms.
+    pub pace_late_max_ms: f64,
+    /// The share of the host's CPU time stolen by the hypervisor during the run
+    /// (`steal` of /proc/stat; None where it cannot be read).
+    pub host_steal_pct: Option<f64>,
     /// The server's report; None when it printed none.
     pub server: Option<ServerFigures>,
+}
+
+/// The host's CPU time from the first line of /proc/stat: (all, steal), in ticks.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = s.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice, already
+    // counted in user and nice].
+    let all = v.iter().take(8).sum();
+    Some((all, *v.get(7)?))
+}
+
+/// Steal as a percentage of the CPU time between two [`cpu_ticks`] readings.
+fn steal_pct(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((a0, s0), (a1, s1)) = (before?, after?);
+    let all = a1.checked_sub(a0).filter(|&d| d > 0)?;
+    Some(100.0 * s1.saturating_sub(s0) as f64 / all as f64)
 }
 
 /// The sweep: every model × rate × repetition, each on a fresh server.
@@ -540,6 +699,8 @@ pub struct SweepOpts {
     pub reps: u32,
     /// `fermata serve --policy`.
     pub policy: Option<String>,
+    /// More arguments for every `fermata serve`.
+    pub serve_args: Vec<String>,
     pub seed: u64,
 }
 
@@ -570,6 +731,7 @@ pub fn start_server(exe: &Path, o: &SweepOpts) -> Result<(Proc, SocketAddr)> {
         args.push("--policy".into());
         args.push(p.clone());
     }
+    args.extend(o.serve_args.iter().cloned());
     let mut p = Proc::spawn(exe, "serve", &args, false)?;
     let a = p.wait_for(
         "HTTP API listening on http://ADDR",
@@ -599,6 +761,7 @@ fn run_one(
     seed: u64,
 ) -> Result<Row> {
     let (p, addr) = start_server(exe, o)?;
+    let ticks = cpu_ticks();
     let load = wait_ready(addr, &m.name, START_TIMEOUT).and_then(|_| {
         run_load(&LoadSpec {
             addr,
@@ -612,6 +775,7 @@ fn run_one(
             seed,
         })
     });
+    let host_steal_pct = steal_pct(ticks, cpu_ticks());
     let report = p.stop(STOP_GRACE);
     let r = load?;
     let server = report
@@ -630,6 +794,9 @@ fn run_one(
         client_lag_p99_ms: ms(&r.lag_us, 0.99),
         conns_opened: r.conns_opened,
         conns_peak: r.conns_peak,
+        bursts: r.bursts,
+        pace_late_max_ms: r.pace_late_max_ms,
+        host_steal_pct,
         server,
     })
 }
@@ -756,6 +923,43 @@ impl std::fmt::Display for Verdict {
     }
 }
 
+/// Where a run's bad requests fell and what the host and the server said of
+/// that time (lines for the progress output).
+pub fn why_bad(r: &Row) -> String {
+    const SHOWN: usize = 5;
+    let c = &r.counts;
+    let mut s = format!(
+        "    bad: {} late 200, {} 429, {} 504, {} other; {} burst(s) (seconds from the start of the load, warm-up included)",
+        c.late_200,
+        c.status_429,
+        c.status_504,
+        c.status_503 + c.other_status + c.transport_errors + c.conn_limit + c.unanswered,
+        r.bursts.len()
+    );
+    for b in r.bursts.iter().take(SHOWN) {
+        s += &format!(
+            "\n    {:6.1}-{:<6.1} s: {} bad of {}, latency max {:.1} ms, client pacing late max {:.1} ms, {} connection(s) opened (longest connect {:.1} ms)",
+            b.from_s, b.to_s, b.bad, b.requests, b.latency_max_ms, b.pace_late_max_ms, b.conns_opened, b.connect_max_ms
+        );
+    }
+    if r.bursts.len() > SHOWN {
+        s += &format!("\n    ... {} more", r.bursts.len() - SHOWN);
+    }
+    s += &format!(
+        "\n    client pacing late max {:.1} ms over the run; host steal {}",
+        r.pace_late_max_ms,
+        r.host_steal_pct
+            .map_or("unknown".to_string(), |p| format!("{p:.2}%"))
+    );
+    if let Some(f) = &r.server {
+        s += &format!(
+            "; server: {} late, {} dropped, {} failed, {} found too late at a backend, plan start delay p99 {:.0} us",
+            f.late, f.dropped, f.failed, f.tasks_too_late, f.start_delay_p99_us
+        );
+    }
+    s
+}
+
 /// The rows as a table (one line each, with a header).
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
@@ -842,8 +1046,51 @@ mod tests {
             client_lag_p99_ms: 0.0,
             conns_opened: 0,
             conns_peak: 0,
+            bursts: vec![],
+            pace_late_max_ms: 0.0,
+            host_steal_pct: None,
             server: None,
         }
+    }
+
+    /// Bad slots a clean slot or two apart are one burst; further apart, two;
+    /// the pacing lag is taken over the burst and the second before it.
+    #[test]
+    fn bad_requests_group_into_bursts() {
+        let mut slots = vec![
+            Slot {
+                requests: 10,
+                ..Slot::default()
+            };
+            40
+        ];
+        slots[3].pace_late_max_us = 7_000;
+        slots[11].conns_opened = 4;
+        slots[11].connect_max_us = 1_020_000;
+        slots[12].bad = 2;
+        slots[12].latency_max_us = 30_000;
+        slots[15].bad = 1;
+        slots[30].bad = 5;
+        slots[30].latency_max_us = 90_000;
+        let b = bursts(&slots);
+        assert_eq!(b.len(), 2, "{b:?}");
+        assert!((b[0].from_s - 1.2).abs() < 1e-9 && (b[0].to_s - 1.6).abs() < 1e-9);
+        assert_eq!((b[0].requests, b[0].bad), (40, 3));
+        assert_eq!(b[0].latency_max_ms, 30.0);
+        assert_eq!(b[0].pace_late_max_ms, 7.0);
+        assert_eq!((b[0].conns_opened, b[0].connect_max_ms), (4, 1020.0));
+        assert_eq!((b[1].conns_opened, b[1].connect_max_ms), (0, 0.0));
+        assert_eq!((b[1].requests, b[1].bad), (10, 5));
+        assert_eq!(b[1].pace_late_max_ms, 0.0);
+        assert!(bursts(&[Slot::default(); 5]).is_empty());
+    }
+
+    #[test]
+    fn steal_is_a_share_of_the_time_between_readings() {
+        assert_eq!(steal_pct(Some((100, 5)), Some((300, 25))), Some(10.0));
+        assert_eq!(steal_pct(Some((100, 5)), Some((100, 5))), None);
+        assert_eq!(steal_pct(None, Some((100, 5))), None);
+        assert!(cpu_ticks().is_some(), "/proc/stat on Linux");
     }
 
     /// The sustained rate holds in every repetition, and every rate up to
