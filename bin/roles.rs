@@ -43,7 +43,7 @@ pub fn signalled() -> bool {
 /// The HTTP API's limits and threads (`frontend --http-listen`, `serve --http-port`).
 #[derive(Args, Clone)]
 pub struct HttpArgs {
-    /// Worker threads of the HTTP server (default: half the cores, 1 to 16).
+    /// Worker threads of the HTTP server (default: half the cores, 2 to 16).
     #[arg(long)]
     http_threads: Option<usize>,
     /// Largest HTTP request body in bytes; larger ones get 413.

@@ -91,9 +91,8 @@ impl GrpcServer {
             .enable_all()
             .build()
             .context("cannot start the gRPC runtime")?;
-        let std_listener = std::net::TcpListener::bind(&o.listen)
+        let std_listener = crate::node::http::server::listen_std(&o.listen)
             .with_context(|| format!("cannot listen for gRPC at {}", o.listen))?;
-        std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let svc = Svc {
             models: Models::new(fe.models()),

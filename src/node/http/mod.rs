@@ -56,7 +56,7 @@ mod options;
 pub(in crate::node) mod request;
 pub(in crate::node) mod response;
 mod routes;
-mod server;
+pub(in crate::node) mod server;
 mod tensor;
 pub(in crate::node) mod triton;
 

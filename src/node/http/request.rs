@@ -1127,6 +1127,21 @@ mod tests {
             e.1.contains(r#"parameters.timeout must be"#) && e.1.contains("(an array)"),
             "{e:?}"
         );
+        // Nested `data` is flattened up to the document's 128 levels; deeper
+        // is refused saying so (and costs no stack either way).
+        let nested = |depth: usize| {
+            format!(
+                r#"{{"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":{}1,2,3,4{}}}]}}"#,
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        decode_request(&m, nested(125).as_bytes(), &[], 1 << 20)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        for depth in [126, 100_000] {
+            let e = err(&nested(depth));
+            assert!(e.1.contains("nested deeper than 128 levels"), "{e:?}");
+        }
         // The budget is the parse's only: a good request after a refused one.
         let ok = format!(
             r#"{{"id":{{"a":[1,2]}},"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#

@@ -76,9 +76,8 @@ impl HttpServer {
             .build()
             .context("cannot start the HTTP runtime")?;
         let listen = &o.listen;
-        let std_listener = std::net::TcpListener::bind(listen)
-            .with_context(|| format!("cannot listen for HTTP at {listen}"))?;
-        std_listener.set_nonblocking(true)?;
+        let std_listener =
+            listen_std(listen).with_context(|| format!("cannot listen for HTTP at {listen}"))?;
         let addr = std_listener.local_addr()?;
         let limits = ConnLimits {
             header_timeout: o.header_timeout,
@@ -135,6 +134,27 @@ impl Drop for HttpServer {
     }
 }
 
+/// The accept queue asked of the kernel for the client-facing listeners (HTTP
+/// and gRPC; the kernel caps it at `net.core.somaxconn`). Rust's standard
+/// library asks for 128: when answers slow down, an open-loop client opens
+/// connections by the hundred, the queue overflows, the kernel drops their
+/// handshakes and each of those clients retries only a second later (`fermata
+/// bench http` saw answers 1-3 s late in such bursts, connects of 1.03 s).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// A non-blocking listener at `addr` with a [`LISTEN_BACKLOG`] accept queue.
+pub(in crate::node) fn listen_std(addr: &str) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::AsRawFd;
+    let l = std::net::TcpListener::bind(addr)?;
+    // Calling listen() again on a listening socket sets its queue's length.
+    // SAFETY: listen() on a socket descriptor this function owns.
+    if unsafe { libc::listen(l.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
 /// Most connections of a metrics-only server (`--metrics-listen`).
 const METRICS_MAX_CONNECTIONS: usize = 64;
 
@@ -179,6 +199,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        note_arrivals(&stream);
         match conns.admit() {
             Some(adm) => {
                 tokio::spawn(serve_connection(app.clone(), stream, peer, adm, limits));
@@ -317,10 +338,12 @@ fn take_stamp(stamp: &Mutex<Stamp>) -> Instant {
     t
 }
 
-/// A connection's socket that notes when the first byte of each request is
-/// read. Hyper calls the service only once a request's head is parsed; a
-/// client that sends its head slowly, or a server that reads it late, would
-/// otherwise not be charged to the request's SLO.
+/// A connection's socket that notes when the first byte of each request came:
+/// the kernel's receive time of the first bytes read ([`recv_stamped`]), or
+/// the moment they were read where the kernel gave none. Hyper calls the
+/// service only once a request's head is parsed; a client that sends its head
+/// slowly, or a server that reads it late, would otherwise not be charged to
+/// the request's SLO.
 struct Stamped {
     io: tokio::net::TcpStream,
     stamp: Arc<Mutex<Stamp>>,
@@ -328,20 +351,121 @@ struct Stamped {
 
 impl AsyncRead for Stamped {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            let mut s = self.stamp.lock().expect("stamp lock");
-            if let Stamp::Armed = *s {
-                *s = Stamp::Read(Instant::now());
+        use std::os::fd::AsRawFd;
+        let this = self.get_mut();
+        loop {
+            std::task::ready!(this.io.poll_read_ready(cx))?;
+            let fd = this.io.as_raw_fd();
+            // SAFETY: `recv_stamped` only writes into the unfilled part of
+            // `buf`, and says how many bytes it wrote.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let r = this
+                .io
+                .try_io(tokio::io::Interest::READABLE, || recv_stamped(fd, unfilled));
+            match r {
+                Ok((n, arrived)) => {
+                    // SAFETY: recvmsg wrote the first n bytes of the unfilled part.
+                    unsafe { buf.assume_init(n) };
+                    buf.advance(n);
+                    if n > 0 {
+                        let mut s = this.stamp.lock().expect("stamp lock");
+                        if let Stamp::Armed = *s {
+                            *s = Stamp::Read(arrived.unwrap_or_else(Instant::now));
+                        }
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        r
     }
+}
+
+/// The longest a request's bytes may have waited in the kernel's socket
+/// buffer for their receive time to be believed (beyond it the wall clock
+/// more likely stepped).
+const RECEIVE_AGE_MAX: Duration = Duration::from_secs(10);
+
+/// Asks the kernel to note when each packet of `s` arrives (`SO_TIMESTAMPNS`),
+/// so that [`recv_stamped`] can tell how long its bytes waited before they were
+/// read. Best effort: without it a request is stamped when it is read.
+fn note_arrivals(s: &impl std::os::fd::AsRawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with a pointer to a live c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "http: no receive timestamps on a connection");
+    }
+}
+
+/// Reads what `fd` has into `dst` (recvmsg), and when the kernel noted it, the
+/// moment the bytes read arrived at this host (the latest of their packets),
+/// as an [`Instant`].
+///
+/// Written with libc: neither tokio nor std reads a TCP socket's receive
+/// timestamps. They are why a request's SLO starts when the host received it,
+/// not when a busy HTTP worker got round to reading it: bytes that waited in
+/// the socket buffer through a stall are charged with that wait, and the
+/// scheduler drops what can no longer be on time rather than serve it late.
+fn recv_stamped(
+    fd: std::os::fd::RawFd,
+    dst: &mut [std::mem::MaybeUninit<u8>],
+) -> std::io::Result<(usize, Option<Instant>)> {
+    let mut iov = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
+    // Room for one control message with a timespec (8-byte aligned).
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is valid (no name, no control yet).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: msg points at live buffers of the lengths it states.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+    let mut arrived = None;
+    // SAFETY: the CMSG_* walk stays within msg_control/msg_controllen as the
+    // kernel filled them in; the data is read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                let at = std::time::UNIX_EPOCH
+                    + Duration::new(
+                        ts.tv_sec.max(0) as u64,
+                        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+                    );
+                // A packet stamped after now (the wall clock stepped back) waited 0.
+                let waited = wall.duration_since(at).unwrap_or(Duration::ZERO);
+                if waited <= RECEIVE_AGE_MAX {
+                    arrived = now.checked_sub(waited);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, arrived))
 }
 
 impl AsyncWrite for Stamped {
@@ -370,5 +494,53 @@ impl AsyncWrite for Stamped {
         cx: &mut TaskContext<'_>,
     ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes that waited in the socket buffer are stamped with when they
+    /// arrived, not when they were read; without timestamps asked for, none.
+    #[test]
+    fn reads_tell_when_the_bytes_arrived() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 64];
+        c.write_all(b"before").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let (n, at) = recv_stamped(s.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!((n, at), (6, None), "no timestamps were asked for");
+        note_arrivals(&s);
+        // The kernel turns receive timestamps on a moment later (a deferred
+        // switch): packets before that have none.
+        let t0 = Instant::now();
+        loop {
+            c.write_all(b"x").unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+            if recv_stamped(s.as_raw_fd(), &mut buf).unwrap().1.is_some() {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no timestamps came");
+        }
+        c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        let (n, at) = recv_stamped(s.as_raw_fd(), &mut buf).unwrap();
+        let waited = at.expect("a receive timestamp").elapsed();
+        assert_eq!(n, 16);
+        assert!(
+            waited >= Duration::from_millis(55) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        // SAFETY: recvmsg wrote the first n bytes.
+        let got: Vec<u8> = buf[..n]
+            .iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
+        assert_eq!(got, b"GET / HTTP/1.1\r\n");
     }
 }

@@ -25,7 +25,8 @@ pub(super) fn shape_text(s: &[i64]) -> String {
 /// Written by hand on the request path: parsing `data` into a `serde_json::Value`
 /// first built a tree of 32-byte values and one vector per nested array before
 /// any element was converted; this keeps one 16-byte [`Elem`] per element and
-/// nothing else (serde_json's recursion limit still bounds the nesting). Inside
+/// nothing else (nesting costs no stack: the scan is a loop, and it is
+/// bounded as serde_json bounds the rest of the request). Inside
 /// a request's parse each element comes from its budget
 /// ([`super::request::budget`]), and an object among the elements is kept as
 /// a placeholder, not as a tree.
@@ -99,72 +100,174 @@ impl JsonElems {
 
 impl<'de> serde::Deserialize<'de> for JsonElems {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::DeserializeSeed;
+        // serde_json checks the value's syntax while it skips over it (without
+        // converting a number); the text is then read by `scan`.
+        let raw: &'de serde_json::value::RawValue = serde::Deserialize::deserialize(d)?;
         let mut out = JsonElems::default();
-        Flatten(&mut out).deserialize(d)?;
+        scan(raw.get().as_bytes(), &mut out)?;
         Ok(out)
     }
 }
 
-/// Appends every element of one (possibly nested) JSON value to a [`JsonElems`].
-struct Flatten<'a>(&'a mut JsonElems);
+/// The most levels of arrays a tensor's `data` may nest: serde_json's limit
+/// for a whole document (128) less the request's own three levels around
+/// `data` (its object, `inputs` and the tensor's object), so that a request is
+/// held to one limit however its levels fall.
+const DATA_DEPTH_MAX: usize = 125;
 
-impl<'de> serde::de::DeserializeSeed<'de> for Flatten<'_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
+/// Appends every element of one JSON value's text (nested arrays flattened in
+/// row-major order) to `out`, each from the request's budget.
+///
+/// Written by hand for the hot path: a tensor's `data` is mostly numbers, and
+/// serde_json's exact float conversion (`float_roundtrip`, kept for the rest of
+/// the request) took about 70% of an HTTP worker's time on FP32 requests; see
+/// [`read_number`] for what is done instead (exact as well). Each number is
+/// typed as serde_json types it: an integer without a fraction or exponent is a
+/// `u64`, or an `i64` when negative, and a float past either (and `-0`, as
+/// -0.0); a float that overflows is an error. Strings, nulls and objects (only
+/// ever in a request that is refused) are read by serde_json.
+fn scan<E: serde::de::Error>(t: &[u8], out: &mut JsonElems) -> Result<(), E> {
+    let mut i = 0;
+    let mut depth = 0usize;
+    while i < t.len() {
+        match t[i] {
+            b' ' | b'\t' | b'\n' | b'\r' | b',' => i += 1,
+            b'[' => {
+                depth += 1;
+                if depth > DATA_DEPTH_MAX {
+                    // Worded as serde_json words its own limit (the request's
+                    // parse names it).
+                    return Err(E::custom("recursion limit exceeded"));
+                }
+                i += 1;
+            }
+            b']' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                take_elem()?;
+                let (e, end) = read_number(t, i)?;
+                out.elems.push(e);
+                i = end;
+            }
+            b't' if t[i..].starts_with(b"true") => {
+                take_elem()?;
+                out.elems.push(Elem::Bool(true));
+                i += 4;
+            }
+            b'f' if t[i..].starts_with(b"false") => {
+                take_elem()?;
+                out.elems.push(Elem::Bool(false));
+                i += 5;
+            }
+            b'n' if t[i..].starts_with(b"null") => {
+                take_elem()?;
+                out.push_odd(Value::Null);
+                i += 4;
+            }
+            b'"' => {
+                take_elem()?;
+                let mut it = serde_json::Deserializer::from_slice(&t[i..]).into_iter::<String>();
+                let s = it.next().ok_or_else(|| E::custom("a string ends early"))?;
+                out.push_odd(Value::String(s.map_err(E::custom)?));
+                i += it.byte_offset();
+            }
+            b'{' => {
+                take_elem()?;
+                let mut it = serde_json::Deserializer::from_slice(&t[i..])
+                    .into_iter::<serde::de::IgnoredAny>();
+                it.next()
+                    .ok_or_else(|| E::custom("an object ends early"))?
+                    .map_err(E::custom)?;
+                out.push_odd(Value::String("(an object)".into()));
+                i += it.byte_offset();
+            }
+            c => {
+                return Err(E::custom(format!(
+                    "unexpected character {:?} in tensor data",
+                    c as char
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The JSON number at `t[start..]` (checked by serde_json) and where it ends.
+///
+/// An integer (no fraction, no exponent) is accumulated here, exactly; a float
+/// is converted by `fast-float2` (Eisel-Lemire, correctly rounded like
+/// serde_json's `float_roundtrip`), in one pass over its bytes. What either
+/// cannot take (an integer past 64 bits, a float that overflows) goes to
+/// [`number`].
+fn read_number<E: serde::de::Error>(t: &[u8], start: usize) -> Result<(Elem, usize), E> {
+    let neg = t.get(start) == Some(&b'-');
+    let mut j = start + usize::from(neg);
+    let mut m: u64 = 0;
+    let mut fits = true;
+    while let Some(&c) = t.get(j) {
+        if !c.is_ascii_digit() {
+            break;
+        }
+        match m
+            .checked_mul(10)
+            .and_then(|x| x.checked_add(u64::from(c - b'0')))
+        {
+            Some(x) => m = x,
+            None => fits = false,
+        }
+        j += 1;
+    }
+    if !matches!(t.get(j), Some(b'.' | b'e' | b'E')) {
+        if !fits {
+            return Ok((number(&t[start..j])?, j));
+        }
+        let e = match (neg, m) {
+            (false, m) => Elem::U(m),
+            // serde_json: `-0` is -0.0, a negative beyond i64 a float.
+            (true, 0) => Elem::F(-0.0),
+            (true, m) => match i64::try_from(m) {
+                Ok(v) => Elem::I(-v),
+                Err(_) if m == 1 << 63 => Elem::I(i64::MIN),
+                Err(_) => Elem::F(-(m as f64)),
+            },
+        };
+        return Ok((e, j));
+    }
+    match fast_float2::parse_partial::<f64, _>(&t[start..]) {
+        Ok((x, n)) if x.is_finite() => Ok((Elem::F(x), start + n)),
+        _ => {
+            let end = start
+                + t[start..]
+                    .iter()
+                    .position(|&c| !matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                    .unwrap_or(t.len() - start);
+            Ok((number(&t[start..end])?, end))
+        }
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for Flatten<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an array of numbers or booleans")
+/// One JSON number's text (checked by serde_json) as serde_json types it, by
+/// the standard library's exact conversions.
+fn number<E: serde::de::Error>(s: &[u8]) -> Result<Elem, E> {
+    // ASCII digits, signs, '.' and 'e' only (see `read_number`).
+    let text = std::str::from_utf8(s).map_err(E::custom)?;
+    if !s.iter().any(|&c| matches!(c, b'.' | b'e' | b'E')) {
+        if s.first() == Some(&b'-') {
+            match text.parse::<i64>() {
+                Ok(0) => return Ok(Elem::F(-0.0)),
+                Ok(v) => return Ok(Elem::I(v)),
+                Err(_) => {}
+            }
+        } else if let Ok(v) = text.parse::<u64>() {
+            return Ok(Elem::U(v));
+        }
     }
-    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
-        take_elem()?;
-        self.0.elems.push(Elem::Bool(v));
-        Ok(())
-    }
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
-        take_elem()?;
-        self.0.elems.push(Elem::U(v));
-        Ok(())
-    }
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
-        take_elem()?;
-        // serde_json hands non-negative integers to visit_u64.
-        self.0.elems.push(match u64::try_from(v) {
-            Ok(u) => Elem::U(u),
-            Err(_) => Elem::I(v),
-        });
-        Ok(())
-    }
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
-        take_elem()?;
-        self.0.elems.push(Elem::F(v));
-        Ok(())
-    }
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
-        take_elem()?;
-        self.0.push_odd(Value::String(v.to_owned()));
-        Ok(())
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        take_elem()?;
-        self.0.push_odd(Value::Null);
-        Ok(())
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(Flatten(&mut *self.0))?.is_some() {}
-        Ok(())
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        take_elem()?;
-        use serde::de::IgnoredAny;
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        self.0.push_odd(Value::String("(an object)".into()));
-        Ok(())
+    match text.parse::<f64>() {
+        Ok(f) if f.is_finite() => Ok(Elem::F(f)),
+        Ok(_) => Err(E::custom(format!("number out of range: {text}"))),
+        Err(_) => Err(E::custom(format!("invalid number: {text}"))),
     }
 }
 
@@ -293,6 +396,125 @@ mod tests {
                 let want = value_bytes(dt, v);
                 assert_eq!(got, want, "{text} as {dt:?}");
             }
+        }
+    }
+
+    /// The hand-written scan reads every number as serde_json does (its own
+    /// parser, into `Value`, is the reference): random texts of integers at
+    /// and past the 64-bit bounds, floats in every notation, nesting and
+    /// whitespace; an overflowing float is an error, as in serde_json.
+    #[test]
+    fn the_scan_reads_numbers_as_serde_json_does() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(13);
+        let fixed = [
+            "0",
+            "-0",
+            "-0.0",
+            "0.0",
+            "1",
+            "-1",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "-18446744073709551617",
+            "1e0",
+            "1E+2",
+            "-2.5e-3",
+            "0.1",
+            "123456789012345678901234567890",
+            "4.9e-324",
+            "2.2250738585072014e-308",
+            "1.7976931348623157e308",
+            "0.30000000000000004",
+            "3.4028235e38",
+            "1e-400",
+            "-1e-400",
+            "true",
+            "false",
+            "1e22",
+            "1e23",
+            "-1e-22",
+            "9007199254740991e22",
+            "9007199254740993e-22",
+            "9007199254740992.5",
+            "0.0000000000000000000001",
+            "1234567890123456789",
+            "12345678901234567890",
+            "0.1234567890123456789",
+            "123.456e-3",
+            "1E-0",
+            "-9223372036854775807",
+        ];
+        let mut texts: Vec<String> = fixed.iter().map(|s| format!("[{s}]")).collect();
+        for _ in 0..2000 {
+            let n = rng.gen_range(1..20);
+            let mut parts = Vec::new();
+            for _ in 0..n {
+                let x: f64 = match rng.gen_range(0..5) {
+                    0 => rng.gen::<f32>() as f64,
+                    1 => rng.gen::<f64>() * 10f64.powi(rng.gen_range(-300..300)),
+                    2 => -(rng.gen::<u64>() as f64),
+                    3 => rng.gen_range(-1000i64..1000) as f64,
+                    _ => f64::from_bits(
+                        rng.gen::<u64>() & !(0x7ff << 52) | (rng.gen_range(1..2046u64) << 52),
+                    ),
+                };
+                if !(x.is_finite() && (x as f32).is_finite()) {
+                    continue;
+                }
+                let t = match rng.gen_range(0..4) {
+                    0 => format!("{x}"),
+                    1 => format!("{x:e}"),
+                    2 => format!("{:E}", x as f32),
+                    _ => format!("{}", rng.gen::<i64>()),
+                };
+                let t = if rng.gen_bool(0.2) {
+                    format!(" [ {t} ]\n")
+                } else {
+                    t
+                };
+                parts.push(t);
+            }
+            texts.push(format!("[{}]", parts.join(",")));
+        }
+        fn flat(v: &Value, out: &mut Vec<Elem>) {
+            match v {
+                Value::Array(a) => a.iter().for_each(|x| flat(x, out)),
+                Value::Bool(b) => out.push(Elem::Bool(*b)),
+                Value::Number(n) => out.push(if let Some(u) = n.as_u64() {
+                    Elem::U(u)
+                } else if let Some(i) = n.as_i64() {
+                    Elem::I(i)
+                } else {
+                    Elem::F(n.as_f64().unwrap())
+                }),
+                _ => unreachable!(),
+            }
+        }
+        for t in &texts {
+            let v: Value = serde_json::from_str(t).unwrap_or_else(|e| panic!("{t}: {e}"));
+            let mut want = Vec::new();
+            flat(&v, &mut want);
+            let got: JsonElems = serde_json::from_str(t).unwrap_or_else(|e| panic!("{t}: {e}"));
+            // Bit-exact (-0.0 against 0.0 included).
+            let bits = |e: &[Elem]| -> Vec<String> {
+                e.iter()
+                    .map(|x| match x {
+                        Elem::F(f) => format!("F{:x}", f.to_bits()),
+                        o => format!("{o:?}"),
+                    })
+                    .collect()
+            };
+            assert_eq!(bits(&got.elems), bits(&want), "{t}");
+        }
+        for t in ["[1e400]", "[-1e309]"] {
+            assert!(serde_json::from_str::<Value>(t).is_err());
+            let e = serde_json::from_str::<JsonElems>(t)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("out of range"), "{t}: {e}");
         }
     }
 
