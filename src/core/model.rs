@@ -580,7 +580,7 @@ mod tests {
             slo: Dur::from_ms(50),
         };
         let now = Time(1_000_000_000);
-        let exec_in = |dispersion: f64| {
+        let exec_in_at = |rate: f64, dispersion: f64| {
             let mut m = ModelState::new(
                 ModelId(0),
                 spec.clone(),
@@ -590,7 +590,7 @@ mod tests {
                 100,
             );
             m.eager_cost_max = 0.05;
-            m.observe_rate(200.0, 1.0);
+            m.observe_rate(rate, 1.0);
             m.observe_dispersion(dispersion);
             assert!(m.enqueue(Task {
                 id: TaskId(1),
@@ -602,39 +602,19 @@ mod tests {
             let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
             c.unwrap().exec_at - now
         };
+        let exec_in = |dispersion: f64| exec_in_at(200.0, dispersion);
         // Poisson (and a noisy estimate below 1): waits for its frontrun moment.
         assert_eq!(exec_in(1.0), Dur::from_ms(43));
         assert_eq!(exec_in(0.5), Dur::from_ms(43));
         // Clumps of 20: fewer than MIN_GROWTH clumps expected, starts at once.
         assert_eq!(exec_in(20.0), Dur::ZERO);
-        // Clumps of 2: 4.3 clumps expected, so it still waits; clumped past
-        // DISPERSION_NO_WAIT it never does, however many are expected.
+        // Clumps of 2: 4.3 clumps expected, so it still waits.
         assert_eq!(exec_in(2.0), Dur::from_ms(43));
-        let mut m = ModelState::new(
-            ModelId(0),
-            spec.clone(),
-            Policy::Deferred,
-            Gather::Lazy,
-            NetBudget::default(),
-            100,
-        );
-        m.eager_cost_max = 0.05;
-        // 5,000 r/s: 215 requests (43 clumps of 5) expected before the frontrun moment.
-        m.observe_rate(5000.0, 1.0);
-        m.observe_dispersion(DISPERSION_NO_WAIT + 1.0);
-        m.enqueue(Task {
-            id: TaskId(1),
-            arrival: now,
-            deadline: now + Dur::from_ms(50),
-            tag: 0,
-            cap: 0,
-        });
-        let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
-        assert_eq!(c.unwrap().exec_at, now);
-        // The same under Poisson arrivals waits (so the rule is what starts it).
-        m.observe_dispersion(1.0);
-        let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
-        assert_eq!(c.unwrap().exec_at - now, Dur::from_ms(43));
+        // At 5,000 r/s 215 requests are expected before the frontrun moment:
+        // under Poisson arrivals the batch waits, clumped past
+        // DISPERSION_NO_WAIT it starts at once (43 clumps of 5 expected).
+        assert_eq!(exec_in_at(5000.0, 1.0), Dur::from_ms(43));
+        assert_eq!(exec_in_at(5000.0, DISPERSION_NO_WAIT + 1.0), Dur::ZERO);
     }
 
     /// Frontrun keeps `slack` before the latest start, so a model whose batches

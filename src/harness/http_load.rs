@@ -127,8 +127,8 @@ struct Slot {
     bad: u64,
     /// The largest latency of an answer (any status), us.
     latency_max_us: u64,
-    /// The pacing thread's largest oversleep (woke after the due time), us: the
-    /// client process stalled, so likely the host.
+    /// How late the pacing thread sent at most (it overslept or fell behind),
+    /// us: the client process stalled, so likely the host.
     pace_late_max_us: u64,
     /// Connections the client opened in it (by when it began to connect), and
     /// the longest connect.
@@ -147,7 +147,7 @@ pub struct Burst {
     pub bad: u64,
     /// The largest latency of an answer due in it.
     pub latency_max_ms: f64,
-    /// The pacing thread's largest oversleep in it and in the second before it:
+    /// How late the pacing thread sent at most in it and in the second before it:
     /// a host stall shows here as well as at the server.
     pub pace_late_max_ms: f64,
     /// Connections the client opened in it and in the second before it, and the
@@ -204,7 +204,7 @@ pub struct LoadResult {
     pub conns_peak: usize,
     /// Where the bad requests fell (see [`Burst`]).
     pub bursts: Vec<Burst>,
-    /// The pacing thread's largest oversleep over the run, ms.
+    /// How late the pacing thread sent at most over the run, ms.
     pub pace_late_max_ms: f64,
 }
 
@@ -458,7 +458,7 @@ impl Shared {
     }
 }
 
-/// The timeline slot of a request due `since` after the window opened.
+/// The timeline slot of a moment `since` after the load started.
 fn slot_of(since: Duration) -> usize {
     (since.as_nanos() / SLOT.as_nanos()) as usize
 }
@@ -536,10 +536,11 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         let now = Instant::now();
         if due > now + Duration::from_micros(20) {
             std::thread::sleep(due - now);
-            let late = Instant::now().saturating_duration_since(due).as_micros() as u64;
-            if let Some(m) = pace_late.get_mut(slot_of(due.saturating_duration_since(t0))) {
-                *m = (*m).max(late);
-            }
+        }
+        // Late from oversleeping, or from falling behind.
+        let late = Instant::now().saturating_duration_since(due).as_micros() as u64;
+        if let Some(m) = pace_late.get_mut(slot_of(due.saturating_duration_since(t0))) {
+            *m = (*m).max(late);
         }
         let counted = t >= win;
         offered += counted as u64;
@@ -654,7 +655,7 @@ pub struct Row {
     pub conns_peak: usize,
     /// Where the bad requests fell.
     pub bursts: Vec<Burst>,
-    /// The client's pacing thread's largest oversleep, ms.
+    /// How late the client's pacing thread sent at most, ms.
     pub pace_late_max_ms: f64,
     /// The share of the host's CPU time stolen by the hypervisor during the run
     /// (`steal` of /proc/stat; None where it cannot be read).
