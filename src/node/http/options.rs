@@ -55,7 +55,7 @@ pub const RESERVED_FDS: u64 = 128;
 /// the frontend's loop, its transport and, in `fermata serve`, the other
 /// roles), at least 2 and at most 16. At least 2 even on a small machine: with
 /// one worker, every connection waits while it decodes a request's body, so
-/// its reads (and the requests' stamps) fall behind together; on 2 cores
+/// their reads fall behind together; on 2 cores
 /// `fermata bench http` sustained about 6,000 cnn requests/s with 2 workers
 /// and 4,000-5,000 with 1.
 pub fn default_threads() -> usize {
