@@ -137,7 +137,7 @@ struct Slot {
 }
 
 /// Bad requests close together in time: where a run lost what it lost.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Burst {
     /// Seconds from the start of the load (due times; the warm-up comes first)
     /// of the first and the end of the last slot with a bad request.

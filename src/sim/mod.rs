@@ -378,6 +378,7 @@ pub struct EpochRecord {
 }
 
 /// Counters of an autoscaled run at one of the loop's ticks.
+#[derive(Clone)]
 struct Snap {
     t: Time,
     bad: u64,
@@ -393,7 +394,10 @@ pub fn simulate_autoscaled(
     opt: &RunOptions,
     a: &AutoscaleSimOpts,
 ) -> Vec<EpochRecord> {
-    use crate::plan::autoscale::{advise, Controller, Decision, DemandTrend, GpuOwner, Signals};
+    use crate::plan::autoscale::{
+        advise, Controller, Decision, DemandTrend, GpuOwner, Signals, DEMAND_WINDOW_S,
+        SIGNAL_WINDOW_S, TREND_SPAN_S,
+    };
     let mut ww = w.clone();
     ww.gpus = a.start_gpus.max(1);
     let mut core = Dispatcher::new(dispatcher_config(&ww, opt.policy, opt.check), ww.specs());
@@ -481,9 +485,10 @@ pub fn simulate_autoscaled(
             let cur = snap(&e, now);
             // The first snapshot at or after `from`.
             let base = |from: Time| snaps.iter().find(|s| s.t >= from).unwrap_or(&cur);
-            // The demand over the last half window (DEMAND_WINDOW_S of the
-            // scheduler's SIGNAL_WINDOW_S), its trend over one and a half.
-            let d0 = base(now - Dur(window.0 / 2));
+            // The demand and its trend over the spans the scheduler uses,
+            // scaled from its signal window to this one.
+            let scale = window.as_secs_f64() / SIGNAL_WINDOW_S;
+            let d0 = base(now - Dur::from_secs_f64(DEMAND_WINDOW_S * scale));
             let dspan = (now - d0.t).as_secs_f64();
             let demand =
                 crate::plan::autoscale::demand_gpus(ww.models.iter().enumerate().map(|(m, x)| {
@@ -494,7 +499,7 @@ pub fn simulate_autoscaled(
                     };
                     (rate, &x.spec.profile, x.spec.slo)
                 }));
-            let rise = trend.push(now.as_secs_f64(), demand, 1.5 * window.as_secs_f64());
+            let rise = trend.push(now.as_secs_f64(), demand, TREND_SPAN_S * scale);
             demand_sum += demand;
             // The bad rate and the idle fraction over the window, since the
             // GPUs last changed.
@@ -583,7 +588,7 @@ pub fn simulate_autoscaled(
                 gpus_max = active.len() as u32;
                 demand_sum = 0.0;
                 gpu_ns = 0;
-                epoch_start = snap(&e, now);
+                epoch_start = cur.clone();
             }
         } else if tc == next {
             core.handle_timeout(now);

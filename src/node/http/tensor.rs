@@ -196,11 +196,10 @@ fn scan<E: serde::de::Error>(t: &[u8], out: &mut JsonElems) -> Result<(), E> {
 
 /// The JSON number at `t[start..]` (checked by serde_json) and where it ends.
 ///
-/// An integer (no fraction, no exponent) is accumulated here, exactly; a float
-/// is converted by `fast-float2` (Eisel-Lemire, correctly rounded like
-/// serde_json's `float_roundtrip`), in one pass over its bytes. What either
-/// cannot take (an integer past 64 bits, a float that overflows) goes to
-/// [`number`].
+/// An integer (no fraction, no exponent) is accumulated here, exactly; a float,
+/// and an integer past 64 bits, is converted by `fast-float2` (Eisel-Lemire,
+/// correctly rounded like serde_json's `float_roundtrip`), in one pass over
+/// its bytes.
 fn read_number<E: serde::de::Error>(t: &[u8], start: usize) -> Result<(Elem, usize), E> {
     let neg = t.get(start) == Some(&b'-');
     let mut j = start + usize::from(neg);
@@ -220,10 +219,9 @@ fn read_number<E: serde::de::Error>(t: &[u8], start: usize) -> Result<(Elem, usi
         j += 1;
     }
     if !matches!(t.get(j), Some(b'.' | b'e' | b'E')) {
-        if !fits {
-            return Ok((number(&t[start..j])?, j));
-        }
         let e = match (neg, m) {
+            // serde_json: an integer past 64 bits is a float.
+            _ if !fits => finite(&t[start..j], fast_float2::parse(&t[start..j]))?,
             (false, m) => Elem::U(m),
             // serde_json: `-0` is -0.0, a negative beyond i64 a float.
             (true, 0) => Elem::F(-0.0),
@@ -236,38 +234,22 @@ fn read_number<E: serde::de::Error>(t: &[u8], start: usize) -> Result<(Elem, usi
         return Ok((e, j));
     }
     match fast_float2::parse_partial::<f64, _>(&t[start..]) {
-        Ok((x, n)) if x.is_finite() => Ok((Elem::F(x), start + n)),
-        _ => {
-            let end = start
-                + t[start..]
-                    .iter()
-                    .position(|&c| !matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
-                    .unwrap_or(t.len() - start);
-            Ok((number(&t[start..end])?, end))
-        }
+        Ok((x, n)) => Ok((finite(&t[start..start + n], Ok(x))?, start + n)),
+        Err(_) => Err(E::custom(format!(
+            "invalid number at {:?}",
+            String::from_utf8_lossy(&t[start..t.len().min(start + 32)])
+        ))),
     }
 }
 
-/// One JSON number's text (checked by serde_json) as serde_json types it, by
-/// the standard library's exact conversions.
-fn number<E: serde::de::Error>(s: &[u8]) -> Result<Elem, E> {
-    // ASCII digits, signs, '.' and 'e' only (see `read_number`).
-    let text = std::str::from_utf8(s).map_err(E::custom)?;
-    if !s.iter().any(|&c| matches!(c, b'.' | b'e' | b'E')) {
-        if s.first() == Some(&b'-') {
-            match text.parse::<i64>() {
-                Ok(0) => return Ok(Elem::F(-0.0)),
-                Ok(v) => return Ok(Elem::I(v)),
-                Err(_) => {}
-            }
-        } else if let Ok(v) = text.parse::<u64>() {
-            return Ok(Elem::U(v));
-        }
-    }
-    match text.parse::<f64>() {
+/// A number's conversion as serde_json takes it: a float that overflows (to an
+/// infinity) is an error.
+fn finite<E: serde::de::Error>(text: &[u8], x: Result<f64, fast_float2::Error>) -> Result<Elem, E> {
+    let text = || String::from_utf8_lossy(text);
+    match x {
         Ok(f) if f.is_finite() => Ok(Elem::F(f)),
-        Ok(_) => Err(E::custom(format!("number out of range: {text}"))),
-        Err(_) => Err(E::custom(format!("invalid number: {text}"))),
+        Ok(_) => Err(E::custom(format!("number out of range: {}", text()))),
+        Err(_) => Err(E::custom(format!("invalid number: {}", text()))),
     }
 }
 
