@@ -249,6 +249,10 @@ enum BenchCmd {
     Fig6a(Fig6aArgs),
     /// Flat-top behaviour (Section 3.5): 1.5x and 0.3x the goodput rate.
     Flattop(FlattopArgs),
+    /// The offline reference for a one-model workload: a beam search that sees
+    /// every arrival before deciding, next to a policy on the same trace; with
+    /// --find-max, both goodputs.
+    Oracle(OracleArgs),
     /// Scheduler-only stress test: the real-time scheduler with in-process fake
     /// frontends and backends (paper Section 5.5).
     Scheduler(SchedulerArgs),
@@ -600,6 +604,25 @@ struct FlattopArgs {
     policy: String,
 }
 
+#[derive(Args)]
+struct OracleArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// The online policy to set beside it, on the same arrivals.
+    #[arg(long, default_value = "deferred")]
+    policy: String,
+    /// Aggregate offered rate in requests/s (default: the workload's rate_rps).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Search the highest rate at which each keeps the bad rate <= 1% instead.
+    #[arg(long)]
+    find_max: bool,
+    /// States kept per request (wider: slower, and a schedule at least as good
+    /// is no longer guaranteed, only likely).
+    #[arg(long, default_value_t = 64)]
+    beam: usize,
+}
+
 fn main() {
     tune_allocator();
     let cli = Cli::parse();
@@ -628,6 +651,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Load(a)) => cmd_load(a),
         Cmd::Bench(BenchCmd::Fig6a(a)) => fermata::bench::cases::fig6a(a.seed, a.json),
         Cmd::Bench(BenchCmd::Flattop(a)) => cmd_flattop(a),
+        Cmd::Bench(BenchCmd::Oracle(a)) => cmd_oracle(a),
         Cmd::Bench(BenchCmd::Scheduler(a)) => cmd_scheduler(a),
         Cmd::Bench(BenchCmd::Overload(a)) => cmd_overload(a),
         Cmd::Bench(BenchCmd::Serve(a)) => roles::cmd_bench_serve(a),
@@ -1239,6 +1263,91 @@ fn cmd_flattop(a: FlattopArgs) -> Result<()> {
             num("idle_share_on_upper_half_gpus")
         );
         println!("idle per GPU: {}", f["underload_idle_per_gpu"]);
+    }
+    Ok(())
+}
+
+fn cmd_oracle(a: OracleArgs) -> Result<()> {
+    use fermata::bench::oracle;
+    let (w, mut o) = load(&a.run)?;
+    o.policy = a.policy.parse().map_err(anyhow::Error::msg)?;
+    if let Some(r) = a.rate {
+        if !(r > 0.0 && r.is_finite()) {
+            bail!("--rate must be a positive number, got {r}");
+        }
+        o.rate_rps = r;
+    }
+    // Check the workload and the beam before any long run.
+    let mut probe = o.clone();
+    probe.warmup = Dur::ZERO;
+    probe.duration = Dur::from_ms(1);
+    oracle::oracle(&w, &probe, a.beam)?;
+    let row = |who: &str, r: &fermata::sim::RunResult, extra: &str| {
+        println!(
+            "{who:<10} {:>9.1} r/s  bad {:>7.3}%  batch p50 {:>3} p99 {:>3}  GPU busy {:>5.1}%{extra}",
+            r.rate_rps,
+            100.0 * r.bad_rate(),
+            fermata::sim::quantile_of_counts(&r.batch_requests(), 0.5),
+            fermata::sim::quantile_of_counts(&r.batch_requests(), 0.99),
+            100.0 * r.gpu_busy_fraction(),
+        )
+    };
+    if a.find_max {
+        let so = SearchOptions::default();
+        let mut price = 0.0;
+        let g = bench::goodput_search_with(&w, &o, &so, |oo| {
+            let run = oracle::oracle(&w, oo, a.beam)?;
+            price = run.price_ms;
+            Ok(run.result)
+        })?;
+        let p = bench::goodput_search(&w, &o, &so);
+        if a.run.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "workload": w.name, "beam": a.beam, "seed": o.seed,
+                    "oracle_goodput_rps": g.goodput_rps,
+                    "policy": o.policy.name(), "policy_goodput_rps": p.goodput_rps,
+                    "policy_over_oracle": p.goodput_rps / g.goodput_rps.max(1e-9),
+                })
+            );
+        } else {
+            println!(
+                "workload {} | seed {} | beam {} | goodput: every model <= 1% bad",
+                w.name, o.seed, a.beam
+            );
+            println!("oracle     {:>9.1} r/s", g.goodput_rps);
+            println!(
+                "{:<10} {:>9.1} r/s ({:.4} of the oracle's)",
+                o.policy.name(),
+                p.goodput_rps,
+                p.goodput_rps / g.goodput_rps.max(1e-9)
+            );
+        }
+        return Ok(());
+    }
+    let run = oracle::oracle(&w, &o, a.beam)?;
+    let p = simulate(&w, &o);
+    if a.run.json {
+        let mut v = fermata::run::run_json(&w, &run.result);
+        v["policy"] = "oracle".into();
+        v["beam"] = a.beam.into();
+        v["price_ms"] = run.price_ms.into();
+        println!(
+            "{}",
+            serde_json::json!({"oracle": v, "policy": fermata::run::run_json(&w, &p)})
+        );
+    } else {
+        println!(
+            "workload {} | {} GPUs | offered {:.1} r/s ({}) | seed {} | beam {}",
+            w.name, w.gpus, o.rate_rps, o.arrival, o.seed, a.beam
+        );
+        row(
+            "oracle",
+            &run.result,
+            &format!("  (drop priced at {:.3} ms of GPU time)", run.price_ms),
+        );
+        row(&o.policy.name(), &p, "");
     }
     Ok(())
 }

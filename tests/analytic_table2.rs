@@ -184,3 +184,77 @@ fn nexus_runs_no_coordination_batches_resnet50() {
     assert!(m.bad_rate() <= 0.01, "deferred bad rate {}", m.bad_rate());
     assert!(m.batch_quantile(0.5) > bn && m.batch_quantile(0.5) <= bs);
 }
+
+/// `fermata bench oracle` from the command line: on Table 2's ResNet50 near the
+/// staggered bound, the offline reference (which sees every arrival first) drops
+/// no more than deferred on the same arrivals, runs batches no larger than the
+/// SLO allows (18) and keeps the GPUs busier; a workload of several models is
+/// refused with a message that says why.
+#[test]
+fn the_offline_reference_from_the_command_line() {
+    let path = |f: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("configs/workloads")
+            .join(f)
+            .display()
+            .to_string()
+    };
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fermata"))
+            .args(["bench", "oracle"])
+            .args(args)
+            .output()
+            .expect("runs")
+    };
+    let w = path("resnet50_8gpu.toml");
+    let out = run(&[
+        "--workload",
+        &w,
+        "--rate",
+        "5700",
+        "--warmup-s",
+        "1",
+        "--duration-s",
+        "3",
+        "--beam",
+        "16",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let (o, p) = (&v["oracle"], &v["policy"]);
+    assert_eq!(o["policy"], "oracle");
+    assert_eq!(p["policy"], "deferred");
+    assert_eq!(o["offered"], p["offered"], "the same arrivals");
+    let bad = |x: &serde_json::Value| x["bad_rate"].as_f64().expect("bad_rate");
+    assert!(bad(p) > 0.0, "deferred drops some this close to the bound");
+    assert!(bad(o) <= bad(p), "oracle {} deferred {}", bad(o), bad(p));
+    let sizes = o["per_model"][0]["batch_size_requests"]
+        .as_array()
+        .expect("sizes");
+    assert!(sizes.len() <= 19, "a batch above 18: {sizes:?}");
+    let busy = |x: &serde_json::Value| x["gpu_busy_fraction"].as_f64().expect("busy");
+    assert!(
+        busy(o) > busy(p),
+        "oracle busy {} deferred {}",
+        busy(o),
+        busy(p)
+    );
+
+    let out = run(&[
+        "--workload",
+        &path("resnet_x5_8gpu_bursty.toml"),
+        "--duration-s",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("schedules one model") && err.contains("has 5"),
+        "{err}"
+    );
+}

@@ -6,6 +6,7 @@ pub mod autoscale;
 pub mod cases;
 pub mod compare;
 pub mod fig15;
+pub mod oracle;
 pub mod partition;
 pub mod plot;
 pub mod scheduler;
