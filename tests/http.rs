@@ -6,6 +6,7 @@
 use fermata::node::backend::{BackendNode, BackendOpts};
 use fermata::node::exec::{checksum64, emulated_output, EmulatedGpu, Executor};
 use fermata::node::frontend::{FrontendNode, FrontendOpts};
+use fermata::node::grpc::GrpcOpts;
 use fermata::node::http::{HttpOpts, HttpServer};
 use fermata::node::scheduler::{SchedulerNode, SchedulerOpts};
 use fermata::repo::ModelMeta;
@@ -150,6 +151,11 @@ struct Cl {
 /// A scheduler, `gpus` emulated GPUs on one backend (none if 0) and a frontend
 /// serving HTTP on loopback.
 fn cluster(host: &str, gpus: u32, tweak: impl FnOnce(&mut HttpOpts)) -> Cl {
+    cluster_with(host, gpus, tweak, false)
+}
+
+/// [`cluster`], with the frontend's gRPC API too when `grpc`.
+fn cluster_with(host: &str, gpus: u32, tweak: impl FnOnce(&mut HttpOpts), grpc: bool) -> Cl {
     let tr: Arc<dyn Transport> = Arc::new(InProc::global());
     let w = workload();
     let sched = SchedulerNode::start(
@@ -177,6 +183,9 @@ fn cluster(host: &str, gpus: u32, tweak: impl FnOnce(&mut HttpOpts)) -> Cl {
     let mut h = HttpOpts::new("127.0.0.1:0");
     tweak(&mut h);
     fo.http = Some(h);
+    if grpc {
+        fo.grpc = Some(GrpcOpts::new("127.0.0.1:0"));
+    }
     let fe = FrontendNode::start(tr.clone(), fo).unwrap();
     let http = fe.http_addr().unwrap();
     Cl {
@@ -798,6 +807,113 @@ fn a_slow_client_spends_its_own_deadline() {
     assert!(ok, "5 slow requests with 70 ms to spare were all dropped");
     let r = h.post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]));
     assert_eq!(r.status, 200, "{}", r.text());
+    c.stop();
+}
+
+/// One gRPC `ModelInfer` of the tiny model with `timeout_us` of SLO over a
+/// fresh HTTP/2 connection to `addr`: the headers at once, the message
+/// `pause` later. The answer's grpc-status and grpc-message.
+fn grpc_infer_slowly(addr: SocketAddr, timeout_us: i64, pause: Duration) -> (String, String) {
+    use fermata::node::grpc::pb;
+    use prost::Message;
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let i64s = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let input =
+        |name: &str, datatype: &str, shape: Vec<i64>| pb::model_infer_request::InferInputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape,
+            ..Default::default()
+        };
+    let req = pb::ModelInferRequest {
+        model_name: "tiny".into(),
+        parameters: HashMap::from([(
+            "timeout".to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(
+                    timeout_us,
+                )),
+            },
+        )]),
+        inputs: vec![
+            input("x", "FP32", vec![1, 4]),
+            input("ids", "INT64", vec![1, 2]),
+        ],
+        raw_input_contents: vec![f32s(&[1.0; 4]), i64s(&[1, 2])],
+        ..Default::default()
+    };
+    // gRPC's framing: no compression, the length, the message.
+    let msg = req.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&msg);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let mut client = client.ready().await.unwrap();
+        let head = hyper::Request::post(format!(
+            "http://{addr}/inference.GRPCInferenceService/ModelInfer"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (answer, mut body) = client.send_request(head, false).unwrap();
+        tokio::time::sleep(pause).await;
+        body.send_data(hyper::body::Bytes::from(framed), true)
+            .unwrap();
+        let answer = answer.await.unwrap();
+        let (parts, mut data) = answer.into_parts();
+        // Trailers-only (an error) carries the status in the headers.
+        let mut fields = parts.headers;
+        while let Some(chunk) = data.data().await {
+            let chunk = chunk.unwrap();
+            let _ = data.flow_control().release_capacity(chunk.len());
+        }
+        if let Some(t) = data.trailers().await.unwrap() {
+            fields.extend(t);
+        }
+        let get = |k: &str| {
+            fields
+                .get(k)
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default()
+        };
+        (get("grpc-status"), get("grpc-message"))
+    })
+}
+
+/// The SLO is the client's over gRPC too: it runs from when the host received
+/// the request's headers, so a client that sends its message late spends its
+/// own deadline (before, requests were stamped when their decoded message
+/// reached the handler, and this one was served).
+#[test]
+fn a_slow_grpc_client_spends_its_own_deadline() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster_with("grpc-slow", 1, |_| {}, true);
+    let addr = c.fe.grpc_addr().unwrap();
+    // 60 ms of SLO, the message 100 ms after the headers: UNAVAILABLE (429's
+    // code), expired.
+    let (code, msg) = grpc_infer_slowly(addr, 60_000, Duration::from_millis(100));
+    assert_eq!(code, "14", "message 100 ms late: {msg}");
+    assert!(msg.contains("expired"), "{msg}");
+    // With the time to spare, the same slow client is served.
+    let mut ok = false;
+    for _ in 0..5 {
+        let (code, msg) = grpc_infer_slowly(addr, 150_000, Duration::from_millis(20));
+        if code == "0" {
+            ok = true;
+            break;
+        }
+        // A lone request on a busy 2-core machine can miss its start.
+        assert_eq!(code, "14", "{msg}");
+    }
+    assert!(ok, "5 slow requests with 130 ms to spare were all dropped");
     c.stop();
 }
 

@@ -20,7 +20,9 @@
 //! response stream as it finishes (an error as `error_message`), a few at
 //! once per stream ([`STREAM_IN_FLIGHT`]).
 
-mod pb {
+/// The KServe v2 / Triton gRPC messages and service, generated from
+/// proto/inference.proto (a Rust client can build its requests with them).
+pub mod pb {
     #![allow(clippy::all, clippy::pedantic, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
@@ -30,6 +32,7 @@ use crate::node::http::errors::Fail;
 use crate::node::http::model::Models;
 use crate::node::http::request::{decode_parsed, InferRequest, InputTensor, OutputRequest};
 use crate::node::http::response::{check_done, output_raw, Summary};
+use crate::node::http::server::{AcceptErrors, NoteRead, Stamped};
 use crate::node::http::triton::{config_type, queue_timeout_us};
 use crate::repo::{DType, ModelMeta};
 use anyhow::{Context, Result};
@@ -40,10 +43,12 @@ use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio_stream::Stream;
 use tonic::codec::CompressionEncoding;
+use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Requests of one `ModelStreamInfer` stream being answered at once.
@@ -70,6 +75,95 @@ impl GrpcOpts {
             threads: crate::node::http::default_threads(),
             max_message_bytes: 64 << 20,
             max_tensor_bytes: crate::workload::MAX_INPUT_BYTES as usize,
+        }
+    }
+}
+
+/// When the latest read of a connection that brought bytes received them (the
+/// kernel's receive time, see [`Stamped`]).
+#[derive(Default)]
+struct LastRead(Mutex<Option<Instant>>);
+
+impl NoteRead for LastRead {
+    fn note(&self, received: Instant) {
+        *self.0.lock().expect("last read lock") = Some(received);
+    }
+}
+
+/// A connection's [`LastRead`], in the extensions of every request on it
+/// (tonic's connect info).
+#[derive(Clone)]
+struct ConnReads(Arc<LastRead>);
+
+impl ConnReads {
+    fn latest(&self) -> Option<Instant> {
+        *self.0 .0.lock().expect("last read lock")
+    }
+}
+
+impl Connected for Stamped<LastRead> {
+    type ConnectInfo = ConnReads;
+    fn connect_info(&self) -> ConnReads {
+        ConnReads(self.note().clone())
+    }
+}
+
+/// When a request's headers were parsed, as the host received them: the
+/// kernel's receive time of its connection's latest read at that moment.
+///
+/// HTTP/2 multiplexes a connection's requests, so the bytes of one request
+/// cannot be told from a read; but the request's headers came in the latest
+/// read or before it, so this is no earlier than they arrived, and it counts
+/// the time they waited in the socket buffer while the server was busy (the
+/// read after a stall returns bytes received during it, with their time). The
+/// headers come before the message: a client that writes its message slowly
+/// spends its own deadline, as over HTTP/1.1.
+#[derive(Clone, Copy)]
+struct Received(Instant);
+
+/// The interceptor that stamps every request with [`Received`] when its
+/// headers are parsed (before its message is read).
+fn stamp_headers(mut r: Request<()>) -> Result<Request<()>, Status> {
+    let at = r
+        .extensions()
+        .get::<ConnReads>()
+        .and_then(ConnReads::latest)
+        .unwrap_or_else(Instant::now);
+    r.extensions_mut().insert(Received(at));
+    Ok(r)
+}
+
+/// The gRPC listener's connections, each [`Stamped`] (tonic's `TcpIncoming`
+/// reads with plain `read`, which does not give receive times). An accept
+/// error (EMFILE) pauses accepting as the HTTP server's does.
+struct Accept {
+    listener: tokio::net::TcpListener,
+    errors: AcceptErrors,
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stream for Accept {
+    type Item = std::io::Result<Stamped<LastRead>>;
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(p) = &mut this.pause {
+            std::task::ready!(std::future::Future::poll(p.as_mut(), cx));
+            this.pause = None;
+        }
+        match std::task::ready!(this.listener.poll_accept(cx)) {
+            Ok((s, _)) => {
+                this.errors.accepted();
+                let _ = s.set_nodelay(true);
+                Poll::Ready(Some(Ok(Stamped::new(s, Arc::new(LastRead::default())))))
+            }
+            Err(e) => {
+                let wait = this.errors.note("grpc", &e, Instant::now());
+                this.pause = Some(Box::pin(tokio::time::sleep(wait)));
+                Poll::Ready(Some(Err(e)))
+            }
         }
     }
 }
@@ -112,9 +206,13 @@ impl GrpcServer {
             let _g = rt.enter();
             tokio::net::TcpListener::from_std(std_listener)?
         };
+        let service = tonic::service::interceptor::InterceptedService::new(service, stamp_headers);
         rt.spawn(async move {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let incoming = Accept {
+                listener,
+                errors: AcceptErrors::default(),
+                pause: None,
+            };
             let r = tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, async {
@@ -327,8 +425,12 @@ impl Svc {
     }
 
     /// One inference (the unary call's and each stream message's).
-    async fn infer(&self, mut r: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Status> {
-        let received = Instant::now();
+    /// `received`: when the host received the request ([`Received`]).
+    async fn infer(
+        &self,
+        mut r: pb::ModelInferRequest,
+        received: Instant,
+    ) -> Result<pb::ModelInferResponse, Status> {
         let (i, meta) = self.model(&r.model_name, &r.model_version)?;
         // Triton's flag for decoupled models (perf_analyzer sends it): each
         // answer here is the request's only one, so it is marked final.
@@ -538,7 +640,13 @@ impl GrpcInferenceService for Arc<Svc> {
         &self,
         r: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        self.infer(r.into_inner()).await.map(Response::new)
+        let received = r
+            .extensions()
+            .get::<Received>()
+            .map_or_else(Instant::now, |x| x.0);
+        self.infer(r.into_inner(), received)
+            .await
+            .map(Response::new)
     }
 
     type ModelStreamInferStream = InferStream;
@@ -547,6 +655,9 @@ impl GrpcInferenceService for Arc<Svc> {
         &self,
         r: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<InferStream>, Status> {
+        // Each message is stamped with its connection's latest read when it
+        // is decoded (it came in that read or an earlier one).
+        let reads = r.extensions().get::<ConnReads>().cloned();
         let mut inbound = r.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
         let svc = self.clone();
@@ -561,13 +672,17 @@ impl GrpcInferenceService for Arc<Svc> {
                         break;
                     }
                 };
+                let received = reads
+                    .as_ref()
+                    .and_then(ConnReads::latest)
+                    .unwrap_or_else(Instant::now);
                 let Ok(permit) = slots.clone().acquire_owned().await else {
                     break;
                 };
                 let (svc, tx) = (svc.clone(), tx.clone());
                 tokio::spawn(async move {
                     let id = msg.id.clone();
-                    let out = match svc.infer(msg).await {
+                    let out = match svc.infer(msg, received).await {
                         Ok(resp) => pb::ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(resp),

@@ -188,18 +188,17 @@ async fn accept_loop(
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => {
-                errors.backoff = Duration::ZERO;
+                errors.accepted();
                 x
             }
             Err(e) => {
                 conns.evict_one();
-                let wait = errors.note(&e, Instant::now());
+                let wait = errors.note("http", &e, Instant::now());
                 tokio::time::sleep(wait).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        note_arrivals(&stream);
         match conns.admit() {
             Some(adm) => {
                 tokio::spawn(serve_connection(app.clone(), stream, peer, adm, limits));
@@ -212,16 +211,27 @@ async fn accept_loop(
 
 /// Accept errors: the backoff, and the log's quiet interval.
 #[derive(Default)]
-struct AcceptErrors {
+pub(in crate::node) struct AcceptErrors {
     backoff: Duration,
     logged_at: Option<Instant>,
     since_logged: u64,
 }
 
 impl AcceptErrors {
-    /// Notes error `e` at `now`: logs it unless one was logged within
-    /// [`ACCEPT_LOG_EVERY`]; the time to wait before the next accept.
-    fn note(&mut self, e: &std::io::Error, now: Instant) -> Duration {
+    /// A connection was accepted: the next error backs off from the start.
+    pub(in crate::node) fn accepted(&mut self) {
+        self.backoff = Duration::ZERO;
+    }
+
+    /// Notes error `e` of the `server` ("http", "grpc") at `now`: logs it
+    /// unless one was logged within [`ACCEPT_LOG_EVERY`]; the time to wait
+    /// before the next accept.
+    pub(in crate::node) fn note(
+        &mut self,
+        server: &'static str,
+        e: &std::io::Error,
+        now: Instant,
+    ) -> Duration {
         self.since_logged += 1;
         if self
             .logged_at
@@ -229,11 +239,17 @@ impl AcceptErrors {
         {
             let fds =
                 e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE);
+            let hint = match (fds, server) {
+                (false, _) => "",
+                (true, "http") => {
+                    " (out of file descriptors: raise `ulimit -n` or lower --http-max-connections)"
+                }
+                (true, _) => " (out of file descriptors: raise `ulimit -n`)",
+            };
             tracing::warn!(
                 error = %e,
                 errors = self.since_logged,
-                "http: accepting connections fails{}; backing off (logged once per {}s)",
-                if fds { " (out of file descriptors: raise `ulimit -n` or lower --http-max-connections)" } else { "" },
+                "{server}: accepting connections fails{hint}; backing off (logged once per {}s)",
                 ACCEPT_LOG_EVERY.as_secs()
             );
             self.logged_at = Some(now);
@@ -268,10 +284,7 @@ async fn serve_connection(
     limits: ConnLimits,
 ) {
     let stamp = Arc::new(Mutex::new(Stamp::Armed));
-    let io = Stamped {
-        io: stream,
-        stamp: stamp.clone(),
-    };
+    let io = Stamped::new(stream, stamp.clone());
     let adm = Arc::new(adm);
     let svc = {
         let stamp = stamp.clone();
@@ -338,18 +351,46 @@ fn take_stamp(stamp: &Mutex<Stamp>) -> Instant {
     t
 }
 
-/// A connection's socket that notes when the first byte of each request came:
-/// the kernel's receive time of the first bytes read ([`recv_stamped`]), or
-/// the moment they were read where the kernel gave none. Hyper calls the
-/// service only once a request's head is parsed; a client that sends its head
-/// slowly, or a server that reads it late, would otherwise not be charged to
-/// the request's SLO.
-struct Stamped {
-    io: tokio::net::TcpStream,
-    stamp: Arc<Mutex<Stamp>>,
+/// What a [`Stamped`] socket tells of each read that brought bytes: when the
+/// host received them.
+pub(in crate::node) trait NoteRead: Send + Sync + 'static {
+    fn note(&self, received: Instant);
 }
 
-impl AsyncRead for Stamped {
+/// HTTP/1.1: the first read of a request (after the previous one was taken)
+/// stamps it.
+impl NoteRead for Mutex<Stamp> {
+    fn note(&self, received: Instant) {
+        let mut s = self.lock().expect("stamp lock");
+        if let Stamp::Armed = *s {
+            *s = Stamp::Read(received);
+        }
+    }
+}
+
+/// A connection's socket that tells `note` when the bytes of each read came:
+/// the kernel's receive time ([`recv_stamped`]), or the moment they were read
+/// where the kernel gave none. Hyper (and tonic above it) calls the service
+/// only once a request's head is parsed; a client that sends its head slowly,
+/// or a server that reads it late, would otherwise not be charged to the
+/// request's SLO.
+pub(in crate::node) struct Stamped<N: NoteRead> {
+    io: tokio::net::TcpStream,
+    note: Arc<N>,
+}
+
+impl<N: NoteRead> Stamped<N> {
+    /// Wraps an accepted connection (asking the kernel for receive times).
+    pub(in crate::node) fn new(io: tokio::net::TcpStream, note: Arc<N>) -> Stamped<N> {
+        note_arrivals(&io);
+        Stamped { io, note }
+    }
+    pub(in crate::node) fn note(&self) -> &Arc<N> {
+        &self.note
+    }
+}
+
+impl<N: NoteRead> AsyncRead for Stamped<N> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
@@ -372,10 +413,7 @@ impl AsyncRead for Stamped {
                     unsafe { buf.assume_init(n) };
                     buf.advance(n);
                     if n > 0 {
-                        let mut s = this.stamp.lock().expect("stamp lock");
-                        if let Stamp::Armed = *s {
-                            *s = Stamp::Read(arrived.unwrap_or_else(Instant::now));
-                        }
+                        this.note.note(arrived.unwrap_or_else(Instant::now));
                     }
                     return Poll::Ready(Ok(()));
                 }
@@ -468,7 +506,7 @@ fn recv_stamped(
     Ok((n as usize, arrived))
 }
 
-impl AsyncWrite for Stamped {
+impl<N: NoteRead> AsyncWrite for Stamped<N> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
