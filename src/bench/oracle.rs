@@ -13,7 +13,9 @@
 //!
 //! States that reached the same request are ranked by their drops, each priced
 //! at `price` GPU-time, plus the GPU time already committed past that request's
-//! arrival; the best `beam` go on. A drop frees GPU time, so the price is what a
+//! arrival; the best `beam` distinct ones go on (many paths reach the same
+//! drops and GPU free times: copies are removed, as they would crowd the beam
+//! with one state). A drop frees GPU time, so the price is what a
 //! request is worth in GPU time: a few multiples of the least GPU time a request
 //! can cost (l(b)/b at the largest batch the SLO allows) are tried and the best
 //! schedule is kept. The result is a feasible schedule, so its bad rate is one a
@@ -33,8 +35,13 @@ use anyhow::{bail, Result};
 pub const MAX_GPUS: usize = 16;
 /// The widest beam accepted.
 pub const MAX_BEAM: usize = 4096;
-/// Bound on the search's memory: requests x beam (8 bytes each).
-const MAX_STATES: u64 = 400_000_000;
+/// Bound on the search's memory: requests x beam kept states (8 bytes each, for
+/// each of the [`PRICES`] searched at once: 1.6 GB at the bound).
+const MAX_STATES: u64 = 50_000_000;
+/// A slot of states waiting for their request is cut back to the beam when it
+/// holds this many beams (memory stays bounded by the beam whatever the
+/// largest batch).
+const SLOT_STATES: usize = 8;
 /// Multiples of the least GPU time per request tried as the price of a drop.
 pub const PRICES: [f64; 4] = [1.1, 1.2, 1.3, 1.4];
 
@@ -146,9 +153,38 @@ fn search(t: &Timing, arr: &[i64], beam: usize, price: f64) -> Vec<u16> {
         free: [i64::MIN / 4; MAX_GPUS],
     });
     let g = t.gpus;
-    let mut scored: Vec<(f64, State)> = Vec::new();
+    let price = price.round() as i64;
+    // Keeps the best `keep` distinct states of `v` at request `i`, ranked by
+    // their drops at `price` plus the GPU time they have committed past that
+    // request's arrival (past the end: by drops alone). Many paths reach the
+    // same state (the same drops and free times); one of each is kept, so the
+    // beam holds `keep` different ones.
+    let prune = |v: &mut Vec<State>, i: usize, keep: usize| {
+        let now = arr.get(i).copied().unwrap_or(i64::MAX / 4);
+        let key = |s: &State| {
+            let committed: i64 = s.free[..g].iter().map(|&f| (f - now).max(0)).sum();
+            s.drops as i64 * price + committed
+        };
+        // The best twice `keep` first (linear), then those sorted and the
+        // copies removed.
+        if v.len() > 2 * keep {
+            v.select_nth_unstable_by_key(2 * keep - 1, key);
+            v.truncate(2 * keep);
+        }
+        v.sort_unstable_by_key(key);
+        v.dedup_by(|a, b| a.drops == b.drops && a.free[..g] == b.free[..g]);
+        v.truncate(keep);
+    };
+    // Pushes `s` as a state at request `j` (see [`SLOT_STATES`]).
+    let push = |slots: &mut Vec<Vec<State>>, j: usize, s: State| {
+        let v = &mut slots[j % ring];
+        v.push(s);
+        if v.len() >= SLOT_STATES * beam {
+            prune(v, j, beam);
+        }
+    };
     for i in 0..=n {
-        let cur = std::mem::take(&mut slots[i % ring]);
+        let mut cur = std::mem::take(&mut slots[i % ring]);
         if i == n {
             let best = cur
                 .iter()
@@ -172,24 +208,20 @@ fn search(t: &Timing, arr: &[i64], beam: usize, price: f64) -> Vec<u16> {
             return out;
         }
         let now = arr[i];
-        scored.clear();
-        scored.extend(cur.into_iter().map(|s| {
-            let committed: i64 = s.free[..g].iter().map(|&f| (f - now).max(0)).sum();
-            (s.drops as f64 * price + committed as f64, s)
-        }));
-        if scored.len() > beam {
-            scored.select_nth_unstable_by(beam - 1, |a, b| a.0.total_cmp(&b.0));
-            scored.truncate(beam);
-        }
-        for &(_, s) in &scored {
+        prune(&mut cur, i, beam);
+        for s in cur {
             let id = arena.len() as u32;
             arena.push((s.parent, s.b));
-            slots[(i + 1) % ring].push(State {
-                drops: s.drops + 1,
-                parent: id,
-                b: 0,
-                ..s
-            });
+            push(
+                &mut slots,
+                i + 1,
+                State {
+                    drops: s.drops + 1,
+                    parent: id,
+                    b: 0,
+                    ..s
+                },
+            );
             let due = now + t.slo - t.resp;
             for b in 1..=bmax.min(n - i) {
                 let ready = arr[i + b - 1] + t.delay[b];
@@ -209,12 +241,16 @@ fn search(t: &Timing, arr: &[i64], beam: usize, price: f64) -> Vec<u16> {
                     k += 1;
                 }
                 free[k] = end;
-                slots[(i + b) % ring].push(State {
-                    drops: s.drops,
-                    parent: id,
-                    b: b as u16,
-                    free,
-                });
+                push(
+                    &mut slots,
+                    i + b,
+                    State {
+                        drops: s.drops,
+                        parent: id,
+                        b: b as u16,
+                        free,
+                    },
+                );
             }
         }
     }
