@@ -1294,11 +1294,8 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
     };
     if a.find_max {
         let so = SearchOptions::default();
-        let mut price = 0.0;
         let g = bench::goodput_search_with(&w, &o, &so, |oo| {
-            let run = oracle::oracle(&w, oo, a.beam)?;
-            price = run.price_ms;
-            Ok(run.result)
+            Ok(oracle::oracle(&w, oo, a.beam)?.result)
         })?;
         let p = bench::goodput_search(&w, &o, &so);
         if a.run.json {
