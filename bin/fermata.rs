@@ -1277,11 +1277,8 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         }
         o.rate_rps = r;
     }
-    // Check the workload and the beam before any long run.
-    let mut probe = o.clone();
-    probe.warmup = Dur::ZERO;
-    probe.duration = Dur::from_ms(1);
-    oracle::oracle(&w, &probe, a.beam)?;
+    // The workload and the beam, before any long run.
+    oracle::check(&w, a.beam)?;
     let row = |who: &str, r: &fermata::sim::RunResult, extra: &str| {
         println!(
             "{who:<10} {:>9.1} r/s  bad {:>7.3}%  batch p50 {:>3} p99 {:>3}  GPU busy {:>5.1}%{extra}",

@@ -183,30 +183,8 @@ fn search(t: &Timing, arr: &[i64], beam: usize, price: f64) -> Vec<u16> {
             prune(v, j, beam);
         }
     };
-    for i in 0..=n {
+    for i in 0..n {
         let mut cur = std::mem::take(&mut slots[i % ring]);
-        if i == n {
-            let best = cur
-                .iter()
-                .min_by_key(|s| s.drops)
-                .expect("dropping is always possible, so the end is reached");
-            if best.parent == u32::MAX {
-                // No request at all.
-                return Vec::new();
-            }
-            let mut out = vec![best.b];
-            let mut at = best.parent as usize;
-            loop {
-                let (parent, b) = arena[at];
-                if parent == u32::MAX {
-                    break;
-                }
-                out.push(b);
-                at = parent as usize;
-            }
-            out.reverse();
-            return out;
-        }
         let now = arr[i];
         prune(&mut cur, i, beam);
         for s in cur {
@@ -254,7 +232,19 @@ fn search(t: &Timing, arr: &[i64], beam: usize, price: f64) -> Vec<u16> {
             }
         }
     }
-    unreachable!("the loop returns at i == n")
+    // The fewest drops past the last request; its decisions, back to the root.
+    let best = slots[n % ring]
+        .iter()
+        .min_by_key(|s| s.drops)
+        .expect("dropping is always possible, so the end is reached");
+    let mut out = Vec::new();
+    let (mut parent, mut b) = (best.parent, best.b);
+    while parent != u32::MAX {
+        out.push(b);
+        (parent, b) = arena[parent as usize];
+    }
+    out.reverse();
+    out
 }
 
 /// Replays decisions on numbered GPUs (the earliest free, the lowest id on a tie)
@@ -317,14 +307,22 @@ fn replay(t: &Timing, w: &Workload, o: &RunOptions, arr: &[i64], plan: &[u16]) -
     }
 }
 
+/// Whether the search can take workload `w` with `beam` (one model, at most
+/// [`MAX_GPUS`] GPUs, a beam of 1 to [`MAX_BEAM`]); the run's own length is
+/// checked when it starts.
+pub fn check(w: &Workload, beam: usize) -> Result<()> {
+    if !(1..=MAX_BEAM).contains(&beam) {
+        bail!("the beam must be 1 to {MAX_BEAM} states, got {beam}");
+    }
+    Timing::new(w).map(|_| ())
+}
+
 /// The best schedule the search finds for the run `o` of the one-model workload
 /// `w` (its rate, arrivals, seed, warm-up and window), trying each of [`PRICES`]
 /// on its own thread. Execution times are the profile's, exactly (any
 /// `exec_jitter` of the workload is not modelled).
 pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
-    if !(1..=MAX_BEAM).contains(&beam) {
-        bail!("the beam must be 1 to {MAX_BEAM} states, got {beam}");
-    }
+    check(w, beam)?;
     let t = Timing::new(w)?;
     let wall = std::time::Instant::now();
     let arr = arrivals(w, o);

@@ -90,6 +90,12 @@ impl NoteRead for LastRead {
     }
 }
 
+impl LastRead {
+    fn latest(&self) -> Option<Instant> {
+        *self.0.lock().expect("last read lock")
+    }
+}
+
 /// A connection's [`LastRead`], in the extensions of every request on it
 /// (tonic's connect info).
 #[derive(Clone)]
@@ -97,7 +103,7 @@ struct ConnReads(Arc<LastRead>);
 
 impl ConnReads {
     fn latest(&self) -> Option<Instant> {
-        *self.0 .0.lock().expect("last read lock")
+        self.0.latest()
     }
 }
 
