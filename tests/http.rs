@@ -1623,14 +1623,33 @@ fn slow_heads_idle_connections_and_slow_bodies_time_out() {
 /// The issue's case: 1,100 idle connections to `fermata serve` under
 /// `ulimit -n 1024`. The cap (the limit less 128) keeps the process out of
 /// EMFILE, legitimate requests are served, and nothing floods the log.
+///
+/// The model (the default's profile and GPUs) has a generous SLO: the flood's
+/// accepts and evictions run on the same cores as the server, and a request that
+/// waits behind them in the accept queue spends its own deadline (its clock
+/// starts when its bytes arrive), which is right but not what this test is
+/// about. (With the default's 25 ms, one CI run of a debug build got 429
+/// "expired".)
 #[test]
 fn a_thousand_idle_connections_under_a_1024_file_limit_stop_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bin = env!("CARGO_BIN_EXE_fermata");
+    let dir = std::env::temp_dir().join(format!("fermata-flood-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wl = dir.join("w.toml");
+    std::fs::write(
+        &wl,
+        "name = \"flood\"\ngpus = 8\nrate_rps = 100\n[[models]]\nname = \"resnet50\"\n\
+         alpha_ms = 1.053\nbeta_ms = 5.072\nslo_ms = 400\ninput_bytes = 64\n",
+    )
+    .unwrap();
     let mut cmd = std::process::Command::new("sh");
     cmd.args([
         "-c",
-        &format!("ulimit -n 1024 && exec {bin} serve --http-port 0 --input-bytes 64"),
+        &format!(
+            "ulimit -n 1024 && exec {bin} serve --http-port 0 --workload {}",
+            wl.display()
+        ),
     ])
     .stderr(std::process::Stdio::piped());
     let (mut child, mut out, _kill, addr) = spawn_serve(cmd);
@@ -1671,4 +1690,5 @@ fn a_thousand_idle_connections_under_a_1024_file_limit_stop_nothing() {
     let warnings = err.lines().filter(|l| l.contains("WARN")).count();
     assert!(warnings <= 2, "{warnings} warnings:\n{err}");
     assert!(!err.contains("accepting connections fails"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
