@@ -53,6 +53,13 @@ pub struct BenchHttpArgs {
     /// Seed of the arrivals and the request inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Open this many keep-alive connections before each run's first request
+    /// and keep them in the client's pool (as wrk2's -c). By default (0) the
+    /// client opens connections as answers are outstanding, so a stall of the
+    /// server makes it open hundreds at once, which costs both processes CPU;
+    /// warm connections tell that apart from the stall itself.
+    #[arg(long, default_value_t = 0)]
+    warm_conns: usize,
     /// Print one JSON document (an array of rows) instead of a table.
     #[arg(long)]
     json: bool,
@@ -118,6 +125,13 @@ fn sweep_opts(a: &BenchHttpArgs) -> Result<SweepOpts> {
     if !(1..=REPS_MAX).contains(&a.reps) {
         bail!("--reps must be between 1 and {REPS_MAX}, got {}", a.reps);
     }
+    if a.warm_conns > http_load::CONNS_MAX {
+        bail!(
+            "--warm-conns must be at most {} (the client's connection limit), got {}",
+            http_load::CONNS_MAX,
+            a.warm_conns
+        );
+    }
     if let Some(p) = &a.policy {
         p.parse::<fermata::core::Policy>()
             .map_err(anyhow::Error::msg)
@@ -139,6 +153,7 @@ fn sweep_opts(a: &BenchHttpArgs) -> Result<SweepOpts> {
         policy: a.policy.clone(),
         serve_args: a.serve_args.clone(),
         seed: a.seed,
+        warm_conns: a.warm_conns,
     })
 }
 

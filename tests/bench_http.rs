@@ -29,6 +29,8 @@ fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
         "1",
         "--warmup-s",
         "0.5",
+        "--warm-conns",
+        "8",
         "--json",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -75,6 +77,8 @@ fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
     assert_eq!(ended, n("offered"), "{r}");
     assert_eq!(n("bad"), n("offered") - n("ok"), "{r}");
     assert!(r["latency_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+    // The warm connections were open before the first request, and count.
+    assert!(n("conns_opened") >= 8 && n("conns_peak") >= 8, "{r}");
     // The server's own report, warm-up included, saw at least what was counted.
     assert!(
         r["server"]["requests"].as_u64().unwrap() >= n("sent"),
@@ -99,6 +103,10 @@ fn bad_flags_fail_before_any_server_starts() {
         (&["--duration-s", "0"][..], "--duration-s"),
         (&["--warmup-s", "-1"][..], "--warmup-s"),
         (&["--reps", "0"][..], "--reps"),
+        (
+            &["--warm-conns", "5000"][..],
+            "--warm-conns must be at most 2048",
+        ),
         (
             &["--model", "nope"][..],
             "no such model in models (it has cnn, mlp, ranker)",

@@ -46,6 +46,8 @@ use tokio::net::TcpStream;
 /// The most connections the client keeps open at once; a request due when all
 /// are busy is not sent and counts as `conn_limit`.
 pub const CONNS_MAX: usize = 2048;
+/// Warm connections (`LoadSpec::warm_conns`) being opened at once.
+const WARM_PARALLEL: usize = 64;
 /// Worker threads of the client's runtime.
 pub const CLIENT_THREADS: usize = 2;
 /// After the last arrival, how long the client waits for the answers still
@@ -79,6 +81,13 @@ pub struct LoadSpec {
     pub warmup: Duration,
     pub duration: Duration,
     pub seed: u64,
+    /// Keep-alive connections opened before the first request and left in the
+    /// pool (as wrk2's `-c`): a burst of slow answers then finds open
+    /// connections instead of opening new ones (0: open them as needed).
+    pub warm_conns: usize,
+    /// The serving process, when it runs on this host: its CPU time is told
+    /// apart from others' in the bursts' figures.
+    pub server_pid: Option<u32>,
 }
 
 /// Counted requests by outcome.
@@ -134,6 +143,9 @@ struct Slot {
     /// the longest connect.
     conns_opened: u64,
     connect_max_us: u64,
+    /// CPU time the host spent on anything but the client and the server
+    /// (other processes, the kernel's own threads), ms; see [`CpuSampler`].
+    others_cpu_ms: u64,
 }
 
 /// Bad requests close together in time: where a run lost what it lost.
@@ -155,6 +167,10 @@ pub struct Burst {
     /// and the client retries after a second).
     pub conns_opened: u64,
     pub connect_max_ms: f64,
+    /// The most CPU time that neither the client nor the server used in one
+    /// slot of it or of the second before it, ms (of 100 ms × the host's
+    /// CPUs): another process or a kernel thread that took a core.
+    pub others_cpu_max_ms: f64,
 }
 
 /// The bursts of a timeline: runs of slots with bad requests, at most
@@ -188,6 +204,7 @@ fn bursts(slots: &[Slot]) -> Vec<Burst> {
                 conns_opened: before.iter().map(|s| s.conns_opened).sum(),
                 connect_max_ms: before.iter().map(|s| s.connect_max_us).max().unwrap_or(0) as f64
                     / 1e3,
+                others_cpu_max_ms: before.iter().map(|s| s.others_cpu_ms).max().unwrap_or(0) as f64,
             }
         })
         .collect()
@@ -235,6 +252,30 @@ async fn connect(addr: SocketAddr) -> std::result::Result<Conn, String> {
         let _ = conn.await;
     });
     Ok(tx)
+}
+
+/// `n` keep-alive connections to `addr`, opened [`WARM_PARALLEL`] at a time.
+async fn open_conns(addr: SocketAddr, n: usize) -> Result<Vec<Conn>> {
+    let mut out = Vec::with_capacity(n);
+    let mut set: tokio::task::JoinSet<std::result::Result<Conn, String>> =
+        tokio::task::JoinSet::new();
+    for i in 0..n {
+        if i >= WARM_PARALLEL {
+            let c = set.join_next().await.expect("a task is running");
+            out.push(
+                c.context("opening a warm connection")?
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+        set.spawn(connect(addr));
+    }
+    while let Some(c) = set.join_next().await {
+        out.push(
+            c.context("opening a warm connection")?
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
+    Ok(out)
 }
 
 /// One request on a fresh connection: (status, body).
@@ -501,6 +542,15 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         .enable_all()
         .build()
         .context("the HTTP client's runtime")?;
+    let conns_max = CONNS_MAX.min(fds.saturating_sub(64)).max(1);
+    if spec.warm_conns > conns_max {
+        bail!(
+            "{} warm connections asked for, but the client may keep {conns_max} open ({CONNS_MAX}, or the open-file limit less 64)",
+            spec.warm_conns
+        );
+    }
+    let warm = rt.block_on(open_conns(spec.addr, spec.warm_conns))?;
+    let n_warm = warm.len();
     let t0 = Instant::now() + Duration::from_millis(10);
     // The timeline covers the warm-up and the measured window (at most an hour of
     // 100-ms slots, 36,000 entries).
@@ -511,11 +561,11 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         path: format!("/v2/models/{}/infer", spec.model),
         slo: spec.slo,
         t0,
-        conns_max: CONNS_MAX.min(fds.saturating_sub(64)).max(1),
-        idle: Mutex::new(Vec::new()),
-        open: AtomicUsize::new(0),
-        peak: AtomicUsize::new(0),
-        opened: AtomicU64::new(0),
+        conns_max,
+        idle: Mutex::new(warm),
+        open: AtomicUsize::new(n_warm),
+        peak: AtomicUsize::new(n_warm),
+        opened: AtomicU64::new(n_warm as u64),
         in_flight: AtomicUsize::new(0),
         acc: Mutex::new(Acc {
             c: LoadCounts::default(),
@@ -524,6 +574,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
             slots: vec![Slot::default(); n_slots],
         }),
     });
+    let sampler = CpuSampler::start(t0, spec.server_pid);
     let mut gen = ArrivalGen::new(spec.arrival, spec.rate_rps, vec![], spec.seed, false);
     let win = Time::ZERO + crate::core::Dur::from_secs_f64(spec.warmup.as_secs_f64());
     let horizon = win + crate::core::Dur::from_secs_f64(spec.duration.as_secs_f64());
@@ -559,6 +610,9 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
     };
     for (s, &p) in slots.iter_mut().zip(&pace_late) {
         s.pace_late_max_us = p;
+    }
+    for (s, o) in slots.iter_mut().zip(sampler.finish()) {
+        s.others_cpu_ms = o;
     }
     rt.shutdown_background();
     counts.offered = offered;
@@ -678,6 +732,84 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     Some((all, *v.get(7)?))
 }
 
+/// The host's CPU time in processes and kernel threads from /proc/stat (user,
+/// nice, system; not interrupts, whose softirq time is mostly the client's and
+/// the server's loopback traffic, nor idle, iowait or steal), in ticks.
+fn busy_ticks() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = s.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(
+        [0, 1, 2]
+            .iter()
+            .map(|&i| v.get(i).copied().unwrap_or(0))
+            .sum(),
+    )
+}
+
+/// A process's CPU time (user + system, all its threads), in ticks.
+fn proc_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces), from `state`.
+    let rest = &s[s.rfind(')')? + 2..];
+    let v: Vec<&str> = rest.split_whitespace().collect();
+    Some(v.get(11)?.parse::<u64>().ok()? + v.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Reads, once a [`SLOT`] on its own thread, how much CPU time the host spent
+/// beside the client (this process) and the server: a burst that follows
+/// another process's or a kernel thread's CPU use is the host's, not the
+/// server's. Tick-grained (10 ms on Linux), so a slot's figure is a multiple of
+/// that; 0 where /proc cannot be read.
+struct CpuSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<u64>>,
+}
+
+impl CpuSampler {
+    fn start(t0: Instant, server: Option<u32>) -> CpuSampler {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = stop.clone();
+        // SAFETY: sysconf has no preconditions.
+        let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let me = std::process::id();
+        let thread = std::thread::spawn(move || {
+            let read = || {
+                let server = server.map_or(Some(0), proc_ticks);
+                Some((busy_ticks()?, proc_ticks(me)?, server?))
+            };
+            let mut out = Vec::new();
+            let mut last = read();
+            let mut next = t0 + SLOT;
+            while !halt.load(Ordering::Relaxed) {
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                next += SLOT;
+                let now = read();
+                let others = match (last, now) {
+                    (Some((b0, c0, s0)), Some((b1, c1, s1))) => b1
+                        .saturating_sub(b0)
+                        .saturating_sub(c1.saturating_sub(c0))
+                        .saturating_sub(s1.saturating_sub(s0)),
+                    _ => 0,
+                };
+                out.push(others * 1000 / tck);
+                last = now;
+            }
+            out
+        });
+        CpuSampler { stop, thread }
+    }
+
+    /// Stops the thread; the others' CPU time per slot, ms.
+    fn finish(self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
 /// Steal as a percentage of the CPU time between two [`cpu_ticks`] readings.
 fn steal_pct(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
     let ((a0, s0), (a1, s1)) = (before?, after?);
@@ -703,6 +835,8 @@ pub struct SweepOpts {
     /// More arguments for every `fermata serve`.
     pub serve_args: Vec<String>,
     pub seed: u64,
+    /// [`LoadSpec::warm_conns`] of every run.
+    pub warm_conns: usize,
 }
 
 /// How long a server may take to print its address and to be ready.
@@ -774,6 +908,8 @@ fn run_one(
             warmup: o.warmup,
             duration: o.duration,
             seed,
+            warm_conns: o.warm_conns,
+            server_pid: Some(p.child.id()),
         })
     });
     let host_steal_pct = steal_pct(ticks, cpu_ticks());
@@ -939,8 +1075,8 @@ pub fn why_bad(r: &Row) -> String {
     );
     for b in r.bursts.iter().take(SHOWN) {
         s += &format!(
-            "\n    {:6.1}-{:<6.1} s: {} bad of {}, latency max {:.1} ms, client pacing late max {:.1} ms, {} connection(s) opened (longest connect {:.1} ms)",
-            b.from_s, b.to_s, b.bad, b.requests, b.latency_max_ms, b.pace_late_max_ms, b.conns_opened, b.connect_max_ms
+            "\n    {:6.1}-{:<6.1} s: {} bad of {}, latency max {:.1} ms, client pacing late max {:.1} ms, {} connection(s) opened (longest connect {:.1} ms), others' CPU max {:.0} ms per 100 ms",
+            b.from_s, b.to_s, b.bad, b.requests, b.latency_max_ms, b.pace_late_max_ms, b.conns_opened, b.connect_max_ms, b.others_cpu_max_ms
         );
     }
     if r.bursts.len() > SHOWN {
@@ -1066,6 +1202,7 @@ mod tests {
             40
         ];
         slots[3].pace_late_max_us = 7_000;
+        slots[5].others_cpu_ms = 40;
         slots[11].conns_opened = 4;
         slots[11].connect_max_us = 1_020_000;
         slots[12].bad = 2;
@@ -1083,7 +1220,32 @@ mod tests {
         assert_eq!((b[1].conns_opened, b[1].connect_max_ms), (0, 0.0));
         assert_eq!((b[1].requests, b[1].bad), (10, 5));
         assert_eq!(b[1].pace_late_max_ms, 0.0);
+        assert_eq!(
+            (b[0].others_cpu_max_ms, b[1].others_cpu_max_ms),
+            (40.0, 0.0)
+        );
         assert!(bursts(&[Slot::default(); 5]).is_empty());
+    }
+
+    /// The sampler's readings: this process's CPU time grows as it spins, and a
+    /// process that does not exist reads as None.
+    #[test]
+    fn cpu_time_is_read_per_process() {
+        let me = std::process::id();
+        let a = proc_ticks(me).expect("this process's /proc/PID/stat");
+        // Spin until a tick is charged (tests share the cores), 5 s at most.
+        let t = Instant::now();
+        while proc_ticks(me).unwrap() == a && t.elapsed() < Duration::from_secs(5) {
+            for i in 0..100_000u64 {
+                std::hint::black_box(i);
+            }
+        }
+        assert!(proc_ticks(me).unwrap() > a);
+        assert!(busy_ticks().unwrap() > 0);
+        assert_eq!(proc_ticks(u32::MAX), None);
+        let s = CpuSampler::start(Instant::now(), None);
+        std::thread::sleep(Duration::from_millis(350));
+        assert!(s.finish().len() >= 3);
     }
 
     #[test]
