@@ -718,36 +718,33 @@ pub struct Row {
     pub server: Option<ServerFigures>,
 }
 
-/// The host's CPU time from the first line of /proc/stat: (all, steal), in ticks.
-fn cpu_ticks() -> Option<(u64, u64)> {
+/// The first line of /proc/stat: the host's CPU time by kind (user nice
+/// system idle iowait irq softirq steal guest guest_nice), in ticks.
+fn host_ticks() -> Option<Vec<u64>> {
     let s = std::fs::read_to_string("/proc/stat").ok()?;
     let line = s.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    // user nice system idle iowait irq softirq steal [guest guest_nice, already
-    // counted in user and nice].
-    let all = v.iter().take(8).sum();
-    Some((all, *v.get(7)?))
+    line.split_whitespace().map(|x| x.parse().ok()).collect()
 }
 
-/// The host's CPU time in processes and kernel threads from /proc/stat (user,
-/// nice, system; not interrupts, whose softirq time is mostly the client's and
-/// the server's loopback traffic, nor idle, iowait or steal), in ticks.
+/// The host's CPU time: (all, steal), in ticks (guest and guest_nice are
+/// already counted in user and nice).
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let v = host_ticks()?;
+    Some((v.iter().take(8).sum(), *v.get(7)?))
+}
+
+/// Steal as a percentage of the CPU time between two [`cpu_ticks`] readings.
+fn steal_pct(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((a0, s0), (a1, s1)) = (before?, after?);
+    let all = a1.checked_sub(a0).filter(|&d| d > 0)?;
+    Some(100.0 * s1.saturating_sub(s0) as f64 / all as f64)
+}
+
+/// The host's CPU time in processes and kernel threads (user, nice, system;
+/// not interrupts, whose softirq time is mostly the client's and the server's
+/// loopback traffic, nor idle, iowait or steal), in ticks.
 fn busy_ticks() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = s.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    Some(
-        [0, 1, 2]
-            .iter()
-            .map(|&i| v.get(i).copied().unwrap_or(0))
-            .sum(),
-    )
+    Some(host_ticks()?.iter().take(3).sum())
 }
 
 /// A process's CPU time (user + system, all its threads), in ticks.
@@ -766,7 +763,7 @@ fn proc_ticks(pid: u32) -> Option<u64> {
 /// that; 0 where /proc cannot be read.
 struct CpuSampler {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<u64>>,
+    thread: Option<std::thread::JoinHandle<Vec<u64>>>,
 }
 
 impl CpuSampler {
@@ -800,21 +797,27 @@ impl CpuSampler {
             }
             out
         });
-        CpuSampler { stop, thread }
+        CpuSampler {
+            stop,
+            thread: Some(thread),
+        }
     }
 
     /// Stops the thread; the others' CPU time per slot, ms.
-    fn finish(self) -> Vec<u64> {
+    fn finish(mut self) -> Vec<u64> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or_default()
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
     }
 }
 
-/// Steal as a percentage of the CPU time between two [`cpu_ticks`] readings.
-fn steal_pct(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
-    let ((a0, s0), (a1, s1)) = (before?, after?);
-    let all = a1.checked_sub(a0).filter(|&d| d > 0)?;
-    Some(100.0 * s1.saturating_sub(s0) as f64 / all as f64)
+impl Drop for CpuSampler {
+    /// A run that ends early (a panic) does not leave the thread reading /proc.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The sweep: every model × rate × repetition, each on a fresh server.
