@@ -223,6 +223,33 @@ pub fn moved(now: Dur, last: Dur, floor: Dur) -> bool {
 /// Samples that arrive this close to the first of a burst count as one.
 pub const BURST: Dur = Dur(200_000);
 
+/// A budget read once a period that rises only on two readings in a row: what
+/// it gives is the lower of the latest reading and the one before (the first
+/// reading gives nothing).
+///
+/// Why: [`Delays`] counts a stall's queued-up samples once, but a stall of the
+/// host that slows every hand-off for a few hundred milliseconds is many
+/// samples spread over time, and at thousands of requests per second they
+/// fill the window: the response margin rose from 3.5 ms to its 5 ms cap in the
+/// second of such a stall, and every queued request's budget shrank by the
+/// difference while it lasted (the front door's bursts, docs/results.md). The
+/// stall's answers are late whatever the margin; raising it then only costs
+/// the requests after it. A lasting rise still comes through one period later,
+/// and a fall at once.
+#[derive(Debug, Clone, Default)]
+pub struct RiseFilter {
+    prev: Option<Dur>,
+}
+
+impl RiseFilter {
+    /// The budget to go by after reading `now`.
+    pub fn next(&mut self, now: Dur) -> Option<Dur> {
+        let out = self.prev.map(|p| p.min(now));
+        self.prev = Some(now);
+        out
+    }
+}
+
 /// Quantiles of the body of a delay distribution and how far beyond each its
 /// tail may reach ([`Delays::tail`]): an exponential delay has p99.9 = 3 × p90
 /// = 1.5 × p99, and a constant part only lowers the ratios.
@@ -292,6 +319,21 @@ impl Delays {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-period spike is not given; a lasting rise is, a period late; a
+    /// fall is given at once.
+    #[test]
+    fn a_budget_rises_on_two_readings_in_a_row() {
+        let mut f = RiseFilter::default();
+        let us = Dur::from_us;
+        assert_eq!(f.next(us(5000)), None);
+        assert_eq!(f.next(us(1200)), Some(us(1200)));
+        assert_eq!(f.next(us(5000)), Some(us(1200)));
+        assert_eq!(f.next(us(1300)), Some(us(1300)));
+        assert_eq!(f.next(us(2000)), Some(us(1300)));
+        assert_eq!(f.next(us(2100)), Some(us(2000)));
+        assert_eq!(f.next(us(900)), Some(us(900)));
+    }
 
     #[test]
     fn offset_from_the_fastest_probe() {

@@ -16,7 +16,7 @@ use super::requests::Client;
 use super::Ended;
 use crate::core::Dur;
 use crate::metrics::{Counter, Gauge};
-use crate::node::clock::{moved, SchedClock};
+use crate::node::clock::{moved, RiseFilter, SchedClock};
 use crate::node::proto::ledger::{Answer, Orphan, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::MARGIN_FLOOR;
@@ -79,6 +79,8 @@ pub(super) struct Loop {
     pub(super) submit: Vec<SubmitTask>,
     /// The response margins last reported to the scheduler, per model.
     margins_sent: Vec<Dur>,
+    /// Per model: its margin rises on two readings in a row only.
+    margins_filter: Vec<RiseFilter>,
     pub(super) report: FrontendReport,
     _server: Box<dyn RegionServer>,
     _listener: Box<dyn Listener>,
@@ -118,6 +120,7 @@ impl Loop {
             orphans: Vec::new(),
             submit: Vec::new(),
             margins_sent: vec![Dur::ZERO; nm],
+            margins_filter: vec![RiseFilter::default(); nm],
             report: FrontendReport::default(),
             _server: links.server,
             _listener: links.listener,
@@ -291,8 +294,9 @@ impl Loop {
     }
 
     /// Tells the scheduler the models' response margins (the tail of what the
-    /// clients recorded, stall-robust) that moved by more than 10% (or 20 us)
-    /// since they were last told.
+    /// clients recorded, stall-robust, rising only on two readings in a row:
+    /// [`RiseFilter`]) that moved by more than 10% (or 20 us) since they were
+    /// last told.
     fn report_margins(&mut self) {
         let mut items = Vec::new();
         for (i, m) in self.state.margins.iter().enumerate() {
@@ -302,6 +306,9 @@ impl Loop {
                     continue;
                 }
                 Dur(d.tail(NET_QUANTILE))
+            };
+            let Some(tail) = self.margins_filter[i].next(tail) else {
+                continue;
             };
             let last = self.margins_sent[i];
             if moved(tail, last, MARGIN_FLOOR) {
