@@ -311,10 +311,15 @@ fn replay(t: &Timing, w: &Workload, o: &RunOptions, arr: &[i64], plan: &[u16]) -
 /// [`MAX_GPUS`] GPUs, a beam of 1 to [`MAX_BEAM`]); the run's own length is
 /// checked when it starts.
 pub fn check(w: &Workload, beam: usize) -> Result<()> {
+    check_beam(beam)?;
+    Timing::new(w).map(|_| ())
+}
+
+fn check_beam(beam: usize) -> Result<()> {
     if !(1..=MAX_BEAM).contains(&beam) {
         bail!("the beam must be 1 to {MAX_BEAM} states, got {beam}");
     }
-    Timing::new(w).map(|_| ())
+    Ok(())
 }
 
 /// The best schedule the search finds for the run `o` of the one-model workload
@@ -322,7 +327,7 @@ pub fn check(w: &Workload, beam: usize) -> Result<()> {
 /// on its own thread. Execution times are the profile's, exactly (any
 /// `exec_jitter` of the workload is not modelled).
 pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
-    check(w, beam)?;
+    check_beam(beam)?;
     let t = Timing::new(w)?;
     let wall = std::time::Instant::now();
     let arr = arrivals(w, o);

@@ -96,21 +96,12 @@ impl LastRead {
     }
 }
 
-/// A connection's [`LastRead`], in the extensions of every request on it
+/// A connection's [`LastRead`] is in the extensions of every request on it
 /// (tonic's connect info).
-#[derive(Clone)]
-struct ConnReads(Arc<LastRead>);
-
-impl ConnReads {
-    fn latest(&self) -> Option<Instant> {
-        self.0.latest()
-    }
-}
-
 impl Connected for Stamped<LastRead> {
-    type ConnectInfo = ConnReads;
-    fn connect_info(&self) -> ConnReads {
-        ConnReads(self.note().clone())
+    type ConnectInfo = Arc<LastRead>;
+    fn connect_info(&self) -> Arc<LastRead> {
+        self.note().clone()
     }
 }
 
@@ -132,8 +123,8 @@ struct Received(Instant);
 fn stamp_headers(mut r: Request<()>) -> Result<Request<()>, Status> {
     let at = r
         .extensions()
-        .get::<ConnReads>()
-        .and_then(ConnReads::latest)
+        .get::<Arc<LastRead>>()
+        .and_then(|r| r.latest())
         .unwrap_or_else(Instant::now);
     r.extensions_mut().insert(Received(at));
     Ok(r)
@@ -663,7 +654,7 @@ impl GrpcInferenceService for Arc<Svc> {
     ) -> Result<Response<InferStream>, Status> {
         // Each message is stamped with its connection's latest read when it
         // is decoded (it came in that read or an earlier one).
-        let reads = r.extensions().get::<ConnReads>().cloned();
+        let reads = r.extensions().get::<Arc<LastRead>>().cloned();
         let mut inbound = r.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
         let svc = self.clone();
@@ -680,7 +671,7 @@ impl GrpcInferenceService for Arc<Svc> {
                 };
                 let received = reads
                     .as_ref()
-                    .and_then(ConnReads::latest)
+                    .and_then(|r| r.latest())
                     .unwrap_or_else(Instant::now);
                 let Ok(permit) = slots.clone().acquire_owned().await else {
                     break;
