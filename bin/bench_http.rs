@@ -4,6 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fermata::harness::http_load::{self, SweepOpts};
+use fermata::harness::stall::{StallSpec, Staller};
 use fermata::repo::ModelMeta;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -60,6 +61,13 @@ pub struct BenchHttpArgs {
     /// warm connections tell that apart from the stall itself.
     #[arg(long, default_value_t = 0)]
     warm_conns: usize,
+    /// Inject host stalls into every run's measured window: MS@S stalls every
+    /// CPU for MS milliseconds every S seconds (one real-time thread per CPU
+    /// spins; needs root or CAP_SYS_NICE), as a hypervisor that deschedules
+    /// the machine would. Each run then reports the stalls, so the bad requests
+    /// per stall can be compared between builds and settings.
+    #[arg(long, value_name = "MS@S")]
+    stall: Option<String>,
     /// Print one JSON document (an array of rows) instead of a table.
     #[arg(long)]
     json: bool,
@@ -154,12 +162,22 @@ fn sweep_opts(a: &BenchHttpArgs) -> Result<SweepOpts> {
         serve_args: a.serve_args.clone(),
         seed: a.seed,
         warm_conns: a.warm_conns,
+        stall: a
+            .stall
+            .as_deref()
+            .map(|s| s.parse::<StallSpec>().map_err(anyhow::Error::msg))
+            .transpose()
+            .context("--stall")?,
     })
 }
 
 pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
     let o = sweep_opts(&a)?;
     let exe = std::env::current_exe().context("the path of this binary")?;
+    if let Some(spec) = o.stall {
+        // Before any server starts: can this process stall the machine at all?
+        Staller::start(spec, Duration::MAX / 2, Duration::ZERO)?.stop();
+    }
     eprintln!(
         "fermata bench http: {} model(s) of {} x {} rate(s) x {} rep(s), {:.1}+{:.1} s each, policy {}, a fresh `fermata serve --executor onnx` per run",
         o.models.len(),
@@ -182,6 +200,12 @@ pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
             r.latency_p99_ms,
             r.client_lag_p99_ms
         );
+        if let Some(n) = r.stalls {
+            eprintln!(
+                "    {n} stall(s) injected: {:.1} bad per stall",
+                r.bad as f64 / n.max(1) as f64
+            );
+        }
         if r.bad > 0 {
             eprintln!("{}", http_load::why_bad(r));
         }

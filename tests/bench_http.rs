@@ -112,6 +112,8 @@ fn bad_flags_fail_before_any_server_starts() {
             "no such model in models (it has cnn, mlp, ranker)",
         ),
         (&["--policy", "bogus"][..], "--policy"),
+        (&["--stall", "20"][..], "expected MS@S"),
+        (&["--stall", "300@0.5"][..], "at most 50% of the time"),
         (&["--models", "no/such/dir"][..], "no/such/dir"),
     ] {
         let out = fermata(args);
@@ -119,5 +121,37 @@ fn bad_flags_fail_before_any_server_starts() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
         assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+/// `--stall`: where this process may run real-time threads (root), each run
+/// reports the stalls injected into its measured window (warm-up 0.5 s, window
+/// 1 s, one per 0.3 s: at 0.8, 1.1 and 1.4 s); elsewhere the sweep stops
+/// before any server starts and says why.
+#[test]
+fn injected_stalls_are_counted_or_refused_clearly() {
+    let out = fermata(&[
+        "--models",
+        "models",
+        "--model",
+        "mlp",
+        "--rates",
+        "50",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0.5",
+        "--stall",
+        "2@0.3",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v[0]["stalls"], 3, "{v}");
+        assert!(stderr.contains("3 stall(s) injected"), "{stderr}");
+    } else {
+        assert!(stderr.contains("SCHED_FIFO"), "{stderr}");
+        assert!(!stderr.contains("rep 1"), "a run started: {stderr}");
     }
 }

@@ -23,6 +23,7 @@
 use crate::arrivals::ArrivalGen;
 use crate::core::Time;
 use crate::harness::procs::Proc;
+use crate::harness::stall::{StallSpec, Staller};
 use crate::node::http::decode_elems;
 use crate::repo::ModelMeta;
 use crate::workload::Arrival;
@@ -714,6 +715,8 @@ pub struct Row {
     /// The share of the host's CPU time stolen by the hypervisor during the run
     /// (`steal` of /proc/stat; None where it cannot be read).
     pub host_steal_pct: Option<f64>,
+    /// The stalls injected during the load (`--stall`; None without it).
+    pub stalls: Option<u64>,
     /// The server's report; None when it printed none.
     pub server: Option<ServerFigures>,
 }
@@ -840,6 +843,8 @@ pub struct SweepOpts {
     pub seed: u64,
     /// [`LoadSpec::warm_conns`] of every run.
     pub warm_conns: usize,
+    /// Stalls injected into every run's load ([`super::stall`]), if any.
+    pub stall: Option<StallSpec>,
 }
 
 /// How long a server may take to print its address and to be ready.
@@ -900,8 +905,14 @@ fn run_one(
 ) -> Result<Row> {
     let (p, addr) = start_server(exe, o)?;
     let ticks = cpu_ticks();
+    let mut stalls = None;
     let load = wait_ready(addr, &m.name, START_TIMEOUT).and_then(|_| {
-        run_load(&LoadSpec {
+        // From the load's start: the server's start-up is not stalled.
+        let staller = o
+            .stall
+            .map(|spec| Staller::start(spec, o.warmup, o.warmup + o.duration))
+            .transpose()?;
+        let r = run_load(&LoadSpec {
             addr,
             model: m.name.clone(),
             bodies: infer_bodies(m, seed),
@@ -913,7 +924,9 @@ fn run_one(
             seed,
             warm_conns: o.warm_conns,
             server_pid: Some(p.child.id()),
-        })
+        });
+        stalls = staller.map(Staller::stop);
+        r
     });
     let host_steal_pct = steal_pct(ticks, cpu_ticks());
     let report = p.stop(STOP_GRACE);
@@ -937,6 +950,7 @@ fn run_one(
         bursts: r.bursts,
         pace_late_max_ms: r.pace_late_max_ms,
         host_steal_pct,
+        stalls,
         server,
     })
 }
@@ -1189,6 +1203,7 @@ mod tests {
             bursts: vec![],
             pace_late_max_ms: 0.0,
             host_steal_pct: None,
+            stalls: None,
             server: None,
         }
     }

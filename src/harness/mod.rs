@@ -14,3 +14,4 @@ pub mod fake;
 pub mod http_load;
 pub mod loadgen;
 pub mod procs;
+pub mod stall;

@@ -206,6 +206,31 @@ pub fn set_thread_nice(nice: i32) -> bool {
     }
 }
 
+/// Puts the calling thread in the real-time FIFO class at `priority` (1-99): it
+/// then runs ahead of every ordinary thread on its CPU until it sleeps. Needs
+/// CAP_SYS_NICE (root); fails with the OS error otherwise, and on platforms
+/// other than Linux.
+pub fn set_thread_fifo(priority: i32) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: pid 0 means the calling thread; `param` is a valid sched_param.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).with_context(|| {
+                format!("cannot run a thread at real-time priority {priority} (SCHED_FIFO needs root or CAP_SYS_NICE)")
+            });
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        bail!("cannot run a thread at real-time priority {priority}: only supported on Linux")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
