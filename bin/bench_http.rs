@@ -176,7 +176,8 @@ pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
     let exe = std::env::current_exe().context("the path of this binary")?;
     if let Some(spec) = o.stall {
         // Before any server starts: can this process stall the machine at all?
-        Staller::start(spec, Duration::MAX / 2, Duration::ZERO)?.stop();
+        let now = std::time::Instant::now();
+        Staller::start(spec, now, now)?.stop();
     }
     eprintln!(
         "fermata bench http: {} model(s) of {} x {} rate(s) x {} rep(s), {:.1}+{:.1} s each, policy {}, a fresh `fermata serve --executor onnx` per run",

@@ -89,6 +89,8 @@ pub struct LoadSpec {
     /// The serving process, when it runs on this host: its CPU time is told
     /// apart from others' in the bursts' figures.
     pub server_pid: Option<u32>,
+    /// Stalls injected into the measured window ([`super::stall`]), if any.
+    pub stall: Option<StallSpec>,
 }
 
 /// Counted requests by outcome.
@@ -224,6 +226,8 @@ pub struct LoadResult {
     pub bursts: Vec<Burst>,
     /// How late the pacing thread sent at most over the run, ms.
     pub pace_late_max_ms: f64,
+    /// The stalls injected ([`LoadSpec::stall`]; None without).
+    pub stalls: Option<u64>,
 }
 
 fn hist() -> Histogram<u64> {
@@ -576,6 +580,10 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         }),
     });
     let sampler = CpuSampler::start(t0, spec.server_pid);
+    let staller = spec
+        .stall
+        .map(|st| Staller::start(st, t0 + spec.warmup, t0 + spec.warmup + spec.duration))
+        .transpose()?;
     let mut gen = ArrivalGen::new(spec.arrival, spec.rate_rps, vec![], spec.seed, false);
     let win = Time::ZERO + crate::core::Dur::from_secs_f64(spec.warmup.as_secs_f64());
     let horizon = win + crate::core::Dur::from_secs_f64(spec.duration.as_secs_f64());
@@ -601,6 +609,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         i += 1;
         rt.spawn(sh.clone().one(due, counted, body));
     }
+    let stalls = staller.map(Staller::stop);
     let end = Instant::now() + DRAIN;
     while sh.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
@@ -634,6 +643,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         conns_peak: sh.peak.load(Ordering::Relaxed),
         bursts: bursts(&slots),
         pace_late_max_ms: pace_late.iter().copied().max().unwrap_or(0) as f64 / 1e3,
+        stalls,
     })
 }
 
@@ -905,14 +915,8 @@ fn run_one(
 ) -> Result<Row> {
     let (p, addr) = start_server(exe, o)?;
     let ticks = cpu_ticks();
-    let mut stalls = None;
     let load = wait_ready(addr, &m.name, START_TIMEOUT).and_then(|_| {
-        // From the load's start: the server's start-up is not stalled.
-        let staller = o
-            .stall
-            .map(|spec| Staller::start(spec, o.warmup, o.warmup + o.duration))
-            .transpose()?;
-        let r = run_load(&LoadSpec {
+        run_load(&LoadSpec {
             addr,
             model: m.name.clone(),
             bodies: infer_bodies(m, seed),
@@ -924,9 +928,8 @@ fn run_one(
             seed,
             warm_conns: o.warm_conns,
             server_pid: Some(p.child.id()),
-        });
-        stalls = staller.map(Staller::stop);
-        r
+            stall: o.stall,
+        })
     });
     let host_steal_pct = steal_pct(ticks, cpu_ticks());
     let report = p.stop(STOP_GRACE);
@@ -950,7 +953,7 @@ fn run_one(
         bursts: r.bursts,
         pace_late_max_ms: r.pace_late_max_ms,
         host_steal_pct,
-        stalls,
+        stalls: r.stalls,
         server,
     })
 }

@@ -76,17 +76,17 @@ pub struct Staller {
 
 impl Staller {
     /// Starts one stalling thread on each CPU this process may use. The stalls
-    /// start at `from + k * spec.every` from now (k = 1, 2, ...) as long as that
-    /// is at most `until`. Fails, with nothing left running, when a thread
-    /// cannot be pinned or made real-time.
-    pub fn start(spec: StallSpec, from: Duration, until: Duration) -> Result<Staller> {
+    /// start at `from + k * spec.every` (k = 1, 2, ...) as long as that is
+    /// before `until` (none when `until` comes first: a check that the threads
+    /// can be made). Fails, with nothing left running, when a thread cannot be
+    /// pinned or made real-time.
+    pub fn start(spec: StallSpec, from: Instant, until: Instant) -> Result<Staller> {
         let cpus = crate::runtime::pin::allowed_cpus();
         if cpus.is_empty() {
             bail!("--stall: cannot tell which CPUs this process may use");
         }
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicU64::new(0));
-        let t0 = Instant::now();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let mut s = Staller {
             stop: stop.clone(),
@@ -105,8 +105,7 @@ impl Staller {
                     if ok {
                         let times = (1u32..)
                             .map(|k| from + spec.every * k)
-                            .take_while(|&t| t <= until)
-                            .map(|t| t0 + t);
+                            .take_while(|&t| t < until);
                         stall_loop(times, spec.len, &stop, (i == 0).then_some(&*done));
                     }
                 })
@@ -212,13 +211,13 @@ mod tests {
             every: Duration::from_millis(40),
         };
         let t0 = Instant::now();
-        // Stalls at 40, 80, ..., 200 ms: none before `from` = 0, none after
-        // `until` = 200 ms, however late the sleep ends.
-        match Staller::start(spec, Duration::ZERO, Duration::from_millis(200)) {
+        // Stalls at 40, 80, 120 and 160 ms: none at or after `until` = 200 ms,
+        // however late the sleep ends.
+        match Staller::start(spec, t0, t0 + Duration::from_millis(200)) {
             Ok(s) => {
                 std::thread::sleep(Duration::from_millis(300));
                 assert!(t0.elapsed() >= Duration::from_millis(300));
-                assert_eq!(s.stop(), 5);
+                assert_eq!(s.stop(), 4);
             }
             Err(e) => {
                 let e = format!("{e:#}");
