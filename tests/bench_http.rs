@@ -1,6 +1,6 @@
 //! `fermata bench http` as a process: a short sweep of one shipped model gives a
 //! JSON row with answered requests and every field; bad flags fail clearly
-//! before any server starts. Needs ONNX Runtime (`scripts/setup.sh`), as the
+//! before any server starts; injected stalls are counted. Needs ONNX Runtime (`scripts/setup.sh`), as the
 //! `serve --executor onnx` it starts does.
 
 use serde_json::Value;
@@ -16,9 +16,10 @@ fn fermata(args: &[&str]) -> Output {
         .expect("run fermata")
 }
 
-#[test]
-fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
-    let out = fermata(&[
+/// One run of mlp at 50 r/s, 0.5 s of warm-up and 1 s measured, JSON out,
+/// with `extra` flags.
+fn short_sweep(extra: &[&str]) -> Output {
+    let mut args = vec![
         "--models",
         "models",
         "--model",
@@ -29,10 +30,15 @@ fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
         "1",
         "--warmup-s",
         "0.5",
-        "--warm-conns",
-        "8",
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    fermata(&args)
+}
+
+#[test]
+fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
+    let out = short_sweep(&["--warm-conns", "8"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let v: Value = serde_json::from_slice(&out.stdout)
@@ -130,21 +136,7 @@ fn bad_flags_fail_before_any_server_starts() {
 /// before any server starts and says why.
 #[test]
 fn injected_stalls_are_counted_or_refused_clearly() {
-    let out = fermata(&[
-        "--models",
-        "models",
-        "--model",
-        "mlp",
-        "--rates",
-        "50",
-        "--duration-s",
-        "1",
-        "--warmup-s",
-        "0.5",
-        "--stall",
-        "2@0.3",
-        "--json",
-    ]);
+    let out = short_sweep(&["--stall", "2@0.3"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
         let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
