@@ -151,6 +151,11 @@ pub(in crate::node) fn listen_std(addr: &str) -> std::io::Result<std::net::TcpLi
     if unsafe { libc::listen(l.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    // Accepted sockets inherit it, and the kernel stamps packets from now on:
+    // a request whose bytes came while its connection waited in the accept
+    // queue is charged with that wait too (asked on each connection alone,
+    // its first bytes had no stamp and the SLO started when they were read).
+    note_arrivals(&l);
     l.set_nonblocking(true)?;
     Ok(l)
 }
@@ -580,5 +585,40 @@ mod tests {
             .map(|b| unsafe { b.assume_init() })
             .collect();
         assert_eq!(got, b"GET / HTTP/1.1\r\n");
+    }
+
+    /// A request sent on a connection that waits in the accept queue is
+    /// stamped with when its bytes came, not when the connection was accepted.
+    #[test]
+    fn bytes_that_waited_for_accept_are_stamped_with_their_arrival() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let l = listen_std("127.0.0.1:0").unwrap();
+        l.set_nonblocking(false).unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 64];
+        // Wait for the kernel's deferred switch to receive timestamps.
+        let t0 = Instant::now();
+        loop {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.write_all(b"x").unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+            let (s, _) = l.accept().unwrap();
+            if recv_stamped(s.as_raw_fd(), &mut buf).unwrap().1.is_some() {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no timestamps came");
+        }
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        let (s, _) = l.accept().unwrap();
+        let (n, at) = recv_stamped(s.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(n, 16);
+        let waited = at.expect("a receive timestamp before accept").elapsed();
+        assert!(
+            waited >= Duration::from_millis(55) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
     }
 }
