@@ -262,23 +262,20 @@ async fn connect(addr: SocketAddr) -> std::result::Result<Conn, String> {
 /// `n` keep-alive connections to `addr`, opened [`WARM_PARALLEL`] at a time.
 async fn open_conns(addr: SocketAddr, n: usize) -> Result<Vec<Conn>> {
     let mut out = Vec::with_capacity(n);
-    let mut set: tokio::task::JoinSet<std::result::Result<Conn, String>> =
-        tokio::task::JoinSet::new();
-    for i in 0..n {
+    let mut set = tokio::task::JoinSet::<std::result::Result<Conn, String>>::new();
+    for i in 0..n + WARM_PARALLEL {
         if i >= WARM_PARALLEL {
-            let c = set.join_next().await.expect("a task is running");
+            let Some(c) = set.join_next().await else {
+                break;
+            };
             out.push(
                 c.context("opening a warm connection")?
                     .map_err(anyhow::Error::msg)?,
             );
         }
-        set.spawn(connect(addr));
-    }
-    while let Some(c) = set.join_next().await {
-        out.push(
-            c.context("opening a warm connection")?
-                .map_err(anyhow::Error::msg)?,
-        );
+        if i < n {
+            set.spawn(connect(addr));
+        }
     }
     Ok(out)
 }

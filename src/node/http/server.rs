@@ -151,10 +151,11 @@ pub(in crate::node) fn listen_std(addr: &str) -> std::io::Result<std::net::TcpLi
     if unsafe { libc::listen(l.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // Accepted sockets inherit it, and the kernel stamps packets from now on:
-    // a request whose bytes came while its connection waited in the accept
-    // queue is charged with that wait too (asked on each connection alone,
-    // its first bytes had no stamp and the SLO started when they were read).
+    // Accepted sockets inherit it (so [`Stamped`] need not ask again), and the
+    // kernel stamps packets from now on: a request whose bytes came while its
+    // connection waited in the accept queue is charged with that wait too
+    // (asked on each connection alone, its first bytes had no stamp and the
+    // SLO started when they were read).
     note_arrivals(&l);
     l.set_nonblocking(true)?;
     Ok(l)
@@ -385,9 +386,9 @@ pub(in crate::node) struct Stamped<N: NoteRead> {
 }
 
 impl<N: NoteRead> Stamped<N> {
-    /// Wraps an accepted connection (asking the kernel for receive times).
+    /// Wraps a connection accepted from a [`listen_std`] listener, whose
+    /// receive timestamps it inherited.
     pub(in crate::node) fn new(io: tokio::net::TcpStream, note: Arc<N>) -> Stamped<N> {
-        note_arrivals(&io);
         Stamped { io, note }
     }
     pub(in crate::node) fn note(&self) -> &Arc<N> {
