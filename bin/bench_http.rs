@@ -1,4 +1,4 @@
-//! `fermata bench http`: the front door's open-loop sweep (issue 13). The client
+//! `fermata bench http`: the front door's open-loop sweep. The client
 //! and the sweep are in `fermata::harness::http_load`; this is the command line.
 
 use anyhow::{bail, Context, Result};
@@ -68,6 +68,13 @@ pub struct BenchHttpArgs {
     /// per stall can be compared between builds and settings.
     #[arg(long, value_name = "MS@S")]
     stall: Option<String>,
+    /// Restrict every server to these CPUs (`taskset -c` syntax, e.g. 0-7), so
+    /// that on a many-core host client and server do not share cores.
+    #[arg(long, value_name = "LIST")]
+    server_cpus: Option<String>,
+    /// Restrict this process, the client, to these CPUs (e.g. 8-15).
+    #[arg(long, value_name = "LIST")]
+    client_cpus: Option<String>,
     /// Print one JSON document (an array of rows) instead of a table.
     #[arg(long)]
     json: bool,
@@ -168,11 +175,35 @@ fn sweep_opts(a: &BenchHttpArgs) -> Result<SweepOpts> {
             .map(|s| s.parse::<StallSpec>().map_err(anyhow::Error::msg))
             .transpose()
             .context("--stall")?,
+        server_cpus: a
+            .server_cpus
+            .as_deref()
+            .map(cpus_within_allowed)
+            .transpose()
+            .context("--server-cpus")?,
     })
+}
+
+/// A CPU list that this process may use.
+fn cpus_within_allowed(s: &str) -> Result<Vec<usize>> {
+    let cpus = fermata::runtime::pin::parse_cpu_list(s)?;
+    let allowed = fermata::runtime::pin::allowed_cpus();
+    if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
+        bail!(
+            "CPU {c} is not one this process may use (allowed: {})",
+            fermata::runtime::pin::format_cpu_list(&allowed)
+        );
+    }
+    Ok(cpus)
 }
 
 pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
     let o = sweep_opts(&a)?;
+    if let Some(c) = &a.client_cpus {
+        // Before any thread of the client starts: they inherit the mask.
+        let cpus = cpus_within_allowed(c).context("--client-cpus")?;
+        fermata::runtime::pin::pin_current_thread_to(&cpus).context("--client-cpus")?;
+    }
     let exe = std::env::current_exe().context("the path of this binary")?;
     if let Some(spec) = o.stall {
         // Before any server starts: can this process stall the machine at all?

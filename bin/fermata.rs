@@ -272,7 +272,7 @@ enum BenchCmd {
     /// the primary is killed KILLS times under load; failover time p50/p99 and
     /// the requests lost.
     Failover(FailoverArgs),
-    /// Issue 14's memory attacks on the internal ports, repeated against real
+    /// Memory attacks on the internal ports, repeated against real
     /// processes under load: an outsider's and a member's unfinished 64 MiB
     /// frames; bytes taken, resident memory while open and after close.
     Attacks(AttacksArgs),

@@ -13,8 +13,9 @@
 #    one session;
 # 3. the HTTP check of every model served by the cuda executor against ONNX
 #    Runtime on the CPU (scripts/check_http.py; needs tritonclient importable);
-# 4. a goodput search of resnet50 alone on one GPU with the cuda executor
-#    (`fermata bench serve`) next to the simulator's for the measured profile;
+# 4. a goodput search of resnet50 and resnet50_fp16, each alone on one GPU with
+#    the cuda executor (`fermata bench serve`), next to the simulator's for the
+#    measured profile;
 # 5. with --cpu: resnet50 on the CPU executor against ONNX Runtime's CPU provider
 #    (one thread each), at batch 1 and 8.
 #
@@ -36,7 +37,7 @@ while (($#)); do
       shift
       ;;
     -h | --help)
-      sed -n '2,26p' "$0"
+      awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
       exit 0
       ;;
     *)
@@ -132,16 +133,20 @@ if ((HTTP)); then
   done
 fi
 
-# 4. Goodput of resnet50 alone on one GPU.
+# 4. Goodput of resnet50 (FP32, then FP16) alone on one GPU.
 if ((GOODPUT)); then
-  r50="$GC_OUT/r50"
-  rm -rf "$r50" && mkdir -p "$r50"
-  for f in resnet50.onnx resnet50.json resnet50.profile-cuda.json; do
-    ln -s "$PWD/models/large/$f" "$r50/$f"
+  for stem in resnet50 resnet50_fp16; do
+    dir="$GC_OUT/$stem"
+    rm -rf "$dir" && mkdir -p "$dir"
+    for f in "$stem.onnx" "$stem.json" "$stem.profile-cuda.json"; do
+      ln -s "$PWD/models/large/$f" "$dir/$f"
+    done
+    say "goodput: $stem on one GPU, cuda executor vs the simulator"
+    "$BIN" bench serve --models "$dir" --executor cuda --gpus 1 --duration-s 4 --warmup-s 1 \
+      >"$GC_OUT/goodput_$stem.txt" 2>"$GC_OUT/goodput_$stem.log" ||
+      { cat "$GC_OUT/goodput_$stem.log"; die "bench serve $stem failed"; }
+    cat "$GC_OUT/goodput_$stem.txt"
   done
-  say "goodput: resnet50 on one GPU, cuda executor vs the simulator"
-  "$BIN" bench serve --models "$r50" --executor cuda --gpus 1 --duration-s 4 --warmup-s 1 \
-    >"$GC_OUT/goodput.txt" 2>"$GC_OUT/goodput.log" || { cat "$GC_OUT/goodput.log"; die "bench serve failed"; }
 fi
 
 # 5. The CPU executor against ONNX Runtime's CPU provider.
@@ -175,7 +180,8 @@ for f in sorted(os.listdir(out)):
         line = [l for l in open(f"{out}/{f}") if "device memory" in l]
         print(f"memory {f[4:-4]:<10} {line[0].strip() if line else 'n/a'}")
 print(f"\nHTTP check against ONNX Runtime on the CPU: {http}")
-if os.path.exists(f"{out}/goodput.txt"):
-    print()
-    print(open(f"{out}/goodput.txt").read().rstrip())
+for stem in ["resnet50", "resnet50_fp16"]:
+    if os.path.exists(f"{out}/goodput_{stem}.txt"):
+        print()
+        print(open(f"{out}/goodput_{stem}.txt").read().rstrip())
 EOF

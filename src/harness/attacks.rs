@@ -1,4 +1,4 @@
-//! `fermata bench attacks`: issue 14's memory attacks on the internal ports,
+//! `fermata bench attacks`: memory attacks on the internal ports,
 //! repeated against real processes on loopback while a load generator runs.
 //! Each attack opens connections that announce 64 MiB frames and send what
 //! the target takes; what is measured is how many bytes each connection could

@@ -54,7 +54,7 @@ pub const CLIENT_THREADS: usize = 2;
 /// After the last arrival, how long the client waits for the answers still
 /// outstanding (the server answers every request by its deadline plus a grace).
 pub const DRAIN: Duration = Duration::from_secs(5);
-/// Issue 13's bar below capacity: fewer than this percentage of a rate's
+/// The bar below capacity: fewer than this percentage of a rate's
 /// requests bad, in every repetition.
 pub const BAD_PCT_MAX: f64 = 0.1;
 /// A rate the server sustains: fewer than this percentage bad in every
@@ -852,6 +852,8 @@ pub struct SweepOpts {
     pub warm_conns: usize,
     /// Stalls injected into every run's load ([`super::stall`]), if any.
     pub stall: Option<StallSpec>,
+    /// The CPUs every server is restricted to (all when `None`).
+    pub server_cpus: Option<Vec<usize>>,
 }
 
 /// How long a server may take to print its address and to be ready.
@@ -882,7 +884,7 @@ pub fn start_server(exe: &Path, o: &SweepOpts) -> Result<(Proc, SocketAddr)> {
         args.push(p.clone());
     }
     args.extend(o.serve_args.iter().cloned());
-    let mut p = Proc::spawn(exe, "serve", &args, false)?;
+    let mut p = Proc::spawn_on(exe, "serve", &args, &[], o.server_cpus.as_deref(), false)?;
     let a = p.wait_for(
         "HTTP API listening on http://ADDR",
         START_TIMEOUT,
@@ -977,7 +979,7 @@ pub fn sweep(exe: &Path, o: &SweepOpts, mut progress: impl FnMut(&Row)) -> Resul
     Ok(rows)
 }
 
-/// What a sweep says of one model against issue 13's bar.
+/// What a sweep says of one model against the bar below capacity.
 #[derive(Debug, Clone)]
 pub struct Verdict {
     pub model: String,

@@ -87,6 +87,33 @@ pub fn stdout_lines(child: &mut Child, name: &str) -> std::io::Result<mpsc::Rece
     Ok(rx)
 }
 
+/// Restricts the process `cmd` starts to `cpus` (its affinity is set in the
+/// child between fork and exec).
+#[cfg(target_os = "linux")]
+fn pin_child(cmd: &mut Command, cpus: &[usize]) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let set = crate::runtime::pin::cpu_set(cpus)?;
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // one system call (async-signal-safe) on a mask built before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_child(_cmd: &mut Command, cpus: &[usize]) -> Result<()> {
+    bail!(
+        "cannot restrict a process to CPUs {}: CPU pinning is only supported on Linux",
+        crate::runtime::pin::format_cpu_list(cpus)
+    )
+}
+
 /// One role's process.
 pub struct Proc {
     pub name: String,
@@ -109,11 +136,27 @@ impl Proc {
         env: &[(String, String)],
         verbose: bool,
     ) -> Result<Proc> {
+        Proc::spawn_on(exe, name, args, env, None, verbose)
+    }
+
+    /// [`Proc::spawn_env`], the process restricted to the CPUs in `cpus` (when
+    /// given) from its first instruction, so every thread it starts stays there.
+    pub fn spawn_on(
+        exe: &Path,
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        cpus: Option<&[usize]>,
+        verbose: bool,
+    ) -> Result<Proc> {
         let mut cmd = Command::new(exe);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped());
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         if !verbose {
             cmd.stderr(Stdio::inherit());
+        }
+        if let Some(cpus) = cpus {
+            pin_child(&mut cmd, cpus)?;
         }
         let mut child = cmd
             .spawn()

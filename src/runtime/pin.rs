@@ -45,6 +45,58 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
     }
 }
 
+/// The affinity mask of exactly `cpus` (each below [`MAX_CPUS`]).
+#[cfg(target_os = "linux")]
+pub fn cpu_set(cpus: &[usize]) -> Result<libc::cpu_set_t> {
+    // SAFETY: `cpu_set_t` is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= MAX_CPUS {
+            bail!("CPU {cpu}: CPU ids must be below {MAX_CPUS}");
+        }
+        // SAFETY: `cpu < MAX_CPUS == CPU_SETSIZE`, so the bit lies inside `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    if cpus.is_empty() {
+        bail!("an empty CPU list");
+    }
+    Ok(set)
+}
+
+/// Restricts the calling thread to the CPUs in `cpus`; threads it starts
+/// afterwards inherit the mask (so called first, it pins a whole process).
+///
+/// Fails with an error naming the CPUs and the OS error when one is out of range,
+/// offline, or outside the process's allowed set. On platforms other than Linux it
+/// always fails.
+pub fn pin_current_thread_to(cpus: &[usize]) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let set = cpu_set(cpus)?;
+        // SAFETY: pid 0 means the calling thread; `set` is a valid cpu_set_t of the size
+        // we pass.
+        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(err).with_context(|| {
+                format!(
+                    "cannot restrict this process to CPUs {} (allowed CPUs: {})",
+                    format_cpu_list(cpus),
+                    format_cpu_list(&allowed_cpus())
+                )
+            });
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        bail!(
+            "cannot restrict this process to CPUs {}: CPU pinning is only supported on Linux",
+            format_cpu_list(cpus)
+        )
+    }
+}
+
 /// The CPU the calling thread is running on right now, if the OS can tell.
 pub fn current_cpu() -> Option<usize> {
     #[cfg(target_os = "linux")]
