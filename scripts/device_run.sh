@@ -4,7 +4,9 @@
 # (binary, onnxruntime-gpu, tritonclient), carried one folder per transfer:
 #
 #   bash scripts/device_run.sh stash DIR...        keep DIR/part.* for later (one transfer each)
-#   bash scripts/device_run.sh gpu [ARGS]          the GPU checks: scripts/gpu_check.sh ARGS
+#   bash scripts/device_run.sh gpu [--timeout-s S] [ARGS]
+#                                                  the GPU checks: scripts/gpu_check.sh ARGS
+#                                                  (stopped after S s, the results still written)
 #   bash scripts/device_run.sh cpu16 [--budget-s S] [--small]
 #                                                  the figures that need many cores
 #
@@ -178,12 +180,22 @@ PY
 }
 
 cmd_gpu() {
+  local lim=0
+  if [[ ${1:-} == --timeout-s ]]; then
+    lim=$2
+    shift 2
+    [[ $lim =~ ^[0-9]+$ ]] || die "--timeout-s must be whole seconds"
+  fi
   unpack
   prepare_gpu
   mkdir -p "$RES"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  say "scripts/gpu_check.sh $*"
-  bash scripts/gpu_check.sh "$@" 2>&1 | tee "$RES/gpu.log"
+  say "scripts/gpu_check.sh $*$( ((lim > 0)) && echo " (stopped after $lim s)")"
+  if ((lim > 0)); then
+    timeout -k 5 "$lim" bash scripts/gpu_check.sh "$@" 2>&1 | tee "$RES/gpu.log"
+  else
+    bash scripts/gpu_check.sh "$@" 2>&1 | tee "$RES/gpu.log"
+  fi
   local rc=${PIPESTATUS[0]}
   gpu_json "$RES/gpu.json" || say "could not write $RES/gpu.json"
   tar -czf "$RES/gpu.tar.gz" out/gpu_check models/*.profile-cuda.json models/large/*.profile-cuda.json 2>/dev/null
