@@ -17,8 +17,8 @@
 # Python's site-packages (found by themselves) or in FERMATA_CUDA_LIBS.
 #
 # `cpu16` runs, as far as --budget-s (420) allows, each part given its share:
-#  1. `fermata bench scheduler --find-max` with 64 models and 1,024 GPUs on 1, 2,
-#     4 and 8 sub-clusters, with load-generator threads to spare;
+#  1. `fermata bench scheduler --find-max` with 64 models and 1,024 GPUs, then
+#     4,096, on 1, 2, 4 and 8 sub-clusters, with load-generator threads to spare;
 #  2. `fermata bench goodput --runtime tcp` 1 x 1 and 2 x 2 (frontends x
 #     backends) next to the simulator;
 #  3. `fermata bench http` for mlp and cnn, the servers on the first half of the
@@ -218,6 +218,12 @@ cmd_cpu16() {
   done
   [[ $budget =~ ^[0-9]+$ ]] || die "--budget-s must be whole seconds"
   unpack
+  # `bench http` serves with the onnx executor: ONNX Runtime's library from the
+  # bundle (the GPU build runs on the CPU as well).
+  if [[ -z ${ORT_DYLIB_PATH:-} ]]; then
+    ORT_DYLIB_PATH=$(compgen -G "$DEV/gpu/onnxruntime/capi/libonnxruntime.so.*" | head -n 1)
+    export ORT_DYLIB_PATH
+  fi
   local BIN=$DEV/bin/fermata n
   n=$(nproc)
   mkdir -p "$RES" out/cpu16
@@ -246,17 +252,21 @@ cmd_cpu16() {
   if ((small)); then
     models=8 gpus=64 start=250000 sdur=1 swarm=1 hdur=1 mlp_rates=500,1000 cnn_rates=200,500
   fi
-  # Each part's share of the budget, in percent: 4 x 10 + 2 x 20 + 2 x 10.
+  # Each part's share of the budget, in percent: 8 x 5 + 2 x 20 + 2 x 10.
   share() { echo $((budget * $1 / 100)); }
   # 1. The scheduler alone, 1 to 8 sub-clusters.
-  local L gen
-  for L in 1 2 4 8; do
-    # Generator threads beside the 2 L scheduler threads: 2 to 4.
-    gen=$((n - 2 * L))
-    ((gen > 4)) && gen=4
-    ((gen < 2)) && gen=2
-    run "sched_L$L" "$(share 10)" "$BIN" bench scheduler --models "$models" --gpus "$gpus" --threads 1 \
-      --subclusters "$L" --gen-threads "$gen" --find-max --start-rate "$start" --duration-s "$dur" --json
+  # With the default profile (A100 ResNet50V2) 1,024 emulated GPUs serve about
+  # 5 M r/s, so the scheduler's own limit shows only with 4 x the GPUs.
+  local L gen g
+  for g in "$gpus" $((gpus * 4)); do
+    for L in 1 2 4 8; do
+      # Generator threads beside the 2 L scheduler threads: 2 to 4.
+      gen=$((n - 2 * L))
+      ((gen > 4)) && gen=4
+      ((gen < 2)) && gen=2
+      run "sched_G${g}_L$L" "$(share 5)" "$BIN" bench scheduler --models "$models" --gpus "$g" --threads 1 \
+        --subclusters "$L" --gen-threads "$gen" --find-max --start-rate "$start" --duration-s "$dur" --json
+    done
   done
   # 2. Processes over loopback TCP against the simulator.
   run tcp_1x1 "$(share 20)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
