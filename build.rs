@@ -1,9 +1,16 @@
-//! Generates the gRPC service (src/node/grpc) from proto/inference.proto:
-//! protox parses it in Rust (no protoc binary needed), tonic-prost-build writes
-//! the messages and the server into OUT_DIR.
+//! Generates Rust from the protobuf schemas, in Rust (protox parses them, no
+//! protoc binary needed):
+//! - proto/inference.proto: the gRPC service (src/node/grpc); tonic-prost-build
+//!   writes the messages and the server into OUT_DIR;
+//! - proto/model_config.proto: Triton's model configuration (src/triton_repo.rs);
+//!   its messages, and its descriptor set (`model_config.fds`), which the
+//!   text-format parser of `config.pbtxt` files reads at run time.
+
+use protox::prost::Message;
 
 fn main() {
     println!("cargo:rerun-if-changed=proto/inference.proto");
+    println!("cargo:rerun-if-changed=proto/model_config.proto");
     let fds = protox::compile(["inference.proto"], ["proto"]).unwrap_or_else(|e| {
         panic!("proto/inference.proto: {e}");
     });
@@ -12,4 +19,16 @@ fn main() {
         .build_server(true)
         .compile_fds(fds)
         .unwrap_or_else(|e| panic!("generating the gRPC service: {e}"));
+
+    let fds = protox::compile(["model_config.proto"], ["proto"]).unwrap_or_else(|e| {
+        panic!("proto/model_config.proto: {e}");
+    });
+    let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+    std::fs::write(out.join("model_config.fds"), fds.encode_to_vec())
+        .unwrap_or_else(|e| panic!("writing model_config.fds: {e}"));
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating the model configuration's messages: {e}"));
 }

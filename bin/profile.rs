@@ -64,11 +64,14 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         );
     }
     let meta = repo::load_meta(&a.model)?;
+    // The executor finds the model by name in its repository: the directory of
+    // a NAME.onnx, or the one above a Triton model directory.
     let dir = a
         .model
         .parent()
         .map(|p| p.to_path_buf())
         .unwrap_or_else(|| PathBuf::from("."));
+    let profile_dir = repo::profile_dir_of(&a.model);
     let batch_sizes = match &a.batch_sizes {
         Some(s) => profiler::parse_batch_sizes(s)?,
         None => profiler::parse_batch_sizes(&format!("1..{}:pow2", meta.max_batch.max(2)))?,
@@ -248,7 +251,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     if !a.dry_run {
         let out = a
             .out
-            .unwrap_or_else(|| repo::profile_path(&dir, &meta.name, &a.executor));
+            .unwrap_or_else(|| repo::profile_path(&profile_dir, &meta.name, &a.executor));
         prof.save(&out)?;
         eprintln!("wrote {}", out.display());
     }

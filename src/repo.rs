@@ -697,8 +697,13 @@ impl RepoModel {
     }
 }
 
-/// Reads a model's metadata (`STEM.json` next to `onnx`).
+/// Reads a model's metadata: `STEM.json` next to the `.onnx` file `onnx`, or,
+/// when `onnx` is a Triton model directory, its `config.pbtxt`
+/// ([`crate::triton_repo`]).
 pub fn load_meta(onnx: &Path) -> Result<ModelMeta> {
+    if crate::triton_repo::is_model_dir(onnx) {
+        return Ok(crate::triton_repo::load(onnx)?.meta);
+    }
     let json = onnx.with_extension("json");
     let text = std::fs::read_to_string(&json).with_context(|| {
         format!(
@@ -719,30 +724,79 @@ pub fn load_meta(onnx: &Path) -> Result<ModelMeta> {
     Ok(meta)
 }
 
-/// Loads every model in `dir` (each `*.onnx`, sorted by name) with its metadata
-/// and its profile for `executor`. A model without a profile is refused with the
-/// command that makes one.
+/// Where a model's profiles are kept: beside its `.onnx` file, or, for a Triton
+/// model directory, in that directory (beside `config.pbtxt`).
+pub fn profile_dir_of(model: &Path) -> PathBuf {
+    if crate::triton_repo::is_model_dir(model) {
+        return model.to_path_buf();
+    }
+    model
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The model file of model `name` in the repository `dir`: `dir/NAME.onnx`, or
+/// the version that `dir/NAME/config.pbtxt` serves.
+pub fn model_file(dir: &Path, name: &str) -> Result<PathBuf> {
+    let flat = dir.join(format!("{name}.onnx"));
+    let triton = dir.join(name);
+    if !flat.exists() && crate::triton_repo::is_model_dir(&triton) {
+        return Ok(crate::triton_repo::load(&triton)?.file);
+    }
+    Ok(flat)
+}
+
+/// Loads every model in `dir`, sorted by name, with its metadata and its
+/// profile for `executor`: each `NAME.onnx` (with `NAME.json`) and each Triton
+/// model directory `NAME/config.pbtxt` ([`crate::triton_repo`]). A model
+/// without a profile is refused with the command that makes one; two models of
+/// one name are refused.
 pub fn load_repository(dir: &Path, executor: &str) -> Result<Vec<RepoModel>> {
     let rd = std::fs::read_dir(dir)
         .with_context(|| format!("reading the model repository {}", dir.display()))?;
-    let mut files: Vec<PathBuf> = rd
+    let mut entries: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("onnx"))
+        .filter(|p| {
+            p.extension().and_then(|e| e.to_str()) == Some("onnx") && p.is_file()
+                || crate::triton_repo::is_model_dir(p)
+        })
         .collect();
-    files.sort();
-    if files.is_empty() {
+    entries.sort();
+    if entries.is_empty() {
         bail!(
-            "the model repository {} has no .onnx files (scripts/gen_models.py makes the shipped ones)",
+            "the model repository {} has no .onnx files and no Triton model directories              (MODEL/config.pbtxt); scripts/gen_models.py makes the shipped models",
             dir.display()
         );
     }
-    files.iter().map(|f| load_model(f, executor)).collect()
+    let models: Vec<RepoModel> = entries
+        .iter()
+        .map(|f| load_model(f, executor))
+        .collect::<Result<_>>()?;
+    let mut names: Vec<&str> = models.iter().map(|m| m.meta.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        bail!(
+            "the model repository {} has two models named {:?} (a NAME.onnx and a Triton \
+             directory NAME/?)",
+            dir.display(),
+            w[0]
+        );
+    }
+    Ok(models)
 }
 
-/// Loads one model (its `.onnx` path) with its metadata and profile.
+/// Loads one model (its `.onnx` path, or a Triton model directory) with its
+/// metadata and profile.
 pub fn load_model(onnx: &Path, executor: &str) -> Result<RepoModel> {
-    let meta = load_meta(onnx)?;
-    let dir = onnx.parent().unwrap_or(Path::new("."));
+    let (meta, file) = if crate::triton_repo::is_model_dir(onnx) {
+        let t = crate::triton_repo::load(onnx)?;
+        (t.meta, t.file)
+    } else {
+        (load_meta(onnx)?, onnx.to_path_buf())
+    };
+    let dir = profile_dir_of(onnx);
+    let dir = dir.as_path();
     let pp = profile_path(dir, &meta.name, executor);
     if !pp.exists() {
         bail!(
@@ -764,7 +818,7 @@ pub fn load_model(onnx: &Path, executor: &str) -> Result<RepoModel> {
     }
     Ok(RepoModel {
         meta,
-        file: onnx.to_path_buf(),
+        file,
         profile,
     })
 }

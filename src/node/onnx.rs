@@ -1336,9 +1336,10 @@ impl OnnxExecutor {
         })
     }
 
-    /// The model's file: `models_dir/NAME.onnx`.
-    pub fn model_file(&self, name: &str) -> PathBuf {
-        self.opts.models_dir.join(format!("{name}.onnx"))
+    /// The model's file: `models_dir/NAME.onnx`, or the version a Triton model
+    /// directory `models_dir/NAME/` serves ([`crate::repo::model_file`]).
+    pub fn model_file(&self, name: &str) -> Result<PathBuf> {
+        crate::repo::model_file(&self.opts.models_dir, name)
     }
 
     /// The loaded model with the scheduler's id `id`.
@@ -1382,7 +1383,7 @@ impl Executor for OnnxExecutor {
                 meta.input_bytes()
             );
         }
-        let file = self.model_file(&model.name);
+        let file = self.model_file(&model.name)?;
         let m = OnnxModel::open(&file, &meta, &self.opts)?;
         self.models.insert(model.id, m);
         Ok(())
