@@ -38,7 +38,15 @@ fn short_sweep(extra: &[&str]) -> Output {
 
 #[test]
 fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
-    let out = short_sweep(&["--warm-conns", "8"]);
+    // Server and client on CPU 0 (a 1-CPU host has only that one).
+    let out = short_sweep(&[
+        "--warm-conns",
+        "8",
+        "--server-cpus",
+        "0",
+        "--client-cpus",
+        "0",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let v: Value = serde_json::from_slice(&out.stdout)
@@ -121,6 +129,11 @@ fn bad_flags_fail_before_any_server_starts() {
         (&["--stall", "20"][..], "expected MS@S"),
         (&["--stall", "300@0.5"][..], "at most 50% of the time"),
         (&["--models", "no/such/dir"][..], "no/such/dir"),
+        (
+            &["--server-cpus", "1023"][..],
+            "--server-cpus: CPU 1023 is not one this process may use",
+        ),
+        (&["--client-cpus", "0-x"][..], "--client-cpus"),
     ] {
         let out = fermata(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
