@@ -249,7 +249,7 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
     );
     println!(
         "{:<17} {:>10} {:>8} {:>8} {:>6} {:>10} {:>9} {:>9} {:>9}",
-        "planner", "ok/failed", "norm", "max", "below", "=exact", "gap", "p50 ms", "p99 ms"
+        "planner", "ok/failed", "norm", "max", "below", "<=exact", "gap", "p50 ms", "p99 ms"
     );
     for s in &r.planners {
         println!("{}", row(s));

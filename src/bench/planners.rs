@@ -348,7 +348,9 @@ pub struct PlannerStats {
     pub norm_max: f64,
     /// Workloads where its cost is below fermata's (by more than 1e-9 relative).
     pub below_fermata: usize,
-    /// Among workloads exact finished: share at exact's cost, worst gap.
+    /// Among workloads exact finished: share at or below exact's cost (below:
+    /// a dummy that leaves a partial machine, outside exact's plan shapes),
+    /// and the worst gap above it.
     pub equal_exact: f64,
     pub worst_gap: f64,
     pub time_p50_ms: f64,
@@ -418,7 +420,7 @@ fn stats(c: &Col, fermata: &[Option<f64>], exact: &[Option<f64>]) -> PlannerStat
         }
         if let Some(e) = exact[i] {
             n_ex += 1;
-            if (x - e).abs() <= 1e-9 * e.max(1e-12) {
+            if *x <= e * (1.0 + 1e-9) {
                 eq += 1;
             }
             if e > 0.0 {

@@ -372,7 +372,7 @@ fn expand(
         if let Some(t) = t {
             c.throughput = check_pos(&format!("{what} throughput_rps"), t, MAX_RATE)?;
         }
-        if out.len() >= MAX_CONFIGS + 1 {
+        if out.len() > MAX_CONFIGS {
             return Err(format!("{what}: more than {MAX_CONFIGS} configurations"));
         }
         out.push(c);

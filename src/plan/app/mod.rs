@@ -141,11 +141,9 @@ impl App {
         for &v in &order {
             let mut best = 0.0;
             for u in self.parents(v) {
-                if dist[u] > best || prev[v] == usize::MAX {
-                    if dist[u] >= best {
-                        best = dist[u];
-                        prev[v] = u;
-                    }
+                if prev[v] == usize::MAX || dist[u] > best {
+                    best = dist[u];
+                    prev[v] = u;
                 }
             }
             dist[v] = best + lat[v];

@@ -288,7 +288,7 @@ impl Budget<'_> {
             return false;
         }
         self.nodes += 1;
-        if self.nodes % 4096 == 0 && (self.stop)() {
+        if self.nodes.is_multiple_of(4096) && (self.stop)() {
             self.exhausted = true;
             return false;
         }

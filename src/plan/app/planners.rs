@@ -691,13 +691,13 @@ pub fn harpagon_with(app: &App, name: &str, o: &HarpagonOptions) -> Result<Plan,
         reassign(app, &mut budgets);
     }
     let mut mods = Vec::with_capacity(n);
-    for v in 0..n {
+    for (v, &budget) in budgets.iter().enumerate() {
         let cfgs = module::sorted(&app.modules[v].configs, &p);
         let s = module::plan_module(
             &cfgs,
             &p,
             app.rates[v],
-            budgets[v],
+            budget,
             o.configs,
             o.dispatch,
             o.dummies,
@@ -706,12 +706,10 @@ pub fn harpagon_with(app: &App, name: &str, o: &HarpagonOptions) -> Result<Plan,
             format!(
                 "module {}: no plan within its budget {:.3} ms",
                 app.modules[v].name,
-                budgets[v] * 1e3
+                budget * 1e3
             )
         })?;
-        mods.push(module_plan(
-            app, v, budgets[v], s.allocs, s.dummy, o.dispatch,
-        ));
+        mods.push(module_plan(app, v, budget, s.allocs, s.dummy, o.dispatch));
     }
     Ok(Plan::assemble(name, app, mods))
 }
@@ -878,17 +876,17 @@ fn scrooge_milp(app: &App) -> Option<Vec<Vec<(Config, f64)>>> {
         pb.add_row(r..=r, &row);
         for (k, c) in app.modules[v].configs.iter().enumerate() {
             // t_k <= r x_k
-            pb.add_row(..=0.0, &[(ts[v][k], 1.0), (xs[v][k], -r.max(0.0))]);
+            pb.add_row(..=0.0, [(ts[v][k], 1.0), (xs[v][k], -r.max(0.0))]);
             // l_v >= W_k x_k
             let w = c.latency + f64::from(c.batch) / c.throughput;
-            pb.add_row(0.0.., &[(l[v], 1.0), (xs[v][k], -w)]);
+            pb.add_row(0.0.., [(l[v], 1.0), (xs[v][k], -w)]);
         }
-        pb.add_row(..=slo * (1.0 + 1e-9), &[(s[v], 1.0), (l[v], 1.0)]);
+        pb.add_row(..=slo * (1.0 + 1e-9), [(s[v], 1.0), (l[v], 1.0)]);
     }
     for e in &app.edges {
         pb.add_row(
             0.0..,
-            &[(s[e.to], 1.0), (s[e.from], -1.0), (l[e.from], -1.0)],
+            [(s[e.to], 1.0), (s[e.from], -1.0), (l[e.from], -1.0)],
         );
     }
     let mut model = pb.optimise(Sense::Minimise);
