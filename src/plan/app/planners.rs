@@ -766,11 +766,12 @@ pub fn clipper(app: &App) -> Result<Plan, String> {
 
 /// Nexus's plan of one module at budget `l`, on hardware type `hw`: saturated
 /// machines at `B = max b: 2 l(b) <= l`, the residual at `max b: l(b) + b/r <= l`.
-pub fn nexus_module(app: &App, v: usize, hw: usize, l: f64) -> Option<Vec<Alloc>> {
+pub fn nexus_module(app: &App, v: usize, hw: usize, l: f64) -> Option<(Vec<Alloc>, f64)> {
     let r = app.rates[v];
     if r <= 0.0 {
-        return Some(vec![]);
+        return Some((vec![], 0.0));
     }
+    let mut dummy = 0.0;
     let cfgs: Vec<&Config> = app.modules[v]
         .configs
         .iter()
@@ -790,22 +791,45 @@ pub fn nexus_module(app: &App, v: usize, hw: usize, l: f64) -> Option<Vec<Alloc>
         });
     }
     if rest > EPS * r {
+        // The paper's residual batch: the largest b with l(b) + b/r <= L; when
+        // none fits (a small rest), a duty cycle D = min(b/r, L - l(b)) >= l(b)
+        // that runs more often than the rest fills a batch, occupancy l(b)/D:
+        // the lowest occupancy, as the packer does.
         let res = cfgs
             .iter()
             .filter(|c| {
                 c.latency + f64::from(c.batch) / rest <= l * (1.0 + EPS) && c.throughput >= rest
             })
-            .max_by_key(|c| c.batch)?;
-        if res.batch == sat.batch && n > 0.0 {
-            out[0].count += rest / res.throughput;
-        } else {
-            out.push(Alloc {
-                config: **res,
-                count: rest / res.throughput,
-            });
+            .max_by_key(|c| c.batch);
+        match res {
+            Some(res) => {
+                if res.batch == sat.batch && n > 0.0 {
+                    out[0].count += rest / res.throughput;
+                } else {
+                    out.push(Alloc {
+                        config: **res,
+                        count: rest / res.throughput,
+                    });
+                }
+            }
+            None => {
+                let (c, occ) = cfgs
+                    .iter()
+                    .filter_map(|c| {
+                        let d = (f64::from(c.batch) / rest).min(l - c.latency);
+                        (d >= c.latency && d > 0.0).then(|| (**c, c.latency / d))
+                    })
+                    .min_by(|a, b| (a.1 * prices(app)[hw]).total_cmp(&(b.1 * prices(app)[hw])))?;
+                // Served at b / D: the machine's extra rate is dummy capacity.
+                dummy = occ * c.throughput - rest;
+                out.push(Alloc {
+                    config: c,
+                    count: occ,
+                });
+            }
         }
     }
-    Some(out)
+    Some((out, dummy))
 }
 
 pub fn nexus(app: &App) -> Result<Plan, String> {
@@ -820,13 +844,13 @@ pub fn nexus(app: &App) -> Result<Plan, String> {
             let l = k * step;
             let best = (0..app.hardware.len())
                 .filter_map(|h| nexus_module(app, v, h, l))
-                .min_by(|a, b| super::alloc_cost(a, &p).total_cmp(&super::alloc_cost(b, &p)));
-            if let Some(a) = best {
+                .min_by(|a, b| super::alloc_cost(&a.0, &p).total_cmp(&super::alloc_cost(&b.0, &p)));
+            if let Some((a, dummy)) = best {
                 f.push(Point {
                     worst: l,
                     cost: super::alloc_cost(&a, &p),
                     allocs: a,
-                    dummy: 0.0,
+                    dummy,
                 });
             }
             k += 1.0;
@@ -837,7 +861,14 @@ pub fn nexus(app: &App) -> Result<Plan, String> {
     let mods = (0..n)
         .map(|v| {
             let q = &pts[v][pick[v]];
-            module_plan(app, v, q.worst, q.allocs.clone(), 0.0, Dispatch::RoundRobin)
+            module_plan(
+                app,
+                v,
+                q.worst,
+                q.allocs.clone(),
+                q.dummy,
+                Dispatch::RoundRobin,
+            )
         })
         .collect();
     Ok(Plan::assemble("nexus", app, mods))
