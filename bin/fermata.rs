@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 mod bench_http;
 mod plan;
+mod plan_app;
 mod profile;
 mod roles;
 
@@ -115,7 +116,7 @@ enum Cmd {
     /// Drives frontends with a workload's arrivals and reports what clients saw.
     Loadgen(roles::LoadgenArgs),
     /// Plans: `plan partition` assigns models to sub-clusters (the epoch
-    /// partitioner's MILP).
+    /// partitioner's MILP); `plan app` plans a multi-model application.
     #[command(subcommand)]
     Plan(plan::PlanCmd),
     /// The closed autoscaling loop: reads the scheduler's advice and starts or
@@ -287,6 +288,9 @@ enum BenchCmd {
     /// The autoscaling loop in the simulator (paper Fig. 15): 24 models, a rate
     /// trace that rises and falls, GPUs in use against the fewest needed.
     Fig15(plan::BenchFig15Args),
+    /// Multi-model application planners on seeded workloads: cost normalised to
+    /// `fermata`, agreement with `exact`, time per plan, Harpagon's ablations.
+    Planners(plan_app::BenchPlannersArgs),
 }
 
 #[derive(Args)]
@@ -662,6 +666,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Partition(a)) => plan::cmd_bench_partition(a),
         Cmd::Bench(BenchCmd::Autoscale(a)) => plan::cmd_bench_autoscale(a),
         Cmd::Bench(BenchCmd::Fig15(a)) => plan::cmd_bench_fig15(a),
+        Cmd::Bench(BenchCmd::Planners(a)) => plan_app::cmd_bench_planners(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -14,6 +14,10 @@ pub enum PlanCmd {
     /// Assigns models to L sub-clusters, balancing request rate and static memory
     /// (Symphony Appendix A's MILP, solved by HiGHS within a time limit).
     Partition(PartitionArgs),
+    /// Plans a multi-model application (a DAG of modules under one end-to-end
+    /// SLO) at the lowest cost: per module its latency budget, configurations
+    /// and machine counts, dispatch and dummy requests.
+    App(crate::plan_app::AppArgs),
 }
 
 #[derive(Args)]
@@ -182,7 +186,10 @@ fn print_solution(inst: &Instance, s: &Solution) {
 }
 
 pub fn cmd_plan(c: PlanCmd) -> Result<()> {
-    let PlanCmd::Partition(a) = c;
+    let a = match c {
+        PlanCmd::Partition(a) => a,
+        PlanCmd::App(a) => return crate::plan_app::cmd_plan_app(a),
+    };
     let tl = time_limit(a.time_limit_s)?;
     if !(a.gap.is_finite() && a.gap >= 0.0) {
         bail!("--gap must be >= 0");

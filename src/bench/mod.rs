@@ -8,6 +8,7 @@ pub mod compare;
 pub mod fig15;
 pub mod oracle;
 pub mod partition;
+pub mod planners;
 pub mod plot;
 pub mod scheduler;
 

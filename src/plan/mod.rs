@@ -1,3 +1,4 @@
+pub mod app;
 pub mod autoscale;
 pub mod partition;
 pub mod squishy;

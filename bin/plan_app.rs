@@ -1,0 +1,280 @@
+//! `fermata plan app` and `fermata bench planners`: the application planners
+//! (src/plan/app/) from the command line.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fermata::bench::planners as bp;
+use fermata::plan::app::{file, planners, Plan};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct AppArgs {
+    /// Application file (TOML; see docs/planning.md).
+    #[arg(long)]
+    app: PathBuf,
+    /// fermata, exact, harpagon, piccolo, scrooge, nexus, inferline or clipper.
+    #[arg(long, default_value = "fermata")]
+    planner: String,
+    /// Run every planner on the file, side by side.
+    #[arg(long)]
+    compare: bool,
+    /// Time limit of `exact` (s).
+    #[arg(long, default_value_t = 60.0)]
+    exact_limit_s: f64,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn run_one(
+    app: &fermata::plan::app::App,
+    name: &str,
+    limit: Duration,
+) -> (Result<Plan, String>, f64) {
+    let t0 = Instant::now();
+    let mut stop = move || t0.elapsed() > limit;
+    let r = planners::run(app, name, &mut stop);
+    (r, t0.elapsed().as_secs_f64() * 1e3)
+}
+
+fn plan_json(p: &Plan, ms: f64) -> serde_json::Value {
+    let mut v = serde_json::to_value(p).unwrap_or_default();
+    v["plan_ms"] = json!(ms);
+    v
+}
+
+fn print_plan(app: &fermata::plan::app::App, p: &Plan, ms: f64) {
+    println!(
+        "planner {} on {} (SLO {:.1} ms)",
+        p.planner,
+        app.name,
+        app.slo * 1e3
+    );
+    println!(
+        "{:<24} {:>9} {:>10} {:>10} {:>9} {:<15} configurations (hardware b x e: machines)",
+        "module", "rate/s", "budget ms", "worst ms", "dummy/s", "dispatch"
+    );
+    for m in &p.modules {
+        let cfgs: Vec<String> = m
+            .allocs
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} {}x{}: {:.3}",
+                    app.hardware[a.config.hw].name, a.config.batch, a.config.concurrency, a.count
+                )
+            })
+            .collect();
+        println!(
+            "{:<24} {:>9.1} {:>10.2} {:>10.2} {:>9.2} {:<15} {}",
+            m.name,
+            m.rate,
+            m.budget * 1e3,
+            m.worst * 1e3,
+            m.dummy,
+            match m.dispatch {
+                fermata::plan::app::Dispatch::ThroughputCost => "throughput-cost",
+                fermata::plan::app::Dispatch::RoundRobin => "round-robin",
+            },
+            cfgs.join(", ")
+        );
+    }
+    println!(
+        "worst case {:.2} ms (path {}), cost {:.4}/h fractional, {:.4}/h integral, planned in {:.2} ms",
+        p.worst * 1e3,
+        p.critical_path.join(" -> "),
+        p.cost,
+        p.integral_cost,
+        ms
+    );
+}
+
+pub fn cmd_plan_app(a: AppArgs) -> Result<()> {
+    if !(a.exact_limit_s.is_finite() && a.exact_limit_s > 0.0 && a.exact_limit_s <= 86_400.0) {
+        bail!("--exact-limit-s must be in (0, 86400]");
+    }
+    let limit = Duration::from_secs_f64(a.exact_limit_s);
+    let meta = std::fs::metadata(&a.app).with_context(|| format!("reading {}", a.app.display()))?;
+    if meta.len() > 4 << 20 {
+        bail!("{}: over 4 MiB", a.app.display());
+    }
+    let text =
+        std::fs::read_to_string(&a.app).with_context(|| format!("reading {}", a.app.display()))?;
+    let app = file::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.app.display()))?;
+    let names: Vec<&str> = if a.compare {
+        planners::PLANNERS.to_vec()
+    } else {
+        if !planners::PLANNERS.contains(&a.planner.as_str()) {
+            bail!(
+                "unknown planner {:?}: one of {}",
+                a.planner,
+                planners::PLANNERS.join(", ")
+            );
+        }
+        vec![a.planner.as_str()]
+    };
+    let mut out = Vec::new();
+    for n in &names {
+        let (r, ms) = run_one(&app, n, limit);
+        out.push((n.to_string(), r, ms));
+    }
+    if !a.compare {
+        let (_, r, ms) = out.pop().unwrap();
+        let p = r.map_err(|e| anyhow::anyhow!("{}: {e}", a.planner))?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&plan_json(&p, ms))?);
+        } else {
+            print_plan(&app, &p, ms);
+        }
+        return Ok(());
+    }
+    if a.json {
+        let v: Vec<serde_json::Value> = out
+            .iter()
+            .map(|(n, r, ms)| match r {
+                Ok(p) => plan_json(p, *ms),
+                Err(e) => json!({"planner": n, "error": e, "plan_ms": ms}),
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"app": app.name, "plans": v}))?
+        );
+        return Ok(());
+    }
+    for (_, r, ms) in &out {
+        if let Ok(p) = r {
+            print_plan(&app, p, *ms);
+            println!();
+        }
+    }
+    println!(
+        "{:<10} {:>12} {:>12} {:>10} {:>10}",
+        "planner", "cost/h", "integral/h", "worst ms", "plan ms"
+    );
+    for (n, r, ms) in &out {
+        match r {
+            Ok(p) => println!(
+                "{:<10} {:>12.4} {:>12.4} {:>10.2} {:>10.2}",
+                n,
+                p.cost,
+                p.integral_cost,
+                p.worst * 1e3,
+                ms
+            ),
+            Err(e) => println!("{n:<10} no plan: {e}"),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BenchPlannersArgs {
+    #[arg(long, default_value_t = 200)]
+    workloads: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Price of the 1080Ti over the A100's (A100 = 1.0).
+    #[arg(long, default_value_t = 0.35)]
+    price_ratio: f64,
+    /// Time limit of `exact` per workload (s).
+    #[arg(long, default_value_t = 60.0)]
+    exact_limit_s: f64,
+    /// Skip Harpagon's ablations.
+    #[arg(long)]
+    no_ablations: bool,
+    /// Also time `fermata` on the scale instance (20 modules, 5 hardware types,
+    /// 50 configurations each).
+    #[arg(long)]
+    scale: bool,
+    /// Write the CDF of normalised cost (SVG) to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+fn row(s: &bp::PlannerStats) -> String {
+    format!(
+        "{:<17} {:>5}/{:<4} {:>8.3} {:>8.3} {:>6} {:>9.1}% {:>8.2}% {:>9.2} {:>9.2}",
+        s.planner,
+        s.planned,
+        s.failed,
+        s.norm_mean,
+        s.norm_max,
+        s.below_fermata,
+        s.equal_exact * 100.0,
+        s.worst_gap * 100.0,
+        s.time_p50_ms,
+        s.time_p99_ms
+    )
+}
+
+pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
+    if a.workloads == 0 || a.workloads > 1_000_000 {
+        bail!("--workloads must be in 1..=1000000");
+    }
+    if !(a.price_ratio.is_finite() && a.price_ratio > 0.0 && a.price_ratio <= 100.0) {
+        bail!("--price-ratio must be in (0, 100]");
+    }
+    if !(a.exact_limit_s.is_finite() && a.exact_limit_s > 0.0 && a.exact_limit_s <= 86_400.0) {
+        bail!("--exact-limit-s must be in (0, 86400]");
+    }
+    let o = bp::Options {
+        workloads: a.workloads,
+        seed: a.seed,
+        price_ratio: a.price_ratio,
+        exact_limit: Duration::from_secs_f64(a.exact_limit_s),
+        ablations: !a.no_ablations,
+        scale: a.scale,
+    };
+    let json = a.json;
+    let r = bp::run(&o, |i| {
+        if !json && (i + 1) % 50 == 0 {
+            eprintln!("{} workloads planned", i + 1);
+        }
+    });
+    if let Some(p) = &a.plot {
+        std::fs::write(p, bp::cdf_svg(&r)).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{} workloads, seed {}, price ratio {} (A100 = 1.0); exact finished {} within {} s",
+        r.workloads, r.seed, r.price_ratio, r.exact_finished, r.exact_limit_s
+    );
+    println!(
+        "{:<17} {:>10} {:>8} {:>8} {:>6} {:>10} {:>9} {:>9} {:>9}",
+        "planner", "ok/failed", "norm", "max", "below", "<=exact", "gap", "p50 ms", "p99 ms"
+    );
+    for s in &r.planners {
+        println!("{}", row(s));
+    }
+    println!(
+        "fermata at most every other planner's cost on {:.1}% of workloads",
+        r.fermata_cheapest * 100.0
+    );
+    if !r.ablations.is_empty() {
+        let h = r
+            .planners
+            .iter()
+            .find(|s| s.planner == "harpagon")
+            .map(|s| s.norm_mean);
+        println!("Harpagon's ablations (norm: to fermata; +%: mean over harpagon's mean):");
+        for s in &r.ablations {
+            println!(
+                "{}  {:+.1}%",
+                row(s),
+                h.map_or(f64::NAN, |h| (s.norm_mean / h - 1.0) * 100.0)
+            );
+        }
+    }
+    if let Some(ms) = r.scale_ms {
+        println!("scale instance (20 modules, 5 hardware types, 50 configurations each): fermata {ms:.1} ms");
+    }
+    Ok(())
+}

@@ -1,0 +1,565 @@
+//! `fermata bench planners`: seeded multi-model workloads planned by every
+//! planner; costs normalised to `fermata`, agreement with `exact`, time per plan,
+//! Harpagon's ablations, and CDFs of normalised cost.
+//!
+//! Workloads (all ranges uniform):
+//! * shapes: chains of 2-5 GPU modules (40%); a fork like Nexus's traffic query,
+//!   a detector feeding 2-3 recognisers (20%); a tree like its game query, a root
+//!   with 2 children of which the first has 2 more (15%); Scrooge's pipelines, a
+//!   CPU decoder, 1-3 GPU modules and a CPU post-processor (25%);
+//! * GPU modules: a model of configs/planning/model_profiles.csv (the Symphony
+//!   profiles, 1080Ti and A100), batches 1, 2, 4, ..., 32 on each; with
+//!   probability 0.3 also concurrency 2 at 1.6x the latency;
+//! * CPU modules: batch 1, 5-30 ms, on a CPU type priced 0.05 (A100 = 1.0);
+//! * ingress 20-400 req/s, fan-outs 0.5-3 per edge;
+//! * SLO: 1.3-4x the smallest latency the longest path can reach;
+//! * prices: A100 1.0, 1080Ti the price ratio R.
+
+use crate::plan::app::module::Dummies;
+use crate::plan::app::planners::{self, HarpagonOptions, Split};
+use crate::plan::app::{file, App, Config, Edge, Hardware, HwKind, Module, Plan};
+use crate::plan::app::{module::Configs, Dispatch};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// The Symphony profiles (Appendix C, Tables 3 and 4).
+pub const PROFILES_CSV: &str = include_str!("../../configs/planning/model_profiles.csv");
+
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub model: String,
+    /// (alpha, beta) in seconds on the 1080Ti and on the A100.
+    pub gtx: (f64, f64),
+    pub a100: (f64, f64),
+}
+
+/// Models with a profile on both GPUs.
+pub fn profiles() -> Vec<Profile> {
+    let mut rows: Vec<(String, String, f64, f64)> = Vec::new();
+    for line in PROFILES_CSV.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() < 4 {
+            continue;
+        }
+        let (Ok(a), Ok(b)) = (f[2].parse::<f64>(), f[3].parse::<f64>()) else {
+            continue;
+        };
+        rows.push((f[0].to_string(), f[1].to_string(), a / 1e3, b / 1e3));
+    }
+    let mut out = Vec::new();
+    for (g, m, a, b) in &rows {
+        if g != "1080ti" || out.iter().any(|p: &Profile| &p.model == m) {
+            continue;
+        }
+        if let Some((_, _, a2, b2)) = rows.iter().find(|r| r.0 == "a100" && &r.1 == m) {
+            out.push(Profile {
+                model: m.clone(),
+                gtx: (*a, *b),
+                a100: (*a2, *b2),
+            });
+        }
+    }
+    out
+}
+
+const CPU_PRICE: f64 = 0.05;
+
+fn gpu_module(rng: &mut impl Rng, profs: &[Profile], name: String) -> Module {
+    let p = &profs[rng.gen_range(0..profs.len())];
+    let conc = rng.gen_bool(0.3);
+    let mut configs = Vec::new();
+    for (hw, (a, b)) in [(0usize, p.a100), (1usize, p.gtx)] {
+        for e in 1..=(if conc { 2 } else { 1 }) {
+            let f = if e == 2 { 1.6 } else { 1.0 };
+            for bs in [1u32, 2, 4, 8, 16, 32] {
+                configs.push(Config::new(hw, bs, e, f * (a * f64::from(bs) + b)));
+            }
+        }
+    }
+    Module {
+        name: format!("{name}:{}", p.model),
+        configs,
+        prefix: None,
+    }
+}
+
+fn cpu_module(rng: &mut impl Rng, name: String) -> Module {
+    Module {
+        name,
+        configs: vec![Config::new(2, 1, 1, rng.gen_range(0.005..0.030))],
+        prefix: None,
+    }
+}
+
+/// Workload `seed` at price ratio `ratio` (1080Ti price / A100 price).
+pub fn workload(seed: u64, ratio: f64, profs: &[Profile]) -> App {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let hardware = vec![
+        Hardware {
+            name: "a100".into(),
+            kind: HwKind::Gpu,
+            price: 1.0,
+            memory_mb: 40_960.0,
+        },
+        Hardware {
+            name: "1080ti".into(),
+            kind: HwKind::Gpu,
+            price: ratio,
+            memory_mb: 11_264.0,
+        },
+        Hardware {
+            name: "cpu".into(),
+            kind: HwKind::Cpu,
+            price: CPU_PRICE,
+            memory_mb: 0.0,
+        },
+    ];
+    let mut modules = Vec::new();
+    let mut edges = Vec::new();
+    let fan = |rng: &mut rand::rngs::StdRng| rng.gen_range(0.5..3.0);
+    let u: f64 = rng.gen();
+    let shape;
+    if u < 0.4 {
+        shape = "chain";
+        let n = rng.gen_range(2..=5);
+        for v in 0..n {
+            modules.push(gpu_module(&mut rng, profs, format!("m{v}")));
+            if v > 0 {
+                let f = fan(&mut rng);
+                edges.push(Edge {
+                    from: v - 1,
+                    to: v,
+                    fanout: f,
+                });
+            }
+        }
+    } else if u < 0.6 {
+        shape = "fork";
+        let k = rng.gen_range(2..=3);
+        modules.push(gpu_module(&mut rng, profs, "detect".into()));
+        for v in 1..=k {
+            modules.push(gpu_module(&mut rng, profs, format!("recog{v}")));
+            let f = fan(&mut rng);
+            edges.push(Edge {
+                from: 0,
+                to: v,
+                fanout: f,
+            });
+        }
+    } else if u < 0.75 {
+        shape = "tree";
+        for v in 0..5 {
+            modules.push(gpu_module(&mut rng, profs, format!("t{v}")));
+        }
+        for (a, b) in [(0, 1), (0, 2), (1, 3), (1, 4)] {
+            let f = fan(&mut rng);
+            edges.push(Edge {
+                from: a,
+                to: b,
+                fanout: f,
+            });
+        }
+    } else {
+        shape = "pipeline";
+        let k = rng.gen_range(1..=3);
+        modules.push(cpu_module(&mut rng, "decode".into()));
+        for v in 1..=k {
+            modules.push(gpu_module(&mut rng, profs, format!("g{v}")));
+            let f = if v == 1 { 1.0 } else { fan(&mut rng) };
+            edges.push(Edge {
+                from: v - 1,
+                to: v,
+                fanout: f,
+            });
+        }
+        modules.push(cpu_module(&mut rng, "post".into()));
+        edges.push(Edge {
+            from: k,
+            to: k + 1,
+            fanout: 1.0,
+        });
+    }
+    let ingress = rng.gen_range(20.0..400.0);
+    let n = modules.len();
+    let order = crate::plan::app::topo_order(n, &edges).expect("generated DAGs are acyclic");
+    let mut rates = vec![0.0; n];
+    for &v in &order {
+        let ps: Vec<&Edge> = edges.iter().filter(|e| e.to == v).collect();
+        rates[v] = if ps.is_empty() {
+            ingress
+        } else {
+            ps.iter().map(|e| e.fanout * rates[e.from]).sum()
+        };
+    }
+    let mut app = App {
+        name: format!("{shape}-{seed}"),
+        hardware,
+        modules,
+        edges,
+        slo: 1.0,
+        rates,
+    };
+    let lat: Vec<f64> = (0..n).map(|v| file::min_latency(&app, v)).collect();
+    app.slo = app.longest_path(&lat).0 * rng.gen_range(1.3..4.0);
+    app
+}
+
+/// The scale instance: a chain-and-fork of 20 modules, 5 hardware types, 50
+/// configurations per module (10 per type: batches 1-64 at concurrency 1 and 2).
+pub fn scale_instance(seed: u64, profs: &[Profile]) -> App {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let hardware: Vec<Hardware> = (0..5)
+        .map(|h| Hardware {
+            name: format!("gpu{h}"),
+            kind: HwKind::Gpu,
+            price: [1.0, 0.7, 0.5, 0.35, 0.2][h],
+            memory_mb: 0.0,
+        })
+        .collect();
+    let speed = [1.0, 1.3, 1.8, 2.4, 3.5];
+    let mut modules = Vec::new();
+    let mut edges = Vec::new();
+    for v in 0..20 {
+        let p = &profs[rng.gen_range(0..profs.len())];
+        let mut configs = Vec::new();
+        for (h, s) in speed.iter().enumerate() {
+            for e in 1..=2u32 {
+                for bs in [1u32, 2, 4, 8, 16] {
+                    let f = if e == 2 { 1.6 } else { 1.0 };
+                    configs.push(Config::new(
+                        h,
+                        bs * if e == 2 { 4 } else { 1 },
+                        e,
+                        s * f * (p.a100.0 * f64::from(bs * if e == 2 { 4 } else { 1 }) + p.a100.1),
+                    ));
+                }
+            }
+        }
+        modules.push(Module {
+            name: format!("m{v}:{}", p.model),
+            configs,
+            prefix: None,
+        });
+        if v > 0 {
+            // Mostly a chain, every fourth module a branch off the one before last.
+            let from = if v % 4 == 0 && v >= 2 { v - 2 } else { v - 1 };
+            edges.push(Edge {
+                from,
+                to: v,
+                fanout: rng.gen_range(0.5..1.5),
+            });
+        }
+    }
+    let n = modules.len();
+    let order = crate::plan::app::topo_order(n, &edges).unwrap();
+    let mut rates = vec![0.0; n];
+    for &v in &order {
+        let ps: Vec<&Edge> = edges.iter().filter(|e| e.to == v).collect();
+        rates[v] = if ps.is_empty() {
+            300.0
+        } else {
+            ps.iter().map(|e| e.fanout * rates[e.from]).sum()
+        };
+    }
+    let mut app = App {
+        name: "scale".into(),
+        hardware,
+        modules,
+        edges,
+        slo: 1.0,
+        rates,
+    };
+    let lat: Vec<f64> = (0..n).map(|v| file::min_latency(&app, v)).collect();
+    app.slo = app.longest_path(&lat).0 * 2.0;
+    app
+}
+
+/// Harpagon's ablations, named as the paper does.
+pub fn ablations() -> Vec<(&'static str, HarpagonOptions)> {
+    let h = HarpagonOptions::harpagon();
+    vec![
+        (
+            "round-robin",
+            HarpagonOptions {
+                dispatch: Dispatch::RoundRobin,
+                ..h
+            },
+        ),
+        (
+            "one-config",
+            HarpagonOptions {
+                configs: Configs::One,
+                ..h
+            },
+        ),
+        (
+            "two-configs",
+            HarpagonOptions {
+                configs: Configs::Two,
+                ..h
+            },
+        ),
+        (
+            "no-dummies",
+            HarpagonOptions {
+                dummies: Dummies::None,
+                ..h
+            },
+        ),
+        (
+            "no-reassign",
+            HarpagonOptions {
+                reassign: false,
+                ..h
+            },
+        ),
+        (
+            "throughput-split",
+            HarpagonOptions {
+                split: Split::Throughput,
+                ..h
+            },
+        ),
+        (
+            "quantised-0.1",
+            HarpagonOptions {
+                split: Split::Quantised(0.1),
+                ..h
+            },
+        ),
+        (
+            "quantised-0.01",
+            HarpagonOptions {
+                split: Split::Quantised(0.01),
+                ..h
+            },
+        ),
+    ]
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannerStats {
+    pub planner: String,
+    pub planned: usize,
+    pub failed: usize,
+    /// Cost / fermata's cost over the workloads both planned.
+    pub norm_mean: f64,
+    pub norm_max: f64,
+    /// Workloads where its cost is below fermata's (by more than 1e-9 relative).
+    pub below_fermata: usize,
+    /// Among workloads exact finished: share at or below exact's cost (below:
+    /// a dummy that leaves a partial machine, outside exact's plan shapes),
+    /// and the worst gap above it.
+    pub equal_exact: f64,
+    pub worst_gap: f64,
+    pub time_p50_ms: f64,
+    pub time_p99_ms: f64,
+    /// Normalised costs, sorted (the CDF).
+    #[serde(skip)]
+    pub norms: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub workloads: usize,
+    pub seed: u64,
+    pub price_ratio: f64,
+    pub exact_limit_s: f64,
+    pub exact_finished: usize,
+    pub planners: Vec<PlannerStats>,
+    pub ablations: Vec<PlannerStats>,
+    /// Share of workloads where fermata's cost is at most every other planner's.
+    pub fermata_cheapest: f64,
+    pub scale_ms: Option<f64>,
+}
+
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+pub struct Options {
+    pub workloads: usize,
+    pub seed: u64,
+    pub price_ratio: f64,
+    pub exact_limit: Duration,
+    pub ablations: bool,
+    pub scale: bool,
+}
+
+struct Col {
+    name: String,
+    costs: Vec<Option<f64>>,
+    times: Vec<f64>,
+}
+
+fn timed(f: impl FnOnce() -> Result<Plan, String>, times: &mut Vec<f64>) -> Option<f64> {
+    let t0 = Instant::now();
+    let r = f();
+    times.push(t0.elapsed().as_secs_f64() * 1e3);
+    r.ok().map(|p| p.cost)
+}
+
+fn stats(c: &Col, fermata: &[Option<f64>], exact: &[Option<f64>]) -> PlannerStats {
+    let mut norms = Vec::new();
+    let mut below = 0;
+    let (mut eq, mut n_ex, mut gap) = (0usize, 0usize, 0.0f64);
+    for (i, x) in c.costs.iter().enumerate() {
+        let Some(x) = x else { continue };
+        if let Some(f) = fermata[i] {
+            if f > 0.0 {
+                norms.push(x / f);
+            }
+            if *x < f * (1.0 - 1e-9) {
+                below += 1;
+            }
+        }
+        if let Some(e) = exact[i] {
+            n_ex += 1;
+            if *x <= e * (1.0 + 1e-9) {
+                eq += 1;
+            }
+            if e > 0.0 {
+                gap = gap.max(x / e - 1.0);
+            }
+        }
+    }
+    norms.sort_by(|a, b| a.total_cmp(b));
+    let mut t = c.times.clone();
+    PlannerStats {
+        planner: c.name.clone(),
+        planned: c.costs.iter().filter(|x| x.is_some()).count(),
+        failed: c.costs.iter().filter(|x| x.is_none()).count(),
+        norm_mean: norms.iter().sum::<f64>() / norms.len().max(1) as f64,
+        norm_max: norms.iter().copied().fold(f64::NAN, f64::max),
+        below_fermata: below,
+        equal_exact: if n_ex > 0 {
+            eq as f64 / n_ex as f64
+        } else {
+            f64::NAN
+        },
+        worst_gap: gap,
+        time_p50_ms: quantile(&mut t, 0.5),
+        time_p99_ms: quantile(&mut t, 0.99),
+        norms,
+    }
+}
+
+/// Runs the benchmark; `progress` sees each finished workload index.
+pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
+    let profs = profiles();
+    let names = [
+        "fermata",
+        "exact",
+        "harpagon",
+        "piccolo",
+        "scrooge",
+        "nexus",
+        "inferline",
+        "clipper",
+    ];
+    let mut cols: Vec<Col> = names
+        .iter()
+        .map(|n| Col {
+            name: n.to_string(),
+            costs: vec![],
+            times: vec![],
+        })
+        .collect();
+    let abl = if o.ablations { ablations() } else { vec![] };
+    let mut acols: Vec<Col> = abl
+        .iter()
+        .map(|(n, _)| Col {
+            name: n.to_string(),
+            costs: vec![],
+            times: vec![],
+        })
+        .collect();
+    for i in 0..o.workloads {
+        let app = workload(o.seed.wrapping_add(i as u64), o.price_ratio, &profs);
+        for col in cols.iter_mut() {
+            let name = col.name.clone();
+            let c = if name == "exact" {
+                let t0 = Instant::now();
+                let limit = o.exact_limit;
+                let mut stop = move || t0.elapsed() > limit;
+                timed(|| planners::run(&app, &name, &mut stop), &mut col.times)
+            } else {
+                let mut never = || false;
+                timed(|| planners::run(&app, &name, &mut never), &mut col.times)
+            };
+            col.costs.push(c);
+        }
+        for (col, (_, opts)) in acols.iter_mut().zip(&abl) {
+            let c = timed(
+                || planners::harpagon_with(&app, &col.name, opts),
+                &mut col.times,
+            );
+            col.costs.push(c);
+        }
+        progress(i);
+    }
+    let fermata = cols[0].costs.clone();
+    let exact = cols[1].costs.clone();
+    // The exact column's times only count finished runs.
+    let cheapest = (0..o.workloads)
+        .filter(|&i| {
+            fermata[i].is_some_and(|f| {
+                cols.iter()
+                    .skip(1)
+                    .all(|c| c.costs[i].is_none_or(|x| f <= x * (1.0 + 1e-9)))
+            })
+        })
+        .count();
+    let scale_ms = o.scale.then(|| {
+        let app = scale_instance(o.seed, &profs);
+        let t0 = Instant::now();
+        let r = planners::fermata(&app);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if r.is_ok() {
+            ms
+        } else {
+            f64::NAN
+        }
+    });
+    Report {
+        workloads: o.workloads,
+        seed: o.seed,
+        price_ratio: o.price_ratio,
+        exact_limit_s: o.exact_limit.as_secs_f64(),
+        exact_finished: exact.iter().filter(|x| x.is_some()).count(),
+        planners: cols.iter().map(|c| stats(c, &fermata, &exact)).collect(),
+        ablations: acols.iter().map(|c| stats(c, &fermata, &exact)).collect(),
+        fermata_cheapest: cheapest as f64 / o.workloads.max(1) as f64,
+        scale_ms,
+    }
+}
+
+/// CDF plot (SVG) of normalised cost, one line per planner.
+pub fn cdf_svg(r: &Report) -> String {
+    use super::plot::{line_chart_svg, Series};
+    let series: Vec<Series> = r
+        .planners
+        .iter()
+        .filter(|s| s.planner != "exact")
+        .map(|s| Series {
+            name: s.planner.clone(),
+            points: s
+                .norms
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (x, (i + 1) as f64 / s.norms.len() as f64))
+                .collect(),
+        })
+        .collect();
+    line_chart_svg(
+        &format!("Cost normalised to fermata, price ratio {}", r.price_ratio),
+        "cost / fermata's cost",
+        "CDF of workloads",
+        &series,
+    )
+}

@@ -1,0 +1,647 @@
+//! The test vectors of PLANNERS.md, bad application files, and the property test
+//! over random small instances.
+
+use super::module::{self, Budget, Configs, Dummies};
+use super::planners::{self, HarpagonOptions};
+use super::{file, worst_case, Alloc, App, Config, Dispatch, Edge, Hardware, HwKind, Module};
+
+fn cfg(hw: usize, b: u32, d: f64) -> Config {
+    Config::new(hw, b, 1, d)
+}
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol
+}
+
+fn cost(a: &[Alloc]) -> f64 {
+    super::alloc_cost(a, &[1.0])
+}
+
+// ------------------------------------------------ Piccolo §II, M1
+
+fn m1() -> Vec<Config> {
+    module::sorted(
+        &[cfg(0, 5, 0.1), cfg(0, 20, 0.25), cfg(0, 100, 1.0)],
+        &[1.0],
+    )
+}
+
+#[test]
+fn piccolo_m1_round_robin_two_tuple_is_3_7() {
+    let a = module::algorithm1(
+        &m1(),
+        &[1.0],
+        285.0,
+        2.0,
+        Configs::Two,
+        Dispatch::RoundRobin,
+    )
+    .unwrap();
+    assert!(close(cost(&a), 3.7, 1e-9), "{a:?}");
+}
+
+#[test]
+fn piccolo_m1_algorithm1_tc_is_3_1() {
+    let a = module::algorithm1(
+        &m1(),
+        &[1.0],
+        285.0,
+        2.0,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+    )
+    .unwrap();
+    assert!(close(cost(&a), 3.1, 1e-9), "{a:?}");
+    assert!(worst_case(&a, Dispatch::ThroughputCost, &[1.0]) <= 2.0 + 1e-9);
+}
+
+#[test]
+fn piccolo_m1_dummy_of_15_gives_3_0() {
+    let s = module::plan_module(
+        &m1(),
+        &[1.0],
+        285.0,
+        2.0,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+        Dummies::Piccolo,
+    )
+    .unwrap();
+    assert!(close(s.cost, 3.0, 1e-9), "{s:?}");
+    assert!(close(s.dummy, 15.0, 1e-9), "{s:?}");
+}
+
+#[test]
+fn piccolo_m1_latency_cost_efficiencies() {
+    let (b5, b20, b100) = (cfg(0, 5, 0.1), cfg(0, 20, 0.25), cfg(0, 100, 1.0));
+    let tc = Dispatch::ThroughputCost;
+    assert!(close(
+        planners::lc(&b5, &b20, 100.0, &[1.0], tc),
+        2.50,
+        1e-9
+    ));
+    assert!(close(
+        planners::lc(&b5, &b100, 100.0, &[1.0], tc),
+        0.54,
+        0.005
+    ));
+}
+
+// ------------------------------------------------ Piccolo/Harpagon TC example
+
+#[test]
+fn tc_example_worst_case_is_2_75() {
+    let ab = Alloc {
+        config: cfg(0, 6, 2.0),
+        count: 2.0,
+    };
+    let c = Alloc {
+        config: cfg(0, 2, 1.0),
+        count: 1.0,
+    };
+    let w = worst_case(&[ab, c], Dispatch::ThroughputCost, &[1.0]);
+    assert!(close(w, 2.75, 1e-12), "{w}");
+}
+
+// ------------------------------------------------ Harpagon §II, M1 and Table II, M3
+
+fn h_m1() -> Vec<Config> {
+    module::sorted(&[cfg(0, 2, 0.16), cfg(0, 4, 0.2), cfg(0, 8, 0.32)], &[1.0])
+}
+
+#[test]
+fn harpagon_m1_round_robin_5_tc_4() {
+    let rr = module::algorithm1(
+        &h_m1(),
+        &[1.0],
+        100.0,
+        0.4,
+        Configs::Any,
+        Dispatch::RoundRobin,
+    )
+    .unwrap();
+    assert!(close(cost(&rr), 5.0, 1e-9), "{rr:?}");
+    let tc = module::algorithm1(
+        &h_m1(),
+        &[1.0],
+        100.0,
+        0.4,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+    )
+    .unwrap();
+    assert!(close(cost(&tc), 4.0, 1e-9), "{tc:?}");
+}
+
+#[test]
+fn harpagon_m1_latency_cost_efficiencies() {
+    let (b2, b4, b8) = (cfg(0, 2, 0.16), cfg(0, 4, 0.2), cfg(0, 8, 0.32));
+    let tc = Dispatch::ThroughputCost;
+    assert!(close(planners::lc(&b2, &b4, 100.0, &[1.0], tc), 50.0, 1e-9));
+    assert!(close(planners::lc(&b2, &b8, 100.0, &[1.0], tc), 18.2, 0.05));
+}
+
+fn h_m3() -> Vec<Config> {
+    module::sorted(&[cfg(0, 2, 0.1), cfg(0, 8, 0.25), cfg(0, 32, 0.8)], &[1.0])
+}
+
+#[test]
+fn harpagon_table2_m3() {
+    let p = [1.0];
+    let rr2 =
+        module::algorithm1(&h_m3(), &p, 198.0, 1.0, Configs::Two, Dispatch::RoundRobin).unwrap();
+    assert!(close(cost(&rr2), 6.3, 1e-9), "{rr2:?}");
+    let tc2 = module::algorithm1(
+        &h_m3(),
+        &p,
+        198.0,
+        1.0,
+        Configs::Two,
+        Dispatch::ThroughputCost,
+    )
+    .unwrap();
+    assert!(close(cost(&tc2), 5.9, 1e-9), "{tc2:?}");
+    let tc = module::algorithm1(
+        &h_m3(),
+        &p,
+        198.0,
+        1.0,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+    )
+    .unwrap();
+    assert!(close(cost(&tc), 5.3, 1e-9), "{tc:?}");
+    let d = module::plan_module(
+        &h_m3(),
+        &p,
+        198.0,
+        1.0,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+        Dummies::Harpagon,
+    )
+    .unwrap();
+    assert!(
+        close(d.cost, 5.0, 1e-9) && close(d.dummy, 2.0, 1e-9),
+        "{d:?}"
+    );
+}
+
+// ------------------------------------------------ Piccolo Table II (splitting M2 -> M3)
+
+#[test]
+fn piccolo_table2_rows_recompute_to_4_73_4_00_5_00() {
+    let m2 = [cfg(0, 2, 0.125), cfg(0, 4, 0.16), cfg(0, 8, 0.267)];
+    let m3 = [cfg(0, 2, 0.167), cfg(0, 4, 0.2), cfg(0, 8, 0.32)];
+    // Per-machine worst case d + b/t at the table's (nominal) throughputs.
+    let with_t = |c: &Config, t: f64| Config {
+        throughput: t,
+        ..*c
+    };
+    let m2: Vec<Config> = m2
+        .iter()
+        .zip([16.0, 25.0, 30.0])
+        .map(|(c, t)| with_t(c, t))
+        .collect();
+    let m3: Vec<Config> = m3
+        .iter()
+        .zip([12.0, 20.0, 25.0])
+        .map(|(c, t)| with_t(c, t))
+        .collect();
+    let best = |cs: &[Config], r: f64, l: f64| {
+        cs.iter()
+            .filter(|c| c.latency + f64::from(c.batch) / c.throughput <= l + 1e-9)
+            .map(|c| r / c.throughput)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let rows = [(0.25, 0.65, 4.725), (0.40, 0.50, 4.0), (0.55, 0.35, 5.0)];
+    for (l2, l3, want) in rows {
+        let got = best(&m2, 50.0, l2) + best(&m3, 40.0, l3);
+        assert!(close(got, want, 1e-3), "{l2}/{l3}: {got} != {want}");
+    }
+}
+
+// ------------------------------------------------ Scrooge §3.3
+
+fn scrooge_app() -> App {
+    let e = |hw, b, c, l: f64, t| Config {
+        hw,
+        batch: b,
+        concurrency: c,
+        latency: l / 1e3,
+        throughput: t,
+    };
+    App {
+        name: "scrooge".into(),
+        hardware: vec![
+            Hardware {
+                name: "X".into(),
+                kind: HwKind::Gpu,
+                price: 2.0,
+                memory_mb: 0.0,
+            },
+            Hardware {
+                name: "Y".into(),
+                kind: HwKind::Gpu,
+                price: 3.0,
+                memory_mb: 0.0,
+            },
+        ],
+        modules: vec![
+            Module {
+                name: "A".into(),
+                configs: vec![
+                    e(0, 2, 1, 40.0, 50.0),
+                    e(0, 4, 2, 133.0, 60.0),
+                    e(1, 2, 1, 25.0, 81.0),
+                    e(1, 4, 2, 95.0, 84.0),
+                ],
+                prefix: None,
+            },
+            Module {
+                name: "B".into(),
+                configs: vec![
+                    e(0, 2, 1, 20.0, 100.0),
+                    e(0, 4, 2, 67.0, 120.0),
+                    e(1, 2, 1, 13.0, 160.0),
+                    e(1, 4, 2, 40.0, 200.0),
+                ],
+                prefix: None,
+            },
+        ],
+        edges: vec![Edge {
+            from: 0,
+            to: 1,
+            fanout: 4.0,
+        }],
+        slo: 0.3,
+        rates: vec![80.0, 320.0],
+    }
+}
+
+#[test]
+fn scrooge_section_3_3_costs_7_5407_at_273_ms() {
+    let app = scrooge_app();
+    let p = planners::scrooge(&app).unwrap();
+    p.verify(&app).unwrap();
+    assert!(close(p.cost, 7.5407, 1e-4), "{}", p.cost);
+    assert!(close(p.worst, 0.2730, 1e-4), "{}", p.worst);
+    let a = &p.modules[0].allocs;
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert!(a[0].config.hw == 0 && a[0].config.batch == 4 && close(a[0].count, 1.0, 1e-9));
+    assert!(a[1].config.hw == 1 && a[1].config.batch == 2 && close(a[1].count, 20.0 / 81.0, 1e-9));
+    // Both partial Y workers share one Y: X 2 + Y 3 + 3.
+    assert!(close(p.integral_cost, 8.0, 1e-9), "{}", p.integral_cost);
+}
+
+// ------------------------------------------------ Nexus Fig. 4
+
+fn nexus_fig4(gamma: f64, ingress: f64) -> App {
+    // Saturated batches at budgets 40/50/60 ms give X 200/250/300 and Y 300/400/500 r/s.
+    let x = vec![cfg(0, 4, 0.020), cfg(0, 6, 0.024), cfg(0, 9, 0.030)];
+    let y = vec![cfg(0, 6, 0.020), cfg(0, 10, 0.025), cfg(0, 15, 0.030)];
+    App {
+        name: "fig4".into(),
+        hardware: vec![Hardware {
+            name: "gpu".into(),
+            kind: HwKind::Gpu,
+            price: 1.0,
+            memory_mb: 0.0,
+        }],
+        modules: vec![
+            Module {
+                name: "X".into(),
+                configs: x,
+                prefix: None,
+            },
+            Module {
+                name: "Y".into(),
+                configs: y,
+                prefix: None,
+            },
+        ],
+        edges: vec![Edge {
+            from: 0,
+            to: 1,
+            fanout: gamma,
+        }],
+        slo: 0.1,
+        rates: vec![ingress, gamma * ingress],
+    }
+}
+
+#[test]
+fn nexus_fig4_best_split_depends_on_gamma() {
+    // gamma, ingress (so every module divides into whole machines), X's and Y's batch.
+    for (gamma, ingress, bx, by) in [
+        (0.1, 60_000.0, 9, 6),
+        (1.0, 6_000.0, 6, 10),
+        (10.0, 3_000.0, 4, 15),
+    ] {
+        let app = nexus_fig4(gamma, ingress);
+        let p = planners::nexus(&app).unwrap();
+        p.verify(&app).unwrap();
+        assert_eq!(
+            p.modules[0].allocs[0].config.batch, bx,
+            "gamma {gamma}: {p:?}"
+        );
+        assert_eq!(
+            p.modules[1].allocs[0].config.batch, by,
+            "gamma {gamma}: {p:?}"
+        );
+    }
+}
+
+// ------------------------------------------------ application files
+
+const GOOD: &str = r#"
+name = "traffic"
+slo_ms = 400
+ingress_rps = 100
+
+[[hardware]]
+name = "a100"
+kind = "gpu"
+price = 1.0
+
+[[hardware]]
+name = "cpu"
+kind = "cpu"
+price = 0.05
+
+[[modules]]
+name = "ssd"
+[[modules.profiles]]
+hardware = "a100"
+alpha_ms = 2.0
+beta_ms = 10.0
+max_batch = 16
+
+[[modules]]
+name = "face"
+[[modules.profiles]]
+hardware = "a100"
+entries = [{ batch = 1, latency_ms = 5 }, { batch = 8, latency_ms = 20 }, { batch = 8, concurrency = 2, latency_ms = 32 }]
+
+[[modules]]
+name = "car"
+[[modules.profiles]]
+hardware = "cpu"
+alpha_ms = 0
+beta_ms = 30
+
+[[edges]]
+from = "ssd"
+to = "face"
+fanout = 0.5
+
+[[edges]]
+from = "ssd"
+to = "car"
+fanout = 2.0
+"#;
+
+#[test]
+fn a_good_file_reads_with_rates_from_fanouts() {
+    let app = file::parse(GOOD).unwrap();
+    assert_eq!(app.modules.len(), 3);
+    assert_eq!(app.rates, vec![100.0, 50.0, 200.0]);
+    assert_eq!(app.modules[0].configs.len(), 5); // batches 1..16
+    assert_eq!(app.modules[2].configs.len(), 1); // CPU: batch 1
+    assert!(close(app.slo, 0.4, 1e-12));
+    for name in planners::PLANNERS {
+        let mut stop = || false;
+        let p = planners::run(&app, name, &mut stop).unwrap_or_else(|e| panic!("{name}: {e}"));
+        p.verify(&app).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+fn err_of(text: &str) -> String {
+    file::parse(text).expect_err("must be refused")
+}
+
+#[test]
+fn bad_files_get_clear_errors() {
+    let cyc = format!("{GOOD}\n[[edges]]\nfrom = \"face\"\nto = \"ssd\"\n");
+    assert!(err_of(&cyc).contains("cycle"), "{}", err_of(&cyc));
+    let unknown = format!("{GOOD}\n[[edges]]\nfrom = \"face\"\nto = \"nobody\"\n");
+    assert!(err_of(&unknown).contains("unknown module \"nobody\""));
+    let nohw = GOOD.replace("hardware = \"cpu\"", "hardware = \"tpu\"");
+    assert!(err_of(&nohw).contains("\"tpu\""), "{}", err_of(&nohw));
+    let noprof = format!("{GOOD}\n[[modules]]\nname = \"lonely\"\nrate_rps = 1\n");
+    assert!(
+        err_of(&noprof).contains("no profile"),
+        "{}",
+        err_of(&noprof)
+    );
+    let tight = GOOD.replace("slo_ms = 400", "slo_ms = 20");
+    let e = err_of(&tight);
+    assert!(
+        e.contains("infeasible SLO") && e.contains("ssd -> car") && e.contains("ms"),
+        "{e}"
+    );
+    let neg = GOOD.replace("ingress_rps = 100", "ingress_rps = -5");
+    assert!(
+        err_of(&neg).contains("ingress_rps is -5"),
+        "{}",
+        err_of(&neg)
+    );
+    let huge = GOOD.replace("ingress_rps = 100", "ingress_rps = 1e300");
+    assert!(err_of(&huge).contains("ingress_rps"), "{}", err_of(&huge));
+    let nan = GOOD.replace("slo_ms = 400", "slo_ms = nan");
+    assert!(err_of(&nan).contains("slo_ms"), "{}", err_of(&nan));
+    let batch = GOOD.replace("max_batch = 16", "batches = [1, 4294967295]");
+    assert!(err_of(&batch).contains("batch"), "{}", err_of(&batch));
+    let cpu_batch = GOOD.replace("beta_ms = 30", "beta_ms = 30\nbatches = [4]");
+    assert!(err_of(&cpu_batch).contains("CPU module runs at batch 1"));
+    let fan = GOOD.replace("fanout = 2.0", "fanout = -1");
+    assert!(err_of(&fan).contains("fanout"));
+    let many = GOOD.replace("beta_ms = 30", "beta_ms = 3000000");
+    assert!(err_of(&many).contains("machines"), "{}", err_of(&many));
+    assert!(err_of("slo_ms = [").contains("application file"));
+    assert!(err_of("slo_ms = 100\nbogus = 1").contains("bogus"));
+}
+
+// ------------------------------------------------ property test
+
+/// A random small instance: 1 to 4 modules in a chain, fork or fork-join, two
+/// GPU types, 2 to 4 configurations each, small rates.
+pub fn random_app(seed: u64) -> Option<App> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let hardware = vec![
+        Hardware {
+            name: "big".into(),
+            kind: HwKind::Gpu,
+            price: 1.0,
+            memory_mb: 0.0,
+        },
+        Hardware {
+            name: "small".into(),
+            kind: HwKind::Gpu,
+            price: rng.gen_range(0.2..0.6),
+            memory_mb: 0.0,
+        },
+    ];
+    let n = rng.gen_range(1..=4usize);
+    let mut modules = Vec::new();
+    for v in 0..n {
+        let mut configs = Vec::new();
+        for hw in 0..2 {
+            let alpha = rng.gen_range(0.002..0.01) * if hw == 1 { 2.5 } else { 1.0 };
+            let beta = rng.gen_range(0.005..0.02);
+            let k = rng.gen_range(1..=2);
+            for b in [1u32, 2, 4, 8, 16]
+                .iter()
+                .copied()
+                .skip(rng.gen_range(0..2))
+                .step_by(2)
+                .take(k)
+            {
+                configs.push(Config::new(hw, b, 1, alpha * f64::from(b) + beta));
+            }
+        }
+        modules.push(Module {
+            name: format!("m{v}"),
+            configs,
+            prefix: None,
+        });
+    }
+    let shape = rng.gen_range(0..3);
+    let mut edges = Vec::new();
+    for v in 1..n {
+        let from = match shape {
+            0 => v - 1,
+            _ => 0,
+        };
+        edges.push(Edge {
+            from,
+            to: v,
+            fanout: rng.gen_range(0.5..2.0),
+        });
+    }
+    if shape == 2 && n == 4 {
+        // fork-join: 0 -> {1, 2} -> 3
+        edges.retain(|e| e.to != 3);
+        edges.push(Edge {
+            from: 1,
+            to: 3,
+            fanout: 1.0,
+        });
+        edges.push(Edge {
+            from: 2,
+            to: 3,
+            fanout: 1.0,
+        });
+    }
+    let ingress = rng.gen_range(20.0..150.0);
+    let order = super::topo_order(n, &edges).ok()?;
+    let mut rates = vec![0.0; n];
+    for &v in &order {
+        let parents: Vec<&Edge> = edges.iter().filter(|e| e.to == v).collect();
+        rates[v] = if parents.is_empty() {
+            ingress
+        } else {
+            parents.iter().map(|e| e.fanout * rates[e.from]).sum()
+        };
+    }
+    let mut app = App {
+        name: format!("random-{seed}"),
+        hardware,
+        modules,
+        edges,
+        slo: 1.0,
+        rates,
+    };
+    // An SLO between 1.2x and 3x the smallest the longest path can reach.
+    let lat: Vec<f64> = (0..n).map(|v| file::min_latency(&app, v)).collect();
+    app.slo = app.longest_path(&lat).0 * rng.gen_range(1.2..3.0);
+    Some(app)
+}
+
+#[test]
+fn every_plan_is_feasible_and_fermata_equals_exact() {
+    let mut compared = 0;
+    for seed in 0..150u64 {
+        let Some(app) = random_app(seed) else {
+            continue;
+        };
+        let mut budget = 2_000_000u64;
+        let mut stop = move || {
+            budget = budget.saturating_sub(4096);
+            budget == 0
+        };
+        let ex = planners::exact(&app, &mut stop).unwrap();
+        let fo = planners::fermata_optimum(&app).unwrap();
+        fo.verify(&app)
+            .unwrap_or_else(|e| panic!("seed {seed} fermata optimum: {e}"));
+        let fe = planners::fermata(&app).unwrap();
+        fe.verify(&app)
+            .unwrap_or_else(|e| panic!("seed {seed} fermata: {e}"));
+        assert!(fe.cost <= fo.cost * (1.0 + 1e-12), "seed {seed}");
+        if let Some(ex) = ex {
+            ex.verify(&app)
+                .unwrap_or_else(|e| panic!("seed {seed} exact: {e}"));
+            assert!(
+                (fo.cost - ex.cost).abs() <= 1e-9 * ex.cost.max(1.0),
+                "seed {seed}: fermata {} exact {}",
+                fo.cost,
+                ex.cost
+            );
+            compared += 1;
+        }
+        for name in [
+            "harpagon",
+            "piccolo",
+            "scrooge",
+            "nexus",
+            "inferline",
+            "clipper",
+        ] {
+            let mut never = || false;
+            if let Ok(p) = planners::run(&app, name, &mut never) {
+                p.verify(&app)
+                    .unwrap_or_else(|e| panic!("seed {seed} {name}: {e}"));
+            }
+        }
+        // Ablations too.
+        let mut o = HarpagonOptions::harpagon();
+        o.dummies = Dummies::None;
+        if let Ok(p) = planners::harpagon_with(&app, "nd", &o) {
+            p.verify(&app)
+                .unwrap_or_else(|e| panic!("seed {seed} no dummies: {e}"));
+        }
+    }
+    assert!(
+        compared >= 100,
+        "exact finished on only {compared} instances"
+    );
+}
+
+#[test]
+fn budget_search_matches_brute_force_per_module() {
+    for seed in 0..60u64 {
+        let Some(app) = random_app(seed) else {
+            continue;
+        };
+        let p: Vec<f64> = app.hardware.iter().map(|h| h.price).collect();
+        for v in 0..app.modules.len() {
+            let cfgs = module::sorted(&app.modules[v].configs, &p);
+            let mut never = || false;
+            let mut b = Budget {
+                nodes: 0,
+                stop: &mut never,
+                exhausted: false,
+            };
+            let f = module::frontier(&cfgs, &p, app.rates[v], app.slo, true, &mut b);
+            let g = module::frontier_brute(&cfgs, &p, app.rates[v], app.slo, &mut b);
+            assert_eq!(f.len(), g.len(), "seed {seed} module {v}: {f:?} vs {g:?}");
+            for (x, y) in f.iter().zip(&g) {
+                assert!(
+                    close(x.cost, y.cost, 1e-9) && close(x.worst, y.worst, 1e-9),
+                    "seed {seed}: {x:?} {y:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! `fermata plan app` from the command line: a plan as a table and as JSON that
+//! covers every module's rate within the SLO; `--compare` runs every planner;
+//! a refused application file exits with status 2 and names the cause.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn fermata(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fermata"))
+        .args(args)
+        .output()
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn example() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("configs/planning/traffic.toml")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn plans_the_example_as_json_within_the_slo() {
+    let (code, out, err) = fermata(&[
+        "plan",
+        "app",
+        "--app",
+        &example(),
+        "--planner",
+        "fermata",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let worst = v["worst"].as_f64().unwrap();
+    assert!(worst > 0.0 && worst <= 0.4 + 1e-9, "{worst}");
+    let mods = v["modules"].as_array().unwrap();
+    assert_eq!(mods.len(), 3);
+    for m in mods {
+        let served: f64 = m["allocs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["count"].as_f64().unwrap() * a["config"]["throughput"].as_f64().unwrap())
+            .sum();
+        assert!(served >= m["rate"].as_f64().unwrap() * (1.0 - 1e-9), "{m}");
+        assert!(m["worst"].as_f64().unwrap() <= m["budget"].as_f64().unwrap() * (1.0 + 1e-9));
+    }
+    let cost = v["cost"].as_f64().unwrap();
+    assert!(cost > 0.0 && v["integral_cost"].as_f64().unwrap() >= cost - 1e-9);
+    assert!(v["plan_ms"].as_f64().is_some());
+}
+
+#[test]
+fn compare_runs_every_planner_and_the_table_names_them() {
+    let (code, out, err) = fermata(&[
+        "plan",
+        "app",
+        "--app",
+        &example(),
+        "--compare",
+        "--exact-limit-s",
+        "20",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for p in [
+        "fermata",
+        "exact",
+        "harpagon",
+        "piccolo",
+        "scrooge",
+        "nexus",
+        "inferline",
+        "clipper",
+    ] {
+        assert!(out.lines().any(|l| l.starts_with(p)), "{p} missing:\n{out}");
+    }
+    assert!(
+        out.contains("worst case") && out.contains("integral"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_cyclic_application_is_refused_with_status_2() {
+    let dir = std::env::temp_dir().join(format!("fermata-plan-app-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text =
+        std::fs::read_to_string(example()).unwrap() + "\n[[edges]]\nfrom = \"car\"\nto = \"ssd\"\n";
+    let f = dir.join("cyclic.toml");
+    std::fs::write(&f, text).unwrap();
+    let (code, out, err) = fermata(&["plan", "app", "--app", f.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert!(err.contains("cycle"), "{err}");
+    let (code, _, err) = fermata(&["plan", "app", "--app", &example(), "--planner", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown planner"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
