@@ -406,7 +406,7 @@ fn the_pull_budget_covers_99_percent_of_batches_and_stays_under_twice_their_p99(
     let w = Workload::from_toml(
         r#"
 name = "r50_h100"
-gpus = 2
+gpus = 4
 rate_rps = 3000
 [[models]]
 name = "resnet50"
@@ -424,9 +424,10 @@ input_bytes = 602112
             seed,
             faults: Faults::None,
             backends: 2,
-            gpus_per_backend: 1,
-            rate_rps: 3000.0 + 1500.0 * seed as f64,
-            duration: Dur::from_ms(6000),
+            gpus_per_backend: 2,
+            // Light to heavy: batches of every size.
+            rate_rps: 1200.0 * seed as f64,
+            duration: Dur::from_ms(10_000),
             jitter: Dur::from_us(200),
             stall_every: Dur::from_ms(500),
             pull: SimPull {
@@ -447,7 +448,7 @@ input_bytes = 602112
             .iter()
             .filter(|p| p.at >= fermata::core::Time(Dur::from_ms(1000).0))
             .collect();
-        assert!(recs.len() > 1000, "seed {seed}: {} batches", recs.len());
+        assert!(recs.len() > 500, "seed {seed}: {} batches", recs.len());
         let covered = recs.iter().filter(|p| p.took <= p.budget).count();
         let share = covered as f64 / recs.len() as f64;
         assert!(
