@@ -26,7 +26,7 @@
 //! * inputs/s and GB/s (10^9 bytes of slots) over all backends;
 //! * batch latency p50 / p99: one `read_many` of N inputs, issue to last answer;
 //! * input latency p50 / p99: batch latency / N, the pull cost per input a backend
-//!   accounts (what `Msg::Ping::pull_ns` reports);
+//!   (the backend reports its pull cost per batch, not per input: `core::pull`);
 //! * the ratio TCP / in-process of each figure.
 
 use fermata::transport::inproc::InProc;

@@ -760,6 +760,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             rogue: a.rogue,
             drain: a.drain,
             subclusters: a.subclusters,
+            pull: Default::default(),
         };
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;

@@ -161,10 +161,6 @@ fn announce(line: String) {
     let _ = o.flush();
 }
 
-fn transport_of(name: &str) -> Result<Arc<dyn Transport>> {
-    transport::by_name(name).with_context(|| format!("--transport {name}"))
-}
-
 /// The environment variable that names the cluster secret file when
 /// `--cluster-secret-file` is not given.
 pub const SECRET_ENV: &str = "FERMATA_CLUSTER_SECRET_FILE";
@@ -1049,6 +1045,19 @@ pub struct ServeGoodputArgs {
     /// constant, poisson or gamma:SHAPE (default: poisson).
     #[arg(long)]
     arrival: Option<String>,
+    /// Serve a workload file's models on emulated GPUs instead of a model
+    /// repository (`default`: the embedded ResNet50 workload); sets
+    /// --executor emulated and --gpus to the workload's.
+    #[arg(long, value_name = "FILE")]
+    workload: Option<PathBuf>,
+    /// inproc (default) or tcp (loopback sockets, still one process).
+    #[arg(long, default_value = "inproc")]
+    transport: String,
+    /// Search the goodput twice, in the same run: with the models' own input
+    /// size, then with every input B bytes; prints both and their ratio, and
+    /// the pull budget's accuracy at 0.8 x the second goodput.
+    #[arg(long, value_name = "B")]
+    input_bytes: Option<u32>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -1090,10 +1099,25 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
     if !(a.duration_s > 0.0 && a.duration_s <= 3600.0 && (0.0..=3600.0).contains(&a.warmup_s)) {
         bail!("--duration-s must be in (0, 3600] and --warmup-s in [0, 3600]");
     }
+    if a.transport != "inproc" && a.transport != "tcp" {
+        bail!("--transport must be inproc or tcp, got {}", a.transport);
+    }
+    let executor = if a.workload.is_some() {
+        "emulated".to_string()
+    } else {
+        a.executor.clone()
+    };
     // The executor first: no ONNX Runtime or no GPU is the error to report.
-    let _ = fermata::node::exec::executor_factory_on(&a.executor, &a.models, devices.clone())
-        .with_context(|| format!("--executor {}", a.executor))?;
-    let w = repository_workload(&a.models, &a.executor, a.gpus, None)?;
+    let _ = fermata::node::exec::executor_factory_on(&executor, &a.models, devices.clone())
+        .with_context(|| format!("--executor {executor}"))?;
+    let w = match &a.workload {
+        Some(p) if p.as_os_str() == "default" => workload_of(&None)?,
+        Some(p) => workload_of(&Some(p.clone()))?,
+        None => repository_workload(&a.models, &a.executor, a.gpus, None)?,
+    };
+    let mut w_big = w.clone();
+    set_input_bytes(&mut w_big, a.input_bytes)?;
+    let key = (a.transport == "tcp").then(ClusterKey::generate);
     let mut o = RunOptions::from_workload(&w);
     o.duration = Dur::from_secs_f64(a.duration_s);
     o.warmup = Dur::from_secs_f64(a.warmup_s);
@@ -1115,35 +1139,48 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         );
     }
     let co = ClusterOpts {
-        executor: a.executor.clone(),
+        executor: executor.clone(),
         models_dir: a.models.clone(),
         cuda_devices: devices,
+        host: if a.transport == "tcp" {
+            "127.0.0.1".into()
+        } else {
+            "fermata".into()
+        },
         ..ClusterOpts::default()
     };
     let json = a.json;
-    let live = goodput_search_with(&w, &o, &so, |o| {
-        let mut lo = LoadgenOpts::new(Vec::new(), &w);
+    let probe = |w: &Workload, o: &RunOptions| -> Result<serve::ServeRun> {
+        let mut lo = LoadgenOpts::new(Vec::new(), w);
         lo.rate_rps = o.rate_rps;
         lo.arrival = o.arrival;
         lo.seed = o.seed;
         lo.warmup = o.warmup;
         lo.duration = o.duration;
         lo.verify = false;
-        let tr = transport_of("inproc")?;
-        let r = serve::serve(tr, &w, &co, &lo)?;
+        let tr = transport::by_name_keyed(&a.transport, key.clone())
+            .with_context(|| format!("--transport {}", a.transport))?;
+        let r = serve::serve(tr, w, &co, &lo)?;
         let l = &r.load;
         if !json {
             let s = &r.cluster.scheduler;
+            let (over, pulls) = r.cluster.backends.iter().fold((0.0, 0u64), |(o, n), b| {
+                (
+                    o + b.pull_overrun_share * b.pulls_predicted as f64,
+                    n + b.pulls_predicted,
+                )
+            });
             eprintln!(
-                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.0} us per input (pull p99.9 {:.0} us)",
+                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input, pulls over budget {:.2}%",
                 o.rate_rps,
                 100.0 * l.sim.max_model_bad_rate(),
                 l.failed,
                 l.latency_us.value_at_quantile(0.5) as f64 / 1e3,
                 l.latency_us.value_at_quantile(0.99) as f64 / 1e3,
                 s.d_ctrl_us,
+                s.d_data_fixed_us,
                 s.d_data_us,
-                s.pull_us,
+                100.0 * over / pulls.max(1) as f64,
             );
         }
         if l.duplicates > 0 || l.wrong_outputs > 0 {
@@ -1154,8 +1191,49 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 l.wrong_outputs
             );
         }
-        Ok(l.sim.clone())
-    })?;
+        Ok(r)
+    };
+    let live = goodput_search_with(&w, &o, &so, |o| Ok(probe(&w, o)?.load.sim))?;
+    // The same workload with large inputs, in the same run.
+    let big = match a.input_bytes {
+        None => None,
+        Some(b) => {
+            if !json {
+                eprintln!(
+                    "searching again with {b}-byte inputs (default goodput {:.1} r/s)",
+                    live.goodput_rps
+                );
+            }
+            let g = goodput_search_with(&w_big, &o, &so, |o| Ok(probe(&w_big, o)?.load.sim))?;
+            // The pull budget's accuracy at 0.8 x that goodput.
+            let mut o8 = o.clone();
+            o8.rate_rps = 0.8 * g.goodput_rps;
+            let r = probe(&w_big, &o8)?;
+            let bs = &r.cluster.backends;
+            let pulls: u64 = bs.iter().map(|b| b.pulls_predicted).sum();
+            let over: f64 = bs
+                .iter()
+                .map(|b| b.pull_overrun_share * b.pulls_predicted as f64)
+                .sum::<f64>()
+                / pulls.max(1) as f64;
+            let med = |f: fn(&fermata::node::backend::BackendReport) -> f64| {
+                let mut v: Vec<f64> = bs.iter().map(f).collect();
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied().unwrap_or(0.0)
+            };
+            let budget = med(|b| b.pull_predicted_p50_us);
+            let actual = med(|b| b.pull_batch_p50_us);
+            Some((
+                b,
+                g,
+                o8.rate_rps,
+                over,
+                budget,
+                actual,
+                r.load.sim.max_model_bad_rate(),
+            ))
+        }
+    };
     let ratio = live.goodput_rps / sim.goodput_rps;
     let dist = |g: &fermata::bench::GoodputResult| {
         g.at_goodput
@@ -1168,9 +1246,19 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "models": a.models,
-                "executor": a.executor,
-                "gpus": a.gpus,
+                "workload": w.name,
+                "executor": executor,
+                "transport": a.transport,
+                "gpus": w.gpus,
                 "sim_goodput_rps": sim.goodput_rps,
+                "input_bytes": big.as_ref().map(|b| b.0),
+                "input_bytes_goodput_rps": big.as_ref().map(|b| b.1.goodput_rps),
+                "input_bytes_over_default": big.as_ref().map(|b| b.1.goodput_rps / live.goodput_rps),
+                "accuracy_rate_rps": big.as_ref().map(|b| b.2),
+                "pulls_over_budget": big.as_ref().map(|b| b.3),
+                "pull_budget_p50_us": big.as_ref().map(|b| b.4),
+                "pull_p50_us": big.as_ref().map(|b| b.5),
+                "accuracy_bad_rate": big.as_ref().map(|b| b.6),
                 "live_goodput_rps": live.goodput_rps,
                 "ratio": ratio,
                 "sim_batch_distribution_pct": dist(&sim),
@@ -1186,9 +1274,23 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
             .join(" ")
     };
     println!(
-        "goodput ({} GPUs, {} executor, {}): live {:.1} r/s, simulator {:.1} r/s, live/simulator {:.3}",
-        a.gpus, a.executor, w.name, live.goodput_rps, sim.goodput_rps, ratio
+        "goodput ({} GPUs, {} executor, {}, {}): live {:.1} r/s, simulator {:.1} r/s, live/simulator {:.3}",
+        w.gpus, executor, w.name, a.transport, live.goodput_rps, sim.goodput_rps, ratio
     );
+    if let Some((b, g, rate, over, budget, actual, bad)) = &big {
+        println!(
+            "goodput with {b}-byte inputs: {:.1} r/s, {:.3} of the default inputs' {:.1} r/s",
+            g.goodput_rps,
+            g.goodput_rps / live.goodput_rps,
+            live.goodput_rps
+        );
+        println!(
+            "pull budget at {rate:.1} r/s (0.8 x): {:.2}% of batches overran it; median budget {budget:.0} us / median pull {actual:.0} us = {:.2}; bad {:.3}%",
+            100.0 * over,
+            budget / actual.max(1e-9),
+            100.0 * bad
+        );
+    }
     println!(
         "batch sizes at goodput, share of requests (live):      {}",
         fmt(dist(&live))
@@ -1305,20 +1407,37 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         "startup_ms": r.startup.as_secs_f64() * 1e3,
         "policy": w.policy.to_string(),
         "d_ctrl_us": s.d_ctrl_us,
+        "d_data_fixed_us": s.d_data_fixed_us,
         "d_data_us": s.d_data_us,
         "cluster": r.cluster,
     });
     if !a.load.json {
         println!(
-            "started in {:.0} ms | d_ctrl {:.0} us, d_data {:.1} us per input | plans {} | backend start delay p99 {:.0} us | plan lead p1 {:.0} us (pulled {:.0} us)",
+            "started in {:.0} ms | d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input | plans {} | backend start delay p99 {:.0} us | plan lead p1 {:.0} us (pulled {:.0} us)",
             r.startup.as_secs_f64() * 1e3,
             s.d_ctrl_us,
+            s.d_data_fixed_us,
             s.d_data_us,
             s.plans_sent,
             r.cluster.backends.iter().map(|b| b.start_delay_p99_us).fold(0.0, f64::max),
             r.cluster.backends.iter().map(|b| b.lead_arrived_p1_us).fold(f64::MAX, f64::min),
             r.cluster.backends.iter().map(|b| b.lead_pulled_p1_us).fold(f64::MAX, f64::min),
         );
+    }
+    if !a.load.json {
+        for (i, b) in r.cluster.backends.iter().enumerate() {
+            println!(
+                "backend {i} pulls: per batch p50 {:.0} us, p99 {:.0} us | predicted p50 {:.0} us (fit {:.0} us + {:.0} us/MiB) | overran {:.2}% of {} | inputs late {}",
+                b.pull_batch_p50_us,
+                b.pull_batch_p99_us,
+                b.pull_predicted_p50_us,
+                b.pull_fixed_us,
+                b.pull_per_mib_us,
+                b.pull_overrun_share * 100.0,
+                b.pulls_predicted,
+                b.pulls_late,
+            );
+        }
     }
     print_load(&w, &r.load, a.load.json, Some(extra))
 }

@@ -201,6 +201,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
             sent: b.time_near(now),
             ctrl_delay: Dur(b.i64_near(0)),
             pull: Dur(b.i64_near(0)),
+            pull_per_mib: Dur(b.i64_near(0)),
         },
         6 | 7 => Msg::Pong {
             seq: b.u64(),
@@ -345,6 +346,7 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
             sent: now,
             ctrl_delay: Dur::from_us(50),
             pull: Dur::from_us(1),
+            pull_per_mib: Dur::from_us(1),
         },
     })
 }

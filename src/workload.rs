@@ -167,6 +167,7 @@ struct RawWorkload {
 #[serde(deny_unknown_fields)]
 struct RawNetwork {
     ctrl_us: Option<f64>,
+    data_fixed_us: Option<f64>,
     data_us: Option<f64>,
     resp_us: Option<f64>,
     slack_us: Option<f64>,
@@ -368,6 +369,7 @@ impl Workload {
         };
         let net = NetBudget {
             ctrl: us(net_raw.ctrl_us, "ctrl_us")?,
+            data_fixed: us(net_raw.data_fixed_us, "data_fixed_us")?,
             data_per_req: us(net_raw.data_us, "data_us")?,
             resp: us(net_raw.resp_us, "resp_us")?,
             slack: us(net_raw.slack_us, "slack_us")?,

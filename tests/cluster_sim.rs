@@ -393,3 +393,99 @@ fn a_standby_takes_over_with_the_primary_s_assignment() {
     // Only a switch in the primary's last heartbeat is missed.
     assert!(stale * 4 <= changed, "{stale} stale vs {changed} changed");
 }
+
+/// The input pull budget: backends fit their pull cost per batch (a fixed part
+/// and a part per byte, at the p99), the scheduler budgets each batch with it.
+/// Under network jitter, process stalls and pulls with per-byte jitter and
+/// rare per-batch stalls, on 602,112-byte inputs, the budget covers the
+/// batch's pull in at least 99% of batches and never exceeds twice the p99
+/// of the pulls of batches of its size.
+#[test]
+fn the_pull_budget_covers_99_percent_of_batches_and_stays_under_twice_their_p99() {
+    use fermata::sim::cluster::SimPull;
+    let w = Workload::from_toml(
+        r#"
+name = "r50_h100"
+gpus = 4
+rate_rps = 3000
+[[models]]
+name = "resnet50"
+alpha_ms = 0.2228
+beta_ms = 1.4654
+slo_ms = 50
+max_batch = 64
+input_bytes = 602112
+"#,
+        None,
+    )
+    .unwrap();
+    for seed in 1..=3u64 {
+        let o = ClusterSimOpts {
+            seed,
+            faults: Faults::None,
+            backends: 2,
+            gpus_per_backend: 2,
+            // Light to heavy: batches of every size.
+            rate_rps: 1200.0 * seed as f64,
+            duration: Dur::from_ms(10_000),
+            jitter: Dur::from_us(200),
+            stall_every: Dur::from_ms(500),
+            pull: SimPull {
+                fixed: Dur::from_us(20),
+                per_input: Dur::ZERO,
+                per_mib: Dur::from_us(80),
+                jitter: 0.3,
+                stall_p: 0.003,
+                stall: Dur::from_ms(3),
+            },
+            ..ClusterSimOpts::default()
+        };
+        let r = ClusterSim::new(&w, o).run();
+        assert!(r.violation.is_none(), "{r:?}");
+        // Once the budget is measured (the first second is learning).
+        let recs: Vec<_> = r
+            .pulls
+            .iter()
+            .filter(|p| p.at >= fermata::core::Time(Dur::from_ms(1000).0))
+            .collect();
+        assert!(recs.len() > 500, "seed {seed}: {} batches", recs.len());
+        let covered = recs.iter().filter(|p| p.took <= p.budget).count();
+        let share = covered as f64 / recs.len() as f64;
+        assert!(
+            share >= 0.99,
+            "seed {seed}: the budget covered {share:.4} of {} batches",
+            recs.len()
+        );
+        // By batch size (powers of two): no budget above twice the p99.
+        let bucket = |bs: u32| 32 - bs.leading_zeros();
+        let mut checked = 0;
+        for k in 1..=7 {
+            let mut took: Vec<i64> = recs
+                .iter()
+                .filter(|p| bucket(p.bs) == k)
+                .map(|p| p.took.0)
+                .collect();
+            if took.len() < 100 {
+                continue;
+            }
+            took.sort_unstable();
+            let p99 = took[(took.len() * 99).div_ceil(100) - 1];
+            let worst = recs
+                .iter()
+                .filter(|p| bucket(p.bs) == k)
+                .map(|p| p.budget.0)
+                .max()
+                .unwrap();
+            assert!(
+                worst <= 2 * p99,
+                "seed {seed}: batches of {}..{}: budget up to {worst} ns, their p99 {p99} ns",
+                1 << (k - 1),
+                (1 << k) - 1
+            );
+            checked += 1;
+        }
+        assert!(checked >= 1, "seed {seed}: no batch size had 100 batches");
+        let bad = (r.late + r.dropped + r.failed) as f64 / r.requests as f64;
+        assert!(bad < 0.02, "seed {seed}: {bad} bad");
+    }
+}

@@ -115,6 +115,7 @@ impl Peer {
             sent: Time(0),
             ctrl_delay: Dur::ZERO,
             pull: Dur::ZERO,
+            pull_per_mib: Dur::ZERO,
         });
         self.wait(Duration::from_secs(3), |m| match m {
             Msg::Pong { seq: s, .. } if *s == seq => Some(()),
@@ -246,6 +247,7 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
         sent: Time(i64::MIN),
         ctrl_delay: Dur(i64::MAX),
         pull: Dur(i64::MAX),
+        pull_per_mib: Dur(i64::MAX),
     });
     assert!(p.enter_service().is_some(), "backend enters service");
     let q = Peer::connect(&tr, s.addr());
@@ -264,6 +266,11 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
         rep.d_data_us <= cap.max_data.as_us_f64(),
         "{}",
         rep.d_data_us
+    );
+    assert!(
+        rep.d_data_fixed_us <= 10.0 * cap.max_data.as_us_f64(),
+        "{}",
+        rep.d_data_fixed_us
     );
 }
 
@@ -389,6 +396,7 @@ fn extreme_times_in_plan_done_do_not_overflow() {
                 sent: Time(0),
                 ctrl_delay: Dur::ZERO,
                 pull: Dur::ZERO,
+                pull_per_mib: Dur::ZERO,
             });
             f.wait(Duration::from_secs(5), |m| match m {
                 Msg::Pong { sched, .. } => Some(*sched),

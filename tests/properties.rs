@@ -130,6 +130,7 @@ fn dispatcher_random_events_deep_check() {
         ][case % 3];
         cfg.net = NetBudget {
             ctrl: Dur::from_us(rnd(200) as i64),
+            data_fixed: Dur::from_us(rnd(500) as i64),
             data_per_req: Dur::from_us(rnd(20) as i64),
             resp: Dur::from_us(rnd(200) as i64),
             slack: Dur::from_us(rnd(300) as i64),

@@ -38,6 +38,7 @@ fn ping(seq: u64) -> Msg {
         sent: Time(seq as i64 * 3),
         ctrl_delay: Dur::ZERO,
         pull: Dur::ZERO,
+        pull_per_mib: Dur::ZERO,
     }
 }
 

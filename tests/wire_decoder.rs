@@ -340,13 +340,22 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         arb_vec((any::<u64>().prop_map(TaskId), arb_drop_reason()))
             .prop_map(|items| Msg::Dropped { items })
             .boxed(),
-        (any::<u64>(), any::<i64>(), any::<i64>(), any::<i64>())
-            .prop_map(|(seq, sent_ns, ctrl_delay_ns, pull_ns)| Msg::Ping {
-                seq,
-                sent: Time(sent_ns),
-                ctrl_delay: Dur(ctrl_delay_ns),
-                pull: Dur(pull_ns),
-            })
+        (
+            any::<u64>(),
+            any::<i64>(),
+            any::<i64>(),
+            any::<i64>(),
+            any::<i64>(),
+        )
+            .prop_map(
+                |(seq, sent_ns, ctrl_delay_ns, pull_ns, per_mib_ns)| Msg::Ping {
+                    seq,
+                    sent: Time(sent_ns),
+                    ctrl_delay: Dur(ctrl_delay_ns),
+                    pull: Dur(pull_ns),
+                    pull_per_mib: Dur(per_mib_ns),
+                },
+            )
             .boxed(),
         (any::<u64>(), any::<i64>(), any::<i64>())
             .prop_map(|(seq, echo_ns, sched_ns)| Msg::Pong {
@@ -625,6 +634,7 @@ fn some_msgs() -> Vec<Msg> {
             sent: Time(2),
             ctrl_delay: Dur(3),
             pull: Dur(4),
+            pull_per_mib: Dur(5),
         },
         Msg::ListModels,
         Msg::Submit {

@@ -7,6 +7,7 @@ pub mod model;
 pub mod nexus;
 pub mod policy;
 pub mod profile;
+pub mod pull;
 pub mod rank;
 pub mod shard;
 pub mod structs;
@@ -17,6 +18,7 @@ pub use ids::{GpuId, ModelId, PlanId, TaskId};
 pub use model::{Candidate, DropReason, ModelSpec, Outcome, Task};
 pub use policy::{Gather, NetBudget, Policy};
 pub use profile::LatencyProfile;
+pub use pull::{PullEstimator, PullFit};
 pub use time::{Dur, Time};
 
 /// The interface every scheduling core offers to its driver (simulator or runtime).

@@ -288,8 +288,10 @@ impl ModelState {
         }
         let prof = &self.spec.profile;
         let n = gpus.max(1.0);
-        let budget =
-            Dur(((self.spec.slo - self.resp() - self.net.ctrl).0 as f64 * n / (n + 1.0)) as i64);
+        let budget = Dur(
+            ((self.spec.slo - self.resp() - self.net.ctrl - self.net.data_fixed).0 as f64 * n
+                / (n + 1.0)) as i64,
+        );
         let cap = prof
             .max_batch_within(budget, self.net.data_per_req, self.max_batch)
             .max(1);
@@ -412,7 +414,7 @@ impl ModelState {
         // `room`: how many the deadline allows from now, however many are queued
         // (latencies are non-decreasing, so the batch is `room` capped by the queue).
         let room = prof.max_batch_within(
-            d - now - self.net.ctrl,
+            d - now - self.net.ctrl - self.net.data_fixed,
             self.net.data_per_req,
             self.max_batch,
         );
@@ -630,6 +632,7 @@ mod tests {
         let cand = |slack_us: i64| {
             let net = NetBudget {
                 ctrl: Dur::from_us(100),
+                data_fixed: Dur::ZERO,
                 data_per_req: Dur::from_us(10),
                 resp: Dur::from_us(100),
                 slack: Dur::from_us(slack_us),

@@ -208,11 +208,16 @@ impl FromStr for Gather {
 }
 
 /// Network delays budgeted by the scheduler (Symphony Appendix D): a batch of `b`
-/// needs `ctrl + data_per_req * b` between the plan leaving the scheduler and the
-/// batch starting on the GPU; results need `resp` to get back to the frontend.
+/// needs `ctrl + data_fixed + data_per_req * b` between the plan leaving the
+/// scheduler and the batch starting on the GPU (the input pull of the whole
+/// batch is `data_fixed + data_per_req * b`, see [`super::pull`]); results need
+/// `resp` to get back to the frontend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NetBudget {
     pub ctrl: Dur,
+    /// The part of a batch's input pull that does not grow with its size.
+    pub data_fixed: Dur,
+    /// What each request adds to the batch's input pull.
     pub data_per_req: Dur,
     pub resp: Dur,
     /// The least time a deferred batch keeps between its planned start and its
@@ -228,7 +233,13 @@ pub struct NetBudget {
 impl NetBudget {
     #[inline]
     pub fn delay(&self, bs: u32) -> Dur {
-        Dur(self.ctrl.0 + self.data_per_req.0 * bs as i64)
+        Dur(self.ctrl.0 + self.data(bs).0)
+    }
+
+    /// The input pull budget of a batch of `bs`.
+    #[inline]
+    pub fn data(&self, bs: u32) -> Dur {
+        Dur(self.data_fixed.0 + self.data_per_req.0 * bs as i64)
     }
 }
 

@@ -10,7 +10,11 @@
 //! [`PlanQueue`] and ends each batch with the production [`cut_batch`] and
 //! [`settle`]. What is modelled: the GPUs (a batch runs for the profile's l(b)
 //! with a little noise; a load succeeds at once) and the input pulls (an input
-//! is there while its frontend is connected and still holds the request).
+//! is there while its frontend is connected and still holds the request; a
+//! GPU's pulls run one batch at a time from each plan's arrival, overlapping
+//! the batch before it, and take what [`SimPull`] says; each backend fits its
+//! pull cost with the production [`PullEstimator`] and reports it in pings, so
+//! the scheduler's pull budget is the one a live cluster would set).
 //!
 //! The network delays every message (delay plus jitter, in order on each
 //! connection as TCP keeps it, in any order across connections); a lost
@@ -41,7 +45,7 @@
 //! A violation stops the run with a [`Violation`] whose `replay` is the one-line
 //! command that runs exactly that seed again.
 
-use crate::core::{Dispatcher, Dur, GpuId, ModelId, NetBudget, PlanId, Time};
+use crate::core::{Dispatcher, Dur, GpuId, ModelId, NetBudget, PlanId, PullEstimator, Time};
 use crate::node::proto::backend::{
     self as be_proto, cut_batch, settle, BackendProto, PlanMsg, PlanQueue,
 };
@@ -95,6 +99,62 @@ pub enum Planted {
     SkipLoad,
 }
 
+/// What a batch's input pull takes in the simulator: `fixed + per_input × b +
+/// per_mib × bytes / MiB`, scaled by a uniform factor in `[1, 1 + jitter]`,
+/// plus `stall` in a `stall_p` share of batches (a stall costs its batch once).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimPull {
+    pub fixed: Dur,
+    pub per_input: Dur,
+    pub per_mib: Dur,
+    pub jitter: f64,
+    pub stall_p: f64,
+    pub stall: Dur,
+}
+
+impl Default for SimPull {
+    fn default() -> Self {
+        SimPull {
+            fixed: Dur::ZERO,
+            per_input: Dur::from_us(2),
+            per_mib: Dur::ZERO,
+            jitter: 0.0,
+            stall_p: 0.0,
+            stall: Dur::ZERO,
+        }
+    }
+}
+
+/// One batch's pull as the simulator recorded it: its size, what the pull
+/// took, and the pull budget the scheduler had for a batch of that size when
+/// the plan reached its backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PullRecord {
+    pub at: Time,
+    pub bs: u32,
+    pub took: Dur,
+    pub budget: Dur,
+}
+
+/// What one batch's pull takes under `p` (draws from `rng` only when `p` has
+/// jitter or stalls).
+fn sim_pull(p: &SimPull, rng: &mut Xoshiro256PlusPlus, bs: u32, bytes: u64) -> Dur {
+    let base = p.fixed.0 as f64
+        + p.per_input.0 as f64 * bs as f64
+        + p.per_mib.0 as f64 * bytes as f64 / (1u64 << 20) as f64;
+    let scale = if p.jitter > 0.0 {
+        1.0 + rng.gen_range(0.0..p.jitter)
+    } else {
+        1.0
+    };
+    let stall = if p.stall_p > 0.0 && rng.gen::<f64>() < p.stall_p {
+        p.stall
+    } else {
+        Dur::ZERO
+    };
+    Dur((base * scale).round() as i64) + stall
+}
+
 /// One run's settings.
 #[derive(Debug, Clone)]
 pub struct ClusterSimOpts {
@@ -136,6 +196,8 @@ pub struct ClusterSimOpts {
     /// and then: no request may be lost or answered twice for it, and no
     /// plan may reach a backend that has not loaded its model.
     pub subclusters: u32,
+    /// What input pulls take.
+    pub pull: SimPull,
 }
 
 impl Default for ClusterSimOpts {
@@ -158,6 +220,7 @@ impl Default for ClusterSimOpts {
             rogue: false,
             drain: false,
             subclusters: 1,
+            pull: SimPull::default(),
         }
     }
 }
@@ -273,6 +336,12 @@ pub struct ClusterSimReport {
     /// Models that backends alive at the end unloaded at a rejoin because
     /// the scheduler they joined did not ask for them (another sub-cluster).
     pub stale_unloaded: u64,
+    /// Every batch's pull against its budget (not in the JSON).
+    #[serde(skip)]
+    pub pulls: Vec<PullRecord>,
+    /// The network budget in force (not in the JSON).
+    #[serde(skip)]
+    pub net: NetBudget,
     pub violation: Option<Violation>,
 }
 
@@ -389,6 +458,11 @@ impl Fe {
 struct GpuRun {
     busy: bool,
     queue: PlanQueue<PlanMsg>,
+    /// When the GPU's puller is done with the plans it has (true time).
+    pull_free: Time,
+    /// Per queued plan: when its inputs are in (true time), what the pull
+    /// took, its bytes, and the budget the scheduler had for it.
+    pulled: HashMap<PlanId, (Time, Dur, u64, Dur)>,
     /// Models to confirm loaded (a rejoin) when the running batch ends.
     confirms: Vec<ModelId>,
 }
@@ -409,6 +483,8 @@ struct Be {
     /// Told to drain (it sent `Drain`), and answered (`Drained`).
     draining: bool,
     drained: bool,
+    /// The production estimator of the pull cost, fed every batch pulled.
+    pull_est: PullEstimator,
 }
 
 struct Sched {
@@ -451,6 +527,7 @@ pub struct ClusterSim {
     w: Workload,
     models: Vec<ModelInfo>,
     rng: Xoshiro256PlusPlus,
+    pull_rng: Xoshiro256PlusPlus,
     now: Time,
     seq: u64,
     queue: BinaryHeap<Reverse<(Time, u64, usize)>>,
@@ -497,6 +574,9 @@ impl ClusterSim {
         let models = crate::node::exec::model_infos(w);
         let mut sim = ClusterSim {
             rng: Xoshiro256PlusPlus::seed_from_u64(opts.seed),
+            // Pulls draw from their own stream: a pull model with jitter
+            // leaves every other draw of the seed as it was.
+            pull_rng: Xoshiro256PlusPlus::seed_from_u64(opts.seed ^ 0x9e37_79b9_7f4a_7c15),
             report: ClusterSimReport {
                 seed: opts.seed,
                 ..Default::default()
@@ -767,6 +847,8 @@ impl ClusterSim {
                 .map(|_| GpuRun {
                     busy: false,
                     queue: PlanQueue::default(),
+                    pull_free: Time::EPOCH_MIN,
+                    pulled: HashMap::new(),
                     confirms: Vec::new(),
                 })
                 .collect(),
@@ -774,6 +856,7 @@ impl ClusterSim {
             hung_until: Time::EPOCH_MIN,
             draining: false,
             drained: false,
+            pull_est: PullEstimator::new(512),
         }));
         self.be_slots[slot] = pid;
         self.be_apply(pid);
@@ -2020,7 +2103,28 @@ impl ClusterSim {
                 }
             }
             be_proto::Action::Queue { gpu, plan } => {
-                b.run[gpu].queue.push(plan.exec_at, plan);
+                // The GPU's puller starts on the plan once it is done with
+                // those before it.
+                let bytes = plan.tasks.len() as u64
+                    * self
+                        .models
+                        .get(plan.model.idx())
+                        .map_or(0, |m| m.input_bytes as u64);
+                let took = sim_pull(
+                    &self.opts.pull,
+                    &mut self.pull_rng,
+                    plan.tasks.len() as u32,
+                    bytes,
+                );
+                let budget = self.report.net.data(plan.tasks.len() as u32);
+                let Proc::Be(b) = &mut self.procs[pid] else {
+                    return false;
+                };
+                let run = &mut b.run[gpu];
+                let done = run.pull_free.max(self.now) + took;
+                run.pull_free = done;
+                run.pulled.insert(plan.id, (done, took, bytes, budget));
+                run.queue.push(plan.exec_at, plan);
                 self.be_next(pid, gpu as u32);
             }
             be_proto::Action::Drained => {
@@ -2089,7 +2193,24 @@ impl ClusterSim {
         let present = inputs_present(b, &self.procs, &plan);
         let hung = b.hung_until;
         let prof = &self.w.models[plan.model.idx()].spec.profile;
-        let pull = Dur(2_000 * plan.tasks.len() as i64);
+        // The batch starts when due and its inputs are in.
+        let pulled = b.run[gpu as usize].pulled.get(&plan.id).copied();
+        let pull = pulled.map_or(Dur::ZERO, |(done, ..)| (done - now).max(Dur::ZERO));
+        if let Some((_, took, bytes, budget)) = pulled {
+            if let Proc::Be(b) = &mut self.procs[pid] {
+                b.run[gpu as usize].pulled.remove(&plan.id);
+                b.pull_est.observe(bytes, took);
+                if let Some(fit) = b.pull_est.fit() {
+                    b.proto.set_pull(fit);
+                }
+            }
+            self.report.pulls.push(PullRecord {
+                at: now,
+                bs: plan.tasks.len() as u32,
+                took,
+                budget,
+            });
+        }
         let start = sched_now + pull;
         let cut = cut_batch(&plan.tasks, &present, start, Some(prof));
         let span = self.batch_span(plan.model, cut.run.len());
@@ -2315,6 +2436,7 @@ fn count_budget_change(r: &mut ClusterSimReport, now: Time, net: NetBudget) {
         r.d_ctrl_us_max = r.d_ctrl_us_max.max(r.d_ctrl_us);
     }
     r.d_ctrl_us = net.ctrl.as_us_f64();
+    r.net = net;
 }
 
 /// Takes the core's outputs: tells the protocol of the drops and returns the

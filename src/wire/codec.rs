@@ -557,7 +557,7 @@ wire_messages! {
     11 => PlanDone { id, gpu, status, started, finished, missing },
     12 => Results { items },
     13 => Dropped { items },
-    14 => Ping { seq, sent, ctrl_delay, pull },
+    14 => Ping { seq, sent, ctrl_delay, pull, pull_per_mib },
     15 => Pong { seq, echo, sched },
     16 => Infer { req, model, slo, input },
     17 => InferReply { req, status, latency, queue, batch_size, output, message },
@@ -919,6 +919,7 @@ mod tests {
                 sent: Time(2),
                 ctrl_delay: Dur(3),
                 pull: Dur(4),
+                pull_per_mib: Dur(5),
             },
             Msg::Pong {
                 seq: 1,

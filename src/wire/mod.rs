@@ -62,7 +62,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -354,9 +354,12 @@ pub enum Msg {
         /// (zero = none yet): a backend reports its plans' one-way delay (half its
         /// ping round trip until enough plans came).
         ctrl_delay: Dur,
-        /// Backend's recent input pull time per task at the same percentile
-        /// (zero = none yet).
+        /// Backend's input pull cost per batch (zero = none yet): the fixed
+        /// part of a batch's pull at the quantile the pull budget holds
+        /// ([`crate::core::pull`]),
         pull: Dur,
+        /// and what each mebibyte of the batch's inputs adds.
+        pull_per_mib: Dur,
     },
     /// Answer to a ping: echoes `sent` (the node's clock), adds the scheduler's
     /// clock at receipt.

@@ -1,6 +1,7 @@
 //! The backend's Prometheus series, labelled with its name: plans and tasks by
 //! outcome and the waits on its internal channels (read from [`Shared`]'s atomics
-//! at scrape time), batch sizes per model and batch start delays.
+//! at scrape time), batch sizes per model, batch start delays, and each batch's
+//! input pull against the budget predicted for it.
 
 use super::shared::Shared;
 use crate::metrics::{Histogram, Kind, Registry, BATCH_BUCKETS, LATENCY_BUCKETS};
@@ -104,4 +105,87 @@ fn outcome_counter(
             })
             .collect()
     });
+}
+
+/// Bounds of the pull histograms (seconds): 10 us to 50 ms.
+const PULL_BUCKETS: &[f64] = &[
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+];
+
+/// Batch-size buckets of the pull histograms: (upper bound, label).
+const PULL_SIZE_BUCKETS: [(usize, &str); 5] = [
+    (1, "1"),
+    (4, "2-4"),
+    (16, "5-16"),
+    (64, "17-64"),
+    (usize::MAX, "65+"),
+];
+
+/// The pull time of each batch and the budget predicted for it before it was
+/// pulled, by batch-size bucket.
+pub(super) struct PullHistograms {
+    actual: Vec<Arc<Histogram>>,
+    predicted: Vec<Arc<Histogram>>,
+}
+
+impl PullHistograms {
+    pub(super) fn observe(
+        &self,
+        n: usize,
+        took: crate::core::Dur,
+        predicted: Option<crate::core::Dur>,
+    ) {
+        let i = PULL_SIZE_BUCKETS
+            .iter()
+            .position(|&(hi, _)| n <= hi)
+            .unwrap_or(PULL_SIZE_BUCKETS.len() - 1);
+        self.actual[i].observe(took.0.max(0) as u64);
+        if let Some(p) = predicted {
+            self.predicted[i].observe(p.0.max(0) as u64);
+        }
+    }
+}
+
+/// The pull histograms, by batch-size bucket.
+pub(super) fn pull_histograms(reg: &Registry, backend: &str) -> PullHistograms {
+    let h = |name: &str, help: &str| -> Vec<Arc<Histogram>> {
+        PULL_SIZE_BUCKETS
+            .iter()
+            .map(|&(_, b)| {
+                reg.histogram(
+                    name,
+                    help,
+                    &[("backend", backend), ("batch", b)],
+                    Histogram::seconds(PULL_BUCKETS),
+                )
+            })
+            .collect()
+    };
+    PullHistograms {
+        actual: h(
+            "fermata_backend_pull_seconds",
+            "Time to pull a whole batch's inputs, by batch size.",
+        ),
+        predicted: h(
+            "fermata_backend_pull_predicted_seconds",
+            "The pull budget the backend's estimator predicted for a batch before pulling it, by batch size.",
+        ),
+    }
+}
+
+/// The pull counts: batches pulled with a prediction in place, those whose
+/// pull overran it, and those whose inputs were in only after `exec_at`.
+pub(super) fn register_pull_counters(sh: &Arc<Shared>) {
+    outcome_counter(
+        sh,
+        "fermata_backend_pulls_total",
+        "Batches pulled, by outcome (predicted: with a budget predicted; over: took longer than predicted; late: inputs in only after the planned start).",
+        |s| {
+            vec![
+                ("predicted", s.pulls.load(Ordering::Relaxed)),
+                ("over", s.pulls_over.load(Ordering::Relaxed)),
+                ("late", s.pulls_late.load(Ordering::Relaxed)),
+            ]
+        },
+    );
 }

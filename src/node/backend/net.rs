@@ -10,7 +10,7 @@ use super::shared::Shared;
 use crate::core::{Dur, GpuId, LatencyProfile, ModelId};
 use crate::node::proto::backend::{Action, BackendProto, PlanMsg};
 use crate::transport::{Conn, ConnId, Event, EventTx, ReadReq, Transport, PROBE_CAP, SLOT_HEADER};
-use crate::wire::{ModelInfo, NodeId, RegionInfo, NET_QUANTILE};
+use crate::wire::{ModelInfo, NodeId, RegionInfo};
 use anyhow::{bail, Result};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::collections::HashMap;
@@ -77,13 +77,10 @@ impl NetLoop {
             }
             let now = local.now();
             if now >= self.proto.poll_timeout() {
-                let pull = self
-                    .shared
-                    .pull
-                    .lock()
-                    .expect("lock")
-                    .quantile(NET_QUANTILE);
-                self.proto.set_pull(Dur(pull));
+                let fit = self.shared.pull_est.lock().expect("lock").fit();
+                if let Some(fit) = fit {
+                    self.proto.set_pull(fit);
+                }
                 self.proto.handle_timeout(now);
             }
         }
@@ -308,10 +305,8 @@ impl NetLoop {
                     if r[0].is_err() {
                         break;
                     }
-                    sh.pull
-                        .lock()
-                        .expect("lock")
-                        .push(t0.elapsed().as_nanos() as i64);
+                    let took = Dur::from_std(t0.elapsed());
+                    sh.pull_est.lock().expect("lock").observe(len as u64, took);
                 }
             });
     }

@@ -4,7 +4,7 @@
 
 use super::channels::Queued;
 use super::channels::{WorkerMsg, PLANS_MAX, WORKER_MAX};
-use super::metrics::{register_counters, register_waits};
+use super::metrics::{register_counters, register_pull_counters, register_waits};
 use super::net::NetLoop;
 use super::options::BackendOpts;
 use super::report::BackendReport;
@@ -58,6 +58,7 @@ impl BackendNode {
         let shared = Arc::new(Shared::new(clock, sched, reader, registry, &opts.name));
         register_counters(&shared);
         register_waits(&shared);
+        register_pull_counters(&shared);
         let gpus = spawn_gpus(&opts, &shared)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready) = bounded(1);

@@ -4,6 +4,7 @@
 
 use super::channels::{send_counted, Queued, WorkerMsg};
 use super::shared::Shared;
+use crate::core::Dur;
 use crate::node::proto::backend::{classify_input, pull_budget, pull_requests, Input, PlanMsg};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::Ordering;
@@ -54,20 +55,20 @@ fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
     let budget = pull_budget(plan, prof.as_ref(), now);
     let bufs = sh.take_buffers(reqs.len());
+    let bytes: u64 = reqs.iter().map(|r| r.len as u64).sum();
     let t0 = Instant::now();
     let got = sh
         .reader
         .read_many_into(&reqs, Duration::from_nanos(budget.0 as u64), bufs);
     let el = t0.elapsed();
-    sh.lead_pulled
-        .lock()
-        .expect("lock")
-        .push((plan.exec_at - sh.clock.now()).0);
+    let lead = plan.exec_at - sh.clock.now();
+    sh.lead_pulled.lock().expect("lock").push(lead.0);
     if !plan.tasks.is_empty() {
         sh.pull
             .lock()
             .expect("lock")
             .push(el.as_nanos() as i64 / plan.tasks.len() as i64);
+        sh.observe_pull(reqs.len(), bytes, Dur::from_std(el), lead < Dur::ZERO);
     }
     // Each input stays in the slot it was read into (header first): no copy.
     got.into_iter()

@@ -41,6 +41,19 @@ pub struct BackendReport {
     /// Pull time per input of a batch: median and largest (us).
     pub pull_p50_us_per_task: f64,
     pub pull_max_us_per_task: f64,
+    /// Each batch's pull (us): the median and p99 of the whole batch's pull
+    /// time, the median budget the estimator predicted for a batch before
+    /// pulling it, batches pulled with a prediction, the share of them whose
+    /// pull took longer, and batches whose inputs were in only after `exec_at`.
+    pub pull_batch_p50_us: f64,
+    pub pull_batch_p99_us: f64,
+    pub pull_predicted_p50_us: f64,
+    pub pulls_predicted: u64,
+    pub pull_overrun_share: f64,
+    pub pulls_late: u64,
+    /// The estimator's fit at the end: fixed part per batch, and per MiB (us).
+    pub pull_fixed_us: f64,
+    pub pull_per_mib_us: f64,
     /// Inputs pulled into a fresh buffer because the pool had none.
     pub pull_buffers_allocated: u64,
     /// One-way plan delay from the scheduler, p50 / p99 (us).
@@ -62,6 +75,7 @@ impl Shared {
     pub(super) fn report(&self) -> BackendReport {
         let s = self;
         let q = |r: &Mutex<Recent>, p: f64| r.lock().expect("lock").quantile(p) as f64 / 1e3;
+        let fit = s.pull_est.lock().expect("lock").fit().unwrap_or_default();
         BackendReport {
             plans_run: s.plans_run.load(Ordering::Relaxed),
             plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
@@ -82,6 +96,15 @@ impl Shared {
             pull_p99_us_per_task: q(&s.pull, 0.99),
             pull_p50_us_per_task: q(&s.pull, 0.5),
             pull_max_us_per_task: q(&s.pull, 1.0),
+            pull_batch_p50_us: q(&s.pull_batch, 0.5),
+            pull_batch_p99_us: q(&s.pull_batch, 0.99),
+            pull_predicted_p50_us: q(&s.pull_predicted, 0.5),
+            pulls_predicted: s.pulls.load(Ordering::Relaxed),
+            pull_overrun_share: s.pulls_over.load(Ordering::Relaxed) as f64
+                / s.pulls.load(Ordering::Relaxed).max(1) as f64,
+            pulls_late: s.pulls_late.load(Ordering::Relaxed),
+            pull_fixed_us: fit.fixed.as_us_f64(),
+            pull_per_mib_us: fit.per_mib.as_us_f64(),
             pull_buffers_allocated: s.pool_misses.load(Ordering::Relaxed),
             plan_delay_p50_us: q(&s.plan_delay, 0.5),
             plan_delay_p99_us: q(&s.plan_delay, 0.99),

@@ -3,8 +3,8 @@
 //! reader, the counters and recent measurements, and the pool of input buffers
 //! the pullers read into and the workers give back.
 
-use super::metrics::start_delay_histogram;
-use crate::core::{LatencyProfile, ModelId};
+use super::metrics::{pull_histograms, start_delay_histogram, PullHistograms};
+use crate::core::{Dur, LatencyProfile, ModelId, PullEstimator};
 use crate::metrics::{Histogram, Registry};
 use crate::node::clock::{Recent, SchedClock};
 use crate::node::proto::backend::Input;
@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex, RwLock};
 /// bytes they may hold together.
 const POOL_MAX: usize = 512;
 const POOL_MAX_BYTES: usize = 256 << 20;
+
+/// Recent batches the pull estimator fits.
+const PULL_SAMPLES: usize = 512;
 
 pub(super) struct Shared {
     pub(super) clock: SchedClock,
@@ -33,7 +36,20 @@ pub(super) struct Shared {
     pub(super) frontends: RwLock<HashMap<NodeId, Arc<dyn Conn>>>,
     pub(super) profiles: RwLock<HashMap<ModelId, LatencyProfile>>,
     pub(super) reader: Arc<dyn RegionReader>,
+    /// Pull time per task (a batch's pull over its size), for the report.
     pub(super) pull: Mutex<Recent>,
+    /// The pull cost per batch: fitted to every batch pulled (and the probes),
+    /// reported to the scheduler in pings.
+    pub(super) pull_est: Mutex<PullEstimator>,
+    /// Recent batches' pull times, and the budgets predicted for them.
+    pub(super) pull_batch: Mutex<Recent>,
+    pub(super) pull_predicted: Mutex<Recent>,
+    /// Batches pulled with a prediction in place, those whose pull took longer
+    /// than predicted, and those whose inputs were in only after `exec_at`.
+    pub(super) pulls: AtomicU64,
+    pub(super) pulls_over: AtomicU64,
+    pub(super) pulls_late: AtomicU64,
+    pub(super) pull_hists: PullHistograms,
     /// One-way delay of plans (scheduler's send to our receipt, on the scheduler's
     /// clock; includes the clock offset's error).
     pub(super) plan_delay: Mutex<Recent>,
@@ -99,6 +115,13 @@ impl Shared {
             profiles: RwLock::new(HashMap::new()),
             reader,
             pull: Mutex::new(Recent::new(512)),
+            pull_est: Mutex::new(PullEstimator::new(PULL_SAMPLES)),
+            pull_batch: Mutex::new(Recent::new(2048)),
+            pull_predicted: Mutex::new(Recent::new(2048)),
+            pulls: AtomicU64::new(0),
+            pulls_over: AtomicU64::new(0),
+            pulls_late: AtomicU64::new(0),
+            pull_hists: pull_histograms(&registry, name),
             plan_delay: Mutex::new(Recent::new(1024)),
             start_delay: Mutex::new(Recent::new(2048)),
             lead_arrived: Mutex::new(Recent::new(2048)),
@@ -137,6 +160,25 @@ impl Shared {
     /// was not lost since).
     pub(super) fn current(&self, session: u64) -> bool {
         self.session.load(Ordering::Acquire) == session
+    }
+
+    /// A batch of `n` inputs, `bytes` in all, took `took` to pull; `late`: its
+    /// inputs were in only after its `exec_at`. Feeds the estimator, the
+    /// histograms and the overrun counts.
+    pub(super) fn observe_pull(&self, n: usize, bytes: u64, took: Dur, late: bool) {
+        let (predicted, over) = {
+            let mut e = self.pull_est.lock().expect("lock");
+            let p = e.budget(bytes);
+            (p, e.observe(bytes, took))
+        };
+        self.pull_batch.lock().expect("lock").push(took.0);
+        self.pull_hists.observe(n, took, predicted);
+        self.pulls_late.fetch_add(late as u64, Ordering::Relaxed);
+        if let Some(p) = predicted {
+            self.pull_predicted.lock().expect("lock").push(p.0);
+            self.pulls.fetch_add(1, Ordering::Relaxed);
+            self.pulls_over.fetch_add(over as u64, Ordering::Relaxed);
+        }
     }
 
     /// Inputs that could not be pulled, whatever the reason.

@@ -26,7 +26,7 @@
 
 use super::check;
 use super::member::{self, Member, MemberCounts};
-use crate::core::{Dur, GpuId, LatencyProfile, ModelId, PlanId, TaskId, Time};
+use crate::core::{Dur, GpuId, LatencyProfile, ModelId, PlanId, PullFit, TaskId, Time};
 use crate::node::clock::{Delays, Recent};
 use crate::transport::{ConnId, InputRef, ReadError, ReadReq, SlotHeader, SLOT_HEADER};
 use crate::wire::{
@@ -146,8 +146,8 @@ pub struct BackendProto {
     max_input: u32,
     frontends: HashMap<NodeId, ConnId>,
     fe_conns: HashMap<ConnId, NodeId>,
-    /// Pull time per task at [`NET_QUANTILE`] (measured by the driver).
-    pull: Dur,
+    /// The pull cost per batch (fitted by the driver's [`crate::core::PullEstimator`]).
+    pull: PullFit,
     counts: ProtoCounts,
     out: VecDeque<Action>,
 }
@@ -182,7 +182,7 @@ impl BackendProto {
             max_input: 0,
             frontends: HashMap::new(),
             fe_conns: HashMap::new(),
-            pull: Dur::ZERO,
+            pull: PullFit::default(),
             counts: ProtoCounts::default(),
             out: VecDeque::new(),
         };
@@ -267,9 +267,9 @@ impl BackendProto {
         Dur(self.plan_delay().0.saturating_add(err.0))
     }
 
-    /// The driver's latest pull time per task (reported in pings).
-    pub fn set_pull(&mut self, d: Dur) {
-        self.pull = check::measured(d);
+    /// The driver's latest fit of the pull cost per batch (reported in pings).
+    pub fn set_pull(&mut self, fit: PullFit) {
+        self.pull = check::measured_pull(fit);
     }
 
     /// The driver could not queue `plan` (its GPU's queue is full): it is

@@ -45,6 +45,14 @@ pub fn measured(d: Dur) -> Dur {
     Dur(d.0.clamp(0, MAX_MEASURED.0))
 }
 
+/// A pull cost a backend reported, each part clamped like [`measured`].
+pub fn measured_pull(f: crate::core::PullFit) -> crate::core::PullFit {
+    crate::core::PullFit {
+        fixed: measured(f.fixed),
+        per_mib: measured(f.per_mib),
+    }
+}
+
 /// The busy time of a batch a backend reports, clamped to `[0, MAX_BATCH_SPAN]`.
 pub fn batch_span(started: Time, finished: Time) -> Dur {
     Dur(finished

@@ -33,7 +33,7 @@
 //! signal).
 
 use super::check;
-use crate::core::{Dur, GpuId, Time};
+use crate::core::{Dur, GpuId, PullFit, Time};
 use crate::node::clock::{Delays, OffsetEstimator};
 use crate::transport::ConnId;
 use crate::wire::{ModelInfo, Msg, NodeId};
@@ -122,9 +122,9 @@ pub struct Member {
     last_pong: Time,
     next_ping: Time,
     seq: u64,
-    /// What the pings carry: the node's control delay and pull time per task.
+    /// What the pings carry: the node's control delay and pull cost.
     ctrl_delay: Dur,
-    pull: Dur,
+    pull: PullFit,
     attempt: u32,
     jitter_seed: u64,
     /// When the node last left service (None while in service).
@@ -157,7 +157,7 @@ impl Member {
             next_ping: now,
             seq: 0,
             ctrl_delay: Dur::ZERO,
-            pull: Dur::ZERO,
+            pull: PullFit::default(),
             attempt: 0,
             jitter_seed: fnv(name.as_bytes()),
             lost_at: None,
@@ -234,9 +234,9 @@ impl Member {
     }
 
     /// What the next pings carry (clamped like every measured delay).
-    pub fn set_report(&mut self, ctrl_delay: Dur, pull: Dur) {
+    pub fn set_report(&mut self, ctrl_delay: Dur, pull: PullFit) {
         self.ctrl_delay = check::measured(ctrl_delay);
-        self.pull = check::measured(pull);
+        self.pull = check::measured_pull(pull);
     }
 
     /// The owner gives the scheduler up (it cannot work with this one): as if
@@ -361,7 +361,8 @@ impl Member {
             seq: self.seq,
             sent: now,
             ctrl_delay: self.ctrl_delay,
-            pull: self.pull,
+            pull: self.pull.fixed,
+            pull_per_mib: self.pull.per_mib,
         });
     }
 

@@ -26,7 +26,7 @@
 use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
 use super::subclusters::{Move, MoveStats, Phase, SubClusters};
-use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, Task, TaskId, Time};
+use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, PullFit, Task, TaskId, Time};
 use crate::node::clock::moved;
 use crate::transport::ConnId;
 use crate::wire::{
@@ -67,6 +67,11 @@ pub fn plan_msg(plan: &crate::core::Plan, tasks: Vec<PlanTask>, sent: Time) -> M
 /// Response margins move the core's plans only by more than a tenth of this
 /// (20 us) or of their last value ([`moved`]).
 pub const MARGIN_FLOOR: Dur = Dur(200_000);
+
+/// The fixed part of the pull budget is capped at this many times `max_data`
+/// (the cap per task): a run of stalled pulls cannot make every request
+/// unschedulable.
+pub const DATA_FIXED_CAP: i64 = 10;
 
 /// The scheduler's protocol settings.
 #[derive(Debug, Clone)]
@@ -121,12 +126,16 @@ pub struct SchedReport {
     /// (scheduler time).
     pub tasks_late: u64,
     pub connections_closed_for_errors: u64,
-    /// Last applied d_ctrl / d_data (per task), microseconds.
+    /// Last applied d_ctrl, and the input pull budget: its fixed part per
+    /// batch and its part per task (d_data), microseconds.
     pub d_ctrl_us: f64,
+    pub d_data_fixed_us: f64,
     pub d_data_us: f64,
-    /// Backends' last reported control delay and pull time per task at p99.9 (us).
+    /// Backends' last reported control delay at p99.9, and their largest pull
+    /// cost per batch: the fixed part and the part per MiB (us).
     pub ctrl_delay_us: f64,
     pub pull_us: f64,
+    pub pull_per_mib_us: f64,
     /// The largest response margin given to the core (us).
     pub margin_max_us: f64,
     /// Sub-clusters, and the models' moves between them.
@@ -226,9 +235,9 @@ struct PeerConn {
     peer: Peer,
     last_seen: Time,
     /// What the node last measured (from its pings, also those before it
-    /// registered), clamped: control delay and pull time per task.
+    /// registered), clamped: control delay and pull cost per batch.
     ctrl_delay: Dur,
-    pull: Dur,
+    pull: PullFit,
     /// A frontend's response margin per model id (empty until it reports).
     margins: Vec<Dur>,
     /// A hot standby following (it sent `Follow`): the version of the
@@ -380,7 +389,7 @@ impl SchedProto {
                 peer: Peer::New,
                 last_seen: now,
                 ctrl_delay: Dur::ZERO,
-                pull: Dur::ZERO,
+                pull: PullFit::default(),
                 margins: Vec::new(),
                 follows: None,
             },
@@ -467,9 +476,13 @@ impl SchedProto {
                 sent,
                 ctrl_delay,
                 pull,
+                pull_per_mib,
             } => {
                 pc.ctrl_delay = check::measured(ctrl_delay);
-                pc.pull = check::measured(pull);
+                pc.pull = check::measured_pull(PullFit {
+                    fixed: pull,
+                    per_mib: pull_per_mib,
+                });
                 let follows = pc.follows.is_some();
                 let pong = Msg::Pong {
                     seq,
@@ -1314,11 +1327,13 @@ impl SchedProto {
         }
     }
 
-    /// Recomputes d_ctrl / d_data from the backends' measurements (never below
-    /// the floors, never above the caps); a change of more than 10% goes to the
-    /// core.
+    /// Recomputes d_ctrl and the pull budget from the backends' measurements
+    /// (never below the floors, never above the caps); a change of more than
+    /// 10% goes to the core. The pull budget of a batch of b is the largest
+    /// fitted cost over the backends, `fixed + per_mib × b × input`, with the
+    /// largest input of the models.
     fn update_net(&mut self) {
-        let (mut rtt, mut pull, mut n) = (Dur::ZERO, Dur::ZERO, 0);
+        let (mut rtt, mut pull, mut n) = (Dur::ZERO, PullFit::default(), 0);
         for pc in self.conns.values() {
             if let Peer::Backend { .. } = pc.peer {
                 rtt = rtt.max(pc.ctrl_delay);
@@ -1331,23 +1346,44 @@ impl SchedProto {
             return;
         }
         self.report.ctrl_delay_us = rtt.as_us_f64();
-        self.report.pull_us = pull.as_us_f64();
+        self.report.pull_us = pull.fixed.as_us_f64();
+        self.report.pull_per_mib_us = pull.per_mib.as_us_f64();
         let ctrl = (rtt + Dur(rtt.0 / 10)).min(self.cfg.max_ctrl);
         let f = self.cfg.floors;
+        let input = self
+            .cfg
+            .models
+            .iter()
+            .map(|m| m.input_bytes as u64)
+            .max()
+            .unwrap_or(0);
         let net = NetBudget {
             ctrl: f.ctrl.max(ctrl),
-            data_per_req: f.data_per_req.max(pull.min(self.cfg.max_data)),
+            data_fixed: f
+                .data_fixed
+                .max(pull.fixed.min(Dur(self.cfg.max_data.0 * DATA_FIXED_CAP))),
+            data_per_req: f
+                .data_per_req
+                .max(pull.per_request(input).min(self.cfg.max_data)),
             // Results travel one hop (backend to frontend), like a plan.
             resp: f.resp.max(ctrl),
             slack: f.slack,
         };
         let changed = |a: Dur, b: Dur| moved(a, b, Dur::from_us(1));
+        // The pull budget holds a quantile: a rise of more than 1% applies at
+        // once (a budget held 10% low would leave that many more pulls late),
+        // a fall only past 10%.
+        let rose = |a: Dur, b: Dur| a.0 > b.0 + (b.0 / 100).max(100);
         if changed(net.ctrl, self.net.ctrl)
+            || changed(net.data_fixed, self.net.data_fixed)
             || changed(net.data_per_req, self.net.data_per_req)
+            || rose(net.data_fixed, self.net.data_fixed)
+            || rose(net.data_per_req, self.net.data_per_req)
             || changed(net.resp, self.net.resp)
         {
             tracing::info!(
                 d_ctrl_us = net.ctrl.as_us_f64(),
+                d_data_fixed_us = net.data_fixed.as_us_f64(),
                 d_data_us = net.data_per_req.as_us_f64(),
                 "scheduler: network budget changed"
             );
@@ -1355,6 +1391,7 @@ impl SchedProto {
             self.actions.push_back(Action::SetNet(net));
         }
         self.report.d_ctrl_us = self.net.ctrl.as_us_f64();
+        self.report.d_data_fixed_us = self.net.data_fixed.as_us_f64();
         self.report.d_data_us = self.net.data_per_req.as_us_f64();
     }
 }
@@ -1496,6 +1533,7 @@ mod tests {
             sent: now,
             ctrl_delay: Dur::ZERO,
             pull: Dur::ZERO,
+            pull_per_mib: Dur::ZERO,
         }
     }
 

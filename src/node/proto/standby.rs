@@ -232,6 +232,7 @@ impl StandbyProto {
                         sent: now,
                         ctrl_delay: Dur::ZERO,
                         pull: Dur::ZERO,
+                        pull_per_mib: Dur::ZERO,
                     },
                 ));
             }

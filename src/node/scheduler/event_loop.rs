@@ -593,6 +593,10 @@ impl EventLoop {
             .metrics
             .d_data
             .set(net.data_per_req.as_secs_f64());
+        self.routes
+            .metrics
+            .d_data_fixed
+            .set(net.data_fixed.as_secs_f64());
     }
 
     fn device_bytes(&mut self, model: ModelId, bytes: u64) {

@@ -23,6 +23,7 @@ pub(super) struct SchedMetrics {
     /// Device memory each model takes on a GPU, as its backends report it.
     pub(super) device_bytes: Vec<Gauge>,
     pub(super) d_data: Gauge,
+    pub(super) d_data_fixed: Gauge,
 }
 
 /// The label of a drop code.
@@ -67,6 +68,11 @@ impl SchedMetrics {
             d_data: reg.gauge(
                 "fermata_scheduler_d_data_seconds",
                 "The input-transfer budget per task d_data in use.",
+                &[],
+            ),
+            d_data_fixed: reg.gauge(
+                "fermata_scheduler_d_data_fixed_seconds",
+                "The part of a batch's input-transfer budget that does not grow with its size.",
                 &[],
             ),
         }
