@@ -1027,7 +1027,7 @@ mod tests {
             echo: Time(-1),
             sched: Time(0x0102),
         });
-        let mut want = vec![27, 0, 0, 0, 6, 0, 15];
+        let mut want = vec![27, 0, 0, 0, 7, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1044,7 +1044,7 @@ mod tests {
                 cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![6, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![7, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1057,8 +1057,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 6, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 6, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 7, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 7, 0, 18]);
     }
 
     #[test]
@@ -1078,7 +1078,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [6, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [7, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1088,7 +1088,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![6, 0, 9];
+        let mut body = vec![7, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 44]);
         assert_eq!(
@@ -1140,20 +1140,20 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[6, 0, 0]),
+            decode(&[7, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[6, 0, 27]),
+            decode(&[7, 0, 27]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 27
             })
         );
-        let e = decode(&[6, 0, 18, 0]).unwrap_err();
+        let e = decode(&[7, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1163,7 +1163,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![6, 0, 1, 2]; // Register, role 2
+        let mut body = vec![7, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1218,7 +1218,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[6, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[7, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"
@@ -1287,12 +1287,12 @@ mod tests {
     fn frame_reader_error_is_sticky() {
         let mut r = FrameReader::new();
         let mut stream = encode_to_vec(&Msg::ListModels);
-        stream.extend_from_slice(&[3, 0, 0, 0, 7, 0, 18]); // version 7
+        stream.extend_from_slice(&[3, 0, 0, 0, 99, 0, 18]); // version 99
         encode(&Msg::ListModels, &mut stream);
         r.feed(&stream);
         assert_eq!(r.next_msg(), Some(Ok(Msg::ListModels)));
         let want = Some(Err(DecodeError::Version {
-            got: 7,
+            got: 99,
             want: PROTOCOL_VERSION,
         }));
         assert_eq!(r.next_msg(), want);
