@@ -1,6 +1,8 @@
 //! Input pull: backends reading batches of inputs one-sided from a frontend's
 //! region, the shape of the paper's incast benchmark (Symphony, Appendix B), over
-//! loopback TCP and, for comparison, the in-process transport in the same run.
+//! loopback TCP, in the clear and through the cluster's secure channel (a
+//! transport with a cluster key: every byte sealed and opened), and, for
+//! comparison, the in-process transport in the same run.
 //!
 //! ```text
 //! cargo bench --bench input_pull                        # full run, well under a minute
@@ -27,7 +29,8 @@
 //! * batch latency p50 / p99: one `read_many` of N inputs, issue to last answer;
 //! * input latency p50 / p99: batch latency / N, the pull cost per input a backend
 //!   (the backend reports its pull cost per batch, not per input: `core::pull`);
-//! * the ratio TCP / in-process of each figure.
+//! * the ratio TCP / in-process of each figure, and the secure channel's
+//!   against TCP in the clear (`channel/tcp`).
 
 use fermata::transport::inproc::InProc;
 use fermata::transport::tcp::Tcp;
@@ -274,8 +277,11 @@ fn main() {
         })
         .collect();
     let tcp = Tcp::new().expect("tcp transport");
+    let sealed = Tcp::keyed(Some(fermata::transport::auth::ClusterKey::generate()))
+        .expect("tcp transport with a cluster key");
     let inproc = InProc::global();
-    let transports: [(&str, &dyn Transport); 2] = [("tcp", &tcp), ("inproc", &inproc)];
+    let transports: [(&str, &dyn Transport); 3] =
+        [("tcp", &tcp), ("inproc", &inproc), ("tcp+channel", &sealed)];
     let fronts: Vec<Frontend> = transports
         .iter()
         .map(|(_, tr)| frontend(*tr, &region, &slots))
@@ -307,22 +313,24 @@ fn main() {
             row(name, n, &m);
             med.push(m);
         }
-        let (t, i) = (med[0].fields(), med[1].fields());
-        let mut ratio = [0.0; 6];
-        for k in 0..6 {
-            ratio[k] = t[k] / i[k];
+        for (name, a, b) in [("tcp/inproc", 0, 1), ("channel/tcp", 2, 0)] {
+            let (t, i) = (med[a].fields(), med[b].fields());
+            let mut ratio = [0.0; 6];
+            for k in 0..6 {
+                ratio[k] = t[k] / i[k];
+            }
+            let r = Stats::from_fields(ratio);
+            println!(
+                "{:<13} {n:>4} {:>12.3} {:>7.3} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
+                name,
+                r.inputs_per_s,
+                r.gb_per_s,
+                r.batch_p50_us,
+                r.batch_p99_us,
+                r.input_p50_us,
+                r.input_p99_us
+            );
         }
-        let r = Stats::from_fields(ratio);
-        println!(
-            "{:<13} {n:>4} {:>12.3} {:>7.3} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
-            "tcp/inproc",
-            r.inputs_per_s,
-            r.gb_per_s,
-            r.batch_p50_us,
-            r.batch_p99_us,
-            r.input_p50_us,
-            r.input_p99_us
-        );
     }
     println!("total {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -14,17 +14,14 @@ use fermata::transport::{self, Transport};
 use fermata::workload::{Arrival, Workload};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The workload `fermata serve` runs when none is given.
 pub const DEFAULT_WORKLOAD: &str = include_str!("../configs/workloads/resnet50_8gpu.toml");
 
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
 extern "C" fn on_signal(_: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
+    fermata::node::request_stop();
 }
 
 /// SIGINT and SIGTERM set a flag that the role's main loop polls.
@@ -37,7 +34,7 @@ pub fn catch_signals() {
 }
 
 pub fn signalled() -> bool {
-    SIGNALLED.load(Ordering::SeqCst)
+    fermata::node::stop_requested()
 }
 
 /// The HTTP API's limits and threads (`frontend --http-listen`, `serve --http-port`).
@@ -52,6 +49,11 @@ pub struct HttpArgs {
     /// Largest input tensor a request may declare, in bytes; larger ones get 413.
     #[arg(long, default_value_t = fermata::workload::MAX_INPUT_BYTES as usize)]
     http_max_tensor_bytes: usize,
+    /// Most bytes of request bodies buffered at once, all requests together;
+    /// a body beyond gets 503 with Retry-After (default: a quarter of the
+    /// machine's memory, at least 256 MiB).
+    #[arg(long)]
+    http_max_buffered_bytes: Option<usize>,
     /// Most HTTP connections open at once; a new one beyond closes the one that
     /// has waited longest for its next request (default: the open-file limit
     /// less 128).
@@ -137,6 +139,15 @@ impl HttpArgs {
         o.body_timeout = Duration::from_millis(self.http_body_timeout_ms);
         o.max_body_bytes = self.http_max_body_bytes;
         o.max_tensor_bytes = self.http_max_tensor_bytes;
+        if let Some(b) = self.http_max_buffered_bytes {
+            if b < self.http_max_body_bytes {
+                bail!(
+                    "--http-max-buffered-bytes ({b}) must be at least --http-max-body-bytes ({})",
+                    self.http_max_body_bytes
+                );
+            }
+            o.max_buffered_bytes = b;
+        }
         Ok(o)
     }
 }
@@ -195,9 +206,10 @@ impl SecretArgs {
         }
     }
 
-    /// The role's transport, authenticating every connection with the key.
-    fn transport(&self, name: &str) -> Result<Arc<dyn Transport>> {
-        let key = self.key_for(name)?;
+    /// The role's transport, every connection of it through the secure
+    /// channel over the key, naming `role` when it dials.
+    fn transport(&self, name: &str, role: &'static str) -> Result<Arc<dyn Transport>> {
+        let key = self.key_for(name)?.map(|k| k.with_role(role));
         transport::by_name_keyed(name, key).with_context(|| format!("--transport {name}"))
     }
 
@@ -494,7 +506,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     }
     let epoch = a.subclusters.epoch_opts()?;
     let s = SchedulerNode::start(
-        a.secret.transport(&a.transport)?,
+        a.secret.transport(&a.transport, "scheduler")?,
         &w,
         SchedulerOpts {
             listen: a.listen,
@@ -617,7 +629,7 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
         BackendOpts::with_executor_on(&a.scheduler, a.gpus, &a.executor, &a.models, devices)
             .with_context(|| format!("--executor {}", a.executor))?;
     o.name = a.name;
-    let b = BackendNode::start(a.secret.transport(&a.transport)?, o)?;
+    let b = BackendNode::start(a.secret.transport(&a.transport, "backend")?, o)?;
     let ids = b.wait_ready(Duration::from_secs(30))?;
     announce(format!("fermata backend ready: GPUs {ids:?}"));
     let m = metrics_server("backend", &a.metrics_listen, vec![b.metrics()])?;
@@ -718,7 +730,7 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     if let Some(l) = &a.grpc_listen {
         o.grpc = Some(a.http.grpc_opts(l)?);
     }
-    let f = FrontendNode::start(a.secret.transport(&a.transport)?, o)?;
+    let f = FrontendNode::start(a.secret.transport(&a.transport, "frontend")?, o)?;
     announce(format!("fermata frontend listening on {}", f.addr()));
     if let Some(h) = f.http_addr() {
         announce(format!("fermata frontend HTTP API listening on {h}"));
@@ -884,9 +896,20 @@ pub fn cmd_loadgen(a: LoadgenArgs) -> Result<()> {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect();
+    let n = fes.len();
     let o = a.load.options(&w, fes)?;
-    let r = loadgen::run(a.secret.transport(&a.transport)?, &w, &o)?;
-    print_load(&w, &r, a.load.json, None)
+    let r = loadgen::run(a.secret.transport(&a.transport, "loadgen")?, &w, &o)?;
+    print_load(&w, &r, a.load.json, None)?;
+    if r.lost.len() >= n {
+        bail!(
+            "every frontend was lost during the run: {} requests sent, {} answered, {} in flight when lost, {} never sent",
+            r.sent,
+            r.answered,
+            r.sent.saturating_sub(r.answered),
+            r.never_sent
+        );
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -1353,7 +1376,7 @@ impl BackendArgs {
 pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let w = serve_workload(&a)?;
     let key = (a.transport != "inproc")
-        .then(|| a.secret.key_or_new())
+        .then(|| a.secret.key_or_new().map(|k| k.with_role("serve")))
         .transpose()?;
     let tr = transport::by_name_keyed(&a.transport, key)
         .with_context(|| format!("--transport {}", a.transport))?;

@@ -1,6 +1,7 @@
 //! Fuzz drivers: arbitrary bytes turned into sequences of events for each node's
-//! protocol machine ([`crate::node::proto`]) and into TCP region frames
-//! ([`crate::transport::region_wire`]), with the machines' guarantees checked
+//! protocol machine ([`crate::node::proto`]), into TCP region frames
+//! ([`crate::transport::region_wire`]) and into the secure channel's handshake
+//! and records ([`crate::transport::auth`]), with the machines' guarantees checked
 //! after every step. A panic is a finding. Each driver returns how many times
 //! the input reached its machine's deepest path (GPUs in service, a plan
 //! queued, a request answered, a read served), so a harness can tell that the
@@ -15,6 +16,7 @@ use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, TaskId, Time};
 use crate::node::proto::backend::{Action as BeAction, BackendProto};
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
 use crate::node::proto::sched::{Action as SchedAction, SchedConfig, SchedProto};
+use crate::transport::auth::{Accept, Channel, ClusterKey, Dial, Service, Step};
 use crate::transport::region_wire::{self as rw, AnswerHeader, Request, ANS_LEN, REQ_LEN};
 use crate::transport::{InputRef, Region};
 use crate::wire::{
@@ -789,4 +791,159 @@ pub fn region_frames(data: &[u8]) -> u64 {
     }
     assert_eq!(answers.len(), data.len() / REQ_LEN);
     served
+}
+
+/// Runs a secure-channel handshake between a dialer and a listener of `key`
+/// in memory, `tamper` changing each of the dialer's flights (its index, its
+/// bytes) on the way: the dialer's and the listener's channels (an error or
+/// a stall is None).
+fn channel_pair(
+    key: &ClusterKey,
+    dialed: &str,
+    port: u16,
+    mut tamper: impl FnMut(usize, &mut Vec<u8>),
+) -> (Option<Channel>, Option<Channel>) {
+    let Ok((mut d, first)) = Dial::start(key, Service::Control, dialed) else {
+        return (None, None);
+    };
+    let mut a = Accept::new(key, Service::Control, port);
+    let (mut to_l, mut to_d) = (Vec::new(), Vec::new());
+    let mut flight = 0;
+    let mut d_need = match first {
+        Step::SendThenRead(mut b, n) => {
+            tamper(flight, &mut b);
+            flight += 1;
+            to_l.extend_from_slice(&b);
+            n
+        }
+        _ => return (None, None),
+    };
+    let mut a_need = a.first();
+    let (mut dc, mut lc) = (None, None);
+    let (mut d_over, mut l_over) = (false, false);
+    loop {
+        if !l_over && to_l.len() >= a_need {
+            let b: Vec<u8> = to_l.drain(..a_need).collect();
+            match a.take(&b) {
+                Ok(Step::Read(n)) => a_need = n,
+                Ok(Step::SendThenRead(out, n)) => {
+                    to_d.extend_from_slice(&out);
+                    a_need = n;
+                }
+                Ok(Step::Done(_, ch)) => {
+                    lc = Some(ch);
+                    l_over = true;
+                }
+                Err(_) => l_over = true,
+            }
+        } else if !d_over && to_d.len() >= d_need {
+            let b: Vec<u8> = to_d.drain(..d_need).collect();
+            match d.take(&b) {
+                Ok(Step::Read(n)) => d_need = n,
+                Ok(Step::SendThenRead(mut out, n)) => {
+                    tamper(flight, &mut out);
+                    flight += 1;
+                    to_l.extend_from_slice(&out);
+                    d_need = n;
+                }
+                Ok(Step::Done(mut out, ch)) => {
+                    tamper(flight, &mut out);
+                    flight += 1;
+                    to_l.extend_from_slice(&out);
+                    dc = Some(ch);
+                    d_over = true;
+                }
+                Err(_) => d_over = true,
+            }
+        } else {
+            return (dc, lc);
+        }
+    }
+}
+
+/// The secure channel ([`crate::transport::auth`]) under arbitrary bytes:
+/// garbage fed to a listener's handshake in the sizes it asks for never opens
+/// a channel; a real handshake whose dialer flights get bytes changed (which,
+/// where, to what: from the fuzz bytes) never opens one on the listener's
+/// side, and one left alone always does; then records of arbitrary bytes,
+/// sealed and cut at arbitrary points, open to exactly those bytes, and a
+/// record stream with one byte changed yields an error, never other bytes.
+/// Returns 1 when a channel opened and carried records.
+pub fn channel_handshake(data: &[u8]) -> u64 {
+    let key = ClusterKey::new(b"fuzzing-cluster-secret").expect("key");
+    // 1. Garbage to a listener.
+    let mut a = Accept::new(&key, Service::Control, 7300);
+    let mut need = a.first();
+    let mut pos = 0;
+    while pos + need <= data.len() {
+        match a.take(&data[pos..pos + need]) {
+            Ok(Step::Read(n)) | Ok(Step::SendThenRead(_, n)) => {
+                pos += need;
+                need = n;
+                assert!(n <= 65537, "a handshake asks for at most one message");
+            }
+            Ok(Step::Done(..)) => panic!("arbitrary bytes opened a channel"),
+            Err(_) => break,
+        }
+    }
+    // 2. A real handshake, maybe changed on the way.
+    let mut b = Bytes::new(data);
+    let change = b.bool();
+    let (which, at, xor) = (b.below(3) as usize, b.below(400) as usize, b.u8() | 1);
+    let mut changed = false;
+    let (dc, lc) = channel_pair(&key, "sched:7300", 7300, |i, bytes| {
+        if change && i == which && !bytes.is_empty() {
+            let at = at % bytes.len();
+            bytes[at] ^= xor;
+            changed = true;
+        }
+    });
+    if changed {
+        assert!(lc.is_none(), "a changed handshake opened a channel");
+        return 0;
+    }
+    let (Some(mut dc), Some(mut lc)) = (dc, lc) else {
+        panic!("a handshake left alone failed");
+    };
+    // 3. Records.
+    let n = b.below(4096) as usize + b.below(3) as usize * 70_000;
+    let (flip_it, flip_at, flip_xor) = (b.one_in(3), b.below(u32::MAX) as usize, b.u8() | 1);
+    let plain: Vec<u8> = (0..n).map(|i| (i as u8) ^ b.u8()).collect();
+    let mut stream = Vec::new();
+    dc.sealer.seal(&plain, &mut stream).expect("seal");
+    let flip = flip_it.then(|| flip_at % stream.len().max(1));
+    if let Some(f) = flip {
+        if !stream.is_empty() {
+            stream[f] ^= flip_xor;
+        }
+    }
+    let mut got = Vec::new();
+    let mut raw = Vec::new();
+    let mut failed = false;
+    let mut p = 0;
+    while p < stream.len() {
+        let cut = (1 + b.below(20_000) as usize).min(stream.len() - p);
+        raw.extend_from_slice(&stream[p..p + cut]);
+        p += cut;
+        match lc.opener.open(&raw, &mut got) {
+            Ok(used) => {
+                raw.drain(..used);
+            }
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+        assert!(plain.starts_with(&got), "a record opened to other bytes");
+    }
+    match flip {
+        Some(_) if !stream.is_empty() => {
+            assert!(failed || !raw.is_empty(), "a changed record stream opened");
+            0
+        }
+        _ => {
+            assert!(!failed && raw.is_empty() && got == plain);
+            u64::from(n > 0)
+        }
+    }
 }

@@ -74,8 +74,8 @@ fn only_members_of_the_cluster_get_in() {
     let data = c.frontends[0].data_addr().to_string();
 
     // 1. An outsider speaking the wire protocol: a backend's Register to the
-    //    scheduler, and a 64 MiB frame header to the frontend. Each gets the
-    //    handshake's hello (40 bytes) and the connection closed: no answer, and
+    //    scheduler, and a 64 MiB frame header to the frontend. Neither is a
+    //    channel header: the connection is closed with nothing sent back, and
     //    nothing buffered for the frame.
     let register = wire::encode_to_vec(&Msg::Register {
         role: Role::Backend,
@@ -90,12 +90,11 @@ fn only_members_of_the_cluster_get_in() {
     });
     let (got, closed) = raw_exchange(&sched, &register);
     assert!(closed, "the scheduler closed the outsider's connection");
-    assert_eq!(got.len(), 40, "only the hello came back: {got:?}");
-    assert_eq!(&got[..8], b"FMTAUTH1");
+    assert!(got.is_empty(), "nothing came back: {got:?}");
     let mut frame = (64u32 << 20).to_le_bytes().to_vec();
     frame.extend_from_slice(&[0u8; 64]);
     let (got, closed) = raw_exchange(&fe, &frame);
-    assert!(closed && got.len() == 40, "{got:?}");
+    assert!(closed && got.is_empty(), "{got:?}");
 
     // 2. A process with another secret: refused by the handshake, on both
     //    ports, with the reason.
@@ -240,4 +239,334 @@ fn a_member_without_the_tasks_capability_reads_and_answers_nothing() {
     let cr = c.stop().unwrap();
     let forged: u64 = cr.frontends.iter().map(|f| f.forged_results).sum();
     assert!(forged > 0, "the forgeries never met a pending request");
+}
+
+/// A process that does not hold the cluster secret, bound where members dial:
+/// it accepts each connection, opens one to a target (`targets`, in turn)
+/// and copies the bytes both ways, keeping everything it sees. It can also
+/// write bytes of its own into a connection towards its target.
+struct Relay {
+    addr: String,
+    conns: Arc<std::sync::Mutex<Vec<Arc<Relayed>>>>,
+    /// Every byte seen, both ways.
+    seen: Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+/// One relayed connection.
+struct Relayed {
+    /// Bytes that came back from the target.
+    back: std::sync::atomic::AtomicUsize,
+    /// The target closed it.
+    closed: std::sync::atomic::AtomicBool,
+    to_target: std::sync::Mutex<TcpStream>,
+}
+
+impl Relayed {
+    fn back(&self) -> usize {
+        self.back.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    /// Writes `bytes` towards the target.
+    fn inject(&self, bytes: &[u8]) {
+        let _ = self.to_target.lock().unwrap().write_all(bytes);
+    }
+}
+
+impl Relay {
+    fn start(bind: &str, targets: Vec<String>) -> Relay {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Mutex;
+        let l = std::net::TcpListener::bind(bind).unwrap();
+        let r = Relay {
+            addr: l.local_addr().unwrap().to_string(),
+            conns: Arc::new(Mutex::new(Vec::new())),
+            seen: Arc::new(Mutex::new(Vec::new())),
+        };
+        let (conns, seen) = (r.conns.clone(), r.seen.clone());
+        std::thread::spawn(move || {
+            for (i, s) in l.incoming().enumerate() {
+                let Ok(dialer) = s else { return };
+                let Ok(target) = TcpStream::connect(&targets[i % targets.len()]) else {
+                    continue;
+                };
+                let rc = Arc::new(Relayed {
+                    back: AtomicUsize::new(0),
+                    closed: AtomicBool::new(false),
+                    to_target: Mutex::new(target.try_clone().unwrap()),
+                });
+                conns.lock().unwrap().push(rc.clone());
+                // Dialer to target.
+                let (mut d, mut t) = (dialer.try_clone().unwrap(), target.try_clone().unwrap());
+                let seen1 = seen.clone();
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 65536];
+                    while let Ok(n @ 1..) = d.read(&mut b) {
+                        seen1.lock().unwrap().extend_from_slice(&b[..n]);
+                        if t.write_all(&b[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = t.shutdown(std::net::Shutdown::Write);
+                });
+                // Target to dialer.
+                let (mut t, mut d) = (target, dialer);
+                let seen2 = seen.clone();
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 65536];
+                    while let Ok(n @ 1..) = t.read(&mut b) {
+                        seen2.lock().unwrap().extend_from_slice(&b[..n]);
+                        rc.back.fetch_add(n, Ordering::SeqCst);
+                        if d.write_all(&b[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    rc.closed.store(true, Ordering::SeqCst);
+                    let _ = d.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        r
+    }
+
+    fn conns(&self) -> Vec<Arc<Relayed>> {
+        self.conns.lock().unwrap().clone()
+    }
+
+    fn saw(&self, needle: &[u8]) -> bool {
+        self.seen
+            .lock()
+            .unwrap()
+            .windows(needle.len())
+            .any(|w| w == needle)
+    }
+}
+
+/// Waits (up to 5 s) until `f` holds.
+fn wait_until(mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+fn exe() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_fermata"))
+}
+
+/// The relay attack with real processes: a process without the secret binds
+/// an address a member dials (here: the scheduler address a backend is
+/// given) and relays the member's handshake to other members' ports (a
+/// frontend's control listener, the real scheduler). Each refuses it at its
+/// first bytes (another address was dialed): nothing comes back through the
+/// relay, the relayed backend never joins, and the cluster serves on.
+#[test]
+fn a_relay_without_the_secret_is_refused_by_the_members_it_relays_to() {
+    use fermata::harness::procs::{small_workload, Proc, ProcCluster, ProcOpts};
+    let dir = std::env::temp_dir().join(format!("fermata-relay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wp = dir.join("relay.toml");
+    std::fs::write(&wp, small_workload("relay", 1)).unwrap();
+    let w = Workload::from_file(&wp).unwrap();
+    let c = ProcCluster::start(&exe(), &ProcOpts::new(wp.clone())).unwrap();
+    let relay = Relay::start(
+        "127.0.0.1:0",
+        vec![c.frontend_addrs[0].clone(), c.scheduler_addr.clone()],
+    );
+    let mut args = vec![
+        "backend".to_string(),
+        "--scheduler".into(),
+        relay.addr.clone(),
+        "--gpus".into(),
+        "1".into(),
+        "--name".into(),
+        "relayed".into(),
+    ];
+    args.extend(c.secret.args());
+    let mut b = Proc::spawn(&exe(), "relayed", &args, false).unwrap();
+    let joined = b.wait_for("fermata backend ready", Duration::from_secs(6), |l| {
+        l.starts_with("fermata backend ready")
+            .then(|| l.to_string())
+    });
+    assert!(joined.is_err(), "the relayed backend joined: {joined:?}");
+    b.stop(Duration::from_secs(2));
+    let conns = relay.conns();
+    assert!(!conns.is_empty(), "the backend dialed the relay");
+    for (i, rc) in conns.iter().enumerate() {
+        assert_eq!(rc.back(), 0, "connection {i}: a member sent something back");
+        assert!(
+            wait_until(|| rc.closed()),
+            "connection {i}: its target closed it"
+        );
+    }
+
+    // The cluster served on, and knows one backend.
+    let tr = c.secret.transport().unwrap();
+    let mut lo = LoadgenOpts::new(c.frontend_addrs.clone(), &w);
+    lo.rate_rps = 100.0;
+    lo.warmup = Dur::ZERO;
+    lo.duration = Dur::from_secs_f64(1.0);
+    lo.verify = true;
+    let rep = loadgen::run(tr, &w, &lo).unwrap();
+    assert_eq!(rep.unanswered, 0);
+    assert!(rep.sim.bad_rate() < 0.05, "bad rate {}", rep.sim.bad_rate());
+    let reports = c.stop();
+    let s = reports.scheduler.expect("the scheduler's report");
+    assert_eq!(s["backends_registered"], 1, "{s}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process without the secret that holds the address members dial and
+/// relays to the very member they meant (same port, another loopback
+/// address: a forwarder) sees only records: no model name, no input, and
+/// what it writes into a connection (a forged wire frame, a region read
+/// with a guessed capability) makes the member close it, never answer it.
+/// The frontend advertises 127.0.0.2, where the relays listen; it listens
+/// on 127.0.0.1.
+#[test]
+fn a_forwarder_without_the_secret_reads_and_forges_nothing() {
+    use fermata::harness::procs::{ProcCluster, ProcOpts};
+    let dir = std::env::temp_dir().join(format!("fermata-fwd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wp = dir.join("fwd.toml");
+    const MODEL: &str = "model-name-only-members-may-read";
+    std::fs::write(
+        &wp,
+        format!(
+            "name = \"fwd\"\ngpus = 1\nrate_rps = 100\n[[models]]\nname = \"{MODEL}\"\n\
+             alpha_ms = 0.5\nbeta_ms = 2.0\nslo_ms = 50\ninput_bytes = 4096\n"
+        ),
+    )
+    .unwrap();
+    let w = Workload::from_file(&wp).unwrap();
+    // The forwarders first, on ports free on 127.0.0.1 too.
+    let (ctl, data) = loop {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (c, d) = (free(), free());
+        if c == d {
+            continue;
+        }
+        let (Ok(_), Ok(_)) = (
+            std::net::TcpListener::bind(format!("127.0.0.2:{c}")),
+            std::net::TcpListener::bind(format!("127.0.0.2:{d}")),
+        ) else {
+            continue;
+        };
+        break (
+            Relay::start(&format!("127.0.0.2:{c}"), vec![format!("127.0.0.1:{c}")]),
+            Relay::start(&format!("127.0.0.2:{d}"), vec![format!("127.0.0.1:{d}")]),
+        );
+    };
+    let port = |a: &str| a.rsplit_once(':').unwrap().1.to_string();
+    let data_port = port(&data.addr);
+    let mut o = ProcOpts::new(wp.clone());
+    o.frontend_args = vec![
+        "--advertise".into(),
+        "127.0.0.2".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", port(&ctl.addr)),
+        "--data-listen".into(),
+        format!("127.0.0.1:{data_port}"),
+    ];
+    let c = ProcCluster::start(&exe(), &o).unwrap();
+    let fe = c.frontend_addrs[0].clone();
+    assert_eq!(
+        fe, ctl.addr,
+        "the frontend advertises the forwarder's address"
+    );
+
+    // Members talk through the forwarders: the requests are served, with
+    // the right outputs.
+    let tr = c.secret.transport().unwrap();
+    let mut lo = LoadgenOpts::new(vec![fe.clone()], &w);
+    lo.rate_rps = 100.0;
+    lo.warmup = Dur::ZERO;
+    lo.duration = Dur::from_secs_f64(1.0);
+    lo.verify = true;
+    let rep = loadgen::run(tr.clone(), &w, &lo).unwrap();
+    assert!(
+        rep.sim.good() > 50,
+        "served through the forwarders: {}",
+        rep.sim.good()
+    );
+    assert_eq!(rep.unanswered, 0);
+    assert!(!ctl.conns().is_empty() && !data.conns().is_empty());
+    // ... and the forwarders saw records only: the model's name travels in
+    // the load generator's requests and the frontend's model list.
+    assert!(
+        !ctl.saw(MODEL.as_bytes()),
+        "the model name went in the clear"
+    );
+    assert!(!data.saw(MODEL.as_bytes()));
+
+    // A member's connections through the forwarders, kept open: a control
+    // connection to the frontend and a region reader.
+    let (tx, rx) = fermata::transport::event_channel();
+    let conn = tr.connect(&fe, tx).unwrap();
+    let ctl_conn = ctl.conns().last().unwrap().clone();
+    let reader = tr.reader().unwrap();
+    let info = RegionInfo {
+        addr: format!("127.0.0.2:{data_port}"),
+        region: 1,
+        len: 512 << 20,
+        rkey: 0,
+        base: 0,
+    };
+    reader.attach(3, &info).unwrap();
+    let data_conn = data.conns().last().unwrap().clone();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!ctl_conn.closed() && !data_conn.closed());
+    let (ctl_back, data_back) = (ctl_conn.back(), data_conn.back());
+
+    // Forged bytes into them: a wire frame towards the frontend, a region
+    // read (a guessed capability) towards its region server, each followed
+    // by enough bytes to make up the record their first two bytes announce.
+    // Each member closes the connection and answers nothing.
+    let mut frame = wire::encode_to_vec(&Msg::ListModels);
+    frame.extend_from_slice(&[0u8; 1024]);
+    ctl_conn.inject(&frame);
+    let mut read = 1u64.to_le_bytes().to_vec();
+    read.extend_from_slice(&0u64.to_le_bytes());
+    read.extend_from_slice(&64u32.to_le_bytes());
+    read.extend_from_slice(&0x5eedu64.to_le_bytes());
+    read.extend_from_slice(&[0u8; 1024]);
+    data_conn.inject(&read);
+    assert!(
+        wait_until(|| ctl_conn.closed()),
+        "the frontend closed the forged connection"
+    );
+    assert!(
+        wait_until(|| data_conn.closed()),
+        "the region server closed it"
+    );
+    assert_eq!(
+        ctl_conn.back(),
+        ctl_back,
+        "nothing answered the forged frame"
+    );
+    assert_eq!(
+        data_conn.back(),
+        data_back,
+        "nothing answered the forged read"
+    );
+    // The member's own end saw the connection end, not a message.
+    let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(
+        matches!(ev, fermata::transport::Event::Closed(..)),
+        "the member's connection ended"
+    );
+    drop(conn);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }

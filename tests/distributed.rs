@@ -224,13 +224,22 @@ fn malformed_and_unexpected_messages_close_only_that_connection() {
     let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
     let be = BackendNode::start(tr.clone(), BackendOpts::emulated(s.addr(), 2)).unwrap();
     be.wait_ready(Duration::from_secs(10)).unwrap();
-    // Garbage bytes: the scheduler closes that connection.
+    // Garbage bytes: the scheduler says why in an Error, then closes that
+    // connection.
     let mut raw = std::net::TcpStream::connect(s.addr()).unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     raw.write_all(&[0xff; 64]).unwrap();
-    let mut buf = [0u8; 256];
-    let n = raw.read(&mut buf).unwrap_or(0);
-    assert_eq!(n, 0, "connection closed after garbage");
+    let mut got = Vec::new();
+    raw.read_to_end(&mut got).unwrap();
+    let len = u32::from_le_bytes(got[..4].try_into().unwrap()) as usize;
+    assert!(
+        matches!(
+            fermata::wire::decode(&got[4..4 + len]),
+            Ok(Msg::Error { .. })
+        ),
+        "an Error first: {got:?}"
+    );
+    assert_eq!(got.len(), 4 + len, "then the connection closed");
     // A message this peer may not send (a Plan from an unregistered node): an
     // Error explains, then the connection closes.
     let (etx, erx) = fermata::transport::event_channel();

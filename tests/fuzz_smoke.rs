@@ -106,3 +106,23 @@ fn the_drivers_reach_their_checks() {
     req.extend_from_slice(&[1, 2, 3]);
     assert_eq!(fuzzing::region_frames(&req), 1, "the read is served");
 }
+
+/// The secure channel's handshake and records: garbage to a listener,
+/// handshakes with a byte changed on the way (none opens a channel) or left
+/// alone (each opens one), records cut and changed.
+#[test]
+fn channel_handshake() {
+    let deep = run("channel_handshake", 5, fuzzing::channel_handshake);
+    assert!(deep > 0);
+    // A handshake with a changed byte must not open: the first byte (odd:
+    // change), flight 0, byte 3, xor 1 (the header's magic), and flight 1
+    // byte 20 (the dialer's confirmation).
+    assert_eq!(fuzzing::channel_handshake(&[1, 0, 0, 3, 0, 1]), 0);
+    assert_eq!(fuzzing::channel_handshake(&[1, 1, 0, 20, 0, 1]), 0);
+    // Left alone (even first byte), 456 bytes of records (200 + 256), none
+    // changed (1 is not a multiple of 3): opens and carries them.
+    assert_eq!(
+        fuzzing::channel_handshake(&[0, 0, 0, 0, 0, 0, 200, 1, 0, 0, 1]),
+        1
+    );
+}

@@ -888,6 +888,74 @@ fn grpc_infer_slowly(addr: SocketAddr, timeout_us: i64, pause: Duration) -> (Str
     })
 }
 
+/// One unary gRPC call over a fresh HTTP/2 connection: the grpc-status and
+/// the answer's message bytes (unframed).
+fn grpc_unary(addr: SocketAddr, method: &str, msg: Vec<u8>) -> (String, Vec<u8>) {
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&msg);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let mut client = client.ready().await.unwrap();
+        let head = hyper::Request::post(format!(
+            "http://{addr}/inference.GRPCInferenceService/{method}"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (answer, mut body) = client.send_request(head, false).unwrap();
+        body.send_data(hyper::body::Bytes::from(framed), true)
+            .unwrap();
+        let answer = answer.await.unwrap();
+        let (parts, mut data) = answer.into_parts();
+        let mut fields = parts.headers;
+        let mut got = Vec::new();
+        while let Some(chunk) = data.data().await {
+            let chunk = chunk.unwrap();
+            let _ = data.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        if let Some(t) = data.trailers().await.unwrap() {
+            fields.extend(t);
+        }
+        let status = fields
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, got.get(5..).unwrap_or_default().to_vec())
+    })
+}
+
+/// `ModelReady` for a model the server does not have answers ready=false, as
+/// Triton does (its clients' `is_model_ready` expects an answer, not
+/// NOT_FOUND); a served model is ready.
+#[test]
+fn grpc_model_ready_is_false_for_an_unknown_model() {
+    use fermata::node::grpc::pb;
+    use prost::Message;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster_with("grpc-ready", 1, |_| {}, true);
+    let addr = c.fe.grpc_addr().unwrap();
+    for (name, want) in [("tiny", true), ("no-such-model", false)] {
+        let req = pb::ModelReadyRequest {
+            name: name.into(),
+            version: String::new(),
+        };
+        let (status, body) = grpc_unary(addr, "ModelReady", req.encode_to_vec());
+        assert_eq!(status, "0", "{name}: an answer, not an error");
+        let r = pb::ModelReadyResponse::decode(&body[..]).unwrap();
+        assert_eq!(r.ready, want, "{name}");
+    }
+    c.stop();
+}
+
 /// The SLO is the client's over gRPC too: it runs from when the host received
 /// the request's headers, so a client that sends its message late spends its
 /// own deadline (before, requests were stamped when their decoded message
@@ -1208,7 +1276,9 @@ fn serve_with_an_http_port_serves_until_sigterm() {
 
 /// SIGTERM drains: readiness answers 503 ("draining") at once while requests
 /// are still served for --http-drain-ready-ms, then the process closes and
-/// reports every request ended.
+/// reports every request ended. From the drain's start every answer carries
+/// `Connection: close`, so no client sends its next request on a connection
+/// that is about to close.
 #[test]
 fn sigterm_turns_readiness_503_first_and_keeps_serving_for_the_grace() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1230,18 +1300,24 @@ fn sigterm_turns_readiness_503_first_and_keeps_serving_for_the_grace() {
     unsafe {
         libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
     }
+    let mut r = h.get("/v2/health/ready");
     wait_for("readiness 503", 1, || {
-        let r = h.get("/v2/health/ready");
+        r = Http::connect(addr).get("/v2/health/ready");
         r.status == 503 && r.error().contains("draining")
     });
-    assert_eq!(h.get("/v2/models/resnet50/ready").status, 503);
-    assert_eq!(h.get("/v2/health/live").status, 200);
+    let close = |r: &Resp| r.headers.get("connection").map(String::as_str) == Some("close");
+    assert!(close(&r), "{:?}", r.headers);
+    let r = Http::connect(addr).get("/v2/models/resnet50/ready");
+    assert!(r.status == 503 && close(&r));
+    let r = Http::connect(addr).get("/v2/health/live");
+    assert!(r.status == 200 && close(&r));
     // Still served while the load balancer catches up, on a new connection too.
     let mut h2 = Http::connect(addr);
     let req = json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "UINT8",
                                  "parameters": {"binary_data_size": 64}}]});
     let r = h2.post_binary("/v2/models/resnet50/infer", &req, &[3u8; 64]);
     assert_eq!(r.status, 200, "{}", r.text());
+    assert!(close(&r), "{:?}", r.headers);
     assert!(
         t0.elapsed() < Duration::from_millis(1500),
         "within the grace"
@@ -1691,4 +1767,56 @@ fn a_thousand_idle_connections_under_a_1024_file_limit_stop_nothing() {
     assert!(warnings <= 2, "{warnings} warnings:\n{err}");
     assert!(!err.contains("accepting connections fails"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The bodies buffered at once have a total budget: with room for two bodies
+/// of 512 KiB, two clients that announce one each and send half of it hold
+/// the room; a third body gets 503 with `Retry-After` before a byte of it is
+/// read, a small one too; once the two are gone their room is back and the
+/// same requests are served.
+#[test]
+fn buffered_bodies_have_a_total_budget() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("bodies", 1, |o| o.max_buffered_bytes = 1 << 20);
+    let stuck: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(c.http).unwrap();
+            write!(
+                s,
+                "POST /v2/models/tiny/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                512 << 10
+            )
+            .unwrap();
+            s.write_all(&vec![b' '; 256 << 10]).unwrap();
+            s
+        })
+        .collect();
+    // Their heads are read before anything else is sent (a request that came
+    // between the two would hold room of its own, and the second stuck body
+    // would be the one refused): then every new body finds the room held.
+    std::thread::sleep(Duration::from_millis(1000));
+    let end = Instant::now() + Duration::from_secs(5);
+    let r = loop {
+        let r =
+            Http::connect(c.http).post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]));
+        if r.status == 503 || Instant::now() > end {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.error().contains("--http-max-buffered-bytes"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.headers.get("retry-after").map(String::as_str), Some("1"));
+    drop(stuck);
+    wait_for("the room back", 5, || {
+        Http::connect(c.http)
+            .post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]))
+            .status
+            == 200
+    });
+    c.stop();
 }

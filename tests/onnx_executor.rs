@@ -463,3 +463,58 @@ fn serve_onnx_end_to_end() {
     let backends = v["cluster"]["backends"].as_array().unwrap();
     assert_eq!(backends[0]["plans_failed"], 0, "{stdout}");
 }
+
+/// A model file that cannot be loaded (here truncated) is final: `serve`
+/// exits with the error naming the model instead of rejoining and retrying,
+/// and `backend` would the same (the backend stops before it is in service).
+#[test]
+fn serve_exits_with_the_error_of_a_model_that_cannot_load() {
+    let dir = std::env::temp_dir().join(format!("fermata-broken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(models_dir()).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("mlp.") {
+            std::fs::copy(&p, dir.join(&name)).unwrap();
+        }
+    }
+    let onnx = std::fs::read(models_dir().join("mlp.onnx")).unwrap();
+    std::fs::write(dir.join("mlp.onnx"), &onnx[..onnx.len() / 2]).unwrap();
+    let mut child = fermata()
+        .args(["serve", "--executor", "onnx", "--models"])
+        .arg(&dir)
+        .args(["--rate", "10", "--warmup-s", "0", "--duration-s", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    // It ends on its own (a liveness bound, not a speed figure: the retries
+    // it replaces went on for 600 s).
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > end {
+            let _ = child.kill();
+            panic!("serve did not exit on a model that cannot be loaded");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let stderr = reader.join().unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("cannot be loaded"), "{stderr}");
+    assert_eq!(
+        stderr.matches("rejoining").count(),
+        0,
+        "no rejoin after the failure: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

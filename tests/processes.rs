@@ -242,3 +242,57 @@ fn bad_arguments_and_unreachable_peers_fail_clearly() {
     let e = run(&["serve", "--transport", "rdma", "--duration-s", "0.1"]);
     assert!(e.contains("rdma") || e.contains("RDMA"), "{e}");
 }
+
+/// A load generator whose only frontend dies says so: it exits with an error
+/// that counts what was sent, answered, in flight when the frontend was lost
+/// and never sent, and its report has the same (never-sent requests are not
+/// passed off as merely unanswered).
+#[test]
+fn a_loadgen_whose_only_frontend_dies_fails_and_accounts_for_every_request() {
+    let (dir, path, _w) = workload_file("lg-dies");
+    let mut c = ProcCluster::start(&exe(), &ProcOpts::new(path.clone())).unwrap();
+    let mut args: Vec<String> = vec![
+        "loadgen".into(),
+        "--frontend".into(),
+        c.frontend_addrs[0].clone(),
+        "--workload".into(),
+        path.to_string_lossy().into_owned(),
+        "--rate".into(),
+        "200".into(),
+        "--warmup-s".into(),
+        "0".into(),
+        "--duration-s".into(),
+        "4".into(),
+        "--json".into(),
+    ];
+    args.extend(c.secret.args());
+    let lg = std::process::Command::new(exe())
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let fe = c.frontends.remove(0);
+    fe.signal(libc::SIGKILL);
+    let out = lg.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("every frontend was lost"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let (sent, answered, never) = (
+        v["sent"].as_u64().unwrap(),
+        v["answered"].as_u64().unwrap(),
+        v["never_sent"].as_u64().unwrap(),
+    );
+    assert!(sent > 0 && answered > 0 && answered <= sent, "{v}");
+    assert!(
+        never > 0,
+        "the arrivals after the loss were never sent: {v}"
+    );
+    assert_eq!(v["frontends_lost"].as_array().unwrap().len(), 1, "{v}");
+    drop(fe);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -193,10 +193,19 @@ fn garbage_closes_only_its_connection() {
         };
         let reason = recv_closed(&srx, bad_s.id());
         assert!(reason.contains(why), "{reason}");
-        // The server shut the socket: the raw peer reads EOF.
+        // The server says why in an Error, then shuts the socket: the raw
+        // peer reads the Error, then EOF.
         raw.set_read_timeout(Some(T)).unwrap();
-        let mut b = [0u8; 16];
-        assert_eq!(raw.read(&mut b).unwrap_or(0), 0);
+        let mut got = Vec::new();
+        raw.read_to_end(&mut got).unwrap();
+        let len = u32::from_le_bytes(got[..4].try_into().unwrap()) as usize;
+        match fermata::wire::decode(&got[4..4 + len]) {
+            Ok(fermata::wire::Msg::Error { message }) => {
+                assert!(message.contains(why), "{message}")
+            }
+            other => panic!("not an Error: {other:?}"),
+        }
+        assert_eq!(got.len(), 4 + len, "then EOF");
         assert!(bad_s.send(ping(0)).is_err());
     }
 

@@ -14,10 +14,11 @@
 //!   matters is that the memory goes back when they close.
 
 use super::procs::{ProcCluster, ProcOpts};
-use crate::transport::auth::{handshake_std, ClusterKey, Side};
+use crate::transport::auth::{dial_std, ClusterKey, Service};
+use crate::transport::secure_io::SecureStd;
 use crate::workload::Workload;
 use anyhow::{Context, Result};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
@@ -74,12 +75,17 @@ fn rss_mb(pid: u32) -> f64 {
 /// Opens a connection to `addr` (proving `key` when given), announces a
 /// 64 MiB frame and writes up to [`SEND`] bytes of it; the stream (None when
 /// the target closed it) and the bytes written.
-fn flood(addr: &str, key: Option<&ClusterKey>) -> Result<(Option<TcpStream>, u64)> {
+fn flood(addr: &str, key: Option<&ClusterKey>) -> Result<(Option<Sock>, u64)> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    if let Some(k) = key {
-        handshake_std(&mut s, k, Side::Client).map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
+    let mut s = match key {
+        Some(k) => {
+            let ch =
+                dial_std(&mut s, k, Service::Control, addr).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Sock::Sealed(SecureStd::new(s, ch))
+        }
+        None => Sock::Plain(s),
+    };
     // The frame's length prefix, then its body, 1 MiB at a time.
     if s.write_all(&(64u32 << 20).to_le_bytes()).is_err() {
         return Ok((None, 0));
@@ -95,15 +101,52 @@ fn flood(addr: &str, key: Option<&ClusterKey>) -> Result<(Option<TcpStream>, u64
     // Still open: does the target close it in a moment (an outsider's is
     // closed at its first bytes, the writes above may just have been
     // buffered by the kernel)?
-    s.set_read_timeout(Some(Duration::from_millis(300)))?;
+    s.tcp().set_read_timeout(Some(Duration::from_millis(300)))?;
     let mut b = [0u8; 64];
     loop {
-        match std::io::Read::read(&mut s, &mut b) {
+        match s.read(&mut b) {
             Ok(0) => return Ok((None, sent)),
             Ok(_) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok((None, sent)),
             Err(_) => return Ok((Some(s), sent)),
         }
+    }
+}
+
+/// An attacker's socket: in the clear (an outsider) or through the channel
+/// (a member).
+enum Sock {
+    Plain(TcpStream),
+    Sealed(SecureStd<TcpStream>),
+}
+
+impl Sock {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Sock::Plain(s) => s,
+            Sock::Sealed(s) => s.get_ref(),
+        }
+    }
+}
+
+impl Read for Sock {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Sock::Plain(s) => s.read(b),
+            Sock::Sealed(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sock::Plain(s) => s.write(b),
+            Sock::Sealed(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

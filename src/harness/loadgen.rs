@@ -75,7 +75,15 @@ pub struct LoadReport {
     pub latency_us: Histogram<u64>,
     pub sent: u64,
     pub failed: u64,
+    /// Requests in the window never answered: those sent whose frontend was
+    /// lost or that had no answer by the end, and those never sent.
     pub unanswered: u64,
+    /// Requests answered (window or not).
+    pub answered: u64,
+    /// Requests never sent, no frontend being left to take them (window or
+    /// not); `sent - answered` were in flight when their frontend was lost
+    /// (or unanswered at the end).
+    pub never_sent: u64,
     pub duplicates: u64,
     pub wrong_outputs: u64,
     /// How late requests were sent after their arrival time, p99 (us).
@@ -120,6 +128,8 @@ impl LoadReport {
             m.insert("sent".into(), self.sent.into());
             m.insert("failed".into(), self.failed.into());
             m.insert("unanswered".into(), self.unanswered.into());
+            m.insert("answered".into(), self.answered.into());
+            m.insert("never_sent".into(), self.never_sent.into());
             m.insert("duplicates".into(), self.duplicates.into());
             m.insert("wrong_outputs".into(), self.wrong_outputs.into());
             m.insert("send_lag_us_p99".into(), self.send_lag_p99_us.into());
@@ -560,6 +570,8 @@ impl<'a> Driver<'a> {
             self.rep.unanswered += 1;
             self.models[r.model as usize].dropped += 1;
         }
+        self.rep.answered = self.recs.iter().filter(|r| r.done).count() as u64;
+        self.rep.never_sent = self.recs.iter().filter(|r| r.fe == NOT_SENT).count() as u64;
         for c in &self.conns {
             c.close("load generator done");
         }
@@ -590,6 +602,8 @@ fn empty_report(w: &Workload, o: &LoadgenOpts) -> LoadReport {
         sent: 0,
         failed: 0,
         unanswered: 0,
+        answered: 0,
+        never_sent: 0,
         duplicates: 0,
         wrong_outputs: 0,
         send_lag_p99_us: 0.0,

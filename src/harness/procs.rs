@@ -38,7 +38,8 @@ pub struct ProcOpts {
     /// nodes get both addresses.
     pub standby: bool,
     /// The host frontends bind (`--listen`, `--data-listen`; port 0) and
-    /// extra arguments for them (e.g. `--advertise`).
+    /// extra arguments for them (e.g. `--advertise`, or a `--listen` and
+    /// `--data-listen` of their own).
     pub frontend_host: String,
     pub frontend_args: Vec<String>,
     pub verbose: bool,
@@ -416,15 +417,19 @@ impl ProcCluster {
                 "frontend".to_string(),
                 "--scheduler".into(),
                 addr.clone(),
-                "--listen".into(),
-                format!("{}:0", o.frontend_host),
-                "--data-listen".into(),
-                format!("{}:0", o.frontend_host),
                 "--name".into(),
                 format!("frontend{i}"),
                 "--region-mib".into(),
                 "512".into(),
             ];
+            // The frontend's own `--listen` and `--data-listen` when its
+            // arguments name them.
+            for flag in ["--listen", "--data-listen"] {
+                if !o.frontend_args.iter().any(|a| a == flag) {
+                    args.push(flag.into());
+                    args.push(format!("{}:0", o.frontend_host));
+                }
+            }
             args.extend(o.frontend_args.iter().cloned());
             args.extend(c.secret.args());
             let mut f = Proc::spawn(exe, &format!("frontend{i}"), &args, o.verbose)?;

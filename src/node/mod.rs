@@ -17,6 +17,21 @@ pub mod proto;
 pub mod scheduler;
 pub mod serve;
 
+/// Set once the process was asked to stop (SIGTERM, SIGINT; see
+/// [`request_stop`]): waits during start-up give up instead of running on.
+static STOP_REQUESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks every start-up wait of this process to give up (a signal handler may
+/// call it: it only stores to an atomic).
+pub fn request_stop() {
+    STOP_REQUESTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether [`request_stop`] was called.
+pub fn stop_requested() -> bool {
+    STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// A node's event channel ([`crate::transport::event_channel`], bounded at
 /// [`crate::transport::EVENTS_MAX`]) and its `fermata_events_full_total{role}`
 /// counter in `reg`: the times a transport found the channel full and waited.

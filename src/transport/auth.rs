@@ -1,47 +1,95 @@
-//! The cluster's peer authentication: every internal connection (control
-//! connections, region reads, the RDMA side channel) opens with a mutual
-//! HMAC-SHA256 challenge-response over the cluster secret, before a single byte
-//! of the protocol is read. A peer that cannot prove it holds the secret is
-//! refused with a logged reason and never reaches the framing code, so it can
-//! make a node hold no more than the handshake's fixed 72 bytes, for at most
-//! [`HANDSHAKE_TIMEOUT`].
+//! The cluster's secure channel: every internal connection (control
+//! connections, region reads over TCP, the RDMA side channel) opens with a
+//! Noise handshake keyed with the cluster secret, and every byte after it
+//! travels in authenticated, encrypted records under keys of that connection
+//! alone.
 //!
-//! Why HMAC challenge-response and not mutual TLS: the one secret file is all an
-//! operator has to distribute (no CA, no per-node certificates to issue and
-//! renew); authenticating at connection open costs one round trip and nothing
-//! per message on the hot path; and the data path over RDMA bypasses the CPU,
-//! so TLS could not cover it anyway (there the per-task capabilities are the
-//! guard). What it does not give: confidentiality or integrity on the wire
-//! against an attacker *on the path* (who can read or hijack an established
-//! TCP connection). Deploy the cluster on a private network, or under a
-//! network-layer tunnel (WireGuard, IPsec), where that matters; docs/security.md
-//! states the threat model.
+//! # The construction, and why this one
 //!
-//! The exchange (both sides at once, 40 + 32 bytes each way):
+//! The handshake is the Noise protocol framework's `NNpsk0` pattern
+//! (`Noise_NNpsk0_25519_AESGCM_SHA256`, revision 34, implemented by the
+//! maintained `snow` crate; nothing here is a protocol of our own beyond
+//! framing): both sides contribute a fresh X25519 ephemeral key, and the
+//! pre-shared key (derived from the cluster secret) is mixed in before the
+//! first message, so only holders of the secret can complete it and each
+//! connection gets its own transport keys. The Noise *prologue*, which both
+//! sides hash into the transcript, holds the dialer's role, the service it
+//! dialed (control listener, region server, RDMA control or region side
+//! channel) and the address it dialed; the dialer sends these in the clear
+//! first, and the listener refuses a service that is not its own and an
+//! address whose port is not the one it listens on. A man in the middle who
+//! changes any of them makes the handshake fail; one who relays the bytes
+//! unchanged to another member is refused by it (another service or
+//! address), and one who relays them to the member they were meant for is
+//! only a forwarder: it holds no key and can read, forge, replay or reorder
+//! nothing (a record that does not verify ends the connection).
+//!
+//! Why Noise with a pre-shared key and not TLS 1.3 with mutual certificates
+//! (rustls): the one secret file stays all an operator distributes (no CA, no
+//! certificates to issue per node and renew; rustls has no external-PSK
+//! mode); the handshake is one round trip plus the dialer's confirmation,
+//! with no parsing of certificates; `snow` runs in pure Rust with the
+//! RustCrypto ciphers (AES-GCM uses the CPU's AES and carry-less multiply
+//! instructions where it has them). What TLS would add, per-node identities
+//! that can be revoked one by one, a shared secret cannot give: every member
+//! can act as any other (docs/security.md).
+//!
+//! `NNpsk0`'s first message can be replayed by someone who recorded it; it
+//! gets them nothing (the keys need the dialer's ephemeral secret), and the
+//! listener only takes a connection as a member's once the dialer's first
+//! record, a fixed confirmation, verifies under the connection's keys (it
+//! needs the listener's fresh ephemeral key, so a replay cannot make it).
+//!
+//! # On the wire
 //!
 //! ```text
-//! hello  u8[8] "FMTAUTH1", u8[32] nonce (fresh, random)
-//! proof  u8[32] HMAC-SHA256(secret, "fermata-auth-v1" | side | own nonce | peer's nonce)
+//! dialer   -> listener  u8[8] "FMTNOIS1", u8 service, u8 role len, role,
+//!                       u8 address len, address            (clear, ≤ 300 bytes)
+//! dialer   -> listener  u16 BE len, Noise message 1  (-> psk, e;     48 bytes)
+//! listener -> dialer    u16 BE len, Noise message 2  (<- e, ee;      48 bytes)
+//! dialer   -> listener  record: "fermata-confirm"
+//! both ways             records: u16 BE len, AES-256-GCM of up to 65,519
+//!                       bytes of the stream (nonce: the record's number in
+//!                       its direction, from 0), 16-byte tag
 //! ```
 //!
-//! `side` is `C` for the side that connected and `S` for the side that
-//! accepted, so a proof cannot be reflected back to the node that made it.
-//! Proofs are compared in constant time.
+//! The prologue is `"fermata-channel-v1" | header` (the clear bytes above).
+//! The handshake must complete within [`HANDSHAKE_TIMEOUT`]; a listener holds
+//! at most the header's few hundred bytes for a peer that never completes it.
+//! Nothing here does I/O: [`Dial`] and [`Accept`] are byte-driven state
+//! machines, [`Sealer`] and [`Opener`] turn a byte stream into records and
+//! back; `crate::transport::secure_io` drives them on sockets.
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
+use snow::params::NoiseParams;
+use snow::{HandshakeState, StatelessTransportState};
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// The handshake's magic.
-const MAGIC: &[u8; 8] = b"FMTAUTH1";
-/// Nonce bytes.
-const NONCE: usize = 32;
-/// A hello: magic and nonce.
-pub const HELLO_LEN: usize = 8 + NONCE;
-/// A proof: one HMAC-SHA256.
-pub const PROOF_LEN: usize = 32;
+/// The Noise protocol every connection runs.
+pub const NOISE: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
+/// The clear header's magic.
+const MAGIC: &[u8; 8] = b"FMTNOIS1";
+/// Hashed before the header into the prologue.
+const PROLOGUE_TAG: &[u8] = b"fermata-channel-v1";
+/// The dialer's first record.
+const CONFIRM: &[u8] = b"fermata-confirm";
+/// A Noise message's most bytes (and so a record's).
+pub const MAX_RECORD: usize = 65535;
+/// An AEAD tag.
+pub const TAG: usize = 16;
+/// The most stream bytes one record carries.
+pub const MAX_PLAIN: usize = MAX_RECORD - TAG;
+/// The most bytes of a handshake message this side accepts (ours are 48).
+const MAX_HANDSHAKE_MSG: usize = 256;
+/// The longest role name.
+pub const MAX_ROLE: usize = 32;
+/// The longest dialed address.
+pub const MAX_ADDR: usize = 255;
+/// The role a key names until [`ClusterKey::with_role`] says otherwise.
+const DEFAULT_ROLE: &str = "member";
 /// The whole handshake must complete within this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The least secret, in bytes (after trimming the file's whitespace).
@@ -49,50 +97,91 @@ pub const MIN_SECRET: usize = 16;
 /// The most secret read from a file.
 const MAX_SECRET: u64 = 4096;
 
-/// Which end of the connection a side is.
+/// What a listener serves; the dialer names the one it means, and both bind
+/// it into the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// It connected.
-    Client,
-    /// It accepted.
-    Server,
+pub enum Service {
+    /// A control listener (scheduler, standby, frontend, backend).
+    Control,
+    /// A TCP region server.
+    Region,
+    /// The RDMA transport's side channel of a control connection.
+    RdmaControl,
+    /// The RDMA transport's side channel of a region.
+    RdmaRegion,
 }
 
-impl Side {
-    fn tag(self) -> u8 {
+impl Service {
+    fn code(self) -> u8 {
         match self {
-            Side::Client => b'C',
-            Side::Server => b'S',
+            Service::Control => 1,
+            Service::Region => 2,
+            Service::RdmaControl => 3,
+            Service::RdmaRegion => 4,
         }
     }
-    fn other(self) -> Side {
+    fn from_code(c: u8) -> Option<Service> {
+        Some(match c {
+            1 => Service::Control,
+            2 => Service::Region,
+            3 => Service::RdmaControl,
+            4 => Service::RdmaRegion,
+            _ => return None,
+        })
+    }
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
         match self {
-            Side::Client => Side::Server,
-            Side::Server => Side::Client,
+            Service::Control => "control listener",
+            Service::Region => "region server",
+            Service::RdmaControl => "rdma control side channel",
+            Service::RdmaRegion => "rdma region side channel",
         }
     }
 }
 
-/// The cluster secret every member holds.
+/// The cluster secret every member holds (kept only as the pre-shared key
+/// derived from it), and the role this process names when it dials.
 #[derive(Clone)]
 pub struct ClusterKey {
-    secret: Vec<u8>,
+    psk: [u8; 32],
+    role: &'static str,
 }
 
 impl std::fmt::Debug for ClusterKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClusterKey(..)")
+        write!(f, "ClusterKey({}, ..)", self.role)
     }
+}
+
+/// The pre-shared key of a secret: SHA-256 over a label and the secret (the
+/// secret file holds 32 random bytes as hex; any secret of at least
+/// [`MIN_SECRET`] bytes is hashed to the 32 bytes Noise takes).
+fn derive_psk(secret: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"fermata-cluster-psk-v1");
+    h.update(secret);
+    h.finalize().into()
 }
 
 /// Why a handshake failed (the logged reason).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthError {
-    /// The peer's first bytes are not a hello: not a Fermata node, or one
-    /// started without the cluster secret.
+    /// The peer's first bytes are not a channel header: not a Fermata node of
+    /// this version, or one started without the cluster secret.
     NotAMember,
-    /// The peer's proof is wrong: it holds another secret.
+    /// The peer's handshake does not verify: it holds another secret, or the
+    /// bytes were changed on the way.
     WrongSecret,
+    /// The dialer meant another service of this address.
+    WrongService(String),
+    /// The dialer dialed another address than the one this listens at.
+    WrongAddress(String),
+    /// A record after the handshake does not verify (changed, replayed,
+    /// reordered or cut on the way), or is malformed.
+    BadRecord(String),
+    /// The peer closed the connection during the handshake: it refused us.
+    Refused,
     /// The peer went away, or the handshake took too long.
     Io(String),
 }
@@ -103,9 +192,15 @@ impl std::fmt::Display for AuthError {
             AuthError::NotAMember => f.write_str(
                 "the peer did not open the cluster handshake (not a Fermata node of this version, or one started without --cluster-secret-file)",
             ),
-            AuthError::WrongSecret => {
-                f.write_str("the peer's proof does not match: it holds another cluster secret")
-            }
+            AuthError::WrongSecret => f.write_str(
+                "the peer's handshake does not verify: it holds another cluster secret, or the handshake was changed on the way",
+            ),
+            AuthError::WrongService(s) => write!(f, "the peer dialed another service: {s}"),
+            AuthError::WrongAddress(s) => write!(f, "the peer dialed another address: {s}"),
+            AuthError::BadRecord(s) => write!(f, "a record does not verify: {s}"),
+            AuthError::Refused => f.write_str(
+                "the peer closed the connection during the handshake: it refused us (it holds another cluster secret, serves another service or port than the one dialed, or is not a Fermata node; its log names the reason)",
+            ),
             AuthError::Io(e) => write!(f, "the handshake did not complete: {e}"),
         }
     }
@@ -131,14 +226,17 @@ impl ClusterKey {
             );
         }
         Ok(ClusterKey {
-            secret: secret.to_vec(),
+            psk: derive_psk(secret),
+            role: DEFAULT_ROLE,
         })
     }
 
     /// A fresh random key (32 bytes, as 64 hex digits).
     pub fn generate() -> ClusterKey {
+        let secret = hex(&random_bytes::<32>()).into_bytes();
         ClusterKey {
-            secret: hex(&random_bytes::<32>()).into_bytes(),
+            psk: derive_psk(&secret),
+            role: DEFAULT_ROLE,
         }
     }
 
@@ -179,45 +277,92 @@ impl ClusterKey {
     pub fn create_file(path: &Path) -> anyhow::Result<ClusterKey> {
         use anyhow::Context;
         use std::os::unix::fs::OpenOptionsExt;
-        let k = ClusterKey::generate();
+        let secret = hex(&random_bytes::<32>()).into_bytes();
+        let k = ClusterKey::new(&secret)?;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(path)
             .with_context(|| format!("cannot create the cluster secret file {}", path.display()))?;
-        f.write_all(&k.secret)?;
+        f.write_all(&secret)?;
         f.write_all(b"\n")?;
         Ok(k)
     }
 
-    /// The MAC a `side` proves with: over its own nonce, then its peer's.
-    fn mac(&self, side: Side, first: &[u8; NONCE], second: &[u8; NONCE]) -> Hmac<Sha256> {
-        let mut m = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key");
-        m.update(b"fermata-auth-v1");
-        m.update(&[side.tag()]);
-        m.update(first);
-        m.update(second);
-        m
+    /// The same key, naming the role of this process in every handshake it
+    /// dials (`scheduler`, `backend`, ...; at most [`MAX_ROLE`] ASCII
+    /// bytes).
+    pub fn with_role(mut self, role: &'static str) -> ClusterKey {
+        assert!(
+            role.len() <= MAX_ROLE && role.is_ascii(),
+            "a role is a short ASCII name"
+        );
+        self.role = role;
+        self
     }
 
-    fn proof(&self, side: Side, own: &[u8; NONCE], peer: &[u8; NONCE]) -> [u8; PROOF_LEN] {
-        self.mac(side, own, peer).finalize().into_bytes().into()
+    /// The role this process names when it dials.
+    pub fn role(&self) -> &'static str {
+        self.role
+    }
+}
+
+/// How often a refused peer is warned about: the first refusal at once, then
+/// at most one warning per `every` with the count of those not warned about
+/// (an outsider connecting in a loop must not fill the log). No clock of its
+/// own: the caller passes the time.
+#[derive(Debug)]
+pub struct WarnLimit {
+    every: Duration,
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl WarnLimit {
+    pub const fn new(every: Duration) -> WarnLimit {
+        WarnLimit {
+            every,
+            last: None,
+            suppressed: 0,
+        }
     }
 
-    /// Checks the peer's proof (over its side, its nonce, then ours), in
-    /// constant time.
-    fn check(
-        &self,
-        side: Side,
-        own: &[u8; NONCE],
-        peer: &[u8; NONCE],
-        proof: &[u8],
-    ) -> Result<(), AuthError> {
-        self.mac(side.other(), peer, own)
-            .verify_slice(proof)
-            .map_err(|_| AuthError::WrongSecret)
+    /// A refusal at `now`: Some(refusals not warned about since the last
+    /// warning) when this one is to be warned about.
+    pub fn hit(&mut self, now: std::time::Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < self.every => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
     }
+}
+
+/// Peers this process refused (every listener, TCP and RDMA side channels).
+static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The warnings about them: at most one per 10 s after the first.
+static REFUSAL_WARNINGS: std::sync::Mutex<WarnLimit> =
+    std::sync::Mutex::new(WarnLimit::new(Duration::from_secs(10)));
+
+/// How many peers this process refused so far.
+pub fn refused_total() -> u64 {
+    REFUSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts a refused peer and says whether to warn about it: Some(refusals not
+/// warned about since the last warning).
+pub fn refusal() -> Option<u64> {
+    REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    REFUSAL_WARNINGS
+        .lock()
+        .map(|mut w| w.hit(std::time::Instant::now()))
+        .unwrap_or(None)
 }
 
 /// Lower-case hex.
@@ -225,99 +370,530 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// One side of a handshake, without I/O: what to send, and what to check.
-pub struct Handshake {
+fn params() -> NoiseParams {
+    NOISE.parse().expect("a valid Noise protocol name")
+}
+
+/// The clear header a dialer sends.
+fn header(service: Service, role: &str, dialed: &str) -> Result<Vec<u8>, AuthError> {
+    if dialed.len() > MAX_ADDR {
+        return Err(AuthError::Io(format!(
+            "the address `{dialed}` is over {MAX_ADDR} bytes"
+        )));
+    }
+    let mut h = Vec::with_capacity(11 + role.len() + dialed.len());
+    h.extend_from_slice(MAGIC);
+    h.push(service.code());
+    h.push(role.len() as u8);
+    h.extend_from_slice(role.as_bytes());
+    h.push(dialed.len() as u8);
+    h.extend_from_slice(dialed.as_bytes());
+    Ok(h)
+}
+
+fn prologue(header: &[u8]) -> Vec<u8> {
+    let mut p = PROLOGUE_TAG.to_vec();
+    p.extend_from_slice(header);
+    p
+}
+
+fn noise_err(e: snow::Error) -> AuthError {
+    match e {
+        snow::Error::Decrypt => AuthError::WrongSecret,
+        e => AuthError::Io(format!("noise: {e}")),
+    }
+}
+
+fn build(key: &ClusterKey, header: &[u8], initiator: bool) -> Result<HandshakeState, AuthError> {
+    let pro = prologue(header);
+    let b = snow::Builder::new(params())
+        .psk(0, &key.psk)
+        .and_then(|b| b.prologue(&pro))
+        .map_err(noise_err)?;
+    if initiator {
+        b.build_initiator()
+    } else {
+        b.build_responder()
+    }
+    .map_err(noise_err)
+}
+
+/// A handshake message, length-prefixed.
+fn framed(msg: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(2 + msg.len());
+    v.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    v.extend_from_slice(msg);
+    v
+}
+
+/// The port of `host:port` (`[v6]:port` too), if it names one.
+fn port_of(addr: &str) -> Option<u16> {
+    addr.rsplit_once(':').and_then(|(_, p)| p.parse().ok())
+}
+
+/// What a handshake asks its driver to do next.
+#[derive(Debug)]
+pub enum Step {
+    /// Read exactly this many bytes and pass them to `take`.
+    Read(usize),
+    /// Send these bytes, then read exactly this many.
+    SendThenRead(Vec<u8>, usize),
+    /// Done: send these bytes (maybe none); the channel is open.
+    Done(Vec<u8>, Channel),
+}
+
+/// The dialer's side of a handshake, without I/O.
+pub struct Dial {
+    hs: Option<HandshakeState>,
+    state: DialState,
+}
+
+enum DialState {
+    Len,
+    Msg,
+    Over,
+}
+
+impl Dial {
+    /// Starts a handshake to `service` at `dialed` (the address as this side
+    /// dialed it): the machine, and its first step (send the header and the
+    /// first message).
+    pub fn start(
+        key: &ClusterKey,
+        service: Service,
+        dialed: &str,
+    ) -> Result<(Dial, Step), AuthError> {
+        let h = header(service, key.role, dialed)?;
+        let mut hs = build(key, &h, true)?;
+        let mut m = [0u8; MAX_HANDSHAKE_MSG];
+        let n = hs.write_message(&[], &mut m).map_err(noise_err)?;
+        let mut out = h;
+        out.extend_from_slice(&framed(&m[..n]));
+        Ok((
+            Dial {
+                hs: Some(hs),
+                state: DialState::Len,
+            },
+            Step::SendThenRead(out, 2),
+        ))
+    }
+
+    /// Takes the bytes the last step asked for.
+    pub fn take(&mut self, bytes: &[u8]) -> Result<Step, AuthError> {
+        match self.state {
+            DialState::Len => {
+                let n = u16_at(bytes)? as usize;
+                if n == 0 || n > MAX_HANDSHAKE_MSG {
+                    self.state = DialState::Over;
+                    return Err(AuthError::NotAMember);
+                }
+                self.state = DialState::Msg;
+                Ok(Step::Read(n))
+            }
+            DialState::Msg => {
+                self.state = DialState::Over;
+                let mut hs = self.hs.take().expect("in a handshake");
+                let mut p = [0u8; MAX_HANDSHAKE_MSG];
+                hs.read_message(bytes, &mut p).map_err(noise_err)?;
+                let mut ch = Channel::of(hs)?;
+                let mut confirm = Vec::new();
+                ch.sealer.seal(CONFIRM, &mut confirm)?;
+                Ok(Step::Done(confirm, ch))
+            }
+            DialState::Over => Err(AuthError::Io("the handshake is over".into())),
+        }
+    }
+}
+
+fn u16_at(b: &[u8]) -> Result<u16, AuthError> {
+    match b {
+        [a, b] => Ok(u16::from_be_bytes([*a, *b])),
+        _ => Err(AuthError::Io("expected 2 bytes".into())),
+    }
+}
+
+/// Who dialed, as its (authenticated) header said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dialer {
+    pub role: String,
+    pub dialed: String,
+}
+
+/// The listener's side of a handshake, without I/O.
+pub struct Accept {
     key: ClusterKey,
-    side: Side,
-    nonce: [u8; NONCE],
+    service: Service,
+    port: u16,
+    header: Vec<u8>,
+    hs: Option<HandshakeState>,
+    state: AcceptState,
+    dialer: Option<Dialer>,
 }
 
-impl Handshake {
-    pub fn new(key: &ClusterKey, side: Side) -> Handshake {
-        Handshake {
+enum AcceptState {
+    /// Magic, service, role length.
+    Fixed,
+    /// Role, address length.
+    Role(usize),
+    /// Address.
+    Addr(usize),
+    Msg1Len,
+    Msg1,
+    ConfirmLen,
+    Confirm,
+    Over,
+}
+
+/// The fixed start of a header: magic, service, role length.
+const FIXED: usize = 10;
+
+impl Accept {
+    /// A handshake for a listener of `service` accepted on local port `port`;
+    /// its first step is [`Accept::first`].
+    pub fn new(key: &ClusterKey, service: Service, port: u16) -> Accept {
+        Accept {
             key: key.clone(),
-            side,
-            nonce: random_bytes::<NONCE>(),
+            service,
+            port,
+            header: Vec::new(),
+            hs: None,
+            state: AcceptState::Fixed,
+            dialer: None,
         }
     }
 
-    /// Our hello.
-    pub fn hello(&self) -> [u8; HELLO_LEN] {
-        let mut h = [0u8; HELLO_LEN];
-        h[..8].copy_from_slice(MAGIC);
-        h[8..].copy_from_slice(&self.nonce);
-        h
+    /// The bytes to read first.
+    pub fn first(&self) -> usize {
+        FIXED
     }
 
-    /// Takes the peer's hello; our proof to send, and the peer's nonce to
-    /// check its proof against.
-    pub fn on_hello(
-        &self,
-        peer: &[u8; HELLO_LEN],
-    ) -> Result<([u8; PROOF_LEN], [u8; NONCE]), AuthError> {
-        if &peer[..8] != MAGIC {
-            return Err(AuthError::NotAMember);
+    /// The dialer, once its header was read.
+    pub fn dialer(&self) -> Option<&Dialer> {
+        self.dialer.as_ref()
+    }
+
+    /// Takes the bytes the last step asked for.
+    pub fn take(&mut self, bytes: &[u8]) -> Result<Step, AuthError> {
+        let r = self.step(bytes);
+        if r.is_err() {
+            self.state = AcceptState::Over;
         }
-        let mut pn = [0u8; NONCE];
-        pn.copy_from_slice(&peer[8..]);
-        Ok((self.key.proof(self.side, &self.nonce, &pn), pn))
+        r
     }
 
-    /// Checks the peer's proof.
-    pub fn check(
-        &self,
-        peer_nonce: &[u8; NONCE],
-        proof: &[u8; PROOF_LEN],
-    ) -> Result<(), AuthError> {
-        self.key.check(self.side, &self.nonce, peer_nonce, proof)
+    fn step(&mut self, bytes: &[u8]) -> Result<Step, AuthError> {
+        match self.state {
+            AcceptState::Fixed => {
+                if bytes.len() != FIXED || &bytes[..8] != MAGIC {
+                    return Err(AuthError::NotAMember);
+                }
+                let service = Service::from_code(bytes[8]).ok_or(AuthError::NotAMember)?;
+                if service != self.service {
+                    return Err(AuthError::WrongService(format!(
+                        "it asked for a {}, this is a {}",
+                        service.name(),
+                        self.service.name()
+                    )));
+                }
+                let rl = bytes[9] as usize;
+                if rl > MAX_ROLE {
+                    return Err(AuthError::NotAMember);
+                }
+                self.header.extend_from_slice(bytes);
+                self.state = AcceptState::Role(rl);
+                Ok(Step::Read(rl + 1))
+            }
+            AcceptState::Role(rl) => {
+                if bytes.len() != rl + 1 {
+                    return Err(AuthError::NotAMember);
+                }
+                self.header.extend_from_slice(bytes);
+                let al = bytes[rl] as usize;
+                if al == 0 {
+                    return Err(AuthError::NotAMember);
+                }
+                self.state = AcceptState::Addr(al);
+                Ok(Step::Read(al))
+            }
+            AcceptState::Addr(al) => {
+                if bytes.len() != al {
+                    return Err(AuthError::NotAMember);
+                }
+                self.header.extend_from_slice(bytes);
+                let rl = self.header[9] as usize;
+                let role = std::str::from_utf8(&self.header[FIXED..FIXED + rl])
+                    .map_err(|_| AuthError::NotAMember)?;
+                let dialed = std::str::from_utf8(bytes).map_err(|_| AuthError::NotAMember)?;
+                if port_of(dialed) != Some(self.port) {
+                    return Err(AuthError::WrongAddress(format!(
+                        "`{dialed}`, and this {} listens on port {}",
+                        self.service.name(),
+                        self.port
+                    )));
+                }
+                self.dialer = Some(Dialer {
+                    role: role.to_string(),
+                    dialed: dialed.to_string(),
+                });
+                self.hs = Some(build(&self.key, &self.header, false)?);
+                self.state = AcceptState::Msg1Len;
+                Ok(Step::Read(2))
+            }
+            AcceptState::Msg1Len => {
+                let n = u16_at(bytes)? as usize;
+                if n == 0 || n > MAX_HANDSHAKE_MSG {
+                    return Err(AuthError::NotAMember);
+                }
+                self.state = AcceptState::Msg1;
+                Ok(Step::Read(n))
+            }
+            AcceptState::Msg1 => {
+                let hs = self.hs.as_mut().expect("in a handshake");
+                let mut p = [0u8; MAX_HANDSHAKE_MSG];
+                hs.read_message(bytes, &mut p).map_err(noise_err)?;
+                let mut m = [0u8; MAX_HANDSHAKE_MSG];
+                let n = hs.write_message(&[], &mut m).map_err(noise_err)?;
+                self.state = AcceptState::ConfirmLen;
+                Ok(Step::SendThenRead(framed(&m[..n]), 2))
+            }
+            AcceptState::ConfirmLen => {
+                let n = u16_at(bytes)? as usize;
+                if n != CONFIRM.len() + TAG {
+                    return Err(AuthError::WrongSecret);
+                }
+                self.state = AcceptState::Confirm;
+                Ok(Step::Read(n))
+            }
+            AcceptState::Confirm => {
+                self.state = AcceptState::Over;
+                let hs = self.hs.take().expect("in a handshake");
+                let mut ch = Channel::of(hs)?;
+                let mut rec = (bytes.len() as u16).to_be_bytes().to_vec();
+                rec.extend_from_slice(bytes);
+                let mut plain = Vec::new();
+                let used = ch
+                    .opener
+                    .open(&rec, &mut plain)
+                    .map_err(|_| AuthError::WrongSecret)?;
+                if used != rec.len() || plain != CONFIRM {
+                    return Err(AuthError::WrongSecret);
+                }
+                Ok(Step::Done(Vec::new(), ch))
+            }
+            AcceptState::Over => Err(AuthError::Io("the handshake is over".into())),
+        }
     }
 }
 
-fn io_err(e: std::io::Error) -> AuthError {
-    AuthError::Io(e.to_string())
+/// An open channel: the two directions' record machines.
+pub struct Channel {
+    pub sealer: Sealer,
+    pub opener: Opener,
 }
 
-/// The handshake on a blocking socket (a connect, before the runtime takes
-/// it). The socket's timeouts are set to [`HANDSHAKE_TIMEOUT`] and left unset.
-pub fn handshake_std(
+impl Channel {
+    fn of(hs: HandshakeState) -> Result<Channel, AuthError> {
+        let st = Arc::new(hs.into_stateless_transport_mode().map_err(noise_err)?);
+        Ok(Channel {
+            sealer: Sealer {
+                st: st.clone(),
+                nonce: 0,
+            },
+            opener: Opener { st, nonce: 0 },
+        })
+    }
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Channel(..)")
+    }
+}
+
+/// Turns this side's outgoing stream into records.
+pub struct Sealer {
+    st: Arc<StatelessTransportState>,
+    nonce: u64,
+}
+
+impl Sealer {
+    /// Appends `plain` to `out` as records of at most [`MAX_PLAIN`] bytes
+    /// each (none for no bytes).
+    pub fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Result<(), AuthError> {
+        out.reserve(plain.len() + plain.len().div_ceil(MAX_PLAIN) * (2 + TAG));
+        for chunk in plain.chunks(MAX_PLAIN) {
+            let at = out.len();
+            let n = chunk.len() + TAG;
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+            out.resize(at + 2 + n, 0);
+            self.st
+                .write_message(self.nonce, chunk, &mut out[at + 2..])
+                .map_err(|e| AuthError::BadRecord(format!("sealing: {e}")))?;
+            self.nonce += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Turns the peer's records back into its stream, checking each.
+pub struct Opener {
+    st: Arc<StatelessTransportState>,
+    nonce: u64,
+}
+
+impl Opener {
+    /// Opens every whole record at the start of `raw`, appending its bytes to
+    /// `out`; the bytes of `raw` used. A record that does not verify is an
+    /// error, and the channel must not be used after it.
+    pub fn open(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<usize, AuthError> {
+        let mut pos = 0;
+        while raw.len() - pos >= 2 {
+            let n = u16::from_be_bytes([raw[pos], raw[pos + 1]]) as usize;
+            if n < TAG {
+                return Err(AuthError::BadRecord(format!("a record of {n} bytes")));
+            }
+            if raw.len() - pos - 2 < n {
+                break;
+            }
+            let at = out.len();
+            out.resize(at + n - TAG, 0);
+            let got = self
+                .st
+                .read_message(self.nonce, &raw[pos + 2..pos + 2 + n], &mut out[at..])
+                .map_err(|_| {
+                    AuthError::BadRecord(format!(
+                        "record {} was changed, replayed or reordered on the way",
+                        self.nonce
+                    ))
+                })?;
+            out.truncate(at + got);
+            self.nonce += 1;
+            pos += 2 + n;
+        }
+        Ok(pos)
+    }
+
+    /// The bytes the record starting `raw` needs in all (its header's 2 when
+    /// `raw` has less).
+    pub fn need(raw: &[u8]) -> usize {
+        match raw {
+            [a, b, ..] => 2 + u16::from_be_bytes([*a, *b]) as usize,
+            _ => 2,
+        }
+    }
+}
+
+/// A read that failed during a handshake: the peer's end is a refusal.
+fn read_err(e: std::io::Error) -> AuthError {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+            AuthError::Refused
+        }
+        _ => AuthError::Io(e.to_string()),
+    }
+}
+
+/// Runs a handshake over blocking I/O: `step` first, reading and writing with
+/// `s`.
+fn drive_std<S: Read + Write>(
+    s: &mut S,
+    mut step: Step,
+    mut take: impl FnMut(&[u8]) -> Result<Step, AuthError>,
+) -> Result<Channel, AuthError> {
+    let io = |e: std::io::Error| AuthError::Io(e.to_string());
+    let mut buf = Vec::new();
+    loop {
+        let n = match step {
+            Step::Read(n) => n,
+            Step::SendThenRead(out, n) => {
+                s.write_all(&out).map_err(io)?;
+                n
+            }
+            Step::Done(out, ch) => {
+                if !out.is_empty() {
+                    s.write_all(&out).map_err(io)?;
+                }
+                return Ok(ch);
+            }
+        };
+        buf.resize(n, 0);
+        s.read_exact(&mut buf).map_err(read_err)?;
+        step = take(&buf)?;
+    }
+}
+
+/// Dials the handshake on a blocking socket (timeouts set to
+/// [`HANDSHAKE_TIMEOUT`] meanwhile, and left unset).
+pub fn dial_std(
     s: &mut std::net::TcpStream,
     key: &ClusterKey,
-    side: Side,
-) -> Result<(), AuthError> {
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(io_err)?;
-    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(io_err)?;
-    let h = Handshake::new(key, side);
-    s.write_all(&h.hello()).map_err(io_err)?;
-    let mut peer = [0u8; HELLO_LEN];
-    s.read_exact(&mut peer).map_err(io_err)?;
-    let (proof, pn) = h.on_hello(&peer)?;
-    s.write_all(&proof).map_err(io_err)?;
-    let mut theirs = [0u8; PROOF_LEN];
-    s.read_exact(&mut theirs).map_err(io_err)?;
-    h.check(&pn, &theirs)?;
-    s.set_read_timeout(None).map_err(io_err)?;
-    s.set_write_timeout(None).map_err(io_err)?;
-    Ok(())
+    service: Service,
+    dialed: &str,
+) -> Result<Channel, AuthError> {
+    let io = |e: std::io::Error| AuthError::Io(e.to_string());
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
+    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
+    let (mut d, first) = Dial::start(key, service, dialed)?;
+    let ch = drive_std(s, first, |b| d.take(b))?;
+    s.set_read_timeout(None).map_err(io)?;
+    s.set_write_timeout(None).map_err(io)?;
+    Ok(ch)
 }
 
-/// The handshake on a tokio socket (an accept), within [`HANDSHAKE_TIMEOUT`].
-pub async fn handshake_async<S>(s: &mut S, key: &ClusterKey, side: Side) -> Result<(), AuthError>
+/// Accepts the handshake on a blocking socket (timeouts as in [`dial_std`]);
+/// the channel and who dialed.
+pub fn accept_std(
+    s: &mut std::net::TcpStream,
+    key: &ClusterKey,
+    service: Service,
+) -> Result<(Channel, Dialer), AuthError> {
+    let io = |e: std::io::Error| AuthError::Io(e.to_string());
+    let port = s.local_addr().map_err(io)?.port();
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
+    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
+    let mut a = Accept::new(key, service, port);
+    let first = Step::Read(a.first());
+    let ch = drive_std(s, first, |b| a.take(b))?;
+    s.set_read_timeout(None).map_err(io)?;
+    s.set_write_timeout(None).map_err(io)?;
+    let d = a
+        .dialer()
+        .cloned()
+        .expect("a finished handshake read the header");
+    Ok((ch, d))
+}
+
+/// Runs a handshake over a tokio socket, within [`HANDSHAKE_TIMEOUT`].
+async fn drive_async<S>(
+    s: &mut S,
+    mut step: Step,
+    mut take: impl FnMut(&[u8]) -> Result<Step, AuthError>,
+) -> Result<Channel, AuthError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let run = async {
-        let h = Handshake::new(key, side);
-        s.write_all(&h.hello()).await.map_err(io_err)?;
-        let mut peer = [0u8; HELLO_LEN];
-        s.read_exact(&mut peer).await.map_err(io_err)?;
-        let (proof, pn) = h.on_hello(&peer)?;
-        s.write_all(&proof).await.map_err(io_err)?;
-        let mut theirs = [0u8; PROOF_LEN];
-        s.read_exact(&mut theirs).await.map_err(io_err)?;
-        h.check(&pn, &theirs)
+        let io = |e: std::io::Error| AuthError::Io(e.to_string());
+        let mut buf = Vec::new();
+        loop {
+            let n = match step {
+                Step::Read(n) => n,
+                Step::SendThenRead(out, n) => {
+                    s.write_all(&out).await.map_err(io)?;
+                    n
+                }
+                Step::Done(out, ch) => {
+                    if !out.is_empty() {
+                        s.write_all(&out).await.map_err(io)?;
+                    }
+                    return Ok(ch);
+                }
+            };
+            buf.resize(n, 0);
+            s.read_exact(&mut buf).await.map_err(read_err)?;
+            step = take(&buf)?;
+        }
     };
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, run).await {
         Ok(r) => r,
@@ -328,6 +904,26 @@ where
     }
 }
 
+/// Accepts the handshake on a tokio socket accepted on local port `port`.
+pub async fn accept_async<S>(
+    s: &mut S,
+    key: &ClusterKey,
+    service: Service,
+    port: u16,
+) -> Result<(Channel, Dialer), AuthError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut a = Accept::new(key, service, port);
+    let first = Step::Read(a.first());
+    let ch = drive_async(s, first, |b| a.take(b)).await?;
+    let d = a
+        .dialer()
+        .cloned()
+        .expect("a finished handshake read the header");
+    Ok((ch, d))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,46 +932,281 @@ mod tests {
         ClusterKey::new(s.as_bytes()).unwrap()
     }
 
-    /// Runs both sides of a handshake in memory.
-    fn pair(a: &ClusterKey, b: &ClusterKey) -> (Result<(), AuthError>, Result<(), AuthError>) {
-        let c = Handshake::new(a, Side::Client);
-        let s = Handshake::new(b, Side::Server);
-        let (cp, sn) = c.on_hello(&s.hello()).unwrap();
-        let (sp, cn) = s.on_hello(&c.hello()).unwrap();
-        (c.check(&sn, &sp), s.check(&cn, &cp))
+    /// What a listener got: its result, and what it sent back.
+    type Run = Result<Channel, AuthError>;
+
+    /// Runs a dialer and a listener against each other in memory; `tamper`
+    /// may change each flight from the dialer (its index, its bytes) on the
+    /// way.
+    fn pair_with(
+        dial_key: &ClusterKey,
+        dial_service: Service,
+        dialed: &str,
+        accept_key: &ClusterKey,
+        accept_service: Service,
+        port: u16,
+        mut tamper: impl FnMut(usize, &mut Vec<u8>),
+    ) -> (Run, Run) {
+        let (mut d, first) = Dial::start(dial_key, dial_service, dialed).unwrap();
+        let mut a = Accept::new(accept_key, accept_service, port);
+        // The dialer's bytes in flight to the listener, and back.
+        let mut to_l: Vec<u8> = Vec::new();
+        let mut to_d: Vec<u8> = Vec::new();
+        let mut flights = 0;
+        let mut push = |to: &mut Vec<u8>, mut b: Vec<u8>, f: &mut usize| {
+            tamper(*f, &mut b);
+            *f += 1;
+            to.extend_from_slice(&b);
+        };
+        let mut d_need = match first {
+            Step::SendThenRead(b, n) => {
+                push(&mut to_l, b, &mut flights);
+                n
+            }
+            _ => unreachable!(),
+        };
+        let mut a_need = a.first();
+        let mut d_done: Option<Run> = None;
+        let mut a_done: Option<Run> = None;
+        for _ in 0..32 {
+            if a_done.is_none() && to_l.len() >= a_need {
+                let b: Vec<u8> = to_l.drain(..a_need).collect();
+                match a.take(&b) {
+                    Ok(Step::Read(n)) => a_need = n,
+                    Ok(Step::SendThenRead(out, n)) => {
+                        to_d.extend_from_slice(&out);
+                        a_need = n;
+                    }
+                    Ok(Step::Done(_, ch)) => a_done = Some(Ok(ch)),
+                    Err(e) => a_done = Some(Err(e)),
+                }
+                continue;
+            }
+            if d_done.is_none() && to_d.len() >= d_need {
+                let b: Vec<u8> = to_d.drain(..d_need).collect();
+                match d.take(&b) {
+                    Ok(Step::Read(n)) => d_need = n,
+                    Ok(Step::SendThenRead(out, n)) => {
+                        push(&mut to_l, out, &mut flights);
+                        d_need = n;
+                    }
+                    Ok(Step::Done(out, ch)) => {
+                        push(&mut to_l, out, &mut flights);
+                        d_done = Some(Ok(ch));
+                    }
+                    Err(e) => d_done = Some(Err(e)),
+                }
+                continue;
+            }
+            break;
+        }
+        let stuck = || Err(AuthError::Io("no more bytes".into()));
+        (d_done.unwrap_or_else(stuck), a_done.unwrap_or_else(stuck))
+    }
+
+    fn pair(a: &ClusterKey, b: &ClusterKey) -> (Run, Run) {
+        pair_with(
+            a,
+            Service::Control,
+            "10.0.0.1:7300",
+            b,
+            Service::Control,
+            7300,
+            |_, _| {},
+        )
+    }
+
+    /// Both directions carry bytes; a record of each direction opens only
+    /// on the other side, in order.
+    fn talk(d: &mut Channel, l: &mut Channel) {
+        let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let mut wire = Vec::new();
+        d.sealer.seal(&big, &mut wire).unwrap();
+        assert_eq!(wire.len(), big.len() + 4 * (2 + TAG), "4 records");
+        let mut got = Vec::new();
+        // In pieces: a record cut short waits for the rest.
+        let used = l.opener.open(&wire[..70_000], &mut got).unwrap();
+        assert_eq!(used, 2 + MAX_RECORD);
+        let used2 = l.opener.open(&wire[used..], &mut got).unwrap();
+        assert_eq!(used + used2, wire.len());
+        assert_eq!(got, big);
+        let mut back = Vec::new();
+        l.sealer.seal(b"answer", &mut back).unwrap();
+        let mut got = Vec::new();
+        d.opener.open(&back, &mut got).unwrap();
+        assert_eq!(got, b"answer");
     }
 
     #[test]
-    fn members_prove_it_to_each_other_and_others_are_refused() {
+    fn members_open_a_channel_and_others_are_refused() {
         let k = key("0123456789abcdef0123");
-        assert_eq!(pair(&k, &k), (Ok(()), Ok(())));
+        let (d, l) = pair(&k, &k);
+        let (mut d, mut l) = (d.unwrap(), l.unwrap());
+        talk(&mut d, &mut l);
         let other = key("0123456789abcdef0124");
-        assert_eq!(
-            pair(&k, &other),
-            (Err(AuthError::WrongSecret), Err(AuthError::WrongSecret))
-        );
-        // Not a hello: refused before any proof.
-        let s = Handshake::new(&k, Side::Server);
-        let mut junk = [0u8; HELLO_LEN];
+        let (d, l) = pair(&k, &other);
+        assert_eq!(l.err(), Some(AuthError::WrongSecret));
+        assert!(d.is_err(), "the dialer got no reply it could use");
+        // Not a header: refused at the first bytes.
+        let mut a = Accept::new(&k, Service::Control, 1);
+        let mut junk = [0u8; FIXED];
         junk[..4].copy_from_slice(&[0, 0, 0, 9]);
-        assert_eq!(s.on_hello(&junk).err(), Some(AuthError::NotAMember));
+        assert_eq!(a.take(&junk).err(), Some(AuthError::NotAMember));
     }
 
-    /// A proof made by the server cannot be replayed to it as a client's, and
-    /// a proof is bound to both nonces.
+    /// The prologue binds the service and the address dialed: a listener of
+    /// another service or port refuses, and a header changed on the way (the
+    /// role, the address, the service) fails the handshake.
     #[test]
-    fn proofs_are_bound_to_side_and_nonces() {
+    fn the_transcript_binds_service_address_and_role() {
         let k = key("0123456789abcdef0123");
-        let s = Handshake::new(&k, Side::Server);
-        // An attacker opens a connection and sends the server its own hello.
-        let (server_proof, echoed) = s.on_hello(&s.hello()).unwrap();
-        assert_eq!(s.check(&echoed, &server_proof), Err(AuthError::WrongSecret));
-        // A client proof recorded on one connection fails on the next.
-        let c = Handshake::new(&k, Side::Client);
-        let (cp, _) = c.on_hello(&s.hello()).unwrap();
-        let s2 = Handshake::new(&k, Side::Server);
-        let (_, cn) = s2.on_hello(&c.hello()).unwrap();
-        assert_eq!(s2.check(&cn, &cp), Err(AuthError::WrongSecret));
+        let k2 = k.clone().with_role("backend");
+        let (_, l) = pair_with(
+            &k2,
+            Service::Control,
+            "h:7300",
+            &k,
+            Service::Region,
+            7300,
+            |_, _| {},
+        );
+        assert!(matches!(l, Err(AuthError::WrongService(_))), "{l:?}");
+        let (_, l) = pair_with(
+            &k2,
+            Service::Control,
+            "h:7300",
+            &k,
+            Service::Control,
+            7301,
+            |_, _| {},
+        );
+        assert!(matches!(l, Err(AuthError::WrongAddress(_))), "{l:?}");
+        let (d, l) = pair_with(
+            &k2,
+            Service::Control,
+            "h:7300",
+            &k,
+            Service::Control,
+            7300,
+            |_, _| {},
+        );
+        assert!(d.is_ok() && l.is_ok());
+        // The header changed on the way, keeping its lengths.
+        for (what, from, to) in [
+            ("role", &b"backend"[..], &b"bckend2"[..]),
+            ("address", &b"h:7300"[..], &b"g:7300"[..]),
+        ] {
+            let (d, l) = pair_with(
+                &k2,
+                Service::Control,
+                "h:7300",
+                &k,
+                Service::Control,
+                7300,
+                |i, b| {
+                    if i == 0 {
+                        let at = b.windows(from.len()).position(|w| w == from).unwrap();
+                        b[at..at + from.len()].copy_from_slice(to);
+                    }
+                },
+            );
+            assert_eq!(l.err(), Some(AuthError::WrongSecret), "{what}");
+            assert!(d.is_err(), "{what}");
+        }
+    }
+
+    /// A dialer's first flight recorded and replayed on another connection
+    /// gets a reply, but the listener never takes it as a member's: the
+    /// confirmation needs the keys of the new connection.
+    #[test]
+    fn a_replayed_handshake_is_not_a_member() {
+        let k = key("0123456789abcdef0123");
+        let mut recorded: Vec<Vec<u8>> = Vec::new();
+        let (d, l) = pair_with(
+            &k,
+            Service::Control,
+            "h:1",
+            &k,
+            Service::Control,
+            1,
+            |_, b| recorded.push(b.clone()),
+        );
+        assert!(d.is_ok() && l.is_ok());
+        // Replay the header, message 1 and the confirmation to a fresh listener.
+        let all: Vec<u8> = recorded.concat();
+        let mut a = Accept::new(&k, Service::Control, 1);
+        let mut need = a.first();
+        let mut pos = 0;
+        let res = loop {
+            let b = &all[pos..pos + need];
+            pos += need;
+            match a.take(b) {
+                Ok(Step::Read(n)) | Ok(Step::SendThenRead(_, n)) => need = n,
+                Ok(Step::Done(..)) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        assert_eq!(res, Err(AuthError::WrongSecret));
+    }
+
+    /// Records changed, replayed, reordered or dropped on the way do not open.
+    #[test]
+    fn records_are_authenticated_and_ordered() {
+        let k = key("0123456789abcdef0123");
+        let fresh = || {
+            let (d, l) = pair(&k, &k);
+            (d.unwrap(), l.unwrap())
+        };
+        let seal = |c: &mut Channel, b: &[u8]| {
+            let mut v = Vec::new();
+            c.sealer.seal(b, &mut v).unwrap();
+            v
+        };
+        // Changed.
+        let (mut d, mut l) = fresh();
+        let mut r = seal(&mut d, b"submit 1");
+        r[5] ^= 1;
+        assert!(matches!(
+            l.opener.open(&r, &mut Vec::new()),
+            Err(AuthError::BadRecord(_))
+        ));
+        // Replayed.
+        let (mut d, mut l) = fresh();
+        let r = seal(&mut d, b"submit 1");
+        l.opener.open(&r, &mut Vec::new()).unwrap();
+        assert!(l.opener.open(&r, &mut Vec::new()).is_err());
+        // Reordered (or one dropped).
+        let (mut d, mut l) = fresh();
+        let _first = seal(&mut d, b"a");
+        let second = seal(&mut d, b"b");
+        assert!(l.opener.open(&second, &mut Vec::new()).is_err());
+        // From another connection of the same secret.
+        let (mut d2, _) = fresh();
+        let (_, mut l) = fresh();
+        let r = seal(&mut d2, b"x");
+        assert!(l.opener.open(&r, &mut Vec::new()).is_err());
+        // Too short to hold a tag.
+        let (_, mut l) = fresh();
+        assert!(l.opener.open(&[0, 3, 1, 2, 3], &mut Vec::new()).is_err());
+    }
+
+    /// The first refusal is warned about, then one per period with the count
+    /// of those that were not.
+    #[test]
+    fn refusal_warnings_are_rate_limited_and_counted() {
+        let t0 = std::time::Instant::now();
+        let s = Duration::from_secs(1);
+        let mut w = WarnLimit::new(Duration::from_secs(10));
+        assert_eq!(w.hit(t0), Some(0));
+        for i in 1..1000 {
+            assert_eq!(w.hit(t0 + s * i / 200), None);
+        }
+        assert_eq!(w.hit(t0 + s * 10), Some(999));
+        assert_eq!(w.hit(t0 + s * 11), None);
+        assert_eq!(w.hit(t0 + s * 30), Some(1));
+        let before = refused_total();
+        let _ = refusal();
+        assert!(refused_total() > before);
     }
 
     #[test]
@@ -387,7 +1218,8 @@ mod tests {
         let p = dir.join("secret");
         let k = ClusterKey::create_file(&p).unwrap();
         let again = ClusterKey::from_file(&p).unwrap();
-        assert_eq!(pair(&k, &again), (Ok(()), Ok(())));
+        let (d, l) = pair(&k, &again);
+        assert!(d.is_ok() && l.is_ok());
         assert!(ClusterKey::create_file(&p).is_err(), "never overwrites");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = ClusterKey::from_file(&p).unwrap_err();

@@ -20,6 +20,7 @@ pub mod rdma;
 pub mod rdma_stub;
 pub mod region;
 pub mod region_wire;
+pub mod secure_io;
 pub mod tcp;
 
 pub use region::{CapSource, InputRef, Region, SlotHeader, PROBE_CAP, SLOT_HEADER};

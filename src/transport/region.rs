@@ -25,9 +25,14 @@ pub const MAX_SLOT: usize = (1 << 24) - 1;
 /// Largest region an [`InputRef`] can address: 1 TiB.
 pub const MAX_REGION: u64 = 1 << 40;
 /// The capability of a probe: a read that names it is answered with zeros of
-/// the length asked (a backend measuring its pull cost reads no one's input).
-/// A task's capability is never this.
+/// the length asked, at most [`MAX_SLOT`] (a backend measuring its pull cost
+/// reads no one's input). It opens no slot: a task's capability is never
+/// this.
 pub const PROBE_CAP: u64 = 0;
+
+/// What probes read: zeros, never written (untouched pages of the program's
+/// zeroed data, so they cost no memory of their own).
+static ZEROS: [u8; MAX_SLOT] = [0u8; MAX_SLOT];
 
 /// Makes tasks' capabilities: 64 unpredictable bits each (ChaCha seeded from
 /// the OS), never [`PROBE_CAP`]. A reader that saw some capabilities (a
@@ -296,6 +301,9 @@ impl Region {
     /// [`PROBE_CAP`] sees `len` zero bytes instead (the region is not touched).
     /// What region servers and in-process readers serve: the check and the read
     /// are under the same stripe locks, so a slot cannot be freed in between.
+    /// Nothing is allocated, nor `f` called, before the read is found good: a
+    /// read longer than the largest slot ([`MAX_SLOT`]), a probe's included, is
+    /// denied at once.
     pub fn read_slot<R>(
         &self,
         offset: u64,
@@ -303,9 +311,12 @@ impl Region {
         cap: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, ReadError> {
+        self.in_bounds(offset, len)?;
+        if len as usize > MAX_SLOT {
+            return Err(ReadError::Denied);
+        }
         if cap == PROBE_CAP {
-            self.in_bounds(offset, len)?;
-            return Ok(f(&vec![0u8; len as usize]));
+            return Ok(f(&ZEROS[..len as usize]));
         }
         self.with_slice(offset, len, |b| match SlotHeader::decode(b) {
             Some(h) if h.cap == cap && len as usize <= SLOT_HEADER + h.payload_len as usize => {
@@ -405,6 +416,48 @@ impl Region {
 
 #[cfg(test)]
 mod tests {
+    /// A read must name a live slot it holds the capability for and fit in
+    /// it; a probe (capability 0) opens no slot and reads at most the largest
+    /// slot's length of zeros; neither allocates before the check. Three
+    /// readers' worth of whole-region reads answer headers only.
+    #[test]
+    fn reads_are_checked_before_anything_is_allocated() {
+        let reg = Region::new(1, 64 << 20).unwrap();
+        let cap = 0x1234;
+        let s = reg.put(1, cap, b"input").unwrap();
+        let whole = (64 << 20) as u32;
+        let called = std::cell::Cell::new(0);
+        let read = |off, len, c| {
+            reg.read_slot(off, len, c, |b| {
+                called.set(called.get() + 1);
+                b.len()
+            })
+        };
+        assert_eq!(read(0, whole, PROBE_CAP), Err(ReadError::Denied));
+        assert_eq!(read(0, whole, cap), Err(ReadError::Denied));
+        assert_eq!(read(s.offset, s.len + 1, cap), Err(ReadError::Denied));
+        assert_eq!(read(s.offset, s.len, PROBE_CAP + 1), Err(ReadError::Denied));
+        assert_eq!(read(s.offset + 64, 8, cap), Err(ReadError::Denied));
+        assert_eq!(called.get(), 0, "nothing was read for a refused read");
+        assert_eq!(read(s.offset, s.len, cap), Ok(s.len as usize));
+        assert_eq!(read(0, MAX_SLOT as u32, PROBE_CAP), Ok(MAX_SLOT));
+        // Over the TCP region protocol: 3 x 4 whole-region probes and reads
+        // are answered with their 16-byte headers, nothing else.
+        let mut inb = Vec::new();
+        for i in 0..12u64 {
+            let r = super::super::region_wire::Request {
+                id: i,
+                offset: 0,
+                len: whole,
+                cap: if i % 2 == 0 { PROBE_CAP } else { cap },
+            };
+            inb.extend_from_slice(&r.encode());
+        }
+        let mut out = Vec::new();
+        super::super::region_wire::serve_requests(&inb, &reg, &mut out, 1 << 30);
+        assert_eq!(out.len(), 12 * super::super::region_wire::ANS_LEN);
+    }
+
     use super::*;
 
     #[test]

@@ -70,7 +70,22 @@ impl NetLoop {
                 },
                 recv(lrx) -> r => {
                     if let Ok((model, res)) = r {
+                        // A model that cannot be loaded before the backend is
+                        // in service is final: no rejoin would load it.
+                        let fatal = match (&res, &self.ready_tx) {
+                            (Err(e), Some(_)) => Some(e.clone()),
+                            _ => None,
+                        };
                         self.proto.handle_loaded(model, res);
+                        if let Some(e) = fatal {
+                            self.apply(&ltx)?;
+                            let why = format!("model {model} cannot be loaded: {e}");
+                            tracing::error!(reason = %why, "backend: stopping");
+                            if let Some(t) = self.ready_tx.take() {
+                                let _ = t.send(Err(why.clone()));
+                            }
+                            bail!(why);
+                        }
                     }
                 }
                 default(Duration::from_nanos(wait.0 as u64)) => {}

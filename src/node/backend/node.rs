@@ -90,12 +90,30 @@ impl BackendNode {
         })
     }
 
-    /// Waits until the scheduler put the GPUs in service; returns their global ids.
+    /// Waits until the scheduler put the GPUs in service; returns their global
+    /// ids. Fails at once when a model cannot be loaded (that is final: the
+    /// backend has stopped), and when the process is asked to stop
+    /// ([`crate::node::request_stop`]) meanwhile.
     pub fn wait_ready(&self, timeout: Duration) -> Result<Vec<GpuId>> {
-        match self.ready.recv_timeout(timeout) {
-            Ok(Ok(ids)) => Ok(ids),
-            Ok(Err(e)) => bail!("backend registration failed: {e}"),
-            Err(_) => bail!("backend not registered within {timeout:?}"),
+        use crossbeam_channel::RecvTimeoutError;
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.ready.recv_timeout(left.min(Duration::from_millis(50))) {
+                Ok(Ok(ids)) => return Ok(ids),
+                Ok(Err(e)) => bail!("backend registration failed: {e}"),
+                Err(RecvTimeoutError::Disconnected) => {
+                    bail!("the backend stopped before it was in service")
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if crate::node::stop_requested() {
+                        bail!("asked to stop before the backend was in service");
+                    }
+                    if left.is_zero() {
+                        bail!("backend not registered within {timeout:?}");
+                    }
+                }
+            }
         }
     }
 

@@ -598,9 +598,11 @@ impl GrpcInferenceService for Arc<Svc> {
         r: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = r.into_inner();
-        self.models.index(&r.name).map_err(Status::not_found)?;
-        // Triton answers false for a version it does not have.
-        let ready = Models::version(&r.name, &r.version).is_ok() && self.fe.ready().is_ok();
+        // Triton answers false for a model or a version it does not have
+        // (clients' `is_model_ready` expects an answer, not an error).
+        let ready = self.models.index(&r.name).is_ok()
+            && Models::version(&r.name, &r.version).is_ok()
+            && self.fe.ready().is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 

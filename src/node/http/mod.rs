@@ -47,7 +47,9 @@
 //! * `model.rs`: a model as the API shows it (its tensors, its metadata).
 //! * `triton.rs`: Triton's documents: a model's configuration and statistics.
 //! * `metrics.rs`: the API's Prometheus series.
+//! * `body_budget.rs`: the total of request bodies buffered at once.
 
+mod body_budget;
 mod conns;
 pub(in crate::node) mod errors;
 mod metrics;
@@ -60,6 +62,7 @@ pub(in crate::node) mod server;
 mod tensor;
 pub(in crate::node) mod triton;
 
+pub use body_budget::default_buffered_bytes;
 pub use options::{default_max_connections, default_threads, HttpOpts, RESERVED_FDS};
 pub use request::MAX_TIMEOUT_US;
 pub use routes::JsonGet;

@@ -14,6 +14,10 @@ pub struct HttpOpts {
     pub threads: usize,
     /// Largest request body (bytes); larger ones get 413.
     pub max_body_bytes: usize,
+    /// Most bytes of request bodies buffered at once, all requests together
+    /// ([`super::default_buffered_bytes`]); a body beyond gets 503 with
+    /// `Retry-After` before a byte of it is read.
+    pub max_buffered_bytes: usize,
     /// Largest input tensor a request may declare (bytes); larger ones get 413.
     pub max_tensor_bytes: usize,
     /// Most connections open at once ([`default_max_connections`]). A new one
@@ -38,6 +42,7 @@ impl std::fmt::Debug for HttpOpts {
             .field("listen", &self.listen)
             .field("threads", &self.threads)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_buffered_bytes", &self.max_buffered_bytes)
             .field("max_tensor_bytes", &self.max_tensor_bytes)
             .field("max_connections", &self.max_connections)
             .field("header_timeout", &self.header_timeout)
@@ -87,6 +92,7 @@ impl HttpOpts {
             listen: listen.to_string(),
             threads: default_threads(),
             max_body_bytes: 64 << 20,
+            max_buffered_bytes: super::default_buffered_bytes(),
             max_tensor_bytes: crate::workload::MAX_INPUT_BYTES as usize,
             max_connections: default_max_connections(),
             header_timeout: Duration::from_secs(30),

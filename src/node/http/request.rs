@@ -17,11 +17,12 @@ pub const MAX_TIMEOUT_US: u64 = 3_600_000_000;
 // The request's JSON is parsed under a budget ([`budget`]) so that what the
 // parser holds stays within a small multiple of the body: tensor data at most
 // the model's elements (plus slack), lists and parameter maps at most
-// [`budget::ENTRIES`] entries in all, and a parameter or `id` that is an array
-// or object kept as a short placeholder, not as a tree of values.
+// [`budget::ENTRIES`] entries in all, and a parameter that is an array or
+// object kept as a short placeholder, not as a tree of values; `id` must be a
+// string (the protocol's type; Triton answers 400 for another), or null.
 #[derive(Deserialize)]
 pub(in crate::node) struct InferRequest {
-    #[serde(default, deserialize_with = "budget::scalar")]
+    #[serde(default, deserialize_with = "budget::id")]
     pub(in crate::node) id: Option<Value>,
     #[serde(default, deserialize_with = "budget::params")]
     pub(in crate::node) parameters: Option<Map<String, Value>>,
@@ -873,9 +874,26 @@ pub(super) mod budget {
         }
     }
 
-    /// `id`: a scalar (see [`Scalar`]).
-    pub fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-        Scalar.deserialize(d).map(Some)
+    /// `id`: a string, or null (no id); anything else is an error at once
+    /// (an array or object is not parsed into a tree first).
+    pub fn id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Option<Value>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("the request `id` to be a string")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Some(Value::String(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Some(Value::String(v)))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+        }
+        d.deserialize_any(V)
     }
 
     /// A `parameters` object: each entry from the budget, each value a
@@ -1144,9 +1162,32 @@ mod tests {
         }
         // The budget is the parse's only: a good request after a refused one.
         let ok = format!(
-            r#"{{"id":{{"a":[1,2]}},"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
+            r#"{{"id":"r1","inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
         );
         let d = decode_request(&m, ok.as_bytes(), &[], 1 << 20).unwrap_or_else(|e| panic!("{e:?}"));
-        assert_eq!(d.id, Some(Value::String("(an object)".into())));
+        assert_eq!(d.id, Some(Value::String("r1".into())));
+        // An `id` that is not a string: 400, whatever it is (an object is
+        // not kept as a tree meanwhile).
+        for (id, what) in [
+            ("7", "integer"),
+            ("true", "boolean"),
+            (r#"{"a":[1,2]}"#, "map"),
+        ] {
+            let body = format!(
+                r#"{{"id":{id},"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
+            );
+            let e = err(&body);
+            assert_eq!(e.0, StatusCode::BAD_REQUEST);
+            assert!(
+                e.1.contains("expected the request `id` to be a string") && e.1.contains(what),
+                "{e:?}"
+            );
+        }
+        let null_id = format!(
+            r#"{{"id":null,"inputs":[{ok_ids},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
+        );
+        let d = decode_request(&m, null_id.as_bytes(), &[], 1 << 20)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(d.id, None);
     }
 }

@@ -5,6 +5,7 @@
 //! response is counted by status code; a body left unread is drained so that a
 //! keep-alive client can go on with its connection.
 
+use super::body_budget::{BodyBudget, Held};
 use super::errors::{bad, error, too_large_body, Fail};
 use super::metrics::{infer_time_histograms, Codes};
 use super::model::Models;
@@ -31,6 +32,8 @@ pub(super) struct App {
     models: Models,
     regs: Vec<Arc<Registry>>,
     max_body: usize,
+    /// The total of bodies buffered at once.
+    bodies: Arc<BodyBudget>,
     max_tensor: usize,
     body_timeout: Duration,
     codes: Option<Codes>,
@@ -76,6 +79,7 @@ impl App {
             fe: Some(fe),
             regs,
             max_body: o.max_body_bytes,
+            bodies: BodyBudget::new(o.max_buffered_bytes),
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
@@ -92,6 +96,7 @@ impl App {
             models: Models::new(&[]),
             regs,
             max_body: 0,
+            bodies: BodyBudget::new(0),
             max_tensor: 0,
             body_timeout: Duration::from_secs(1),
             codes: None,
@@ -170,7 +175,7 @@ impl App {
             (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
             (&Method::POST, ["v2", "repository", "index"]) => {
                 let body = match req.take() {
-                    Some(r) => self.read_body(r).await,
+                    Some(r) => self.read_body(r).await.map(|(b, _held)| b),
                     None => Ok(Bytes::new()),
                 };
                 match body.and_then(|b| index_filter(&b)) {
@@ -191,6 +196,16 @@ impl App {
             _ => no_route(&method, &path),
         };
         self.done(req, &resp, model_idx, t0).await;
+        let mut resp = resp;
+        if self.life.draining.load(Ordering::Acquire) {
+            // From the start of a drain every answer says so: a keep-alive
+            // client opens its next request elsewhere instead of on a
+            // connection about to close.
+            resp.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+        }
         resp
     }
 
@@ -337,7 +352,8 @@ impl App {
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e))?;
         let header_len = header_len(&req)?;
         let encoding = content_encoding(&req)?;
-        let mut body = self.read_body(req).await?;
+        // `_held` keeps the body's share of the budget until the answer.
+        let (mut body, _held) = self.read_body(req).await?;
         if let Some(enc) = encoding {
             body = if body.len() <= DECODE_INLINE_BYTES {
                 decompress(enc, &body, self.max_body)?
@@ -403,8 +419,10 @@ impl App {
     }
 
     /// The request's body, at most `max_body` bytes (413 beyond, whether its
-    /// `Content-Length` says so or its bytes do).
-    async fn read_body(&self, req: Request<Incoming>) -> Result<Bytes, Fail> {
+    /// `Content-Length` says so or its bytes do), and its share of the body
+    /// budget: its declared length taken before a byte is read (its bytes as
+    /// they come without one); 503 when the budget has no room.
+    async fn read_body(&self, req: Request<Incoming>) -> Result<(Bytes, Held), Fail> {
         let declared = req
             .headers()
             .get(CONTENT_LENGTH)
@@ -419,6 +437,11 @@ impl App {
         // (collecting the chunks and joining them held the body twice).
         let cap = declared.unwrap_or(0) as usize;
         let max = self.max_body;
+        let budget = self.bodies.clone();
+        let mut held = budget.hold();
+        if !held.take(cap) {
+            return Err(no_room(&budget, cap));
+        }
         let read = async move {
             let mut body = req.into_body();
             let mut buf: Vec<u8> = Vec::with_capacity(cap);
@@ -428,10 +451,14 @@ impl App {
                     if buf.len() + d.len() > max {
                         return Err(too_large_body((buf.len() + d.len()) as u64, max));
                     }
+                    let more = (buf.len() + d.len()).saturating_sub(held.bytes());
+                    if !held.take(more) {
+                        return Err(no_room(&budget, buf.len() + d.len()));
+                    }
                     buf.extend_from_slice(&d);
                 }
             }
-            Ok(Bytes::from(buf))
+            Ok((Bytes::from(buf), held))
         };
         match tokio::time::timeout(self.body_timeout, read).await {
             Ok(r) => r,
@@ -444,6 +471,18 @@ impl App {
             )),
         }
     }
+}
+
+/// 503: the body budget has no room for `n` more bytes.
+fn no_room(b: &BodyBudget, n: usize) -> Fail {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the server buffers {} of its {} bytes of request bodies (--http-max-buffered-bytes); a body of {n} bytes does not fit now, retry",
+            b.held(),
+            b.limit()
+        ),
+    )
 }
 
 /// Bodies up to this size are decoded on the HTTP worker that read them.

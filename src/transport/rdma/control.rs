@@ -7,10 +7,10 @@ use super::conn::CtrlConn;
 use super::options::{CTRL_BUF, CTRL_RECVS, CTRL_SENDS};
 use super::side_channel::{
     exchange_hello, exchange_ready, handshake_timeouts, wait_eof, AcceptThread, RegionDesc,
-    KIND_CTRL,
+    SideTcp, KIND_CTRL,
 };
 use super::verbs;
-use crate::transport::auth::ClusterKey;
+use crate::transport::auth::{ClusterKey, Service};
 use crate::transport::{Conn, ConnId, Event, EventTx, Listener};
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
@@ -68,7 +68,7 @@ impl Shared {
 /// precedes every message of the connection.
 pub(super) fn establish(
     shared: &Arc<Shared>,
-    mut tcp: TcpStream,
+    mut tcp: SideTcp,
     peer: String,
     events: EventTx,
     accepted: bool,
@@ -89,14 +89,14 @@ pub(super) fn establish(
         }
         return Err(e);
     }
-    watch_side_channel(shared, tcp, id)?;
+    watch_side_channel(shared, tcp.tcp, id)?;
     Ok(conn)
 }
 
 /// A QP and its buffers, connected to the peer's over `tcp`: the connection.
 fn connect_qp(
     shared: &Shared,
-    tcp: &mut TcpStream,
+    tcp: &mut SideTcp,
     peer: String,
     events: EventTx,
 ) -> anyhow::Result<CtrlConn> {
@@ -114,7 +114,7 @@ fn connect_qp(
 /// Announces an accepted connection, then exchanges the ready bytes and ends the
 /// handshake's timeouts.
 fn get_ready(
-    tcp: &mut TcpStream,
+    tcp: &mut SideTcp,
     conn: &Arc<CtrlConn>,
     events: &EventTx,
     accepted: bool,
@@ -165,7 +165,7 @@ pub(super) fn listen(
         TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("cannot listen at `{addr}`: {e}"))?;
     let local = l.local_addr()?.to_string();
     let shared = Arc::downgrade(shared);
-    let accept = AcceptThread::spawn(l, key, move |tcp, peer| {
+    let accept = AcceptThread::spawn(l, key, Service::RdmaControl, move |tcp, peer| {
         let Some(s) = shared.upgrade() else {
             return;
         };

@@ -208,7 +208,11 @@ impl Transport for Rdma {
     }
 
     fn connect(&self, addr: &str, events: EventTx) -> anyhow::Result<Arc<dyn Conn>> {
-        let tcp = side_channel::tcp_connect(addr, self.key.as_ref())?;
+        let tcp = side_channel::tcp_connect(
+            addr,
+            crate::transport::auth::Service::RdmaControl,
+            self.key.as_ref(),
+        )?;
         let conn = control::establish(&self.shared, tcp, addr.to_string(), events, false)?;
         Ok(conn)
     }

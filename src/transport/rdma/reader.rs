@@ -11,7 +11,7 @@ use super::side_channel::{
     KIND_REGION,
 };
 use super::verbs;
-use crate::transport::auth::ClusterKey;
+use crate::transport::auth::{ClusterKey, Service};
 use crate::transport::{ReadError, ReadReq, RegionReader};
 use crate::wire::RegionInfo;
 use std::collections::HashMap;
@@ -95,7 +95,7 @@ impl RdmaReader {
     }
 
     fn connect(&self, info: &RegionInfo) -> anyhow::Result<ReadLink> {
-        let mut tcp = tcp_connect(&info.addr, self.key.as_ref())?;
+        let mut tcp = tcp_connect(&info.addr, Service::RdmaRegion, self.key.as_ref())?;
         handshake_timeouts(&tcp, true)?;
         let qp = verbs::Qp::new_rc(&self.pd, &self.cq, READ_WAVE as u32, 1)?;
         let (remote, desc) =
@@ -126,7 +126,7 @@ impl RdmaReader {
             })?;
         Ok(ReadLink {
             qp,
-            tcp,
+            tcp: tcp.tcp,
             alive,
             desc,
         })

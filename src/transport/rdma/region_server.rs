@@ -4,9 +4,10 @@
 
 use super::side_channel::{
     exchange_hello, exchange_ready, handshake_timeouts, wait_eof, AcceptThread, RegionDesc,
-    KIND_REGION,
+    SideTcp, KIND_REGION,
 };
 use super::verbs;
+use crate::transport::auth::Service;
 use crate::transport::{Region, RegionServer};
 use crate::wire::RegionInfo;
 use std::collections::HashMap;
@@ -80,7 +81,7 @@ pub(super) fn serve(
         next: AtomicU64::new(0),
     });
     let weak: Weak<RegionShared> = Arc::downgrade(&rs);
-    let accept = AcceptThread::spawn(l, key, move |tcp, peer| {
+    let accept = AcceptThread::spawn(l, key, Service::RdmaRegion, move |tcp, peer| {
         let Some(rs) = weak.upgrade() else {
             return;
         };
@@ -102,7 +103,7 @@ pub(super) fn serve(
 }
 
 /// One reader connecting to a served region; returns when it is gone.
-fn region_accept(rs: &Arc<RegionShared>, mut tcp: TcpStream) -> anyhow::Result<()> {
+fn region_accept(rs: &Arc<RegionShared>, mut tcp: SideTcp) -> anyhow::Result<()> {
     handshake_timeouts(&tcp, true)?;
     let qp = verbs::Qp::new_rc(&rs.pd, &rs.cq, 1, 1)?;
     let (remote, _) = exchange_hello(&mut tcp, KIND_REGION, &qp.endpoint(), rs.desc)?;
@@ -114,7 +115,7 @@ fn region_accept(rs: &Arc<RegionShared>, mut tcp: TcpStream) -> anyhow::Result<(
         .lock()
         .expect("lock")
         .insert(id, (qp, tcp.try_clone()?));
-    wait_eof(tcp);
+    wait_eof(tcp.tcp);
     rs.links.lock().expect("lock").remove(&id);
     Ok(())
 }

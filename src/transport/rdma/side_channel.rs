@@ -1,11 +1,14 @@
 //! The TCP side channel every queue pair is set up over: connecting and
 //! accepting, the hello that exchanges endpoints (and, from a region server, the
 //! region's description), the "ready" byte, and waiting for the channel's end,
-//! which is the liveness signal of the connection it set up.
+//! which is the liveness signal of the connection it set up. With a cluster
+//! key the side channel opens with the secure channel's handshake
+//! ([`crate::transport::auth`]) and the hello and ready bytes travel in its
+//! records.
 
 use super::options::HANDSHAKE_TIMEOUT;
 use super::verbs::{Endpoint, ENDPOINT_BYTES};
-use crate::transport::auth::{self, ClusterKey, Side};
+use crate::transport::auth::{self, Channel, ClusterKey, Service, MAX_RECORD, TAG};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,16 +34,69 @@ pub(super) struct RegionDesc {
     pub(super) rkey: u32,
 }
 
+/// A side channel's socket, and its secure channel when the transport has a
+/// cluster key.
+pub(super) struct SideTcp {
+    pub(super) tcp: TcpStream,
+    ch: Option<Channel>,
+}
+
+impl std::ops::Deref for SideTcp {
+    type Target = TcpStream;
+    fn deref(&self) -> &TcpStream {
+        &self.tcp
+    }
+}
+
+impl SideTcp {
+    /// Sends `b` (one record through the channel).
+    fn send(&mut self, b: &[u8]) -> anyhow::Result<()> {
+        match &mut self.ch {
+            None => self.tcp.write_all(b)?,
+            Some(c) => {
+                let mut out = Vec::new();
+                c.sealer.seal(b, &mut out)?;
+                self.tcp.write_all(&out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `b.len()` bytes (whole records through the channel).
+    fn recv(&mut self, b: &mut [u8]) -> anyhow::Result<()> {
+        let Some(c) = &mut self.ch else {
+            self.tcp.read_exact(b)?;
+            return Ok(());
+        };
+        let mut got = Vec::new();
+        while got.len() < b.len() {
+            let mut rec = vec![0u8; 2];
+            self.tcp.read_exact(&mut rec)?;
+            let n = u16::from_be_bytes([rec[0], rec[1]]) as usize;
+            anyhow::ensure!(
+                (TAG..=MAX_RECORD).contains(&n) && got.len() + n - TAG <= b.len(),
+                "a malformed record from the peer"
+            );
+            rec.resize(2 + n, 0);
+            self.tcp.read_exact(&mut rec[2..])?;
+            c.opener.open(&rec, &mut got)?;
+        }
+        anyhow::ensure!(got.len() == b.len(), "a malformed record from the peer");
+        b.copy_from_slice(&got);
+        Ok(())
+    }
+}
+
 /// Sends our hello, reads the peer's; checks magic and kind.
 pub(super) fn exchange_hello(
-    tcp: &mut TcpStream,
+    tcp: &mut SideTcp,
     kind: u8,
     ours: &Endpoint,
     region: RegionDesc,
 ) -> anyhow::Result<(Endpoint, RegionDesc)> {
-    tcp.write_all(&hello(kind, ours, region))?;
+    tcp.send(&hello(kind, ours, region))?;
     let mut p = [0u8; HELLO_BYTES];
-    tcp.read_exact(&mut p)?;
+    tcp.recv(&mut p)?;
     parse_hello(&p, kind)
 }
 
@@ -93,17 +149,21 @@ fn kind_name(k: u8) -> &'static str {
 }
 
 /// Both sides' "my receives are posted" byte.
-pub(super) fn exchange_ready(tcp: &mut TcpStream) -> anyhow::Result<()> {
-    tcp.write_all(&[1])?;
+pub(super) fn exchange_ready(tcp: &mut SideTcp) -> anyhow::Result<()> {
+    tcp.send(&[1])?;
     let mut b = [0u8; 1];
-    tcp.read_exact(&mut b)?;
+    tcp.recv(&mut b)?;
     anyhow::ensure!(b[0] == 1, "bad ready byte from the peer");
     Ok(())
 }
 
-/// Connects the side channel to `addr` and, with `key`, proves membership
-/// ([`crate::transport::auth`]).
-pub(super) fn tcp_connect(addr: &str, key: Option<&ClusterKey>) -> anyhow::Result<TcpStream> {
+/// Connects the side channel to `service` at `addr` and, with `key`, opens
+/// the secure channel ([`crate::transport::auth`]).
+pub(super) fn tcp_connect(
+    addr: &str,
+    service: Service,
+    key: Option<&ClusterKey>,
+) -> anyhow::Result<SideTcp> {
     let mut last = None;
     for sa in addr
         .to_socket_addrs()
@@ -111,11 +171,14 @@ pub(super) fn tcp_connect(addr: &str, key: Option<&ClusterKey>) -> anyhow::Resul
     {
         match TcpStream::connect_timeout(&sa, HANDSHAKE_TIMEOUT) {
             Ok(mut s) => {
-                if let Some(k) = key {
-                    auth::handshake_std(&mut s, k, Side::Client)
-                        .map_err(|e| anyhow::anyhow!("authenticating to `{addr}`: {e}"))?;
-                }
-                return Ok(s);
+                let ch = match key {
+                    Some(k) => Some(
+                        auth::dial_std(&mut s, k, service, addr)
+                            .map_err(|e| anyhow::anyhow!("authenticating to `{addr}`: {e}"))?,
+                    ),
+                    None => None,
+                };
+                return Ok(SideTcp { tcp: s, ch });
             }
             Err(e) => last = Some(e),
         }
@@ -153,24 +216,31 @@ pub(super) struct AcceptThread {
 }
 
 impl AcceptThread {
-    /// Accepts on `listener` until stopped, running `on_conn` on a thread per
-    /// connection once the peer proved membership over `key` (when given; a
-    /// peer that does not is logged and closed).
+    /// Accepts on `listener` (of `service`) until stopped, running `on_conn`
+    /// on a thread per connection once the peer opened the secure channel
+    /// over `key` (when given; a peer that does not is logged and closed).
     pub(super) fn spawn(
         listener: TcpListener,
         key: Option<ClusterKey>,
-        on_conn: impl Fn(TcpStream, String) + Send + Sync + 'static,
+        service: Service,
+        on_conn: impl Fn(SideTcp, String) + Send + Sync + 'static,
     ) -> std::io::Result<AcceptThread> {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let on_conn = move |mut s: TcpStream, peer: String| {
-            if let Some(k) = &key {
-                if let Err(e) = auth::handshake_std(&mut s, k, Side::Server) {
-                    tracing::warn!(%peer, reason = %e, "rdma: refused a peer that is not a cluster member");
-                    return;
-                }
-            }
-            on_conn(s, peer)
+            let ch = match &key {
+                Some(k) => match auth::accept_std(&mut s, k, service) {
+                    Ok((ch, _)) => Some(ch),
+                    Err(e) => {
+                        if let Some(unlogged) = auth::refusal() {
+                            tracing::warn!(%peer, reason = %e, unlogged, refused_total = auth::refused_total(), "rdma: refused a peer that is not a cluster member");
+                        }
+                        return;
+                    }
+                },
+                None => None,
+            };
+            on_conn(SideTcp { tcp: s, ch }, peer)
         };
         let thread = accept_loop(listener, stop.clone(), Arc::new(on_conn))?;
         Ok(AcceptThread {

@@ -8,6 +8,8 @@ use super::conn_writer::conn_writer;
 use super::net::connect_std;
 use super::options::{EVENTS_FULL_WAIT, SEND_QUEUE};
 use super::runtime::Inner;
+use crate::transport::auth::{Channel, Service};
+use crate::transport::secure_io::{self, SecureRead, SecureWrite};
 use crate::transport::{Conn, ConnId, Event, EventTx, SendError};
 use crate::wire::Msg;
 use anyhow::Context as _;
@@ -57,6 +59,14 @@ impl ConnShared {
         drop(r);
         self.stop.send_replace(true);
         true
+    }
+
+    /// Queues an `Error` naming `reason` for the peer, before the connection
+    /// is closed for a protocol error (the writer sends what was queued).
+    pub(super) fn tell_peer(&self, reason: &str) {
+        let _ = self.queue.try_send(Msg::Error {
+            message: reason.to_string(),
+        });
     }
 
     /// Pushes decoded messages, in order, unless the connection has ended; stops
@@ -138,6 +148,7 @@ pub(super) fn new_conn(
     stream: TcpStream,
     peer: String,
     events: EventTx,
+    channel: Option<Channel>,
 ) -> (Arc<TcpConn>, impl FnOnce()) {
     let (stop, stop_rx) = watch::channel(false);
     let (queue, queue_rx) = mpsc::channel(SEND_QUEUE);
@@ -151,6 +162,8 @@ pub(super) fn new_conn(
         queue,
     });
     let (rd, wr) = stream.into_split();
+    let (opener, sealer) = secure_io::split(channel);
+    let (rd, wr) = (SecureRead::new(rd, opener), SecureWrite::new(wr, sealer));
     inner
         .handle
         .spawn(conn_writer(shared.clone(), wr, queue_rx, stop_rx.clone()));
@@ -172,7 +185,7 @@ pub(super) fn connect(
     events: EventTx,
 ) -> anyhow::Result<Arc<dyn Conn>> {
     let mut s = connect_std(addr)?;
-    inner.authenticate_std(&mut s, addr)?;
+    let ch = inner.authenticate_std(&mut s, addr, Service::Control)?;
     s.set_nonblocking(true)
         .with_context(|| format!("making the connection to `{addr}` non-blocking"))?;
     let stream = inner
@@ -182,7 +195,7 @@ pub(super) fn connect(
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| addr.to_string());
-    let (conn, start) = new_conn(inner, stream, peer, events);
+    let (conn, start) = new_conn(inner, stream, peer, events, ch);
     start();
     Ok(conn)
 }

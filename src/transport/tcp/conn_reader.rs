@@ -5,16 +5,20 @@
 use super::conn::ConnShared;
 use super::options::READ_CHUNK;
 use super::runtime::stopped;
+use crate::transport::secure_io::SecureRead;
 use crate::wire::{self, DecodeError, Msg, MAX_FRAME};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
+
+/// A connection's read half, opening the channel's records.
+pub(super) type ReadHalf = SecureRead<OwnedReadHalf>;
 use tokio::sync::watch;
 
 pub(super) async fn conn_reader(
     shared: Arc<ConnShared>,
-    rd: OwnedReadHalf,
+    rd: ReadHalf,
     mut stop: watch::Receiver<bool>,
 ) {
     let reason = tokio::select! {
@@ -43,7 +47,7 @@ enum FrameError {
 
 /// Reads frames until the connection ends; the reason it ended (and whether it is
 /// a protocol error worth logging), None when the event loop is gone.
-async fn read_frames(shared: &ConnShared, mut rd: OwnedReadHalf) -> Option<(String, bool)> {
+async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, bool)> {
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut msgs = VecDeque::new();
     let mut need = 4usize; // bytes the next frame needs in `buf` (prefix included)
@@ -56,7 +60,11 @@ async fn read_frames(shared: &ConnShared, mut rd: OwnedReadHalf) -> Option<(Stri
         buf.reserve(want);
         let n = match rd.read_buf(&mut buf).await {
             Ok(n) => n,
-            Err(e) => return Some((format!("read from {} failed: {e}", shared.peer), false)),
+            Err(e) => {
+                // A record that does not verify is worth a warning.
+                let log = e.kind() == std::io::ErrorKind::InvalidData;
+                return Some((format!("read from {} failed: {e}", shared.peer), log));
+            }
         };
         if n == 0 {
             return Some((eof_reason(&buf), false));
@@ -67,15 +75,16 @@ async fn read_frames(shared: &ConnShared, mut rd: OwnedReadHalf) -> Option<(Stri
                 pos
             }
             Err(FrameError::TooLong(len)) => {
-                return Some((
-                    format!("frame of {len} bytes is over the limit of {MAX_FRAME}"),
-                    true,
-                ))
+                let reason = format!("frame of {len} bytes is over the limit of {MAX_FRAME}");
+                shared.tell_peer(&reason);
+                return Some((reason, true));
             }
             Err(FrameError::Bad(e)) => {
                 // Deliver what came before the bad frame, then close.
                 shared.deliver_all(&mut msgs).await;
-                return Some((format!("bad frame: {e}"), true));
+                let reason = format!("bad frame: {e}");
+                shared.tell_peer(&reason);
+                return Some((reason, true));
             }
         };
         buf.drain(..pos);

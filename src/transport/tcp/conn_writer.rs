@@ -5,15 +5,19 @@
 use super::conn::ConnShared;
 use super::options::{CLOSE_FLUSH, WRITE_CHUNK};
 use super::runtime::stopped;
+use crate::transport::secure_io::SecureWrite;
 use crate::wire::{self, Msg, MAX_FRAME};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
+
+/// A connection's write half, sealing into the channel's records.
+type WriteHalf = SecureWrite<OwnedWriteHalf>;
 use tokio::sync::{mpsc, watch};
 
 pub(super) async fn conn_writer(
     shared: Arc<ConnShared>,
-    mut wr: OwnedWriteHalf,
+    mut wr: WriteHalf,
     mut queue: mpsc::Receiver<Msg>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -26,7 +30,7 @@ pub(super) async fn conn_writer(
 /// short: the stream is then mid-frame and nothing more may be sent.
 async fn write_until_stopped(
     shared: &ConnShared,
-    wr: &mut OwnedWriteHalf,
+    wr: &mut WriteHalf,
     queue: &mut mpsc::Receiver<Msg>,
     stop: &mut watch::Receiver<bool>,
     buf: &mut Vec<u8>,
@@ -65,7 +69,7 @@ async fn write_until_stopped(
 /// gives the write the grace period [`CLOSE_FLUSH`]. Ok(false): the grace period
 /// ran out with the write cut short.
 async fn write_with_grace(
-    wr: &mut OwnedWriteHalf,
+    wr: &mut WriteHalf,
     buf: &[u8],
     stop: &mut watch::Receiver<bool>,
 ) -> std::io::Result<bool> {
@@ -88,7 +92,7 @@ async fn write_with_grace(
 /// sees EOF.
 async fn flush_and_shut_down(
     shared: &ConnShared,
-    mut wr: OwnedWriteHalf,
+    mut wr: WriteHalf,
     mut queue: mpsc::Receiver<Msg>,
     mut buf: Vec<u8>,
     clean: bool,

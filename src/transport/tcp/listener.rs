@@ -5,6 +5,7 @@
 use super::conn::new_conn;
 use super::net;
 use super::runtime::Inner;
+use crate::transport::auth::Service;
 use crate::transport::{Conn, Event, EventTx, Listener};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -68,11 +69,12 @@ async fn accept_loop(inner: Weak<Inner>, listener: tokio::net::TcpListener, even
         let (inner, events) = (inner.clone(), events.clone());
         tokio::spawn(async move {
             let mut stream = stream;
-            if !Inner::authenticate(&key, &mut stream, &peer, "listener").await {
+            let Ok(ch) = Inner::authenticate(&key, &mut stream, &peer, Service::Control).await
+            else {
                 return;
-            }
+            };
             let Some(inner) = inner.upgrade() else { return };
-            let (conn, start) = new_conn(&inner, stream, peer.to_string(), events.clone());
+            let (conn, start) = new_conn(&inner, stream, peer.to_string(), events.clone(), ch);
             let conn: Arc<dyn Conn> = conn;
             if events.send_detached(Event::Accepted(conn.clone())).is_err() {
                 // Nobody listens to this listener's events any more.

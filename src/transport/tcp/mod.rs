@@ -146,6 +146,42 @@ mod tests {
         crate::transport::conformance(&Tcp::new().unwrap(), "127.0.0.1:0", "127.0.0.1:0");
     }
 
+    /// The same through the secure channel (a transport with a cluster key).
+    #[test]
+    fn messages_regions_and_close_through_the_channel() {
+        let tr = Tcp::keyed(Some(ClusterKey::generate())).unwrap();
+        crate::transport::conformance(&tr, "127.0.0.1:0", "127.0.0.1:0");
+    }
+
+    /// A malformed frame closes its connection, and the peer is told why
+    /// with an `Error` first.
+    #[test]
+    fn a_malformed_frame_gets_an_error_then_the_end() {
+        use std::io::{Read, Write};
+        let tr = Tcp::new().unwrap();
+        let (tx, rx) = crate::transport::event_channel();
+        let l = tr.listen("127.0.0.1:0", tx).unwrap();
+        let mut s = std::net::TcpStream::connect(l.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // A 3-byte frame whose kind is no message's.
+        s.write_all(&[3, 0, 0, 0, 0xee, 1, 2]).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        assert!(got.len() > 4, "an answer came: {got:?}");
+        let len = u32::from_le_bytes(got[..4].try_into().unwrap()) as usize;
+        match crate::wire::decode(&got[4..4 + len]).unwrap() {
+            crate::wire::Msg::Error { message } => {
+                assert!(message.contains("bad frame"), "{message}")
+            }
+            m => panic!("not an Error: {m:?}"),
+        }
+        assert_eq!(got.len(), 4 + len, "then the end");
+        assert!(matches!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            crate::transport::Event::Accepted(_)
+        ));
+    }
+
     #[test]
     fn bind_and_connect_errors_name_the_address() {
         let tr = Tcp::new().unwrap();

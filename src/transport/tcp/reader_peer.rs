@@ -7,7 +7,9 @@ use super::net::connect_std;
 use super::options::{ANSWER_BUF, CONNECT_TIMEOUT};
 use super::reader::Batch;
 use super::runtime::{stopped, Inner};
+use crate::transport::auth::{Channel, Service};
 use crate::transport::region_wire::{self as rw, AnswerHeader, ANS_LEN, ST_DENIED, ST_OK};
+use crate::transport::secure_io::{self, SecureRead, SecureStd, SecureWrite};
 use crate::transport::ReadError;
 use crate::wire::RegionInfo;
 use anyhow::Context as _;
@@ -59,12 +61,14 @@ impl Peer {
     /// starts the connection's two tasks on `inner`'s runtime.
     pub(super) fn connect(inner: &Inner, info: &RegionInfo) -> anyhow::Result<Arc<Peer>> {
         let addr = &info.addr;
-        let (s, len) = greet(inner, info)?;
+        let (s, ch, len) = greet(inner, info)?;
         s.set_nonblocking(true)?;
         let stream = inner
             .stream(s)
             .with_context(|| format!("registering the socket to `{addr}`"))?;
         let (rd, wr) = stream.into_split();
+        let (opener, sealer) = secure_io::split(ch);
+        let (rd, wr) = (SecureRead::new(rd, opener), SecureWrite::new(wr, sealer));
         let (requests, req_rx) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
         let peer = Arc::new(Peer {
@@ -83,18 +87,36 @@ impl Peer {
 }
 
 /// Connects (blocking) and greets the region server; the socket (timeouts off
-/// again) and the region's length.
-fn greet(inner: &Inner, info: &RegionInfo) -> anyhow::Result<(std::net::TcpStream, u64)> {
+/// again), its channel and the region's length.
+fn greet(
+    inner: &Inner,
+    info: &RegionInfo,
+) -> anyhow::Result<(std::net::TcpStream, Option<Channel>, u64)> {
     use std::io::{Read, Write};
     let addr = &info.addr;
     let mut s = connect_std(addr).context("attaching a region")?;
-    inner.authenticate_std(&mut s, addr)?;
+    let ch = inner.authenticate_std(&mut s, addr, Service::Region)?;
     s.set_read_timeout(Some(CONNECT_TIMEOUT))?;
     s.set_write_timeout(Some(CONNECT_TIMEOUT))?;
     let mut welcome = [0u8; rw::WELCOME_LEN];
-    s.write_all(&rw::hello(info.region))
-        .and_then(|_| s.read_exact(&mut welcome))
-        .with_context(|| format!("greeting the region server at `{addr}`"))?;
+    let (s, ch) = match ch {
+        Some(ch) => {
+            let mut ss = SecureStd::new(s, ch);
+            ss.write_all(&rw::hello(info.region))
+                .and_then(|_| ss.read_exact(&mut welcome))
+                .with_context(|| format!("greeting the region server at `{addr}`"))?;
+            let (s, ch) = ss
+                .into_parts()
+                .with_context(|| format!("greeting the region server at `{addr}`"))?;
+            (s, Some(ch))
+        }
+        None => {
+            s.write_all(&rw::hello(info.region))
+                .and_then(|_| s.read_exact(&mut welcome))
+                .with_context(|| format!("greeting the region server at `{addr}`"))?;
+            (s, None)
+        }
+    };
     let (status, len) =
         rw::parse_welcome(&welcome).map_err(|e| anyhow::anyhow!("`{addr}`: {e}"))?;
     if status != ST_OK {
@@ -105,12 +127,12 @@ fn greet(inner: &Inner, info: &RegionInfo) -> anyhow::Result<(std::net::TcpStrea
     }
     s.set_read_timeout(None)?;
     s.set_write_timeout(None)?;
-    Ok((s, len))
+    Ok((s, ch, len))
 }
 
 async fn peer_writer(
     peer: Arc<Peer>,
-    mut wr: OwnedWriteHalf,
+    mut wr: SecureWrite<OwnedWriteHalf>,
     mut requests: mpsc::UnboundedReceiver<Vec<u8>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -138,7 +160,11 @@ async fn peer_writer(
     let _ = wr.shutdown().await;
 }
 
-async fn peer_reader(peer: Arc<Peer>, rd: OwnedReadHalf, mut stop: watch::Receiver<bool>) {
+async fn peer_reader(
+    peer: Arc<Peer>,
+    rd: SecureRead<OwnedReadHalf>,
+    mut stop: watch::Receiver<bool>,
+) {
     let reason = tokio::select! {
         _ = stopped(&mut stop) => return,
         r = read_answers(&peer, rd) => r,
@@ -146,7 +172,7 @@ async fn peer_reader(peer: Arc<Peer>, rd: OwnedReadHalf, mut stop: watch::Receiv
     peer.fail(reason);
 }
 
-type Answers = BufReader<OwnedReadHalf>;
+type Answers = BufReader<SecureRead<OwnedReadHalf>>;
 
 /// The reason when the region server closed the connection.
 fn closed(peer: &Peer) -> String {
@@ -162,7 +188,7 @@ fn failed(peer: &Peer, e: &std::io::Error) -> String {
 }
 
 /// Reads answers until the connection ends; the reason it ended.
-async fn read_answers(peer: &Peer, rd: OwnedReadHalf) -> String {
+async fn read_answers(peer: &Peer, rd: SecureRead<OwnedReadHalf>) -> String {
     let mut rd = BufReader::with_capacity(ANSWER_BUF, rd);
     let mut hdr = [0u8; ANS_LEN];
     loop {

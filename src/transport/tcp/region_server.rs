@@ -6,14 +6,15 @@
 use super::net;
 use super::options::{ANSWER_CHUNK, CONNECT_TIMEOUT, READ_CHUNK};
 use super::runtime::Inner;
-use crate::transport::auth::ClusterKey;
+use crate::transport::auth::{ClusterKey, Service};
 use crate::transport::region_wire::{self as rw, REQ_LEN, ST_OK, ST_WRONG_REGION};
+use crate::transport::secure_io::{self, SecureRead, SecureWrite};
 use crate::transport::{Region, RegionServer};
 use crate::wire::RegionInfo;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -125,10 +126,14 @@ async fn region_conn(
 ) {
     let serve = async {
         let mut s = s;
-        if !Inner::authenticate(&key, &mut s, &peer, "region server").await {
+        let Ok(ch) = Inner::authenticate(&key, &mut s, &peer, Service::Region).await else {
             return;
-        }
-        if let Err(e) = serve_reads(s, &region).await {
+        };
+        let (rd, wr) = s.into_split();
+        let (opener, sealer) = secure_io::split(ch);
+        let mut rd = SecureRead::new(rd, opener);
+        let mut wr = SecureWrite::new(wr, sealer);
+        if let Err(e) = serve_reads(&mut rd, &mut wr, &region).await {
             if e.kind() != std::io::ErrorKind::UnexpectedEof {
                 tracing::warn!(%peer, error = %e, "tcp: region server: reader failed");
             }
@@ -141,9 +146,13 @@ async fn region_conn(
 }
 
 /// Greets a reader; false when it asked for another region (it was told so).
-async fn greet(s: &mut TcpStream, region: &Region) -> std::io::Result<bool> {
+async fn greet<R, W>(rd: &mut R, wr: &mut W, region: &Region) -> std::io::Result<bool>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut hello = [0u8; rw::HELLO_LEN];
-    tokio::time::timeout(CONNECT_TIMEOUT, s.read_exact(&mut hello))
+    tokio::time::timeout(CONNECT_TIMEOUT, rd.read_exact(&mut hello))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello"))??;
     let want = rw::parse_hello(&hello)
@@ -153,32 +162,36 @@ async fn greet(s: &mut TcpStream, region: &Region) -> std::io::Result<bool> {
     } else {
         ST_WRONG_REGION
     };
-    s.write_all(&rw::welcome(status, region.len())).await?;
+    wr.write_all(&rw::welcome(status, region.len())).await?;
     Ok(status == ST_OK)
 }
 
-async fn serve_reads(mut s: TcpStream, region: &Region) -> std::io::Result<()> {
-    if !greet(&mut s, region).await? {
+async fn serve_reads<R, W>(rd: &mut R, wr: &mut W, region: &Region) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    if !greet(rd, wr, region).await? {
         return Ok(());
     }
     let mut inb: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     loop {
         inb.reserve(READ_CHUNK);
-        if s.read_buf(&mut inb).await? == 0 {
+        if rd.read_buf(&mut inb).await? == 0 {
             return Ok(());
         }
         let mut pos = 0;
         while inb.len() - pos >= REQ_LEN {
             pos += rw::serve_requests(&inb[pos..], region, &mut out, ANSWER_CHUNK);
             if out.len() >= ANSWER_CHUNK {
-                s.write_all(&out).await?;
+                wr.write_all(&out).await?;
                 out.clear();
             }
         }
         inb.drain(..pos);
         if !out.is_empty() {
-            s.write_all(&out).await?;
+            wr.write_all(&out).await?;
             out.clear();
         }
         // One large answer (an input of up to 16 MiB) grows the buffer; it

@@ -3,7 +3,7 @@
 //! and the stop signal its tasks wait on.
 
 use super::options::tcp_threads;
-use crate::transport::auth::{self, ClusterKey, Side};
+use crate::transport::auth::{self, Channel, ClusterKey, Service};
 use anyhow::Context as _;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -39,34 +39,43 @@ impl Inner {
         })
     }
 
-    /// Proves membership on a socket just connected (blocking), when the
-    /// transport has a key.
+    /// Opens the secure channel on a socket just connected to `service` at
+    /// `addr` (blocking), when the transport has a key (None without one:
+    /// the bytes then pass in the clear).
     pub(super) fn authenticate_std(
         &self,
         s: &mut std::net::TcpStream,
         addr: &str,
-    ) -> anyhow::Result<()> {
-        if let Some(k) = &self.key {
-            auth::handshake_std(s, k, Side::Client)
-                .with_context(|| format!("authenticating to `{addr}`"))?;
+        service: Service,
+    ) -> anyhow::Result<Option<Channel>> {
+        match &self.key {
+            Some(k) => Ok(Some(
+                auth::dial_std(s, k, service, addr)
+                    .with_context(|| format!("authenticating to `{addr}`"))?,
+            )),
+            None => Ok(None),
         }
-        Ok(())
     }
 
-    /// Proves membership on a socket just accepted, when the transport has a
-    /// key; a peer that fails is logged (`what`: the listener) and refused.
+    /// Opens the secure channel on a socket just accepted by a `service`
+    /// listener, when the transport has a key; a peer that fails is logged
+    /// and refused (Err).
     pub(super) async fn authenticate(
         key: &Option<ClusterKey>,
         s: &mut tokio::net::TcpStream,
         peer: &std::net::SocketAddr,
-        what: &str,
-    ) -> bool {
-        let Some(k) = key else { return true };
-        match auth::handshake_async(s, k, Side::Server).await {
-            Ok(()) => true,
+        service: Service,
+    ) -> Result<Option<Channel>, ()> {
+        let Some(k) = key else { return Ok(None) };
+        let port = s.local_addr().map(|a| a.port()).unwrap_or(0);
+        match auth::accept_async(s, k, service, port).await {
+            Ok((ch, d)) => {
+                tracing::debug!(%peer, role = %d.role, dialed = %d.dialed, "tcp: {}: a member's channel is open", service.name());
+                Ok(Some(ch))
+            }
             Err(e) => {
-                tracing::warn!(%peer, reason = %e, "tcp: {what}: refused a peer that is not a cluster member");
-                false
+                refusal_warning(peer, service, &e);
+                Err(())
             }
         }
     }
@@ -97,6 +106,14 @@ impl Drop for Inner {
                 rt.shutdown_timeout(Duration::from_secs(1));
             }
         }
+    }
+}
+
+/// Counts a refused peer, and warns about it at most once per 10 s (with the
+/// count of those not warned about, and the total).
+fn refusal_warning(peer: &std::net::SocketAddr, service: Service, e: &auth::AuthError) {
+    if let Some(unlogged) = auth::refusal() {
+        tracing::warn!(%peer, reason = %e, unlogged, refused_total = auth::refused_total(), "tcp: {}: refused a peer that is not a cluster member", service.name());
     }
 }
 
