@@ -203,11 +203,17 @@ fn a_frontend_that_leaves_does_not_stall_the_others() {
         .unwrap()
         .expect("the run ends with its accounting");
     assert_eq!(l.lost.len(), 1, "the frontend is gone");
-    assert_eq!(l.lost[0].open, 0, "{:?}", l.lost[0]);
+    // What reached the frontend it answered. A request the client handed to
+    // the transport after the stop's last read of the frontend's inbox, and
+    // before its connections closed, never reached it: only such a request
+    // can be open at the loss, and at 200 r/s that window holds a send or two.
     assert_eq!(
-        l.sent, gone.requests,
-        "every request sent reached the frontend"
+        l.sent,
+        gone.requests + l.lost[0].open,
+        "every request sent reached the frontend or was open at the loss: {:?}",
+        l.lost[0]
     );
+    assert!(l.lost[0].open <= 2, "{:?}", l.lost[0]);
     let r = stays.join().unwrap().unwrap();
     let rep = c.stop().unwrap();
     assert_accounted(&r);
