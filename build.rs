@@ -1,7 +1,8 @@
 //! Generates Rust from the protobuf schemas, in Rust (protox parses them, no
 //! protoc binary needed):
 //! - proto/inference.proto: the gRPC service (src/node/grpc); tonic-prost-build
-//!   writes the messages and the server into OUT_DIR;
+//!   writes the messages and the server into OUT_DIR (its model configuration is
+//!   model_config.proto's);
 //! - proto/model_config.proto: Triton's model configuration (src/triton_repo.rs);
 //!   its messages, and its descriptor set (`model_config.fds`), which the
 //!   text-format parser of `config.pbtxt` files reads at run time.
@@ -17,6 +18,8 @@ fn main() {
     tonic_prost_build::configure()
         .build_client(false)
         .build_server(true)
+        // The model configuration's types are generated once, below.
+        .extern_path(".fermata.triton", "crate::triton_repo::pb")
         .compile_fds(fds)
         .unwrap_or_else(|e| panic!("generating the gRPC service: {e}"));
 

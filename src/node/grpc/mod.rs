@@ -27,6 +27,9 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
 
+/// Triton's model configuration (the `ModelConfig` call's answer).
+use crate::triton_repo::pb as tc;
+
 use crate::node::frontend::FrontendHandle;
 use crate::node::http::errors::Fail;
 use crate::node::http::model::Models;
@@ -563,7 +566,7 @@ fn tensors(ts: &[crate::repo::TensorMeta]) -> Vec<pb::model_metadata_response::T
 }
 
 fn data_type(d: DType) -> i32 {
-    pb::DataType::from_str_name(config_type(d)).map_or(0, |t| t as i32)
+    tc::DataType::from_str_name(config_type(d)).map_or(0, |t| t as i32)
 }
 
 fn duration(s: crate::node::frontend::stats::Stat) -> Option<pb::StatisticDuration> {
@@ -714,59 +717,63 @@ impl GrpcInferenceService for Arc<Svc> {
         let input = meta
             .inputs
             .iter()
-            .map(|t| pb::ModelInput {
+            .map(|t| tc::ModelInput {
                 name: t.name.clone(),
                 data_type: data_type(t.datatype),
-                format: 0,
                 dims: t.sample_shape().to_vec(),
+                ..Default::default()
             })
             .collect();
         let output = meta
             .outputs
             .iter()
-            .map(|t| pb::ModelOutput {
+            .map(|t| tc::ModelOutput {
                 name: t.name.clone(),
                 data_type: data_type(t.datatype),
                 dims: t.sample_shape().to_vec(),
+                ..Default::default()
             })
             .collect();
         let (platform, backend) = crate::node::http::triton::platform(emulated);
         let mut parameters = HashMap::new();
         parameters.insert(
             "fermata_slo_ms".to_string(),
-            pb::ModelParameter {
+            tc::ModelParameter {
                 string_value: meta.slo_ms.to_string(),
             },
         );
-        let config = pb::ModelConfig {
+        let config = tc::ModelConfig {
             name: meta.name.clone(),
             platform: platform.into(),
             backend: backend.into(),
-            version_policy: Some(pb::ModelVersionPolicy {
-                policy_choice: Some(pb::model_version_policy::PolicyChoice::Latest(
-                    pb::model_version_policy::Latest { num_versions: 1 },
+            version_policy: Some(tc::ModelVersionPolicy {
+                policy_choice: Some(tc::model_version_policy::PolicyChoice::Latest(
+                    tc::model_version_policy::Latest { num_versions: 1 },
                 )),
             }),
             max_batch_size: meta.max_batch as i32,
             input,
             output,
-            instance_group: vec![pb::ModelInstanceGroup {
+            instance_group: vec![tc::ModelInstanceGroup {
                 name: meta.name.clone(),
                 count: 1,
                 kind: if emulated { 2 } else { 1 },
+                ..Default::default()
             }],
-            dynamic_batching: Some(pb::ModelDynamicBatching {
-                preferred_batch_size: Vec::new(),
-                max_queue_delay_microseconds: 0,
-                preserve_ordering: true,
-                default_queue_policy: Some(pb::ModelQueuePolicy {
-                    timeout_action: 0,
-                    default_timeout_microseconds: queue_timeout_us(meta),
-                    allow_timeout_override: true,
-                    max_queue_size: 0,
-                }),
-            }),
+            scheduling_choice: Some(tc::model_config::SchedulingChoice::DynamicBatching(
+                tc::ModelDynamicBatching {
+                    preserve_ordering: true,
+                    default_queue_policy: Some(tc::ModelQueuePolicy {
+                        timeout_action: 0,
+                        default_timeout_microseconds: queue_timeout_us(meta),
+                        allow_timeout_override: true,
+                        max_queue_size: 0,
+                    }),
+                    ..Default::default()
+                },
+            )),
             parameters,
+            ..Default::default()
         };
         Ok(Response::new(pb::ModelConfigResponse {
             config: Some(config),
