@@ -4,8 +4,8 @@
 //! deschedules a VM's vCPUs or a higher-priority process takes every core.
 //!
 //! What it is for: on a shared machine the front door's rare bursts of bad
-//! requests start with such stalls of 10-20 ms (docs/results.md, "What starts a
-//! burst"); injecting them at a known rhythm turns a rare event into a
+//! requests start with such stalls of 10-20 ms (docs/results.md, "Front
+//! door"); injecting them at a known rhythm turns a rare event into a
 //! measurable one, so that what a stall costs (the bad requests per stall) can
 //! be compared between builds, policies and settings.
 //!
