@@ -61,16 +61,17 @@ fn tune_allocator() {
 )]
 struct Cli {
     /// Log filter in env-filter syntax (e.g. `info`, `warn,fermata::node::scheduler=debug`).
-    /// Default: $FERMATA_LOG, else `warn` (`info` with a role's --verbose). Logs go
-    /// to stderr.
+    /// Default: $FERMATA_LOG, else `warn` (`info` with a role's --verbose;
+    /// `sim cluster` leaves its simulated nodes' logs out). Logs go to stderr.
     #[arg(long, global = true, value_name = "FILTER")]
     log_level: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
-/// Sets up `tracing`: --log-level, else FERMATA_LOG, else warn (info if verbose).
-fn init_logs(level: Option<&str>, verbose: bool) -> Result<()> {
+/// Sets up `tracing`: --log-level, else FERMATA_LOG, else `default` (warn,
+/// or info if verbose).
+fn init_logs(level: Option<&str>, default: &str) -> Result<()> {
     use tracing_subscriber::EnvFilter;
     let env = std::env::var("FERMATA_LOG")
         .ok()
@@ -78,10 +79,7 @@ fn init_logs(level: Option<&str>, verbose: bool) -> Result<()> {
     let (spec, from) = match (level, env) {
         (Some(l), _) => (l.to_string(), "--log-level"),
         (None, Some(e)) => (e, "FERMATA_LOG"),
-        (None, None) => (
-            (if verbose { "info" } else { "warn" }).to_string(),
-            "default",
-        ),
+        (None, None) => (default.to_string(), "default"),
     };
     let filter = EnvFilter::try_new(&spec)
         .map_err(|e| anyhow::anyhow!("bad log filter `{spec}` ({from}): {e}"))?;
@@ -630,13 +628,20 @@ struct OracleArgs {
 fn main() {
     tune_allocator();
     let cli = Cli::parse();
-    let verbose = match &cli.cmd {
-        Cmd::Serve(a) => a.verbose(),
-        Cmd::Scheduler(a) => a.verbose(),
-        Cmd::Backend(a) => a.verbose(),
-        _ => false,
+    let default_logs = match &cli.cmd {
+        Cmd::Serve(a) if a.verbose() => "info",
+        Cmd::Scheduler(a) if a.verbose() => "info",
+        Cmd::Backend(a) if a.verbose() => "info",
+        // The cluster simulator's nodes fail on purpose: its summary reports
+        // the faults, and their logs (which would read as a real cluster
+        // failing) show only when a filter asks for them.
+        Cmd::Sim(SimArgs {
+            sub: Some(SimCmd::Cluster(_)),
+            ..
+        }) => "warn,fermata::node=off",
+        _ => "warn",
     };
-    if let Err(e) = init_logs(cli.log_level.as_deref(), verbose) {
+    if let Err(e) = init_logs(cli.log_level.as_deref(), default_logs) {
         eprintln!("error: {e:#}");
         std::process::exit(2);
     }

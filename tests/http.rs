@@ -398,7 +398,12 @@ fn health_ready_and_metadata() {
 
     let m = h.get("/v2/models/tiny").json();
     assert_eq!(m["name"], "tiny");
-    assert_eq!(m["platform"], "fermata");
+    // The platform its configuration names (an ONNX model: Triton's name for it).
+    assert_eq!(m["platform"], "onnxruntime_onnx");
+    assert_eq!(
+        h.get("/v2/models/tiny/config").json()["platform"],
+        m["platform"]
+    );
     assert_eq!(
         m["inputs"],
         json!([
@@ -442,6 +447,19 @@ fn health_ready_and_metadata() {
     );
     let r = h.get("/v2/models/tiny/infer");
     assert_eq!(r.status, 405);
+    // Every known route answers 405 to another method, as docs/operations.md says.
+    for path in [
+        "/v2/health/ready",
+        "/v2/health/live",
+        "/v2",
+        "/metrics",
+        "/v2/models/stats",
+    ] {
+        let r = h.post_json(path, &json!({}));
+        assert_eq!(r.status, 405, "POST {path}: {}", r.error());
+        assert!(r.error().contains("is not allowed on"), "{}", r.error());
+    }
+    assert_eq!(h.get("/v2/repository/index").status, 405);
     c.stop();
 }
 

@@ -123,13 +123,20 @@ def errors(c):
     refused(lambda: c.client.infer("nope", [mlp_input(x)]), "StatusCode.NOT_FOUND", "unknown model `nope`")
     refused(lambda: c.client.infer("mlp", [mlp_input(np.zeros((65, 64), np.float32))]),
             "StatusCode.INVALID_ARGUMENT", "over the model's max_batch_size 64")
-    refused(lambda: c.client.infer("mlp", [mlp_input(x)], sequence_id=3),
-            "StatusCode.INVALID_ARGUMENT", "sequences are not supported")
+    # Sequence ids and priorities on a stateless model without priority
+    # levels: served as Triton serves them, without effect.
+    y = c.rng.standard_normal((1, 64)).astype(np.float32)
+    for kw in ({"sequence_id": 3, "sequence_start": True}, {"priority": 1}):
+        expect(c.ref.same(c.infer([mlp_input(y)], **kw).as_numpy("logits"), y), kw)
     outs = [grpcclient.InferRequestedOutput("logits"), grpcclient.InferRequestedOutput("logits")]
     refused(lambda: c.client.infer("mlp", [mlp_input(x)], outputs=outs),
             "StatusCode.INVALID_ARGUMENT", "requested twice")
     refused(lambda: c.client.unregister_system_shared_memory(),
-            "StatusCode.UNIMPLEMENTED", "")
+            "StatusCode.UNIMPLEMENTED", "SystemSharedMemoryUnregister is not supported by fermata")
+    refused(lambda: c.client.load_model("mlp"),
+            "StatusCode.UNIMPLEMENTED", "RepositoryModelLoad (model `mlp`) is not supported")
+    refused(lambda: c.client.get_log_settings(),
+            "StatusCode.UNIMPLEMENTED", "LogSettings is not supported")
 
 
 @check("statistics")

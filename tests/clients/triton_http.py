@@ -151,15 +151,30 @@ def head(c):
         expect(s == 200 and b == b"", (path, s, b))
 
 
-@check("unsupported parameters and duplicate outputs are refused by name")
+@check("Triton's parameters taken as Triton takes them, bad ones refused by name")
+def parameters(c):
+    # A stateless model without priority levels: Triton serves sequence ids,
+    # priorities and custom parameters as if they were not there.
+    x = c.rng.standard_normal((1, 64)).astype(np.float32)
+    for kw in ({"sequence_id": 5, "sequence_start": True, "sequence_end": True},
+               {"sequence_id": "session-a"}, {"priority": 2},
+               {"parameters": {"knob": 1, "note": "x"}}):
+        expect(c.ref.same(c.infer([mlp_input(x)], **kw).as_numpy("logits"), x), kw)
+    body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
+                        "data": [0.0] * 64}]}
+    for params, text in (({"priority": "high"}, "request.parameters.priority must be an unsigned integer"),
+                         ({"sequence_id": -1}, "request.parameters.sequence_id must be"),
+                         ({"sequence_start": 1}, "request.parameters.sequence_start must be true or false"),
+                         ({"shared_memory_region": "r"}, "shared memory is not supported")):
+        s, _, b = c.raw("POST", "/v2/models/mlp/infer",
+                        json.dumps(dict(body, parameters=params)).encode(),
+                        {"Content-Type": "application/json"})
+        expect(s == 400 and text.encode() in b, (params, s, b[:300]))
+
+
+@check("duplicate outputs are refused by name")
 def refusals(c):
     x = np.zeros((1, 64), np.float32)
-    refused(lambda: c.client.infer("mlp", [mlp_input(x)], sequence_id=5), 400,
-            "sequences are not supported")
-    refused(lambda: c.client.infer("mlp", [mlp_input(x)], priority=2), 400,
-            "request.parameters.priority is not supported")
-    refused(lambda: c.client.infer("mlp", [mlp_input(x)], parameters={"knob": 1}), 400,
-            "request.parameters.knob is not supported (unknown parameter)")
     outs = [httpclient.InferRequestedOutput("logits"), httpclient.InferRequestedOutput("logits")]
     refused(lambda: c.client.infer("mlp", [mlp_input(x)], outputs=outs), 400,
             "output `logits` is requested twice")

@@ -632,7 +632,10 @@ impl GrpcInferenceService for Arc<Svc> {
         Ok(Response::new(pb::ModelMetadataResponse {
             name: self.models[i].info.name.clone(),
             versions: vec!["1".into()],
-            platform: "fermata".into(),
+            // The same name as the model's configuration gives.
+            platform: crate::node::http::triton::platform(self.models[i].info.meta().is_none())
+                .0
+                .into(),
             inputs: tensors(&meta.inputs),
             outputs: tensors(&meta.outputs),
         }))
@@ -852,6 +855,103 @@ impl GrpcInferenceService for Arc<Svc> {
                 .collect(),
         }))
     }
+
+    async fn repository_model_load(
+        &self,
+        r: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        Err(not_served(
+            "RepositoryModelLoad",
+            &r.into_inner().model_name,
+        ))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        r: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        Err(not_served(
+            "RepositoryModelUnload",
+            &r.into_inner().model_name,
+        ))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<pb::SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
+        Err(not_served("SystemSharedMemoryStatus", ""))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<pb::SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
+        Err(not_served("SystemSharedMemoryRegister", ""))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<pb::SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
+        Err(not_served("SystemSharedMemoryUnregister", ""))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<pb::CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
+        Err(not_served("CudaSharedMemoryStatus", ""))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<pb::CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
+        Err(not_served("CudaSharedMemoryRegister", ""))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<pb::CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
+        Err(not_served("CudaSharedMemoryUnregister", ""))
+    }
+
+    async fn trace_setting(
+        &self,
+        _: Request<pb::TraceSettingRequest>,
+    ) -> Result<Response<pb::TraceSettingResponse>, Status> {
+        Err(not_served("TraceSetting", ""))
+    }
+
+    async fn log_settings(
+        &self,
+        _: Request<pb::LogSettingsRequest>,
+    ) -> Result<Response<pb::LogSettingsResponse>, Status> {
+        Err(not_served("LogSettings", ""))
+    }
+}
+
+/// UNIMPLEMENTED for an RPC of Triton's service that Fermata does not serve,
+/// saying why (the HTTP API's answers for the same extensions say the same).
+fn not_served(rpc: &str, model: &str) -> Status {
+    let why = match rpc {
+        "RepositoryModelLoad" | "RepositoryModelUnload" => {
+            "models are placed on GPUs by the scheduler from the repository fermata started with"
+        }
+        "TraceSetting" => "per-request timings are in each response's parameters",
+        "LogSettings" => "fermata logs with RUST_LOG",
+        _ => "inputs and outputs travel in the request and response",
+    };
+    let on = if model.is_empty() {
+        String::new()
+    } else {
+        format!(" (model `{model}`)")
+    };
+    Status::unimplemented(format!(
+        "{rpc}{on} is not supported by fermata ({why}); ServerMetadata lists the extensions it has"
+    ))
 }
 
 #[cfg(test)]

@@ -102,7 +102,8 @@ impl HttpModel {
         json!({
             "name": self.info.name,
             "versions": ["1"],
-            "platform": "fermata",
+            // The same name as the model's configuration gives.
+            "platform": super::triton::platform(self.info.meta().is_none()).0,
             "inputs": t(&meta.inputs),
             "outputs": t(&meta.outputs),
         })

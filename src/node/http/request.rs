@@ -96,8 +96,6 @@ pub(in crate::node) struct OutSpec {
     pub(in crate::node) classes: Option<usize>,
 }
 
-/// The request-level parameters understood.
-const REQUEST_PARAMS: &[&str] = &["timeout", "binary_data_output"];
 /// An input's parameters understood.
 const INPUT_PARAMS: &[&str] = &["binary_data_size"];
 /// An output's parameters understood.
@@ -113,10 +111,6 @@ fn check_params(p: &Option<Map<String, Value>>, known: &[&str], what: &str) -> R
             continue;
         }
         let why = match k.as_str() {
-            "sequence_id" | "sequence_start" | "sequence_end" => {
-                "sequences are not supported: Fermata serves stateless models"
-            }
-            "priority" => "priorities are not supported: requests are ordered by their deadlines",
             k if k.starts_with("shared_memory_") => {
                 "shared memory is not supported: send the tensor's data in the request"
             }
@@ -130,6 +124,45 @@ fn check_params(p: &Option<Map<String, Value>>, known: &[&str], what: &str) -> R
         return Err(bad(format!(
             "{what}.parameters.{k} is not supported ({why}); supported here: {known}"
         )));
+    }
+    Ok(())
+}
+
+/// Checks a request's parameters. `timeout` and `binary_data_output` are
+/// read where they act. `priority`, `sequence_id`, `sequence_start` and
+/// `sequence_end` are checked for the types Triton gives them and have no
+/// effect, as in Triton for a model without priority levels and without a
+/// sequence batcher: every request is at the default level (requests are
+/// ordered by their deadlines) and every model is stateless. Other (custom)
+/// parameters are taken and ignored, as Triton hands them to the model's
+/// backend and ONNX Runtime's ignores them; those naming shared memory are
+/// refused, since Fermata does not read it and serving without it would
+/// answer for the wrong tensor.
+fn check_request_params(p: &Option<Map<String, Value>>) -> Result<(), Fail> {
+    let Some(p) = p else { return Ok(()) };
+    for (k, v) in p {
+        let ok = match k.as_str() {
+            "priority" => v.as_u64().is_some(),
+            "sequence_id" => v.as_u64().is_some() || v.is_string(),
+            "sequence_start" | "sequence_end" => v.is_boolean(),
+            k if k.starts_with("shared_memory_") => {
+                return Err(bad(format!(
+                    "request.parameters.{k} is not supported (shared memory is not supported: \
+                     send the tensor's data in the request)"
+                )))
+            }
+            _ => true,
+        };
+        if !ok {
+            let want = match k.as_str() {
+                "priority" => "an unsigned integer",
+                "sequence_id" => "an unsigned integer or a string",
+                _ => "true or false",
+            };
+            return Err(bad(format!(
+                "request.parameters.{k} must be {want}, got {v}"
+            )));
+        }
     }
     Ok(())
 }
@@ -178,7 +211,7 @@ pub(in crate::node) fn decode_parsed(
     bin: &[u8],
     max_tensor: usize,
 ) -> Result<Decoded, Fail> {
-    check_params(&req.parameters, REQUEST_PARAMS, "request")?;
+    check_request_params(&req.parameters)?;
     let slo = slo_param(&req.parameters)?;
     let all_binary = param_bool(&req.parameters, "binary_data_output", "request")?.unwrap_or(false);
     let samples = decode_inputs(meta, &req.inputs, bin, max_tensor)?;
@@ -1004,25 +1037,50 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_parameters_and_duplicate_outputs_are_refused_by_name() {
+    fn parameters_are_taken_as_triton_takes_them_and_bad_ones_refused_by_name() {
         let ok_in = r#"{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1]},{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}"#;
+        // A stateless model without priority levels: sequence ids,
+        // priorities and custom parameters are taken, without effect.
+        for p in [
+            r#"{"sequence_id":7,"sequence_start":true,"sequence_end":false}"#,
+            r#"{"sequence_id":"client-a"}"#,
+            r#"{"priority":1}"#,
+            r#"{"my_knob":1,"note":"x"}"#,
+        ] {
+            let body = format!(r#"{{"inputs":[{ok_in}],"parameters":{p}}}"#);
+            decode_request(&meta(), body.as_bytes(), &[], 1 << 20)
+                .unwrap_or_else(|e| panic!("{p}: {e:?}"));
+        }
+        for (p, want) in [
+            (
+                r#"{"priority":-1}"#,
+                "request.parameters.priority must be an unsigned integer",
+            ),
+            (
+                r#"{"priority":"high"}"#,
+                "request.parameters.priority must be an unsigned integer",
+            ),
+            (
+                r#"{"sequence_id":1.5}"#,
+                "request.parameters.sequence_id must be an unsigned integer or a string",
+            ),
+            (
+                r#"{"sequence_end":1}"#,
+                "request.parameters.sequence_end must be true or false",
+            ),
+            (
+                r#"{"shared_memory_region":"r"}"#,
+                "request.parameters.shared_memory_region is not supported",
+            ),
+        ] {
+            let e = refused(&format!(r#"{{"inputs":[{ok_in}],"parameters":{p}}}"#));
+            assert!(e.1.contains(want), "{p}: {e:?}");
+        }
         let e = refused(&format!(
-            r#"{{"inputs":[{ok_in}],"parameters":{{"sequence_id":7}}}}"#
+            r#"{{"inputs":[{{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1],"parameters":{{"my_knob":1}}}},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
         ));
         assert!(
-            e.1.contains("request.parameters.sequence_id is not supported")
-                && e.1.contains("stateless"),
-            "{e:?}"
-        );
-        let e = refused(&format!(
-            r#"{{"inputs":[{ok_in}],"parameters":{{"priority":1}}}}"#
-        ));
-        assert!(e.1.contains("parameters.priority"), "{e:?}");
-        let e = refused(&format!(
-            r#"{{"inputs":[{ok_in}],"parameters":{{"my_knob":1}}}}"#
-        ));
-        assert!(
-            e.1.contains("my_knob is not supported (unknown parameter)"),
+            e.1.contains("inputs[0].parameters.my_knob is not supported (unknown parameter)"),
             "{e:?}"
         );
         let e = refused(

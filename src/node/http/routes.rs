@@ -173,6 +173,7 @@ impl App {
                 }),
             ),
             (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
+            (_, ["v2", "models", "stats"]) => no_route(&method, &path),
             (&Method::POST, ["v2", "repository", "index"]) => {
                 let body = match req.take() {
                     Some(r) => self.read_body(r).await.map(|(b, _held)| b),
@@ -610,6 +611,22 @@ fn no_route(method: &Method, path: &str) -> Resp {
         )),
         _ => None,
     };
+    // A known route asked with another method (a model's own routes answer
+    // this in `model_route`).
+    let known = matches!(
+        parts.as_slice(),
+        ["metrics"]
+            | ["v2"]
+            | ["v2", "health", "live" | "ready"]
+            | ["v2", "models", "stats"]
+            | ["v2", "repository", "index"]
+    );
+    if extension.is_none() && known {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed on {path}"),
+        );
+    }
     match extension {
         Some((ext, why)) => error(
             StatusCode::BAD_REQUEST,
