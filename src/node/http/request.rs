@@ -1076,9 +1076,9 @@ mod tests {
             let e = refused(&format!(r#"{{"inputs":[{ok_in}],"parameters":{p}}}"#));
             assert!(e.1.contains(want), "{p}: {e:?}");
         }
-        let e = refused(&format!(
-            r#"{{"inputs":[{{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1],"parameters":{{"my_knob":1}}}},{{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
-        ));
+        let e = refused(
+            r#"{"inputs":[{"name":"ids","shape":[1,1],"datatype":"INT64","data":[1],"parameters":{"my_knob":1}},{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}]}"#,
+        );
         assert!(
             e.1.contains("inputs[0].parameters.my_knob is not supported (unknown parameter)"),
             "{e:?}"
