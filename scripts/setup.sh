@@ -52,8 +52,10 @@ done
 # Debian/Ubuntu packages the build and tests need: cmake and g++, with which highs-sys builds
 # HiGHS (the partitioner's MILP solver) from source, and iproute2 (`ip netns`, veth,
 # bridge) for the multi-host test in network namespaces (tests/netns.rs).
-# libb64-0d is a run-time library of Triton's perf_analyzer (below).
-APT_PACKAGES=(iproute2 cmake g++ libb64-0d)
+# libb64-0d is a run-time library of Triton's perf_analyzer (below). mmdebstrap,
+# umoci and runc build and run the container image without a Docker daemon
+# (scripts/build_image.sh, scripts/run_image.sh; tests/deploy.rs).
+APT_PACKAGES=(iproute2 cmake g++ libb64-0d mmdebstrap umoci runc)
 # Packages the `rdma` feature needs. ibverbs-sys configures its vendored rdma-core
 # with cmake (which wants pkg-config, libnl and python3) and generates its bindings
 # with bindgen (libclang); the crate links against the system libibverbs

@@ -163,6 +163,61 @@ fn the_images_pin_the_onnx_runtime_the_setup_pins() {
     }
 }
 
+/// The CPU image, built from Debian's packages without a Docker daemon
+/// (scripts/build_image.sh: mmdebstrap and umoci) around this build's binary,
+/// then run with runc (scripts/run_image.sh): ready, serving every shipped
+/// model over HTTP with outputs equal to ONNX Runtime's, as a non-root user,
+/// stopped by SIGTERM. Needs root, the Debian mirror and what
+/// scripts/setup.sh installs.
+#[test]
+fn the_cpu_image_is_built_and_run_and_serves_every_shipped_model() {
+    assert!(
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")),
+        "building the image needs root (mmdebstrap's root mode, runc)"
+    );
+    let out = root().join("target/image-test");
+    let build = Command::new("bash")
+        .arg(root().join("scripts/build_image.sh"))
+        .args(["--out".as_ref(), out.as_os_str()])
+        .args(["--binary", env!("CARGO_BIN_EXE_fermata")])
+        .output()
+        .unwrap();
+    assert!(build.status.success(), "{}", text(&build));
+    let b = text(&build);
+    let mib: u64 = b
+        .split("MiB of compressed layers")
+        .next()
+        .and_then(|h| h.rsplit(' ').nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no image size in: {b}"));
+    // A slim Debian, ONNX Runtime's CPU library and a stripped debug binary.
+    assert!(mib < 150, "the image is {mib} MiB compressed");
+    for runner in ["runc", "chroot"] {
+        let run = Command::new("bash")
+            .arg(root().join("scripts/run_image.sh"))
+            .args(["--image".as_ref(), out.join("oci").as_os_str()])
+            .args(["--runner", runner])
+            .output()
+            .unwrap();
+        let t = text(&run);
+        assert!(run.status.success(), "{runner}: {t}");
+        for want in [
+            "user: uid 65532 (non-root)",
+            "all outputs match",
+            "stopped on SIGTERM",
+        ] {
+            assert!(t.contains(want), "{runner}: no `{want}` in {t}");
+        }
+        for m in ["mlp", "cnn", "ranker"] {
+            assert!(t.contains(&format!("{m} binary #0: ok")), "{runner}: {t}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// A running `fermata serve`'s /metrics, read over plain HTTP/1.1 GETs: the
 /// text format (no `Accept`) and OpenMetrics (Prometheus's `Accept`).
 fn served_metrics() -> (String, String) {
