@@ -258,13 +258,15 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             any::<u32>(),
             any::<u64>(),
         )
-            .prop_map(|(node, gpu_ids, models, heartbeat_ms, term)| Msg::RegisterAck {
-                node,
-                gpu_ids: gpu_ids.into_iter().map(GpuId).collect(),
-                models,
-                heartbeat_ms,
-                term,
-            })
+            .prop_map(
+                |(node, gpu_ids, models, heartbeat_ms, term)| Msg::RegisterAck {
+                    node,
+                    gpu_ids: gpu_ids.into_iter().map(GpuId).collect(),
+                    models,
+                    heartbeat_ms,
+                    term,
+                },
+            )
             .boxed(),
         arb_str()
             .prop_map(|reason| Msg::Unregister { reason })

@@ -40,7 +40,9 @@ pub enum Action {
     Close(ConnId, String),
     /// A scheduler of a newer term answered: the one this fencer serves was
     /// replaced and must step down.
-    StepDown { term: u64 },
+    StepDown {
+        term: u64,
+    },
 }
 
 /// The fencing (see the module docs).
@@ -150,7 +152,8 @@ impl Fencer {
                 return self.out.push_back(Action::StepDown { term });
             }
         }
-        self.out.push_back(Action::Close(c, "fence delivered".into()));
+        self.out
+            .push_back(Action::Close(c, "fence delivered".into()));
     }
 
     pub fn handle_closed(&mut self, _now: Time, c: ConnId) {
@@ -211,7 +214,10 @@ mod tests {
         drain(&mut f);
         // An older or equal term, or a refusal, is no reason to step down.
         f.handle_msg(ms(2), 5, Msg::Fence { term: 2 });
-        assert_eq!(drain(&mut f), vec![Action::Close(5, "fence delivered".into())]);
+        assert_eq!(
+            drain(&mut f),
+            vec![Action::Close(5, "fence delivered".into())]
+        );
         f.handle_timeout(ms(200));
         f.handle_connected(ms(201), 6);
         drain(&mut f);

@@ -436,7 +436,9 @@ impl SchedProto {
         if let Some(term) = self.stepped_down {
             let message = format!("this scheduler stepped down for term {term}");
             self.send(c, Msg::Error { message });
-            return self.actions.push_back(Action::Close(c, "stepped down".into()));
+            return self
+                .actions
+                .push_back(Action::Close(c, "stepped down".into()));
         }
         self.conns.insert(
             c,
@@ -579,8 +581,18 @@ impl SchedProto {
             return;
         };
         pc.last_seen = now;
+        if let Msg::Ping { term, .. } = msg {
+            if term > self.term {
+                self.newer_term(c, term, false);
+                if self.stepped_down.is_some() {
+                    return;
+                }
+            }
+        }
+        let Some(pc) = self.conns.get_mut(&c) else {
+            return;
+        };
         match msg {
-            Msg::Ping { term, .. } if term > self.term => self.newer_term(c, term, false),
             Msg::Ping {
                 seq,
                 sent,

@@ -457,7 +457,9 @@ impl EventLoop {
                         stop.clone(),
                     ) {
                         Ok(h) => self.fencer = Some((newer, stop, h)),
-                        Err(e) => tracing::error!(error = %e, "standby: cannot start fencing the old primary"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "standby: cannot start fencing the old primary")
+                        }
                     }
                     let why = format!("{why}; term {term}");
                     match assignment.map(|h| self.proto.adopt_assignment(&h)) {

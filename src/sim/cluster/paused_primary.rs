@@ -157,7 +157,11 @@ impl ClusterSim {
             return None;
         }
         let l = self.links.get(&conn)?;
-        let from = if l.ends[0] == pid { l.ends[1] } else { l.ends[0] };
+        let from = if l.ends[0] == pid {
+            l.ends[1]
+        } else {
+            l.ends[0]
+        };
         match &self.procs[from] {
             Proc::Sched(s) => Some(s.proto.term()),
             Proc::Standby(sb) => Some(sb.sched.proto.term()),
