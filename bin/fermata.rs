@@ -233,6 +233,12 @@ struct ClusterArgs {
     /// answered twice for it, and no plan may reach a backend without its model.
     #[arg(long, default_value_t = 1)]
     subclusters: u32,
+    /// With --standby: the serving scheduler pauses once past its standby's
+    /// takeover, then resumes (the standby's new term fences it); a frontend
+    /// starts with its address first: no node may follow two primaries at
+    /// once.
+    #[arg(long, requires = "standby")]
+    paused_primary: bool,
     /// Print one JSON object per seed.
     #[arg(long)]
     json: bool,
@@ -746,6 +752,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     let (mut drains, mut drained_left, mut failed) = (0u64, 0u64, 0u64);
     let (mut moves_started, mut moves_done, mut stale_unloaded) = (0u64, 0u64, 0u64);
     let mut rejoin_ms: Vec<f64> = Vec::new();
+    let mut fencing = [0u64; 5];
     for seed in a.seed..a.seed.saturating_add(a.seeds.max(1)) {
         let o = ClusterSimOpts {
             seed,
@@ -766,6 +773,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             drain: a.drain,
             subclusters: a.subclusters,
             pull: Default::default(),
+            paused_primary: a.paused_primary,
         };
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;
@@ -792,6 +800,15 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
         retried += r.retried;
         forged_sent += r.forged_sent;
         forged_refused += r.forged_refused;
+        for (x, v) in fencing.iter_mut().zip([
+            r.primary_pauses,
+            r.fences_sent,
+            r.step_downs,
+            r.fenced_refusals,
+            r.late_frontends,
+        ]) {
+            *x += v;
+        }
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else if a.seeds <= 10 || r.violation.is_some() {
@@ -824,6 +841,12 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     if a.standby {
         eprintln!(
             "standby: {sched_crashes} crashes of the serving scheduler, {takeovers} takeovers, {adopted} of them from the primary's assignment ({homes_changed} models' sub-cluster changed from the start-up one; {homes_stale} differed from the crashed primary's)"
+        );
+    }
+    if a.paused_primary {
+        let [pauses, fences, downs, refused, late] = fencing;
+        eprintln!(
+            "paused primary: {pauses} pauses past the takeover, {fences} fences sent by the new primaries, {downs} schedulers stepped down, {refused} refused by nodes for an older term, {late} frontends started with the paused primary's address first; no node followed two primaries"
         );
     }
     if a.drain {

@@ -558,8 +558,13 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
         }
     };
     let mut announced = false;
+    let mut stepped_down = None;
     while !signalled() {
         std::thread::sleep(Duration::from_millis(5));
+        if let Some(why) = s.stepped_down() {
+            stepped_down = Some(why);
+            break;
+        }
         if let (Some(st), false) = (s.standby(), announced) {
             if let Some((why, after)) = st.took_over.lock().expect("lock").clone() {
                 announce(format!(
@@ -575,6 +580,12 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
     }
     let rep = s.stop()?;
     announce(serde_json::to_string(&rep)?);
+    if let Some(why) = stepped_down {
+        announce(format!("fermata scheduler stepped down: {why}"));
+        bail!(
+            "this scheduler was {why}: it serves no more. Start it again with --standby-of the serving scheduler to have a standby"
+        );
+    }
     Ok(())
 }
 

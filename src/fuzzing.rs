@@ -204,11 +204,13 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
             ctrl_delay: Dur(b.i64_near(0)),
             pull: Dur(b.i64_near(0)),
             pull_per_mib: Dur(b.i64_near(0)),
+            term: b.below(3) as u64,
         },
         6 | 7 => Msg::Pong {
             seq: b.u64(),
             echo: b.time_near(now),
             sched: b.time_near(now),
+            term: b.below(3) as u64,
         },
         8 => Msg::Unregister { reason: b.string() },
         9 => Msg::RegisterAck {
@@ -216,6 +218,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
             gpu_ids: (0..b.below(4)).map(|_| gpu(b)).collect(),
             models: (0..b.below(3)).map(|i| model(ModelId(i))).collect(),
             heartbeat_ms: b.below(1000),
+            term: b.below(3) as u64,
         },
         10 => Msg::LoadModel {
             model: model(ModelId(b.id(4) as u32)),
@@ -349,6 +352,7 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
             ctrl_delay: Dur::from_us(50),
             pull: Dur::from_us(1),
             pull_per_mib: Dur::from_us(1),
+            term: 1,
         },
     })
 }
@@ -507,6 +511,7 @@ pub fn backend_proto(data: &[u8]) -> u64 {
                         seq: 0,
                         echo: sent,
                         sched: sent + Dur::from_us(7),
+                        term: 1,
                     })
                 } else if !acked {
                     acked = true;
@@ -515,6 +520,7 @@ pub fn backend_proto(data: &[u8]) -> u64 {
                         gpu_ids: (0..gpus).map(|g| GpuId(10 + g)).collect(),
                         models: vec![],
                         heartbeat_ms: 100,
+                        term: 1,
                     })
                 } else if models < 2 {
                     models += 1;

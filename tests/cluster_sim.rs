@@ -274,6 +274,58 @@ fn a_standby_takes_over_every_crash_of_the_serving_scheduler() {
     );
 }
 
+/// A primary paused past its standby's takeover, then resumed (the SIGSTOP
+/// split brain): the standby takes over under a new term and fences the old
+/// address; the resumed primary steps down instead of serving as a second
+/// primary; a frontend started late in the pause with the old primary's
+/// address first ends up with the new one. On every message a node takes from
+/// its scheduler the simulator checks that the sender's term is not older than
+/// one the node took messages from before (no node follows two primaries at
+/// once), and every request ends exactly once — with no other fault and with
+/// every fault kind on top.
+#[test]
+fn a_paused_primary_steps_down_and_no_node_follows_two_primaries() {
+    let w = workload();
+    let (mut pauses, mut downs, mut late, mut fences) = (0, 0, 0, 0);
+    for faults in [Faults::None, Faults::All] {
+        for seed in 0..40 {
+            let o = ClusterSimOpts {
+                standby: true,
+                paused_primary: true,
+                ..opts(seed, faults)
+            };
+            assert!(
+                o.replay().ends_with(" --standby --paused-primary"),
+                "a replay keeps the fault"
+            );
+            let r = ClusterSim::new(&w, o).run();
+            if let Some(v) = &r.violation {
+                panic!("seed {seed}, {faults:?}: {} (replay: {})", v.what, v.replay);
+            }
+            assert_eq!(
+                r.good + r.late + r.dropped + r.failed,
+                r.requests,
+                "every request ends exactly once (seed {seed}, {faults:?})"
+            );
+            assert_eq!(r.primary_pauses, 1, "seed {seed}, {faults:?}");
+            assert!(r.takeovers >= 1, "seed {seed}, {faults:?}");
+            if faults == Faults::None {
+                // Nothing else can end it: the resumed primary steps down.
+                assert_eq!(r.step_downs, 1, "seed {seed}");
+            }
+            pauses += r.primary_pauses;
+            downs += r.step_downs;
+            late += r.late_frontends;
+            fences += r.fences_sent;
+        }
+    }
+    assert_eq!(pauses, 80);
+    assert_eq!(late, 80, "a frontend started with the paused primary first");
+    assert!(fences > 0);
+    // With crash faults a paused primary may also be killed before it resumes.
+    assert!(downs >= 40, "{downs} step-downs for {pauses} pauses");
+}
+
 /// A rogue peer in the simulator sends the frontends results for their latest
 /// task ids with guessed capabilities, every 5 ms, on top of every fault and a
 /// standby: many reach pending requests, none ends one (the simulator stops

@@ -116,6 +116,7 @@ impl Peer {
             ctrl_delay: Dur::ZERO,
             pull: Dur::ZERO,
             pull_per_mib: Dur::ZERO,
+            term: 0,
         });
         self.wait(Duration::from_secs(3), |m| match m {
             Msg::Pong { seq: s, .. } if *s == seq => Some(()),
@@ -248,6 +249,7 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
         ctrl_delay: Dur(i64::MAX),
         pull: Dur(i64::MAX),
         pull_per_mib: Dur(i64::MAX),
+        term: 0,
     });
     assert!(p.enter_service().is_some(), "backend enters service");
     let q = Peer::connect(&tr, s.addr());
@@ -397,6 +399,7 @@ fn extreme_times_in_plan_done_do_not_overflow() {
                 ctrl_delay: Dur::ZERO,
                 pull: Dur::ZERO,
                 pull_per_mib: Dur::ZERO,
+                term: 0,
             });
             f.wait(Duration::from_secs(5), |m| match m {
                 Msg::Pong { sched, .. } => Some(*sched),
@@ -509,6 +512,7 @@ fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
                 seq: *seq,
                 echo,
                 sched: sched_t,
+                term: 1,
             });
             None
         }
@@ -532,6 +536,7 @@ fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
         gpu_ids: vec![GpuId(7)],
         models: vec![],
         heartbeat_ms: 50,
+        term: 1,
     });
     sched.send(Msg::Plan {
         id: PlanId(1),

@@ -39,6 +39,7 @@ fn ping(seq: u64) -> Msg {
         ctrl_delay: Dur::ZERO,
         pull: Dur::ZERO,
         pull_per_mib: Dur::ZERO,
+        term: 0,
     }
 }
 
@@ -88,6 +89,7 @@ fn messages_both_ways_in_order() {
             seq: i,
             echo: Time(1),
             sched: Time(2),
+            term: 1,
         })
         .unwrap();
     }

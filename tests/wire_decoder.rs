@@ -256,13 +256,17 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             ],
             arb_vec(arb_model()),
             any::<u32>(),
+            any::<u64>(),
         )
-            .prop_map(|(node, gpu_ids, models, heartbeat_ms)| Msg::RegisterAck {
-                node,
-                gpu_ids: gpu_ids.into_iter().map(GpuId).collect(),
-                models,
-                heartbeat_ms,
-            })
+            .prop_map(
+                |(node, gpu_ids, models, heartbeat_ms, term)| Msg::RegisterAck {
+                    node,
+                    gpu_ids: gpu_ids.into_iter().map(GpuId).collect(),
+                    models,
+                    heartbeat_ms,
+                    term,
+                },
+            )
             .boxed(),
         arb_str()
             .prop_map(|reason| Msg::Unregister { reason })
@@ -346,22 +350,25 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             any::<i64>(),
             any::<i64>(),
             any::<i64>(),
+            any::<u64>(),
         )
             .prop_map(
-                |(seq, sent_ns, ctrl_delay_ns, pull_ns, per_mib_ns)| Msg::Ping {
+                |(seq, sent_ns, ctrl_delay_ns, pull_ns, per_mib_ns, term)| Msg::Ping {
                     seq,
                     sent: Time(sent_ns),
                     ctrl_delay: Dur(ctrl_delay_ns),
                     pull: Dur(pull_ns),
                     pull_per_mib: Dur(per_mib_ns),
+                    term,
                 },
             )
             .boxed(),
-        (any::<u64>(), any::<i64>(), any::<i64>())
-            .prop_map(|(seq, echo_ns, sched_ns)| Msg::Pong {
+        (any::<u64>(), any::<i64>(), any::<i64>(), any::<u64>())
+            .prop_map(|(seq, echo_ns, sched_ns, term)| Msg::Pong {
                 seq,
                 echo: Time(echo_ns),
                 sched: Time(sched_ns),
+                term,
             })
             .boxed(),
         (any::<u64>(), arb_str(), any::<i64>(), arb_bytes())
@@ -410,8 +417,9 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         arb_vec(any::<u32>())
             .prop_map(|homes| Msg::Assignment { homes })
             .boxed(),
+        any::<u64>().prop_map(|term| Msg::Fence { term }).boxed(),
     ];
-    assert_eq!(arms.len(), 26, "one arm per variant");
+    assert_eq!(arms.len(), 27, "one arm per variant");
     Union::new(arms)
 }
 
@@ -536,7 +544,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 27u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 28u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }
@@ -635,6 +643,7 @@ fn some_msgs() -> Vec<Msg> {
             ctrl_delay: Dur(3),
             pull: Dur(4),
             pull_per_mib: Dur(5),
+            term: 6,
         },
         Msg::ListModels,
         Msg::Submit {
@@ -856,6 +865,7 @@ fn counts_over_max_items() {
         gpu_ids: vec![GpuId(0); MAX_ITEMS + 1],
         models: vec![],
         heartbeat_ms: 0,
+        term: 0,
     };
     assert_eq!(
         decode(body(&encode_to_vec(&msg))),

@@ -475,6 +475,40 @@ impl ProcCluster {
         Ok((p, a))
     }
 
+    /// Starts one more frontend, given `schedulers` (addresses separated by
+    /// commas, tried in that order), with the cluster's secret; its client
+    /// address once it listens (also added to [`ProcCluster::frontend_addrs`]).
+    pub fn spawn_frontend(
+        &mut self,
+        exe: &Path,
+        schedulers: &str,
+        verbose: bool,
+    ) -> Result<String> {
+        let i = self.frontends.len();
+        let mut args: Vec<String> = [
+            "frontend",
+            "--scheduler",
+            schedulers,
+            "--name",
+            &format!("frontend{i}"),
+            "--region-mib",
+            "512",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-listen",
+            "127.0.0.1:0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.secret.args());
+        let mut f = Proc::spawn(exe, &format!("frontend{i}"), &args, verbose)?;
+        let a = f.wait_line("fermata frontend listening on", Duration::from_secs(20))?;
+        self.frontend_addrs.push(a.clone());
+        self.frontends.push(f);
+        Ok(a)
+    }
+
     /// The address of the scheduler's metrics listener (started with
     /// `--metrics-listen` in [`ProcOpts::scheduler_args`]).
     pub fn scheduler_metrics_addr(&mut self) -> Result<String> {

@@ -50,6 +50,7 @@ use crate::node::proto::backend::{
     self as be_proto, cut_batch, settle, BackendProto, PlanMsg, PlanQueue,
 };
 use crate::node::proto::check;
+use crate::node::proto::fence::{Fencer, FENCE_EVERY_HEARTBEATS};
 use crate::node::proto::ledger::{Answer, Ended, Orphan, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
@@ -62,6 +63,8 @@ use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+
+mod paused_primary;
 
 /// Which faults a run injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -198,6 +201,10 @@ pub struct ClusterSimOpts {
     pub subclusters: u32,
     /// What input pulls take.
     pub pull: SimPull,
+    /// With `standby`: the serving scheduler pauses once past its standby's
+    /// takeover, then resumes (see `paused_primary.rs`): no node may follow
+    /// two primaries at once.
+    pub paused_primary: bool,
 }
 
 impl Default for ClusterSimOpts {
@@ -221,6 +228,7 @@ impl Default for ClusterSimOpts {
             drain: false,
             subclusters: 1,
             pull: SimPull::default(),
+            paused_primary: false,
         }
     }
 }
@@ -261,6 +269,9 @@ impl ClusterSimOpts {
         }
         if self.subclusters > 1 {
             s += &format!(" --subclusters {}", self.subclusters);
+        }
+        if self.paused_primary {
+            s += " --paused-primary";
         }
         s
     }
@@ -333,6 +344,15 @@ pub struct ClusterSimReport {
     /// and finished (unloaded from the source) by the one serving at the end.
     pub moves_started: u64,
     pub moves_done: u64,
+    /// With the paused-primary fault: the pauses, the frontends started with
+    /// the paused primary's address first, the fences the schedulers that
+    /// took over sent, the schedulers that stepped down, and the schedulers
+    /// nodes refused for an older term (over the nodes alive at the end).
+    pub primary_pauses: u64,
+    pub late_frontends: u64,
+    pub fences_sent: u64,
+    pub step_downs: u64,
+    pub fenced_refusals: u64,
     /// Models that backends alive at the end unloaded at a rejoin because
     /// the scheduler they joined did not ask for them (another sub-cluster).
     pub stale_unloaded: u64,
@@ -409,6 +429,14 @@ enum Ev {
     Forge,
     /// A backend is told to drain and leave.
     Drain,
+    /// The serving scheduler pauses past its standby's takeover.
+    PausePrimary,
+    /// A frontend starts with `addr` first.
+    LateFrontend {
+        addr: &'static str,
+    },
+    /// One node in service loses its scheduler's connection.
+    Nudge,
 }
 
 struct Link {
@@ -498,6 +526,11 @@ struct Sched {
     fe_nodes: HashSet<NodeId>,
     /// Per GPU: the latest plan booked, and when the GPU is due free.
     gpu_free: HashMap<u32, (u64, Time)>,
+    /// Its pending wake-up (one at a time: the earliest needed).
+    wake: Option<Time>,
+    /// Once it took over as a standby: the production fencing of its old
+    /// primary's address.
+    fencer: Option<Fencer>,
 }
 
 /// A hot standby: a whole scheduler that does not serve yet, and the
@@ -559,12 +592,15 @@ pub struct ClusterSim {
     /// A running batch's results, its scheduler connection and its report,
     /// sent when it finishes.
     pending_out: HashMap<(Pid, u32), BatchOut>,
-    /// The scheduler's pending wake-up.
-    sched_wake: Option<Time>,
     report: ClusterSimReport,
     violation: Option<Violation>,
     /// Scheduler connections on which `Drained` was sent: no plan may follow.
     drained_conns: HashSet<ConnId>,
+    /// The address a starting frontend is given first (None: the serving
+    /// scheduler's).
+    first_addr: Option<&'static str>,
+    /// Per node: the newest scheduler term it took messages from.
+    node_terms: HashMap<Pid, u64>,
 }
 
 type BatchOut = (Vec<(ConnId, Msg)>, Option<ConnId>, Msg);
@@ -606,9 +642,10 @@ impl ClusterSim {
             heartbeat: Dur::from_ms(100),
             sched_timeout: Dur::from_ms(1000),
             pending_out: HashMap::new(),
-            sched_wake: None,
             violation: None,
             drained_conns: HashSet::new(),
+            first_addr: None,
+            node_terms: HashMap::new(),
         };
         sim.start_scheduler();
         if sim.opts.standby {
@@ -630,6 +667,9 @@ impl ClusterSim {
         }
         if sim.opts.faults != Faults::None || sim.opts.drain || sim.opts.subclusters > 1 {
             sim.schedule_faults();
+        }
+        if sim.opts.paused_primary && sim.opts.standby {
+            sim.schedule_paused_primary();
         }
         sim.next_stall();
         sim
@@ -729,6 +769,8 @@ impl ClusterSim {
             gpu_conn: HashMap::new(),
             fe_nodes: HashSet::new(),
             gpu_free: HashMap::new(),
+            wake: None,
+            fencer: None,
         }
     }
 
@@ -776,7 +818,9 @@ impl ClusterSim {
     /// The scheduler addresses a starting node is given: the serving one
     /// first (the one it connects to), then the standby's.
     fn node_addrs(&self) -> Vec<String> {
-        let first = self.addr_of(self.sched_pid);
+        let first = self
+            .first_addr
+            .unwrap_or_else(|| self.addr_of(self.sched_pid));
         let mut v = vec![first.to_string()];
         v.extend(
             self.sched_addrs
@@ -865,7 +909,8 @@ impl ClusterSim {
     fn start_frontend(&mut self, slot: usize) {
         let clock = self.node_clock();
         let pid = self.new_pid(Proc::Dead);
-        let sched = self.connect(pid, self.sched_pid);
+        let to = self.first_addr.map_or(self.sched_pid, |a| self.pid_at(a));
+        let sched = self.connect(pid, to);
         let register = Msg::Register {
             role: Role::Frontend,
             name: format!("fe{slot}"),
@@ -996,6 +1041,7 @@ impl ClusterSim {
             self.event(ev);
         }
         self.now = end;
+        self.report.fenced_refusals = self.fenced_refusals();
         if let Proc::Sched(s) = &self.procs[self.sched_pid] {
             self.report.moves_done = s.proto.report().moves.done;
         }
@@ -1129,6 +1175,9 @@ impl ClusterSim {
             Ev::SchedCrash => self.sched_crash(),
             Ev::Forge => self.forge(),
             Ev::SchedRestart { addr } => self.sched_restart(addr),
+            Ev::PausePrimary => self.pause_primary(),
+            Ev::LateFrontend { addr } => self.late_frontend(addr),
+            Ev::Nudge => self.nudge(),
             Ev::Restart { role, slot } => match role {
                 Role::Backend => {
                     self.report.restarts += 1;
@@ -1168,12 +1217,18 @@ impl ClusterSim {
                     self.send(pid, c, Msg::Error { message: why });
                 }
                 StandbyAction::TakeOver {
-                    held, assignment, ..
+                    held,
+                    assignment,
+                    term,
+                    ..
                 } => {
                     let Proc::Standby(mut sb) = std::mem::replace(&mut self.procs[pid], Proc::Dead)
                     else {
                         return;
                     };
+                    sb.sched.proto.set_term(term);
+                    let every = self.heartbeat * FENCE_EVERY_HEARTBEATS;
+                    sb.sched.fencer = Some(Fencer::new(now, sb.proto.primary(), term, every));
                     if let Some(h) = assignment {
                         // Before any node registers: it always fits.
                         let n = sb
@@ -1190,14 +1245,13 @@ impl ClusterSim {
                     }
                     self.procs[pid] = Proc::Sched(Box::new(sb.sched));
                     self.sched_pid = pid;
-                    self.sched_wake = None;
                     self.report.takeovers += 1;
                     for (c, m) in held {
                         if self.links.get(&c).is_some_and(|l| l.open) {
-                            self.sched_msg(c, m);
+                            self.sched_msg(pid, c, m);
                         }
                     }
-                    self.sched_apply();
+                    self.sched_apply(pid);
                     return;
                 }
             }
@@ -1351,14 +1405,15 @@ impl ClusterSim {
         let n = self.opts.subclusters;
         let models = self.models.len() as u32;
         let (m, k) = (self.rng.gen_range(0..models), self.rng.gen_range(1..n));
-        let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
+        let sp = self.sched_pid;
+        let Proc::Sched(s) = &mut self.procs[sp] else {
             return;
         };
         let to = (s.proto.subclusters().home(ModelId(m)) + k) % n;
         if s.proto.move_model(now, ModelId(m), to) {
             self.report.moves_started += 1;
         }
-        self.sched_apply();
+        self.sched_apply(sp);
     }
 
     fn drain_one(&mut self) {
@@ -1605,15 +1660,28 @@ impl ClusterSim {
             return;
         }
         match &self.procs[to] {
-            Proc::Sched(_) => self.sched_msg(conn, msg),
+            Proc::Sched(s) if s.fencer.as_ref().is_some_and(|f| f.is_conn(conn)) => {
+                self.fencer_msg(to, conn, msg)
+            }
+            Proc::Sched(_) => self.sched_msg(to, conn, msg),
             Proc::Standby(_) => {
                 if let Proc::Standby(sb) = &mut self.procs[to] {
                     sb.proto.handle_msg(self.now, conn, msg);
                 }
                 self.standby_apply(to);
             }
-            Proc::Fe(_) => self.fe_msg(to, conn, msg),
-            Proc::Be(_) => self.be_msg(to, conn, msg),
+            Proc::Fe(_) | Proc::Be(_) => {
+                let kind = msg.kind();
+                let term = self.term_before(to, conn, &msg);
+                if matches!(self.procs[to], Proc::Fe(_)) {
+                    self.fe_msg(to, conn, msg);
+                } else {
+                    self.be_msg(to, conn, msg);
+                }
+                if let Some(t) = term {
+                    self.check_term(to, conn, t, kind);
+                }
+            }
             Proc::Dead => {}
         }
     }
@@ -1621,8 +1689,12 @@ impl ClusterSim {
     fn closed(&mut self, conn: ConnId, to: Pid, why: String) {
         match &mut self.procs[to] {
             Proc::Sched(s) => {
+                if let Some(f) = s.fencer.as_mut().filter(|f| f.is_conn(conn)) {
+                    f.handle_closed(self.now, conn);
+                    return self.fencer_apply(to);
+                }
                 s.proto.handle_closed(self.now, conn, why);
-                self.sched_apply();
+                self.sched_apply(to);
             }
             Proc::Standby(sb) => {
                 if !sb.proto.is_primary_conn(conn) {
@@ -1694,7 +1766,7 @@ impl ClusterSim {
 
     // ------------------------------------------------------------ scheduler
 
-    fn sched_msg(&mut self, conn: ConnId, msg: Msg) {
+    fn sched_msg(&mut self, sp: Pid, conn: ConnId, msg: Msg) {
         if let Msg::PlanDone {
             status: PlanStatus::TooLate,
             ..
@@ -1703,22 +1775,21 @@ impl ClusterSim {
             self.report.plans_too_late += 1;
         }
         let now = self.now;
-        let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
+        let Proc::Sched(s) = &mut self.procs[sp] else {
             return;
         };
         s.proto.handle_msg(now, conn, msg);
-        self.sched_apply();
+        self.sched_apply(sp);
     }
 
     /// Carries out the protocol machine's actions and the core's outputs.
-    fn sched_apply(&mut self) {
-        let sp = self.sched_pid;
+    fn sched_apply(&mut self, sp: Pid) {
         loop {
             let Proc::Sched(s) = &mut self.procs[sp] else {
                 return;
             };
             let acts = sched_take_actions(s, &mut self.report, self.now);
-            if !self.sched_add_gpus(acts.up) {
+            if !self.sched_add_gpus(sp, acts.up) {
                 return;
             }
             let Proc::Sched(s) = &mut self.procs[sp] else {
@@ -1727,7 +1798,7 @@ impl ClusterSim {
             let plans = sched_core_plans(s);
             let mut more = !plans.is_empty();
             for p in plans {
-                more |= self.dispatch(p);
+                more |= self.dispatch(sp, p);
             }
             for (c, m) in acts.sends {
                 self.send(sp, c, m);
@@ -1735,7 +1806,10 @@ impl ClusterSim {
             for c in acts.closes {
                 self.break_link(c, "closed by the scheduler");
             }
-            if !self.sched_rearm() || !more {
+            if let Some(term) = acts.step_down {
+                return self.sched_step_down(sp, term);
+            }
+            if !self.sched_rearm(sp) || !more {
                 return;
             }
         }
@@ -1743,9 +1817,9 @@ impl ClusterSim {
 
     /// Adds the GPUs that went into service to the core, checking that the
     /// core gives them the protocol's ids; false on a violation.
-    fn sched_add_gpus(&mut self, up: Vec<(GpuId, u32)>) -> bool {
+    fn sched_add_gpus(&mut self, sp: Pid, up: Vec<(GpuId, u32)>) -> bool {
         let now = self.now;
-        let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
+        let Proc::Sched(s) = &mut self.procs[sp] else {
             return false;
         };
         for (g, sub) in up {
@@ -1768,9 +1842,8 @@ impl ClusterSim {
 
     /// Sets the scheduler's wake-up for its earliest timeout; false when the
     /// scheduler is gone.
-    fn sched_rearm(&mut self) -> bool {
+    fn sched_rearm(&mut self, sp: Pid) -> bool {
         let now = self.now;
-        let sp = self.sched_pid;
         let Proc::Sched(s) = &mut self.procs[sp] else {
             return false;
         };
@@ -1780,10 +1853,11 @@ impl ClusterSim {
             .iter()
             .filter_map(|c| c.next_timeout())
             .fold(t, Time::min)
+            .min(s.fencer.as_ref().map_or(Time::NEVER, |f| f.poll_timeout()))
             .max(now);
         // One wake-up pending at a time (the earliest needed).
-        if self.sched_wake.is_none_or(|w| t < w) {
-            self.sched_wake = Some(t);
+        if s.wake.is_none_or(|w| t < w) {
+            s.wake = Some(t);
             self.at(t, Ev::Wake { pid: sp });
         }
         true
@@ -1791,9 +1865,8 @@ impl ClusterSim {
 
     /// Sends a plan the core made (as the real scheduler's dispatch path does);
     /// true when the protocol machine has new actions.
-    fn dispatch(&mut self, p: crate::core::Plan) -> bool {
+    fn dispatch(&mut self, sp: Pid, p: crate::core::Plan) -> bool {
         let now = self.now;
-        let sp = self.sched_pid;
         let Proc::Sched(s) = &mut self.procs[sp] else {
             return false;
         };
@@ -1851,8 +1924,8 @@ impl ClusterSim {
                 self.standby_apply(pid);
             }
             Proc::Sched(s) => {
-                if self.sched_wake.is_some_and(|w| w <= now) {
-                    self.sched_wake = None;
+                if s.wake.is_some_and(|w| w <= now) {
+                    s.wake = None;
                 }
                 if now >= s.proto.poll_timeout() {
                     s.proto.handle_timeout(now);
@@ -1860,7 +1933,11 @@ impl ClusterSim {
                 for c in &mut s.cores {
                     c.handle_timeout(now);
                 }
-                self.sched_apply();
+                if let Some(f) = s.fencer.as_mut().filter(|f| now >= f.poll_timeout()) {
+                    f.handle_timeout(now);
+                    self.fencer_apply(pid);
+                }
+                self.sched_apply(pid);
             }
             Proc::Fe(f) => {
                 let local = f.clock.local(now);
@@ -2327,6 +2404,8 @@ struct SchedActions {
     up: Vec<(GpuId, u32)>,
     sends: Vec<(ConnId, Msg)>,
     closes: Vec<ConnId>,
+    /// It stepped down for this newer term.
+    step_down: Option<u64>,
 }
 
 /// Drains the scheduler protocol's actions: carries out those on the
@@ -2336,6 +2415,7 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
         up: Vec::new(),
         sends: Vec::new(),
         closes: Vec::new(),
+        step_down: None,
     };
     while let Some(a) = s.proto.poll_action() {
         match a {
@@ -2403,6 +2483,7 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
                 }
             }
             Action::DeviceBytes { .. } => {}
+            Action::StepDown { term, .. } => acts.step_down = Some(term),
         }
     }
     acts

@@ -545,7 +545,7 @@ macro_rules! wire_messages {
 
 wire_messages! {
     1 => Register { role, name, gpus, ctrl_addr, region },
-    2 => RegisterAck { node, gpu_ids, models, heartbeat_ms },
+    2 => RegisterAck { node, gpu_ids, models, heartbeat_ms, term },
     3 => Unregister { reason },
     4 => LoadModel { model },
     5 => UnloadModel { model },
@@ -557,8 +557,8 @@ wire_messages! {
     11 => PlanDone { id, gpu, status, started, finished, missing },
     12 => Results { items },
     13 => Dropped { items },
-    14 => Ping { seq, sent, ctrl_delay, pull, pull_per_mib },
-    15 => Pong { seq, echo, sched },
+    14 => Ping { seq, sent, ctrl_delay, pull, pull_per_mib, term },
+    15 => Pong { seq, echo, sched, term },
     16 => Infer { req, model, slo, input },
     17 => InferReply { req, status, latency, queue, batch_size, output, message },
     18 => ListModels {},
@@ -570,6 +570,7 @@ wire_messages! {
     24 => Drained {},
     25 => Follow {},
     26 => Assignment { homes },
+    27 => Fence { term },
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -792,6 +793,7 @@ mod tests {
                 gpu_ids: vec![GpuId(4), GpuId(5), GpuId(6)],
                 models: vec![model(0), model(1)],
                 heartbeat_ms: 100,
+                term: 3,
             },
             Msg::Unregister {
                 reason: "bye".into(),
@@ -920,11 +922,13 @@ mod tests {
                 ctrl_delay: Dur(3),
                 pull: Dur(4),
                 pull_per_mib: Dur(5),
+                term: 6,
             },
             Msg::Pong {
                 seq: 1,
                 echo: Time(2),
                 sched: Time(3),
+                term: 4,
             },
             Msg::Infer {
                 req: 42,
@@ -987,6 +991,7 @@ mod tests {
             Msg::Assignment {
                 homes: vec![0, 2, 1],
             },
+            Msg::Fence { term: u64::MAX },
         ]
     }
 
@@ -1005,7 +1010,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 26, "a sample of every variant");
+        assert_eq!(kinds.len(), 27, "a sample of every variant");
     }
 
     #[test]
@@ -1026,11 +1031,13 @@ mod tests {
             seq: 1,
             echo: Time(-1),
             sched: Time(0x0102),
+            term: 5,
         });
-        let mut want = vec![27, 0, 0, 0, 7, 0, 15];
+        let mut want = vec![35, 0, 0, 0, 8, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&5u64.to_le_bytes());
         assert_eq!(frame, want);
 
         let frame = encode_to_vec(&Msg::Results {
@@ -1044,7 +1051,7 @@ mod tests {
                 cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![7, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![8, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1057,8 +1064,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 7, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 7, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 8, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 8, 0, 18]);
     }
 
     #[test]
@@ -1078,7 +1085,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [7, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [8, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1088,7 +1095,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![7, 0, 9];
+        let mut body = vec![8, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 44]);
         assert_eq!(
@@ -1126,6 +1133,7 @@ mod tests {
             gpu_ids: (0..MAX_ITEMS as u32).map(GpuId).collect(),
             models: vec![],
             heartbeat_ms: 1,
+            term: 1,
         };
         assert_eq!(decode(&encode_to_vec(&msg)[4..]), Ok(msg));
     }
@@ -1140,20 +1148,20 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[7, 0, 0]),
+            decode(&[8, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[7, 0, 27]),
+            decode(&[8, 0, 28]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 27
+                tag: 28
             })
         );
-        let e = decode(&[7, 0, 18, 0]).unwrap_err();
+        let e = decode(&[8, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1163,7 +1171,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![7, 0, 1, 2]; // Register, role 2
+        let mut body = vec![8, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1218,7 +1226,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[7, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[8, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"

@@ -37,7 +37,8 @@
 //! RegisterAck 2, Unregister 3, LoadModel 4, UnloadModel 5, ModelLoaded 6,
 //! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
 //! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
-//! Error 20, Capacity 21, Margins 22, Drain 23, Drained 24. A new message takes the next tag; changing a layout bumps
+//! Error 20, Capacity 21, Margins 22, Drain 23, Drained 24, Follow 25, Assignment 26,
+//! Fence 27. A new message takes the next tag; changing a layout bumps
 //! [`PROTOCOL_VERSION`].
 //!
 //! A decoder checks every length against its limit and then against what is left of
@@ -62,7 +63,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -279,6 +280,9 @@ pub enum Msg {
         models: Vec<ModelInfo>,
         /// Scheduler's settings the nodes follow.
         heartbeat_ms: u32,
+        /// The scheduler's term (see [`Msg::Fence`]): a node refuses an ack of
+        /// a term older than one it has seen.
+        term: u64,
     },
     /// A node leaves on purpose.
     Unregister {
@@ -360,6 +364,9 @@ pub enum Msg {
         pull: Dur,
         /// and what each mebibyte of the batch's inputs adds.
         pull_per_mib: Dur,
+        /// The highest scheduler term the node has seen (0: none yet): a
+        /// scheduler of an older term learns from it that it was replaced.
+        term: u64,
     },
     /// Answer to a ping: echoes `sent` (the node's clock), adds the scheduler's
     /// clock at receipt.
@@ -367,6 +374,9 @@ pub enum Msg {
         seq: u64,
         echo: Time,
         sched: Time,
+        /// The scheduler's term: a node refuses a scheduler whose term is older
+        /// than one it has seen, and everything that scheduler sends.
+        term: u64,
     },
     // ---- client <-> frontend ----
     /// A client's inference request (`slo` zero: the model's default SLO).
@@ -433,6 +443,15 @@ pub enum Msg {
     Assignment {
         homes: Vec<u32>,
     },
+    // ---- scheduler <-> scheduler ----
+    /// "I serve as the primary of `term`." A standby that took over starts a
+    /// new term (one more than the highest it saw) and sends this to its old
+    /// primary's address until its own process ends; a scheduler of an older
+    /// term that hears it steps down, one of a newer term answers with its
+    /// own `Fence` (then the sender steps down).
+    Fence {
+        term: u64,
+    },
 }
 
 impl Msg {
@@ -465,6 +484,7 @@ impl Msg {
             Msg::Drained => "Drained",
             Msg::Follow => "Follow",
             Msg::Assignment { .. } => "Assignment",
+            Msg::Fence { .. } => "Fence",
         }
     }
 }

@@ -69,8 +69,9 @@ pub(super) fn register_msg(opts: &FrontendOpts, ctrl_addr: String, region: Regio
 }
 
 /// Connects to the scheduler, syncs `clock`, registers, and waits for the ack
-/// and the GPUs in service; a scheduler that cannot be reached, refuses us or
-/// does not answer in [`JOIN_MAX`] is an error.
+/// and the GPUs in service. A scheduler lost meanwhile (it refused us, or
+/// stepped down for a newer term) is followed by the next address; when each
+/// address was lost once, or nothing answered in [`JOIN_MAX`], it is an error.
 pub(super) fn register(
     transport: &dyn Transport,
     events: EventTx,
@@ -79,9 +80,12 @@ pub(super) fn register(
     opts: &FrontendOpts,
     register: Msg,
 ) -> Result<Registered> {
-    let (sched, addrs) = crate::node::connect_scheduler(transport, &opts.scheduler, events)
-        .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
-    let sched_id = sched.id();
+    let (mut sched, addrs) =
+        crate::node::connect_scheduler(transport, &opts.scheduler, events.clone())
+            .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
+    let mut sched_id = sched.id();
+    let tries = addrs.len();
+    let mut losses = 0;
     let local = clock.local();
     let mut member = Member::new(
         local.now(),
@@ -101,7 +105,23 @@ pub(super) fn register(
                 None => {}
                 Some(member::Action::Joined { node, models, .. }) => joined = Some((node, models)),
                 Some(member::Action::Lost(why)) => {
-                    bail!("cannot join the scheduler at {}: {why}", opts.scheduler)
+                    losses += 1;
+                    if losses >= tries {
+                        bail!("cannot join the scheduler at {}: {why}", opts.scheduler)
+                    }
+                    tracing::warn!(reason = %why, "frontend: joining the next scheduler address");
+                    (joined, gpus) = (None, None);
+                }
+                Some(member::Action::Connect(addr)) => {
+                    let now = local.now();
+                    match transport.connect(&addr, events.clone()) {
+                        Ok(c) => {
+                            sched_id = c.id();
+                            sched = c;
+                            member.handle_connected(now, sched_id);
+                        }
+                        Err(e) => member.handle_connect_failed(now, &format!("{e:#}")),
+                    }
                 }
                 Some(_) => {}
             }

@@ -228,6 +228,12 @@ impl BackendProto {
         self.member.conn()
     }
 
+    /// The highest scheduler term seen, and the term of the scheduler on the
+    /// connection now ([`Member::term`], [`Member::conn_term`]).
+    pub fn terms(&self) -> (u64, Option<u64>) {
+        (self.member.term(), self.member.conn_term())
+    }
+
     /// Our connection to frontend `node`, when it is up.
     pub fn frontend(&self, node: NodeId) -> Option<ConnId> {
         self.frontends.get(&node).copied()
@@ -883,6 +889,7 @@ mod tests {
             seq: 0,
             echo: Time(sent.0),
             sched: Time(sent.0 + 1_000),
+            term: 1,
         };
         p.handle_msg(now, c, m);
     }
@@ -908,6 +915,7 @@ mod tests {
             heartbeat_ms: 50,
             gpu_ids: vec![GpuId(10), GpuId(11)],
             models: vec![],
+            term: 1,
         };
         p.handle_msg(ms(21), 1, ack);
         let acts = drain(&mut p);
@@ -992,6 +1000,7 @@ mod tests {
             heartbeat_ms: 50,
             gpu_ids: vec![GpuId(12), GpuId(13)],
             models: vec![],
+            term: 1,
         };
         p.handle_msg(at, 7, ack);
         drain(p)

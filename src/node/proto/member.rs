@@ -28,6 +28,18 @@
 //! again from the minimum once the node is back in service. Each new connection
 //! starts a new clock sync: a restarted scheduler has a new clock.
 //!
+//! # Terms
+//! Every scheduler serves under a term (a number that only grows: a standby
+//! that takes over serves one more than the highest it saw), carried by each
+//! `Pong` and the `RegisterAck`. The member keeps the highest term it has seen
+//! and refuses a scheduler of an older one — a primary that was replaced while
+//! it was paused or cut off — as lost ([`MemberCounts::fenced`]), before its
+//! clock sync ends: nothing that scheduler sends reaches the owner, since only
+//! a registered member hands messages on and a member registers only after
+//! pongs of a current term. Its pings carry the highest term too, so a
+//! replaced scheduler that a node reaches learns of its successor (and steps
+//! down, see [`super::sched`]).
+//!
 //! A node never gives up: a supervisor restarting it would do no better, and
 //! the outage would last until a person noticed (the driver stops it on a
 //! signal).
@@ -87,6 +99,8 @@ pub struct MemberCounts {
     pub connect_failures: u64,
     /// Messages on the scheduler's connection that make no sense now, ignored.
     pub unexpected: u64,
+    /// Schedulers refused for a term older than one seen.
+    pub fenced: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +143,10 @@ pub struct Member {
     jitter_seed: u64,
     /// When the node last left service (None while in service).
     lost_at: Option<Time>,
+    /// The highest scheduler term seen, and the term of the scheduler on the
+    /// connection now (None before its first pong).
+    term: u64,
+    conn_term: Option<u64>,
     counts: MemberCounts,
     out: VecDeque<Action>,
 }
@@ -161,6 +179,8 @@ impl Member {
             attempt: 0,
             jitter_seed: fnv(name.as_bytes()),
             lost_at: None,
+            term: 0,
+            conn_term: None,
             counts: MemberCounts::default(),
             out: VecDeque::new(),
         };
@@ -215,6 +235,17 @@ impl Member {
 
     pub fn counts(&self) -> MemberCounts {
         self.counts
+    }
+
+    /// The highest scheduler term seen (0: none yet).
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// The term of the scheduler on the connection now, once it answered a
+    /// ping (never older than [`Member::term`]: an older one is refused).
+    pub fn conn_term(&self) -> Option<u64> {
+        self.conn_term.filter(|_| self.conn.is_some())
     }
 
     /// The scheduler's clock minus ours (0 before the first pong of this
@@ -284,8 +315,12 @@ impl Member {
     /// none is expected: ignored and counted).
     pub fn handle_msg(&mut self, now: Time, msg: Msg) -> Option<Msg> {
         match msg {
-            Msg::Pong { echo, sched, .. } => {
-                self.pong(now, echo, sched);
+            Msg::Pong {
+                echo, sched, term, ..
+            } => {
+                if self.current(now, term) {
+                    self.pong(now, echo, sched);
+                }
                 None
             }
             Msg::RegisterAck {
@@ -293,8 +328,11 @@ impl Member {
                 gpu_ids,
                 models,
                 heartbeat_ms,
+                term,
             } => {
-                self.registered(now, node, gpu_ids, models, heartbeat_ms);
+                if self.current(now, term) {
+                    self.registered(now, node, gpu_ids, models, heartbeat_ms);
+                }
                 None
             }
             Msg::Error { message } => {
@@ -340,8 +378,31 @@ impl Member {
         }
     }
 
+    /// Whether a scheduler that says it serves `term` is current: not older
+    /// than the highest term seen (that one becomes the highest); an older one
+    /// is refused as lost.
+    fn current(&mut self, now: Time, term: u64) -> bool {
+        if matches!(self.phase, Phase::Connecting | Phase::Away { .. }) {
+            return true; // Ignored there anyway.
+        }
+        if term < self.term {
+            self.counts.fenced += 1;
+            let why = format!(
+                "the scheduler at {} serves term {term}, older than term {} seen: a replaced primary",
+                self.addr(),
+                self.term
+            );
+            self.lose(now, why);
+            return false;
+        }
+        self.term = term;
+        self.conn_term = Some(term);
+        true
+    }
+
     fn start_sync(&mut self, now: Time) {
         self.phase = Phase::Sync { since: now };
+        self.conn_term = None;
         // A new connection may be a new scheduler, with a new clock.
         self.est = OffsetEstimator::new();
         self.rtt = Delays::new(256);
@@ -363,6 +424,7 @@ impl Member {
             ctrl_delay: self.ctrl_delay,
             pull: self.pull.fixed,
             pull_per_mib: self.pull.per_mib,
+            term: self.term,
         });
     }
 
@@ -581,6 +643,7 @@ mod tests {
                 seq: 0,
                 echo: sent,
                 sched: Time(77),
+                term: 1,
             };
             assert_eq!(m.handle_msg(sent + Dur::from_us(10), pong), None);
         }
@@ -593,6 +656,7 @@ mod tests {
             gpu_ids: vec![],
             models: vec![],
             heartbeat_ms: 100,
+            term: 1,
         };
         let now = t2 + Dur::from_ms(20);
         assert_eq!(m.handle_msg(now, ack), None);

@@ -18,12 +18,15 @@
 //!   deadline-plus-grace sweep.
 //! - [`standby`]: a hot-standby scheduler following its primary: when it is
 //!   gone, and what nodes sent meanwhile.
+//! - [`fence`]: a standby that took over telling its old primary's address
+//!   its new term, so that a primary that resumes there steps down.
 //! - [`backend`]: the backend's clock sync, registration, model loading and
 //!   checks on plans; its per-GPU plan queue, input-pull tracking and how a
 //!   batch ends.
 
 pub mod backend;
 pub mod check;
+pub mod fence;
 pub mod ledger;
 pub mod member;
 pub mod plans;

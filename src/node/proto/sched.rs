@@ -22,6 +22,25 @@
 //! ([`super::plans::PlanLedger`]); a frontend may only submit tasks that carry its
 //! node id, with deadlines within bounds. A violation closes that node's
 //! connection with the reason ([`Action::Close`] after an `Error`).
+//!
+//! # Terms and stepping down
+//! The scheduler serves under a term ([`SchedProto::term`]): 1 for a primary
+//! started alone, one more than the highest it saw for a standby that took
+//! over ([`SchedProto::set_term`]). Every `Pong` and `RegisterAck` carries it;
+//! nodes refuse a scheduler of a term older than one they have seen, and
+//! everything it sends ([`super::member`]). It **steps down**
+//! ([`Action::StepDown`]: an `Error` naming the newer term to every
+//! connection, then it serves no more) when it learns of a newer term:
+//! - a `Fence` from a scheduler of a newer term (the standby that replaced it
+//!   sends one to its address while it serves), or
+//! - a node's `Ping` carrying a newer term, once a standby followed this
+//!   scheduler (so one may have replaced it).
+//!
+//! A scheduler that no standby ever followed cannot have been replaced by a
+//! takeover: a node's newer term comes from an earlier cluster whose
+//! schedulers are gone (the whole control plane restarted), and it serves on
+//! above that term. A `Fence` of an older term is answered with a `Fence` of
+//! this one (its sender then steps down).
 
 use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
@@ -188,6 +207,10 @@ pub enum Action {
     /// A backend drains: its GPUs leave the core (no new plan on them); their
     /// routes stay for the plans in flight.
     GpusDraining { backend: NodeId, gpus: Vec<GpuId> },
+    /// A scheduler of a newer term serves: this one was replaced. Every
+    /// connection was sent an `Error` and closed; the machine ignores all
+    /// input from now on, and its process stops serving (the driver ends it).
+    StepDown { term: u64, why: String },
 }
 
 /// How long a draining backend's GPUs are out of the core before it may hear
@@ -272,6 +295,11 @@ pub struct SchedProto {
     sub_gpus: Vec<u32>,
     /// Tasks finished past their deadline, per model id.
     late_by_model: Vec<u64>,
+    /// The term it serves under; whether a standby ever followed it; the
+    /// newer term it stepped down for.
+    term: u64,
+    followed: bool,
+    stepped_down: Option<u64>,
 }
 
 /// A backend in service, as the autoscaling advice names it.
@@ -317,7 +345,26 @@ impl SchedProto {
             actions: VecDeque::new(),
             report,
             names: HashMap::new(),
+            term: 1,
+            followed: false,
+            stepped_down: None,
         }
+    }
+
+    /// The term it serves under.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// Serves under `term` from now on (a standby taking over: one more than
+    /// the highest term it saw).
+    pub fn set_term(&mut self, term: u64) {
+        self.term = term;
+    }
+
+    /// The newer term it stepped down for (None while it serves).
+    pub fn stepped_down(&self) -> Option<u64> {
+        self.stepped_down
     }
 
     /// The backends in service (loading ones left out), by node id.
@@ -378,11 +425,21 @@ impl SchedProto {
 
     /// When [`SchedProto::handle_timeout`] is next due.
     pub fn poll_timeout(&self) -> Time {
+        if self.stepped_down.is_some() {
+            return Time::NEVER;
+        }
         self.next_check.min(self.next_net)
     }
 
     /// A connection was accepted.
     pub fn handle_accept(&mut self, now: Time, c: ConnId) {
+        if let Some(term) = self.stepped_down {
+            let message = format!("this scheduler stepped down for term {term}");
+            self.send(c, Msg::Error { message });
+            return self
+                .actions
+                .push_back(Action::Close(c, "stepped down".into()));
+        }
         self.conns.insert(
             c,
             PeerConn {
@@ -437,6 +494,9 @@ impl SchedProto {
 
     /// Timers: heartbeat timeouts, the network budget.
     pub fn handle_timeout(&mut self, now: Time) {
+        if self.stepped_down.is_some() {
+            return;
+        }
         if now >= self.next_check {
             self.next_check = now + self.cfg.heartbeat;
             self.check_timeouts(now);
@@ -464,12 +524,74 @@ impl SchedProto {
         }
     }
 
+    /// A newer `term` is known to the peer on `c` (a node's ping, or a
+    /// scheduler's `Fence`): step down, or — never followed, and told by a
+    /// node — serve on above it (see the module docs).
+    fn newer_term(&mut self, c: ConnId, term: u64, fence: bool) {
+        if fence || self.followed {
+            let from = if fence { "a scheduler" } else { "a node" };
+            let why = format!(
+                "replaced: {from} serves or follows term {term}, newer than this scheduler's term {}",
+                self.term
+            );
+            return self.step_down(term, why);
+        }
+        tracing::warn!(
+            conn = c,
+            term,
+            old = self.term,
+            "scheduler: a node saw a newer term (of an earlier cluster: no standby ever followed this scheduler); serving above it"
+        );
+        self.term = term + 1;
+    }
+
+    /// This scheduler's fencer ([`super::fence`]) heard a scheduler of `term`
+    /// answer: a newer one steps this one down.
+    pub fn handle_fenced(&mut self, term: u64) {
+        if self.stepped_down.is_none() && term > self.term {
+            self.newer_term(0, term, true);
+        }
+    }
+
+    /// Stops serving for a scheduler of a newer term (see the module docs).
+    fn step_down(&mut self, term: u64, why: String) {
+        tracing::error!(term, reason = %why, "scheduler: stepping down");
+        self.stepped_down = Some(term);
+        let mut conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        conns.sort_unstable();
+        let message = format!("this scheduler stepped down: {why}");
+        for c in conns {
+            self.send(
+                c,
+                Msg::Error {
+                    message: message.clone(),
+                },
+            );
+            self.remove(c, message.clone(), false);
+        }
+        self.actions.push_back(Action::StepDown { term, why });
+    }
+
     /// A message arrived on `c`.
     pub fn handle_msg(&mut self, now: Time, c: ConnId, msg: Msg) {
+        if self.stepped_down.is_some() {
+            return;
+        }
         let Some(pc) = self.conns.get_mut(&c) else {
             return;
         };
         pc.last_seen = now;
+        if let Msg::Ping { term, .. } = msg {
+            if term > self.term {
+                self.newer_term(c, term, false);
+                if self.stepped_down.is_some() {
+                    return;
+                }
+            }
+        }
+        let Some(pc) = self.conns.get_mut(&c) else {
+            return;
+        };
         match msg {
             Msg::Ping {
                 seq,
@@ -477,6 +599,7 @@ impl SchedProto {
                 ctrl_delay,
                 pull,
                 pull_per_mib,
+                ..
             } => {
                 pc.ctrl_delay = check::measured(ctrl_delay);
                 pc.pull = check::measured_pull(PullFit {
@@ -488,6 +611,7 @@ impl SchedProto {
                     seq,
                     echo: sent,
                     sched: now,
+                    term: self.term,
                 };
                 self.send(c, pong);
                 if follows {
@@ -499,7 +623,21 @@ impl SchedProto {
                     return self.reject(c, "Follow from a registered node".into());
                 }
                 pc.follows = Some(u64::MAX);
+                self.followed = true;
                 self.send_assignment(c);
+            }
+            Msg::Fence { term } => {
+                if !matches!(pc.peer, Peer::New) {
+                    return self.reject(c, "Fence from a registered node".into());
+                }
+                if term > self.term {
+                    return self.newer_term(c, term, true);
+                }
+                if term < self.term {
+                    // Its sender serves an older term: it steps down on this.
+                    self.send(c, Msg::Fence { term: self.term });
+                }
+                self.remove(c, format!("fence of term {term} answered"), false);
             }
             Msg::Submit { tasks } => self.submit(now, c, tasks),
             Msg::Margins { items } => self.frontend_margins(c, items),
@@ -691,6 +829,7 @@ impl SchedProto {
                 gpu_ids: Vec::new(),
                 models: self.cfg.models.clone(),
                 heartbeat_ms: self.heartbeat_ms(),
+                term: self.term,
             },
         );
         self.send(
@@ -876,6 +1015,7 @@ impl SchedProto {
                 gpu_ids: ids.clone(),
                 models: self.cfg.models.clone(),
                 heartbeat_ms: self.heartbeat_ms(),
+                term: self.term,
             },
         );
         if let Some(pc) = self.conns.get_mut(&c) {
@@ -1534,6 +1674,7 @@ mod tests {
             ctrl_delay: Dur::ZERO,
             pull: Dur::ZERO,
             pull_per_mib: Dur::ZERO,
+            term: 0,
         }
     }
 

@@ -19,6 +19,13 @@
 //! that names the primary, then a close): that node lost only its own path to
 //! the primary, or started with the standby's address first, and goes back
 //! to the primary.
+//!
+//! The standby keeps the highest scheduler term it saw: its primary's (each
+//! `Pong` carries it), and any that nodes' pings or a `Fence` carry. It takes
+//! over under the next term ([`Action::TakeOver`]'s `term`, at least 2: a
+//! primary started alone serves term 1), so nodes that follow it refuse the
+//! old primary should it come back, and the old primary steps down when it
+//! hears of the new term (see [`super::sched`] and [`super::fence`]).
 
 use crate::core::{Dur, Time};
 use crate::transport::ConnId;
@@ -52,6 +59,8 @@ pub enum Action {
         why: String,
         held: Vec<(ConnId, Msg)>,
         assignment: Option<Vec<u32>>,
+        /// The term it serves under from now on.
+        term: u64,
     },
 }
 
@@ -70,6 +79,8 @@ pub struct StandbyProto {
     assignment: Option<Vec<u32>>,
     /// When each node connection's first held message came.
     held_since: HashMap<ConnId, Time>,
+    /// The highest scheduler term seen (the primary's, or a node's).
+    term: u64,
     done: bool,
     out: VecDeque<Action>,
 }
@@ -89,6 +100,7 @@ impl StandbyProto {
             held: Vec::new(),
             assignment: None,
             held_since: HashMap::new(),
+            term: 0,
             done: false,
             out,
         }
@@ -106,6 +118,11 @@ impl StandbyProto {
     /// Whether `c` is the connection to the primary.
     pub fn is_primary_conn(&self, c: ConnId) -> bool {
         self.conn == Some(c)
+    }
+
+    /// The highest scheduler term it saw.
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     /// Whether it took over (it follows no more).
@@ -182,14 +199,25 @@ impl StandbyProto {
         }
         if self.conn == Some(c) {
             match msg {
-                Msg::Pong { .. } => {
+                Msg::Pong { term, .. } => {
                     self.last_pong = now;
                     self.closes = 0;
+                    self.term = self.term.max(term);
                 }
                 Msg::Assignment { homes } => self.assignment = Some(homes),
                 _ => {}
             }
             return;
+        }
+        match &msg {
+            Msg::Ping { term, .. } => self.term = self.term.max(*term),
+            &Msg::Fence { term } => {
+                // A scheduler that took over from this one's old self (this
+                // address) tells its term: learnt; nothing to answer.
+                self.term = self.term.max(term);
+                return self.refuse(c, "this is a standby scheduler".into());
+            }
+            _ => {}
         }
         if self.held.len() >= HOLD_MAX {
             return self.refuse(c, "standby: too many messages held".into());
@@ -233,6 +261,7 @@ impl StandbyProto {
                         ctrl_delay: Dur::ZERO,
                         pull: Dur::ZERO,
                         pull_per_mib: Dur::ZERO,
+                        term: self.term,
                     },
                 ));
             }
@@ -257,6 +286,7 @@ impl StandbyProto {
             why: format!("primary {}: {why}", self.primary),
             held,
             assignment: self.assignment.take(),
+            term: self.term.max(1) + 1,
         });
     }
 }
@@ -293,6 +323,7 @@ mod tests {
             seq: 1,
             echo: ms(0),
             sched: ms(0),
+            term: 1,
         };
         for t in [100, 200, 300, 400] {
             p.handle_msg(ms(t - 1), 1, pong.clone());
@@ -335,6 +366,7 @@ mod tests {
                 why,
                 held,
                 assignment: None,
+                term: 2,
             }] => {
                 assert!(
                     why.contains("primary a") && why.contains("refused"),
@@ -365,6 +397,7 @@ mod tests {
                 seq: 1,
                 echo: ms(1),
                 sched: ms(1),
+                term: 1,
             },
         );
         r.handle_closed(ms(50), 2, "reset");

@@ -16,9 +16,10 @@ use super::metrics::{
     busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ModelHome, ScopeView, BUSY_WINDOW,
 };
 use super::routes::Routes;
-use super::standby::{Action as StandbyAction, Standby};
+use super::standby::{spawn_fencer, Action as StandbyAction, Standby};
 use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, PlanId, Task, Time};
 use crate::node::clock::SchedClock;
+use crate::node::proto::fence;
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
 use crate::node::proto::subclusters::Phase;
 use crate::plan::autoscale::{
@@ -32,8 +33,8 @@ use crate::wire::{Msg, NodeId};
 use anyhow::Result;
 use crossbeam_channel::RecvTimeoutError;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Tasks the core refused (its queues full), to drop as `Overloaded`.
@@ -83,6 +84,11 @@ pub(super) struct EventLoop {
     /// ([`DEMAND_WINDOW_S`]), for the load's demand in GPUs.
     specs: Vec<ModelSpec>,
     model_counts: crate::metrics::Window<Vec<u64>>,
+    /// Once it took over: the fencing thread's answer (a newer term, 0: none)
+    /// and its stop flag.
+    fencer: Option<(Arc<AtomicU64>, Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// Why it stepped down, for the process (the loop then ends).
+    stepped_down: Arc<Mutex<Option<String>>>,
 }
 
 impl EventLoop {
@@ -98,6 +104,7 @@ impl EventLoop {
         autoscale: (Arc<std::sync::Mutex<AutoscaleView>>, AdviceConfig),
         epoch: (EpochPlanner, Vec<PartModel>),
         specs: Vec<ModelSpec>,
+        stepped_down: Arc<Mutex<Option<String>>>,
     ) -> EventLoop {
         let subs = rts.len();
         EventLoop {
@@ -119,6 +126,8 @@ impl EventLoop {
             part_models: epoch.1,
             specs,
             model_counts: crate::metrics::Window::default(),
+            fencer: None,
+            stepped_down,
         }
     }
 
@@ -145,7 +154,15 @@ impl EventLoop {
     ) -> Result<SchedReport> {
         let mut next_busy = Instant::now();
         let mut refused = Vec::new();
-        while !stop.load(Ordering::Acquire) {
+        while !stop.load(Ordering::Acquire) && self.proto.stepped_down().is_none() {
+            if let Some((newer, _, _)) = &self.fencer {
+                let t = newer.load(Ordering::Acquire);
+                if t > 0 {
+                    self.proto.handle_fenced(t);
+                    self.apply(&mut sub, &mut refused);
+                    continue;
+                }
+            }
             let due = self.proto.poll_timeout();
             let mut wait = Duration::from_nanos((due - self.clock.now()).0.max(0) as u64);
             if let Some(sb) = &mut self.standby {
@@ -227,6 +244,10 @@ impl EventLoop {
     /// Stop: close every connection, then drain the scheduler (its drops go to
     /// frontends that are already closed: they fail their own pending tasks).
     fn finish(mut self, sub: Routed) -> SchedReport {
+        if let Some((_, stop, h)) = self.fencer.take() {
+            stop.store(true, Ordering::Release);
+            let _ = h.join();
+        }
         for c in self.conns.values() {
             c.close("scheduler stopping");
         }
@@ -417,11 +438,30 @@ impl EventLoop {
                     why,
                     held,
                     assignment,
+                    term,
                 } => {
                     let Some(sb) = self.standby.take() else {
                         return;
                     };
-                    tracing::warn!(reason = %why, "standby: the primary is gone; taking over");
+                    tracing::warn!(reason = %why, term, "standby: the primary is gone; taking over");
+                    self.proto.set_term(term);
+                    let newer = Arc::new(AtomicU64::new(0));
+                    let stop = Arc::new(AtomicBool::new(false));
+                    let every = sb.heartbeat * fence::FENCE_EVERY_HEARTBEATS as u32;
+                    match spawn_fencer(
+                        sb.transport(),
+                        sb.proto.primary().to_string(),
+                        term,
+                        every,
+                        newer.clone(),
+                        stop.clone(),
+                    ) {
+                        Ok(h) => self.fencer = Some((newer, stop, h)),
+                        Err(e) => {
+                            tracing::error!(error = %e, "standby: cannot start fencing the old primary")
+                        }
+                    }
+                    let why = format!("{why}; term {term}");
                     match assignment.map(|h| self.proto.adopt_assignment(&h)) {
                         None => tracing::warn!(
                             "standby: the primary sent no assignment; the start-up one stays"
@@ -544,6 +584,10 @@ impl EventLoop {
                     }
                 }
                 Action::DeviceBytes { model, bytes } => self.device_bytes(model, bytes),
+                Action::StepDown { term, why } => {
+                    let line = format!("replaced by a scheduler of term {term} ({why})");
+                    *self.stepped_down.lock().expect("step-down lock") = Some(line);
+                }
             }
         }
         if !up.is_empty() {

@@ -33,6 +33,7 @@ pub struct SchedulerNode {
     metrics: Arc<Registry>,
     autoscale: Arc<Mutex<AutoscaleView>>,
     stop: Arc<AtomicBool>,
+    stepped_down: Arc<Mutex<Option<String>>>,
     handle: Option<JoinHandle<Result<SchedReport>>>,
 }
 
@@ -100,6 +101,7 @@ impl SchedulerNode {
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
         let planner = EpochPlanner::new(opts.epoch.clone(), std::time::Instant::now());
+        let stepped_down = Arc::new(Mutex::new(None));
         let ev = EventLoop::new(
             rts,
             routes,
@@ -111,6 +113,7 @@ impl SchedulerNode {
             (autoscale.clone(), opts.advice),
             (planner, part_models),
             workload.models.iter().map(|m| m.spec.clone()).collect(),
+            stepped_down.clone(),
         );
         let submitter = ev.submitters();
         let stop2 = stop.clone();
@@ -123,6 +126,7 @@ impl SchedulerNode {
             metrics: registry,
             autoscale,
             stop,
+            stepped_down,
             handle: Some(handle),
         })
     }
@@ -135,6 +139,13 @@ impl SchedulerNode {
     /// A standby's state (None: started as a primary).
     pub fn standby(&self) -> Option<&StandbyStatus> {
         self.standby.as_deref()
+    }
+
+    /// Why it stepped down, once a scheduler of a newer term replaced it
+    /// (its event loop has ended then: it serves no more; the process
+    /// should stop). See [`crate::node::proto::sched`].
+    pub fn stepped_down(&self) -> Option<String> {
+        self.stepped_down.lock().expect("step-down lock").clone()
     }
 
     /// The scheduler's Prometheus metrics.

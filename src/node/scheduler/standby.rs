@@ -13,16 +13,24 @@
 //! What a standby does not take over: the primary's state. The nodes
 //! register anew (backends keep their models loaded, so this is quick) and
 //! the frontends submit the requests that were pending at the primary again,
-//! under new task ids (each ends exactly once, none is lost). Two schedulers serve at
-//! once only when the standby loses the primary and the nodes do not: the
-//! nodes stay with the primary and the standby has none.
+//! under new task ids (each ends exactly once, none is lost).
+//!
+//! The standby takes over under a new term (see
+//! [`crate::node::proto::standby`]) and, from then on, fences its old
+//! primary's address from a thread of its own ([`spawn_fencer`], driving
+//! [`Fencer`]): a primary that resumes there (it was paused, or cut off) hears
+//! the newer term and steps down, and so does this scheduler if a newer term
+//! answers. When only the standby lost the primary (its own path to it), the
+//! fence reaches the primary as soon as the path is back: the primary steps
+//! down and its nodes come over.
 
+use crate::node::proto::fence::{self, Fencer};
 use crate::node::proto::standby::StandbyProto;
-use crate::transport::{Conn, EventTx, Transport};
+use crate::transport::{Conn, Event, EventTx, Transport};
 use crate::wire::{Dur, Time};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use crate::node::proto::standby::Action;
 
@@ -43,6 +51,7 @@ pub(super) struct Standby {
     /// The connection to the primary.
     conn: Option<Arc<dyn Conn>>,
     pub(super) status: Arc<StandbyStatus>,
+    pub(super) heartbeat: Duration,
 }
 
 impl Standby {
@@ -67,7 +76,13 @@ impl Standby {
             events,
             conn: Some(conn),
             status,
+            heartbeat,
         })
+    }
+
+    /// The transport (for the fencer, at the takeover).
+    pub(super) fn transport(&self) -> Arc<dyn Transport> {
+        self.transport.clone()
     }
 
     /// Whether `c` is the connection to the primary.
@@ -105,4 +120,73 @@ impl Standby {
         }
         rest
     }
+}
+
+/// Fences `addr` with `term` every `every` on a thread of its own (a dial to
+/// a paused process waits for the handshake's timeout: not on the event
+/// loop), until `stop`; a newer term that answers is stored in `newer` (the
+/// event loop steps its scheduler down on it).
+pub(super) fn spawn_fencer(
+    transport: Arc<dyn Transport>,
+    addr: String,
+    term: u64,
+    every: Duration,
+    newer: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("sched-fence".into())
+        .spawn(move || {
+            let t0 = Instant::now();
+            let now = || Time(t0.elapsed().as_nanos() as i64);
+            let (tx, rx) = crate::transport::event_channel();
+            let mut f = Fencer::new(now(), &addr, term, Dur::from_std(every));
+            let mut conn: Option<Arc<dyn Conn>> = None;
+            while !stop.load(Ordering::Acquire) {
+                if now() >= f.poll_timeout() {
+                    f.handle_timeout(now());
+                }
+                while let Some(a) = f.poll_action() {
+                    match a {
+                        fence::Action::Connect(addr) => match transport.connect(&addr, tx.clone()) {
+                            Ok(c) => {
+                                let id = c.id();
+                                conn = Some(c);
+                                f.handle_connected(now(), id);
+                            }
+                            Err(e) => {
+                                tracing::debug!(addr = %addr, error = %format!("{e:#}"), "fence: nobody to fence");
+                                f.handle_connect_failed(now());
+                            }
+                        },
+                        fence::Action::Send(c, m) => {
+                            if let Some(x) = conn.as_ref().filter(|x| x.id() == c) {
+                                let _ = x.send(m);
+                            }
+                        }
+                        fence::Action::Close(c, why) => {
+                            if let Some(x) = conn.take_if(|x| x.id() == c) {
+                                x.close(&why);
+                            }
+                        }
+                        fence::Action::StepDown { term } => {
+                            newer.fetch_max(term, Ordering::AcqRel);
+                            return;
+                        }
+                    }
+                }
+                let wait = (f.poll_timeout() - now()).clamp(Dur::ZERO, Dur::from_ms(50));
+                match rx.recv_timeout(Duration::from_nanos(wait.0 as u64)) {
+                    Ok(Event::Msg(c, m)) => f.handle_msg(now(), c, m),
+                    Ok(Event::Closed(c, _)) => {
+                        conn.take_if(|x| x.id() == c);
+                        f.handle_closed(now(), c);
+                    }
+                    Ok(Event::Accepted(_)) | Err(_) => {}
+                }
+            }
+            if let Some(c) = conn {
+                c.close("scheduler stopping");
+            }
+        })
 }
