@@ -14,6 +14,7 @@
 
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, TaskId, Time};
 use crate::node::proto::backend::{Action as BeAction, BackendProto};
+use crate::node::proto::bounds::GPU_ID_QUARANTINE;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
 use crate::node::proto::sched::{Action as SchedAction, SchedConfig, SchedProto};
 use crate::transport::auth::{Accept, Channel, ClusterKey, Dial, Service, Step};
@@ -356,7 +357,8 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
 /// The scheduler's protocol under arbitrary connections, messages, closes and
 /// timeouts, from peers that follow the protocol and peers that do not.
 /// Checks: no panic; every connection it closes stays closed (no message is
-/// sent on it after); a GPU goes up once and down at most once.
+/// sent on it after); a GPU id goes down only while up, and up again only
+/// after it went down and its quarantine passed.
 pub fn sched_proto(data: &[u8]) -> u64 {
     let mut b = Bytes::new(data);
     let mut now = Time(1_000_000_000);
@@ -372,13 +374,14 @@ pub fn sched_proto(data: &[u8]) -> u64 {
             max_ctrl: Dur::from_us(2000),
             max_data: Dur::from_us(500),
             max_margin: Dur::from_us(5000),
+                limits: crate::node::proto::bounds::Limits::default(),
             subclusters: crate::node::proto::subclusters::SubClusters::new(2, vec![0, 1, 0])
                 .expect("two sub-clusters"),
         },
     );
     let mut closed: HashSet<u64> = HashSet::new();
     let mut up: HashSet<GpuId> = HashSet::new();
-    let mut down: HashSet<GpuId> = HashSet::new();
+    let mut down: HashMap<GpuId, Time> = HashMap::new();
     // Open connections: (id, well-behaved step, backend?).
     let mut open: Vec<(u64, usize, bool)> = Vec::new();
     let mut nodes: HashMap<u64, u32> = HashMap::new();
@@ -434,12 +437,15 @@ pub fn sched_proto(data: &[u8]) -> u64 {
                     deep += 1;
                     for g in gpus {
                         assert!(up.insert(g), "GPU {g} up twice");
+                        if let Some(t) = down.remove(&g) {
+                            assert!(now - t >= GPU_ID_QUARANTINE, "GPU {g} given again too soon");
+                        }
                     }
                 }
                 SchedAction::GpusDown { gpus, .. } => {
                     for g in gpus {
-                        assert!(up.contains(&g), "GPU {g} down before up");
-                        assert!(down.insert(g), "GPU {g} down twice");
+                        assert!(up.remove(&g), "GPU {g} down while not up");
+                        down.insert(g, now);
                     }
                 }
                 SchedAction::Submit(t) => deep += t.len() as u64,

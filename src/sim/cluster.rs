@@ -716,6 +716,7 @@ impl ClusterSim {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
+                limits: crate::node::proto::bounds::Limits::default(),
                 subclusters: SubClusters::new(n, home.clone()).expect("sub-clusters"),
             },
         );
@@ -1741,8 +1742,9 @@ impl ClusterSim {
         }
     }
 
-    /// Adds the GPUs that went into service to the core, checking that the
-    /// core gives them the protocol's ids; false on a violation.
+    /// Adds the GPUs that went into service to the core under the protocol's
+    /// ids, checking that none of them is in service there; false on a
+    /// violation.
     fn sched_add_gpus(&mut self, up: Vec<(GpuId, u32)>) -> bool {
         let now = self.now;
         let Proc::Sched(s) = &mut self.procs[self.sched_pid] else {
@@ -1751,12 +1753,8 @@ impl ClusterSim {
         for (g, sub) in up {
             // Every sub-cluster's dispatcher takes the id; only its own plans on it.
             for (j, core) in s.cores.iter_mut().enumerate() {
-                let got = core.add_gpu();
-                if j != sub as usize {
-                    core.remove_gpu(now, got);
-                }
-                if got != g {
-                    let what = format!("GPU ids diverged: protocol {g:?}, core {j} {got:?}");
+                if !core.add_gpu_at(now, g, j == sub as usize) {
+                    let what = format!("GPU {g:?} given while core {j} has it in service");
                     self.violate(what);
                     return false;
                 }
