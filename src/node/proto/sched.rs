@@ -1850,7 +1850,7 @@ mod tests {
 
         // A stall of the scheduler: the first check after it does not act.
         // (b3 joins once b1's GPU id is out of quarantine, and gets it.)
-        let b3 = backend(&mut p, 4, ms(1100));
+        let b3 = backend(&mut p, 4, ms(1200));
         in_flight(&p, b3, (3, 0), (ms(10), ms(20)), (u, Time::NEVER));
         let now = ms(2000);
         for c in [1, 3, 4] {
