@@ -11,11 +11,12 @@
 //! backend's ids wait [`GPU_ID_QUARANTINE`] (so that no plan the core decided
 //! on them before it saw them go is still on its way to their routes), then
 //! the lowest free ones go to the next backend. A backend that needs more ids
-//! than are free waits for those in quarantine rather than growing the tables
-//! (at most the quarantine); only when free and quarantined ids together are
-//! too few do the tables grow. So the number of GPU slots is the most GPUs
-//! that were ever in service (or loading) at once, however often members come
-//! and go.
+//! than are free waits while any are in quarantine rather than growing the
+//! tables (at most the quarantine: backends wait in the order they came, so
+//! none that came later takes the ids first); the tables grow only when no id
+//! is in quarantine and the free ones are too few, and then every slot is
+//! owned. So the number of GPU slots is the most GPUs that were ever owned at
+//! once, however often members come and go.
 
 use crate::core::{Dur, GpuId, Time};
 use crate::wire::NodeId;
@@ -108,12 +109,12 @@ impl GpuIds {
     }
 
     /// `n` ids for backend `node` at `now`: the lowest free ones, and new ones
-    /// past the last when free and quarantined ids together are too few.
-    /// None when enough are in quarantine: ask again once they are out
-    /// ([`GpuIds::next_release`]).
+    /// past the last when the free ones are too few and none is in
+    /// quarantine. None when too few are free and some are in quarantine: ask
+    /// again once they are out ([`GpuIds::next_release`]).
     pub fn take(&mut self, now: Time, node: NodeId, n: usize) -> Option<Vec<GpuId>> {
         self.release(now);
-        if self.free.len() < n && self.free.len() + self.quarantined >= n {
+        if self.free.len() < n && self.quarantined > 0 {
             return None;
         }
         let mut ids = Vec::with_capacity(n);
@@ -206,12 +207,17 @@ mod tests {
         // After it: the lowest ids.
         assert_eq!(ids.take(t + Q, 3, 2).unwrap(), vec![GpuId(0), GpuId(1)]);
         assert_eq!(ids.slots(), 5);
-        // More than free and quarantined together: the rest are new.
+        // More than are free, none in quarantine: the rest are new.
         assert_eq!(
             ids.take(t + Q, 4, 3).unwrap(),
             vec![GpuId(2), GpuId(5), GpuId(6)]
         );
         assert_eq!((ids.owned(), ids.slots()), (7, 7));
+        // More than are free while some are in quarantine: it waits for them.
+        ids.give_back(t + Q, 2, &b);
+        assert_eq!(ids.take(t + Q, 5, 9), None);
+        assert_eq!(ids.take(t + Q + Q, 5, 9).unwrap().len(), 9);
+        assert_eq!((ids.owned(), ids.slots()), (14, 14));
     }
 
     #[test]

@@ -985,7 +985,14 @@ impl SchedProto {
         else {
             return;
         };
-        let Some(ids) = self.gpu_ids.take(self.now, node, gpus as usize) else {
+        // Backends that wait for ids go first, in the order they came.
+        let queued = !self.waiting.is_empty() && !self.waiting.contains(&c);
+        let ids = if queued {
+            None
+        } else {
+            self.gpu_ids.take(self.now, node, gpus as usize)
+        };
+        let Some(ids) = ids else {
             // The ids of backends that left moments ago do: it waits for them
             // rather than growing every table indexed by GPU id.
             if self.waiting.insert(c) {
