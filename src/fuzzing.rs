@@ -374,7 +374,7 @@ pub fn sched_proto(data: &[u8]) -> u64 {
             max_ctrl: Dur::from_us(2000),
             max_data: Dur::from_us(500),
             max_margin: Dur::from_us(5000),
-                limits: crate::node::proto::bounds::Limits::default(),
+            limits: crate::node::proto::bounds::Limits::default(),
             subclusters: crate::node::proto::subclusters::SubClusters::new(2, vec![0, 1, 0])
                 .expect("two sub-clusters"),
         },
@@ -994,7 +994,11 @@ pub fn sched_churn(data: &[u8]) -> u64 {
     let (mut peak, mut deep) = (0usize, 0u64);
     let mut refused = 0u64;
     let register = |backend: bool, gpus: u32| Msg::Register {
-        role: if backend { Role::Backend } else { Role::Frontend },
+        role: if backend {
+            Role::Backend
+        } else {
+            Role::Frontend
+        },
         name: "m".into(),
         gpus: (0..gpus)
             .map(|local| GpuInfo {
@@ -1112,11 +1116,23 @@ pub fn sched_churn(data: &[u8]) -> u64 {
         refused = r;
         assert_eq!(s.gpus_owned, up.len(), "{s:?}");
         peak = peak.max(s.gpus_owned);
-        assert!(s.gpu_slots <= peak, "{s:?}, at most {peak} GPUs owned at once");
-        assert!(s.names + s.frontends <= limits.max_members as usize, "{s:?}");
+        assert!(
+            s.gpu_slots <= peak,
+            "{s:?}, at most {peak} GPUs owned at once"
+        );
+        assert!(
+            s.names + s.frontends <= limits.max_members as usize,
+            "{s:?}"
+        );
         if finish {
             assert_eq!(
-                (s.conns, s.frontends, s.names, s.gpus_owned, s.gpus_quarantined),
+                (
+                    s.conns,
+                    s.frontends,
+                    s.names,
+                    s.gpus_owned,
+                    s.gpus_quarantined
+                ),
                 (0, 0, 0, 0, 0),
                 "{s:?}"
             );

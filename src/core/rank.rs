@@ -563,7 +563,11 @@ mod tests {
         r.remove_gpu(t, GpuId(0));
         assert!(r.add_gpu_at(t, GpuId(0), true));
         assert_eq!(r.active_gpus(), 1);
-        assert_eq!(r.gpu_free_at(GpuId(0)), Time::NEVER, "its grant is still out");
+        assert_eq!(
+            r.gpu_free_at(GpuId(0)),
+            Time::NEVER,
+            "its grant is still out"
+        );
         // Model 1 waits; the old grant comes back with a booking far ahead.
         r.handle_candidate(t, ModelId(1), Some(cand(t)), 0);
         assert!(granted(&mut r).is_empty());

@@ -743,7 +743,10 @@ impl RankThread {
                     }
                     Ok(RankMsg::AddGpuAt(g, in_service)) => {
                         if !self.ranker.add_gpu_at(now, g, in_service) {
-                            tracing::warn!(gpu = g.0, "scheduler core: GPU id given while in service; ignored");
+                            tracing::warn!(
+                                gpu = g.0,
+                                "scheduler core: GPU id given while in service; ignored"
+                            );
                         }
                     }
                     Ok(RankMsg::RemoveGpu(g)) => self.ranker.remove_gpu(now, g),

@@ -150,8 +150,7 @@ impl GpuIds {
             return;
         }
         self.quarantined += back.len();
-        self.quarantine
-            .push_back((now + GPU_ID_QUARANTINE, back));
+        self.quarantine.push_back((now + GPU_ID_QUARANTINE, back));
     }
 }
 
@@ -365,7 +364,9 @@ mod tests {
     }
 
     fn error_to(acts: &[Action], c: ConnId) -> Option<String> {
-        let closed = acts.iter().any(|a| matches!(a, Action::Close(x, _) if *x == c));
+        let closed = acts
+            .iter()
+            .any(|a| matches!(a, Action::Close(x, _) if *x == c));
         let msg = acts.iter().find_map(|a| match a {
             Action::Send(x, Msg::Error { message }) if *x == c => Some(message.clone()),
             _ => None,
@@ -457,7 +458,10 @@ mod tests {
         let t = Time(1_000_000_000);
         let acts = backend(&mut p, t, 1, 5);
         let e = error_to(&acts, 1).expect("refused");
-        assert!(e.contains("--max-gpus-per-member") && e.contains('4'), "{e}");
+        assert!(
+            e.contains("--max-gpus-per-member") && e.contains('4'),
+            "{e}"
+        );
         assert!(up(&acts).is_empty());
         assert_eq!(up(&backend(&mut p, t, 2, 4)), vec![0, 1, 2, 3]);
         assert!(error_to(&frontend(&mut p, t, 3), 3).is_none());
