@@ -228,6 +228,11 @@ struct ClusterArgs {
     /// new nodes): no request may fail for it, no plan follow `Drained`.
     #[arg(long)]
     drain: bool,
+    /// Members come and go all the time: a frontend or backend crashes every
+    /// 20 ms on average and comes back as a new node; the scheduler's GPU
+    /// slots may never exceed the most GPUs owned at once.
+    #[arg(long)]
+    churn: bool,
     /// Sub-clusters of the scheduler (a dispatcher each); with more than one,
     /// models move between them live about every 100 ms: none may be lost or
     /// answered twice for it, and no plan may reach a backend without its model.
@@ -281,6 +286,10 @@ enum BenchCmd {
     /// processes under load: an outsider's and a member's unfinished 64 MiB
     /// frames; bytes taken, resident memory while open and after close.
     Attacks(AttacksArgs),
+    /// Register/leave churn against a real scheduler on loopback: a member
+    /// registers a backend of GPUS GPUs and leaves, again and again; the
+    /// scheduler's resident memory and /metrics size after each checkpoint.
+    Churn(ChurnArgs),
     /// The epoch partitioner's MILP against random search on seeded instances
     /// (paper Fig. 16): imbalance of load and memory, solve time, and a
     /// move-bounded re-partition after the rates drift.
@@ -295,6 +304,52 @@ enum BenchCmd {
     /// Multi-model application planners on seeded workloads: cost normalised to
     /// `fermata`, agreement with `exact`, time per plan, Harpagon's ablations.
     Planners(plan_app::BenchPlannersArgs),
+}
+
+#[derive(Args)]
+struct ChurnArgs {
+    /// GPUs the member registers each cycle (at most 65536, what one
+    /// registration carries).
+    #[arg(long, default_value_t = 65_536)]
+    gpus: u32,
+    /// Cycle counts after which to measure (comma-separated, increasing).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    checkpoints: Vec<u32>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn cmd_churn(a: ChurnArgs) -> Result<()> {
+    if a.gpus == 0 || a.gpus as usize > fermata::wire::MAX_ITEMS {
+        anyhow::bail!("--gpus must be between 1 and {}", fermata::wire::MAX_ITEMS);
+    }
+    if a.checkpoints.is_empty() || a.checkpoints.windows(2).any(|w| w[0] >= w[1]) {
+        anyhow::bail!("--checkpoints must be increasing cycle counts");
+    }
+    let r = with_scratch("churn", |exe, dir| {
+        fermata::harness::churn::run(exe, dir, a.gpus, &a.checkpoints)
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{:>7} {:>9} {:>15} {:>11}",
+        "cycles", "RSS (MB)", "/metrics (B)", "GPU series"
+    );
+    for x in std::iter::once(&r.before).chain(&r.rows) {
+        println!(
+            "{:>7} {:>9.1} {:>15} {:>11}",
+            x.cycles, x.rss_mb, x.metrics_bytes, x.gpu_series
+        );
+    }
+    let (rss, metrics) = r.growth();
+    println!(
+        "{} GPUs per cycle, {:.2} s per cycle; last over first checkpoint: RSS x{rss:.3}, /metrics x{metrics:.3}",
+        r.gpus, r.cycle_s
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -674,6 +729,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Compare(a)) => cmd_compare(a),
         Cmd::Bench(BenchCmd::Failover(a)) => cmd_failover(a),
         Cmd::Bench(BenchCmd::Attacks(a)) => cmd_attacks(a),
+        Cmd::Bench(BenchCmd::Churn(a)) => cmd_churn(a),
         Cmd::Bench(BenchCmd::Partition(a)) => plan::cmd_bench_partition(a),
         Cmd::Bench(BenchCmd::Autoscale(a)) => plan::cmd_bench_autoscale(a),
         Cmd::Bench(BenchCmd::Fig15(a)) => plan::cmd_bench_fig15(a),
@@ -774,6 +830,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             subclusters: a.subclusters,
             pull: Default::default(),
             paused_primary: a.paused_primary,
+            churn: a.churn,
         };
         let r = ClusterSim::new(&w, o).run();
         requests += r.requests;

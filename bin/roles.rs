@@ -343,6 +343,15 @@ pub struct SchedulerArgs {
     /// (us), for timing error; matters for models whose l(b+1) - l(b) is smaller.
     #[arg(long, default_value_t = 500)]
     slack_us: u64,
+    /// Most GPUs one backend may register: a backend registering more is
+    /// refused with an error naming this limit (each GPU holds a slot in
+    /// every per-GPU table of the scheduler).
+    #[arg(long, default_value_t = fermata::node::proto::bounds::DEFAULT_MAX_GPUS_PER_MEMBER)]
+    max_gpus_per_member: u32,
+    /// Most members (backends and frontends) registered at once: a
+    /// registration past it is refused with an error naming this limit.
+    #[arg(long, default_value_t = fermata::node::proto::bounds::DEFAULT_MAX_MEMBERS)]
+    max_members: u32,
 }
 
 /// Sub-clusters and the epoch partitioner (scheduler, serve).
@@ -485,6 +494,18 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             a.autoscale_headroom
         );
     }
+    let max_gpus = fermata::wire::MAX_ITEMS as u32;
+    if !(1..=max_gpus).contains(&a.max_gpus_per_member) || a.max_members < 2 {
+        bail!(
+            "--max-gpus-per-member must be between 1 and {max_gpus} (what one registration carries) and --max-members at least 2, got {} and {}",
+            a.max_gpus_per_member,
+            a.max_members
+        );
+    }
+    let limits = fermata::node::proto::bounds::Limits {
+        max_gpus_per_member: a.max_gpus_per_member,
+        max_members: a.max_members,
+    };
     let mut w = match a.repo.workload(&a.workload, None)? {
         Some(w) => w,
         None => workload_of(&a.workload)?,
@@ -530,6 +551,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
                 ..Default::default()
             },
             epoch,
+            limits,
             ..SchedulerOpts::default()
         },
     )?;

@@ -14,6 +14,7 @@
 
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, TaskId, Time};
 use crate::node::proto::backend::{Action as BeAction, BackendProto};
+use crate::node::proto::bounds::GPU_ID_QUARANTINE;
 use crate::node::proto::ledger::{Answer, Ended, RequestLedger};
 use crate::node::proto::sched::{Action as SchedAction, SchedConfig, SchedProto};
 use crate::transport::auth::{Accept, Channel, ClusterKey, Dial, Service, Step};
@@ -360,7 +361,8 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
 /// The scheduler's protocol under arbitrary connections, messages, closes and
 /// timeouts, from peers that follow the protocol and peers that do not.
 /// Checks: no panic; every connection it closes stays closed (no message is
-/// sent on it after); a GPU goes up once and down at most once.
+/// sent on it after); a GPU id goes down only while up, and up again only
+/// after it went down and its quarantine passed.
 pub fn sched_proto(data: &[u8]) -> u64 {
     let mut b = Bytes::new(data);
     let mut now = Time(1_000_000_000);
@@ -376,13 +378,14 @@ pub fn sched_proto(data: &[u8]) -> u64 {
             max_ctrl: Dur::from_us(2000),
             max_data: Dur::from_us(500),
             max_margin: Dur::from_us(5000),
+            limits: crate::node::proto::bounds::Limits::default(),
             subclusters: crate::node::proto::subclusters::SubClusters::new(2, vec![0, 1, 0])
                 .expect("two sub-clusters"),
         },
     );
     let mut closed: HashSet<u64> = HashSet::new();
     let mut up: HashSet<GpuId> = HashSet::new();
-    let mut down: HashSet<GpuId> = HashSet::new();
+    let mut down: HashMap<GpuId, Time> = HashMap::new();
     // Open connections: (id, well-behaved step, backend?).
     let mut open: Vec<(u64, usize, bool)> = Vec::new();
     let mut nodes: HashMap<u64, u32> = HashMap::new();
@@ -438,12 +441,15 @@ pub fn sched_proto(data: &[u8]) -> u64 {
                     deep += 1;
                     for g in gpus {
                         assert!(up.insert(g), "GPU {g} up twice");
+                        if let Some(t) = down.remove(&g) {
+                            assert!(now - t >= GPU_ID_QUARANTINE, "GPU {g} given again too soon");
+                        }
                     }
                 }
                 SchedAction::GpusDown { gpus, .. } => {
                     for g in gpus {
-                        assert!(up.contains(&g), "GPU {g} down before up");
-                        assert!(down.insert(g), "GPU {g} down twice");
+                        assert!(up.remove(&g), "GPU {g} down while not up");
+                        down.insert(g, now);
                     }
                 }
                 SchedAction::Submit(t) => deep += t.len() as u64,
@@ -950,6 +956,193 @@ pub fn channel_handshake(data: &[u8]) -> u64 {
         _ => {
             assert!(!failed && raw.is_empty() && got == plain);
             u64::from(n > 0)
+        }
+    }
+}
+
+/// Members joining and leaving the scheduler as the bytes say: backends
+/// registering up to 20 GPUs (the limit here is 16 per member and 8 members),
+/// confirming their models or not, leaving with `Unregister`, by a close or
+/// by silence; frontends registering and leaving; time passing. Checks after
+/// every step: a registration past a limit gets an `Error` before its close;
+/// no GPU id is given while in service or within its quarantine; the GPU
+/// slots never exceed the most GPUs owned at once; members never exceed the
+/// limit; and once every member is gone and the quarantine has passed, the
+/// per-member state is empty again.
+pub fn sched_churn(data: &[u8]) -> u64 {
+    use crate::node::proto::bounds::Limits;
+    let mut b = Bytes::new(data);
+    let mut now = Time(1_000_000_000);
+    let limits = Limits {
+        max_gpus_per_member: 16,
+        max_members: 8,
+    };
+    let mut p = SchedProto::new(
+        now,
+        SchedConfig {
+            models: (0..2).map(|i| model(ModelId(i))).collect(),
+            heartbeat: Dur::from_ms(100),
+            node_timeout: Dur::from_ms(1000),
+            plan_grace: crate::node::proto::plans::PLAN_GRACE,
+            net_update: Dur::from_ms(200),
+            floors: NetBudget::default(),
+            max_ctrl: Dur::from_us(2000),
+            max_data: Dur::from_us(500),
+            max_margin: Dur::from_us(5000),
+            subclusters: crate::node::proto::subclusters::SubClusters::single(2),
+            limits,
+        },
+    );
+    let mut open: Vec<u64> = Vec::new();
+    let mut next = 0u64;
+    let mut up: HashSet<GpuId> = HashSet::new();
+    let mut down: HashMap<GpuId, Time> = HashMap::new();
+    let (mut peak, mut deep) = (0usize, 0u64);
+    let mut refused = 0u64;
+    let register = |backend: bool, gpus: u32| Msg::Register {
+        role: if backend {
+            Role::Backend
+        } else {
+            Role::Frontend
+        },
+        name: "m".into(),
+        gpus: (0..gpus)
+            .map(|local| GpuInfo {
+                local,
+                name: "g".into(),
+                mem_bytes: 1 << 30,
+            })
+            .collect(),
+        ctrl_addr: "c".into(),
+        region: (!backend).then(|| RegionInfo {
+            addr: "r".into(),
+            region: 1,
+            len: 1 << 20,
+            rkey: 0,
+            base: 0,
+        }),
+    };
+    let mut finish = false;
+    loop {
+        if b.done() && !finish {
+            // Everyone leaves; time passes the quarantine.
+            finish = true;
+            for c in open.drain(..) {
+                p.handle_closed(now, c, "end".into());
+            }
+            now += GPU_ID_QUARANTINE + Dur::from_ms(1);
+            p.handle_timeout(now);
+        } else if !finish {
+            now += match b.u8() % 4 {
+                0 => Dur::ZERO,
+                1 => Dur::from_ms(b.below(100) as i64),
+                _ => Dur::from_ms(b.below(600) as i64),
+            };
+            match b.u8() % 8 {
+                0..=2 => {
+                    next += 1;
+                    p.handle_accept(now, next);
+                    open.push(next);
+                    let backend = !b.one_in(4);
+                    p.handle_msg(now, next, register(backend, 1 + b.below(20)));
+                    if backend && !b.one_in(8) {
+                        for m in 0..2 {
+                            let loaded = Msg::ModelLoaded {
+                                model: ModelId(m),
+                                ok: true,
+                                error: String::new(),
+                                device_bytes: 0,
+                            };
+                            p.handle_msg(now, next, loaded);
+                        }
+                    }
+                }
+                3 | 4 if !open.is_empty() => {
+                    let c = open.remove(b.below(open.len() as u32) as usize);
+                    if b.bool() {
+                        let bye = Msg::Unregister { reason: "b".into() };
+                        p.handle_msg(now, c, bye);
+                    } else {
+                        p.handle_closed(now, c, "gone".into());
+                    }
+                }
+                5 if !open.is_empty() => {
+                    // A member pings (the others fall silent).
+                    let c = open[b.below(open.len() as u32) as usize];
+                    let ping = Msg::Ping {
+                        seq: 0,
+                        sent: now,
+                        ctrl_delay: Dur::ZERO,
+                        pull: Dur::ZERO,
+                        pull_per_mib: Dur::ZERO,
+                    };
+                    p.handle_msg(now, c, ping);
+                }
+                _ => {}
+            }
+            if now >= p.poll_timeout() {
+                p.handle_timeout(now);
+            }
+        }
+        let mut errors: HashSet<u64> = HashSet::new();
+        while let Some(a) = p.poll_action() {
+            match a {
+                SchedAction::Send(c, Msg::Error { .. }) => {
+                    errors.insert(c);
+                }
+                SchedAction::Close(c, why) => {
+                    open.retain(|&o| o != c);
+                    if why.contains("--max-") {
+                        assert!(errors.contains(&c), "refused without an Error: {why}");
+                    }
+                }
+                SchedAction::GpusUp { gpus, .. } => {
+                    deep += 1;
+                    for g in gpus {
+                        assert!(up.insert(g), "GPU {g} given while in service");
+                        if let Some(t) = down.remove(&g) {
+                            assert!(now - t >= GPU_ID_QUARANTINE, "GPU {g} given too soon");
+                        }
+                    }
+                    // (Others may leave later in the same step.)
+                    peak = peak.max(up.len());
+                }
+                SchedAction::GpusDown { gpus, .. } => {
+                    for g in gpus {
+                        assert!(up.remove(&g), "GPU {g} down while not up");
+                        down.insert(g, now);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let s = p.state_sizes();
+        let r = p.report().refused_for_limits;
+        assert!(r >= refused);
+        refused = r;
+        assert_eq!(s.gpus_owned, up.len(), "{s:?}");
+        peak = peak.max(s.gpus_owned);
+        assert!(
+            s.gpu_slots <= peak,
+            "{s:?}, at most {peak} GPUs owned at once"
+        );
+        assert!(
+            s.names + s.frontends <= limits.max_members as usize,
+            "{s:?}"
+        );
+        if finish {
+            assert_eq!(
+                (
+                    s.conns,
+                    s.frontends,
+                    s.names,
+                    s.gpus_owned,
+                    s.gpus_quarantined
+                ),
+                (0, 0, 0, 0, 0),
+                "{s:?}"
+            );
+            return deep;
         }
     }
 }

@@ -541,3 +541,33 @@ input_bytes = 602112
         assert!(bad < 0.02, "seed {seed}: {bad} bad");
     }
 }
+
+/// Members joining and leaving thousands of times (a member crashes every
+/// 20 ms and comes back as a new node): every request still ends exactly
+/// once, and the scheduler's per-member state stays that of the members
+/// present — its GPU slots never above the most GPUs owned at once (checked
+/// after every event), its maps holding only live members at the end.
+#[test]
+fn churn_keeps_the_schedulers_state_flat() {
+    let w = workload();
+    let (mut restarts, mut registered) = (0, 0);
+    for seed in 0..4 {
+        let r = fermata::sim::churn::run(&w, seed, 25);
+        if let Some(v) = &r.violation {
+            panic!("seed {seed}: {} (replay: {})", v.what, v.replay);
+        }
+        assert_eq!(r.good + r.late + r.dropped + r.failed, r.requests);
+        restarts += r.restarts;
+        registered += r.backends_registered + r.frontends_registered;
+        // 4 backends of 4 GPUs: a restarted backend may register before the
+        // scheduler has seen its last registration go, never more.
+        assert!(r.gpus_owned_max <= 2 * 16, "{r:?}");
+        assert!(r.gpu_slots_max <= r.gpus_owned_max, "{r:?}");
+        let s = r.sched_state;
+        assert!(s.names <= 4 && s.frontends <= 2, "{s:?}");
+        assert!(s.conns <= 6 + 2, "{s:?}");
+    }
+    eprintln!("churn: {restarts} restarts, {registered} registrations");
+    assert!(restarts >= 2000, "{restarts} restarts");
+    assert!(registered >= 2000, "{registered} registrations");
+}

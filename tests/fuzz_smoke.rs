@@ -45,6 +45,13 @@ fn sched_proto() {
     assert!(run("sched_proto", 1, fuzzing::sched_proto) > 0);
 }
 
+/// Members joining and leaving: the scheduler's per-member state stays
+/// bounded and is empty again once they are gone.
+#[test]
+fn sched_churn() {
+    assert!(run("sched_churn", 7, fuzzing::sched_churn) > 0);
+}
+
 #[test]
 fn backend_proto() {
     assert!(run("backend_proto", 2, fuzzing::backend_proto) > 0);

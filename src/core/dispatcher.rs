@@ -218,6 +218,15 @@ impl Dispatcher {
         g
     }
 
+    /// Gives GPU id `gpu` to a GPU entering now, in service or not (see
+    /// [`Ranker::add_gpu_at`]: a known id must be out of service and keeps
+    /// nothing of its last holder); false for an id in service.
+    pub fn add_gpu_at(&mut self, now: Time, gpu: GpuId, in_service: bool) -> bool {
+        let ok = self.rank.add_gpu_at(now, gpu, in_service);
+        self.shard.set_cluster(self.rank.active_gpus(), 0.0);
+        ok
+    }
+
     /// Takes a GPU out of service: nothing new is booked on it. A batch already booked
     /// on it still runs (the backend drains it).
     pub fn remove_gpu(&mut self, now: Time, gpu: GpuId) {

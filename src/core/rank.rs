@@ -86,6 +86,10 @@ pub struct Ranker {
     gpus: MinTree,
     granted: Vec<bool>,
     removed: Vec<bool>,
+    /// A GPU id given again ([`Ranker::add_gpu_at`]) while the grant of its
+    /// last holder was still out: that grant's `GpuFree` is the next one and
+    /// says nothing about the new GPU.
+    stale: Vec<bool>,
     /// Last booking per GPU (reports and Shepherd's preemption need it).
     bookings: Vec<Option<Booking>>,
     /// The ranker's copy of each model's candidate (None while a notice is out).
@@ -122,6 +126,7 @@ impl Ranker {
             gpus: MinTree::new(gpus as usize, Time::EPOCH_MIN),
             granted: vec![false; gpus as usize],
             removed: vec![false; gpus as usize],
+            stale: vec![false; gpus as usize],
             bookings: vec![None; gpus as usize],
             cands: Vec::new(),
             issued: Vec::new(),
@@ -167,8 +172,39 @@ impl Ranker {
         self.gpus.push(Time::EPOCH_MIN);
         self.granted.push(false);
         self.removed.push(false);
+        self.stale.push(false);
         self.bookings.push(None);
         GpuId(self.gpus.len() as u32 - 1)
+    }
+
+    /// Gives GPU id `gpu` to a GPU that enters now, in service (free from now
+    /// on) or not (known, never planned on). An id past the last one grows the
+    /// table (the ids in between are out of service); an id already known
+    /// must be out of service and starts over with nothing of its last
+    /// holder: no booking, and a grant of it still out is ignored when it
+    /// comes back. Returns false (nothing changes) for an id in service.
+    pub fn add_gpu_at(&mut self, now: Time, gpu: GpuId, in_service: bool) -> bool {
+        self.enter(now);
+        let g = gpu.idx();
+        while self.gpus.len() <= g {
+            let id = self.add_gpu();
+            self.remove_gpu(now, id);
+        }
+        if !self.removed[g] {
+            return false;
+        }
+        self.bookings[g] = None;
+        // A grant out for the last holder keeps the GPU unavailable until it
+        // comes back (a GPU is never granted twice at once).
+        self.stale[g] = self.granted[g];
+        if in_service {
+            self.removed[g] = false;
+            self.active_gpus += 1;
+            if !self.granted[g] {
+                self.gpus.set(g, Time::EPOCH_MIN);
+            }
+        }
+        true
     }
 
     /// Takes a GPU out of service: nothing new is booked on it. A batch already
@@ -221,6 +257,11 @@ impl Ranker {
         }
         self.granted[g] = false;
         if self.removed[g] {
+            return;
+        }
+        if std::mem::take(&mut self.stale[g]) {
+            // The last holder's grant: the GPU given the id since is free now.
+            self.gpus.set(g, Time::EPOCH_MIN);
             return;
         }
         if booking.is_some() {
@@ -482,5 +523,83 @@ impl Ranker {
                 assert_eq!(self.gpus.get(g), Time::NEVER);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(now: Time) -> Candidate {
+        Candidate {
+            bs: 1,
+            exec_at: now,
+            latest: now + Dur::from_ms(50),
+            send_at: now,
+        }
+    }
+
+    fn granted(r: &mut Ranker) -> Vec<(ModelId, GpuId)> {
+        std::iter::from_fn(|| r.poll_output())
+            .filter_map(|o| match o {
+                RankOutput::Grant { model, gpu, .. } => Some((model, gpu)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// An id given again starts over: a grant of its last holder that comes
+    /// back afterwards does not free it twice or carry its booking over, and
+    /// an id in service is not taken.
+    #[test]
+    fn a_gpu_id_given_again_keeps_nothing_of_its_last_holder() {
+        let mut r = Ranker::new(Policy::Eager, 0);
+        let t = Time(1_000_000);
+        assert_eq!(r.add_gpu(), GpuId(0));
+        assert!(!r.add_gpu_at(t, GpuId(0), true), "in service");
+        r.handle_candidate(t, ModelId(0), Some(cand(t)), 0);
+        assert_eq!(granted(&mut r), vec![(ModelId(0), GpuId(0))]);
+        // The GPU leaves while its grant is out; its id goes to a new GPU.
+        r.remove_gpu(t, GpuId(0));
+        assert!(r.add_gpu_at(t, GpuId(0), true));
+        assert_eq!(r.active_gpus(), 1);
+        assert_eq!(
+            r.gpu_free_at(GpuId(0)),
+            Time::NEVER,
+            "its grant is still out"
+        );
+        // Model 1 waits; the old grant comes back with a booking far ahead.
+        r.handle_candidate(t, ModelId(1), Some(cand(t)), 0);
+        assert!(granted(&mut r).is_empty());
+        let old = Booking {
+            plan: PlanId(7),
+            model: ModelId(0),
+            start: t,
+            end: t + Dur::from_ms(10_000),
+            tasks: Vec::new(),
+        };
+        r.handle_gpu_free(t, GpuId(0), old.end, Some(old));
+        // The new GPU is free now (not at the old batch's end), once.
+        r.handle_timeout(t);
+        assert_eq!(granted(&mut r), vec![(ModelId(1), GpuId(0))]);
+        r.check_deep();
+        // The old plan's report moves nothing.
+        r.handle_gpu_free(t, GpuId(0), t + Dur::from_ms(1), None);
+        r.handle_gpu_report(t, GpuId(0), PlanId(7), t + Dur::from_ms(20_000));
+        assert_eq!(r.gpu_free_at(GpuId(0)), t + Dur::from_ms(1));
+    }
+
+    /// An id past the last grows the table; the ids in between are out of
+    /// service; an id taken out of service in one sub-cluster stays out.
+    #[test]
+    fn a_gpu_id_past_the_last_grows_the_table() {
+        let mut r = Ranker::new(Policy::Eager, 0);
+        let t = Time(0);
+        assert!(r.add_gpu_at(t, GpuId(3), true));
+        assert_eq!((r.num_gpus(), r.active_gpus()), (4, 1));
+        assert_eq!(r.gpu_free_at(GpuId(1)), Time::NEVER);
+        assert!(r.add_gpu_at(t, GpuId(1), false));
+        assert_eq!((r.num_gpus(), r.active_gpus()), (4, 1));
+        r.check_deep();
     }
 }

@@ -9,6 +9,7 @@
 //! generator against its own cluster.
 
 pub mod attacks;
+pub mod churn;
 pub mod failover;
 pub mod fake;
 pub mod http_load;

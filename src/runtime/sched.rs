@@ -119,6 +119,8 @@ enum RankMsg {
     AddModel(ModelId, u32),
     /// A GPU id; in service, or known and out of service at once.
     AddGpu(bool),
+    /// A given GPU id (reused, or past the last one), in service or not.
+    AddGpuAt(GpuId, bool),
     RemoveGpu(GpuId),
     Shutdown,
 }
@@ -644,6 +646,17 @@ impl RtScheduler {
         g
     }
 
+    /// Gives GPU id `gpu` to a GPU entering now, in service (this
+    /// sub-cluster plans on it) or not (another one's): an id past the last
+    /// one grows the table, a known one must be out of service and keeps
+    /// nothing of its last holder ([`crate::core::rank::Ranker::add_gpu_at`]).
+    /// The caller reuses an id only well after it left service, so that no
+    /// plan decided on its last holder is still on its way.
+    pub fn add_gpu_at(&self, gpu: GpuId, in_service: bool) {
+        self.shared.num_gpus.fetch_max(gpu.0 + 1, Ordering::AcqRel);
+        self.to_rank(RankMsg::AddGpuAt(gpu, in_service));
+    }
+
     /// Takes a GPU out of service; its booked batches still run.
     pub fn remove_gpu(&self, gpu: GpuId) {
         // Removing a removed or unknown GPU is a no-op in the ranker.
@@ -726,6 +739,14 @@ impl RankThread {
                         if !in_service {
                             // In the same message: no pass sees it free.
                             self.ranker.remove_gpu(now, g);
+                        }
+                    }
+                    Ok(RankMsg::AddGpuAt(g, in_service)) => {
+                        if !self.ranker.add_gpu_at(now, g, in_service) {
+                            tracing::warn!(
+                                gpu = g.0,
+                                "scheduler core: GPU id given while in service; ignored"
+                            );
                         }
                     }
                     Ok(RankMsg::RemoveGpu(g)) => self.ranker.remove_gpu(now, g),

@@ -205,6 +205,10 @@ pub struct ClusterSimOpts {
     /// takeover, then resumes (see `paused_primary.rs`): no node may follow
     /// two primaries at once.
     pub paused_primary: bool,
+    /// Members come and go all the time: a frontend or backend crashes every
+    /// 20 ms on average (its supervisor restarts it as a new node 10 to 50 ms
+    /// later), on top of the faults (see [`super::churn`]).
+    pub churn: bool,
 }
 
 impl Default for ClusterSimOpts {
@@ -229,6 +233,7 @@ impl Default for ClusterSimOpts {
             subclusters: 1,
             pull: SimPull::default(),
             paused_primary: false,
+            churn: false,
         }
     }
 }
@@ -263,6 +268,9 @@ impl ClusterSimOpts {
         }
         if self.rogue {
             s += " --rogue";
+        }
+        if self.churn {
+            s += " --churn";
         }
         if self.drain {
             s += " --drain";
@@ -356,6 +364,12 @@ pub struct ClusterSimReport {
     /// Models that backends alive at the end unloaded at a rejoin because
     /// the scheduler they joined did not ask for them (another sub-cluster).
     pub stale_unloaded: u64,
+    /// The serving scheduler's GPU slots (the length of every table indexed
+    /// by GPU id) and GPUs owned by backends, each at its largest over the
+    /// run, and its per-member state at the end.
+    pub gpu_slots_max: usize,
+    pub gpus_owned_max: usize,
+    pub sched_state: crate::node::proto::sched::StateSizes,
     /// Every batch's pull against its budget (not in the JSON).
     #[serde(skip)]
     pub pulls: Vec<PullRecord>,
@@ -531,6 +545,9 @@ struct Sched {
     /// Once it took over as a standby: the production fencing of its old
     /// primary's address.
     fencer: Option<Fencer>,
+    /// GPUs its backends own, and the most they owned at once.
+    owned: usize,
+    owned_max: usize,
 }
 
 /// A hot standby: a whole scheduler that does not serve yet, and the
@@ -665,7 +682,11 @@ impl ClusterSim {
             sim.rogue = Some(sim.new_pid(Proc::Dead));
             sim.at(Time(Dur::from_ms(60).0), Ev::Forge);
         }
-        if sim.opts.faults != Faults::None || sim.opts.drain || sim.opts.subclusters > 1 {
+        if sim.opts.faults != Faults::None
+            || sim.opts.drain
+            || sim.opts.churn
+            || sim.opts.subclusters > 1
+        {
             sim.schedule_faults();
         }
         if sim.opts.paused_primary && sim.opts.standby {
@@ -697,6 +718,13 @@ impl ClusterSim {
             if self.opts.faults.partition() {
                 let t3 = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
                 self.at(t3, Ev::Partition);
+            }
+        }
+        if self.opts.churn {
+            // A member crashes every 20 ms on average.
+            for _ in 0..end / 20_000_000 {
+                let t = Time(self.rng.gen_range(100_000_000..end.max(100_000_001)));
+                self.at(t, Ev::Crash);
             }
         }
         if self.opts.drain {
@@ -756,6 +784,7 @@ impl ClusterSim {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
+                limits: crate::node::proto::bounds::Limits::default(),
                 subclusters: SubClusters::new(n, home.clone()).expect("sub-clusters"),
             },
         );
@@ -771,6 +800,8 @@ impl ClusterSim {
             gpu_free: HashMap::new(),
             wake: None,
             fencer: None,
+            owned: 0,
+            owned_max: 0,
         }
     }
 
@@ -1363,9 +1394,14 @@ impl ClusterSim {
     }
 
     /// A supervisor starts the process of `slot` again, as a new node, 0.2 to
-    /// 0.6 s from now.
+    /// 0.6 s from now (with churn, 10 to 50 ms).
     fn restart_later(&mut self, role: Role, slot: usize) {
-        let back = self.now + Dur(self.rng.gen_range(200_000_000..600_000_000));
+        let (lo, hi) = if self.opts.churn {
+            (10_000_000, 50_000_000)
+        } else {
+            (200_000_000, 600_000_000)
+        };
+        let back = self.now + Dur(self.rng.gen_range(lo..hi));
         self.at(back, Ev::Restart { role, slot });
     }
 
@@ -1789,7 +1825,7 @@ impl ClusterSim {
                 return;
             };
             let acts = sched_take_actions(s, &mut self.report, self.now);
-            if !self.sched_add_gpus(sp, acts.up) {
+            if !self.sched_add_gpus(sp, acts.up) || !self.sched_check_state(sp) {
                 return;
             }
             let Proc::Sched(s) = &mut self.procs[sp] else {
@@ -1815,8 +1851,9 @@ impl ClusterSim {
         }
     }
 
-    /// Adds the GPUs that went into service to the core, checking that the
-    /// core gives them the protocol's ids; false on a violation.
+    /// Adds the GPUs that went into service to the core under the protocol's
+    /// ids, checking that none of them is in service there; false on a
+    /// violation.
     fn sched_add_gpus(&mut self, sp: Pid, up: Vec<(GpuId, u32)>) -> bool {
         let now = self.now;
         let Proc::Sched(s) = &mut self.procs[sp] else {
@@ -1825,17 +1862,39 @@ impl ClusterSim {
         for (g, sub) in up {
             // Every sub-cluster's dispatcher takes the id; only its own plans on it.
             for (j, core) in s.cores.iter_mut().enumerate() {
-                let got = core.add_gpu();
-                if j != sub as usize {
-                    core.remove_gpu(now, got);
-                }
-                if got != g {
-                    let what = format!("GPU ids diverged: protocol {g:?}, core {j} {got:?}");
+                if !core.add_gpu_at(now, g, j == sub as usize) {
+                    let what = format!("GPU {g:?} given while core {j} has it in service");
                     self.violate(what);
                     return false;
                 }
             }
             s.gpu_sub.insert(g.0, sub);
+        }
+        true
+    }
+
+    /// The scheduler's per-member state is that of the members present: its
+    /// GPU slots never above the most GPUs owned at once (ids of departed
+    /// backends are given again); false on a violation.
+    fn sched_check_state(&mut self, sp: Pid) -> bool {
+        let Proc::Sched(s) = &mut self.procs[sp] else {
+            return false;
+        };
+        let st = s.proto.state_sizes();
+        // (owned_max counts every GpusUp as it came: several may come and
+        // go between two checks.)
+        s.owned_max = s.owned_max.max(st.gpus_owned);
+        let owned_max = s.owned_max;
+        self.report.gpu_slots_max = self.report.gpu_slots_max.max(st.gpu_slots);
+        self.report.gpus_owned_max = self.report.gpus_owned_max.max(owned_max);
+        self.report.sched_state = st;
+        if st.gpu_slots > owned_max {
+            let what = format!(
+                "the scheduler holds {} GPU slots, more than the {owned_max} GPUs ever owned at once ({st:?})",
+                st.gpu_slots
+            );
+            self.violate(what);
+            return false;
         }
         true
     }
@@ -2430,6 +2489,8 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
                 for g in &gpus {
                     s.gpu_conn.insert(g.0, conn);
                 }
+                s.owned += gpus.len();
+                s.owned_max = s.owned_max.max(s.owned);
                 acts.up.extend(gpus.into_iter().map(|g| (g, subcluster)));
             }
             Action::Route { model, subcluster } => {
@@ -2438,6 +2499,7 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
                 }
             }
             Action::GpusDown { gpus, .. } => {
+                s.owned = s.owned.saturating_sub(gpus.len());
                 for g in gpus {
                     s.gpu_conn.remove(&g.0);
                     for c in &mut s.cores {

@@ -6,6 +6,7 @@
 //! runtime uses), never a copy of it.
 
 pub use crate::arrivals;
+pub mod churn;
 pub mod cluster;
 
 pub use crate::run::{

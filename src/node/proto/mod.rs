@@ -13,6 +13,9 @@
 //! - [`sched`]: the scheduler's membership (registration, model loading matched
 //!   by id, removal), health (heartbeat timeouts), the network budget
 //!   (Appendix D) and the checks on what backends report.
+//! - [`bounds`]: what bounds the scheduler's per-member state: GPU ids given
+//!   back and given again, the limits on members and GPUs per member, the rate
+//!   limit on warnings about refused members.
 //! - [`plans`]: the scheduler's in-flight plans, each owned by one backend and GPU.
 //! - [`ledger`]: a frontend's pending requests, each ended exactly once, with the
 //!   deadline-plus-grace sweep.
@@ -25,6 +28,7 @@
 //!   batch ends.
 
 pub mod backend;
+pub mod bounds;
 pub mod check;
 pub mod fence;
 pub mod ledger;

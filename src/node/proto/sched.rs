@@ -42,6 +42,7 @@
 //! above that term. A `Fence` of an older term is answered with a `Fence` of
 //! this one (its sender then steps down).
 
+use super::bounds::{GpuIds, Limits, RefusalLog};
 use super::check::{self, Submitted};
 use super::plans::{PlanLedger, Refused};
 use super::subclusters::{Move, MoveStats, Phase, SubClusters};
@@ -116,6 +117,9 @@ pub struct SchedConfig {
     /// The sub-clusters and each model's home at the start
     /// ([`SubClusters::single`]: one dispatcher for every GPU and model).
     pub subclusters: SubClusters,
+    /// Members registered at once, and GPUs per backend
+    /// ([`super::bounds`]).
+    pub limits: Limits,
 }
 
 /// What the scheduler counted (also its report when it stops).
@@ -145,6 +149,8 @@ pub struct SchedReport {
     /// (scheduler time).
     pub tasks_late: u64,
     pub connections_closed_for_errors: u64,
+    /// Registrations refused for the limits (members, GPUs per member).
+    pub refused_for_limits: u64,
     /// Last applied d_ctrl, and the input pull budget: its fixed part per
     /// batch and its part per task (d_data), microseconds.
     pub d_ctrl_us: f64,
@@ -169,8 +175,11 @@ pub enum Action {
     Send(ConnId, Msg),
     /// Close a connection (this machine has already forgotten it).
     Close(ConnId, String),
-    /// A backend's GPUs enter service, in this order; their ids are the next
-    /// ones of the core (the first GPU ever is 0, ids are never reused).
+    /// A backend's GPUs enter service, in this order. Their ids are free
+    /// ones given again or the next ones past the last (the first GPU ever is
+    /// 0); an id given again left service at least
+    /// [`super::bounds::GPU_ID_QUARANTINE`] before, with its last holder's
+    /// `GpusDown` ([`super::bounds`]).
     GpusUp {
         conn: ConnId,
         backend: NodeId,
@@ -273,8 +282,10 @@ pub struct SchedProto {
     cfg: SchedConfig,
     conns: HashMap<ConnId, PeerConn>,
     frontends: HashMap<NodeId, ConnId>,
-    /// Owner of each GPU id ever given (None once its backend is gone).
-    gpu_owner: Vec<Option<NodeId>>,
+    /// Each GPU id's owner, the free ids and those in quarantine.
+    gpu_ids: GpuIds,
+    /// Warnings about registrations refused for the limits.
+    refusals: RefusalLog,
     plans: Arc<Mutex<PlanLedger>>,
     next_node: NodeId,
     gpus_in_service: u32,
@@ -300,6 +311,25 @@ pub struct SchedProto {
     term: u64,
     followed: bool,
     stepped_down: Option<u64>,
+    /// Backends whose models are loaded, waiting for GPU ids in quarantine.
+    waiting: BTreeSet<ConnId>,
+    /// The latest time an input brought.
+    now: Time,
+}
+
+/// The sizes of the scheduler's per-member state ([`SchedProto::state_sizes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct StateSizes {
+    pub conns: usize,
+    pub frontends: usize,
+    /// Backends' names (loading or in service).
+    pub names: usize,
+    /// GPU slots: every table indexed by GPU id is this long.
+    pub gpu_slots: usize,
+    pub gpus_owned: usize,
+    pub gpus_quarantined: usize,
+    /// Plans in flight.
+    pub plans: usize,
 }
 
 /// A backend in service, as the autoscaling advice names it.
@@ -329,6 +359,8 @@ impl SchedProto {
         SchedProto {
             sub_gpus: vec![0; subs.count() as usize],
             late_by_model: vec![0; cfg.models.len()],
+            waiting: BTreeSet::new(),
+            now,
             subs,
             next_check: now + cfg.heartbeat,
             last_check: now,
@@ -337,7 +369,8 @@ impl SchedProto {
             cfg,
             conns: HashMap::new(),
             frontends: HashMap::new(),
-            gpu_owner: Vec::new(),
+            gpu_ids: GpuIds::default(),
+            refusals: RefusalLog::default(),
             next_node: 1,
             gpus_in_service: 0,
             net,
@@ -415,7 +448,20 @@ impl SchedProto {
 
     /// The backend owning global GPU `gpu`, while it is in service.
     pub fn gpu_owner(&self, gpu: GpuId) -> Option<NodeId> {
-        self.gpu_owner.get(gpu.idx()).copied().flatten()
+        self.gpu_ids.owner(gpu)
+    }
+
+    /// The sizes of the per-member state, to check that it stays bounded.
+    pub fn state_sizes(&self) -> StateSizes {
+        StateSizes {
+            conns: self.conns.len(),
+            frontends: self.frontends.len(),
+            names: self.names.len(),
+            gpu_slots: self.gpu_ids.slots(),
+            gpus_owned: self.gpu_ids.owned(),
+            gpus_quarantined: self.gpu_ids.quarantined(),
+            plans: self.plans.lock().expect("plans lock").len(),
+        }
     }
 
     /// The next action for the driver.
@@ -428,11 +474,16 @@ impl SchedProto {
         if self.stepped_down.is_some() {
             return Time::NEVER;
         }
-        self.next_check.min(self.next_net)
+        let t = self.next_check.min(self.next_net);
+        match self.gpu_ids.next_release() {
+            Some(r) if self.waiting_for_ids() => t.min(r),
+            _ => t,
+        }
     }
 
     /// A connection was accepted.
     pub fn handle_accept(&mut self, now: Time, c: ConnId) {
+        self.now = self.now.max(now);
         if let Some(term) = self.stepped_down {
             let message = format!("this scheduler stepped down for term {term}");
             self.send(c, Msg::Error { message });
@@ -488,14 +539,20 @@ impl SchedProto {
     }
 
     /// A connection ended (the peer closed it or it broke).
-    pub fn handle_closed(&mut self, _now: Time, c: ConnId, reason: String) {
+    pub fn handle_closed(&mut self, now: Time, c: ConnId, reason: String) {
+        self.now = self.now.max(now);
         self.remove(c, reason, false)
     }
 
     /// Timers: heartbeat timeouts, the network budget.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.now = self.now.max(now);
         if self.stepped_down.is_some() {
             return;
+        }
+        self.gpu_ids.release(now);
+        if self.waiting_for_ids() {
+            self.ready_waiting(now);
         }
         if now >= self.next_check {
             self.next_check = now + self.cfg.heartbeat;
@@ -574,6 +631,7 @@ impl SchedProto {
 
     /// A message arrived on `c`.
     pub fn handle_msg(&mut self, now: Time, c: ConnId, msg: Msg) {
+        self.now = self.now.max(now);
         if self.stepped_down.is_some() {
             return;
         }
@@ -689,11 +747,25 @@ impl SchedProto {
         ctrl_addr: String,
         region: Option<RegionInfo>,
     ) {
-        if self.next_node > MAX_NODE_ID {
-            return self.reject(c, "out of node ids".into());
+        let members = self.names.len() + self.frontends.len();
+        let max = self.cfg.limits;
+        if members >= max.max_members as usize {
+            let why = format!(
+                "the scheduler has {members} members registered, its limit (--max-members {})",
+                max.max_members
+            );
+            return self.refuse(c, why);
         }
-        let node = self.next_node;
-        self.next_node += 1;
+        if role == Role::Backend && gpus > max.max_gpus_per_member as usize {
+            let why = format!(
+                "a backend registered {gpus} GPUs; the scheduler takes at most {} per backend (--max-gpus-per-member)",
+                max.max_gpus_per_member
+            );
+            return self.refuse(c, why);
+        }
+        let Some(node) = self.next_node_id() else {
+            return self.reject(c, "out of node ids".into());
+        };
         match role {
             Role::Backend => self.register_backend(c, node, name, gpus),
             Role::Frontend => {
@@ -706,6 +778,61 @@ impl SchedProto {
                     region,
                 };
                 self.register_frontend(c, node, name, up);
+            }
+        }
+    }
+
+    /// The next node id: ids are given in order and, past [`MAX_NODE_ID`],
+    /// from 1 again, skipping those of nodes registered now. An id comes back
+    /// only after `MAX_NODE_ID` (2^24 - 1) registrations, long after every
+    /// task of its last holder ended (a task id carries its frontend's node
+    /// id, and a task lives until its deadline).
+    fn next_node_id(&mut self) -> Option<NodeId> {
+        for _ in 0..=self.names.len() + self.frontends.len() {
+            if self.next_node > MAX_NODE_ID || self.next_node == 0 {
+                self.next_node = 1;
+            }
+            let node = self.next_node;
+            self.next_node += 1;
+            if !self.names.contains_key(&node) && !self.frontends.contains_key(&node) {
+                return Some(node);
+            }
+        }
+        None
+    }
+
+    /// Refuses `c`'s registration for a limit: an `Error` with `why`, the
+    /// connection closed, a warning at most once per
+    /// [`super::bounds::REFUSAL_WARN_PERIOD`] with the count of those not
+    /// warned about.
+    fn refuse(&mut self, c: ConnId, why: String) {
+        self.report.refused_for_limits += 1;
+        if let Some(unwarned) = self.refusals.hit(self.now) {
+            tracing::warn!(conn = c, reason = %why, refused_since_last_warning = unwarned, refused_total = self.refusals.total, "scheduler: registration refused");
+        }
+        self.send(
+            c,
+            Msg::Error {
+                message: why.clone(),
+            },
+        );
+        self.remove(c, why, false);
+    }
+
+    /// Backends whose models are loaded and that wait for GPU ids.
+    fn waiting_for_ids(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Backends waiting for GPU ids get them, in the order they connected,
+    /// as far as the free ones go.
+    fn ready_waiting(&mut self, now: Time) {
+        self.gpu_ids.release(now);
+        let waiting: Vec<ConnId> = self.waiting.iter().copied().collect();
+        for c in waiting {
+            self.backend_ready(c);
+            if self.waiting.contains(&c) {
+                break;
             }
         }
     }
@@ -997,9 +1124,27 @@ impl SchedProto {
         else {
             return;
         };
-        let first = self.gpu_owner.len() as u32;
-        let ids: Vec<GpuId> = (first..first + gpus).map(GpuId).collect();
-        self.gpu_owner.extend(ids.iter().map(|_| Some(node)));
+        // Backends that wait for ids go first, in the order they came.
+        let queued = !self.waiting.is_empty() && !self.waiting.contains(&c);
+        let ids = if queued {
+            None
+        } else {
+            self.gpu_ids.take(self.now, node, gpus as usize)
+        };
+        let Some(ids) = ids else {
+            // The ids of backends that left moments ago do: it waits for them
+            // rather than growing every table indexed by GPU id.
+            if self.waiting.insert(c) {
+                tracing::info!(
+                    node,
+                    gpus,
+                    "scheduler: backend waits for GPU ids in quarantine"
+                );
+            }
+            return;
+        };
+        self.waiting.remove(&c);
+        let first = ids.first().map_or(0, |g| g.0);
         // The driver installs the routes before it sends the ack, and the GPUs
         // enter the core after it: a plan can only follow the ack.
         self.actions.push_back(Action::GpusUp {
@@ -1047,6 +1192,7 @@ impl SchedProto {
             return;
         };
         self.actions.push_back(Action::Close(c, reason.clone()));
+        self.waiting.remove(&c);
         match pc.peer {
             Peer::New => {}
             Peer::Loading { node, .. } => {
@@ -1061,9 +1207,7 @@ impl SchedProto {
                 ..
             } => {
                 self.names.remove(&node);
-                for g in &gpus {
-                    self.gpu_owner[g.idx()] = None;
-                }
+                self.gpu_ids.give_back(self.now, node, &gpus);
                 if draining.is_none() {
                     self.gpus_in_service -= gpus.len() as u32;
                     self.sub_gpus[sub as usize] -= gpus.len() as u32;
@@ -1253,6 +1397,7 @@ impl SchedProto {
     /// `to`'s backends load it. False when it is there already, is moving, or
     /// either is unknown.
     pub fn move_model(&mut self, now: Time, model: ModelId, to: u32) -> bool {
+        self.now = self.now.max(now);
         if !self.subs.start(now, model, to) {
             return false;
         }
@@ -1572,6 +1717,7 @@ mod tests {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
+                limits: crate::node::proto::bounds::Limits::default(),
                 subclusters,
             },
         )
@@ -1851,8 +1997,9 @@ mod tests {
         assert_eq!(p.report().backends_overdue, 1);
 
         // A stall of the scheduler: the first check after it does not act.
-        let b3 = backend(&mut p, 4, ms(700));
-        in_flight(&p, b3, (3, 2), (ms(10), ms(20)), (u, Time::NEVER));
+        // (b3 joins once b1's GPU id is out of quarantine, and gets it.)
+        let b3 = backend(&mut p, 4, ms(1200));
+        in_flight(&p, b3, (3, 0), (ms(10), ms(20)), (u, Time::NEVER));
         let now = ms(2000);
         for c in [1, 3, 4] {
             p.handle_msg(now, c, ping(now));

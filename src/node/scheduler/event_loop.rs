@@ -660,17 +660,14 @@ impl EventLoop {
 
     /// GPUs enter the core (their routes and acks are out).
     /// Every sub-cluster's scheduler takes the GPU id (ids stay the same
-    /// everywhere), and only its own sub-cluster's plans on it.
+    /// everywhere), and only its own sub-cluster's plans on it. An id given
+    /// again starts over everywhere: nothing of its last holder stays (the
+    /// protocol gives an id again only after its quarantine).
     fn enter_service(&mut self, up: Vec<(GpuId, u32)>) {
         let now = Instant::now();
         for (id, sub) in up {
             for (s, rt) in self.rts.iter().enumerate() {
-                let got = if s == sub as usize {
-                    rt.add_gpu()
-                } else {
-                    rt.skip_gpu()
-                };
-                debug_assert_eq!(got, id);
+                rt.add_gpu_at(id, s == sub as usize);
             }
             if self.gpu_sub.len() <= id.idx() {
                 self.gpu_sub.resize(id.idx() + 1, 0);
@@ -679,6 +676,7 @@ impl EventLoop {
             if self.busy.len() <= id.idx() {
                 self.busy.resize_with(id.idx() + 1, GpuBusy::default);
             }
+            self.busy[id.idx()] = GpuBusy::default();
             self.busy[id.idx()].enter_service(now, sub);
         }
     }
@@ -691,7 +689,7 @@ impl EventLoop {
                 rt.remove_gpu(id);
             }
             if let Some(b) = self.busy.get_mut(id.idx()) {
-                b.leave_service();
+                b.depart();
             }
         }
         // Plans dispatched while the protocol removed the backend (a RankThread

@@ -2,7 +2,8 @@
 //! drops per reason, the network budget in use, each model's device memory, and
 //! per GPU its busy seconds and busy fraction over the last [`BUSY_WINDOW`] (from
 //! the start and finish times backends report in `PlanDone`), with the mean over
-//! the sub-cluster (`subcluster="0"`).
+//! the sub-cluster (`subcluster="0"`). A GPU's series go when its backend
+//! does (its id may be given to another GPU later, which starts from 0).
 
 use crate::core::{DropReason, Dur};
 use crate::metrics::{Counter, Gauge, Histogram, Kind, Registry, Window, BATCH_BUCKETS};
@@ -137,6 +138,8 @@ fn device_bytes_gauges(reg: &Registry, models: &[ModelInfo]) -> Vec<Gauge> {
 /// A GPU's busy time as backends report it.
 #[derive(Default)]
 pub(super) struct GpuBusy {
+    /// Owned by a backend (in service or draining): its series are shown.
+    present: bool,
     in_service: bool,
     /// Its sub-cluster.
     sub: u32,
@@ -155,6 +158,7 @@ impl GpuBusy {
     /// The GPU enters service in sub-cluster `sub` at `now`: its busy
     /// fraction starts over.
     pub(super) fn enter_service(&mut self, now: Instant, sub: u32) {
+        self.present = true;
         self.in_service = true;
         self.sub = sub;
         self.window.clear();
@@ -163,6 +167,15 @@ impl GpuBusy {
 
     pub(super) fn leave_service(&mut self) {
         self.in_service = false;
+    }
+
+    /// Its backend is gone: its series go (the id may be given again, to a
+    /// GPU that starts from nothing).
+    pub(super) fn depart(&mut self) {
+        self.present = false;
+        self.in_service = false;
+        self.total_ns = 0;
+        self.window.clear();
     }
 
     /// What the metrics show of GPU `gpu` at `now`.
@@ -177,6 +190,7 @@ impl GpuBusy {
         GpuSnap {
             gpu,
             sub: self.sub,
+            present: self.present,
             in_service: self.in_service,
             busy_s: self.total_ns as f64 / 1e9,
             ratio,
@@ -189,6 +203,8 @@ impl GpuBusy {
 pub struct GpuSnap {
     gpu: u32,
     sub: u32,
+    /// Owned by a backend (in service or draining).
+    present: bool,
     in_service: bool,
     busy_s: f64,
     /// Busy fraction over the last BUSY_WINDOW (or since it entered service).
@@ -230,7 +246,7 @@ pub(super) fn register_gpu_metrics(reg: &Registry, snap: BusySnaps) {
         "fermata_gpu_busy_seconds_total",
         "Seconds a GPU ran batches (start to finish as its backend reports them).",
         Kind::Counter,
-        |_| true,
+        |g| g.present,
         |g| g.busy_s,
     );
     per_gpu(

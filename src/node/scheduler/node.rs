@@ -229,6 +229,7 @@ fn sched_config(
         max_ctrl: opts.max_ctrl,
         max_data: opts.max_data,
         max_margin: opts.max_margin,
+        limits: opts.limits,
     }
 }
 

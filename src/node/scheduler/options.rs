@@ -42,6 +42,9 @@ pub struct SchedulerOpts {
     pub advice: crate::plan::autoscale::AdviceConfig,
     /// Sub-clusters and the epoch partitioner.
     pub epoch: super::epoch::EpochOpts,
+    /// Members registered at once and GPUs per backend: a registration past
+    /// either is refused with an `Error` naming the limit.
+    pub limits: crate::node::proto::bounds::Limits,
 }
 
 impl Default for SchedulerOpts {
@@ -62,6 +65,7 @@ impl Default for SchedulerOpts {
             standby_of: None,
             advice: crate::plan::autoscale::AdviceConfig::default(),
             epoch: super::epoch::EpochOpts::default(),
+            limits: crate::node::proto::bounds::Limits::default(),
         }
     }
 }
