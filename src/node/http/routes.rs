@@ -5,9 +5,10 @@
 //! response is counted by status code; a body left unread is drained so that a
 //! keep-alive client can go on with its connection.
 
+use super::admission::{Answer, Door, Refusal};
 use super::body_budget::{BodyBudget, Held};
 use super::errors::{bad, error, too_large_body, Fail};
-use super::metrics::{infer_time_histograms, Codes};
+use super::metrics::{infer_time_histograms, Codes, Waits};
 use super::model::Models;
 use super::options::HttpOpts;
 use super::request::{decode_raw, decode_request};
@@ -23,7 +24,7 @@ use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the server's handlers share.
@@ -39,6 +40,12 @@ pub(super) struct App {
     codes: Option<Codes>,
     /// Per model: from the request's receipt to the response (infer only).
     infer_time: Vec<Arc<Histogram>>,
+    /// Admission at the door (None: metrics-only server).
+    door: Option<Mutex<Door>>,
+    /// Where requests wait, and the door's refusals.
+    waits: Option<Waits>,
+    /// The door's clock starts here.
+    start: Instant,
     /// Extra read-only JSON documents: GET /PATH answers the function's JSON.
     json_gets: Vec<(String, JsonGet)>,
     /// Draining (readiness 503) and the requests being answered.
@@ -83,6 +90,9 @@ impl App {
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
+            door: Some(Mutex::new(Door::new(fe.models().len(), o.max_pending))),
+            waits: Some(Waits::new(&reg)),
+            start: Instant::now(),
             infer_time,
             json_gets: Vec::new(),
             life: Arc::default(),
@@ -100,6 +110,9 @@ impl App {
             max_tensor: 0,
             body_timeout: Duration::from_secs(1),
             codes: None,
+            door: None,
+            waits: None,
+            start: Instant::now(),
             infer_time: Vec::new(),
             json_gets: Vec::new(),
             life: Arc::default(),
@@ -273,6 +286,10 @@ impl App {
                 ),
             },
             (&Method::POST, ["infer"]) => {
+                if let Err(fail) = self.admit(i, t0) {
+                    // Refused before its body is read: `done` drains it.
+                    return (error(fail.0, fail.1), true);
+                }
                 let r = match self.infer(i, req.take().expect("once"), t0).await {
                     Ok(r) => r,
                     Err((code, msg)) => error(code, msg),
@@ -286,6 +303,40 @@ impl App {
             _ => no_route(method, path),
         };
         (r, false)
+    }
+
+    /// The door's verdict on an inference of model `i` whose first byte came
+    /// at `received`, before its body is read ([`Door::admit`]): 429 with
+    /// `Retry-After` when refused.
+    fn admit(&self, i: usize, received: Instant) -> Result<(), Fail> {
+        let (Some(door), Some(w)) = (&self.door, &self.waits) else {
+            return Ok(());
+        };
+        let waited = received.elapsed();
+        w.head.observe_duration(waited);
+        let slo = Duration::from_nanos(self.models[i].info.slo.0.max(0) as u64);
+        let r = door
+            .lock()
+            .expect("door lock")
+            .admit(i, waited, slo, self.start.elapsed());
+        let Err(why) = r else {
+            return Ok(());
+        };
+        w.refused(why);
+        w.refusal.observe_duration(received.elapsed());
+        let msg = match why {
+            Refusal::Deadline => format!(
+                "refused at the door: the request waited {} ms before it was read, too long to be answered within its model's SLO of {} ms; retry",
+                waited.as_millis(),
+                slo.as_millis()
+            ),
+            Refusal::Queue => "refused at the door: the model is overloaded (its requests ahead would take longer than this one's SLO); retry".to_string(),
+            Refusal::Backlog => format!(
+                "refused at the door: {} request bodies wait to be decoded (--http-max-pending); retry",
+                door.lock().expect("door lock").max_pending()
+            ),
+        };
+        Err((StatusCode::TOO_MANY_REQUESTS, msg))
     }
 
     /// Ready for requests: the frontend is, and this server is not draining.
@@ -354,7 +405,14 @@ impl App {
         let header_len = header_len(&req)?;
         let encoding = content_encoding(&req)?;
         // `_held` keeps the body's share of the budget until the answer.
+        let t_read = Instant::now();
         let (mut body, _held) = self.read_body(req).await?;
+        let t_decode = Instant::now();
+        if let Some(w) = &self.waits {
+            w.read.observe_duration(t_decode - t_read);
+        }
+        // Pending at the door from here until handed over (or dropped).
+        let mut pending = Pending::new(self.door.as_ref());
         if let Some(enc) = encoding {
             body = if body.len() <= DECODE_INLINE_BYTES {
                 decompress(enc, &body, self.max_body)?
@@ -401,6 +459,11 @@ impl App {
                 })??
             }
         };
+        if let Some(w) = &self.waits {
+            w.decode.observe_duration(t_decode.elapsed());
+        }
+        let t_sub = Instant::now();
+        let mut flight = pending.handed_over(i, d.samples.len() as u64);
         let done = self
             .fe()
             .infer_samples(i, d.slo, d.samples, received)
@@ -411,6 +474,11 @@ impl App {
                     "the frontend is stopping".to_string(),
                 )
             })?;
+        let took = t_sub.elapsed();
+        if let Some(w) = &self.waits {
+            w.answer.observe_duration(took);
+        }
+        flight.answered(&done, took, self.start.elapsed());
         let resp = answer(&m.info, meta, &d.id, &d.outputs, &done);
         self.fe().record_margins(i, &done);
         if let Some(s) = self.fe().stats(i) {
@@ -470,6 +538,95 @@ impl App {
                     self.body_timeout.as_millis()
                 ),
             )),
+        }
+    }
+}
+
+/// A request pending at the door (its body read, not yet handed over):
+/// abandoned when dropped before [`Pending::handed_over`].
+struct Pending<'a> {
+    door: Option<&'a Mutex<Door>>,
+}
+
+impl<'a> Pending<'a> {
+    fn new(door: Option<&'a Mutex<Door>>) -> Pending<'a> {
+        if let Some(d) = door {
+            d.lock().expect("door lock").decoding();
+        }
+        Pending { door }
+    }
+
+    /// Handed over as `samples` tasks of model `m`: in flight until answered.
+    fn handed_over(&mut self, m: usize, samples: u64) -> Flight<'a> {
+        let door = self.door.take();
+        if let Some(d) = door {
+            d.lock().expect("door lock").handed_over(m, samples);
+        }
+        Flight {
+            door,
+            model: m,
+            left: samples,
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.door {
+            d.lock().expect("door lock").abandoned();
+        }
+    }
+}
+
+/// A request's tasks in flight as the door counts them: those not answered
+/// when dropped (the client went away, the frontend stopped) count as
+/// answered with nothing said of load.
+struct Flight<'a> {
+    door: Option<&'a Mutex<Door>>,
+    model: usize,
+    left: u64,
+}
+
+impl Flight<'_> {
+    /// The answers, `took` after the hand-over, at the door's `now`.
+    fn answered(
+        &mut self,
+        done: &[crate::node::frontend::InferDone],
+        took: Duration,
+        now: Duration,
+    ) {
+        use crate::node::frontend::Ended;
+        use crate::wire::DropReason as R;
+        let Some(d) = self.door else {
+            return;
+        };
+        let mut door = d.lock().expect("door lock");
+        for x in done.iter().take(self.left as usize) {
+            let a = match x.ended {
+                Ended::Good => Answer::Good(took),
+                Ended::Late
+                | Ended::TimedOut
+                | Ended::RegionFull
+                | Ended::Dropped(
+                    R::Expired | R::EarlyDrop | R::TooLate | R::QueueFull | R::Overloaded,
+                ) => Answer::Shed,
+                _ => Answer::Other,
+            };
+            door.answered(self.model, a, now);
+        }
+        self.left = self.left.saturating_sub(done.len() as u64);
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.door {
+            if self.left > 0 {
+                let mut door = d.lock().expect("door lock");
+                for _ in 0..self.left {
+                    door.answered(self.model, Answer::Other, Duration::ZERO);
+                }
+            }
         }
     }
 }
