@@ -1838,3 +1838,61 @@ fn buffered_bodies_have_a_total_budget() {
     });
     c.stop();
 }
+
+#[test]
+fn a_request_that_waited_past_its_deadline_is_refused_before_its_body_is_read() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-door", 1, |_| {});
+    let mut h = Http::connect(c.http);
+    // Not JSON: a request whose body were decoded would get 400.
+    let garbage = b"{not json at all".to_vec();
+    // 20 bytes of the head, the rest 150 ms later: past `tiny`'s 100 ms SLO
+    // before the head is parsed.
+    let r = h.post_slowly(
+        "/v2/models/tiny/infer",
+        &garbage,
+        20,
+        Duration::from_millis(150),
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.error().contains("refused at the door"), "{}", r.error());
+    assert_eq!(r.headers.get("retry-after").map(String::as_str), Some("1"));
+    // The same body sent at once is read and decoded: 400, on the same
+    // connection (the refused request's body was drained).
+    let r = h.req("POST", "/v2/models/tiny/infer", &[], &garbage);
+    assert_eq!(r.status, 400, "{}", r.text());
+    let mut ok = false;
+    for _ in 0..5 {
+        let r = h.post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]));
+        if r.status == 200 {
+            ok = true;
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.text());
+    }
+    assert!(ok, "5 requests in a row were dropped");
+    let t = h.get("/metrics").text();
+    assert_eq!(
+        sample(&t, "fermata_http_refused_total{reason=\"deadline\"}"),
+        Some(1.0),
+        "{t}"
+    );
+    assert_eq!(
+        sample(&t, "fermata_http_refused_total{reason=\"queue\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&t, "fermata_http_refusal_seconds_count"),
+        Some(1.0),
+        "{t}"
+    );
+    for stage in ["head", "read", "decode", "answer"] {
+        let n = sample(
+            &t,
+            &format!("fermata_http_wait_seconds_count{{stage=\"{stage}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no {stage} histogram: {t}"));
+        assert!(n >= 1.0, "{stage}: {n}");
+    }
+    c.stop();
+}

@@ -78,6 +78,7 @@ impl App {
     pub(super) fn frontend(fe: FrontendHandle, o: &HttpOpts) -> App {
         let reg = fe.metrics();
         let models = Models::new(fe.models());
+        let n_models = fe.models().len();
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
         regs.extend(o.extra_metrics.iter().cloned());
@@ -90,7 +91,7 @@ impl App {
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
-            door: Some(Mutex::new(Door::new(fe.models().len(), o.max_pending))),
+            door: Some(Mutex::new(Door::new(n_models, o.max_pending))),
             waits: Some(Waits::new(&reg)),
             start: Instant::now(),
             infer_time,
