@@ -90,6 +90,7 @@ impl HttpArgs {
         g.threads = h.threads;
         g.max_message_bytes = h.max_body_bytes;
         g.max_tensor_bytes = h.max_tensor_bytes;
+        g.max_buffered_bytes = h.max_buffered_bytes;
         Ok(g)
     }
 

@@ -47,12 +47,13 @@
 //! * `model.rs`: a model as the API shows it (its tensors, its metadata).
 //! * `triton.rs`: Triton's documents: a model's configuration and statistics.
 //! * `metrics.rs`: the API's Prometheus series.
-//! * `body_budget.rs`: the total of request bodies buffered at once.
+//! * `body_budget.rs`: the total of request bodies (and gRPC messages)
+//!   buffered at once; stalled bodies give way.
 //! * `admission.rs`: the door: requests refused before their body is read
 //!   (deadline, the model's queue ahead, the decoding backlog).
 
 mod admission;
-mod body_budget;
+pub(in crate::node) mod body_budget;
 mod conns;
 pub(in crate::node) mod errors;
 mod metrics;
@@ -65,7 +66,7 @@ pub(in crate::node) mod server;
 mod tensor;
 pub(in crate::node) mod triton;
 
-pub use body_budget::default_buffered_bytes;
+pub use body_budget::{default_buffered_bytes, BodyBudget};
 pub use options::{
     default_max_connections, default_threads, HttpOpts, DEFAULT_MAX_PENDING, RESERVED_FDS,
 };

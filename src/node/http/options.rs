@@ -38,6 +38,9 @@ pub struct HttpOpts {
     /// More registries rendered on `/metrics` with the frontend's own (the other
     /// nodes of `fermata serve`).
     pub extra_metrics: Vec<Arc<Registry>>,
+    /// The buffered-bytes budget shared with the frontend's gRPC server (None:
+    /// the HTTP server makes its own of `max_buffered_bytes`).
+    pub bodies: Option<Arc<super::body_budget::BodyBudget>>,
 }
 
 impl std::fmt::Debug for HttpOpts {
@@ -109,6 +112,7 @@ impl HttpOpts {
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
             extra_metrics: Vec::new(),
+            bodies: None,
         }
     }
 }

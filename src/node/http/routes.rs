@@ -18,8 +18,8 @@ use super::tensor::HEADER_LEN;
 use super::triton::{config_json, stats_json, EXTENSIONS};
 use crate::metrics::{self, Histogram, Registry};
 use crate::node::frontend::FrontendHandle;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Bytes, Incoming};
 use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
@@ -87,7 +87,10 @@ impl App {
             fe: Some(fe),
             regs,
             max_body: o.max_body_bytes,
-            bodies: BodyBudget::new(o.max_buffered_bytes),
+            bodies: o
+                .bodies
+                .clone()
+                .unwrap_or_else(|| BodyBudget::with_metrics(o.max_buffered_bytes, &reg)),
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
@@ -210,9 +213,9 @@ impl App {
             },
             _ => no_route(&method, &path),
         };
-        self.done(req, &resp, model_idx, t0).await;
+        let unread = self.done(req, &resp, model_idx, t0).await;
         let mut resp = resp;
-        if self.life.draining.load(Ordering::Acquire) {
+        if unread || self.life.draining.load(Ordering::Acquire) {
             // From the start of a drain every answer says so: a keep-alive
             // client opens its next request elsewhere instead of on a
             // connection about to close.
@@ -225,20 +228,38 @@ impl App {
     }
 
     /// After the response: drains a body not read, counts the status code and,
-    /// for an inference of model `model_idx`, its time since `t0`.
+    /// for an inference of model `model_idx`, its time since `t0`. True when
+    /// a body is left unread: the connection must close after the answer.
     async fn done(
         &self,
         req: Option<Request<Incoming>>,
         resp: &Resp,
         model_idx: Option<usize>,
         t0: Instant,
-    ) {
-        // A body not read (an error answered first) is read and dropped, so a
-        // keep-alive client can go on with its connection.
+    ) -> bool {
+        let mut unread = false;
+        // A small body not read (an error answered first, a refusal at the
+        // door) is read and dropped frame by frame, never buffered, so that a
+        // keep-alive client can go on with its connection. A larger one, or
+        // one of unknown length, is left unread and the connection closes:
+        // reading it would spend on a refused request what refusing saves, and
+        // the buffered-bytes budget does not hold it.
         if let Some(r) = req {
-            let limit = self.max_body.max(64 << 10);
-            let drain = Limited::new(r.into_body(), limit).collect();
-            let _ = tokio::time::timeout(self.body_timeout, drain).await;
+            if !r.body().is_end_stream() {
+                let declared = r
+                    .headers()
+                    .get(CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|s| s.parse::<u64>().ok());
+                match declared {
+                    Some(n) if n <= DRAIN_MAX_BYTES => {
+                        let mut body = r.into_body();
+                        let drain = async move { while let Some(Ok(_)) = body.frame().await {} };
+                        let _ = tokio::time::timeout(self.body_timeout, drain).await;
+                    }
+                    _ => unread = true,
+                }
+            }
         }
         if let Some(c) = &self.codes {
             c.count(resp.status());
@@ -246,6 +267,7 @@ impl App {
         if let Some(i) = model_idx {
             self.infer_time[i].observe_duration(t0.elapsed());
         }
+        unread
     }
 
     /// `/v2/models/{name}/{rest}` of model `i` (`at`: the request's method and
@@ -293,7 +315,19 @@ impl App {
                 }
                 let r = match self.infer(i, req.take().expect("once"), t0).await {
                     Ok(r) => r,
-                    Err((code, msg)) => error(code, msg),
+                    Err((code, msg)) => {
+                        let mut r = error(code, msg);
+                        if matches!(code.as_u16(), 408 | 413 | 503) {
+                            // Its body may be left unread (too large, too
+                            // slow, no room, evicted): the connection closes
+                            // after the answer rather than wait for the rest.
+                            r.headers_mut().insert(
+                                hyper::header::CONNECTION,
+                                hyper::header::HeaderValue::from_static("close"),
+                            );
+                        }
+                        r
+                    }
                 };
                 return (r, true);
             }
@@ -509,25 +543,35 @@ impl App {
         let max = self.max_body;
         let budget = self.bodies.clone();
         let mut held = budget.hold();
-        if !held.take(cap) {
+        if !held.take_or_wait(cap).await {
             return Err(no_room(&budget, cap));
         }
         let read = async move {
             let mut body = req.into_body();
             let mut buf: Vec<u8> = Vec::with_capacity(cap);
-            while let Some(f) = body.frame().await {
+            loop {
+                // A body that stopped arriving gives way when the budget needs
+                // its room ([`BodyBudget`]): 503, and the connection closes
+                // (its body is left unread).
+                let f = tokio::select! {
+                    f = body.frame() => f,
+                    _ = held.evicted() => return Err(evicted(&budget)),
+                };
+                let Some(f) = f else { break };
                 let f = f.map_err(|e| bad(format!("cannot read the request body: {e}")))?;
                 if let Ok(d) = f.into_data() {
                     if buf.len() + d.len() > max {
                         return Err(too_large_body((buf.len() + d.len()) as u64, max));
                     }
                     let more = (buf.len() + d.len()).saturating_sub(held.bytes());
-                    if !held.take(more) {
+                    if more > 0 && !held.take_or_wait(more).await {
                         return Err(no_room(&budget, buf.len() + d.len()));
                     }
+                    held.received(d.len() - more.min(d.len()));
                     buf.extend_from_slice(&d);
                 }
             }
+            held.complete();
             Ok((Bytes::from(buf), held))
         };
         match tokio::time::timeout(self.body_timeout, read).await {
@@ -639,6 +683,21 @@ fn no_room(b: &BodyBudget, n: usize) -> Fail {
         format!(
             "the server buffers {} of its {} bytes of request bodies (--http-max-buffered-bytes); a body of {n} bytes does not fit now, retry",
             b.held(),
+            b.limit()
+        ),
+    )
+}
+
+/// The largest body of an answered request (an error, a refusal) read and
+/// dropped to keep its connection; a larger one closes it.
+const DRAIN_MAX_BYTES: u64 = 256 << 10;
+
+/// 503: the body stopped arriving and was evicted to make room for others.
+fn evicted(b: &BodyBudget) -> Fail {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the request body stopped arriving while the server's {} bytes of buffered bodies (--http-max-buffered-bytes) were needed by others; it was dropped, retry",
             b.limit()
         ),
     )
