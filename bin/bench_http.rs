@@ -222,14 +222,18 @@ pub fn cmd_bench_http(a: BenchHttpArgs) -> Result<()> {
     );
     let rows = http_load::sweep(&exe, &o, |r| {
         eprintln!(
-            "  {} at {:.0} r/s (rep {}): ok {}/{} offered, bad {:.3}%, p99 {:.2} ms, client lag p99 {:.2} ms",
+            "  {} at {:.0} r/s (rep {}): ok {}/{} offered ({:.0} good/s), bad {:.3}%, p99 {:.2} ms, refusals {} (p50 {:.2} ms, p99 {:.2} ms), client lag p99 {:.2} ms",
             r.model,
             r.rate_rps,
             r.rep,
             r.counts.ok,
             r.counts.offered,
+            r.good_rps,
             r.bad_pct,
             r.latency_p99_ms,
+            r.counts.status_429 + r.counts.status_503,
+            r.refusal_p50_ms,
+            r.refusal_p99_ms,
             r.client_lag_p99_ms
         );
         if let Some(n) = r.stalls {

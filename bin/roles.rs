@@ -59,6 +59,11 @@ pub struct HttpArgs {
     /// less 128).
     #[arg(long)]
     http_max_connections: Option<usize>,
+    /// Most inference request bodies read and waiting to be decoded, or being
+    /// decoded, at once; a request beyond is refused with 429 and Retry-After
+    /// before its body is read.
+    #[arg(long, default_value_t = fermata::node::http::DEFAULT_MAX_PENDING)]
+    http_max_pending: usize,
     /// A connection that sends no complete request head within this time (an
     /// idle keep-alive connection included) is closed.
     #[arg(long, default_value_t = 30_000)]
@@ -85,6 +90,7 @@ impl HttpArgs {
         g.threads = h.threads;
         g.max_message_bytes = h.max_body_bytes;
         g.max_tensor_bytes = h.max_tensor_bytes;
+        g.max_buffered_bytes = h.max_buffered_bytes;
         Ok(g)
     }
 
@@ -139,6 +145,10 @@ impl HttpArgs {
         o.body_timeout = Duration::from_millis(self.http_body_timeout_ms);
         o.max_body_bytes = self.http_max_body_bytes;
         o.max_tensor_bytes = self.http_max_tensor_bytes;
+        if self.http_max_pending == 0 {
+            bail!("--http-max-pending must be positive");
+        }
+        o.max_pending = self.http_max_pending;
         if let Some(b) = self.http_max_buffered_bytes {
             if b < self.http_max_body_bytes {
                 bail!(

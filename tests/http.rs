@@ -1792,28 +1792,46 @@ fn a_thousand_idle_connections_under_a_1024_file_limit_stop_nothing() {
 /// the room; a third body gets 503 with `Retry-After` before a byte of it is
 /// read, a small one too; once the two are gone their room is back and the
 /// same requests are served.
+/// Bodies being received hold the buffered-bytes budget, HTTP bodies and
+/// gRPC messages together: while two clients' bodies arrive and fill it, a new
+/// HTTP body gets 503 with Retry-After and a gRPC call UNAVAILABLE. Once the
+/// two stop sending (stuck mid-body), the fewest of them that make room give
+/// way to new bodies (answered 503, the connection closed) instead of holding
+/// it until the body timeout.
 #[test]
 fn buffered_bodies_have_a_total_budget() {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let c = cluster("bodies", 1, |o| o.max_buffered_bytes = 1 << 20);
-    let stuck: Vec<TcpStream> = (0..2)
+    let c = cluster_with("bodies", 1, |o| o.max_buffered_bytes = 4 << 20, true);
+    let grpc = c.fe.grpc_addr().unwrap();
+    let flow = Arc::new(AtomicBool::new(true));
+    // Each declares 2 MiB (taken at its head) and sends 16 KiB every 50 ms
+    // (64 KiB, progress, every 200 ms) while `flow`: 6 s at most.
+    let writers: Vec<_> = (0..2)
         .map(|_| {
-            let mut s = TcpStream::connect(c.http).unwrap();
-            write!(
-                s,
-                "POST /v2/models/tiny/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                512 << 10
-            )
-            .unwrap();
-            s.write_all(&vec![b' '; 256 << 10]).unwrap();
-            s
+            let (flow, addr) = (flow.clone(), c.http);
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                write!(
+                    s,
+                    "POST /v2/models/tiny/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    2 << 20
+                )
+                .unwrap();
+                let mut sent = 0;
+                while flow.load(Ordering::Acquire) && sent + (16 << 10) < (2 << 20) {
+                    if s.write_all(&[b' '; 16 << 10]).is_err() {
+                        break;
+                    }
+                    sent += 16 << 10;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                s
+            })
         })
         .collect();
-    // Their heads are read before anything else is sent (a request that came
-    // between the two would hold room of its own, and the second stuck body
-    // would be the one refused): then every new body finds the room held.
-    std::thread::sleep(Duration::from_millis(1000));
-    let end = Instant::now() + Duration::from_secs(5);
+    std::thread::sleep(Duration::from_millis(300));
+    let end = Instant::now() + Duration::from_secs(4);
     let r = loop {
         let r =
             Http::connect(c.http).post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]));
@@ -1829,12 +1847,107 @@ fn buffered_bodies_have_a_total_budget() {
         r.text()
     );
     assert_eq!(r.headers.get("retry-after").map(String::as_str), Some("1"));
-    drop(stuck);
-    wait_for("the room back", 5, || {
+    // gRPC messages are in the same budget.
+    let (status, msg) = grpc_infer_slowly(grpc, 1_000_000, Duration::ZERO);
+    assert_eq!(status, "14", "UNAVAILABLE expected: {msg}");
+    assert!(msg.contains("--http-max-buffered-bytes"), "{msg}");
+    // The two stop sending, their bodies half read: new bodies get room.
+    flow.store(false, Ordering::Release);
+    let mut stuck: Vec<TcpStream> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    wait_for("stalled bodies to give way", 15, || {
         Http::connect(c.http)
             .post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]))
             .status
             == 200
     });
+    let (status, msg) = grpc_infer_slowly(grpc, 1_000_000, Duration::ZERO);
+    assert_eq!(status, "0", "{msg}");
+    // The fewest that make room were evicted (one here: a small body needs
+    // less than one holds), each connection closed by the server: with its
+    // 503, or reset (the kernel resets a connection closed with unread bytes,
+    // the body's, and the client may lose the answer to it). The other one
+    // still holds its room.
+    let mut closed = 0;
+    for s in &mut stuck {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut got = Vec::new();
+        let r = s.read_to_end(&mut got);
+        let text = String::from_utf8_lossy(&got);
+        if r.is_ok()
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset)
+        {
+            closed += 1;
+            assert!(
+                got.is_empty()
+                    || (text.starts_with("HTTP/1.1 503") && text.contains("stopped arriving")),
+                "{text}"
+            );
+        } else {
+            assert!(got.is_empty(), "an answer to a body still held: {text}");
+        }
+    }
+    let t = Http::connect(c.http).get("/metrics").text();
+    assert_eq!(closed, 1);
+    assert_eq!(sample(&t, "fermata_http_bodies_evicted_total"), Some(1.0));
+    drop(stuck);
+    c.stop();
+}
+
+#[test]
+fn a_request_that_waited_past_its_deadline_is_refused_before_its_body_is_read() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster("http-door", 1, |_| {});
+    let mut h = Http::connect(c.http);
+    // Not JSON: a request whose body were decoded would get 400.
+    let garbage = b"{not json at all".to_vec();
+    // 20 bytes of the head, the rest 150 ms later: past `tiny`'s 100 ms SLO
+    // before the head is parsed.
+    let r = h.post_slowly(
+        "/v2/models/tiny/infer",
+        &garbage,
+        20,
+        Duration::from_millis(150),
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.error().contains("refused at the door"), "{}", r.error());
+    assert_eq!(r.headers.get("retry-after").map(String::as_str), Some("1"));
+    // The same body sent at once is read and decoded: 400, on the same
+    // connection (the refused request's body was drained).
+    let r = h.req("POST", "/v2/models/tiny/infer", &[], &garbage);
+    assert_eq!(r.status, 400, "{}", r.text());
+    let mut ok = false;
+    for _ in 0..5 {
+        let r = h.post_json("/v2/models/tiny/infer", &tiny_json([1.0; 4], [1, 2]));
+        if r.status == 200 {
+            ok = true;
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.text());
+    }
+    assert!(ok, "5 requests in a row were dropped");
+    let t = h.get("/metrics").text();
+    assert_eq!(
+        sample(&t, "fermata_http_refused_total{reason=\"deadline\"}"),
+        Some(1.0),
+        "{t}"
+    );
+    assert_eq!(
+        sample(&t, "fermata_http_refused_total{reason=\"queue\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&t, "fermata_http_refusal_seconds_count"),
+        Some(1.0),
+        "{t}"
+    );
+    for stage in ["head", "read", "decode", "answer"] {
+        let n = sample(
+            &t,
+            &format!("fermata_http_wait_seconds_count{{stage=\"{stage}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no {stage} histogram: {t}"));
+        assert!(n >= 1.0, "{stage}: {n}");
+    }
     c.stop();
 }

@@ -23,6 +23,14 @@
 //! to [`HEADROOM_MAX`]; each step needs a fresh half-window of batches) that
 //! falls back to 1 once they no longer do.
 //!
+//! Before the first batches, a backend probes a new frontend with a few reads
+//! of one input ([`PullEstimator::probe`]). Probes give a provisional fit at
+//! their median: they run while the process is starting (models loading,
+//! buffers first touched, a connection opened), so their slowest read says
+//! what starting costs, not what a pull costs, and a p99 of eight reads is
+//! their maximum. Once [`MIN_SAMPLES`] batches were pulled, probes no longer
+//! count: the fit comes from measured pulls alone.
+//!
 //! No clock and no I/O: the driver passes the measurements in.
 
 use super::time::Dur;
@@ -46,6 +54,9 @@ pub const MIN_SAMPLES: usize = 8;
 
 /// Batches whose overrun share drives the headroom.
 const OVERRUN_WINDOW: usize = 256;
+
+/// Most probe reads kept.
+const PROBES_MAX: usize = 32;
 
 /// The fit is recomputed every this many samples (and when asked).
 const REFIT_EVERY: usize = 16;
@@ -96,6 +107,9 @@ impl PullFit {
 pub struct PullEstimator {
     cap: usize,
     samples: VecDeque<(u64, i64)>,
+    /// Probe reads (one input each), used only until [`MIN_SAMPLES`]
+    /// batches were measured.
+    probes: VecDeque<(u64, i64)>,
     since_fit: usize,
     fit: Option<PullFit>,
     /// Recent batches: did each overrun the budget predicted for it?
@@ -111,6 +125,7 @@ impl PullEstimator {
         PullEstimator {
             cap: cap.max(MIN_SAMPLES),
             samples: VecDeque::new(),
+            probes: VecDeque::new(),
             since_fit: 0,
             fit: None,
             recent: VecDeque::new(),
@@ -140,10 +155,22 @@ impl PullEstimator {
             self.samples.pop_front();
         }
         self.since_fit += 1;
-        if self.fit.is_none() || self.since_fit >= REFIT_EVERY {
+        if self.samples.len() <= MIN_SAMPLES || self.since_fit >= REFIT_EVERY {
             self.refit();
         }
         over
+    }
+
+    /// A probe read of `bytes` bytes took `took`: a provisional fit (at the
+    /// probes' median) while fewer than [`MIN_SAMPLES`] batches were measured.
+    pub fn probe(&mut self, bytes: u64, took: Dur) {
+        self.probes.push_back((bytes, took.0.max(0)));
+        if self.probes.len() > PROBES_MAX {
+            self.probes.pop_front();
+        }
+        if self.samples.len() < MIN_SAMPLES {
+            self.refit();
+        }
     }
 
     /// Recomputes the fit from the samples (and the headroom from the recent
@@ -162,7 +189,8 @@ impl PullEstimator {
                 self.recent.clear();
             }
         }
-        let Some(f) = fit_quantile(&self.samples, PULL_QUANTILE) else {
+        let measured = fit_quantile(&self.samples, PULL_QUANTILE);
+        let Some(f) = measured.or_else(|| fit_quantile(&self.probes, 0.5)) else {
             self.fit = None;
             return;
         };
@@ -173,7 +201,8 @@ impl PullEstimator {
         });
     }
 
-    /// The current fit (None until [`MIN_SAMPLES`] batches were seen).
+    /// The current fit (None until [`MIN_SAMPLES`] batches or probes were
+    /// seen).
     pub fn fit(&self) -> Option<PullFit> {
         self.fit
     }
@@ -449,5 +478,34 @@ mod tests {
                 per_mib: Dur(5000)
             }
         );
+    }
+
+    #[test]
+    fn stalled_probes_give_way_to_measured_pulls() {
+        // Eight probes of a small input while the process starts: three
+        // stalled for 10 ms, the others 20 us.
+        let mut est = PullEstimator::new(512);
+        for i in 0..8 {
+            let took = if i % 3 == 0 { 10_000_000 } else { 20_000 };
+            est.probe(3_136, Dur(took));
+        }
+        // The provisional fit is the probes' median, not their slowest read.
+        let first = est.budget(3_136).expect("a fit from the probes");
+        assert!(first <= Dur(40_000), "probe budget {first:?}");
+        // Measured batches of 8 inputs: 10 us each. After MIN_SAMPLES of
+        // them the probes no longer count.
+        for _ in 0..MIN_SAMPLES {
+            est.observe(8 * 3_136, Dur(10_000));
+        }
+        let f = est.fit().unwrap();
+        assert!(f.fixed <= Dur(10_000), "fixed {f:?}");
+        assert!(est.budget(8 * 3_136).unwrap() <= Dur(20_000));
+        // A measured stall is what pulls cost: it counts (p99 of few
+        // batches is their maximum), and a fresh estimator without probes
+        // has no fit at all.
+        est.observe(8 * 3_136, Dur(3_000_000));
+        est.refit();
+        assert!(est.budget(8 * 3_136).unwrap() >= Dur(3_000_000));
+        assert!(PullEstimator::new(64).fit().is_none());
     }
 }

@@ -218,6 +218,8 @@ pub struct LoadResult {
     pub counts: LoadCounts,
     /// Latency of the counted 200 answers, due to last byte (us).
     pub latency_us: Histogram<u64>,
+    /// Latency of the counted refusals (429 and 503), due to last byte (us).
+    pub refusal_us: Histogram<u64>,
     /// Send − due of the counted sent requests (us).
     pub lag_us: Histogram<u64>,
     pub conns_opened: u64,
@@ -359,6 +361,8 @@ pub fn infer_bodies(meta: &ModelMeta, seed: u64) -> Vec<Bytes> {
 struct Acc {
     c: LoadCounts,
     lat: Histogram<u64>,
+    /// Latency of the counted refusals (429, 503), due to last byte.
+    refusal: Histogram<u64>,
     lag: Histogram<u64>,
     /// The run's timeline, warm-up included.
     slots: Vec<Slot>,
@@ -450,6 +454,9 @@ impl Shared {
             }
             if matches!(r, Ok(200)) {
                 a.lat.saturating_record((lat.as_micros() as u64).max(1));
+            }
+            if matches!(r, Ok(429 | 503)) {
+                a.refusal.saturating_record((lat.as_micros() as u64).max(1));
             }
         }
         let i = slot_of(due.saturating_duration_since(self.t0));
@@ -572,6 +579,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         acc: Mutex::new(Acc {
             c: LoadCounts::default(),
             lat: hist(),
+            refusal: hist(),
             lag: hist(),
             slots: vec![Slot::default(); n_slots],
         }),
@@ -611,9 +619,15 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
     while sh.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (mut counts, lat, lag, mut slots) = {
+    let (mut counts, lat, refusal, lag, mut slots) = {
         let a = sh.acc();
-        (a.c.clone(), a.lat.clone(), a.lag.clone(), a.slots.clone())
+        (
+            a.c.clone(),
+            a.lat.clone(),
+            a.refusal.clone(),
+            a.lag.clone(),
+            a.slots.clone(),
+        )
     };
     for (s, &p) in slots.iter_mut().zip(&pace_late) {
         s.pace_late_max_us = p;
@@ -635,6 +649,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
     Ok(LoadResult {
         counts,
         latency_us: lat,
+        refusal_us: refusal,
         lag_us: lag,
         conns_opened: sh.opened.load(Ordering::Relaxed),
         conns_peak: sh.peak.load(Ordering::Relaxed),
@@ -712,6 +727,11 @@ pub struct Row {
     /// Of the 200 answers (on time or late), due to last byte.
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
+    /// Good answers (200 within the SLO) per second of the measured window.
+    pub good_rps: f64,
+    /// Of the refusals (429 and 503), due to last byte.
+    pub refusal_p50_ms: f64,
+    pub refusal_p99_ms: f64,
     pub client_lag_p99_ms: f64,
     pub conns_opened: u64,
     pub conns_peak: usize,
@@ -943,9 +963,12 @@ fn run_one(
         slo_ms: m.slo_ms,
         bad: r.counts.bad(),
         bad_pct: r.counts.bad_pct(),
+        good_rps: r.counts.ok as f64 / o.duration.as_secs_f64().max(1e-9),
         counts: r.counts,
         latency_p50_ms: ms(&r.latency_us, 0.5),
         latency_p99_ms: ms(&r.latency_us, 0.99),
+        refusal_p50_ms: ms(&r.refusal_us, 0.5),
+        refusal_p99_ms: ms(&r.refusal_us, 0.99),
         client_lag_p99_ms: ms(&r.lag_us, 0.99),
         conns_opened: r.conns_opened,
         conns_peak: r.conns_peak,
@@ -990,6 +1013,10 @@ pub struct Verdict {
     /// with a repetition at [`BAD_PCT_MAX`] or more bad: (rate, worst bad %).
     pub below: Vec<f64>,
     pub below_failed: Vec<(f64, f64)>,
+    /// The rates above the sustained one: (rate, the fewest good answers per
+    /// second of a repetition as a share of the sustained rate, the largest
+    /// refusal p99 of a repetition in ms).
+    pub over: Vec<(f64, f64, f64)>,
 }
 
 /// For each model (in order of appearance), its [`Verdict`].
@@ -1034,11 +1061,26 @@ pub fn verdicts(rows: &[Row]) -> Vec<Verdict> {
                 .map(|&r| (r, worst(r)))
                 .filter(|&(_, w)| w >= BAD_PCT_MAX)
                 .collect();
+            let over = match sustained_rps {
+                Some(top) => rates
+                    .iter()
+                    .copied()
+                    .filter(|&r| r > top)
+                    .map(|rate| {
+                        let reps = rows.iter().filter(|r| r.model == m && r.rate_rps == rate);
+                        let good = reps.clone().map(|r| r.good_rps).fold(f64::MAX, f64::min);
+                        let refusal = reps.map(|r| r.refusal_p99_ms).fold(0.0, f64::max);
+                        (rate, good / top, refusal)
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
             Verdict {
                 model: m,
                 sustained_rps,
                 below,
                 below_failed,
+                over,
             }
         })
         .collect()
@@ -1059,6 +1101,13 @@ impl std::fmt::Display for Verdict {
             "{}: sustains {top:.0} r/s (bad < {SUSTAINED_BAD_PCT}% in every repetition); ",
             self.model
         )?;
+        for (rate, good, refusal) in &self.over {
+            write!(
+                f,
+                "at {rate:.0} r/s ({:.2}x) good answers {good:.2} of it, refusal p99 {refusal:.1} ms; ",
+                rate / top
+            )?;
+        }
         if self.below.is_empty() {
             return write!(f, "no rate swept at or under {share:.0}% of it");
         }
@@ -1119,9 +1168,9 @@ pub fn why_bad(r: &Row) -> String {
 /// The rows as a table (one line each, with a header).
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<10} {:>7} {:>3} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>8} {:>8} {:>6}\n",
+        "{:<10} {:>7} {:>3} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8}\n",
         "model", "rate", "rep", "offered", "sent", "ok", "bad%", "late", "429", "503", "504",
-        "other", "xport", "nconn", "p50 ms", "p99 ms", "lag99 ms", "batch"
+        "other", "xport", "nconn", "p50 ms", "p99 ms", "lag99 ms", "batch", "good/s", "ref99 ms"
     );
     for r in rows {
         let c = &r.counts;
@@ -1130,7 +1179,7 @@ pub fn table(rows: &[Row]) -> String {
             .as_ref()
             .map_or("-".to_string(), |s| format!("{:.1}", s.batch_mean));
         s += &format!(
-            "{:<10} {:>7.0} {:>3} {:>7} {:>7} {:>7} {:>7.3} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
+            "{:<10} {:>7.0} {:>3} {:>7} {:>7} {:>7} {:>7.3} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>8.0} {:>8.2}\n",
             r.model,
             r.rate_rps,
             r.rep,
@@ -1148,7 +1197,9 @@ pub fn table(rows: &[Row]) -> String {
             r.latency_p50_ms,
             r.latency_p99_ms,
             r.client_lag_p99_ms,
-            batch
+            batch,
+            r.good_rps,
+            r.refusal_p99_ms
         );
     }
     s
@@ -1199,6 +1250,9 @@ mod tests {
             bad_pct,
             latency_p50_ms: 0.0,
             latency_p99_ms: 0.0,
+            good_rps: 0.0,
+            refusal_p50_ms: 0.0,
+            refusal_p99_ms: 0.0,
             client_lag_p99_ms: 0.0,
             conns_opened: 0,
             conns_peak: 0,
@@ -1290,7 +1344,21 @@ mod tests {
             row("a", 500.0, 1.5),
             row("b", 100.0, 1.0),
         ];
+        let mut rows = rows;
+        for (i, (good, refusal)) in [(5, (390.0, 2.0)), (6, (370.0, 4.5))] {
+            rows[i].good_rps = good;
+            rows[i].refusal_p99_ms = refusal;
+        }
         let v = verdicts(&rows);
+        // Past the sustained rate: the worst repetition's good answers and
+        // refusal p99.
+        assert_eq!(v[0].over, vec![(500.0, 370.0 / 400.0, 4.5)]);
+        assert!(
+            v[0].to_string()
+                .contains("at 500 r/s (1.25x) good answers 0.93 of it, refusal p99 4.5 ms"),
+            "{}",
+            v[0]
+        );
         assert_eq!(v[0].sustained_rps, Some(400.0));
         assert_eq!(v[0].below, vec![100.0, 200.0]);
         assert_eq!(v[0].below_failed, vec![(200.0, 0.2)]);

@@ -321,7 +321,7 @@ impl NetLoop {
                         break;
                     }
                     let took = Dur::from_std(t0.elapsed());
-                    sh.pull_est.lock().expect("lock").observe(len as u64, took);
+                    sh.pull_est.lock().expect("lock").probe(len as u64, took);
                 }
             });
     }

@@ -89,11 +89,23 @@ impl FrontendNode {
             http: None,
             grpc: None,
         };
+        // One buffered-bytes budget for HTTP bodies and gRPC messages.
+        let limit = opts
+            .http
+            .as_ref()
+            .map(|h| h.max_buffered_bytes)
+            .or(opts.grpc.as_ref().map(|g| g.max_buffered_bytes));
+        let bodies =
+            limit.map(|l| crate::node::http::BodyBudget::with_metrics(l, &node.shared.metrics()));
         if let Some(h) = &opts.http {
-            node.http = Some(HttpServer::start_frontend(node.shared.clone(), h)?);
+            let mut h = h.clone();
+            h.bodies = h.bodies.or(bodies.clone());
+            node.http = Some(HttpServer::start_frontend(node.shared.clone(), &h)?);
         }
         if let Some(g) = &opts.grpc {
-            node.grpc = Some(GrpcServer::start(node.shared.clone(), g)?);
+            let mut g = g.clone();
+            g.bodies = g.bodies.or(bodies);
+            node.grpc = Some(GrpcServer::start(node.shared.clone(), &g)?);
         }
         Ok(node)
     }

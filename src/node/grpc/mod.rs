@@ -27,6 +27,8 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
 
+mod budget;
+
 /// Triton's model configuration (the `ModelConfig` call's answer).
 use crate::triton_repo::pb as tc;
 
@@ -69,6 +71,13 @@ pub struct GrpcOpts {
     pub max_message_bytes: usize,
     /// Largest input tensor a request may declare (bytes).
     pub max_tensor_bytes: usize,
+    /// Most bytes of request messages being received at once, all requests
+    /// together ([`crate::node::http::default_buffered_bytes`]); a message
+    /// beyond gets UNAVAILABLE.
+    pub max_buffered_bytes: usize,
+    /// The budget shared with the frontend's HTTP server (None: the gRPC
+    /// server makes its own of `max_buffered_bytes`).
+    pub bodies: Option<Arc<crate::node::http::BodyBudget>>,
 }
 
 impl GrpcOpts {
@@ -78,6 +87,8 @@ impl GrpcOpts {
             threads: crate::node::http::default_threads(),
             max_message_bytes: 64 << 20,
             max_tensor_bytes: crate::workload::MAX_INPUT_BYTES as usize,
+            max_buffered_bytes: crate::node::http::default_buffered_bytes(),
+            bodies: None,
         }
     }
 }
@@ -188,6 +199,7 @@ impl GrpcServer {
         let std_listener = crate::node::http::server::listen_std(&o.listen)
             .with_context(|| format!("cannot listen for gRPC at {}", o.listen))?;
         let addr = std_listener.local_addr()?;
+        let metrics = fe.metrics();
         let svc = Svc {
             models: Models::new(fe.models()),
             fe,
@@ -207,6 +219,12 @@ impl GrpcServer {
             tokio::net::TcpListener::from_std(std_listener)?
         };
         let service = tonic::service::interceptor::InterceptedService::new(service, stamp_headers);
+        let service = budget::Budgeted {
+            inner: service,
+            budget: o.bodies.clone().unwrap_or_else(|| {
+                crate::node::http::BodyBudget::with_metrics(o.max_buffered_bytes, &metrics)
+            }),
+        };
         rt.spawn(async move {
             let incoming = Accept {
                 listener,

@@ -16,9 +16,9 @@ pub(in crate::node) type Fail = (StatusCode, String);
 /// The error response: `{"error": msg}` with `code`.
 pub(super) fn error(code: StatusCode, msg: impl Into<String>) -> Resp {
     let mut r = json_resp(code, &json!({ "error": msg.into() }));
-    if code == StatusCode::SERVICE_UNAVAILABLE {
-        // Every 503 is for now (draining, no scheduler, the body budget):
-        // a client may try again in a second.
+    if code == StatusCode::SERVICE_UNAVAILABLE || code == StatusCode::TOO_MANY_REQUESTS {
+        // Every 503 and 429 is for now (draining, no scheduler, the body
+        // budget, overload): a client may try again in a second.
         r.headers_mut().insert(
             hyper::header::RETRY_AFTER,
             hyper::header::HeaderValue::from_static("1"),

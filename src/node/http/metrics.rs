@@ -1,6 +1,7 @@
 //! The HTTP API's Prometheus series: responses by status code, and per model the
 //! time from an infer request's headers to its response.
 
+use super::admission::Refusal;
 use crate::metrics::{Counter, Histogram, Registry, LATENCY_BUCKETS};
 use hyper::StatusCode;
 use std::sync::Arc;
@@ -53,4 +54,62 @@ pub(super) fn infer_time_histograms<'a>(
             )
         })
         .collect()
+}
+
+/// Where an inference request waits between its first byte and its answer.
+pub(super) struct Waits {
+    /// From the first byte's arrival to the handler: the accept queue, the
+    /// unread socket, the head.
+    pub(super) head: Arc<Histogram>,
+    /// Reading the body.
+    pub(super) read: Arc<Histogram>,
+    /// Decoding it (JSON or binary) to the samples.
+    pub(super) decode: Arc<Histogram>,
+    /// From the hand-over to the frontend's loop to the answer.
+    pub(super) answer: Arc<Histogram>,
+    /// From the first byte's arrival to a refusal at the door.
+    pub(super) refusal: Arc<Histogram>,
+    /// Refusals at the door, by [`Refusal`].
+    pub(super) refused: Vec<Counter>,
+}
+
+impl Waits {
+    pub(super) fn new(reg: &Registry) -> Waits {
+        let stage = |s: &str| {
+            reg.histogram(
+                "fermata_http_wait_seconds",
+                "Where HTTP infer requests wait: `head` (from the first byte's arrival to the handler: accept queue, unread socket, head), `read` (the body), `decode` (the body to samples), `answer` (from the hand-over to the frontend's loop to the answer).",
+                &[("stage", s)],
+                Histogram::seconds(LATENCY_BUCKETS),
+            )
+        };
+        Waits {
+            head: stage("head"),
+            read: stage("read"),
+            decode: stage("decode"),
+            answer: stage("answer"),
+            refusal: reg.histogram(
+                "fermata_http_refusal_seconds",
+                "HTTP infer requests refused at the door: from the first byte's arrival to the refusal.",
+                &[],
+                Histogram::seconds(LATENCY_BUCKETS),
+            ),
+            refused: Refusal::ALL
+                .iter()
+                .map(|r| {
+                    reg.counter(
+                        "fermata_http_refused_total",
+                        "HTTP infer requests refused at the door before their body was read: `deadline` (waited past what their deadline allows), `queue` (their model's queue ahead is longer than their time left), `backlog` (--http-max-pending requests being read or decoded).",
+                        &[("reason", r.label())],
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    pub(super) fn refused(&self, r: Refusal) {
+        if let Some(c) = self.refused.get(r as usize) {
+            c.inc();
+        }
+    }
 }

@@ -22,7 +22,7 @@
 //! | unknown model or route | 404 |
 //! | body (compressed or not) or tensor over the limits | 413 |
 //! | a `Content-Encoding` other than gzip, deflate or identity | 415 |
-//! | dropped because it could not meet its deadline (expired, early drop, too late on its backend), queue full, overloaded, input region full | 429 |
+//! | dropped because it could not meet its deadline (expired, early drop, too late on its backend), queue full, overloaded, input region full; refused at the door before its body was read | 429 |
 //! | the backend failed to run it or read its input | 500 |
 //! | no GPU in service, no scheduler, its backend lost, scheduler shutting down | 503 |
 //! | late (output after the deadline) or no answer by the deadline plus the frontend's grace | 504 |
@@ -47,9 +47,13 @@
 //! * `model.rs`: a model as the API shows it (its tensors, its metadata).
 //! * `triton.rs`: Triton's documents: a model's configuration and statistics.
 //! * `metrics.rs`: the API's Prometheus series.
-//! * `body_budget.rs`: the total of request bodies buffered at once.
+//! * `body_budget.rs`: the total of request bodies (and gRPC messages)
+//!   buffered at once; stalled bodies give way.
+//! * `admission.rs`: the door: requests refused before their body is read
+//!   (deadline, the model's queue ahead, the decoding backlog).
 
-mod body_budget;
+mod admission;
+pub(in crate::node) mod body_budget;
 mod conns;
 pub(in crate::node) mod errors;
 mod metrics;
@@ -62,8 +66,10 @@ pub(in crate::node) mod server;
 mod tensor;
 pub(in crate::node) mod triton;
 
-pub use body_budget::default_buffered_bytes;
-pub use options::{default_max_connections, default_threads, HttpOpts, RESERVED_FDS};
+pub use body_budget::{default_buffered_bytes, BodyBudget};
+pub use options::{
+    default_max_connections, default_threads, HttpOpts, DEFAULT_MAX_PENDING, RESERVED_FDS,
+};
 pub use request::MAX_TIMEOUT_US;
 pub use routes::JsonGet;
 pub use server::{Drained, HttpServer};

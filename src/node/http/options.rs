@@ -20,6 +20,10 @@ pub struct HttpOpts {
     pub max_buffered_bytes: usize,
     /// Largest input tensor a request may declare (bytes); larger ones get 413.
     pub max_tensor_bytes: usize,
+    /// Most inference bodies read and not yet decoded at once
+    /// ([`DEFAULT_MAX_PENDING`]); a request beyond is refused at the door
+    /// (429 with `Retry-After`) before its body is read.
+    pub max_pending: usize,
     /// Most connections open at once ([`default_max_connections`]). A new one
     /// beyond closes the connection that has waited longest for its next
     /// request; with none waiting it is answered 503 and closed.
@@ -34,6 +38,9 @@ pub struct HttpOpts {
     /// More registries rendered on `/metrics` with the frontend's own (the other
     /// nodes of `fermata serve`).
     pub extra_metrics: Vec<Arc<Registry>>,
+    /// The buffered-bytes budget shared with the frontend's gRPC server (None:
+    /// the HTTP server makes its own of `max_buffered_bytes`).
+    pub bodies: Option<Arc<super::body_budget::BodyBudget>>,
 }
 
 impl std::fmt::Debug for HttpOpts {
@@ -44,6 +51,7 @@ impl std::fmt::Debug for HttpOpts {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_buffered_bytes", &self.max_buffered_bytes)
             .field("max_tensor_bytes", &self.max_tensor_bytes)
+            .field("max_pending", &self.max_pending)
             .field("max_connections", &self.max_connections)
             .field("header_timeout", &self.header_timeout)
             .field("body_timeout", &self.body_timeout)
@@ -51,6 +59,11 @@ impl std::fmt::Debug for HttpOpts {
             .finish()
     }
 }
+
+/// Inference bodies read and not yet decoded, at most, by default: about a
+/// second of decoding on one core for small JSON bodies; beyond, the server
+/// is that far behind and a new request is better refused at once.
+pub const DEFAULT_MAX_PENDING: usize = 1024;
 
 /// File descriptors kept for everything but HTTP connections (the listening
 /// sockets, the cluster's connections, logs, models).
@@ -94,10 +107,12 @@ impl HttpOpts {
             max_body_bytes: 64 << 20,
             max_buffered_bytes: super::default_buffered_bytes(),
             max_tensor_bytes: crate::workload::MAX_INPUT_BYTES as usize,
+            max_pending: DEFAULT_MAX_PENDING,
             max_connections: default_max_connections(),
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
             extra_metrics: Vec::new(),
+            bodies: None,
         }
     }
 }

@@ -5,9 +5,10 @@
 //! response is counted by status code; a body left unread is drained so that a
 //! keep-alive client can go on with its connection.
 
+use super::admission::{Answer, Door, Refusal};
 use super::body_budget::{BodyBudget, Held};
 use super::errors::{bad, error, too_large_body, Fail};
-use super::metrics::{infer_time_histograms, Codes};
+use super::metrics::{infer_time_histograms, Codes, Waits};
 use super::model::Models;
 use super::options::HttpOpts;
 use super::request::{decode_raw, decode_request};
@@ -17,13 +18,13 @@ use super::tensor::HEADER_LEN;
 use super::triton::{config_json, stats_json, EXTENSIONS};
 use crate::metrics::{self, Histogram, Registry};
 use crate::node::frontend::FrontendHandle;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Bytes, Incoming};
 use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the server's handlers share.
@@ -39,6 +40,12 @@ pub(super) struct App {
     codes: Option<Codes>,
     /// Per model: from the request's receipt to the response (infer only).
     infer_time: Vec<Arc<Histogram>>,
+    /// Admission at the door (None: metrics-only server).
+    door: Option<Mutex<Door>>,
+    /// Where requests wait, and the door's refusals.
+    waits: Option<Waits>,
+    /// The door's clock starts here.
+    start: Instant,
     /// Extra read-only JSON documents: GET /PATH answers the function's JSON.
     json_gets: Vec<(String, JsonGet)>,
     /// Draining (readiness 503) and the requests being answered.
@@ -71,6 +78,7 @@ impl App {
     pub(super) fn frontend(fe: FrontendHandle, o: &HttpOpts) -> App {
         let reg = fe.metrics();
         let models = Models::new(fe.models());
+        let n_models = fe.models().len();
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
         regs.extend(o.extra_metrics.iter().cloned());
@@ -79,10 +87,16 @@ impl App {
             fe: Some(fe),
             regs,
             max_body: o.max_body_bytes,
-            bodies: BodyBudget::new(o.max_buffered_bytes),
+            bodies: o
+                .bodies
+                .clone()
+                .unwrap_or_else(|| BodyBudget::with_metrics(o.max_buffered_bytes, &reg)),
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
+            door: Some(Mutex::new(Door::new(n_models, o.max_pending))),
+            waits: Some(Waits::new(&reg)),
+            start: Instant::now(),
             infer_time,
             json_gets: Vec::new(),
             life: Arc::default(),
@@ -100,6 +114,9 @@ impl App {
             max_tensor: 0,
             body_timeout: Duration::from_secs(1),
             codes: None,
+            door: None,
+            waits: None,
+            start: Instant::now(),
             infer_time: Vec::new(),
             json_gets: Vec::new(),
             life: Arc::default(),
@@ -196,9 +213,9 @@ impl App {
             },
             _ => no_route(&method, &path),
         };
-        self.done(req, &resp, model_idx, t0).await;
+        let unread = self.done(req, &resp, model_idx, t0).await;
         let mut resp = resp;
-        if self.life.draining.load(Ordering::Acquire) {
+        if unread || self.life.draining.load(Ordering::Acquire) {
             // From the start of a drain every answer says so: a keep-alive
             // client opens its next request elsewhere instead of on a
             // connection about to close.
@@ -211,20 +228,38 @@ impl App {
     }
 
     /// After the response: drains a body not read, counts the status code and,
-    /// for an inference of model `model_idx`, its time since `t0`.
+    /// for an inference of model `model_idx`, its time since `t0`. True when
+    /// a body is left unread: the connection must close after the answer.
     async fn done(
         &self,
         req: Option<Request<Incoming>>,
         resp: &Resp,
         model_idx: Option<usize>,
         t0: Instant,
-    ) {
-        // A body not read (an error answered first) is read and dropped, so a
-        // keep-alive client can go on with its connection.
+    ) -> bool {
+        let mut unread = false;
+        // A small body not read (an error answered first, a refusal at the
+        // door) is read and dropped frame by frame, never buffered, so that a
+        // keep-alive client can go on with its connection. A larger one, or
+        // one of unknown length, is left unread and the connection closes:
+        // reading it would spend on a refused request what refusing saves, and
+        // the buffered-bytes budget does not hold it.
         if let Some(r) = req {
-            let limit = self.max_body.max(64 << 10);
-            let drain = Limited::new(r.into_body(), limit).collect();
-            let _ = tokio::time::timeout(self.body_timeout, drain).await;
+            if !r.body().is_end_stream() {
+                let declared = r
+                    .headers()
+                    .get(CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|s| s.parse::<u64>().ok());
+                match declared {
+                    Some(n) if n <= DRAIN_MAX_BYTES => {
+                        let mut body = r.into_body();
+                        let drain = async move { while let Some(Ok(_)) = body.frame().await {} };
+                        let _ = tokio::time::timeout(self.body_timeout, drain).await;
+                    }
+                    _ => unread = true,
+                }
+            }
         }
         if let Some(c) = &self.codes {
             c.count(resp.status());
@@ -232,6 +267,7 @@ impl App {
         if let Some(i) = model_idx {
             self.infer_time[i].observe_duration(t0.elapsed());
         }
+        unread
     }
 
     /// `/v2/models/{name}/{rest}` of model `i` (`at`: the request's method and
@@ -273,9 +309,25 @@ impl App {
                 ),
             },
             (&Method::POST, ["infer"]) => {
+                if let Err(fail) = self.admit(i, t0) {
+                    // Refused before its body is read: `done` drains it.
+                    return (error(fail.0, fail.1), true);
+                }
                 let r = match self.infer(i, req.take().expect("once"), t0).await {
                     Ok(r) => r,
-                    Err((code, msg)) => error(code, msg),
+                    Err((code, msg)) => {
+                        let mut r = error(code, msg);
+                        if matches!(code.as_u16(), 408 | 413 | 503) {
+                            // Its body may be left unread (too large, too
+                            // slow, no room, evicted): the connection closes
+                            // after the answer rather than wait for the rest.
+                            r.headers_mut().insert(
+                                hyper::header::CONNECTION,
+                                hyper::header::HeaderValue::from_static("close"),
+                            );
+                        }
+                        r
+                    }
                 };
                 return (r, true);
             }
@@ -286,6 +338,40 @@ impl App {
             _ => no_route(method, path),
         };
         (r, false)
+    }
+
+    /// The door's verdict on an inference of model `i` whose first byte came
+    /// at `received`, before its body is read ([`Door::admit`]): 429 with
+    /// `Retry-After` when refused.
+    fn admit(&self, i: usize, received: Instant) -> Result<(), Fail> {
+        let (Some(door), Some(w)) = (&self.door, &self.waits) else {
+            return Ok(());
+        };
+        let waited = received.elapsed();
+        w.head.observe_duration(waited);
+        let slo = Duration::from_nanos(self.models[i].info.slo.0.max(0) as u64);
+        let r = door
+            .lock()
+            .expect("door lock")
+            .admit(i, waited, slo, self.start.elapsed());
+        let Err(why) = r else {
+            return Ok(());
+        };
+        w.refused(why);
+        w.refusal.observe_duration(received.elapsed());
+        let msg = match why {
+            Refusal::Deadline => format!(
+                "refused at the door: the request waited {} ms before it was read, too long to be answered within its model's SLO of {} ms; retry",
+                waited.as_millis(),
+                slo.as_millis()
+            ),
+            Refusal::Queue => "refused at the door: the model is overloaded (its requests ahead would take longer than this one's SLO); retry".to_string(),
+            Refusal::Backlog => format!(
+                "refused at the door: {} request bodies wait to be decoded (--http-max-pending); retry",
+                door.lock().expect("door lock").max_pending()
+            ),
+        };
+        Err((StatusCode::TOO_MANY_REQUESTS, msg))
     }
 
     /// Ready for requests: the frontend is, and this server is not draining.
@@ -354,7 +440,14 @@ impl App {
         let header_len = header_len(&req)?;
         let encoding = content_encoding(&req)?;
         // `_held` keeps the body's share of the budget until the answer.
+        let t_read = Instant::now();
         let (mut body, _held) = self.read_body(req).await?;
+        let t_decode = Instant::now();
+        if let Some(w) = &self.waits {
+            w.read.observe_duration(t_decode - t_read);
+        }
+        // Pending at the door from here until handed over (or dropped).
+        let mut pending = Pending::new(self.door.as_ref());
         if let Some(enc) = encoding {
             body = if body.len() <= DECODE_INLINE_BYTES {
                 decompress(enc, &body, self.max_body)?
@@ -401,6 +494,11 @@ impl App {
                 })??
             }
         };
+        if let Some(w) = &self.waits {
+            w.decode.observe_duration(t_decode.elapsed());
+        }
+        let t_sub = Instant::now();
+        let mut flight = pending.handed_over(i, d.samples.len() as u64);
         let done = self
             .fe()
             .infer_samples(i, d.slo, d.samples, received)
@@ -411,6 +509,11 @@ impl App {
                     "the frontend is stopping".to_string(),
                 )
             })?;
+        let took = t_sub.elapsed();
+        if let Some(w) = &self.waits {
+            w.answer.observe_duration(took);
+        }
+        flight.answered(&done, took, self.start.elapsed());
         let resp = answer(&m.info, meta, &d.id, &d.outputs, &done);
         self.fe().record_margins(i, &done);
         if let Some(s) = self.fe().stats(i) {
@@ -440,25 +543,35 @@ impl App {
         let max = self.max_body;
         let budget = self.bodies.clone();
         let mut held = budget.hold();
-        if !held.take(cap) {
+        if !held.take_or_wait(cap).await {
             return Err(no_room(&budget, cap));
         }
         let read = async move {
             let mut body = req.into_body();
             let mut buf: Vec<u8> = Vec::with_capacity(cap);
-            while let Some(f) = body.frame().await {
+            loop {
+                // A body that stopped arriving gives way when the budget needs
+                // its room ([`BodyBudget`]): 503, and the connection closes
+                // (its body is left unread).
+                let f = tokio::select! {
+                    f = body.frame() => f,
+                    _ = held.evicted() => return Err(evicted(&budget)),
+                };
+                let Some(f) = f else { break };
                 let f = f.map_err(|e| bad(format!("cannot read the request body: {e}")))?;
                 if let Ok(d) = f.into_data() {
                     if buf.len() + d.len() > max {
                         return Err(too_large_body((buf.len() + d.len()) as u64, max));
                     }
                     let more = (buf.len() + d.len()).saturating_sub(held.bytes());
-                    if !held.take(more) {
+                    if more > 0 && !held.take_or_wait(more).await {
                         return Err(no_room(&budget, buf.len() + d.len()));
                     }
+                    held.received(d.len() - more.min(d.len()));
                     buf.extend_from_slice(&d);
                 }
             }
+            held.complete();
             Ok((Bytes::from(buf), held))
         };
         match tokio::time::timeout(self.body_timeout, read).await {
@@ -474,6 +587,95 @@ impl App {
     }
 }
 
+/// A request pending at the door (its body read, not yet handed over):
+/// abandoned when dropped before [`Pending::handed_over`].
+struct Pending<'a> {
+    door: Option<&'a Mutex<Door>>,
+}
+
+impl<'a> Pending<'a> {
+    fn new(door: Option<&'a Mutex<Door>>) -> Pending<'a> {
+        if let Some(d) = door {
+            d.lock().expect("door lock").decoding();
+        }
+        Pending { door }
+    }
+
+    /// Handed over as `samples` tasks of model `m`: in flight until answered.
+    fn handed_over(&mut self, m: usize, samples: u64) -> Flight<'a> {
+        let door = self.door.take();
+        if let Some(d) = door {
+            d.lock().expect("door lock").handed_over(m, samples);
+        }
+        Flight {
+            door,
+            model: m,
+            left: samples,
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.door {
+            d.lock().expect("door lock").abandoned();
+        }
+    }
+}
+
+/// A request's tasks in flight as the door counts them: those not answered
+/// when dropped (the client went away, the frontend stopped) count as
+/// answered with nothing said of load.
+struct Flight<'a> {
+    door: Option<&'a Mutex<Door>>,
+    model: usize,
+    left: u64,
+}
+
+impl Flight<'_> {
+    /// The answers, `took` after the hand-over, at the door's `now`.
+    fn answered(
+        &mut self,
+        done: &[crate::node::frontend::InferDone],
+        took: Duration,
+        now: Duration,
+    ) {
+        use crate::node::frontend::Ended;
+        use crate::wire::DropReason as R;
+        let Some(d) = self.door else {
+            return;
+        };
+        let mut door = d.lock().expect("door lock");
+        for x in done.iter().take(self.left as usize) {
+            let a = match x.ended {
+                Ended::Good => Answer::Good(took),
+                Ended::Late
+                | Ended::TimedOut
+                | Ended::RegionFull
+                | Ended::Dropped(
+                    R::Expired | R::EarlyDrop | R::TooLate | R::QueueFull | R::Overloaded,
+                ) => Answer::Shed,
+                _ => Answer::Other,
+            };
+            door.answered(self.model, a, now);
+        }
+        self.left = self.left.saturating_sub(done.len() as u64);
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.door {
+            if self.left > 0 {
+                let mut door = d.lock().expect("door lock");
+                for _ in 0..self.left {
+                    door.answered(self.model, Answer::Other, Duration::ZERO);
+                }
+            }
+        }
+    }
+}
+
 /// 503: the body budget has no room for `n` more bytes.
 fn no_room(b: &BodyBudget, n: usize) -> Fail {
     (
@@ -481,6 +683,21 @@ fn no_room(b: &BodyBudget, n: usize) -> Fail {
         format!(
             "the server buffers {} of its {} bytes of request bodies (--http-max-buffered-bytes); a body of {n} bytes does not fit now, retry",
             b.held(),
+            b.limit()
+        ),
+    )
+}
+
+/// The largest body of an answered request (an error, a refusal) read and
+/// dropped to keep its connection; a larger one closes it.
+const DRAIN_MAX_BYTES: u64 = 256 << 10;
+
+/// 503: the body stopped arriving and was evicted to make room for others.
+fn evicted(b: &BodyBudget) -> Fail {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the request body stopped arriving while the server's {} bytes of buffered bodies (--http-max-buffered-bytes) were needed by others; it was dropped, retry",
             b.limit()
         ),
     )

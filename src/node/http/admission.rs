@@ -1,0 +1,340 @@
+//! Admission at the door ([`Door`]): whether an inference request is taken
+//! before its body is read and decoded, so that under overload the server
+//! spends its cores on requests it can serve, not on decoding requests the
+//! scheduler will drop by their deadline.
+//!
+//! A request is refused at once (429 with `Retry-After`), before a byte of its
+//! body is read, when
+//! - **its deadline cannot be met**: the time it already waited (from its
+//!   first byte's arrival, the accept queue and unread socket included) plus
+//!   the least time its model took from hand-over to a good answer recently
+//!   leaves no time before its model's SLO runs out;
+//! - **its model's queue is ahead of it**: while the model sheds (a request
+//!   of it was dropped for its deadline, late or timed out within
+//!   [`SHED_MEMORY`]), the requests of the model handed over and not yet
+//!   answered would take longer to clear, at the rate of good answers the
+//!   model gave recently, than the request has left. Little's law: the
+//!   queueing delay ahead is `in flight / good rate`. With no shedding the
+//!   check is off: a burst after a quiet spell is never judged by the quiet
+//!   spell's rate;
+//! - **the backlog is full**: [`Door::max_pending`] requests whose bodies
+//!   were read wait for their decoding or are being decoded (the work the
+//!   server's cores are behind on).
+//!
+//! A request is judged by its model's default SLO (the body, which may carry
+//! its own `timeout`, is not read yet); the scheduler judges it again by the
+//! deadline it carries.
+//!
+//! No clock and no I/O: the server passes the times in (from its own start).
+//! Written here: the decision needs the scheduler's outcomes of each model,
+//! which no generic rate limiter or load-shedding layer (tower's) sees.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// A model sheds while one of its requests was dropped for its deadline
+/// within this time.
+pub const SHED_MEMORY: Duration = Duration::from_secs(1);
+
+/// Good answers are counted in buckets of this length ...
+const BUCKET: Duration = Duration::from_millis(100);
+/// ... and the good rate is taken over this many of them.
+const BUCKETS: usize = 10;
+
+/// Recent good answers whose hand-over-to-answer time gives the least time a
+/// request needs.
+const NEED_SAMPLES: usize = 64;
+
+/// The queue-ahead check refuses only when the queue ahead exceeds the time
+/// left by this factor: the estimate is a mean, and a request refused that
+/// would have been served costs more than one admitted and dropped.
+const AHEAD_MARGIN: f64 = 1.1;
+
+/// Why a request was refused at the door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// It waited so long that its deadline cannot be met.
+    Deadline,
+    /// Its model's queue ahead of it is longer than its time left.
+    Queue,
+    /// Too many requests are being read or decoded.
+    Backlog,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 3] = [Refusal::Deadline, Refusal::Queue, Refusal::Backlog];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Deadline => "deadline",
+            Refusal::Queue => "queue",
+            Refusal::Backlog => "backlog",
+        }
+    }
+}
+
+/// How a request handed over ended, as the door counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Good, after this long from hand-over.
+    Good(Duration),
+    /// Dropped for its deadline, late, or timed out: the model sheds.
+    Shed,
+    /// Anything else (bad request, no GPU, failure): says nothing of load.
+    Other,
+}
+
+/// One model's view.
+#[derive(Debug, Default)]
+struct ModelView {
+    /// Samples handed over and not answered yet.
+    in_flight: u64,
+    /// Good answers per bucket: (bucket index, count).
+    good: VecDeque<(u64, u64)>,
+    /// Hand-over-to-good-answer times, most recent last.
+    need: VecDeque<Duration>,
+    last_shed: Option<Duration>,
+}
+
+impl ModelView {
+    fn good_rate(&self, now: Duration) -> f64 {
+        let cur = bucket(now);
+        let first = cur.saturating_sub(BUCKETS as u64 - 1);
+        let n: u64 = self
+            .good
+            .iter()
+            .filter(|(b, _)| *b >= first)
+            .map(|(_, c)| c)
+            .sum();
+        // Over the buckets covered: the current one counts by its elapsed part.
+        let span = (cur - first) as f64 * BUCKET.as_secs_f64()
+            + (now.as_secs_f64() - cur as f64 * BUCKET.as_secs_f64());
+        n as f64 / span.max(BUCKET.as_secs_f64())
+    }
+
+    fn need(&self) -> Duration {
+        self.need.iter().min().copied().unwrap_or_default()
+    }
+}
+
+fn bucket(t: Duration) -> u64 {
+    (t.as_nanos() / BUCKET.as_nanos()) as u64
+}
+
+/// The door of one server: every model's view and the backlog.
+#[derive(Debug)]
+pub struct Door {
+    models: Vec<ModelView>,
+    pending: usize,
+    max_pending: usize,
+}
+
+impl Door {
+    /// A door for `models` models, at most `max_pending` bodies read and not
+    /// yet decoded.
+    pub fn new(models: usize, max_pending: usize) -> Door {
+        Door {
+            models: (0..models).map(|_| ModelView::default()).collect(),
+            pending: 0,
+            max_pending: max_pending.max(1),
+        }
+    }
+
+    pub fn max_pending(&self) -> usize {
+        self.max_pending
+    }
+
+    /// Bodies read and not yet decoded now.
+    #[cfg(test)]
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// A request of model `m` whose first byte came `waited` ago, with `slo`
+    /// to be answered in: Ok, or why it is refused.
+    pub fn admit(
+        &mut self,
+        m: usize,
+        waited: Duration,
+        slo: Duration,
+        now: Duration,
+    ) -> Result<(), Refusal> {
+        if self.pending >= self.max_pending {
+            return Err(Refusal::Backlog);
+        }
+        if let Some(v) = self.models.get(m) {
+            let left = slo.saturating_sub(waited);
+            if left <= v.need() {
+                return Err(Refusal::Deadline);
+            }
+            let shedding = v
+                .last_shed
+                .is_some_and(|t| now.saturating_sub(t) < SHED_MEMORY);
+            if shedding && v.in_flight > 0 {
+                let rate = v.good_rate(now);
+                let ahead = if rate > 0.0 {
+                    v.in_flight as f64 / rate
+                } else {
+                    f64::INFINITY
+                };
+                if ahead > left.as_secs_f64() * AHEAD_MARGIN {
+                    return Err(Refusal::Queue);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An admitted request's body was read: it is pending until
+    /// [`Door::handed_over`] or [`Door::abandoned`].
+    pub fn decoding(&mut self) {
+        self.pending += 1;
+    }
+
+    /// A pending request ended before it was handed over (a bad body).
+    pub fn abandoned(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
+    }
+
+    /// A pending request of model `m` was handed over as `samples` tasks.
+    pub fn handed_over(&mut self, m: usize, samples: u64) {
+        self.pending = self.pending.saturating_sub(1);
+        if let Some(v) = self.models.get_mut(m) {
+            v.in_flight += samples;
+        }
+    }
+
+    /// A task of model `m` handed over was answered at `now`.
+    pub fn answered(&mut self, m: usize, a: Answer, now: Duration) {
+        let Some(v) = self.models.get_mut(m) else {
+            return;
+        };
+        v.in_flight = v.in_flight.saturating_sub(1);
+        match a {
+            Answer::Good(took) => {
+                let b = bucket(now);
+                match v.good.back_mut() {
+                    Some((last, c)) if *last == b => *c += 1,
+                    _ => v.good.push_back((b, 1)),
+                }
+                while v.good.len() > BUCKETS {
+                    v.good.pop_front();
+                }
+                v.need.push_back(took);
+                if v.need.len() > NEED_SAMPLES {
+                    v.need.pop_front();
+                }
+            }
+            Answer::Shed => v.last_shed = Some(now),
+            Answer::Other => {}
+        }
+    }
+
+    /// Model `m`'s estimate of the queueing delay ahead of a new request
+    /// (None while it gave no good answer recently).
+    #[cfg(test)]
+    pub fn ahead(&self, m: usize, now: Duration) -> Option<Duration> {
+        let v = self.models.get(m)?;
+        let rate = v.good_rate(now);
+        (rate > 0.0).then(|| Duration::from_secs_f64(v.in_flight as f64 / rate))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLO: Duration = Duration::from_millis(100);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Serves `rate` requests/s for `secs` seconds from `t0`, each good after
+    /// `took`, with `in_flight` requests in flight throughout.
+    fn steady(d: &mut Door, t0: Duration, rate: u64, secs: u64, took: Duration) -> Duration {
+        let step = Duration::from_nanos(1_000_000_000 / rate);
+        let mut t = t0;
+        for _ in 0..rate * secs {
+            d.admit(0, ms(1), SLO, t).expect("admitted below capacity");
+            d.decoding();
+            d.handed_over(0, 1);
+            d.answered(0, Answer::Good(took), t);
+            t += step;
+        }
+        t
+    }
+
+    #[test]
+    fn a_request_that_waited_past_what_its_deadline_allows_is_refused() {
+        let mut d = Door::new(1, 8);
+        // No answer yet: only a request whose SLO ran out is refused.
+        assert_eq!(d.admit(0, SLO, SLO, ms(0)), Err(Refusal::Deadline));
+        assert_eq!(d.admit(0, ms(99), SLO, ms(0)), Ok(()));
+        d.handed_over(0, 1);
+        // Good answers took at least 20 ms from hand-over.
+        d.answered(0, Answer::Good(ms(20)), ms(10));
+        d.answered(0, Answer::Good(ms(35)), ms(10));
+        assert_eq!(d.admit(0, ms(85), SLO, ms(20)), Err(Refusal::Deadline));
+        assert_eq!(d.admit(0, ms(75), SLO, ms(20)), Ok(()));
+        // An unknown model index is not judged by any view.
+        assert_eq!(d.admit(7, ms(0), SLO, ms(20)), Ok(()));
+    }
+
+    #[test]
+    fn the_queue_ahead_refuses_only_while_the_model_sheds() {
+        let mut d = Door::new(1, 1 << 20);
+        // 1,000 r/s good, each answered 10 ms after hand-over.
+        let mut t = steady(&mut d, ms(0), 1000, 2, ms(10));
+        // 300 requests handed over and not answered: 0.3 s ahead at 1,000/s,
+        // past a 100 ms SLO; but nothing was shed, so they are taken.
+        for _ in 0..300 {
+            d.admit(0, ms(1), SLO, t).expect("no shedding: admitted");
+            d.decoding();
+            d.handed_over(0, 1);
+        }
+        let ahead = d.ahead(0, t).unwrap();
+        assert!(ahead > ms(250) && ahead < ms(350), "{ahead:?}");
+        // One is dropped for its deadline: now the queue ahead refuses.
+        d.answered(0, Answer::Shed, t);
+        assert_eq!(d.admit(0, ms(1), SLO, t), Err(Refusal::Queue));
+        // The queue clears (answered good): admitted again while shedding.
+        for _ in 0..250 {
+            d.answered(0, Answer::Good(ms(10)), t);
+            t += ms(1);
+        }
+        assert_eq!(d.admit(0, ms(1), SLO, t), Ok(()));
+        // A shed long ago no longer counts.
+        for _ in 0..300 {
+            d.handed_over(0, 1);
+        }
+        let later = t + SHED_MEMORY + ms(1);
+        assert_eq!(d.pending(), 0);
+        // No good answers in the last second: the rate is zero, but with no
+        // shedding the request is taken.
+        assert_eq!(d.admit(0, ms(1), SLO, later), Ok(()));
+        // Shedding with no good answer at all: the queue is ahead for ever.
+        d.answered(0, Answer::Shed, later);
+        assert_eq!(d.admit(0, ms(1), SLO, later), Err(Refusal::Queue));
+        // Other outcomes say nothing of load.
+        let mut e = Door::new(1, 8);
+        e.handed_over(0, 1);
+        e.answered(0, Answer::Other, ms(0));
+        assert_eq!(e.admit(0, ms(1), SLO, ms(0)), Ok(()));
+    }
+
+    #[test]
+    fn the_backlog_is_bounded_and_gives_back_on_hand_over_or_abandon() {
+        let mut d = Door::new(1, 2);
+        assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
+        d.decoding();
+        assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
+        d.decoding();
+        assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Err(Refusal::Backlog));
+        d.handed_over(0, 4);
+        assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
+        d.abandoned();
+        assert_eq!(d.pending(), 0);
+        assert_eq!(d.max_pending(), 2);
+    }
+}
