@@ -620,6 +620,31 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
     }
 }
 
+/// CDF plot (SVG) of normalised cost, one line per planner.
+pub fn cdf_svg(r: &Report) -> String {
+    use super::plot::{line_chart_svg, Series};
+    let series: Vec<Series> = r
+        .planners
+        .iter()
+        .filter(|s| s.planner != "exact")
+        .map(|s| Series {
+            name: s.planner.clone(),
+            points: s
+                .norms
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (x, (i + 1) as f64 / s.norms.len() as f64))
+                .collect(),
+        })
+        .collect();
+    line_chart_svg(
+        &format!("Cost normalised to fermata, price ratio {}", r.price_ratio),
+        "cost / fermata's cost",
+        "CDF of workloads",
+        &series,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,29 +688,4 @@ mod tests {
         let svg = cdf_svg(&r);
         assert!(svg.contains("<svg") && svg.contains("harpagon"));
     }
-}
-
-/// CDF plot (SVG) of normalised cost, one line per planner.
-pub fn cdf_svg(r: &Report) -> String {
-    use super::plot::{line_chart_svg, Series};
-    let series: Vec<Series> = r
-        .planners
-        .iter()
-        .filter(|s| s.planner != "exact")
-        .map(|s| Series {
-            name: s.planner.clone(),
-            points: s
-                .norms
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| (x, (i + 1) as f64 / s.norms.len() as f64))
-                .collect(),
-        })
-        .collect();
-    line_chart_svg(
-        &format!("Cost normalised to fermata, price ratio {}", r.price_ratio),
-        "cost / fermata's cost",
-        "CDF of workloads",
-        &series,
-    )
 }

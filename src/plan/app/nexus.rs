@@ -1,7 +1,7 @@
 //! Nexus's squishy bin packing and prefix batching (papers/nexus.txt §4.1, §6).
 //!
-//! * [`squishy_pack`]: sessions (a model's batch profile, a latency SLO, a rate)
-//!   on GPUs of one type. Saturated GPUs run a session alone at the largest batch
+//! * [`squishy_pack`] places sessions (a model's batch profile, a latency SLO, a
+//!   rate) on GPUs of one type. Saturated GPUs run a session alone at the largest batch
 //!   `B` with `2 ℓ(B) <= L`; each residual rate gets the largest batch `b` with
 //!   `ℓ(b) + b/r <= L`, a duty cycle `d = b/r` and an occupancy `ℓ(b)/d`.
 //!   Residuals are placed best fit decreasing by occupancy: merging into a GPU
@@ -9,7 +9,8 @@
 //!   `b' = ⌊d · r⌋` with `ℓ(b')` from its profile, and fits when `Σ ℓ <= d` and
 //!   every session's `d + ℓ(b') <= L`; among the GPUs it fits, the one left
 //!   fullest.
-//! * [`prefix_latency`]: modules that declare the same prefix batch it together:
+//! * [`prefix_latency`] is a merged batch's latency when modules that declare the
+//!   same prefix batch it together ([`merge_prefixes`] applies it to a plan):
 //!   `ℓ_prefix(Σ b_i) + Σ ℓ_suffix_i(b_i)`.
 //!
 //! Latencies in profiles are looked up by linear interpolation between profiled
