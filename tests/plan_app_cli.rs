@@ -103,3 +103,34 @@ fn a_cyclic_application_is_refused_with_status_2() {
     assert!(err.contains("unknown planner"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn bench_planners_writes_the_cdf_and_states_the_cost_it_compares() {
+    let dir = std::env::temp_dir().join(format!("fermata-bench-planners-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("cdf.svg");
+    let (code, out, err) = fermata(&[
+        "bench",
+        "planners",
+        "--workloads",
+        "3",
+        "--seed",
+        "5",
+        "--price-ratio",
+        "0.2",
+        "--exact-limit-s",
+        "5",
+        "--no-ablations",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("costs: fractional"), "{out}");
+    assert!(
+        out.contains("fermata at most every other planner's fractional cost on 100.0%"),
+        "{out}"
+    );
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.contains("<svg") && s.contains("nexus"), "{s}");
+    std::fs::remove_dir_all(&dir).ok();
+}

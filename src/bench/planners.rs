@@ -15,6 +15,7 @@
 //! * SLO: 1.3-4x the smallest latency the longest path can reach;
 //! * prices: A100 1.0, 1080Ti the price ratio R.
 
+use crate::plan::app::fermata::{fermata_with, FermataOptions};
 use crate::plan::app::module::Dummies;
 use crate::plan::app::planners::{self, HarpagonOptions, Split};
 use crate::plan::app::{file, App, Config, Edge, Hardware, HwKind, Module, Plan};
@@ -341,8 +342,17 @@ pub fn ablations() -> Vec<(&'static str, HarpagonOptions)> {
 #[derive(Debug, Clone, Serialize)]
 pub struct PlannerStats {
     pub planner: String,
+    /// Workloads with a plan that passes [`Plan::verify`].
     pub planned: usize,
+    /// Workloads where the planner found no plan.
     pub failed: usize,
+    /// Workloads where its plan failed [`Plan::verify`] (counted as no plan).
+    pub infeasible: usize,
+    /// Plans built by another planner (`fermata`'s portfolio step).
+    pub from_peer: usize,
+    /// Mean of cost / harpagon's cost over the workloads both planned, less 1
+    /// (the ablations' figure).
+    pub over_harpagon: f64,
     /// Cost / fermata's cost over the workloads both planned.
     pub norm_mean: f64,
     pub norm_max: f64,
@@ -367,10 +377,16 @@ pub struct Report {
     pub price_ratio: f64,
     pub exact_limit_s: f64,
     pub exact_finished: usize,
+    pub fermata_nodes: u64,
     pub planners: Vec<PlannerStats>,
     pub ablations: Vec<PlannerStats>,
-    /// Share of workloads where fermata's cost is at most every other planner's.
+    /// Share of workloads where fermata's fractional cost is at most every other
+    /// planner's (a plan that fails [`Plan::verify`] counts as none).
     pub fermata_cheapest: f64,
+    /// The same, against the planners and Harpagon's ablations.
+    pub fermata_cheapest_with_ablations: f64,
+    /// The same as `fermata_cheapest`, by integral cost.
+    pub fermata_cheapest_integral: f64,
     pub scale_ms: Option<f64>,
 }
 
@@ -389,22 +405,69 @@ pub struct Options {
     pub exact_limit: Duration,
     pub ablations: bool,
     pub scale: bool,
+    /// `fermata`'s branch-and-bound nodes per module.
+    pub fermata_nodes: u64,
 }
 
 struct Col {
     name: String,
+    /// Fractional cost of each workload's plan (`None`: no plan, or a plan that
+    /// fails [`Plan::verify`]).
     costs: Vec<Option<f64>>,
+    integral: Vec<Option<f64>>,
     times: Vec<f64>,
+    infeasible: usize,
+    /// Plans whose construction is another planner's (`fermata`'s portfolio).
+    from_peer: usize,
 }
 
-fn timed(f: impl FnOnce() -> Result<Plan, String>, times: &mut Vec<f64>) -> Option<f64> {
-    let t0 = Instant::now();
-    let r = f();
-    times.push(t0.elapsed().as_secs_f64() * 1e3);
-    r.ok().map(|p| p.cost)
+impl Col {
+    fn new(name: &str) -> Col {
+        Col {
+            name: name.to_string(),
+            costs: vec![],
+            integral: vec![],
+            times: vec![],
+            infeasible: 0,
+            from_peer: 0,
+        }
+    }
+    /// Runs and times one planner; its plan is checked with [`Plan::verify`].
+    fn run(&mut self, app: &App, f: impl FnOnce() -> Result<Plan, String>) {
+        let t0 = Instant::now();
+        let r = f();
+        self.times.push(t0.elapsed().as_secs_f64() * 1e3);
+        let r = r.ok().filter(|p| {
+            let ok = p.verify(app).is_ok();
+            if !ok {
+                self.infeasible += 1;
+            }
+            ok
+        });
+        if r.as_ref().is_some_and(|p| p.origin != p.planner) {
+            self.from_peer += 1;
+        }
+        self.costs.push(r.as_ref().map(|p| p.cost));
+        self.integral.push(r.as_ref().map(|p| p.integral_cost));
+    }
 }
 
-fn stats(c: &Col, fermata: &[Option<f64>], exact: &[Option<f64>]) -> PlannerStats {
+fn stats(
+    c: &Col,
+    fermata: &[Option<f64>],
+    exact: &[Option<f64>],
+    harpagon: &[Option<f64>],
+) -> PlannerStats {
+    let paired: Vec<f64> = c
+        .costs
+        .iter()
+        .zip(harpagon)
+        .filter_map(|(x, h)| match (x, h) {
+            (Some(x), Some(h)) if *h > 0.0 => Some(x / h),
+            _ => None,
+        })
+        .collect();
+    let over_harpagon = paired.iter().sum::<f64>() / paired.len().max(1) as f64 - 1.0;
     let mut norms = Vec::new();
     let mut below = 0;
     let (mut eq, mut n_ex, mut gap) = (0usize, 0usize, 0.0f64);
@@ -433,7 +496,10 @@ fn stats(c: &Col, fermata: &[Option<f64>], exact: &[Option<f64>]) -> PlannerStat
     PlannerStats {
         planner: c.name.clone(),
         planned: c.costs.iter().filter(|x| x.is_some()).count(),
-        failed: c.costs.iter().filter(|x| x.is_none()).count(),
+        failed: c.costs.iter().filter(|x| x.is_none()).count() - c.infeasible,
+        infeasible: c.infeasible,
+        from_peer: c.from_peer,
+        over_harpagon,
         norm_mean: norms.iter().sum::<f64>() / norms.len().max(1) as f64,
         norm_max: norms.iter().copied().fold(f64::NAN, f64::max),
         below_fermata: below,
@@ -462,65 +528,71 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         "inferline",
         "clipper",
     ];
-    let mut cols: Vec<Col> = names
-        .iter()
-        .map(|n| Col {
-            name: n.to_string(),
-            costs: vec![],
-            times: vec![],
-        })
-        .collect();
+    let mut cols: Vec<Col> = names.iter().map(|n| Col::new(n)).collect();
     let abl = if o.ablations { ablations() } else { vec![] };
-    let mut acols: Vec<Col> = abl
-        .iter()
-        .map(|(n, _)| Col {
-            name: n.to_string(),
-            costs: vec![],
-            times: vec![],
-        })
-        .collect();
+    let mut acols: Vec<Col> = abl.iter().map(|(n, _)| Col::new(n)).collect();
     for i in 0..o.workloads {
         let app = workload(o.seed.wrapping_add(i as u64), o.price_ratio, &profs);
         for col in cols.iter_mut() {
             let name = col.name.clone();
-            let c = if name == "exact" {
+            if name == "exact" {
                 let t0 = Instant::now();
                 let limit = o.exact_limit;
                 let mut stop = move || t0.elapsed() > limit;
-                timed(|| planners::run(&app, &name, &mut stop), &mut col.times)
+                col.run(&app, || planners::run(&app, &name, &mut stop));
+            } else if name == "fermata" {
+                let fo = FermataOptions {
+                    nodes: o.fermata_nodes,
+                    ..FermataOptions::default()
+                };
+                col.run(&app, || fermata_with(&app, &fo));
             } else {
                 let mut never = || false;
-                timed(|| planners::run(&app, &name, &mut never), &mut col.times)
-            };
-            col.costs.push(c);
+                col.run(&app, || planners::run(&app, &name, &mut never));
+            }
         }
         for (col, (_, opts)) in acols.iter_mut().zip(&abl) {
-            let c = timed(
-                || planners::harpagon_with(&app, &col.name, opts),
-                &mut col.times,
-            );
-            col.costs.push(c);
+            let name = col.name.clone();
+            col.run(&app, || planners::harpagon_with(&app, &name, opts));
         }
         progress(i);
     }
     let fermata = cols[0].costs.clone();
     let exact = cols[1].costs.clone();
-    // The exact column's times only count finished runs.
-    let cheapest = (0..o.workloads)
-        .filter(|&i| {
-            fermata[i].is_some_and(|f| {
-                cols.iter()
-                    .skip(1)
-                    .all(|c| c.costs[i].is_none_or(|x| f <= x * (1.0 + 1e-9)))
+    // fermata at most every other column's fractional (or integral) cost.
+    let share = |others: &[&Col], integral: bool| {
+        let f = if integral {
+            &cols[0].integral
+        } else {
+            &cols[0].costs
+        };
+        (0..o.workloads)
+            .filter(|&i| {
+                f[i].is_some_and(|f| {
+                    others.iter().all(|c| {
+                        let x = if integral { c.integral[i] } else { c.costs[i] };
+                        x.is_none_or(|x| f <= x * (1.0 + 1e-9))
+                    })
+                })
             })
-        })
-        .count();
+            .count() as f64
+            / o.workloads.max(1) as f64
+    };
+    let peers: Vec<&Col> = cols.iter().skip(1).collect();
+    let all: Vec<&Col> = cols.iter().skip(1).chain(acols.iter()).collect();
+    let fermata_cheapest = share(&peers, false);
+    let fermata_cheapest_with_ablations = share(&all, false);
+    let fermata_cheapest_integral = share(&peers, true);
     let scale_ms = o.scale.then(|| {
         let app = scale_instance(o.seed, &profs);
+        let fo = FermataOptions {
+            nodes: o.fermata_nodes,
+            ..FermataOptions::default()
+        };
         let t0 = Instant::now();
-        let r = planners::fermata(&app);
+        let r = fermata_with(&app, &fo);
         let ms = t0.elapsed().as_secs_f64() * 1e3;
-        if r.is_ok() {
+        if r.is_ok_and(|p| p.verify(&app).is_ok()) {
             ms
         } else {
             f64::NAN
@@ -532,9 +604,18 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         price_ratio: o.price_ratio,
         exact_limit_s: o.exact_limit.as_secs_f64(),
         exact_finished: exact.iter().filter(|x| x.is_some()).count(),
-        planners: cols.iter().map(|c| stats(c, &fermata, &exact)).collect(),
-        ablations: acols.iter().map(|c| stats(c, &fermata, &exact)).collect(),
-        fermata_cheapest: cheapest as f64 / o.workloads.max(1) as f64,
+        fermata_nodes: o.fermata_nodes,
+        planners: cols
+            .iter()
+            .map(|c| stats(c, &fermata, &exact, &cols[2].costs))
+            .collect(),
+        ablations: acols
+            .iter()
+            .map(|c| stats(c, &fermata, &exact, &cols[2].costs))
+            .collect(),
+        fermata_cheapest,
+        fermata_cheapest_with_ablations,
+        fermata_cheapest_integral,
         scale_ms,
     }
 }
@@ -562,4 +643,49 @@ pub fn cdf_svg(r: &Report) -> String {
         "CDF of workloads",
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scale_instance_has_its_size_and_fermata_plans_it() {
+        let profs = profiles();
+        let app = scale_instance(1, &profs);
+        assert_eq!(app.modules.len(), 20);
+        assert_eq!(app.hardware.len(), 5);
+        assert!(app.modules.iter().all(|m| m.configs.len() == 50));
+        let p = planners::fermata(&app).expect("fermata plans the scale instance");
+        p.verify(&app).expect("a feasible plan");
+        assert!(p.cost > 0.0);
+    }
+
+    #[test]
+    fn generated_workloads_are_valid_and_every_plan_is_checked() {
+        let profs = profiles();
+        let o = Options {
+            workloads: 6,
+            seed: 3,
+            price_ratio: 0.35,
+            exact_limit: Duration::from_secs(5),
+            ablations: true,
+            scale: false,
+            fermata_nodes: planners::FERMATA_NODES,
+        };
+        let r = run(&o, |_| {});
+        assert_eq!(r.planners.len(), 8);
+        assert_eq!(r.ablations.len(), 8);
+        for s in r.planners.iter().chain(&r.ablations) {
+            assert_eq!(s.planned + s.failed + s.infeasible, 6, "{}", s.planner);
+        }
+        assert_eq!(r.planners[0].planned, 6);
+        assert!(r.fermata_cheapest >= 1.0 - 1e-12);
+        for i in 0..6 {
+            let app = workload(3 + i, 0.35, &profs);
+            assert!(file::check_slo(&app).is_ok());
+        }
+        let svg = cdf_svg(&r);
+        assert!(svg.contains("<svg") && svg.contains("harpagon"));
+    }
 }

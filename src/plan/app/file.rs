@@ -2,7 +2,7 @@
 //! checked [`App`]. Every malformed, hostile or infeasible file gets an error that
 //! names what is wrong; sizes are bounded so that memory stays bounded.
 
-use super::{topo_order, App, Config, Edge, Hardware, HwKind, Module, MAX_PATHS};
+use super::{topo_order, App, Config, Edge, Hardware, HwKind, Module, Prefix, MAX_PATHS};
 use serde::Deserialize;
 use std::collections::HashMap;
 
@@ -32,6 +32,17 @@ pub struct AppFile {
     pub modules: Vec<ModuleFile>,
     #[serde(default)]
     pub edges: Vec<EdgeFile>,
+    /// Shared prefixes (Nexus prefix batching): the profile of the shared layers.
+    #[serde(default)]
+    pub prefixes: Vec<PrefixFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixFile {
+    pub name: String,
+    #[serde(default)]
+    pub profiles: Vec<ProfileFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,6 +180,36 @@ pub fn build(f: AppFile) -> Result<App, String> {
             memory_mb,
         });
     }
+    if f.prefixes.len() > MAX_MODULES {
+        return Err(format!("more than {MAX_MODULES} prefixes"));
+    }
+    let mut prefixes: HashMap<String, Prefix> = HashMap::new();
+    for p in &f.prefixes {
+        let mut configs = Vec::new();
+        for pf in &p.profiles {
+            let Some(&hw) = hw_idx.get(&pf.hardware) else {
+                return Err(format!(
+                    "prefix {}: a profile on hardware {:?}, which no [[hardware]] declares",
+                    p.name, pf.hardware
+                ));
+            };
+            let cpu = hardware[hw].kind == HwKind::Cpu;
+            expand(&format!("prefix {}", p.name), hw, cpu, pf, &mut configs)?;
+            if configs.len() > MAX_CONFIGS {
+                return Err(format!(
+                    "prefix {}: more than {MAX_CONFIGS} configurations",
+                    p.name
+                ));
+            }
+        }
+        let prefix = Prefix {
+            name: p.name.clone(),
+            configs,
+        };
+        if prefixes.insert(p.name.clone(), prefix).is_some() {
+            return Err(format!("prefix {} is listed twice", p.name));
+        }
+    }
     let mut mod_idx = HashMap::new();
     let mut modules = Vec::new();
     for m in &f.modules {
@@ -198,10 +239,19 @@ pub fn build(f: AppFile) -> Result<App, String> {
                 m.name
             ));
         }
+        let prefix = match &m.prefix {
+            None => None,
+            Some(p) => Some(prefixes.get(p).cloned().ok_or_else(|| {
+                format!(
+                    "module {}: prefix {p:?} is not declared in [[prefixes]]",
+                    m.name
+                )
+            })?),
+        };
         modules.push(Module {
             name: m.name.clone(),
             configs,
-            prefix: m.prefix.clone(),
+            prefix,
         });
     }
     let mut edges = Vec::new();

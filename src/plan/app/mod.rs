@@ -11,8 +11,11 @@
 //! * [`planners`] plans whole applications: `fermata`, `exact`, `harpagon`,
 //!   `piccolo`, `scrooge`, `nexus`, `inferline`, `clipper`.
 
+pub mod choose;
+pub mod fermata;
 pub mod file;
 pub mod module;
+pub mod nexus;
 pub mod planners;
 
 use serde::Serialize;
@@ -69,8 +72,17 @@ pub struct Module {
     pub name: String,
     /// Every profiled configuration, on every hardware type it has a profile for.
     pub configs: Vec<Config>,
-    /// Modules sharing a prefix (Nexus prefix batching): name of the prefix.
-    pub prefix: Option<String>,
+    /// The prefix this module shares with others (Nexus prefix batching): its
+    /// configurations are the whole module's, the prefix's are the shared layers'.
+    pub prefix: Option<Prefix>,
+}
+
+/// Layers several modules share (the same trunk under different heads).
+#[derive(Debug, Clone, Serialize)]
+pub struct Prefix {
+    pub name: String,
+    /// The prefix's own profile on each hardware type it has one for.
+    pub configs: Vec<Config>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -239,6 +251,11 @@ pub struct ModulePlan {
     pub dummy: f64,
     /// Fractional cost Σ price · count.
     pub cost: f64,
+    /// Prefix batching: the module whose machines run this module's requests in
+    /// merged batches (this module then has no machines of its own, and that
+    /// module's machines serve both rates).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -254,6 +271,9 @@ pub struct Plan {
     /// Price of the machines rented once partial machines of each hardware type
     /// are placed together (best fit decreasing by capacity fraction).
     pub integral_cost: f64,
+    /// The planner whose construction this is (`fermata`'s portfolio may return
+    /// a peer's plan).
+    pub origin: String,
 }
 
 /// Machines (rate each, config) of an allocation list, full ones first.
@@ -273,21 +293,32 @@ pub fn machines(allocs: &[Alloc]) -> Vec<(Config, f64)> {
 
 /// Worst case of a module's machines under `dispatch`; `prices` by hardware index.
 pub fn worst_case(allocs: &[Alloc], dispatch: Dispatch, prices: &[f64]) -> f64 {
-    let m = machines(allocs);
+    // Identical machines grouped: (config, rate of one machine, machines).
+    let mut m: Vec<(Config, f64, f64)> = Vec::with_capacity(2 * allocs.len());
+    for a in allocs {
+        let n = a.full() as f64;
+        if n > 0.0 {
+            m.push((a.config, a.config.throughput, n));
+        }
+        let p = a.partial();
+        if p > 0.0 {
+            m.push((a.config, p * a.config.throughput, 1.0));
+        }
+    }
     let mut worst = 0.0f64;
     match dispatch {
         Dispatch::RoundRobin => {
-            for (c, f) in &m {
+            for (c, f, _) in &m {
                 worst = worst.max(c.latency + f64::from(c.batch) / f);
             }
         }
         Dispatch::ThroughputCost => {
-            for (c, f) in &m {
+            for (c, f, _) in &m {
                 let ratio = f / prices[c.hw];
                 let w: f64 = m
                     .iter()
-                    .filter(|(c2, f2)| f2 / prices[c2.hw] <= ratio * (1.0 + EPS))
-                    .map(|(_, f2)| f2)
+                    .filter(|(c2, f2, _)| f2 / prices[c2.hw] <= ratio * (1.0 + EPS))
+                    .map(|(_, f2, n2)| f2 * n2)
                     .sum();
                 worst = worst.max(c.latency + f64::from(c.batch) / w);
             }
@@ -349,6 +380,7 @@ impl Plan {
             worst,
             cost,
             integral_cost,
+            origin: planner.to_string(),
         }
     }
 
@@ -359,9 +391,49 @@ impl Plan {
     pub fn verify(&self, app: &App) -> Result<(), String> {
         let prices: Vec<f64> = app.hardware.iter().map(|h| h.price).collect();
         let tol = |x: f64| x * (1.0 + 1e-7) + 1e-9;
+        // Rates merged into each module's batches by prefix batching.
+        let mut merged = vec![0.0; self.modules.len()];
         for (v, m) in self.modules.iter().enumerate() {
+            let Some(lead) = &m.served_by else { continue };
+            let u = self
+                .modules
+                .iter()
+                .position(|x| &x.name == lead && x.served_by.is_none())
+                .ok_or_else(|| {
+                    format!(
+                        "{}: served by {lead}, which is not a serving module",
+                        m.name
+                    )
+                })?;
+            let same = |x: &ModulePlan| app.modules.iter().find(|y| y.name == x.name);
+            let prefix = |x: &ModulePlan| same(x).and_then(|y| y.prefix.as_ref()).map(|p| &p.name);
+            if prefix(m).is_none() || prefix(m) != prefix(&self.modules[u]) {
+                return Err(format!(
+                    "{}: served by {lead}, which shares no prefix with it",
+                    m.name
+                ));
+            }
+            if !m.allocs.is_empty() {
+                return Err(format!(
+                    "{}: served by {lead} and by machines of its own",
+                    m.name
+                ));
+            }
+            let w = worst_case(&self.modules[u].allocs, self.modules[u].dispatch, &prices);
+            if w > tol(m.budget) {
+                return Err(format!(
+                    "{}: worst case {:.6} s (merged batches of {lead}) over its budget {:.6} s",
+                    m.name, w, m.budget
+                ));
+            }
+            merged[u] += app.rates[v];
+        }
+        for (v, m) in self.modules.iter().enumerate() {
+            if m.served_by.is_some() {
+                continue;
+            }
             let served: f64 = m.allocs.iter().map(|a| a.count * a.config.throughput).sum();
-            if tol(served) < app.rates[v] + m.dummy {
+            if tol(served) < app.rates[v] + merged[v] + m.dummy {
                 return Err(format!(
                     "{}: machines serve {served} req/s of {} (+ {} dummy)",
                     m.name, app.rates[v], m.dummy

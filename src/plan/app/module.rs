@@ -275,19 +275,33 @@ pub struct Point {
     pub dummy: f64,
 }
 
-/// Work left to a search; `false` from `stop` (asked every 4,096 nodes) ends it.
+/// Work left to a search: it ends at `limit` nodes or when `stop` (asked every
+/// 4,096 nodes) returns `true`.
 pub struct Budget<'a> {
     pub nodes: u64,
+    pub limit: u64,
     pub stop: &'a mut dyn FnMut() -> bool,
     pub exhausted: bool,
 }
 
-impl Budget<'_> {
+impl<'a> Budget<'a> {
+    pub fn new(limit: u64, stop: &'a mut dyn FnMut() -> bool) -> Budget<'a> {
+        Budget {
+            nodes: 0,
+            limit,
+            stop,
+            exhausted: false,
+        }
+    }
     pub fn tick(&mut self) -> bool {
         if self.exhausted {
             return false;
         }
         self.nodes += 1;
+        if self.nodes >= self.limit {
+            self.exhausted = true;
+            return false;
+        }
         if self.nodes.is_multiple_of(4096) && (self.stop)() {
             self.exhausted = true;
             return false;
@@ -531,6 +545,8 @@ fn bb(
 /// A module's cost as a step function of its budget, up to `l_max`: every point
 /// (worst case, cheapest cost at that budget), worst cases decreasing, costs
 /// increasing. Found by asking [`cheapest_list`] just below the last worst case.
+/// When `budget` runs out, the points found so far (the largest budgets) and the
+/// best list of the search it interrupted.
 pub fn frontier(
     cfgs: &[Config],
     prices: &[f64],
@@ -543,7 +559,10 @@ pub fn frontier(
     let mut l = l_max;
     while let Some(p) = cheapest_list(cfgs, prices, r, l, dummies, budget) {
         if budget.exhausted {
-            break;
+            // The best list found before the work ran out: feasible, perhaps
+            // not the cheapest at `l`.
+            out.push(p);
+            return pareto(out);
         }
         let next = p.worst * (1.0 - 1e-7) - 1e-12;
         if out.last().is_none_or(|q: &Point| p.cost > q.cost + 1e-12) || out.is_empty() {

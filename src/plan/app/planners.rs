@@ -22,6 +22,7 @@
 //!   cost-lowering split. `clipper`: one configuration per module, round robin,
 //!   the SLO split evenly along each path.
 
+pub use super::fermata::{fermata, fermata_optimum, FERMATA_NODES};
 use super::module::{self, Budget, Configs, Dummies, Point};
 use super::{worst_case, Alloc, App, Config, Dispatch, ModulePlan, Plan, EPS};
 
@@ -36,13 +37,13 @@ pub const PLANNERS: &[&str] = &[
     "clipper",
 ];
 
-fn prices(app: &App) -> Vec<f64> {
+pub(super) fn prices(app: &App) -> Vec<f64> {
     app.hardware.iter().map(|h| h.price).collect()
 }
 
 /// The largest budget module `v` can use: the SLO less the smallest latencies of
 /// the other modules on its longest path.
-fn l_max(app: &App, v: usize) -> f64 {
+pub(super) fn l_max(app: &App, v: usize) -> f64 {
     let n = app.modules.len();
     let mut lat: Vec<f64> = (0..n).map(|u| super::file::min_latency(app, u)).collect();
     lat[v] = 0.0;
@@ -61,7 +62,7 @@ fn l_max(app: &App, v: usize) -> f64 {
     (app.slo - head[v] - tail[v]).max(0.0)
 }
 
-fn module_plan(
+pub(super) fn module_plan(
     app: &App,
     v: usize,
     budget: f64,
@@ -83,6 +84,7 @@ fn module_plan(
         allocs,
         dispatch,
         dummy,
+        served_by: None,
     }
 }
 
@@ -111,8 +113,20 @@ fn reassign(app: &App, budgets: &mut [f64]) {
 // ---------------------------------------------------------------- fermata, exact
 
 /// One point per module minimising the sum of costs with every path within the
-/// SLO, by a MILP (HiGHS). `None` if no choice fits.
+/// SLO: the exact min-plus DP on forests ([`super::choose::forest_dp`]), a MILP
+/// (HiGHS) otherwise. `None` if no choice fits.
 pub fn choose_points(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
+    if pts.iter().any(|p| p.is_empty()) {
+        return None;
+    }
+    if let Some(r) = super::choose::forest_dp(app, pts) {
+        return r;
+    }
+    choose_points_milp(app, pts)
+}
+
+/// [`choose_points`] by the MILP alone.
+pub fn choose_points_milp(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
     use highs::{HighsModelStatus as S, RowProblem, Sense};
     let n = app.modules.len();
     if pts.iter().any(|p| p.is_empty()) {
@@ -182,7 +196,7 @@ pub fn choose_points(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
     Some(out)
 }
 
-fn plan_from_points(app: &App, name: &str, pts: &[Vec<Point>], pick: &[usize]) -> Plan {
+pub(super) fn plan_from_points(app: &App, name: &str, pts: &[Vec<Point>], pick: &[usize]) -> Plan {
     let mut budgets: Vec<f64> = pick
         .iter()
         .enumerate()
@@ -205,80 +219,10 @@ fn plan_from_points(app: &App, name: &str, pts: &[Vec<Point>], pick: &[usize]) -
     Plan::assemble(name, app, mods)
 }
 
-/// Work bound of `fermata`'s per-module searches (nodes, all modules together).
-pub const FERMATA_NODES: u64 = 50_000_000;
-
-/// `fermata`: the optimum over PLANNERS.md's plan shapes, then, at each module's
-/// final budget, the dummy generators' plans (a dummy that leaves a partial
-/// machine, outside those shapes) where they are cheaper.
-pub fn fermata(app: &App) -> Result<Plan, String> {
-    let mut plan = fermata_optimum(app)?;
-    let p = prices(app);
-    for (v, m) in plan.modules.iter_mut().enumerate() {
-        let cfgs = module::sorted(&app.modules[v].configs, &p);
-        for d in [Dummies::Harpagon, Dummies::Piccolo] {
-            if let Some(s) = module::plan_module(
-                &cfgs,
-                &p,
-                app.rates[v],
-                m.budget,
-                Configs::Any,
-                Dispatch::ThroughputCost,
-                d,
-            ) {
-                if s.cost < m.cost * (1.0 - 1e-9) {
-                    *m = module_plan(
-                        app,
-                        v,
-                        m.budget,
-                        s.allocs,
-                        s.dummy,
-                        Dispatch::ThroughputCost,
-                    );
-                }
-            }
-        }
-    }
-    let mods = std::mem::take(&mut plan.modules);
-    Ok(Plan::assemble("fermata", app, mods))
-}
-
-/// The optimum over PLANNERS.md's plan shapes (what `exact` finds by brute force).
-pub fn fermata_optimum(app: &App) -> Result<Plan, String> {
-    let p = prices(app);
-    let mut never = || false;
-    let mut budget = Budget {
-        nodes: 0,
-        stop: &mut never,
-        exhausted: false,
-    };
-    let mut pts = Vec::new();
-    for v in 0..app.modules.len() {
-        let cfgs = module::sorted(&app.modules[v].configs, &p);
-        let f = module::frontier(&cfgs, &p, app.rates[v], l_max(app, v), true, &mut budget);
-        if budget.nodes > FERMATA_NODES {
-            return Err("the per-module search exceeded its work bound".into());
-        }
-        if f.is_empty() {
-            return Err(format!(
-                "module {}: no plan within its budget",
-                app.modules[v].name
-            ));
-        }
-        pts.push(f);
-    }
-    let pick = choose_points(app, &pts).ok_or("no choice of budgets fits the SLO")?;
-    Ok(plan_from_points(app, "fermata", &pts, &pick))
-}
-
 /// `exact`: `Ok(None)` when `stop` ended it first.
 pub fn exact(app: &App, stop: &mut dyn FnMut() -> bool) -> Result<Option<Plan>, String> {
     let p = prices(app);
-    let mut budget = Budget {
-        nodes: 0,
-        stop,
-        exhausted: false,
-    };
+    let mut budget = Budget::new(u64::MAX, stop);
     let mut pts = Vec::new();
     for v in 0..app.modules.len() {
         let cfgs = module::sorted(&app.modules[v].configs, &p);
@@ -858,7 +802,7 @@ pub fn nexus(app: &App) -> Result<Plan, String> {
         pts.push(module::pareto(f));
     }
     let pick = choose_points(app, &pts).ok_or("no split on Nexus's grid fits the SLO")?;
-    let mods = (0..n)
+    let mut mods: Vec<ModulePlan> = (0..n)
         .map(|v| {
             let q = &pts[v][pick[v]];
             module_plan(
@@ -871,6 +815,7 @@ pub fn nexus(app: &App) -> Result<Plan, String> {
             )
         })
         .collect();
+    super::nexus::merge_prefixes(app, &mut mods);
     Ok(Plan::assemble("nexus", app, mods))
 }
 
@@ -880,70 +825,54 @@ pub fn nexus(app: &App) -> Result<Plan, String> {
 /// the chosen ones (Σ = r), each chosen one's worst case `W = d + b / t` within
 /// the module's latency; paths within the SLO; minimise Σ price · rate / t.
 /// Returns each module's (configuration, rate) list.
+///
+/// The objective is linear in each module's rate and a configuration's
+/// constraint does not depend on its rate, so an optimum puts each module's rate
+/// on one configuration: the MILP is solved as a choice of one point
+/// (`W`, `price · r / t`) per module by [`choose_points`] (the exact DP on
+/// forests, HiGHS on DAGs with joins).
 fn scrooge_milp(app: &App) -> Option<Vec<Vec<(Config, f64)>>> {
-    use highs::{HighsModelStatus as S, RowProblem, Sense};
     let p = prices(app);
-    let n = app.modules.len();
-    let slo = app.slo;
-    let mut pb = RowProblem::default();
-    let mut xs = Vec::new();
-    let mut ts = Vec::new();
-    for v in 0..n {
+    let mut pts = Vec::new();
+    let mut which: Vec<Vec<Option<Config>>> = Vec::new();
+    for v in 0..app.modules.len() {
         let r = app.rates[v];
-        let mut xv = Vec::new();
-        let mut tv = Vec::new();
-        for c in &app.modules[v].configs {
-            xv.push(pb.add_integer_column(0.0, 0..=1));
-            tv.push(pb.add_column(p[c.hw] / c.throughput, 0.0..=r.max(0.0)));
+        if r <= 0.0 {
+            pts.push(vec![Point {
+                worst: 0.0,
+                cost: 0.0,
+                allocs: vec![],
+                dummy: 0.0,
+            }]);
+            which.push(vec![None]);
+            continue;
         }
-        xs.push(xv);
-        ts.push(tv);
+        let mut f: Vec<Point> = app.modules[v]
+            .configs
+            .iter()
+            .map(|c| Point {
+                worst: c.latency + f64::from(c.batch) / c.throughput,
+                cost: p[c.hw] * r / c.throughput,
+                allocs: vec![Alloc {
+                    config: *c,
+                    count: r / c.throughput,
+                }],
+                dummy: 0.0,
+            })
+            .collect();
+        f = module::pareto(f);
+        which.push(f.iter().map(|q| Some(q.allocs[0].config)).collect());
+        pts.push(f);
     }
-    let l: Vec<highs::Col> = (0..n).map(|_| pb.add_column(0.0, 0.0..=slo)).collect();
-    let s: Vec<highs::Col> = (0..n).map(|_| pb.add_column(0.0, 0.0..=slo)).collect();
-    for v in 0..n {
-        let r = app.rates[v];
-        let row: Vec<(highs::Col, f64)> = ts[v].iter().map(|&c| (c, 1.0)).collect();
-        pb.add_row(r..=r, &row);
-        for (k, c) in app.modules[v].configs.iter().enumerate() {
-            // t_k <= r x_k
-            pb.add_row(..=0.0, [(ts[v][k], 1.0), (xs[v][k], -r.max(0.0))]);
-            // l_v >= W_k x_k
-            let w = c.latency + f64::from(c.batch) / c.throughput;
-            pb.add_row(0.0.., [(l[v], 1.0), (xs[v][k], -w)]);
-        }
-        pb.add_row(..=slo * (1.0 + 1e-9), [(s[v], 1.0), (l[v], 1.0)]);
-    }
-    for e in &app.edges {
-        pb.add_row(
-            0.0..,
-            [(s[e.to], 1.0), (s[e.from], -1.0), (l[e.from], -1.0)],
-        );
-    }
-    let mut model = pb.optimise(Sense::Minimise);
-    model.make_quiet();
-    model.set_option("mip_rel_gap", 1e-9);
-    model.set_option("threads", 1);
-    let solved = model.try_solve().ok()?;
-    if solved.status() != S::Optimal {
-        return None;
-    }
-    let sol = solved.get_solution();
-    let cols = sol.columns();
-    let mut out = Vec::new();
-    let mut k = 0;
-    for v in 0..n {
-        let mut lst = Vec::new();
-        for c in &app.modules[v].configs {
-            let t = cols[k + 1];
-            if t > 1e-9 * app.rates[v].max(1.0) {
-                lst.push((*c, t));
-            }
-            k += 2;
-        }
-        out.push(lst);
-    }
-    Some(out)
+    let pick = choose_points(app, &pts)?;
+    Some(
+        (0..app.modules.len())
+            .map(|v| match which[v][pick[v]] {
+                Some(c) => vec![(c, app.rates[v])],
+                None => vec![],
+            })
+            .collect(),
+    )
 }
 
 pub fn scrooge(app: &App) -> Result<Plan, String> {

@@ -3,7 +3,154 @@
 
 use super::module::{self, Budget, Configs, Dummies};
 use super::planners::{self, HarpagonOptions};
-use super::{file, worst_case, Alloc, App, Config, Dispatch, Edge, Hardware, HwKind, Module};
+use super::{file, worst_case, Alloc, App, Config, Dispatch, Edge, Hardware, HwKind, Module, Plan};
+
+// ------------------------------------------------ Nexus §4.1, Table 2
+
+#[test]
+fn nexus_table2_packs_three_sessions_on_two_gpus() {
+    use super::nexus::{squishy_pack, Session};
+    let prof = |l: [f64; 3]| vec![(4.0, l[0] / 1e3), (8.0, l[1] / 1e3), (16.0, l[2] / 1e3)];
+    let sessions = vec![
+        Session {
+            profile: prof([50.0, 75.0, 100.0]),
+            slo: 0.200,
+            rate: 64.0,
+        },
+        Session {
+            profile: prof([50.0, 90.0, 125.0]),
+            slo: 0.250,
+            rate: 32.0,
+        },
+        Session {
+            profile: prof([60.0, 95.0, 125.0]),
+            slo: 0.250,
+            rate: 32.0,
+        },
+    ];
+    let gpus = squishy_pack(&sessions).unwrap();
+    assert_eq!(gpus.len(), 2, "{gpus:?}");
+    let mut sets: Vec<Vec<usize>> = gpus
+        .iter()
+        .map(|g| {
+            let mut s: Vec<usize> = g.sessions.iter().map(|x| x.0).collect();
+            s.sort();
+            s
+        })
+        .collect();
+    sets.sort();
+    assert_eq!(sets, vec![vec![0, 1], vec![2]]);
+    // {A, B}: batches 8 and 4 in a duty cycle of 125 ms, 75 + 50 ms busy.
+    let ab = gpus.iter().find(|g| g.sessions.len() == 2).unwrap();
+    assert!(close(ab.duty, 0.125, 1e-12) && close(ab.occupancy, 1.0, 1e-9));
+    // At high rates each session saturates GPUs at its largest batch with
+    // 2 l(b) <= SLO: A at 16 (160 req/s), B and C at 16 (128 req/s).
+    let high: Vec<Session> = sessions
+        .iter()
+        .zip([160.0, 128.0, 128.0])
+        .map(|(s, r)| Session {
+            rate: 2.0 * r,
+            ..s.clone()
+        })
+        .collect();
+    let g = squishy_pack(&high).unwrap();
+    assert_eq!(g.len(), 6);
+    assert!(g.iter().all(|g| g.saturated && g.sessions[0].1 == 16.0));
+}
+
+#[test]
+fn prefix_batching_latency_is_prefix_of_the_sum_plus_suffixes() {
+    use super::nexus::prefix_latency;
+    // Prefix 10 ms + 1 ms/item; suffixes 2 ms + 0.5 ms/item and 3 ms + 0.25 ms/item.
+    let lin = |a: f64, b: f64| vec![(1.0, (a + b) / 1e3), (64.0, (64.0 * a + b) / 1e3)];
+    let p = lin(1.0, 10.0);
+    let s1 = lin(0.5, 2.0);
+    let s2 = lin(0.25, 3.0);
+    let l = prefix_latency(&p, &[(&s1, 8.0), (&s2, 4.0)]);
+    let want = (12.0 + 10.0) + (4.0 + 2.0) + (1.0 + 3.0);
+    assert!(close(l * 1e3, want, 1e-9), "{l}");
+}
+
+const PREFIXED: &str = r#"
+slo_ms = 400
+ingress_rps = 40
+[[hardware]]
+name = "a100"
+kind = "gpu"
+price = 1.0
+[[prefixes]]
+name = "trunk"
+[[prefixes.profiles]]
+hardware = "a100"
+alpha_ms = 0.15
+beta_ms = 3.5
+max_batch = 64
+[[modules]]
+name = "ssd"
+[[modules.profiles]]
+hardware = "a100"
+alpha_ms = 1.4
+beta_ms = 7.5
+max_batch = 32
+[[modules]]
+name = "face"
+prefix = "trunk"
+[[modules.profiles]]
+hardware = "a100"
+alpha_ms = 0.2
+beta_ms = 4.5
+max_batch = 64
+[[modules]]
+name = "car"
+prefix = "trunk"
+[[modules.profiles]]
+hardware = "a100"
+alpha_ms = 0.5
+beta_ms = 5.3
+max_batch = 64
+[[edges]]
+from = "ssd"
+to = "face"
+fanout = 0.5
+[[edges]]
+from = "ssd"
+to = "car"
+fanout = 1.0
+"#;
+
+#[test]
+fn nexus_prefix_batching_merges_modules_that_share_a_prefix() {
+    let app = file::parse(PREFIXED).unwrap();
+    let merged = planners::nexus(&app).unwrap();
+    merged.verify(&app).unwrap();
+    let face = merged.modules.iter().find(|m| m.name == "face").unwrap();
+    let car = merged.modules.iter().find(|m| m.name == "car").unwrap();
+    assert_eq!(car.served_by.as_deref(), Some("face"));
+    assert!(car.allocs.is_empty() && !face.allocs.is_empty());
+    // The same application without the prefix declared costs more.
+    let plain = file::parse(&PREFIXED.replace("prefix = \"trunk\"\n", "")).unwrap();
+    let apart = planners::nexus(&plain).unwrap();
+    assert!(apart.modules.iter().all(|m| m.served_by.is_none()));
+    assert!(
+        merged.cost < apart.cost * (1.0 - 1e-6),
+        "merged {} apart {}",
+        merged.cost,
+        apart.cost
+    );
+    // fermata runs nexus where a prefix is declared: never above it.
+    let fe = planners::fermata(&app).unwrap();
+    fe.verify(&app).unwrap();
+    assert!(fe.cost <= merged.cost * (1.0 + 1e-9));
+    // A plan that claims a module is served by one without its prefix fails.
+    let mut bad = merged.clone();
+    let ssd = bad.modules.iter().position(|m| m.name == "ssd").unwrap();
+    bad.modules[ssd].served_by = Some("face".into());
+    bad.modules[ssd].allocs.clear();
+    assert!(bad.verify(&app).is_err());
+    // An undeclared prefix is refused.
+    let e = file::parse(&PREFIXED.replace("name = \"trunk\"", "name = \"other\"")).unwrap_err();
+    assert!(e.contains("prefix \"trunk\" is not declared"), "{e}");
+}
 
 fn cfg(hw: usize, b: u32, d: f64) -> Config {
     Config::new(hw, b, 1, d)
@@ -619,6 +766,103 @@ fn every_plan_is_feasible_and_fermata_equals_exact() {
 }
 
 #[test]
+fn fermata_is_at_most_every_peer_and_ablation() {
+    let ablations = crate::bench::planners::ablations();
+    assert_eq!(ablations.len(), 8);
+    let mut beaten = 0;
+    for seed in 0..120u64 {
+        let Some(app) = random_app(seed) else {
+            continue;
+        };
+        let fe = planners::fermata(&app).unwrap();
+        fe.verify(&app)
+            .unwrap_or_else(|e| panic!("seed {seed} fermata: {e}"));
+        let mut never = || false;
+        let mut peers: Vec<Plan> = [
+            "harpagon",
+            "piccolo",
+            "scrooge",
+            "nexus",
+            "inferline",
+            "clipper",
+        ]
+        .iter()
+        .filter_map(|n| planners::run(&app, n, &mut never).ok())
+        .collect();
+        peers.extend(
+            ablations
+                .iter()
+                .filter_map(|(n, o)| planners::harpagon_with(&app, n, o).ok()),
+        );
+        for p in peers {
+            if p.verify(&app).is_err() {
+                continue;
+            }
+            assert!(
+                fe.cost <= p.cost * (1.0 + 1e-9),
+                "seed {seed}: fermata {} above {} {}",
+                fe.cost,
+                p.planner,
+                p.cost
+            );
+            if fe.cost < p.cost * (1.0 - 1e-9) {
+                beaten += 1;
+            }
+        }
+    }
+    assert!(beaten > 0);
+}
+
+#[test]
+fn fermata_with_a_tiny_node_bound_still_plans_feasibly() {
+    use super::fermata::{fermata_with, FermataOptions};
+    for seed in 0..60u64 {
+        let Some(app) = random_app(seed) else {
+            continue;
+        };
+        let o = FermataOptions {
+            nodes: 3,
+            grid: true,
+            portfolio: false,
+        };
+        let p = fermata_with(&app, &o).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        p.verify(&app)
+            .unwrap_or_else(|e| panic!("seed {seed} bounded fermata: {e}"));
+    }
+}
+
+#[test]
+fn forest_dp_matches_the_milp() {
+    // Chains and forks are forests: the DP answers; the MILP on the same points
+    // must reach the same cost.
+    let mut checked = 0;
+    for seed in 0..80u64 {
+        let Some(app) = random_app(seed) else {
+            continue;
+        };
+        let pts = super::fermata::points(&app, &super::fermata::FermataOptions::default()).unwrap();
+        let Some(dp) = super::choose::forest_dp(&app, &pts) else {
+            continue;
+        };
+        let milp = planners::choose_points_milp(&app, &pts);
+        let cost = |pick: &Option<Vec<usize>>| {
+            pick.as_ref()
+                .map(|k| (0..k.len()).map(|v| pts[v][k[v]].cost).sum::<f64>())
+        };
+        match (cost(&dp), cost(&milp)) {
+            (Some(a), Some(b)) => assert!(close(a, b, 1e-7), "seed {seed}: dp {a} milp {b}"),
+            (a, b) => assert_eq!(a.is_some(), b.is_some(), "seed {seed}"),
+        }
+        if let Some(k) = &dp {
+            let lat: Vec<f64> = (0..k.len()).map(|v| pts[v][k[v]].worst).collect();
+            assert!(app.longest_path(&lat).0 <= app.slo * (1.0 + 1e-9));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 40, "{checked}");
+}
+
+#[test]
 fn budget_search_matches_brute_force_per_module() {
     for seed in 0..60u64 {
         let Some(app) = random_app(seed) else {
@@ -628,11 +872,7 @@ fn budget_search_matches_brute_force_per_module() {
         for v in 0..app.modules.len() {
             let cfgs = module::sorted(&app.modules[v].configs, &p);
             let mut never = || false;
-            let mut b = Budget {
-                nodes: 0,
-                stop: &mut never,
-                exhausted: false,
-            };
+            let mut b = Budget::new(u64::MAX, &mut never);
             let f = module::frontier(&cfgs, &p, app.rates[v], app.slo, true, &mut b);
             let g = module::frontier_brute(&cfgs, &p, app.rates[v], app.slo, &mut b);
             assert_eq!(f.len(), g.len(), "seed {seed} module {v}: {f:?} vs {g:?}");

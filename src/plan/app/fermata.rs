@@ -1,0 +1,237 @@
+//! `fermata`: the cheapest plan Fermata can find, fast.
+//!
+//! 1. Per module, candidate plans as points (worst case, cost):
+//!    * its exact cost step function over PLANNERS.md's plan shapes
+//!      ([`module::frontier`]: distinct configurations in `t/p` order, whole full
+//!      counts, one final partial machine or a dummy that fills it), searched by
+//!      branch and bound within [`FERMATA_NODES`] nodes per module (when the
+//!      bound is hit, the points found so far and the best list of the
+//!      interrupted search are kept);
+//!    * plans outside those shapes, on the grid of budgets `k · SLO/100` and at
+//!      every breakpoint: Algorithm 1 with Harpagon's dummy (`t − u`) and with
+//!      Piccolo's (`b/(L − d) − u`: a partial machine padded to any size), and
+//!      Nexus's saturated-plus-residual plan on each hardware type (its duty
+//!      cycle pads the residual too), each evaluated under throughput-cost
+//!      dispatch (never worse than round robin for the same machines);
+//!    * every configuration alone with every machine full, so that a plan exists
+//!      whenever the application file's SLO check passes.
+//! 2. One point per module, every path within the SLO, lowest total fractional
+//!    cost: [`choose_points`] (a min-plus DP on forests, HiGHS otherwise).
+//! 3. Budgets raised into the slack left on their paths; at each final budget,
+//!    Algorithm 1 with either dummy where it is cheaper.
+//! 4. A portfolio: `harpagon`, `piccolo`, `scrooge`, `inferline`, `clipper` and
+//!    Harpagon with its quantised splits (0.1 and 0.01 of the SLO) also plan the
+//!    application; the cheapest plan that passes
+//!    [`Plan::verify`] is returned ([`Plan::origin`] names who built it). Nexus
+//!    needs no run: its per-module plans are among the points of step 1, so
+//!    step 2 is at most its cost (`nexus` does run where a module declares a
+//!    prefix: its prefix batching merges modules).
+//!
+//! Costs are compared by fractional cost (the papers' headline metric).
+
+use super::module::{self, Budget, Configs, Dummies, Point};
+use super::planners::{
+    choose_points, l_max, module_plan, plan_from_points, prices, HarpagonOptions, Split,
+};
+use super::{alloc_cost, worst_case, Alloc, App, Dispatch, Plan, EPS};
+
+/// Branch-and-bound nodes per module of `fermata`'s exact step function.
+pub const FERMATA_NODES: u64 = 20_000;
+
+/// Peers whose plans `fermata`'s portfolio considers.
+pub const PORTFOLIO: &[&str] = &["harpagon", "piccolo", "scrooge", "inferline", "clipper"];
+
+#[derive(Debug, Clone, Copy)]
+pub struct FermataOptions {
+    /// Branch-and-bound nodes per module (`u64::MAX`: no bound).
+    pub nodes: u64,
+    /// Add the plans outside PLANNERS.md's shapes (step 1's grid).
+    pub grid: bool,
+    /// Step 4.
+    pub portfolio: bool,
+}
+
+impl Default for FermataOptions {
+    fn default() -> Self {
+        FermataOptions {
+            nodes: FERMATA_NODES,
+            grid: true,
+            portfolio: true,
+        }
+    }
+}
+
+/// `fermata` with its defaults.
+pub fn fermata(app: &App) -> Result<Plan, String> {
+    fermata_with(app, &FermataOptions::default())
+}
+
+/// The optimum over PLANNERS.md's plan shapes, unbounded (what `exact` finds by
+/// brute force), before steps 3's dummies and 4.
+pub fn fermata_optimum(app: &App) -> Result<Plan, String> {
+    let pts = points(
+        app,
+        &FermataOptions {
+            nodes: u64::MAX,
+            grid: false,
+            portfolio: false,
+        },
+    )?;
+    let pick = choose_points(app, &pts).ok_or("no choice of budgets fits the SLO")?;
+    Ok(plan_from_points(app, "fermata", &pts, &pick))
+}
+
+fn push_if_fits(out: &mut Vec<Point>, allocs: Vec<Alloc>, dummy: f64, l: f64, prices: &[f64]) {
+    let worst = worst_case(&allocs, Dispatch::ThroughputCost, prices);
+    if worst <= l * (1.0 + EPS) {
+        out.push(Point {
+            worst,
+            cost: alloc_cost(&allocs, prices),
+            allocs,
+            dummy,
+        });
+    }
+}
+
+/// Step 1: every module's candidate points (Pareto, worst case decreasing).
+pub fn points(app: &App, o: &FermataOptions) -> Result<Vec<Vec<Point>>, String> {
+    let p = prices(app);
+    let mut pts = Vec::with_capacity(app.modules.len());
+    for v in 0..app.modules.len() {
+        let cfgs = module::sorted(&app.modules[v].configs, &p);
+        let r = app.rates[v];
+        let lm = l_max(app, v);
+        let mut never = || false;
+        let mut budget = Budget::new(o.nodes, &mut never);
+        let mut f = module::frontier(&cfgs, &p, r, lm, true, &mut budget);
+        if o.grid && r > 0.0 {
+            let mut extra = Vec::new();
+            for c in &cfgs {
+                let n = (r / c.throughput - 1e-9).ceil().max(1.0);
+                let a = vec![Alloc {
+                    config: *c,
+                    count: n,
+                }];
+                push_if_fits(&mut extra, a, n * c.throughput - r, lm, &p);
+            }
+            let step = app.slo / 100.0;
+            let mut budgets: Vec<f64> = f.iter().map(|q| q.worst).collect();
+            let mut k = 1.0;
+            while k * step <= lm * (1.0 + EPS) {
+                budgets.push(k * step);
+                k += 1.0;
+            }
+            for &l in &budgets {
+                for d in [Dummies::Harpagon, Dummies::Piccolo] {
+                    if let Some(s) = module::plan_module(
+                        &cfgs,
+                        &p,
+                        r,
+                        l,
+                        Configs::Any,
+                        Dispatch::ThroughputCost,
+                        d,
+                    ) {
+                        push_if_fits(&mut extra, s.allocs, s.dummy, l, &p);
+                    }
+                }
+                for h in 0..app.hardware.len() {
+                    if let Some((a, dummy)) = super::planners::nexus_module(app, v, h, l) {
+                        push_if_fits(&mut extra, a, dummy, l, &p);
+                    }
+                }
+            }
+            f.extend(extra);
+            f = module::pareto(f);
+        }
+        if f.is_empty() {
+            return Err(format!(
+                "module {}: no plan within its budget",
+                app.modules[v].name
+            ));
+        }
+        pts.push(f);
+    }
+    Ok(pts)
+}
+
+pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
+    let own = own_plan(app, o);
+    let mut best = own.as_ref().ok().filter(|p| p.verify(app).is_ok()).cloned();
+    if o.portfolio {
+        let mut never = || false;
+        // Nexus's prefix batching is outside step 1's points: run it where a
+        // module declares a prefix.
+        let nexus = app.modules.iter().any(|m| m.prefix.is_some());
+        let mut plans: Vec<Result<Plan, String>> = PORTFOLIO
+            .iter()
+            .chain(nexus.then_some(&"nexus"))
+            .map(|name| super::planners::run(app, name, &mut never))
+            .collect();
+        // Harpagon's quantised splits: their budgets, raised by its reassigner,
+        // can be worth more than the grid points of step 1.
+        for (name, q) in [
+            ("harpagon-quantised-0.1", 0.1),
+            ("harpagon-quantised-0.01", 0.01),
+        ] {
+            let o = HarpagonOptions {
+                split: Split::Quantised(q),
+                ..HarpagonOptions::harpagon()
+            };
+            plans.push(super::planners::harpagon_with(app, name, &o));
+        }
+        for q in plans {
+            let Ok(q) = q else {
+                continue;
+            };
+            if q.verify(app).is_err() {
+                continue;
+            }
+            if best.as_ref().is_none_or(|b| q.cost < b.cost * (1.0 - 1e-9)) {
+                best = Some(q);
+            }
+        }
+    }
+    match best {
+        Some(mut b) => {
+            b.planner = "fermata".into();
+            Ok(b)
+        }
+        None => Err(own.err().unwrap_or_else(|| "no feasible plan".into())),
+    }
+}
+
+/// Steps 1 to 3.
+fn own_plan(app: &App, o: &FermataOptions) -> Result<Plan, String> {
+    let pts = points(app, o)?;
+    let pick = choose_points(app, &pts).ok_or("no choice of budgets fits the SLO")?;
+    let mut plan = plan_from_points(app, "fermata", &pts, &pick);
+    let p = prices(app);
+    for (v, m) in plan.modules.iter_mut().enumerate() {
+        let cfgs = module::sorted(&app.modules[v].configs, &p);
+        for d in [Dummies::Harpagon, Dummies::Piccolo] {
+            if let Some(s) = module::plan_module(
+                &cfgs,
+                &p,
+                app.rates[v],
+                m.budget,
+                Configs::Any,
+                Dispatch::ThroughputCost,
+                d,
+            ) {
+                if s.cost < m.cost * (1.0 - 1e-9) {
+                    *m = module_plan(
+                        app,
+                        v,
+                        m.budget,
+                        s.allocs,
+                        s.dummy,
+                        Dispatch::ThroughputCost,
+                    );
+                }
+            }
+        }
+    }
+    let mods = std::mem::take(&mut plan.modules);
+    Ok(Plan::assemble("fermata", app, mods))
+}
