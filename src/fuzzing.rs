@@ -1075,6 +1075,7 @@ pub fn sched_churn(data: &[u8]) -> u64 {
                         ctrl_delay: Dur::ZERO,
                         pull: Dur::ZERO,
                         pull_per_mib: Dur::ZERO,
+                        term: 0,
                     };
                     p.handle_msg(now, c, ping);
                 }
