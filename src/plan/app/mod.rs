@@ -10,6 +10,9 @@
 //!   list search, dummies) and computes worst cases under each dispatch policy.
 //! * [`planners`] plans whole applications: `fermata`, `exact`, `harpagon`,
 //!   `piccolo`, `scrooge`, `nexus`, `inferline`, `clipper`.
+//! * [`fermata`] is the `fermata` planner, [`choose`] its exact choice of one
+//!   point per module on forests, [`nexus`] Nexus's squishy bin packing and
+//!   prefix batching.
 
 pub mod choose;
 pub mod fermata;
