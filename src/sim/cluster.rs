@@ -50,7 +50,7 @@ use crate::node::proto::backend::{
     self as be_proto, cut_batch, settle, BackendProto, PlanMsg, PlanQueue,
 };
 use crate::node::proto::check;
-use crate::node::proto::fence::{Fencer, FENCE_EVERY_HEARTBEATS};
+use crate::node::proto::fence::Fencer;
 use crate::node::proto::ledger::{Answer, Ended, Orphan, RequestLedger};
 use crate::node::proto::member::{self, Member};
 use crate::node::proto::sched::{plan_msg, plan_tasks, Action, SchedConfig, SchedProto};
@@ -100,6 +100,9 @@ impl Faults {
 pub enum Planted {
     /// Backends confirm every model with `ModelLoaded` but skip loading the last.
     SkipLoad,
+    /// A standby takes over under the term it saw (no new term) and fences
+    /// no one: a resumed primary serves on beside it.
+    NoFencing,
 }
 
 /// What a batch's input pull takes in the simulator: `fixed + per_input × b +
@@ -260,8 +263,10 @@ impl ClusterSimOpts {
         if let Some(w) = &self.workload_path {
             s += &format!(" --workload {w}");
         }
-        if self.planted == Some(Planted::SkipLoad) {
-            s += " --plant skip-load";
+        match self.planted {
+            Some(Planted::SkipLoad) => s += " --plant skip-load",
+            Some(Planted::NoFencing) => s += " --plant no-fencing",
+            None => {}
         }
         if self.standby {
             s += " --standby";
@@ -616,8 +621,12 @@ pub struct ClusterSim {
     /// The address a starting frontend is given first (None: the serving
     /// scheduler's).
     first_addr: Option<&'static str>,
-    /// Per node: the newest scheduler term it took messages from.
-    node_terms: HashMap<Pid, u64>,
+    /// Per node: the newest scheduler generation it took messages from.
+    node_terms: HashMap<Pid, usize>,
+    /// The schedulers in the order they began serving (the simulator's own
+    /// knowledge, independent of the protocol's terms): a scheduler's
+    /// generation is its place here.
+    generations: Vec<Pid>,
 }
 
 type BatchOut = (Vec<(ConnId, Msg)>, Option<ConnId>, Msg);
@@ -663,6 +672,7 @@ impl ClusterSim {
             drained_conns: HashSet::new(),
             first_addr: None,
             node_terms: HashMap::new(),
+            generations: Vec::new(),
         };
         sim.start_scheduler();
         if sim.opts.standby {
@@ -809,6 +819,7 @@ impl ClusterSim {
         let s = self.new_sched();
         self.sched_pid = self.new_pid(Proc::Sched(Box::new(s)));
         self.sched_addrs = vec![(SCHED_ADDR, self.sched_pid)];
+        self.generations.push(self.sched_pid);
     }
 
     /// Starts a standby scheduler at `addr` following the serving one.
@@ -1081,6 +1092,7 @@ impl ClusterSim {
                 self.report.stale_unloaded += b.proto.counts().stale_unloaded;
             }
         }
+        self.one_primary_at_the_end();
         // Every request must have ended by now: deadline + grace is < 4 s.
         let open = self.clients.values().filter(|c| !c.ended).count();
         if open > 0 && self.violation.is_none() {
@@ -1257,9 +1269,7 @@ impl ClusterSim {
                     else {
                         return;
                     };
-                    sb.sched.proto.set_term(term);
-                    let every = self.heartbeat * FENCE_EVERY_HEARTBEATS;
-                    sb.sched.fencer = Some(Fencer::new(now, sb.proto.primary(), term, every));
+                    self.begin_term(pid, &mut sb, term);
                     if let Some(h) = assignment {
                         // Before any node registers: it always fits.
                         let n = sb

@@ -680,6 +680,81 @@ mod tests {
         assert_eq!(m.counts().connect_failures, 2);
     }
 
+    /// Syncs and registers (on the connection it has) with a scheduler of `term`.
+    fn join(m: &mut Member, at: Time, term: u64) -> Vec<Action> {
+        for i in 0..SYNC_SAMPLES as i64 {
+            let sent = at + Dur::from_ms(i);
+            let pong = Msg::Pong {
+                seq: 0,
+                echo: sent,
+                sched: Time(77),
+                term,
+            };
+            m.handle_msg(sent + Dur::from_us(10), pong);
+        }
+        let ack = Msg::RegisterAck {
+            node: 5,
+            gpu_ids: vec![],
+            models: vec![],
+            heartbeat_ms: 100,
+            term,
+        };
+        m.handle_msg(at + Dur::from_ms(20), ack);
+        drain(m)
+    }
+
+    /// A node that followed term 2 refuses a scheduler of term 1 (a replaced
+    /// primary) at its first pong, hands nothing of it on, and goes to the next
+    /// address; its pings tell the highest term it saw.
+    #[test]
+    fn a_scheduler_of_an_older_term_is_refused() {
+        let mut m = member(&["old", "new"]);
+        // Joined the new primary (term 2) after the old one was lost.
+        m.handle_closed(ms(1), 1, "reset");
+        m.handle_timeout(ms(1));
+        drain(&mut m);
+        m.handle_connected(ms(1), 2);
+        let acts = join(&mut m, ms(1), 2);
+        assert!(acts.iter().any(|a| matches!(a, Action::Joined { .. })));
+        assert_eq!((m.term(), m.conn_term()), (2, Some(2)));
+        // That one is lost too; the old primary answers at the next address.
+        m.handle_closed(ms(100), 2, "reset");
+        let t = m.poll_timeout();
+        m.handle_timeout(t);
+        assert_eq!(
+            drain(&mut m)
+                .iter()
+                .filter(|a| matches!(a, Action::Connect(x) if x == "old"))
+                .count(),
+            1
+        );
+        m.handle_connected(t, 3);
+        let acts = drain(&mut m);
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::Send(3, Msg::Ping { term: 2, .. }))),
+            "{acts:?}"
+        );
+        let pong = Msg::Pong {
+            seq: 0,
+            echo: t,
+            sched: Time(5),
+            term: 1,
+        };
+        assert_eq!(m.handle_msg(t + Dur::from_us(10), pong), None);
+        let acts = drain(&mut m);
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::Lost(why) if why.contains("term 1"))),
+            "{acts:?}"
+        );
+        assert!(acts.iter().any(|a| matches!(a, Action::Close(3, _))));
+        assert_eq!(m.counts().fenced, 1);
+        assert_eq!((m.term(), m.conn_term()), (2, None));
+        // Nothing it sends after is handed on.
+        assert_eq!(m.handle_msg(t, Msg::Capacity { gpus: 4 }), None);
+    }
+
     #[test]
     fn nothing_is_handed_on_while_away_and_stale_connections_are_closed() {
         let mut m = member(&["a"]);

@@ -599,7 +599,7 @@ impl SchedProto {
             old = self.term,
             "scheduler: a node saw a newer term (of an earlier cluster: no standby ever followed this scheduler); serving above it"
         );
-        self.term = term + 1;
+        self.term = term.saturating_add(1);
     }
 
     /// This scheduler's fencer ([`super::fence`]) heard a scheduler of `term`
@@ -2306,5 +2306,131 @@ mod tests {
         assert_eq!(loads(&acts, 3), (vec![], vec![0]), "{acts:?}");
         assert_eq!(p.subclusters().home(ModelId(0)), 0);
         assert_eq!(p.report().moves.aborted, 1);
+    }
+
+    fn ping_of(term: u64) -> Msg {
+        match ping(Time(0)) {
+            Msg::Ping {
+                seq,
+                sent,
+                ctrl_delay,
+                pull,
+                pull_per_mib,
+                ..
+            } => Msg::Ping {
+                seq,
+                sent,
+                ctrl_delay,
+                pull,
+                pull_per_mib,
+                term,
+            },
+            _ => unreachable!(),
+        }
+    }
+
+    fn stepped(acts: &[Action]) -> Option<u64> {
+        acts.iter().find_map(|a| match a {
+            Action::StepDown { term, .. } => Some(*term),
+            _ => None,
+        })
+    }
+
+    /// Pongs and acks carry the term; a followed scheduler that hears of a
+    /// newer term from a node steps down: an `Error` to every connection, and
+    /// nothing after (no timers, new connections refused).
+    #[test]
+    fn a_followed_scheduler_steps_down_on_a_node_s_newer_term() {
+        let mut p = proto();
+        assert_eq!(p.term(), 1);
+        frontend(&mut p, 1);
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            sent_on(&acts, 1)
+                .iter()
+                .any(|m| matches!(m, Msg::RegisterAck { term: 1, .. })),
+            "{acts:?}"
+        );
+        p.handle_msg(Time(1), 1, ping_of(1));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            matches!(&sent_on(&acts, 1)[..], [Msg::Pong { term: 1, .. }]),
+            "{acts:?}"
+        );
+        // A standby follows it, then a node pings with term 2.
+        p.handle_accept(Time(2), 9);
+        p.handle_msg(Time(2), 9, Msg::Follow);
+        p.handle_accept(Time(3), 5);
+        std::iter::from_fn(|| p.poll_action()).for_each(drop);
+        p.handle_msg(Time(3), 5, ping_of(2));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(stepped(&acts), Some(2), "{acts:?}");
+        for c in [1, 5, 9] {
+            assert!(
+                matches!(&sent_on(&acts, c)[..], [Msg::Error { message }] if message.contains("term 2")),
+                "{c}: {acts:?}"
+            );
+            assert!(acts
+                .iter()
+                .any(|a| matches!(a, Action::Close(x, _) if *x == c)));
+        }
+        assert_eq!(p.stepped_down(), Some(2));
+        assert_eq!(p.poll_timeout(), Time::NEVER);
+        p.handle_accept(Time(4), 6);
+        p.handle_msg(Time(4), 6, ping_of(0));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert!(
+            matches!(&sent_on(&acts, 6)[..], [Msg::Error { .. }]),
+            "{acts:?}"
+        );
+    }
+
+    /// No standby ever followed it: a node's newer term is an earlier
+    /// cluster's, and it serves on above it (the node gets its pong).
+    #[test]
+    fn a_never_followed_scheduler_serves_on_above_a_node_s_term() {
+        let mut p = proto();
+        p.handle_accept(Time(1), 5);
+        p.handle_msg(Time(1), 5, ping_of(7));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(stepped(&acts), None);
+        assert_eq!(p.term(), 8);
+        assert!(
+            matches!(&sent_on(&acts, 5)[..], [Msg::Pong { term: 8, .. }]),
+            "{acts:?}"
+        );
+        // Any term a member sends is taken without overflow.
+        p.handle_msg(Time(2), 5, ping_of(u64::MAX));
+        assert_eq!(p.term(), u64::MAX);
+    }
+
+    /// A `Fence` of a newer term steps any scheduler down; one of an older term
+    /// is answered with this scheduler's term (its sender steps down), then
+    /// closed; one from a registered node is a protocol error.
+    #[test]
+    fn fences_step_down_or_are_answered() {
+        let mut p = proto();
+        p.set_term(3);
+        p.handle_accept(Time(1), 5);
+        p.handle_msg(Time(1), 5, Msg::Fence { term: 2 });
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(sent_on(&acts, 5), vec![&Msg::Fence { term: 3 }]);
+        assert!(acts.iter().any(|a| matches!(a, Action::Close(5, _))));
+        assert_eq!(stepped(&acts), None);
+        frontend(&mut p, 1);
+        std::iter::from_fn(|| p.poll_action()).for_each(drop);
+        p.handle_msg(Time(2), 1, Msg::Fence { term: 9 });
+        assert!(closed(&mut p, 1), "a node may not fence");
+        assert_eq!(p.stepped_down(), None);
+        p.handle_accept(Time(3), 6);
+        p.handle_msg(Time(3), 6, Msg::Fence { term: 4 });
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(stepped(&acts), Some(4));
+        // Its own fencer hearing a newer term does the same.
+        let mut q = proto();
+        q.handle_fenced(1);
+        assert_eq!(q.stepped_down(), None, "not newer");
+        q.handle_fenced(2);
+        assert_eq!(q.stepped_down(), Some(2));
     }
 }

@@ -286,7 +286,8 @@ impl StandbyProto {
             why: format!("primary {}: {why}", self.primary),
             held,
             assignment: self.assignment.take(),
-            term: self.term.max(1) + 1,
+            // (Saturating: a member may send any term.)
+            term: self.term.max(1).saturating_add(1),
         });
     }
 }
@@ -418,6 +419,30 @@ mod tests {
         assert!(acts
             .iter()
             .any(|a| matches!(a, Action::TakeOver { why, .. } if why.contains("no pong"))));
+    }
+
+    /// The takeover's term is one more than the highest seen: the primary's
+    /// pongs', a node's pings', a fence's (refused: a standby serves no one).
+    #[test]
+    fn it_takes_over_under_the_term_after_the_highest_it_saw() {
+        let mut p = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        let pong = Msg::Pong {
+            seq: 1,
+            echo: ms(0),
+            sched: ms(0),
+            term: 4,
+        };
+        p.handle_msg(ms(1), 1, pong);
+        assert_eq!(p.term(), 4);
+        p.handle_msg(ms(2), 7, Msg::Fence { term: 6 });
+        p.handle_timeout(ms(400));
+        let acts = drain(&mut p);
+        assert!(acts.iter().any(|a| matches!(a, Action::Refuse(7, _))));
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::TakeOver { term: 7, .. })),
+            "{acts:?}"
+        );
     }
 
     #[test]
