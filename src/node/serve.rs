@@ -93,6 +93,18 @@ impl Cluster {
         if o.frontends == 0 {
             anyhow::bail!("at least one frontend is needed");
         }
+        // The scheduler's limits take this cluster's own members whatever
+        // their size (each backend and frontend registers once more when it
+        // rejoins, after its last registration is gone).
+        let defaults = crate::node::proto::bounds::Limits::default();
+        let limits = crate::node::proto::bounds::Limits {
+            max_gpus_per_member: defaults
+                .max_gpus_per_member
+                .max(w.gpus.div_ceil(o.backends)),
+            max_members: defaults
+                .max_members
+                .max(o.backends.saturating_add(o.frontends)),
+        };
         let scheduler = SchedulerNode::start(
             transport.clone(),
             w,
@@ -103,6 +115,7 @@ impl Cluster {
                 model_spin: crate::core::Dur::from_us(o.model_spin_us as i64),
                 min_slack: o.min_slack,
                 epoch: o.epoch.clone(),
+                limits,
                 ..SchedulerOpts::default()
             },
         )?;

@@ -794,7 +794,19 @@ impl ClusterSim {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
-                limits: crate::node::proto::bounds::Limits::default(),
+                // The limits take the simulated members whatever their size
+                // (a restarted node may register before its last
+                // registration is gone).
+                limits: {
+                    let d = crate::node::proto::bounds::Limits::default();
+                    let o = &self.opts;
+                    crate::node::proto::bounds::Limits {
+                        max_gpus_per_member: d.max_gpus_per_member.max(o.gpus_per_backend),
+                        max_members: d
+                            .max_members
+                            .max(2 * o.backends.saturating_add(o.frontends)),
+                    }
+                },
                 subclusters: SubClusters::new(n, home.clone()).expect("sub-clusters"),
             },
         );
