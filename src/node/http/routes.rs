@@ -78,7 +78,16 @@ impl App {
     pub(super) fn frontend(fe: FrontendHandle, o: &HttpOpts) -> App {
         let reg = fe.metrics();
         let models = Models::new(fe.models());
-        let n_models = fe.models().len();
+        // The least time an answer of each model takes: its l(1).
+        let need: Vec<Duration> = fe
+            .models()
+            .iter()
+            .map(|m| {
+                crate::node::exec::profile_of(&m.profile)
+                    .map(|p| Duration::from_nanos(p.latency(1).0.max(0) as u64))
+                    .unwrap_or_default()
+            })
+            .collect();
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
         regs.extend(o.extra_metrics.iter().cloned());
@@ -94,7 +103,7 @@ impl App {
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
-            door: Some(Mutex::new(Door::new(n_models, o.max_pending))),
+            door: Some(Mutex::new(Door::new(&need, o.max_pending))),
             waits: Some(Waits::new(&reg)),
             start: Instant::now(),
             infer_time,
@@ -513,7 +522,7 @@ impl App {
         if let Some(w) = &self.waits {
             w.answer.observe_duration(took);
         }
-        flight.answered(&done, took, self.start.elapsed());
+        flight.answered(&done, self.start.elapsed());
         let resp = answer(&m.info, meta, &d.id, &d.outputs, &done);
         self.fe().record_margins(i, &done);
         if let Some(s) = self.fe().stats(i) {
@@ -633,13 +642,8 @@ struct Flight<'a> {
 }
 
 impl Flight<'_> {
-    /// The answers, `took` after the hand-over, at the door's `now`.
-    fn answered(
-        &mut self,
-        done: &[crate::node::frontend::InferDone],
-        took: Duration,
-        now: Duration,
-    ) {
+    /// The answers, at the door's `now`.
+    fn answered(&mut self, done: &[crate::node::frontend::InferDone], now: Duration) {
         use crate::node::frontend::Ended;
         use crate::wire::DropReason as R;
         let Some(d) = self.door else {
@@ -648,7 +652,7 @@ impl Flight<'_> {
         let mut door = d.lock().expect("door lock");
         for x in done.iter().take(self.left as usize) {
             let a = match x.ended {
-                Ended::Good => Answer::Good(took),
+                Ended::Good => Answer::Good,
                 Ended::Late
                 | Ended::TimedOut
                 | Ended::RegionFull
