@@ -324,19 +324,7 @@ impl App {
                 }
                 let r = match self.infer(i, req.take().expect("once"), t0).await {
                     Ok(r) => r,
-                    Err((code, msg)) => {
-                        let mut r = error(code, msg);
-                        if matches!(code.as_u16(), 408 | 413 | 503) {
-                            // Its body may be left unread (too large, too
-                            // slow, no room, evicted): the connection closes
-                            // after the answer rather than wait for the rest.
-                            r.headers_mut().insert(
-                                hyper::header::CONNECTION,
-                                hyper::header::HeaderValue::from_static("close"),
-                            );
-                        }
-                        r
-                    }
+                    Err((code, msg)) => error(code, msg),
                 };
                 return (r, true);
             }
@@ -450,7 +438,20 @@ impl App {
         let encoding = content_encoding(&req)?;
         // `_held` keeps the body's share of the budget until the answer.
         let t_read = Instant::now();
-        let (mut body, _held) = self.read_body(req).await?;
+        let (mut body, _held) = match self.read_body(req).await {
+            Ok(b) => b,
+            Err((code, msg)) => {
+                // Its body is left unread (too large, too slow, no room,
+                // evicted): the connection closes after the answer rather
+                // than wait for the rest.
+                let mut r = error(code, msg);
+                r.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+                return Ok(r);
+            }
+        };
         let t_decode = Instant::now();
         if let Some(w) = &self.waits {
             w.read.observe_duration(t_decode - t_read);
