@@ -6,9 +6,13 @@
 //! A request is refused at once (429 with `Retry-After`), before a byte of its
 //! body is read, when
 //! - **its deadline cannot be met**: the time it already waited (from its
-//!   first byte's arrival, the accept queue and unread socket included) plus
-//!   the least time its model took from hand-over to a good answer recently
-//!   leaves no time before its model's SLO runs out;
+//!   first byte's arrival, the accept queue and unread socket included)
+//!   leaves no more than its model's latency at batch 1 (its profile's l(1),
+//!   the least any answer can take) before its model's SLO runs out. (Not the
+//!   least time recent good answers took: a deferring scheduler holds
+//!   requests on purpose, so that time is no bound, and under overload a door
+//!   that learned it from the answers it let in refused everything after and
+//!   never learned again);
 //! - **its model's queue is ahead of it**: while the model sheds (a request
 //!   of it was dropped for its deadline, late or timed out within
 //!   [`SHED_MEMORY`]), the requests of the model handed over and not yet
@@ -41,10 +45,6 @@ const BUCKET: Duration = Duration::from_millis(100);
 /// ... and the good rate is taken over this many of them.
 const BUCKETS: usize = 10;
 
-/// Recent good answers whose hand-over-to-answer time gives the least time a
-/// request needs.
-const NEED_SAMPLES: usize = 64;
-
 /// The queue-ahead check refuses only when the queue ahead exceeds the time
 /// left by this factor: the estimate is a mean, and a request refused that
 /// would have been served costs more than one admitted and dropped.
@@ -76,8 +76,8 @@ impl Refusal {
 /// How a request handed over ended, as the door counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
-    /// Good, after this long from hand-over.
-    Good(Duration),
+    /// Good.
+    Good,
     /// Dropped for its deadline, late, or timed out: the model sheds.
     Shed,
     /// Anything else (bad request, no GPU, failure): says nothing of load.
@@ -91,8 +91,8 @@ struct ModelView {
     in_flight: u64,
     /// Good answers per bucket: (bucket index, count).
     good: VecDeque<(u64, u64)>,
-    /// Hand-over-to-good-answer times, most recent last.
-    need: VecDeque<Duration>,
+    /// The least time an answer takes (the model's l(1)).
+    need: Duration,
     last_shed: Option<Duration>,
 }
 
@@ -111,10 +111,6 @@ impl ModelView {
             + (now.as_secs_f64() - cur as f64 * BUCKET.as_secs_f64());
         n as f64 / span.max(BUCKET.as_secs_f64())
     }
-
-    fn need(&self) -> Duration {
-        self.need.iter().min().copied().unwrap_or_default()
-    }
 }
 
 fn bucket(t: Duration) -> u64 {
@@ -130,11 +126,17 @@ pub struct Door {
 }
 
 impl Door {
-    /// A door for `models` models, at most `max_pending` bodies read and not
-    /// yet decoded.
-    pub fn new(models: usize, max_pending: usize) -> Door {
+    /// A door for models whose latency at batch 1 is `need` (one each), at
+    /// most `max_pending` bodies read and not yet decoded.
+    pub fn new(need: &[Duration], max_pending: usize) -> Door {
         Door {
-            models: (0..models).map(|_| ModelView::default()).collect(),
+            models: need
+                .iter()
+                .map(|&need| ModelView {
+                    need,
+                    ..ModelView::default()
+                })
+                .collect(),
             pending: 0,
             max_pending: max_pending.max(1),
         }
@@ -164,7 +166,7 @@ impl Door {
         }
         if let Some(v) = self.models.get(m) {
             let left = slo.saturating_sub(waited);
-            if left <= v.need() {
+            if left <= v.need {
                 return Err(Refusal::Deadline);
             }
             let shedding = v
@@ -211,7 +213,7 @@ impl Door {
         };
         v.in_flight = v.in_flight.saturating_sub(1);
         match a {
-            Answer::Good(took) => {
+            Answer::Good => {
                 let b = bucket(now);
                 match v.good.back_mut() {
                     Some((last, c)) if *last == b => *c += 1,
@@ -219,10 +221,6 @@ impl Door {
                 }
                 while v.good.len() > BUCKETS {
                     v.good.pop_front();
-                }
-                v.need.push_back(took);
-                if v.need.len() > NEED_SAMPLES {
-                    v.need.pop_front();
                 }
             }
             Answer::Shed => v.last_shed = Some(now),
@@ -250,16 +248,15 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    /// Serves `rate` requests/s for `secs` seconds from `t0`, each good after
-    /// `took`, with `in_flight` requests in flight throughout.
-    fn steady(d: &mut Door, t0: Duration, rate: u64, secs: u64, took: Duration) -> Duration {
+    /// Serves `rate` requests/s for `secs` seconds from `t0`, each good.
+    fn steady(d: &mut Door, t0: Duration, rate: u64, secs: u64) -> Duration {
         let step = Duration::from_nanos(1_000_000_000 / rate);
         let mut t = t0;
         for _ in 0..rate * secs {
             d.admit(0, ms(1), SLO, t).expect("admitted below capacity");
             d.decoding();
             d.handed_over(0, 1);
-            d.answered(0, Answer::Good(took), t);
+            d.answered(0, Answer::Good, t);
             t += step;
         }
         t
@@ -267,25 +264,26 @@ mod tests {
 
     #[test]
     fn a_request_that_waited_past_what_its_deadline_allows_is_refused() {
-        let mut d = Door::new(1, 8);
-        // No answer yet: only a request whose SLO ran out is refused.
+        // The model takes 20 ms at batch 1.
+        let mut d = Door::new(&[ms(20)], 8);
         assert_eq!(d.admit(0, SLO, SLO, ms(0)), Err(Refusal::Deadline));
-        assert_eq!(d.admit(0, ms(99), SLO, ms(0)), Ok(()));
+        assert_eq!(d.admit(0, ms(85), SLO, ms(0)), Err(Refusal::Deadline));
+        assert_eq!(d.admit(0, ms(75), SLO, ms(0)), Ok(()));
+        // Answers that took long (a deferring scheduler held them) do not
+        // raise the bar: a request with 25 ms left is still taken.
+        d.decoding();
         d.handed_over(0, 1);
-        // Good answers took at least 20 ms from hand-over.
-        d.answered(0, Answer::Good(ms(20)), ms(10));
-        d.answered(0, Answer::Good(ms(35)), ms(10));
-        assert_eq!(d.admit(0, ms(85), SLO, ms(20)), Err(Refusal::Deadline));
-        assert_eq!(d.admit(0, ms(75), SLO, ms(20)), Ok(()));
+        d.answered(0, Answer::Good, ms(90));
+        assert_eq!(d.admit(0, ms(75), SLO, ms(100)), Ok(()));
         // An unknown model index is not judged by any view.
         assert_eq!(d.admit(7, ms(0), SLO, ms(20)), Ok(()));
     }
 
     #[test]
     fn the_queue_ahead_refuses_only_while_the_model_sheds() {
-        let mut d = Door::new(1, 1 << 20);
-        // 1,000 r/s good, each answered 10 ms after hand-over.
-        let mut t = steady(&mut d, ms(0), 1000, 2, ms(10));
+        let mut d = Door::new(&[ms(1)], 1 << 20);
+        // 1,000 r/s good.
+        let mut t = steady(&mut d, ms(0), 1000, 2);
         // 300 requests handed over and not answered: 0.3 s ahead at 1,000/s,
         // past a 100 ms SLO; but nothing was shed, so they are taken.
         for _ in 0..300 {
@@ -300,7 +298,7 @@ mod tests {
         assert_eq!(d.admit(0, ms(1), SLO, t), Err(Refusal::Queue));
         // The queue clears (answered good): admitted again while shedding.
         for _ in 0..250 {
-            d.answered(0, Answer::Good(ms(10)), t);
+            d.answered(0, Answer::Good, t);
             t += ms(1);
         }
         assert_eq!(d.admit(0, ms(1), SLO, t), Ok(()));
@@ -317,7 +315,7 @@ mod tests {
         d.answered(0, Answer::Shed, later);
         assert_eq!(d.admit(0, ms(1), SLO, later), Err(Refusal::Queue));
         // Other outcomes say nothing of load.
-        let mut e = Door::new(1, 8);
+        let mut e = Door::new(&[ms(1)], 8);
         e.handed_over(0, 1);
         e.answered(0, Answer::Other, ms(0));
         assert_eq!(e.admit(0, ms(1), SLO, ms(0)), Ok(()));
@@ -325,7 +323,7 @@ mod tests {
 
     #[test]
     fn the_backlog_is_bounded_and_gives_back_on_hand_over_or_abandon() {
-        let mut d = Door::new(1, 2);
+        let mut d = Door::new(&[ms(1)], 2);
         assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
         d.decoding();
         assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));

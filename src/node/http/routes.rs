@@ -78,7 +78,16 @@ impl App {
     pub(super) fn frontend(fe: FrontendHandle, o: &HttpOpts) -> App {
         let reg = fe.metrics();
         let models = Models::new(fe.models());
-        let n_models = fe.models().len();
+        // The least time an answer of each model takes: its l(1).
+        let need: Vec<Duration> = fe
+            .models()
+            .iter()
+            .map(|m| {
+                crate::node::exec::profile_of(&m.profile)
+                    .map(|p| Duration::from_nanos(p.latency(1).0.max(0) as u64))
+                    .unwrap_or_default()
+            })
+            .collect();
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
         regs.extend(o.extra_metrics.iter().cloned());
@@ -94,7 +103,7 @@ impl App {
             max_tensor: o.max_tensor_bytes,
             body_timeout: o.body_timeout,
             codes: Some(Codes::new(&reg)),
-            door: Some(Mutex::new(Door::new(n_models, o.max_pending))),
+            door: Some(Mutex::new(Door::new(&need, o.max_pending))),
             waits: Some(Waits::new(&reg)),
             start: Instant::now(),
             infer_time,
@@ -315,19 +324,7 @@ impl App {
                 }
                 let r = match self.infer(i, req.take().expect("once"), t0).await {
                     Ok(r) => r,
-                    Err((code, msg)) => {
-                        let mut r = error(code, msg);
-                        if matches!(code.as_u16(), 408 | 413 | 503) {
-                            // Its body may be left unread (too large, too
-                            // slow, no room, evicted): the connection closes
-                            // after the answer rather than wait for the rest.
-                            r.headers_mut().insert(
-                                hyper::header::CONNECTION,
-                                hyper::header::HeaderValue::from_static("close"),
-                            );
-                        }
-                        r
-                    }
+                    Err((code, msg)) => error(code, msg),
                 };
                 return (r, true);
             }
@@ -441,7 +438,20 @@ impl App {
         let encoding = content_encoding(&req)?;
         // `_held` keeps the body's share of the budget until the answer.
         let t_read = Instant::now();
-        let (mut body, _held) = self.read_body(req).await?;
+        let (mut body, _held) = match self.read_body(req).await {
+            Ok(b) => b,
+            Err((code, msg)) => {
+                // Its body is left unread (too large, too slow, no room,
+                // evicted): the connection closes after the answer rather
+                // than wait for the rest.
+                let mut r = error(code, msg);
+                r.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+                return Ok(r);
+            }
+        };
         let t_decode = Instant::now();
         if let Some(w) = &self.waits {
             w.read.observe_duration(t_decode - t_read);
@@ -513,7 +523,7 @@ impl App {
         if let Some(w) = &self.waits {
             w.answer.observe_duration(took);
         }
-        flight.answered(&done, took, self.start.elapsed());
+        flight.answered(&done, self.start.elapsed());
         let resp = answer(&m.info, meta, &d.id, &d.outputs, &done);
         self.fe().record_margins(i, &done);
         if let Some(s) = self.fe().stats(i) {
@@ -633,13 +643,8 @@ struct Flight<'a> {
 }
 
 impl Flight<'_> {
-    /// The answers, `took` after the hand-over, at the door's `now`.
-    fn answered(
-        &mut self,
-        done: &[crate::node::frontend::InferDone],
-        took: Duration,
-        now: Duration,
-    ) {
+    /// The answers, at the door's `now`.
+    fn answered(&mut self, done: &[crate::node::frontend::InferDone], now: Duration) {
         use crate::node::frontend::Ended;
         use crate::wire::DropReason as R;
         let Some(d) = self.door else {
@@ -648,7 +653,7 @@ impl Flight<'_> {
         let mut door = d.lock().expect("door lock");
         for x in done.iter().take(self.left as usize) {
             let a = match x.ended {
-                Ended::Good => Answer::Good(took),
+                Ended::Good => Answer::Good,
                 Ended::Late
                 | Ended::TimedOut
                 | Ended::RegionFull
