@@ -649,6 +649,56 @@ pub fn cdf_svg(r: &Report) -> String {
 mod tests {
     use super::*;
 
+    /// On random small applications, `fermata`'s plan costs at most every
+    /// peer's and every Harpagon ablation's feasible plan.
+    #[test]
+    fn fermata_is_at_most_every_peer_and_ablation() {
+        let ablations = ablations();
+        assert_eq!(ablations.len(), 8);
+        let mut beaten = 0;
+        for seed in 0..120u64 {
+            let Some(app) = crate::plan::app::tests::random_app(seed) else {
+                continue;
+            };
+            let fe = planners::fermata(&app).unwrap();
+            fe.verify(&app)
+                .unwrap_or_else(|e| panic!("seed {seed} fermata: {e}"));
+            let mut never = || false;
+            let mut peers: Vec<Plan> = [
+                "harpagon",
+                "piccolo",
+                "scrooge",
+                "nexus",
+                "inferline",
+                "clipper",
+            ]
+            .iter()
+            .filter_map(|n| planners::run(&app, n, &mut never).ok())
+            .collect();
+            peers.extend(
+                ablations
+                    .iter()
+                    .filter_map(|(n, o)| planners::harpagon_with(&app, n, o).ok()),
+            );
+            for p in peers {
+                if p.verify(&app).is_err() {
+                    continue;
+                }
+                assert!(
+                    fe.cost <= p.cost * (1.0 + 1e-9),
+                    "seed {seed}: fermata {} above {} {}",
+                    fe.cost,
+                    p.planner,
+                    p.cost
+                );
+                if fe.cost < p.cost * (1.0 - 1e-9) {
+                    beaten += 1;
+                }
+            }
+        }
+        assert!(beaten > 0);
+    }
+
     #[test]
     fn the_scale_instance_has_its_size_and_fermata_plans_it() {
         let profs = profiles();

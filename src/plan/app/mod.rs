@@ -474,4 +474,4 @@ impl Plan {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
