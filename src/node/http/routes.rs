@@ -247,26 +247,47 @@ impl App {
         t0: Instant,
     ) -> bool {
         let mut unread = false;
-        // A small body not read (an error answered first, a refusal at the
-        // door) is read and dropped frame by frame, never buffered, so that a
-        // keep-alive client can go on with its connection. A larger one, or
-        // one of unknown length, is left unread and the connection closes:
-        // reading it would spend on a refused request what refusing saves, and
-        // the buffered-bytes budget does not hold it.
+        // A body not read (an error answered first, a refusal at the door) is
+        // read and dropped frame by frame, never buffered, so that a
+        // keep-alive client can go on with its connection: up to
+        // DRAIN_MAX_BYTES for an inference (reading more would spend on a
+        // refused request what refusing saves), up to the body limit for
+        // any other route (a client of an unsupported route gets its answer,
+        // not a broken pipe). Past that, or past the body timeout, it is left
+        // unread and the connection closes.
         if let Some(r) = req {
             if !r.body().is_end_stream() {
+                let cap = if model_idx.is_some() {
+                    DRAIN_MAX_BYTES
+                } else {
+                    DRAIN_MAX_BYTES.max(self.max_body as u64)
+                };
                 let declared = r
                     .headers()
                     .get(CONTENT_LENGTH)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|s| s.parse::<u64>().ok());
-                match declared {
-                    Some(n) if n <= DRAIN_MAX_BYTES => {
-                        let mut body = r.into_body();
-                        let drain = async move { while let Some(Ok(_)) = body.frame().await {} };
-                        let _ = tokio::time::timeout(self.body_timeout, drain).await;
-                    }
-                    _ => unread = true,
+                if declared.is_some_and(|n| n > cap) {
+                    unread = true;
+                } else {
+                    let mut body = r.into_body();
+                    let drain = async move {
+                        let mut seen = 0u64;
+                        while let Some(f) = body.frame().await {
+                            let Ok(f) = f else { return false };
+                            if let Some(d) = f.data_ref() {
+                                seen += d.len() as u64;
+                                if seen > cap {
+                                    return false;
+                                }
+                            }
+                        }
+                        true
+                    };
+                    unread = !matches!(
+                        tokio::time::timeout(self.body_timeout, drain).await,
+                        Ok(true)
+                    );
                 }
             }
         }
