@@ -98,7 +98,7 @@ fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
         r["server"]["requests"].as_u64().unwrap() >= n("sent"),
         "{r}"
     );
-    // The verdict line against issue 13's bar.
+    // The verdict line against the front door's bar.
     assert!(
         stderr
             .lines()

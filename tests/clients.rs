@@ -1,7 +1,7 @@
 //! The ecosystem's own clients against `fermata serve --executor onnx` (the
 //! shipped models): Triton's `tritonclient.http` (sync and aio,
 //! tests/clients/triton_http.py) and `tritonclient.grpc` (sync, stream and
-//! aio, tests/clients/triton_grpc.py), each call that failed before issue 16
+//! aio, tests/clients/triton_grpc.py), each call that failed once
 //! and the error cases with their status and message; KServe's REST and gRPC
 //! clients (tests/clients/kserve_clients.py); Triton's perf_analyzer
 //! over HTTP and gRPC; then the serve's report: every request ended exactly

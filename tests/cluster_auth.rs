@@ -1,4 +1,4 @@
-//! The authenticated cluster (issue 14): a process that does not hold the
+//! The authenticated cluster: a process that does not hold the
 //! cluster secret can neither register, nor submit, nor read a frontend's input
 //! region, whatever it sends; a process with another secret is refused by the
 //! handshake; the members go on serving meanwhile. Real TCP on loopback.

@@ -1,4 +1,4 @@
-//! "Defer only when it pays" (issue 13), in the simulator with the production core:
+//! "Defer only when it pays", in the simulator with the production core:
 //! at light load a lone request starts at once (eager latency), under load batches
 //! are still deferred to their frontrun moment, and the idle time still collects on
 //! the highest-numbered GPUs (flat-top). The paper's pure rule stays available as
@@ -10,7 +10,7 @@
 //! mostly does not come while the GPUs sit idle between bursts. Near capacity on
 //! a small bursty multi-model workload it stays within half a point of eager's
 //! bad rate (it was about 1.1 points above it at 5,000 r/s before it counted
-//! clumps; closing the rest of the gap is still open, see issue 13).
+//! clumps; closing the rest of the gap is still open).
 
 use fermata::core::Policy;
 use fermata::run::RunResult;

@@ -1,5 +1,5 @@
 //! Regression tests for the defects found by attacking the nodes with malformed
-//! messages (issue 12): each message below crashed a node thread, wrapped a
+//! messages: each message below crashed a node thread, wrapped a
 //! deadline, or let a peer act on what it does not own. Every test ends by showing
 //! the node still serves its honest peers.
 

@@ -83,7 +83,7 @@ input_bytes = 24
         )
         .unwrap(),
     );
-    // The datatypes issue 16 added, one input each (24 bytes a sample).
+    // The datatypes beyond FP32, one input each (24 bytes a sample).
     w.models[3].meta = Some(
         ModelMeta::from_json(
             r#"{"name":"wide","slo_ms":100,"max_batch":8,

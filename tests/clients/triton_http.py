@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Triton's own HTTP client (tritonclient.http, sync and aio) against a running
 `fermata serve --executor onnx` serving the shipped models: every call that
-once failed (issue 16), and the error cases with their status and message.
+once failed, and the error cases with their status and message.
 
     PYTHONPATH=.deps/py python3 tests/clients/triton_http.py --url 127.0.0.1:8000
 

@@ -130,7 +130,7 @@ struct Loading {
 pub struct BackendProto {
     member: Member,
     gpus: Vec<GpuInfo>,
-    /// Global GPU id -> local index (this session's).
+    /// Global GPU id -> local index (as the current registration numbered them).
     gpu_map: HashMap<GpuId, usize>,
     plan_delay: Delays,
     /// The models being loaded.
@@ -138,7 +138,7 @@ pub struct BackendProto {
     /// The models every GPU holds, as they were described, with their footprint
     /// (kept across rejoins: the GPUs keep them).
     loaded: HashMap<ModelId, (ModelInfo, u64)>,
-    /// The models this session's scheduler asked for (`LoadModel` since the
+    /// The models the current registration's scheduler asked for (`LoadModel` since the
     /// last `Register`): at the `RegisterAck` the GPUs drop every other model
     /// they still hold from before a rejoin.
     asked: BTreeSet<ModelId>,

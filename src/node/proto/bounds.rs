@@ -263,41 +263,14 @@ mod tests {
 
     // The scheduler's protocol with these bounds.
 
-    use crate::core::{ModelId, NetBudget};
-    use crate::node::proto::sched::{Action, SchedConfig, SchedProto};
+    use crate::core::ModelId;
+    use crate::node::proto::sched::{Action, SchedProto};
     use crate::node::proto::subclusters::SubClusters;
     use crate::transport::ConnId;
-    use crate::wire::{GpuInfo, ModelInfo, Msg, RegionInfo, Role, WireProfile};
+    use crate::wire::{GpuInfo, Msg, RegionInfo, Role};
 
     fn proto(limits: Limits) -> SchedProto {
-        let model = |i: u32| ModelInfo {
-            id: ModelId(i),
-            name: format!("m{i}"),
-            slo: Dur::from_ms(100),
-            profile: WireProfile::Linear {
-                alpha_ns: 1_000_000,
-                beta_ns: 5_000_000,
-                max_batch: 16,
-            },
-            input_bytes: 64,
-            meta_json: String::new(),
-        };
-        SchedProto::new(
-            Time(0),
-            SchedConfig {
-                models: vec![model(0), model(1)],
-                heartbeat: Dur::from_ms(100),
-                node_timeout: Dur::from_ms(1000),
-                plan_grace: crate::node::proto::plans::PLAN_GRACE,
-                net_update: Dur::from_ms(200),
-                floors: NetBudget::default(),
-                max_ctrl: Dur::from_us(2000),
-                max_data: Dur::from_us(500),
-                max_margin: Dur::from_us(5000),
-                subclusters: SubClusters::single(2),
-                limits,
-            },
-        )
+        crate::node::proto::sched::tests::proto_with_limits(SubClusters::single(2), limits)
     }
 
     fn actions(p: &mut SchedProto) -> Vec<Action> {

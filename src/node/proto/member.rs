@@ -18,7 +18,7 @@
 //! The scheduler is **lost** when its connection closes, when it sends `Error`,
 //! or when no pong came for the timeout (in any phase but `Away`). Then the
 //! member closes the connection, tells its owner ([`Action::Lost`]: forget what
-//! this session had — plans, frontends; a frontend holds its pending requests
+//! this registration had — plans, frontends; a frontend holds its pending requests
 //! for the next scheduler) and waits a backoff
 //! before it asks its driver for a new connection ([`Action::Connect`]) to the
 //! next of the scheduler addresses it knows (a standby's too), round robin; the

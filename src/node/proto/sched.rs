@@ -1682,7 +1682,7 @@ impl SchedProto {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::wire::{RegionInfo, WireProfile};
 
@@ -1691,6 +1691,15 @@ mod tests {
     }
 
     fn proto_with(subclusters: SubClusters) -> SchedProto {
+        proto_with_limits(subclusters, crate::node::proto::bounds::Limits::default())
+    }
+
+    /// A scheduler of two small models (its per-member limits given); the
+    /// bounds tests use it too.
+    pub(in crate::node::proto) fn proto_with_limits(
+        subclusters: SubClusters,
+        limits: crate::node::proto::bounds::Limits,
+    ) -> SchedProto {
         // (The fuzz drivers have the same model, but production modules, their
         // tests included, must not import the fuzz drivers: tests/core_purity.rs.)
         let model = |i: u32| ModelInfo {
@@ -1717,7 +1726,7 @@ mod tests {
                 max_ctrl: Dur::from_us(2000),
                 max_data: Dur::from_us(500),
                 max_margin: Dur::from_us(5000),
-                limits: crate::node::proto::bounds::Limits::default(),
+                limits,
                 subclusters,
             },
         )
