@@ -384,6 +384,13 @@ pub struct SubclusterArgs {
     /// With --subclusters > 1: the partitioner's time limit per epoch (s).
     #[arg(long, default_value_t = 2.0)]
     partition_time_limit_s: f64,
+    /// The GPU type of each sub-cluster, comma-separated, one per sub-cluster
+    /// (e.g. `A100,A100,T4`). A backend joins a sub-cluster of its GPUs' type
+    /// (its --gpu-type) and is refused when none has it; each model runs on
+    /// the sub-clusters of its type (`gpu_type` in the workload, else its
+    /// profile's GPU), partitioned per type. Default: untyped.
+    #[arg(long, value_delimiter = ',')]
+    subcluster_types: Vec<String>,
 }
 
 impl SubclusterArgs {
@@ -409,6 +416,7 @@ impl SubclusterArgs {
             every: Duration::from_secs_f64(self.epoch_s),
             max_moves: Some(self.max_moves),
             time_limit: Duration::from_secs_f64(self.partition_time_limit_s),
+            types: self.subcluster_types.clone(),
             ..Default::default()
         })
     }
@@ -642,6 +650,11 @@ pub struct BackendArgs {
     /// --gpus; default: GPU g on device g).
     #[arg(long)]
     cuda_devices: Option<String>,
+    /// The type its GPUs register as, which typed sub-clusters
+    /// (the scheduler's --subcluster-types) match. Default: the device's
+    /// name with --executor cuda, else the executor's name.
+    #[arg(long)]
+    gpu_type: Option<String>,
     #[arg(long, default_value = "backend")]
     name: String,
     /// tcp or rdma.
@@ -672,6 +685,9 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
         BackendOpts::with_executor_on(&a.scheduler, a.gpus, &a.executor, &a.models, devices)
             .with_context(|| format!("--executor {}", a.executor))?;
     o.name = a.name;
+    if let Some(t) = &a.gpu_type {
+        o.set_gpu_type(t)?;
+    }
     let b = BackendNode::start(a.secret.transport(&a.transport, "backend")?, o)?;
     let ids = b.wait_ready(Duration::from_secs(30))?;
     announce(format!("fermata backend ready: GPUs {ids:?}"));

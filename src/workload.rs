@@ -110,6 +110,9 @@ pub struct WorkloadModel {
     pub dynamic_memory_mb: Option<f64>,
     /// The `profile = "GPU/MODEL"` it was taken from, if any.
     pub profile: Option<String>,
+    /// The GPU type it runs on with typed sub-clusters: `gpu_type`, else the
+    /// GPU of its `profile`; None: any.
+    pub gpu_type: Option<String>,
 }
 
 /// Default input size: one 224x224 RGB image of u8 (147 KiB, the paper's ~150 KB).
@@ -190,6 +193,7 @@ struct RawModel {
     input_bytes: Option<u32>,
     memory_mb: Option<f64>,
     dynamic_memory_mb: Option<f64>,
+    gpu_type: Option<String>,
 }
 
 /// One row of a profiles CSV: gpu,model,alpha_ms,beta_ms,slo_ms.
@@ -311,12 +315,30 @@ impl Workload {
                     }
                 }
             }
+            let gpu_type = match &m.gpu_type {
+                Some(t) if t.trim().is_empty() || t.len() > 128 => bail!(
+                    "model #{} ({}): `gpu_type` must be a name of 1 to 128 characters",
+                    i + 1,
+                    m.label()
+                ),
+                Some(t) => Some(t.trim().to_string()),
+                None => m
+                    .profile
+                    .as_deref()
+                    .and_then(|p| p.split_once('/'))
+                    .map(|(gpu, _)| gpu.to_string()),
+            };
             for s in specs {
                 models.push(s);
                 weights.push(w);
                 traces.push(tr.clone());
                 inputs.push(ib);
-                mems.push((m.memory_mb, m.dynamic_memory_mb, m.profile.clone()));
+                mems.push((
+                    m.memory_mb,
+                    m.dynamic_memory_mb,
+                    m.profile.clone(),
+                    gpu_type.clone(),
+                ));
             }
         }
         if models.len() > 100_000 {
@@ -420,6 +442,7 @@ impl Workload {
                         memory_mb: mem.0,
                         dynamic_memory_mb: mem.1,
                         profile: mem.2,
+                        gpu_type: mem.3,
                     },
                 )
                 .collect(),

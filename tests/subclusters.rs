@@ -116,6 +116,97 @@ fn models_move_between_subclusters_under_load_without_a_lost_request() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Typed sub-clusters with real processes: an A100 and a T4 sub-cluster, a
+/// backend of each type (`--gpu-type`), two models of each type. Under a load
+/// whose skew would have the untyped partitioner move models across, every
+/// model stays on its type's sub-cluster, every backend serves only its
+/// type's models, and the autoscaler's view sums its advice per type.
+#[test]
+fn typed_subclusters_keep_each_model_on_its_gpu_type() {
+    let dir = std::env::temp_dir().join(format!("fermata-typed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let typed = |weights: [f64; 4]| {
+        let mut s = String::from("name = \"typed\"\ngpus = 2\nrate_rps = 100\n");
+        for (i, w) in weights.iter().enumerate() {
+            let t = if i < 2 { "A100" } else { "T4" };
+            s += &format!(
+                "[[models]]\nname = \"m{i}\"\ngpu_type = \"{t}\"\nalpha_ms = 0.2\nbeta_ms = 1.0\nslo_ms = 300\ninput_bytes = 256\nweight = {w}\n"
+            );
+        }
+        s
+    };
+    let path = dir.join("w.toml");
+    std::fs::write(&path, typed([1.0; 4])).unwrap();
+    let o = ProcOpts {
+        backend_gpus: vec![1, 1],
+        backend_args: vec![
+            (0, vec!["--gpu-type".into(), "T4".into()]),
+            (1, vec!["--gpu-type".into(), "a100".into()]),
+        ],
+        scheduler_args: [
+            "--subclusters",
+            "2",
+            "--subcluster-types",
+            "A100,T4",
+            "--epoch-s",
+            "1",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..ProcOpts::new(path.clone())
+    };
+    let mut c = ProcCluster::start(&exe(), &o).unwrap();
+    let metrics = c.scheduler_metrics_addr().unwrap();
+    let p = dir.join("load.toml");
+    std::fs::write(&p, typed([8.0, 1.0, 0.5, 0.5])).unwrap();
+    let w = Workload::from_file(&p).unwrap();
+    let r = c
+        .load_in_background(&w, 300.0, 3.0)
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap();
+    assert!(r.sim.offered() > 500, "offered {}", r.sim.offered());
+    assert_eq!((r.failed, r.unanswered, r.duplicates), (0, 0, 0));
+    let view: serde_json::Value = serde_json::from_str(&get(&metrics, "/v1/autoscale")).unwrap();
+    for m in view["models"].as_array().unwrap() {
+        let want = if ["m0", "m1"].contains(&m["model"].as_str().unwrap()) {
+            0
+        } else {
+            1
+        };
+        assert_eq!(m["subcluster"], want, "{view}");
+        assert!(
+            m["loading_at"].is_null() || m["loading_at"] == want,
+            "{view}"
+        );
+    }
+    let types = view["types"].as_array().unwrap();
+    assert_eq!(types.len(), 2, "{view}");
+    assert_eq!(types[0]["gpu_type"], "A100");
+    assert_eq!(types[1]["gpus_in_service"], 1, "{view}");
+    let text = get(&metrics, "/metrics");
+    assert!(
+        text.contains("fermata_gpu_type_advice_gpus{gpu_type=\"T4\",what=\"in_service\"} 1"),
+        "{text}"
+    );
+    let reps = c.stop();
+    let s = reps.scheduler.expect("scheduler report");
+    assert_eq!(s["moves"]["started"], 0, "no model changes type: {s}");
+    for b in &reps.backends {
+        let b = b.as_ref().expect("backend report");
+        assert_eq!(b["plans_refused"], 0, "{b}");
+        assert_eq!(b["tasks_failed"], 0, "{b}");
+        assert!(
+            b["plans_run"].as_u64().unwrap() > 0,
+            "both types serve: {b}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The body of `GET path` from the HTTP server at `addr`.
 fn get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};

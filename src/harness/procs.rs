@@ -34,6 +34,8 @@ pub struct ProcOpts {
     /// Environment variables for backend processes: (backend index, name, value)
     /// — e.g. a `FERMATA_FAULT` for one of them.
     pub backend_env: Vec<(usize, String, String)>,
+    /// Extra arguments for backend processes: (backend index, arguments).
+    pub backend_args: Vec<(usize, Vec<String>)>,
     /// Also start a hot standby scheduler (`--standby-of` the first); the
     /// nodes get both addresses.
     pub standby: bool,
@@ -59,6 +61,7 @@ impl ProcOpts {
             model_spin_us: 0,
             scheduler_args: Vec::new(),
             backend_env: Vec::new(),
+            backend_args: Vec::new(),
             standby: false,
             frontend_host: "127.0.0.1".into(),
             frontend_args: Vec::new(),
@@ -399,6 +402,9 @@ impl ProcCluster {
                 format!("backend{i}"),
             ];
             args.extend(c.secret.args());
+            for (_, extra) in o.backend_args.iter().filter(|(b, _)| *b == i) {
+                args.extend(extra.iter().cloned());
+            }
             let env: Vec<(String, String)> = o
                 .backend_env
                 .iter()

@@ -93,6 +93,13 @@ impl Cluster {
         if o.frontends == 0 {
             anyhow::bail!("at least one frontend is needed");
         }
+        if !o.epoch.types.is_empty() && (o.backends as usize) < o.epoch.types.len() {
+            anyhow::bail!(
+                "{} typed sub-clusters need at least as many backends (--backends {} or more)",
+                o.epoch.types.len(),
+                o.epoch.types.len()
+            );
+        }
         // The scheduler's limits take this cluster's own members whatever
         // their size (each backend and frontend registers once more when it
         // rejoins, after its last registration is gone).
@@ -131,6 +138,11 @@ impl Cluster {
                 o.cuda_devices.clone(),
             )?;
             bo.name = format!("backend{b}");
+            // Typed sub-clusters: backend b is of sub-cluster b's type (in
+            // turn), so each sub-cluster gets backends.
+            if let Some(t) = o.epoch.types.get(b as usize % o.epoch.types.len().max(1)) {
+                bo.set_gpu_type(t)?;
+            }
             backends.push(BackendNode::start(transport.clone(), bo)?);
         }
         // Real executors load every model (and, on a GPU, run each bucket once)

@@ -87,6 +87,19 @@ impl BackendOpts {
         Ok(o)
     }
 
+    /// Every GPU registers as type `t` (`--gpu-type`): 1 to 128 characters.
+    pub fn set_gpu_type(&mut self, t: &str) -> anyhow::Result<()> {
+        let t = t.trim();
+        if t.is_empty() || t.chars().count() > 128 {
+            anyhow::bail!("--gpu-type must be a name of 1 to 128 characters, got {t:?}");
+        }
+        self.gpu_name = t.to_string();
+        for d in &mut self.gpu_descs {
+            d.0 = t.to_string();
+        }
+        Ok(())
+    }
+
     /// What the scheduler is told of each GPU.
     pub(super) fn gpu_infos(&self) -> Vec<crate::wire::GpuInfo> {
         (0..self.gpus)

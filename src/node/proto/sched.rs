@@ -168,6 +168,11 @@ pub struct SchedReport {
     pub moves: MoveStats,
 }
 
+/// A peer's name as a refusal quotes it: at most 64 characters.
+fn short(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
 /// What the driver must do.
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -709,7 +714,7 @@ impl SchedProto {
                 if !matches!(pc.peer, Peer::New) {
                     return self.reject(c, "second Register on one connection".into());
                 }
-                self.register(c, role, &name, gpus.len(), ctrl_addr, region);
+                self.register(c, role, &name, &gpus, ctrl_addr, region);
             }
             Msg::ModelLoaded {
                 model,
@@ -743,10 +748,11 @@ impl SchedProto {
         c: ConnId,
         role: Role,
         name: &str,
-        gpus: usize,
+        gpu_infos: &[crate::wire::GpuInfo],
         ctrl_addr: String,
         region: Option<RegionInfo>,
     ) {
+        let gpus = gpu_infos.len();
         let members = self.names.len() + self.frontends.len();
         let max = self.cfg.limits;
         if members >= max.max_members as usize {
@@ -767,7 +773,7 @@ impl SchedProto {
             return self.reject(c, "out of node ids".into());
         };
         match role {
-            Role::Backend => self.register_backend(c, node, name, gpus),
+            Role::Backend => self.register_backend(c, node, name, gpu_infos),
             Role::Frontend => {
                 let Some(region) = region else {
                     return self.reject(c, "a frontend must register its input region".into());
@@ -909,11 +915,21 @@ impl SchedProto {
         self.actions.push_back(Action::Submit(ok));
     }
 
-    fn register_backend(&mut self, c: ConnId, node: NodeId, name: &str, gpus: usize) {
+    fn register_backend(
+        &mut self,
+        c: ConnId,
+        node: NodeId,
+        name: &str,
+        gpu_infos: &[crate::wire::GpuInfo],
+    ) {
+        let gpus = gpu_infos.len();
         if gpus == 0 {
             return self.reject(c, "a backend must register at least one GPU".into());
         }
-        let sub = self.pick_subcluster();
+        let sub = match self.pick_subcluster(gpu_infos) {
+            Ok(sub) => sub,
+            Err(why) => return self.reject(c, why),
+        };
         let models = self.subs.held_by(sub);
         for &m in &models {
             let info = self.cfg.models[m.idx()].clone();
@@ -1344,10 +1360,36 @@ impl SchedProto {
         }
     }
 
-    /// The sub-cluster a new backend joins: the one with the fewest GPUs
-    /// (in service or loading; the lowest id on a tie). The partitioner
-    /// balances load across sub-clusters, so their GPUs are kept even.
-    fn pick_subcluster(&self) -> u32 {
+    /// The sub-cluster a new backend joins: of those of its GPUs' type (any,
+    /// untyped), the one with the fewest GPUs (in service or loading; the
+    /// lowest id on a tie). The partitioner balances load across sub-clusters,
+    /// so their GPUs are kept even. With typed sub-clusters, a backend whose
+    /// GPUs are of several types or of a type no sub-cluster has is refused.
+    fn pick_subcluster(&self, gpu_infos: &[crate::wire::GpuInfo]) -> Result<u32, String> {
+        let allowed = if self.subs.types().is_empty() {
+            (0..self.subs.count()).collect()
+        } else {
+            let first = gpu_infos.first().map(|g| g.name.as_str()).unwrap_or("");
+            if let Some(other) = gpu_infos
+                .iter()
+                .find(|g| !super::subclusters::same_gpu_type(&g.name, first))
+            {
+                return Err(format!(
+                    "a backend's GPUs must be of one type when sub-clusters are typed; got {:?} and {:?}",
+                    short(first),
+                    short(&other.name)
+                ));
+            }
+            let subs = self.subs.of_type(first);
+            if subs.is_empty() {
+                return Err(format!(
+                    "no sub-cluster takes GPUs of type {:?} (the scheduler's --subcluster-types: {}); start the backend with --gpu-type naming one",
+                    short(first),
+                    self.subs.types().join(",")
+                ));
+            }
+            subs
+        };
         let mut gpus = vec![0u32; self.subs.count() as usize];
         for pc in self.conns.values() {
             match &pc.peer {
@@ -1361,7 +1403,10 @@ impl SchedProto {
                 _ => {}
             }
         }
-        (0..gpus.len()).min_by_key(|&s| (gpus[s], s)).unwrap_or(0) as u32
+        Ok(allowed
+            .into_iter()
+            .min_by_key(|&s| (gpus[s as usize], s))
+            .unwrap_or(0))
     }
 
     /// Backend connections of sub-cluster `sub` (loading or in service,
@@ -2025,6 +2070,11 @@ pub(super) mod tests {
 
     /// A backend with one GPU registers on connection `c`: what follows.
     fn register(p: &mut SchedProto, c: ConnId, now: Time) -> Vec<Action> {
+        register_typed(p, c, now, &["g"])
+    }
+
+    /// A backend on connection `c` registers one GPU of each type in `types`.
+    fn register_typed(p: &mut SchedProto, c: ConnId, now: Time, types: &[&str]) -> Vec<Action> {
         p.handle_accept(now, c);
         p.handle_msg(
             now,
@@ -2032,16 +2082,62 @@ pub(super) mod tests {
             Msg::Register {
                 role: Role::Backend,
                 name: format!("be{c}"),
-                gpus: vec![crate::wire::GpuInfo {
-                    local: 0,
-                    name: "g".into(),
-                    mem_bytes: 1 << 30,
-                }],
+                gpus: types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| crate::wire::GpuInfo {
+                        local: i as u32,
+                        name: t.to_string(),
+                        mem_bytes: 1 << 30,
+                    })
+                    .collect(),
                 ctrl_addr: String::new(),
                 region: None,
             },
         );
         std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    /// Typed sub-clusters: a backend joins one of its GPUs' type; one of a
+    /// type no sub-cluster has, or of mixed types, is refused with the reason;
+    /// an epoch's answer never moves a model to another type.
+    #[test]
+    fn a_backend_joins_a_subcluster_of_its_gpu_type_and_models_stay_on_theirs() {
+        let ms = |m: i64| Time(m * 1_000_000);
+        let subs = SubClusters::new(2, vec![0, 1])
+            .unwrap()
+            .with_types(vec!["A100".into(), "T4".into()])
+            .unwrap();
+        let mut p = proto_with(subs);
+        frontend(&mut p, 1);
+        // Two T4 backends: both in sub-cluster 1, though 0 has fewer GPUs.
+        for c in [2, 3] {
+            let acts = register_typed(&mut p, c, ms(0), &["t4"]);
+            assert_eq!(loads(&acts, c), (vec![1], vec![]), "{acts:?}");
+            loaded(&mut p, c, ms(0), 1, true);
+        }
+        let acts = register_typed(&mut p, 4, ms(0), &["A100", "A100"]);
+        assert_eq!(loads(&acts, 4), (vec![0], vec![]));
+        loaded(&mut p, 4, ms(0), 0, true);
+        let mut subs: Vec<u32> = p.backends().iter().map(|b| b.subcluster).collect();
+        subs.sort_unstable();
+        assert_eq!(subs, vec![0, 1, 1]);
+        let refused = |acts: &[Action], c: ConnId, what: &str| {
+            acts.iter().any(|a| {
+                matches!(a, Action::Send(x, Msg::Error { message }) if *x == c && message.contains(what))
+            }) && acts.iter().any(|a| matches!(a, Action::Close(x, _) if *x == c))
+        };
+        let acts = register_typed(&mut p, 5, ms(0), &["H100"]);
+        assert!(
+            refused(&acts, 5, "no sub-cluster takes GPUs of type \"H100\""),
+            "{acts:?}"
+        );
+        let acts = register_typed(&mut p, 6, ms(0), &["A100", "T4"]);
+        assert!(refused(&acts, 6, "of one type"), "{acts:?}");
+        assert_eq!(p.backends().len(), 3);
+        // Model 1 (T4) cannot be moved to the A100 sub-cluster.
+        assert_eq!(p.repartition(ms(1), &[0, 0]), 0);
+        assert_eq!(p.subclusters().homes(), &[0, 1]);
     }
 
     /// Connection `c`'s backend confirms model `m` (or fails to load it).

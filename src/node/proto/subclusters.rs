@@ -68,7 +68,18 @@ pub struct SubClusters {
     last_deadline: Vec<Time>,
     /// Bumped at every change of a home (what a following standby is sent).
     version: u64,
+    /// The GPU type of each sub-cluster (empty: untyped, any GPU anywhere).
+    /// A backend joins a sub-cluster of its GPUs' type, and a model moves only
+    /// between sub-clusters of one type: its initial home's, which the
+    /// partitioner chose by the model's type.
+    types: Vec<String>,
     pub stats: MoveStats,
+}
+
+/// Whether two GPU type names are the same type: compared without case and
+/// surrounding blanks ("A100" is "a100 ").
+pub fn same_gpu_type(a: &str, b: &str) -> bool {
+    a.trim().eq_ignore_ascii_case(b.trim())
 }
 
 impl SubClusters {
@@ -89,8 +100,55 @@ impl SubClusters {
             home,
             moves: BTreeMap::new(),
             version: 0,
+            types: Vec::new(),
             stats: MoveStats::default(),
         })
+    }
+
+    /// The same sub-clusters, sub-cluster `s` of GPU type `types[s]` (one name
+    /// per sub-cluster, none empty; an empty list leaves them untyped).
+    pub fn with_types(mut self, types: Vec<String>) -> Result<SubClusters, String> {
+        if types.is_empty() {
+            return Ok(self);
+        }
+        if types.len() != self.count as usize {
+            return Err(format!(
+                "{} GPU types for {} sub-clusters: name one type per sub-cluster",
+                types.len(),
+                self.count
+            ));
+        }
+        if let Some(s) = types.iter().position(|t| t.trim().is_empty()) {
+            return Err(format!("sub-cluster {s} has an empty GPU type"));
+        }
+        self.types = types.iter().map(|t| t.trim().to_string()).collect();
+        Ok(self)
+    }
+
+    /// Sub-cluster `sub`'s GPU type (None: untyped).
+    pub fn gpu_type(&self, sub: u32) -> Option<&str> {
+        self.types.get(sub as usize).map(String::as_str)
+    }
+
+    /// Every sub-cluster's GPU type (empty: untyped).
+    pub fn types(&self) -> &[String] {
+        &self.types
+    }
+
+    /// The sub-clusters a backend whose GPUs are of type `gpu_type` may join:
+    /// all of them when untyped, else those of that type.
+    pub fn of_type(&self, gpu_type: &str) -> Vec<u32> {
+        (0..self.count)
+            .filter(|&s| self.gpu_type(s).is_none_or(|t| same_gpu_type(t, gpu_type)))
+            .collect()
+    }
+
+    /// Whether sub-clusters `a` and `b` are of one GPU type (always, untyped).
+    pub fn same_type(&self, a: u32, b: u32) -> bool {
+        match (self.gpu_type(a), self.gpu_type(b)) {
+            (Some(x), Some(y)) => same_gpu_type(x, y),
+            _ => self.types.is_empty(),
+        }
     }
 
     /// Changes with every home (see [`SubClusters::adopt`] and moves' switches).
@@ -118,6 +176,16 @@ impl SubClusters {
         }
         if !self.moves.is_empty() {
             return Err(format!("{} models are moving", self.moves.len()));
+        }
+        if let Some((m, (&new, &old))) = homes
+            .iter()
+            .zip(&self.home)
+            .enumerate()
+            .find(|(_, (&new, &old))| !self.same_type(new, old))
+        {
+            return Err(format!(
+                "the assignment moves model {m} from sub-cluster {old} to {new}, of another GPU type"
+            ));
         }
         let changed: Vec<(ModelId, u32)> = homes
             .iter()
@@ -180,13 +248,14 @@ impl SubClusters {
     }
 
     /// Starts moving `m` to `to`; false (nothing changes) when it is home
-    /// there already, is moving, or either is out of range.
+    /// there already, is moving, either is out of range, or `to` is of another
+    /// GPU type than its home.
     pub fn start(&mut self, now: Time, m: ModelId, to: u32) -> bool {
         if m.idx() >= self.home.len() || to >= self.count || self.moves.contains_key(&m) {
             return false;
         }
         let from = self.home[m.idx()];
-        if from == to {
+        if from == to || !self.same_type(from, to) {
             return false;
         }
         self.moves.insert(
@@ -287,6 +356,39 @@ mod tests {
                 aborted: 0
             }
         );
+    }
+
+    #[test]
+    fn typed_subclusters_take_their_type_and_keep_models_within_it() {
+        let s = SubClusters::new(3, vec![0, 1, 2])
+            .unwrap()
+            .with_types(vec!["A100".into(), "1080Ti".into(), " a100".into()])
+            .unwrap();
+        assert_eq!(s.of_type("a100 "), vec![0, 2]);
+        assert_eq!(s.of_type("1080ti"), vec![1]);
+        assert!(s.of_type("H100").is_empty());
+        let mut s2 = s.clone();
+        assert!(!s2.start(Time(0), ModelId(0), 1), "A100 to 1080Ti");
+        assert!(s2.start(Time(0), ModelId(0), 2), "A100 to A100");
+        let mut s3 = s.clone();
+        assert!(s3
+            .adopt(&[1, 1, 2])
+            .unwrap_err()
+            .contains("another GPU type"));
+        assert_eq!(s3.adopt(&[2, 1, 0]).unwrap().len(), 2);
+        // Untyped: any GPU anywhere.
+        let u = SubClusters::new(2, vec![0]).unwrap();
+        assert_eq!(u.of_type("anything"), vec![0, 1]);
+        assert!(u.same_type(0, 1));
+        let e = SubClusters::new(2, vec![0])
+            .unwrap()
+            .with_types(vec!["A100".into()])
+            .unwrap_err();
+        assert!(e.contains("one type per sub-cluster"), "{e}");
+        assert!(SubClusters::new(1, vec![0])
+            .unwrap()
+            .with_types(vec![" ".into()])
+            .is_err());
     }
 
     #[test]

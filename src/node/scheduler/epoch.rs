@@ -8,7 +8,7 @@
 //! waits for HiGHS; the answer is picked up on a later turn of the loop.
 
 use crate::plan::partition::{solve_milp, Instance, MilpOptions, PartModel};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,10 @@ pub struct EpochOpts {
     /// (ΔR + w·ΔS, fractions of the average) by at least this much: moving
     /// models costs loads, a tie or a rounding is not worth one.
     pub min_gain: f64,
+    /// The GPU type of each sub-cluster (`--subcluster-types`; empty:
+    /// untyped). Typed, the partition is one per type: a type's models
+    /// over that type's sub-clusters, each balanced on its own.
+    pub types: Vec<String>,
 }
 
 impl Default for EpochOpts {
@@ -41,6 +45,94 @@ impl Default for EpochOpts {
             max_moves: Some(8),
             time_limit: Duration::from_secs(2),
             min_gain: 0.05,
+            types: Vec::new(),
+        }
+    }
+}
+
+/// One type's share of a typed partition: its models and its sub-clusters.
+#[derive(Debug, Clone, PartialEq)]
+struct Group {
+    models: Vec<usize>,
+    subs: Vec<u32>,
+}
+
+/// The groups of sub-clusters by type (one group of everything, untyped),
+/// with the model of each index placed by `type_of` (an index into
+/// `opts.types`' distinct names).
+fn groups(
+    opts: &EpochOpts,
+    n_models: usize,
+    type_of: impl Fn(usize) -> Result<usize>,
+) -> Result<Vec<Group>> {
+    use crate::node::proto::subclusters::same_gpu_type;
+    if opts.types.is_empty() {
+        return Ok(vec![Group {
+            models: (0..n_models).collect(),
+            subs: (0..opts.subclusters).collect(),
+        }]);
+    }
+    let mut out: Vec<Group> = Vec::new();
+    let mut first: Vec<usize> = Vec::new();
+    for (s, t) in opts.types.iter().enumerate() {
+        match first.iter().position(|&f| same_gpu_type(&opts.types[f], t)) {
+            Some(g) => out[g].subs.push(s as u32),
+            None => {
+                first.push(s);
+                out.push(Group {
+                    models: Vec::new(),
+                    subs: vec![s as u32],
+                });
+            }
+        }
+    }
+    for m in 0..n_models {
+        let t = type_of(m)?;
+        let g = first
+            .iter()
+            .position(|&f| same_gpu_type(&opts.types[f], &opts.types[t]))
+            .expect("a listed type");
+        out[g].models.push(m);
+    }
+    Ok(out)
+}
+
+/// Where each model's type sits in `opts.types` for the first assignment:
+/// its declared type, or the only type there is.
+fn declared_types(
+    models: &[PartModel],
+    model_types: &[Option<String>],
+    opts: &EpochOpts,
+) -> impl Fn(usize) -> Result<usize> {
+    use crate::node::proto::subclusters::same_gpu_type;
+    let types = opts.types.clone();
+    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    let declared: Vec<Option<String>> = (0..models.len())
+        .map(|m| model_types.get(m).cloned().flatten())
+        .collect();
+    move |m| {
+        let distinct = types
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| !types[..*i].iter().any(|u| same_gpu_type(u, t)))
+            .count();
+        match &declared[m] {
+            Some(t) => types
+                .iter()
+                .position(|u| same_gpu_type(u, t))
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "model {:?} runs on GPU type {t:?}, but no sub-cluster has it (--subcluster-types {})",
+                        names[m],
+                        types.join(",")
+                    )
+                }),
+            None if distinct == 1 => Ok(0),
+            None => bail!(
+                "model {:?} names no gpu_type, and the sub-clusters are of {distinct} types (--subcluster-types {}): give each model a gpu_type in the workload",
+                names[m],
+                types.join(",")
+            ),
         }
     }
 }
@@ -57,34 +149,110 @@ pub struct Repartition {
 }
 
 /// The first assignment, from the workload's rates (a blocking solve: the
-/// scheduler is not serving yet).
-pub fn initial(models: &[PartModel], opts: &EpochOpts) -> Result<Vec<u32>> {
-    if opts.subclusters <= 1 {
-        return Ok(vec![0; models.len()]);
-    }
-    if models.len() < opts.subclusters as usize {
+/// scheduler is not serving yet). `model_types`: each model's GPU type where
+/// it names one (used with typed sub-clusters).
+pub fn initial(
+    models: &[PartModel],
+    model_types: &[Option<String>],
+    opts: &EpochOpts,
+) -> Result<Vec<u32>> {
+    if !opts.types.is_empty() && opts.types.len() != opts.subclusters as usize {
         bail!(
-            "{} sub-clusters for {} models: each sub-cluster needs a model (use --subclusters {} or fewer)",
-            opts.subclusters,
-            models.len(),
-            models.len()
+            "--subcluster-types names {} types for --subclusters {}: name one per sub-cluster",
+            opts.types.len(),
+            opts.subclusters
         );
     }
-    let inst = instance(models.to_vec(), opts, None);
-    let sol = solve_milp(&inst, &milp(opts))?;
-    Ok(sol.assignment.iter().map(|&s| s as u32).collect())
+    if opts.subclusters <= 1 {
+        if let Some(t) = opts.types.first() {
+            // One sub-cluster: every model must run on its type.
+            let type_of = declared_types(models, model_types, opts);
+            for m in 0..models.len() {
+                type_of(m).with_context(|| format!("the only sub-cluster is of type {t:?}"))?;
+            }
+        }
+        return Ok(vec![0; models.len()]);
+    }
+    let groups = groups(
+        opts,
+        models.len(),
+        declared_types(models, model_types, opts),
+    )?;
+    let mut out = vec![0u32; models.len()];
+    for g in &groups {
+        if g.models.len() < g.subs.len() {
+            let what = match opts.types.get(g.subs[0] as usize) {
+                Some(t) => format!("GPU type {t:?}"),
+                None => "the cluster".to_string(),
+            };
+            bail!(
+                "{} sub-clusters of {what} for {} models: each sub-cluster needs a model (use --subclusters {} or fewer)",
+                g.subs.len(),
+                g.models.len(),
+                opts.subclusters as usize - (g.subs.len() - g.models.len())
+            );
+        }
+        let (a, _) = solve_group(models, g, opts, None)?;
+        for (&m, s) in g.models.iter().zip(a) {
+            out[m] = s;
+        }
+    }
+    Ok(out)
 }
 
-fn instance(models: Vec<PartModel>, opts: &EpochOpts, current: Option<&[u32]>) -> Instance {
+/// One group's instance: its models over its sub-clusters (local indices),
+/// with the current assignment mapped to them.
+fn instance(
+    models: &[PartModel],
+    g: &Group,
+    current: Option<&[u32]>,
+    max_moves: Option<usize>,
+) -> Instance {
+    let local = |s: u32| g.subs.iter().position(|&x| x == s);
     Instance {
-        models,
-        subclusters: opts.subclusters as usize,
+        models: g.models.iter().map(|&m| models[m].clone()).collect(),
+        subclusters: g.subs.len(),
         rate_max_rps: f64::INFINITY,
         memory_max_mb: f64::INFINITY,
         weight: 1.0,
-        current: current.map(|c| c.iter().map(|&s| Some(s as usize)).collect()),
-        max_moves: current.and(opts.max_moves),
+        current: current.map(|c| g.models.iter().map(|&m| local(c[m])).collect()),
+        max_moves: current.and(max_moves),
     }
+}
+
+/// A group's objective before and after a solve, and the moves it makes.
+type GroupGain = (f64, f64, usize);
+
+/// Solves one group: its models' sub-clusters (global ids, in the group's
+/// order) and, with a current assignment, the objective before and after.
+fn solve_group(
+    models: &[PartModel],
+    g: &Group,
+    opts: &EpochOpts,
+    current: Option<(&[u32], Option<usize>)>,
+) -> Result<(Vec<u32>, Option<GroupGain>)> {
+    if g.models.is_empty() {
+        return Ok((Vec::new(), None));
+    }
+    if g.subs.len() == 1 {
+        let before_after = current.map(|_| (0.0, 0.0, 0));
+        return Ok((vec![g.subs[0]; g.models.len()], before_after));
+    }
+    let inst = instance(models, g, current.map(|c| c.0), current.and_then(|c| c.1));
+    let before = inst.current.as_ref().and_then(|c| {
+        let cur: Option<Vec<usize>> = c.iter().copied().collect();
+        cur.map(|cur| inst.evaluate(&cur).objective)
+    });
+    let sol = solve_milp(&inst, &milp(opts))?;
+    let a = sol.assignment.iter().map(|&s| g.subs[s]).collect();
+    let stats = current.map(|_| {
+        (
+            before.unwrap_or(f64::INFINITY),
+            sol.eval.objective,
+            sol.eval.moves,
+        )
+    });
+    Ok((a, stats))
 }
 
 fn milp(opts: &EpochOpts) -> MilpOptions {
@@ -172,13 +340,12 @@ impl EpochPlanner {
         for (m, r) in models.iter_mut().zip(&rates) {
             m.rate_rps = *r;
         }
-        let inst = instance(models, &self.opts, Some(homes));
         let (tx, rx) = bounded(1);
         let (opts, current) = (self.opts.clone(), homes.to_vec());
         let spawned = std::thread::Builder::new()
             .name("sched-partition".into())
             .spawn(move || {
-                let _ = tx.send(solve(&inst, &opts, &current, rates));
+                let _ = tx.send(solve(&models, &opts, &current, rates));
             });
         match spawned {
             Ok(_) => self.pending = Some(rx),
@@ -189,30 +356,49 @@ impl EpochPlanner {
 }
 
 /// The epoch's solve: Some when the new assignment beats the current one by
-/// `min_gain`.
+/// `min_gain`. Typed, each type's models (those whose home is of that type)
+/// are balanced over that type's sub-clusters, the move bound shared in
+/// turn; the objective is the sum over the types.
 fn solve(
-    inst: &Instance,
+    models: &[PartModel],
     opts: &EpochOpts,
     current: &[u32],
     rates: Vec<f64>,
 ) -> Result<Option<Repartition>> {
-    let cur: Vec<usize> = current.iter().map(|&s| s as usize).collect();
-    let before = inst.evaluate(&cur).objective;
-    let sol = solve_milp(inst, &milp(opts))?;
-    let after = sol.eval.objective;
+    use crate::node::proto::subclusters::same_gpu_type;
+    let home_type = |m: usize| -> Result<usize> {
+        let t = opts
+            .types
+            .get(current[m] as usize)
+            .context("a home outside the typed sub-clusters")?;
+        Ok(opts
+            .types
+            .iter()
+            .position(|u| same_gpu_type(u, t))
+            .expect("its own type"))
+    };
+    let groups = groups(opts, models.len(), home_type)?;
+    let mut assignment = current.to_vec();
+    let (mut before, mut after, mut moves) = (0.0, 0.0, 0usize);
+    for g in &groups {
+        let left = opts.max_moves.map(|c| c.saturating_sub(moves));
+        let (a, stats) = solve_group(models, g, opts, Some((current, left)))?;
+        let Some((b, af, mv)) = stats else { continue };
+        before += b;
+        after += af;
+        moves += mv;
+        for (&m, s) in g.models.iter().zip(a) {
+            assignment[m] = s;
+        }
+    }
     let r = Repartition {
-        assignment: sol.assignment.iter().map(|&s| s as u32).collect(),
+        assignment,
         before,
         after,
         rates,
     };
-    tracing::info!(
-        before,
-        after,
-        moves = sol.eval.moves,
-        "scheduler: epoch partition"
-    );
-    Ok((before - after >= opts.min_gain && sol.eval.moves > 0).then_some(r))
+    tracing::info!(before, after, moves, "scheduler: epoch partition");
+    Ok((before - after >= opts.min_gain && moves > 0).then_some(r))
 }
 
 #[cfg(test)]
@@ -241,7 +427,7 @@ mod tests {
             max_moves: Some(1),
             ..EpochOpts::default()
         };
-        let first = initial(&models(&[1.0; 4]), &opts).unwrap();
+        let first = initial(&models(&[1.0; 4]), &[], &opts).unwrap();
         assert_eq!(first.iter().filter(|&&s| s == 0).count(), 2, "{first:?}");
         let t0 = Instant::now();
         let mut p = EpochPlanner::new(opts, t0);
@@ -287,13 +473,78 @@ mod tests {
         }
     }
 
+    /// Typed sub-clusters: each model lands on a sub-cluster of its type, each
+    /// type's models balanced over its own sub-clusters; an epoch keeps every
+    /// model within its home's type.
+    #[test]
+    fn typed_subclusters_are_partitioned_per_type() {
+        let opts = EpochOpts {
+            subclusters: 3,
+            types: vec!["A100".into(), "T4".into(), "a100".into()],
+            max_moves: Some(4),
+            ..EpochOpts::default()
+        };
+        let ty = |t: &str| Some(t.to_string());
+        let types = vec![
+            ty("A100"),
+            ty("T4"),
+            ty("A100"),
+            ty("T4"),
+            ty("A100"),
+            ty("A100"),
+        ];
+        let ms = models(&[4.0, 1.0, 3.0, 1.0, 2.0, 1.0]);
+        let first = initial(&ms, &types, &opts).unwrap();
+        for (m, &s) in first.iter().enumerate() {
+            let want_t4 = types[m].as_deref() == Some("T4");
+            assert_eq!(s == 1, want_t4, "model {m} on sub-cluster {s}: {first:?}");
+        }
+        // The A100 models (rates 4, 3, 2, 1) split 5/5 over sub-clusters 0 and 2.
+        let load = |s: u32| -> f64 {
+            first
+                .iter()
+                .zip(&ms)
+                .filter(|(&x, _)| x == s)
+                .map(|(_, m)| m.rate_rps)
+                .sum()
+        };
+        assert_eq!((load(0), load(2)), (5.0, 5.0), "{first:?}");
+        // Skewed measured rates: the answer rebalances within the types.
+        let cur = vec![0, 1, 0, 1, 2, 2];
+        let r = solve(&ms, &opts, &cur, vec![1.0; 6])
+            .unwrap()
+            .expect("a better one");
+        for (m, (&a, &c)) in r.assignment.iter().zip(&cur).enumerate() {
+            assert_eq!(a == 1, c == 1, "model {m} changed type: {r:?}");
+        }
+        // Errors name the model and the flag.
+        let e = initial(&ms, &[ty("H100")], &opts).unwrap_err().to_string();
+        assert!(
+            e.contains("\"m0\"") && e.contains("--subcluster-types"),
+            "{e}"
+        );
+        let e = initial(&ms, &[], &opts).unwrap_err().to_string();
+        assert!(e.contains("names no gpu_type"), "{e}");
+        let e = initial(&ms[..2], &types[..2], &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("each sub-cluster needs a model"), "{e}");
+        let one = EpochOpts {
+            subclusters: 1,
+            types: vec!["T4".into()],
+            ..EpochOpts::default()
+        };
+        assert_eq!(initial(&ms[..2], &[], &one).unwrap(), vec![0, 0]);
+        assert!(initial(&ms[..2], &[ty("A100")], &one).is_err());
+    }
+
     #[test]
     fn more_subclusters_than_models_is_an_error() {
         let opts = EpochOpts {
             subclusters: 3,
             ..EpochOpts::default()
         };
-        let e = initial(&models(&[1.0, 2.0]), &opts).unwrap_err();
+        let e = initial(&models(&[1.0, 2.0]), &[], &opts).unwrap_err();
         assert!(e.to_string().contains("--subclusters 2"), "{e}");
     }
 }

@@ -13,7 +13,8 @@
 
 use super::epoch::EpochPlanner;
 use super::metrics::{
-    busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ModelHome, ScopeView, BUSY_WINDOW,
+    advice_by_type, busy_snapshot, AutoscaleView, BusySnaps, GpuBusy, ModelHome, ScopeView,
+    BUSY_WINDOW,
 };
 use super::routes::Routes;
 use super::standby::{spawn_fencer, Action as StandbyAction, Standby};
@@ -380,8 +381,12 @@ impl EventLoop {
                 )
             };
             let advice = advise(&signals, &owners, &cfg);
+            let gpu_type = sub
+                .and_then(|s| self.proto.subclusters().gpu_type(s))
+                .map(String::from);
             scopes.push(ScopeView {
                 subcluster: sub,
+                gpu_type,
                 signals,
                 advice,
             });
@@ -404,12 +409,14 @@ impl EventLoop {
                 }
             })
             .collect();
+        let types = advice_by_type(subs.types(), &scopes);
         let v = AutoscaleView {
             window_s: window,
             cluster,
             subclusters: scopes,
             models,
             moves: subs.stats,
+            types,
             backends,
             thresholds: Some(cfg),
         };

@@ -351,6 +351,49 @@ pub struct AutoscaleView {
     pub models: Vec<ModelHome>,
     /// The models' moves between sub-clusters so far.
     pub moves: crate::node::proto::subclusters::MoveStats,
+    /// With typed sub-clusters: the advice summed per GPU type (empty
+    /// untyped), so that the GPUs to add or release are named by type.
+    pub types: Vec<TypeAdvice>,
+}
+
+/// The advice of a GPU type's sub-clusters together.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TypeAdvice {
+    pub gpu_type: String,
+    pub subclusters: Vec<u32>,
+    pub gpus_in_service: u32,
+    /// GPUs of this type to add, and to release, summed over its sub-clusters.
+    pub add_gpus: u32,
+    pub release_gpus: u32,
+}
+
+/// Sums each type's sub-cluster advice (`types[s]`: sub-cluster s's type;
+/// empty: untyped, no summary).
+pub fn advice_by_type(types: &[String], scopes: &[ScopeView]) -> Vec<TypeAdvice> {
+    use crate::node::proto::subclusters::same_gpu_type;
+    let mut out: Vec<TypeAdvice> = Vec::new();
+    for (s, t) in types.iter().enumerate() {
+        let i = match out.iter().position(|a| same_gpu_type(&a.gpu_type, t)) {
+            Some(i) => i,
+            None => {
+                out.push(TypeAdvice {
+                    gpu_type: t.clone(),
+                    subclusters: Vec::new(),
+                    gpus_in_service: 0,
+                    add_gpus: 0,
+                    release_gpus: 0,
+                });
+                out.len() - 1
+            }
+        };
+        out[i].subclusters.push(s as u32);
+        if let Some(v) = scopes.iter().find(|v| v.subcluster == Some(s as u32)) {
+            out[i].gpus_in_service += v.signals.gpus;
+            out[i].add_gpus += v.advice.add_gpus;
+            out[i].release_gpus += v.advice.release_gpus.len() as u32;
+        }
+    }
+    out
 }
 
 /// A model's sub-cluster (where its new tasks go) and its move, if one is
@@ -369,6 +412,8 @@ pub struct ModelHome {
 pub struct ScopeView {
     /// The sub-cluster's id (None: the whole cluster).
     pub subcluster: Option<u32>,
+    /// Its GPU type (None: untyped, or the whole cluster).
+    pub gpu_type: Option<String>,
     pub signals: crate::plan::autoscale::Signals,
     pub advice: crate::plan::autoscale::Advice,
 }
@@ -405,6 +450,35 @@ pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<Autosca
             .into_iter()
             .map(|(o, n)| (vec![("outcome".into(), o.to_string())], n as f64))
             .collect()
+        },
+    );
+    let v = view.clone();
+    reg.collector(
+        "fermata_gpu_type_advice_gpus",
+        "With typed sub-clusters (--subcluster-types): per GPU type, the GPUs in service and the GPUs its sub-clusters' advice adds and releases.",
+        Kind::Gauge,
+        move || {
+            let v = v.lock().expect("autoscale lock");
+            v.types
+                .iter()
+                .flat_map(|t| {
+                    [
+                        ("in_service", t.gpus_in_service),
+                        ("add", t.add_gpus),
+                        ("release", t.release_gpus),
+                    ]
+                    .into_iter()
+                    .map(|(what, n)| {
+                        (
+                            vec![
+                                ("gpu_type".into(), t.gpu_type.clone()),
+                                ("what".into(), what.to_string()),
+                            ],
+                            f64::from(n),
+                        )
+                    })
+                })
+                .collect()
         },
     );
     type Pick = fn(&ScopeView) -> f64;

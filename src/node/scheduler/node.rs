@@ -51,8 +51,11 @@ impl SchedulerNode {
         let specs: Vec<ModelSpec> = workload.models.iter().map(|m| m.spec.clone()).collect();
         let models = crate::node::exec::model_infos(workload);
         let part_models = partition_models(workload);
-        let homes = epoch::initial(&part_models, &opts.epoch)?;
+        let model_types: Vec<Option<String>> =
+            workload.models.iter().map(|m| m.gpu_type.clone()).collect();
+        let homes = epoch::initial(&part_models, &model_types, &opts.epoch)?;
         let subs = SubClusters::new(opts.epoch.subclusters, homes.clone())
+            .and_then(|s| s.with_types(opts.epoch.types.clone()))
             .map_err(|e| anyhow::anyhow!(e))?;
         if subs.count() > 1 {
             tracing::info!(subclusters = subs.count(), homes = ?homes, "scheduler: models' sub-clusters");
