@@ -330,6 +330,8 @@ pub struct SchedulerArgs {
     #[command(flatten)]
     subclusters: SubclusterArgs,
     #[command(flatten)]
+    control: ModelControlArgs,
+    #[command(flatten)]
     spin: SpinArgs,
     /// Override every model's input size in bytes (what load generators send).
     #[arg(long)]
@@ -418,6 +420,34 @@ impl SubclusterArgs {
             time_limit: Duration::from_secs_f64(self.partition_time_limit_s),
             types: self.subcluster_types.clone(),
             ..Default::default()
+        })
+    }
+}
+
+/// Model control (scheduler, serve): Triton's `--model-control-mode`.
+#[derive(Args, Clone)]
+pub struct ModelControlArgs {
+    /// none: every model is loaded at start and clients' loads and unloads
+    /// are refused (Triton's default). explicit: only the --load-model
+    /// models are loaded at start; clients load and unload models over
+    /// HTTP (`POST /v2/repository/models/NAME/load|unload`) and gRPC
+    /// (RepositoryModelLoad/Unload). poll is not supported.
+    #[arg(long, default_value = "none")]
+    model_control_mode: String,
+    /// With --model-control-mode explicit: a model loaded at start (repeat
+    /// for several).
+    #[arg(long = "load-model", value_name = "NAME")]
+    load_model: Vec<String>,
+}
+
+impl ModelControlArgs {
+    fn opts(&self) -> Result<fermata::node::scheduler::ModelControlOpts> {
+        Ok(fermata::node::scheduler::ModelControlOpts {
+            mode: self
+                .model_control_mode
+                .parse()
+                .map_err(anyhow::Error::msg)?,
+            load: self.load_model.clone(),
         })
     }
 }
@@ -570,6 +600,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             },
             epoch,
             limits,
+            control: a.control.opts()?,
             ..SchedulerOpts::default()
         },
     )?;
@@ -990,6 +1021,8 @@ pub struct ServeArgs {
     threads: usize,
     #[command(flatten)]
     subclusters: SubclusterArgs,
+    #[command(flatten)]
+    control: ModelControlArgs,
     /// Log at level info (see --log-level).
     #[arg(long)]
     verbose: bool,
@@ -1454,6 +1487,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         models_dir: a.models.clone(),
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
         epoch: a.subclusters.epoch_opts()?,
+        control: a.control.opts()?,
         http: match a.http_port {
             Some(p) => Some(a.http.opts(&format!("{}:{p}", a.http_host))?),
             None => None,

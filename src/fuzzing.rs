@@ -151,7 +151,7 @@ fn plan_tasks(b: &mut Bytes, now: i64) -> Vec<PlanTask> {
 /// eight, whatever the wire decoder makes of the next bytes.
 pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
     let gpu = |b: &mut Bytes| GpuId(b.id(6) as u32);
-    Some(match b.u8() % 24 {
+    Some(match b.u8() % 26 {
         0 => Msg::Register {
             role: if b.bool() {
                 Role::Backend
@@ -273,6 +273,10 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
         22 => Msg::Assignment {
             homes: (0..b.below(4)).map(|_| b.below(4)).collect(),
         },
+        23 | 24 => Msg::ModelControl {
+            model: ModelId(b.below(4)),
+            load: b.bool(),
+        },
         _ => {
             let n = b.below(64) as usize;
             let bytes: Vec<u8> = (0..n).map(|_| b.u8()).collect();
@@ -383,6 +387,14 @@ pub fn sched_proto(data: &[u8]) -> u64 {
                 .expect("two sub-clusters"),
         },
     );
+    if b.bool() {
+        // Explicit model control, model 0 loaded at start: frontends'
+        // loads and unloads reach the deep states of the drain.
+        p.set_model_control(
+            crate::node::proto::control::ControlMode::Explicit,
+            &[ModelId(0)],
+        );
+    }
     let mut closed: HashSet<u64> = HashSet::new();
     let mut up: HashSet<GpuId> = HashSet::new();
     let mut down: HashMap<GpuId, Time> = HashMap::new();

@@ -175,6 +175,22 @@ fn tritonclient_grpc_works_unchanged() {
     check_report(p);
 }
 
+/// Model control with Triton's clients over HTTP and gRPC: only the
+/// `--load-model` model is loaded at start, the others load and unload on
+/// request, an unload under load ends every request once; the serve's report
+/// then has no failed request.
+#[test]
+fn tritonclient_model_control_over_http_and_grpc() {
+    let (p, http, grpc) = serve(&["--model-control-mode", "explicit", "--load-model", "cnn"]);
+    run_client(
+        "model_control.py",
+        &["--url", &http, "--grpc", &grpc],
+        &["py"],
+        "tritonclient",
+    );
+    check_report(p);
+}
+
 /// Triton's perf_analyzer (scripts/setup.sh installs it into .deps/pa) in
 /// open-loop request-rate mode over HTTP and over gRPC: it reads the model's
 /// config, sends at the rate, reads the server-side statistics, and ends

@@ -8,9 +8,10 @@ use std::cell::Cell;
 
 use fermata::wire::codec::frame_len;
 use fermata::wire::{
-    decode, encode, encode_to_vec, DecodeError, DropReason, FrameReader, GpuInfo, ModelInfo, Msg,
-    Outcome, PlanStatus, PlanTask, RegionInfo, Role, SubmitTask, TaskResult, TaskStatus,
-    WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
+    decode, encode, encode_to_vec, DecodeError, DropReason, FrameReader, GpuInfo,
+    ModelAvailability, ModelInfo, ModelStateItem, Msg, Outcome, PlanStatus, PlanTask, RegionInfo,
+    Role, SubmitTask, TaskResult, TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR,
+    PROTOCOL_VERSION,
 };
 use fermata::wire::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 use proptest::collection::vec;
@@ -418,8 +419,31 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             .prop_map(|homes| Msg::Assignment { homes })
             .boxed(),
         any::<u64>().prop_map(|term| Msg::Fence { term }).boxed(),
+        (any::<u32>(), any::<bool>())
+            .prop_map(|(m, load)| Msg::ModelControl {
+                model: ModelId(m),
+                load,
+            })
+            .boxed(),
+        arb_vec((any::<u32>(), 0u8..4, arb_str()))
+            .prop_map(|v| Msg::ModelStates {
+                items: v
+                    .into_iter()
+                    .map(|(m, s, reason)| ModelStateItem {
+                        model: ModelId(m),
+                        state: [
+                            ModelAvailability::Unavailable,
+                            ModelAvailability::Loading,
+                            ModelAvailability::Ready,
+                            ModelAvailability::Unloading,
+                        ][s as usize],
+                        reason,
+                    })
+                    .collect(),
+            })
+            .boxed(),
     ];
-    assert_eq!(arms.len(), 27, "one arm per variant");
+    assert_eq!(arms.len(), 29, "one arm per variant");
     Union::new(arms)
 }
 
@@ -544,7 +568,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 28u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 30u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }

@@ -41,6 +41,8 @@ pub struct ClusterOpts {
     pub min_slack: crate::core::Dur,
     /// Sub-clusters and the epoch partitioner (`SchedulerOpts::epoch`).
     pub epoch: super::scheduler::epoch::EpochOpts,
+    /// Model control (`SchedulerOpts::control`).
+    pub control: super::scheduler::ModelControlOpts,
 }
 
 impl Default for ClusterOpts {
@@ -60,6 +62,7 @@ impl Default for ClusterOpts {
             cuda_devices: None,
             min_slack: SchedulerOpts::default().min_slack,
             epoch: Default::default(),
+            control: Default::default(),
         }
     }
 }
@@ -122,6 +125,7 @@ impl Cluster {
                 model_spin: crate::core::Dur::from_us(o.model_spin_us as i64),
                 min_slack: o.min_slack,
                 epoch: o.epoch.clone(),
+                control: o.control.clone(),
                 limits,
                 ..SchedulerOpts::default()
             },

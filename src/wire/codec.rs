@@ -11,9 +11,9 @@
 //! a panic or a large allocation.
 
 use super::{
-    DropReason, Dur, GpuId, GpuInfo, ModelId, ModelInfo, Msg, Outcome, PlanId, PlanStatus,
-    PlanTask, RegionInfo, Role, SubmitTask, TaskId, TaskResult, TaskStatus, Time, WireProfile,
-    MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
+    DropReason, Dur, GpuId, GpuInfo, ModelAvailability, ModelId, ModelInfo, ModelStateItem, Msg,
+    Outcome, PlanId, PlanStatus, PlanTask, RegionInfo, Role, SubmitTask, TaskId, TaskResult,
+    TaskStatus, Time, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
 };
 
 /// Bytes of the length prefix in front of every frame body.
@@ -330,6 +330,12 @@ macro_rules! wire_enum {
 }
 
 wire_enum!(Role { 0 => Backend, 1 => Frontend });
+wire_enum!(ModelAvailability {
+    0 => Unavailable,
+    1 => Loading,
+    2 => Ready,
+    3 => Unloading
+});
 wire_enum!(PlanStatus { 0 => Ran, 1 => TooLate, 2 => Failed });
 wire_enum!(Outcome { 0 => Good, 1 => Late, 2 => Dropped, 3 => Failed });
 wire_enum!(DropReason {
@@ -445,6 +451,11 @@ macro_rules! wire_struct {
     };
 }
 
+wire_struct!(ModelStateItem {
+    model: ModelId,
+    state: ModelAvailability,
+    reason: String,
+});
 wire_struct!(GpuInfo {
     local: u32,
     name: String,
@@ -571,6 +582,8 @@ wire_messages! {
     25 => Follow {},
     26 => Assignment { homes },
     27 => Fence { term },
+    28 => ModelControl { model, load },
+    29 => ModelStates { items },
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -992,6 +1005,24 @@ mod tests {
                 homes: vec![0, 2, 1],
             },
             Msg::Fence { term: u64::MAX },
+            Msg::ModelControl {
+                model: ModelId(3),
+                load: true,
+            },
+            Msg::ModelStates {
+                items: vec![
+                    ModelStateItem {
+                        model: ModelId(0),
+                        state: ModelAvailability::Ready,
+                        reason: String::new(),
+                    },
+                    ModelStateItem {
+                        model: ModelId(1),
+                        state: ModelAvailability::Unavailable,
+                        reason: "load failed".into(),
+                    },
+                ],
+            },
         ]
     }
 
@@ -1010,7 +1041,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 27, "a sample of every variant");
+        assert_eq!(kinds.len(), 29, "a sample of every variant");
     }
 
     #[test]
@@ -1033,7 +1064,7 @@ mod tests {
             sched: Time(0x0102),
             term: 5,
         });
-        let mut want = vec![35, 0, 0, 0, 8, 0, 15];
+        let mut want = vec![35, 0, 0, 0, 9, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1051,7 +1082,7 @@ mod tests {
                 cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![8, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![9, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1064,8 +1095,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 8, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 8, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 9, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 9, 0, 18]);
     }
 
     #[test]
@@ -1085,7 +1116,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [8, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [9, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1095,7 +1126,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![8, 0, 9];
+        let mut body = vec![9, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 44]);
         assert_eq!(
@@ -1148,20 +1179,20 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[8, 0, 0]),
+            decode(&[9, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[8, 0, 28]),
+            decode(&[9, 0, 30]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 28
+                tag: 30
             })
         );
-        let e = decode(&[8, 0, 18, 0]).unwrap_err();
+        let e = decode(&[9, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1171,7 +1202,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![8, 0, 1, 2]; // Register, role 2
+        let mut body = vec![9, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1226,7 +1257,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[8, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[9, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"

@@ -38,7 +38,7 @@
 //! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
 //! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
 //! Error 20, Capacity 21, Margins 22, Drain 23, Drained 24, Follow 25, Assignment 26,
-//! Fence 27. A new message takes the next tag; changing a layout bumps
+//! Fence 27, ModelControl 28, ModelStates 29. A new message takes the next tag; changing a layout bumps
 //! [`PROTOCOL_VERSION`].
 //!
 //! A decoder checks every length against its limit and then against what is left of
@@ -63,7 +63,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -120,6 +120,40 @@ pub fn drops_by_frontend(
 pub enum Role {
     Backend,
     Frontend,
+}
+
+/// Where a model stands under model control (Triton's model states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelAvailability {
+    /// Not loaded anywhere (never loaded, unloaded, or its load failed).
+    Unavailable,
+    /// Its sub-cluster's backends are loading it.
+    Loading,
+    /// Every backend in service of its sub-cluster holds it: requests are taken.
+    Ready,
+    /// No new request is taken; those taken finish, then it is unloaded.
+    Unloading,
+}
+
+impl ModelAvailability {
+    /// Triton's name of the state (the repository index's `state`).
+    pub fn triton_name(self) -> &'static str {
+        match self {
+            ModelAvailability::Unavailable => "UNAVAILABLE",
+            ModelAvailability::Loading => "LOADING",
+            ModelAvailability::Ready => "READY",
+            ModelAvailability::Unloading => "UNLOADING",
+        }
+    }
+}
+
+/// One model's state as the scheduler tells frontends (`reason`: why it is
+/// unavailable, e.g. a failed load; empty otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelStateItem {
+    pub model: ModelId,
+    pub state: ModelAvailability,
+    pub reason: String,
 }
 
 /// One GPU of a backend.
@@ -452,6 +486,20 @@ pub enum Msg {
     Fence {
         term: u64,
     },
+    // ---- frontend -> scheduler ----
+    /// A client asked to load (`load`) or unload model `model` (Triton's
+    /// explicit model control); the scheduler answers every frontend with
+    /// `ModelStates` as the model's state changes.
+    ModelControl {
+        model: ModelId,
+        load: bool,
+    },
+    // ---- scheduler -> frontend ----
+    /// Models' states: every model's right after `RegisterAck`, then those
+    /// that change.
+    ModelStates {
+        items: Vec<ModelStateItem>,
+    },
 }
 
 impl Msg {
@@ -485,6 +533,8 @@ impl Msg {
             Msg::Follow => "Follow",
             Msg::Assignment { .. } => "Assignment",
             Msg::Fence { .. } => "Fence",
+            Msg::ModelControl { .. } => "ModelControl",
+            Msg::ModelStates { .. } => "ModelStates",
         }
     }
 }

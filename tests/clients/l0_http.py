@@ -390,12 +390,12 @@ class TestHttpAioClient(unittest.IsolatedAsyncioTestCase):
                          ["cnn", "mlp", "pair_tagger", "ranker", "tagger"])
 
     async def test_load_model(self):
-        """Refused, saying why (Triton: not allowed while polling)."""
-        with self.assertRaisesRegex(InferenceServerException, "extension is not supported"):
+        """Refused without explicit model control, saying why (as Triton)."""
+        with self.assertRaisesRegex(InferenceServerException, "load / unload is not allowed"):
             await self.c.load_model("mlp")
 
     async def test_unload_model(self):
-        with self.assertRaisesRegex(InferenceServerException, "extension is not supported"):
+        with self.assertRaisesRegex(InferenceServerException, "load / unload is not allowed"):
             await self.c.unload_model("mlp")
 
     async def test_get_inference_statistics(self):

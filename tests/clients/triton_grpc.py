@@ -134,7 +134,7 @@ def errors(c):
     refused(lambda: c.client.unregister_system_shared_memory(),
             "StatusCode.UNIMPLEMENTED", "SystemSharedMemoryUnregister is not supported by fermata")
     refused(lambda: c.client.load_model("mlp"),
-            "StatusCode.UNIMPLEMENTED", "RepositoryModelLoad (model `mlp`) is not supported")
+            "StatusCode.INVALID_ARGUMENT", "--model-control-mode none")
     refused(lambda: c.client.get_log_settings(),
             "StatusCode.UNIMPLEMENTED", "LogSettings is not supported")
 

@@ -62,7 +62,7 @@ pub(super) struct Loop {
     /// The membership (heartbeats, rejoining) and the scheduler's connection
     /// (the last one opened).
     member: Member,
-    sched: Arc<dyn Conn>,
+    pub(super) sched: Arc<dyn Conn>,
     sched_id: ConnId,
     transport: Arc<dyn Transport>,
     events: EventTx,
@@ -174,6 +174,7 @@ impl Loop {
             }
             self.apply_member();
             self.sweep();
+            self.control_requests();
             if now >= next_stats {
                 next_stats = now + Duration::from_secs(1);
                 for m in &mut self.stats {
@@ -506,6 +507,7 @@ impl Loop {
                     self.finish(id, Answer::of_drop(code));
                 }
             }
+            Msg::ModelStates { items } => self.model_states(items),
             Msg::Capacity { gpus } => {
                 tracing::info!(gpus, "frontend: GPUs in service changed");
                 self.state.gpus.store(gpus, Ordering::Release);

@@ -93,6 +93,8 @@ pub(super) struct FrontendState {
     clock: Clock,
     /// Per model (index): the in-process clients' statistics.
     stats: Vec<ModelStats>,
+    /// The models' states under model control, and loads and unloads asked.
+    pub(super) control: super::control::ControlShared,
 }
 
 impl FrontendState {
@@ -105,6 +107,7 @@ impl FrontendState {
         tx: Sender<LocalInfer>,
     ) -> FrontendState {
         FrontendState {
+            control: super::control::ControlShared::new(models.len()),
             margins: (0..models.len())
                 .map(|_| Mutex::new(Delays::new(MARGIN_SAMPLES_MAX)))
                 .collect(),

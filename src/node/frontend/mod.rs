@@ -28,6 +28,7 @@
 //! * `metrics.rs`: the Prometheus series.
 //! * `report.rs`: what the frontend counted ([`FrontendReport`]).
 
+pub mod control;
 mod event_loop;
 mod handle;
 mod metrics;

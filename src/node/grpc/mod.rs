@@ -444,12 +444,36 @@ impl Svc {
 
     /// One inference (the unary call's and each stream message's).
     /// `received`: when the host received the request ([`Received`]).
+    /// Loads or unloads model `name` through the scheduler (model control).
+    async fn control(&self, name: &str, load: bool) -> Result<(), Status> {
+        let i = self.models.index(name).map_err(Status::invalid_argument)?;
+        self.fe
+            .control_model(i, load, crate::node::frontend::control::CONTROL_WAIT)
+            .await
+            .map_err(|e| {
+                Status::invalid_argument(format!(
+                    "failed to {} '{name}': {e}",
+                    if load { "load" } else { "unload" }
+                ))
+            })
+    }
+
     async fn infer(
         &self,
         mut r: pb::ModelInferRequest,
         received: Instant,
     ) -> Result<pb::ModelInferResponse, Status> {
         let (i, meta) = self.model(&r.model_name, &r.model_version)?;
+        let (st, _) = self.fe.model_state(i);
+        if st != crate::wire::ModelAvailability::Ready {
+            // As Triton answers a model it has not loaded: not a transient
+            // refusal to retry.
+            return Err(Status::invalid_argument(format!(
+                "model '{}' is not loaded ({}); load it with RepositoryModelLoad",
+                r.model_name,
+                st.triton_name()
+            )));
+        }
         // Triton's flag for decoupled models (perf_analyzer sends it): each
         // answer here is the request's only one, so it is marked final.
         let final_flag = r
@@ -621,7 +645,10 @@ impl GrpcInferenceService for Arc<Svc> {
         let r = r.into_inner();
         // Triton answers false for a model or a version it does not have
         // (clients' `is_model_ready` expects an answer, not an error).
-        let ready = self.models.index(&r.name).is_ok()
+        let ready = self
+            .models
+            .index(&r.name)
+            .is_ok_and(|i| self.fe.model_state(i).0 == crate::wire::ModelAvailability::Ready)
             && Models::version(&r.name, &r.version).is_ok()
             && self.fe.ready().is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
@@ -853,22 +880,29 @@ impl GrpcInferenceService for Arc<Svc> {
 
     async fn repository_index(
         &self,
-        _: Request<pb::RepositoryIndexRequest>,
+        r: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
-        let state = if self.fe.ready().is_ok() {
-            "READY"
-        } else {
-            "UNAVAILABLE"
-        };
+        let ready_only = r.into_inner().ready;
+        let up = self.fe.ready().is_ok();
         Ok(Response::new(pb::RepositoryIndexResponse {
             models: self
                 .models
                 .iter()
-                .map(|m| pb::repository_index_response::ModelIndex {
-                    name: m.info.name.clone(),
-                    version: "1".into(),
-                    state: state.into(),
-                    reason: String::new(),
+                .enumerate()
+                .filter_map(|(i, m)| {
+                    let (st, reason) = self.fe.model_state(i);
+                    let state = match st {
+                        crate::wire::ModelAvailability::Ready if !up => "UNAVAILABLE",
+                        st => st.triton_name(),
+                    };
+                    (!ready_only || state == "READY").then(|| {
+                        pb::repository_index_response::ModelIndex {
+                            name: m.info.name.clone(),
+                            version: "1".into(),
+                            state: state.into(),
+                            reason,
+                        }
+                    })
                 })
                 .collect(),
         }))
@@ -878,20 +912,18 @@ impl GrpcInferenceService for Arc<Svc> {
         &self,
         r: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        Err(not_served(
-            "RepositoryModelLoad",
-            &r.into_inner().model_name,
-        ))
+        let r = r.into_inner();
+        self.control(&r.model_name, true).await?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
     async fn repository_model_unload(
         &self,
         r: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        Err(not_served(
-            "RepositoryModelUnload",
-            &r.into_inner().model_name,
-        ))
+        let r = r.into_inner();
+        self.control(&r.model_name, false).await?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
     async fn system_shared_memory_status(

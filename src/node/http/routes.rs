@@ -200,6 +200,16 @@ impl App {
             ),
             (&Method::GET, ["v2", "models", "stats"]) => self.stats(None),
             (_, ["v2", "models", "stats"]) => no_route(&method, &path),
+            (&Method::POST, ["v2", "repository", "models", name, op @ ("load" | "unload")]) => {
+                let body = match req.take() {
+                    Some(r) => self.read_body(r).await.map(|(b, _held)| b),
+                    None => Ok(Bytes::new()),
+                };
+                match body {
+                    Ok(b) => self.control(name, *op == "load", &b).await,
+                    Err((code, msg)) => error(code, msg),
+                }
+            }
             (&Method::POST, ["v2", "repository", "index"]) => {
                 let body = match req.take() {
                     Some(r) => self.read_body(r).await.map(|(b, _held)| b),
@@ -328,7 +338,7 @@ impl App {
                 ),
             },
             (&Method::GET, ["stats"]) => self.stats(Some(i)),
-            (&Method::GET, ["ready"]) => match self.ready() {
+            (&Method::GET, ["ready"]) => match self.model_ready(i) {
                 Ok(()) => json_resp(
                     StatusCode::OK,
                     &json!({"name": self.models[i].info.name, "ready": true}),
@@ -339,6 +349,9 @@ impl App {
                 ),
             },
             (&Method::POST, ["infer"]) => {
+                if let Err(e) = self.model_loaded(i) {
+                    return (error(StatusCode::BAD_REQUEST, e), true);
+                }
                 if let Err(fail) = self.admit(i, t0) {
                     // Refused before its body is read: `done` drains it.
                     return (error(fail.0, fail.1), true);
@@ -400,6 +413,59 @@ impl App {
         self.fe().ready()
     }
 
+    /// Model `i` is loaded (model control), else why not.
+    fn model_loaded(&self, i: usize) -> Result<(), String> {
+        use crate::wire::ModelAvailability;
+        let (st, reason) = self.fe().model_state(i);
+        if st == ModelAvailability::Ready {
+            return Ok(());
+        }
+        let name = &self.models[i].info.name;
+        let why = if reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {reason}")
+        };
+        Err(format!(
+            "model '{name}' is not loaded ({}{why}); load it with POST /v2/repository/models/{name}/load",
+            st.triton_name()
+        ))
+    }
+
+    /// Model `i` takes requests: the frontend is ready and the model loaded.
+    fn model_ready(&self, i: usize) -> Result<(), String> {
+        self.ready()?;
+        self.model_loaded(i)
+    }
+
+    /// Loads (`load`) or unloads model `name` (Triton's model control),
+    /// answered once it is ready or unloaded. The body: empty, or a JSON
+    /// object with optional `parameters` (`unload_dependents` is accepted;
+    /// a load's config or files are not).
+    async fn control(&self, name: &str, load: bool, body: &[u8]) -> Resp {
+        if let Err((code, msg)) = control_body(body, load) {
+            return error(code, msg);
+        }
+        let i = match self.models.index(name) {
+            Ok(i) => i,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        };
+        match self
+            .fe()
+            .control_model(i, load, crate::node::frontend::control::CONTROL_WAIT)
+            .await
+        {
+            Ok(()) => json_resp(StatusCode::OK, &json!({})),
+            Err(e) => error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "failed to {} '{name}': {e}",
+                    if load { "load" } else { "unload" }
+                ),
+            ),
+        }
+    }
+
     fn fe(&self) -> &FrontendHandle {
         self.fe
             .as_ref()
@@ -423,12 +489,23 @@ impl App {
     /// ready ones for `{"ready": true}`).
     fn repository_index(&self, ready_only: bool) -> Resp {
         let ready = self.ready().is_ok();
-        let state = if ready { "READY" } else { "UNAVAILABLE" };
-        let v: Vec<Value> = self
-            .models
-            .iter()
-            .filter(|_| ready || !ready_only)
-            .map(|m| json!({"name": m.info.name, "version": "1", "state": state}))
+        let v: Vec<Value> = (0..self.models.len())
+            .filter_map(|i| {
+                let (st, reason) = self.fe().model_state(i);
+                let state = match st {
+                    crate::wire::ModelAvailability::Ready if !ready => "UNAVAILABLE",
+                    st => st.triton_name(),
+                };
+                if ready_only && state != "READY" {
+                    return None;
+                }
+                let mut e =
+                    json!({"name": self.models[i].info.name, "version": "1", "state": state});
+                if !reason.is_empty() {
+                    e["reason"] = json!(reason);
+                }
+                Some(e)
+            })
             .collect();
         json_resp(StatusCode::OK, &Value::Array(v))
     }
@@ -805,6 +882,48 @@ fn decompress(enc: Encoding, body: &[u8], max: usize) -> Result<Bytes, Fail> {
     Ok(Bytes::from(out))
 }
 
+/// The body of a load or unload request: empty, or a JSON object whose only
+/// key is `parameters`; an unload's may hold `unload_dependents` (a bool:
+/// Fermata's models have no dependents), a load's none (a config or files
+/// sent with the load are not supported).
+fn control_body(body: &[u8], load: bool) -> Result<(), (StatusCode, String)> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(());
+    }
+    let what = if load { "load" } else { "unload" };
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("malformed JSON {what} request: {e}")))?;
+    let Some(o) = v.as_object() else {
+        return Err(bad(format!("a {what} request is a JSON object")));
+    };
+    for (k, p) in o {
+        if k != "parameters" {
+            return Err(bad(format!(
+                "unknown key `{k}` in a {what} request (it takes `parameters`)"
+            )));
+        }
+        let Some(p) = p.as_object() else {
+            return Err(bad(format!(
+                "`parameters` of a {what} request is an object"
+            )));
+        };
+        for (name, value) in p {
+            match (load, name.as_str()) {
+                (false, "unload_dependents") if value.is_boolean() => {}
+                (false, "unload_dependents") => {
+                    return Err(bad("`unload_dependents` is a bool"));
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "parameter `{name}` of a {what} request is not supported (models load from the repository Fermata started with)"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The body of a repository index request: empty, or a JSON object whose only
 /// key may be `ready` (a bool); whether only ready models are asked for.
 fn index_filter(body: &[u8]) -> Result<bool, Fail> {
@@ -834,10 +953,6 @@ fn index_filter(body: &[u8]) -> Result<bool, Fail> {
 fn no_route(method: &Method, path: &str) -> Resp {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let extension = match parts.as_slice() {
-        ["v2", "repository", "models", _, "load" | "unload"] => Some((
-            "model_repository(load/unload)",
-            "models are placed on GPUs by the scheduler from the repository fermata started with",
-        )),
         ["v2", "systemsharedmemory" | "cudasharedmemory", ..] => Some((
             "shared-memory",
             "inputs and outputs travel in the request and response",
@@ -928,13 +1043,35 @@ mod tests {
     }
 
     #[test]
+    fn load_and_unload_bodies_are_checked() {
+        assert!(control_body(b"", true).is_ok());
+        assert!(control_body(br#"{"parameters": {}}"#, true).is_ok());
+        assert!(control_body(br#"{"parameters": {"unload_dependents": true}}"#, false).is_ok());
+        for (body, load, msg) in [
+            (&b"[1]"[..], true, "is a JSON object"),
+            (&b"{"[..], true, "malformed JSON load request"),
+            (&br#"{"x": 1}"#[..], false, "unknown key `x`"),
+            (
+                &br#"{"parameters": {"config": "{}"}}"#[..],
+                true,
+                "`config` of a load request is not supported",
+            ),
+            (
+                &br#"{"parameters": {"unload_dependents": 1}}"#[..],
+                false,
+                "is a bool",
+            ),
+            (&br#"{"parameters": 3}"#[..], false, "is an object"),
+        ] {
+            let (code, e) = control_body(body, load).unwrap_err();
+            assert_eq!(code, StatusCode::BAD_REQUEST);
+            assert!(e.contains(msg), "{e}");
+        }
+    }
+
+    #[test]
     fn triton_only_routes_are_refused_by_name() {
         for (m, p, ext) in [
-            (
-                Method::POST,
-                "/v2/repository/models/mlp/load",
-                "model_repository(load/unload)",
-            ),
             (
                 Method::GET,
                 "/v2/systemsharedmemory/status",

@@ -30,6 +30,7 @@
 pub mod backend;
 pub mod bounds;
 pub mod check;
+pub mod control;
 pub mod fence;
 pub mod ledger;
 pub mod member;

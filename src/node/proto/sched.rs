@@ -44,14 +44,15 @@
 
 use super::bounds::{GpuIds, Limits, RefusalLog};
 use super::check::{self, Submitted};
+use super::control::{Control, ControlMode, Decision};
 use super::plans::{PlanLedger, Refused};
 use super::subclusters::{Move, MoveStats, Phase, SubClusters};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, PullFit, Task, TaskId, Time};
 use crate::node::clock::moved;
 use crate::transport::ConnId;
 use crate::wire::{
-    drops_by_frontend, task_owner, DropReason, ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role,
-    MAX_NODE_ID,
+    drops_by_frontend, task_owner, DropReason, ModelAvailability, ModelInfo, Msg, NodeId, PlanTask,
+    RegionInfo, Role, MAX_NODE_ID,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -305,6 +306,11 @@ pub struct SchedProto {
     report: SchedReport,
     /// Registered backends' names.
     names: HashMap<NodeId, String>,
+    /// Which models are loaded, and the loads and unloads asked
+    /// ([`super::control`]).
+    control: Control,
+    /// Per model: when its load started (a model loading too long fails).
+    load_since: HashMap<ModelId, Time>,
     /// Each model's sub-cluster and the moves under way.
     subs: SubClusters,
     /// GPUs in service per sub-cluster.
@@ -355,6 +361,7 @@ impl SchedProto {
     /// A scheduler starting at `now` with no nodes.
     pub fn new(now: Time, cfg: SchedConfig) -> SchedProto {
         let net = cfg.floors;
+        let cfg_models = cfg.models.len();
         let margins = vec![Dur::ZERO; cfg.models.len()];
         let subs = cfg.subclusters.clone();
         let report = SchedReport {
@@ -383,10 +390,23 @@ impl SchedProto {
             actions: VecDeque::new(),
             report,
             names: HashMap::new(),
+            control: Control::new(ControlMode::None, cfg_models, |_| true),
+            load_since: HashMap::new(),
             term: 1,
             followed: false,
             stepped_down: None,
         }
+    }
+
+    /// Model control: `mode`, and with `explicit` the models loaded at
+    /// start (before any node registers; see [`super::control`]).
+    pub fn set_model_control(&mut self, mode: ControlMode, loaded: &[ModelId]) {
+        self.control = Control::new(mode, self.cfg.models.len(), |m| loaded.contains(&m));
+    }
+
+    /// The models' states under model control.
+    pub fn model_states(&self) -> Vec<crate::wire::ModelStateItem> {
+        self.control.all()
     }
 
     /// The term it serves under.
@@ -563,6 +583,7 @@ impl SchedProto {
             self.next_check = now + self.cfg.heartbeat;
             self.check_timeouts(now);
             self.check_moves(now);
+            self.check_control(now);
         }
         if now >= self.next_net {
             self.next_net = now + self.cfg.net_update;
@@ -734,6 +755,7 @@ impl SchedProto {
                 self.remove(c, why, true);
             }
             Msg::Drain { reason } => self.drain(now, c, reason),
+            Msg::ModelControl { model, load } => self.model_control(now, c, model, load),
             other => {
                 let k = other.kind();
                 self.reject(c, format!("unexpected message {k} at the scheduler"));
@@ -892,6 +914,25 @@ impl SchedProto {
             self.notify(ok.iter().map(|(_, t)| t.id), DropReason::NoGpu);
             return;
         }
+        if self.control.mode() != ControlMode::None {
+            // A model not loaded (or being unloaded) takes no new task.
+            let mut gone = Vec::new();
+            ok.retain(|(m, t)| {
+                let takes = self.control.takes_requests(*m);
+                if takes {
+                    self.subs.submitted(*m, t.deadline);
+                } else {
+                    gone.push(t.id);
+                }
+                takes
+            });
+            if !gone.is_empty() {
+                self.notify(gone, DropReason::ModelRemoved);
+            }
+            if ok.is_empty() {
+                return;
+            }
+        }
         if self.subs.count() > 1 {
             // A model whose sub-cluster has no GPU in service has nowhere to run.
             let mut none = Vec::new();
@@ -930,7 +971,12 @@ impl SchedProto {
             Ok(sub) => sub,
             Err(why) => return self.reject(c, why),
         };
-        let models = self.subs.held_by(sub);
+        let models: Vec<ModelId> = self
+            .subs
+            .held_by(sub)
+            .into_iter()
+            .filter(|&m| self.control.held(m))
+            .collect();
         for &m in &models {
             let info = self.cfg.models[m.idx()].clone();
             self.send(c, Msg::LoadModel { model: info });
@@ -981,6 +1027,12 @@ impl SchedProto {
                 gpus: self.gpus_in_service,
             },
         );
+        self.send(
+            c,
+            Msg::ModelStates {
+                items: self.control.all(),
+            },
+        );
         for b in self.backend_conns() {
             self.send(b, up.clone());
         }
@@ -1018,9 +1070,15 @@ impl SchedProto {
             if !asked {
                 return;
             }
+            missing.remove(&model);
+            if self.control.state(model) == ModelAvailability::Loading {
+                // A load a client asked for failed: the model stays
+                // unavailable, with the backend's reason.
+                tracing::warn!(model = model.0, subcluster = sub, %error, "scheduler: a backend failed to load a model asked for");
+                return self.fail_load(model, format!("failed to load: {error}"));
+            }
             // A model moving in failed to load: the move is off (a backend in
             // service keeps serving what it has).
-            missing.remove(&model);
             tracing::warn!(model = model.0, subcluster = sub, %error, "scheduler: a backend failed to load a model moving in; the move is aborted");
             return self.abort_move(model);
         }
@@ -1039,6 +1097,7 @@ impl SchedProto {
         if in_service {
             if asked {
                 self.check_moves(now);
+                self.check_control(now);
             }
         } else if done {
             self.backend_ready(c);
@@ -1443,7 +1502,8 @@ impl SchedProto {
     /// either is unknown.
     pub fn move_model(&mut self, now: Time, model: ModelId, to: u32) -> bool {
         self.now = self.now.max(now);
-        if !self.subs.start(now, model, to) {
+        // Only a loaded model that takes requests moves.
+        if !self.control.takes_requests(model) || !self.subs.start(now, model, to) {
             return false;
         }
         let info = self.cfg.models[model.idx()].clone();
@@ -1467,6 +1527,140 @@ impl SchedProto {
         // (check_moves brings the report's move counts up to date.)
         self.check_moves(now);
         true
+    }
+
+    /// A frontend relays a client's load (`load`) or unload of `model`.
+    fn model_control(&mut self, now: Time, c: ConnId, model: ModelId, load: bool) {
+        if !matches!(
+            self.conns.get(&c).map(|p| &p.peer),
+            Some(Peer::Frontend { .. })
+        ) {
+            return self.reject(c, "ModelControl from a node that is not a frontend".into());
+        }
+        if model.idx() >= self.cfg.models.len() {
+            return self.reject(
+                c,
+                format!("ModelControl for model {}, which is not served", model.0),
+            );
+        }
+        let name = self.cfg.models[model.idx()].name.clone();
+        match self.control.ask(model, load) {
+            Decision::Refused(why) => {
+                let mut item = self.control.item(model);
+                item.reason = why;
+                return self.send(c, Msg::ModelStates { items: vec![item] });
+            }
+            Decision::AsIs => {
+                let item = self.control.item(model);
+                return self.send(c, Msg::ModelStates { items: vec![item] });
+            }
+            Decision::Load => {
+                tracing::info!(model = %name, "scheduler: model load asked");
+                self.load_since.insert(model, now);
+                let home = self.subs.home(model);
+                let info = self.cfg.models[model.idx()].clone();
+                for b in self.sub_conns(home) {
+                    if let Some(pc) = self.conns.get_mut(&b) {
+                        match &mut pc.peer {
+                            Peer::Loading { missing, .. } | Peer::Backend { missing, .. } => {
+                                missing.insert(model);
+                            }
+                            _ => continue,
+                        }
+                    }
+                    self.send(
+                        b,
+                        Msg::LoadModel {
+                            model: info.clone(),
+                        },
+                    );
+                }
+            }
+            Decision::KeepLoaded => {
+                tracing::info!(model = %name, "scheduler: model load asked while it drained; it stays");
+            }
+            Decision::Drain => {
+                tracing::info!(model = %name, "scheduler: model unload asked; its requests finish first");
+            }
+            Decision::CancelLoad => {
+                tracing::info!(model = %name, "scheduler: model unload asked while it loaded");
+                self.load_since.remove(&model);
+                let home = self.subs.home(model);
+                self.unload(home, model);
+            }
+        }
+        self.check_control(now);
+        self.tell_states();
+    }
+
+    /// A load asked for failed: its sub-cluster's backends unload it.
+    fn fail_load(&mut self, model: ModelId, why: String) {
+        self.control.load_failed(model, why);
+        self.load_since.remove(&model);
+        let home = self.subs.home(model);
+        self.unload(home, model);
+        self.tell_states();
+    }
+
+    /// Every frontend hears the models' states that changed.
+    fn tell_states(&mut self) {
+        let items = self.control.take_changes();
+        if items.is_empty() {
+            return;
+        }
+        for c in self.frontend_conns() {
+            self.send(
+                c,
+                Msg::ModelStates {
+                    items: items.clone(),
+                },
+            );
+        }
+    }
+
+    /// Loads and unloads forward: a loading model that every backend in
+    /// service of its sub-cluster holds is ready (one not loaded in
+    /// [`MOVE_LOAD_TIMEOUT`] fails); a draining model with no task left (past
+    /// the latest deadline it was given plus [`DRAIN_QUIET`], no plan of it in
+    /// flight, no move under way) is unloaded.
+    fn check_control(&mut self, now: Time) {
+        if self.control.mode() == ControlMode::None {
+            return;
+        }
+        for m in self.control.in_state(ModelAvailability::Loading) {
+            if !self.sub_missing(self.subs.home(m), m) {
+                self.load_since.remove(&m);
+                self.control.loaded(m);
+                tracing::info!(model = m.0, "scheduler: model loaded");
+            } else if self
+                .load_since
+                .get(&m)
+                .is_some_and(|&t| now - t > MOVE_LOAD_TIMEOUT)
+            {
+                self.fail_load(m, format!("not loaded within {MOVE_LOAD_TIMEOUT:?}"));
+            }
+        }
+        for m in self.control.in_state(ModelAvailability::Unloading) {
+            if let Some(mv) = self.subs.moving(m) {
+                if mv.phase == Phase::Loading {
+                    self.abort_move(m);
+                }
+                continue;
+            }
+            let in_flight = self
+                .plans
+                .lock()
+                .expect("plans lock")
+                .model_plans(m, |_| true);
+            if now < self.subs.last_deadline(m) + DRAIN_QUIET || in_flight > 0 {
+                continue;
+            }
+            self.control.unloaded(m);
+            tracing::info!(model = m.0, "scheduler: model unloaded");
+            let home = self.subs.home(m);
+            self.unload(home, m);
+        }
+        self.tell_states();
     }
 
     /// A move before its switch is off: the target's backends unload the model.
@@ -2096,6 +2290,127 @@ pub(super) mod tests {
             },
         );
         std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    /// The states frontend connection `c` was told in `acts`.
+    fn states(acts: &[Action], c: ConnId) -> Vec<(u32, ModelAvailability, String)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Send(x, Msg::ModelStates { items }) if *x == c => Some(items),
+                _ => None,
+            })
+            .flatten()
+            .map(|i| (i.model.0, i.state, i.reason.clone()))
+            .collect()
+    }
+
+    fn control(p: &mut SchedProto, now: Time, m: u32, load: bool) -> Vec<Action> {
+        p.handle_msg(
+            now,
+            1,
+            Msg::ModelControl {
+                model: ModelId(m),
+                load,
+            },
+        );
+        std::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    /// Explicit model control: a model not loaded at start is on no backend
+    /// and takes no task; a load asked by a client loads it on the backends
+    /// and makes it ready once they confirm; an unload stops new tasks at
+    /// once and unloads it only after the latest deadline it was given; every
+    /// change reaches the frontends.
+    #[test]
+    fn explicit_model_control_loads_then_drains_before_it_unloads() {
+        use ModelAvailability::*;
+        let ms = |m: i64| Time(m * 1_000_000);
+        let mut p = proto();
+        p.set_model_control(ControlMode::Explicit, &[ModelId(0)]);
+        p.handle_accept(Time(0), 1);
+        p.handle_msg(
+            Time(0),
+            1,
+            Msg::Register {
+                role: Role::Frontend,
+                name: "fe".into(),
+                gpus: vec![],
+                ctrl_addr: "x".into(),
+                region: Some(RegionInfo {
+                    addr: "r".into(),
+                    region: 1,
+                    len: 1 << 20,
+                    rkey: 0,
+                    base: 0,
+                }),
+            },
+        );
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(
+            states(&acts, 1),
+            vec![(0, Ready, String::new()), (1, Unavailable, String::new())]
+        );
+        let acts = register(&mut p, 2, ms(0));
+        assert_eq!(loads(&acts, 2), (vec![0], vec![]), "only the loaded model");
+        loaded(&mut p, 2, ms(0), 0, true);
+        let acts = submit(&mut p, ms(1), 1, 1, ms(50));
+        assert!(
+            acts.iter().any(|a| matches!(a, Action::Send(1, Msg::Dropped { items }) if items[0].1 == DropReason::ModelRemoved)),
+            "{acts:?}"
+        );
+        // Load model 1.
+        let acts = control(&mut p, ms(2), 1, true);
+        assert_eq!(loads(&acts, 2), (vec![1], vec![]));
+        assert_eq!(states(&acts, 1), vec![(1, Loading, String::new())]);
+        let acts = loaded(&mut p, 2, ms(3), 1, true);
+        assert_eq!(states(&acts, 1), vec![(1, Ready, String::new())]);
+        let acts = control(&mut p, ms(3), 1, true);
+        assert_eq!(states(&acts, 1), vec![(1, Ready, String::new())], "as is");
+        let acts = submit(&mut p, ms(4), 2, 1, ms(300));
+        assert!(
+            acts.iter().any(|a| matches!(a, Action::Submit(_))),
+            "{acts:?}"
+        );
+        // Unload it: new tasks are dropped at once, the backend keeps it
+        // until the latest deadline given (300 ms) has passed.
+        let acts = control(&mut p, ms(5), 1, false);
+        assert_eq!(states(&acts, 1), vec![(1, Unloading, String::new())]);
+        assert_eq!(loads(&acts, 2), (vec![], vec![]));
+        let acts = submit(&mut p, ms(6), 3, 1, ms(400));
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Submit(_))),
+            "{acts:?}"
+        );
+        p.handle_timeout(ms(350));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(
+            loads(&acts, 2),
+            (vec![], vec![]),
+            "still draining: {acts:?}"
+        );
+        p.handle_timeout(ms(500));
+        let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+        assert_eq!(loads(&acts, 2), (vec![], vec![1]));
+        assert_eq!(states(&acts, 1), vec![(1, Unavailable, String::new())]);
+        // A failed load: unavailable, with the backend's reason.
+        control(&mut p, ms(600), 1, true);
+        let acts = loaded(&mut p, 2, ms(601), 1, false);
+        let st = states(&acts, 1);
+        assert_eq!((st[0].0, st[0].1), (1, Unavailable), "{st:?}");
+        assert!(st[0].2.contains("failed to load"), "{st:?}");
+        assert_eq!(loads(&acts, 2), (vec![], vec![1]));
+        // A model not loaded does not move.
+        assert!(!p.move_model(ms(700), ModelId(1), 0));
+        // With none, a load is refused with the reason.
+        let mut q = proto();
+        frontend(&mut q, 1);
+        std::iter::from_fn(|| q.poll_action()).for_each(drop);
+        let acts = control(&mut q, ms(1), 0, false);
+        let st = states(&acts, 1);
+        assert!(
+            st[0].1 == Ready && st[0].2.contains("model-control-mode none"),
+            "{st:?}"
+        );
     }
 
     /// Typed sub-clusters: a backend joins one of its GPUs' type; one of a

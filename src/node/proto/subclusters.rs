@@ -247,6 +247,14 @@ impl SubClusters {
         }
     }
 
+    /// The latest deadline of a task of `m` submitted so far.
+    pub fn last_deadline(&self, m: ModelId) -> Time {
+        self.last_deadline
+            .get(m.idx())
+            .copied()
+            .unwrap_or(Time::EPOCH_MIN)
+    }
+
     /// Starts moving `m` to `to`; false (nothing changes) when it is home
     /// there already, is moving, either is out of range, or `to` is of another
     /// GPU type than its home.

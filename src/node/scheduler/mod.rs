@@ -76,5 +76,5 @@ pub mod standby;
 pub use super::proto::sched::SchedReport;
 pub use metrics::{drop_reason_label, BUSY_WINDOW};
 pub use node::SchedulerNode;
-pub use options::SchedulerOpts;
+pub use options::{ModelControlOpts, SchedulerOpts};
 pub use standby::StandbyStatus;

@@ -60,10 +60,12 @@ impl SchedulerNode {
         if subs.count() > 1 {
             tracing::info!(subclusters = subs.count(), homes = ?homes, "scheduler: models' sub-clusters");
         }
-        let proto = SchedProto::new(
+        let mut proto = SchedProto::new(
             SchedClock::exact(clock).now(),
             sched_config(&opts, models.clone(), floors, subs),
         );
+        let loaded = model_control(&opts.control, &models)?;
+        proto.set_model_control(opts.control.mode, &loaded);
         let registry = Registry::new();
         let metrics = SchedMetrics::new(&registry, &models);
         let routes = Arc::new(Routes::new(proto.plans(), clock, metrics));
@@ -239,6 +241,36 @@ fn sched_config(
 /// The models as the epoch partitioner sees them: the workload's rates, and
 /// memory from the workload file or the paper's profiles; a model with neither
 /// counts 0 MB until a backend measures it (then only rates are balanced).
+/// The models `--load-model` names (by id), checked against the mode.
+fn model_control(
+    c: &super::options::ModelControlOpts,
+    models: &[crate::wire::ModelInfo],
+) -> Result<Vec<crate::core::ModelId>> {
+    use crate::node::proto::control::ControlMode;
+    if c.mode == ControlMode::None && !c.load.is_empty() {
+        anyhow::bail!("--load-model needs --model-control-mode explicit");
+    }
+    c.load
+        .iter()
+        .map(|name| {
+            models
+                .iter()
+                .find(|m| &m.name == name)
+                .map(|m| m.id)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--load-model {name:?}: no such model (served: {})",
+                        models
+                            .iter()
+                            .map(|m| m.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
 fn partition_models(workload: &Workload) -> Vec<PartModel> {
     crate::plan::partition::models_of_workload(workload).unwrap_or_else(|_| {
         workload

@@ -45,6 +45,17 @@ pub struct SchedulerOpts {
     /// Members registered at once and GPUs per backend: a registration past
     /// either is refused with an `Error` naming the limit.
     pub limits: crate::node::proto::bounds::Limits,
+    /// Model control: which models load at start, and whether clients load
+    /// and unload them.
+    pub control: ModelControlOpts,
+}
+
+/// `--model-control-mode` and `--load-model`.
+#[derive(Debug, Clone, Default)]
+pub struct ModelControlOpts {
+    pub mode: crate::node::proto::control::ControlMode,
+    /// With `explicit`: the models loaded at start, by name.
+    pub load: Vec<String>,
 }
 
 impl Default for SchedulerOpts {
@@ -66,6 +77,7 @@ impl Default for SchedulerOpts {
             advice: crate::plan::autoscale::AdviceConfig::default(),
             epoch: super::epoch::EpochOpts::default(),
             limits: crate::node::proto::bounds::Limits::default(),
+            control: ModelControlOpts::default(),
         }
     }
 }

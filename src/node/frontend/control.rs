@@ -1,0 +1,169 @@
+//! Model control at the frontend: the models' states as the scheduler tells
+//! them (`ModelStates`), and clients' loads and unloads relayed to it
+//! (`ModelControl`), each answered once the model's state settles.
+//!
+//! The HTTP and gRPC handlers call [`FrontendHandle::control_model`]; the
+//! request reaches the event loop through a channel the loop empties each
+//! turn, and the answer through a watch of the states' version.
+
+use super::event_loop::Loop;
+use super::handle::FrontendHandle;
+use crate::core::ModelId;
+use crate::wire::{ModelAvailability, ModelStateItem, Msg};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long a load or unload is waited for before the client hears a
+/// timeout (the model may still get there; the index shows it).
+pub const CONTROL_WAIT: Duration = Duration::from_secs(300);
+
+/// Loads and unloads queued for the loop, at most this many (a client that
+/// asks faster is refused).
+const CONTROL_QUEUE: usize = 1024;
+
+/// Every model's state as last told, with a count of the items heard for
+/// each (a waiter judges only what came after its own request).
+pub(super) struct ModelStates {
+    state: Vec<(ModelAvailability, String, u64)>,
+}
+
+/// The models' states and the queue of control requests, shared by the
+/// loop and the handlers.
+pub(super) struct ControlShared {
+    states: Mutex<ModelStates>,
+    version: tokio::sync::watch::Sender<u64>,
+    pub(super) requests: crossbeam_channel::Sender<(ModelId, bool)>,
+    pub(super) inbox: crossbeam_channel::Receiver<(ModelId, bool)>,
+}
+
+impl ControlShared {
+    /// `models` models, all ready until the scheduler says otherwise (it
+    /// tells every state right after registering).
+    pub(super) fn new(models: usize) -> ControlShared {
+        let (requests, inbox) = crossbeam_channel::bounded(CONTROL_QUEUE);
+        ControlShared {
+            states: Mutex::new(ModelStates {
+                state: vec![(ModelAvailability::Ready, String::new(), 0); models],
+            }),
+            version: tokio::sync::watch::Sender::new(0),
+            requests,
+            inbox,
+        }
+    }
+
+    pub(super) fn state(&self, m: usize) -> (ModelAvailability, String) {
+        let s = self.states.lock().expect("model states lock");
+        s.state
+            .get(m)
+            .map(|(a, r, _)| (*a, r.clone()))
+            .unwrap_or((ModelAvailability::Unavailable, String::new()))
+    }
+
+    fn heard(&self, m: usize) -> u64 {
+        let s = self.states.lock().expect("model states lock");
+        s.state.get(m).map_or(0, |x| x.2)
+    }
+
+    fn apply(&self, items: &[ModelStateItem]) {
+        {
+            let mut s = self.states.lock().expect("model states lock");
+            for i in items {
+                if let Some(x) = s.state.get_mut(i.model.idx()) {
+                    // A model's reason is bounded like every wire string;
+                    // kept short for the index.
+                    *x = (i.state, i.reason.chars().take(512).collect(), x.2 + 1);
+                }
+            }
+        }
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+impl Loop {
+    /// `ModelStates` from the scheduler.
+    pub(super) fn model_states(&mut self, items: Vec<ModelStateItem>) {
+        for i in &items {
+            tracing::info!(model = i.model.0, state = i.state.triton_name(), reason = %i.reason, "frontend: model state");
+        }
+        self.state.control.apply(&items);
+    }
+
+    /// Relays the loads and unloads clients asked for.
+    pub(super) fn control_requests(&mut self) {
+        while let Ok((model, load)) = self.state.control.inbox.try_recv() {
+            if !self.sched_ok() {
+                let item = ModelStateItem {
+                    model,
+                    state: self.state.control.state(model.idx()).0,
+                    reason: "the frontend has no scheduler".into(),
+                };
+                self.state.control.apply(&[item]);
+                continue;
+            }
+            let _ = self.sched.send(Msg::ModelControl { model, load });
+        }
+    }
+}
+
+impl FrontendHandle {
+    /// Model `model`'s (index) state under model control, and why it is
+    /// unavailable when a load failed.
+    pub fn model_state(&self, model: usize) -> (ModelAvailability, String) {
+        self.state.control.state(model)
+    }
+
+    /// Loads (`load`) or unloads model `model` (index) through the
+    /// scheduler, waiting up to `wait` for the outcome: a load ends when the
+    /// model is ready, an unload once it is unloaded (its requests taken
+    /// before the unload finished first). Err: the scheduler's reason (model
+    /// control off, a failed load), a timeout, or no scheduler.
+    pub async fn control_model(
+        &self,
+        model: usize,
+        load: bool,
+        wait: Duration,
+    ) -> Result<(), String> {
+        use ModelAvailability::*;
+        let c = &self.state.control;
+        if model >= self.models().len() {
+            return Err(format!("no model {model}"));
+        }
+        if self.state.stopped.load(Ordering::Acquire) {
+            return Err("the frontend is stopping".into());
+        }
+        let mut rx = c.version.subscribe();
+        let before = c.heard(model);
+        c.requests
+            .try_send((ModelId(model as u32), load))
+            .map_err(|_| "too many model loads and unloads at once; try again".to_string())?;
+        let name = &self.models()[model].name;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if c.heard(model) > before {
+                let (st, reason) = c.state(model);
+                if !reason.is_empty() {
+                    return Err(reason);
+                }
+                match (load, st) {
+                    (true, Ready) | (false, Unavailable) => return Ok(()),
+                    (true, Unavailable) => {
+                        return Err(format!("model '{name}' was unloaded while it loaded"))
+                    }
+                    _ => {}
+                }
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err("the frontend stopped".into()),
+                Err(_) => {
+                    let what = if load { "load" } else { "unload" };
+                    return Err(format!(
+                        "the {what} of model '{name}' did not finish within {wait:?} (its state: {})",
+                        c.state(model).0.triton_name()
+                    ));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Model control (Triton's `--model-control-mode`): which models are loaded,
+//! and loads and unloads that clients ask for while requests keep coming.
+//!
+//! Pure bookkeeping (no clock, no I/O): each model's [`ModelAvailability`],
+//! the answer to each load or unload asked, and the states that changed
+//! (what the scheduler tells its frontends). [`super::sched::SchedProto`]
+//! carries the decisions out with the machinery of live model moves: a load
+//! sends `LoadModel` to the backends of the model's sub-cluster and the
+//! model is ready once every backend in service there confirmed it; an
+//! unload stops new requests at once (frontends refuse them, the scheduler
+//! drops any that were under way), lets those taken finish (past the latest
+//! deadline given, and no plan of the model in flight), then unloads it.
+//!
+//! * `none` (the default, as Triton's): every model is loaded at start and
+//!   loads and unloads are refused.
+//! * `explicit`: only the models named at start (`--load-model`) are loaded;
+//!   clients load and unload the others.
+
+use crate::core::ModelId;
+use crate::wire::{ModelAvailability, ModelStateItem};
+use std::collections::BTreeSet;
+
+/// `--model-control-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ControlMode {
+    #[default]
+    None,
+    Explicit,
+}
+
+impl std::str::FromStr for ControlMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ControlMode, String> {
+        match s {
+            "none" => Ok(ControlMode::None),
+            "explicit" => Ok(ControlMode::Explicit),
+            "poll" => Err(
+                "--model-control-mode poll is not supported: use explicit (clients load and unload) or none".into(),
+            ),
+            other => Err(format!(
+                "unknown --model-control-mode {other:?} (none or explicit)"
+            )),
+        }
+    }
+}
+
+/// What the scheduler must do for a load or unload asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Refused: the asker hears the model's state with this reason.
+    Refused(String),
+    /// Nothing to do (loaded already, or not loaded): the asker hears the
+    /// state as it is.
+    AsIs,
+    /// Load it on its sub-cluster's backends.
+    Load,
+    /// It was being unloaded and still is on its backends: it takes requests
+    /// again.
+    KeepLoaded,
+    /// Stop taking its requests; unload it once those taken have finished.
+    Drain,
+    /// It was loading: unload it now (no request was taken).
+    CancelLoad,
+}
+
+/// Every model's state under model control.
+#[derive(Debug, Clone)]
+pub struct Control {
+    mode: ControlMode,
+    state: Vec<ModelAvailability>,
+    /// Why a model is unavailable (a failed load), else empty.
+    reason: Vec<String>,
+    changed: BTreeSet<ModelId>,
+}
+
+impl Control {
+    /// `models` models; with `explicit`, those for which `loaded` is true
+    /// start loaded (every one does with `none`).
+    pub fn new(mode: ControlMode, models: usize, loaded: impl Fn(ModelId) -> bool) -> Control {
+        let state = (0..models as u32)
+            .map(|m| {
+                if mode == ControlMode::None || loaded(ModelId(m)) {
+                    ModelAvailability::Ready
+                } else {
+                    ModelAvailability::Unavailable
+                }
+            })
+            .collect();
+        Control {
+            mode,
+            state,
+            reason: vec![String::new(); models],
+            changed: BTreeSet::new(),
+        }
+    }
+
+    pub fn mode(&self) -> ControlMode {
+        self.mode
+    }
+
+    pub fn state(&self, m: ModelId) -> ModelAvailability {
+        self.state
+            .get(m.idx())
+            .copied()
+            .unwrap_or(ModelAvailability::Unavailable)
+    }
+
+    /// Whether `m`'s new requests are taken.
+    #[inline]
+    pub fn takes_requests(&self, m: ModelId) -> bool {
+        self.state.get(m.idx()) == Some(&ModelAvailability::Ready)
+    }
+
+    /// Whether `m` must be on its sub-cluster's GPUs (loading, loaded or
+    /// draining): a backend that joins loads it.
+    pub fn held(&self, m: ModelId) -> bool {
+        self.state(m) != ModelAvailability::Unavailable
+    }
+
+    /// Models in `state`, by id.
+    pub fn in_state(&self, state: ModelAvailability) -> Vec<ModelId> {
+        (0..self.state.len() as u32)
+            .map(ModelId)
+            .filter(|&m| self.state(m) == state)
+            .collect()
+    }
+
+    /// A client asks to load (`load`) or unload `m` (a model id in range).
+    pub fn ask(&mut self, m: ModelId, load: bool) -> Decision {
+        use ModelAvailability::*;
+        if self.mode == ControlMode::None {
+            return Decision::Refused(
+                "explicit model load / unload is not allowed: the scheduler runs with --model-control-mode none".into(),
+            );
+        }
+        let Some(&now) = self.state.get(m.idx()) else {
+            return Decision::Refused(format!("no model {}", m.0));
+        };
+        let (next, d) = match (now, load) {
+            (Ready | Loading, true) | (Unavailable, false) => return Decision::AsIs,
+            (Unloading, false) => return Decision::AsIs,
+            (Unavailable, true) => (Loading, Decision::Load),
+            (Unloading, true) => (Ready, Decision::KeepLoaded),
+            (Ready, false) => (Unloading, Decision::Drain),
+            (Loading, false) => (Unavailable, Decision::CancelLoad),
+        };
+        self.set(m, next, String::new());
+        d
+    }
+
+    /// Every backend in service of `m`'s sub-cluster holds it.
+    pub fn loaded(&mut self, m: ModelId) {
+        if self.state(m) == ModelAvailability::Loading {
+            self.set(m, ModelAvailability::Ready, String::new());
+        }
+    }
+
+    /// Its load failed (or took too long): unavailable, with why.
+    pub fn load_failed(&mut self, m: ModelId, why: String) {
+        if self.state(m) == ModelAvailability::Loading {
+            self.set(m, ModelAvailability::Unavailable, why);
+        }
+    }
+
+    /// A draining model has finished its requests and is unloaded.
+    pub fn unloaded(&mut self, m: ModelId) {
+        if self.state(m) == ModelAvailability::Unloading {
+            self.set(m, ModelAvailability::Unavailable, String::new());
+        }
+    }
+
+    fn set(&mut self, m: ModelId, state: ModelAvailability, reason: String) {
+        self.state[m.idx()] = state;
+        self.reason[m.idx()] = reason;
+        self.changed.insert(m);
+    }
+
+    pub fn item(&self, m: ModelId) -> ModelStateItem {
+        ModelStateItem {
+            model: m,
+            state: self.state(m),
+            reason: self.reason.get(m.idx()).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Every model's state (what a frontend hears when it joins).
+    pub fn all(&self) -> Vec<ModelStateItem> {
+        (0..self.state.len() as u32)
+            .map(|m| self.item(ModelId(m)))
+            .collect()
+    }
+
+    /// The states that changed since the last call.
+    pub fn take_changes(&mut self) -> Vec<ModelStateItem> {
+        let ms = std::mem::take(&mut self.changed);
+        ms.into_iter().map(|m| self.item(m)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ModelAvailability::*;
+
+    #[test]
+    fn none_loads_everything_and_refuses_control() {
+        let mut c = Control::new(ControlMode::None, 2, |_| false);
+        assert!(c.takes_requests(ModelId(0)) && c.takes_requests(ModelId(1)));
+        assert!(matches!(c.ask(ModelId(0), false), Decision::Refused(r) if r.contains("none")));
+        assert_eq!(c.state(ModelId(0)), Ready);
+        assert!(c.take_changes().is_empty());
+    }
+
+    #[test]
+    fn explicit_loads_drains_and_unloads_with_every_change_told() {
+        let mut c = Control::new(ControlMode::Explicit, 3, |m| m == ModelId(2));
+        assert_eq!(
+            c.all().iter().map(|i| i.state).collect::<Vec<_>>(),
+            vec![Unavailable, Unavailable, Ready]
+        );
+        assert_eq!(c.ask(ModelId(0), true), Decision::Load);
+        assert_eq!(c.ask(ModelId(0), true), Decision::AsIs, "loading already");
+        assert!(!c.takes_requests(ModelId(0)) && c.held(ModelId(0)));
+        c.loaded(ModelId(0));
+        assert!(c.takes_requests(ModelId(0)));
+        assert_eq!(c.ask(ModelId(0), false), Decision::Drain);
+        assert!(!c.takes_requests(ModelId(0)) && c.held(ModelId(0)));
+        assert_eq!(c.ask(ModelId(0), true), Decision::KeepLoaded);
+        assert!(c.takes_requests(ModelId(0)));
+        assert_eq!(c.ask(ModelId(0), false), Decision::Drain);
+        c.unloaded(ModelId(0));
+        assert!(!c.held(ModelId(0)));
+        assert_eq!(c.ask(ModelId(0), false), Decision::AsIs);
+        // A load asked and unasked before it completes.
+        assert_eq!(c.ask(ModelId(1), true), Decision::Load);
+        assert_eq!(c.ask(ModelId(1), false), Decision::CancelLoad);
+        assert_eq!(c.state(ModelId(1)), Unavailable);
+        // A failed load says why; loaded() after it changes nothing.
+        assert_eq!(c.ask(ModelId(1), true), Decision::Load);
+        c.load_failed(ModelId(1), "no such file".into());
+        c.loaded(ModelId(1));
+        let ch = c.take_changes();
+        assert_eq!(ch.len(), 2, "{ch:?}");
+        assert_eq!(
+            (ch[1].state, ch[1].reason.as_str()),
+            (Unavailable, "no such file")
+        );
+        assert!(c.take_changes().is_empty());
+        assert!(matches!(c.ask(ModelId(9), true), Decision::Refused(_)));
+    }
+
+    #[test]
+    fn modes_parse_with_clear_errors() {
+        assert_eq!("explicit".parse::<ControlMode>(), Ok(ControlMode::Explicit));
+        assert!("poll"
+            .parse::<ControlMode>()
+            .unwrap_err()
+            .contains("not supported"));
+        assert!("x"
+            .parse::<ControlMode>()
+            .unwrap_err()
+            .contains("none or explicit"));
+    }
+}
