@@ -703,9 +703,7 @@ impl SchedProto {
                         return self.newer_term(c, term, true);
                     }
                     // Its sender serves an older term: it steps down on this.
-                    super::fence::OnFence::Answer => {
-                        self.send(c, Msg::Fence { term: self.term })
-                    }
+                    super::fence::OnFence::Answer => self.send(c, Msg::Fence { term: self.term }),
                 }
                 self.remove(c, format!("fence of term {term} answered"), false);
             }
