@@ -282,9 +282,12 @@ enum BenchCmd {
     /// the primary is killed KILLS times under load; failover time p50/p99 and
     /// the requests lost.
     Failover(FailoverArgs),
-    /// Memory attacks on the internal ports, repeated against real
-    /// processes under load: an outsider's and a member's unfinished 64 MiB
-    /// frames; bytes taken, resident memory while open and after close.
+    /// Attacks on the internal ports, repeated against real processes under
+    /// load: an outsider's and a member's unfinished 64 MiB frames (bytes
+    /// taken, resident memory while open and after close); a relay of the
+    /// nodes' handshakes by a process without the secret (connections
+    /// refused, inputs read, forged answers accepted); members' amplifying
+    /// region reads (bytes sent, the frontend's resident memory).
     Attacks(AttacksArgs),
     /// Register/leave churn against a real scheduler on loopback: a member
     /// registers a backend of GPUS GPUs and leaves, again and again; the
@@ -354,14 +357,111 @@ fn cmd_churn(a: ChurnArgs) -> Result<()> {
 
 #[derive(Args)]
 struct AttacksArgs {
-    /// Print JSON instead of a table.
+    /// Which attacks (comma-separated): `memory` (unfinished 64 MiB frames
+    /// from an outsider and a member), `relay` (a process without the secret
+    /// holds the scheduler's address while it is down and relays the nodes'
+    /// handshakes to a frontend's control and region ports), `amplify`
+    /// (three members send region reads asking for far more than they send).
+    #[arg(long, value_delimiter = ',', default_value = "memory,relay,amplify")]
+    scenarios: Vec<AttackScenario>,
+    /// Print JSON (one object per scenario) instead of tables.
     #[arg(long)]
     json: bool,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AttackScenario {
+    Memory,
+    Relay,
+    Amplify,
+}
+
 fn cmd_attacks(a: AttacksArgs) -> Result<()> {
+    for s in &a.scenarios {
+        match s {
+            AttackScenario::Memory => attacks_memory(a.json)?,
+            AttackScenario::Relay => attacks_relay(a.json)?,
+            AttackScenario::Amplify => attacks_amplify(a.json)?,
+        }
+    }
+    Ok(())
+}
+
+fn attacks_relay(json: bool) -> Result<()> {
+    let r = with_scratch("attacks-relay", fermata::harness::attacks::relay::run)?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!("relay: a process without the secret on the scheduler's address while it is down, relaying to the frontend's control and region ports");
+    println!(
+        "  connections the nodes opened to it: {} ({} relayed to the control listener, {} to the region server)",
+        r.connections, r.to_control, r.to_region
+    );
+    println!(
+        "  refused by the member relayed to (closed, nothing sent back): {}; bytes members sent back: {}",
+        r.refused, r.bytes_back
+    );
+    println!(
+        "  attack bytes taken: {} region reads, {} forged results",
+        r.reads_sent, r.forged_sent
+    );
+    println!("  clients' inputs read by the attacker: {}", r.inputs_read);
+    println!(
+        "  forged answers accepted by the frontend: {}",
+        r.forged_accepted
+    );
+    println!(
+        "  the real scheduler started again on its address: {}; nodes back in service: {}; served after: {} good",
+        if r.scheduler_restarted { "yes" } else { "NO" },
+        if r.nodes_back { "yes" } else { "NO" },
+        r.good_after_restart
+    );
+    println!(
+        "  load over the whole run (failing at once while no scheduler serves): {} sent, {} good, {} never answered",
+        r.load_sent, r.load_good, r.load_unanswered
+    );
+    Ok(())
+}
+
+fn attacks_amplify(json: bool) -> Result<()> {
+    let r = with_scratch("attacks-amplify", fermata::harness::attacks::amplify::run)?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!(
+        "amplify: {} members, {} connections to a frontend's region server, reads of capability 0 and huge lengths, never reading an answer",
+        r.members, r.connections
+    );
+    println!(
+        "  sent: {:.1} MB ({} reads) asking for {:.1} GB",
+        mb(r.bytes_sent),
+        r.reads_sent,
+        r.bytes_asked as f64 / (1u64 << 30) as f64
+    );
+    println!(
+        "  frontend RSS: {:.1} MB before, {:.1} MB at most while they sent (+{:.1} MB), {:.1} MB 2 s after they closed",
+        r.rss_before_mb,
+        r.rss_peak_mb,
+        r.rss_peak_mb - r.rss_before_mb,
+        r.rss_after_mb
+    );
+    println!(
+        "  legitimate load meanwhile: {} sent, {} good, bad rate {:.2}%, {} never answered, {} wrong outputs",
+        r.load_sent,
+        r.load_good,
+        r.load_bad_rate * 100.0,
+        r.load_unanswered,
+        r.load_wrong_outputs
+    );
+    Ok(())
+}
+
+fn attacks_memory(json: bool) -> Result<()> {
     let r = with_scratch("attacks", fermata::harness::attacks::run)?;
-    if a.json {
+    if json {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }

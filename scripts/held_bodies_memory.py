@@ -11,20 +11,33 @@ and during (peak sampled, VmHWM), the budget's peak (from
 `fermata_http_buffered_bytes`), the bodies evicted and the clients' outcomes.
 Run from the repository root.
 
-usage: held_bodies_memory.py FERMATA_BIN BUDGET_BYTES [CLIENTS] [MIB] [STAGGER_MS]
+usage: held_bodies_memory.py FERMATA_BIN BUDGET_BYTES|default [CLIENTS] [MIB] [STAGGER_MS] [MODEL]
 e.g.   held_bodies_memory.py target/release/fermata 1073741824 100 60 100
+       held_bodies_memory.py target/release/fermata default 100 60 100
+(`default`: no `--http-max-buffered-bytes`, the server's default: a quarter
+of MemTotal, at least 256 MiB. MODEL: mlp unless given; the door refuses a
+request whose head waited past its model's SLO before it was read, so on a
+loaded machine a model with a longer SLO, cnn's 50 ms, lets more in.)
 """
 import os, re, socket, subprocess, sys, threading, time
 
-binp, budget = sys.argv[1], int(sys.argv[2])
+binp = sys.argv[1]
+default_budget = sys.argv[2] == "default"
+if default_budget:
+    total = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal:"))
+    budget = max(total // 4, 256 << 20)
+else:
+    budget = int(sys.argv[2])
 clients = int(sys.argv[3]) if len(sys.argv) > 3 else 100
 mib = int(sys.argv[4]) if len(sys.argv) > 4 else 60
 stagger = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
+model = sys.argv[6] if len(sys.argv) > 6 else "mlp"
 body = mib << 20
 
+budget_args = [] if default_budget else ["--http-max-buffered-bytes", str(budget)]
 srv = subprocess.Popen(
     [binp, "serve", "--executor", "onnx", "--models", "models", "--http-port", "0",
-     "--http-max-buffered-bytes", str(budget), "--http-max-body-bytes", str(64 << 20),
+     *budget_args, "--http-max-body-bytes", str(64 << 20),
      "--http-body-timeout-ms", "120000"],
     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 port = None
@@ -76,7 +89,7 @@ chunk = b" " * (1 << 20)
 def client(i):
     try:
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        s.sendall(f"POST /v2/models/{model}/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n".encode()
                   + f"content-length: {body + 1}\r\n\r\n".encode())
         for _ in range(mib):
             s.sendall(chunk)
@@ -84,8 +97,18 @@ def client(i):
             socks.append(s)
             status["held"] = status.get("held", 0) + 1
     except OSError as e:
+        # What the server answered before it closed (429 at the door, 503
+        # past the budget), else the error's name.
+        what = type(e).__name__
+        try:
+            s.settimeout(2)
+            m = re.match(rb"HTTP/1.1 (\d+)", s.recv(64))
+            if m:
+                what = "HTTP " + m.group(1).decode()
+        except OSError:
+            pass
         with lock:
-            status[type(e).__name__] = status.get(type(e).__name__, 0) + 1
+            status[what] = status.get(what, 0) + 1
 
 
 ths = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -112,7 +135,7 @@ while starter.is_alive() or any(t.is_alive() for t in ths) or time.time() - t1 <
         break
 r = rss(srv.pid)
 ev = metric("fermata_http_bodies_evicted_total")
-print(f"clients {clients} (started {stagger*1000:.0f} ms apart) x {mib} MiB body (all but its last byte sent, then held open); budget {budget / 2**20:.0f} MiB")
+print(f"model {model}; clients {clients} (started {stagger*1000:.0f} ms apart) x {mib} MiB body (all but its last byte sent, then held open); budget {budget / 2**20:.0f} MiB{' (the default)' if default_budget else ''}")
 print(f"server RSS before {base['VmRSS'] / 2**20:.0f} MiB; during: peak sampled {peak / 2**20:.0f} MiB, "
       f"VmHWM {r['VmHWM'] / 2**20:.0f} MiB; growth {(r['VmHWM'] - base['VmRSS']) / 2**20:.0f} MiB; "
       f"budget held peak {held_peak / 2**20:.0f} MiB; bodies evicted {ev}; client outcomes {status}")

@@ -814,6 +814,25 @@ pub fn region_frames(data: &[u8]) -> u64 {
         pos += used;
     }
     assert_eq!(answers.len(), data.len() / REQ_LEN);
+    // The server's streamed form (a probe's zeros written by the caller, not
+    // buffered) puts the same bytes on the wire, and never holds a probe's
+    // zeros in its buffer.
+    let (mut wire, mut whole, mut buf, mut pos) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    loop {
+        let (used, zeros) = rw::serve_requests_streamed(&data[pos..], &region, &mut buf, flush_at);
+        assert!(buf.len() < flush_at + ANS_LEN + slot.len as usize);
+        wire.append(&mut buf);
+        wire.resize(wire.len() + zeros as usize, 0);
+        pos += used;
+        if used == 0 {
+            break;
+        }
+    }
+    let mut pos = 0;
+    while data.len() - pos >= REQ_LEN {
+        pos += rw::serve_requests(&data[pos..], &region, &mut whole, usize::MAX);
+    }
+    assert_eq!(wire, whole, "the streamed answers differ");
     served
 }
 

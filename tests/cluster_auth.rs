@@ -570,3 +570,24 @@ fn a_forwarder_without_the_secret_reads_and_forges_nothing() {
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The relay attack as it was reported, through `fermata bench attacks
+/// --scenarios relay`'s harness: the scheduler killed, a process without the
+/// secret on its address relaying every node's reconnection to the
+/// frontend's control listener and region server, with reads and forged
+/// results of its own. Every relayed connection is refused with nothing
+/// sent back, no input is read, no forged answer accepted, and the real
+/// scheduler takes its address back with both nodes.
+#[test]
+fn the_relay_on_a_restarting_schedulers_address_reads_and_forges_nothing() {
+    let dir = std::env::temp_dir().join(format!("fermata-relay-bench-{}", std::process::id()));
+    let r = fermata::harness::attacks::relay::run(&exe(), &dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(r.to_control > 0 && r.to_region > 0, "{r:?}");
+    assert_eq!(r.refused, r.to_control + r.to_region, "{r:?}");
+    assert_eq!(r.bytes_back, 0, "{r:?}");
+    assert_eq!(r.inputs_read, 0, "{r:?}");
+    assert_eq!(r.forged_accepted, 0, "{r:?}");
+    assert!(r.scheduler_restarted && r.nodes_back, "{r:?}");
+    assert_eq!(r.load_unanswered, 0, "{r:?}");
+}

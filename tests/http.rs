@@ -832,6 +832,17 @@ fn a_slow_client_spends_its_own_deadline() {
 /// fresh HTTP/2 connection to `addr`: the headers at once, the message
 /// `pause` later. The answer's grpc-status and grpc-message.
 fn grpc_infer_slowly(addr: SocketAddr, timeout_us: i64, pause: Duration) -> (String, String) {
+    grpc_infer_padded(addr, timeout_us, pause, 0)
+}
+
+/// [`grpc_infer_slowly`] with a custom string parameter of `pad` bytes (a
+/// larger message of the same request).
+fn grpc_infer_padded(
+    addr: SocketAddr,
+    timeout_us: i64,
+    pause: Duration,
+    pad: usize,
+) -> (String, String) {
     use fermata::node::grpc::pb;
     use prost::Message;
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -843,16 +854,25 @@ fn grpc_infer_slowly(addr: SocketAddr, timeout_us: i64, pause: Duration) -> (Str
             shape,
             ..Default::default()
         };
-    let req = pb::ModelInferRequest {
-        model_name: "tiny".into(),
-        parameters: HashMap::from([(
-            "timeout".to_string(),
+    let mut parameters = HashMap::from([(
+        "timeout".to_string(),
+        pb::InferParameter {
+            parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(timeout_us)),
+        },
+    )]);
+    if pad > 0 {
+        parameters.insert(
+            "pad".to_string(),
             pb::InferParameter {
-                parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(
-                    timeout_us,
+                parameter_choice: Some(pb::infer_parameter::ParameterChoice::StringParam(
+                    "p".repeat(pad),
                 )),
             },
-        )]),
+        );
+    }
+    let req = pb::ModelInferRequest {
+        model_name: "tiny".into(),
+        parameters,
         inputs: vec![
             input("x", "FP32", vec![1, 4]),
             input("ids", "INT64", vec![1, 2]),
@@ -1891,6 +1911,117 @@ fn buffered_bodies_have_a_total_budget() {
     assert_eq!(closed, 1);
     assert_eq!(sample(&t, "fermata_http_bodies_evicted_total"), Some(1.0));
     drop(stuck);
+    c.stop();
+}
+
+/// Many gRPC streams stuck mid-message (each announced a 1 MiB message and
+/// sent 48 KiB of it, then nothing) fill the budget the HTTP and gRPC
+/// servers share; good gRPC and HTTP clients are still served: the stuck
+/// messages give way (UNAVAILABLE, their streams end), or were refused
+/// UNAVAILABLE at their first bytes when the budget was full.
+#[test]
+fn grpc_streams_stuck_mid_message_do_not_push_good_clients_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = cluster_with("grpc-stuck", 1, |o| o.max_buffered_bytes = 1 << 20, true);
+    let grpc = c.fe.grpc_addr().unwrap();
+    const CONNS: usize = 4;
+    const STREAMS: usize = 16;
+    let hold = Arc::new(AtomicBool::new(true));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let stuck = {
+        let hold = hold.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut open = Vec::new();
+                for _ in 0..CONNS {
+                    let tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
+                    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+                    tokio::spawn(conn);
+                    let mut client = client.ready().await.unwrap();
+                    for _ in 0..STREAMS {
+                        let head = hyper::Request::post(format!(
+                            "http://{grpc}/inference.GRPCInferenceService/ModelInfer"
+                        ))
+                        .header("content-type", "application/grpc")
+                        .header("te", "trailers")
+                        .body(())
+                        .unwrap();
+                        let Ok((answer, mut body)) = client.send_request(head, false) else {
+                            break;
+                        };
+                        // The prefix of a 1 MiB message, then 48 KiB of it.
+                        let mut part = vec![0u8];
+                        part.extend_from_slice(&(1u32 << 20).to_be_bytes());
+                        part.extend_from_slice(&[7u8; 48 << 10]);
+                        let _ = body.send_data(hyper::body::Bytes::from(part), false);
+                        open.push((answer, body));
+                        client = client.ready().await.unwrap();
+                    }
+                }
+                ready_tx.send(open.len()).unwrap();
+                while hold.load(Ordering::Acquire) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // How the stuck streams ended: answered (UNAVAILABLE) or
+                // still waiting.
+                let mut answered = 0;
+                for (answer, _body) in open {
+                    if let Ok(Ok(_)) =
+                        tokio::time::timeout(Duration::from_millis(100), answer).await
+                    {
+                        answered += 1;
+                    }
+                }
+                answered
+            })
+        })
+    };
+    let opened = ready_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(opened, CONNS * STREAMS);
+    // 64 streams x 48 KiB: three times the 1 MiB budget, announced.
+    std::thread::sleep(Duration::from_millis(300));
+    // Good clients, each with a message or body of 64 KiB (more than the
+    // room the stuck ones left), get in: the stuck messages give way once
+    // they stalled.
+    let post_padded = || {
+        let mut b = serde_json::to_vec(&tiny_json([1.0; 4], [1, 2])).unwrap();
+        b.extend_from_slice(&[b' '; 64 << 10]);
+        Http::connect(c.http).req(
+            "POST",
+            "/v2/models/tiny/infer",
+            &[("content-type", "application/json".to_string())],
+            &b,
+        )
+    };
+    wait_for("a good gRPC call to be served", 20, || {
+        grpc_infer_padded(grpc, 1_000_000, Duration::ZERO, 64 << 10).0 == "0"
+    });
+    wait_for("a good HTTP request to be served", 20, || {
+        post_padded().status == 200
+    });
+    // And again, each at once now that the stuck ones have given way.
+    for _ in 0..5 {
+        let (status, msg) = grpc_infer_padded(grpc, 1_000_000, Duration::ZERO, 64 << 10);
+        assert_eq!(status, "0", "{msg}");
+        let r = post_padded();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let t = Http::connect(c.http).get("/metrics").text();
+    hold.store(false, Ordering::Release);
+    let answered = stuck.join().unwrap();
+    assert!(
+        sample(&t, "fermata_http_bodies_evicted_total").unwrap_or(0.0) >= 1.0,
+        "stuck messages gave way: {t}"
+    );
+    assert!(
+        answered >= 1,
+        "the stuck streams were ended, {answered} answered"
+    );
     c.stop();
 }
 

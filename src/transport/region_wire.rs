@@ -125,6 +125,29 @@ impl AnswerHeader {
 /// can write them and call again.
 pub fn serve_requests(inb: &[u8], region: &Region, out: &mut Vec<u8>, flush_at: usize) -> usize {
     let mut pos = 0;
+    loop {
+        let (used, zeros) = serve_requests_streamed(&inb[pos..], region, out, flush_at);
+        pos += used;
+        if zeros == 0 {
+            return pos;
+        }
+        out.resize(out.len() + zeros as usize, 0);
+    }
+}
+
+/// [`serve_requests`], except that a probe's answer ([`super::PROBE_CAP`]:
+/// zeros) is not copied into `out`: its header is appended and it returns at
+/// once with the count of zeros the caller writes after `out`. So a reader
+/// that asks for many probes of the largest slot and never reads the answers
+/// makes its server hold `flush_at` bytes and a chunk of zeros, not a slot's
+/// length per request. Returns (bytes of `inb` used, zeros to write).
+pub fn serve_requests_streamed(
+    inb: &[u8],
+    region: &Region,
+    out: &mut Vec<u8>,
+    flush_at: usize,
+) -> (usize, u32) {
+    let mut pos = 0;
     while inb.len() - pos >= REQ_LEN && out.len() < flush_at {
         let mut r = [0u8; REQ_LEN];
         r.copy_from_slice(&inb[pos..pos + REQ_LEN]);
@@ -134,8 +157,13 @@ pub fn serve_requests(inb: &[u8], region: &Region, out: &mut Vec<u8>, flush_at: 
         out.extend_from_slice(&req.id.to_le_bytes());
         out.extend_from_slice(&ST_OK.to_le_bytes());
         out.extend_from_slice(&req.len.to_le_bytes());
-        let st = match region.read_slot(req.offset, req.len, req.cap, |b| out.extend_from_slice(b))
-        {
+        let probe = req.cap == super::PROBE_CAP;
+        let st = match region.read_slot(req.offset, req.len, req.cap, |b| {
+            if !probe {
+                out.extend_from_slice(b)
+            }
+        }) {
+            Ok(()) if probe && req.len > 0 => return (pos, req.len),
             Ok(()) => continue,
             Err(super::ReadError::Denied) => ST_DENIED,
             Err(_) => ST_OOB,
@@ -143,7 +171,7 @@ pub fn serve_requests(inb: &[u8], region: &Region, out: &mut Vec<u8>, flush_at: 
         out[hdr_at + 8..hdr_at + 12].copy_from_slice(&st.to_le_bytes());
         out[hdr_at + 12..hdr_at + 16].copy_from_slice(&0u32.to_le_bytes());
     }
-    pos
+    (pos, 0)
 }
 
 #[cfg(test)]
@@ -166,6 +194,56 @@ mod tests {
             cap: u64::MAX - 1,
         };
         assert_eq!(Request::decode(&r.encode()), r);
+    }
+
+    #[test]
+    fn a_probes_zeros_are_left_to_the_caller_and_the_answers_are_the_same() {
+        let region = Region::new(1, 1 << 26).unwrap();
+        let at = region.put(5, 55, b"hello").unwrap();
+        let mut inb = Vec::new();
+        for (id, offset, len, cap) in [
+            (1, 0, super::super::region::MAX_SLOT as u32, 0),
+            (2, at.offset, at.len, 55),
+            (3, 0, 0, 0),
+            (4, 0, u32::MAX, 0),
+            (5, 64, 1000, 0),
+        ] {
+            inb.extend_from_slice(
+                &Request {
+                    id,
+                    offset,
+                    len,
+                    cap,
+                }
+                .encode(),
+            );
+        }
+        // Streamed, as a server writes it: what `out` holds, then the zeros.
+        let (mut pos, mut wire, mut out, mut probes) = (0, Vec::new(), Vec::new(), 0);
+        let mut held = 0;
+        loop {
+            let (used, z) = serve_requests_streamed(&inb[pos..], &region, &mut out, 1 << 18);
+            held = held.max(out.len());
+            wire.append(&mut out);
+            wire.resize(wire.len() + z as usize, 0);
+            probes += usize::from(z > 0);
+            pos += used;
+            if used == 0 {
+                break;
+            }
+        }
+        assert_eq!(pos, inb.len());
+        assert_eq!(probes, 2, "two probes answered");
+        assert!(
+            held < 1 << 16,
+            "never a probe's length in the buffer: {held}"
+        );
+        let mut whole = Vec::new();
+        assert_eq!(
+            serve_requests(&inb, &region, &mut whole, usize::MAX),
+            inb.len()
+        );
+        assert_eq!(wire, whole, "the same bytes on the wire");
     }
 
     #[test]

@@ -21,6 +21,18 @@
 //!
 //! An answer is awaited at most until the next dial; the connection is then
 //! closed (a scheduler paused at that address holds it unanswered).
+//!
+//! # The rule, for every pair of terms
+//! A serving scheduler of term `own` that receives `Fence { term }` steps down
+//! when `term >= own` and answers with its own term otherwise
+//! ([`on_fence`]); the fencer steps down on an answer of a term newer than
+//! its own. So of the two exactly one serves on, whatever the terms: the
+//! higher term, and at equal terms the fencer. Equal terms happen when a
+//! standby takes over before it learnt its primary's term (the primary went
+//! before its first `Pong`, itself serving a term above 1 after an earlier
+//! takeover, and no node reached the standby first): a `Fence` comes only
+//! from a scheduler that took over from the one at this address, so at an
+//! equal term the one fenced is the one replaced.
 
 use crate::core::{Dur, Time};
 use crate::transport::ConnId;
@@ -43,6 +55,25 @@ pub enum Action {
     StepDown {
         term: u64,
     },
+}
+
+/// What a serving scheduler does with a `Fence` (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFence {
+    /// It was replaced: it steps down.
+    StepDown,
+    /// Its term is newer: it answers `Fence` with it (the fencer steps down).
+    Answer,
+}
+
+/// A serving scheduler of term `own` receiving `Fence { term: fence }`:
+/// steps down at a term as new as its own or newer, answers an older one.
+pub fn on_fence(own: u64, fence: u64) -> OnFence {
+    if fence >= own {
+        OnFence::StepDown
+    } else {
+        OnFence::Answer
+    }
 }
 
 /// The fencing (see the module docs).
@@ -173,6 +204,46 @@ mod tests {
 
     fn drain(f: &mut Fencer) -> Vec<Action> {
         std::iter::from_fn(|| f.poll_action()).collect()
+    }
+
+    /// For every pair of terms (ties, 0, the largest included), a fence
+    /// between two serving schedulers leaves exactly one serving: the
+    /// higher term, and at equal terms the fencer.
+    #[test]
+    fn a_fence_leaves_exactly_one_scheduler_serving_for_every_pair_of_terms() {
+        let terms = [0, 1, 2, 3, 4, 7, u64::MAX - 1, u64::MAX];
+        for &fencer_term in &terms {
+            for &fenced_term in &terms {
+                let mut f = Fencer::new(ms(0), "old", fencer_term, Dur::from_ms(200));
+                f.handle_timeout(ms(0));
+                f.handle_connected(ms(1), 3);
+                drain(&mut f);
+                // The fenced scheduler's side.
+                let fenced_serves = match on_fence(fenced_term, fencer_term) {
+                    OnFence::StepDown => false,
+                    OnFence::Answer => {
+                        f.handle_msg(ms(2), 3, Msg::Fence { term: fenced_term });
+                        true
+                    }
+                };
+                let fencer_serves = !drain(&mut f)
+                    .iter()
+                    .any(|a| matches!(a, Action::StepDown { .. }));
+                assert!(
+                    fencer_serves != fenced_serves,
+                    "fencer {fencer_term}, fenced {fenced_term}: exactly one serves"
+                );
+                let winner = if fencer_serves {
+                    fencer_term
+                } else {
+                    fenced_term
+                };
+                assert_eq!(winner, fencer_term.max(fenced_term));
+                if fencer_term == fenced_term {
+                    assert!(fencer_serves, "a tie goes to the fencer");
+                }
+            }
+        }
     }
 
     #[test]

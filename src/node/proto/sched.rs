@@ -31,8 +31,10 @@
 //! everything it sends ([`super::member`]). It **steps down**
 //! ([`Action::StepDown`]: an `Error` naming the newer term to every
 //! connection, then it serves no more) when it learns of a newer term:
-//! - a `Fence` from a scheduler of a newer term (the standby that replaced it
-//!   sends one to its address while it serves), or
+//! - a `Fence` from a scheduler of a newer term, or of its own term (the
+//!   standby that replaced it sends one to its address while it serves; at
+//!   an equal term it took over before it learnt this one's term, and the
+//!   tie goes to it: [`super::fence::on_fence`]), or
 //! - a node's `Ping` carrying a newer term, once a standby followed this
 //!   scheduler (so one may have replaced it).
 //!
@@ -613,8 +615,13 @@ impl SchedProto {
     fn newer_term(&mut self, c: ConnId, term: u64, fence: bool) {
         if fence || self.followed {
             let from = if fence { "a scheduler" } else { "a node" };
+            let than = if term == self.term {
+                "as new as"
+            } else {
+                "newer than"
+            };
             let why = format!(
-                "replaced: {from} serves or follows term {term}, newer than this scheduler's term {}",
+                "replaced: {from} serves or follows term {term}, {than} this scheduler's term {}",
                 self.term
             );
             return self.step_down(term, why);
@@ -714,12 +721,15 @@ impl SchedProto {
                 if !matches!(pc.peer, Peer::New) {
                     return self.reject(c, "Fence from a registered node".into());
                 }
-                if term > self.term {
-                    return self.newer_term(c, term, true);
-                }
-                if term < self.term {
+                match super::fence::on_fence(self.term, term) {
+                    // As new as this one's, or newer: the fencer took over
+                    // from this scheduler (at an equal term, before it
+                    // learnt this one's term).
+                    super::fence::OnFence::StepDown => {
+                        return self.newer_term(c, term, true);
+                    }
                     // Its sender serves an older term: it steps down on this.
-                    self.send(c, Msg::Fence { term: self.term });
+                    super::fence::OnFence::Answer => self.send(c, Msg::Fence { term: self.term }),
                 }
                 self.remove(c, format!("fence of term {term} answered"), false);
             }
@@ -2846,6 +2856,17 @@ pub(super) mod tests {
         p.handle_msg(Time(3), 6, Msg::Fence { term: 4 });
         let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
         assert_eq!(stepped(&acts), Some(4));
+        // A fence of its own term: the fencer took over from it before it
+        // learnt this term; the tie goes to the fencer.
+        let mut e = proto();
+        e.set_term(2);
+        e.handle_accept(Time(1), 5);
+        e.handle_msg(Time(1), 5, Msg::Fence { term: 2 });
+        let acts: Vec<Action> = std::iter::from_fn(|| e.poll_action()).collect();
+        assert_eq!(stepped(&acts), Some(2), "{acts:?}");
+        assert!(sent_on(&acts, 5)
+            .iter()
+            .all(|m| !matches!(m, Msg::Fence { .. })));
         // Its own fencer hearing a newer term does the same.
         let mut q = proto();
         q.handle_fenced(1);

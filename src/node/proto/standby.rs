@@ -445,6 +445,37 @@ mod tests {
         );
     }
 
+    /// A standby whose primary went before its first pong knows no term:
+    /// it takes over under 2, or above the term a node's held ping carried.
+    /// (Its old primary may serve a higher term, or the same: the fence
+    /// settles both, `super::super::fence::on_fence`.)
+    #[test]
+    fn a_standby_that_never_heard_a_pong_takes_over_under_the_term_after_what_nodes_told_it() {
+        let mut p = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        p.handle_timeout(ms(400));
+        assert!(
+            drain(&mut p)
+                .iter()
+                .any(|a| matches!(a, Action::TakeOver { term: 2, .. })),
+            "no term seen: 2"
+        );
+        let mut q = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        let ping = Msg::Ping {
+            seq: 1,
+            sent: ms(0),
+            ctrl_delay: Dur::ZERO,
+            pull: Dur::ZERO,
+            pull_per_mib: Dur::ZERO,
+            term: 5,
+        };
+        q.handle_msg(ms(350), 7, ping);
+        q.handle_timeout(ms(400));
+        match &drain(&mut q)[..] {
+            [.., Action::TakeOver { term: 6, held, .. }] => assert_eq!(held.len(), 1),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn it_takes_over_with_the_primary_s_last_assignment() {
         let hb = Dur::from_ms(100);

@@ -166,6 +166,19 @@ where
     Ok(status == ST_OK)
 }
 
+/// Zeros for probes' answers, written from here rather than copied into an
+/// answer buffer per probe.
+static ZERO_CHUNK: [u8; ANSWER_CHUNK] = [0u8; ANSWER_CHUNK];
+
+async fn write_zeros<W: AsyncWrite + Unpin>(wr: &mut W, mut n: usize) -> std::io::Result<()> {
+    while n > 0 {
+        let k = n.min(ZERO_CHUNK.len());
+        wr.write_all(&ZERO_CHUNK[..k]).await?;
+        n -= k;
+    }
+    Ok(())
+}
+
 async fn serve_reads<R, W>(rd: &mut R, wr: &mut W, region: &Region) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -183,10 +196,13 @@ where
         }
         let mut pos = 0;
         while inb.len() - pos >= REQ_LEN {
-            pos += rw::serve_requests(&inb[pos..], region, &mut out, ANSWER_CHUNK);
-            if out.len() >= ANSWER_CHUNK {
+            let (used, zeros) =
+                rw::serve_requests_streamed(&inb[pos..], region, &mut out, ANSWER_CHUNK);
+            pos += used;
+            if zeros > 0 || out.len() >= ANSWER_CHUNK {
                 wr.write_all(&out).await?;
                 out.clear();
+                write_zeros(wr, zeros as usize).await?;
             }
         }
         inb.drain(..pos);

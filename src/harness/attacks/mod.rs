@@ -12,6 +12,14 @@
 //!   connections to the frontend, each sending 48 MiB of an unfinished 64 MiB
 //!   frame. Bounded per connection by the frame limit, not refused: what
 //!   matters is that the memory goes back when they close.
+//! - **relay** ([`relay`]): a process without the secret holds the address
+//!   the nodes dial while the scheduler is down and relays their handshakes
+//!   to a frontend's real ports.
+//! - **amplify** ([`amplify`]): members send region reads that ask for far
+//!   more than they send, and never read the answers.
+
+pub mod amplify;
+pub mod relay;
 
 use super::procs::{ProcCluster, ProcOpts};
 use crate::transport::auth::{dial_std, ClusterKey, Service};
@@ -62,7 +70,7 @@ pub struct AttacksReport {
 }
 
 /// VmRSS of process `pid` in MB (NaN when unreadable).
-fn rss_mb(pid: u32) -> f64 {
+pub(crate) fn rss_mb(pid: u32) -> f64 {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return f64::NAN;
     };
