@@ -199,9 +199,8 @@ class HttpTest(unittest.TestCase):
 
     def test_loading_large_invalid_model(self):
         """Triton: a load request over its JSON size limit is refused with a
-        JSON error naming the limit. Fermata has no model load route (400,
-        test_model_control); the same limit holds for every body: over
-        --http-max-body-bytes, 413 with a JSON error naming it."""
+        JSON error naming the limit. Fermata's limit holds for every body:
+        over --http-max-body-bytes, 413 with a JSON error naming it."""
         r = requests.post(f"http://{URL}/v2/repository/models/mlp/load",
                           data=b"A" * (MAX_BODY + 1), timeout=30)
         self.assertNotEqual(r.status_code, 200)
@@ -312,10 +311,10 @@ class HTTPRequestManyChunksTest(unittest.TestCase):
         self._refused("/v2/repository/index", b"malformed JSON repository index request")
 
     def test_model_control(self):
-        """To load and unload: 400, Fermata has no model control (Triton: a
-        JSON parse error)."""
+        """To load and unload: 400, a JSON parse error (as Triton)."""
         for op in ["load", "unload"]:
-            self._refused(f"/v2/repository/models/mlp/{op}", b"extension is not supported")
+            self._refused(f"/v2/repository/models/mlp/{op}",
+                          f"malformed JSON {op} request".encode())
 
     def test_trace(self):
         """To trace settings: 400, not supported."""
