@@ -133,14 +133,18 @@ async def again_async(f, transient):
     raise AssertionError(f"still dropped or late after {TRIES} tries: {last}")
 
 
-def run(doc, checks, make_ctx, ready):
-    """Parses --url and --models, makes the context, waits until `ready(ctx)`
-    (20 s at most), then runs every check; the exit status."""
+def run(doc, checks, make_ctx, ready, extra=()):
+    """Parses --url, --models and the options named in `extra` (each
+    required), makes the context (`make_ctx(url, models, *extra values)`),
+    waits until `ready(ctx)` (20 s at most), then runs every check; the exit
+    status."""
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--url", required=True)
     ap.add_argument("--models", default="models")
+    for name in extra:
+        ap.add_argument(f"--{name}", required=True)
     a = ap.parse_args()
-    c = make_ctx(a.url, a.models)
+    c = make_ctx(a.url, a.models, *[getattr(a, n) for n in extra])
     deadline = time.time() + 20
     while True:
         try:

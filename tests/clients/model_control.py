@@ -13,7 +13,6 @@ Run by `cargo test --test clients`. One line per check; exits 1 on the first
 failure, 0 when all pass.
 """
 
-import argparse
 import os
 import sys
 import threading
@@ -26,13 +25,14 @@ from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (GRPC_TRANSIENT, HTTP_TRANSIENT, Checks, Reference,  # noqa: E402
-                     again, expect, transient_status)
+                     again, expect, run, transient_status)
 
 check = Checks()
 
 
 class Ctx:
-    def __init__(self, http, grpc, models):
+    def __init__(self, http, models, grpc):
+        self.url = http
         self.http = httpclient.InferenceServerClient(url=http, concurrency=8)
         self.grpc = grpcclient.InferenceServerClient(url=grpc)
         self.ref = Reference(models)
@@ -116,7 +116,7 @@ def under_load(c):
     lock = threading.Lock()
 
     def client():
-        cl = httpclient.InferenceServerClient(url=URL)
+        cl = httpclient.InferenceServerClient(url=c.url)
         while not stop.is_set():
             x = np.ones((1, 64), dtype=np.float32)
             i = httpclient.InferInput("input", [1, 64], "FP32")
@@ -153,39 +153,5 @@ def under_load(c):
     expect(all(s.startswith(("429", "504")) for s in counts["other"]), counts["other"][:5])
 
 
-URL = None
-
-
-def main():
-    global URL
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--grpc", required=True)
-    ap.add_argument("--models", default="models")
-    a = ap.parse_args()
-    URL = a.url
-    c = Ctx(a.url, a.grpc, a.models)
-    deadline = time.time() + 20
-    while True:
-        try:
-            if c.http.is_server_ready():
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if time.time() > deadline:
-            print("not ready in 20 s", file=sys.stderr)
-            return 1
-        time.sleep(0.1)
-    for name, f in check.all:
-        try:
-            f(c)
-        except Exception as e:  # noqa: BLE001 - report which check and why
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-            return 1
-        print(f"ok   {name}")
-    print(f"{len(check.all)} checks passed")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__, check, Ctx, lambda c: c.http.is_server_ready(), extra=("grpc",)))

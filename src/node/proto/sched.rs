@@ -1516,24 +1516,9 @@ impl SchedProto {
         if !self.control.takes_requests(model) || !self.subs.start(now, model, to) {
             return false;
         }
-        let info = self.cfg.models[model.idx()].clone();
-        tracing::info!(model = %info.name, from = self.subs.home(model), to, "scheduler: model moves");
-        for c in self.sub_conns(to) {
-            if let Some(pc) = self.conns.get_mut(&c) {
-                match &mut pc.peer {
-                    Peer::Loading { missing, .. } | Peer::Backend { missing, .. } => {
-                        missing.insert(model);
-                    }
-                    _ => continue,
-                }
-            }
-            self.send(
-                c,
-                Msg::LoadModel {
-                    model: info.clone(),
-                },
-            );
-        }
+        let name = &self.cfg.models[model.idx()].name;
+        tracing::info!(model = %name, from = self.subs.home(model), to, "scheduler: model moves");
+        self.load_on(to, model);
         // (check_moves brings the report's move counts up to date.)
         self.check_moves(now);
         true
@@ -1567,24 +1552,7 @@ impl SchedProto {
             Decision::Load => {
                 tracing::info!(model = %name, "scheduler: model load asked");
                 self.load_since.insert(model, now);
-                let home = self.subs.home(model);
-                let info = self.cfg.models[model.idx()].clone();
-                for b in self.sub_conns(home) {
-                    if let Some(pc) = self.conns.get_mut(&b) {
-                        match &mut pc.peer {
-                            Peer::Loading { missing, .. } | Peer::Backend { missing, .. } => {
-                                missing.insert(model);
-                            }
-                            _ => continue,
-                        }
-                    }
-                    self.send(
-                        b,
-                        Msg::LoadModel {
-                            model: info.clone(),
-                        },
-                    );
-                }
+                self.load_on(self.subs.home(model), model);
             }
             Decision::KeepLoaded => {
                 tracing::info!(model = %name, "scheduler: model load asked while it drained; it stays");
@@ -1671,6 +1639,28 @@ impl SchedProto {
             self.unload(home, m);
         }
         self.tell_states();
+    }
+
+    /// Sub-cluster `sub`'s backends (in service or loading) load `model`,
+    /// each waiting for its confirmation.
+    fn load_on(&mut self, sub: u32, model: ModelId) {
+        let info = self.cfg.models[model.idx()].clone();
+        for c in self.sub_conns(sub) {
+            if let Some(pc) = self.conns.get_mut(&c) {
+                match &mut pc.peer {
+                    Peer::Loading { missing, .. } | Peer::Backend { missing, .. } => {
+                        missing.insert(model);
+                    }
+                    _ => continue,
+                }
+            }
+            self.send(
+                c,
+                Msg::LoadModel {
+                    model: info.clone(),
+                },
+            );
+        }
     }
 
     /// A move before its switch is off: the target's backends unload the model.
