@@ -607,7 +607,7 @@ mod tests {
         };
         // Nothing placed yet: the first WARM_AHEAD bytes (whole pages).
         let m = wait_for(WARM_AHEAD - 4096);
-        assert!(m >= WARM_AHEAD - 4096 && m <= WARM_AHEAD, "mapped {m}");
+        assert!((WARM_AHEAD - 4096..=WARM_AHEAD).contains(&m), "mapped {m}");
         // Slots up to 100 MiB: mapped to WARM_AHEAD past them.
         let big = vec![7u8; 10 << 20];
         let mut refs = Vec::new();
