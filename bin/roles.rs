@@ -1120,8 +1120,9 @@ pub struct ServeGoodputArgs {
     #[arg(long, default_value = "inproc")]
     transport: String,
     /// Search the goodput twice, in the same run: with the models' own input
-    /// size, then with every input B bytes; prints both and their ratio, and
-    /// the pull budget's accuracy at 0.8 x the second goodput.
+    /// size, then with every input B bytes; prints both and their ratio, the
+    /// pull budget's accuracy at 0.8 x the second goodput, and the machine's
+    /// memory-copy bandwidth with the rate it bounds (two copies per input).
     #[arg(long, value_name = "B")]
     input_bytes: Option<u32>,
     /// Print JSON.
