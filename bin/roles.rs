@@ -1169,8 +1169,9 @@ pub struct ServeGoodputArgs {
     #[arg(long, default_value = "inproc")]
     transport: String,
     /// Search the goodput twice, in the same run: with the models' own input
-    /// size, then with every input B bytes; prints both and their ratio, and
-    /// the pull budget's accuracy at 0.8 x the second goodput.
+    /// size, then with every input B bytes; prints both and their ratio, the
+    /// pull budget's accuracy at 0.8 x the second goodput, and the machine's
+    /// memory-copy bandwidth with the rate it bounds (two copies per input).
     #[arg(long, value_name = "B")]
     input_bytes: Option<u32>,
     /// Print JSON.
@@ -1319,7 +1320,11 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                     live.goodput_rps
                 );
             }
+            // What the machine copies now, before and after the search (the
+            // large inputs' goodput is bounded by it; see bench::copy).
+            let bw0 = fermata::bench::copy::copy_bandwidth(b as usize, Duration::from_millis(500));
             let g = goodput_search_with(&w_big, &o, &so, |o| Ok(probe(&w_big, o)?.load.sim))?;
+            let bw1 = fermata::bench::copy::copy_bandwidth(b as usize, Duration::from_millis(500));
             // The pull budget's accuracy at 0.8 x that goodput.
             let mut o8 = o.clone();
             o8.rate_rps = 0.8 * g.goodput_rps;
@@ -1346,6 +1351,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 budget,
                 actual,
                 r.load.sim.max_model_bad_rate(),
+                0.5 * (bw0 + bw1),
             ))
         }
     };
@@ -1374,6 +1380,8 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 "pull_budget_p50_us": big.as_ref().map(|b| b.4),
                 "pull_p50_us": big.as_ref().map(|b| b.5),
                 "accuracy_bad_rate": big.as_ref().map(|b| b.6),
+                "copy_bytes_per_s": big.as_ref().map(|b| b.7),
+                "copy_bound_rps": big.as_ref().map(|b| b.7 / (2.0 * b.0 as f64)),
                 "live_goodput_rps": live.goodput_rps,
                 "ratio": ratio,
                 "sim_batch_distribution_pct": dist(&sim),
@@ -1392,12 +1400,18 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         "goodput ({} GPUs, {} executor, {}, {}): live {:.1} r/s, simulator {:.1} r/s, live/simulator {:.3}",
         w.gpus, executor, w.name, a.transport, live.goodput_rps, sim.goodput_rps, ratio
     );
-    if let Some((b, g, rate, over, budget, actual, bad)) = &big {
+    if let Some((b, g, rate, over, budget, actual, bad, bw)) = &big {
         println!(
             "goodput with {b}-byte inputs: {:.1} r/s, {:.3} of the default inputs' {:.1} r/s",
             g.goodput_rps,
             g.goodput_rps / live.goodput_rps,
             live.goodput_rps
+        );
+        let bound = bw / (2.0 * *b as f64);
+        println!(
+            "memory copies now: {:.2} GB/s (one thread, {b}-byte inputs, pools past the caches; mean of before and after the search); two copies per input on the server's path bound the rate at {bound:.1} r/s: the goodput is {:.3} of that bound",
+            bw / 1e9,
+            g.goodput_rps / bound
         );
         println!(
             "pull budget at {rate:.1} r/s (0.8 x): {:.2}% of batches overran it; median budget {budget:.0} us / median pull {actual:.0} us = {:.2}; bad {:.3}%",

@@ -319,14 +319,14 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
         req: 7,
         model: "nope".into(),
         slo: Dur::ZERO,
-        input: vec![1, 2, 3],
+        input: vec![1, 2, 3].into(),
     })
     .unwrap();
     conn.send(Msg::Infer {
         req: 8,
         model: "small".into(),
         slo: Dur(-5),
-        input: vec![1, 2, 3],
+        input: vec![1, 2, 3].into(),
     })
     .unwrap();
     let mut seen = std::collections::HashMap::new();
@@ -371,7 +371,7 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
             req,
             model: "small".into(),
             slo: Dur::ZERO,
-            input: vec![5; 2048],
+            input: vec![5; 2048].into(),
         })
         .unwrap();
         let (status, message, output) = reply(req);

@@ -216,7 +216,7 @@ fn a_huge_slo_is_refused_and_the_frontend_goes_on() {
             req,
             model: "small".into(),
             slo: Dur(slo),
-            input: vec![1; 64],
+            input: vec![1; 64].into(),
         });
         let (status, message) = reply(req);
         assert_eq!(status, Outcome::Failed, "{message}");
@@ -228,7 +228,7 @@ fn a_huge_slo_is_refused_and_the_frontend_goes_on() {
         req: 10,
         model: "small".into(),
         slo: Dur::ZERO,
-        input: vec![1; 64],
+        input: vec![1; 64].into(),
     });
     let (status, message) = reply(10);
     assert_ne!(status, Outcome::Failed, "{message}");

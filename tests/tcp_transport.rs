@@ -114,7 +114,7 @@ fn many_messages_batched_large_and_small() {
         req: i,
         model: "resnet".into(),
         slo: Dur::ZERO,
-        input: vec![(i % 251) as u8; 150 * 1024],
+        input: vec![(i % 251) as u8; 150 * 1024].into(),
     };
     let t0 = Instant::now();
     for i in 0..n {

@@ -377,7 +377,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                 req,
                 model,
                 slo: Dur(slo_ns),
-                input,
+                input: input.into(),
             })
             .boxed(),
         (
@@ -690,7 +690,7 @@ fn some_msgs() -> Vec<Msg> {
             req: 9,
             model: "m".into(),
             slo: Dur::ZERO,
-            input: (0..=255).collect(),
+            input: (0..=255u8).collect::<Vec<u8>>().into(),
         },
         Msg::ListModels,
     ]
@@ -749,7 +749,7 @@ fn the_largest_frame_decodes() {
         req: 1,
         model: String::new(),
         slo: Dur::ZERO,
-        input: vec![7; MAX_FRAME - fixed],
+        input: vec![7; MAX_FRAME - fixed].into(),
     };
     let frame = encode_to_vec(&msg);
     assert_eq!(frame.len(), 4 + MAX_FRAME);
@@ -852,7 +852,7 @@ fn strings_over_max_str() {
                 req: 0,
                 model: long(),
                 slo: Dur::ZERO,
-                input: vec![],
+                input: Default::default(),
             },
             "Infer.model",
         ),
@@ -975,7 +975,7 @@ fn hostile_lengths_do_not_allocate() {
                 req: 0,
                 model: String::new(),
                 slo: Dur::ZERO,
-                input: vec![],
+                input: Default::default(),
             }),
             "Infer.input",
             MAX_FRAME,

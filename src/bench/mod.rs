@@ -5,6 +5,7 @@
 pub mod autoscale;
 pub mod cases;
 pub mod compare;
+pub mod copy;
 pub mod fig15;
 pub mod oracle;
 pub mod partition;

@@ -240,7 +240,7 @@ fn list_models(c: &dyn Conn, rx: &Receiver<Event>) -> Result<Vec<ModelInfo>> {
 /// each pooled input's output must be.
 struct Inputs {
     names: Vec<String>,
-    pools: Vec<Vec<Vec<u8>>>,
+    pools: Vec<Vec<bytes::Bytes>>,
     expect: Vec<Vec<Expect>>,
 }
 
@@ -268,7 +268,9 @@ impl Inputs {
             inputs.names.push(info.name.clone());
             let (p, expect) = model_pool(info, o.pool.max(1), &mut rng)?;
             inputs.expect.push(expect);
-            inputs.pools.push(p);
+            inputs
+                .pools
+                .push(p.into_iter().map(bytes::Bytes::from).collect());
         }
         Ok(inputs)
     }
@@ -445,6 +447,7 @@ impl<'a> Driver<'a> {
                     req,
                     model: self.inputs.names[m].clone(),
                     slo: Dur::ZERO,
+                    // Shared: the pooled input is sent without a copy.
                     input: self.inputs.pools[m][pool as usize].clone(),
                 });
                 if let Err(e) = sent {

@@ -259,6 +259,21 @@ impl Wire for Vec<u8> {
     }
 }
 
+/// As `Vec<u8>`; decoded into a buffer of its own.
+impl Wire for bytes::Bytes {
+    const MIN: usize = 4;
+    fn size(&self) -> usize {
+        4 + self.len()
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&len32(self.len()).to_le_bytes());
+        out.extend_from_slice(self);
+    }
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        Vec::<u8>::get(r, field).map(bytes::Bytes::from)
+    }
+}
+
 /// u32 count + items; at most [`MAX_ITEMS`] items.
 impl<T: Wire> Wire for Vec<T> {
     const MIN: usize = 4;
@@ -947,7 +962,7 @@ mod tests {
                 req: 42,
                 model: "resnet50".into(),
                 slo: Dur::ZERO,
-                input: vec![9; 4096],
+                input: vec![9; 4096].into(),
             },
             Msg::InferReply {
                 req: 42,

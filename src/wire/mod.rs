@@ -414,11 +414,13 @@ pub enum Msg {
     },
     // ---- client <-> frontend ----
     /// A client's inference request (`slo` zero: the model's default SLO).
+    /// The input is shared, not owned: a client that sends one input many
+    /// times, in process, sends it without a copy.
     Infer {
         req: u64,
         model: String,
         slo: Dur,
-        input: Vec<u8>,
+        input: bytes::Bytes,
     },
     InferReply {
         req: u64,

@@ -544,7 +544,7 @@ impl Loop {
                 model,
                 slo,
                 input,
-            } => self.infer(Client::Conn(c, req), &model, slo, input, Instant::now()),
+            } => self.infer(Client::Conn(c, req), &model, slo, &input, Instant::now()),
             Msg::ListModels => {
                 if let Some(conn) = self.clients.get(&c) {
                     let _ = conn.send(Msg::Models {

@@ -109,7 +109,13 @@ impl Loop {
     }
 
     pub(super) fn local(&mut self, l: LocalInfer) {
-        self.infer(Client::Local(l.reply), &l.model, l.slo, l.input, l.received);
+        self.infer(
+            Client::Local(l.reply),
+            &l.model,
+            l.slo,
+            &l.input,
+            l.received,
+        );
     }
 
     /// Admits a request (its task goes out with the next `Submit`) or refuses it.
@@ -120,7 +126,7 @@ impl Loop {
         client: Client,
         model: &str,
         slo: Dur,
-        input: Vec<u8>,
+        input: &[u8],
         received: Instant,
     ) {
         self.report.requests += 1;
@@ -155,7 +161,7 @@ impl Loop {
         }
         let mid = m.id;
         let cap = self.caps.next_cap();
-        let Some(r) = self.region.put(self.ledger.next_id().0, cap, &input) else {
+        let Some(r) = self.region.put(self.ledger.next_id().0, cap, input) else {
             let why = format!(
                 "input region full or input too large ({} bytes)",
                 input.len()
