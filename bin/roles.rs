@@ -191,8 +191,9 @@ pub const SECRET_ENV: &str = "FERMATA_CLUSTER_SECRET_FILE";
 pub struct SecretArgs {
     /// The cluster secret: a file only its owner can read (make one with
     /// `fermata secret PATH`); every node of a cluster must have the same.
-    /// Every internal connection opens with an HMAC challenge-response over
-    /// it. Default: $FERMATA_CLUSTER_SECRET_FILE.
+    /// Every internal connection runs a Noise channel keyed by it (each
+    /// side proves the secret and every frame is authenticated and
+    /// encrypted; docs/security.md). Default: $FERMATA_CLUSTER_SECRET_FILE.
     #[arg(long, value_name = "PATH")]
     cluster_secret_file: Option<PathBuf>,
 }
