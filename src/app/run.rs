@@ -146,6 +146,8 @@ pub struct AppRun {
     /// Parents still to finish of each join, per context.
     joins: HashMap<(usize, Vec<u32>), usize>,
     outstanding: usize,
+    /// Cancelled tasks that have not reported since.
+    unreported: usize,
     last_done: Time,
     ended: bool,
 }
@@ -174,6 +176,7 @@ impl AppRun {
             by_ctx: HashMap::new(),
             joins: HashMap::new(),
             outstanding: 0,
+            unreported: 0,
             last_done: arrival,
             ended: false,
         };
@@ -210,6 +213,7 @@ impl AppRun {
             Some(State::Outstanding) => Ok(Some(i)),
             Some(State::Cancelled) => {
                 self.state[i] = State::Discarded;
+                self.unreported -= 1;
                 Ok(None)
             }
             Some(_) => Err(AppError::NotOutstanding(key)),
@@ -234,6 +238,7 @@ impl AppRun {
             }
         }
         self.outstanding = 0;
+        self.unreported = cancelled.len();
         End {
             outcome,
             outputs: None,
@@ -451,6 +456,11 @@ impl AppRun {
     /// Tasks created so far.
     pub fn tasks_created(&self) -> usize {
         self.tasks.len()
+    }
+    /// Tasks cancelled by the end that have not reported since (a driver that
+    /// waits for every report keeps the request until this is 0).
+    pub fn unreported(&self) -> usize {
+        self.unreported
     }
     pub fn ended(&self) -> bool {
         self.ended
