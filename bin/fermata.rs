@@ -307,6 +307,11 @@ enum BenchCmd {
     /// Multi-model application planners on seeded workloads: cost normalised to
     /// `fermata`, agreement with `exact`, time per plan, Harpagon's ablations.
     Planners(plan_app::BenchPlannersArgs),
+    /// Generated applications served in the simulator: the cheapest GPU set at
+    /// which each setup (planner + runtime + deadline rule) keeps 99% of
+    /// requests within the SLO, against harpagon + throughput-cost dispatch;
+    /// each planner's predicted worst case against the simulated p99.
+    Apps(plan_app::BenchAppsArgs),
 }
 
 #[derive(Args)]
@@ -834,6 +839,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Autoscale(a)) => plan::cmd_bench_autoscale(a),
         Cmd::Bench(BenchCmd::Fig15(a)) => plan::cmd_bench_fig15(a),
         Cmd::Bench(BenchCmd::Planners(a)) => plan_app::cmd_bench_planners(a),
+        Cmd::Bench(BenchCmd::Apps(a)) => plan_app::cmd_bench_apps(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

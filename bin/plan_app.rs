@@ -286,3 +286,97 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchAppsArgs {
+    /// Generated applications (the planner benchmark's generator).
+    #[arg(long, default_value_t = 100)]
+    apps: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Price of the 1080Ti over the A100's (A100 = 1.0).
+    #[arg(long, default_value_t = 0.35)]
+    price_ratio: f64,
+    /// Application requests each simulation aims to count.
+    #[arg(long, default_value_t = 1000)]
+    requests: u64,
+    /// Simulations at most per application and setup.
+    #[arg(long, default_value_t = 30)]
+    max_sims: usize,
+    /// Write the CDF of cost / harpagon+tc's (SVG) to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_apps(a: BenchAppsArgs) -> Result<()> {
+    use fermata::bench::apps as ba;
+    if a.apps == 0 || a.apps > 100_000 {
+        bail!("--apps must be in 1..=100000");
+    }
+    if !(a.price_ratio.is_finite() && a.price_ratio > 0.0 && a.price_ratio <= 100.0) {
+        bail!("--price-ratio must be in (0, 100]");
+    }
+    if a.requests == 0 || a.requests > 1_000_000 {
+        bail!("--requests must be in 1..=1000000");
+    }
+    if a.max_sims == 0 || a.max_sims > 10_000 {
+        bail!("--max-sims must be in 1..=10000");
+    }
+    let o = ba::Options {
+        apps: a.apps,
+        seed: a.seed,
+        price_ratio: a.price_ratio,
+        requests: a.requests,
+        max_sims: a.max_sims,
+    };
+    let json = a.json;
+    let r = ba::run(&o, |i| {
+        if !json && (i + 1) % 10 == 0 {
+            eprintln!("{} applications served", i + 1);
+        }
+    });
+    if let Some(p) = &a.plot {
+        std::fs::write(p, ba::cdf_svg(&r)).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{} applications, seed {}, price ratio {} (A100 = 1.0); cost: the cheapest whole machines (price x count) at which the simulator keeps {}% of requests within the SLO",
+        r.apps,
+        r.seed,
+        r.price_ratio,
+        r.target_good * 100.0
+    );
+    println!(
+        "{:<17} {:>7} {:>8} {:>10} {:>9} {:>7} {:>14} {:>14} {:>6}",
+        "setup",
+        "served",
+        "compared",
+        "mean/harp",
+        "max/harp",
+        "above",
+        "p99<=predicted",
+        "p99/pred p50",
+        "sims"
+    );
+    for s in &r.setups {
+        println!(
+            "{:<17} {:>7} {:>8} {:>10.3} {:>9.3} {:>7} {:>14} {:>14.3} {:>6}",
+            s.setup,
+            s.served,
+            s.compared,
+            s.ratio_mean,
+            s.ratio_max,
+            s.above_reference,
+            s.p99_within_predicted,
+            s.p99_over_predicted_median,
+            s.sims
+        );
+    }
+    println!("mean/harp, max/harp, above: cost / harpagon+tc's over the applications both served; p99<=predicted: applications whose simulated p99 at the plan's machines is within the plan's predicted worst case (whose latency model holds)");
+    Ok(())
+}

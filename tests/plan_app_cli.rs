@@ -134,3 +134,38 @@ fn bench_planners_writes_the_cdf_and_states_the_cost_it_compares() {
     assert!(s.contains("<svg") && s.contains("nexus"), "{s}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn bench_apps_serves_generated_applications_and_compares_to_harpagon() {
+    let dir = std::env::temp_dir().join(format!("fermata-bench-apps-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("cdf.svg");
+    let (code, out, err) = fermata(&[
+        "bench",
+        "apps",
+        "--apps",
+        "2",
+        "--requests",
+        "200",
+        "--max-sims",
+        "3",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for setup in [
+        "fermata+deferred",
+        "fermata+static",
+        "harpagon+tc",
+        "nexus+nexus",
+    ] {
+        assert!(out.contains(setup), "{out}");
+    }
+    assert!(out.contains("p99<=predicted"), "{out}");
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.contains("<svg") && s.contains("harpagon+tc"), "{s}");
+    let (code, _, err) = fermata(&["bench", "apps", "--apps", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--apps"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

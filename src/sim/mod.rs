@@ -6,8 +6,10 @@
 //! runtime uses), never a copy of it.
 
 pub use crate::arrivals;
+pub mod apps;
 pub mod churn;
 pub mod cluster;
+pub mod tc;
 
 pub use crate::run::{
     new_hist, quantile_of_counts, ModelResult, PlanRecord, RunOptions, RunResult,

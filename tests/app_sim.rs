@@ -1,0 +1,166 @@
+//! The simulator serving applications: requests end exactly once, modules run only
+//! on the GPU type and lanes they were planned on, fan-out counts drive the tasks.
+
+use fermata::app::{Budgets, DeadlineRule, EdgeSpec, Graph, Step};
+use fermata::core::{Dur, LatencyProfile, Policy, Time};
+use fermata::sim::apps::{
+    check_placements, simulate_app, AppSim, AppSimOptions, FanoutDist, Placement, Runtime,
+    SubCluster,
+};
+use std::sync::Arc;
+
+/// det (type a100, 1 machine) --fanout--> cls (type t4, 2 machines x 2 lanes).
+fn det_cls(fanout: FanoutDist, rate: f64) -> AppSim {
+    let graph = Arc::new(
+        Graph::new(
+            vec![Step::new("det", "ssd"), Step::new("cls", "resnet")],
+            &[EdgeSpec::fanout("det", "cls")],
+            &["det", "cls"],
+        )
+        .unwrap(),
+    );
+    let budgets = Budgets::new(
+        &graph,
+        vec![Dur::from_ms(30), Dur::from_ms(40)],
+        Dur::from_ms(100),
+    )
+    .unwrap();
+    let sc = |module, gpu_type, machines, lanes, alpha, beta| SubCluster {
+        module,
+        gpu_type,
+        machines,
+        lanes,
+        profile: LatencyProfile::linear_ms(alpha, beta, 16).unwrap(),
+        weight: 1.0,
+        tc_batch: 4,
+        tc_ratio: 1.0,
+    };
+    let mean = fermata::sim::apps::fanout_mean(&fanout);
+    AppSim {
+        graph,
+        budgets,
+        rule: DeadlineRule::SlackForwarding,
+        rate_rps: rate,
+        fanout: vec![Some(fanout)],
+        gpu_types: vec!["a100".into(), "t4".into()],
+        subclusters: vec![sc(0, 0, 1, 1, 0.5, 3.0), sc(1, 1, 2, 2, 1.0, 6.0)],
+        module_rates: vec![rate, rate * mean],
+    }
+}
+
+fn opts(runtime: Runtime) -> AppSimOptions {
+    AppSimOptions {
+        runtime,
+        seed: 7,
+        warmup: Dur::from_ms(500),
+        duration: Dur::from_secs_f64(3.0),
+        check: true,
+        fanout_jump: None,
+    }
+}
+
+#[test]
+fn every_runtime_serves_a_fanned_out_app_on_its_planned_types_and_lanes() {
+    for runtime in [
+        Runtime::Core(Policy::Deferred),
+        Runtime::Nexus,
+        Runtime::ThroughputCost,
+    ] {
+        let sim = det_cls(FanoutDist::Poisson(3.0), 100.0);
+        let r = simulate_app(&sim, &opts(runtime));
+        let name = runtime.name();
+        // The run's own checks passed (it panics otherwise); what they saw:
+        assert_eq!(r.ended, r.requests, "{name}");
+        assert!(r.offered > 200, "{name}: {}", r.offered);
+        assert_eq!(r.good + r.late + r.failed, r.offered, "{name}");
+        assert!(r.good_fraction() > 0.9, "{name}: {}", r.good_fraction());
+        assert!(r.tasks[1] > 2 * r.tasks[0], "{name}: {:?}", r.tasks);
+        for p in &r.placements {
+            assert_eq!(p.gpu_type, p.module, "{name}: {p:?}");
+        }
+        assert!(check_placements(&sim, &r.placements).is_ok());
+    }
+}
+
+#[test]
+fn lanes_run_batches_at_once_on_one_machine_but_never_two_on_one_lane() {
+    let sim = det_cls(FanoutDist::Const(6), 150.0);
+    let r = simulate_app(&sim, &opts(Runtime::Core(Policy::Deferred)));
+    let cls: Vec<&Placement> = r.placements.iter().filter(|p| p.module == 1).collect();
+    // Both lanes of a machine were used, and at some moment both at once.
+    let overlap = cls.iter().any(|a| {
+        cls.iter().any(|b| {
+            a.machine == b.machine && a.lane != b.lane && a.start < b.finish && b.start < a.finish
+        })
+    });
+    assert!(overlap, "no two lanes of one machine ever overlapped");
+    assert!(check_placements(&sim, &r.placements).is_ok());
+}
+
+#[test]
+fn the_placement_check_catches_a_wrong_type_module_lane_or_overlap() {
+    let sim = det_cls(FanoutDist::Const(1), 10.0);
+    let ok = Placement {
+        module: 1,
+        subcluster: 1,
+        gpu_type: 1,
+        machine: 1,
+        lane: 1,
+        start: Time(0),
+        finish: Time(10),
+    };
+    assert!(check_placements(&sim, &[ok]).is_ok());
+    let e = check_placements(&sim, &[Placement { gpu_type: 0, ..ok }]).unwrap_err();
+    assert!(
+        e.contains("GPU type a100") && e.contains("planned on t4"),
+        "{e}"
+    );
+    let e = check_placements(&sim, &[Placement { module: 0, ..ok }]).unwrap_err();
+    assert!(
+        e.contains("'det'") && e.contains("planned for 'cls'"),
+        "{e}"
+    );
+    let e = check_placements(&sim, &[Placement { lane: 2, ..ok }]).unwrap_err();
+    assert!(e.contains("outside"), "{e}");
+    let later = Placement {
+        start: Time(5),
+        finish: Time(15),
+        ..ok
+    };
+    let e = check_placements(&sim, &[ok, later]).unwrap_err();
+    assert!(e.contains("two batches at once"), "{e}");
+    // The other lane of the same machine may overlap.
+    assert!(check_placements(&sim, &[ok, Placement { lane: 0, ..later }]).is_ok());
+}
+
+#[test]
+fn fanout_zero_runs_only_the_first_module() {
+    let sim = det_cls(FanoutDist::Const(0), 50.0);
+    let r = simulate_app(&sim, &opts(Runtime::Core(Policy::Deferred)));
+    assert_eq!(r.tasks[1], 0);
+    assert!(r.tasks[0] > 0);
+    assert_eq!(r.good, r.offered);
+}
+
+#[test]
+fn overload_ends_every_request_once_with_late_or_expired_ones() {
+    // Far more items than the classifiers serve: tasks expire, requests end late.
+    let sim = det_cls(FanoutDist::Trace(vec![20, 0, 40]), 200.0);
+    for runtime in [Runtime::Core(Policy::Deferred), Runtime::ThroughputCost] {
+        let r = simulate_app(&sim, &opts(runtime));
+        assert_eq!(r.ended, r.requests);
+        assert!(r.late > 0, "{}: {r:?}", runtime.name());
+        assert!(r.good_fraction() < 0.9);
+    }
+}
+
+#[test]
+fn a_fanout_jump_multiplies_the_tasks_after_it() {
+    let sim = det_cls(FanoutDist::Const(1), 50.0);
+    let mut o = opts(Runtime::Core(Policy::Deferred));
+    let base = simulate_app(&sim, &o);
+    o.fanout_jump = Some((Time::ZERO, 0, 3.0));
+    let jumped = simulate_app(&sim, &o);
+    let ratio = jumped.tasks[1] as f64 / base.tasks[1] as f64;
+    assert!((2.5..3.5).contains(&ratio), "{ratio}");
+}
