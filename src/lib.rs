@@ -1,3 +1,4 @@
+pub mod app;
 pub mod arrivals;
 pub mod bench;
 pub mod core;

@@ -108,6 +108,16 @@ fn scan(dir: &[&str], must: &[&str]) -> Vec<String> {
 }
 
 #[test]
+fn the_application_state_machine_has_no_threads_sockets_or_clock() {
+    let bad = scan(&["src", "app"], &["mod.rs", "run.rs"]);
+    assert!(
+        bad.is_empty(),
+        "src/app must stay sans-IO (time is an argument):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
 fn node_protocol_machines_have_no_threads_sockets_or_clock() {
     let bad = scan(
         &["src", "node", "proto"],
@@ -135,6 +145,7 @@ fn production_modules_never_import_the_simulator_or_the_benches() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     for d in [
+        "app",
         "core",
         "node",
         "runtime",
