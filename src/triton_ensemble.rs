@@ -264,7 +264,11 @@ pub fn parse(c: &pb::ModelConfig, dir_name: &str) -> Result<EnsembleConfig> {
         steps.push(EnsembleStep {
             name: step_name,
             model: s.model_name.clone(),
-            input_map: s.input_map.iter().map(|(a, b)| (a.clone(), b.clone())).collect(),
+            input_map: s
+                .input_map
+                .iter()
+                .map(|(a, b)| (a.clone(), b.clone()))
+                .collect(),
             output_map: s
                 .output_map
                 .iter()
@@ -272,7 +276,11 @@ pub fn parse(c: &pb::ModelConfig, dir_name: &str) -> Result<EnsembleConfig> {
                 .collect(),
         });
     }
-    let param = |k: &str| c.parameters.get(k).map(|p| p.string_value.trim().to_string());
+    let param = |k: &str| {
+        c.parameters
+            .get(k)
+            .map(|p| p.string_value.trim().to_string())
+    };
     let mut fanout = Vec::new();
     if let Some(v) = param(FANOUT_PARAMETER) {
         for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -281,9 +289,7 @@ pub fn parse(c: &pb::ModelConfig, dir_name: &str) -> Result<EnsembleConfig> {
                 None => (item, None),
             };
             if tensor.is_empty() || count.is_some_and(str::is_empty) {
-                bail!(
-                    "parameters[{FANOUT_PARAMETER:?}]: {item:?} is not TENSOR or TENSOR:COUNT"
-                );
+                bail!("parameters[{FANOUT_PARAMETER:?}]: {item:?} is not TENSOR or TENSOR:COUNT");
             }
             if fanout.iter().any(|f: &Fanout| f.tensor == tensor) {
                 bail!("parameters[{FANOUT_PARAMETER:?}]: tensor {tensor:?} is listed twice");
@@ -498,7 +504,10 @@ pub fn resolve(
             None => None,
             Some(c) => {
                 let &(cs, co) = produced.get(c.as_str()).ok_or_else(|| {
-                    anyhow!("{p}: the count {c:?} of {:?} is not produced by a step", f.tensor)
+                    anyhow!(
+                        "{p}: the count {c:?} of {:?} is not produced by a step",
+                        f.tensor
+                    )
                 })?;
                 if cs != step {
                     bail!(
@@ -800,21 +809,34 @@ parameters { key: "slo_ms" value: { string_value: "40" } }
 
     #[test]
     fn parameters_are_checked_by_name() {
-        let with = |p: &str| {
-            APP.to_string() + &format!("parameters {{ key: {p} }}\n")
-        };
+        let with = |p: &str| APP.to_string() + &format!("parameters {{ key: {p} }}\n");
         let e = parsed(&with(
             r#""fermata.budgets_ms" value: { string_value: "det=5, cls=20" }"#,
         ))
         .unwrap();
         assert_eq!(resolve(&e, models).unwrap().budgets_ms, vec![5.0, 20.0]);
-        let e = parsed(&with(r#""fermata.deadline" value: { string_value: "static" }"#)).unwrap();
+        let e = parsed(&with(
+            r#""fermata.deadline" value: { string_value: "static" }"#,
+        ))
+        .unwrap();
         assert_eq!(e.rule, Rule::Static);
         for (p, field) in [
-            (r#""fermata.deadline" value: { string_value: "soon" }"#, "fermata.deadline"),
-            (r#""fermata.budgets_ms" value: { string_value: "det=5" }"#, "cls"),
-            (r#""fermata.budgets_ms" value: { string_value: "det=5,cls=x" }"#, "STEP=MS"),
-            (r#""fermata.budgets_ms" value: { string_value: "det=5,zz=1" }"#, "zz"),
+            (
+                r#""fermata.deadline" value: { string_value: "soon" }"#,
+                "fermata.deadline",
+            ),
+            (
+                r#""fermata.budgets_ms" value: { string_value: "det=5" }"#,
+                "cls",
+            ),
+            (
+                r#""fermata.budgets_ms" value: { string_value: "det=5,cls=x" }"#,
+                "STEP=MS",
+            ),
+            (
+                r#""fermata.budgets_ms" value: { string_value: "det=5,zz=1" }"#,
+                "zz",
+            ),
         ] {
             let e = parsed(&with(p)).unwrap_err().to_string();
             assert!(e.contains(field), "{p}: {e}");
@@ -824,9 +846,22 @@ parameters { key: "slo_ms" value: { string_value: "40" } }
     #[test]
     fn bad_wiring_is_refused_naming_the_field() {
         for (from, to, field) in [
-            ("BOXES:COUNT", "BOXES", "LABELS"), // without the fan-out, cls gets [8, 4]
-            ("model_name: \"cls\"", "model_name: \"nope\"", "step[1].model_name"),
-            ("key: \"x\" value: \"BOXES\"", "key: \"x\" value: \"NOPE\"", "NOPE"),
+            // Without the fan-out, cls would get [8, 4].
+            (
+                r#"parameters { key: "fermata.fanout" value: { string_value: "BOXES:COUNT" } }"#,
+                "",
+                "step[1].input_map",
+            ),
+            (
+                "model_name: \"cls\"",
+                "model_name: \"nope\"",
+                "step[1].model_name",
+            ),
+            (
+                "key: \"x\" value: \"BOXES\"",
+                "key: \"x\" value: \"NOPE\"",
+                "NOPE",
+            ),
             ("key: \"y\" value", "key: \"z\" value", "output_map[\"z\"]"),
             ("BOXES:COUNT", "BOXES:LABELS", "count"),
             ("BOXES:COUNT", "IMAGE", "fermata.fanout"),
