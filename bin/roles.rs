@@ -795,6 +795,10 @@ pub struct FrontendArgs {
     /// Serve the KServe v2 HTTP API (and /metrics) at ADDR (host:port).
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
+    /// Serve the applications (ensembles, `platform: "ensemble"`) of the
+    /// model repository DIR over the scheduler's models (docs/applications.md).
+    #[arg(long, value_name = "DIR")]
+    apps: Option<std::path::PathBuf>,
     /// Serve the KServe v2 / Triton gRPC API at ADDR (host:port), with the
     /// HTTP API's limits (--http-threads, --http-max-body-bytes per message,
     /// --http-max-tensor-bytes).
@@ -815,6 +819,9 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     o.advertise = a.advertise;
     o.region_bytes = a.region_mib << 20;
     o.name = a.name;
+    if let Some(d) = &a.apps {
+        o.apps = fermata::triton_ensemble::load_all(d)?;
+    }
     if let Some(l) = &a.http_listen {
         o.http = Some(a.http.opts(l)?);
     }
@@ -1500,6 +1507,12 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         model_spin_us: a.model_spin_us,
         executor: a.executor.clone(),
         models_dir: a.models.clone(),
+        // A real executor serves the repository: its ensembles too.
+        apps: if a.executor == "emulated" {
+            Vec::new()
+        } else {
+            fermata::triton_ensemble::load_all(&a.models)?
+        },
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
         epoch: a.subclusters.epoch_opts()?,
         control: a.control.opts()?,

@@ -3,6 +3,7 @@
 
     PYTHONPATH=.deps/py python3 scripts/gen_models.py [OUT_DIR]
     PYTHONPATH=.deps/py python3 scripts/gen_models.py --large [OUT_DIR]
+    PYTHONPATH=.deps/py python3 scripts/gen_models.py --apps [OUT_DIR]
 
 With --large it writes the real-size models into models/large/ instead (not
 committed; scripts/setup.sh runs it when they are missing): `resnet50` (the
@@ -11,6 +12,13 @@ standard ResNet-50 v1.5 architecture, random weights, FP32, about 100 MB) and
 with its metadata STEM.json. They have no STEM.ref.json (their inputs are too
 large for a readable file); scripts/check_http.py compares them with ONNX Runtime
 run directly in Python instead.
+
+With --apps it writes only the application repository models/apps/ (it is
+also written with the shipped models): Triton model directories `detector` (a
+detector-like model: 8 candidate patches of 64 features in, the patches whose
+score passes 0.5 out, first and in input order, their scores and their count),
+`mlp` (the shipped classifier) and the ensemble `detect_classify`, which fans
+each detected patch out to `mlp` (docs/applications.md).
 
 (scripts/setup.sh installs the pinned onnx, onnxruntime and numpy into .deps/py.)
 
@@ -254,6 +262,137 @@ def resnet50(fp16=False):
     return model, ins, outs, doc, 50.0
 
 
+DET_SLOTS = 8
+DET_FEATURES = 64
+DET_THRESHOLD = 0.5
+
+
+def detector():
+    """FP32 [-1,8,64] -> items [-1,8,64], scores [-1,8], count INT64 [-1,1].
+
+    Each of the 8 candidate patches gets the score sigmoid(patch . w); the
+    patches whose score passes 0.5 come first, in input order, then zero rows:
+    `count` says how many there are (the fixed-slot layout of detectors'
+    outputs, e.g. TensorRT's EfficientNMS). A patch a*w/|w| scores sigmoid(a|w|),
+    so a test picks how many pass by the sign of a."""
+    rng = np.random.default_rng(1004)
+    k, f = DET_SLOTS, DET_FEATURES
+    inits = {
+        "w": (rng.standard_normal((f, 1)) / np.sqrt(f)).astype(np.float32),
+        "slot_key": (-np.arange(k, dtype=np.float32) / (2.0 * k)).reshape(1, k),
+        "sixteen": np.array([16.0], dtype=np.float32),
+        "threshold": np.array([DET_THRESHOLD], dtype=np.float32),
+        "k": np.array([k], dtype=np.int64),
+        "axis1": np.array([1], dtype=np.int64),
+        "axis2": np.array([2], dtype=np.int64),
+    }
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["patches", "w"], ["logit3"]),
+        n("Squeeze", ["logit3", "axis2"], ["logit"]),
+        n("Sigmoid", ["logit"], ["score"]),
+        n("Greater", ["score", "threshold"], ["pass"]),
+        n("Cast", ["pass"], ["passf"], to=TensorProto.FLOAT),
+        n("ReduceSum", ["passf", "axis1"], ["countf"], keepdims=1),
+        n("Cast", ["countf"], ["count"], to=TensorProto.INT64),
+        # Passing patches first, each group in input order: a key of 16 for a
+        # pass, less a little per slot.
+        n("Mul", ["passf", "sixteen"], ["pass16"]),
+        n("Add", ["pass16", "slot_key"], ["key"]),
+        n("TopK", ["key", "k"], ["key_sorted", "order"], axis=1, largest=1, sorted=1),
+        n("GatherElements", ["passf", "order"], ["kept"], axis=1),
+        n("GatherElements", ["score", "order"], ["score_sorted"], axis=1),
+        n("Mul", ["score_sorted", "kept"], ["scores"]),
+        n("Unsqueeze", ["order", "axis2"], ["order3"]),
+        n("Shape", ["patches"], ["pshape"]),
+        n("Expand", ["order3", "pshape"], ["order_rows"]),
+        n("GatherElements", ["patches", "order_rows"], ["rows"], axis=1),
+        n("Unsqueeze", ["kept", "axis2"], ["kept3"]),
+        n("Mul", ["rows", "kept3"], ["items"]),
+    ]
+    doc = "detector-like: 8 patches scored, those over 0.5 first, with their count"
+    ins = [("patches", TensorProto.FLOAT, [-1, k, f])]
+    outs = [
+        ("items", TensorProto.FLOAT, [-1, k, f]),
+        ("scores", TensorProto.FLOAT, [-1, k]),
+        ("count", TensorProto.INT64, [-1, 1]),
+    ]
+    return finish("detector", nodes, inits, ins, outs, doc), ins, outs, doc
+
+
+PBTXT_TYPE = {TensorProto.FLOAT: "TYPE_FP32", TensorProto.INT64: "TYPE_INT64"}
+
+
+def pbtxt_tensors(ts):
+    return ",\n".join(
+        f'  {{ name: "{n}" data_type: {PBTXT_TYPE[e]} dims: [ {", ".join(str(d) for d in s[1:])} ] }}'
+        for n, e, s in ts
+    )
+
+
+def triton_dir(out, model, ins, outs, max_batch, slo_ms):
+    """OUT/NAME/config.pbtxt and OUT/NAME/1/model.onnx."""
+    name = model.graph.name
+    os.makedirs(os.path.join(out, name, "1"), exist_ok=True)
+    onnx.save(model, os.path.join(out, name, "1", "model.onnx"))
+    with open(os.path.join(out, name, "config.pbtxt"), "w") as f:
+        f.write(
+            f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch}\n'
+            f"input [\n{pbtxt_tensors(ins)}\n]\noutput [\n{pbtxt_tensors(outs)}\n]\n"
+            f'parameters {{ key: "slo_ms" value: {{ string_value: "{slo_ms:g}" }} }}\n'
+        )
+
+
+ENSEMBLE = """# An application: the detector's patches that pass its threshold, each
+# classified by mlp. ITEMS fans out: each of its first COUNT rows becomes
+# one request to mlp (docs/applications.md, "Serving an application").
+name: "detect_classify"
+platform: "ensemble"
+max_batch_size: 16
+input [
+  { name: "PATCHES" data_type: TYPE_FP32 dims: [ 8, 64 ] }
+]
+output [
+  { name: "LOGITS" data_type: TYPE_FP32 dims: [ 10 ] },
+  { name: "SCORES" data_type: TYPE_FP32 dims: [ 8 ] },
+  { name: "COUNT" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "detector"
+      model_version: -1
+      input_map { key: "patches" value: "PATCHES" }
+      output_map { key: "items" value: "ITEMS" }
+      output_map { key: "scores" value: "SCORES" }
+      output_map { key: "count" value: "COUNT" }
+    },
+    {
+      model_name: "mlp"
+      model_version: -1
+      input_map { key: "input" value: "ITEMS" }
+      output_map { key: "logits" value: "LOGITS" }
+    }
+  ]
+}
+parameters { key: "fermata.fanout" value: { string_value: "ITEMS:COUNT" } }
+parameters { key: "fermata.deadline" value: { string_value: "slack-forwarding" } }
+parameters { key: "slo_ms" value: { string_value: "50" } }
+"""
+
+
+def write_apps(out):
+    """models/apps: the detector, mlp and the ensemble detect_classify."""
+    model, ins, outs, _ = detector()
+    triton_dir(out, model, ins, outs, 16, 20.0)
+    model, ins, outs, _, slo = mlp()
+    triton_dir(out, model, ins, outs, MAX_BATCH, slo)
+    os.makedirs(os.path.join(out, "detect_classify"), exist_ok=True)
+    with open(os.path.join(out, "detect_classify", "config.pbtxt"), "w") as f:
+        f.write(ENSEMBLE)
+    print(f"wrote {out}/detector, {out}/mlp, {out}/detect_classify")
+
+
 def save_model(out, model, ins, outs, doc, slo_ms):
     """Writes OUT/STEM.onnx and its metadata OUT/STEM.json; returns the .onnx path."""
     name = model.graph.name
@@ -326,6 +465,10 @@ def main():
         out = args[1] if len(args) > 1 else os.path.join(os.path.dirname(__file__), "..", "models", "large")
         write_large(out)
         return
+    if args and args[0] == "--apps":
+        out = args[1] if len(args) > 1 else os.path.join(os.path.dirname(__file__), "..", "models", "apps")
+        write_apps(out)
+        return
     out = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "models")
     os.makedirs(out, exist_ok=True)
     for make in (mlp, cnn, ranker):
@@ -355,6 +498,7 @@ def main():
         }
         write_ref(os.path.join(out, f"{name}.ref.json"), ref)
         print(f"wrote {path} ({os.path.getsize(path)} bytes), {name}.json, {name}.ref.json")
+    write_apps(os.path.join(out, "apps"))
 
 
 if __name__ == "__main__":

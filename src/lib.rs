@@ -13,6 +13,7 @@ pub mod run;
 pub mod runtime;
 pub mod sim;
 pub mod transport;
+pub mod triton_ensemble;
 pub mod triton_repo;
 pub mod wire;
 pub mod workload;

@@ -749,7 +749,8 @@ pub fn model_file(dir: &Path, name: &str) -> Result<PathBuf> {
 
 /// Loads every model in `dir`, sorted by name, with its metadata and its
 /// profile for `executor`: each `NAME.onnx` (with `NAME.json`) and each Triton
-/// model directory `NAME/config.pbtxt` ([`crate::triton_repo`]). A model
+/// model directory `NAME/config.pbtxt` ([`crate::triton_repo`]); ensembles
+/// are applications, not models ([`crate::triton_ensemble::load_all`]). A model
 /// without a profile is refused with the command that makes one; two models of
 /// one name are refused.
 pub fn load_repository(dir: &Path, executor: &str) -> Result<Vec<RepoModel>> {
@@ -760,6 +761,7 @@ pub fn load_repository(dir: &Path, executor: &str) -> Result<Vec<RepoModel>> {
         .filter(|p| {
             p.extension().and_then(|e| e.to_str()) == Some("onnx") && p.is_file()
                 || crate::triton_repo::is_model_dir(p)
+                    && !crate::triton_ensemble::is_ensemble_dir(p)
         })
         .collect();
     entries.sort();

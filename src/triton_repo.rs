@@ -166,7 +166,7 @@ fn dtype(field: &str, t: i32) -> Result<DType> {
 }
 
 /// One tensor: `[-1]` (the batch) followed by `dims`, each fixed and positive.
-fn tensor(field: &str, name: &str, data_type: i32, dims: &[i64]) -> Result<TensorMeta> {
+pub(crate) fn tensor(field: &str, name: &str, data_type: i32, dims: &[i64]) -> Result<TensorMeta> {
     if name.is_empty() {
         bail!("{field}.name: empty");
     }
@@ -218,8 +218,8 @@ pub fn to_meta(c: &pb::ModelConfig, dir_name: &str) -> Result<ModelMeta> {
         )
     {
         bail!(
-            "platform: \"ensemble\": ensembles are not served from a model repository; \
-             serve their models one by one"
+            "platform: \"ensemble\": an ensemble is an application, served by the frontend \
+             over its models, not loaded as a model (docs/applications.md)"
         );
     }
     if !matches!(c.platform.as_str(), "" | "onnxruntime_onnx")

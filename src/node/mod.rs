@@ -5,6 +5,7 @@
 //! `fermata serve` runs them all in one process over the in-process transport.
 
 pub mod advertise;
+pub mod apps;
 pub mod autoscaler;
 pub mod backend;
 pub mod clock;

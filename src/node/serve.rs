@@ -35,6 +35,8 @@ pub struct ClusterOpts {
     /// models' files are.
     pub executor: String,
     pub models_dir: std::path::PathBuf,
+    /// The applications (ensembles) the frontends serve over the models.
+    pub apps: Vec<crate::triton_ensemble::EnsembleConfig>,
     /// `cuda`: the CUDA device of each GPU of a backend (default: GPU g on device g).
     pub cuda_devices: Option<Vec<u32>>,
     /// The scheduler's frontrun slack (`SchedulerOpts::min_slack`).
@@ -59,6 +61,7 @@ impl Default for ClusterOpts {
             model_spin_us: 20,
             executor: "emulated".into(),
             models_dir: "models".into(),
+            apps: Vec::new(),
             cuda_devices: None,
             min_slack: SchedulerOpts::default().min_slack,
             epoch: Default::default(),
@@ -163,6 +166,7 @@ impl Cluster {
             fo.data_listen = format!("{}:0", o.host);
             fo.region_bytes = o.region_bytes;
             fo.name = format!("frontend{f}");
+            fo.apps = o.apps.clone();
             if f == 0 {
                 if let Some(h) = &o.http {
                     let mut h = h.clone();

@@ -8,6 +8,7 @@ use super::stats::ModelStats;
 use super::Ended;
 use crate::core::Dur;
 use crate::metrics::{Counter, Registry};
+use crate::node::apps::ServedApp;
 use crate::node::clock::Delays;
 use crate::runtime::clock::Clock;
 use crate::wire::{DropReason, ModelInfo};
@@ -72,6 +73,8 @@ pub(super) struct LocalInfer {
 /// What a frontend shares with its in-process clients.
 pub(super) struct FrontendState {
     models: Vec<ModelInfo>,
+    /// The applications served over the models (ensembles).
+    apps: Vec<Arc<ServedApp>>,
     pub(super) sched_ok: AtomicBool,
     pub(super) gpus: AtomicU32,
     /// Times the frontend lost the scheduler and joined again.
@@ -102,6 +105,7 @@ impl FrontendState {
     /// service; in-process requests go to `tx`.
     pub(super) fn new(
         models: Vec<ModelInfo>,
+        apps: Vec<Arc<ServedApp>>,
         gpus: u32,
         registry: Arc<Registry>,
         tx: Sender<LocalInfer>,
@@ -117,6 +121,7 @@ impl FrontendState {
                 .map(|m| ModelStats::new(crate::node::exec::max_batch_of(m)))
                 .collect(),
             models,
+            apps,
             sched_ok: AtomicBool::new(true),
             gpus: AtomicU32::new(gpus),
             rejoins: AtomicU64::new(0),
@@ -158,6 +163,10 @@ impl FrontendHandle {
     /// The models served (as the scheduler announced them).
     pub fn models(&self) -> &[ModelInfo] {
         &self.state.models
+    }
+    /// The applications served (ensembles over the models).
+    pub fn apps(&self) -> &[Arc<ServedApp>] {
+        &self.state.apps
     }
     pub fn scheduler_connected(&self) -> bool {
         self.state.scheduler_connected()

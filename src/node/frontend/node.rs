@@ -58,8 +58,10 @@ impl FrontendNode {
         let reg_msg = register_msg(&opts, addr.clone(), region_info);
         let mut reg = register(&*transport, tx.clone(), &rx, &clock, &opts, reg_msg)?;
         let (ltx, lrx) = bounded(LOCAL_MAX);
+        let apps = crate::node::apps::serve_apps(&opts.apps, &reg.models)?;
         let state = Arc::new(FrontendState::new(
             reg.models.clone(),
+            apps,
             reg.gpus,
             registry.clone(),
             ltx,

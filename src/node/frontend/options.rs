@@ -23,6 +23,9 @@ pub struct FrontendOpts {
     pub http: Option<crate::node::http::HttpOpts>,
     /// Serve the KServe v2 gRPC API too.
     pub grpc: Option<crate::node::grpc::GrpcOpts>,
+    /// The applications (ensembles of the model repository) served over the
+    /// scheduler's models, by the HTTP and gRPC APIs.
+    pub apps: Vec<crate::triton_ensemble::EnsembleConfig>,
 }
 
 impl FrontendOpts {
@@ -38,6 +41,7 @@ impl FrontendOpts {
             scheduler_timeout: Duration::from_millis(2000),
             http: None,
             grpc: None,
+            apps: Vec::new(),
         }
     }
 }

@@ -36,7 +36,7 @@ use crate::node::frontend::FrontendHandle;
 use crate::node::http::errors::Fail;
 use crate::node::http::model::Models;
 use crate::node::http::request::{decode_parsed, InferRequest, InputTensor, OutputRequest};
-use crate::node::http::response::{check_done, output_raw, Summary};
+use crate::node::http::response::{app_output_raw, check_done, output_raw, Summary};
 use crate::node::http::server::{AcceptErrors, NoteRead, Stamped};
 use crate::node::http::triton::{config_type, queue_timeout_us};
 use crate::repo::{DType, ModelMeta};
@@ -201,7 +201,7 @@ impl GrpcServer {
         let addr = std_listener.local_addr()?;
         let metrics = fe.metrics();
         let svc = Svc {
-            models: Models::new(fe.models()),
+            models: Models::new(fe.models(), fe.apps()),
             fe,
             max_tensor: o.max_tensor_bytes,
         };
@@ -535,6 +535,11 @@ impl Svc {
         };
         let d = decode_parsed(meta, req, &bin, self.max_tensor).map_err(status)?;
         drop(bin);
+        if let Some(app) = &self.models[i].app {
+            return self
+                .infer_app(app, meta, d, r.id, final_flag, received)
+                .await;
+        }
         let done = self
             .fe
             .infer_samples(i, d.slo, d.samples, received)
@@ -597,6 +602,98 @@ impl Svc {
     }
 }
 
+impl Svc {
+    /// One inference of an application: each sample its own application
+    /// request; the outputs of every sample in order (a fanned-out output
+    /// has a row per item).
+    async fn infer_app(
+        &self,
+        app: &Arc<crate::node::apps::ServedApp>,
+        meta: &ModelMeta,
+        d: crate::node::http::request::Decoded,
+        id: String,
+        final_flag: bool,
+        received: Instant,
+    ) -> Result<pb::ModelInferResponse, Status> {
+        let n = d.samples.len();
+        let done = crate::node::apps::run_samples(
+            app.clone(),
+            self.fe.clone(),
+            d.slo,
+            d.samples,
+            received,
+        )
+        .await
+        .map_err(|_| Status::unavailable("the frontend is stopping"))?;
+        let mut ok = Vec::with_capacity(n);
+        let mut failed = None;
+        for (j, x) in done.into_iter().enumerate() {
+            match x {
+                Ok(x) => ok.push(x),
+                Err((code, msg)) => {
+                    let msg = if n > 1 {
+                        format!("sample {j} of the request's {n}: {msg}")
+                    } else {
+                        msg
+                    };
+                    failed = Some((code, msg));
+                    break;
+                }
+            }
+        }
+        app.stats.request(failed.is_none(), received.elapsed());
+        if let Some(f) = failed {
+            return Err(status(f));
+        }
+        let mut resp = pb::ModelInferResponse {
+            model_name: meta.name.clone(),
+            model_version: "1".into(),
+            id,
+            ..Default::default()
+        };
+        for o in &d.outputs {
+            let (datatype, shape, bytes) = app_output_raw(meta, o, &ok);
+            resp.outputs
+                .push(pb::model_infer_response::InferOutputTensor {
+                    name: meta.outputs[o.index].name.clone(),
+                    datatype: datatype.to_string(),
+                    shape,
+                    ..Default::default()
+                });
+            resp.raw_output_contents.push(bytes);
+        }
+        let param = |p| pb::InferParameter {
+            parameter_choice: Some(p),
+        };
+        let most = |f: fn(&crate::node::apps::AppDone) -> f64| ok.iter().map(f).fold(0.0, f64::max);
+        let params = [
+            (
+                "fermata_latency_us",
+                ParameterChoice::DoubleParam(most(|x| x.latency.as_secs_f64() * 1e6)),
+            ),
+            (
+                "fermata_queue_us",
+                ParameterChoice::DoubleParam(most(|x| x.queue.as_secs_f64() * 1e6)),
+            ),
+            (
+                "fermata_batch_size",
+                ParameterChoice::Int64Param(
+                    ok.iter().map(|x| x.batch_size).max().unwrap_or(0) as i64
+                ),
+            ),
+        ];
+        resp.parameters
+            .extend(params.into_iter().map(|(k, v)| (k.to_string(), param(v))));
+        if final_flag {
+            resp.parameters.insert(
+                "triton_final_response".into(),
+                param(ParameterChoice::BoolParam(true)),
+            );
+        }
+        Ok(resp)
+    }
+}
+
 fn tensors(ts: &[crate::repo::TensorMeta]) -> Vec<pb::model_metadata_response::TensorMetadata> {
     ts.iter()
         .map(|t| pb::model_metadata_response::TensorMetadata {
@@ -605,6 +702,48 @@ fn tensors(ts: &[crate::repo::TensorMeta]) -> Vec<pb::model_metadata_response::T
             shape: t.shape.clone(),
         })
         .collect()
+}
+
+/// An application's configuration as Triton gives an ensemble's.
+fn app_config(
+    app: &crate::node::apps::ServedApp,
+    input: Vec<tc::ModelInput>,
+    output: Vec<tc::ModelOutput>,
+) -> tc::ModelConfig {
+    let meta = &app.meta;
+    let step = app
+        .steps()
+        .iter()
+        .map(|s| tc::model_ensembling::Step {
+            model_name: s.model.clone(),
+            model_version: -1,
+            input_map: s.input_map.clone().into_iter().collect(),
+            output_map: s.output_map.clone().into_iter().collect(),
+            ..Default::default()
+        })
+        .collect();
+    let mut parameters = HashMap::new();
+    parameters.insert(
+        "slo_ms".to_string(),
+        tc::ModelParameter {
+            string_value: meta.slo_ms.to_string(),
+        },
+    );
+    tc::ModelConfig {
+        name: meta.name.clone(),
+        platform: "ensemble".into(),
+        max_batch_size: meta.max_batch as i32,
+        input,
+        output,
+        scheduling_choice: Some(tc::model_config::SchedulingChoice::EnsembleScheduling(
+            tc::ModelEnsembling {
+                step,
+                ..Default::default()
+            },
+        )),
+        parameters,
+        ..Default::default()
+    }
 }
 
 fn data_type(d: DType) -> i32 {
@@ -678,9 +817,12 @@ impl GrpcInferenceService for Arc<Svc> {
             name: self.models[i].info.name.clone(),
             versions: vec!["1".into()],
             // The same name as the model's configuration gives.
-            platform: crate::node::http::triton::platform(self.models[i].info.meta().is_none())
-                .0
-                .into(),
+            platform: match self.models[i].app {
+                Some(_) => "ensemble".into(),
+                None => crate::node::http::triton::platform(self.models[i].info.meta().is_none())
+                    .0
+                    .into(),
+            },
             inputs: tensors(&meta.inputs),
             outputs: tensors(&meta.outputs),
         }))
@@ -790,6 +932,11 @@ impl GrpcInferenceService for Arc<Svc> {
                 string_value: meta.slo_ms.to_string(),
             },
         );
+        if let Some(app) = &self.models[i].app {
+            return Ok(Response::new(pb::ModelConfigResponse {
+                config: Some(app_config(app, input, output)),
+            }));
+        }
         let config = tc::ModelConfig {
             name: meta.name.clone(),
             platform: platform.into(),
@@ -840,7 +987,9 @@ impl GrpcInferenceService for Arc<Svc> {
         };
         let mut model_stats = Vec::new();
         for i in which {
-            let Some(s) = self.fe.stats(i) else { continue };
+            let Some(s) = self.models[i].stats(&self.fe, i) else {
+                continue;
+            };
             let v = s.snapshot();
             let n = v.compute_infer.count;
             let zero = |count| duration(crate::node::frontend::stats::Stat { count, ns: 0 });

@@ -61,7 +61,7 @@ fn drop_text(c: DropReason) -> &'static str {
 }
 
 /// The status code of a request that ended as `ended`.
-pub(super) fn status_of(ended: Ended) -> StatusCode {
+pub(in crate::node) fn status_of(ended: Ended) -> StatusCode {
     match ended {
         Ended::Good => StatusCode::OK,
         Ended::Late | Ended::TimedOut => StatusCode::GATEWAY_TIMEOUT,
@@ -81,7 +81,7 @@ pub(super) fn status_of(ended: Ended) -> StatusCode {
 }
 
 /// The error message of a request of model `info` that did not end good.
-pub(super) fn failure_message(info: &ModelInfo, d: InferDone) -> String {
+pub(in crate::node) fn failure_message(info: &ModelInfo, d: InferDone) -> String {
     let ms = |x: Duration| x.as_secs_f64() * 1e3;
     match d.ended {
         Ended::Late => format!(

@@ -2,11 +2,13 @@
 //! metadata, or synthesized for emulated, profile-only models) and its KServe v2
 //! metadata document.
 
+use crate::node::apps::ServedApp;
 use crate::node::exec::max_batch_of;
 use crate::repo::{DType, ModelMeta, TensorMeta};
 use crate::wire::ModelInfo;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The models an API serves, by index and by name (the HTTP and gRPC APIs').
 pub(in crate::node) struct Models {
@@ -15,8 +17,14 @@ pub(in crate::node) struct Models {
 }
 
 impl Models {
-    pub(in crate::node) fn new(infos: &[ModelInfo]) -> Models {
-        let list: Vec<HttpModel> = infos.iter().map(HttpModel::new).collect();
+    /// The models `infos`, then the applications `apps`.
+    pub(in crate::node) fn new(infos: &[ModelInfo], apps: &[Arc<ServedApp>]) -> Models {
+        let mut list: Vec<HttpModel> = infos.iter().map(HttpModel::new).collect();
+        list.extend(apps.iter().map(|a| HttpModel {
+            info: a.info(),
+            meta: Ok(a.meta.clone()),
+            app: Some(a.clone()),
+        }));
         let by_name = list
             .iter()
             .enumerate()
@@ -58,6 +66,8 @@ pub(in crate::node) struct HttpModel {
     pub(in crate::node) info: ModelInfo,
     /// Its tensors (synthesized for emulated models), or why its metadata is bad.
     pub(in crate::node) meta: Result<ModelMeta, String>,
+    /// The application, when this is one (an ensemble over the models).
+    pub(in crate::node) app: Option<Arc<ServedApp>>,
 }
 
 impl HttpModel {
@@ -87,6 +97,7 @@ impl HttpModel {
         HttpModel {
             info: info.clone(),
             meta,
+            app: None,
         }
     }
 
@@ -103,10 +114,25 @@ impl HttpModel {
             "name": self.info.name,
             "versions": ["1"],
             // The same name as the model's configuration gives.
-            "platform": super::triton::platform(self.info.meta().is_none()).0,
+            "platform": match self.app {
+                Some(_) => "ensemble",
+                None => super::triton::platform(self.info.meta().is_none()).0,
+            },
             "inputs": t(&meta.inputs),
             "outputs": t(&meta.outputs),
         })
+    }
+
+    /// Its statistics: the frontend's of model `i`, or the application's.
+    pub(in crate::node) fn stats<'a>(
+        &'a self,
+        fe: &'a crate::node::frontend::FrontendHandle,
+        i: usize,
+    ) -> Option<&'a crate::node::frontend::stats::ModelStats> {
+        match &self.app {
+            Some(a) => Some(&a.stats),
+            None => fe.stats(i),
+        }
     }
 
     /// The model's metadata, or why it is bad.

@@ -93,10 +93,62 @@ pub(super) fn answer(
     done: &[InferDone],
 ) -> Result<Resp, Fail> {
     check_done(info, meta, done)?;
-    let (outs, bin) = output_tensors(meta, outputs, done);
-    let sum = Summary::of(done);
+    let (outs, bin) = output_tensors(meta, outputs, |o| output_raw(meta, o, done));
+    Ok(finish(
+        &info.name,
+        id,
+        outputs,
+        outs,
+        bin,
+        Summary::of(done),
+    ))
+}
+
+/// The HTTP answer for a finished application request: each sample's
+/// answer, in order; one sample that failed fails the request with its status.
+pub(super) fn app_answer(
+    meta: &ModelMeta,
+    id: &Option<Value>,
+    outputs: &[OutSpec],
+    done: Vec<Result<crate::node::apps::AppDone, Fail>>,
+) -> Result<Resp, Fail> {
+    let n = done.len();
+    let mut ok = Vec::with_capacity(n);
+    for (j, d) in done.into_iter().enumerate() {
+        match d {
+            Ok(d) => ok.push(d),
+            Err((code, msg)) if n > 1 => {
+                return Err((code, format!("sample {j} of the request's {n}: {msg}")))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let (outs, bin) = output_tensors(meta, outputs, |o| app_output_raw(meta, o, &ok));
+    let sum = Summary {
+        latency_us: ok
+            .iter()
+            .map(|d| d.latency.as_secs_f64() * 1e6)
+            .fold(0.0, f64::max),
+        queue_us: ok
+            .iter()
+            .map(|d| d.queue.as_secs_f64() * 1e6)
+            .fold(0.0, f64::max),
+        batch_size: ok.iter().map(|d| d.batch_size).max().unwrap_or(0),
+    };
+    Ok(finish(&meta.name, id, outputs, outs, bin, sum))
+}
+
+/// The response of a good request: its JSON part, then its binary outputs.
+fn finish(
+    name: &str,
+    id: &Option<Value>,
+    outputs: &[OutSpec],
+    outs: Vec<Value>,
+    bin: Vec<u8>,
+    sum: Summary,
+) -> Resp {
     let mut body = json!({
-        "model_name": info.name,
+        "model_name": name,
         "model_version": "1",
         "outputs": outs,
         "parameters": {
@@ -110,7 +162,7 @@ pub(super) fn answer(
     }
     let head = body.to_string();
     if bin.is_empty() && !outputs.iter().any(|o| o.binary) {
-        return Ok(respond(StatusCode::OK, "application/json", head));
+        return respond(StatusCode::OK, "application/json", head);
     }
     let hl = head.len();
     let mut all = head.into_bytes();
@@ -120,7 +172,48 @@ pub(super) fn answer(
         HEADER_LEN,
         HeaderValue::from_str(&hl.to_string()).expect("a number is a header value"),
     );
-    Ok(r)
+    r
+}
+
+/// One requested output of an application's answers: the rows of every
+/// sample, in order (a fanned-out output has as many as its items), as
+/// [`output_raw`] gives a model's.
+pub(in crate::node) fn app_output_raw(
+    meta: &ModelMeta,
+    o: &OutSpec,
+    done: &[crate::node::apps::AppDone],
+) -> (&'static str, Vec<i64>, Vec<u8>) {
+    let t = &meta.outputs[o.index];
+    let rows = done
+        .iter()
+        .flat_map(|d| d.outputs[o.index].iter().map(Vec::as_slice));
+    tensor_of(t.datatype, t.sample_shape(), o.classes, rows)
+}
+
+/// Rows of one output as a tensor (the top classes of each with `classes`).
+fn tensor_of<'a>(
+    dt: DType,
+    sample_shape: &[i64],
+    classes: Option<usize>,
+    rows: impl Iterator<Item = &'a [u8]> + Clone,
+) -> (&'static str, Vec<i64>, Vec<u8>) {
+    let mut shape = vec![rows.clone().count() as i64];
+    let mut bytes = Vec::new();
+    match classes {
+        None => {
+            shape.extend_from_slice(sample_shape);
+            rows.for_each(|r| bytes.extend_from_slice(r));
+            (dt.kserve_name(), shape, bytes)
+        }
+        Some(k) => {
+            shape.push(k as i64);
+            for c in rows.flat_map(|r| top_classes(dt, r, k)) {
+                bytes.extend_from_slice(&(c.len() as u32).to_le_bytes());
+                bytes.extend_from_slice(c.as_bytes());
+            }
+            ("BYTES", shape, bytes)
+        }
+    }
 }
 
 /// One requested output of the samples' output bytes (each sample's outputs
@@ -138,23 +231,7 @@ pub(in crate::node) fn output_raw(
         .map(|t| t.sample_bytes())
         .sum();
     let rows = done.iter().map(|d| &d.output[off..off + t.sample_bytes()]);
-    let mut shape = vec![done.len() as i64];
-    let mut bytes = Vec::new();
-    match o.classes {
-        None => {
-            shape.extend_from_slice(t.sample_shape());
-            rows.for_each(|r| bytes.extend_from_slice(r));
-            (t.datatype.kserve_name(), shape, bytes)
-        }
-        Some(k) => {
-            shape.push(k as i64);
-            for c in rows.flat_map(|r| top_classes(t.datatype, r, k)) {
-                bytes.extend_from_slice(&(c.len() as u32).to_le_bytes());
-                bytes.extend_from_slice(c.as_bytes());
-            }
-            ("BYTES", shape, bytes)
-        }
-    }
+    tensor_of(t.datatype, t.sample_shape(), o.classes, rows)
 }
 
 /// The requested `outputs` as JSON tensors, and the binary data of those
@@ -162,13 +239,13 @@ pub(in crate::node) fn output_raw(
 fn output_tensors(
     meta: &ModelMeta,
     outputs: &[OutSpec],
-    done: &[InferDone],
+    raw: impl Fn(&OutSpec) -> (&'static str, Vec<i64>, Vec<u8>),
 ) -> (Vec<Value>, Vec<u8>) {
     let mut bin = Vec::new();
     let mut outs = Vec::with_capacity(outputs.len());
     for o in outputs {
         let t = &meta.outputs[o.index];
-        let (datatype, shape, bytes) = output_raw(meta, o, done);
+        let (datatype, shape, bytes) = raw(o);
         let mut v = json!({"name": t.name, "datatype": datatype, "shape": shape});
         if o.binary {
             v["parameters"] = json!({"binary_data_size": bytes.len()});

@@ -12,10 +12,10 @@ use super::metrics::{infer_time_histograms, Codes, Waits};
 use super::model::Models;
 use super::options::HttpOpts;
 use super::request::{decode_raw, decode_request};
-use super::response::{answer, json_resp, respond, Resp};
+use super::response::{answer, app_answer, json_resp, respond, Resp};
 use super::server::Life;
 use super::tensor::HEADER_LEN;
-use super::triton::{config_json, stats_json, EXTENSIONS};
+use super::triton::{app_config_json, config_json, stats_json, EXTENSIONS};
 use crate::metrics::{self, Histogram, Registry};
 use crate::node::frontend::FrontendHandle;
 use http_body_util::BodyExt;
@@ -77,8 +77,9 @@ impl App {
     /// ones).
     pub(super) fn frontend(fe: FrontendHandle, o: &HttpOpts) -> App {
         let reg = fe.metrics();
-        let models = Models::new(fe.models());
-        // The least time an answer of each model takes: its l(1).
+        let models = Models::new(fe.models(), fe.apps());
+        // The least time an answer of each model takes: its l(1) (an
+        // application's: its longest path's).
         let need: Vec<Duration> = fe
             .models()
             .iter()
@@ -87,6 +88,7 @@ impl App {
                     .map(|p| Duration::from_nanos(p.latency(1).0.max(0) as u64))
                     .unwrap_or_default()
             })
+            .chain(fe.apps().iter().map(|a| a.min_latency))
             .collect();
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
         let mut regs = vec![reg.clone()];
@@ -116,7 +118,7 @@ impl App {
     pub(super) fn metrics_only(regs: Vec<Arc<Registry>>) -> App {
         App {
             fe: None,
-            models: Models::new(&[]),
+            models: Models::new(&[], &[]),
             regs,
             max_body: 0,
             bodies: BodyBudget::new(0),
@@ -332,6 +334,10 @@ impl App {
             (&Method::GET, []) => self.metadata(i),
             (&Method::GET, ["config"]) => match self.models[i].meta() {
                 Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+                Ok(_) if self.models[i].app.is_some() => json_resp(
+                    StatusCode::OK,
+                    &app_config_json(self.models[i].app.as_ref().expect("an application")),
+                ),
                 Ok(meta) => json_resp(
                     StatusCode::OK,
                     &config_json(meta, self.models[i].info.meta().is_none()),
@@ -480,7 +486,12 @@ impl App {
         };
         let v: Vec<Value> = all
             .into_iter()
-            .filter_map(|i| Some(stats_json(&self.models[i].info.name, self.fe().stats(i)?)))
+            .filter_map(|i| {
+                Some(stats_json(
+                    &self.models[i].info.name,
+                    self.models[i].stats(self.fe(), i)?,
+                ))
+            })
             .collect();
         json_resp(StatusCode::OK, &json!({ "model_stats": v }))
     }
@@ -607,6 +618,29 @@ impl App {
         }
         let t_sub = Instant::now();
         let mut flight = pending.handed_over(i, d.samples.len() as u64);
+        if let Some(app) = &m.app {
+            let done = crate::node::apps::run_samples(
+                app.clone(),
+                self.fe().clone(),
+                d.slo,
+                d.samples,
+                received,
+            )
+            .await
+            .map_err(|_| {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the frontend is stopping".to_string(),
+                )
+            })?;
+            if let Some(w) = &self.waits {
+                w.answer.observe_duration(t_sub.elapsed());
+            }
+            flight.answered_apps(&done, self.start.elapsed());
+            let resp = app_answer(meta, &d.id, &d.outputs, done);
+            app.stats.request(resp.is_ok(), received.elapsed());
+            return resp;
+        }
         let done = self
             .fe()
             .infer_samples(i, d.slo, d.samples, received)
@@ -759,6 +793,28 @@ impl Flight<'_> {
                     R::Expired | R::EarlyDrop | R::TooLate | R::QueueFull | R::Overloaded,
                 ) => Answer::Shed,
                 _ => Answer::Other,
+            };
+            door.answered(self.model, a, now);
+        }
+        self.left = self.left.saturating_sub(done.len() as u64);
+    }
+}
+
+impl Flight<'_> {
+    /// An application's answers (one per sample), at the door's `now`: a
+    /// request that could not be on time is shed load.
+    fn answered_apps<T>(&mut self, done: &[Result<T, Fail>], now: Duration) {
+        let Some(d) = self.door else {
+            return;
+        };
+        let mut door = d.lock().expect("door lock");
+        for x in done.iter().take(self.left as usize) {
+            let a = match x {
+                Ok(_) => Answer::Good,
+                Err((StatusCode::TOO_MANY_REQUESTS | StatusCode::GATEWAY_TIMEOUT, _)) => {
+                    Answer::Shed
+                }
+                Err(_) => Answer::Other,
             };
             door.answered(self.model, a, now);
         }

@@ -114,6 +114,46 @@ pub(super) fn config_json(meta: &ModelMeta, emulated: bool) -> Value {
     })
 }
 
+/// An application's configuration in Triton's model-config JSON: platform
+/// `ensemble`, its tensors, its steps with their maps, and Fermata's
+/// parameters (fan-out, deadline rule, SLO).
+pub(super) fn app_config_json(app: &crate::node::apps::ServedApp) -> Value {
+    let meta = &app.meta;
+    let mut v = config_json(meta, false);
+    v["platform"] = json!("ensemble");
+    v["backend"] = json!("");
+    if let Some(o) = v.as_object_mut() {
+        o.remove("dynamic_batching");
+        o.remove("instance_group");
+    }
+    v["ensemble_scheduling"] = json!({
+        "step": app.steps().iter().map(|s| json!({
+            "model_name": s.model,
+            "model_version": -1,
+            "input_map": s.input_map,
+            "output_map": s.output_map,
+        })).collect::<Vec<_>>(),
+    });
+    let c = &app.config;
+    let fanout: Vec<String> = c
+        .fanout
+        .iter()
+        .map(|f| match &f.count {
+            Some(n) => format!("{}:{n}", f.tensor),
+            None => f.tensor.clone(),
+        })
+        .collect();
+    v["parameters"] = json!({
+        "slo_ms": {"string_value": meta.slo_ms.to_string()},
+        crate::triton_ensemble::FANOUT_PARAMETER: {"string_value": fanout.join(",")},
+        crate::triton_ensemble::DEADLINE_PARAMETER: {"string_value": match c.rule {
+            crate::triton_ensemble::Rule::Static => "static",
+            crate::triton_ensemble::Rule::SlackForwarding => "slack-forwarding",
+        }},
+    });
+    v
+}
+
 /// A model's entry of Triton's `model_stats` (JSON), from its statistics.
 pub(super) fn stats_json(name: &str, s: &ModelStats) -> Value {
     let d = |x: Stat| json!({"count": x.count, "ns": x.ns});

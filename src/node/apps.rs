@@ -1,0 +1,535 @@
+//! Applications served by a frontend: an ensemble of the model repository
+//! ([`crate::triton_ensemble`]) checked against the models the scheduler
+//! serves ([`ServedApp`]), and the thin driver of [`crate::app::AppRun`] that
+//! runs one application request ([`ServedApp::run`]).
+//!
+//! Each module request is an ordinary task handed to the frontend's loop
+//! ([`FrontendHandle::infer`]) with its own deadline from the application's
+//! deadline rule: its input bytes go to the frontend's region, from which the
+//! backend planned for it pulls them like any input. A step's output comes
+//! back to the frontend, which builds the next step's inputs from it (one row
+//! per item on a fan-out edge). The state machine decides which tasks run,
+//! when the request ends (once) and in which order its outputs are assembled;
+//! this driver only moves bytes and reports completions.
+
+use super::frontend::stats::ModelStats;
+use super::frontend::{Ended, FrontendHandle, InferDone};
+use crate::app::{
+    AppRun, Budgets, DeadlineRule, EdgeSpec, Graph, Outcome, Step, TaskKey, TaskSpec,
+};
+use crate::core::{Dur, Time};
+use crate::repo::{DType, ModelMeta};
+use crate::triton_ensemble::{self as ens, EnsembleConfig, FanoutCount, Rule, Source, Wiring};
+use crate::wire::{DropReason, ModelInfo};
+use anyhow::{anyhow, bail, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An application a frontend serves.
+pub struct ServedApp {
+    pub config: EnsembleConfig,
+    /// Its tensors as a model's: what clients see (metadata, configuration,
+    /// request decoding).
+    pub meta: ModelMeta,
+    graph: Arc<Graph>,
+    budgets: Budgets,
+    rule: DeadlineRule,
+    wiring: Wiring,
+    /// Per step: its model's index in the frontend's models, and metadata.
+    models: Vec<(usize, ModelMeta)>,
+    /// Per graph edge: how a fan-out edge's item count is read.
+    fanout: Vec<Option<FanoutCount>>,
+    /// The least time an answer takes: the l(1) of the longest path's steps.
+    pub min_latency: Duration,
+    /// The application's statistics (Triton's statistics extension).
+    pub stats: ModelStats,
+}
+
+/// How one sample of an application request ended.
+pub struct AppDone {
+    /// Per application output, its rows (one per task, in item order): the
+    /// output tensor's bytes of each.
+    pub outputs: Vec<Vec<Vec<u8>>>,
+    /// The latest module's latency (from the request's receipt), the longest
+    /// time a module waited in its queue, the largest batch one ran in.
+    pub latency: Duration,
+    pub queue: Duration,
+    pub batch_size: u32,
+}
+
+/// Why an application request failed: its HTTP status and message.
+pub type AppFail = (hyper::StatusCode, String);
+
+/// The frontend stopped before the request ended.
+#[derive(Debug)]
+pub struct AppStopped;
+
+impl ServedApp {
+    /// Checks `config` against the models served (`infos`, as the scheduler
+    /// announced them) and builds its graph and budgets. Errors name the
+    /// configuration file and the field.
+    pub fn new(config: EnsembleConfig, infos: &[ModelInfo]) -> Result<ServedApp> {
+        let ctx = |e: anyhow::Error| anyhow!("{}: {e:#}", config.file.display());
+        let l1 = |m: &ModelInfo| {
+            crate::node::exec::profile_of(&m.profile)
+                .map(|p| p.latency(1).as_ms_f64())
+                .unwrap_or(0.0)
+        };
+        let lookup = |name: &str| -> Option<(usize, ModelMeta, f64)> {
+            let i = infos.iter().position(|m| m.name == name)?;
+            let meta = infos[i].meta()?.ok()?;
+            Some((i, meta, l1(&infos[i])))
+        };
+        let wiring = ens::resolve(&config, |n| lookup(n).map(|(_, m, l)| (m, l))).map_err(ctx)?;
+        let models: Vec<(usize, ModelMeta)> = config
+            .steps
+            .iter()
+            .map(|s| lookup(&s.model).map(|(i, m, _)| (i, m)).expect("resolved"))
+            .collect();
+        let steps: Vec<Step> = config
+            .steps
+            .iter()
+            .map(|s| Step::new(&s.name, &s.model))
+            .collect();
+        let specs: Vec<EdgeSpec> = wiring
+            .edges
+            .iter()
+            .map(|e| {
+                let (a, b) = (&config.steps[e.from].name, &config.steps[e.to].name);
+                if e.fanout.is_some() {
+                    EdgeSpec::fanout(a, b)
+                } else {
+                    EdgeSpec::whole(a, b)
+                }
+            })
+            .collect();
+        let outs: Vec<&str> = wiring
+            .outputs
+            .iter()
+            .map(|&(s, _)| config.steps[s].name.as_str())
+            .collect();
+        let graph = Graph::new(steps, &specs, &outs)
+            .map_err(|e| ctx(anyhow!("ensemble_scheduling: {e}")))?;
+        let mut fanout = vec![None; graph.edges().len()];
+        for e in &wiring.edges {
+            let ei = graph.edge(e.from, e.to).expect("an edge of the wiring");
+            fanout[ei] = e.fanout.clone();
+        }
+        let per_step = wiring
+            .budgets_ms
+            .iter()
+            .map(|&ms| Dur::from_ms_f64(ms))
+            .collect();
+        let budgets = Budgets::new(&graph, per_step, Dur::from_ms_f64(config.slo_ms))
+            .map_err(|e| ctx(anyhow!("budgets: {e}")))?;
+        // The longest path by l(1): the least an answer takes.
+        let mut upto: Vec<f64> = models.iter().map(|&(i, _)| l1(&infos[i])).collect();
+        for &v in graph.topo() {
+            for &ei in graph.outs(v) {
+                let c = graph.edges()[ei].to;
+                upto[c] = upto[c].max(upto[v] + l1(&infos[models[c].0]));
+            }
+        }
+        let min_ms = upto.iter().copied().fold(0.0, f64::max);
+        let meta = ModelMeta {
+            name: config.name.clone(),
+            inputs: config.inputs.clone(),
+            outputs: config.outputs.clone(),
+            slo_ms: config.slo_ms,
+            max_batch: config.max_batch,
+            description: format!("ensemble {}", config.file.display()),
+            batch_buckets: None,
+        };
+        meta.validate().map_err(ctx)?;
+        Ok(ServedApp {
+            rule: match config.rule {
+                Rule::Static => DeadlineRule::Static,
+                Rule::SlackForwarding => DeadlineRule::SlackForwarding,
+            },
+            stats: ModelStats::new(config.max_batch),
+            config,
+            meta,
+            graph: Arc::new(graph),
+            budgets,
+            wiring,
+            models,
+            fanout,
+            min_latency: Duration::from_secs_f64(min_ms.max(0.0) / 1e3),
+        })
+    }
+
+    /// A model description the APIs list the application under.
+    pub fn info(&self) -> ModelInfo {
+        ModelInfo {
+            id: crate::core::ModelId(u32::MAX),
+            name: self.meta.name.clone(),
+            slo: Dur::from_ms_f64(self.meta.slo_ms),
+            profile: crate::wire::WireProfile::Table { lat_ns: Vec::new() },
+            input_bytes: self.meta.input_bytes() as u32,
+            meta_json: serde_json::to_string(&self.meta).expect("metadata serializes"),
+        }
+    }
+
+    /// The steps: (name, model) in order, with each step's input and output
+    /// maps (model tensor → ensemble tensor), for the configuration APIs.
+    pub fn steps(&self) -> &[ens::EnsembleStep] {
+        &self.config.steps
+    }
+
+    /// The budgets under an SLO of `slo` (the application's, or a request's
+    /// `timeout`): the planned ones scaled by `slo` / the application's SLO.
+    fn budgets_for(&self, slo: Dur) -> Budgets {
+        if slo == self.budgets.slo || slo <= Dur::ZERO {
+            return self.budgets.clone();
+        }
+        let k = slo.0 as f64 / self.budgets.slo.0 as f64;
+        let per = self
+            .budgets
+            .per_step
+            .iter()
+            .map(|d| Dur((d.0 as f64 * k) as i64))
+            .collect();
+        Budgets::new(&self.graph, per, slo).expect("scaled budgets stay valid")
+    }
+
+    /// Runs one sample (`input`: the application's inputs, one after the
+    /// other) as one application request whose SLO (`slo`; zero: the
+    /// application's) runs from `received`. Ends once: the outputs, or the
+    /// status of the module request that ended it.
+    pub async fn run(
+        &self,
+        fe: &FrontendHandle,
+        slo: Dur,
+        input: &[u8],
+        received: Instant,
+    ) -> Result<Result<AppDone, AppFail>, AppStopped> {
+        let budgets = self.budgets_for(slo);
+        let now = || Time(received.elapsed().as_nanos().min(i64::MAX as u128) as i64);
+        let (mut run, first) = AppRun::start(&self.graph, &budgets, self.rule, Time(0));
+        let mut outputs: HashMap<TaskKey, Vec<u8>> = HashMap::new();
+        let mut pending = tokio::task::JoinSet::new();
+        let mut sum = AppDone {
+            outputs: Vec::new(),
+            latency: Duration::ZERO,
+            queue: Duration::ZERO,
+            batch_size: 0,
+        };
+        // The module answer that ended the request, for its status.
+        let mut ender: Option<(TaskSpec, InferDone)> = None;
+        let submit = |specs: Vec<TaskSpec>,
+                      outputs: &HashMap<TaskKey, Vec<u8>>,
+                      pending: &mut tokio::task::JoinSet<_>| {
+            for spec in specs {
+                let bytes = self.task_input(&spec, input, outputs);
+                let (mi, _) = &self.models[spec.step];
+                let model = &fe.models()[*mi].name;
+                // The deadline as an SLO from the receipt; one already past
+                // is still handed over (and dropped as expired there).
+                let slo = Dur(spec.deadline.0.max(1_000));
+                let rx = fe.infer(model, slo, bytes, received);
+                pending.spawn(async move { (spec, rx.await) });
+            }
+        };
+        submit(first, &outputs, &mut pending);
+        loop {
+            let Some(joined) = pending.join_next().await else {
+                // Every task answered and the request did not end: cannot
+                // happen with a consistent state machine; fail it rather
+                // than answer nothing.
+                let end = run.abort("the application request has no task left to run");
+                return Ok(Err(self.fail_message(end.map(|e| e.outcome), None)));
+            };
+            let Ok((spec, Ok(done))) = joined else {
+                run.abort("the frontend stopped");
+                return Err(AppStopped);
+            };
+            let (mi, meta) = &self.models[spec.step];
+            fe.record_margins(*mi, std::slice::from_ref(&done));
+            if let Some(s) = fe.stats(*mi) {
+                if done.ended == Ended::Good {
+                    s.sample(
+                        done.queue,
+                        done.latency.saturating_sub(done.queue),
+                        done.batch_size,
+                    );
+                }
+                s.request(done.ended == Ended::Good, done.latency);
+            }
+            let at = now();
+            let progress = match done.ended {
+                Ended::Good if done.output.len() != meta.output_bytes() => {
+                    let why = format!(
+                        "model `{}` returned {} output bytes; its outputs are {}",
+                        meta.name,
+                        done.output.len(),
+                        meta.output_bytes()
+                    );
+                    let p = run.failed(spec.key, &why);
+                    ender.get_or_insert((spec.clone(), failed_with(done.clone(), why)));
+                    p
+                }
+                Ended::Good => match self.counts(&spec, &done.output) {
+                    Err(why) => {
+                        let p = run.failed(spec.key, &why);
+                        ender.get_or_insert((spec.clone(), failed_with(done.clone(), why)));
+                        p
+                    }
+                    Ok(counts) => {
+                        sum.latency = sum.latency.max(done.latency);
+                        sum.queue = sum.queue.max(done.queue);
+                        sum.batch_size = sum.batch_size.max(done.batch_size);
+                        let p = run.done(spec.key, at, &counts);
+                        if p.as_ref().is_ok_and(|p| !p.discard) {
+                            outputs.insert(spec.key, done.output);
+                        }
+                        p
+                    }
+                },
+                e => {
+                    let p = if expired(e) {
+                        run.expired(spec.key)
+                    } else {
+                        run.failed(spec.key, &done.message)
+                    };
+                    if p.as_ref().is_ok_and(|p| p.end.is_some()) {
+                        ender = Some((spec.clone(), done));
+                    }
+                    p
+                }
+            };
+            let progress = match progress {
+                Ok(p) => p,
+                Err(e) => {
+                    let end = run.abort(&format!("internal: {e}"));
+                    return Ok(Err(self.fail_message(end.map(|e| e.outcome), None)));
+                }
+            };
+            if let Some(end) = progress.end {
+                return Ok(match (&end.outcome, end.outputs) {
+                    (Outcome::Good, Some(outs)) => {
+                        sum.outputs = self.assemble(&outs, &outputs);
+                        Ok(sum)
+                    }
+                    (o, _) => Err(self.fail_message(Some(o.clone()), ender)),
+                });
+            }
+            submit(progress.tasks, &outputs, &mut pending);
+        }
+    }
+
+    /// The input bytes of task `spec`: each input of its model in order, from
+    /// the application's input or its parent task's output (one row of it on
+    /// a fan-out edge).
+    fn task_input(
+        &self,
+        spec: &TaskSpec,
+        app_in: &[u8],
+        outs: &HashMap<TaskKey, Vec<u8>>,
+    ) -> Vec<u8> {
+        let (_, meta) = &self.models[spec.step];
+        let mut b = Vec::with_capacity(meta.input_bytes());
+        for si in &self.wiring.step_inputs[spec.step] {
+            match si.source {
+                Source::AppInput(a) => {
+                    let off: usize = self.meta.inputs[..a].iter().map(|t| t.sample_bytes()).sum();
+                    b.extend_from_slice(&app_in[off..off + self.meta.inputs[a].sample_bytes()]);
+                }
+                Source::Step { step, output } => {
+                    let input = spec
+                        .inputs
+                        .iter()
+                        .find(|i| self.graph.edges()[i.edge].from == step)
+                        .expect("an input on the edge from the producing step");
+                    let pmeta = &self.models[step].1;
+                    let off: usize = pmeta.outputs[..output]
+                        .iter()
+                        .map(|t| t.sample_bytes())
+                        .sum();
+                    let whole = &outs[&input.task][off..off + pmeta.outputs[output].sample_bytes()];
+                    match (si.row, input.item) {
+                        (true, Some(item)) => {
+                            let rows = pmeta.outputs[output].sample_shape()[0] as usize;
+                            let row = whole.len() / rows;
+                            let i = item as usize;
+                            b.extend_from_slice(&whole[i * row..(i + 1) * row]);
+                        }
+                        _ => b.extend_from_slice(whole),
+                    }
+                }
+            }
+        }
+        b
+    }
+
+    /// The item count of each fan-out edge out of `spec`'s step, read from
+    /// its output; an error when a count is not in 0..=its tensor's rows.
+    fn counts(&self, spec: &TaskSpec, out: &[u8]) -> Result<Vec<(usize, u32)>, String> {
+        let meta = &self.models[spec.step].1;
+        let mut v = Vec::new();
+        for ei in self.graph.fanout_outs(spec.step) {
+            let f = self.fanout[ei]
+                .as_ref()
+                .expect("a fan-out edge has its count");
+            let n = match f.count {
+                None => f.rows as i128,
+                Some(c) => {
+                    let off: usize = meta.outputs[..c].iter().map(|t| t.sample_bytes()).sum();
+                    let t = &meta.outputs[c];
+                    read_int(t.datatype, &out[off..off + t.sample_bytes()])
+                }
+            };
+            if !(0..=f.rows as i128).contains(&n) {
+                return Err(format!(
+                    "model `{}` gave an item count of {n} for output `{}`, which has {} rows",
+                    meta.name, meta.outputs[f.output].name, f.rows
+                ));
+            }
+            v.push((ei, n as u32));
+        }
+        Ok(v)
+    }
+
+    /// Per application output, the rows of its tasks in item order.
+    fn assemble(
+        &self,
+        order: &[Vec<TaskKey>],
+        outs: &HashMap<TaskKey, Vec<u8>>,
+    ) -> Vec<Vec<Vec<u8>>> {
+        self.wiring
+            .outputs
+            .iter()
+            .zip(order)
+            .map(|(&(step, o), tasks)| {
+                let meta = &self.models[step].1;
+                let off: usize = meta.outputs[..o].iter().map(|t| t.sample_bytes()).sum();
+                let n = meta.outputs[o].sample_bytes();
+                tasks
+                    .iter()
+                    .map(|k| outs[k][off..off + n].to_vec())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The status and message of a request that did not end good: the module
+    /// answer that ended it when there is one.
+    fn fail_message(&self, o: Option<Outcome>, ender: Option<(TaskSpec, InferDone)>) -> AppFail {
+        use hyper::StatusCode;
+        let app = &self.meta.name;
+        if let Some((spec, done)) = ender {
+            let step = &self.config.steps[spec.step];
+            let (mi, _) = &self.models[spec.step];
+            let _ = mi;
+            let code = super::http::errors::status_of(done.ended);
+            let info = ModelInfo {
+                slo: Dur(spec.deadline.0),
+                ..self.info()
+            };
+            let msg = super::http::errors::failure_message(&info, done);
+            let at = if spec.items.is_empty() {
+                String::new()
+            } else {
+                format!(" item {:?}", spec.items)
+            };
+            return (
+                code,
+                format!(
+                    "application `{app}`: step `{}` (model `{}`){at}: {msg}",
+                    step.name, step.model
+                ),
+            );
+        }
+        match o {
+            Some(Outcome::Late) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("application `{app}`: deadline exceeded: its last step finished after the application's deadline"),
+            ),
+            Some(Outcome::Failed { reason, .. }) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("application `{app}`: {reason}"),
+            ),
+            other => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("application `{app}`: ended as {other:?}"),
+            ),
+        }
+    }
+}
+
+/// Whether a module request that ended as `e` expired (it could not finish by
+/// its deadline) rather than failed.
+fn expired(e: Ended) -> bool {
+    matches!(
+        e,
+        Ended::Late
+            | Ended::TimedOut
+            | Ended::Dropped(DropReason::Expired | DropReason::EarlyDrop | DropReason::TooLate)
+    )
+}
+
+/// A good answer that the application cannot use: failed with `why`.
+fn failed_with(mut d: InferDone, why: String) -> InferDone {
+    d.ended = Ended::Failed;
+    d.message = why;
+    d
+}
+
+/// One little-endian integer of type `dt` (the count tensor's).
+fn read_int(dt: DType, b: &[u8]) -> i128 {
+    let mut a = [0u8; 8];
+    a[..b.len().min(8)].copy_from_slice(&b[..b.len().min(8)]);
+    match dt {
+        DType::I8 => a[0] as i8 as i128,
+        DType::I16 => i16::from_le_bytes([a[0], a[1]]) as i128,
+        DType::I32 => i32::from_le_bytes([a[0], a[1], a[2], a[3]]) as i128,
+        DType::I64 => i64::from_le_bytes(a) as i128,
+        DType::U8 => a[0] as i128,
+        DType::U16 => u16::from_le_bytes([a[0], a[1]]) as i128,
+        DType::U32 => u32::from_le_bytes([a[0], a[1], a[2], a[3]]) as i128,
+        DType::U64 => u64::from_le_bytes(a) as i128,
+        _ => -1,
+    }
+}
+
+/// Runs each sample of one client request as its own application request,
+/// all at once; their ends in order.
+pub async fn run_samples(
+    app: Arc<ServedApp>,
+    fe: FrontendHandle,
+    slo: Dur,
+    samples: Vec<Vec<u8>>,
+    received: Instant,
+) -> Result<Vec<Result<AppDone, AppFail>>, AppStopped> {
+    let n = samples.len();
+    let mut set = tokio::task::JoinSet::new();
+    for (j, s) in samples.into_iter().enumerate() {
+        let (app, fe) = (app.clone(), fe.clone());
+        set.spawn(async move { (j, app.run(&fe, slo, &s, received).await) });
+    }
+    let mut out: Vec<Option<Result<AppDone, AppFail>>> = (0..n).map(|_| None).collect();
+    while let Some(r) = set.join_next().await {
+        let (j, r) = r.map_err(|_| AppStopped)?;
+        out[j] = Some(r?);
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| r.expect("every sample ended"))
+        .collect())
+}
+
+/// Resolves every ensemble of `configs` against the models served.
+pub fn serve_apps(configs: &[EnsembleConfig], infos: &[ModelInfo]) -> Result<Vec<Arc<ServedApp>>> {
+    let mut out: Vec<Arc<ServedApp>> = Vec::new();
+    for c in configs {
+        if infos.iter().any(|m| m.name == c.name) || out.iter().any(|a| a.meta.name == c.name) {
+            bail!(
+                "{}: the name {:?} is taken by a model or another application",
+                c.file.display(),
+                c.name
+            );
+        }
+        out.push(Arc::new(ServedApp::new(c.clone(), infos)?));
+    }
+    Ok(out)
+}
