@@ -190,6 +190,10 @@ pub struct BenchPlannersArgs {
     /// Time limit of `exact` per workload (s).
     #[arg(long, default_value_t = 60.0)]
     exact_limit_s: f64,
+    /// Workload family: symphony (ingress 20-400 req/s) or paper (200-4,000
+    /// req/s, several machines per module as in Harpagon's examples).
+    #[arg(long, default_value = "symphony")]
+    family: String,
     /// Skip Harpagon's ablations.
     #[arg(long)]
     no_ablations: bool,
@@ -221,7 +225,18 @@ fn row(s: &bp::PlannerStats) -> String {
         s.worst_gap * 100.0,
         s.time_p50_ms,
         s.time_p99_ms
-    )
+    ) + &if s.failures.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "  {}",
+            s.failures
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
 }
 
 pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
@@ -242,6 +257,8 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
         ablations: !a.no_ablations,
         scale: a.scale,
         fermata_nodes: a.fermata_nodes.max(1),
+        family: bp::Family::by_name(&a.family)
+            .with_context(|| format!("--family {:?}: symphony or paper", a.family))?,
     };
     let json = a.json;
     let r = bp::run(&o, |i| {
@@ -257,13 +274,15 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} workloads, seed {}, price ratio {} (A100 = 1.0); exact finished {} within {} s; fermata at {} nodes per module",
-        r.workloads, r.seed, r.price_ratio, r.exact_finished, r.exact_limit_s, r.fermata_nodes
+        "{} workloads ({} family, ingress {}-{} req/s), seed {}, price ratio {} (A100 = 1.0); exact finished {} within {} s; fermata at {} nodes per module",
+        r.workloads, r.family.name, r.family.ingress.0, r.family.ingress.1, r.seed, r.price_ratio, r.exact_finished, r.exact_limit_s, r.fermata_nodes
     );
     println!(
         "{:<17} {:>15} {:>8} {:>8} {:>6} {:>10} {:>9} {:>9} {:>9}",
         "planner", "ok/none/infeas", "norm", "max", "below", "<=exact", "gap", "p50 ms", "p99 ms"
     );
+    println!("(then the workloads without a plan, by cause)");
+    println!("no plan, by cause: budget (the split leaves a module less than any configuration needs with every machine full), residual (full machines fit but no configuration serves the residual rate f within the budget, d + b/f, and the planner's dummies do not help), start (the splitter's starting point misses the SLO), split (no split on the planner's grid fits), milp (Scrooge's MILP is infeasible), infeasible (a plan that fails the feasibility check)");
     println!("costs: fractional (price x machines, partial machines by their fraction); norm and max: cost / fermata's; below: workloads cheaper than fermata; <=exact and gap: among the workloads exact finished; infeas: plans that fail the feasibility check, counted as no plan");
     for s in &r.planners {
         println!("{}", row(s));
@@ -280,6 +299,13 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
         for s in &r.ablations {
             println!("{}  {:+.1}%", row(s), s.over_harpagon * 100.0);
         }
+    }
+    if let Some((n, at, gap)) = r.harpagon_vs_grid {
+        println!(
+            "harpagon at or below the best split on a 0.01 x SLO grid for its own module scheduler (quantised-0.01) on {:.1}% of the {n} workloads both planned, worst gap {:.2}%",
+            at * 100.0,
+            gap * 100.0
+        );
     }
     if let Some(ms) = r.scale_ms {
         println!("scale instance (20 modules, 5 hardware types, 50 configurations each): fermata {ms:.1} ms");

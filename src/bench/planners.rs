@@ -93,8 +93,42 @@ fn cpu_module(rng: &mut impl Rng, name: String) -> Module {
     }
 }
 
-/// Workload `seed` at price ratio `ratio` (1080Ti price / A100 price).
+/// The ranges a workload family draws its rates and SLOs from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Family {
+    pub name: &'static str,
+    /// Ingress rate range (req/s).
+    pub ingress: (f64, f64),
+}
+
+impl Family {
+    /// Rates of 20-400 req/s: most modules need less than one machine (the
+    /// median module about 0.3 of one at its best throughput per price).
+    pub const SYMPHONY: Family = Family {
+        name: "symphony",
+        ingress: (20.0, 400.0),
+    };
+    /// Rates ten times higher, 200-4,000 req/s: modules need several machines
+    /// each, as in Harpagon's and Piccolo's examples (4-10 machines per module).
+    pub const PAPER: Family = Family {
+        name: "paper",
+        ingress: (200.0, 4000.0),
+    };
+    pub fn by_name(name: &str) -> Option<Family> {
+        [Family::SYMPHONY, Family::PAPER]
+            .into_iter()
+            .find(|f| f.name == name)
+    }
+}
+
+/// Workload `seed` at price ratio `ratio` (1080Ti price / A100 price), in the
+/// symphony family.
 pub fn workload(seed: u64, ratio: f64, profs: &[Profile]) -> App {
+    workload_in(seed, ratio, profs, &Family::SYMPHONY)
+}
+
+/// Workload `seed` at price ratio `ratio` in family `fam`.
+pub fn workload_in(seed: u64, ratio: f64, profs: &[Profile], fam: &Family) -> App {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let hardware = vec![
         Hardware {
@@ -181,7 +215,7 @@ pub fn workload(seed: u64, ratio: f64, profs: &[Profile]) -> App {
             fanout: 1.0,
         });
     }
-    let ingress = rng.gen_range(20.0..400.0);
+    let ingress = rng.gen_range(fam.ingress.0..fam.ingress.1);
     let n = modules.len();
     let order = crate::plan::app::topo_order(n, &edges).expect("generated DAGs are acyclic");
     let mut rates = vec![0.0; n];
@@ -348,6 +382,10 @@ pub struct PlannerStats {
     pub failed: usize,
     /// Workloads where its plan failed [`Plan::verify`] (counted as no plan).
     pub infeasible: usize,
+    /// The workloads without a plan by cause (the cause word the planner's
+    /// error starts with: `budget`, `residual`, `start`, `split`, `milp`; else
+    /// `other`), and `infeasible` for plans that fail [`Plan::verify`].
+    pub failures: std::collections::BTreeMap<String, usize>,
     /// Plans built by another planner (`fermata`'s portfolio step).
     pub from_peer: usize,
     /// Mean of cost / harpagon's cost over the workloads both planned, less 1
@@ -373,6 +411,7 @@ pub struct PlannerStats {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub workloads: usize,
+    pub family: Family,
     pub seed: u64,
     pub price_ratio: f64,
     pub exact_limit_s: f64,
@@ -388,6 +427,11 @@ pub struct Report {
     /// The same as `fermata_cheapest`, by integral cost.
     pub fermata_cheapest_integral: f64,
     pub scale_ms: Option<f64>,
+    /// Harpagon against the cheapest split on a 0.01 x SLO grid for its own
+    /// module scheduler (the `quantised-0.01` ablation, a brute force over
+    /// splits): workloads both planned, Harpagon's share at or below it, its
+    /// worst gap above it.
+    pub harpagon_vs_grid: Option<(usize, f64, f64)>,
 }
 
 fn quantile(v: &mut [f64], q: f64) -> f64 {
@@ -407,6 +451,7 @@ pub struct Options {
     pub scale: bool,
     /// `fermata`'s branch-and-bound nodes per module.
     pub fermata_nodes: u64,
+    pub family: Family,
 }
 
 struct Col {
@@ -417,8 +462,19 @@ struct Col {
     integral: Vec<Option<f64>>,
     times: Vec<f64>,
     infeasible: usize,
+    failures: std::collections::BTreeMap<String, usize>,
     /// Plans whose construction is another planner's (`fermata`'s portfolio).
     from_peer: usize,
+}
+
+/// The cause of a planner's error: the word before its first colon where it
+/// is one of the causes the planners name, else `other`.
+pub fn failure_cause(e: &str) -> &'static str {
+    let head = e.split(':').next().unwrap_or("");
+    ["budget", "residual", "start", "split", "milp", "limit"]
+        .into_iter()
+        .find(|c| *c == head)
+        .unwrap_or("other")
 }
 
 impl Col {
@@ -429,6 +485,7 @@ impl Col {
             integral: vec![],
             times: vec![],
             infeasible: 0,
+            failures: Default::default(),
             from_peer: 0,
         }
     }
@@ -437,10 +494,17 @@ impl Col {
         let t0 = Instant::now();
         let r = f();
         self.times.push(t0.elapsed().as_secs_f64() * 1e3);
+        if let Err(e) = &r {
+            *self
+                .failures
+                .entry(failure_cause(e).to_string())
+                .or_default() += 1;
+        }
         let r = r.ok().filter(|p| {
             let ok = p.verify(app).is_ok();
             if !ok {
                 self.infeasible += 1;
+                *self.failures.entry("infeasible".into()).or_default() += 1;
             }
             ok
         });
@@ -498,6 +562,7 @@ fn stats(
         planned: c.costs.iter().filter(|x| x.is_some()).count(),
         failed: c.costs.iter().filter(|x| x.is_none()).count() - c.infeasible,
         infeasible: c.infeasible,
+        failures: c.failures.clone(),
         from_peer: c.from_peer,
         over_harpagon,
         norm_mean: norms.iter().sum::<f64>() / norms.len().max(1) as f64,
@@ -532,7 +597,12 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
     let abl = if o.ablations { ablations() } else { vec![] };
     let mut acols: Vec<Col> = abl.iter().map(|(n, _)| Col::new(n)).collect();
     for i in 0..o.workloads {
-        let app = workload(o.seed.wrapping_add(i as u64), o.price_ratio, &profs);
+        let app = workload_in(
+            o.seed.wrapping_add(i as u64),
+            o.price_ratio,
+            &profs,
+            &o.family,
+        );
         for col in cols.iter_mut() {
             let name = col.name.clone();
             if name == "exact" {
@@ -598,8 +668,25 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
             f64::NAN
         }
     });
+    let harpagon_vs_grid = acols.iter().find(|c| c.name == "quantised-0.01").map(|q| {
+        let (mut n, mut at, mut gap) = (0usize, 0usize, 0.0f64);
+        for (h, g) in cols[2].costs.iter().zip(&q.costs) {
+            if let (Some(h), Some(g)) = (h, g) {
+                n += 1;
+                if *h <= g * (1.0 + 1e-9) {
+                    at += 1;
+                }
+                if *g > 0.0 {
+                    gap = gap.max(h / g - 1.0);
+                }
+            }
+        }
+        (n, at as f64 / n.max(1) as f64, gap)
+    });
     Report {
+        harpagon_vs_grid,
         workloads: o.workloads,
+        family: o.family,
         seed: o.seed,
         price_ratio: o.price_ratio,
         exact_limit_s: o.exact_limit.as_secs_f64(),
@@ -700,6 +787,21 @@ mod tests {
     }
 
     #[test]
+    fn failure_causes_are_read_from_the_planners_errors() {
+        assert_eq!(failure_cause("residual: module a: no plan"), "residual");
+        assert_eq!(failure_cause("budget: module a: no plan"), "budget");
+        assert_eq!(failure_cause("limit: exact stopped"), "limit");
+        assert_eq!(failure_cause("module a: something else"), "other");
+        // The paper family's modules need several machines each.
+        let profs = profiles();
+        let fam = Family::by_name("paper").unwrap();
+        let app = workload_in(1, 0.35, &profs, &fam);
+        // Module 0 is a root in every shape.
+        assert!((200.0..4000.0).contains(&app.rates[0]), "{:?}", app.rates);
+        assert!(Family::by_name("nope").is_none());
+    }
+
+    #[test]
     fn the_scale_instance_has_its_size_and_fermata_plans_it() {
         let profs = profiles();
         let app = scale_instance(1, &profs);
@@ -722,12 +824,20 @@ mod tests {
             ablations: true,
             scale: false,
             fermata_nodes: planners::FERMATA_NODES,
+            family: Family::SYMPHONY,
         };
         let r = run(&o, |_| {});
         assert_eq!(r.planners.len(), 8);
         assert_eq!(r.ablations.len(), 8);
         for s in r.planners.iter().chain(&r.ablations) {
             assert_eq!(s.planned + s.failed + s.infeasible, 6, "{}", s.planner);
+            assert_eq!(
+                s.failures.values().sum::<usize>(),
+                s.failed + s.infeasible,
+                "{}: {:?}",
+                s.planner,
+                s.failures
+            );
         }
         assert_eq!(r.planners[0].planned, 6);
         assert!(r.fermata_cheapest >= 1.0 - 1e-12);

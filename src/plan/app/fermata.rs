@@ -135,6 +135,9 @@ pub fn points(app: &App, o: &FermataOptions) -> Result<Vec<Vec<Point>>, String> 
                         push_if_fits(&mut extra, s.allocs, s.dummy, l, &p);
                     }
                 }
+                for s in module::padded_plans(&cfgs, &p, r, l, Dispatch::ThroughputCost) {
+                    push_if_fits(&mut extra, s.allocs, s.dummy, l, &p);
+                }
                 for h in 0..app.hardware.len() {
                     if let Some((a, dummy)) = super::planners::nexus_module(app, v, h, l) {
                         push_if_fits(&mut extra, a, dummy, l, &p);
@@ -209,16 +212,29 @@ fn own_plan(app: &App, o: &FermataOptions) -> Result<Plan, String> {
     let p = prices(app);
     for (v, m) in plan.modules.iter_mut().enumerate() {
         let cfgs = module::sorted(&app.modules[v].configs, &p);
-        for d in [Dummies::Harpagon, Dummies::Piccolo] {
-            if let Some(s) = module::plan_module(
-                &cfgs,
-                &p,
-                app.rates[v],
-                m.budget,
-                Configs::Any,
-                Dispatch::ThroughputCost,
-                d,
-            ) {
+        let mut sols: Vec<module::ModuleSolution> = [Dummies::Harpagon, Dummies::Piccolo]
+            .into_iter()
+            .filter_map(|d| {
+                module::plan_module(
+                    &cfgs,
+                    &p,
+                    app.rates[v],
+                    m.budget,
+                    Configs::Any,
+                    Dispatch::ThroughputCost,
+                    d,
+                )
+            })
+            .collect();
+        sols.extend(module::padded_plans(
+            &cfgs,
+            &p,
+            app.rates[v],
+            m.budget,
+            Dispatch::ThroughputCost,
+        ));
+        for s in sols {
+            {
                 if s.cost < m.cost * (1.0 - 1e-9) {
                     *m = module_plan(
                         app,

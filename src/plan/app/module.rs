@@ -184,10 +184,18 @@ pub fn algorithm1(
     }
 }
 
-/// Leftover `u_i` after the full machines of each configuration Algorithm 1 uses.
-fn leftovers(cfgs: &[Config], r: f64, l: f64, dispatch: Dispatch) -> Vec<(Config, f64)> {
+/// Algorithm 1's trace: for each configuration it gives full machines and
+/// leaves a leftover `u_i` (the rate after them), the list up to and including
+/// those full machines, the configuration and `u_i`.
+fn leftovers(
+    cfgs: &[Config],
+    r: f64,
+    l: f64,
+    dispatch: Dispatch,
+) -> Vec<(Vec<Alloc>, Config, f64)> {
     let mut rem = r;
     let mut out = Vec::new();
+    let mut list: Vec<Alloc> = Vec::new();
     for c in cfgs {
         if rem <= EPS * r {
             break;
@@ -197,8 +205,14 @@ fn leftovers(cfgs: &[Config], r: f64, l: f64, dispatch: Dispatch) -> Vec<(Config
         }
         let n = floor_n(rem, c.throughput);
         rem -= n * c.throughput;
+        if n > 0.0 {
+            list.push(Alloc {
+                config: *c,
+                count: n,
+            });
+        }
         if rem > EPS * r {
-            out.push((*c, rem));
+            out.push((list.clone(), *c, rem));
         }
         if rem > EPS * r && partial_ok(c, rem, l) {
             break;
@@ -207,11 +221,33 @@ fn leftovers(cfgs: &[Config], r: f64, l: f64, dispatch: Dispatch) -> Vec<(Config
     out
 }
 
+/// Why a module has no plan at budget `l`: `"budget"` when no configuration
+/// meets it even with every machine full (the split left the module too
+/// little), `"residual"` when full machines meet it but no configuration serves
+/// the residual rate `f` within it (`d + b / f` too long) and the planner's
+/// dummies do not help.
+pub fn failure_cause(cfgs: &[Config], r: f64, l: f64, dispatch: Dispatch) -> &'static str {
+    let full = cfgs.iter().any(|c| {
+        let n = (r / c.throughput).ceil().max(1.0);
+        let w = match dispatch {
+            Dispatch::ThroughputCost => n * c.throughput,
+            Dispatch::RoundRobin => c.throughput,
+        };
+        c.latency + f64::from(c.batch) / w <= l * (1.0 + EPS)
+    });
+    if full {
+        "residual"
+    } else {
+        "budget"
+    }
+}
+
 /// Dummy requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dummies {
     None,
-    /// `b / (L - d) - u`: just enough that the leftover meets the budget.
+    /// `min(b / (L - d), t) - u`: just enough that the leftover meets the
+    /// budget, at most a full machine.
     Piccolo,
     /// `t - u`: the leftover's machine runs full.
     Harpagon,
@@ -237,21 +273,45 @@ pub fn plan_module(
         return base;
     }
     let mut best = base;
-    for (c, u) in leftovers(cfgs, r, l, dispatch) {
+    for (head, c, u) in leftovers(cfgs, r, l, dispatch) {
         let dum = match dummies {
             Dummies::Harpagon => c.throughput - u,
             Dummies::Piccolo => {
                 if l <= c.latency {
                     continue;
                 }
-                f64::from(c.batch) / (l - c.latency) - u
+                // The leftover's machine at the rate that just meets the budget,
+                // at most full: past `t` the dummy would add a machine and leave
+                // the same leftover (Theorem 2 has `u < t`), while a full
+                // machine joins its configuration's batches and meets the
+                // budget there.
+                (f64::from(c.batch) / (l - c.latency)).min(c.throughput) - u
             }
             Dummies::None => unreachable!(),
         };
         if dum <= EPS * r {
             continue;
         }
-        if let Some(a) = algorithm1(cfgs, prices, r + dum, l, limit, dispatch) {
+        let a = if limit == Configs::Any {
+            // The papers' dummy: the leftover `u_i` and the dummy run on one
+            // more machine of `c_i` itself, after the configurations before it
+            // (Theorem 2: the leftover needs at most one more machine of c_i).
+            let mut a = head;
+            match a.last_mut() {
+                Some(x) if x.config == c => x.count += (u + dum) / c.throughput,
+                _ => a.push(Alloc {
+                    config: c,
+                    count: (u + dum) / c.throughput,
+                }),
+            }
+            let ok = worst_case(&a, dispatch, prices) <= l * (1.0 + EPS);
+            ok.then_some(a)
+        } else {
+            // One or two configurations: the restricted algorithm at the
+            // padded rate.
+            algorithm1(cfgs, prices, r + dum, l, limit, dispatch)
+        };
+        if let Some(a) = a {
             let cost = alloc_cost(&a, prices);
             if best.as_ref().is_none_or(|b| cost < b.cost - 1e-9) {
                 best = Some(ModuleSolution {
@@ -263,6 +323,44 @@ pub fn plan_module(
         }
     }
     best
+}
+
+/// Plans with a dummy outside the papers' shape, for `fermata`'s candidates:
+/// for each leftover's dummy (both policies), Algorithm 1 (any number of
+/// configurations, and one) run again at the padded rate, the rest of the
+/// padded rate on a partial machine.
+pub fn padded_plans(
+    cfgs: &[Config],
+    prices: &[f64],
+    r: f64,
+    l: f64,
+    dispatch: Dispatch,
+) -> Vec<ModuleSolution> {
+    let mut out = Vec::new();
+    if r <= 0.0 {
+        return out;
+    }
+    for (_, c, u) in leftovers(cfgs, r, l, dispatch) {
+        let mut dums = vec![c.throughput - u];
+        if l > c.latency {
+            dums.push((f64::from(c.batch) / (l - c.latency)).min(c.throughput) - u);
+        }
+        for dum in dums {
+            if dum <= EPS * r {
+                continue;
+            }
+            for limit in [Configs::Any, Configs::One] {
+                if let Some(a) = algorithm1(cfgs, prices, r + dum, l, limit, dispatch) {
+                    out.push(ModuleSolution {
+                        cost: alloc_cost(&a, prices),
+                        allocs: a,
+                        dummy: dum,
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A point of a module's cost as a function of its budget: the cheapest plan

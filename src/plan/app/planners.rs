@@ -442,7 +442,10 @@ fn lc_split(app: &App, o: &HarpagonOptions) -> Result<Vec<usize>, String> {
                 .unwrap();
         }
         if app.longest_path(&lat_of(&cur)).0 > app.slo * (1.0 + EPS) {
-            return Err("the splitter's starting point misses the SLO".into());
+            return Err(
+                "start: the splitter's starting point (every module at its fastest configuration) misses the SLO"
+                    .into(),
+            );
         }
     }
     // Groups: modules with the same parents and children move together.
@@ -620,7 +623,8 @@ pub fn harpagon_with(app: &App, name: &str, o: &HarpagonOptions) -> Result<Plan,
                 }
                 pts.push(module::pareto(f));
             }
-            let pick = choose_points(app, &pts).ok_or("no split on the grid fits the SLO")?;
+            let pick =
+                choose_points(app, &pts).ok_or("split: no split on the grid fits the SLO")?;
             (0..n).map(|v| pts[v][pick[v]].worst).collect()
         }
     };
@@ -648,7 +652,8 @@ pub fn harpagon_with(app: &App, name: &str, o: &HarpagonOptions) -> Result<Plan,
         )
         .ok_or_else(|| {
             format!(
-                "module {}: no plan within its budget {:.3} ms",
+                "{}: module {}: no plan within its budget {:.3} ms",
+                module::failure_cause(&cfgs, app.rates[v], budget, o.dispatch),
                 app.modules[v].name,
                 budget * 1e3
             )
@@ -689,7 +694,8 @@ pub fn clipper(app: &App) -> Result<Plan, String> {
         )
         .ok_or_else(|| {
             format!(
-                "module {}: no configuration meets {:.3} ms",
+                "{}: module {}: no configuration meets {:.3} ms",
+                module::failure_cause(&cfgs, app.rates[v], budget, Dispatch::RoundRobin),
                 app.modules[v].name,
                 budget * 1e3
             )
@@ -801,7 +807,7 @@ pub fn nexus(app: &App) -> Result<Plan, String> {
         }
         pts.push(module::pareto(f));
     }
-    let pick = choose_points(app, &pts).ok_or("no split on Nexus's grid fits the SLO")?;
+    let pick = choose_points(app, &pts).ok_or("split: no split on Nexus's grid fits the SLO")?;
     let mut mods: Vec<ModulePlan> = (0..n)
         .map(|v| {
             let q = &pts[v][pick[v]];
@@ -875,79 +881,90 @@ fn scrooge_milp(app: &App) -> Option<Vec<Vec<(Config, f64)>>> {
     )
 }
 
+/// Scrooge: its MILP, then the partial-worker refinement. A module whose rate
+/// leaves a partial worker at rate `f` gets, for every configuration `c'` of
+/// any type, the option of serving `f` on `c'` with `W* = d' + b' / f'` per
+/// machine; the MILP is re-run over those options with every other module's
+/// configuration fixed (one choice per partial worker, every path within the
+/// SLO, the lowest cost), so the refined workers share the slack the MILP left.
 pub fn scrooge(app: &App) -> Result<Plan, String> {
     let p = prices(app);
     let n = app.modules.len();
-    let alloc = scrooge_milp(app).ok_or("Scrooge's MILP found no allocation within the SLO")?;
-    // The MILP's module latencies.
-    let milp_lat: Vec<f64> = alloc
-        .iter()
-        .map(|l| {
-            l.iter()
-                .map(|(c, _)| c.latency + f64::from(c.batch) / c.throughput)
-                .fold(0.0, f64::max)
-        })
-        .collect();
-    let order = app.topo();
-    let mut tail = vec![0.0f64; n];
-    for &u in order.iter().rev() {
-        tail[u] = app.children(u).map(|c| tail[c]).fold(0.0, f64::max) + milp_lat[u];
-    }
-    let mut finish = vec![0.0f64; n];
-    let mut mods: Vec<Option<ModulePlan>> = vec![None; n];
-    for &v in &order {
-        let start = app.parents(v).map(|u| finish[u]).fold(0.0, f64::max);
-        let after = app.children(v).map(|c| tail[c]).fold(0.0, f64::max);
-        let budget = app.slo - start - after;
-        let mut allocs = Vec::new();
-        for (c, t) in &alloc[v] {
-            let nfull = (t / c.throughput + 1e-9).floor();
-            let rest = t - nfull * c.throughput;
+    let alloc =
+        scrooge_milp(app).ok_or("milp: Scrooge's MILP found no allocation within the SLO")?;
+    let rr = Dispatch::RoundRobin;
+    let mut pts: Vec<Vec<Point>> = Vec::with_capacity(n);
+    for (module, chosen) in app.modules.iter().zip(&alloc) {
+        let point = |allocs: Vec<Alloc>| Point {
+            worst: if allocs.is_empty() {
+                0.0
+            } else {
+                worst_case(&allocs, rr, &p)
+            },
+            cost: super::alloc_cost(&allocs, &p),
+            allocs,
+            dummy: 0.0,
+        };
+        let Some(&(c, t)) = chosen.first() else {
+            pts.push(vec![point(vec![])]);
+            continue;
+        };
+        let nfull = (t / c.throughput + 1e-9).floor();
+        let rest = t - nfull * c.throughput;
+        if rest <= EPS * t {
+            pts.push(vec![point(vec![Alloc {
+                config: c,
+                count: nfull,
+            }])]);
+            continue;
+        }
+        let mut f = Vec::new();
+        for c2 in &module.configs {
+            // The partial worker alone on c2 (full machines of c2 first if the
+            // rest exceeds one); its worst case is checked by `choose_points`.
+            let Some(tail) = module::algorithm1(&[*c2], &p, rest, f64::INFINITY, Configs::One, rr)
+            else {
+                continue;
+            };
+            let mut allocs = Vec::new();
             if nfull > 0.0 {
                 allocs.push(Alloc {
-                    config: *c,
+                    config: c,
                     count: nfull,
                 });
             }
-            if rest > EPS * t {
-                // Partial-worker refinement: W* = d + b / f; if over the budget,
-                // the cheapest configuration of any type that meets it at rate f.
-                if c.latency + f64::from(c.batch) / rest <= budget * (1.0 + EPS) {
-                    allocs.push(Alloc {
-                        config: *c,
-                        count: rest / c.throughput,
-                    });
-                } else {
-                    let cfgs = module::sorted(&app.modules[v].configs, &p);
-                    let s = module::algorithm1(
-                        &cfgs,
-                        &p,
-                        rest,
-                        budget,
-                        Configs::One,
-                        Dispatch::RoundRobin,
-                    )
-                    .ok_or_else(|| {
-                        format!(
-                            "module {}: no configuration refines its partial worker",
-                            app.modules[v].name
-                        )
-                    })?;
-                    allocs.extend(s);
+            for a in tail {
+                match allocs.last_mut() {
+                    Some(l) if l.config == a.config && l.partial() == 0.0 => l.count += a.count,
+                    _ => allocs.push(a),
                 }
             }
+            f.push(point(allocs));
         }
-        let m = module_plan(app, v, budget, allocs, 0.0, Dispatch::RoundRobin);
-        finish[v] = start + m.worst;
-        mods[v] = Some(m);
+        pts.push(module::pareto(f));
     }
-    let mut mods: Vec<ModulePlan> = mods.into_iter().map(|m| m.unwrap()).collect();
-    // Budgets: the worst cases, then the slack handed out.
-    let mut budgets: Vec<f64> = mods.iter().map(|m| m.worst).collect();
+    let pick = choose_points(app, &pts).ok_or_else(|| {
+        // Name a module whose partial worker cannot meet the budget left to it.
+        let lat: Vec<f64> = pts
+            .iter()
+            .map(|q| q.iter().map(|x| x.worst).fold(f64::INFINITY, f64::min))
+            .collect();
+        let (len, path) = app.longest_path(&lat);
+        format!(
+            "residual: no configuration serves the partial workers on path {} within the SLO ({:.3} ms at the least, SLO {:.3} ms)",
+            path.iter()
+                .map(|&v| app.modules[v].name.as_str())
+                .collect::<Vec<_>>()
+                .join(" -> "),
+            len * 1e3,
+            app.slo * 1e3
+        )
+    })?;
+    let mut budgets: Vec<f64> = (0..n).map(|v| pts[v][pick[v]].worst).collect();
     reassign(app, &mut budgets);
-    for (m, b) in mods.iter_mut().zip(budgets) {
-        m.budget = b;
-    }
+    let mods = (0..n)
+        .map(|v| module_plan(app, v, budgets[v], pts[v][pick[v]].allocs.clone(), 0.0, rr))
+        .collect();
     Ok(Plan::assemble("scrooge", app, mods))
 }
 
@@ -955,7 +972,9 @@ pub fn scrooge(app: &App) -> Result<Plan, String> {
 pub fn run(app: &App, name: &str, stop: &mut dyn FnMut() -> bool) -> Result<Plan, String> {
     match name {
         "fermata" => fermata(app),
-        "exact" => exact(app, stop)?.ok_or_else(|| "exact: stopped by its time limit".to_string()),
+        "exact" => {
+            exact(app, stop)?.ok_or_else(|| "limit: exact stopped at its time limit".to_string())
+        }
         "harpagon" => harpagon_with(app, "harpagon", &HarpagonOptions::harpagon()),
         "piccolo" => harpagon_with(app, "piccolo", &HarpagonOptions::piccolo()),
         "inferline" => harpagon_with(app, "inferline", &HarpagonOptions::inferline()),

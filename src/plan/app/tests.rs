@@ -218,6 +218,87 @@ fn piccolo_m1_dummy_of_15_gives_3_0() {
     assert!(close(s.dummy, 15.0, 1e-9), "{s:?}");
 }
 
+/// Piccolo's dummy `b / (L - d) - u` past a full machine adds a machine and
+/// leaves the same leftover; capped at `t - u` the leftover's machine runs full
+/// and meets the budget with its configuration's batches.
+#[test]
+fn piccolo_dummy_is_at_most_a_full_machine() {
+    // b 4, d 0.1, t 40; r 110: two full machines, leftover 30 at 0.1 + 4/30 s.
+    // L = 0.1 + 4/60: b / (L - d) = 60 > t, so the uncapped dummy (30) leaves a
+    // leftover of 20 again; the capped one (10) gives three full machines.
+    let c = module::sorted(&[cfg(0, 4, 0.1)], &[1.0]);
+    let l = 0.1 + 4.0 / 60.0;
+    let s = module::plan_module(
+        &c,
+        &[1.0],
+        110.0,
+        l,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+        Dummies::Piccolo,
+    )
+    .expect("the capped dummy makes the leftover's machine full");
+    assert!(close(s.cost, 3.0, 1e-9), "{s:?}");
+    assert!(close(s.dummy, 10.0, 1e-9), "{s:?}");
+    assert!(worst_case(&s.allocs, Dispatch::ThroughputCost, &[1.0]) <= l * (1.0 + 1e-9));
+    // Without dummies there is no plan: the leftover misses the budget.
+    assert!(module::plan_module(
+        &c,
+        &[1.0],
+        110.0,
+        l,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+        Dummies::None
+    )
+    .is_none());
+}
+
+/// The dummy puts the leftover on one more machine of its own configuration
+/// (Theorem 2). Running Algorithm 1 again at the padded rate instead can pick a
+/// configuration of higher `t/p` that meets the budget only at the padded rate
+/// and then strand a residual again.
+#[test]
+fn harpagon_dummy_fills_its_own_configuration() {
+    let p = [1.0, 0.35];
+    // A100 b1 (t 183.8) and 1080Ti b1 (t 134.6, t/p 384.6 first).
+    let cfgs = module::sorted(&[cfg(0, 1, 0.00544), cfg(1, 1, 0.00743)], &p);
+    let r = 185.69;
+    let l = 0.00544 + 1.0 / r;
+    assert!(module::algorithm1(&cfgs, &p, r, l, Configs::Any, Dispatch::ThroughputCost).is_none());
+    let s = module::plan_module(
+        &cfgs,
+        &p,
+        r,
+        l,
+        Configs::Any,
+        Dispatch::ThroughputCost,
+        Dummies::Harpagon,
+    )
+    .expect("two full A100 machines meet the budget");
+    assert!(close(s.cost, 2.0, 1e-9), "{s:?}");
+    assert_eq!(s.allocs.len(), 1);
+    assert_eq!(s.allocs[0].config.hw, 0);
+    assert!(worst_case(&s.allocs, Dispatch::ThroughputCost, &p) <= l * (1.0 + 1e-9));
+}
+
+#[test]
+fn failure_causes_tell_a_short_budget_from_a_residual() {
+    let tc = Dispatch::ThroughputCost;
+    // M1 at 285 req/s: six full b5 machines reach 0.1 + 5/300 s.
+    assert_eq!(module::failure_cause(&m1(), 285.0, 0.15, tc), "residual");
+    assert_eq!(module::failure_cause(&m1(), 285.0, 0.11, tc), "budget");
+    // Per machine (round robin) a full b5 machine takes 2d = 0.2 s.
+    assert_eq!(
+        module::failure_cause(&m1(), 285.0, 0.15, Dispatch::RoundRobin),
+        "budget"
+    );
+    assert_eq!(
+        module::failure_cause(&m1(), 285.0, 0.2, Dispatch::RoundRobin),
+        "residual"
+    );
+}
+
 #[test]
 fn piccolo_m1_latency_cost_efficiencies() {
     let (b5, b20, b100) = (cfg(0, 5, 0.1), cfg(0, 20, 0.25), cfg(0, 100, 1.0));
@@ -439,6 +520,26 @@ fn scrooge_section_3_3_costs_7_5407_at_273_ms() {
     assert!(a[1].config.hw == 1 && a[1].config.batch == 2 && close(a[1].count, 20.0 / 81.0, 1e-9));
     // Both partial Y workers share one Y: X 2 + Y 3 + 3.
     assert!(close(p.integral_cost, 8.0, 1e-9), "{}", p.integral_cost);
+}
+
+/// Scrooge's refinement re-runs its choice for every partial worker at once; a
+/// partial worker that no configuration serves within the SLO is a `residual`
+/// failure.
+#[test]
+fn scrooge_refines_partial_workers_jointly_or_names_the_residual() {
+    // A at 61 req/s: one full X<4,2> (60/s) and a partial worker at 1 req/s,
+    // which no configuration serves within 300 ms (at least 13 ms + 2 s).
+    let mut app = scrooge_app();
+    app.rates = vec![61.0, 244.0];
+    let e = planners::scrooge(&app).unwrap_err();
+    assert!(e.starts_with("residual:"), "{e}");
+    // At 70 req/s the partial worker (10/s) fits on a batch-2 configuration.
+    app.rates = vec![70.0, 280.0];
+    let p = planners::scrooge(&app).unwrap();
+    p.verify(&app).unwrap();
+    assert!(p.worst <= app.slo * (1.0 + 1e-9));
+    let a = &p.modules[0].allocs;
+    assert!(a.last().unwrap().config.batch == 2, "{a:?}");
 }
 
 // ------------------------------------------------ Nexus Fig. 4
