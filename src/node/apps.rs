@@ -171,6 +171,12 @@ impl ServedApp {
         }
     }
 
+    /// The frontend's index of each model its steps run (a model used by
+    /// several steps more than once).
+    pub fn step_models(&self) -> impl Iterator<Item = usize> + '_ {
+        self.models.iter().map(|(m, _)| *m)
+    }
+
     /// The steps: (name, model) in order, with each step's input and output
     /// maps (model tensor → ensemble tensor), for the configuration APIs.
     pub fn steps(&self) -> &[ens::EnsembleStep] {

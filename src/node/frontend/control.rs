@@ -108,9 +108,28 @@ impl Loop {
 
 impl FrontendHandle {
     /// Model `model`'s (index) state under model control, and why it is
-    /// unavailable when a load failed.
+    /// unavailable when a load failed. Past the models come the
+    /// applications (index `models().len() + k` is application k, as the
+    /// HTTP and gRPC servers list them): one is ready when every model its
+    /// steps run is, else it has the state of the first that is not.
     pub fn model_state(&self, model: usize) -> (ModelAvailability, String) {
-        self.state.control.state(model)
+        let n = self.models().len();
+        let Some(app) = model.checked_sub(n).and_then(|k| self.apps().get(k)) else {
+            return self.state.control.state(model);
+        };
+        for m in app.step_models() {
+            let (st, reason) = self.state.control.state(m);
+            if st != ModelAvailability::Ready {
+                let name = &self.models()[m].name;
+                let why = if reason.is_empty() {
+                    format!("its model '{name}' is not loaded")
+                } else {
+                    format!("its model '{name}': {reason}")
+                };
+                return (st, why);
+            }
+        }
+        (ModelAvailability::Ready, String::new())
     }
 
     /// Loads (`load`) or unloads model `model` (index) through the
@@ -126,6 +145,15 @@ impl FrontendHandle {
     ) -> Result<(), String> {
         use ModelAvailability::*;
         let c = &self.state.control;
+        if let Some(app) = model
+            .checked_sub(self.models().len())
+            .and_then(|k| self.apps().get(k))
+        {
+            return Err(format!(
+                "'{}' is an application: load and unload the models its steps run",
+                app.meta.name
+            ));
+        }
         if model >= self.models().len() {
             return Err(format!("no model {model}"));
         }
