@@ -120,20 +120,7 @@ pub fn is_ensemble(c: &pb::ModelConfig) -> bool {
 
 /// Reads the ensemble of directory `dir`. Errors name the file and the field.
 pub fn load(dir: &Path) -> Result<EnsembleConfig> {
-    let cfg = dir.join(CONFIG_FILE);
-    let len = std::fs::metadata(&cfg)
-        .with_context(|| format!("reading {}", cfg.display()))?
-        .len();
-    if len > CONFIG_BYTES_MAX {
-        bail!(
-            "{}: {len} bytes; a configuration may have at most {CONFIG_BYTES_MAX}",
-            cfg.display()
-        );
-    }
-    let text =
-        std::fs::read_to_string(&cfg).with_context(|| format!("reading {}", cfg.display()))?;
-    let config =
-        crate::triton_repo::parse_config(&text).map_err(|e| anyhow!("{}: {e}", cfg.display()))?;
+    let (cfg, config) = crate::triton_repo::read_config(dir)?;
     let dir_name = dir
         .file_name()
         .and_then(|n| n.to_str())

@@ -470,9 +470,9 @@ pub struct TritonModel {
     pub file: PathBuf,
 }
 
-/// Reads the Triton model directory `dir`: its configuration, the version to
-/// serve and that version's model file. Errors name the file and the field.
-pub fn load(dir: &Path) -> Result<TritonModel> {
+/// Reads and parses `dir`'s `config.pbtxt` (at most [`CONFIG_BYTES_MAX`]):
+/// its path and the configuration. Errors name the file.
+pub fn read_config(dir: &Path) -> Result<(PathBuf, pb::ModelConfig)> {
     let cfg = dir.join(CONFIG_FILE);
     let len = std::fs::metadata(&cfg)
         .with_context(|| format!("reading {}", cfg.display()))?
@@ -486,6 +486,13 @@ pub fn load(dir: &Path) -> Result<TritonModel> {
     let text =
         std::fs::read_to_string(&cfg).with_context(|| format!("reading {}", cfg.display()))?;
     let config = parse_config(&text).map_err(|e| anyhow!("{}: {e}", cfg.display()))?;
+    Ok((cfg, config))
+}
+
+/// Reads the Triton model directory `dir`: its configuration, the version to
+/// serve and that version's model file. Errors name the file and the field.
+pub fn load(dir: &Path) -> Result<TritonModel> {
+    let (cfg, config) = read_config(dir)?;
     let dir_name = dir
         .file_name()
         .and_then(|n| n.to_str())

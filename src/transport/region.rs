@@ -502,6 +502,15 @@ impl Warm {
 /// The warm thread: maps [`WARM_STEP`] at a time up to [`WARM_AHEAD`] past
 /// `high`, parks in between.
 fn warm_loop(base: usize, len: u64, high: &AtomicU64, mapped: &AtomicU64, stop: &AtomicBool) {
+    // The lowest priority (nice 19, this thread only): a first touch costs
+    // CPU, and mapping ahead must never take the cores from the threads that
+    // serve (at start-up it maps a whole WARM_AHEAD at once). Raising one's
+    // own nice value is always allowed; a failure leaves the default.
+    // SAFETY: gettid and setpriority take no pointers.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+    }
     let page = 4096u64;
     // Whole pages inside the allocation only.
     let first = (base as u64).div_ceil(page) * page - base as u64;

@@ -2327,24 +2327,7 @@ pub(super) mod tests {
         let ms = |m: i64| Time(m * 1_000_000);
         let mut p = proto();
         p.set_model_control(ControlMode::Explicit, &[ModelId(0)]);
-        p.handle_accept(Time(0), 1);
-        p.handle_msg(
-            Time(0),
-            1,
-            Msg::Register {
-                role: Role::Frontend,
-                name: "fe".into(),
-                gpus: vec![],
-                ctrl_addr: "x".into(),
-                region: Some(RegionInfo {
-                    addr: "r".into(),
-                    region: 1,
-                    len: 1 << 20,
-                    rkey: 0,
-                    base: 0,
-                }),
-            },
-        );
+        frontend(&mut p, 1);
         let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
         assert_eq!(
             states(&acts, 1),
