@@ -561,15 +561,7 @@ impl Svc {
             ..Default::default()
         };
         for o in &d.outputs {
-            let (datatype, shape, bytes) = output_raw(meta, o, &done);
-            resp.outputs
-                .push(pb::model_infer_response::InferOutputTensor {
-                    name: meta.outputs[o.index].name.clone(),
-                    datatype: datatype.to_string(),
-                    shape,
-                    ..Default::default()
-                });
-            resp.raw_output_contents.push(bytes);
+            push_output(&mut resp, meta, o, output_raw(meta, o, &done));
         }
         let sum = Summary::of(&done);
         let param = |p| pb::InferParameter {
@@ -652,15 +644,7 @@ impl Svc {
             ..Default::default()
         };
         for o in &d.outputs {
-            let (datatype, shape, bytes) = app_output_raw(meta, o, &ok);
-            resp.outputs
-                .push(pb::model_infer_response::InferOutputTensor {
-                    name: meta.outputs[o.index].name.clone(),
-                    datatype: datatype.to_string(),
-                    shape,
-                    ..Default::default()
-                });
-            resp.raw_output_contents.push(bytes);
+            push_output(&mut resp, meta, o, app_output_raw(meta, o, &ok));
         }
         let param = |p| pb::InferParameter {
             parameter_choice: Some(p),
@@ -1130,6 +1114,25 @@ impl GrpcInferenceService for Arc<Svc> {
     ) -> Result<Response<pb::LogSettingsResponse>, Status> {
         Err(not_served("LogSettings", ""))
     }
+}
+
+/// Appends output `o` of `meta` (its datatype, shape and raw bytes) to a
+/// `ModelInfer` response: the same for a model's answer and an
+/// application's.
+fn push_output(
+    resp: &mut pb::ModelInferResponse,
+    meta: &ModelMeta,
+    o: &crate::node::http::request::OutSpec,
+    (datatype, shape, bytes): (&'static str, Vec<i64>, Vec<u8>),
+) {
+    resp.outputs
+        .push(pb::model_infer_response::InferOutputTensor {
+            name: meta.outputs[o.index].name.clone(),
+            datatype: datatype.to_string(),
+            shape,
+            ..Default::default()
+        });
+    resp.raw_output_contents.push(bytes);
 }
 
 /// UNIMPLEMENTED for an RPC of Triton's service that Fermata does not serve,

@@ -267,7 +267,7 @@ mod tests {
     use crate::node::proto::sched::{Action, SchedProto};
     use crate::node::proto::subclusters::SubClusters;
     use crate::transport::ConnId;
-    use crate::wire::{GpuInfo, Msg, RegionInfo, Role};
+    use crate::wire::{GpuInfo, Msg, Role};
 
     fn proto(limits: Limits) -> SchedProto {
         crate::node::proto::sched::tests::proto_with_limits(SubClusters::single(2), limits)
@@ -308,21 +308,7 @@ mod tests {
     }
 
     fn frontend(p: &mut SchedProto, now: Time, c: ConnId) -> Vec<Action> {
-        p.handle_accept(now, c);
-        let register = Msg::Register {
-            role: Role::Frontend,
-            name: format!("fe{c}"),
-            gpus: vec![],
-            ctrl_addr: "x".into(),
-            region: Some(RegionInfo {
-                addr: "r".into(),
-                region: 1,
-                len: 1 << 20,
-                rkey: 0,
-                base: 0,
-            }),
-        };
-        p.handle_msg(now, c, register);
+        crate::node::proto::sched::tests::frontend_at(p, now, c);
         actions(p)
     }
 
