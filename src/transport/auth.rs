@@ -717,20 +717,45 @@ pub struct Sealer {
 }
 
 impl Sealer {
+    /// The bytes `plain` takes once sealed: records of at most [`MAX_PLAIN`]
+    /// bytes, each with its 2-byte length and its tag.
+    pub fn sealed_len(plain: usize) -> usize {
+        plain + plain.div_ceil(MAX_PLAIN) * (2 + TAG)
+    }
+
+    /// Seals `plain` as records of at most [`MAX_PLAIN`] bytes each into the
+    /// start of `out` (at least [`Sealer::sealed_len`] bytes): the bytes
+    /// written. Writing into a slice lets a caller keep one buffer and not
+    /// zero it again for every write.
+    pub fn seal_into(&mut self, plain: &[u8], out: &mut [u8]) -> Result<usize, AuthError> {
+        let need = Self::sealed_len(plain.len());
+        if out.len() < need {
+            return Err(AuthError::BadRecord(format!(
+                "sealing {} bytes needs {need} bytes of room, not {}",
+                plain.len(),
+                out.len()
+            )));
+        }
+        let mut at = 0;
+        for chunk in plain.chunks(MAX_PLAIN) {
+            let n = chunk.len() + TAG;
+            out[at..at + 2].copy_from_slice(&(n as u16).to_be_bytes());
+            self.st
+                .write_message(self.nonce, chunk, &mut out[at + 2..at + 2 + n])
+                .map_err(|e| AuthError::BadRecord(format!("sealing: {e}")))?;
+            self.nonce += 1;
+            at += 2 + n;
+        }
+        Ok(at)
+    }
+
     /// Appends `plain` to `out` as records of at most [`MAX_PLAIN`] bytes
     /// each (none for no bytes).
     pub fn seal(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Result<(), AuthError> {
-        out.reserve(plain.len() + plain.len().div_ceil(MAX_PLAIN) * (2 + TAG));
-        for chunk in plain.chunks(MAX_PLAIN) {
-            let at = out.len();
-            let n = chunk.len() + TAG;
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-            out.resize(at + 2 + n, 0);
-            self.st
-                .write_message(self.nonce, chunk, &mut out[at + 2..])
-                .map_err(|e| AuthError::BadRecord(format!("sealing: {e}")))?;
-            self.nonce += 1;
-        }
+        let at = out.len();
+        out.resize(at + Self::sealed_len(plain.len()), 0);
+        let n = self.seal_into(plain, &mut out[at..])?;
+        out.truncate(at + n);
         Ok(())
     }
 }
@@ -747,30 +772,61 @@ impl Opener {
     /// error, and the channel must not be used after it.
     pub fn open(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<usize, AuthError> {
         let mut pos = 0;
-        while raw.len() - pos >= 2 {
-            let n = u16::from_be_bytes([raw[pos], raw[pos + 1]]) as usize;
-            if n < TAG {
-                return Err(AuthError::BadRecord(format!("a record of {n} bytes")));
-            }
-            if raw.len() - pos - 2 < n {
-                break;
-            }
+        while let Some(plain) = Self::whole(&raw[pos..])? {
             let at = out.len();
-            out.resize(at + n - TAG, 0);
-            let got = self
-                .st
-                .read_message(self.nonce, &raw[pos + 2..pos + 2 + n], &mut out[at..])
-                .map_err(|_| {
-                    AuthError::BadRecord(format!(
-                        "record {} was changed, replayed or reordered on the way",
-                        self.nonce
-                    ))
-                })?;
+            out.resize(at + plain + TAG, 0);
+            let need = Self::need(&raw[pos..]);
+            let got = self.open_record(&raw[pos..pos + need], &mut out[at..])?;
             out.truncate(at + got);
-            self.nonce += 1;
-            pos += 2 + n;
+            pos += need;
         }
         Ok(pos)
+    }
+
+    /// The plaintext bytes of the record at the start of `raw` when `raw`
+    /// holds all of it (None: not yet); an error for a length no record has.
+    pub fn whole(raw: &[u8]) -> Result<Option<usize>, AuthError> {
+        let [a, b, rest @ ..] = raw else {
+            return Ok(None);
+        };
+        let n = u16::from_be_bytes([*a, *b]) as usize;
+        if n < TAG {
+            return Err(AuthError::BadRecord(format!("a record of {n} bytes")));
+        }
+        Ok((rest.len() >= n).then_some(n - TAG))
+    }
+
+    /// Opens the one record `record` (its 2-byte length included, as
+    /// [`Opener::need`] measures it) into the start of `out`, which must hold
+    /// its plaintext: the bytes written. Opening into a slice lets a reader
+    /// open a record straight into its caller's buffer. With room for the
+    /// tag too (`plaintext + TAG` bytes, the tag's bytes after the plaintext
+    /// are scratch), the record is opened in place there; with room for the
+    /// plaintext only, the cipher first copies the record into a buffer of
+    /// its own (an allocation and a second copy).
+    pub fn open_record(&mut self, record: &[u8], out: &mut [u8]) -> Result<usize, AuthError> {
+        let Some(plain) = Self::whole(record)? else {
+            return Err(AuthError::BadRecord("a record cut short".into()));
+        };
+        if record.len() != 2 + plain + TAG || out.len() < plain {
+            return Err(AuthError::BadRecord(format!(
+                "a record of {} bytes opened into {} bytes",
+                record.len(),
+                out.len()
+            )));
+        }
+        let room = out.len().min(plain + TAG);
+        let got = self
+            .st
+            .read_message(self.nonce, &record[2..], &mut out[..room])
+            .map_err(|_| {
+                AuthError::BadRecord(format!(
+                    "record {} was changed, replayed or reordered on the way",
+                    self.nonce
+                ))
+            })?;
+        self.nonce += 1;
+        Ok(got)
     }
 
     /// The bytes the record starting `raw` needs in all (its header's 2 when
@@ -925,7 +981,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn key(s: &str) -> ClusterKey {
@@ -1002,6 +1058,13 @@ mod tests {
         }
         let stuck = || Err(AuthError::Io("no more bytes".into()));
         (d_done.unwrap_or_else(stuck), a_done.unwrap_or_else(stuck))
+    }
+
+    /// Two ends of one channel: the dialer's and the listener's.
+    pub(crate) fn channel_pair() -> (Channel, Channel) {
+        let k = key("0123456789abcdef0123");
+        let (d, l) = pair(&k, &k);
+        (d.unwrap(), l.unwrap())
     }
 
     fn pair(a: &ClusterKey, b: &ClusterKey) -> (Run, Run) {

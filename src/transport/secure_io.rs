@@ -4,7 +4,7 @@
 //! ([`SecureStd`]). Without a channel (a transport without a cluster key) the
 //! bytes pass through unchanged.
 
-use super::auth::{AuthError, Channel, Opener, Sealer, MAX_RECORD};
+use super::auth::{AuthError, Channel, Opener, Sealer, MAX_RECORD, TAG};
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -19,6 +19,16 @@ fn bad(e: AuthError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }
 
+/// Seals `plain` into the start of `out`, growing it (never shrinking it)
+/// to the room the records need: the bytes of records.
+fn seal_into(sealer: &mut Sealer, plain: &[u8], out: &mut Vec<u8>) -> io::Result<usize> {
+    let need = Sealer::sealed_len(plain.len());
+    if out.len() < need {
+        out.resize(need, 0);
+    }
+    sealer.seal_into(plain, out).map_err(bad)
+}
+
 /// Splits a channel for a reader and a writer half (None: pass through).
 pub fn split(ch: Option<Channel>) -> (Option<Opener>, Option<Sealer>) {
     match ch {
@@ -28,7 +38,11 @@ pub fn split(ch: Option<Channel>) -> (Option<Opener>, Option<Sealer>) {
 }
 
 /// Whole records of `raw[start..end]` opened one at a time; the buffer of
-/// [`SecureRead`] and [`SecureStd`].
+/// [`SecureRead`] and [`SecureStd`]. A record is opened straight into the
+/// reader's buffer when that has room for it (with its tag's scratch bytes),
+/// else into `plain` and copied out from there. Both buffers are allocated
+/// once and reused: zeroing or growing one per record costs as much as the
+/// cipher.
 struct OpenBuf {
     opener: Opener,
     /// Records as read, `raw[start..end]` not opened yet (allocated at the
@@ -36,9 +50,11 @@ struct OpenBuf {
     raw: Vec<u8>,
     start: usize,
     end: usize,
-    /// One record's bytes, `plain[pos..]` not read yet.
+    /// One record's bytes, `plain[pos..len]` not read yet (room for a whole
+    /// record, allocated at the first record opened here).
     plain: Vec<u8>,
     pos: usize,
+    len: usize,
     failed: bool,
 }
 
@@ -51,50 +67,72 @@ impl OpenBuf {
             end: 0,
             plain: Vec::new(),
             pos: 0,
+            len: 0,
             failed: false,
         }
     }
 
+    /// Whether opened bytes wait to be read.
+    fn pending(&self) -> bool {
+        self.pos < self.len
+    }
+
     /// Copies opened bytes into `out`: how many (0 when none are open).
     fn copy_out(&mut self, out: &mut [u8]) -> usize {
-        let n = out.len().min(self.plain.len() - self.pos);
+        let n = out.len().min(self.len - self.pos);
         out[..n].copy_from_slice(&self.plain[self.pos..self.pos + n]);
         self.pos += n;
-        if self.pos == self.plain.len() {
-            self.plain.clear();
+        if self.pos == self.len {
             self.pos = 0;
+            self.len = 0;
         }
         n
     }
 
-    /// Opens the next whole record, if `raw` holds one: true when it did.
-    fn open_next(&mut self) -> io::Result<bool> {
+    fn fail(&mut self, e: AuthError) -> io::Error {
+        self.failed = true;
+        bad(e)
+    }
+
+    /// The plaintext bytes of the next record when `raw` holds all of it.
+    fn next_record(&mut self) -> io::Result<Option<usize>> {
         if self.failed {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the channel failed",
             ));
         }
+        Opener::whole(&self.raw[self.start..self.end]).map_err(|e| self.fail(e))
+    }
+
+    /// Opens the next record (whole in `raw`) into `out`: the bytes written.
+    fn open_into(&mut self, out: &mut [u8]) -> io::Result<usize> {
         let have = &self.raw[self.start..self.end];
         let need = Opener::need(have);
-        if have.len() < need || have.len() < 2 {
-            return Ok(false);
-        }
-        match self.opener.open(&have[..need], &mut self.plain) {
-            Ok(used) => {
-                debug_assert_eq!(used, need);
+        match self.opener.open_record(&have[..need], out) {
+            Ok(n) => {
                 self.start += need;
                 if self.start == self.end {
                     self.start = 0;
                     self.end = 0;
                 }
-                Ok(true)
+                Ok(n)
             }
-            Err(e) => {
-                self.failed = true;
-                Err(bad(e))
-            }
+            Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// Opens the next record (whole in `raw`) into `plain`.
+    fn open_here(&mut self) -> io::Result<()> {
+        if self.plain.is_empty() {
+            self.plain = vec![0u8; MAX_RECORD];
+        }
+        let mut plain = std::mem::take(&mut self.plain);
+        let got = self.open_into(&mut plain);
+        self.plain = plain;
+        self.len = got?;
+        self.pos = 0;
+        Ok(())
     }
 
     /// Room to read into (compacting, allocating at first use).
@@ -152,15 +190,24 @@ impl<R: AsyncRead + Unpin> AsyncRead for SecureRead<R> {
             return Poll::Ready(Ok(()));
         }
         loop {
-            if ob.pos < ob.plain.len() {
+            if ob.pending() {
                 // Only the bytes copied are initialized first: a caller's
                 // large spare capacity is not zeroed on every read.
-                let want = buf.remaining().min(ob.plain.len() - ob.pos);
+                let want = buf.remaining().min(ob.len - ob.pos);
                 let n = ob.copy_out(buf.initialize_unfilled_to(want));
                 buf.advance(n);
                 return Poll::Ready(Ok(()));
             }
-            if ob.open_next()? {
+            if let Some(plain) = ob.next_record()? {
+                if buf.remaining() >= plain + TAG {
+                    let n = ob.open_into(buf.initialize_unfilled_to(plain + TAG))?;
+                    buf.advance(n);
+                    if n > 0 {
+                        return Poll::Ready(Ok(()));
+                    }
+                } else {
+                    ob.open_here()?;
+                }
                 continue;
             }
             let room = ob.room();
@@ -176,11 +223,13 @@ impl<R: AsyncRead + Unpin> AsyncRead for SecureRead<R> {
     }
 }
 
-/// Sealed bytes waiting to be written (`out[pos..]`).
+/// Sealed bytes waiting to be written (`out[pos..len]`). `out` is kept
+/// (at most [`SEAL_CHUNK`] sealed) so that a write does not zero or grow it.
 struct SealBuf {
     sealer: Sealer,
     out: Vec<u8>,
     pos: usize,
+    len: usize,
     /// The stream bytes `out` holds (answered to `poll_write` once written).
     accounted: usize,
 }
@@ -191,18 +240,15 @@ impl SealBuf {
         w: &mut W,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
-        while self.pos < self.out.len() {
-            let n = ready!(Pin::new(&mut *w).poll_write(cx, &self.out[self.pos..]))?;
+        while self.pos < self.len {
+            let n = ready!(Pin::new(&mut *w).poll_write(cx, &self.out[self.pos..self.len]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.pos += n;
         }
-        self.out.clear();
         self.pos = 0;
-        if self.out.capacity() > 2 * SEAL_CHUNK {
-            self.out.shrink_to(SEAL_CHUNK);
-        }
+        self.len = 0;
         Poll::Ready(Ok(()))
     }
 }
@@ -223,6 +269,7 @@ impl<W> SecureWrite<W> {
                 sealer,
                 out: Vec::new(),
                 pos: 0,
+                len: 0,
                 accounted: 0,
             }),
         }
@@ -239,14 +286,13 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for SecureWrite<W> {
         let Some(sb) = me.seal.as_mut() else {
             return Pin::new(&mut me.inner).poll_write(cx, buf);
         };
-        if sb.pos == sb.out.len() {
+        if sb.pos == sb.len {
             if buf.is_empty() {
                 return Poll::Ready(Ok(0));
             }
-            sb.out.clear();
-            sb.pos = 0;
             let n = buf.len().min(SEAL_CHUNK);
-            sb.sealer.seal(&buf[..n], &mut sb.out).map_err(bad)?;
+            sb.len = seal_into(&mut sb.sealer, &buf[..n], &mut sb.out)?;
+            sb.pos = 0;
             sb.accounted = n;
         }
         ready!(sb.drain(&mut me.inner, cx))?;
@@ -297,7 +343,7 @@ impl<S: io::Read + io::Write> SecureStd<S> {
     /// The socket and the channel back, for a driver that goes on with them
     /// elsewhere; an error when bytes the peer sent are still buffered here.
     pub fn into_parts(self) -> io::Result<(S, Channel)> {
-        if self.open.start != self.open.end || self.open.pos != self.open.plain.len() {
+        if self.open.start != self.open.end || self.open.pending() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the peer sent more than was asked for",
@@ -319,10 +365,18 @@ impl<S: io::Read + io::Write> io::Read for SecureStd<S> {
             return Ok(0);
         }
         loop {
-            if self.open.pos < self.open.plain.len() {
+            if self.open.pending() {
                 return Ok(self.open.copy_out(buf));
             }
-            if self.open.open_next()? {
+            if let Some(plain) = self.open.next_record()? {
+                if buf.len() >= plain + TAG {
+                    let n = self.open.open_into(buf)?;
+                    if n > 0 {
+                        return Ok(n);
+                    }
+                } else {
+                    self.open.open_here()?;
+                }
                 continue;
             }
             let n = self.inner.read(self.open.room())?;
@@ -338,12 +392,165 @@ impl<S: io::Read + io::Write> io::Read for SecureStd<S> {
 impl<S: io::Read + io::Write> io::Write for SecureStd<S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = buf.len().min(SEAL_CHUNK);
-        self.out.clear();
-        self.sealer.seal(&buf[..n], &mut self.out).map_err(bad)?;
-        self.inner.write_all(&self.out)?;
+        let len = seal_into(&mut self.sealer, &buf[..n], &mut self.out)?;
+        self.inner.write_all(&self.out[..len])?;
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::auth::tests::channel_pair;
+    use crate::transport::auth::MAX_PLAIN;
+    use std::io::{Read, Write};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A blocking socket's stand-in: reads from `rx`, writes to `tx`.
+    struct Pipe {
+        rx: io::Cursor<Vec<u8>>,
+        tx: Vec<u8>,
+    }
+
+    impl io::Read for Pipe {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            io::Read::read(&mut self.rx, buf)
+        }
+    }
+
+    impl io::Write for Pipe {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            io::Write::write(&mut self.tx, buf)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn stream(n: usize) -> Vec<u8> {
+        (0..n as u32).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    /// Reads of every size come back as the stream sent: reads with room
+    /// for a whole record and its tag open it in place, smaller ones go
+    /// through the buffer, and the two mix within one stream.
+    #[test]
+    fn reads_of_any_size_give_back_the_stream() {
+        let (d, l) = channel_pair();
+        let data = stream(5 * MAX_PLAIN + 1234);
+        let mut w = SecureStd::new(
+            Pipe {
+                rx: io::Cursor::new(Vec::new()),
+                tx: Vec::new(),
+            },
+            d,
+        );
+        // Writes of uneven sizes: records do not line up with reads.
+        for part in data.chunks(40_000) {
+            w.write_all(part).unwrap();
+        }
+        let wire = std::mem::take(&mut w.inner.tx);
+        let mut r = SecureStd::new(
+            Pipe {
+                rx: io::Cursor::new(wire),
+                tx: Vec::new(),
+            },
+            l,
+        );
+        let sizes = [
+            7,
+            MAX_RECORD + 100,
+            MAX_PLAIN,
+            MAX_RECORD,
+            3,
+            MAX_RECORD * 2,
+        ];
+        let mut got = Vec::new();
+        let mut i = 0;
+        loop {
+            let mut buf = vec![0xAAu8; sizes[i % sizes.len()]];
+            i += 1;
+            let n = r.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got.len(), data.len());
+        assert!(got == data, "the stream came back changed");
+    }
+
+    /// A changed byte of a record fails the read that opens it, in place
+    /// or through the buffer, and every read after it.
+    #[test]
+    fn a_changed_record_fails_whatever_the_read_size() {
+        for size in [100, MAX_RECORD * 2] {
+            let (mut d, l) = channel_pair();
+            let mut wire = Vec::new();
+            d.sealer.seal(&stream(3 * MAX_PLAIN), &mut wire).unwrap();
+            wire[2 + MAX_RECORD + 2 + 10] ^= 1;
+            let mut r = SecureStd::new(
+                Pipe {
+                    rx: io::Cursor::new(wire),
+                    tx: Vec::new(),
+                },
+                l,
+            );
+            let mut buf = vec![0u8; size];
+            let mut read = 0;
+            let err = loop {
+                match r.read(&mut buf) {
+                    Ok(n) => {
+                        assert!(n > 0, "the stream ended before the changed record");
+                        read += n;
+                    }
+                    Err(e) => break e,
+                }
+            };
+            assert_eq!(read, MAX_PLAIN, "only the first record opened");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+            assert!(r.read(&mut buf).is_err(), "the channel stays failed");
+        }
+    }
+
+    /// The tokio halves: a large `read_exact` (records opened in place) and
+    /// small reads (through the buffer) over one duplex stream.
+    #[test]
+    fn async_halves_carry_large_and_small_reads() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (d, l) = channel_pair();
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let mut w = SecureWrite::new(a, Some(d.sealer));
+            let mut r = SecureRead::new(b, Some(l.opener));
+            let data = stream(3 * MAX_PLAIN + 77);
+            let sent = data.clone();
+            let writer = tokio::spawn(async move {
+                w.write_all(&sent).await.unwrap();
+                w.write_all(b"tail").await.unwrap();
+                w.shutdown().await.unwrap();
+            });
+            let mut big = vec![0u8; 2 * MAX_PLAIN];
+            r.read_exact(&mut big).await.unwrap();
+            let mut rest = Vec::new();
+            let mut small = [0u8; 1000];
+            loop {
+                let n = r.read(&mut small).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                rest.extend_from_slice(&small[..n]);
+            }
+            writer.await.unwrap();
+            big.extend_from_slice(&rest);
+            let mut want = data;
+            want.extend_from_slice(b"tail");
+            assert!(big == want, "the stream came back changed");
+        });
     }
 }
