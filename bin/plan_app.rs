@@ -283,9 +283,9 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
     );
     println!("(then the workloads without a plan, by cause)");
     println!("no plan, by cause: budget (the split leaves a module less than any configuration needs with every machine full), residual (full machines fit but no configuration serves the residual rate f within the budget, d + b/f, and the planner's dummies do not help), start (the splitter's starting point misses the SLO), split (no split on the planner's grid fits), milp (Scrooge's MILP is infeasible), infeasible (a plan that fails the feasibility check)");
-    println!("costs: fractional (price x machines, partial machines by their fraction); norm and max: cost / fermata's; below: workloads cheaper than fermata; <=exact and gap: among the workloads exact finished; infeas: plans that fail the feasibility check, counted as no plan");
+    println!("costs: fractional (price x machines, partial machines by their fraction); norm and max: cost / fermata's; below: workloads cheaper than fermata; <=exact and gap: among the workloads exact finished; infeas: plans that fail the feasibility check, counted as no plan; over harpagon: mean of cost / harpagon's cost over the workloads both planned, less 1 (the papers' reference)");
     for s in &r.planners {
-        println!("{}", row(s));
+        println!("{}  {:+.1}% over harpagon", row(s), s.over_harpagon * 100.0);
     }
     println!(
         "fermata at most every other planner's fractional cost on {:.1}% of workloads ({:.1}% with Harpagon's ablations too; {:.1}% by integral cost); {} of its plans are a peer's (portfolio)",
