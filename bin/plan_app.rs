@@ -160,20 +160,20 @@ pub fn cmd_plan_app(a: AppArgs) -> Result<()> {
         }
     }
     println!(
-        "{:<10} {:>12} {:>12} {:>10} {:>10}",
+        "{:<17} {:>12} {:>12} {:>10} {:>10}",
         "planner", "cost/h", "integral/h", "worst ms", "plan ms"
     );
     for (n, r, ms) in &out {
         match r {
             Ok(p) => println!(
-                "{:<10} {:>12.4} {:>12.4} {:>10.2} {:>10.2}",
+                "{:<17} {:>12.4} {:>12.4} {:>10.2} {:>10.2}",
                 n,
                 p.cost,
                 p.integral_cost,
                 p.worst * 1e3,
                 ms
             ),
-            Err(e) => println!("{n:<10} no plan: {e}"),
+            Err(e) => println!("{n:<17} no plan: {e}"),
         }
     }
     Ok(())
