@@ -15,7 +15,7 @@
 //! * SLO: 1.3-4x the smallest latency the longest path can reach;
 //! * prices: A100 1.0, 1080Ti the price ratio R.
 
-use crate::plan::app::fermata::{fermata_with, FermataOptions};
+use crate::plan::app::fermata::{fermata_with, FermataOptions, Objective};
 use crate::plan::app::module::Dummies;
 use crate::plan::app::planners::{self, HarpagonOptions, Split};
 use crate::plan::app::{file, App, Config, Edge, Hardware, HwKind, Module, Plan};
@@ -426,6 +426,9 @@ pub struct Report {
     pub fermata_cheapest_with_ablations: f64,
     /// The same as `fermata_cheapest`, by integral cost.
     pub fermata_cheapest_integral: f64,
+    /// Share of workloads where `fermata-integral`'s integral cost is at most
+    /// every other planner's and ablation's, `fermata`'s included.
+    pub fermata_integral_cheapest_integral: f64,
     pub scale_ms: Option<f64>,
     /// Harpagon against the cheapest split on a 0.01 x SLO grid for its own
     /// module scheduler (the `quantised-0.01` ablation, a brute force over
@@ -592,6 +595,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         "nexus",
         "inferline",
         "clipper",
+        "fermata-integral",
     ];
     let mut cols: Vec<Col> = names.iter().map(|n| Col::new(n)).collect();
     let abl = if o.ablations { ablations() } else { vec![] };
@@ -610,9 +614,14 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
                 let limit = o.exact_limit;
                 let mut stop = move || t0.elapsed() > limit;
                 col.run(&app, || planners::run(&app, &name, &mut stop));
-            } else if name == "fermata" {
+            } else if name == "fermata" || name == "fermata-integral" {
                 let fo = FermataOptions {
                     nodes: o.fermata_nodes,
+                    objective: if name == "fermata" {
+                        Objective::Fractional
+                    } else {
+                        Objective::Integral
+                    },
                     ..FermataOptions::default()
                 };
                 col.run(&app, || fermata_with(&app, &fo));
@@ -629,13 +638,10 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
     }
     let fermata = cols[0].costs.clone();
     let exact = cols[1].costs.clone();
-    // fermata at most every other column's fractional (or integral) cost.
-    let share = |others: &[&Col], integral: bool| {
-        let f = if integral {
-            &cols[0].integral
-        } else {
-            &cols[0].costs
-        };
+    // A fermata column at most every other column's fractional (or integral)
+    // cost.
+    let share = |me: &Col, others: &[&Col], integral: bool| {
+        let f = if integral { &me.integral } else { &me.costs };
         (0..o.workloads)
             .filter(|&i| {
                 f[i].is_some_and(|f| {
@@ -648,11 +654,21 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
             .count() as f64
             / o.workloads.max(1) as f64
     };
-    let peers: Vec<&Col> = cols.iter().skip(1).collect();
-    let all: Vec<&Col> = cols.iter().skip(1).chain(acols.iter()).collect();
-    let fermata_cheapest = share(&peers, false);
-    let fermata_cheapest_with_ablations = share(&all, false);
-    let fermata_cheapest_integral = share(&peers, true);
+    // The peers: every planner but fermata's two objectives.
+    let peers: Vec<&Col> = cols
+        .iter()
+        .filter(|c| !c.name.starts_with("fermata"))
+        .collect();
+    let all: Vec<&Col> = peers.iter().copied().chain(acols.iter()).collect();
+    let fi = cols
+        .iter()
+        .find(|c| c.name == "fermata-integral")
+        .expect("a column");
+    let fermata_cheapest = share(&cols[0], &peers, false);
+    let fermata_cheapest_with_ablations = share(&cols[0], &all, false);
+    let fermata_cheapest_integral = share(&cols[0], &peers, true);
+    let with_fermata: Vec<&Col> = all.iter().copied().chain([&cols[0]]).collect();
+    let fermata_integral_cheapest_integral = share(fi, &with_fermata, true);
     let scale_ms = o.scale.then(|| {
         let app = scale_instance(o.seed, &profs);
         let fo = FermataOptions {
@@ -703,6 +719,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         fermata_cheapest,
         fermata_cheapest_with_ablations,
         fermata_cheapest_integral,
+        fermata_integral_cheapest_integral,
         scale_ms,
     }
 }
@@ -827,7 +844,7 @@ mod tests {
             family: Family::SYMPHONY,
         };
         let r = run(&o, |_| {});
-        assert_eq!(r.planners.len(), 8);
+        assert_eq!(r.planners.len(), 9);
         assert_eq!(r.ablations.len(), 8);
         for s in r.planners.iter().chain(&r.ablations) {
             assert_eq!(s.planned + s.failed + s.infeasible, 6, "{}", s.planner);
@@ -841,6 +858,8 @@ mod tests {
         }
         assert_eq!(r.planners[0].planned, 6);
         assert!(r.fermata_cheapest >= 1.0 - 1e-12);
+        assert_eq!(r.planners[8].planner, "fermata-integral");
+        assert_eq!(r.planners[8].planned, 6);
         for i in 0..6 {
             let app = workload(3 + i, 0.35, &profs);
             assert!(file::check_slo(&app).is_ok());

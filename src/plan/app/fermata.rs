@@ -27,13 +27,19 @@
 //!    step 2 is at most its cost (`nexus` does run where a module declares a
 //!    prefix: its prefix batching merges modules).
 //!
-//! Costs are compared by fractional cost (the papers' headline metric).
+//! Costs are compared by fractional cost (the papers' headline metric). With
+//! [`Objective::Integral`] (the planner `fermata-integral`) they are compared
+//! by integral cost, the machines rented once partial machines are placed
+//! together: step 1 keeps the points that rent cheaply too, step 2 is the MILP
+//! of [`super::integral`], step 3 keeps a module's cheaper plan only where the
+//! integral cost does not rise, and step 4 also weighs the fractional
+//! objective's own plan; ties go to the lower fractional cost.
 
 use super::module::{self, Budget, Configs, Dummies, Point};
 use super::planners::{
     choose_points, l_max, module_plan, plan_from_points, prices, HarpagonOptions, Split,
 };
-use super::{alloc_cost, worst_case, Alloc, App, Dispatch, Plan, EPS};
+use super::{alloc_cost, integral_cost, worst_case, Alloc, App, Dispatch, Plan, EPS};
 
 /// Branch-and-bound nodes per module of `fermata`'s exact step function.
 pub const FERMATA_NODES: u64 = 20_000;
@@ -49,6 +55,27 @@ pub struct FermataOptions {
     pub grid: bool,
     /// Step 4.
     pub portfolio: bool,
+    pub objective: Objective,
+}
+
+/// What `fermata` minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// Σ price · machines, partial machines by their fraction.
+    Fractional,
+    /// The machines rented once partial machines of each hardware type are
+    /// placed together ([`super::integral_cost`]).
+    Integral,
+}
+
+impl Objective {
+    /// The planner's name.
+    pub fn planner(self) -> &'static str {
+        match self {
+            Objective::Fractional => "fermata",
+            Objective::Integral => "fermata-integral",
+        }
+    }
 }
 
 impl Default for FermataOptions {
@@ -57,6 +84,7 @@ impl Default for FermataOptions {
             nodes: FERMATA_NODES,
             grid: true,
             portfolio: true,
+            objective: Objective::Fractional,
         }
     }
 }
@@ -75,6 +103,7 @@ pub fn fermata_optimum(app: &App) -> Result<Plan, String> {
             nodes: u64::MAX,
             grid: false,
             portfolio: false,
+            objective: Objective::Fractional,
         },
     )?;
     let pick = choose_points(app, &pts).ok_or("no choice of budgets fits the SLO")?;
@@ -145,7 +174,12 @@ pub fn points(app: &App, o: &FermataOptions) -> Result<Vec<Vec<Point>>, String> 
                 }
             }
             f.extend(extra);
-            f = module::pareto(f);
+            if o.objective == Objective::Fractional {
+                f = module::pareto(f);
+            }
+        }
+        if o.objective == Objective::Integral {
+            f = super::integral::points(f, r, &p);
         }
         if f.is_empty() {
             return Err(format!(
@@ -158,9 +192,48 @@ pub fn points(app: &App, o: &FermataOptions) -> Result<Vec<Vec<Point>>, String> 
     Ok(pts)
 }
 
+/// `fermata` with the integral objective.
+pub fn fermata_integral(app: &App) -> Result<Plan, String> {
+    fermata_with(
+        app,
+        &FermataOptions {
+            objective: Objective::Integral,
+            ..FermataOptions::default()
+        },
+    )
+}
+
+/// Whether `q` is better than `b` under `objective` (the other cost breaks ties).
+fn better(q: &Plan, b: &Plan, objective: Objective) -> bool {
+    let lt = |x: f64, y: f64| x < y * (1.0 - 1e-9);
+    let eq = |x: f64, y: f64| !lt(x, y) && !lt(y, x);
+    match objective {
+        Objective::Fractional => {
+            lt(q.cost, b.cost) || (eq(q.cost, b.cost) && lt(q.integral_cost, b.integral_cost))
+        }
+        Objective::Integral => {
+            lt(q.integral_cost, b.integral_cost)
+                || (eq(q.integral_cost, b.integral_cost) && lt(q.cost, b.cost))
+        }
+    }
+}
+
 pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
     let own = own_plan(app, o);
     let mut best = own.as_ref().ok().filter(|p| p.verify(app).is_ok()).cloned();
+    if o.objective == Objective::Integral {
+        // The fractional objective's own plan can rent for less than the
+        // integral MILP's, whose packing bound BFD may not reach.
+        let f = FermataOptions {
+            objective: Objective::Fractional,
+            ..*o
+        };
+        if let Ok(q) = own_plan(app, &f) {
+            if q.verify(app).is_ok() && best.as_ref().is_none_or(|b| better(&q, b, o.objective)) {
+                best = Some(q);
+            }
+        }
+    }
     if o.portfolio {
         let mut never = || false;
         // Nexus's prefix batching is outside step 1's points: run it where a
@@ -190,14 +263,14 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
             if q.verify(app).is_err() {
                 continue;
             }
-            if best.as_ref().is_none_or(|b| q.cost < b.cost * (1.0 - 1e-9)) {
+            if best.as_ref().is_none_or(|b| better(&q, b, o.objective)) {
                 best = Some(q);
             }
         }
     }
     match best {
         Some(mut b) => {
-            b.planner = "fermata".into();
+            b.planner = o.objective.planner().into();
             Ok(b)
         }
         None => Err(own.err().unwrap_or_else(|| "no feasible plan".into())),
@@ -207,11 +280,16 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
 /// Steps 1 to 3.
 fn own_plan(app: &App, o: &FermataOptions) -> Result<Plan, String> {
     let pts = points(app, o)?;
-    let pick = choose_points(app, &pts).ok_or("no choice of budgets fits the SLO")?;
+    let pick = match o.objective {
+        Objective::Fractional => choose_points(app, &pts),
+        Objective::Integral => super::integral::choose(app, &pts),
+    }
+    .ok_or("no choice of budgets fits the SLO")?;
     let mut plan = plan_from_points(app, "fermata", &pts, &pick);
     let p = prices(app);
-    for (v, m) in plan.modules.iter_mut().enumerate() {
+    for v in 0..plan.modules.len() {
         let cfgs = module::sorted(&app.modules[v].configs, &p);
+        let budget = plan.modules[v].budget;
         let mut sols: Vec<module::ModuleSolution> = [Dummies::Harpagon, Dummies::Piccolo]
             .into_iter()
             .filter_map(|d| {
@@ -219,7 +297,7 @@ fn own_plan(app: &App, o: &FermataOptions) -> Result<Plan, String> {
                     &cfgs,
                     &p,
                     app.rates[v],
-                    m.budget,
+                    budget,
                     Configs::Any,
                     Dispatch::ThroughputCost,
                     d,
@@ -230,24 +308,34 @@ fn own_plan(app: &App, o: &FermataOptions) -> Result<Plan, String> {
             &cfgs,
             &p,
             app.rates[v],
-            m.budget,
+            budget,
             Dispatch::ThroughputCost,
         ));
         for s in sols {
-            {
-                if s.cost < m.cost * (1.0 - 1e-9) {
-                    *m = module_plan(
-                        app,
-                        v,
-                        m.budget,
-                        s.allocs,
-                        s.dummy,
-                        Dispatch::ThroughputCost,
-                    );
+            let m = &plan.modules[v];
+            if s.cost >= m.cost * (1.0 - 1e-9) {
+                continue;
+            }
+            let q = module_plan(
+                app,
+                v,
+                m.budget,
+                s.allocs,
+                s.dummy,
+                Dispatch::ThroughputCost,
+            );
+            if o.objective == Objective::Integral {
+                // Kept only where the machines rented do not cost more.
+                let mut mods = plan.modules.clone();
+                let before = integral_cost(&mods, &app.hardware);
+                mods[v] = q.clone();
+                if integral_cost(&mods, &app.hardware) > before * (1.0 + 1e-9) {
+                    continue;
                 }
             }
+            plan.modules[v] = q;
         }
     }
     let mods = std::mem::take(&mut plan.modules);
-    Ok(Plan::assemble("fermata", app, mods))
+    Ok(Plan::assemble(o.objective.planner(), app, mods))
 }

@@ -17,6 +17,7 @@
 pub mod choose;
 pub mod fermata;
 pub mod file;
+pub mod integral;
 pub mod module;
 pub mod nexus;
 pub mod planners;

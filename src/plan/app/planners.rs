@@ -22,12 +22,13 @@
 //!   cost-lowering split. `clipper`: one configuration per module, round robin,
 //!   the SLO split evenly along each path.
 
-pub use super::fermata::{fermata, fermata_optimum, FERMATA_NODES};
+pub use super::fermata::{fermata, fermata_integral, fermata_optimum, FERMATA_NODES};
 use super::module::{self, Budget, Configs, Dummies, Point};
 use super::{worst_case, Alloc, App, Config, Dispatch, ModulePlan, Plan, EPS};
 
 pub const PLANNERS: &[&str] = &[
     "fermata",
+    "fermata-integral",
     "exact",
     "harpagon",
     "piccolo",
@@ -127,6 +128,29 @@ pub fn choose_points(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
 
 /// [`choose_points`] by the MILP alone.
 pub fn choose_points_milp(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
+    let cost: Vec<Vec<f64>> = pts
+        .iter()
+        .map(|p| p.iter().map(|q| q.cost).collect())
+        .collect();
+    choose_points_milp_with(app, pts, &cost, &[])
+}
+
+/// One integer bin count per hardware type: its price, and each point's
+/// partial machine on it (by module, then point).
+pub struct Bins {
+    pub price: f64,
+    pub partial: Vec<Vec<f64>>,
+}
+
+/// The MILP of [`choose_points`] with point `k` of module `v` costing
+/// `cost[v][k]`, plus, for each of `bins`, an integer count of machines at its
+/// price that holds the chosen points' partial machines (`count >= Σ partial`).
+pub fn choose_points_milp_with(
+    app: &App,
+    pts: &[Vec<Point>],
+    cost: &[Vec<f64>],
+    bins: &[Bins],
+) -> Option<Vec<usize>> {
     use highs::{HighsModelStatus as S, RowProblem, Sense};
     let n = app.modules.len();
     if pts.iter().any(|p| p.is_empty()) {
@@ -138,18 +162,36 @@ pub fn choose_points_milp(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
         return (app.longest_path(&lat).0 <= app.slo * (1.0 + EPS)).then(|| vec![0; n]);
     }
     let mut pb = RowProblem::default();
-    let scale = pts
+    let scale = cost
         .iter()
-        .flat_map(|p| p.iter().map(|q| q.cost))
+        .flatten()
+        .copied()
+        .chain(bins.iter().map(|b| b.price))
         .fold(1e-12, f64::max);
-    let x: Vec<Vec<highs::Col>> = pts
+    let x: Vec<Vec<highs::Col>> = cost
         .iter()
         .map(|p| {
             p.iter()
-                .map(|q| pb.add_integer_column(q.cost / scale, 0..=1))
+                .map(|c| pb.add_integer_column(c / scale, 0..=1))
                 .collect()
         })
         .collect();
+    for b in bins {
+        let y = pb.add_integer_column(b.price / scale, 0..);
+        // y - Σ x · partial >= 0
+        let mut row: Vec<(highs::Col, f64)> = vec![(y, 1.0)];
+        for (xv, pv) in x.iter().zip(&b.partial) {
+            row.extend(
+                xv.iter()
+                    .zip(pv)
+                    .filter(|(_, p)| **p > 0.0)
+                    .map(|(&c, &p)| (c, -p)),
+            );
+        }
+        if row.len() > 1 {
+            pb.add_row(-1e-9.., &row);
+        }
+    }
     let slo = app.slo;
     let s: Vec<highs::Col> = (0..n).map(|_| pb.add_column(0.0, 0.0..=slo)).collect();
     for v in 0..n {
@@ -972,6 +1014,7 @@ pub fn scrooge(app: &App) -> Result<Plan, String> {
 pub fn run(app: &App, name: &str, stop: &mut dyn FnMut() -> bool) -> Result<Plan, String> {
     match name {
         "fermata" => fermata(app),
+        "fermata-integral" => fermata_integral(app),
         "exact" => {
             exact(app, stop)?.ok_or_else(|| "limit: exact stopped at its time limit".to_string())
         }

@@ -877,6 +877,7 @@ fn fermata_with_a_tiny_node_bound_still_plans_feasibly() {
             nodes: 3,
             grid: true,
             portfolio: false,
+            ..FermataOptions::default()
         };
         let p = fermata_with(&app, &o).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         p.verify(&app)
