@@ -926,6 +926,7 @@ impl ClusterSim {
                 local: i,
                 name: "sim".into(),
                 mem_bytes: 80 << 30,
+                device: crate::wire::DeviceKind::Emulated,
             })
             .collect();
         let proto = BackendProto::new(

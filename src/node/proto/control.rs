@@ -180,6 +180,7 @@ impl Control {
             model: m,
             state: self.state(m),
             reason: self.reason.get(m.idx()).cloned().unwrap_or_default(),
+            devices: Default::default(),
         }
     }
 

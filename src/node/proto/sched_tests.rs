@@ -352,6 +352,21 @@ fn register(p: &mut SchedProto, c: ConnId, now: Time) -> Vec<Action> {
 
 /// A backend on connection `c` registers one GPU of each type in `types`.
 fn register_typed(p: &mut SchedProto, c: ConnId, now: Time, types: &[&str]) -> Vec<Action> {
+    let gpus: Vec<_> = types
+        .iter()
+        .map(|t| (*t, crate::wire::DeviceKind::Emulated))
+        .collect();
+    register_devices(p, c, now, &gpus)
+}
+
+/// A backend on connection `c` registers one GPU of each type and kind in
+/// `gpus`.
+fn register_devices(
+    p: &mut SchedProto,
+    c: ConnId,
+    now: Time,
+    gpus: &[(&str, crate::wire::DeviceKind)],
+) -> Vec<Action> {
     p.handle_accept(now, c);
     p.handle_msg(
         now,
@@ -359,13 +374,14 @@ fn register_typed(p: &mut SchedProto, c: ConnId, now: Time, types: &[&str]) -> V
         Msg::Register {
             role: Role::Backend,
             name: format!("be{c}"),
-            gpus: types
+            gpus: gpus
                 .iter()
                 .enumerate()
-                .map(|(i, t)| crate::wire::GpuInfo {
+                .map(|(i, (t, device))| crate::wire::GpuInfo {
                     local: i as u32,
                     name: t.to_string(),
                     mem_bytes: 1 << 30,
+                    device: *device,
                 })
                 .collect(),
             ctrl_addr: String::new(),
@@ -929,4 +945,61 @@ fn fences_step_down_or_are_answered() {
     assert_eq!(q.stepped_down(), None, "not newer");
     q.handle_fenced(2);
     assert_eq!(q.stepped_down(), Some(2));
+}
+
+/// What frontend connection `c` was told in `acts` of what runs each model.
+fn devices_told(acts: &[Action], c: ConnId) -> Vec<(u32, crate::wire::DeviceCounts)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Send(x, Msg::ModelStates { items }) if *x == c => Some(items),
+            _ => None,
+        })
+        .flatten()
+        .map(|i| (i.model.0, i.devices))
+        .collect()
+}
+
+/// Frontends hear what runs each model's GPUs (its home sub-cluster's GPUs
+/// in service, by kind) when it changes, with no model control asked: a
+/// backend of CPU executors enters service, one of real GPUs joins the
+/// other sub-cluster, a model moves there, that backend is lost.
+#[test]
+fn frontends_hear_what_runs_each_model_as_it_changes() {
+    use crate::wire::{DeviceCounts, DeviceKind};
+    let c = |gpu, cpu, emulated| DeviceCounts { gpu, cpu, emulated };
+    let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
+    frontend(&mut p, 1);
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert_eq!(
+        devices_told(&acts, 1),
+        vec![(0, c(0, 0, 0)), (1, c(0, 0, 0))],
+        "none in service yet"
+    );
+    let cpu = [("onnxruntime-cpu", DeviceKind::Cpu); 2];
+    assert_eq!(
+        loads(&register_devices(&mut p, 2, Time(0), &cpu), 2).0,
+        vec![0]
+    );
+    let acts = loaded(&mut p, 2, Time(0), 0, true);
+    assert_eq!(devices_told(&acts, 1), vec![(0, c(0, 2, 0))]);
+    let gpu = [("H100", DeviceKind::Gpu)];
+    assert_eq!(
+        loads(&register_devices(&mut p, 3, Time(0), &gpu), 3).0,
+        vec![1]
+    );
+    let acts = loaded(&mut p, 3, Time(0), 1, true);
+    assert_eq!(devices_told(&acts, 1), vec![(1, c(1, 0, 0))]);
+    // Model 0 moves to the GPU: its frontends hear it at the switch.
+    assert!(p.move_model(Time(1), ModelId(0), 1));
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert!(devices_told(&acts, 1).is_empty(), "not switched yet");
+    let acts = loaded(&mut p, 3, Time(2), 0, true);
+    assert_eq!(devices_told(&acts, 1), vec![(0, c(1, 0, 0))]);
+    assert_eq!(p.model_states()[0].devices, c(1, 0, 0));
+    p.handle_closed(Time(3), 3, "gone".into());
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert_eq!(
+        devices_told(&acts, 1),
+        vec![(0, c(0, 0, 0)), (1, c(0, 0, 0))]
+    );
 }
