@@ -583,6 +583,24 @@ impl SchedProto {
         Ok(changed.len())
     }
 
+    /// Starts from a primary's models' states under model control (a standby
+    /// taking over, before any node registers with it; see
+    /// [`Control::adopt`]). Refused (nothing changes) once a backend
+    /// registered, or when an item names a model this scheduler does not
+    /// serve. Returns how many models changed.
+    pub fn adopt_model_states(&mut self, items: &[ModelStateItem]) -> Result<usize, String> {
+        if self
+            .conns
+            .values()
+            .any(|pc| matches!(pc.peer, Peer::Backend { .. } | Peer::Loading { .. }))
+        {
+            return Err("backends registered already".into());
+        }
+        let n = self.control.adopt(items)?;
+        self.tell_states();
+        Ok(n)
+    }
+
     /// A connection ended (the peer closed it or it broke).
     pub fn handle_closed(&mut self, now: Time, c: ConnId, reason: String) {
         self.now = self.now.max(now);
@@ -734,6 +752,9 @@ impl SchedProto {
                 pc.follows = Some(u64::MAX);
                 self.followed = true;
                 self.send_assignment(c);
+                // The models' states: it takes them over with the assignment.
+                let items = self.model_states();
+                self.send(c, Msg::ModelStates { items });
             }
             Msg::Fence { term } => {
                 if !matches!(pc.peer, Peer::New) {
@@ -1624,6 +1645,21 @@ impl SchedProto {
             return;
         }
         let items: Vec<ModelStateItem> = ms.into_iter().map(|m| self.state_item(m)).collect();
+        // A following standby hears them too: it takes them over.
+        let followers: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, pc)| pc.follows.is_some())
+            .map(|(&c, _)| c)
+            .collect();
+        for c in followers {
+            self.send(
+                c,
+                Msg::ModelStates {
+                    items: items.clone(),
+                },
+            );
+        }
         for c in self.frontend_conns() {
             self.send(
                 c,

@@ -691,9 +691,13 @@ fn a_following_standby_is_sent_the_assignment_when_it_changes() {
     p.handle_accept(ms(1), 9);
     p.handle_msg(ms(1), 9, Msg::Follow);
     let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
-    assert_eq!(
-        sent_on(&acts, 9),
-        vec![&Msg::Assignment { homes: vec![0, 1] }]
+    assert!(
+        matches!(
+            &sent_on(&acts, 9)[..],
+            [Msg::Assignment { homes }, Msg::ModelStates { items }]
+                if homes == &vec![0, 1] && items.len() == 2
+        ),
+        "{acts:?}"
     );
     // Unchanged: a ping gets its pong only.
     p.handle_msg(ms(2), 9, ping(ms(2)));
@@ -1002,4 +1006,61 @@ fn frontends_hear_what_runs_each_model_as_it_changes() {
         devices_told(&acts, 1),
         vec![(0, c(0, 0, 0)), (1, c(0, 0, 0))]
     );
+}
+
+/// A following standby hears the models' states (all of them when it
+/// follows, then each change); a successor that adopts them before any
+/// backend registers serves what was loaded and unloaded at its primary.
+#[test]
+fn a_standby_hears_the_model_states_and_a_successor_adopts_them() {
+    use ModelAvailability::*;
+    let ms = |m: i64| Time(m * 1_000_000);
+    let heard = |acts: &[Action]| -> Vec<(u32, ModelAvailability)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Send(9, Msg::ModelStates { items }) => Some(items),
+                _ => None,
+            })
+            .flatten()
+            .map(|i| (i.model.0, i.state))
+            .collect()
+    };
+    let mut p = proto();
+    p.set_model_control(ControlMode::Explicit, &[ModelId(0)]);
+    frontend(&mut p, 1);
+    register(&mut p, 2, ms(0));
+    loaded(&mut p, 2, ms(0), 0, true);
+    std::iter::from_fn(|| p.poll_action()).for_each(drop);
+    p.handle_accept(ms(1), 9);
+    p.handle_msg(ms(1), 9, Msg::Follow);
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert_eq!(heard(&acts), vec![(0, Ready), (1, Unavailable)]);
+    let mut acts = control(&mut p, ms(2), 1, true);
+    acts.extend(loaded(&mut p, 2, ms(3), 1, true));
+    // A task of model 0 keeps it draining past its unload.
+    acts.extend(submit(&mut p, ms(3), 1, 0, ms(500)));
+    acts.extend(control(&mut p, ms(4), 0, false));
+    assert_eq!(heard(&acts), vec![(1, Loading), (1, Ready), (0, Unloading)]);
+    let last: Vec<crate::wire::ModelStateItem> = p.model_states();
+    // The standby takes over while model 0 drains at its primary.
+    let mut q = proto();
+    q.set_model_control(ControlMode::Explicit, &[ModelId(0)]);
+    assert_eq!(q.adopt_model_states(&last), Ok(2));
+    assert_eq!(
+        q.model_states().iter().map(|i| i.state).collect::<Vec<_>>(),
+        vec![Unavailable, Ready]
+    );
+    let acts = register(&mut q, 2, ms(5));
+    assert_eq!(
+        loads(&acts, 2),
+        (vec![1], vec![]),
+        "only the model loaded there"
+    );
+    let e = q.adopt_model_states(&last).unwrap_err();
+    assert!(e.contains("backends registered"), "{e}");
+    let mut r = proto();
+    r.set_model_control(ControlMode::Explicit, &[]);
+    let mut bad = last.clone();
+    bad[0].model = ModelId(7);
+    assert!(r.adopt_model_states(&bad).is_err());
 }
