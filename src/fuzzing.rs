@@ -164,6 +164,11 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
                     local: i,
                     name: b.string(),
                     mem_bytes: b.u64(),
+                    device: [
+                        crate::wire::DeviceKind::Gpu,
+                        crate::wire::DeviceKind::Cpu,
+                        crate::wire::DeviceKind::Emulated,
+                    ][b.below(3) as usize],
                 })
                 .collect(),
             ctrl_addr: b.string(),
@@ -320,6 +325,7 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
                     local: 0,
                     name: "g".into(),
                     mem_bytes: 1 << 30,
+                    device: crate::wire::DeviceKind::Emulated,
                 }]
             } else {
                 vec![]
@@ -488,6 +494,7 @@ pub fn backend_proto(data: &[u8]) -> u64 {
             local,
             name: "f".into(),
             mem_bytes: 1 << 30,
+            device: crate::wire::DeviceKind::Emulated,
         })
         .collect();
     let addrs = vec!["sched".to_string()];
@@ -1042,6 +1049,7 @@ pub fn sched_churn(data: &[u8]) -> u64 {
                 local,
                 name: "g".into(),
                 mem_bytes: 1 << 30,
+                device: crate::wire::DeviceKind::Emulated,
             })
             .collect(),
         ctrl_addr: "c".into(),

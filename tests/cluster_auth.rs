@@ -84,6 +84,7 @@ fn only_members_of_the_cluster_get_in() {
             local: 0,
             name: "fake".into(),
             mem_bytes: 1 << 30,
+            device: fermata::wire::DeviceKind::Emulated,
         }],
         ctrl_addr: String::new(),
         region: None,

@@ -133,6 +133,7 @@ impl Peer {
                     local: i,
                     name: "raw".into(),
                     mem_bytes: 1 << 30,
+                    device: fermata::wire::DeviceKind::Emulated,
                 })
                 .collect(),
             ctrl_addr: String::new(),

@@ -400,9 +400,12 @@ fn health_ready_and_metadata() {
     assert_eq!(m["name"], "tiny");
     // The platform its configuration names (an ONNX model: Triton's name for it).
     assert_eq!(m["platform"], "onnxruntime_onnx");
+    let cfg = h.get("/v2/models/tiny/config").json();
+    assert_eq!(cfg["platform"], m["platform"]);
+    // Emulated GPUs run on the CPU: one instance each, none on a GPU.
     assert_eq!(
-        h.get("/v2/models/tiny/config").json()["platform"],
-        m["platform"]
+        cfg["instance_group"],
+        json!([{"name": "tiny_0", "kind": "KIND_CPU", "count": 2}])
     );
     assert_eq!(
         m["inputs"],

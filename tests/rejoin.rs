@@ -327,3 +327,164 @@ fn requests_pending_at_a_killed_primary_are_served_through_the_standby() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One HTTP/1.1 request to `addr` (`Connection: close`): the status and the
+/// body (de-chunked).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return (status, rest.to_string());
+    }
+    let (mut out, mut rest) = (String::new(), rest);
+    while let Some((len, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    (status, out)
+}
+
+/// Each model's state in the frontend's repository index.
+fn index(addr: &str) -> Vec<(String, String)> {
+    let (st, body) = http(addr, "POST", "/v2/repository/index", "{}");
+    assert_eq!(st, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut out: Vec<(String, String)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().unwrap_or_default().to_string();
+            (s("name"), s("state"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A request for model `m` (profile-only: 8 bytes of UINT8).
+fn infer(addr: &str, m: &str) -> (u16, String) {
+    let body = r#"{"inputs":[{"name":"input","datatype":"UINT8","shape":[1,8],"data":[1,2,3,4,5,6,7,8]}]}"#;
+    http(addr, "POST", &format!("/v2/models/{m}/infer"), body)
+}
+
+/// Under explicit model control, the loads and unloads done at the primary
+/// survive a takeover: model `c` loaded there and `b` unloaded there, the
+/// primary killed, the standby's repository index (through the frontend,
+/// registered with it) shows `a` and `c` READY and `b` UNAVAILABLE, it
+/// serves `c`, and `b` stays unloaded.
+#[test]
+fn a_standby_takes_over_the_models_loaded_and_unloaded_at_the_primary() {
+    let dir = std::env::temp_dir().join(format!("fermata-control-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.toml");
+    let model = |n: &str| {
+        format!("[[models]]\nname = \"{n}\"\nalpha_ms = 0.2\nbeta_ms = 1.0\nslo_ms = 100\ninput_bytes = 8\n")
+    };
+    let w = format!(
+        "name = \"control\"\ngpus = 1\nrate_rps = 10\n{}{}{}",
+        model("a"),
+        model("b"),
+        model("c")
+    );
+    std::fs::write(&path, w).unwrap();
+    let o = ProcOpts {
+        standby: true,
+        scheduler_args: ["--model-control-mode", "explicit", "--load-model", "a"]
+            .iter()
+            .chain(&["--load-model", "b"])
+            .map(|s| s.to_string())
+            .collect(),
+        frontend_args: vec!["--http-listen".into(), "127.0.0.1:0".into()],
+        ..ProcOpts::new(path)
+    };
+    let mut c = ProcCluster::start(&exe(), &o).unwrap();
+    let addr = c.frontends[0]
+        .wait_for("its HTTP address", Duration::from_secs(20), |l| {
+            l.strip_prefix("fermata frontend HTTP API listening on")
+                .map(|r| r.trim().to_string())
+        })
+        .unwrap();
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    let until = |what: &str, want: &[(String, String)]| {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = index(&addr);
+            if got == want {
+                return;
+            }
+            assert!(Instant::now() < end, "{what}: index {got:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    until(
+        "at start",
+        &pairs(&[("a", "READY"), ("b", "READY"), ("c", "UNAVAILABLE")]),
+    );
+    let (st, body) = http(&addr, "POST", "/v2/repository/models/c/load", "{}");
+    assert_eq!(st, 200, "load: {body}");
+    let (st, body) = http(&addr, "POST", "/v2/repository/models/b/unload", "{}");
+    assert_eq!(st, 200, "unload: {body}");
+    let after = pairs(&[("a", "READY"), ("b", "UNAVAILABLE"), ("c", "READY")]);
+    assert_eq!(index(&addr), after);
+    // (The standby heard the states with the frontend; a moment for the
+    // bytes to arrive before the primary dies.)
+    std::thread::sleep(Duration::from_millis(300));
+    c.scheduler.signal(libc::SIGKILL);
+    let _ = c.scheduler.child.wait();
+    let sb = c.standby.as_mut().expect("a standby");
+    sb.wait_for("took over", Duration::from_secs(10), |l| {
+        l.starts_with("fermata scheduler took over")
+            .then(|| l.to_string())
+    })
+    .unwrap();
+    c.frontends[0]
+        .wait_for("rejoin", Duration::from_secs(10), |l| {
+            l.starts_with("fermata frontend back in service")
+                .then(|| l.to_string())
+        })
+        .unwrap();
+    until("after the takeover", &after);
+    // The standby serves c (it refuses the tasks of a model it has not
+    // loaded) and b stays unloaded.
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (st, body) = infer(&addr, "c");
+        if st == 200 {
+            break;
+        }
+        assert!(Instant::now() < end, "c after the takeover: {st} {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, body) = infer(&addr, "b");
+    assert!(
+        st != 200 && body.contains("is not loaded (UNAVAILABLE)"),
+        "b after the takeover: {st} {body}"
+    );
+    assert_eq!(index(&addr), after, "as the standby has them");
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

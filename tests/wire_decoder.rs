@@ -8,10 +8,10 @@ use std::cell::Cell;
 
 use fermata::wire::codec::frame_len;
 use fermata::wire::{
-    decode, encode, encode_to_vec, DecodeError, DropReason, FrameReader, GpuInfo,
-    ModelAvailability, ModelInfo, ModelStateItem, Msg, Outcome, PlanStatus, PlanTask, RegionInfo,
-    Role, SubmitTask, TaskResult, TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR,
-    PROTOCOL_VERSION,
+    decode, encode, encode_to_vec, DecodeError, DeviceCounts, DeviceKind, DropReason, FrameReader,
+    GpuInfo, ModelAvailability, ModelInfo, ModelStateItem, Msg, Outcome, PlanStatus, PlanTask,
+    RegionInfo, Role, SubmitTask, TaskResult, TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS,
+    MAX_STR, PROTOCOL_VERSION,
 };
 use fermata::wire::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 use proptest::collection::vec;
@@ -171,10 +171,13 @@ fn arb_region() -> impl Strategy<Value = RegionInfo> {
 }
 
 fn arb_gpu() -> impl Strategy<Value = GpuInfo> {
-    (any::<u32>(), arb_str(), any::<u64>()).prop_map(|(local, name, mem_bytes)| GpuInfo {
-        local,
-        name,
-        mem_bytes,
+    (any::<u32>(), arb_str(), any::<u64>(), 0usize..3).prop_map(|(local, name, mem_bytes, d)| {
+        GpuInfo {
+            local,
+            name,
+            mem_bytes,
+            device: [DeviceKind::Gpu, DeviceKind::Cpu, DeviceKind::Emulated][d],
+        }
     })
 }
 
@@ -425,11 +428,11 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                 load,
             })
             .boxed(),
-        arb_vec((any::<u32>(), 0u8..4, arb_str()))
+        arb_vec((any::<u32>(), 0u8..4, arb_str(), any::<[u32; 3]>()))
             .prop_map(|v| Msg::ModelStates {
                 items: v
                     .into_iter()
-                    .map(|(m, s, reason)| ModelStateItem {
+                    .map(|(m, s, reason, [gpu, cpu, emulated])| ModelStateItem {
                         model: ModelId(m),
                         state: [
                             ModelAvailability::Unavailable,
@@ -438,6 +441,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                             ModelAvailability::Unloading,
                         ][s as usize],
                         reason,
+                        devices: DeviceCounts { gpu, cpu, emulated },
                     })
                     .collect(),
             })
@@ -797,6 +801,7 @@ fn strings_over_max_str() {
                     local: 0,
                     name: long(),
                     mem_bytes: 0,
+                    device: fermata::wire::DeviceKind::Emulated,
                 }],
                 ctrl_addr: String::new(),
                 region: None,

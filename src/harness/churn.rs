@@ -106,6 +106,7 @@ fn cycle(addr: &str, key: &ClusterKey, gpus: u32) -> Result<()> {
                 local,
                 name: "emulated".into(),
                 mem_bytes: 16 << 30,
+                device: crate::wire::DeviceKind::Emulated,
             })
             .collect(),
         ctrl_addr: String::new(),

@@ -38,6 +38,16 @@ pub type ExecutorFactory = Box<dyn Fn(u32) -> anyhow::Result<Box<dyn Executor>> 
 /// The executor kinds, as `--executor` names them.
 pub const EXECUTOR_KINDS: &[&str] = &["emulated", "onnx", "cuda"];
 
+/// What runs the GPUs of an executor kind (`--executor`): `cuda` real GPUs,
+/// `onnx` the CPU, anything else (`emulated`) nothing but a timer.
+pub fn device_kind(kind: &str) -> crate::wire::DeviceKind {
+    match kind {
+        "cuda" => crate::wire::DeviceKind::Gpu,
+        "onnx" => crate::wire::DeviceKind::Cpu,
+        _ => crate::wire::DeviceKind::Emulated,
+    }
+}
+
 /// The factory for an executor kind (`--executor`):
 ///
 /// * `emulated` (the default): waits l(b) from the model's profile;

@@ -926,6 +926,7 @@ impl ClusterSim {
                 local: i,
                 name: "sim".into(),
                 mem_bytes: 80 << 30,
+                device: crate::wire::DeviceKind::Emulated,
             })
             .collect();
         let proto = BackendProto::new(
@@ -1274,6 +1275,7 @@ impl ClusterSim {
                 StandbyAction::TakeOver {
                     held,
                     assignment,
+                    states,
                     term,
                     ..
                 } => {
@@ -1295,6 +1297,13 @@ impl ClusterSim {
                             self.report.homes_stale_at_takeover +=
                                 c.iter().zip(&h).filter(|(a, b)| a != b).count() as u64;
                         }
+                    }
+                    if !states.is_empty() {
+                        // Before any node registers, of the same models: it fits.
+                        sb.sched
+                            .proto
+                            .adopt_model_states(&states)
+                            .unwrap_or_else(|e| panic!("the primary's model states: {e}"));
                     }
                     self.procs[pid] = Proc::Sched(Box::new(sb.sched));
                     self.sched_pid = pid;

@@ -11,9 +11,10 @@
 //! a panic or a large allocation.
 
 use super::{
-    DropReason, Dur, GpuId, GpuInfo, ModelAvailability, ModelId, ModelInfo, ModelStateItem, Msg,
-    Outcome, PlanId, PlanStatus, PlanTask, RegionInfo, Role, SubmitTask, TaskId, TaskResult,
-    TaskStatus, Time, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
+    DeviceCounts, DeviceKind, DropReason, Dur, GpuId, GpuInfo, ModelAvailability, ModelId,
+    ModelInfo, ModelStateItem, Msg, Outcome, PlanId, PlanStatus, PlanTask, RegionInfo, Role,
+    SubmitTask, TaskId, TaskResult, TaskStatus, Time, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR,
+    PROTOCOL_VERSION,
 };
 
 /// Bytes of the length prefix in front of every frame body.
@@ -345,6 +346,7 @@ macro_rules! wire_enum {
 }
 
 wire_enum!(Role { 0 => Backend, 1 => Frontend });
+wire_enum!(DeviceKind { 0 => Gpu, 1 => Cpu, 2 => Emulated });
 wire_enum!(ModelAvailability {
     0 => Unavailable,
     1 => Loading,
@@ -470,11 +472,18 @@ wire_struct!(ModelStateItem {
     model: ModelId,
     state: ModelAvailability,
     reason: String,
+    devices: DeviceCounts,
+});
+wire_struct!(DeviceCounts {
+    gpu: u32,
+    cpu: u32,
+    emulated: u32,
 });
 wire_struct!(GpuInfo {
     local: u32,
     name: String,
     mem_bytes: u64,
+    device: DeviceKind,
 });
 wire_struct!(ModelInfo {
     id: ModelId,
@@ -799,11 +808,13 @@ mod tests {
                         local: 0,
                         name: "H100".into(),
                         mem_bytes: 80 << 30,
+                        device: DeviceKind::Gpu,
                     },
                     GpuInfo {
                         local: 1,
                         name: String::new(),
                         mem_bytes: 0,
+                        device: DeviceKind::Emulated,
                     },
                 ],
                 ctrl_addr: String::new(),
@@ -1030,11 +1041,17 @@ mod tests {
                         model: ModelId(0),
                         state: ModelAvailability::Ready,
                         reason: String::new(),
+                        devices: DeviceCounts::default(),
                     },
                     ModelStateItem {
                         model: ModelId(1),
                         state: ModelAvailability::Unavailable,
                         reason: "load failed".into(),
+                        devices: DeviceCounts {
+                            gpu: 2,
+                            cpu: 1,
+                            emulated: u32::MAX,
+                        },
                     },
                 ],
             },
@@ -1079,7 +1096,7 @@ mod tests {
             sched: Time(0x0102),
             term: 5,
         });
-        let mut want = vec![35, 0, 0, 0, 9, 0, 15];
+        let mut want = vec![35, 0, 0, 0, 10, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1097,7 +1114,7 @@ mod tests {
                 cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![9, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![10, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1110,8 +1127,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 9, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 9, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 10, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 10, 0, 18]);
     }
 
     #[test]
@@ -1131,7 +1148,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [9, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [10, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1141,7 +1158,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![9, 0, 9];
+        let mut body = vec![10, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 44]);
         assert_eq!(
@@ -1194,20 +1211,20 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[9, 0, 0]),
+            decode(&[10, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[9, 0, 30]),
+            decode(&[10, 0, 30]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 30
             })
         );
-        let e = decode(&[9, 0, 18, 0]).unwrap_err();
+        let e = decode(&[10, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1217,7 +1234,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![9, 0, 1, 2]; // Register, role 2
+        let mut body = vec![10, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1272,7 +1289,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[9, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[10, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"

@@ -22,13 +22,15 @@
 //! - `Vec<u8>` (inputs, outputs): u32 LE length, then the bytes; bounded by the frame.
 //! - other `Vec<T>`: u32 LE count, then the items; at most [`MAX_ITEMS`] items.
 //! - `Option<T>`: u8 0 (None) or 1 (Some) followed by the value.
-//! - structs ([`GpuInfo`], [`ModelInfo`], [`RegionInfo`], [`SubmitTask`],
+//! - structs ([`GpuInfo`], [`DeviceCounts`], [`ModelStateItem`], [`ModelInfo`], [`RegionInfo`], [`SubmitTask`],
 //!   [`PlanTask`], [`TaskResult`]): their fields in declaration order; the pair of
 //!   `Msg::Dropped` is the u64 then the [`DropReason`]; the pair of
 //!   `Msg::Margins` is the model id then the duration.
 //! - enums: a u8 tag, in declaration order from 0, then the variant's fields:
 //!   [`Role`] (Backend 0, Frontend 1), [`PlanStatus`] (Ran 0, TooLate 1, Failed 2),
-//!   [`Outcome`] (Good 0, Late 1, Dropped 2, Failed 3), [`DropReason`] (Expired 0
+//!   [`Outcome`] (Good 0, Late 1, Dropped 2, Failed 3), [`DeviceKind`] (Gpu 0,
+//!   Cpu 1, Emulated 2), [`ModelAvailability`] (Unavailable 0, Loading 1,
+//!   Ready 2, Unloading 3), [`DropReason`] (Expired 0
 //!   ... UnknownModel 8, NoGpu 9), [`TaskStatus`] (Ok 0, Dropped 1 followed by its DropReason
 //!   tag, InputMissing 2, Failed 3), [`WireProfile`] (Linear 0 with `alpha_ns`,
 //!   `beta_ns`, `max_batch`; Table 1 with `lat_ns`).
@@ -63,7 +65,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -154,6 +156,71 @@ pub struct ModelStateItem {
     pub model: ModelId,
     pub state: ModelAvailability,
     pub reason: String,
+    /// The GPUs in service of the model's sub-cluster, by what runs them:
+    /// where its batches run (or will, once it is loaded). All zero: none
+    /// in service.
+    pub devices: DeviceCounts,
+}
+
+/// What runs a backend's GPU (its `--executor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DeviceKind {
+    /// A real GPU (ONNX Runtime's CUDA provider).
+    Gpu,
+    /// The CPU (ONNX Runtime's CPU provider): the "GPU" is a worker thread.
+    Cpu,
+    /// An emulated GPU (waits each batch's profiled latency; no device).
+    #[default]
+    Emulated,
+}
+
+/// GPUs counted by what runs them ([`DeviceKind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceCounts {
+    pub gpu: u32,
+    pub cpu: u32,
+    pub emulated: u32,
+}
+
+impl DeviceCounts {
+    /// A backend's GPUs, counted by kind.
+    pub fn of(gpus: &[GpuInfo]) -> DeviceCounts {
+        let mut c = DeviceCounts::default();
+        for g in gpus {
+            *c.slot(g.device) += 1;
+        }
+        c
+    }
+
+    fn slot(&mut self, k: DeviceKind) -> &mut u32 {
+        match k {
+            DeviceKind::Gpu => &mut self.gpu,
+            DeviceKind::Cpu => &mut self.cpu,
+            DeviceKind::Emulated => &mut self.emulated,
+        }
+    }
+
+    /// `self + o` (saturating: counts come from untrusted registrations).
+    pub fn plus(self, o: DeviceCounts) -> DeviceCounts {
+        DeviceCounts {
+            gpu: self.gpu.saturating_add(o.gpu),
+            cpu: self.cpu.saturating_add(o.cpu),
+            emulated: self.emulated.saturating_add(o.emulated),
+        }
+    }
+
+    /// `self - o` (saturating).
+    pub fn minus(self, o: DeviceCounts) -> DeviceCounts {
+        DeviceCounts {
+            gpu: self.gpu.saturating_sub(o.gpu),
+            cpu: self.cpu.saturating_sub(o.cpu),
+            emulated: self.emulated.saturating_sub(o.emulated),
+        }
+    }
+
+    pub fn total(self) -> u64 {
+        self.gpu as u64 + self.cpu as u64 + self.emulated as u64
+    }
 }
 
 /// One GPU of a backend.
@@ -163,6 +230,8 @@ pub struct GpuInfo {
     pub local: u32,
     pub name: String,
     pub mem_bytes: u64,
+    /// What runs it.
+    pub device: DeviceKind,
 }
 
 /// A model's latency profile l(b).
@@ -498,7 +567,7 @@ pub enum Msg {
     },
     // ---- scheduler -> frontend ----
     /// Models' states: every model's right after `RegisterAck`, then those
-    /// that change.
+    /// whose state or [`ModelStateItem::devices`] change.
     ModelStates {
         items: Vec<ModelStateItem>,
     },

@@ -60,6 +60,9 @@ def config(c):
     expect(int(cfg["max_batch_size"]) == 64, cfg)
     expect(cfg["input"][0]["data_type"] == "TYPE_FP32" and cfg["input"][0]["dims"] == ["64"], cfg)
     expect("dynamic_batching" in cfg, cfg)
+    # On the CPU (`serve --executor onnx`): no instance on a GPU.
+    groups = cfg["instance_group"]
+    expect([g["kind"] for g in groups] == ["KIND_CPU"] and int(groups[0]["count"]) >= 1, groups)
 
 
 @check("a batch of 3 with raw contents matches ONNX Runtime")

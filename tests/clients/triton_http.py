@@ -72,6 +72,10 @@ def config(c):
            and cfg["input"][0]["data_type"] == "TYPE_FP32", cfg["input"])
     expect(cfg["output"][0]["dims"] == [10], cfg["output"])
     expect("dynamic_batching" in cfg, cfg)
+    # `serve --executor onnx` runs every model on the CPU (ONNX Runtime's
+    # CPU provider): one instance per executor thread, none on a GPU.
+    groups = cfg["instance_group"]
+    expect([g["kind"] for g in groups] == ["KIND_CPU"] and groups[0]["count"] >= 1, groups)
     cfg1 = c.client.get_model_config("mlp", "1")
     expect(cfg1 == cfg, "the versioned route answers the same")
 

@@ -15,6 +15,8 @@ pub struct BackendOpts {
     /// GPU is `gpu_name` with `gpu_mem_bytes`.
     pub gpu_descs: Vec<(String, u64)>,
     pub executor: ExecutorFactory,
+    /// What runs the GPUs (the executor's device), told to the scheduler.
+    pub device: crate::wire::DeviceKind,
     /// The scheduler is considered lost after this long without a pong.
     pub scheduler_timeout: Duration,
 }
@@ -30,6 +32,7 @@ impl BackendOpts {
             gpu_mem_bytes: 80 << 30,
             gpu_descs: Vec::new(),
             executor: Box::new(|_| Ok(Box::new(crate::node::exec::EmulatedGpu::new()))),
+            device: crate::wire::DeviceKind::Emulated,
             scheduler_timeout: Duration::from_millis(2000),
         }
     }
@@ -69,6 +72,7 @@ impl BackendOpts {
         #[cfg(feature = "cuda")]
         let devices: Vec<u32> = cuda_devices.clone().unwrap_or_else(|| (0..gpus).collect());
         o.executor = crate::node::exec::executor_factory_on(kind, models_dir, cuda_devices)?;
+        o.device = crate::node::exec::device_kind(kind);
         o.gpu_name = match kind {
             "onnx" => "onnxruntime-cpu".into(),
             other => other.to_string(),
@@ -113,6 +117,7 @@ impl BackendOpts {
                     local: g,
                     name,
                     mem_bytes,
+                    device: self.device,
                 }
             })
             .collect()

@@ -9,7 +9,7 @@
 use super::event_loop::Loop;
 use super::handle::FrontendHandle;
 use crate::core::ModelId;
-use crate::wire::{ModelAvailability, ModelStateItem, Msg};
+use crate::wire::{DeviceCounts, ModelAvailability, ModelStateItem, Msg};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -26,6 +26,8 @@ const CONTROL_QUEUE: usize = 1024;
 /// each (a waiter judges only what came after its own request).
 pub(super) struct ModelStates {
     state: Vec<(ModelAvailability, String, u64)>,
+    /// What runs each model's GPUs, as last told (all zero: none in service).
+    devices: Vec<DeviceCounts>,
 }
 
 /// The models' states and the queue of control requests, shared by the
@@ -45,6 +47,7 @@ impl ControlShared {
         ControlShared {
             states: Mutex::new(ModelStates {
                 state: vec![(ModelAvailability::Ready, String::new(), 0); models],
+                devices: vec![DeviceCounts::default(); models],
             }),
             version: tokio::sync::watch::Sender::new(0),
             requests,
@@ -60,6 +63,12 @@ impl ControlShared {
             .unwrap_or((ModelAvailability::Unavailable, String::new()))
     }
 
+    /// What runs model `m`'s GPUs, as the scheduler last told.
+    pub(super) fn devices(&self, m: usize) -> DeviceCounts {
+        let s = self.states.lock().expect("model states lock");
+        s.devices.get(m).copied().unwrap_or_default()
+    }
+
     fn heard(&self, m: usize) -> u64 {
         let s = self.states.lock().expect("model states lock");
         s.state.get(m).map_or(0, |x| x.2)
@@ -73,6 +82,9 @@ impl ControlShared {
                     // A model's reason is bounded like every wire string;
                     // kept short for the index.
                     *x = (i.state, i.reason.chars().take(512).collect(), x.2 + 1);
+                }
+                if let Some(d) = s.devices.get_mut(i.model.idx()) {
+                    *d = i.devices;
                 }
             }
         }
@@ -97,6 +109,7 @@ impl Loop {
                     model,
                     state: self.state.control.state(model.idx()).0,
                     reason: "the frontend has no scheduler".into(),
+                    devices: self.state.control.devices(model.idx()),
                 };
                 self.state.control.apply(&[item]);
                 continue;
@@ -107,6 +120,13 @@ impl Loop {
 }
 
 impl FrontendHandle {
+    /// What runs model `model`'s (index) GPUs: its home sub-cluster's GPUs
+    /// in service, by kind, as the scheduler last told (all zero: none, or
+    /// not told yet; an application has none of its own).
+    pub fn model_devices(&self, model: usize) -> DeviceCounts {
+        self.state.control.devices(model)
+    }
+
     /// Model `model`'s (index) state under model control, and why it is
     /// unavailable when a load failed. Past the models come the
     /// applications (index `models().len() + k` is application k, as the

@@ -933,12 +933,16 @@ impl GrpcInferenceService for Arc<Svc> {
             max_batch_size: meta.max_batch as i32,
             input,
             output,
-            instance_group: vec![tc::ModelInstanceGroup {
-                name: meta.name.clone(),
-                count: 1,
-                kind: if emulated { 2 } else { 1 },
-                ..Default::default()
-            }],
+            instance_group: crate::node::http::triton::instance_groups(self.fe.model_devices(i))
+                .into_iter()
+                .enumerate()
+                .map(|(g, (kind, count))| tc::ModelInstanceGroup {
+                    name: format!("{}_{g}", meta.name),
+                    count: count.min(i32::MAX as u32) as i32,
+                    kind: kind as i32,
+                    ..Default::default()
+                })
+                .collect(),
             scheduling_choice: Some(tc::model_config::SchedulingChoice::DynamicBatching(
                 tc::ModelDynamicBatching {
                     preserve_ordering: true,

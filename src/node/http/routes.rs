@@ -340,7 +340,11 @@ impl App {
                 ),
                 Ok(meta) => json_resp(
                     StatusCode::OK,
-                    &config_json(meta, self.models[i].info.meta().is_none()),
+                    &config_json(
+                        meta,
+                        self.models[i].info.meta().is_none(),
+                        self.fe().model_devices(i),
+                    ),
                 ),
             },
             (&Method::GET, ["stats"]) => self.stats(Some(i)),

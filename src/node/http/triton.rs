@@ -8,6 +8,7 @@
 
 use crate::node::frontend::stats::{ModelStats, Stat};
 use crate::repo::{DType, ModelMeta};
+use crate::wire::DeviceCounts;
 use serde_json::{json, Value};
 
 /// The protocol extensions Fermata serves (server metadata, HTTP and gRPC):
@@ -28,6 +29,44 @@ pub(in crate::node) fn platform(emulated: bool) -> (&'static str, &'static str) 
     } else {
         ("onnxruntime_onnx", "onnxruntime")
     }
+}
+
+/// Triton's instance-group kinds (`ModelInstanceGroup.Kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::node) enum GroupKind {
+    Auto = 0,
+    Gpu = 1,
+    Cpu = 2,
+}
+
+impl GroupKind {
+    pub(in crate::node) fn name(self) -> &'static str {
+        match self {
+            GroupKind::Auto => "KIND_AUTO",
+            GroupKind::Gpu => "KIND_GPU",
+            GroupKind::Cpu => "KIND_CPU",
+        }
+    }
+}
+
+/// A model's instance groups (kind, count) from what runs its GPUs: one
+/// instance on each real GPU (`KIND_GPU`, count 1: Triton's count is per
+/// GPU), and one per CPU executor or emulated GPU (`KIND_CPU`, counted: each
+/// runs one batch at a time on the CPU). With no GPU in service, `KIND_AUTO`:
+/// the backends that join decide.
+pub(in crate::node) fn instance_groups(d: DeviceCounts) -> Vec<(GroupKind, u32)> {
+    let mut g = Vec::new();
+    if d.gpu > 0 {
+        g.push((GroupKind::Gpu, 1));
+    }
+    let cpu = d.cpu.saturating_add(d.emulated);
+    if cpu > 0 {
+        g.push((GroupKind::Cpu, cpu));
+    }
+    if g.is_empty() {
+        g.push((GroupKind::Auto, 1));
+    }
+    g
 }
 
 /// The queue policy's default timeout (µs) in a model's configuration: its
@@ -60,8 +99,9 @@ pub(in crate::node) fn config_type(d: DType) -> &'static str {
 /// (`max_batch_size` its largest batch, `dims` without the batch dimension)
 /// with a dynamic batcher whose queue policy rejects a request at its
 /// deadline (the model's SLO by default; a request's `timeout` parameter
-/// overrides it). `emulated`: a profile-only model.
-pub(super) fn config_json(meta: &ModelMeta, emulated: bool) -> Value {
+/// overrides it). `emulated`: a profile-only model; `devices`: what runs its
+/// GPUs ([`instance_groups`]).
+pub(super) fn config_json(meta: &ModelMeta, emulated: bool, devices: DeviceCounts) -> Value {
     let tensors = |ts: &[crate::repo::TensorMeta]| -> Vec<Value> {
         ts.iter()
             .map(|t| {
@@ -102,11 +142,15 @@ pub(super) fn config_json(meta: &ModelMeta, emulated: bool) -> Value {
                 "max_queue_size": 0,
             },
         },
-        "instance_group": [{
-            "name": meta.name,
-            "kind": if emulated { "KIND_CPU" } else { "KIND_GPU" },
-            "count": 1,
-        }],
+        "instance_group": instance_groups(devices)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (kind, count))| json!({
+                "name": format!("{}_{i}", meta.name),
+                "kind": kind.name(),
+                "count": count,
+            }))
+            .collect::<Vec<_>>(),
         "parameters": {
             "fermata_slo_ms": {"string_value": meta.slo_ms.to_string()},
             "fermata_scheduling": {"string_value": "deferred batching (Symphony)"},
@@ -119,7 +163,7 @@ pub(super) fn config_json(meta: &ModelMeta, emulated: bool) -> Value {
 /// parameters (fan-out, deadline rule, SLO).
 pub(super) fn app_config_json(app: &crate::node::apps::ServedApp) -> Value {
     let meta = &app.meta;
-    let mut v = config_json(meta, false);
+    let mut v = config_json(meta, false, DeviceCounts::default());
     v["platform"] = json!("ensemble");
     v["backend"] = json!("");
     if let Some(o) = v.as_object_mut() {

@@ -851,6 +851,7 @@ mod tests {
                 local,
                 name: "t".into(),
                 mem_bytes: 1 << 30,
+                device: crate::wire::DeviceKind::Emulated,
             })
             .collect()
     }

@@ -285,6 +285,7 @@ mod tests {
                 local,
                 name: "g".into(),
                 mem_bytes: 1 << 30,
+                device: crate::wire::DeviceKind::Emulated,
             })
             .collect();
         let register = Msg::Register {

@@ -15,6 +15,9 @@
 //!   loads and unloads are refused.
 //! * `explicit`: only the models named at start (`--load-model`) are loaded;
 //!   clients load and unload the others.
+//!
+//! A standby that takes over starts from its primary's states
+//! ([`Control::adopt`]), so the loads and unloads done there survive.
 
 use crate::core::ModelId;
 use crate::wire::{ModelAvailability, ModelStateItem};
@@ -148,6 +151,41 @@ impl Control {
         d
     }
 
+    /// Starts from a primary's states (a standby taking over, before any
+    /// backend registers): a model loaded or loading there is loaded, as if
+    /// named at start (the backends that register load it); one unloading
+    /// or unavailable there is not (its unload completes: a backend drops
+    /// at its registration what the scheduler does not ask for), with the
+    /// reason of a failed load kept. Under `none` every model stays loaded.
+    /// Refused (nothing changes) when an item names a model out of range.
+    /// Returns how many models changed.
+    pub fn adopt(&mut self, items: &[ModelStateItem]) -> Result<usize, String> {
+        use ModelAvailability::*;
+        if let Some(i) = items.iter().find(|i| i.model.idx() >= self.state.len()) {
+            return Err(format!(
+                "the primary's model {} is not served here ({} models)",
+                i.model.0,
+                self.state.len()
+            ));
+        }
+        if self.mode == ControlMode::None {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for i in items {
+            let (next, reason) = match i.state {
+                Ready | Loading => (Ready, String::new()),
+                Unloading => (Unavailable, String::new()),
+                Unavailable => (Unavailable, i.reason.chars().take(512).collect()),
+            };
+            if self.state[i.model.idx()] != next || self.reason[i.model.idx()] != reason {
+                self.set(i.model, next, reason);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Every backend in service of `m`'s sub-cluster holds it.
     pub fn loaded(&mut self, m: ModelId) {
         if self.state(m) == ModelAvailability::Loading {
@@ -180,6 +218,7 @@ impl Control {
             model: m,
             state: self.state(m),
             reason: self.reason.get(m.idx()).cloned().unwrap_or_default(),
+            devices: Default::default(),
         }
     }
 
@@ -260,5 +299,44 @@ mod tests {
             .parse::<ControlMode>()
             .unwrap_err()
             .contains("none or explicit"));
+    }
+
+    #[test]
+    fn a_standby_adopts_what_was_loaded_and_unloaded_at_its_primary() {
+        let item = |m: u32, state, reason: &str| ModelStateItem {
+            model: ModelId(m),
+            state,
+            reason: reason.into(),
+            devices: Default::default(),
+        };
+        // Started with models 0 and 1 loaded, as the primary was.
+        let mut c = Control::new(ControlMode::Explicit, 5, |m| m.0 < 2);
+        let primary = [
+            item(0, Ready, ""),
+            item(1, Unavailable, ""),
+            item(2, Ready, ""),
+            item(3, Loading, ""),
+            item(4, Unavailable, "failed to load: no memory"),
+        ];
+        assert_eq!(c.adopt(&primary), Ok(4));
+        assert_eq!(
+            c.all().iter().map(|i| i.state).collect::<Vec<_>>(),
+            vec![Ready, Unavailable, Ready, Ready, Unavailable]
+        );
+        assert_eq!(c.item(ModelId(4)).reason, "failed to load: no memory");
+        assert_eq!(c.take_changes().len(), 4);
+        // An unload under way at the primary completes.
+        assert_eq!(c.adopt(&[item(2, Unloading, "")]), Ok(1));
+        assert!(!c.held(ModelId(2)));
+        assert_eq!(c.adopt(&[item(2, Unavailable, "")]), Ok(0));
+        // Out of range: refused whole.
+        assert!(c
+            .adopt(&[item(0, Unavailable, ""), item(5, Ready, "")])
+            .is_err());
+        assert!(c.takes_requests(ModelId(0)));
+        // Under `none` everything stays loaded.
+        let mut n = Control::new(ControlMode::None, 2, |_| false);
+        assert_eq!(n.adopt(&[item(0, Unavailable, "")]), Ok(0));
+        assert!(n.takes_requests(ModelId(0)));
     }
 }

@@ -16,6 +16,9 @@
 //! - [`bounds`]: what bounds the scheduler's per-member state: GPU ids given
 //!   back and given again, the limits on members and GPUs per member, the rate
 //!   limit on warnings about refused members.
+//! - [`control`]: model control (which models are loaded, clients' loads and
+//!   unloads); [`devices`]: what runs each model's GPUs (real GPUs, the CPU,
+//!   emulated), as frontends report it.
 //! - [`plans`]: the scheduler's in-flight plans, each owned by one backend and GPU.
 //! - [`ledger`]: a frontend's pending requests, each ended exactly once, with the
 //!   deadline-plus-grace sweep.
@@ -31,6 +34,7 @@ pub mod backend;
 pub mod bounds;
 pub mod check;
 pub mod control;
+pub mod devices;
 pub mod fence;
 pub mod ledger;
 pub mod member;

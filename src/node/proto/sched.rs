@@ -47,14 +47,15 @@
 use super::bounds::{GpuIds, Limits, RefusalLog};
 use super::check::{self, Submitted};
 use super::control::{Control, ControlMode, Decision};
+use super::devices::Devices;
 use super::plans::{PlanLedger, Refused};
 use super::subclusters::{Move, MoveStats, Phase, SubClusters};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, PullFit, Task, TaskId, Time};
 use crate::node::clock::moved;
 use crate::transport::ConnId;
 use crate::wire::{
-    drops_by_frontend, task_owner, DropReason, ModelAvailability, ModelInfo, Msg, NodeId, PlanTask,
-    RegionInfo, Role, MAX_NODE_ID,
+    drops_by_frontend, task_owner, DeviceCounts, DropReason, ModelAvailability, ModelInfo,
+    ModelStateItem, Msg, NodeId, PlanTask, RegionInfo, Role, MAX_NODE_ID,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -251,12 +252,16 @@ enum Peer {
         gpus: u32,
         sub: u32,
         missing: BTreeSet<ModelId>,
+        /// What runs its GPUs.
+        devices: DeviceCounts,
     },
     Backend {
         node: NodeId,
         gpus: Vec<GpuId>,
         /// Its sub-cluster.
         sub: u32,
+        /// What runs its GPUs.
+        devices: DeviceCounts,
         /// Models moving into its sub-cluster that it has not confirmed yet.
         missing: BTreeSet<ModelId>,
         /// Since when it drains (its GPUs out of the core, its plans finishing),
@@ -317,6 +322,9 @@ pub struct SchedProto {
     subs: SubClusters,
     /// GPUs in service per sub-cluster.
     sub_gpus: Vec<u32>,
+    /// The same by what runs them, and what frontends were told of each
+    /// model ([`super::devices`]).
+    devices: Devices,
     /// Tasks finished past their deadline, per model id.
     late_by_model: Vec<u64>,
     /// The term it serves under; whether a standby ever followed it; the
@@ -372,6 +380,7 @@ impl SchedProto {
         };
         SchedProto {
             sub_gpus: vec![0; subs.count() as usize],
+            devices: Devices::new(subs.count(), cfg.models.len()),
             late_by_model: vec![0; cfg.models.len()],
             waiting: BTreeSet::new(),
             now,
@@ -407,8 +416,17 @@ impl SchedProto {
     }
 
     /// The models' states under model control.
-    pub fn model_states(&self) -> Vec<crate::wire::ModelStateItem> {
-        self.control.all()
+    pub fn model_states(&self) -> Vec<ModelStateItem> {
+        (0..self.cfg.models.len() as u32)
+            .map(|m| self.state_item(ModelId(m)))
+            .collect()
+    }
+
+    /// Model `m`'s state with what runs its home sub-cluster's GPUs.
+    fn state_item(&self, m: ModelId) -> ModelStateItem {
+        let mut item = self.control.item(m);
+        item.devices = self.devices.of_sub(self.subs.home(m));
+        item
     }
 
     /// The term it serves under.
@@ -565,6 +583,24 @@ impl SchedProto {
         Ok(changed.len())
     }
 
+    /// Starts from a primary's models' states under model control (a standby
+    /// taking over, before any node registers with it; see
+    /// [`Control::adopt`]). Refused (nothing changes) once a backend
+    /// registered, or when an item names a model this scheduler does not
+    /// serve. Returns how many models changed.
+    pub fn adopt_model_states(&mut self, items: &[ModelStateItem]) -> Result<usize, String> {
+        if self
+            .conns
+            .values()
+            .any(|pc| matches!(pc.peer, Peer::Backend { .. } | Peer::Loading { .. }))
+        {
+            return Err("backends registered already".into());
+        }
+        let n = self.control.adopt(items)?;
+        self.tell_states();
+        Ok(n)
+    }
+
     /// A connection ended (the peer closed it or it broke).
     pub fn handle_closed(&mut self, now: Time, c: ConnId, reason: String) {
         self.now = self.now.max(now);
@@ -716,6 +752,9 @@ impl SchedProto {
                 pc.follows = Some(u64::MAX);
                 self.followed = true;
                 self.send_assignment(c);
+                // The models' states: it takes them over with the assignment.
+                let items = self.model_states();
+                self.send(c, Msg::ModelStates { items });
             }
             Msg::Fence { term } => {
                 if !matches!(pc.peer, Peer::New) {
@@ -1001,6 +1040,7 @@ impl SchedProto {
                 gpus: gpus as u32,
                 sub,
                 missing: models.iter().copied().collect(),
+                devices: DeviceCounts::of(gpu_infos),
             };
         }
         // Names are the node's to choose: kept short for the views.
@@ -1037,12 +1077,8 @@ impl SchedProto {
                 gpus: self.gpus_in_service,
             },
         );
-        self.send(
-            c,
-            Msg::ModelStates {
-                items: self.control.all(),
-            },
-        );
+        let items = self.model_states();
+        self.send(c, Msg::ModelStates { items });
         for b in self.backend_conns() {
             self.send(b, up.clone());
         }
@@ -1204,7 +1240,11 @@ impl SchedProto {
     /// A backend confirmed every model: its GPUs go into service.
     fn backend_ready(&mut self, c: ConnId) {
         let Some(Peer::Loading {
-            node, gpus, sub, ..
+            node,
+            gpus,
+            sub,
+            devices,
+            ..
         }) = self.conns.get(&c).map(|p| p.peer.clone())
         else {
             return;
@@ -1253,6 +1293,7 @@ impl SchedProto {
                 node,
                 gpus: ids,
                 sub,
+                devices,
                 missing: BTreeSet::new(),
                 draining: None,
             };
@@ -1260,6 +1301,10 @@ impl SchedProto {
         self.report.backends_registered += 1;
         self.gpus_in_service += gpus;
         self.sub_gpus[sub as usize] += gpus;
+        self.devices.up(sub, devices);
+        // Frontends hear what runs the models before they hear the GPUs
+        // (once ready, a frontend's model configurations are right).
+        self.tell_states();
         self.send_capacity();
         tracing::info!(
             node,
@@ -1289,6 +1334,7 @@ impl SchedProto {
                 gpus,
                 draining,
                 sub,
+                devices,
                 ..
             } => {
                 self.names.remove(&node);
@@ -1296,6 +1342,8 @@ impl SchedProto {
                 if draining.is_none() {
                     self.gpus_in_service -= gpus.len() as u32;
                     self.sub_gpus[sub as usize] -= gpus.len() as u32;
+                    self.devices.down(sub, devices);
+                    self.tell_states();
                 }
                 let lost = self.plans.lock().expect("plans lock").take_backend(node);
                 let n = lost.len();
@@ -1403,15 +1451,18 @@ impl SchedProto {
                 gpus,
                 draining,
                 sub,
+                devices,
                 ..
             } => {
                 if draining.is_some() {
                     return;
                 }
                 *draining = Some((now, false));
-                let (node, gpus, sub) = (*node, gpus.clone(), *sub);
+                let (node, gpus, sub, devices) = (*node, gpus.clone(), *sub, *devices);
                 self.gpus_in_service -= gpus.len() as u32;
                 self.sub_gpus[sub as usize] -= gpus.len() as u32;
+                self.devices.down(sub, devices);
+                self.tell_states();
                 self.report.backends_drained += 1;
                 tracing::info!(node, gpus = gpus.len(), %reason, "scheduler: backend draining");
                 self.actions.push_back(Action::GpusDraining {
@@ -1541,12 +1592,12 @@ impl SchedProto {
         let name = self.cfg.models[model.idx()].name.clone();
         match self.control.ask(model, load) {
             Decision::Refused(why) => {
-                let mut item = self.control.item(model);
+                let mut item = self.state_item(model);
                 item.reason = why;
                 return self.send(c, Msg::ModelStates { items: vec![item] });
             }
             Decision::AsIs => {
-                let item = self.control.item(model);
+                let item = self.state_item(model);
                 return self.send(c, Msg::ModelStates { items: vec![item] });
             }
             Decision::Load => {
@@ -1580,11 +1631,34 @@ impl SchedProto {
         self.tell_states();
     }
 
-    /// Every frontend hears the models' states that changed.
+    /// Every frontend hears the models whose state, or whose home's GPUs
+    /// in service ([`super::devices`]), changed.
     fn tell_states(&mut self) {
-        let items = self.control.take_changes();
-        if items.is_empty() {
+        let mut ms: BTreeSet<ModelId> = self
+            .control
+            .take_changes()
+            .into_iter()
+            .map(|i| i.model)
+            .collect();
+        ms.extend(self.devices.changed(self.subs.homes()));
+        if ms.is_empty() {
             return;
+        }
+        let items: Vec<ModelStateItem> = ms.into_iter().map(|m| self.state_item(m)).collect();
+        // A following standby hears them too: it takes them over.
+        let followers: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, pc)| pc.follows.is_some())
+            .map(|(&c, _)| c)
+            .collect();
+        for c in followers {
+            self.send(
+                c,
+                Msg::ModelStates {
+                    items: items.clone(),
+                },
+            );
         }
         for c in self.frontend_conns() {
             self.send(
@@ -1603,7 +1677,8 @@ impl SchedProto {
     /// flight, no move under way) is unloaded.
     fn check_control(&mut self, now: Time) {
         if self.control.mode() == ControlMode::None {
-            return;
+            // Only what runs the models can change.
+            return self.tell_states();
         }
         for m in self.control.in_state(ModelAvailability::Loading) {
             if !self.sub_missing(self.subs.home(m), m) {
@@ -1724,6 +1799,8 @@ impl SchedProto {
                         model: m,
                         subcluster: mv.to,
                     });
+                    // Its frontends hear what runs its new home.
+                    self.tell_states();
                 }
                 Phase::Switched { drain_until } => {
                     if now < drain_until + DRAIN_QUIET || self.in_flight(mv, m) > 0 {

@@ -352,6 +352,21 @@ fn register(p: &mut SchedProto, c: ConnId, now: Time) -> Vec<Action> {
 
 /// A backend on connection `c` registers one GPU of each type in `types`.
 fn register_typed(p: &mut SchedProto, c: ConnId, now: Time, types: &[&str]) -> Vec<Action> {
+    let gpus: Vec<_> = types
+        .iter()
+        .map(|t| (*t, crate::wire::DeviceKind::Emulated))
+        .collect();
+    register_devices(p, c, now, &gpus)
+}
+
+/// A backend on connection `c` registers one GPU of each type and kind in
+/// `gpus`.
+fn register_devices(
+    p: &mut SchedProto,
+    c: ConnId,
+    now: Time,
+    gpus: &[(&str, crate::wire::DeviceKind)],
+) -> Vec<Action> {
     p.handle_accept(now, c);
     p.handle_msg(
         now,
@@ -359,13 +374,14 @@ fn register_typed(p: &mut SchedProto, c: ConnId, now: Time, types: &[&str]) -> V
         Msg::Register {
             role: Role::Backend,
             name: format!("be{c}"),
-            gpus: types
+            gpus: gpus
                 .iter()
                 .enumerate()
-                .map(|(i, t)| crate::wire::GpuInfo {
+                .map(|(i, (t, device))| crate::wire::GpuInfo {
                     local: i as u32,
                     name: t.to_string(),
                     mem_bytes: 1 << 30,
+                    device: *device,
                 })
                 .collect(),
             ctrl_addr: String::new(),
@@ -675,9 +691,13 @@ fn a_following_standby_is_sent_the_assignment_when_it_changes() {
     p.handle_accept(ms(1), 9);
     p.handle_msg(ms(1), 9, Msg::Follow);
     let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
-    assert_eq!(
-        sent_on(&acts, 9),
-        vec![&Msg::Assignment { homes: vec![0, 1] }]
+    assert!(
+        matches!(
+            &sent_on(&acts, 9)[..],
+            [Msg::Assignment { homes }, Msg::ModelStates { items }]
+                if homes == &vec![0, 1] && items.len() == 2
+        ),
+        "{acts:?}"
     );
     // Unchanged: a ping gets its pong only.
     p.handle_msg(ms(2), 9, ping(ms(2)));
@@ -929,4 +949,118 @@ fn fences_step_down_or_are_answered() {
     assert_eq!(q.stepped_down(), None, "not newer");
     q.handle_fenced(2);
     assert_eq!(q.stepped_down(), Some(2));
+}
+
+/// What frontend connection `c` was told in `acts` of what runs each model.
+fn devices_told(acts: &[Action], c: ConnId) -> Vec<(u32, crate::wire::DeviceCounts)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Send(x, Msg::ModelStates { items }) if *x == c => Some(items),
+            _ => None,
+        })
+        .flatten()
+        .map(|i| (i.model.0, i.devices))
+        .collect()
+}
+
+/// Frontends hear what runs each model's GPUs (its home sub-cluster's GPUs
+/// in service, by kind) when it changes, with no model control asked: a
+/// backend of CPU executors enters service, one of real GPUs joins the
+/// other sub-cluster, a model moves there, that backend is lost.
+#[test]
+fn frontends_hear_what_runs_each_model_as_it_changes() {
+    use crate::wire::{DeviceCounts, DeviceKind};
+    let c = |gpu, cpu, emulated| DeviceCounts { gpu, cpu, emulated };
+    let mut p = proto_with(SubClusters::new(2, vec![0, 1]).unwrap());
+    frontend(&mut p, 1);
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert_eq!(
+        devices_told(&acts, 1),
+        vec![(0, c(0, 0, 0)), (1, c(0, 0, 0))],
+        "none in service yet"
+    );
+    let cpu = [("onnxruntime-cpu", DeviceKind::Cpu); 2];
+    assert_eq!(
+        loads(&register_devices(&mut p, 2, Time(0), &cpu), 2).0,
+        vec![0]
+    );
+    let acts = loaded(&mut p, 2, Time(0), 0, true);
+    assert_eq!(devices_told(&acts, 1), vec![(0, c(0, 2, 0))]);
+    let gpu = [("H100", DeviceKind::Gpu)];
+    assert_eq!(
+        loads(&register_devices(&mut p, 3, Time(0), &gpu), 3).0,
+        vec![1]
+    );
+    let acts = loaded(&mut p, 3, Time(0), 1, true);
+    assert_eq!(devices_told(&acts, 1), vec![(1, c(1, 0, 0))]);
+    // Model 0 moves to the GPU: its frontends hear it at the switch.
+    assert!(p.move_model(Time(1), ModelId(0), 1));
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert!(devices_told(&acts, 1).is_empty(), "not switched yet");
+    let acts = loaded(&mut p, 3, Time(2), 0, true);
+    assert_eq!(devices_told(&acts, 1), vec![(0, c(1, 0, 0))]);
+    assert_eq!(p.model_states()[0].devices, c(1, 0, 0));
+    p.handle_closed(Time(3), 3, "gone".into());
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert_eq!(
+        devices_told(&acts, 1),
+        vec![(0, c(0, 0, 0)), (1, c(0, 0, 0))]
+    );
+}
+
+/// A following standby hears the models' states (all of them when it
+/// follows, then each change); a successor that adopts them before any
+/// backend registers serves what was loaded and unloaded at its primary.
+#[test]
+fn a_standby_hears_the_model_states_and_a_successor_adopts_them() {
+    use ModelAvailability::*;
+    let ms = |m: i64| Time(m * 1_000_000);
+    let heard = |acts: &[Action]| -> Vec<(u32, ModelAvailability)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Send(9, Msg::ModelStates { items }) => Some(items),
+                _ => None,
+            })
+            .flatten()
+            .map(|i| (i.model.0, i.state))
+            .collect()
+    };
+    let mut p = proto();
+    p.set_model_control(ControlMode::Explicit, &[ModelId(0)]);
+    frontend(&mut p, 1);
+    register(&mut p, 2, ms(0));
+    loaded(&mut p, 2, ms(0), 0, true);
+    std::iter::from_fn(|| p.poll_action()).for_each(drop);
+    p.handle_accept(ms(1), 9);
+    p.handle_msg(ms(1), 9, Msg::Follow);
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert_eq!(heard(&acts), vec![(0, Ready), (1, Unavailable)]);
+    let mut acts = control(&mut p, ms(2), 1, true);
+    acts.extend(loaded(&mut p, 2, ms(3), 1, true));
+    // A task of model 0 keeps it draining past its unload.
+    acts.extend(submit(&mut p, ms(3), 1, 0, ms(500)));
+    acts.extend(control(&mut p, ms(4), 0, false));
+    assert_eq!(heard(&acts), vec![(1, Loading), (1, Ready), (0, Unloading)]);
+    let last: Vec<crate::wire::ModelStateItem> = p.model_states();
+    // The standby takes over while model 0 drains at its primary.
+    let mut q = proto();
+    q.set_model_control(ControlMode::Explicit, &[ModelId(0)]);
+    assert_eq!(q.adopt_model_states(&last), Ok(2));
+    assert_eq!(
+        q.model_states().iter().map(|i| i.state).collect::<Vec<_>>(),
+        vec![Unavailable, Ready]
+    );
+    let acts = register(&mut q, 2, ms(5));
+    assert_eq!(
+        loads(&acts, 2),
+        (vec![1], vec![]),
+        "only the model loaded there"
+    );
+    let e = q.adopt_model_states(&last).unwrap_err();
+    assert!(e.contains("backends registered"), "{e}");
+    let mut r = proto();
+    r.set_model_control(ControlMode::Explicit, &[]);
+    let mut bad = last.clone();
+    bad[0].model = ModelId(7);
+    assert!(r.adopt_model_states(&bad).is_err());
 }

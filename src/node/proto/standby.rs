@@ -20,6 +20,12 @@
 //! the primary, or started with the standby's address first, and goes back
 //! to the primary.
 //!
+//! The primary also tells its standby the models' states under model control
+//! (`ModelStates`, as it tells its frontends: every model's when the standby
+//! follows, then those that change); the standby keeps the latest of each
+//! and hands them over at the takeover, so loads and unloads done at the
+//! primary survive it (see [`super::control::Control::adopt`]).
+//!
 //! The standby keeps the highest scheduler term it saw: its primary's (each
 //! `Pong` carries it), and any that nodes' pings or a `Fence` carry. It takes
 //! over under the next term ([`Action::TakeOver`]'s `term`, at least 2: a
@@ -27,10 +33,11 @@
 //! old primary should it come back, and the old primary steps down when it
 //! hears of the new term (see [`super::sched`] and [`super::fence`]).
 
+use crate::core::ModelId;
 use crate::core::{Dur, Time};
 use crate::transport::ConnId;
-use crate::wire::Msg;
-use std::collections::{HashMap, VecDeque};
+use crate::wire::{ModelStateItem, Msg, MAX_ITEMS};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// A primary silent for this many heartbeats is gone.
 pub const SILENT_HEARTBEATS: i64 = 3;
@@ -59,6 +66,9 @@ pub enum Action {
         why: String,
         held: Vec<(ConnId, Msg)>,
         assignment: Option<Vec<u32>>,
+        /// The primary's latest state of each model under model control, by
+        /// model id (empty: none received; the start-up states stay).
+        states: Vec<ModelStateItem>,
         /// The term it serves under from now on.
         term: u64,
     },
@@ -77,6 +87,9 @@ pub struct StandbyProto {
     held: Vec<(ConnId, Msg)>,
     /// The primary's assignment of models to sub-clusters, as it last sent it.
     assignment: Option<Vec<u32>>,
+    /// The primary's models' states, as it last sent each (at most
+    /// [`MAX_ITEMS`] models).
+    states: BTreeMap<ModelId, ModelStateItem>,
     /// When each node connection's first held message came.
     held_since: HashMap<ConnId, Time>,
     /// The highest scheduler term seen (the primary's, or a node's).
@@ -99,6 +112,7 @@ impl StandbyProto {
             seq: 0,
             held: Vec::new(),
             assignment: None,
+            states: BTreeMap::new(),
             held_since: HashMap::new(),
             term: 0,
             done: false,
@@ -166,6 +180,11 @@ impl StandbyProto {
         self.assignment.as_deref()
     }
 
+    /// The primary's models' states as it last sent them, by model id.
+    pub fn model_states(&self) -> Vec<ModelStateItem> {
+        self.states.values().cloned().collect()
+    }
+
     /// The connection to the primary could not be opened: it is gone.
     pub fn handle_connect_failed(&mut self, _now: Time, why: &str) {
         self.take_over(format!("it cannot be reached: {why}"));
@@ -205,6 +224,13 @@ impl StandbyProto {
                     self.term = self.term.max(term);
                 }
                 Msg::Assignment { homes } => self.assignment = Some(homes),
+                Msg::ModelStates { items } => {
+                    for i in items {
+                        if self.states.len() < MAX_ITEMS || self.states.contains_key(&i.model) {
+                            self.states.insert(i.model, i);
+                        }
+                    }
+                }
                 _ => {}
             }
             return;
@@ -286,6 +312,7 @@ impl StandbyProto {
             why: format!("primary {}: {why}", self.primary),
             held,
             assignment: self.assignment.take(),
+            states: std::mem::take(&mut self.states).into_values().collect(),
             // (Saturating: a member may send any term.)
             term: self.term.max(1).saturating_add(1),
         });
@@ -367,8 +394,10 @@ mod tests {
                 why,
                 held,
                 assignment: None,
+                states,
                 term: 2,
             }] => {
+                assert!(states.is_empty(), "none received");
                 assert!(
                     why.contains("primary a") && why.contains("refused"),
                     "{why}"
@@ -503,6 +532,52 @@ mod tests {
                 assert_eq!(assignment.as_deref(), Some(&[1, 1][..]));
                 assert_eq!(held.len(), 1);
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The primary's models' states are kept, the latest of each model, and
+    /// handed over at the takeover; states a node sends are held like
+    /// anything it sends, not taken.
+    #[test]
+    fn it_takes_over_with_the_primary_s_last_model_states() {
+        use crate::wire::ModelAvailability::*;
+        let item = |m: u32, state| ModelStateItem {
+            model: ModelId(m),
+            state,
+            reason: String::new(),
+            devices: Default::default(),
+        };
+        let mut p = StandbyProto::new(ms(0), "a", 1, Dur::from_ms(100));
+        drain(&mut p);
+        let all = vec![item(0, Ready), item(1, Unavailable), item(2, Ready)];
+        p.handle_msg(ms(1), 1, Msg::ModelStates { items: all });
+        p.handle_msg(
+            ms(2),
+            1,
+            Msg::ModelStates {
+                items: vec![item(1, Loading)],
+            },
+        );
+        p.handle_msg(
+            ms(3),
+            1,
+            Msg::ModelStates {
+                items: vec![item(1, Ready), item(2, Unloading)],
+            },
+        );
+        p.handle_msg(
+            ms(4),
+            7,
+            Msg::ModelStates {
+                items: vec![item(0, Unavailable)],
+            },
+        );
+        let want = vec![item(0, Ready), item(1, Ready), item(2, Unloading)];
+        assert_eq!(p.model_states(), want);
+        p.handle_timeout(ms(400));
+        match &drain(&mut p)[..] {
+            [.., Action::TakeOver { states, .. }] => assert_eq!(states, &want),
             other => panic!("{other:?}"),
         }
     }

@@ -445,6 +445,7 @@ impl EventLoop {
                     why,
                     held,
                     assignment,
+                    states,
                     term,
                 } => {
                     let Some(sb) = self.standby.take() else {
@@ -481,6 +482,22 @@ impl EventLoop {
                             error = %e,
                             "standby: the primary's assignment does not fit; the start-up one stays"
                         ),
+                    }
+                    if states.is_empty() {
+                        tracing::warn!(
+                            "standby: the primary sent no model states; the start-up ones stay"
+                        );
+                    } else {
+                        match self.proto.adopt_model_states(&states) {
+                            Ok(n) => tracing::info!(
+                                changed = n,
+                                "standby: took the primary's model states (loads and unloads done there)"
+                            ),
+                            Err(e) => tracing::warn!(
+                                error = %e,
+                                "standby: the primary's model states do not fit; the start-up ones stay"
+                            ),
+                        }
                     }
                     self.apply(sub, refused);
                     let since = (self.clock.now() - sb.proto.last_pong()).max(Dur::ZERO);

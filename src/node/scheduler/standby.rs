@@ -10,7 +10,9 @@
 //! standby at once when they lose the primary (see
 //! [`crate::node::proto::member`]).
 //!
-//! What a standby does not take over: the primary's state. The nodes
+//! What a standby takes over of the primary's state: the models'
+//! sub-clusters and their states under model control (which are loaded; see
+//! [`crate::node::proto::standby`]). The rest it does not: the nodes
 //! register anew (backends keep their models loaded, so this is quick) and
 //! the frontends submit the requests that were pending at the primary again,
 //! under new task ids (each ends exactly once, none is lost).
