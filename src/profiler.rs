@@ -183,6 +183,9 @@ fn steps(opts: &ProfileOpts, rng: &mut rand_xoshiro::Xoshiro256PlusPlus) -> Vec<
     v
 }
 
+/// One lane's timed runs (ms) per batch size: same shape, and mixed.
+type LaneTimes = (Vec<Vec<f64>>, Vec<Vec<f64>>);
+
 /// Measures d(b, e) of `model` (already loaded on each executor) for each batch
 /// size, with e = `execs.len()` lanes on one device: every lane runs the same
 /// sequence on a thread of its own, and each run starts on all lanes at once
@@ -215,7 +218,7 @@ pub fn measure_lanes(
     // A lane that fails keeps meeting the others at the barrier (running
     // nothing), so none waits for it forever.
     let failed = std::sync::atomic::AtomicBool::new(false);
-    let lane = |exec: &mut dyn Executor| -> Result<(Vec<Vec<f64>>, Vec<Vec<f64>>)> {
+    let lane = |exec: &mut dyn Executor| -> Result<LaneTimes> {
         let mut same = vec![Vec::new(); n];
         let mut mixed = vec![Vec::new(); n];
         let mut err = None;
@@ -244,7 +247,7 @@ pub fn measure_lanes(
             None => Ok((same, mixed)),
         }
     };
-    let per_lane: Vec<Result<(Vec<Vec<f64>>, Vec<Vec<f64>>)>> = if lanes == 1 {
+    let per_lane: Vec<Result<LaneTimes>> = if lanes == 1 {
         vec![lane(&mut *execs[0])]
     } else {
         std::thread::scope(|s| {
