@@ -1088,6 +1088,11 @@ pub struct ServeArgs {
     /// g on device g); sets --gpus to their number.
     #[arg(long)]
     cuda_devices: Option<String>,
+    /// Batches each GPU runs at once (1 to 64), as `fermata backend --lanes`:
+    /// the scheduler sees each GPU as this many lanes, planned with the
+    /// models' profiles, which must then be d(b, E).
+    #[arg(long, default_value_t = 1)]
+    lanes: u32,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -1522,6 +1527,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             fermata::triton_ensemble::load_all(&a.models)?
         },
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
+        lanes: a.lanes,
         epoch: a.subclusters.epoch_opts()?,
         control: a.control.opts()?,
         http: match a.http_port {

@@ -1,7 +1,8 @@
 //! Concurrent lanes with real processes on loopback: one emulated backend with
 //! one GPU and `--lanes 2` registers two GPU slots, and under a load one lane
 //! cannot carry, the GPU runs two batches at once while no lane ever runs two;
-//! every request is answered once and none fails.
+//! every request is answered once and none fails. The same in one process
+//! (`fermata serve --lanes 2`).
 
 use fermata::harness::procs::{ProcCluster, ProcOpts};
 use fermata::workload::Workload;
@@ -75,4 +76,38 @@ fn lanes_out_of_range_are_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--lanes must be 1 to 64"), "{err}");
+}
+
+/// `fermata serve`'s cluster with lanes, in one process: the same load on one
+/// GPU of two lanes.
+#[test]
+fn serve_in_process_with_two_lanes_runs_two_batches_at_once() {
+    use fermata::harness::loadgen::LoadgenOpts;
+    use fermata::node::serve::{serve, ClusterOpts};
+    use fermata::transport::{inproc::InProc, Transport};
+    let mut w = Workload::from_toml(WORKLOAD, None).unwrap();
+    w.gpus = 1;
+    let co = ClusterOpts {
+        lanes: 2,
+        host: "lanes-serve".into(),
+        region_bytes: 64 << 20,
+        ..ClusterOpts::default()
+    };
+    let mut lo = LoadgenOpts::new(Vec::new(), &w);
+    lo.rate_rps = 150.0;
+    lo.warmup = fermata::core::Dur::ZERO;
+    lo.duration = fermata::core::Dur::from_secs_f64(3.0);
+    let tr: std::sync::Arc<dyn Transport> = std::sync::Arc::new(InProc::global());
+    let run = serve(tr, &w, &co, &lo).unwrap();
+    assert_eq!(run.load.failed, 0);
+    assert_eq!(run.load.unanswered, 0);
+    assert!(
+        run.load.sim.bad_rate() < 0.05,
+        "{}",
+        run.load.sim.bad_rate()
+    );
+    let b = &run.cluster.backends[0];
+    assert_eq!(b.lanes, 2);
+    assert_eq!(b.gpu_batches_at_once_max, vec![2]);
+    assert_eq!(b.lane_overlaps, 0);
 }
