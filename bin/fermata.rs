@@ -312,6 +312,10 @@ enum BenchCmd {
     /// requests within the SLO, against harpagon + throughput-cost dispatch;
     /// each planner's predicted worst case against the simulated p99.
     Apps(plan_app::BenchAppsArgs),
+    /// Concurrent lanes: on an emulated GPU whose profile gains from running
+    /// 2-4 batches at once, the cost the planner predicts and the simulator
+    /// measures with e = 1, 2, 3, 4 lanes and with e free.
+    Lanes(plan_app::BenchLanesArgs),
 }
 
 #[derive(Args)]
@@ -840,6 +844,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Fig15(a)) => plan::cmd_bench_fig15(a),
         Cmd::Bench(BenchCmd::Planners(a)) => plan_app::cmd_bench_planners(a),
         Cmd::Bench(BenchCmd::Apps(a)) => plan_app::cmd_bench_apps(a),
+        Cmd::Bench(BenchCmd::Lanes(a)) => plan_app::cmd_bench_lanes(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

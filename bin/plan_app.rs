@@ -411,3 +411,83 @@ pub fn cmd_bench_apps(a: BenchAppsArgs) -> Result<()> {
     println!("mean/harp, max/harp, above: cost / harpagon+tc's over the applications both served; p99<=predicted: applications whose simulated p99 at the plan's machines is within the plan's predicted worst case (whose latency model holds)");
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchLanesArgs {
+    /// Request rates into the application (r/s, comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1000,4000,16000")]
+    rates: Vec<f64>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Application requests each simulation aims to count.
+    #[arg(long, default_value_t = 2000)]
+    requests: u64,
+    /// Simulations at most per rate and lane count.
+    #[arg(long, default_value_t = 40)]
+    max_sims: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_lanes(a: BenchLanesArgs) -> Result<()> {
+    use fermata::bench::{apps as ba, lanes as bl};
+    if a.rates.is_empty()
+        || a.rates.len() > 100
+        || a.rates
+            .iter()
+            .any(|r| !(r.is_finite() && *r > 0.0 && *r <= 1e6))
+    {
+        bail!("--rates must be 1 to 100 rates in (0, 1000000]");
+    }
+    if a.requests == 0 || a.requests > 1_000_000 {
+        bail!("--requests must be in 1..=1000000");
+    }
+    if a.max_sims == 0 || a.max_sims > 10_000 {
+        bail!("--max-sims must be in 1..=10000");
+    }
+    let o = ba::Options {
+        apps: 1,
+        seed: a.seed,
+        price_ratio: 1.0,
+        requests: a.requests,
+        max_sims: a.max_sims,
+    };
+    let r = bl::run(&a.rates, &o).map_err(anyhow::Error::msg)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "detect -> classify on an emulated GPU (price 1.0) with d(b, e) = f(e) l(b), f = {:?}; SLO 200 ms; fermata plan + deferred dispatch with slack forwarding; measured: the cheapest whole machines at which the simulator keeps 99% within the SLO",
+        r.factors
+    );
+    println!(
+        "{:>8} {:>6} {:>8} {:>10} {:>10} {:>9} {:>10} {:>10}",
+        "rate", "lanes", "planned", "predicted", "pred.whole", "measured", "worst ms", "p99 ms"
+    );
+    for x in &r.rows {
+        println!(
+            "{:>8} {:>6} {:>8} {:>10.2} {:>10.2} {:>9} {:>10.1} {:>10.1}",
+            x.rate_rps,
+            x.lanes.map_or("free".to_string(), |e| e.to_string()),
+            x.planned_lanes
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("/"),
+            x.predicted_cost,
+            x.predicted_whole,
+            x.measured_cost
+                .map_or("-".to_string(), |c| format!("{c:.2}")),
+            x.predicted_worst_s * 1e3,
+            x.p99_at_plan_s * 1e3
+        );
+    }
+    for (rate, one, e, best) in bl::best_over_one(&r) {
+        println!(
+            "rate {rate}: measured cost at e = 1 {one:.2}, best e = {e} {best:.2} ({:.3}x)",
+            best / one
+        );
+    }
+    Ok(())
+}

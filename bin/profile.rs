@@ -30,6 +30,11 @@ pub struct ProfileArgs {
     /// Which GPU (the executor's device index).
     #[arg(long, default_value_t = 0)]
     gpu: u32,
+    /// Measure d(b, E): E executors (lanes) on the one device, each with its
+    /// own sessions (and, on a GPU, streams), every batch run on all E at once.
+    /// The profile for backends started with `--lanes E`.
+    #[arg(long, default_value_t = 1)]
+    lanes: u32,
     /// Batch-size buckets: auto (the model's batch_buckets, else pow2 on a GPU and
     /// exact on the CPU), exact, pow2 or a list 1,4,16,64. Sets FERMATA_BUCKETS
     /// for the executor. Default: $FERMATA_BUCKETS, else auto.
@@ -93,9 +98,17 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         fermata::node::onnx::Sharing::parse(s).context("--sharing")?;
         std::env::set_var(fermata::node::onnx::SHARING_ENV, s);
     }
+    if a.lanes == 0 || a.lanes > fermata::node::backend::lanes::MAX_LANES {
+        bail!(
+            "--lanes must be 1 to {}, got {}",
+            fermata::node::backend::lanes::MAX_LANES,
+            a.lanes
+        );
+    }
     let factory = executor_factory(&a.executor, &dir)?;
-    let mut exec =
-        factory(a.gpu).with_context(|| format!("starting the {} executor", a.executor))?;
+    let mut execs = (0..a.lanes)
+        .map(|_| factory(a.gpu).with_context(|| format!("starting the {} executor", a.executor)))
+        .collect::<Result<Vec<_>>>()?;
     // The executor plans nothing with this profile; it is a placeholder until the
     // measured one exists.
     let info = ModelInfo {
@@ -110,10 +123,12 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         input_bytes: meta.input_bytes() as u32,
         meta_json: serde_json::to_string(&meta)?,
     };
-    exec.load(&info)
-        .with_context(|| format!("loading {}", a.model.display()))?;
-    let buckets = exec.buckets(info.id);
-    let device_bytes = exec.device_bytes(info.id);
+    for exec in &mut execs {
+        exec.load(&info)
+            .with_context(|| format!("loading {}", a.model.display()))?;
+    }
+    let buckets = execs[0].buckets(info.id);
+    let device_bytes = execs[0].device_bytes(info.id);
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let say = |line: String| {
         if a.json {
@@ -164,10 +179,21 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         warmup: a.warmup,
     };
     eprintln!(
-        "profiling {} on {} (batch sizes {:?}, {} warm-up + {} timed runs each, same shape and mixed)",
-        meta.name, a.executor, opts.batch_sizes, opts.warmup, opts.repeats
+        "profiling {} on {} (batch sizes {:?}, {} warm-up + {} timed runs each, same shape and mixed{})",
+        meta.name,
+        a.executor,
+        opts.batch_sizes,
+        opts.warmup,
+        opts.repeats,
+        if a.lanes > 1 {
+            format!("; {} lanes, every batch on all at once: d(b, {})", a.lanes, a.lanes)
+        } else {
+            String::new()
+        }
     );
-    let pts = profiler::measure(exec.as_mut(), &info, &meta, &opts)?;
+    let mut lanes: Vec<&mut dyn fermata::node::exec::Executor> =
+        execs.iter_mut().map(|e| e.as_mut() as _).collect();
+    let pts = profiler::measure_lanes(&mut lanes, &info, &meta, &opts)?;
     let device = match a.executor.as_str() {
         "onnx" => format!(
             "{}, ONNX Runtime CPU provider, {} intra-op thread(s) ({})",
@@ -186,7 +212,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         }
         other => format!("{other} device {}", a.gpu),
     };
-    let prof = profiler::to_profile(&meta, &a.executor, &device, &pts, a.repeats, &buckets)?;
+    let mut prof = profiler::to_profile(&meta, &a.executor, &device, &pts, a.repeats, &buckets)?;
+    prof.lanes = a.lanes;
     let warnings = profiler::shape_change_warnings(&pts, !buckets.is_empty());
     if a.json {
         println!("{}", serde_json::to_string_pretty(&prof)?);

@@ -687,6 +687,13 @@ pub struct BackendArgs {
     /// name with --executor cuda, else the executor's name.
     #[arg(long)]
     gpu_type: Option<String>,
+    /// Batches each GPU runs at once (1 to 64): each GPU registers with the
+    /// scheduler as this many slots (lanes), each with its own executor (for
+    /// cuda: its own sessions and streams on the GPU's device). The models'
+    /// profiles must then be d(b, E), a batch's latency while E run at once:
+    /// measure them with `fermata profile --lanes E`.
+    #[arg(long, default_value_t = 1)]
+    lanes: u32,
     #[arg(long, default_value = "backend")]
     name: String,
     /// tcp or rdma.
@@ -720,6 +727,7 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
     if let Some(t) = &a.gpu_type {
         o.set_gpu_type(t)?;
     }
+    o.set_lanes(a.lanes)?;
     let b = BackendNode::start(a.secret.transport(&a.transport, "backend")?, o)?;
     let ids = b.wait_ready(Duration::from_secs(30))?;
     announce(format!("fermata backend ready: GPUs {ids:?}"));
@@ -1080,6 +1088,11 @@ pub struct ServeArgs {
     /// g on device g); sets --gpus to their number.
     #[arg(long)]
     cuda_devices: Option<String>,
+    /// Batches each GPU runs at once (1 to 64), as `fermata backend --lanes`:
+    /// the scheduler sees each GPU as this many lanes, planned with the
+    /// models' profiles, which must then be d(b, E).
+    #[arg(long, default_value_t = 1)]
+    lanes: u32,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -1514,6 +1527,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             fermata::triton_ensemble::load_all(&a.models)?
         },
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
+        lanes: a.lanes,
         epoch: a.subclusters.epoch_opts()?,
         control: a.control.opts()?,
         http: match a.http_port {

@@ -150,8 +150,59 @@ pub fn measure(
     meta: &ModelMeta,
     opts: &ProfileOpts,
 ) -> Result<Vec<Point>> {
+    measure_lanes(&mut [exec], model, meta, opts)
+}
+
+/// One run of the profiler's sequence: a batch size's index, and what its time
+/// counts for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    Untimed(usize),
+    Same(usize),
+    Mixed(usize),
+}
+
+/// The profiler's sequence of runs: every size's warm-up runs; then per size
+/// one untimed run (the first run after a shape change is the mixed sequence's
+/// business) and its same-shape runs back to back; then every size `repeats`
+/// times in a seeded random order.
+fn steps(opts: &ProfileOpts, rng: &mut rand_xoshiro::Xoshiro256PlusPlus) -> Vec<Step> {
+    let n = opts.batch_sizes.len();
+    let mut v: Vec<Step> = (0..n)
+        .flat_map(|i| std::iter::repeat_n(Step::Untimed(i), opts.warmup as usize))
+        .collect();
+    for i in 0..n {
+        v.push(Step::Untimed(i));
+        v.extend(std::iter::repeat_n(Step::Same(i), opts.repeats as usize));
+    }
+    let mut order: Vec<usize> = (0..n)
+        .flat_map(|i| std::iter::repeat_n(i, opts.repeats as usize))
+        .collect();
+    rand::seq::SliceRandom::shuffle(order.as_mut_slice(), rng);
+    v.extend(order.into_iter().map(Step::Mixed));
+    v
+}
+
+/// One lane's timed runs (ms) per batch size: same shape, and mixed.
+type LaneTimes = (Vec<Vec<f64>>, Vec<Vec<f64>>);
+
+/// Measures d(b, e) of `model` (already loaded on each executor) for each batch
+/// size, with e = `execs.len()` lanes on one device: every lane runs the same
+/// sequence on a thread of its own, and each run starts on all lanes at once
+/// (a barrier), so each timed batch of size b runs while the other e - 1 lanes
+/// run one of size b too. Every lane's times count; with one executor this is
+/// l(b).
+pub fn measure_lanes(
+    execs: &mut [&mut dyn Executor],
+    model: &ModelInfo,
+    meta: &ModelMeta,
+    opts: &ProfileOpts,
+) -> Result<Vec<Point>> {
     if opts.repeats == 0 {
         bail!("`--repeats` must be at least 1");
+    }
+    if execs.is_empty() {
+        bail!("no executor to measure on");
     }
     let Some(&largest) = opts.batch_sizes.iter().max() else {
         bail!("no batch sizes to measure");
@@ -160,71 +211,118 @@ pub fn measure(
     let mut rng = <rand_xoshiro::Xoshiro256PlusPlus as rand::SeedableRng>::seed_from_u64(1);
     let inputs: Vec<Vec<u8>> = (0..largest).map(|_| meta.sample_input(&mut rng)).collect();
     let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    let run = |exec: &mut dyn Executor, b: u32| -> Result<f64> {
-        let batch = &refs[..b as usize];
-        let t0 = Instant::now();
-        let out = exec
-            .run(model.id, batch)
-            .with_context(|| format!("running a batch of {b}"))?;
-        let el = t0.elapsed().as_secs_f64() * 1e3;
-        if out.len() != batch.len() {
-            bail!(
-                "the executor returned {} outputs for a batch of {b}",
-                out.len()
-            );
+    let seq = steps(opts, &mut rng);
+    let n = opts.batch_sizes.len();
+    let lanes = execs.len();
+    let barrier = std::sync::Barrier::new(lanes);
+    // A lane that fails keeps meeting the others at the barrier (running
+    // nothing), so none waits for it forever.
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let lane = |exec: &mut dyn Executor| -> Result<LaneTimes> {
+        let mut same = vec![Vec::new(); n];
+        let mut mixed = vec![Vec::new(); n];
+        let mut err = None;
+        for &st in &seq {
+            if lanes > 1 {
+                barrier.wait();
+            }
+            if err.is_some() || failed.load(std::sync::atomic::Ordering::Acquire) {
+                continue;
+            }
+            let (Step::Untimed(i) | Step::Same(i) | Step::Mixed(i)) = st;
+            match run_once(exec, model, meta, &refs[..opts.batch_sizes[i] as usize]) {
+                Ok(ms) => match st {
+                    Step::Same(_) => same[i].push(ms),
+                    Step::Mixed(_) => mixed[i].push(ms),
+                    Step::Untimed(_) => {}
+                },
+                Err(e) => {
+                    failed.store(true, std::sync::atomic::Ordering::Release);
+                    err = Some(e);
+                }
+            }
         }
-        let want = meta.output_bytes();
-        if let Some(o) = out.iter().find(|o| o.len() != want) {
-            bail!("an output is {} bytes; the metadata says {want}", o.len());
+        match err {
+            Some(e) => Err(e),
+            None => Ok((same, mixed)),
         }
-        Ok(el)
     };
-    for &b in &opts.batch_sizes {
-        for _ in 0..opts.warmup {
-            run(exec, b)?;
+    let per_lane: Vec<Result<LaneTimes>> = if lanes == 1 {
+        vec![lane(&mut *execs[0])]
+    } else {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = execs
+                .iter_mut()
+                .map(|e| {
+                    let lane = &lane;
+                    s.spawn(move || lane(&mut **e))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a lane's thread panicked")))
+                })
+                .collect()
+        })
+    };
+    let mut same = vec![Vec::new(); n];
+    let mut mixed = vec![Vec::new(); n];
+    for r in per_lane {
+        let (s, m) = r?;
+        for i in 0..n {
+            same[i].extend(&s[i]);
+            mixed[i].extend(&m[i]);
         }
     }
     let stats = |mut t: Vec<f64>| {
         t.sort_by(f64::total_cmp);
         (quantile(&t, 0.5), quantile(&t, 0.99), t[0])
     };
-    // Same shape: one untimed run first (the first run after a shape change is the
-    // mixed sequence's business), then the timed ones back to back.
-    let mut same = Vec::with_capacity(opts.batch_sizes.len());
-    for &b in &opts.batch_sizes {
-        run(exec, b)?;
-        let mut t = Vec::with_capacity(opts.repeats as usize);
-        for _ in 0..opts.repeats {
-            t.push(run(exec, b)?);
-        }
-        same.push(stats(t));
-    }
-    // Mixed: every size `repeats` times, in a seeded random order.
-    let mut order: Vec<usize> = (0..opts.batch_sizes.len())
-        .flat_map(|i| std::iter::repeat_n(i, opts.repeats as usize))
-        .collect();
-    rand::seq::SliceRandom::shuffle(order.as_mut_slice(), &mut rng);
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); opts.batch_sizes.len()];
-    for i in order {
-        times[i].push(run(exec, opts.batch_sizes[i])?);
-    }
     Ok(opts
         .batch_sizes
         .iter()
-        .zip(times)
+        .zip(mixed)
         .zip(same)
-        .map(|((&batch, t), (sm, sp, _))| {
+        .map(|((&batch, t), sm)| {
             let (median_ms, p99_ms, min_ms) = stats(t);
+            let (same_median_ms, same_p99_ms, _) = stats(sm);
             Point {
                 batch,
                 median_ms,
                 p99_ms,
                 min_ms,
-                same_median_ms: sm,
-                same_p99_ms: sp,
+                same_median_ms,
+                same_p99_ms,
             }
         })
         .collect())
+}
+
+/// Runs one batch of `batch` on `exec` and checks its outputs; its time (ms).
+fn run_once(
+    exec: &mut dyn Executor,
+    model: &ModelInfo,
+    meta: &ModelMeta,
+    batch: &[&[u8]],
+) -> Result<f64> {
+    let b = batch.len();
+    let t0 = Instant::now();
+    let out = exec
+        .run(model.id, batch)
+        .with_context(|| format!("running a batch of {b}"))?;
+    let el = t0.elapsed().as_secs_f64() * 1e3;
+    if out.len() != batch.len() {
+        bail!(
+            "the executor returned {} outputs for a batch of {b}",
+            out.len()
+        );
+    }
+    let want = meta.output_bytes();
+    if let Some(o) = out.iter().find(|o| o.len() != want) {
+        bail!("an output is {} bytes; the metadata says {want}", o.len());
+    }
+    Ok(el)
 }
 
 /// Fits the line through the medians and makes the profile file.
@@ -273,6 +371,7 @@ pub fn to_profile(
         measured_at: format!("{now} (seconds since the Unix epoch)"),
         buckets: buckets.to_vec(),
         same_shape_median_ms: points.iter().map(|p| p.same_median_ms).collect(),
+        lanes: 1,
     })
 }
 
@@ -469,5 +568,113 @@ mod tests {
         };
         let e = measure(&mut g, &info, &meta, &too_big).unwrap_err();
         assert!(format!("{e:#}").contains("batch of 17"), "{e:#}");
+    }
+
+    /// Lanes of one device: each run waits until `lanes` runs are in progress
+    /// (failing after a generous timeout, so runs not started together fail
+    /// the measurement), then takes `lanes` times the single-lane time.
+    struct Rendezvous {
+        inner: EmulatedGpu,
+        lanes: usize,
+        state: std::sync::Arc<(std::sync::Mutex<(usize, usize)>, std::sync::Condvar)>,
+        timeout: std::time::Duration,
+    }
+
+    impl Executor for Rendezvous {
+        fn name(&self) -> &'static str {
+            "rendezvous"
+        }
+        fn load(&mut self, m: &ModelInfo) -> Result<()> {
+            self.inner.load(m)
+        }
+        fn unload(&mut self, m: ModelId) {
+            self.inner.unload(m)
+        }
+        fn run(&mut self, m: ModelId, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+            let (lock, cv) = &*self.state;
+            let mut g = lock.lock().unwrap();
+            // (runs in progress, most seen at once)
+            g.0 += 1;
+            g.1 = g.1.max(g.0);
+            let (mut g, t) = cv
+                .wait_timeout_while(g, self.timeout, |g| g.1 < self.lanes)
+                .unwrap();
+            if t.timed_out() {
+                bail!("the lanes' runs did not start together");
+            }
+            cv.notify_all();
+            drop(g);
+            let mut out = Vec::new();
+            for _ in 0..self.lanes {
+                out = self.inner.run(m, inputs)?;
+            }
+            g = lock.lock().unwrap();
+            g.0 -= 1;
+            if g.0 == 0 {
+                g.1 = 0;
+            }
+            cv.notify_all();
+            Ok(out)
+        }
+    }
+
+    #[test]
+    fn lanes_run_each_batch_at_once_and_measure_d_b_e() {
+        let (meta, info) = lin_model(100_000);
+        let opts = ProfileOpts {
+            batch_sizes: vec![1, 8],
+            repeats: 3,
+            warmup: 1,
+        };
+        let state = std::sync::Arc::new((std::sync::Mutex::new((0, 0)), std::sync::Condvar::new()));
+        let mut execs: Vec<Rendezvous> = (0..3)
+            .map(|_| Rendezvous {
+                inner: EmulatedGpu::new(),
+                lanes: 3,
+                state: state.clone(),
+                timeout: std::time::Duration::from_secs(30),
+            })
+            .collect();
+        for e in &mut execs {
+            e.load(&info).unwrap();
+        }
+        let mut lanes: Vec<&mut dyn Executor> =
+            execs.iter_mut().map(|e| e as &mut dyn Executor).collect();
+        let pts = measure_lanes(&mut lanes, &info, &meta, &opts).unwrap();
+        for p in &pts {
+            // Three times l(b) = 0.1 ms * b + 1 ms: the lane's d(b, 3).
+            let want = 3.0 * (0.1 * p.batch as f64 + 1.0);
+            assert!(p.min_ms >= want - 1e-3, "{p:?}");
+        }
+        let mut prof = to_profile(&meta, "t", "t", &pts, 3, &[]).unwrap();
+        prof.lanes = 3;
+        prof.validate().unwrap();
+        let back: ProfileFile =
+            serde_json::from_str(&serde_json::to_string(&prof).unwrap()).unwrap();
+        assert_eq!(back.lanes, 3);
+
+        // One lane alone never meets two others: the runs fail, and so does
+        // the measurement, without waiting on the other lanes forever.
+        let state = std::sync::Arc::new((std::sync::Mutex::new((0, 0)), std::sync::Condvar::new()));
+        let mut two: Vec<Rendezvous> = (0..2)
+            .map(|_| Rendezvous {
+                inner: EmulatedGpu::new(),
+                lanes: 3,
+                state: state.clone(),
+                timeout: std::time::Duration::from_millis(100),
+            })
+            .collect();
+        for e in &mut two {
+            e.load(&info).unwrap();
+        }
+        let quick = ProfileOpts {
+            batch_sizes: vec![1, 2],
+            repeats: 1,
+            warmup: 0,
+        };
+        let mut lanes: Vec<&mut dyn Executor> =
+            two.iter_mut().map(|e| e as &mut dyn Executor).collect();
+        let e = measure_lanes(&mut lanes, &info, &meta, &quick).unwrap_err();
+        assert!(format!("{e:#}").contains("did not start together"), "{e:#}");
     }
 }

@@ -514,6 +514,19 @@ pub struct ProfileFile {
     /// measured inside a random mixed sequence of batch sizes, as serving sees it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub same_shape_median_ms: Vec<f64>,
+    /// Batches that ran at once on the device while it was measured
+    /// (`fermata profile --lanes E`): the profile is then d(b, E), what a
+    /// backend with `--lanes E` plans each lane with.
+    #[serde(default = "one_lane", skip_serializing_if = "is_one_lane")]
+    pub lanes: u32,
+}
+
+fn one_lane() -> u32 {
+    1
+}
+
+fn is_one_lane(l: &u32) -> bool {
+    *l == 1
 }
 
 impl ProfileFile {
@@ -542,6 +555,10 @@ impl ProfileFile {
         }
         if self.median_ms.iter().any(|m| !(m.is_finite() && *m > 0.0)) {
             bail!("`median_ms` must be positive");
+        }
+        let max_lanes = crate::node::backend::lanes::MAX_LANES;
+        if self.lanes == 0 || self.lanes > max_lanes {
+            bail!("`lanes` must be 1 to {max_lanes}, got {}", self.lanes);
         }
         if !self.buckets.is_empty() {
             let b = normalize_buckets(&self.buckets, self.max_batch)?;
@@ -1044,6 +1061,7 @@ mod tests {
             measured_at: "0".into(),
             buckets: Vec::new(),
             same_shape_median_ms: Vec::new(),
+            lanes: 1,
         };
         let pp = profile_path(&dir, "mlp", "onnx");
         assert!(pp.ends_with("mlp.profile-cpu.json"));

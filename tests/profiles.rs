@@ -95,6 +95,8 @@ fn profile_rejects_bad_arguments() {
     assert!(e.contains("4..1 is empty"), "{e}");
     let e = fails(&["profile", "--model", s(&model), "--batch-sizes", "1,64"]);
     assert!(e.contains("exceeds the model's max_batch 8"), "{e}");
+    let e = fails(&["profile", "--model", s(&model), "--lanes", "0"]);
+    assert!(e.contains("--lanes must be 1 to 64"), "{e}");
     let e = fails(&["profile", "--model", s(&model), "--executor", "tpu"]);
     assert!(e.contains("unknown executor \"tpu\""), "{e}");
     assert!(!dir.join("tiny.profile-cpu.json").exists());
@@ -150,5 +152,32 @@ fn profile_measures_a_real_model() {
     std::fs::copy(&out, repo.join("mlp.profile-cpu.json")).unwrap();
     let models = fermata::repo::load_repository(&repo, "onnx").unwrap();
     assert_eq!(models[0].spec().unwrap().profile.max_batch(), 16);
+    // d(b, 2): two sessions on the one device, every batch on both at once.
+    let out2 = dir.join("mlp-lanes2.json");
+    let o = Command::new(exe())
+        .args([
+            "profile",
+            "--model",
+            s(&model),
+            "--batch-sizes",
+            "1,16",
+            "--repeats",
+            "3",
+            "--warmup",
+            "1",
+            "--lanes",
+            "2",
+            "--out",
+            s(&out2),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("2 lanes, every batch on all at once"), "{err}");
+    let p2 = fermata::repo::ProfileFile::load(&out2).unwrap();
+    assert_eq!(p2.lanes, 2);
+    assert_eq!(p2.batch_sizes, vec![1, 16]);
+    assert_eq!(p.lanes, 1);
     let _ = std::fs::remove_dir_all(&dir);
 }

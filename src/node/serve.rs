@@ -39,6 +39,8 @@ pub struct ClusterOpts {
     pub apps: Vec<crate::triton_ensemble::EnsembleConfig>,
     /// `cuda`: the CUDA device of each GPU of a backend (default: GPU g on device g).
     pub cuda_devices: Option<Vec<u32>>,
+    /// Batches each backend GPU runs at once (`BackendOpts::lanes`).
+    pub lanes: u32,
     /// The scheduler's frontrun slack (`SchedulerOpts::min_slack`).
     pub min_slack: crate::core::Dur,
     /// Sub-clusters and the epoch partitioner (`SchedulerOpts::epoch`).
@@ -63,6 +65,7 @@ impl Default for ClusterOpts {
             models_dir: "models".into(),
             apps: Vec::new(),
             cuda_devices: None,
+            lanes: 1,
             min_slack: SchedulerOpts::default().min_slack,
             epoch: Default::default(),
             control: Default::default(),
@@ -113,7 +116,7 @@ impl Cluster {
         let limits = crate::node::proto::bounds::Limits {
             max_gpus_per_member: defaults
                 .max_gpus_per_member
-                .max(w.gpus.div_ceil(o.backends)),
+                .max(w.gpus.div_ceil(o.backends).saturating_mul(o.lanes)),
             max_members: defaults
                 .max_members
                 .max(o.backends.saturating_add(o.frontends)),
@@ -145,6 +148,7 @@ impl Cluster {
                 o.cuda_devices.clone(),
             )?;
             bo.name = format!("backend{b}");
+            bo.set_lanes(o.lanes)?;
             // Typed sub-clusters: backend b is of sub-cluster b's type (in
             // turn), so each sub-cluster gets backends.
             if let Some(t) = o.epoch.types.get(b as usize % o.epoch.types.len().max(1)) {

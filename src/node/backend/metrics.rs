@@ -3,6 +3,7 @@
 //! at scrape time), batch sizes per model, batch start delays, and each batch's
 //! input pull against the budget predicted for it.
 
+use super::lanes::LaneBook;
 use super::shared::Shared;
 use crate::metrics::{Histogram, Kind, Registry, BATCH_BUCKETS, LATENCY_BUCKETS};
 use crate::wire::ModelInfo;
@@ -186,6 +187,58 @@ pub(super) fn register_pull_counters(sh: &Arc<Shared>) {
                 ("over", s.pulls_over.load(Ordering::Relaxed)),
                 ("late", s.pulls_late.load(Ordering::Relaxed)),
             ]
+        },
+    );
+}
+
+/// Concurrent lanes: each GPU's batches running now and the most it ran at
+/// once, and the times a busy lane was asked to start another batch.
+pub(super) fn register_lanes(sh: &Arc<Shared>) {
+    let per_gpu = |sh: &Arc<Shared>, metric: &str, help: &str, f: fn(&LaneBook) -> &[u32]| {
+        let name = sh.name.clone();
+        let w = Arc::downgrade(sh);
+        sh.registry.collector(metric, help, Kind::Gauge, move || {
+            w.upgrade().map_or_else(Vec::new, |s| {
+                let book = s.lanes.lock().expect("lock");
+                f(&book)
+                    .iter()
+                    .enumerate()
+                    .map(|(g, &v)| {
+                        (
+                            vec![
+                                ("backend".to_string(), name.clone()),
+                                ("gpu".to_string(), g.to_string()),
+                            ],
+                            f64::from(v),
+                        )
+                    })
+                    .collect()
+            })
+        });
+    };
+    per_gpu(
+        sh,
+        "fermata_backend_gpu_batches_running",
+        "Batches running on each GPU now (at most its --lanes).",
+        LaneBook::running,
+    );
+    per_gpu(
+        sh,
+        "fermata_backend_gpu_batches_at_once_max",
+        "The most batches each GPU ran at once since the backend started.",
+        LaneBook::peak,
+    );
+    let name = sh.name.clone();
+    let w = Arc::downgrade(sh);
+    sh.registry.collector(
+        "fermata_backend_lane_overlaps_total",
+        "Times a lane was asked to start a batch while it ran one (each lane runs one batch at a time: 0).",
+        Kind::Counter,
+        move || {
+            w.upgrade().map_or_else(Vec::new, |s| {
+                let v = s.lanes.lock().expect("lock").overlaps() as f64;
+                vec![(vec![("backend".to_string(), name.clone())], v)]
+            })
         },
     );
 }

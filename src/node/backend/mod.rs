@@ -7,7 +7,8 @@
 //! queue and how a batch ends) is the sans-IO [`super::proto::backend`]; this
 //! module is its driver. Threads: one network loop (scheduler and frontend
 //! connections, heartbeats, driving
-//! [`BackendProto`](super::proto::backend::BackendProto)), and per GPU a
+//! [`BackendProto`](super::proto::backend::BackendProto)), and per GPU slot (a
+//! GPU, or with `--lanes E` each of its E lanes: see [`lanes`]) a
 //! **puller** (reads a plan's inputs as soon as the plan arrives, so the
 //! pull overlaps the previous batch) and a **worker** (takes the pulled plans in
 //! `exec_at` order, waits for `exec_at`, runs the executor, reports). When a batch
@@ -29,12 +30,15 @@
 //! * `net.rs`: the network loop, the driver of the protocol machine.
 //! * `puller.rs`: a GPU's puller (one-sided input reads).
 //! * `worker.rs`: a GPU's worker (waits for `exec_at`, runs the batch, reports).
+//! * `lanes.rs`: concurrent lanes (`--lanes`): each GPU as several slots, and
+//!   the book of which lanes run a batch.
 //! * `channels.rs`: what goes between the threads, and how much of it may wait.
 //! * `shared.rs`: the state the threads share, with the pool of input buffers.
 //! * `metrics.rs`: the Prometheus series.
 //! * `report.rs`: what the backend counted ([`BackendReport`]).
 
 mod channels;
+pub mod lanes;
 mod metrics;
 mod net;
 mod node;

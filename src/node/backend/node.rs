@@ -4,7 +4,7 @@
 
 use super::channels::Queued;
 use super::channels::{WorkerMsg, PLANS_MAX, WORKER_MAX};
-use super::metrics::{register_counters, register_pull_counters, register_waits};
+use super::metrics::{register_counters, register_lanes, register_pull_counters, register_waits};
 use super::net::NetLoop;
 use super::options::BackendOpts;
 use super::report::BackendReport;
@@ -34,7 +34,7 @@ pub struct BackendNode {
     threads: Vec<JoinHandle<()>>,
 }
 
-/// Each GPU's channel to its puller and to its worker, and the threads.
+/// Each GPU slot's channel to its puller and to its worker, and the threads.
 struct GpuThreads {
     pullers: Vec<Sender<Queued>>,
     workers: Vec<Sender<WorkerMsg>>,
@@ -48,6 +48,7 @@ impl BackendNode {
         if opts.gpus == 0 {
             bail!("a backend needs at least one GPU (--gpus)");
         }
+        let lanes = opts.lane_map()?;
         let registry = Registry::new();
         let (tx, rx) = crate::node::event_channel(&registry, "backend");
         let (sched, addrs) =
@@ -55,8 +56,11 @@ impl BackendNode {
                 .with_context(|| format!("cannot reach the scheduler at {}", opts.scheduler))?;
         let clock = SchedClock::exact(Clock::new());
         let reader = transport.reader()?;
-        let shared = Arc::new(Shared::new(clock, sched, reader, registry, &opts.name));
+        let shared = Arc::new(Shared::new(
+            clock, sched, reader, registry, &opts.name, lanes,
+        ));
         register_counters(&shared);
+        register_lanes(&shared);
         register_waits(&shared);
         register_pull_counters(&shared);
         let gpus = spawn_gpus(&opts, &shared)?;
@@ -240,21 +244,36 @@ impl Drop for BackendNode {
     }
 }
 
-/// Starts each GPU's executor, worker and puller.
+/// Starts each GPU slot's executor, worker and puller: one slot per GPU, or
+/// with lanes one per lane, each with an executor of its own on its GPU (for
+/// `cuda`: sessions of its own, each computing on a stream of its own).
 fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
     let mut t = GpuThreads {
         pullers: Vec::new(),
         workers: Vec::new(),
         threads: Vec::new(),
     };
-    for g in 0..opts.gpus {
-        let exec =
-            (opts.executor)(g).with_context(|| format!("cannot start the executor of GPU {g}"))?;
+    let map = opts.lane_map()?;
+    for slot in 0..map.slots() {
+        let (g, l) = map.of(slot);
+        let exec = (opts.executor)(g).with_context(|| {
+            if map.lanes > 1 {
+                format!("cannot start the executor of GPU {g} lane {l}")
+            } else {
+                format!("cannot start the executor of GPU {g}")
+            }
+        })?;
+        let name = if map.lanes > 1 {
+            format!("gpu{g}l{l}")
+        } else {
+            format!("gpu{g}")
+        };
         let (wtx, wrx) = bounded::<WorkerMsg>(WORKER_MAX);
         let (ptx, prx) = bounded::<Queued>(PLANS_MAX);
-        t.threads.push(worker::spawn(g, shared.clone(), exec, wrx)?);
         t.threads
-            .push(puller::spawn(g, shared.clone(), prx, wtx.clone())?);
+            .push(worker::spawn(&name, slot, shared.clone(), exec, wrx)?);
+        t.threads
+            .push(puller::spawn(&name, shared.clone(), prx, wtx.clone())?);
         t.pullers.push(ptx);
         t.workers.push(wtx);
     }

@@ -1,6 +1,7 @@
 //! The backend's settings ([`BackendOpts`]): the scheduler to join, the GPUs and
 //! how they are described, and the executor that runs them.
 
+use super::lanes::LaneMap;
 use crate::node::exec::ExecutorFactory;
 use std::time::Duration;
 
@@ -19,6 +20,9 @@ pub struct BackendOpts {
     pub device: crate::wire::DeviceKind,
     /// The scheduler is considered lost after this long without a pong.
     pub scheduler_timeout: Duration,
+    /// Batches each GPU runs at once (`--lanes`, 1 to
+    /// [`super::lanes::MAX_LANES`]): each GPU registers as this many slots.
+    pub lanes: u32,
 }
 
 impl BackendOpts {
@@ -34,6 +38,7 @@ impl BackendOpts {
             executor: Box::new(|_| Ok(Box::new(crate::node::exec::EmulatedGpu::new()))),
             device: crate::wire::DeviceKind::Emulated,
             scheduler_timeout: Duration::from_millis(2000),
+            lanes: 1,
         }
     }
 
@@ -104,19 +109,40 @@ impl BackendOpts {
         Ok(())
     }
 
-    /// What the scheduler is told of each GPU.
+    /// Each GPU runs up to `lanes` batches at once (`--lanes`): 1 to
+    /// [`super::lanes::MAX_LANES`].
+    pub fn set_lanes(&mut self, lanes: u32) -> anyhow::Result<()> {
+        self.lane_map_of(lanes)?;
+        self.lanes = lanes;
+        Ok(())
+    }
+
+    fn lane_map_of(&self, lanes: u32) -> anyhow::Result<LaneMap> {
+        LaneMap::new(self.gpus, lanes).map_err(anyhow::Error::msg)
+    }
+
+    /// The GPU slots the scheduler sees: each GPU's lanes.
+    pub(super) fn lane_map(&self) -> anyhow::Result<LaneMap> {
+        self.lane_map_of(self.lanes)
+    }
+
+    /// What the scheduler is told of each slot: lane `l` of GPU `g` is slot
+    /// `g * lanes + l`, of the GPU's type, with an equal share of its memory
+    /// (each lane loads the models on its own).
     pub(super) fn gpu_infos(&self) -> Vec<crate::wire::GpuInfo> {
-        (0..self.gpus)
-            .map(|g| {
+        let lanes = self.lanes.max(1);
+        (0..self.gpus * lanes)
+            .map(|slot| {
+                let g = slot / lanes;
                 let (name, mem_bytes) = self
                     .gpu_descs
                     .get(g as usize)
                     .cloned()
                     .unwrap_or_else(|| (self.gpu_name.clone(), self.gpu_mem_bytes));
                 crate::wire::GpuInfo {
-                    local: g,
+                    local: slot,
                     name,
-                    mem_bytes,
+                    mem_bytes: mem_bytes / u64::from(lanes),
                     device: self.device,
                 }
             })

@@ -1,4 +1,4 @@
-//! A GPU's puller (thread `gpu{g}-pull`): reads each plan's inputs one-sided
+//! A GPU slot's puller (thread `gpu{g}-pull`, or `gpu{g}l{l}-pull` for a lane): reads each plan's inputs one-sided
 //! from the frontends' regions as soon as the plan arrives, so the pull overlaps
 //! the previous batch, then hands the plan to the GPU's worker.
 
@@ -12,15 +12,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Starts GPU `g`'s puller.
+/// Starts the puller of GPU slot `name` (`gpu{g}`, or `gpu{g}l{l}` for a lane).
 pub(super) fn spawn(
-    g: u32,
+    name: &str,
     sh: Arc<Shared>,
     rx: Receiver<Queued>,
     worker: Sender<WorkerMsg>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("gpu{g}-pull"))
+        .name(format!("{name}-pull"))
         .spawn(move || puller(sh, rx, worker))
 }
 

@@ -67,6 +67,11 @@ pub struct BackendReport {
     pub lead_pulled_p1_us: f64,
     pub clock_offset_us: f64,
     pub clock_error_us: f64,
+    /// Batches each GPU may run at once (`--lanes`), the most each GPU ran at
+    /// once, and the times a lane was asked to start a batch while it ran one.
+    pub lanes: u32,
+    pub gpu_batches_at_once_max: Vec<u32>,
+    pub lane_overlaps: u64,
     pub error: Option<String>,
 }
 
@@ -76,6 +81,7 @@ impl Shared {
         let s = self;
         let q = |r: &Mutex<Recent>, p: f64| r.lock().expect("lock").quantile(p) as f64 / 1e3;
         let fit = s.pull_est.lock().expect("lock").fit().unwrap_or_default();
+        let lanes = s.lanes.lock().expect("lock").clone();
         BackendReport {
             plans_run: s.plans_run.load(Ordering::Relaxed),
             plans_too_late: s.plans_too_late.load(Ordering::Relaxed),
@@ -113,6 +119,9 @@ impl Shared {
             lead_pulled_p1_us: q(&s.lead_pulled, 0.01),
             clock_offset_us: s.clock.offset().as_us_f64(),
             clock_error_us: s.clock.error_bound().as_us_f64(),
+            lanes: lanes.map().lanes,
+            gpu_batches_at_once_max: lanes.peak().to_vec(),
+            lane_overlaps: lanes.overlaps(),
             error: None,
         }
     }

@@ -3,6 +3,7 @@
 //! reader, the counters and recent measurements, and the pool of input buffers
 //! the pullers read into and the workers give back.
 
+use super::lanes::{LaneBook, LaneMap};
 use super::metrics::{pull_histograms, start_delay_histogram, PullHistograms};
 use crate::core::{Dur, LatencyProfile, ModelId, PullEstimator};
 use crate::metrics::{Histogram, Registry};
@@ -95,6 +96,8 @@ pub(super) struct Shared {
     /// Batch sizes per model id (added when a model loads).
     pub(super) batch_sizes: RwLock<HashMap<ModelId, Arc<Histogram>>>,
     pub(super) start_delay_hist: Arc<Histogram>,
+    /// Which lanes run a batch now, and each GPU's most batches at once.
+    pub(super) lanes: Mutex<LaneBook>,
 }
 
 impl Shared {
@@ -104,6 +107,7 @@ impl Shared {
         reader: Arc<dyn RegionReader>,
         registry: Arc<Registry>,
         name: &str,
+        lanes: LaneMap,
     ) -> Shared {
         Shared {
             clock,
@@ -148,6 +152,7 @@ impl Shared {
             registry,
             name: name.to_string(),
             batch_sizes: RwLock::new(HashMap::new()),
+            lanes: Mutex::new(LaneBook::new(lanes)),
         }
     }
 

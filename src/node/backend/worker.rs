@@ -1,4 +1,5 @@
-//! A GPU's worker (thread `gpu{g}-worker`): takes the pulled plans in `exec_at`
+//! A GPU slot's worker (thread `gpu{g}-worker`, or `gpu{g}l{l}-worker` for a
+//! lane: each lane runs one batch at a time, see [`super::lanes`]): takes the pulled plans in `exec_at`
 //! order, sleeps until just before a plan's start and spins, runs the batch on the
 //! executor (late tasks and missing inputs left out, see [`cut_batch`]), sends
 //! the results to the frontends and `PlanDone` to the scheduler, counts the
@@ -23,26 +24,27 @@ const WORKER_NICE: i32 = -10;
 /// A worker sleeps until this long before a batch's start, then spins.
 const SPIN: Duration = Duration::from_micros(100);
 
-/// Starts GPU `g`'s worker on `exec`.
+/// Starts the worker of GPU slot `slot` (thread `{name}-worker`) on `exec`.
 pub(super) fn spawn(
-    g: u32,
+    name: &str,
+    slot: u32,
     sh: Arc<Shared>,
     exec: Box<dyn Executor>,
     rx: Receiver<WorkerMsg>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("gpu{g}-worker"))
+        .name(format!("{name}-worker"))
         .spawn(move || {
             crate::runtime::pin::set_timer_slack_ns(1);
             crate::runtime::pin::set_thread_nice(WORKER_NICE);
-            worker(sh, exec, rx)
+            worker(sh, slot, exec, rx)
         })
 }
 
 /// Runs one GPU: plans in `exec_at` order ([`PlanQueue`]; a plan that arrives
 /// while the worker waits for a later one goes first), loads and unloads between
 /// batches. It sleeps until just before a plan's start, then spins.
-fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>) {
+fn worker(sh: Arc<Shared>, slot: u32, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>) {
     let mut queue: PlanQueue<Pulled> = PlanQueue::default();
     loop {
         let msg = match queue.next_at() {
@@ -82,7 +84,7 @@ fn worker(sh: Arc<Shared>, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>)
             if !sh.current(session) {
                 void(&sh, &plan);
             } else if !sh.dead.load(Ordering::Acquire) {
-                run_plan(&sh, exec.as_mut(), session, plan, inputs);
+                run_plan(&sh, slot, exec.as_mut(), session, plan, inputs);
             }
         }
     }
@@ -128,6 +130,7 @@ fn void(sh: &Shared, plan: &PlanMsg) {
 /// out), reports to the frontends and the scheduler, recycles the input buffers.
 fn run_plan(
     sh: &Shared,
+    slot: u32,
     exec: &mut dyn Executor,
     session: u64,
     plan: PlanMsg,
@@ -140,7 +143,7 @@ fn run_plan(
     let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
     let cut = cut_batch(&plan.tasks, &present, start, prof.as_ref());
-    let outputs = execute(sh, exec, &plan, &cut, &inputs);
+    let outputs = on_lane(sh, slot, || execute(sh, exec, &plan, &cut, &inputs));
     let settled = settle(&plan, &cut, start, sh.clock.now(), Ok(outputs));
     count(sh, &plan, &cut, &settled);
     sh.plans_ended.fetch_add(1, Ordering::Relaxed);
@@ -161,6 +164,23 @@ fn run_plan(
         let _ = sh.sched().send(settled.done);
     }
     sh.recycle(inputs);
+}
+
+/// Runs `f` (a batch) on GPU slot `slot`, kept in the lane book while it runs.
+fn on_lane<T>(sh: &Shared, slot: u32, f: impl FnOnce() -> T) -> T {
+    let began = sh.lanes.lock().expect("lock").begin(slot);
+    if let Err(b) = began {
+        tracing::error!(
+            gpu = b.gpu,
+            lane = b.lane,
+            "backend: a lane started a batch while it ran one"
+        );
+    }
+    let out = f();
+    if began.is_ok() {
+        sh.lanes.lock().expect("lock").end(slot);
+    }
+    out
 }
 
 /// The outputs of the tasks `cut` runs (none run: no outputs), one per task:
