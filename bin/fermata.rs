@@ -312,6 +312,12 @@ enum BenchCmd {
     /// requests within the SLO, against harpagon + throughput-cost dispatch;
     /// each planner's predicted worst case against the simulated p99.
     Apps(plan_app::BenchAppsArgs),
+    /// Nexus's query-analysis case (its Figure 16): SSD then Inception on γ
+    /// items each, on 8 GPUs; the highest rate at 99% good for the `fermata`
+    /// split with deferred scheduling, an even split, and `nexus` with Nexus's
+    /// runtime.
+    #[command(name = "nexus-fig16")]
+    NexusFig16(plan_app::BenchNexusFig16Args),
 }
 
 #[derive(Args)]
@@ -840,6 +846,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Fig15(a)) => plan::cmd_bench_fig15(a),
         Cmd::Bench(BenchCmd::Planners(a)) => plan_app::cmd_bench_planners(a),
         Cmd::Bench(BenchCmd::Apps(a)) => plan_app::cmd_bench_apps(a),
+        Cmd::Bench(BenchCmd::NexusFig16(a)) => plan_app::cmd_bench_nexus_fig16(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

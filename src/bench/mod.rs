@@ -8,6 +8,7 @@ pub mod cases;
 pub mod compare;
 pub mod copy;
 pub mod fig15;
+pub mod nexus_fig16;
 pub mod oracle;
 pub mod partition;
 pub mod planners;
