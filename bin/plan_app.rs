@@ -491,3 +491,117 @@ pub fn cmd_bench_lanes(a: BenchLanesArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchNexusFig16Args {
+    /// Mean fan-outs SSD -> Inception (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0.1, 1.0, 10.0])]
+    gammas: Vec<f64>,
+    /// End-to-end SLOs in ms (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![300.0, 400.0, 500.0])]
+    slos_ms: Vec<f64>,
+    #[arg(long, default_value_t = 8)]
+    gpus: u32,
+    /// Application requests each simulation aims to count.
+    #[arg(long, default_value_t = 2000)]
+    requests: u64,
+    /// Bisection steps on the rate per case and setup.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_nexus_fig16(a: BenchNexusFig16Args) -> Result<()> {
+    use fermata::bench::nexus_fig16 as nf;
+    if a.gammas.is_empty() || a.gammas.len() > 100 {
+        bail!("--gammas takes 1 to 100 values");
+    }
+    if a.gammas
+        .iter()
+        .any(|g| !(g.is_finite() && *g > 0.0 && *g <= 100.0))
+    {
+        bail!("--gammas must be in (0, 100]");
+    }
+    if a.slos_ms.is_empty() || a.slos_ms.len() > 100 {
+        bail!("--slos-ms takes 1 to 100 values");
+    }
+    if a.slos_ms
+        .iter()
+        .any(|s| !(s.is_finite() && *s >= 50.0 && *s <= 10_000.0))
+    {
+        bail!("--slos-ms must be in [50, 10000]");
+    }
+    if a.gpus < 2 || a.gpus > 1024 {
+        bail!("--gpus must be in 2..=1024");
+    }
+    if a.requests == 0 || a.requests > 1_000_000 {
+        bail!("--requests must be in 1..=1000000");
+    }
+    if a.steps == 0 || a.steps > 40 {
+        bail!("--steps must be in 1..=40");
+    }
+    let o = nf::Options {
+        gammas: a.gammas.clone(),
+        slos: a.slos_ms.iter().map(|s| s / 1e3).collect(),
+        gpus: a.gpus,
+        requests: a.requests,
+        steps: a.steps,
+        seed: a.seed,
+        check: false,
+    };
+    let json = a.json;
+    let r = nf::run(&o, |row| {
+        if !json {
+            eprintln!("gamma {} SLO {} ms done", row.gamma, row.slo_ms);
+        }
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "SSD -> Inception on {} GPUs (1080Ti profiles); throughput: the highest rate (req/s) found by {} bisection steps at which the simulator keeps {}% of requests within the SLO",
+        r.gpus,
+        r.steps,
+        r.target_good * 100.0
+    );
+    println!(
+        "{:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>16} {:>16}",
+        "gamma",
+        "SLO ms",
+        "capacity",
+        "fermata",
+        "even",
+        "nexus",
+        "fermata/even",
+        "fermata/nexus",
+        "fermata split ms",
+        "nexus split ms"
+    );
+    for row in &r.rows {
+        let t = |i: usize| row.found[i].throughput_rps;
+        let split = |i: usize| {
+            row.found[i].at.as_ref().map_or("-".to_string(), |p| {
+                format!("{:.0}/{:.0}", p.budgets_ms[0], p.budgets_ms[1])
+            })
+        };
+        println!(
+            "{:>6} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>12.3} {:>12.3} {:>16} {:>16}",
+            row.gamma,
+            row.slo_ms,
+            row.capacity_rps,
+            t(0),
+            t(1),
+            t(2),
+            t(0) / t(1),
+            t(0) / t(2),
+            split(0),
+            split(2)
+        );
+    }
+    println!("capacity: every GPU at batch 32 in the ideal SSD/Inception proportion; split: the plan's SSD/Inception budgets at the reported rate");
+    Ok(())
+}

@@ -9,6 +9,7 @@ pub mod compare;
 pub mod copy;
 pub mod fig15;
 pub mod lanes;
+pub mod nexus_fig16;
 pub mod oracle;
 pub mod partition;
 pub mod planners;
