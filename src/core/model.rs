@@ -82,22 +82,6 @@ pub const MIN_GROWTH: f64 = 3.0;
 /// sometimes crossed it (ResNet50's mean fell by 0.1%).
 pub const DISPERSION_NO_WAIT: f64 = 4.0;
 
-/// Deferred: the GPU contention a batch keeps before its latest start
-/// ([`ModelState::set_contention`]) is capped at the time its model takes to
-/// receive this many requests. The slack costs the batch what arrives during
-/// it: a model at a low rate loses little by starting a few milliseconds
-/// earlier, and it is these models (the tail of a Zipf popularity, many
-/// models sharing the GPUs) whose frontrun moments find every GPU busy. A
-/// model alone on its GPUs at a high rate (ResNet50 on 8 GPUs, SLO 25 ms,
-/// where a batch gathers for about 3 ms) would lose a fifth of its batch to a
-/// millisecond of slack. Measured with `fermata bench compare --seeds 3` on the
-/// three Zipf/Poisson workloads of `configs/workloads/` and the two Table 2
-/// ones: uncapped, deferred reached 1.001 / 1.001 / 0.999 of eager on the
-/// Zipf ones but fell to 0.997 on ResNet50 (from 1.025); at 2, 8, 16 and 32
-/// requests the lowest Zipf ratio was 0.985, 0.994, 0.998 and 0.9996 with
-/// ResNet50 at 1.025, 1.026, 1.026 and 0.999.
-pub const CONTENTION_SLACK_REQUESTS: f64 = 16.0;
-
 /// Per-model scheduling state.
 #[derive(Debug, Clone)]
 pub struct ModelState {
@@ -127,11 +111,6 @@ pub struct ModelState {
     /// frontrun moment costs at most this fraction of the model's spare GPU time
     /// ([`DispatcherConfig::eager_cost_max`](super::DispatcherConfig::eager_cost_max)).
     pub eager_cost_max: f64,
-    /// Deferred: how long a batch that becomes schedulable typically waits for a
-    /// GPU in this sub-cluster (set by the shard, see
-    /// [`ModelState::set_contention`]); its frontrun moment keeps that much
-    /// before its latest start.
-    contention: Dur,
 }
 
 /// How a request ended, as its client sees it: every request ends exactly once,
@@ -244,7 +223,6 @@ impl ModelState {
             margin: Dur::ZERO,
             dispersion: 1.0,
             eager_cost_max: 0.0,
-            contention: Dur::ZERO,
         }
     }
 
@@ -286,32 +264,6 @@ impl ModelState {
     #[inline]
     pub fn resp(&self) -> Dur {
         self.net.resp.max(self.margin)
-    }
-
-    /// Sets the sub-cluster's GPU contention: a high quantile of how long a batch
-    /// waits for a GPU after its planned start (the shard's
-    /// [`ContentionEstimator`](super::shard::ContentionEstimator)).
-    pub fn set_contention(&mut self, wait: Dur) {
-        self.contention = wait.max(Dur::ZERO);
-    }
-
-    /// What a deferred batch keeps between its frontrun moment and its latest
-    /// start: the network's slack floor and, for deferred (`pays`), the GPU
-    /// contention, at most a quarter of the SLO and at most the time the model
-    /// takes to receive [`CONTENTION_SLACK_REQUESTS`] requests.
-    fn slack(&self, pays: bool) -> Dur {
-        if pays {
-            let cap = if self.rate_rps > 0.0 {
-                Dur::from_secs_f64((CONTENTION_SLACK_REQUESTS / self.rate_rps).min(1.0))
-            } else {
-                Dur::ZERO
-            };
-            self.net
-                .slack
-                .max(self.contention.min(Dur(self.spec.slo.0 / 4)).min(cap))
-        } else {
-            self.net.slack
-        }
     }
 
     /// Takes the arrivals' index of dispersion (see [`ModelState::waiting_pays`]).
@@ -484,7 +436,7 @@ impl ModelState {
         let exec = match self.rule {
             ExecRule::Eager => earliest,
             ExecRule::Frontrun { pays } => {
-                let defer_to = (d - prof.latency(bs + 1)).min(latest - self.slack(pays));
+                let defer_to = (d - prof.latency(bs + 1)).min(latest - self.net.slack);
                 if bs >= self.max_batch || (pays && !self.waiting_pays(now, bs, defer_to, room)) {
                     // The batch cannot grow, or its growth would not matter for
                     // capacity: waiting would only add latency.
@@ -669,69 +621,6 @@ mod tests {
 
     /// Frontrun keeps `slack` before the latest start, so a model whose batches
     /// cost microseconds more per request is not held to the last microsecond.
-    /// Deferred keeps the sub-cluster's GPU contention between the frontrun
-    /// moment and the latest start, capped at a quarter of the SLO and at the
-    /// time the model takes to receive CONTENTION_SLACK_REQUESTS requests; the
-    /// paper's rule (symphony) ignores it.
-    #[test]
-    fn frontrun_keeps_the_contention() {
-        // l(b) = 1 ms * b + 5 ms; SLO 50 ms: the latest start of a lone request is
-        // 44 ms away, its frontrun moment 43 ms.
-        let spec = ModelSpec {
-            name: "m".into(),
-            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
-            slo: Dur::from_ms(50),
-        };
-        let now = Time(1_000_000_000);
-        let window = |policy: Policy, rate: f64, contention: Dur| {
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                policy,
-                Gather::Lazy,
-                NetBudget::default(),
-                100,
-            );
-            m.eager_cost_max = 0.05;
-            m.observe_rate(rate, 1.0);
-            m.set_contention(contention);
-            assert!(m.enqueue(Task {
-                id: TaskId(1),
-                arrival: now,
-                deadline: now + Dur::from_ms(50),
-                tag: 0,
-                cap: 0,
-            }));
-            let c = m
-                .update(now, None, &mut |_, _| panic!("nothing to drop"))
-                .unwrap();
-            assert!(c.exec_at > now, "the batch waits");
-            c.latest - c.exec_at
-        };
-        // No contention: the paper's l(2) - l(1).
-        assert_eq!(window(Policy::Deferred, 200.0, Dur::ZERO), Dur::from_ms(1));
-        // 5 ms of contention at 200 r/s (16 requests take 80 ms): all of it.
-        assert_eq!(
-            window(Policy::Deferred, 200.0, Dur::from_ms(5)),
-            Dur::from_ms(5)
-        );
-        // 20 ms: a quarter of the SLO.
-        assert_eq!(
-            window(Policy::Deferred, 200.0, Dur::from_ms(20)),
-            Dur::from_us(12_500)
-        );
-        // At 5,000 r/s 16 requests come in 3.2 ms: the batch gives up no more.
-        assert_eq!(
-            window(Policy::Deferred, 5000.0, Dur::from_ms(5)),
-            Dur::from_us(3_200)
-        );
-        // The paper's rule waits for l(b + 1) before the deadline whatever the contention.
-        assert_eq!(
-            window(Policy::Symphony, 200.0, Dur::from_ms(5)),
-            Dur::from_ms(1)
-        );
-    }
-
     #[test]
     fn frontrun_keeps_the_slack() {
         // l(b) = 1 us * b + 5 us; SLO 10 ms.

@@ -65,67 +65,9 @@ const RATE_EWMA: f64 = 0.2;
 /// than the rate's: a variance needs more ticks than a mean).
 const VAR_EWMA: f64 = 0.05;
 
-/// How long batches wait for a GPU past their planned start in a sub-cluster:
-/// a running estimate of a high quantile of that wait, by stochastic
-/// approximation (each observation moves the estimate up by `q * STEP` when
-/// the wait exceeded it, down by `(1 - q) * STEP` otherwise; it settles where
-/// a fraction `q` of the waits are at most the estimate). O(1) per batch and
-/// no memory of past waits, which a per-batch path needs; a quantile crate's
-/// sketches keep samples and answer any quantile, more than this one number.
-///
-/// A deferred batch waits for its frontrun moment, `l(b+1) - l(b)` before its
-/// latest start; where many models share the GPUs, the moments of several
-/// batches come close together and some find every GPU busy, wait past their
-/// latest start and lose their head. Deferred keeps this estimate between the
-/// frontrun moment and the latest start ([`ModelState::set_contention`]).
-#[derive(Debug, Clone)]
-pub struct ContentionEstimator {
-    q: f64,
-    est_ns: f64,
-}
-
-impl ContentionEstimator {
-    /// How far one observation moves the estimate (times q or 1 - q).
-    pub const STEP: Dur = Dur(20_000);
-
-    /// Tracks the `q` quantile of the waits (0 < q < 1).
-    pub fn new(q: f64) -> ContentionEstimator {
-        ContentionEstimator {
-            q: q.clamp(0.0, 1.0),
-            est_ns: 0.0,
-        }
-    }
-
-    /// One batch's wait past its planned start; None: it found no GPU before
-    /// its latest start (a wait longer than any estimate).
-    pub fn observe(&mut self, wait: Option<Dur>) {
-        let step = Self::STEP.0 as f64;
-        match wait {
-            Some(w) if w.0 as f64 <= self.est_ns => {
-                self.est_ns = (self.est_ns - (1.0 - self.q) * step).max(0.0)
-            }
-            _ => self.est_ns += self.q * step,
-        }
-    }
-
-    /// The current estimate.
-    pub fn wait(&self) -> Dur {
-        Dur(self.est_ns as i64)
-    }
-}
-
-/// The quantile of the GPU waits a deferred batch keeps before its latest
-/// start (at 0.8 the lowest deferred / eager ratio of the three Zipf/Poisson
-/// workloads was 0.9993 uncapped against 0.9993 at 0.9; capped as deferred
-/// caps it, 0.95 gave 0.997 against 0.998 at 0.9; `fermata bench compare
-/// --seeds 3`).
-pub const CONTENTION_QUANTILE: f64 = 0.9;
-
 /// A set of models' scheduling state.
 pub struct ModelShard {
     cfg: DispatcherConfig,
-    /// Deferred only: the GPU wait of this shard's batches past their planned start.
-    contention: Option<ContentionEstimator>,
     /// Indexed by global model id; None for models owned elsewhere or removed.
     models: Vec<Option<Entry>>,
     own: Vec<ModelId>,
@@ -150,8 +92,6 @@ impl ModelShard {
     /// A shard whose plan ids are `index + k * count` (shard `index` of `count`).
     pub fn new(cfg: DispatcherConfig, index: u32, count: u32) -> ModelShard {
         ModelShard {
-            contention: (cfg.policy == Policy::Deferred)
-                .then(|| ContentionEstimator::new(CONTENTION_QUANTILE)),
             active_gpus: cfg.gpus as f64,
             cfg,
             models: Vec::new(),
@@ -311,10 +251,6 @@ impl ModelShard {
         };
         e.seq = e.seq.max(seq);
         e.force = true;
-        if let (Some(est), Some(c)) = (&mut self.contention, e.sent) {
-            let start = (now + (c.exec_at - c.send_at)).max(free_at);
-            est.observe(Some((start - c.exec_at).max(Dur::ZERO)));
-        }
         self.mark(m);
         let booked = self.book(m, gpu, free_at, now);
         if !booked {
@@ -336,9 +272,6 @@ impl ModelShard {
         };
         e.seq = e.seq.max(seq);
         e.force = true;
-        if let Some(est) = &mut self.contention {
-            est.observe(None);
-        }
         self.refresh(m, now, None);
         self.mark(m);
         self.check();
@@ -493,7 +426,6 @@ impl ModelShard {
         self.local_demand = local;
         let total = local + self.others_demand;
         let n = self.active_gpus;
-        let wait = self.contention.as_ref().map_or(Dur::ZERO, |c| c.wait());
         for i in 0..self.own.len() {
             let m = self.own[i].idx();
             let e = self.models[m].as_mut().expect("owned");
@@ -507,7 +439,6 @@ impl ModelShard {
             let dispersion = if mean > 0.0 { e.var / mean } else { 1.0 };
             e.state.observe_rate(rate, share);
             e.state.observe_dispersion(dispersion);
-            e.state.set_contention(wait);
             if e.state.cand.is_some() {
                 self.refresh(m, now, None);
                 self.mark(m);
@@ -643,45 +574,5 @@ impl ModelShard {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The estimate settles near the quantile it tracks: at most a step or two
-    /// away where the waits are spread, at zero where most batches wait for
-    /// nothing, and an expiry (a wait longer than any) pushes it up.
-    #[test]
-    fn contention_tracks_its_quantile() {
-        // Waits 0, 0.1, ..., 9.9 ms in a scrambled order (37 is prime to 100).
-        let waits = |k: u64| Dur::from_us(((k * 37) % 100) as i64 * 100);
-        let mut e = ContentionEstimator::new(0.9);
-        for k in 0..20_000 {
-            e.observe(Some(waits(k)));
-        }
-        let w = e.wait();
-        assert!(
-            (Dur::from_us(8_600)..=Dur::from_us(9_400)).contains(&w),
-            "p90 of 0..10 ms near 9 ms, got {w:?}"
-        );
-        // 95% of the batches find a GPU at once, 5% wait 5 ms: the p90 is zero.
-        let mut e = ContentionEstimator::new(0.9);
-        for k in 0..20_000 {
-            e.observe(Some(if k % 20 == 0 {
-                Dur::from_ms(5)
-            } else {
-                Dur::ZERO
-            }));
-        }
-        assert!(e.wait() <= ContentionEstimator::STEP, "got {:?}", e.wait());
-        // Every batch expires: the estimate grows by q steps each time.
-        let mut e = ContentionEstimator::new(0.9);
-        for _ in 0..100 {
-            e.observe(None);
-        }
-        let expected = 90 * ContentionEstimator::STEP.0;
-        assert!((e.wait().0 - expected).abs() <= 1, "got {:?}", e.wait());
     }
 }
