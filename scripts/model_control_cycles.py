@@ -10,7 +10,13 @@ loaded and after each unload, and the other model's requests: sent, good,
 and failed by status.
 
     python3 scripts/model_control_cycles.py target/release/fermata \\
-        [--cycles 20] [--rate 100] [--model resnet50] [--other mlp]
+        [--cycles 20] [--rate 100] [--model resnet50] [--other mlp] \\
+        [--model-slo-ms MS]
+
+--model-slo-ms serves MODEL under another SLO than its repository file's (a
+copy of its .json with `slo_ms` changed): on a CPU whose l(1) for MODEL is
+above the SLO written for a GPU (resnet50's 50 ms), `serve` refuses the
+model, and the cycles measure loading and unloading, not the SLO.
 
 Needs the python packages scripts/setup.sh installs (requests) on PYTHONPATH
 (.deps/py) and ONNX Runtime for the onnx executor.
@@ -46,15 +52,23 @@ def rss_mib(pid):
     return float("nan")
 
 
-def repo_of(models):
+def repo_of(models, slo_ms=None):
     """A repository folder with each model's files linked from models/ or
-    models/large/."""
+    models/large/; `slo_ms` maps a model to the SLO its copied .json gets."""
+    slo_ms = slo_ms or {}
     d = tempfile.mkdtemp(prefix="fermata-control-")
     for m in models:
         for src in (os.path.join(ROOT, "models"), os.path.join(ROOT, "models", "large")):
             if os.path.exists(os.path.join(src, f"{m}.onnx")):
                 for f in os.listdir(src):
-                    if f.startswith(f"{m}.") and not f.endswith(".ref.json"):
+                    if not f.startswith(f"{m}.") or f.endswith(".ref.json"):
+                        continue
+                    if f == f"{m}.json" and m in slo_ms:
+                        meta = json.load(open(os.path.join(src, f)))
+                        meta["slo_ms"] = slo_ms[m]
+                        with open(os.path.join(d, f), "w") as out:
+                            json.dump(meta, out, indent=2)
+                    else:
                         os.symlink(os.path.join(src, f), os.path.join(d, f))
                 break
         else:
@@ -83,8 +97,12 @@ def main():
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--other", default="mlp")
+    ap.add_argument("--model-slo-ms", type=float, default=None)
     a = ap.parse_args()
-    repo = repo_of([a.model, a.other])
+    if a.model_slo_ms is not None and not 0 < a.model_slo_ms <= 60_000:
+        sys.exit("--model-slo-ms must be in (0, 60000]")
+    slo = {a.model: a.model_slo_ms} if a.model_slo_ms is not None else {}
+    repo = repo_of([a.model, a.other], slo)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     srv = subprocess.Popen(
