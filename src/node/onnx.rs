@@ -1390,7 +1390,9 @@ impl Executor for OnnxExecutor {
     }
 
     fn unload(&mut self, model: ModelId) {
-        self.models.remove(&model);
+        if self.models.remove(&model).is_some() {
+            release_freed_heap();
+        }
     }
 
     fn device_bytes(&self, model: ModelId) -> Option<u64> {
@@ -1409,6 +1411,19 @@ impl Executor for OnnxExecutor {
             bail!("model {model} is not loaded on this GPU");
         };
         m.run(inputs)
+    }
+}
+
+/// Gives the C library's freed heap back to the system. ONNX Runtime
+/// allocates with the C library's `malloc` (Fermata's own allocator serves
+/// Rust only), and glibc keeps what a dropped session freed (its weights, its
+/// arenas) in its heap: without a trim an unloaded model stays resident.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the system; it
+    // takes no pointers and is safe to call from any thread.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
