@@ -43,16 +43,7 @@ fn one_gpu_with_two_lanes_runs_two_batches_at_once_and_a_lane_never_two() {
     let r = load.join().unwrap().unwrap();
     let reps = c.stop();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(r.sim.offered() > 300, "offered {}", r.sim.offered());
-    assert_eq!(r.failed, 0, "no request failed");
-    assert_eq!(r.unanswered, 0, "every request answered");
-    assert_eq!(r.duplicates, 0);
-    assert!(
-        r.sim.bad_rate() < 0.05,
-        "bad rate {} (offered {})",
-        r.sim.bad_rate(),
-        r.sim.offered()
-    );
+    r.assert_served(300, 0.05);
     let b = reps.backends[0].as_ref().expect("the backend's report");
     assert_eq!(b["lanes"], 2, "{b}");
     assert_eq!(

@@ -60,16 +60,7 @@ fn models_move_between_subclusters_under_load_without_a_lost_request() {
         reports.push(load.join().unwrap().unwrap());
     }
     for r in &reports {
-        assert!(r.sim.offered() > 500, "offered {}", r.sim.offered());
-        assert_eq!(r.failed, 0, "no request failed");
-        assert_eq!(r.unanswered, 0, "every request answered");
-        assert_eq!(r.duplicates, 0);
-        assert!(
-            r.sim.bad_rate() < 0.05,
-            "bad rate {} (offered {})",
-            r.sim.bad_rate(),
-            r.sim.offered()
-        );
+        r.assert_served(500, 0.05);
     }
     // What operators see: each model's sub-cluster, the moves, each backend's
     // sub-cluster.

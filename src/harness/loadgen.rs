@@ -93,6 +93,28 @@ pub struct LoadReport {
     pub lost: Vec<LostFrontend>,
 }
 
+impl LoadReport {
+    /// Checks a run that nothing disturbed: more than `min_offered` requests
+    /// offered, none failed, unanswered or answered twice, and a bad rate
+    /// below `max_bad`; panics naming what did not hold (for tests).
+    pub fn assert_served(&self, min_offered: u64, max_bad: f64) {
+        assert!(
+            self.sim.offered() > min_offered,
+            "offered {}",
+            self.sim.offered()
+        );
+        assert_eq!(self.failed, 0, "no request failed");
+        assert_eq!(self.unanswered, 0, "every request answered");
+        assert_eq!(self.duplicates, 0);
+        assert!(
+            self.sim.bad_rate() < max_bad,
+            "bad rate {} (offered {})",
+            self.sim.bad_rate(),
+            self.sim.offered()
+        );
+    }
+}
+
 /// A frontend whose connection ended during the run, and what it took along.
 #[derive(Debug, Clone)]
 pub struct LostFrontend {

@@ -229,8 +229,7 @@ impl Wire for String {
         4 + self.len()
     }
     fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&len32(self.len()).to_le_bytes());
-        out.extend_from_slice(self.as_bytes());
+        put_bytes(self.as_bytes(), out);
     }
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
         let n = r.len(field, MAX_STR, 1)?;
@@ -244,6 +243,12 @@ impl Wire for String {
     }
 }
 
+/// Appends `b` as a u32 byte length and the bytes.
+fn put_bytes(b: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&len32(b.len()).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
 /// u32 byte length + bytes; at most [`MAX_FRAME`] bytes (the frame bounds it anyway).
 impl Wire for Vec<u8> {
     const MIN: usize = 4;
@@ -251,8 +256,7 @@ impl Wire for Vec<u8> {
         4 + self.len()
     }
     fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&len32(self.len()).to_le_bytes());
-        out.extend_from_slice(self);
+        put_bytes(self, out);
     }
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
         let n = r.len(field, MAX_FRAME, 1)?;
@@ -267,8 +271,7 @@ impl Wire for bytes::Bytes {
         4 + self.len()
     }
     fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&len32(self.len()).to_le_bytes());
-        out.extend_from_slice(self);
+        put_bytes(self, out);
     }
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
         Vec::<u8>::get(r, field).map(bytes::Bytes::from)

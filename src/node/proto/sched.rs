@@ -46,7 +46,7 @@
 
 use super::bounds::{GpuIds, Limits, RefusalLog};
 use super::check::{self, Submitted};
-use super::control::{Control, ControlMode, Decision};
+use super::control::{Control, ControlMode};
 use super::devices::Devices;
 use super::plans::{PlanLedger, Refused};
 use super::subclusters::{Move, MoveStats, Phase, SubClusters};
@@ -54,8 +54,8 @@ use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, PullFit, Task, TaskId,
 use crate::node::clock::moved;
 use crate::transport::ConnId;
 use crate::wire::{
-    drops_by_frontend, task_owner, DeviceCounts, DropReason, ModelAvailability, ModelInfo,
-    ModelStateItem, Msg, NodeId, PlanTask, RegionInfo, Role, MAX_NODE_ID,
+    drops_by_frontend, task_owner, DeviceCounts, DropReason, ModelAvailability, ModelInfo, Msg,
+    NodeId, PlanTask, RegionInfo, Role, MAX_NODE_ID,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -409,26 +409,6 @@ impl SchedProto {
         }
     }
 
-    /// Model control: `mode`, and with `explicit` the models loaded at
-    /// start (before any node registers; see [`super::control`]).
-    pub fn set_model_control(&mut self, mode: ControlMode, loaded: &[ModelId]) {
-        self.control = Control::new(mode, self.cfg.models.len(), |m| loaded.contains(&m));
-    }
-
-    /// The models' states under model control.
-    pub fn model_states(&self) -> Vec<ModelStateItem> {
-        (0..self.cfg.models.len() as u32)
-            .map(|m| self.state_item(ModelId(m)))
-            .collect()
-    }
-
-    /// Model `m`'s state with what runs its home sub-cluster's GPUs.
-    fn state_item(&self, m: ModelId) -> ModelStateItem {
-        let mut item = self.control.item(m);
-        item.devices = self.devices.of_sub(self.subs.home(m));
-        item
-    }
-
     /// The term it serves under.
     pub fn term(&self) -> u64 {
         self.term
@@ -581,24 +561,6 @@ impl SchedProto {
             self.actions.push_back(Action::Route { model, subcluster });
         }
         Ok(changed.len())
-    }
-
-    /// Starts from a primary's models' states under model control (a standby
-    /// taking over, before any node registers with it; see
-    /// [`Control::adopt`]). Refused (nothing changes) once a backend
-    /// registered, or when an item names a model this scheduler does not
-    /// serve. Returns how many models changed.
-    pub fn adopt_model_states(&mut self, items: &[ModelStateItem]) -> Result<usize, String> {
-        if self
-            .conns
-            .values()
-            .any(|pc| matches!(pc.peer, Peer::Backend { .. } | Peer::Loading { .. }))
-        {
-            return Err("backends registered already".into());
-        }
-        let n = self.control.adopt(items)?;
-        self.tell_states();
-        Ok(n)
     }
 
     /// A connection ended (the peer closed it or it broke).
@@ -1575,147 +1537,6 @@ impl SchedProto {
         true
     }
 
-    /// A frontend relays a client's load (`load`) or unload of `model`.
-    fn model_control(&mut self, now: Time, c: ConnId, model: ModelId, load: bool) {
-        if !matches!(
-            self.conns.get(&c).map(|p| &p.peer),
-            Some(Peer::Frontend { .. })
-        ) {
-            return self.reject(c, "ModelControl from a node that is not a frontend".into());
-        }
-        if model.idx() >= self.cfg.models.len() {
-            return self.reject(
-                c,
-                format!("ModelControl for model {}, which is not served", model.0),
-            );
-        }
-        let name = self.cfg.models[model.idx()].name.clone();
-        match self.control.ask(model, load) {
-            Decision::Refused(why) => {
-                let mut item = self.state_item(model);
-                item.reason = why;
-                return self.send(c, Msg::ModelStates { items: vec![item] });
-            }
-            Decision::AsIs => {
-                let item = self.state_item(model);
-                return self.send(c, Msg::ModelStates { items: vec![item] });
-            }
-            Decision::Load => {
-                tracing::info!(model = %name, "scheduler: model load asked");
-                self.load_since.insert(model, now);
-                self.load_on(self.subs.home(model), model);
-            }
-            Decision::KeepLoaded => {
-                tracing::info!(model = %name, "scheduler: model load asked while it drained; it stays");
-            }
-            Decision::Drain => {
-                tracing::info!(model = %name, "scheduler: model unload asked; its requests finish first");
-            }
-            Decision::CancelLoad => {
-                tracing::info!(model = %name, "scheduler: model unload asked while it loaded");
-                self.load_since.remove(&model);
-                let home = self.subs.home(model);
-                self.unload(home, model);
-            }
-        }
-        self.check_control(now);
-        self.tell_states();
-    }
-
-    /// A load asked for failed: its sub-cluster's backends unload it.
-    fn fail_load(&mut self, model: ModelId, why: String) {
-        self.control.load_failed(model, why);
-        self.load_since.remove(&model);
-        let home = self.subs.home(model);
-        self.unload(home, model);
-        self.tell_states();
-    }
-
-    /// Every frontend hears the models whose state, or whose home's GPUs
-    /// in service ([`super::devices`]), changed.
-    fn tell_states(&mut self) {
-        let mut ms: BTreeSet<ModelId> = self
-            .control
-            .take_changes()
-            .into_iter()
-            .map(|i| i.model)
-            .collect();
-        ms.extend(self.devices.changed(self.subs.homes()));
-        if ms.is_empty() {
-            return;
-        }
-        let items: Vec<ModelStateItem> = ms.into_iter().map(|m| self.state_item(m)).collect();
-        // A following standby hears them too: it takes them over.
-        let followers: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, pc)| pc.follows.is_some())
-            .map(|(&c, _)| c)
-            .collect();
-        for c in followers {
-            self.send(
-                c,
-                Msg::ModelStates {
-                    items: items.clone(),
-                },
-            );
-        }
-        for c in self.frontend_conns() {
-            self.send(
-                c,
-                Msg::ModelStates {
-                    items: items.clone(),
-                },
-            );
-        }
-    }
-
-    /// Loads and unloads forward: a loading model that every backend in
-    /// service of its sub-cluster holds is ready (one not loaded in
-    /// [`MOVE_LOAD_TIMEOUT`] fails); a draining model with no task left (past
-    /// the latest deadline it was given plus [`DRAIN_QUIET`], no plan of it in
-    /// flight, no move under way) is unloaded.
-    fn check_control(&mut self, now: Time) {
-        if self.control.mode() == ControlMode::None {
-            // Only what runs the models can change.
-            return self.tell_states();
-        }
-        for m in self.control.in_state(ModelAvailability::Loading) {
-            if !self.sub_missing(self.subs.home(m), m) {
-                self.load_since.remove(&m);
-                self.control.loaded(m);
-                tracing::info!(model = m.0, "scheduler: model loaded");
-            } else if self
-                .load_since
-                .get(&m)
-                .is_some_and(|&t| now - t > MOVE_LOAD_TIMEOUT)
-            {
-                self.fail_load(m, format!("not loaded within {MOVE_LOAD_TIMEOUT:?}"));
-            }
-        }
-        for m in self.control.in_state(ModelAvailability::Unloading) {
-            if let Some(mv) = self.subs.moving(m) {
-                if mv.phase == Phase::Loading {
-                    self.abort_move(m);
-                }
-                continue;
-            }
-            let in_flight = self
-                .plans
-                .lock()
-                .expect("plans lock")
-                .model_plans(m, |_| true);
-            if now < self.subs.last_deadline(m) + DRAIN_QUIET || in_flight > 0 {
-                continue;
-            }
-            self.control.unloaded(m);
-            tracing::info!(model = m.0, "scheduler: model unloaded");
-            let home = self.subs.home(m);
-            self.unload(home, m);
-        }
-        self.tell_states();
-    }
-
     /// Sub-cluster `sub`'s backends (in service or loading) load `model`,
     /// each waiting for its confirmation.
     fn load_on(&mut self, sub: u32, model: ModelId) {
@@ -1996,6 +1817,9 @@ impl SchedProto {
         self.report.d_data_us = self.net.data_per_req.as_us_f64();
     }
 }
+
+#[path = "sched_control.rs"]
+mod control_ops;
 
 #[cfg(test)]
 #[path = "sched_tests.rs"]
