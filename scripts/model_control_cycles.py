@@ -7,7 +7,8 @@ the time from the load request to its answer (the model ready on every GPU)
 and from the unload request to its answer (the model unloaded, its sessions
 dropped), the server's resident memory before the first load, with MODEL
 loaded and after each unload, and the other model's requests: sent, good,
-and failed by status.
+and failed by status, and when they failed (during a load, during an
+unload, or neither).
 
     python3 scripts/model_control_cycles.py target/release/fermata \\
         [--cycles 20] [--rate 100] [--model resnet50] [--other mlp] \\
@@ -122,6 +123,7 @@ def main():
             time.sleep(0.1)
         body = other_input(repo, a.other)
         counts = {"sent": 0, "good": 0, "failed": {}}
+        failures = []  # (send time, status)
         stop = threading.Event()
 
         def load_other():
@@ -131,6 +133,7 @@ def main():
             while not stop.is_set():
                 nxt += period
                 counts["sent"] += 1
+                sent = time.time()
                 try:
                     r = s.post(f"{base}/v2/models/{a.other}/infer", json=body, timeout=10)
                     k = r.status_code
@@ -140,6 +143,7 @@ def main():
                     counts["good"] += 1
                 else:
                     counts["failed"][k] = counts["failed"].get(k, 0) + 1
+                    failures.append((sent, k))
                 time.sleep(max(0.0, nxt - time.time()))
 
         t = threading.Thread(target=load_other)
@@ -147,6 +151,7 @@ def main():
         time.sleep(1.0)
         rss0 = rss_mib(srv.pid)
         loads, unloads, loaded_rss, after_rss = [], [], [], []
+        spans = []  # (start, end, "load" | "unload")
         for i in range(a.cycles):
             t0 = time.time()
             r = requests.post(f"{base}/v2/repository/models/{a.model}/load", timeout=600)
@@ -160,6 +165,7 @@ def main():
                 sys.exit(f"unload {i}: {r.status_code} {r.text}")
             time.sleep(0.2)
             after_rss.append(rss_mib(srv.pid))
+            spans += [(t0, t1, "load"), (t1, t2, "unload")]
             loads.append(1000 * (t1 - t0))
             unloads.append(1000 * (t2 - t1))
             print(f"cycle {i + 1:2d}: load to ready {loads[-1]:8.1f} ms, unload to unloaded "
@@ -175,6 +181,12 @@ def main():
               f"{after_rss[-1]:.1f} after the last")
         print(f"{a.other} at {a.rate:g} r/s: {counts['sent']} sent, {counts['good']} good, "
               f"failed {counts['failed'] or 0}")
+        when = {"load": 0, "unload": 0, "neither": 0}
+        for ft, _ in failures:
+            k = next((kind for (s0, s1, kind) in spans if s0 <= ft < s1), "neither")
+            when[k] += 1
+        print(f"{a.other}'s failures sent during a load {when['load']}, during an unload "
+              f"{when['unload']}, neither {when['neither']}")
         return 0 if not counts["failed"] else 1
     finally:
         srv.terminate()

@@ -14,12 +14,53 @@ use crate::wire::{ModelInfo, WireProfile};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// A model made ready off its GPU's worker thread ([`Loader::prepare`]), for
+/// [`Executor::install`] on it.
+pub type Prepared = Box<dyn std::any::Any + Send>;
+
+/// Makes models ready for one executor on another thread than the one that
+/// runs its batches, so that a GPU goes on running batches of its other models
+/// while one loads (a ResNet-50 takes hundreds of milliseconds to open and warm
+/// up; on the worker thread every batch due meanwhile would wait for it).
+pub trait Loader: Send + Sync {
+    /// Opens `model` (everything but making it the executor's).
+    fn prepare(&self, model: &ModelInfo) -> anyhow::Result<Prepared>;
+    /// Frees a model the executor let go of ([`Executor::detach`]), or one
+    /// prepared for nothing (an unload came first).
+    fn discard(&self, prepared: Prepared) {
+        drop(prepared);
+    }
+}
+
 /// Runs batches of one GPU. One executor per GPU, used by that GPU's thread only.
 pub trait Executor: Send {
     fn name(&self) -> &'static str;
     /// Loads `model` (called before any batch of it).
     fn load(&mut self, model: &ModelInfo) -> anyhow::Result<()>;
     fn unload(&mut self, model: ModelId);
+    /// What loads this executor's models off its thread (`None`: [`load`]
+    /// runs on it).
+    ///
+    /// [`load`]: Executor::load
+    fn loader(&self) -> Option<std::sync::Arc<dyn Loader>> {
+        None
+    }
+    /// Unloads `model` and hands over what its [`loader`](Executor::loader)
+    /// is to free ([`Loader::discard`]; `None`: freed here, by
+    /// [`unload`](Executor::unload)).
+    fn detach(&mut self, model: ModelId) -> Option<Prepared> {
+        self.unload(model);
+        None
+    }
+    /// Makes a model its [`loader`](Executor::loader) prepared the
+    /// executor's: quick, no file or device work.
+    fn install(&mut self, model: &ModelInfo, _prepared: Prepared) -> anyhow::Result<()> {
+        anyhow::bail!(
+            "the {} executor loads model `{}` on its own thread only",
+            self.name(),
+            model.name
+        )
+    }
     /// Device memory a loaded model takes on this GPU, when the executor knows it.
     fn device_bytes(&self, _model: ModelId) -> Option<u64> {
         None
@@ -285,17 +326,35 @@ impl Default for EmulatedGpu {
     }
 }
 
+/// The emulated GPU's [`Loader`]: reads the model's profile.
+struct EmulatedLoader;
+
+impl Loader for EmulatedLoader {
+    fn prepare(&self, model: &ModelInfo) -> anyhow::Result<Prepared> {
+        Ok(Box::new(profile_of(&model.profile)?))
+    }
+}
+
 impl Executor for EmulatedGpu {
     fn name(&self) -> &'static str {
         "emulated"
     }
     fn load(&mut self, model: &ModelInfo) -> anyhow::Result<()> {
-        let p = profile_of(&model.profile)?;
-        self.profiles.insert(model.id, p);
-        Ok(())
+        let p = EmulatedLoader.prepare(model)?;
+        self.install(model, p)
     }
     fn unload(&mut self, model: ModelId) {
         self.profiles.remove(&model);
+    }
+    fn loader(&self) -> Option<std::sync::Arc<dyn Loader>> {
+        Some(std::sync::Arc::new(EmulatedLoader))
+    }
+    fn install(&mut self, model: &ModelInfo, prepared: Prepared) -> anyhow::Result<()> {
+        let p = prepared.downcast::<LatencyProfile>().map_err(|_| {
+            anyhow::anyhow!("model `{}`: not prepared by this executor", model.name)
+        })?;
+        self.profiles.insert(model.id, *p);
+        Ok(())
     }
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
         let t0 = Instant::now();

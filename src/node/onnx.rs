@@ -43,7 +43,7 @@
 //! registered with the environment, so N buckets cost about one session's memory
 //! ([`Sharing`]).
 
-use super::exec::Executor;
+use super::exec::{Executor, Loader, Prepared};
 use crate::repo::{BucketPolicy, DType, ModelMeta, TensorMeta};
 use crate::wire::{ModelId, ModelInfo};
 use anyhow::{anyhow, bail, Context, Result};
@@ -57,7 +57,7 @@ use ort::value::{
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -1350,42 +1350,31 @@ impl OnnxExecutor {
 
 impl Executor for OnnxExecutor {
     fn name(&self) -> &'static str {
-        match self.opts.device {
-            Device::Cpu => "onnx",
-            #[cfg(feature = "cuda")]
-            Device::Cuda(_) => "cuda",
-        }
+        device_name(self.opts.device)
     }
 
     fn load(&mut self, model: &ModelInfo) -> Result<()> {
-        let meta = match model.meta() {
-            None => bail!(
-                "model `{}` has no metadata (tensors, dtypes); the {} executor runs only models \
-                 from a model repository (fermata serve/scheduler with --models DIR)",
-                model.name,
-                self.name()
-            ),
-            Some(Err(e)) => bail!("model `{}`: bad metadata: {e}", model.name),
-            Some(Ok(m)) => m,
-        };
-        if meta.name != model.name {
-            bail!(
-                "model `{}`: its metadata is for `{}`",
-                model.name,
-                meta.name
-            );
-        }
-        if meta.input_bytes() != model.input_bytes as usize {
-            bail!(
-                "model `{}`: the scheduler sends {} input bytes per request but the metadata makes {}",
-                model.name,
-                model.input_bytes,
-                meta.input_bytes()
-            );
-        }
-        let file = self.model_file(&model.name)?;
-        let m = OnnxModel::open(&file, &meta, &self.opts)?;
+        let m = OnnxLoader(self.opts.clone()).open(model)?;
         self.models.insert(model.id, m);
+        Ok(())
+    }
+
+    fn loader(&self) -> Option<Arc<dyn Loader>> {
+        Some(Arc::new(OnnxLoader(self.opts.clone())))
+    }
+
+    fn detach(&mut self, model: ModelId) -> Option<Prepared> {
+        self.models.remove(&model).map(|m| Box::new(m) as Prepared)
+    }
+
+    fn install(&mut self, model: &ModelInfo, prepared: Prepared) -> Result<()> {
+        let m = prepared
+            .downcast::<OnnxModel>()
+            .map_err(|_| anyhow!("model `{}`: not prepared by this executor", model.name))?;
+        if let Some(old) = self.models.insert(model.id, *m) {
+            drop(old);
+            release_freed_heap();
+        }
         Ok(())
     }
 
@@ -1411,6 +1400,63 @@ impl Executor for OnnxExecutor {
             bail!("model {model} is not loaded on this GPU");
         };
         m.run(inputs)
+    }
+}
+
+/// The `onnx` (and `cuda`) executor's [`Loader`]: opens a model's sessions and
+/// warms them up, on the loading thread (for `cuda`, on the executor's device:
+/// its batches and the warm-up share the GPU meanwhile).
+struct OnnxLoader(OnnxOptions);
+
+impl OnnxLoader {
+    fn open(&self, model: &ModelInfo) -> Result<OnnxModel> {
+        let meta = match model.meta() {
+            None => bail!(
+                "model `{}` has no metadata (tensors, dtypes); the {} executor runs only models \
+                 from a model repository (fermata serve/scheduler with --models DIR)",
+                model.name,
+                device_name(self.0.device)
+            ),
+            Some(Err(e)) => bail!("model `{}`: bad metadata: {e}", model.name),
+            Some(Ok(m)) => m,
+        };
+        if meta.name != model.name {
+            bail!(
+                "model `{}`: its metadata is for `{}`",
+                model.name,
+                meta.name
+            );
+        }
+        if meta.input_bytes() != model.input_bytes as usize {
+            bail!(
+                "model `{}`: the scheduler sends {} input bytes per request but the metadata makes {}",
+                model.name,
+                model.input_bytes,
+                meta.input_bytes()
+            );
+        }
+        let file = crate::repo::model_file(&self.0.models_dir, &model.name)?;
+        OnnxModel::open(&file, &meta, &self.0)
+    }
+}
+
+impl Loader for OnnxLoader {
+    fn prepare(&self, model: &ModelInfo) -> Result<Prepared> {
+        Ok(Box::new(self.open(model)?))
+    }
+
+    fn discard(&self, prepared: Prepared) {
+        drop(prepared);
+        release_freed_heap();
+    }
+}
+
+/// The executor kind's name on `device`.
+fn device_name(device: Device) -> &'static str {
+    match device {
+        Device::Cpu => "onnx",
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => "cuda",
     }
 }
 

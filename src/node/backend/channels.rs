@@ -2,6 +2,7 @@
 //! deep they are, and [`send_counted`], which waits on a full one and counts the
 //! wait.
 
+use crate::node::exec::Prepared;
 use crate::node::proto::backend::{Input, PlanMsg};
 use crate::wire::{ModelId, ModelInfo};
 use crossbeam_channel::{Sender, TrySendError};
@@ -13,18 +14,37 @@ pub(super) const PLANS_MAX: usize = 1024;
 /// Most messages waiting for a GPU's worker (pulled plans, loads); beyond, the
 /// sender waits, counted in `fermata_backend_channel_waits_total`.
 pub(super) const WORKER_MAX: usize = 1024;
+/// Most loads waiting for a GPU's loader; beyond, the sender waits (counted as
+/// above).
+pub(super) const LOADER_MAX: usize = 64;
+/// Most unloaded models waiting for a GPU's loader to free them; beyond, the
+/// worker frees one itself.
+pub(super) const DISCARDS_MAX: usize = 16;
 /// Most load results waiting for the network loop; beyond, the worker waits
 /// (counted as above).
 pub(super) const LOADS_MAX: usize = 256;
 
 /// What a GPU's worker is asked to do.
 pub(super) enum WorkerMsg {
-    Load(ModelInfo, Sender<Loaded>),
+    /// Load on the worker (an executor without a [`Loader`](crate::node::exec::Loader)).
+    Load(ModelInfo, LoadSeq, Sender<Loaded>),
+    /// The GPU's loader began this load: its [`WorkerMsg::Install`] is
+    /// installed unless an unload or a later load of the model comes first.
+    Loading(ModelId, LoadSeq),
+    /// What the GPU's loader made of a load.
+    Install(ModelInfo, LoadSeq, Result<Prepared, String>, Sender<Loaded>),
     /// Answer that the model is loaded once the worker is free (a rejoin).
-    Confirm(ModelId, Sender<Loaded>),
+    Confirm(ModelId, LoadSeq, Sender<Loaded>),
     Unload(ModelId),
     Run(Session, PlanMsg, Vec<Option<Input>>),
 }
+
+/// Numbers the backend's loads: a result that is not of a model's latest
+/// load (an unload or a new load came since) is not counted.
+pub(super) type LoadSeq = u64;
+
+/// A load for a GPU's loader thread.
+pub(super) type LoadJob = (ModelInfo, LoadSeq, Sender<Loaded>);
 
 /// The scheduler session a plan came in: a plan of an earlier session (the
 /// scheduler was lost since) is void and not run.
@@ -36,8 +56,8 @@ pub(super) type Queued = (Session, PlanMsg);
 /// A plan with its inputs pulled (None: could not be read).
 pub(super) type Pulled = (Session, PlanMsg, Vec<Option<Input>>);
 
-/// A GPU's load result: (model, its device footprint or the error).
-pub(super) type Loaded = (ModelId, Result<Option<u64>, String>);
+/// A GPU's load result: (model, which load, its device footprint or the error).
+pub(super) type Loaded = (ModelId, LoadSeq, Result<Option<u64>, String>);
 
 /// Sends on a bounded channel, waiting when it is full (the wait counted in
 /// `waits`); false when the receiver is gone.

@@ -4,7 +4,7 @@
 //! closes, the clock offset, model loads on every worker, frontends' regions
 //! attached and probed, plans queued to the GPUs' pullers, readiness).
 
-use super::channels::{send_counted, Loaded, Queued, WorkerMsg, LOADS_MAX};
+use super::channels::{send_counted, LoadJob, LoadSeq, Loaded, Queued, WorkerMsg, LOADS_MAX};
 use super::metrics::batch_size_histogram;
 use super::shared::Shared;
 use crate::core::{Dur, GpuId, LatencyProfile, ModelId};
@@ -34,6 +34,11 @@ pub(super) struct NetLoop {
     pub(super) proto: BackendProto,
     pub(super) pullers: Vec<Sender<Queued>>,
     pub(super) workers: Vec<Sender<WorkerMsg>>,
+    /// Each GPU slot's loader (`None`: its worker loads).
+    pub(super) loaders: Vec<Option<Sender<LoadJob>>>,
+    /// Each model's latest load (or confirmation): only its results count.
+    pub(super) load_seq: HashMap<ModelId, LoadSeq>,
+    pub(super) next_load: LoadSeq,
     /// Frontend connections by id.
     pub(super) fe_conns: HashMap<ConnId, Arc<dyn Conn>>,
     pub(super) ready_tx: Option<Sender<Result<Vec<GpuId>, String>>>,
@@ -69,7 +74,10 @@ impl NetLoop {
                     Err(_) => bail!("event channel closed"),
                 },
                 recv(lrx) -> r => {
-                    if let Ok((model, res)) = r {
+                    // A result of a load that an unload or a later load
+                    // overtook does not count.
+                    let current = |(m, seq, _): &Loaded| self.load_seq.get(m) == Some(seq);
+                    if let Some((model, _, res)) = r.ok().filter(current) {
                         // A model that cannot be loaded before the backend is
                         // in service is final: no rejoin would load it.
                         let fatal = match (&res, &self.ready_tx) {
@@ -143,8 +151,9 @@ impl NetLoop {
                 Action::SetClock { offset, error } => self.shared.clock.set(offset.0, error.0),
                 Action::Load(model, prof) => self.load(model, prof, ltx),
                 Action::Confirm(model) => {
+                    let seq = self.new_load(model);
                     for w in &self.workers {
-                        let m = WorkerMsg::Confirm(model, ltx.clone());
+                        let m = WorkerMsg::Confirm(model, seq, ltx.clone());
                         send_counted(w, m, &self.shared.channel_waits);
                     }
                 }
@@ -222,16 +231,34 @@ impl NetLoop {
         sh.profiles.write().expect("lock").insert(model.id, prof);
         let h = batch_size_histogram(sh, &model);
         sh.batch_sizes.write().expect("lock").insert(model.id, h);
-        for w in &self.workers {
-            send_counted(
-                w,
-                WorkerMsg::Load(model.clone(), ltx.clone()),
-                &sh.channel_waits,
-            );
+        let seq = self.new_load(model.id);
+        let sh = &self.shared;
+        for (w, l) in self.workers.iter().zip(&self.loaders) {
+            match l {
+                None => {
+                    let m = WorkerMsg::Load(model.clone(), seq, ltx.clone());
+                    send_counted(w, m, &sh.channel_waits);
+                }
+                Some(l) => {
+                    // The worker hears of the load first, so that an unload
+                    // sent after it reaches the worker before its install.
+                    send_counted(w, WorkerMsg::Loading(model.id, seq), &sh.channel_waits);
+                    send_counted(l, (model.clone(), seq, ltx.clone()), &sh.channel_waits);
+                }
+            }
         }
     }
 
-    fn unload(&self, model: ModelId) {
+    /// Numbers a new load (or confirmation) of `model`: the results of the
+    /// ones before it no longer count.
+    fn new_load(&mut self, model: ModelId) -> LoadSeq {
+        self.next_load += 1;
+        self.load_seq.insert(model, self.next_load);
+        self.next_load
+    }
+
+    fn unload(&mut self, model: ModelId) {
+        self.load_seq.remove(&model);
         for w in &self.workers {
             send_counted(w, WorkerMsg::Unload(model), &self.shared.channel_waits);
         }

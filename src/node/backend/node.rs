@@ -3,7 +3,7 @@
 //! loop's thread), readiness, and the ways it ends (stop, crash, join).
 
 use super::channels::Queued;
-use super::channels::{WorkerMsg, PLANS_MAX, WORKER_MAX};
+use super::channels::{LoadJob, WorkerMsg, DISCARDS_MAX, LOADER_MAX, PLANS_MAX, WORKER_MAX};
 use super::metrics::{register_counters, register_lanes, register_pull_counters, register_waits};
 use super::net::NetLoop;
 use super::options::BackendOpts;
@@ -13,6 +13,7 @@ use super::{puller, worker};
 use crate::core::{Dur, GpuId};
 use crate::metrics::Registry;
 use crate::node::clock::SchedClock;
+use crate::node::exec::Prepared;
 use crate::node::proto::backend::BackendProto;
 use crate::runtime::clock::Clock;
 use crate::transport::Transport;
@@ -38,6 +39,8 @@ pub struct BackendNode {
 struct GpuThreads {
     pullers: Vec<Sender<Queued>>,
     workers: Vec<Sender<WorkerMsg>>,
+    /// Each slot's loader (`None`: its executor loads on the worker).
+    loaders: Vec<Option<Sender<LoadJob>>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -81,6 +84,9 @@ impl BackendNode {
             proto,
             pullers: gpus.pullers,
             workers: gpus.workers,
+            loaders: gpus.loaders,
+            load_seq: HashMap::new(),
+            next_load: 0,
             fe_conns: HashMap::new(),
             ready_tx: Some(ready_tx),
         };
@@ -244,13 +250,14 @@ impl Drop for BackendNode {
     }
 }
 
-/// Starts each GPU slot's executor, worker and puller: one slot per GPU, or
+/// Starts each GPU slot's executor, worker, loader and puller: one slot per GPU, or
 /// with lanes one per lane, each with an executor of its own on its GPU (for
 /// `cuda`: sessions of its own, each computing on a stream of its own).
 fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
     let mut t = GpuThreads {
         pullers: Vec::new(),
         workers: Vec::new(),
+        loaders: Vec::new(),
         threads: Vec::new(),
     };
     let map = opts.lane_map()?;
@@ -270,8 +277,31 @@ fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
         };
         let (wtx, wrx) = bounded::<WorkerMsg>(WORKER_MAX);
         let (ptx, prx) = bounded::<Queued>(PLANS_MAX);
-        t.threads
-            .push(worker::spawn(&name, slot, shared.clone(), exec, wrx)?);
+        let (loader, discard) = match exec.loader() {
+            None => (None, None),
+            Some(loader) => {
+                let (ltx, lrx) = bounded::<LoadJob>(LOADER_MAX);
+                let (dtx, drx) = bounded::<Prepared>(DISCARDS_MAX);
+                t.threads.push(worker::spawn_loader(
+                    &name,
+                    shared.clone(),
+                    loader,
+                    lrx,
+                    drx,
+                    wtx.clone(),
+                )?);
+                (Some(ltx), Some(dtx))
+            }
+        };
+        t.loaders.push(loader);
+        t.threads.push(worker::spawn(
+            &name,
+            slot,
+            shared.clone(),
+            exec,
+            wrx,
+            discard,
+        )?);
         t.threads
             .push(puller::spawn(&name, shared.clone(), prx, wtx.clone())?);
         t.pullers.push(ptx);

@@ -3,15 +3,20 @@
 //! order, sleeps until just before a plan's start and spins, runs the batch on the
 //! executor (late tasks and missing inputs left out, see [`cut_batch`]), sends
 //! the results to the frontends and `PlanDone` to the scheduler, counts the
-//! outcome; loads and unloads models between batches.
+//! outcome; installs and unloads models between batches. A model is opened
+//! off the worker, on the GPU slot's loader (thread `{name}-loader`,
+//! [`spawn_loader`]), so the GPU goes on running its other models' batches
+//! while one loads; only an executor without a loader loads on the worker.
 
-use super::channels::{send_counted, Pulled, WorkerMsg};
+use super::channels::{send_counted, LoadJob, LoadSeq, Pulled, WorkerMsg};
 use super::shared::Shared;
 use crate::node::exec::isolate::run_isolating;
-use crate::node::exec::Executor;
+use crate::node::exec::{Executor, Loader, Prepared};
 use crate::node::proto::backend::{cut_batch, settle, Cut, Input, PlanMsg, PlanQueue, Settled};
+use crate::wire::ModelId;
 use crate::wire::{Msg, PlanStatus};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -25,27 +30,85 @@ const WORKER_NICE: i32 = -10;
 const SPIN: Duration = Duration::from_micros(100);
 
 /// Starts the worker of GPU slot `slot` (thread `{name}-worker`) on `exec`.
+/// With a loader, `discard` goes to it: what an unload frees is freed there.
 pub(super) fn spawn(
     name: &str,
     slot: u32,
     sh: Arc<Shared>,
     exec: Box<dyn Executor>,
     rx: Receiver<WorkerMsg>,
+    discard: Option<Sender<Prepared>>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("{name}-worker"))
         .spawn(move || {
             crate::runtime::pin::set_timer_slack_ns(1);
             crate::runtime::pin::set_thread_nice(WORKER_NICE);
-            worker(sh, slot, exec, rx)
+            worker(sh, slot, exec, rx, discard)
         })
 }
 
+/// Starts the loader of GPU slot `name` (thread `{name}-loader`): opens each
+/// model of `jobs` with `loader` and hands it to the slot's worker (`worker`),
+/// which installs it between batches; frees what the worker unloaded
+/// (`discards`: dropping a model's sessions and giving its memory back to the
+/// system takes milliseconds). Loads run one at a time, in order, at the
+/// default priority (below the worker's: a load must not take the CPU from the
+/// batches it no longer blocks). It stops when `jobs` is closed.
+pub(super) fn spawn_loader(
+    name: &str,
+    sh: Arc<Shared>,
+    loader: Arc<dyn Loader>,
+    jobs: Receiver<LoadJob>,
+    discards: Receiver<Prepared>,
+    worker: Sender<WorkerMsg>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("{name}-loader"))
+        .spawn(move || loop {
+            crossbeam_channel::select! {
+                recv(jobs) -> job => {
+                    let Ok((model, seq, ack)) = job else { break };
+                    if sh.dead.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let r = loader.prepare(&model).map_err(|e| format!("{e:#}"));
+                    let m = WorkerMsg::Install(model, seq, r, ack);
+                    if !send_counted(&worker, m, &sh.channel_waits) {
+                        break;
+                    }
+                }
+                recv(discards) -> p => {
+                    if let Ok(p) = p {
+                        loader.discard(p);
+                    }
+                }
+            }
+        })
+}
+
+/// Frees `p` on the loader (`discard`), or here when it has no room.
+fn discard_off(discard: Option<&Sender<Prepared>>, p: Prepared) {
+    if let Some(d) = discard {
+        // Full or gone: dropped here instead.
+        let _ = d.try_send(p);
+    }
+}
+
 /// Runs one GPU: plans in `exec_at` order ([`PlanQueue`]; a plan that arrives
-/// while the worker waits for a later one goes first), loads and unloads between
-/// batches. It sleeps until just before a plan's start, then spins.
-fn worker(sh: Arc<Shared>, slot: u32, mut exec: Box<dyn Executor>, rx: Receiver<WorkerMsg>) {
+/// while the worker waits for a later one goes first), installs and unloads
+/// models between batches. It sleeps until just before a plan's start, then
+/// spins.
+fn worker(
+    sh: Arc<Shared>,
+    slot: u32,
+    mut exec: Box<dyn Executor>,
+    rx: Receiver<WorkerMsg>,
+    discard: Option<Sender<Prepared>>,
+) {
     let mut queue: PlanQueue<Pulled> = PlanQueue::default();
+    // The load of each model its loader is on (see `WorkerMsg::Loading`).
+    let mut loading: HashMap<ModelId, LoadSeq> = HashMap::new();
     loop {
         let msg = match queue.next_at() {
             None => match rx.recv() {
@@ -70,7 +133,8 @@ fn worker(sh: Arc<Shared>, slot: u32, mut exec: Box<dyn Executor>, rx: Receiver<
         };
         if let Some(m) = msg {
             for m in std::iter::once(m).chain(rx.try_iter()) {
-                receive(&sh, exec.as_mut(), &mut queue, m);
+                let d = discard.as_ref();
+                receive(&sh, exec.as_mut(), &mut queue, &mut loading, d, m);
             }
             continue;
         }
@@ -90,24 +154,62 @@ fn worker(sh: Arc<Shared>, slot: u32, mut exec: Box<dyn Executor>, rx: Receiver<
     }
 }
 
-/// One message to the worker: a load or unload now, a plan into the queue.
-fn receive(sh: &Shared, exec: &mut dyn Executor, queue: &mut PlanQueue<Pulled>, m: WorkerMsg) {
+/// One message to the worker: a load, install or unload now, a plan into the
+/// queue.
+fn receive(
+    sh: &Shared,
+    exec: &mut dyn Executor,
+    queue: &mut PlanQueue<Pulled>,
+    loading: &mut HashMap<ModelId, LoadSeq>,
+    discard: Option<&Sender<Prepared>>,
+    m: WorkerMsg,
+) {
     match m {
-        WorkerMsg::Load(model, ack) => {
+        WorkerMsg::Load(model, seq, ack) => {
             let r = exec
                 .load(&model)
                 .map(|()| exec.device_bytes(model.id))
                 .map_err(|e| format!("{e:#}"));
-            send_counted(&ack, (model.id, r), &sh.channel_waits);
+            send_counted(&ack, (model.id, seq, r), &sh.channel_waits);
         }
-        WorkerMsg::Confirm(model, ack) => {
+        WorkerMsg::Loading(model, seq) => {
+            loading.insert(model, seq);
+        }
+        WorkerMsg::Install(model, seq, r, ack) => {
+            if loading.get(&model.id) != Some(&seq) {
+                // Unloaded, or loaded again, while it loaded: the scheduler
+                // no longer waits for this load (nor counts its answer).
+                if let Ok(p) = r {
+                    discard_off(discard, p);
+                }
+                return;
+            }
+            loading.remove(&model.id);
+            let r = r.and_then(|p| {
+                exec.install(&model, p)
+                    .map(|()| exec.device_bytes(model.id))
+                    .map_err(|e| format!("{e:#}"))
+            });
+            send_counted(&ack, (model.id, seq, r), &sh.channel_waits);
+        }
+        WorkerMsg::Confirm(model, seq, ack) => {
             send_counted(
                 &ack,
-                (model, Ok(exec.device_bytes(model))),
+                (model, seq, Ok(exec.device_bytes(model))),
                 &sh.channel_waits,
             );
         }
-        WorkerMsg::Unload(model) => exec.unload(model),
+        WorkerMsg::Unload(model) => {
+            loading.remove(&model);
+            match discard {
+                Some(_) => {
+                    if let Some(p) = exec.detach(model) {
+                        discard_off(discard, p);
+                    }
+                }
+                None => exec.unload(model),
+            }
+        }
         WorkerMsg::Run(session, plan, _) if !sh.current(session) => void(sh, &plan),
         WorkerMsg::Run(session, plan, inputs) => queue.push(plan.exec_at, (session, plan, inputs)),
     }
