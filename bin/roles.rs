@@ -13,7 +13,7 @@ use fermata::transport::auth::ClusterKey;
 use fermata::transport::{self, Transport};
 use fermata::workload::{Arrival, Workload};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -432,23 +432,43 @@ pub struct ModelControlArgs {
     /// are refused (Triton's default). explicit: only the --load-model
     /// models are loaded at start; clients load and unload models over
     /// HTTP (`POST /v2/repository/models/NAME/load|unload`) and gRPC
-    /// (RepositoryModelLoad/Unload). poll is not supported.
+    /// (RepositoryModelLoad/Unload). poll: every model is loaded at start,
+    /// then the model repository (--models) is looked at every
+    /// --repository-poll-secs: a model whose files are removed is unloaded,
+    /// one put back or changed is loaded (again); clients' loads and unloads
+    /// are refused.
     #[arg(long, default_value = "none")]
     model_control_mode: String,
     /// With --model-control-mode explicit: a model loaded at start (repeat
     /// for several).
     #[arg(long = "load-model", value_name = "NAME")]
     load_model: Vec<String>,
+    /// With --model-control-mode poll: seconds between looks at the model
+    /// repository.
+    #[arg(long, default_value_t = 15.0)]
+    repository_poll_secs: f64,
 }
 
 impl ModelControlArgs {
-    fn opts(&self) -> Result<fermata::node::scheduler::ModelControlOpts> {
+    /// The options, with the model repository served (`--models`), if any.
+    fn opts(
+        &self,
+        repository: Option<&Path>,
+    ) -> Result<fermata::node::scheduler::ModelControlOpts> {
+        if !(0.1..=86_400.0).contains(&self.repository_poll_secs) {
+            bail!(
+                "--repository-poll-secs must be between 0.1 and 86400, got {}",
+                self.repository_poll_secs
+            );
+        }
         Ok(fermata::node::scheduler::ModelControlOpts {
             mode: self
                 .model_control_mode
                 .parse()
                 .map_err(anyhow::Error::msg)?,
             load: self.load_model.clone(),
+            repository: repository.map(Path::to_path_buf),
+            poll_every: Duration::from_secs_f64(self.repository_poll_secs),
         })
     }
 }
@@ -601,7 +621,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             },
             epoch,
             limits,
-            control: a.control.opts()?,
+            control: a.control.opts(a.repo.models.as_deref())?,
             ..SchedulerOpts::default()
         },
     )?;
@@ -1529,7 +1549,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
         lanes: a.lanes,
         epoch: a.subclusters.epoch_opts()?,
-        control: a.control.opts()?,
+        control: a
+            .control
+            .opts((a.executor != "emulated").then_some(a.models.as_path()))?,
         http: match a.http_port {
             Some(p) => Some(a.http.opts(&format!("{}:{p}", a.http_host))?),
             None => None,

@@ -764,6 +764,72 @@ pub fn model_file(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(flat)
 }
 
+/// The names of the models in the repository `dir` (each `NAME.onnx` and
+/// each Triton model directory `NAME/`, ensembles left out), unsorted; none
+/// when it cannot be read.
+pub fn model_names(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| {
+            let flat = p.extension().and_then(|e| e.to_str()) == Some("onnx") && p.is_file();
+            let triton = crate::triton_repo::is_model_dir(&p)
+                && !crate::triton_ensemble::is_ensemble_dir(&p);
+            let name = if flat { p.file_stem() } else { p.file_name() };
+            (flat || triton)
+                .then(|| name.and_then(|n| n.to_str()).map(str::to_string))
+                .flatten()
+        })
+        .collect()
+}
+
+/// A fingerprint of model `name`'s files in the repository `dir` (the
+/// size and modification time of `NAME.onnx` and `NAME.json`, or of every
+/// file of its Triton model directory, two levels deep): it changes when
+/// they change. `None` when its model file is not there.
+pub fn model_fingerprint(dir: &Path, name: &str) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let file = model_file(dir, name).ok()?;
+    if !file.is_file() {
+        return None;
+    }
+    let mut files = vec![file];
+    let triton = dir.join(name);
+    if crate::triton_repo::is_model_dir(&triton) {
+        let mut level = vec![triton];
+        for _ in 0..2 {
+            let mut next = Vec::new();
+            for d in level {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        next.push(p);
+                    } else {
+                        files.push(p);
+                    }
+                }
+            }
+            level = next;
+        }
+    } else {
+        files.push(dir.join(format!("{name}.json")));
+    }
+    files.sort();
+    files.dedup();
+    // std's SipHash with fixed keys: the same files give the same value for
+    // the life of the process, which is all a change check needs.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in &files {
+        f.hash(&mut h);
+        if let Ok(md) = std::fs::metadata(f) {
+            md.len().hash(&mut h);
+            md.modified().ok().hash(&mut h);
+        }
+    }
+    Some(h.finish())
+}
+
 /// Loads every model in `dir`, sorted by name, with its metadata and its
 /// profile for `executor`: each `NAME.onnx` (with `NAME.json`) and each Triton
 /// model directory `NAME/config.pbtxt` ([`crate::triton_repo`]); ensembles
@@ -784,7 +850,8 @@ pub fn load_repository(dir: &Path, executor: &str) -> Result<Vec<RepoModel>> {
     entries.sort();
     if entries.is_empty() {
         bail!(
-            "the model repository {} has no .onnx files and no Triton model directories              (MODEL/config.pbtxt); scripts/gen_models.py makes the shipped models",
+            "the model repository {} has no .onnx files and no Triton model directories \
+             (MODEL/config.pbtxt); scripts/gen_models.py makes the shipped models",
             dir.display()
         );
     }

@@ -2,8 +2,9 @@
 //! `--model-control-mode explicit`, a backend, a frontend with its HTTP API):
 //! a model loads while another's requests keep being served on the same GPU
 //! (its load runs off the GPU's worker thread), a load cancelled by an unload
-//! and asked again ends with the model ready and serving, and the loads and
-//! unloads done at a primary survive its standby's takeover.
+//! and asked again ends with the model ready and serving, the loads and
+//! unloads done at a primary survive its standby's takeover, and under
+//! `poll` the models follow the model repository's files.
 
 use fermata::harness::procs::{ProcCluster, ProcOpts};
 use std::path::{Path, PathBuf};
@@ -315,5 +316,103 @@ fn a_standby_takes_over_the_models_loaded_and_unloaded_at_the_primary() {
     );
     assert_eq!(index(&addr), after, "as the standby has them");
     c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A request for repository model `m` of `dir` with zeros for every input
+/// (its metadata's shapes at batch 1).
+fn infer_zeros(addr: &str, dir: &Path, m: &str) -> (u16, String) {
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{m}.json"))).unwrap())
+            .unwrap();
+    let inputs: Vec<serde_json::Value> = meta["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let mut shape: Vec<i64> = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_i64().unwrap())
+                .collect();
+            shape[0] = 1;
+            let n: i64 = shape.iter().product();
+            serde_json::json!({
+                "name": t["name"], "datatype": t["datatype"], "shape": shape,
+                "data": vec![0; n as usize],
+            })
+        })
+        .collect();
+    let body = serde_json::json!({ "inputs": inputs }).to_string();
+    http(addr, "POST", &format!("/v2/models/{m}/infer"), &body)
+}
+
+/// Waits (at most 20 s) until a request for `m` is answered 200 (on a loaded
+/// machine a single one may miss its SLO).
+fn served(addr: &str, dir: &Path, m: &str) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (st, body) = infer_zeros(addr, dir, m);
+        if st == 200 {
+            return;
+        }
+        assert!(Instant::now() < end, "{m} not served: {st} {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `--model-control-mode poll` over a copy of the shipped `mlp` and `cnn`,
+/// looked at every 0.2 s: both ready at start; clients' loads and unloads
+/// refused; `cnn`'s model file removed, it becomes unavailable and its
+/// requests are refused while `mlp` is served; put back, it is ready and
+/// serves again; a model added after start is not served.
+#[test]
+fn poll_follows_the_model_repository() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models");
+    let dir = std::env::temp_dir().join(format!("fermata-poll-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&root).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("mlp.") || name.starts_with("cnn.") {
+            std::fs::copy(e.path(), dir.join(&name)).unwrap();
+        }
+    }
+    let (p, addr, _) = fermata::harness::procs::serve_apis(
+        &exe(),
+        &dir,
+        &[
+            "--model-control-mode",
+            "poll",
+            "--repository-poll-secs",
+            "0.2",
+        ],
+    )
+    .unwrap();
+    until_state(&addr, "cnn", "READY");
+    until_state(&addr, "mlp", "READY");
+    let (st, body) = http(&addr, "POST", "/v2/repository/models/cnn/unload", "{}");
+    assert!(
+        st != 200 && body.contains("polling is enabled"),
+        "a client's unload: {st} {body}"
+    );
+    let aside = dir.join("cnn.onnx.aside");
+    std::fs::rename(dir.join("cnn.onnx"), &aside).unwrap();
+    until_state(&addr, "cnn", "UNAVAILABLE");
+    let (st, body) = infer_zeros(&addr, &dir, "cnn");
+    assert_ne!(st, 200, "cnn removed: {body}");
+    served(&addr, &dir, "mlp");
+    // A model that was not there at start.
+    std::fs::copy(dir.join("mlp.onnx"), dir.join("extra.onnx")).unwrap();
+    std::fs::rename(&aside, dir.join("cnn.onnx")).unwrap();
+    until_state(&addr, "cnn", "READY");
+    served(&addr, &dir, "cnn");
+    assert!(
+        index(&addr).iter().all(|(n, _)| n != "extra"),
+        "{:?}",
+        index(&addr)
+    );
+    p.stop(Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,6 +15,10 @@
 //!   loads and unloads are refused.
 //! * `explicit`: only the models named at start (`--load-model`) are loaded;
 //!   clients load and unload the others.
+//! * `poll`: every model is loaded at start; then the repository's changes
+//!   load and unload models ([`super::repo_poll`]: a model whose files are
+//!   removed is unloaded, one put back or changed is loaded again), and
+//!   clients' loads and unloads are refused (as Triton refuses them).
 //!
 //! A standby that takes over starts from its primary's states
 //! ([`Control::adopt`]), so the loads and unloads done there survive.
@@ -29,6 +33,7 @@ pub enum ControlMode {
     #[default]
     None,
     Explicit,
+    Poll,
 }
 
 impl std::str::FromStr for ControlMode {
@@ -37,11 +42,9 @@ impl std::str::FromStr for ControlMode {
         match s {
             "none" => Ok(ControlMode::None),
             "explicit" => Ok(ControlMode::Explicit),
-            "poll" => Err(
-                "--model-control-mode poll is not supported: use explicit (clients load and unload) or none".into(),
-            ),
+            "poll" => Ok(ControlMode::Poll),
             other => Err(format!(
-                "unknown --model-control-mode {other:?} (none or explicit)"
+                "unknown --model-control-mode {other:?} (none, explicit or poll)"
             )),
         }
     }
@@ -78,11 +81,11 @@ pub struct Control {
 
 impl Control {
     /// `models` models; with `explicit`, those for which `loaded` is true
-    /// start loaded (every one does with `none`).
+    /// start loaded (every one does with `none` and `poll`).
     pub fn new(mode: ControlMode, models: usize, loaded: impl Fn(ModelId) -> bool) -> Control {
         let state = (0..models as u32)
             .map(|m| {
-                if mode == ControlMode::None || loaded(ModelId(m)) {
+                if mode != ControlMode::Explicit || loaded(ModelId(m)) {
                     ModelAvailability::Ready
                 } else {
                     ModelAvailability::Unavailable
@@ -130,12 +133,29 @@ impl Control {
 
     /// A client asks to load (`load`) or unload `m` (a model id in range).
     pub fn ask(&mut self, m: ModelId, load: bool) -> Decision {
-        use ModelAvailability::*;
-        if self.mode == ControlMode::None {
-            return Decision::Refused(
+        match self.mode {
+            ControlMode::None => return Decision::Refused(
                 "explicit model load / unload is not allowed: the scheduler runs with --model-control-mode none".into(),
-            );
+            ),
+            ControlMode::Poll => return Decision::Refused(
+                "explicit model load / unload is not allowed if polling is enabled: the scheduler runs with --model-control-mode poll (the repository's changes load and unload models)".into(),
+            ),
+            ControlMode::Explicit => {}
         }
+        self.change(m, load)
+    }
+
+    /// Under `poll`, the repository's changes load (`load`) or unload `m`;
+    /// refused under the other modes.
+    pub fn repo_change(&mut self, m: ModelId, load: bool) -> Decision {
+        if self.mode != ControlMode::Poll {
+            return Decision::Refused("the scheduler does not poll its repository".into());
+        }
+        self.change(m, load)
+    }
+
+    fn change(&mut self, m: ModelId, load: bool) -> Decision {
+        use ModelAvailability::*;
         let Some(&now) = self.state.get(m.idx()) else {
             return Decision::Refused(format!("no model {}", m.0));
         };
@@ -291,14 +311,32 @@ mod tests {
     #[test]
     fn modes_parse_with_clear_errors() {
         assert_eq!("explicit".parse::<ControlMode>(), Ok(ControlMode::Explicit));
-        assert!("poll"
-            .parse::<ControlMode>()
-            .unwrap_err()
-            .contains("not supported"));
+        assert_eq!("poll".parse::<ControlMode>(), Ok(ControlMode::Poll));
         assert!("x"
             .parse::<ControlMode>()
             .unwrap_err()
-            .contains("none or explicit"));
+            .contains("none, explicit or poll"));
+    }
+
+    #[test]
+    fn poll_loads_everything_refuses_clients_and_follows_the_repository() {
+        let mut c = Control::new(ControlMode::Poll, 2, |_| false);
+        assert!(c.takes_requests(ModelId(0)) && c.takes_requests(ModelId(1)));
+        assert!(
+            matches!(c.ask(ModelId(0), false), Decision::Refused(r) if r.contains("polling is enabled"))
+        );
+        assert_eq!(c.repo_change(ModelId(0), false), Decision::Drain);
+        c.unloaded(ModelId(0));
+        assert_eq!(c.state(ModelId(0)), Unavailable);
+        assert_eq!(c.repo_change(ModelId(0), true), Decision::Load);
+        c.loaded(ModelId(0));
+        assert!(c.takes_requests(ModelId(0)));
+        let mut e = Control::new(ControlMode::Explicit, 1, |_| true);
+        assert!(matches!(
+            e.repo_change(ModelId(0), false),
+            Decision::Refused(_)
+        ));
+        assert!(e.takes_requests(ModelId(0)));
     }
 
     #[test]

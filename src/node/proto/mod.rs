@@ -39,6 +39,7 @@ pub mod fence;
 pub mod ledger;
 pub mod member;
 pub mod plans;
+pub mod repo_poll;
 pub mod sched;
 pub mod standby;
 pub mod subclusters;

@@ -19,6 +19,11 @@ impl SchedProto {
         self.control = Control::new(mode, self.cfg.models.len(), |m| loaded.contains(&m));
     }
 
+    /// Model `m`'s state under model control.
+    pub fn model_availability(&self, m: ModelId) -> ModelAvailability {
+        self.control.state(m)
+    }
+
     /// The models' states under model control.
     pub fn model_states(&self) -> Vec<ModelStateItem> {
         (0..self.cfg.models.len() as u32)
@@ -65,17 +70,41 @@ impl SchedProto {
                 format!("ModelControl for model {}, which is not served", model.0),
             );
         }
-        let name = self.cfg.models[model.idx()].name.clone();
         match self.control.ask(model, load) {
             Decision::Refused(why) => {
                 let mut item = self.state_item(model);
                 item.reason = why;
-                return self.send(c, Msg::ModelStates { items: vec![item] });
+                self.send(c, Msg::ModelStates { items: vec![item] })
             }
             Decision::AsIs => {
                 let item = self.state_item(model);
-                return self.send(c, Msg::ModelStates { items: vec![item] });
+                self.send(c, Msg::ModelStates { items: vec![item] })
             }
+            d => self.carry_out(now, model, d),
+        }
+    }
+
+    /// Under `--model-control-mode poll`, the repository's changes load
+    /// (`load`) or unload `model` ([`crate::node::proto::repo_poll`]).
+    pub fn repo_change(&mut self, now: Time, model: ModelId, load: bool) {
+        if model.idx() >= self.cfg.models.len() {
+            return;
+        }
+        match self.control.repo_change(model, load) {
+            Decision::Refused(_) | Decision::AsIs => {}
+            d => {
+                let name = &self.cfg.models[model.idx()].name;
+                tracing::info!(model = %name, load, "scheduler: the model repository changed");
+                self.carry_out(now, model, d)
+            }
+        }
+    }
+
+    /// Carries out a load or unload that control decided.
+    fn carry_out(&mut self, now: Time, model: ModelId, d: Decision) {
+        let name = self.cfg.models[model.idx()].name.clone();
+        match d {
+            Decision::Refused(_) | Decision::AsIs => return,
             Decision::Load => {
                 tracing::info!(model = %name, "scheduler: model load asked");
                 self.load_since.insert(model, now);

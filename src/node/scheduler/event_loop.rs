@@ -21,6 +21,7 @@ use super::standby::{spawn_fencer, Action as StandbyAction, Standby};
 use crate::core::{DropReason, Dur, GpuId, ModelId, ModelSpec, NetBudget, PlanId, Task, Time};
 use crate::node::clock::SchedClock;
 use crate::node::proto::fence;
+use crate::node::proto::repo_poll::{RepoPoll, Scan};
 use crate::node::proto::sched::{Action, SchedProto, SchedReport};
 use crate::node::proto::subclusters::Phase;
 use crate::plan::autoscale::{
@@ -90,6 +91,9 @@ pub(super) struct EventLoop {
     fencer: Option<(Arc<AtomicU64>, Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     /// Why it stepped down, for the process (the loop then ends).
     stepped_down: Arc<Mutex<Option<String>>>,
+    /// With `--model-control-mode poll`: the looks at the model repository
+    /// and what the earlier ones saw.
+    repo_poll: Option<(crossbeam_channel::Receiver<Scan>, RepoPoll)>,
 }
 
 impl EventLoop {
@@ -129,7 +133,44 @@ impl EventLoop {
             model_counts: crate::metrics::Window::default(),
             fencer: None,
             stepped_down,
+            repo_poll: None,
         }
+    }
+
+    /// Follows the model repository's looks from `looks` (`poll`).
+    pub(super) fn poll_repository(&mut self, looks: crossbeam_channel::Receiver<Scan>) {
+        self.repo_poll = Some((looks, RepoPoll::new()));
+    }
+
+    /// A look at the model repository, when one came, becomes loads and
+    /// unloads (not while following a primary: it decides them).
+    fn repo_step(&mut self, sub: &mut Routed, refused: &mut Refused) {
+        let Some((looks, poll)) = &mut self.repo_poll else {
+            return;
+        };
+        let Ok(scan) = looks.try_recv() else {
+            return;
+        };
+        if self.standby.is_some() {
+            return;
+        }
+        let proto = &self.proto;
+        let ch = poll.step(&scan, |m| proto.model_availability(m));
+        for name in ch.new_unknown {
+            tracing::warn!(
+                model = %name,
+                "scheduler: a model appeared in the model repository; it is not served (the \
+                 served models are fixed at start: restart the scheduler to serve it)"
+            );
+        }
+        if ch.models.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        for (m, load) in ch.models {
+            self.proto.repo_change(now, m, load);
+        }
+        self.apply(sub, refused);
     }
 
     /// Where the loop's thread submits tasks to the cores.
@@ -195,6 +236,7 @@ impl EventLoop {
                 self.update_busy(now);
             }
             self.epoch_step(now, &mut sub, &mut refused);
+            self.repo_step(&mut sub, &mut refused);
         }
         Ok(self.finish(sub))
     }

@@ -60,6 +60,8 @@
 //!   stop.
 //! * `event_loop.rs`: the driver of the protocol machine: connections, timeouts,
 //!   its actions carried out, tasks submitted to the core, the report at stop.
+//! * `repo_poll.rs`: `--model-control-mode poll`'s looks at the model
+//!   repository.
 //! * `routes.rs`: where plans and drops go (each GPU's backend, each frontend);
 //!   the core's dispatch path ([`Outlet`](crate::runtime::sched::Outlet)).
 //! * `metrics.rs`: the Prometheus series, [`drop_reason_label`], the GPU busy
@@ -70,6 +72,7 @@ mod event_loop;
 mod metrics;
 mod node;
 mod options;
+mod repo_poll;
 mod routes;
 pub mod standby;
 

@@ -8,11 +8,13 @@ use super::metrics::{
     register_autoscale_metrics, register_gpu_metrics, AutoscaleView, BusySnaps, SchedMetrics,
 };
 use super::options::SchedulerOpts;
+use super::repo_poll;
 use super::routes::Routes;
 use super::standby::{Standby, StandbyStatus};
 use crate::core::{Dur, ModelSpec, NetBudget};
 use crate::metrics::Registry;
 use crate::node::clock::SchedClock;
+use crate::node::proto::control::ControlMode;
 use crate::node::proto::sched::{SchedConfig, SchedProto, SchedReport};
 use crate::node::proto::subclusters::SubClusters;
 use crate::plan::partition::PartModel;
@@ -107,7 +109,7 @@ impl SchedulerNode {
         let stop = Arc::new(AtomicBool::new(false));
         let planner = EpochPlanner::new(opts.epoch.clone(), std::time::Instant::now());
         let stepped_down = Arc::new(Mutex::new(None));
-        let ev = EventLoop::new(
+        let mut ev = EventLoop::new(
             rts,
             routes,
             SchedClock::exact(clock),
@@ -120,6 +122,11 @@ impl SchedulerNode {
             workload.models.iter().map(|m| m.spec.clone()).collect(),
             stepped_down.clone(),
         );
+        if let (ControlMode::Poll, Some(dir)) = (opts.control.mode, &opts.control.repository) {
+            let names = models.iter().map(|m| m.name.clone()).collect();
+            let every = opts.control.poll_every;
+            ev.poll_repository(repo_poll::spawn(dir.clone(), names, every, stop.clone())?);
+        }
         let submitter = ev.submitters();
         let stop2 = stop.clone();
         let handle = std::thread::Builder::new()
@@ -246,9 +253,13 @@ fn model_control(
     c: &super::options::ModelControlOpts,
     models: &[crate::wire::ModelInfo],
 ) -> Result<Vec<crate::core::ModelId>> {
-    use crate::node::proto::control::ControlMode;
-    if c.mode == ControlMode::None && !c.load.is_empty() {
+    if c.mode != ControlMode::Explicit && !c.load.is_empty() {
         anyhow::bail!("--load-model needs --model-control-mode explicit");
+    }
+    if c.mode == ControlMode::Poll && c.repository.is_none() {
+        anyhow::bail!(
+            "--model-control-mode poll needs a model repository to look at: serve one with --models DIR"
+        );
     }
     c.load
         .iter()

@@ -50,12 +50,27 @@ pub struct SchedulerOpts {
     pub control: ModelControlOpts,
 }
 
-/// `--model-control-mode` and `--load-model`.
-#[derive(Debug, Clone, Default)]
+/// `--model-control-mode`, `--load-model` and `--repository-poll-secs`.
+#[derive(Debug, Clone)]
 pub struct ModelControlOpts {
     pub mode: crate::node::proto::control::ControlMode,
     /// With `explicit`: the models loaded at start, by name.
     pub load: Vec<String>,
+    /// The model repository served (`--models`), which `poll` looks at.
+    pub repository: Option<std::path::PathBuf>,
+    /// With `poll`: how often the repository is looked at.
+    pub poll_every: Duration,
+}
+
+impl Default for ModelControlOpts {
+    fn default() -> Self {
+        ModelControlOpts {
+            mode: Default::default(),
+            load: Vec::new(),
+            repository: None,
+            poll_every: Duration::from_secs(15),
+        }
+    }
 }
 
 impl Default for SchedulerOpts {
