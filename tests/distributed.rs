@@ -416,8 +416,13 @@ input_bytes = 602112
     .unwrap();
     // In process only: over loopback TCP on a loaded 2-core machine the same
     // run ended at 1.04% bad (batch pulls p50 7.7 ms, p99 14.5 ms).
-    {
-        let (tr, host) = (inproc(), "large");
+    // A run in which more than 1% of the plans reached the backend after
+    // their planned start says nothing about the pulls: the machine starved
+    // the scheduler's path (a loaded CI machine). It is made again, at most
+    // three runs in all; a run that fails with its plans on time fails the
+    // test at once.
+    let (tr, host) = (inproc(), "large");
+    for attempt in 1..=3 {
         let mut co = cluster_opts(1, 1, host);
         co.region_bytes = 256 << 20;
         let c = Cluster::start(tr.clone(), &w, &co).unwrap();
@@ -429,23 +434,29 @@ input_bytes = 602112
         assert!(offered(&r) > 1500, "offered {}", offered(&r));
         let s = &rep.scheduler;
         let b = &rep.backends[0];
-        assert!(
-            r.sim.bad_rate() < 0.01,
-            "{}: {:.3}% bad at 800 r/s with 602,112-byte inputs (pull budget {:.0} us + {:.1} us per input; pulls per batch p50 {:.0} us p99 {:.0} us, {:.2}% over budget)",
+        assert!(b.pulls_predicted > 100, "{b:?}");
+        let budget64 = s.d_data_fixed_us + 64.0 * s.d_data_us;
+        let why = format!(
+            "{}: {:.3}% bad at 800 r/s with 602,112-byte inputs (pull budget {:.0} us + {:.1} us per input; pulls per batch p50 {:.0} us p99 {:.0} us, {:.2}% over budget; plans' lead at arrival p1 {:.0} us)",
             tr.name(),
             100.0 * r.sim.bad_rate(),
             s.d_data_fixed_us,
             s.d_data_us,
             b.pull_batch_p50_us,
             b.pull_batch_p99_us,
-            100.0 * b.pull_overrun_share
+            100.0 * b.pull_overrun_share,
+            b.lead_arrived_p1_us,
         );
-        assert!(b.pulls_predicted > 100, "{b:?}");
-        let budget64 = s.d_data_fixed_us + 64.0 * s.d_data_us;
+        // The budget of a batch of 64 is what such a batch's pull costs,
+        // not 64 times the slowest input's (32 ms).
+        if r.sim.bad_rate() < 0.01 && budget64 < 20_000.0 {
+            return;
+        }
+        let starved = b.lead_arrived_p1_us < 0.0;
         assert!(
-            budget64 < 20_000.0,
-            "{}: a batch of 64 is budgeted {budget64:.0} us",
-            tr.name()
+            starved && attempt < 3,
+            "run {attempt}: {why}; a batch of 64 budgeted {budget64:.0} us"
         );
+        eprintln!("run {attempt} starved, made again: {why}");
     }
 }

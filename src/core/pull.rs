@@ -242,7 +242,9 @@ fn quantile(v: &mut [i64], q: f64) -> i64 {
 /// the medians' slope, the line `fixed + rate × bytes` with `fixed` the
 /// `q`-quantile of `t - rate × bytes` that has the least pinball loss; then
 /// `fixed` is raised to cover the `q`-quantile of every size class with
-/// [`CLASS_MIN`] batches. None with fewer than [`MIN_SAMPLES`] samples.
+/// [`CLASS_MIN`] batches, and, with too few samples to read the quantile,
+/// to an extension of their tail. None with fewer than [`MIN_SAMPLES`]
+/// samples.
 pub fn fit_quantile(samples: &VecDeque<(u64, i64)>, q: f64) -> Option<PullFit> {
     let n = samples.len();
     if n < MIN_SAMPLES {
@@ -317,6 +319,24 @@ pub fn fit_quantile(samples: &VecDeque<(u64, i64)>, q: f64) -> Option<PullFit> {
     for resid in classes.values_mut() {
         if resid.len() >= CLASS_MIN {
             fixed = fixed.max(quantile(resid, q));
+        }
+    }
+    // Too few samples to read the quantile (n < 1 / (1 - q): the nearest
+    // rank is the largest, which the next batch exceeds with chance
+    // 1 / (n + 1), 11% with 8 samples): the tail above the median is taken
+    // as exponential and extended from what the samples show, to
+    // `med + (max - med) × ln(0.5 / (1 - q)) / ln(n / 2)` (the largest of n
+    // such samples lies ln(n / 2) scales above the median).
+    if (n as f64) < 1.0 / (1.0 - q) && n > 2 {
+        let mut resid: Vec<i64> = samples
+            .iter()
+            .map(|&(b, t)| t - (rate * b as f64).round() as i64)
+            .collect();
+        let med = quantile(&mut resid, 0.5);
+        let max = *resid.last().expect("n > 2");
+        let k = (0.5 / (1.0 - q)).ln() / (n as f64 / 2.0).ln();
+        if k > 1.0 && max > med {
+            fixed = fixed.max(med + ((max - med) as f64 * k).round() as i64);
         }
     }
     Some(PullFit {
@@ -394,6 +414,44 @@ mod tests {
         assert!(
             got8 as f64 <= 2.0 * p99_8 as f64,
             "b=8 {got8} vs p99 {p99_8}"
+        );
+    }
+
+    #[test]
+    fn few_samples_extend_their_tail_rather_than_stop_at_their_largest() {
+        // Fits from 8 to 99 batches of 32 inputs, each judged on fresh
+        // batches: the nearest-rank p99 of fewer than 100 samples is their
+        // largest, which the next batch exceeds with chance 1 / (n + 1).
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+        let mut fresh: Vec<i64> = (0..20_000).map(|_| batch(&mut rng, 32)).collect();
+        let p99 = p(&mut fresh, 0.99);
+        let (mut over, mut judged, mut worst) = (0usize, 0usize, 0i64);
+        for trial in 0..200 {
+            let n = MIN_SAMPLES + trial % (100 - MIN_SAMPLES);
+            let samples: VecDeque<(u64, i64)> =
+                (0..n).map(|_| (32 * INPUT, batch(&mut rng, 32))).collect();
+            let f = fit_quantile(&samples, PULL_QUANTILE).unwrap();
+            let got = f.budget(32 * INPUT).0;
+            worst = worst.max(got);
+            for _ in 0..100 {
+                over += (batch(&mut rng, 32) > got) as usize;
+                judged += 1;
+            }
+        }
+        let share = over as f64 / judged as f64;
+        assert!(share <= 0.015, "{share} of fresh batches over the budget");
+        assert!(worst <= 2 * p99, "budget up to {worst} ns, p99 {p99} ns");
+        // From 100 samples on, the quantile is read off as it is (the 99th
+        // of 100); below, the tail is extended past the largest.
+        let fixed = |n: i64| {
+            let s: VecDeque<(u64, i64)> = (0..n).map(|i| (0, 1_000 + i)).collect();
+            fit_quantile(&s, PULL_QUANTILE).unwrap().fixed
+        };
+        assert_eq!(fixed(100), Dur(1_098));
+        assert!(
+            fixed(50) > Dur(1_049) && fixed(20) > Dur(1_019),
+            "{:?}",
+            fixed(20)
         );
     }
 

@@ -19,8 +19,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Reads of a new frontend's region to measure the pull cost at start-up.
+/// Probe pulls of a new frontend's region to measure the pull cost at
+/// start-up, each of up to [`PROBE_BATCH`] inputs, together at most
+/// [`PROBE_BYTES`] (what they read stays in the pool of input buffers).
 const PROBE_READS: usize = 8;
+const PROBE_BATCH: usize = 8;
+const PROBE_BYTES: u64 = 64 << 20;
+
+/// Inputs of `len` bytes per probe pull.
+fn probe_batch(len: u64) -> usize {
+    (PROBE_BYTES / (PROBE_READS as u64 * len.max(1))).clamp(1, PROBE_BATCH as u64) as usize
+}
 
 /// Longest wait of the network loop between looks at the stop flag.
 const LOOP_WAIT_MAX: Dur = Dur(50_000_000);
@@ -322,33 +331,46 @@ impl NetLoop {
         }
     }
 
-    /// Measures the pull cost from a new frontend at once (a few reads of the
-    /// largest input's size, off this thread), so d_data is known before the
-    /// first plans rather than learned from late ones.
+    /// Measures the pull cost from a new frontend at once (off this thread), so
+    /// d_data is known before the first plans rather than learned from late
+    /// ones. Each probe is a batch of reads of the largest input's size into
+    /// fresh buffers, as the first pulls are: the provisional fit includes
+    /// what a first touch of fresh pages costs (a single read of the probes'
+    /// zeros into a warm buffer ran from the caches, several times faster
+    /// than a batch's pull, and the first batches overran it). The buffers
+    /// then go to the pool, so the first batches pull into touched pages.
     fn probe_pull(&self, peer: NodeId, region_len: u64) {
         let len = (self.proto.max_input() as u64 + SLOT_HEADER as u64).min(region_len) as u32;
+        let n = probe_batch(len as u64);
         let sh = self.shared.clone();
         let _ = std::thread::Builder::new()
             .name("pull-probe".into())
             .spawn(move || {
+                let reqs = vec![
+                    ReadReq {
+                        peer,
+                        offset: 0,
+                        len,
+                        // Zeros of the input's size: moves what a pull
+                        // moves, reads no one's input.
+                        cap: PROBE_CAP,
+                    };
+                    n
+                ];
                 for _ in 0..PROBE_READS {
                     let t0 = Instant::now();
-                    let r = sh.reader.read_many(
-                        &[ReadReq {
-                            peer,
-                            offset: 0,
-                            len,
-                            // Zeros of the input's size: moves what a pull
-                            // moves, reads no one's input.
-                            cap: PROBE_CAP,
-                        }],
-                        Duration::from_secs(1),
-                    );
-                    if r[0].is_err() {
+                    let r = sh
+                        .reader
+                        .read_many_into(&reqs, Duration::from_secs(1), Vec::new());
+                    let took = Dur::from_std(t0.elapsed());
+                    if r.iter().any(|r| r.is_err()) {
                         break;
                     }
-                    let took = Dur::from_std(t0.elapsed());
-                    sh.pull_est.lock().expect("lock").probe(len as u64, took);
+                    sh.pull_est
+                        .lock()
+                        .expect("lock")
+                        .probe(n as u64 * len as u64, took);
+                    sh.give_buffers(r.into_iter().flatten());
                 }
             });
     }

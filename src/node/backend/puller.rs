@@ -21,8 +21,16 @@ pub(super) fn spawn(
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("{name}-pull"))
-        .spawn(move || puller(sh, rx, worker))
+        .spawn(move || {
+            crate::runtime::pin::set_thread_nice(PULLER_NICE);
+            puller(sh, rx, worker)
+        })
 }
+
+/// Nice value of the pullers (best effort), the GPU workers' own: a pull must
+/// end before its batch's planned start, and a puller that loses the CPU to
+/// busier threads makes the batch start late.
+const PULLER_NICE: i32 = -10;
 
 /// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
 fn puller(sh: Arc<Shared>, rx: Receiver<Queued>, worker: Sender<WorkerMsg>) {

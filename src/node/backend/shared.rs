@@ -209,14 +209,20 @@ impl Shared {
 
     /// The inputs' buffers go back to the pullers (bounded in count and bytes).
     pub(super) fn recycle(&self, inputs: Vec<Option<Input>>) {
+        self.give_buffers(inputs.into_iter().flatten().map(|i| i.slot));
+    }
+
+    /// Buffers for the pullers to read into (kept while the pool is under
+    /// [`POOL_MAX`] buffers and [`POOL_MAX_BYTES`]).
+    pub(super) fn give_buffers(&self, bufs: impl IntoIterator<Item = Vec<u8>>) {
         let mut p = self.pool.lock().expect("lock");
         let mut bytes: usize = p.iter().map(Vec::capacity).sum();
-        for i in inputs.into_iter().flatten() {
-            if p.len() >= POOL_MAX || bytes + i.slot.capacity() > POOL_MAX_BYTES {
+        for b in bufs {
+            if p.len() >= POOL_MAX || bytes + b.capacity() > POOL_MAX_BYTES {
                 break;
             }
-            bytes += i.slot.capacity();
-            p.push(i.slot);
+            bytes += b.capacity();
+            p.push(b);
         }
     }
 }
