@@ -145,8 +145,7 @@ pub fn points_with(
     let peers: Vec<&Plan> = peers
         .iter()
         .filter(|q| {
-            q.modules.len() == app.modules.len()
-                && q.modules.iter().all(|m| m.served_by.is_none())
+            q.modules.len() == app.modules.len() && q.modules.iter().all(|m| m.served_by.is_none())
         })
         .collect();
     let mut pts = Vec::with_capacity(app.modules.len());

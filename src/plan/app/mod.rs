@@ -336,11 +336,7 @@ pub fn worst_case(allocs: &[Alloc], dispatch: Dispatch, prices: &[f64]) -> f64 {
         Dispatch::ThroughputCost => {
             for x in g {
                 let lim = x[4] * (1.0 + EPS);
-                let w: f64 = g
-                    .iter()
-                    .filter(|y| y[4] <= lim)
-                    .map(|y| y[2] * y[3])
-                    .sum();
+                let w: f64 = g.iter().filter(|y| y[4] <= lim).map(|y| y[2] * y[3]).sum();
                 worst = worst.max(x[0] + x[1] / w);
             }
         }
