@@ -14,15 +14,22 @@
 //!      cycle pads the residual too), each evaluated under throughput-cost
 //!      dispatch (never worse than round robin for the same machines);
 //!    * every configuration alone with every machine full, so that a plan exists
-//!      whenever the application file's SLO check passes.
+//!      whenever the application file's SLO check passes;
+//!    * every point so far with its partial machine made full (the extra
+//!      capacity as dummies), a lower worst case at a little more cost;
+//!    * every module plan of step 4's plans (which run first), evaluated under
+//!      throughput-cost dispatch: step 2 then costs at most each of them, and
+//!      can combine one peer's plan for a module with another's for the next.
 //! 2. One point per module, every path within the SLO, lowest total fractional
 //!    cost: [`choose_points`] (a min-plus DP on forests, HiGHS otherwise).
 //! 3. Budgets raised into the slack left on their paths; at each final budget,
 //!    Algorithm 1 with either dummy where it is cheaper.
 //! 4. A portfolio: `harpagon`, `piccolo`, `scrooge`, `inferline`, `clipper` and
-//!    Harpagon with its quantised splits (0.1 and 0.01 of the SLO) also plan the
-//!    application; the cheapest plan that passes
-//!    [`Plan::verify`] is returned ([`Plan::origin`] names who built it). Nexus
+//!    every one of Harpagon's ablations ([`ablations`]: round robin, one or two
+//!    configurations, no dummies, no reassignment, the throughput-based and the
+//!    quantised splits at 0.1 and 0.01 of the SLO) also plan the application;
+//!    the cheapest plan that passes [`Plan::verify`], step 3's included, is
+//!    returned ([`Plan::origin`] names who built it). Nexus
 //!    needs no run: its per-module plans are among the points of step 1, so
 //!    step 2 is at most its cost (`nexus` does run where a module declares a
 //!    prefix: its prefix batching merges modules).
@@ -36,9 +43,7 @@
 //! objective's own plan; ties go to the lower fractional cost.
 
 use super::module::{self, Budget, Configs, Dummies, Point};
-use super::planners::{
-    choose_points, l_max, module_plan, plan_from_points, prices, HarpagonOptions, Split,
-};
+use super::planners::{ablations, choose_points, l_max, module_plan, plan_from_points, prices};
 use super::{alloc_cost, integral_cost, worst_case, Alloc, App, Dispatch, Plan, EPS};
 
 /// Branch-and-bound nodes per module of `fermata`'s exact step function.
@@ -124,7 +129,25 @@ fn push_if_fits(out: &mut Vec<Point>, allocs: Vec<Alloc>, dummy: f64, l: f64, pr
 
 /// Step 1: every module's candidate points (Pareto, worst case decreasing).
 pub fn points(app: &App, o: &FermataOptions) -> Result<Vec<Vec<Point>>, String> {
+    points_with(app, o, &[])
+}
+
+/// [`points`], with every module plan of `peers` (under throughput-cost
+/// dispatch, never worse than the plan's own) among them: step 2 then costs
+/// at most every peer's plan whose modules have machines of their own.
+pub fn points_with(
+    app: &App,
+    o: &FermataOptions,
+    peers: &[Plan],
+) -> Result<Vec<Vec<Point>>, String> {
     let p = prices(app);
+    // Plans whose prefix batching merges modules are compared whole (step 4).
+    let peers: Vec<&Plan> = peers
+        .iter()
+        .filter(|q| {
+            q.modules.len() == app.modules.len() && q.modules.iter().all(|m| m.served_by.is_none())
+        })
+        .collect();
     let mut pts = Vec::with_capacity(app.modules.len());
     for v in 0..app.modules.len() {
         let cfgs = module::sorted(&app.modules[v].configs, &p);
@@ -174,9 +197,25 @@ pub fn points(app: &App, o: &FermataOptions) -> Result<Vec<Vec<Point>>, String> 
                 }
             }
             f.extend(extra);
-            if o.objective == Objective::Fractional {
-                f = module::pareto(f);
+        }
+        if r > 0.0 {
+            for q in &peers {
+                let m = &q.modules[v];
+                push_if_fits(&mut f, m.allocs.clone(), m.dummy, lm, &p);
             }
+        }
+        if o.objective == Objective::Fractional && (o.grid || !peers.is_empty()) {
+            if o.grid {
+                // Each point with its partial machine made full (the extra
+                // capacity as dummies): a lower worst case for a little more.
+                let up: Vec<Point> = f
+                    .iter()
+                    .filter_map(|q| super::integral::rounded_up(q, r, &p))
+                    .filter(|q| q.worst <= lm * (1.0 + EPS))
+                    .collect();
+                f.extend(up);
+            }
+            f = module::pareto(f);
         }
         if o.objective == Objective::Integral {
             f = super::integral::points(f, r, &p);
@@ -219,7 +258,12 @@ fn better(q: &Plan, b: &Plan, objective: Objective) -> bool {
 }
 
 pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
-    let own = own_plan(app, o);
+    let peers = if o.portfolio {
+        portfolio(app)
+    } else {
+        Vec::new()
+    };
+    let own = own_plan(app, o, &peers);
     let mut best = own.as_ref().ok().filter(|p| p.verify(app).is_ok()).cloned();
     if o.objective == Objective::Integral {
         // The fractional objective's own plan can rent for less than the
@@ -228,44 +272,15 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
             objective: Objective::Fractional,
             ..*o
         };
-        if let Ok(q) = own_plan(app, &f) {
+        if let Ok(q) = own_plan(app, &f, &peers) {
             if q.verify(app).is_ok() && best.as_ref().is_none_or(|b| better(&q, b, o.objective)) {
                 best = Some(q);
             }
         }
     }
-    if o.portfolio {
-        let mut never = || false;
-        // Nexus's prefix batching is outside step 1's points: run it where a
-        // module declares a prefix.
-        let nexus = app.modules.iter().any(|m| m.prefix.is_some());
-        let mut plans: Vec<Result<Plan, String>> = PORTFOLIO
-            .iter()
-            .chain(nexus.then_some(&"nexus"))
-            .map(|name| super::planners::run(app, name, &mut never))
-            .collect();
-        // Harpagon's quantised splits: their budgets, raised by its reassigner,
-        // can be worth more than the grid points of step 1.
-        for (name, q) in [
-            ("harpagon-quantised-0.1", 0.1),
-            ("harpagon-quantised-0.01", 0.01),
-        ] {
-            let o = HarpagonOptions {
-                split: Split::Quantised(q),
-                ..HarpagonOptions::harpagon()
-            };
-            plans.push(super::planners::harpagon_with(app, name, &o));
-        }
-        for q in plans {
-            let Ok(q) = q else {
-                continue;
-            };
-            if q.verify(app).is_err() {
-                continue;
-            }
-            if best.as_ref().is_none_or(|b| better(&q, b, o.objective)) {
-                best = Some(q);
-            }
+    for q in peers {
+        if best.as_ref().is_none_or(|b| better(&q, b, o.objective)) {
+            best = Some(q);
         }
     }
     match best {
@@ -277,9 +292,31 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
     }
 }
 
-/// Steps 1 to 3.
-fn own_plan(app: &App, o: &FermataOptions) -> Result<Plan, String> {
-    let pts = points(app, o)?;
+/// Step 4's plans: the peers of [`PORTFOLIO`] (and `nexus` where a module
+/// declares a prefix: its prefix batching merges modules, outside step 1's
+/// points) and every one of Harpagon's ablations ([`ablations`]), those that
+/// pass [`Plan::verify`].
+pub fn portfolio(app: &App) -> Vec<Plan> {
+    let mut never = || false;
+    let nexus = app.modules.iter().any(|m| m.prefix.is_some());
+    let mut plans: Vec<Result<Plan, String>> = PORTFOLIO
+        .iter()
+        .chain(nexus.then_some(&"nexus"))
+        .map(|name| super::planners::run(app, name, &mut never))
+        .collect();
+    for (name, o) in ablations() {
+        plans.push(super::planners::harpagon_with(app, name, &o));
+    }
+    plans
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|q| q.verify(app).is_ok())
+        .collect()
+}
+
+/// Steps 1 to 3; every module plan of `peers` is a point of step 1 too.
+fn own_plan(app: &App, o: &FermataOptions, peers: &[Plan]) -> Result<Plan, String> {
+    let pts = points_with(app, o, peers)?;
     let pick = match o.objective {
         Objective::Fractional => choose_points(app, &pts),
         Objective::Integral => super::integral::choose(app, &pts),

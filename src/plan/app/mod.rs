@@ -297,34 +297,47 @@ pub fn machines(allocs: &[Alloc]) -> Vec<(Config, f64)> {
 
 /// Worst case of a module's machines under `dispatch`; `prices` by hardware index.
 pub fn worst_case(allocs: &[Alloc], dispatch: Dispatch, prices: &[f64]) -> f64 {
-    // Identical machines grouped: (config, rate of one machine, machines).
-    let mut m: Vec<(Config, f64, f64)> = Vec::with_capacity(2 * allocs.len());
+    // Identical machines grouped: [latency, batch, rate of one machine,
+    // machines, rate / price]. On the stack for short lists: the branch and
+    // bound of `fermata` calls this for every list it completes.
+    const STACK: usize = 16;
+    let mut stack = [[0.0f64; 5]; STACK];
+    let mut heap = Vec::new();
+    let g: &mut [[f64; 5]] = if 2 * allocs.len() <= STACK {
+        &mut stack
+    } else {
+        heap.resize(2 * allocs.len(), [0.0f64; 5]);
+        &mut heap
+    };
+    let mut m = 0;
     for a in allocs {
-        let n = a.full() as f64;
+        let c = &a.config;
+        let (d, b, p) = (c.latency, f64::from(c.batch), prices[c.hw]);
+        let n = (a.count + EPS).floor();
+        let frac = a.count - n;
         if n > 0.0 {
-            m.push((a.config, a.config.throughput, n));
+            g[m] = [d, b, c.throughput, n, c.throughput / p];
+            m += 1;
         }
-        let p = a.partial();
-        if p > 0.0 {
-            m.push((a.config, p * a.config.throughput, 1.0));
+        if frac >= EPS {
+            let f = frac * c.throughput;
+            g[m] = [d, b, f, 1.0, f / p];
+            m += 1;
         }
     }
+    let g = &g[..m];
     let mut worst = 0.0f64;
     match dispatch {
         Dispatch::RoundRobin => {
-            for (c, f, _) in &m {
-                worst = worst.max(c.latency + f64::from(c.batch) / f);
+            for x in g {
+                worst = worst.max(x[0] + x[1] / x[2]);
             }
         }
         Dispatch::ThroughputCost => {
-            for (c, f, _) in &m {
-                let ratio = f / prices[c.hw];
-                let w: f64 = m
-                    .iter()
-                    .filter(|(c2, f2, _)| f2 / prices[c2.hw] <= ratio * (1.0 + EPS))
-                    .map(|(_, f2, n2)| f2 * n2)
-                    .sum();
-                worst = worst.max(c.latency + f64::from(c.batch) / w);
+            for x in g {
+                let lim = x[4] * (1.0 + EPS);
+                let w: f64 = g.iter().filter(|y| y[4] <= lim).map(|y| y[2] * y[3]).sum();
+                worst = worst.max(x[0] + x[1] / w);
             }
         }
     }

@@ -492,10 +492,23 @@ pub fn cheapest_list(
             dummy: 0.0,
         });
     }
+    // A configuration whose full machines miss `l` even when their batches
+    // form at the whole rate plus the largest dummy is in no list that meets
+    // `l`: left out, so that the bound below uses the best ratio still usable.
+    let tmax = if dummies {
+        cfgs.iter().map(|x| x.throughput).fold(0.0, f64::max)
+    } else {
+        0.0
+    };
+    let usable: Vec<Config> = cfgs
+        .iter()
+        .filter(|c| full_ok(c, r + tmax, l, Dispatch::ThroughputCost))
+        .copied()
+        .collect();
     let mut best: Option<Point> = None;
     let mut cur = Vec::new();
     bb(
-        cfgs, prices, 0, r, r, 0.0, l, dummies, &mut cur, &mut best, budget,
+        &usable, prices, 0, r, r, 0.0, l, dummies, &mut cur, &mut best, budget,
     );
     best
 }
@@ -516,6 +529,13 @@ fn bb(
 ) {
     let consider = |cur: &[Alloc], dummy: f64, best: &mut Option<Point>| {
         let c = alloc_cost(cur, prices);
+        // Dearer than the best list: not worth its worst case.
+        if best
+            .as_ref()
+            .is_some_and(|b| c > b.cost + 1e-9 * b.cost.max(1e-9))
+        {
+            return;
+        }
         let w = worst_case(cur, Dispatch::ThroughputCost, prices);
         if w > l * (1.0 + EPS) {
             return;

@@ -705,6 +705,69 @@ pub fn harpagon_with(app: &App, name: &str, o: &HarpagonOptions) -> Result<Plan,
     Ok(Plan::assemble(name, app, mods))
 }
 
+/// Harpagon's ablations, named as the paper does.
+pub fn ablations() -> Vec<(&'static str, HarpagonOptions)> {
+    let h = HarpagonOptions::harpagon();
+    vec![
+        (
+            "round-robin",
+            HarpagonOptions {
+                dispatch: Dispatch::RoundRobin,
+                ..h
+            },
+        ),
+        (
+            "one-config",
+            HarpagonOptions {
+                configs: Configs::One,
+                ..h
+            },
+        ),
+        (
+            "two-configs",
+            HarpagonOptions {
+                configs: Configs::Two,
+                ..h
+            },
+        ),
+        (
+            "no-dummies",
+            HarpagonOptions {
+                dummies: Dummies::None,
+                ..h
+            },
+        ),
+        (
+            "no-reassign",
+            HarpagonOptions {
+                reassign: false,
+                ..h
+            },
+        ),
+        (
+            "throughput-split",
+            HarpagonOptions {
+                split: Split::Throughput,
+                ..h
+            },
+        ),
+        (
+            "quantised-0.1",
+            HarpagonOptions {
+                split: Split::Quantised(0.1),
+                ..h
+            },
+        ),
+        (
+            "quantised-0.01",
+            HarpagonOptions {
+                split: Split::Quantised(0.01),
+                ..h
+            },
+        ),
+    ]
+}
+
 // ---------------------------------------------------------------- clipper
 
 pub fn clipper(app: &App) -> Result<Plan, String> {
