@@ -82,31 +82,6 @@ pub const MIN_GROWTH: f64 = 3.0;
 /// sometimes crossed it (ResNet50's mean fell by 0.1%).
 pub const DISPERSION_NO_WAIT: f64 = 4.0;
 
-/// Deferred: the fraction of a model's frontrun moments that may find no GPU
-/// before the batch's latest start (a miss: the batch is gathered again, smaller,
-/// and under early drop its head may go). Each model keeps a slack before its
-/// latest start that grows on a miss and shrinks on a grant so that about this
-/// fraction of its candidates miss ([`ModelState::observe_start`]).
-pub const MISS_TARGET: f64 = 0.05;
-
-/// How far one grant or miss moves a model's slack (times `1 - MISS_TARGET` up
-/// on a miss, `MISS_TARGET` down on a grant).
-pub const MISS_STEP: Dur = Dur(200_000);
-
-/// Deferred: the miss slack is at most the time the model takes to receive this
-/// fraction of its batch, so a batch gives up at most about a quarter of what
-/// waiting gathers. Where one model has the GPUs to itself (ResNet50 on 8 GPUs,
-/// Table 2: a batch of 16 gathers in about 3 ms) this is less than the frontrun
-/// moment already keeps (`l(b+1) - l(b)`), so nothing changes there; at half of
-/// the batch its staggered batch fell from 16 to 15.
-pub const MISS_SLACK_BATCH_FRACTION: f64 = 0.25;
-
-/// Deferred: the miss slack applies only to arrivals this close to Poisson
-/// (index of dispersion at most this); clumped arrivals are handled by
-/// [`MIN_GROWTH`] and [`DISPERSION_NO_WAIT`], and a clump's timing, not the
-/// other models' batches, is what a bursty batch misses.
-pub const MISS_SLACK_DISPERSION_MAX: f64 = 2.0;
-
 /// Per-model scheduling state.
 #[derive(Debug, Clone)]
 pub struct ModelState {
@@ -136,9 +111,6 @@ pub struct ModelState {
     /// frontrun moment costs at most this fraction of the model's spare GPU time
     /// ([`DispatcherConfig::eager_cost_max`](super::DispatcherConfig::eager_cost_max)).
     pub eager_cost_max: f64,
-    /// Deferred: the slack kept before the latest start for the GPUs' contention
-    /// (see [`ModelState::observe_start`]).
-    miss_slack: Dur,
 }
 
 /// How a request ended, as its client sees it: every request ends exactly once,
@@ -251,7 +223,6 @@ impl ModelState {
             margin: Dur::ZERO,
             dispersion: 1.0,
             eager_cost_max: 0.0,
-            miss_slack: Dur::ZERO,
         }
     }
 
@@ -344,38 +315,6 @@ impl ModelState {
             }
         }
         self.window = lo;
-    }
-
-    /// Deferred: how the model's last candidate ended: granted a GPU (`missed`
-    /// false) or passed its latest start with none (`missed` true). With many
-    /// models sharing the GPUs, the frontrun moments of several batches come
-    /// close together and some find every GPU busy; a model whose candidates
-    /// miss more often than [`MISS_TARGET`] keeps more slack before its latest
-    /// start (a stochastic approximation: up by `(1 - q) * step` on a miss, down
-    /// by `q * step` on a grant, settling where a fraction `q` miss; at most a
-    /// quarter of the SLO). The slack used is capped again per batch
-    /// ([`MISS_SLACK_BATCH_FRACTION`]).
-    pub fn observe_start(&mut self, missed: bool) {
-        let step = MISS_STEP.0 as f64;
-        let s = self.miss_slack.0 as f64;
-        let s = if missed {
-            s + (1.0 - MISS_TARGET) * step
-        } else {
-            s - MISS_TARGET * step
-        };
-        self.miss_slack = Dur(s.clamp(0.0, (self.spec.slo.0 / 4) as f64) as i64);
-    }
-
-    /// The slack a deferred batch of `bs` keeps before its latest start for the
-    /// GPUs' contention: the measured miss slack, at most the time the model
-    /// takes to receive [`MISS_SLACK_BATCH_FRACTION`] of the batch; none before a
-    /// rate is measured or for clumped arrivals.
-    pub fn contention_slack(&self, bs: u32) -> Dur {
-        if self.rate_rps <= 0.0 || self.dispersion > MISS_SLACK_DISPERSION_MAX {
-            return Dur::ZERO;
-        }
-        let cap = (MISS_SLACK_BATCH_FRACTION * bs as f64 / self.rate_rps).min(1.0);
-        self.miss_slack.min(Dur::from_secs_f64(cap))
     }
 
     /// Adds a task in deadline order. Returns false (and keeps nothing) when the queue
@@ -497,12 +436,7 @@ impl ModelState {
         let exec = match self.rule {
             ExecRule::Eager => earliest,
             ExecRule::Frontrun { pays } => {
-                let slack = if pays {
-                    self.net.slack.max(self.contention_slack(bs))
-                } else {
-                    self.net.slack
-                };
-                let defer_to = (d - prof.latency(bs + 1)).min(latest - slack);
+                let defer_to = (d - prof.latency(bs + 1)).min(latest - self.net.slack);
                 if bs >= self.max_batch || (pays && !self.waiting_pays(now, bs, defer_to, room)) {
                     // The batch cannot grow, or its growth would not matter for
                     // capacity: waiting would only add latency.
@@ -733,88 +667,6 @@ mod tests {
         // Slack never plans a batch before it could start.
         let c = cand(20_000);
         assert_eq!(c.exec_at, Time(1_000_000_000) + Dur::from_us(110));
-    }
-
-    /// Deferred keeps a slack before its latest start that follows its misses: it
-    /// grows while candidates find no GPU in time and shrinks while they are
-    /// granted, is capped at the time the model takes to receive a quarter of the
-    /// batch, and is not kept for clumped arrivals or by the paper's rule.
-    #[test]
-    fn misses_move_the_frontrun_moment_earlier() {
-        // l(b) = 1 ms * b + 5 ms; SLO 50 ms. Ten requests queued at once: the
-        // batch of 10 has its latest start at 35 ms, its frontrun moment at 34 ms.
-        let spec = ModelSpec {
-            name: "m".into(),
-            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
-            slo: Dur::from_ms(50),
-        };
-        let now = Time(1_000_000_000);
-        let model = |policy: Policy, rate: f64, dispersion: f64| {
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                policy,
-                Gather::Lazy,
-                NetBudget::default(),
-                100,
-            );
-            m.observe_rate(rate, 1.0);
-            m.observe_dispersion(dispersion);
-            for i in 0..10 {
-                assert!(m.enqueue(Task {
-                    id: TaskId(i),
-                    arrival: now,
-                    deadline: now + Dur::from_ms(50),
-                    tag: 0,
-                    cap: 0,
-                }));
-            }
-            m
-        };
-        let before_latest = |m: &mut ModelState| {
-            let c = m
-                .update(now, None, &mut |_, _| panic!("nothing to drop"))
-                .unwrap();
-            assert_eq!(c.bs, 10);
-            c.latest - c.exec_at
-        };
-        // 150 r/s: a quarter of a batch of 10 arrives in 16.7 ms.
-        let mut m = model(Policy::Deferred, 150.0, 1.0);
-        assert_eq!(before_latest(&mut m), Dur::from_ms(1), "no miss yet");
-        // Forty misses in a row: 40 * 0.95 * 0.2 ms = 7.6 ms of slack.
-        for _ in 0..40 {
-            m.observe_start(true);
-        }
-        assert_eq!(before_latest(&mut m), Dur::from_us(7_600));
-        // Grants take it back, 10 us each.
-        for _ in 0..100 {
-            m.observe_start(false);
-        }
-        assert_eq!(before_latest(&mut m), Dur::from_us(6_600));
-        for _ in 0..10_000 {
-            m.observe_start(false);
-        }
-        assert_eq!(before_latest(&mut m), Dur::from_ms(1));
-        // However many misses: at most a quarter of the SLO, and at most the time
-        // a quarter of the batch takes to arrive (2.5 ms at 1,000 r/s).
-        for _ in 0..10_000 {
-            m.observe_start(true);
-        }
-        assert_eq!(before_latest(&mut m), Dur::from_us(12_500));
-        let mut fast = model(Policy::Deferred, 1000.0, 1.0);
-        for _ in 0..10_000 {
-            fast.observe_start(true);
-        }
-        assert_eq!(before_latest(&mut fast), Dur::from_us(2_500));
-        // Clumped arrivals keep no miss slack; the paper's rule keeps none.
-        let mut clumped = model(Policy::Deferred, 1000.0, MISS_SLACK_DISPERSION_MAX + 0.5);
-        let mut paper = model(Policy::Symphony, 1000.0, 1.0);
-        for _ in 0..10_000 {
-            clumped.observe_start(true);
-            paper.observe_start(true);
-        }
-        assert_eq!(before_latest(&mut clumped), Dur::from_ms(1));
-        assert_eq!(before_latest(&mut paper), Dur::from_ms(1));
     }
 
     /// A measured response margin larger than the network's `resp` moves every

@@ -251,7 +251,6 @@ impl ModelShard {
         };
         e.seq = e.seq.max(seq);
         e.force = true;
-        e.state.observe_start(false);
         self.mark(m);
         let booked = self.book(m, gpu, free_at, now);
         if !booked {
@@ -273,7 +272,6 @@ impl ModelShard {
         };
         e.seq = e.seq.max(seq);
         e.force = true;
-        e.state.observe_start(true);
         self.refresh(m, now, None);
         self.mark(m);
         self.check();
