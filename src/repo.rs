@@ -772,16 +772,23 @@ pub fn model_names(dir: &Path) -> Vec<String> {
         return Vec::new();
     };
     rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_model_entry(p))
         .filter_map(|p| {
-            let flat = p.extension().and_then(|e| e.to_str()) == Some("onnx") && p.is_file();
-            let triton = crate::triton_repo::is_model_dir(&p)
-                && !crate::triton_ensemble::is_ensemble_dir(&p);
-            let name = if flat { p.file_stem() } else { p.file_name() };
-            (flat || triton)
-                .then(|| name.and_then(|n| n.to_str()).map(str::to_string))
-                .flatten()
+            let name = if p.is_file() {
+                p.file_stem()
+            } else {
+                p.file_name()
+            };
+            name.and_then(|n| n.to_str()).map(str::to_string)
         })
         .collect()
+}
+
+/// Whether `p`, an entry of a model repository, is a model: a `NAME.onnx`
+/// file or a Triton model directory (not an ensemble's).
+fn is_model_entry(p: &Path) -> bool {
+    p.extension().and_then(|e| e.to_str()) == Some("onnx") && p.is_file()
+        || crate::triton_repo::is_model_dir(p) && !crate::triton_ensemble::is_ensemble_dir(p)
 }
 
 /// A fingerprint of model `name`'s files in the repository `dir` (the
@@ -841,11 +848,7 @@ pub fn load_repository(dir: &Path, executor: &str) -> Result<Vec<RepoModel>> {
         .with_context(|| format!("reading the model repository {}", dir.display()))?;
     let mut entries: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().and_then(|e| e.to_str()) == Some("onnx") && p.is_file()
-                || crate::triton_repo::is_model_dir(p)
-                    && !crate::triton_ensemble::is_ensemble_dir(p)
-        })
+        .filter(|p| is_model_entry(p))
         .collect();
     entries.sort();
     if entries.is_empty() {

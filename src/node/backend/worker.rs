@@ -201,13 +201,9 @@ fn receive(
         }
         WorkerMsg::Unload(model) => {
             loading.remove(&model);
-            match discard {
-                Some(_) => {
-                    if let Some(p) = exec.detach(model) {
-                        discard_off(discard, p);
-                    }
-                }
-                None => exec.unload(model),
+            // An executor without a loader frees it here (`detach`'s default).
+            if let Some(p) = exec.detach(model) {
+                discard_off(discard, p);
             }
         }
         WorkerMsg::Run(session, plan, _) if !sh.current(session) => void(sh, &plan),

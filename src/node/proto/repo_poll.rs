@@ -66,7 +66,8 @@ impl RepoPoll {
         let mut out = Changes::default();
         for (i, &now) in scan.models.iter().enumerate() {
             let m = ModelId(i as u32);
-            let held = matches!(state(m), Ready | Loading);
+            let now_state = state(m);
+            let held = matches!(now_state, Ready | Loading);
             match now {
                 None => {
                     self.asked[i] = None;
@@ -79,7 +80,7 @@ impl RepoPoll {
                     if held && changed {
                         self.asked[i] = None;
                         out.models.push((m, false));
-                    } else if state(m) == Unavailable && self.asked[i] != Some(f) {
+                    } else if now_state == Unavailable && self.asked[i] != Some(f) {
                         self.asked[i] = Some(f);
                         out.models.push((m, true));
                     }
