@@ -169,6 +169,7 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
                         crate::wire::DeviceKind::Cpu,
                         crate::wire::DeviceKind::Emulated,
                     ][b.below(3) as usize],
+                    lanes: b.below(3),
                 })
                 .collect(),
             ctrl_addr: b.string(),
@@ -326,6 +327,7 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
                     name: "g".into(),
                     mem_bytes: 1 << 30,
                     device: crate::wire::DeviceKind::Emulated,
+                    lanes: 1,
                 }]
             } else {
                 vec![]
@@ -495,6 +497,7 @@ pub fn backend_proto(data: &[u8]) -> u64 {
             name: "f".into(),
             mem_bytes: 1 << 30,
             device: crate::wire::DeviceKind::Emulated,
+            lanes: 1,
         })
         .collect();
     let addrs = vec!["sched".to_string()];
@@ -1050,6 +1053,7 @@ pub fn sched_churn(data: &[u8]) -> u64 {
                 name: "g".into(),
                 mem_bytes: 1 << 30,
                 device: crate::wire::DeviceKind::Emulated,
+                lanes: 1,
             })
             .collect(),
         ctrl_addr: "c".into(),

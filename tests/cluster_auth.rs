@@ -85,6 +85,7 @@ fn only_members_of_the_cluster_get_in() {
             name: "fake".into(),
             mem_bytes: 1 << 30,
             device: fermata::wire::DeviceKind::Emulated,
+            lanes: 1,
         }],
         ctrl_addr: String::new(),
         region: None,

@@ -134,6 +134,7 @@ impl Peer {
                     name: "raw".into(),
                     mem_bytes: 1 << 30,
                     device: fermata::wire::DeviceKind::Emulated,
+                    lanes: 1,
                 })
                 .collect(),
             ctrl_addr: String::new(),

@@ -1,7 +1,8 @@
 //! Concurrent lanes with real processes on loopback: one emulated backend with
 //! one GPU and `--lanes 2` registers two GPU slots, and under a load one lane
 //! cannot carry, the GPU runs two batches at once while no lane ever runs two;
-//! every request is answered once and none fails. The same in one process
+//! every request is answered once and none fails; the scheduler's autoscaling
+//! view counts the slots as lanes of one GPU. The same in one process
 //! (`fermata serve --lanes 2`).
 
 use fermata::harness::procs::{ProcCluster, ProcOpts};
@@ -35,12 +36,22 @@ fn one_gpu_with_two_lanes_runs_two_batches_at_once_and_a_lane_never_two() {
     let o = ProcOpts {
         backend_gpus: vec![1],
         backend_args: vec![(0, vec!["--lanes".into(), "2".into()])],
+        scheduler_args: ["--metrics-listen", "127.0.0.1:0"]
+            .map(String::from)
+            .to_vec(),
         ..ProcOpts::new(path.clone())
     };
-    let c = ProcCluster::start(&exe(), &o).unwrap();
+    let mut c = ProcCluster::start(&exe(), &o).unwrap();
+    let metrics = c.scheduler_metrics_addr().unwrap();
     let w = Workload::from_file(&path).unwrap();
     let load = c.load_in_background(&w, 150.0, 4.0).unwrap();
     let r = load.join().unwrap().unwrap();
+    // The core plans two slots; the advice counts one GPU of two lanes.
+    let view: serde_json::Value = serde_json::from_str(&get(&metrics, "/v1/autoscale")).unwrap();
+    let cluster = &view["cluster"];
+    assert_eq!(cluster["signals"]["gpus"], 2, "{view}");
+    assert_eq!(cluster["advice"]["gpus_in_service"], 1, "{view}");
+    assert_eq!(cluster["advice"]["lanes"], 2, "{view}");
     let reps = c.stop();
     let _ = std::fs::remove_dir_all(&dir);
     r.assert_served(300, 0.05);
@@ -101,4 +112,19 @@ fn serve_in_process_with_two_lanes_runs_two_batches_at_once() {
     assert_eq!(b.lanes, 2);
     assert_eq!(b.gpu_batches_at_once_max, vec![2]);
     assert_eq!(b.lane_overlaps, 0);
+}
+
+/// The body of `GET path` from the HTTP server at `addr`.
+fn get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    body.to_string()
 }

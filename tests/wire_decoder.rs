@@ -171,14 +171,20 @@ fn arb_region() -> impl Strategy<Value = RegionInfo> {
 }
 
 fn arb_gpu() -> impl Strategy<Value = GpuInfo> {
-    (any::<u32>(), arb_str(), any::<u64>(), 0usize..3).prop_map(|(local, name, mem_bytes, d)| {
-        GpuInfo {
+    (
+        any::<u32>(),
+        arb_str(),
+        any::<u64>(),
+        0usize..3,
+        any::<u32>(),
+    )
+        .prop_map(|(local, name, mem_bytes, d, lanes)| GpuInfo {
             local,
             name,
             mem_bytes,
             device: [DeviceKind::Gpu, DeviceKind::Cpu, DeviceKind::Emulated][d],
-        }
-    })
+            lanes,
+        })
 }
 
 fn arb_submit_task() -> impl Strategy<Value = SubmitTask> {
@@ -802,6 +808,7 @@ fn strings_over_max_str() {
                     name: long(),
                     mem_bytes: 0,
                     device: fermata::wire::DeviceKind::Emulated,
+                    lanes: 1,
                 }],
                 ctrl_addr: String::new(),
                 region: None,

@@ -107,6 +107,7 @@ fn cycle(addr: &str, key: &ClusterKey, gpus: u32) -> Result<()> {
                 name: "emulated".into(),
                 mem_bytes: 16 << 30,
                 device: crate::wire::DeviceKind::Emulated,
+                lanes: 1,
             })
             .collect(),
         ctrl_addr: String::new(),

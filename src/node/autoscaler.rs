@@ -77,11 +77,16 @@ pub fn parse_view(body: &str) -> Result<View> {
         .filter_map(|b| b["node"].as_u64())
         .collect();
     Ok(View {
-        advice,
         backends,
-        gpus: signals["gpus"].as_u64().unwrap_or(0) as u32,
+        // GPUs, not lanes: the advice counts devices (a scheduler whose
+        // advice does not say falls back to the signals' slots).
+        gpus: match advice.gpus_in_service {
+            0 => signals["gpus"].as_u64().unwrap_or(0) as u32,
+            n => n,
+        },
         bad_rate: signals["bad_rate"].as_f64().unwrap_or(0.0),
         idle_fraction: signals["idle_fraction"].as_f64().unwrap_or(0.0),
+        advice,
     })
 }
 
@@ -411,10 +416,9 @@ mod tests {
         let view = |name: &str| View {
             advice: Advice {
                 action: "release".into(),
-                add_gpus: 0,
                 release_gpus: vec![1],
                 release_backends: vec![(2, name.to_string())],
-                reason: String::new(),
+                ..Advice::default()
             },
             backends: vec![1, 2],
             gpus: 2,

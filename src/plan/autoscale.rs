@@ -147,24 +147,50 @@ impl Default for AdviceConfig {
     }
 }
 
-/// A GPU in service and the backend that has it.
+/// A GPU slot in service and the backend that has it. Without lanes a slot
+/// is a GPU; with them (`fermata backend --lanes E`) it is one of the E lanes
+/// of a device, and the advice adds and releases whole devices.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuOwner {
+    /// The slot's global id (what the scheduler's core plans).
     pub gpu: u32,
     pub node: u64,
     /// The backend's registered name.
     pub name: String,
+    /// The device on its backend the slot is a lane of (its slot index / lanes).
+    #[serde(default)]
+    pub device: u32,
+    /// Lanes of that device (1: the slot is the GPU).
+    #[serde(default = "one")]
+    pub lanes: u32,
 }
 
-/// What to do about the GPUs' number.
+fn one() -> u32 {
+    1
+}
+
+/// What to do about the GPUs' number. The signals and the rules count slots
+/// (the GPUs the core plans); with lanes the advice is then turned into whole
+/// devices: an add of k slots is ceil(k / lanes) GPUs, a release frees only
+/// devices all of whose lanes fit in it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Advice {
     /// "add", "release" or "hold".
     pub action: String,
-    /// GPUs to add (ceil(N·r/(1−r))).
+    /// GPUs (devices) to add (ceil(N·r/(1−r)) slots, in devices).
     pub add_gpus: u32,
-    /// GPUs to release (floor(N·f), at most N − 1): the highest ids in service.
+    /// The slots to release (floor(N·f), at most N − 1): the highest ids in
+    /// service, every lane of each device released.
     pub release_gpus: Vec<u32>,
+    /// GPUs (devices) `release_gpus` makes up.
+    #[serde(default)]
+    pub release_count: u32,
+    /// GPUs (devices) in service.
+    #[serde(default)]
+    pub gpus_in_service: u32,
+    /// Lanes per GPU (1 without lanes).
+    #[serde(default = "one")]
+    pub lanes: u32,
     /// The backends all of whose GPUs are in `release_gpus` (highest GPU first):
     /// the ones to drain and stop. (node id, name)
     pub release_backends: Vec<(u64, String)>,
@@ -172,14 +198,101 @@ pub struct Advice {
     pub reason: String,
 }
 
-/// The advice for `s` over the GPUs `owners` (those in service).
+impl Default for Advice {
+    /// Nothing to do, no reason given.
+    fn default() -> Advice {
+        Advice {
+            action: "hold".into(),
+            add_gpus: 0,
+            release_gpus: Vec::new(),
+            release_count: 0,
+            gpus_in_service: 0,
+            lanes: 1,
+            release_backends: Vec::new(),
+            reason: String::new(),
+        }
+    }
+}
+
+/// The advice for `s` over the GPU slots `owners` (those in service), in
+/// whole GPUs.
 pub fn advise(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
+    in_devices(advise_slots(s, owners, cfg), owners)
+}
+
+/// The advice in slots turned into whole devices (see [`Advice`]); the same
+/// advice when every slot is a GPU.
+fn in_devices(mut a: Advice, owners: &[GpuOwner]) -> Advice {
+    // Devices in service: ((node, device), lanes, its slots).
+    let mut devs: Vec<((u64, u32), u32, Vec<u32>)> = Vec::new();
+    for o in owners {
+        match devs.iter_mut().find(|d| d.0 == (o.node, o.device)) {
+            Some(d) => d.2.push(o.gpu),
+            None => devs.push(((o.node, o.device), o.lanes.max(1), vec![o.gpu])),
+        }
+    }
+    let lanes = devs.iter().map(|d| d.1).max().unwrap_or(1);
+    a.gpus_in_service = devs.len() as u32;
+    a.lanes = lanes;
+    a.release_count = a.release_gpus.len() as u32;
+    if lanes == 1 {
+        return a;
+    }
+    match a.action.as_str() {
+        "add" => {
+            let slots = a.add_gpus;
+            a.add_gpus = slots.div_ceil(lanes);
+            a.reason = format!(
+                "{}; {slots} slots of {lanes} lanes: add {} GPUs",
+                a.reason, a.add_gpus
+            );
+            a
+        }
+        "release" => {
+            // Whole devices, the one with the highest slot id first, as many
+            // as fit in the slots the rule frees.
+            let k = a.release_gpus.len();
+            for d in &mut devs {
+                d.2.sort_unstable_by(|x, y| y.cmp(x));
+            }
+            devs.sort_by_key(|d| std::cmp::Reverse(d.2.first().copied()));
+            let mut ids = Vec::new();
+            let mut count = 0;
+            for d in &devs {
+                if ids.len() + d.2.len() > k {
+                    break;
+                }
+                ids.extend(&d.2);
+                count += 1;
+            }
+            let reason = if count == 0 {
+                format!("{}; {k} slots are under one GPU of {lanes} lanes", a.reason)
+            } else {
+                format!(
+                    "{}; {k} slots of {lanes} lanes: release {count} GPUs",
+                    a.reason
+                )
+            };
+            Advice {
+                action: if count == 0 { "hold" } else { "release" }.into(),
+                release_backends: backends_within(owners, &ids),
+                release_gpus: ids,
+                release_count: count,
+                gpus_in_service: a.gpus_in_service,
+                lanes,
+                reason,
+                ..Advice::default()
+            }
+        }
+        _ => a,
+    }
+}
+
+/// The advice for `s` over the GPU slots `owners`, in slots.
+fn advise_slots(s: &Signals, owners: &[GpuOwner], cfg: &AdviceConfig) -> Advice {
     let hold = |reason: String| Advice {
-        action: "hold".into(),
-        add_gpus: 0,
-        release_gpus: Vec::new(),
-        release_backends: Vec::new(),
         reason,
+        ..Advice::default()
     };
     let n = s.gpus as f64;
     if s.tasks < cfg.min_tasks && s.window_s < SIGNAL_WINDOW_S / 2.0 {
@@ -275,9 +388,8 @@ fn add(k: u32, reason: String) -> Advice {
     Advice {
         action: "add".into(),
         add_gpus: k,
-        release_gpus: Vec::new(),
-        release_backends: Vec::new(),
         reason,
+        ..Advice::default()
     }
 }
 
@@ -287,6 +399,18 @@ fn release(owners: &[GpuOwner], k: u32, reason: String) -> Advice {
     let mut ids: Vec<u32> = owners.iter().map(|o| o.gpu).collect();
     ids.sort_unstable_by(|a, b| b.cmp(a));
     ids.truncate(k as usize);
+    Advice {
+        action: "release".into(),
+        release_backends: backends_within(owners, &ids),
+        release_gpus: ids,
+        reason,
+        ..Advice::default()
+    }
+}
+
+/// The backends of `owners` all of whose GPUs are among `ids`, the one with
+/// the highest GPU first: (node id, name).
+fn backends_within(owners: &[GpuOwner], ids: &[u32]) -> Vec<(u64, String)> {
     let mut backends: Vec<(u32, u64, String)> = Vec::new();
     for o in owners {
         if backends.iter().any(|b| b.1 == o.node) {
@@ -302,13 +426,7 @@ fn release(owners: &[GpuOwner], k: u32, reason: String) -> Advice {
         }
     }
     backends.sort_by_key(|b| std::cmp::Reverse(b.0));
-    Advice {
-        action: "release".into(),
-        add_gpus: 0,
-        release_gpus: ids,
-        release_backends: backends.into_iter().map(|b| (b.1, b.2)).collect(),
-        reason,
-    }
+    backends.into_iter().map(|b| (b.1, b.2)).collect()
 }
 
 /// The look-ahead adds or takes at most this share of the demand: a load that
@@ -373,11 +491,8 @@ fn advise_demand(
         );
     }
     Advice {
-        action: "hold".into(),
-        add_gpus: 0,
-        release_gpus: Vec::new(),
-        release_backends: Vec::new(),
         reason: format!("demand {demand:.1} GPUs / {u:.2} = {w}; {n} in service"),
+        ..Advice::default()
     }
 }
 
@@ -765,11 +880,82 @@ mod tests {
                     gpu: g,
                     node: i as u64 + 1,
                     name: format!("b{i}"),
+                    device: g,
+                    lanes: 1,
                 });
                 g += 1;
             }
         }
         v
+    }
+
+    /// Backends of `devices` GPUs with `lanes` lanes each; each backend's slots
+    /// numbered from `first[i]` on.
+    fn lane_owners(first: &[u32], devices: u32, lanes: u32) -> Vec<GpuOwner> {
+        let mut v = Vec::new();
+        for (i, &f) in first.iter().enumerate() {
+            for slot in 0..devices * lanes {
+                v.push(GpuOwner {
+                    gpu: f + slot,
+                    node: i as u64 + 1,
+                    name: format!("b{i}"),
+                    device: slot / lanes,
+                    lanes,
+                });
+            }
+        }
+        v
+    }
+
+    /// With lanes the rules count slots and the advice whole GPUs: an add
+    /// rounds up to devices, a release frees only devices all of whose lanes
+    /// fit in it (the highest slot ids first), and less than one device is a
+    /// hold.
+    #[test]
+    fn with_lanes_the_advice_counts_whole_gpus() {
+        let cfg = AdviceConfig::default();
+        // Two backends of 2 GPUs with 2 lanes: 8 slots, 4 GPUs.
+        let o = lane_owners(&[0, 4], 2, 2);
+        // 20% bad: 8 · 0.2 / 0.8 = 2 slots = 1 GPU; 1 slot is still 1 GPU.
+        let a = advise(&sig(8, 0.0, 1000, 200), &o, &cfg);
+        assert_eq!((a.action.as_str(), a.add_gpus), ("add", 1), "{a:?}");
+        assert_eq!((a.gpus_in_service, a.lanes), (4, 2));
+        let a = advise(&sig(8, 0.0, 1000, 20), &o, &cfg);
+        assert_eq!(a.add_gpus, 1, "{a:?}");
+        // Idle 50%: 4 slots, the second backend's 2 GPUs; it can stop.
+        let a = advise(&sig(8, 0.5, 1000, 0), &o, &cfg);
+        assert_eq!(a.action, "release", "{a:?}");
+        assert_eq!(a.release_count, 2);
+        assert_eq!(a.release_gpus, vec![7, 6, 5, 4]);
+        assert_eq!(a.release_backends, vec![(2, "b1".to_string())]);
+        // Idle 40%: 3 slots hold one GPU's 2 lanes, not half of another's.
+        let a = advise(&sig(8, 0.4, 1000, 0), &o, &cfg);
+        assert_eq!(
+            (a.action.as_str(), a.release_count),
+            ("release", 1),
+            "{a:?}"
+        );
+        assert_eq!(a.release_gpus, vec![7, 6]);
+        assert!(a.release_backends.is_empty());
+        // One backend's 4 slots idle 35%: 1 slot is under one GPU.
+        let a = advise(&sig(4, 0.35, 1000, 0), &lane_owners(&[0], 2, 2), &cfg);
+        assert_eq!(a.action, "hold", "{a:?}");
+        assert!(a.release_gpus.is_empty() && a.release_count == 0);
+        assert!(a.reason.contains("under one GPU"), "{}", a.reason);
+        // Slot ids not in device order (ids given back and taken again): a
+        // GPU goes whole or not at all.
+        let mut o = lane_owners(&[0], 2, 2);
+        o[1].gpu = 9; // GPU 0's lanes: 0 and 9; GPU 1's: 2 and 3.
+        let a = advise(&sig(4, 0.5, 1000, 0), &o, &cfg);
+        assert_eq!(
+            (a.action.as_str(), a.release_count),
+            ("release", 1),
+            "{a:?}"
+        );
+        assert_eq!(a.release_gpus, vec![9, 0]);
+        // Without lanes, the advice is the slots' own.
+        let a = advise(&sig(8, 0.5, 1000, 0), &owners(&[4, 4]), &cfg);
+        assert_eq!((a.release_count, a.gpus_in_service, a.lanes), (4, 8, 1));
     }
 
     #[test]
@@ -838,19 +1024,15 @@ mod tests {
         Advice {
             action: "add".into(),
             add_gpus: n,
-            release_gpus: vec![],
-            release_backends: vec![],
-            reason: String::new(),
+            ..Advice::default()
         }
     }
 
     fn release(b: &[u64]) -> Advice {
         Advice {
             action: "release".into(),
-            add_gpus: 0,
-            release_gpus: vec![],
             release_backends: b.iter().map(|&n| (n, format!("b{n}"))).collect(),
-            reason: String::new(),
+            ..Advice::default()
         }
     }
 

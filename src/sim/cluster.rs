@@ -927,6 +927,7 @@ impl ClusterSim {
                 name: "sim".into(),
                 mem_bytes: 80 << 30,
                 device: crate::wire::DeviceKind::Emulated,
+                lanes: 1,
             })
             .collect();
         let proto = BackendProto::new(

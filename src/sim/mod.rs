@@ -531,6 +531,8 @@ pub fn simulate_autoscaled(
                     gpu: g,
                     node: g as u64,
                     name: format!("gpu{g}"),
+                    device: 0,
+                    lanes: 1,
                 })
                 .collect();
             let advice = advise(&sig, &owners, &a.advice);

@@ -487,6 +487,7 @@ wire_struct!(GpuInfo {
     name: String,
     mem_bytes: u64,
     device: DeviceKind,
+    lanes: u32,
 });
 wire_struct!(ModelInfo {
     id: ModelId,
@@ -812,12 +813,14 @@ mod tests {
                         name: "H100".into(),
                         mem_bytes: 80 << 30,
                         device: DeviceKind::Gpu,
+                        lanes: 1,
                     },
                     GpuInfo {
                         local: 1,
                         name: String::new(),
                         mem_bytes: 0,
                         device: DeviceKind::Emulated,
+                        lanes: 1,
                     },
                 ],
                 ctrl_addr: String::new(),
@@ -1099,7 +1102,7 @@ mod tests {
             sched: Time(0x0102),
             term: 5,
         });
-        let mut want = vec![35, 0, 0, 0, 10, 0, 15];
+        let mut want = vec![35, 0, 0, 0, 11, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1117,7 +1120,7 @@ mod tests {
                 cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![10, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![11, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1130,8 +1133,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 10, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 10, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 11, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 11, 0, 18]);
     }
 
     #[test]
@@ -1151,7 +1154,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [10, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [11, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1161,7 +1164,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![10, 0, 9];
+        let mut body = vec![11, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 44]);
         assert_eq!(
@@ -1214,20 +1217,20 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[10, 0, 0]),
+            decode(&[11, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[10, 0, 30]),
+            decode(&[11, 0, 30]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 30
             })
         );
-        let e = decode(&[10, 0, 18, 0]).unwrap_err();
+        let e = decode(&[11, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1237,7 +1240,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![10, 0, 1, 2]; // Register, role 2
+        let mut body = vec![11, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1292,7 +1295,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[10, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[11, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"

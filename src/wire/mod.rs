@@ -65,7 +65,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 10;
+pub const PROTOCOL_VERSION: u16 = 11;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -232,6 +232,9 @@ pub struct GpuInfo {
     pub mem_bytes: u64,
     /// What runs it.
     pub device: DeviceKind,
+    /// Batches its device runs at once (`--lanes`; 1 without): a backend's
+    /// slots `local / lanes` are the lanes of one device.
+    pub lanes: u32,
 }
 
 /// A model's latency profile l(b).

@@ -144,6 +144,7 @@ impl BackendOpts {
                     name,
                     mem_bytes: mem_bytes / u64::from(lanes),
                     device: self.device,
+                    lanes,
                 }
             })
             .collect()

@@ -852,6 +852,7 @@ mod tests {
                 name: "t".into(),
                 mem_bytes: 1 << 30,
                 device: crate::wire::DeviceKind::Emulated,
+                lanes: 1,
             })
             .collect()
     }

@@ -286,6 +286,7 @@ mod tests {
                 name: "g".into(),
                 mem_bytes: 1 << 30,
                 device: crate::wire::DeviceKind::Emulated,
+                lanes: 1,
             })
             .collect();
         let register = Msg::Register {

@@ -172,6 +172,32 @@ pub struct SchedReport {
     pub moves: MoveStats,
 }
 
+/// The lanes per device a backend registered: one value for all its GPUs,
+/// 1 to [`MAX_LANES`](crate::node::backend::lanes::MAX_LANES), dividing their
+/// number (each device registers all its lanes).
+fn lanes_of(gpu_infos: &[crate::wire::GpuInfo]) -> Result<u32, String> {
+    use crate::node::backend::lanes::MAX_LANES;
+    let lanes = gpu_infos.first().map_or(1, |g| g.lanes);
+    if let Some(g) = gpu_infos.iter().find(|g| g.lanes != lanes) {
+        return Err(format!(
+            "a backend's GPUs must have one lane count; got {lanes} and {}",
+            g.lanes
+        ));
+    }
+    if lanes == 0 || lanes > MAX_LANES {
+        return Err(format!(
+            "a GPU's lanes must be 1 to {MAX_LANES}, got {lanes}"
+        ));
+    }
+    if !gpu_infos.len().is_multiple_of(lanes as usize) {
+        return Err(format!(
+            "{} GPU slots are not whole devices of {lanes} lanes",
+            gpu_infos.len()
+        ));
+    }
+    Ok(lanes)
+}
+
 /// A peer's name as a refusal quotes it: at most 64 characters.
 fn short(s: &str) -> String {
     s.chars().take(64).collect()
@@ -254,6 +280,8 @@ enum Peer {
         missing: BTreeSet<ModelId>,
         /// What runs its GPUs.
         devices: DeviceCounts,
+        /// Lanes per device: its slots `i / lanes` share one.
+        lanes: u32,
     },
     Backend {
         node: NodeId,
@@ -262,6 +290,8 @@ enum Peer {
         sub: u32,
         /// What runs its GPUs.
         devices: DeviceCounts,
+        /// Lanes per device: `gpus[i / lanes]`'s lanes share one.
+        lanes: u32,
         /// Models moving into its sub-cluster that it has not confirmed yet.
         missing: BTreeSet<ModelId>,
         /// Since when it drains (its GPUs out of the core, its plans finishing),
@@ -359,8 +389,11 @@ pub struct BackendView {
     pub node: NodeId,
     /// The name it registered with.
     pub name: String,
-    /// Its GPUs' global ids.
+    /// Its GPUs' global ids, in the order of its slots.
     pub gpus: Vec<u32>,
+    /// Lanes per device (1 without lanes): `gpus[i]` is a lane of its
+    /// device `i / lanes`.
+    pub lanes: u32,
     /// Told to drain (its GPUs are out of planning).
     pub draining: bool,
     /// Its sub-cluster.
@@ -436,11 +469,13 @@ impl SchedProto {
                     gpus,
                     draining,
                     sub,
+                    lanes,
                     ..
                 } => Some(BackendView {
                     node: *node,
                     name: self.names.get(node).cloned().unwrap_or_default(),
                     gpus: gpus.iter().map(|g| g.0).collect(),
+                    lanes: *lanes,
                     draining: draining.is_some(),
                     subcluster: *sub,
                 }),
@@ -978,6 +1013,10 @@ impl SchedProto {
         if gpus == 0 {
             return self.reject(c, "a backend must register at least one GPU".into());
         }
+        let lanes = match lanes_of(gpu_infos) {
+            Ok(lanes) => lanes,
+            Err(why) => return self.reject(c, why),
+        };
         let sub = match self.pick_subcluster(gpu_infos) {
             Ok(sub) => sub,
             Err(why) => return self.reject(c, why),
@@ -1003,6 +1042,7 @@ impl SchedProto {
                 sub,
                 missing: models.iter().copied().collect(),
                 devices: DeviceCounts::of(gpu_infos),
+                lanes,
             };
         }
         // Names are the node's to choose: kept short for the views.
@@ -1206,6 +1246,7 @@ impl SchedProto {
             gpus,
             sub,
             devices,
+            lanes,
             ..
         }) = self.conns.get(&c).map(|p| p.peer.clone())
         else {
@@ -1256,6 +1297,7 @@ impl SchedProto {
                 gpus: ids,
                 sub,
                 devices,
+                lanes,
                 missing: BTreeSet::new(),
                 draining: None,
             };

@@ -367,6 +367,19 @@ fn register_devices(
     now: Time,
     gpus: &[(&str, crate::wire::DeviceKind)],
 ) -> Vec<Action> {
+    let lanes = vec![1; gpus.len()];
+    register_slots(p, c, now, gpus, &lanes)
+}
+
+/// A backend on connection `c` registers one GPU slot of each type and kind
+/// in `gpus`, slot i saying its device has `lanes[i]` lanes.
+fn register_slots(
+    p: &mut SchedProto,
+    c: ConnId,
+    now: Time,
+    gpus: &[(&str, crate::wire::DeviceKind)],
+    lanes: &[u32],
+) -> Vec<Action> {
     p.handle_accept(now, c);
     p.handle_msg(
         now,
@@ -382,6 +395,7 @@ fn register_devices(
                     name: t.to_string(),
                     mem_bytes: 1 << 30,
                     device: *device,
+                    lanes: lanes[i],
                 })
                 .collect(),
             ctrl_addr: String::new(),
@@ -493,6 +507,40 @@ fn explicit_model_control_loads_then_drains_before_it_unloads() {
         st[0].1 == Ready && st[0].2.contains("model-control-mode none"),
         "{st:?}"
     );
+}
+
+/// A backend's lanes: one count for all its slots, 1 to 64, whole devices,
+/// else it is refused with the reason; the view gives each backend's lanes.
+#[test]
+fn a_backend_registers_whole_devices_of_one_lane_count() {
+    let mut p = proto();
+    frontend(&mut p, 1);
+    let emu = |n: usize| vec![("x", crate::wire::DeviceKind::Emulated); n];
+    let refused = |acts: &[Action], c: ConnId, what: &str| {
+        acts.iter().any(|a| {
+            matches!(a, Action::Send(x, Msg::Error { message }) if *x == c && message.contains(what))
+        }) && acts.iter().any(|a| matches!(a, Action::Close(x, _) if *x == c))
+    };
+    for (c, lanes, what) in [
+        (2, vec![2, 2, 1, 1], "one lane count; got 2 and 1"),
+        (3, vec![0, 0], "lanes must be 1 to 64, got 0"),
+        (4, vec![65], "lanes must be 1 to 64, got 65"),
+        (
+            5,
+            vec![2, 2, 2],
+            "3 GPU slots are not whole devices of 2 lanes",
+        ),
+    ] {
+        let acts = register_slots(&mut p, c, Time(0), &emu(lanes.len()), &lanes);
+        assert!(refused(&acts, c, what), "{lanes:?}: {acts:?}");
+    }
+    let acts = register_slots(&mut p, 6, Time(0), &emu(4), &[2; 4]);
+    for m in loads(&acts, 6).0 {
+        loaded(&mut p, 6, Time(0), m, true);
+    }
+    let b = p.backends();
+    assert_eq!(b.len(), 1);
+    assert_eq!((b[0].gpus.len(), b[0].lanes), (4, 2));
 }
 
 /// Typed sub-clusters: a backend joins one of its GPUs' type; one of a

@@ -362,10 +362,13 @@ impl EventLoop {
                 .iter()
                 .filter(|b| !b.draining && sub.is_none_or(|s| b.subcluster == s))
                 .flat_map(|b| {
-                    b.gpus.iter().map(|&g| GpuOwner {
+                    let lanes = b.lanes.max(1);
+                    b.gpus.iter().enumerate().map(move |(i, &g)| GpuOwner {
                         gpu: g,
                         node: u64::from(b.node),
                         name: b.name.clone(),
+                        device: i as u32 / lanes,
+                        lanes,
                     })
                 })
                 .collect();

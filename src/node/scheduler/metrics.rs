@@ -388,9 +388,9 @@ pub fn advice_by_type(types: &[String], scopes: &[ScopeView]) -> Vec<TypeAdvice>
         };
         out[i].subclusters.push(s as u32);
         if let Some(v) = scopes.iter().find(|v| v.subcluster == Some(s as u32)) {
-            out[i].gpus_in_service += v.signals.gpus;
+            out[i].gpus_in_service += v.advice.gpus_in_service;
             out[i].add_gpus += v.advice.add_gpus;
-            out[i].release_gpus += v.advice.release_gpus.len() as u32;
+            out[i].release_gpus += v.advice.release_count;
         }
     }
     out
@@ -493,8 +493,11 @@ pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<Autosca
         ),
         (
             "advice_target_gpus",
-            "GPUs the advice says the load needs: in service + to add - to release (divide by GPUs per backend for a replica count, e.g. in a KEDA ScaledObject).",
-            |v| v.signals.gpus as f64 + v.advice.add_gpus as f64 - v.advice.release_gpus.len() as f64,
+            "GPUs the advice says the load needs: in service + to add - to release, in whole GPUs (lanes counted as their GPU; divide by GPUs per backend for a replica count, e.g. in a KEDA ScaledObject).",
+            |v| {
+                v.advice.gpus_in_service as f64 + v.advice.add_gpus as f64
+                    - v.advice.release_count as f64
+            },
             true,
         ),
         (
@@ -505,14 +508,14 @@ pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<Autosca
         ),
         (
             "advice_add_gpus",
-            "GPUs the autoscaling advice says to add (N·r/(1−r) when the bad rate is above its threshold).",
+            "GPUs the autoscaling advice says to add (N·r/(1−r) when the bad rate is above its threshold; whole GPUs when they have lanes).",
             |v| v.advice.add_gpus as f64,
             true,
         ),
         (
             "advice_release_gpus",
-            "GPUs the autoscaling advice says to release (N·f, the highest ids, when the idle fraction is above its threshold).",
-            |v| v.advice.release_gpus.len() as f64,
+            "GPUs the autoscaling advice says to release (N·f, the highest ids, when the idle fraction is above its threshold; whole GPUs when they have lanes).",
+            |v| v.advice.release_count as f64,
             true,
         ),
         (
@@ -523,7 +526,7 @@ pub(super) fn register_autoscale_metrics(reg: &Registry, view: Arc<Mutex<Autosca
         ),
         (
             "gpus_in_service",
-            "GPUs in service (draining ones left out).",
+            "GPU slots in service (draining ones left out): GPUs, or their lanes for backends with --lanes.",
             |v| v.signals.gpus as f64,
             false,
         ),
