@@ -1607,7 +1607,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !a.load.json {
         for (i, b) in r.cluster.backends.iter().enumerate() {
             println!(
-                "backend {i} pulls: per batch p50 {:.0} us, p99 {:.0} us | predicted p50 {:.0} us (fit {:.0} us + {:.0} us/MiB) | overran {:.2}% of {} | inputs late {}",
+                "backend {i} pulls: per batch p50 {:.0} us, p99 {:.0} us | predicted p50 {:.0} us (fit {:.0} us + {:.0} us/MiB) | overran {:.2}% of {} | inputs late {} | pulled during the batch before {} (late {})",
                 b.pull_batch_p50_us,
                 b.pull_batch_p99_us,
                 b.pull_predicted_p50_us,
@@ -1616,6 +1616,8 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
                 b.pull_overrun_share * 100.0,
                 b.pulls_predicted,
                 b.pulls_late,
+                b.pulls_overlapped,
+                b.pulls_overlapped_late,
             );
         }
     }

@@ -180,12 +180,17 @@ pub(super) fn register_pull_counters(sh: &Arc<Shared>) {
     outcome_counter(
         sh,
         "fermata_backend_pulls_total",
-        "Batches pulled, by outcome (predicted: with a budget predicted; over: took longer than predicted; late: inputs in only after the planned start).",
+        "Batches pulled, by outcome (predicted: with a budget predicted; over: took longer than predicted; late: inputs in only after the planned start; overlapped: pulled while the GPU ran the batch before; overlapped_late: of those, inputs in only after the planned start).",
         |s| {
             vec![
                 ("predicted", s.pulls.load(Ordering::Relaxed)),
                 ("over", s.pulls_over.load(Ordering::Relaxed)),
                 ("late", s.pulls_late.load(Ordering::Relaxed)),
+                ("overlapped", s.pulls_overlapped.load(Ordering::Relaxed)),
+                (
+                    "overlapped_late",
+                    s.pulls_overlapped_late.load(Ordering::Relaxed),
+                ),
             ]
         },
     );

@@ -302,8 +302,13 @@ fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
             wrx,
             discard,
         )?);
-        t.threads
-            .push(puller::spawn(&name, shared.clone(), prx, wtx.clone())?);
+        t.threads.push(puller::spawn(
+            &name,
+            slot,
+            shared.clone(),
+            prx,
+            wtx.clone(),
+        )?);
         t.pullers.push(ptx);
         t.workers.push(wtx);
     }

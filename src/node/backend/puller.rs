@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 /// Starts the puller of GPU slot `name` (`gpu{g}`, or `gpu{g}l{l}` for a lane).
 pub(super) fn spawn(
     name: &str,
+    slot: u32,
     sh: Arc<Shared>,
     rx: Receiver<Queued>,
     worker: Sender<WorkerMsg>,
@@ -23,7 +24,7 @@ pub(super) fn spawn(
         .name(format!("{name}-pull"))
         .spawn(move || {
             crate::runtime::pin::set_thread_nice(PULLER_NICE);
-            puller(sh, rx, worker)
+            puller(sh, slot, rx, worker)
         })
 }
 
@@ -33,14 +34,14 @@ pub(super) fn spawn(
 const PULLER_NICE: i32 = -10;
 
 /// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
-fn puller(sh: Arc<Shared>, rx: Receiver<Queued>, worker: Sender<WorkerMsg>) {
+fn puller(sh: Arc<Shared>, slot: u32, rx: Receiver<Queued>, worker: Sender<WorkerMsg>) {
     while let Ok((session, plan)) = rx.recv() {
         if sh.dead.load(Ordering::Acquire) {
             break;
         }
         // A void plan (its scheduler was lost) is not pulled; the worker drops it.
         let inputs = if sh.current(session) {
-            pull(&sh, &plan)
+            pull(&sh, slot, &plan)
         } else {
             Vec::new()
         };
@@ -51,8 +52,9 @@ fn puller(sh: Arc<Shared>, rx: Receiver<Queued>, worker: Sender<WorkerMsg>) {
     }
 }
 
-/// Reads `plan`'s inputs (None: could not be read, counted by reason).
-fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
+/// Reads `plan`'s inputs (None: could not be read, counted by reason), for GPU
+/// slot `slot`.
+fn pull(sh: &Shared, slot: u32, plan: &PlanMsg) -> Vec<Option<Input>> {
     let reqs = pull_requests(&plan.tasks);
     // Reads may take until the batch's latest start.
     let now = sh.clock.now();
@@ -64,11 +66,16 @@ fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
     let budget = pull_budget(plan, prof.as_ref(), now);
     let bufs = sh.take_buffers(reqs.len());
     let bytes: u64 = reqs.iter().map(|r| r.len as u64).sum();
+    // The slot's batch edges before and after the pull: odd, or moved, means
+    // the pull ran while the slot ran a batch (the one before this plan).
+    let edges = &sh.slot_edges[slot as usize];
+    let e0 = edges.load(Ordering::Acquire);
     let t0 = Instant::now();
     let got = sh
         .reader
         .read_many_into(&reqs, Duration::from_nanos(budget.0 as u64), bufs);
     let el = t0.elapsed();
+    let overlapped = e0 % 2 == 1 || edges.load(Ordering::Acquire) != e0;
     let lead = plan.exec_at - sh.clock.now();
     sh.lead_pulled.lock().expect("lock").push(lead.0);
     if !plan.tasks.is_empty() {
@@ -76,7 +83,13 @@ fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
             .lock()
             .expect("lock")
             .push(el.as_nanos() as i64 / plan.tasks.len() as i64);
-        sh.observe_pull(reqs.len(), bytes, Dur::from_std(el), lead < Dur::ZERO);
+        sh.observe_pull(
+            reqs.len(),
+            bytes,
+            Dur::from_std(el),
+            lead < Dur::ZERO,
+            overlapped,
+        );
     }
     // Each input stays in the slot it was read into (header first): no copy.
     got.into_iter()

@@ -274,7 +274,10 @@ fn on_lane<T>(sh: &Shared, slot: u32, f: impl FnOnce() -> T) -> T {
             "backend: a lane started a batch while it ran one"
         );
     }
+    let edges = &sh.slot_edges[slot as usize];
+    edges.fetch_add(1, Ordering::AcqRel);
     let out = f();
+    edges.fetch_add(1, Ordering::AcqRel);
     if began.is_ok() {
         sh.lanes.lock().expect("lock").end(slot);
     }
