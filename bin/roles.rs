@@ -1589,6 +1589,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         "d_ctrl_us": s.d_ctrl_us,
         "d_data_fixed_us": s.d_data_fixed_us,
         "d_data_us": s.d_data_us,
+        "input_copies": r.cluster.input_copies(),
         "cluster": r.cluster,
     });
     if !a.load.json {
@@ -1618,6 +1619,12 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
                 b.pulls_late,
                 b.pulls_overlapped,
                 b.pulls_overlapped_late,
+            );
+        }
+        if let Some(c) = r.cluster.input_copies() {
+            println!(
+                "input copies from the request to the executor's buffer: {:.2} per input byte (store into the region {:.2}, pull {:.2}, executor gather {:.2}; {} bytes stored)",
+                c.total, c.store, c.pull, c.gather, c.stored_bytes
             );
         }
     }

@@ -516,10 +516,11 @@ input_bytes = 602112
             b.start_delay_p50_us,
             b.start_delay_p99_us,
         );
-        // Pulled ahead: at least a quarter of the batches were pulled while
-        // the batch before ran (none would be if plans left only when their
-        // GPU was free, or if a GPU's puller waited for its worker).
-        let ahead = b.pulls_overlapped >= 20 && b.pulls_overlapped * 4 >= pulled;
+        // Pulled ahead: at least a fifth of the batches were pulled while
+        // the batch before ran (36-82% were on a loaded 2-core machine; none
+        // would be if plans left only when their GPU was free, or if a GPU's
+        // puller waited for its worker).
+        let ahead = b.pulls_overlapped >= 20 && b.pulls_overlapped * 5 >= pulled;
         // On time: those batches had their inputs by their planned start
         // (all but a few whose plans a loaded machine delivered late) and
         // started then (the median start delay, far under a batch's 10 ms).
@@ -530,6 +531,11 @@ input_bytes = 602112
             eprintln!("{why}");
             // The batches ran with their inputs: none went missing.
             assert_eq!(b.inputs_missing, 0, "{why}");
+            // Each input was copied twice on its way: into the frontend's
+            // region, and pulled into the buffer the emulated GPU reads.
+            let c = rep.input_copies().expect("inputs were stored");
+            assert_eq!(c.gather, 0.0, "{c:?}");
+            assert!(c.pull > 0.9 && c.pull <= 1.0, "{c:?}");
             return;
         }
         let starved = b.lead_arrived_p1_us < 0.0;

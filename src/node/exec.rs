@@ -71,6 +71,13 @@ pub trait Executor: Send {
     }
     /// Runs one batch; one output per input, in order.
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>>;
+    /// Whether [`run`](Executor::run) copies the inputs' bytes into a buffer of
+    /// its own (the ONNX executors' batch tensors) rather than reading them
+    /// where they lie (the emulated GPU): counted as one more copy of every
+    /// input byte a batch runs.
+    fn copies_inputs(&self) -> bool {
+        false
+    }
 }
 
 /// Makes the executor of each GPU.

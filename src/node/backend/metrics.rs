@@ -196,6 +196,22 @@ pub(super) fn register_pull_counters(sh: &Arc<Shared>) {
     );
 }
 
+/// Input bytes copied on the backend, by stage: pulled into its buffers, and
+/// gathered by an executor into a buffer of its own.
+pub(super) fn register_copy_counters(sh: &Arc<Shared>) {
+    outcome_counter(
+        sh,
+        "fermata_backend_input_copy_bytes_total",
+        "Input bytes copied on the backend, by stage (outcome=pulled: read from a frontend's region into the backend's buffers; gathered: copied again by the executor into its batch tensors). With fermata_frontend_input_bytes_stored_total, the copies of an input byte from the request to the executor's buffer.",
+        |s| {
+            vec![
+                ("pulled", s.input_bytes_pulled.load(Ordering::Relaxed)),
+                ("gathered", s.input_bytes_gathered.load(Ordering::Relaxed)),
+            ]
+        },
+    );
+}
+
 /// Concurrent lanes: each GPU's batches running now and the most it ran at
 /// once, and the times a busy lane was asked to start another batch.
 pub(super) fn register_lanes(sh: &Arc<Shared>) {

@@ -92,12 +92,17 @@ fn pull(sh: &Shared, slot: u32, plan: &PlanMsg) -> Vec<Option<Input>> {
         );
     }
     // Each input stays in the slot it was read into (header first): no copy.
-    got.into_iter()
+    let inputs: Vec<Option<Input>> = got
+        .into_iter()
         .zip(&plan.tasks)
         .map(|(r, t)| {
             classify_input(r, t.id, t.cap)
                 .map_err(|why| sh.missing_why[why as usize].fetch_add(1, Ordering::Relaxed))
                 .ok()
         })
-        .collect()
+        .collect();
+    let landed: usize = inputs.iter().flatten().map(|i| i.len).sum();
+    sh.input_bytes_pulled
+        .fetch_add(landed as u64, Ordering::Relaxed);
+    inputs
 }

@@ -55,6 +55,10 @@ pub struct BackendReport {
     /// ahead), and those of them whose inputs were in only after `exec_at`.
     pub pulls_overlapped: u64,
     pub pulls_overlapped_late: u64,
+    /// Input bytes pulled into the backend's buffers, and those an executor
+    /// then copied into a buffer of its own (its batch tensors).
+    pub input_bytes_pulled: u64,
+    pub input_bytes_gathered: u64,
     /// The estimator's fit at the end: fixed part per batch, and per MiB (us).
     pub pull_fixed_us: f64,
     pub pull_per_mib_us: f64,
@@ -115,6 +119,8 @@ impl Shared {
             pulls_late: s.pulls_late.load(Ordering::Relaxed),
             pulls_overlapped: s.pulls_overlapped.load(Ordering::Relaxed),
             pulls_overlapped_late: s.pulls_overlapped_late.load(Ordering::Relaxed),
+            input_bytes_pulled: s.input_bytes_pulled.load(Ordering::Relaxed),
+            input_bytes_gathered: s.input_bytes_gathered.load(Ordering::Relaxed),
             pull_fixed_us: fit.fixed.as_us_f64(),
             pull_per_mib_us: fit.per_mib.as_us_f64(),
             pull_buffers_allocated: s.pool_misses.load(Ordering::Relaxed),

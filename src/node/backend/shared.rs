@@ -59,6 +59,11 @@ pub(super) struct Shared {
     /// ends (odd: the slot runs a batch now). A puller reads it before and
     /// after its pull to know whether the pull overlapped a batch.
     pub(super) slot_edges: Box<[AtomicU64]>,
+    /// Input bytes copied on the backend: pulled into its buffers (payloads
+    /// read), and copied again by an executor into a buffer of its own
+    /// ([`Executor::copies_inputs`](crate::node::exec::Executor::copies_inputs)).
+    pub(super) input_bytes_pulled: AtomicU64,
+    pub(super) input_bytes_gathered: AtomicU64,
     pub(super) pull_hists: PullHistograms,
     /// One-way delay of plans (scheduler's send to our receipt, on the scheduler's
     /// clock; includes the clock offset's error).
@@ -137,6 +142,8 @@ impl Shared {
             pulls_overlapped: AtomicU64::new(0),
             pulls_overlapped_late: AtomicU64::new(0),
             slot_edges: (0..lanes.slots()).map(|_| AtomicU64::new(0)).collect(),
+            input_bytes_pulled: AtomicU64::new(0),
+            input_bytes_gathered: AtomicU64::new(0),
             pull_hists: pull_histograms(&registry, name),
             plan_delay: Mutex::new(Recent::new(1024)),
             start_delay: Mutex::new(Recent::new(2048)),

@@ -299,6 +299,11 @@ fn execute(
         .iter()
         .map(|&i| inputs[i].as_ref().expect("present").bytes())
         .collect();
+    if exec.copies_inputs() {
+        let n: usize = refs.iter().map(|r| r.len()).sum();
+        sh.input_bytes_gathered
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
     let mut first = true;
     let (out, st) = run_isolating(exec, plan.model, &refs, &mut |e| {
         if std::mem::take(&mut first) {

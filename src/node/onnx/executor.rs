@@ -88,6 +88,11 @@ impl Executor for OnnxExecutor {
             .unwrap_or_default()
     }
 
+    /// Each run gathers the requests' bytes into the model's batch tensors.
+    fn copies_inputs(&self) -> bool {
+        true
+    }
+
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         let Some(m) = self.models.get_mut(&model) else {
             bail!("model {model} is not loaded on this GPU");
