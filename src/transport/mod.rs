@@ -245,6 +245,33 @@ pub trait RegionReader: Send + Sync {
         let _ = bufs;
         self.read_many(reqs, timeout)
     }
+    /// Reads every request and hands each one's slot (or why it failed) to
+    /// `f` with its index, in order. A transport that can reads them where
+    /// they lie (in process: the frontend's region, under its lock), so the
+    /// caller copies each input once, to where it is to go, and returns true;
+    /// the default reads them into buffers first ([`Self::read_many_into`],
+    /// one more copy) and returns false. Either way the buffers come back
+    /// (`bufs`, or those read into) for reuse.
+    fn read_many_visit(
+        &self,
+        reqs: &[ReadReq],
+        timeout: Duration,
+        bufs: Vec<Vec<u8>>,
+        f: &mut dyn FnMut(usize, Result<&[u8], ReadError>),
+    ) -> (bool, Vec<Vec<u8>>) {
+        let got = self.read_many_into(reqs, timeout, bufs);
+        let mut spent = Vec::with_capacity(got.len());
+        for (i, r) in got.into_iter().enumerate() {
+            match r {
+                Ok(b) => {
+                    f(i, Ok(&b));
+                    spent.push(b);
+                }
+                Err(e) => f(i, Err(e)),
+            }
+        }
+        (false, spent)
+    }
 }
 
 /// A transport: makes control connections and exposes / reads regions.

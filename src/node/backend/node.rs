@@ -298,6 +298,7 @@ fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
             }
         };
         t.loaders.push(loader);
+        let stage = exec.stage_pool();
         t.threads.push(worker::spawn(
             &name,
             slot,
@@ -310,6 +311,7 @@ fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
             &name,
             slot,
             shared.clone(),
+            stage,
             prx,
             wtx.clone(),
         )?);

@@ -241,7 +241,13 @@ impl Shared {
 
     /// The inputs' buffers go back to the pullers (bounded in count and bytes).
     pub(super) fn recycle(&self, inputs: Vec<Option<Input>>) {
-        self.give_buffers(inputs.into_iter().flatten().map(|i| i.slot));
+        self.give_buffers(
+            inputs
+                .into_iter()
+                .flatten()
+                .map(|i| i.slot)
+                .filter(|b| b.capacity() > 0),
+        );
     }
 
     /// Buffers for the pullers to read into (kept while the pool is under
