@@ -163,7 +163,7 @@ impl RegionReader for InProcReader {
         reqs: &[ReadReq],
         _timeout: Duration,
         bufs: Vec<Vec<u8>>,
-        f: &mut dyn FnMut(usize, Result<&[u8], ReadError>),
+        f: &mut crate::transport::SlotVisitor<'_>,
     ) -> (bool, Vec<Vec<u8>>) {
         // Each slot is handed over in the region's memory, under its stripe
         // locks (see `Region::read_slot`): the caller's copy is the only one.

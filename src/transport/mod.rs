@@ -223,6 +223,10 @@ pub struct ReadReq {
     pub cap: u64,
 }
 
+/// What [`RegionReader::read_many_visit`] hands each slot (or why its read
+/// failed) to, with the request's index.
+pub type SlotVisitor<'a> = dyn FnMut(usize, Result<&[u8], ReadError>) + 'a;
+
 /// Reads slices of remote regions (a backend has one).
 pub trait RegionReader: Send + Sync {
     /// Makes `peer`'s region readable (connects lazily or at once).
@@ -257,7 +261,7 @@ pub trait RegionReader: Send + Sync {
         reqs: &[ReadReq],
         timeout: Duration,
         bufs: Vec<Vec<u8>>,
-        f: &mut dyn FnMut(usize, Result<&[u8], ReadError>),
+        f: &mut SlotVisitor<'_>,
     ) -> (bool, Vec<Vec<u8>>) {
         let got = self.read_many_into(reqs, timeout, bufs);
         let mut spent = Vec::with_capacity(got.len());
