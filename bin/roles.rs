@@ -1589,6 +1589,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         "d_ctrl_us": s.d_ctrl_us,
         "d_data_fixed_us": s.d_data_fixed_us,
         "d_data_us": s.d_data_us,
+        "input_copies": r.cluster.input_copies(),
         "cluster": r.cluster,
     });
     if !a.load.json {
@@ -1607,7 +1608,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !a.load.json {
         for (i, b) in r.cluster.backends.iter().enumerate() {
             println!(
-                "backend {i} pulls: per batch p50 {:.0} us, p99 {:.0} us | predicted p50 {:.0} us (fit {:.0} us + {:.0} us/MiB) | overran {:.2}% of {} | inputs late {}",
+                "backend {i} pulls: per batch p50 {:.0} us, p99 {:.0} us | predicted p50 {:.0} us (fit {:.0} us + {:.0} us/MiB) | overran {:.2}% of {} | inputs late {} | pulled during the batch before {} (late {})",
                 b.pull_batch_p50_us,
                 b.pull_batch_p99_us,
                 b.pull_predicted_p50_us,
@@ -1616,6 +1617,14 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
                 b.pull_overrun_share * 100.0,
                 b.pulls_predicted,
                 b.pulls_late,
+                b.pulls_overlapped,
+                b.pulls_overlapped_late,
+            );
+        }
+        if let Some(c) = r.cluster.input_copies() {
+            println!(
+                "input copies from the request to the executor's buffer: {:.2} per input byte (store into the region {:.2}, pull {:.2}, executor gather {:.2}; {} bytes stored)",
+                c.total, c.store, c.pull, c.gather, c.stored_bytes
             );
         }
     }

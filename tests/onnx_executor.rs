@@ -179,6 +179,51 @@ fn batching_does_not_change_a_request_output() {
     }
 }
 
+/// A staged batch (the requests pulled straight into the buffer the model
+/// runs from, one row each) gives every request the output it gets alone; a
+/// model whose requests are several tensors is not staged.
+#[test]
+fn a_staged_batch_gives_each_request_its_own_output() {
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(9);
+    for name in ["cnn", "mlp"] {
+        let m = meta(name);
+        let mut model = open(name);
+        let (row, rows) = model.stage_layout().expect("one input tensor: staged");
+        assert_eq!(row, m.input_bytes());
+        assert!(rows >= m.max_batch as usize);
+        let reqs: Vec<Vec<u8>> = (0..m.max_batch).map(|_| m.sample_input(&mut rng)).collect();
+        let alone: Vec<Vec<u8>> = reqs
+            .iter()
+            .map(|r| model.run(&[r]).unwrap().remove(0))
+            .collect();
+        let mut words = vec![0u64; (rows * row).div_ceil(8)];
+        // SAFETY: any u64 memory is valid as bytes.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 8)
+        };
+        for b in [1usize, 7, 33, m.max_batch as usize] {
+            for (k, r) in reqs[..b].iter().enumerate() {
+                buf[k * row..(k + 1) * row].copy_from_slice(r);
+            }
+            let outs = model.run_staged(buf, b).unwrap();
+            assert_eq!(outs.len(), b);
+            for (k, o) in outs.iter().enumerate() {
+                let (g, w) = (f32s(o), f32s(&alone[k]));
+                assert_eq!(g.len(), w.len());
+                for (&g, &w) in g.iter().zip(&w) {
+                    assert!(close(g, w, 1e-5), "{name}: row {k} of {b}: {g} vs {w}");
+                }
+            }
+        }
+        let e = format!(
+            "{:#}",
+            model.run_staged(buf, m.max_batch as usize + 1).unwrap_err()
+        );
+        assert!(e.contains("exceeds its max batch"), "{e}");
+    }
+    assert!(open("ranker").stage_layout().is_none(), "two input tensors");
+}
+
 /// Shape-stable execution on the CPU: each batch runs padded to its bucket in a
 /// session of that shape (the padding rows hold earlier requests' bytes), and
 /// every request still gets exactly the output it gets alone at its exact size.
@@ -462,6 +507,13 @@ fn serve_onnx_end_to_end() {
     }
     let backends = v["cluster"]["backends"].as_array().unwrap();
     assert_eq!(backends[0]["plans_failed"], 0, "{stdout}");
+    // Copies: the store into the frontend's region and the pull, which lands
+    // cnn's and mlp's inputs in the buffers they run from; only ranker's (two
+    // tensors, 128 of a request's bytes against cnn's 12,288) are gathered.
+    let c = &v["input_copies"];
+    let (pull, gather) = (c["pull"].as_f64().unwrap(), c["gather"].as_f64().unwrap());
+    assert!(pull > 0.9 && pull <= 1.0, "{c}");
+    assert!(gather < 0.1, "{c}");
 }
 
 /// A model file that cannot be loaded (here truncated) is final: `serve`

@@ -328,3 +328,100 @@ impl Dispatcher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{LatencyProfile, TaskId};
+
+    /// Runs `d`'s timers up to `to`; the dispatched plans, each with the moment
+    /// it left.
+    fn run_to(d: &mut Dispatcher, to: Time, out: &mut Vec<(Time, Plan)>, now: &mut Time) {
+        while let Some(t) = d.next_timeout().filter(|&t| t <= to) {
+            *now = t.max(*now);
+            d.handle_timeout(*now);
+            drain(d, *now, out);
+        }
+        *now = to;
+        d.handle_timeout(to);
+        drain(d, to, out);
+    }
+
+    fn drain(d: &mut Dispatcher, now: Time, out: &mut Vec<(Time, Plan)>) {
+        while let Some(o) = d.poll_output() {
+            match o {
+                Output::Dispatch(p) => out.push((now, p)),
+                o => panic!("unexpected {o:?}"),
+            }
+        }
+    }
+
+    /// The pull budget enters a batch's start only where the pull cannot
+    /// overlap the batch before it on its GPU: a plan for a busy GPU leaves
+    /// `d_ctrl + pull` before the GPU frees and starts when it frees (its pull
+    /// runs while the GPU runs the batch before), and a plan for a GPU that
+    /// frees sooner than the pull takes starts `max(0, pull - overlap)` after
+    /// the GPU frees.
+    #[test]
+    fn the_pull_budget_delays_a_start_only_by_what_cannot_overlap_the_batch_before() {
+        // l(b) = 1 ms * b + 5 ms; SLO 100 ms; eager (every batch at its
+        // earliest start).
+        let spec = ModelSpec {
+            name: "m".into(),
+            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
+            slo: Dur::from_ms(100),
+        };
+        let mut cfg = DispatcherConfig::new(Policy::Eager, 1);
+        cfg.net = NetBudget {
+            ctrl: Dur::from_us(100),
+            data_fixed: Dur::from_ms(1),
+            data_per_req: Dur::from_us(500),
+            resp: Dur::from_us(100),
+            slack: Dur::ZERO,
+        };
+        let net = cfg.net;
+        let mut d = Dispatcher::new(cfg, vec![spec]);
+        let (mut out, mut now, mut id) = (Vec::new(), Time(1_000_000_000), 0u64);
+        let mut req = |d: &mut Dispatcher, now: Time, out: &mut Vec<(Time, Plan)>| {
+            id += 1;
+            let t = Task {
+                id: TaskId(id),
+                arrival: now,
+                deadline: now + Dur::from_ms(100),
+                tag: 0,
+                cap: 0,
+            };
+            d.handle_request(now, ModelId(0), t);
+            drain(d, now, out);
+        };
+        // An idle GPU: nothing to overlap, the whole pull comes before the start.
+        let t0 = now;
+        req(&mut d, now, &mut out);
+        assert_eq!(out.len(), 1);
+        let (sent_a, a) = out[0].clone();
+        assert_eq!(sent_a, t0);
+        assert_eq!(a.exec_at, t0 + net.delay(1));
+        // Four requests while A runs: their plan waits for the GPU and leaves
+        // d_ctrl + pull(4) before A ends, so their pull runs during A and the
+        // batch starts the moment A ends.
+        run_to(&mut d, t0 + Dur::from_ms(2), &mut out, &mut now);
+        for _ in 0..4 {
+            req(&mut d, now, &mut out);
+        }
+        run_to(&mut d, a.finish_at + Dur::from_ms(1), &mut out, &mut now);
+        assert_eq!(out.len(), 2, "{out:?}");
+        let (sent_b, b) = out[1].clone();
+        assert_eq!(b.tasks.len(), 4);
+        assert_eq!(b.exec_at, a.finish_at, "B starts when A ends");
+        assert_eq!(sent_b, a.finish_at - net.delay(4), "B's pull overlaps A");
+        assert!(sent_b > a.exec_at, "B's pull runs while A runs");
+        // One request 1 ms before B ends: 1 ms of its 1.6 ms pull overlaps B,
+        // the other 0.6 ms delays its start past B's end.
+        run_to(&mut d, b.finish_at - Dur::from_ms(1), &mut out, &mut now);
+        req(&mut d, now, &mut out);
+        assert_eq!(out.len(), 3, "{out:?}");
+        let (sent_c, c) = out[2].clone();
+        assert_eq!(sent_c, b.finish_at - Dur::from_ms(1));
+        assert_eq!(c.exec_at, b.finish_at + (net.delay(1) - Dur::from_ms(1)));
+    }
+}

@@ -8,6 +8,7 @@
 
 pub mod fault;
 pub mod isolate;
+pub mod stage;
 
 use crate::core::{Dur, LatencyProfile, ModelId};
 use crate::wire::{ModelInfo, WireProfile};
@@ -71,6 +72,32 @@ pub trait Executor: Send {
     }
     /// Runs one batch; one output per input, in order.
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>>;
+    /// Whether [`run`](Executor::run) copies the inputs' bytes into a buffer of
+    /// its own (the ONNX executors' batch tensors) rather than reading them
+    /// where they lie (the emulated GPU): counted as one more copy of every
+    /// input byte a batch runs.
+    fn copies_inputs(&self) -> bool {
+        false
+    }
+    /// The buffers this executor lends to its GPU's puller, so that staged
+    /// models' inputs are pulled straight into the buffer a batch runs from
+    /// ([`stage`]; None: no model is staged, inputs go to [`run`](Executor::run)).
+    fn stage_pool(&self) -> Option<std::sync::Arc<stage::StagePool>> {
+        None
+    }
+    /// Runs the first `n` rows of `staged` (a buffer of its [`stage_pool`]
+    /// the puller filled) as one batch; one output per row, in order.
+    ///
+    /// [`stage_pool`]: Executor::stage_pool
+    fn run_staged(
+        &mut self,
+        model: ModelId,
+        staged: &mut stage::Staged,
+        n: usize,
+    ) -> anyhow::Result<Vec<Vec<u8>>> {
+        let _ = (staged, n);
+        anyhow::bail!("the {} executor stages no model ({model})", self.name())
+    }
 }
 
 /// Makes the executor of each GPU.

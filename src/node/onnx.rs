@@ -19,12 +19,19 @@
 //! # Batches and bytes
 //! A request is one sample; its bytes are each input tensor's raw little-endian
 //! sample bytes concatenated in the order of the metadata's `inputs`
-//! ([`crate::repo`]). The pulled inputs of a batch sit in separate buffers (one
-//! region slot each), while ONNX Runtime wants one contiguous `[b, ...]` tensor per
-//! input, so [`OnnxModel::run`] does exactly **one gather copy** of each request's
+//! ([`crate::repo`]). ONNX Runtime wants one contiguous `[b, ...]` tensor per
+//! input. A model whose request is one input tensor is *staged* on the CPU
+//! ([`OnnxModel::stage_layout`], [`crate::node::exec::stage`]): the backend's
+//! puller copies each request straight into its row of a buffer the executor
+//! lends, and [`OnnxModel::run_staged`] hands that buffer to ONNX Runtime as
+//! the batch's tensor, with no further copy. Otherwise (several input tensors,
+//! or the `cuda` executor, whose tensors are its pinned buffers) the pulled
+//! inputs sit in separate buffers (one region slot each), and
+//! [`OnnxModel::run`] does exactly **one gather copy** of each request's
 //! bytes, into a buffer per input tensor that is allocated once at load (for
-//! `max_batch` samples) and reused. The tensor handed to ONNX Runtime is a view of
-//! that buffer (`CreateTensorWithDataAsOrtValue`), not a further copy. Outputs are
+//! `max_batch` samples) and reused. Either way the tensor handed to ONNX
+//! Runtime is a view of that buffer (`CreateTensorWithDataAsOrtValue`), not a
+//! further copy. Outputs are
 //! allocated by ONNX Runtime; each request's slice of each output is copied once
 //! into that request's output bytes (the executor interface returns one `Vec<u8>`
 //! per request).
@@ -1100,6 +1107,76 @@ impl OnnxModel {
             );
         }
         Ok(())
+    }
+
+    /// How a batch of this model can be staged ([`crate::node::exec::stage`]):
+    /// the bytes of a request and the rows a buffer needs (the largest shape
+    /// it runs at), when a request is exactly one input tensor's sample
+    /// (None: it is several tensors, or strings, and runs through the gather).
+    pub fn stage_layout(&self) -> Option<(usize, usize)> {
+        let [p] = &self.inputs[..] else {
+            return None;
+        };
+        let rows = self
+            .buckets
+            .last()
+            .map_or(self.meta.max_batch as usize, |&b| b as usize)
+            .max(self.meta.max_batch as usize);
+        (p.dtype != DType::Bytes && p.offset == 0 && p.sample_bytes == self.meta.input_bytes())
+            .then_some((p.sample_bytes, rows))
+    }
+
+    /// Runs the first `n` rows of `buf` (a staged buffer: one request per row,
+    /// [`Self::stage_layout`]'s rows) as one batch: the buffer itself is the
+    /// input tensor, the pulled bytes are not copied again.
+    pub fn run_staged(&mut self, buf: &mut [u8], n: usize) -> Result<Vec<Vec<u8>>> {
+        let name = &self.meta.name;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if n > self.meta.max_batch as usize {
+            bail!(
+                "model `{name}`: batch of {n} exceeds its max batch {}",
+                self.meta.max_batch
+            );
+        }
+        let Some((row, rows)) = self.stage_layout() else {
+            bail!("model `{name}`: its requests are not one input tensor; it is not staged");
+        };
+        let (shape, si) = self.bucket_index(n);
+        if buf.len() < rows * row || shape > rows || buf.as_ptr().align_offset(8) != 0 {
+            bail!("model `{name}`: the staged buffer is not one of this model's");
+        }
+        let p = &self.inputs[0];
+        let mut dims = Vec::with_capacity(1 + p.sample_shape.len());
+        dims.push(shape as i64);
+        dims.extend_from_slice(&p.sample_shape);
+        // SAFETY: `buf` holds rows * row >= shape * sample_bytes bytes, 8-byte
+        // aligned, borrowed mutably for this call; the view is dropped before
+        // it returns.
+        let view = unsafe { tensor_view(&self.mem, p.dtype, buf.as_mut_ptr(), Shape::new(dims)) }
+            .map_err(|e| anyhow!("model `{name}`: input `{}`: {e}", p.name))?;
+        let values = [SessionInputValue::from(&*view)];
+        #[cfg(feature = "cuda")]
+        if let Some(t) = &mut self.timer {
+            t.start()?;
+        }
+        let outs = self.sessions[si]
+            .run(&values[..])
+            .map_err(|e| anyhow!("model `{name}`: ONNX Runtime run failed: {e}"))?;
+        #[cfg(feature = "cuda")]
+        if let Some(t) = &mut self.timer {
+            t.stop()?;
+        }
+        let per_request = self.meta.output_bytes();
+        let mut res: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(per_request)).collect();
+        for o in &self.outputs {
+            o.split(name, &outs, shape, &mut res)?;
+        }
+        drop(outs);
+        drop(values);
+        drop(view);
+        Ok(res)
     }
 
     /// The shape a batch of `n` runs at and the index of the session that runs it.

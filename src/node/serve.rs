@@ -90,6 +90,42 @@ pub struct ClusterReport {
     pub frontends: Vec<FrontendReport>,
 }
 
+/// Copies of the input bytes on their way from the requests to the
+/// executors' buffers, per input byte the frontends admitted, by stage.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct InputCopies {
+    /// Input bytes the frontends copied into their regions.
+    pub stored_bytes: u64,
+    /// Per admitted input byte: the store into the region, the pull into the
+    /// backend's buffers, the executor's copy into its batch tensors, and
+    /// their sum. (Copies inside the kernel's socket calls, over TCP, are not
+    /// counted.)
+    pub store: f64,
+    pub pull: f64,
+    pub gather: f64,
+    pub total: f64,
+}
+
+impl ClusterReport {
+    /// The copies per input byte (None before any input was stored).
+    pub fn input_copies(&self) -> Option<InputCopies> {
+        let stored: u64 = self.frontends.iter().map(|f| f.input_bytes_stored).sum();
+        if stored == 0 {
+            return None;
+        }
+        let pulled: u64 = self.backends.iter().map(|b| b.input_bytes_pulled).sum();
+        let gathered: u64 = self.backends.iter().map(|b| b.input_bytes_gathered).sum();
+        let per = |b: u64| b as f64 / stored as f64;
+        Some(InputCopies {
+            stored_bytes: stored,
+            store: 1.0,
+            pull: per(pulled),
+            gather: per(gathered),
+            total: per(stored + pulled + gathered),
+        })
+    }
+}
+
 impl Cluster {
     pub fn start(transport: Arc<dyn Transport>, w: &Workload, o: &ClusterOpts) -> Result<Cluster> {
         if o.backends == 0 || o.backends > w.gpus {

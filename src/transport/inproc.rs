@@ -158,14 +158,45 @@ impl RegionReader for InProcReader {
     fn read_many(&self, reqs: &[ReadReq], timeout: Duration) -> Vec<Result<Vec<u8>, ReadError>> {
         self.read_many_into(reqs, timeout, Vec::new())
     }
+    fn read_many_visit(
+        &self,
+        reqs: &[ReadReq],
+        _timeout: Duration,
+        bufs: Vec<Vec<u8>>,
+        f: &mut crate::transport::SlotVisitor<'_>,
+    ) -> (bool, Vec<Vec<u8>>) {
+        // Each slot is handed over in the region's memory, under its stripe
+        // locks (see `Region::read_slot`): the caller's copy is the only one.
+        for (i, (r, t)) in reqs.iter().zip(self.targets(reqs)).enumerate() {
+            let read = t.and_then(|reg| reg.read_slot(r.offset, r.len, r.cap, |b| f(i, Ok(b))));
+            if let Err(e) = read {
+                f(i, Err(e));
+            }
+        }
+        (true, bufs)
+    }
     fn read_many_into(
         &self,
         reqs: &[ReadReq],
         _timeout: Duration,
         bufs: Vec<Vec<u8>>,
     ) -> Vec<Result<Vec<u8>, ReadError>> {
-        // Resolve every request's region under the lock, copy outside it.
-        let targets: Vec<Result<Arc<Region>, ReadError>> = {
+        let targets = self.targets(reqs);
+        let total: u64 = reqs.iter().map(|r| r.len as u64).sum();
+        copy_all(
+            reqs,
+            &targets,
+            bufs,
+            parallel_copies(reqs.len(), total, cores()),
+        )
+    }
+}
+
+impl InProcReader {
+    /// Every request's region, resolved under the lock (the copies are made
+    /// outside it).
+    fn targets(&self, reqs: &[ReadReq]) -> Vec<Result<Arc<Region>, ReadError>> {
+        {
             let peers = self.peers.lock().expect("lock");
             reqs.iter()
                 .map(|r| match peers.get(&r.peer) {
@@ -179,14 +210,7 @@ impl RegionReader for InProcReader {
                     Some((reg, _)) => Ok(reg.clone()),
                 })
                 .collect()
-        };
-        let total: u64 = reqs.iter().map(|r| r.len as u64).sum();
-        copy_all(
-            reqs,
-            &targets,
-            bufs,
-            parallel_copies(reqs.len(), total, cores()),
-        )
+        }
     }
 }
 

@@ -223,6 +223,10 @@ pub struct ReadReq {
     pub cap: u64,
 }
 
+/// What [`RegionReader::read_many_visit`] hands each slot (or why its read
+/// failed) to, with the request's index.
+pub type SlotVisitor<'a> = dyn FnMut(usize, Result<&[u8], ReadError>) + 'a;
+
 /// Reads slices of remote regions (a backend has one).
 pub trait RegionReader: Send + Sync {
     /// Makes `peer`'s region readable (connects lazily or at once).
@@ -244,6 +248,33 @@ pub trait RegionReader: Send + Sync {
     ) -> Vec<Result<Vec<u8>, ReadError>> {
         let _ = bufs;
         self.read_many(reqs, timeout)
+    }
+    /// Reads every request and hands each one's slot (or why it failed) to
+    /// `f` with its index, in order. A transport that can reads them where
+    /// they lie (in process: the frontend's region, under its lock), so the
+    /// caller copies each input once, to where it is to go, and returns true;
+    /// the default reads them into buffers first ([`Self::read_many_into`],
+    /// one more copy) and returns false. Either way the buffers come back
+    /// (`bufs`, or those read into) for reuse.
+    fn read_many_visit(
+        &self,
+        reqs: &[ReadReq],
+        timeout: Duration,
+        bufs: Vec<Vec<u8>>,
+        f: &mut SlotVisitor<'_>,
+    ) -> (bool, Vec<Vec<u8>>) {
+        let got = self.read_many_into(reqs, timeout, bufs);
+        let mut spent = Vec::with_capacity(got.len());
+        for (i, r) in got.into_iter().enumerate() {
+            match r {
+                Ok(b) => {
+                    f(i, Ok(&b));
+                    spent.push(b);
+                }
+                Err(e) => f(i, Err(e)),
+            }
+        }
+        (false, spent)
     }
 }
 

@@ -187,6 +187,8 @@ pub struct Region {
     /// pages ahead of it ([`Warm`]).
     high: Arc<AtomicU64>,
     warm: Option<Warm>,
+    /// Input bytes copied into slots by [`Region::put`] (payloads only).
+    stored: AtomicU64,
 }
 
 // SAFETY: the memory behind `base` is only read or written under the stripe
@@ -231,7 +233,14 @@ impl Region {
             free: Mutex::new(FreeList { ranges, used: 0 }),
             high,
             warm,
+            stored: AtomicU64::new(0),
         })
+    }
+
+    /// Input bytes copied into the region's slots so far (payloads, not
+    /// headers): the frontend's copy of each request's input.
+    pub fn bytes_stored(&self) -> u64 {
+        self.stored.load(Ordering::Relaxed)
     }
 
     /// Bytes of the region whose pages are mapped ahead of use so far (0
@@ -277,6 +286,7 @@ impl Region {
             mem[..SLOT_HEADER].copy_from_slice(&hdr);
             mem[SLOT_HEADER..].copy_from_slice(input);
         });
+        self.stored.fetch_add(input.len() as u64, Ordering::Relaxed);
         Some(InputRef {
             offset,
             len: slot_len as u32,

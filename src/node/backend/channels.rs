@@ -2,6 +2,7 @@
 //! deep they are, and [`send_counted`], which waits on a full one and counts the
 //! wait.
 
+use crate::node::exec::stage::Staged;
 use crate::node::exec::Prepared;
 use crate::node::proto::backend::{Input, PlanMsg};
 use crate::wire::{ModelId, ModelInfo};
@@ -36,7 +37,10 @@ pub(super) enum WorkerMsg {
     /// Answer that the model is loaded once the worker is free (a rejoin).
     Confirm(ModelId, LoadSeq, Sender<Loaded>),
     Unload(ModelId),
-    Run(Session, PlanMsg, Vec<Option<Input>>),
+    /// A pulled plan: its inputs (None: could not be read), and the staged
+    /// buffer they were pulled into, if any (their `Input`s then hold only
+    /// their lengths: the bytes are the buffer's rows, one per task).
+    Run(Session, PlanMsg, Vec<Option<Input>>, Option<Staged>),
 }
 
 /// Numbers the backend's loads: a result that is not of a model's latest
@@ -53,8 +57,9 @@ pub(super) type Session = u64;
 /// A plan of `Session` for a puller.
 pub(super) type Queued = (Session, PlanMsg);
 
-/// A plan with its inputs pulled (None: could not be read).
-pub(super) type Pulled = (Session, PlanMsg, Vec<Option<Input>>);
+/// A plan with its inputs pulled (None: could not be read), as in
+/// [`WorkerMsg::Run`].
+pub(super) type Pulled = (Session, PlanMsg, Vec<Option<Input>>, Option<Staged>);
 
 /// A GPU's load result: (model, which load, its device footprint or the error).
 pub(super) type Loaded = (ModelId, LoadSeq, Result<Option<u64>, String>);

@@ -180,12 +180,33 @@ pub(super) fn register_pull_counters(sh: &Arc<Shared>) {
     outcome_counter(
         sh,
         "fermata_backend_pulls_total",
-        "Batches pulled, by outcome (predicted: with a budget predicted; over: took longer than predicted; late: inputs in only after the planned start).",
+        "Batches pulled, by outcome (predicted: with a budget predicted; over: took longer than predicted; late: inputs in only after the planned start; overlapped: pulled while the GPU ran the batch before; overlapped_late: of those, inputs in only after the planned start).",
         |s| {
             vec![
                 ("predicted", s.pulls.load(Ordering::Relaxed)),
                 ("over", s.pulls_over.load(Ordering::Relaxed)),
                 ("late", s.pulls_late.load(Ordering::Relaxed)),
+                ("overlapped", s.pulls_overlapped.load(Ordering::Relaxed)),
+                (
+                    "overlapped_late",
+                    s.pulls_overlapped_late.load(Ordering::Relaxed),
+                ),
+            ]
+        },
+    );
+}
+
+/// Input bytes copied on the backend, by stage: pulled into its buffers, and
+/// gathered by an executor into a buffer of its own.
+pub(super) fn register_copy_counters(sh: &Arc<Shared>) {
+    outcome_counter(
+        sh,
+        "fermata_backend_input_copy_bytes_total",
+        "Input bytes copied on the backend, by stage (outcome=pulled: read from a frontend's region into the backend's buffers; gathered: copied again by the executor into its batch tensors). With fermata_frontend_input_bytes_stored_total, the copies of an input byte from the request to the executor's buffer.",
+        |s| {
+            vec![
+                ("pulled", s.input_bytes_pulled.load(Ordering::Relaxed)),
+                ("gathered", s.input_bytes_gathered.load(Ordering::Relaxed)),
             ]
         },
     );

@@ -4,7 +4,10 @@
 
 use super::channels::Queued;
 use super::channels::{LoadJob, WorkerMsg, DISCARDS_MAX, LOADER_MAX, PLANS_MAX, WORKER_MAX};
-use super::metrics::{register_counters, register_lanes, register_pull_counters, register_waits};
+use super::metrics::{
+    register_copy_counters, register_counters, register_lanes, register_pull_counters,
+    register_waits,
+};
 use super::net::NetLoop;
 use super::options::BackendOpts;
 use super::report::BackendReport;
@@ -66,6 +69,7 @@ impl BackendNode {
         register_lanes(&shared);
         register_waits(&shared);
         register_pull_counters(&shared);
+        register_copy_counters(&shared);
         let gpus = spawn_gpus(&opts, &shared)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready) = bounded(1);
@@ -294,6 +298,7 @@ fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
             }
         };
         t.loaders.push(loader);
+        let stage = exec.stage_pool();
         t.threads.push(worker::spawn(
             &name,
             slot,
@@ -302,8 +307,14 @@ fn spawn_gpus(opts: &BackendOpts, shared: &Arc<Shared>) -> Result<GpuThreads> {
             wrx,
             discard,
         )?);
-        t.threads
-            .push(puller::spawn(&name, shared.clone(), prx, wtx.clone())?);
+        t.threads.push(puller::spawn(
+            &name,
+            slot,
+            shared.clone(),
+            stage,
+            prx,
+            wtx.clone(),
+        )?);
         t.pullers.push(ptx);
         t.workers.push(wtx);
     }

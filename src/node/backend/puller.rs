@@ -1,21 +1,29 @@
 //! A GPU slot's puller (thread `gpu{g}-pull`, or `gpu{g}l{l}-pull` for a lane): reads each plan's inputs one-sided
 //! from the frontends' regions as soon as the plan arrives, so the pull overlaps
-//! the previous batch, then hands the plan to the GPU's worker.
+//! the previous batch, then hands the plan to the GPU's worker. A model its
+//! executor stages ([`crate::node::exec::stage`]) is pulled straight into the
+//! buffer the batch runs from, one row per task.
 
 use super::channels::{send_counted, Queued, WorkerMsg};
 use super::shared::Shared;
 use crate::core::Dur;
-use crate::node::proto::backend::{classify_input, pull_budget, pull_requests, Input, PlanMsg};
+use crate::node::exec::stage::{StagePool, Staged};
+use crate::node::proto::backend::{
+    classify_input, classify_slot, pull_budget, pull_requests, Input, Missing, PlanMsg,
+};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Starts the puller of GPU slot `name` (`gpu{g}`, or `gpu{g}l{l}` for a lane).
+/// Starts the puller of GPU slot `name` (`gpu{g}`, or `gpu{g}l{l}` for a lane),
+/// with its executor's staging buffers (`stage`), if it lends any.
 pub(super) fn spawn(
     name: &str,
+    slot: u32,
     sh: Arc<Shared>,
+    stage: Option<Arc<StagePool>>,
     rx: Receiver<Queued>,
     worker: Sender<WorkerMsg>,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -23,7 +31,7 @@ pub(super) fn spawn(
         .name(format!("{name}-pull"))
         .spawn(move || {
             crate::runtime::pin::set_thread_nice(PULLER_NICE);
-            puller(sh, rx, worker)
+            puller(sh, slot, stage, rx, worker)
         })
 }
 
@@ -33,26 +41,39 @@ pub(super) fn spawn(
 const PULLER_NICE: i32 = -10;
 
 /// Pulls each plan's inputs as soon as it arrives, then hands it to the worker.
-fn puller(sh: Arc<Shared>, rx: Receiver<Queued>, worker: Sender<WorkerMsg>) {
+fn puller(
+    sh: Arc<Shared>,
+    slot: u32,
+    stage: Option<Arc<StagePool>>,
+    rx: Receiver<Queued>,
+    worker: Sender<WorkerMsg>,
+) {
     while let Ok((session, plan)) = rx.recv() {
         if sh.dead.load(Ordering::Acquire) {
             break;
         }
         // A void plan (its scheduler was lost) is not pulled; the worker drops it.
-        let inputs = if sh.current(session) {
-            pull(&sh, &plan)
+        let (inputs, staged) = if sh.current(session) {
+            pull(&sh, slot, stage.as_ref(), &plan)
         } else {
-            Vec::new()
+            (Vec::new(), None)
         };
-        let run = WorkerMsg::Run(session, plan, inputs);
+        let run = WorkerMsg::Run(session, plan, inputs, staged);
         if !send_counted(&worker, run, &sh.channel_waits) {
             break;
         }
     }
 }
 
-/// Reads `plan`'s inputs (None: could not be read, counted by reason).
-fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
+/// Reads `plan`'s inputs (None: could not be read, counted by reason), for GPU
+/// slot `slot`: into a staged buffer of `stage` when its executor stages the
+/// plan's model, else each into a buffer of the pool.
+fn pull(
+    sh: &Shared,
+    slot: u32,
+    stage: Option<&Arc<StagePool>>,
+    plan: &PlanMsg,
+) -> (Vec<Option<Input>>, Option<Staged>) {
     let reqs = pull_requests(&plan.tasks);
     // Reads may take until the batch's latest start.
     let now = sh.clock.now();
@@ -62,13 +83,59 @@ fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
         .push((plan.exec_at - now).0);
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
     let budget = pull_budget(plan, prof.as_ref(), now);
+    let timeout = Duration::from_nanos(budget.0 as u64);
+    let mut staged = stage.and_then(|p| p.take(plan.model, reqs.len()));
     let bufs = sh.take_buffers(reqs.len());
     let bytes: u64 = reqs.iter().map(|r| r.len as u64).sum();
+    // The slot's batch edges before and after the pull: odd, or moved, means
+    // the pull ran while the slot ran a batch (the one before this plan).
+    let edges = &sh.slot_edges[slot as usize];
+    let e0 = edges.load(Ordering::Acquire);
     let t0 = Instant::now();
-    let got = sh
-        .reader
-        .read_many_into(&reqs, Duration::from_nanos(budget.0 as u64), bufs);
+    let got: Vec<Result<Input, Missing>> = match staged.as_mut() {
+        None => sh
+            .reader
+            .read_many_into(&reqs, timeout, bufs)
+            .into_iter()
+            .zip(&plan.tasks)
+            // Each input stays in the slot it was read into (header first).
+            .map(|(r, t)| classify_input(r, t.id, t.cap))
+            .collect(),
+        Some(st) => {
+            // Each payload is copied from where the read left it into its
+            // task's row: in process, straight out of the frontend's region.
+            let row = st.row_bytes();
+            let mut got: Vec<Result<Input, Missing>> =
+                (0..reqs.len()).map(|_| Err(Missing::Error)).collect();
+            let (in_place, back) = sh
+                .reader
+                .read_many_visit(&reqs, timeout, bufs, &mut |i, r| {
+                    let t = &plan.tasks[i];
+                    got[i] = classify_slot(r, t.id, t.cap).and_then(|p| {
+                        // An input of another size than the model's cannot be a
+                        // row of its tensor.
+                        if p.len() != row {
+                            return Err(Missing::Error);
+                        }
+                        st.row_mut(i).copy_from_slice(p);
+                        Ok(Input {
+                            slot: Vec::new(),
+                            len: p.len(),
+                        })
+                    });
+                });
+            sh.give_buffers(back);
+            if !in_place {
+                // Read into a buffer first, then copied into the row.
+                let n: usize = got.iter().flatten().map(|i| i.len).sum();
+                sh.input_bytes_gathered
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+            got
+        }
+    };
     let el = t0.elapsed();
+    let overlapped = e0 % 2 == 1 || edges.load(Ordering::Acquire) != e0;
     let lead = plan.exec_at - sh.clock.now();
     sh.lead_pulled.lock().expect("lock").push(lead.0);
     if !plan.tasks.is_empty() {
@@ -76,15 +143,23 @@ fn pull(sh: &Shared, plan: &PlanMsg) -> Vec<Option<Input>> {
             .lock()
             .expect("lock")
             .push(el.as_nanos() as i64 / plan.tasks.len() as i64);
-        sh.observe_pull(reqs.len(), bytes, Dur::from_std(el), lead < Dur::ZERO);
+        sh.observe_pull(
+            reqs.len(),
+            bytes,
+            Dur::from_std(el),
+            lead < Dur::ZERO,
+            overlapped,
+        );
     }
-    // Each input stays in the slot it was read into (header first): no copy.
-    got.into_iter()
-        .zip(&plan.tasks)
-        .map(|(r, t)| {
-            classify_input(r, t.id, t.cap)
-                .map_err(|why| sh.missing_why[why as usize].fetch_add(1, Ordering::Relaxed))
+    let inputs: Vec<Option<Input>> = got
+        .into_iter()
+        .map(|r| {
+            r.map_err(|why| sh.missing_why[why as usize].fetch_add(1, Ordering::Relaxed))
                 .ok()
         })
-        .collect()
+        .collect();
+    let landed: usize = inputs.iter().flatten().map(|i| i.len).sum();
+    sh.input_bytes_pulled
+        .fetch_add(landed as u64, Ordering::Relaxed);
+    (inputs, staged)
 }

@@ -51,6 +51,14 @@ pub struct BackendReport {
     pub pulls_predicted: u64,
     pub pull_overrun_share: f64,
     pub pulls_late: u64,
+    /// Batches pulled while their GPU slot ran the batch before (pulled
+    /// ahead), and those of them whose inputs were in only after `exec_at`.
+    pub pulls_overlapped: u64,
+    pub pulls_overlapped_late: u64,
+    /// Input bytes pulled into the backend's buffers, and those an executor
+    /// then copied into a buffer of its own (its batch tensors).
+    pub input_bytes_pulled: u64,
+    pub input_bytes_gathered: u64,
     /// The estimator's fit at the end: fixed part per batch, and per MiB (us).
     pub pull_fixed_us: f64,
     pub pull_per_mib_us: f64,
@@ -109,6 +117,10 @@ impl Shared {
             pull_overrun_share: s.pulls_over.load(Ordering::Relaxed) as f64
                 / s.pulls.load(Ordering::Relaxed).max(1) as f64,
             pulls_late: s.pulls_late.load(Ordering::Relaxed),
+            pulls_overlapped: s.pulls_overlapped.load(Ordering::Relaxed),
+            pulls_overlapped_late: s.pulls_overlapped_late.load(Ordering::Relaxed),
+            input_bytes_pulled: s.input_bytes_pulled.load(Ordering::Relaxed),
+            input_bytes_gathered: s.input_bytes_gathered.load(Ordering::Relaxed),
             pull_fixed_us: fit.fixed.as_us_f64(),
             pull_per_mib_us: fit.per_mib.as_us_f64(),
             pull_buffers_allocated: s.pool_misses.load(Ordering::Relaxed),

@@ -50,6 +50,20 @@ pub(super) struct Shared {
     pub(super) pulls: AtomicU64,
     pub(super) pulls_over: AtomicU64,
     pub(super) pulls_late: AtomicU64,
+    /// Batches whose pull ran while their GPU slot ran the batch before (the
+    /// pull ahead of the batch), and those of them whose inputs were in only
+    /// after `exec_at`.
+    pub(super) pulls_overlapped: AtomicU64,
+    pub(super) pulls_overlapped_late: AtomicU64,
+    /// Each GPU slot's batch edges: one more when a batch begins and when it
+    /// ends (odd: the slot runs a batch now). A puller reads it before and
+    /// after its pull to know whether the pull overlapped a batch.
+    pub(super) slot_edges: Box<[AtomicU64]>,
+    /// Input bytes copied on the backend: pulled into its buffers (payloads
+    /// read), and copied again by an executor into a buffer of its own
+    /// ([`Executor::copies_inputs`](crate::node::exec::Executor::copies_inputs)).
+    pub(super) input_bytes_pulled: AtomicU64,
+    pub(super) input_bytes_gathered: AtomicU64,
     pub(super) pull_hists: PullHistograms,
     /// One-way delay of plans (scheduler's send to our receipt, on the scheduler's
     /// clock; includes the clock offset's error).
@@ -125,6 +139,11 @@ impl Shared {
             pulls: AtomicU64::new(0),
             pulls_over: AtomicU64::new(0),
             pulls_late: AtomicU64::new(0),
+            pulls_overlapped: AtomicU64::new(0),
+            pulls_overlapped_late: AtomicU64::new(0),
+            slot_edges: (0..lanes.slots()).map(|_| AtomicU64::new(0)).collect(),
+            input_bytes_pulled: AtomicU64::new(0),
+            input_bytes_gathered: AtomicU64::new(0),
             pull_hists: pull_histograms(&registry, name),
             plan_delay: Mutex::new(Recent::new(1024)),
             start_delay: Mutex::new(Recent::new(2048)),
@@ -168,9 +187,17 @@ impl Shared {
     }
 
     /// A batch of `n` inputs, `bytes` in all, took `took` to pull; `late`: its
-    /// inputs were in only after its `exec_at`. Feeds the estimator, the
-    /// histograms and the overrun counts.
-    pub(super) fn observe_pull(&self, n: usize, bytes: u64, took: Dur, late: bool) {
+    /// inputs were in only after its `exec_at`; `overlapped`: its GPU slot ran
+    /// the batch before while it was pulled. Feeds the estimator, the
+    /// histograms and the overrun and overlap counts.
+    pub(super) fn observe_pull(
+        &self,
+        n: usize,
+        bytes: u64,
+        took: Dur,
+        late: bool,
+        overlapped: bool,
+    ) {
         let (predicted, over) = {
             let mut e = self.pull_est.lock().expect("lock");
             let p = e.budget(bytes);
@@ -179,6 +206,11 @@ impl Shared {
         self.pull_batch.lock().expect("lock").push(took.0);
         self.pull_hists.observe(n, took, predicted);
         self.pulls_late.fetch_add(late as u64, Ordering::Relaxed);
+        if overlapped {
+            self.pulls_overlapped.fetch_add(1, Ordering::Relaxed);
+            self.pulls_overlapped_late
+                .fetch_add(late as u64, Ordering::Relaxed);
+        }
         if let Some(p) = predicted {
             self.pull_predicted.lock().expect("lock").push(p.0);
             self.pulls.fetch_add(1, Ordering::Relaxed);
@@ -209,7 +241,13 @@ impl Shared {
 
     /// The inputs' buffers go back to the pullers (bounded in count and bytes).
     pub(super) fn recycle(&self, inputs: Vec<Option<Input>>) {
-        self.give_buffers(inputs.into_iter().flatten().map(|i| i.slot));
+        self.give_buffers(
+            inputs
+                .into_iter()
+                .flatten()
+                .map(|i| i.slot)
+                .filter(|b| b.capacity() > 0),
+        );
     }
 
     /// Buffers for the pullers to read into (kept while the pool is under

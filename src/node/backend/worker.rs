@@ -11,6 +11,7 @@
 use super::channels::{send_counted, LoadJob, LoadSeq, Pulled, WorkerMsg};
 use super::shared::Shared;
 use crate::node::exec::isolate::run_isolating;
+use crate::node::exec::stage::Staged;
 use crate::node::exec::{Executor, Loader, Prepared};
 use crate::node::proto::backend::{cut_batch, settle, Cut, Input, PlanMsg, PlanQueue, Settled};
 use crate::wire::ModelId;
@@ -144,11 +145,11 @@ fn worker(
                 std::hint::spin_loop();
             }
         }
-        if let Some((session, plan, inputs)) = queue.pop_due(sh.clock.now()) {
+        if let Some((session, plan, inputs, staged)) = queue.pop_due(sh.clock.now()) {
             if !sh.current(session) {
                 void(&sh, &plan);
             } else if !sh.dead.load(Ordering::Acquire) {
-                run_plan(&sh, slot, exec.as_mut(), session, plan, inputs);
+                run_plan(&sh, slot, exec.as_mut(), session, plan, inputs, staged);
             }
         }
     }
@@ -206,8 +207,10 @@ fn receive(
                 discard_off(discard, p);
             }
         }
-        WorkerMsg::Run(session, plan, _) if !sh.current(session) => void(sh, &plan),
-        WorkerMsg::Run(session, plan, inputs) => queue.push(plan.exec_at, (session, plan, inputs)),
+        WorkerMsg::Run(session, plan, ..) if !sh.current(session) => void(sh, &plan),
+        WorkerMsg::Run(session, plan, inputs, staged) => {
+            queue.push(plan.exec_at, (session, plan, inputs, staged))
+        }
     }
 }
 
@@ -225,7 +228,8 @@ fn void(sh: &Shared, plan: &PlanMsg) {
 }
 
 /// Runs a due plan (see [`cut_batch`]: late tasks and missing inputs are left
-/// out), reports to the frontends and the scheduler, recycles the input buffers.
+/// out), reports to the frontends and the scheduler, recycles the input buffers
+/// (a staged buffer goes back to its pool when dropped).
 fn run_plan(
     sh: &Shared,
     slot: u32,
@@ -233,6 +237,7 @@ fn run_plan(
     session: u64,
     plan: PlanMsg,
     inputs: Vec<Option<Input>>,
+    mut staged: Option<Staged>,
 ) {
     let start = sh.clock.now();
     let delay = (start - plan.exec_at).0.max(0);
@@ -241,7 +246,9 @@ fn run_plan(
     let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
     let cut = cut_batch(&plan.tasks, &present, start, prof.as_ref());
-    let outputs = on_lane(sh, slot, || execute(sh, exec, &plan, &cut, &inputs));
+    let outputs = on_lane(sh, slot, || {
+        execute(sh, exec, &plan, &cut, &inputs, staged.as_mut())
+    });
     let settled = settle(&plan, &cut, start, sh.clock.now(), Ok(outputs));
     count(sh, &plan, &cut, &settled);
     sh.plans_ended.fetch_add(1, Ordering::Relaxed);
@@ -274,7 +281,10 @@ fn on_lane<T>(sh: &Shared, slot: u32, f: impl FnOnce() -> T) -> T {
             "backend: a lane started a batch while it ran one"
         );
     }
+    let edges = &sh.slot_edges[slot as usize];
+    edges.fetch_add(1, Ordering::AcqRel);
     let out = f();
+    edges.fetch_add(1, Ordering::AcqRel);
     if began.is_ok() {
         sh.lanes.lock().expect("lock").end(slot);
     }
@@ -283,19 +293,46 @@ fn on_lane<T>(sh: &Shared, slot: u32, f: impl FnOnce() -> T) -> T {
 
 /// The outputs of the tasks `cut` runs (none run: no outputs), one per task:
 /// when the executor fails the batch, the requests that fail it are found and
-/// fail alone ([`run_isolating`]); the errors are logged.
+/// fail alone ([`run_isolating`]); the errors are logged. A staged batch runs
+/// from its buffer (the rows of the tasks left out are closed up first).
 fn execute(
     sh: &Shared,
     exec: &mut dyn Executor,
     plan: &PlanMsg,
     cut: &Cut,
     inputs: &[Option<Input>],
+    staged: Option<&mut Staged>,
 ) -> Vec<Option<Vec<u8>>> {
-    let refs: Vec<&[u8]> = cut
-        .run
-        .iter()
-        .map(|&i| inputs[i].as_ref().expect("present").bytes())
-        .collect();
+    let gathered = |n: usize| {
+        sh.input_bytes_gathered
+            .fetch_add(n as u64, Ordering::Relaxed);
+    };
+    let refs: Vec<&[u8]> = match staged {
+        Some(st) => {
+            let n = cut.run.len();
+            gathered(st.compact(&cut.run));
+            match exec.run_staged(plan.model, st, n) {
+                Ok(out) if out.len() == n => return out.into_iter().map(Some).collect(),
+                Ok(out) => tracing::error!(
+                    plan = plan.id.0,
+                    batch = n,
+                    outputs = out.len(),
+                    "backend: a staged batch came back with the wrong number of outputs"
+                ),
+                // Run again request by request below, to find who fails it.
+                Err(_) => {}
+            }
+            (0..n).map(|k| st.row(k)).collect()
+        }
+        None => cut
+            .run
+            .iter()
+            .map(|&i| inputs[i].as_ref().expect("present").bytes())
+            .collect(),
+    };
+    if exec.copies_inputs() {
+        gathered(refs.iter().map(|r| r.len()).sum());
+    }
     let mut first = true;
     let (out, st) = run_isolating(exec, plan.model, &refs, &mut |e| {
         if std::mem::take(&mut first) {

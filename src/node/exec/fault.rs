@@ -146,6 +146,9 @@ impl Executor for Faulty {
     fn buckets(&self, model: ModelId) -> Vec<u32> {
         self.inner.buckets(model)
     }
+    fn copies_inputs(&self) -> bool {
+        self.inner.copies_inputs()
+    }
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
         self.batches += 1;
         if let Fault::GpuHang { after, hold } = self.fault {

@@ -373,6 +373,7 @@ impl Loop {
         self.report.retried += c.retried;
         self.report.clock_offset_us = self.clock.offset().as_us_f64();
         self.report.clock_error_us = self.clock.error_bound().as_us_f64();
+        self.report.input_bytes_stored = self.region.bytes_stored();
         self.report
     }
 

@@ -70,6 +70,13 @@ impl FrontendNode {
             state: state.clone(),
         };
         let metrics = LoopMetrics::new(&registry, &reg.models, &state);
+        let stored = region.clone();
+        registry.collector(
+            "fermata_frontend_input_bytes_stored_total",
+            "Input bytes the frontend copied into its region (each request's input, once, into its slot): the first copy of an input on its way to the executor.",
+            crate::metrics::Kind::Counter,
+            move || vec![(vec![], stored.bytes_stored() as f64)],
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let early = std::mem::take(&mut reg.early);
         let links = Links {

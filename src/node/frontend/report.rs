@@ -24,4 +24,7 @@ pub struct FrontendReport {
     pub clock_error_us: f64,
     /// The largest response margin last reported to the scheduler (us).
     pub margin_max_us: f64,
+    /// Input bytes the frontend copied into its region (each request's input
+    /// once, into its slot).
+    pub input_bytes_stored: u64,
 }

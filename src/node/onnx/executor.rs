@@ -3,6 +3,7 @@
 //! GPU's worker thread and freed there.
 
 use super::{ort_environment, Device, OnnxModel, OnnxOptions};
+use crate::node::exec::stage::{StagePool, Staged};
 use crate::node::exec::{Executor, Loader, Prepared};
 use crate::wire::{ModelId, ModelInfo};
 use anyhow::{anyhow, bail, Result};
@@ -16,6 +17,10 @@ pub struct OnnxExecutor {
     /// What opens its models (off the worker, or in [`Executor::load`]).
     loader: Arc<OnnxLoader>,
     models: HashMap<ModelId, OnnxModel>,
+    /// On the CPU, the buffers its puller pulls staged models' inputs into
+    /// (the batch tensors themselves). With `cuda` the inputs are gathered
+    /// into the model's pinned buffer instead.
+    stage: Option<Arc<StagePool>>,
 }
 
 impl OnnxExecutor {
@@ -23,9 +28,11 @@ impl OnnxExecutor {
     /// the backend starts, not at the first model.
     pub fn new(opts: OnnxOptions) -> Result<OnnxExecutor> {
         ort_environment()?;
+        let stage = matches!(opts.device, Device::Cpu).then(StagePool::new);
         Ok(OnnxExecutor {
             loader: Arc::new(OnnxLoader(opts)),
             models: HashMap::new(),
+            stage,
         })
     }
 
@@ -33,6 +40,25 @@ impl OnnxExecutor {
     /// directory `models_dir/NAME/` serves ([`crate::repo::model_file`]).
     pub fn model_file(&self, name: &str) -> Result<PathBuf> {
         crate::repo::model_file(&self.loader.0.models_dir, name)
+    }
+
+    /// Makes `m` the model `id` runs, staged when its layout allows.
+    fn put(&mut self, id: ModelId, m: OnnxModel) -> Option<OnnxModel> {
+        if let Some(s) = &self.stage {
+            match m.stage_layout() {
+                Some((row, rows)) => s.enable(id, row, rows),
+                None => s.disable(id),
+            }
+        }
+        self.models.insert(id, m)
+    }
+
+    /// Forgets model `id`.
+    fn take(&mut self, id: ModelId) -> Option<OnnxModel> {
+        if let Some(s) = &self.stage {
+            s.disable(id);
+        }
+        self.models.remove(&id)
     }
 
     /// The loaded model with the scheduler's id `id`.
@@ -48,7 +74,7 @@ impl Executor for OnnxExecutor {
 
     fn load(&mut self, model: &ModelInfo) -> Result<()> {
         let m = self.loader.open(model)?;
-        self.models.insert(model.id, m);
+        self.put(model.id, m);
         Ok(())
     }
 
@@ -57,14 +83,14 @@ impl Executor for OnnxExecutor {
     }
 
     fn detach(&mut self, model: ModelId) -> Option<Prepared> {
-        self.models.remove(&model).map(|m| Box::new(m) as Prepared)
+        self.take(model).map(|m| Box::new(m) as Prepared)
     }
 
     fn install(&mut self, model: &ModelInfo, prepared: Prepared) -> Result<()> {
         let m = prepared
             .downcast::<OnnxModel>()
             .map_err(|_| anyhow!("model `{}`: not prepared by this executor", model.name))?;
-        if let Some(old) = self.models.insert(model.id, *m) {
+        if let Some(old) = self.put(model.id, *m) {
             drop(old);
             release_freed_heap();
         }
@@ -72,7 +98,7 @@ impl Executor for OnnxExecutor {
     }
 
     fn unload(&mut self, model: ModelId) {
-        if self.models.remove(&model).is_some() {
+        if self.take(model).is_some() {
             release_freed_heap();
         }
     }
@@ -86,6 +112,27 @@ impl Executor for OnnxExecutor {
             .get(&model)
             .map(|m| m.buckets().to_vec())
             .unwrap_or_default()
+    }
+
+    /// Each run gathers the requests' bytes into the model's batch tensors.
+    fn copies_inputs(&self) -> bool {
+        true
+    }
+
+    fn stage_pool(&self) -> Option<Arc<StagePool>> {
+        self.stage.clone()
+    }
+
+    fn run_staged(
+        &mut self,
+        model: ModelId,
+        staged: &mut Staged,
+        n: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        let Some(m) = self.models.get_mut(&model) else {
+            bail!("model {model} is not loaded on this GPU");
+        };
+        m.run_staged(staged.bytes_mut(), n)
     }
 
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {

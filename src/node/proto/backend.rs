@@ -687,6 +687,21 @@ pub fn classify_input(
     }
 }
 
+/// [`classify_input`] for a slot read where it lies: its payload, once the
+/// header names the task and its capability.
+pub fn classify_slot(
+    read: Result<&[u8], ReadError>,
+    task: TaskId,
+    cap: u64,
+) -> Result<&[u8], Missing> {
+    match read {
+        Ok(slot) => SlotHeader::check(slot, task.0, cap).map_err(|_| Missing::StaleSlot),
+        Err(ReadError::Timeout) => Err(Missing::Timeout),
+        Err(ReadError::Denied) => Err(Missing::StaleSlot),
+        Err(_) => Err(Missing::Error),
+    }
+}
+
 /// How many of a batch's tasks (deadlines sorted ascending) must be left out,
 /// earliest first, for the rest to finish by their deadlines when the batch starts
 /// at `start`.
