@@ -82,16 +82,6 @@ pub const MIN_GROWTH: f64 = 3.0;
 /// sometimes crossed it (ResNet50's mean fell by 0.1%).
 pub const DISPERSION_NO_WAIT: f64 = 4.0;
 
-/// Deferred: with fewer GPUs in service than this, no batch waits. Deferral pays
-/// by staggering batches across GPUs, so that each GPU frees while the next
-/// batch is still growing; a single GPU has nothing to stagger with, and a batch
-/// held on it leaves the one GPU idle while eager's back-to-back batches grow by
-/// themselves with the load. On the 1-GPU H100 ResNet-50 workload
-/// (`configs/workloads/resnet50_h100_1gpu.toml`) waiting cost 0.1% of goodput
-/// against eager over ten seeds (`fermata bench compare --seeds 10`); without
-/// waiting deferred is eager there.
-pub const MIN_GPUS_TO_DEFER: f64 = 2.0;
-
 /// Per-model scheduling state.
 #[derive(Debug, Clone)]
 pub struct ModelState {
@@ -121,9 +111,6 @@ pub struct ModelState {
     /// frontrun moment costs at most this fraction of the model's spare GPU time
     /// ([`DispatcherConfig::eager_cost_max`](super::DispatcherConfig::eager_cost_max)).
     pub eager_cost_max: f64,
-    /// GPUs in service in the model's sub-cluster (deferred holds no batch with
-    /// fewer than [`MIN_GPUS_TO_DEFER`]); unknown until the shard tells it.
-    gpus_in_service: f64,
 }
 
 /// How a request ended, as its client sees it: every request ends exactly once,
@@ -236,7 +223,6 @@ impl ModelState {
             margin: Dur::ZERO,
             dispersion: 1.0,
             eager_cost_max: 0.0,
-            gpus_in_service: f64::INFINITY,
         }
     }
 
@@ -287,12 +273,6 @@ impl ModelState {
         } else {
             1.0
         };
-    }
-
-    /// Takes the number of GPUs in service in the model's sub-cluster (see
-    /// [`MIN_GPUS_TO_DEFER`]); the candidate follows at the model's next event.
-    pub fn observe_gpus(&mut self, gpus: f64) {
-        self.gpus_in_service = gpus;
     }
 
     /// Takes the model's measured rate and GPU share. The rate drives deferred's
@@ -504,8 +484,6 @@ impl ModelState {
     /// the next burst needs (on the Gamma(0.05) workloads deferred lost 5-15% of
     /// goodput to eager that way; Poisson arrivals are unchanged).
     ///
-    /// With fewer than [`MIN_GPUS_TO_DEFER`] GPUs in service nothing waits.
-    ///
     /// The rate is the measured one (the shard's estimator). Before any rate is
     /// measured, a batch starts at once. (The queue's own rate, the requests
     /// behind the head over the time since it arrived, was tried as a faster
@@ -513,10 +491,7 @@ impl ModelState {
     /// cost about 12% of goodput on the 1080Ti 35-model mix.)
     fn waiting_pays(&self, now: Time, bs: u32, defer_to: Time, room: u32) -> bool {
         let rate = self.rate_rps;
-        if rate <= 0.0
-            || self.dispersion > DISPERSION_NO_WAIT
-            || self.gpus_in_service < MIN_GPUS_TO_DEFER
-        {
+        if rate <= 0.0 || self.dispersion > DISPERSION_NO_WAIT {
             return false;
         }
         let prof = &self.spec.profile;
@@ -642,45 +617,6 @@ mod tests {
         // DISPERSION_NO_WAIT it starts at once (43 clumps of 5 expected).
         assert_eq!(exec_in_at(5000.0, 1.0), Dur::from_ms(43));
         assert_eq!(exec_in_at(5000.0, DISPERSION_NO_WAIT + 1.0), Dur::ZERO);
-    }
-
-    /// Deferral staggers batches across GPUs: with one GPU in service a batch
-    /// that would wait for its frontrun moment on two starts at once.
-    #[test]
-    fn one_gpu_has_nothing_to_stagger() {
-        // l(b) = 1 ms * b + 5 ms; SLO 50 ms; 500 r/s: about 21 requests are
-        // expected before the frontrun moment, and the model needs most of its GPUs.
-        let spec = ModelSpec {
-            name: "m".into(),
-            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
-            slo: Dur::from_ms(50),
-        };
-        let now = Time(1_000_000_000);
-        let exec_in = |gpus: f64| {
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                Policy::Deferred,
-                Gather::Lazy,
-                NetBudget::default(),
-                100,
-            );
-            m.eager_cost_max = 0.02;
-            m.observe_rate(500.0 * gpus, gpus);
-            m.observe_gpus(gpus);
-            assert!(m.enqueue(Task {
-                id: TaskId(1),
-                arrival: now,
-                deadline: now + Dur::from_ms(50),
-                tag: 0,
-                cap: 0,
-            }));
-            let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
-            c.unwrap().exec_at - now
-        };
-        assert_eq!(exec_in(2.0), Dur::from_ms(43));
-        assert_eq!(exec_in(8.0), Dur::from_ms(43));
-        assert_eq!(exec_in(1.0), Dur::ZERO);
     }
 
     /// Frontrun keeps `slack` before the latest start, so a model whose batches

@@ -164,7 +164,6 @@ impl ModelShard {
         let c = &self.cfg;
         let mut state = ModelState::new(id, spec, c.policy, c.gather, c.net, c.queue_max);
         state.eager_cost_max = c.eager_cost_max;
-        state.observe_gpus(self.active_gpus);
         if self.models.len() <= id.idx() {
             self.models.resize_with(id.idx() + 1, || None);
         }
@@ -439,7 +438,6 @@ impl ModelShard {
             let mean = rate * RATE_TICK.as_secs_f64();
             let dispersion = if mean > 0.0 { e.var / mean } else { 1.0 };
             e.state.observe_rate(rate, share);
-            e.state.observe_gpus(n);
             e.state.observe_dispersion(dispersion);
             if e.state.cand.is_some() {
                 self.refresh(m, now, None);
