@@ -23,7 +23,9 @@
 //! 2. One point per module, every path within the SLO, lowest total fractional
 //!    cost: [`choose_points`] (a min-plus DP on forests, HiGHS otherwise).
 //! 3. Budgets raised into the slack left on their paths; at each final budget,
-//!    Algorithm 1 with either dummy where it is cheaper.
+//!    Algorithm 1 with either dummy where it is cheaper; then the slack
+//!    exchange (`exchange`): a module takes a faster point and another the
+//!    cheapest plan at the budget that frees, where the total falls.
 //! 4. A portfolio: `harpagon`, `piccolo`, `scrooge`, `inferline`, `clipper` and
 //!    every one of Harpagon's ablations ([`ablations`]: round robin, one or two
 //!    configurations, no dummies, no reassignment, the throughput-based and the
