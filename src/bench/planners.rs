@@ -768,6 +768,26 @@ mod tests {
         }
     }
 
+    /// The paper family's workload where `fermata-integral` once planned
+    /// below `fermata`'s fractional cost: a partial machine padded by a dummy
+    /// to just meet the budget a faster point of the other module leaves, a
+    /// budget off step 1's grid. `fermata`'s slack exchange finds it.
+    #[test]
+    fn fermata_is_at_most_fermata_integral_where_a_padded_plan_was_off_the_grid() {
+        let profs = profiles();
+        let app = workload_in(40, 0.35, &profs, &Family::PAPER);
+        let fe = planners::fermata(&app).unwrap();
+        fe.verify(&app).unwrap();
+        let fi = planners::fermata_integral(&app).unwrap();
+        fi.verify(&app).unwrap();
+        assert!(
+            fe.cost <= fi.cost * (1.0 + 1e-9),
+            "fermata {} above fermata-integral {}",
+            fe.cost,
+            fi.cost
+        );
+    }
+
     #[test]
     fn failure_causes_are_read_from_the_planners_errors() {
         assert_eq!(failure_cause("residual: module a: no plan"), "residual");

@@ -23,7 +23,9 @@
 //! 2. One point per module, every path within the SLO, lowest total fractional
 //!    cost: [`choose_points`] (a min-plus DP on forests, HiGHS otherwise).
 //! 3. Budgets raised into the slack left on their paths; at each final budget,
-//!    Algorithm 1 with either dummy where it is cheaper.
+//!    Algorithm 1 with either dummy where it is cheaper; then the slack
+//!    exchange (`exchange`): a module takes a faster point and another the
+//!    cheapest plan at the budget that frees, where the total falls.
 //! 4. A portfolio: `harpagon`, `piccolo`, `scrooge`, `inferline`, `clipper` and
 //!    every one of Harpagon's ablations ([`ablations`]: round robin, one or two
 //!    configurations, no dummies, no reassignment, the throughput-based and the
@@ -44,7 +46,7 @@
 
 use super::module::{self, Budget, Configs, Dummies, Point};
 use super::planners::{ablations, choose_points, l_max, module_plan, plan_from_points, prices};
-use super::{alloc_cost, integral_cost, worst_case, Alloc, App, Dispatch, Plan, EPS};
+use super::{alloc_cost, integral_cost, worst_case, Alloc, App, Config, Dispatch, Plan, EPS};
 
 /// Branch-and-bound nodes per module of `fermata`'s exact step function.
 pub const FERMATA_NODES: u64 = 20_000;
@@ -299,14 +301,22 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
 pub fn portfolio(app: &App) -> Vec<Plan> {
     let mut never = || false;
     let nexus = app.modules.iter().any(|m| m.prefix.is_some());
-    let mut plans: Vec<Result<Plan, String>> = PORTFOLIO
-        .iter()
-        .chain(nexus.then_some(&"nexus"))
-        .map(|name| super::planners::run(app, name, &mut never))
-        .collect();
-    for (name, o) in ablations() {
-        plans.push(super::planners::harpagon_with(app, name, &o));
-    }
+    use super::planners::HarpagonOptions;
+    // Harpagon's variants share their latency-cost splits.
+    let mut family = vec![
+        ("harpagon", HarpagonOptions::harpagon()),
+        ("piccolo", HarpagonOptions::piccolo()),
+        ("inferline", HarpagonOptions::inferline()),
+    ];
+    family.extend(ablations());
+    let mut plans = super::planners::harpagon_family(app, &family);
+    plans.extend(
+        PORTFOLIO
+            .iter()
+            .filter(|name| !family.iter().any(|(f, _)| f == *name))
+            .chain(nexus.then_some(&"nexus"))
+            .map(|name| super::planners::run(app, name, &mut never)),
+    );
     plans
         .into_iter()
         .filter_map(Result::ok)
@@ -373,6 +383,173 @@ fn own_plan(app: &App, o: &FermataOptions, peers: &[Plan]) -> Result<Plan, Strin
             plan.modules[v] = q;
         }
     }
-    let mods = std::mem::take(&mut plan.modules);
+    let mut mods = std::mem::take(&mut plan.modules);
+    if o.objective == Objective::Fractional {
+        exchange(app, &pts, &mut mods);
+    }
     Ok(Plan::assemble(o.objective.planner(), app, mods))
+}
+
+/// The cheapest plan of module `v` within budget `l`: its cheapest point
+/// there (`pts`: Pareto, costs increasing), or Algorithm 1 at `l` with either
+/// dummy, or a padded plan ([`module::padded_plans`]), whose costs fall
+/// continuously with `l` where a dummy pads a partial machine to just meet it.
+fn cheapest_at(
+    cfgs: &[Config],
+    prices: &[f64],
+    r: f64,
+    pts: &[Point],
+    l: f64,
+) -> Option<(Vec<Alloc>, f64, f64)> {
+    let mut best = pts
+        .iter()
+        .find(|q| q.worst <= l * (1.0 + EPS))
+        .map(|q| (q.allocs.clone(), q.dummy, q.cost));
+    let mut sols: Vec<module::ModuleSolution> = [Dummies::Harpagon, Dummies::Piccolo]
+        .into_iter()
+        .filter_map(|d| {
+            module::plan_module(
+                cfgs,
+                prices,
+                r,
+                l,
+                Configs::Any,
+                Dispatch::ThroughputCost,
+                d,
+            )
+        })
+        .collect();
+    sols.extend(module::padded_plans(
+        cfgs,
+        prices,
+        r,
+        l,
+        Dispatch::ThroughputCost,
+    ));
+    for s in sols {
+        if best.as_ref().is_none_or(|b| s.cost < b.2 * (1.0 - 1e-12))
+            && worst_case(&s.allocs, Dispatch::ThroughputCost, prices) <= l * (1.0 + EPS)
+        {
+            best = Some((s.allocs, s.dummy, s.cost));
+        }
+    }
+    best
+}
+
+/// The largest budget module `v` can have with every other module's at `b`.
+fn room(app: &App, b: &[f64], v: usize) -> f64 {
+    let n = b.len();
+    let order = app.topo();
+    let lat = |u: usize| if u == v { 0.0 } else { b[u] };
+    let mut head = vec![0.0f64; n];
+    for &u in &order {
+        head[u] = app.parents(u).map(|p| head[p]).fold(0.0, f64::max) + lat(u);
+    }
+    let mut tail = vec![0.0f64; n];
+    for &u in order.iter().rev() {
+        tail[u] = app.children(u).map(|c| tail[c]).fold(0.0, f64::max) + lat(u);
+    }
+    app.slo - head[v] - tail[v]
+}
+
+/// Slack exchanged between two modules: module `u` takes a faster point of
+/// its own and module `v` a plan at the largest budget the time freed leaves
+/// it. Step 2 chooses among points, and the plans whose cost falls
+/// continuously with the budget (a partial machine padded by a dummy to just
+/// meet it) are points only at the budgets step 1 tried; this finds them at
+/// the budget a neighbour's point leaves. Each exchange that lowers the total
+/// cost is taken, until none does (at most a few rounds).
+fn exchange(app: &App, pts: &[Vec<Point>], mods: &mut [super::ModulePlan]) {
+    let n = app.modules.len();
+    if n < 2 {
+        return;
+    }
+    let p = prices(app);
+    let cfgs: Vec<Vec<Config>> = app
+        .modules
+        .iter()
+        .map(|m| module::sorted(&m.configs, &p))
+        .collect();
+    // The least each module can cost (at its largest budget): what giving it
+    // more time can save at most.
+    let lb: Vec<f64> = (0..n)
+        .map(|v| {
+            cheapest_at(&cfgs[v], &p, app.rates[v], &pts[v], l_max(app, v)).map_or(0.0, |x| x.2)
+        })
+        .collect();
+    let mut any = false;
+    for _round in 0..4 {
+        let mut improved = false;
+        for u in 0..n {
+            if app.rates[u] <= 0.0 {
+                continue;
+            }
+            for q in &pts[u] {
+                if q.worst >= mods[u].worst * (1.0 - 1e-9) {
+                    continue;
+                }
+                let extra = q.cost - mods[u].cost;
+                // Points come cost increasing: once no module can save the
+                // extra, no later point pays either.
+                let most = (0..n)
+                    .filter(|&v| v != u)
+                    .map(|v| mods[v].cost - lb[v])
+                    .fold(0.0, f64::max);
+                if extra >= most {
+                    break;
+                }
+                let mut b: Vec<f64> = mods.iter().map(|m| m.worst).collect();
+                b[u] = q.worst;
+                let mut taken = None;
+                for v in 0..n {
+                    if v == u || app.rates[v] <= 0.0 || mods[v].cost - lb[v] <= extra {
+                        continue;
+                    }
+                    let l = room(app, &b, v);
+                    if l <= mods[v].worst * (1.0 + 1e-9) {
+                        continue;
+                    }
+                    let Some((allocs, dummy, cost)) =
+                        cheapest_at(&cfgs[v], &p, app.rates[v], &pts[v], l)
+                    else {
+                        continue;
+                    };
+                    let saving = mods[v].cost - cost - extra;
+                    if saving > 1e-9 * mods[v].cost.max(1e-9)
+                        && taken
+                            .as_ref()
+                            .is_none_or(|t: &(f64, usize, f64, _)| saving > t.0)
+                    {
+                        taken = Some((saving, v, l, (allocs, dummy)));
+                    }
+                }
+                if let Some((_, v, l, (allocs, dummy))) = taken {
+                    mods[v] = module_plan(app, v, l, allocs, dummy, Dispatch::ThroughputCost);
+                    mods[u] = module_plan(
+                        app,
+                        u,
+                        q.worst,
+                        q.allocs.clone(),
+                        q.dummy,
+                        Dispatch::ThroughputCost,
+                    );
+                    improved = true;
+                    any = true;
+                    break;
+                }
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    if !any {
+        return;
+    }
+    // Budgets: each module's worst case, raised into the slack left.
+    let mut b: Vec<f64> = mods.iter().map(|m| m.worst).collect();
+    super::planners::reassign(app, &mut b);
+    for (m, b) in mods.iter_mut().zip(b) {
+        m.budget = b;
+    }
 }

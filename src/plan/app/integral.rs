@@ -117,7 +117,10 @@ pub fn choose(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
                 .collect(),
         })
         .collect();
-    choose_points_milp_with(app, pts, &cost, &bins)
+    // The cheapest choice by fractional cost (the DP on forests) starts the
+    // solver with an incumbent.
+    let start = super::choose::forest_dp(app, pts).flatten();
+    choose_points_milp_with(app, pts, &cost, &bins, start.as_deref())
 }
 
 #[cfg(test)]

@@ -505,7 +505,39 @@ pub fn cheapest_list(
         .filter(|c| full_ok(c, r + tmax, l, Dispatch::ThroughputCost))
         .copied()
         .collect();
+    // Algorithm 1's lists (without a dummy, and with Harpagon's, which fills
+    // the last machine) are lists of this shape: the search starts with the
+    // cheaper as the best so far, so that its cost bound prunes from the first
+    // node on.
     let mut best: Option<Point> = None;
+    let seeds = [Dummies::None, Dummies::Harpagon];
+    for d in seeds.into_iter().take(if dummies { 2 } else { 1 }) {
+        let Some(s) = plan_module(
+            &usable,
+            prices,
+            r,
+            l,
+            Configs::Any,
+            Dispatch::ThroughputCost,
+            d,
+        ) else {
+            continue;
+        };
+        let w = worst_case(&s.allocs, Dispatch::ThroughputCost, prices);
+        if w <= l * (1.0 + EPS)
+            && best.as_ref().is_none_or(|b| {
+                s.cost < b.cost - 1e-9 * b.cost.max(1e-9)
+                    || (s.cost <= b.cost + 1e-9 * b.cost.max(1e-9) && w < b.worst)
+            })
+        {
+            best = Some(Point {
+                worst: w,
+                cost: s.cost,
+                allocs: s.allocs,
+                dummy: s.dummy,
+            });
+        }
+    }
     let mut cur = Vec::new();
     bb(
         &usable, prices, 0, r, r, 0.0, l, dummies, &mut cur, &mut best, budget,

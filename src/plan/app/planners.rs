@@ -91,7 +91,7 @@ pub(super) fn module_plan(
 
 /// Raises budgets into the slack left on their paths, module by module in
 /// topological order (Harpagon's reassigner; harmless for any plan).
-fn reassign(app: &App, budgets: &mut [f64]) {
+pub(super) fn reassign(app: &App, budgets: &mut [f64]) {
     let order = app.topo();
     let n = app.modules.len();
     for &v in &order {
@@ -132,7 +132,7 @@ pub fn choose_points_milp(app: &App, pts: &[Vec<Point>]) -> Option<Vec<usize>> {
         .iter()
         .map(|p| p.iter().map(|q| q.cost).collect())
         .collect();
-    choose_points_milp_with(app, pts, &cost, &[])
+    choose_points_milp_with(app, pts, &cost, &[], None)
 }
 
 /// One integer bin count per hardware type: its price, and each point's
@@ -145,11 +145,14 @@ pub struct Bins {
 /// The MILP of [`choose_points`] with point `k` of module `v` costing
 /// `cost[v][k]`, plus, for each of `bins`, an integer count of machines at its
 /// price that holds the chosen points' partial machines (`count >= Σ partial`).
+/// `start`, a choice with every path within the SLO, is the solver's first
+/// incumbent.
 pub fn choose_points_milp_with(
     app: &App,
     pts: &[Vec<Point>],
     cost: &[Vec<f64>],
     bins: &[Bins],
+    start: Option<&[usize]>,
 ) -> Option<Vec<usize>> {
     use highs::{HighsModelStatus as S, RowProblem, Sense};
     let n = app.modules.len();
@@ -218,6 +221,31 @@ pub fn choose_points_milp_with(
     model.set_option("mip_rel_gap", 0.0);
     model.set_option("mip_abs_gap", 1e-9);
     model.set_option("threads", 1);
+    // The feasibility-jump heuristic took a quarter of the solver's time on
+    // these models, whose feasible choices the DP finds directly.
+    model.set_option("mip_heuristic_run_feasibility_jump", false);
+    if let Some(pick) = start.filter(|p| p.len() == n) {
+        // Columns in the order added: the points, a count per bin, the start
+        // times (each module as early as its parents allow).
+        let mut cols: Vec<f64> = Vec::new();
+        for (v, xv) in x.iter().enumerate() {
+            cols.extend((0..xv.len()).map(|k| if k == pick[v] { 1.0 } else { 0.0 }));
+        }
+        for b in bins {
+            let sum: f64 = (0..n).map(|v| b.partial[v][pick[v]]).sum();
+            cols.push((sum - 1e-9).ceil().max(0.0));
+        }
+        let mut st = vec![0.0f64; n];
+        for &v in &app.topo() {
+            st[v] = app
+                .parents(v)
+                .map(|u| st[u] + pts[u][pick[u]].worst)
+                .fold(0.0, f64::max);
+        }
+        cols.extend(st);
+        // A start the solver refuses only costs it its own search.
+        let _ = model.try_set_solution(Some(&cols), None, None, None);
+    }
     let solved = model.try_solve().ok()?;
     if solved.status() != S::Optimal {
         return None;
@@ -460,9 +488,32 @@ fn lc_split(app: &App, o: &HarpagonOptions) -> Result<Vec<usize>, String> {
             .unwrap();
         cur.push(k);
     }
-    let point = |v: usize, k: usize| {
-        let c = &app.modules[v].configs[k];
-        lc_point(c, app.rates[v], p[c.hw], o.dispatch)
+    // Every (module, configuration)'s point, computed once: the moves below
+    // ask for them many times.
+    let table: Vec<Vec<(f64, f64)>> = app
+        .modules
+        .iter()
+        .zip(&app.rates)
+        .map(|(m, &r)| {
+            m.configs
+                .iter()
+                .map(|c| lc_point(c, r, p[c.hw], o.dispatch))
+                .collect()
+        })
+        .collect();
+    let point = |v: usize, k: usize| table[v][k];
+    let order = app.topo();
+    let parents: Vec<Vec<usize>> = (0..n).map(|v| app.parents(v).collect()).collect();
+    // The longest path's length (as `App::longest_path`, without the path).
+    let path_len = |lat: &[f64]| -> f64 {
+        let mut dist = vec![0.0f64; n];
+        let mut len = f64::NEG_INFINITY;
+        for &v in &order {
+            let best = parents[v].iter().map(|&u| dist[u]).fold(0.0, f64::max);
+            dist[v] = best + lat[v];
+            len = len.max(dist[v]);
+        }
+        len
     };
     let lat_of = |cur: &[usize]| -> Vec<f64> {
         (0..n)
@@ -477,13 +528,13 @@ fn lc_split(app: &App, o: &HarpagonOptions) -> Result<Vec<usize>, String> {
     };
     // Start: the fastest configuration of every module if batch 1 on the most
     // expensive hardware does not fit.
-    if app.longest_path(&lat_of(&cur)).0 > app.slo * (1.0 + EPS) {
+    if path_len(&lat_of(&cur)) > app.slo * (1.0 + EPS) {
         for (v, k) in cur.iter_mut().enumerate() {
             *k = (0..app.modules[v].configs.len())
                 .min_by(|&a, &b| point(v, a).0.total_cmp(&point(v, b).0))
                 .unwrap();
         }
-        if app.longest_path(&lat_of(&cur)).0 > app.slo * (1.0 + EPS) {
+        if path_len(&lat_of(&cur)) > app.slo * (1.0 + EPS) {
             return Err(
                 "start: the splitter's starting point (every module at its fastest configuration) misses the SLO"
                     .into(),
@@ -505,6 +556,20 @@ fn lc_split(app: &App, o: &HarpagonOptions) -> Result<Vec<usize>, String> {
             None => groups.push(vec![v]),
         }
     }
+    // Candidate latencies of each group: every configuration latency of its
+    // members.
+    let cands: Vec<Vec<f64>> = groups
+        .iter()
+        .map(|g| {
+            let mut c: Vec<f64> = g
+                .iter()
+                .flat_map(|&v| table[v].iter().map(|x| x.0))
+                .collect();
+            c.sort_by(|a, b| a.total_cmp(b));
+            c.dedup();
+            c
+        })
+        .collect();
     let mut history: Vec<Vec<usize>> = vec![cur.clone()];
     // by_saving: pick the largest absolute saving instead of the largest LC.
     let step = |cur: &[usize], by_saving: bool| -> Option<Vec<usize>> {
@@ -522,19 +587,11 @@ fn lc_split(app: &App, o: &HarpagonOptions) -> Result<Vec<usize>, String> {
                 *best = Some((free, score, next));
             }
         };
-        for g in &groups {
+        for (gi, g) in groups.iter().enumerate() {
             // Candidate latencies: every configuration latency of the members.
             let old_max = g.iter().map(|&v| lat[v]).fold(0.0, f64::max);
             let old_cost: f64 = g.iter().map(|&v| point(v, cur[v]).1).sum();
-            let mut cands: Vec<f64> = Vec::new();
-            for &v in g {
-                for k in 0..app.modules[v].configs.len() {
-                    cands.push(point(v, k).0);
-                }
-            }
-            cands.sort_by(|a, b| a.total_cmp(b));
-            cands.dedup();
-            for &target in &cands {
+            for &target in &cands[gi] {
                 let mut next = cur.to_vec();
                 let mut changed = false;
                 for &v in g {
@@ -572,7 +629,7 @@ fn lc_split(app: &App, o: &HarpagonOptions) -> Result<Vec<usize>, String> {
                     continue;
                 }
                 let new_lat = lat_of(&next);
-                if app.longest_path(&new_lat).0 > app.slo * (1.0 + EPS) {
+                if path_len(&new_lat) > app.slo * (1.0 + EPS) {
                     continue;
                 }
                 let new_max = g.iter().map(|&v| new_lat[v]).fold(0.0, f64::max);
@@ -607,11 +664,41 @@ fn lc_split(app: &App, o: &HarpagonOptions) -> Result<Vec<usize>, String> {
 
 /// Harpagon, Piccolo and their ablations.
 pub fn harpagon_with(app: &App, name: &str, o: &HarpagonOptions) -> Result<Plan, String> {
+    harpagon_split_by(app, name, o, &mut |o| lc_split(app, o))
+}
+
+/// Several of Harpagon's variants on one application: the latency-cost
+/// splitter runs once per setting it depends on (dispatch, node merger,
+/// cost-direct), shared by the variants that agree on them. Each result is
+/// what [`harpagon_with`] returns.
+pub fn harpagon_family(app: &App, runs: &[(&str, HarpagonOptions)]) -> Vec<Result<Plan, String>> {
+    type Key = (Dispatch, bool, usize);
+    let mut cache: Vec<(Key, Result<Vec<usize>, String>)> = Vec::new();
+    let mut split = |o: &HarpagonOptions| {
+        let key = (o.dispatch, o.merger, o.cost_direct);
+        if let Some((_, r)) = cache.iter().find(|(k, _)| *k == key) {
+            return r.clone();
+        }
+        let r = lc_split(app, o);
+        cache.push((key, r.clone()));
+        r
+    };
+    runs.iter()
+        .map(|(name, o)| harpagon_split_by(app, name, o, &mut split))
+        .collect()
+}
+
+fn harpagon_split_by(
+    app: &App,
+    name: &str,
+    o: &HarpagonOptions,
+    lc_split: &mut dyn FnMut(&HarpagonOptions) -> Result<Vec<usize>, String>,
+) -> Result<Plan, String> {
     let p = prices(app);
     let n = app.modules.len();
     let mut budgets: Vec<f64> = match o.split {
         Split::LatencyCost => {
-            let cur = lc_split(app, o)?;
+            let cur = lc_split(o)?;
             (0..n)
                 .map(|v| {
                     let c = &app.modules[v].configs[cur[v]];
