@@ -605,3 +605,89 @@ pub fn cmd_bench_nexus_fig16(a: BenchNexusFig16Args) -> Result<()> {
     println!("capacity: every GPU at batch 32 in the ideal SSD/Inception proportion; split: the plan's SSD/Inception budgets at the reported rate");
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchAdaptArgs {
+    /// Requests/s into the application.
+    #[arg(long, default_value_t = 2000.0)]
+    rate: f64,
+    /// The planned mean fan-out detect -> classify.
+    #[arg(long, default_value_t = 2.0)]
+    fanout: f64,
+    /// The factor the fan-out's mean jumps by.
+    #[arg(long, default_value_t = 3.0)]
+    jump: f64,
+    /// When it jumps (s from the start).
+    #[arg(long, default_value_t = 7.0)]
+    jump_at_s: f64,
+    #[arg(long, default_value_t = 2.0)]
+    epoch_s: f64,
+    #[arg(long, default_value_t = 10)]
+    epochs: usize,
+    /// Relative drift of the measured fan-out that triggers a re-plan.
+    #[arg(long, default_value_t = 0.25)]
+    threshold: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_adapt(a: BenchAdaptArgs) -> Result<()> {
+    use fermata::bench::adapt as ad;
+    let o = ad::Options {
+        rate_rps: a.rate,
+        fanout: a.fanout,
+        jump: a.jump,
+        jump_at_s: a.jump_at_s,
+        epoch_s: a.epoch_s,
+        epochs: a.epochs,
+        threshold: a.threshold,
+        seed: a.seed,
+        check: false,
+    };
+    o.check().map_err(anyhow::Error::msg)?;
+    let r = ad::run(&o).map_err(anyhow::Error::msg)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "detect -> classify (Poisson fan-out, mean {}), {} r/s, SLO 200 ms, fermata plan + deferred dispatch with slack forwarding; the fan-out's mean jumps {}x at {} s; epochs of {} s; bad: requests arriving in the epoch not ended within the SLO",
+        o.fanout, o.rate_rps, o.jump, o.jump_at_s, o.epoch_s
+    );
+    let ms = |m: &[u32]| {
+        m.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    println!(
+        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>14} {:>9}",
+        "epoch", "start s", "requests", "bad fixed", "bad replan", "measured fan", "machines"
+    );
+    for (i, x) in r.rows.iter().enumerate() {
+        println!(
+            "{:>6} {:>8.1} {:>10} {:>9.2}% {:>9.2}% {:>14} {:>9}{}{}",
+            i,
+            x.start_s,
+            x.offered,
+            x.bad_fixed * 100.0,
+            x.bad_replan * 100.0,
+            x.measured_fanout
+                .map_or("-".to_string(), |f| format!("{f:.2}")),
+            ms(&x.machines_replan),
+            if i == r.jump_epoch { "  <- jump" } else { "" },
+            if x.replanned { "  re-planned" } else { "" },
+        );
+    }
+    let rec = |x: Option<usize>| x.map_or("never".to_string(), |k| format!("{k} epoch(s)"));
+    println!(
+        "machines (detect/classify) of the first plan: {}; bad under {}% to the end after the jump's epoch: fixed plan {}, re-planning {}",
+        ms(&r.machines_fixed),
+        ad::BAD_LIMIT * 100.0,
+        rec(r.recovered_fixed),
+        rec(r.recovered_replan)
+    );
+    Ok(())
+}
