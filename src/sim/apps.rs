@@ -6,6 +6,11 @@
 //! seeing one GPU per lane, each with the profile d(b, e) of its type and lane
 //! count. Fan-out counts are drawn per edge (constant, Poisson or a trace).
 //!
+//! [`simulate_app_adaptive`] runs in epochs: a [`DriftDetector`] sees every
+//! fan-out count and, when it asks for a re-plan at an epoch's end, the run
+//! moves onto the new plan's sub-clusters live (resizing the production
+//! dispatchers, starting new ones, draining the ones left out).
+//!
 //! With `check`, the run verifies that every application request ends exactly
 //! once, that every batch runs on a lane of a sub-cluster planned for its module,
 //! and that no lane runs two batches at once.
