@@ -347,9 +347,9 @@ impl Fleet {
                 core_lanes.push(map);
             }
         } else {
-            for i in 0..sim.subclusters.len() {
+            for (i, slot) in sc_core.iter_mut().enumerate() {
                 let lanes = lanes_of(&sim.subclusters[i]).max(1);
-                sc_core[i] = cores.len();
+                *slot = cores.len();
                 cores.push(sub_core(sim, i, opt, net));
                 core_lanes.push((0..lanes).map(|l| (i, l)).collect());
             }
