@@ -787,6 +787,22 @@ pub fn cmd_bench_adapt_procs(a: BenchAdaptProcsArgs) -> Result<()> {
         );
     }
     let rec = |x: Option<usize>| x.map_or("never".to_string(), |k| format!("{k} window(s)"));
+    // Summed over the windows from the second after the jump's to the end.
+    let after = |r: &ap::Report| {
+        let j = r.windows.iter().position(|w| w.fanout != 1.0)? + 2;
+        let ws = r.windows.get(j..).filter(|ws| !ws.is_empty())?;
+        let n: u64 = ws.iter().map(|w| w.offered).sum();
+        let bad: f64 = ws.iter().map(|w| w.bad * w.offered as f64).sum();
+        Some(format!("{:.2}% of {n}", 100.0 * bad / n.max(1) as f64))
+    };
+    println!(
+        "bad from the second window after the jump's to the end: with moves {}, moves off {}",
+        after(&moved).unwrap_or("-".into()),
+        fixed
+            .as_ref()
+            .and_then(after)
+            .unwrap_or("-".into())
+    );
     println!(
         "moves {}; placement at the end {:?}; failed {}, unanswered {}, duplicates {}",
         moved.moves, moved.placement, moved.failed, moved.unanswered, moved.duplicates
