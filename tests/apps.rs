@@ -81,6 +81,20 @@ fn an_ensemble_over_http_and_grpc_with_tritonclient() {
         fan[0]["items"].as_u64().unwrap(),
     );
     assert!(outputs > 0 && items > 0 && items <= 8 * outputs, "{fan}");
+    // The same counts on /metrics.
+    let text = get(&http, "/metrics");
+    let edge = "{app=\"detect_classify\",from=\"detector\",to=\"mlp\"}";
+    for (name, v) in [
+        ("fermata_app_fanout_outputs_total", outputs),
+        ("fermata_app_fanout_items_total", items),
+    ] {
+        let series = format!("{name}{edge} ");
+        let got = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|x| x.parse::<f64>().ok());
+        assert_eq!(got, Some(v as f64), "`{series}` in\n{text}");
+    }
     let f = report(p);
     assert_eq!(f["failed"].as_u64(), Some(0), "{f}");
 }
