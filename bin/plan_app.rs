@@ -798,10 +798,7 @@ pub fn cmd_bench_adapt_procs(a: BenchAdaptProcsArgs) -> Result<()> {
     println!(
         "bad from the second window after the jump's to the end: with moves {}, moves off {}",
         after(&moved).unwrap_or("-".into()),
-        fixed
-            .as_ref()
-            .and_then(after)
-            .unwrap_or("-".into())
+        fixed.as_ref().and_then(after).unwrap_or("-".into())
     );
     println!(
         "moves {}; placement at the end {:?}; failed {}, unanswered {}, duplicates {}",
