@@ -316,6 +316,16 @@ enum BenchCmd {
     /// 2-4 batches at once, the cost the planner predicts and the simulator
     /// measures with e = 1, 2, 3, 4 lanes and with e free.
     Lanes(plan_app::BenchLanesArgs),
+    /// Re-planning on a fan-out change: the fan-out of one edge jumps mid-run;
+    /// bad per epoch with the plan fixed and with the drift detector
+    /// re-planning (`fermata`) and resizing the sub-clusters live.
+    Adapt(plan_app::BenchAdaptArgs),
+    /// Re-partitioning on a fan-out change with real processes on loopback:
+    /// a scheduler with two sub-clusters, an emulated one-GPU backend in each;
+    /// the fan-out detect -> classify jumps mid-run; bad per epoch-long
+    /// window with the epoch loop moving models, and with moves off.
+    #[command(name = "adapt-procs")]
+    AdaptProcs(plan_app::BenchAdaptProcsArgs),
     /// Nexus's query-analysis case (its Figure 16): SSD then Inception on γ
     /// items each, on 8 GPUs; the highest rate at 99% good for the `fermata`
     /// split with deferred scheduling, an even split, and `nexus` with Nexus's
@@ -851,6 +861,8 @@ fn main() {
         Cmd::Bench(BenchCmd::Planners(a)) => plan_app::cmd_bench_planners(a),
         Cmd::Bench(BenchCmd::Apps(a)) => plan_app::cmd_bench_apps(a),
         Cmd::Bench(BenchCmd::Lanes(a)) => plan_app::cmd_bench_lanes(a),
+        Cmd::Bench(BenchCmd::Adapt(a)) => plan_app::cmd_bench_adapt(a),
+        Cmd::Bench(BenchCmd::AdaptProcs(a)) => plan_app::cmd_bench_adapt_procs(a),
         Cmd::Bench(BenchCmd::NexusFig16(a)) => plan_app::cmd_bench_nexus_fig16(a),
     };
     if let Err(e) = r {

@@ -605,3 +605,212 @@ pub fn cmd_bench_nexus_fig16(a: BenchNexusFig16Args) -> Result<()> {
     println!("capacity: every GPU at batch 32 in the ideal SSD/Inception proportion; split: the plan's SSD/Inception budgets at the reported rate");
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchAdaptArgs {
+    /// Requests/s into the application.
+    #[arg(long, default_value_t = 2000.0)]
+    rate: f64,
+    /// The planned mean fan-out detect -> classify.
+    #[arg(long, default_value_t = 2.0)]
+    fanout: f64,
+    /// The factor the fan-out's mean jumps by.
+    #[arg(long, default_value_t = 3.0)]
+    jump: f64,
+    /// When it jumps (s from the start).
+    #[arg(long, default_value_t = 7.0)]
+    jump_at_s: f64,
+    #[arg(long, default_value_t = 2.0)]
+    epoch_s: f64,
+    #[arg(long, default_value_t = 10)]
+    epochs: usize,
+    /// Relative drift of the measured fan-out that triggers a re-plan.
+    #[arg(long, default_value_t = 0.25)]
+    threshold: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_adapt(a: BenchAdaptArgs) -> Result<()> {
+    use fermata::bench::adapt as ad;
+    let o = ad::Options {
+        rate_rps: a.rate,
+        fanout: a.fanout,
+        jump: a.jump,
+        jump_at_s: a.jump_at_s,
+        epoch_s: a.epoch_s,
+        epochs: a.epochs,
+        threshold: a.threshold,
+        seed: a.seed,
+        check: false,
+    };
+    o.check().map_err(anyhow::Error::msg)?;
+    let r = ad::run(&o).map_err(anyhow::Error::msg)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "detect -> classify (Poisson fan-out, mean {}), {} r/s, SLO 200 ms, fermata plan + deferred dispatch with slack forwarding; the fan-out's mean jumps {}x at {} s; epochs of {} s; bad: requests arriving in the epoch not ended within the SLO",
+        o.fanout, o.rate_rps, o.jump, o.jump_at_s, o.epoch_s
+    );
+    let ms = |m: &[u32]| {
+        m.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    println!(
+        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>14} {:>9}",
+        "epoch", "start s", "requests", "bad fixed", "bad replan", "measured fan", "machines"
+    );
+    for (i, x) in r.rows.iter().enumerate() {
+        println!(
+            "{:>6} {:>8.1} {:>10} {:>9.2}% {:>9.2}% {:>14} {:>9}{}{}",
+            i,
+            x.start_s,
+            x.offered,
+            x.bad_fixed * 100.0,
+            x.bad_replan * 100.0,
+            x.measured_fanout
+                .map_or("-".to_string(), |f| format!("{f:.2}")),
+            ms(&x.machines_replan),
+            if i == r.jump_epoch { "  <- jump" } else { "" },
+            if x.replanned { "  re-planned" } else { "" },
+        );
+    }
+    let rec = |x: Option<usize>| x.map_or("never".to_string(), |k| format!("{k} epoch(s)"));
+    println!(
+        "machines (detect/classify) of the first plan: {}; bad under {}% to the end after the jump's epoch: fixed plan {}, re-planning {}",
+        ms(&r.machines_fixed),
+        ad::BAD_LIMIT * 100.0,
+        rec(r.recovered_fixed),
+        rec(r.recovered_replan)
+    );
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BenchAdaptProcsArgs {
+    /// Requests/s of detect (other runs at twice it, classify at the fan-out
+    /// times it).
+    #[arg(long, default_value_t = 60.0)]
+    unit_rate: f64,
+    /// The factor the fan-out jumps by (from 1).
+    #[arg(long, default_value_t = 3.0)]
+    jump: f64,
+    /// When it jumps (s from the start of the load).
+    #[arg(long, default_value_t = 3.0)]
+    jump_at_s: f64,
+    #[arg(long, default_value_t = 12.0)]
+    duration_s: f64,
+    /// The scheduler's epoch (s), also the report's window.
+    #[arg(long, default_value_t = 1.0)]
+    epoch_s: f64,
+    /// The models' emulated profile l(b) = alpha*b + beta (ms) and SLO (ms).
+    #[arg(long, default_value_t = 4.0)]
+    alpha_ms: f64,
+    #[arg(long, default_value_t = 2.0)]
+    beta_ms: f64,
+    #[arg(long, default_value_t = 200.0)]
+    slo_ms: f64,
+    /// Only the run with moves (no baseline with `--max-moves 0`).
+    #[arg(long)]
+    no_baseline: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_adapt_procs(a: BenchAdaptProcsArgs) -> Result<()> {
+    use fermata::harness::adapt_procs as ap;
+    let exe = std::env::current_exe()?;
+    let o = ap::Options {
+        unit_rps: a.unit_rate,
+        jump: a.jump,
+        jump_at_s: a.jump_at_s,
+        duration_s: a.duration_s,
+        epoch_s: a.epoch_s,
+        alpha_ms: a.alpha_ms,
+        beta_ms: a.beta_ms,
+        slo_ms: a.slo_ms,
+        moves: true,
+    };
+    o.check()?;
+    let moved = ap::run(&exe, &o)?;
+    let fixed = if a.no_baseline {
+        None
+    } else {
+        Some(ap::run(
+            &exe,
+            &ap::Options {
+                moves: false,
+                ..o.clone()
+            },
+        )?)
+    };
+    if a.json {
+        let v = serde_json::json!({ "moves": moved, "no_moves": fixed });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "real processes on loopback: scheduler (--subclusters 2 --epoch-s {}), 2 emulated 1-GPU backends, 1 frontend; detect {} r/s, other {} r/s, classify at the fan-out times detect's rate; l(b) = {} b + {} ms, SLO {} ms; the fan-out jumps 1 -> {} at {} s; bad: requests sent in the window not answered within the SLO",
+        o.epoch_s,
+        o.unit_rps,
+        2.0 * o.unit_rps,
+        o.alpha_ms,
+        o.beta_ms,
+        o.slo_ms,
+        o.jump,
+        o.jump_at_s
+    );
+    println!(
+        "{:>6} {:>8} {:>7} {:>9} {:>11} {:>14} {:>11}",
+        "window", "start s", "fanout", "requests", "bad moves", "bad classify", "bad fixed"
+    );
+    for (i, w) in moved.windows.iter().enumerate() {
+        let f = fixed
+            .as_ref()
+            .and_then(|f| f.windows.get(i))
+            .map_or("-".to_string(), |x| format!("{:.2}%", x.bad * 100.0));
+        println!(
+            "{:>6} {:>8.1} {:>7} {:>9} {:>10.2}% {:>13.2}% {:>11}",
+            i,
+            w.start_s,
+            w.fanout,
+            w.offered,
+            w.bad * 100.0,
+            w.bad_classify * 100.0,
+            f
+        );
+    }
+    let rec = |x: Option<usize>| x.map_or("never".to_string(), |k| format!("{k} window(s)"));
+    // Summed over the windows from the second after the jump's to the end.
+    let after = |r: &ap::Report| {
+        let j = r.windows.iter().position(|w| w.fanout != 1.0)? + 2;
+        let ws = r.windows.get(j..).filter(|ws| !ws.is_empty())?;
+        let n: u64 = ws.iter().map(|w| w.offered).sum();
+        let bad: f64 = ws.iter().map(|w| w.bad * w.offered as f64).sum();
+        Some(format!("{:.2}% of {n}", 100.0 * bad / n.max(1) as f64))
+    };
+    println!(
+        "bad from the second window after the jump's to the end: with moves {}, moves off {}",
+        after(&moved).unwrap_or("-".into()),
+        fixed.as_ref().and_then(after).unwrap_or("-".into())
+    );
+    println!(
+        "moves {}; placement at the end {:?}; failed {}, unanswered {}, duplicates {}",
+        moved.moves, moved.placement, moved.failed, moved.unanswered, moved.duplicates
+    );
+    println!(
+        "bad under {}% to the end after the jump's window: with moves {}, moves off {}",
+        ap::BAD_LIMIT * 100.0,
+        rec(moved.recovered_after),
+        fixed
+            .as_ref()
+            .map_or("-".to_string(), |f| rec(f.recovered_after))
+    );
+    Ok(())
+}

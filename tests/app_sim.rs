@@ -164,3 +164,101 @@ fn a_fanout_jump_multiplies_the_tasks_after_it() {
     let ratio = jumped.tasks[1] as f64 / base.tasks[1] as f64;
     assert!((2.5..3.5).contains(&ratio), "{ratio}");
 }
+
+#[test]
+fn replanning_on_a_tripled_fanout_recovers_within_two_epochs_and_a_fixed_plan_does_not() {
+    use fermata::bench::adapt::{recovered, simulate, Options, BAD_LIMIT};
+    let o = Options {
+        check: true,
+        ..Options::default()
+    };
+    let jump_epoch = (o.jump_at_s / o.epoch_s).floor() as usize;
+    let fixed = simulate(&o, false).unwrap();
+    let replan = simulate(&o, true).unwrap();
+    let bad = |r: &fermata::sim::apps::AppSimResult| -> Vec<f64> {
+        r.epochs.iter().map(|e| e.bad_fraction()).collect()
+    };
+    let (bf, br) = (bad(&fixed), bad(&replan));
+    assert_eq!(bf.len(), o.epochs);
+    assert_eq!(br.len(), o.epochs);
+    // Before the jump both serve the plan's load.
+    for e in 0..jump_epoch {
+        assert!(bf[e] < BAD_LIMIT && br[e] < BAD_LIMIT, "{bf:?} {br:?}");
+        assert!(
+            !replan.epochs[e].replanned,
+            "epoch {e} re-planned before the jump"
+        );
+    }
+    // With re-planning: a re-plan at the end of the jump's epoch or the next,
+    // more classifier machines, and under 1% bad to the end within two epochs.
+    let first = replan
+        .epochs
+        .iter()
+        .position(|e| e.replanned)
+        .expect("a re-plan");
+    assert!(first == jump_epoch || first == jump_epoch + 1, "{first}");
+    let m0 = &replan.epochs[0].machines;
+    let m1 = &replan.epochs.last().unwrap().machines;
+    assert!(m1[1] > m0[1], "classify machines {m0:?} -> {m1:?}");
+    let r = recovered(&br, jump_epoch);
+    assert!(matches!(r, Some(k) if k <= 2), "{r:?}: {br:?}");
+    // With the plan fixed the classifiers stay overloaded to the end.
+    assert_eq!(recovered(&bf, jump_epoch), None, "{bf:?}");
+    assert!(fixed.epochs.iter().all(|e| !e.replanned));
+}
+
+#[test]
+fn epochs_without_a_detector_change_nothing_and_a_replanner_error_ends_the_run() {
+    use fermata::app::{DriftConfig, DriftDetector};
+    use fermata::sim::apps::{simulate_app_adaptive, Adapt};
+    let sim = det_cls(FanoutDist::Poisson(3.0), 100.0);
+    let o = opts(Runtime::Core(Policy::Deferred));
+    let plain = simulate_app(&sim, &o);
+    let mut never = |_: &fermata::app::Replan| -> Result<_, String> { panic!("no detector") };
+    let mut a = Adapt {
+        epoch: Dur::from_ms(500),
+        detector: None,
+        replan: &mut never,
+    };
+    let r = simulate_app_adaptive(&sim, &o, &mut a).unwrap();
+    assert_eq!(
+        (r.good, r.late, r.failed, &r.tasks, &r.expired),
+        (
+            plain.good,
+            plain.late,
+            plain.failed,
+            &plain.tasks,
+            &plain.expired
+        )
+    );
+    // Epochs cover the run; every request that arrived is counted in one.
+    assert_eq!(r.epochs.len(), 7);
+    assert_eq!(r.epochs.iter().map(|e| e.offered).sum::<u64>(), r.requests);
+    assert!(r
+        .epochs
+        .iter()
+        .all(|e| e.machines == vec![1, 2] && !e.replanned));
+    // A tripled fan-out drifts; the re-planner's error ends the run with it.
+    let mut o3 = o.clone();
+    o3.fanout_jump = Some((Time::ZERO, 0, 3.0));
+    let det = DriftDetector::new(DriftConfig::default(), vec![Some(3.0)], 2).unwrap();
+    let mut fail = |_: &fermata::app::Replan| -> Result<_, String> { Err("no plan".into()) };
+    let mut a = Adapt {
+        epoch: Dur::from_ms(500),
+        detector: Some(det.clone()),
+        replan: &mut fail,
+    };
+    assert_eq!(
+        simulate_app_adaptive(&sim, &o3, &mut a).unwrap_err(),
+        "no plan"
+    );
+    // Re-planning needs the production dispatcher.
+    let mut a = Adapt {
+        epoch: Dur::from_ms(500),
+        detector: Some(det),
+        replan: &mut fail,
+    };
+    assert!(simulate_app_adaptive(&sim, &opts(Runtime::Nexus), &mut a)
+        .unwrap_err()
+        .contains("production dispatcher"));
+}

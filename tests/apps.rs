@@ -68,8 +68,50 @@ fn an_ensemble_over_http_and_grpc_with_tritonclient() {
     let models = root().join("models/apps");
     let (p, http, grpc) = procs::serve_apis(exe(), &models, &[]).unwrap();
     run_client(&http, &grpc, &models, &[]);
+    // The frontend measured the fan-out of detector -> mlp: the client sent
+    // fan-outs of 0, 1 and many, at most 8 items per detector output.
+    let stats: Value =
+        serde_json::from_str(&get(&http, "/v2/models/detect_classify/stats")).unwrap();
+    let fan = &stats["model_stats"][0]["fermata_fanout"];
+    assert_eq!(fan.as_array().map(|a| a.len()), Some(1), "{stats}");
+    assert_eq!(fan[0]["from"], "detector", "{fan}");
+    assert_eq!(fan[0]["to"], "mlp", "{fan}");
+    let (outputs, items) = (
+        fan[0]["outputs"].as_u64().unwrap(),
+        fan[0]["items"].as_u64().unwrap(),
+    );
+    assert!(outputs > 0 && items > 0 && items <= 8 * outputs, "{fan}");
+    // The same counts on /metrics.
+    let text = get(&http, "/metrics");
+    let edge = "{app=\"detect_classify\",from=\"detector\",to=\"mlp\"}";
+    for (name, v) in [
+        ("fermata_app_fanout_outputs_total", outputs),
+        ("fermata_app_fanout_items_total", items),
+    ] {
+        let series = format!("{name}{edge} ");
+        let got = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|x| x.parse::<f64>().ok());
+        assert_eq!(got, Some(v as f64), "`{series}` in\n{text}");
+    }
     let f = report(p);
     assert_eq!(f["failed"].as_u64(), Some(0), "{f}");
+}
+
+/// The body of `GET path` from the HTTP server at `addr`.
+fn get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    body.to_string()
 }
 
 /// A copy of models/apps in a fresh temporary folder with the application

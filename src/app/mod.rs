@@ -15,10 +15,12 @@
 //! how the request ended. [`Budgets`] and [`DeadlineRule`] give each task its
 //! deadline.
 
+pub mod drift;
 mod run;
 #[cfg(test)]
 mod tests;
 
+pub use drift::{DriftConfig, DriftDetector, Measured, Replan};
 pub use run::{AppError, AppRun, End, Input, Outcome, Progress, TaskKey, TaskSpec};
 
 use crate::core::Dur;

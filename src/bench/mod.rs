@@ -2,6 +2,7 @@
 //! eager-vs-deferred case study (Fig. 6a), the flat-top check (Section 3.5), tables,
 //! JSON and SVG plots.
 
+pub mod adapt;
 pub mod apps;
 pub mod autoscale;
 pub mod cases;

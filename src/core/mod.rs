@@ -36,6 +36,11 @@ pub trait Scheduler {
     fn poll_output(&mut self) -> Option<Output>;
     /// Request accounting.
     fn counters(&self) -> Counters;
+    /// The production dispatcher behind this core, for a driver that resizes it
+    /// (`add_gpu_at`, `remove_gpu`); `None` for the other cores.
+    fn dispatcher_mut(&mut self) -> Option<&mut Dispatcher> {
+        None
+    }
 }
 
 impl Scheduler for Dispatcher {
@@ -60,5 +65,8 @@ impl Scheduler for Dispatcher {
     }
     fn counters(&self) -> Counters {
         Dispatcher::counters(self).clone()
+    }
+    fn dispatcher_mut(&mut self) -> Option<&mut Dispatcher> {
+        Some(self)
     }
 }

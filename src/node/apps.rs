@@ -23,6 +23,7 @@ use crate::triton_ensemble::{self as ens, EnsembleConfig, FanoutCount, Rule, Sou
 use crate::wire::{DropReason, ModelInfo};
 use anyhow::{anyhow, bail, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,20 @@ pub struct ServedApp {
     pub min_latency: Duration,
     /// The application's statistics (Triton's statistics extension).
     pub stats: ModelStats,
+    /// Per graph edge: the parent outputs seen on it and the items they
+    /// carried (fan-out edges only; the measured fan-out a re-plan needs).
+    fanout_seen: Vec<(AtomicU64, AtomicU64)>,
+}
+
+/// What the frontend measured on one fan-out edge of an application.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FanoutSeen {
+    /// The parent and child steps.
+    pub from: String,
+    pub to: String,
+    /// Parent outputs counted and the items they carried.
+    pub outputs: u64,
+    pub items: u64,
 }
 
 /// How one sample of an application request ended.
@@ -154,9 +169,29 @@ impl ServedApp {
             budgets,
             wiring,
             models,
+            fanout_seen: (0..fanout.len())
+                .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+                .collect(),
             fanout,
             min_latency: Duration::from_secs_f64(min_ms.max(0.0) / 1e3),
         })
+    }
+
+    /// Every fan-out edge's counts since the frontend started.
+    pub fn fanout_seen(&self) -> Vec<FanoutSeen> {
+        let steps = self.graph.steps();
+        self.graph
+            .edges()
+            .iter()
+            .zip(&self.fanout_seen)
+            .filter(|(e, _)| e.kind == crate::app::EdgeKind::Fanout)
+            .map(|(e, (n, items))| FanoutSeen {
+                from: steps[e.from].name.clone(),
+                to: steps[e.to].name.clone(),
+                outputs: n.load(Ordering::Relaxed),
+                items: items.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// A model description the APIs list the application under.
@@ -282,6 +317,11 @@ impl ServedApp {
                         p
                     }
                     Ok(counts) => {
+                        for &(e, n) in &counts {
+                            let (o, i) = &self.fanout_seen[e];
+                            o.fetch_add(1, Ordering::Relaxed);
+                            i.fetch_add(u64::from(n), Ordering::Relaxed);
+                        }
                         sum.latency = sum.latency.max(done.latency);
                         sum.queue = sum.queue.max(done.queue);
                         sum.batch_size = sum.batch_size.max(done.batch_size);

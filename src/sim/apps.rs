@@ -6,16 +6,21 @@
 //! seeing one GPU per lane, each with the profile d(b, e) of its type and lane
 //! count. Fan-out counts are drawn per edge (constant, Poisson or a trace).
 //!
+//! [`simulate_app_adaptive`] runs in epochs: a [`DriftDetector`] sees every
+//! fan-out count and, when it asks for a re-plan at an epoch's end, the run
+//! moves onto the new plan's sub-clusters live (resizing the production
+//! dispatchers, starting new ones, draining the ones left out).
+//!
 //! With `check`, the run verifies that every application request ends exactly
 //! once, that every batch runs on a lane of a sub-cluster planned for its module,
 //! and that no lane runs two batches at once.
 
 use super::tc::{TcDispatch, TcLane};
-use crate::app::{AppRun, Budgets, DeadlineRule, Graph, Outcome, TaskKey};
+use crate::app::{AppRun, Budgets, DeadlineRule, DriftDetector, Graph, Outcome, Replan, TaskKey};
 use crate::core::nexus::NexusCore;
 use crate::core::{
-    Dispatcher, DispatcherConfig, Dur, Gather, LatencyProfile, ModelId, ModelSpec, NetBudget,
-    Output, PlanId, Policy, Scheduler, Task, TaskId, Time,
+    Dispatcher, DispatcherConfig, Dur, Gather, GpuId, LatencyProfile, ModelId, ModelSpec,
+    NetBudget, Output, PlanId, Policy, Scheduler, Task, TaskId, Time,
 };
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp1, Poisson};
@@ -128,6 +133,10 @@ pub struct AppSimResult {
     pub requests: u64,
     pub ended: u64,
     pub placements: Vec<Placement>,
+    /// Per epoch, in an adaptive run ([`simulate_app_adaptive`]); empty otherwise.
+    pub epochs: Vec<EpochStat>,
+    /// The sub-clusters at the end of the run (after every re-plan).
+    pub subclusters: Vec<SubCluster>,
 }
 
 impl AppSimResult {
@@ -207,93 +216,369 @@ struct Flight {
     tasks: Vec<Task>,
 }
 
+/// Epochs of a simulation and re-planning on drift.
+pub struct Adapt<'a> {
+    /// Epoch length; epochs start at time 0.
+    pub epoch: Dur,
+    /// Fed with every fan-out count; asked at the end of each epoch. `None`:
+    /// epochs are counted, the plan never changes.
+    pub detector: Option<DriftDetector>,
+    /// Plans the application for the measured values.
+    pub replan: &'a mut dyn FnMut(&Replan) -> Result<Replanned, String>,
+}
+
+/// A new plan for a running application: a sub-cluster of the same module, GPU
+/// type and lanes as a running one resizes it (its machines keep their
+/// profile); another one starts; a running one the plan leaves out drains (no
+/// new task, its batches finish).
+#[derive(Debug, Clone)]
+pub struct Replanned {
+    pub subclusters: Vec<SubCluster>,
+    pub budgets: Budgets,
+    pub module_rates: Vec<f64>,
+}
+
+/// One epoch of an adaptive run.
+#[derive(Debug, Clone, Default)]
+pub struct EpochStat {
+    pub start: Time,
+    /// Requests that arrived in the epoch, and those that ended good.
+    pub offered: u64,
+    pub good: u64,
+    /// Whether the epoch ended with a re-plan.
+    pub replanned: bool,
+    /// Machines per module once the epoch ended.
+    pub machines: Vec<u32>,
+    /// Each edge's mean fan-out as the detector measured it at the end of the
+    /// epoch (`None`: a whole edge, too few samples, or no detector).
+    pub measured_fanout: Vec<Option<f64>>,
+}
+
+impl EpochStat {
+    pub fn bad_fraction(&self) -> f64 {
+        if self.offered == 0 {
+            0.0
+        } else {
+            (self.offered - self.good) as f64 / self.offered as f64
+        }
+    }
+}
+
+/// The cores serving the application and how its sub-clusters map onto them.
+struct Fleet {
+    /// The application as now planned (sub-clusters, budgets, rates).
+    live: AppSim,
+    cores: Vec<Box<dyn Scheduler>>,
+    /// `core_lanes[c][g]`: the (sub-cluster, lane) behind core `c`'s GPU `g`.
+    core_lanes: Vec<Vec<(usize, usize)>>,
+    sc_core: Vec<usize>,
+    lane_free: Vec<Vec<Time>>,
+    /// Weighted round robin state, per sub-cluster.
+    wrr: Vec<f64>,
+    /// The sub-clusters that take each module's tasks.
+    by_module: Vec<Vec<usize>>,
+    /// The most machines each sub-cluster ever had.
+    peak: Vec<u32>,
+    net: NetBudget,
+}
+
+/// The core of sub-cluster `i` (one GPU per lane).
+fn sub_core(sim: &AppSim, i: usize, opt: &AppSimOptions, net: NetBudget) -> Box<dyn Scheduler> {
+    let sc = &sim.subclusters[i];
+    let lanes = (sc.machines * sc.lanes).max(1);
+    let spec = ModelSpec {
+        name: sim.graph.steps()[sc.module].name.clone(),
+        profile: sc.profile.clone(),
+        slo: sim.budgets.per_step[sc.module].max(Dur::from_us(1)),
+    };
+    match opt.runtime {
+        Runtime::Core(policy) => {
+            let mut cfg = DispatcherConfig::new(policy, lanes);
+            cfg.gather = Gather::Adaptive;
+            cfg.net = net;
+            cfg.check_invariants = opt.check;
+            Box::new(Dispatcher::new(cfg, vec![spec]))
+        }
+        _ => {
+            let total: f64 = sim
+                .subclusters
+                .iter()
+                .filter(|s| s.module == sc.module)
+                .map(|s| s.weight)
+                .sum();
+            let rate = sim.module_rates[sc.module] * sc.weight / total.max(1e-12);
+            Box::new(NexusCore::new(vec![spec], &[rate], lanes, 1, net))
+        }
+    }
+}
+
+impl Fleet {
+    fn new(sim: &AppSim, opt: &AppSimOptions) -> Fleet {
+        let n_steps = sim.graph.steps().len();
+        let net = NetBudget::default();
+        let lanes_of = |sc: &SubCluster| (sc.machines * sc.lanes) as usize;
+        // The cores: one per sub-cluster, or with throughput-cost dispatch one per
+        // module over all its sub-clusters' lanes (machines ranked across types).
+        let mut cores: Vec<Box<dyn Scheduler>> = Vec::new();
+        let mut core_lanes: Vec<Vec<(usize, usize)>> = Vec::new();
+        let mut sc_core = vec![usize::MAX; sim.subclusters.len()];
+        if opt.runtime == Runtime::ThroughputCost {
+            for m in 0..n_steps {
+                let mut lanes = Vec::new();
+                let mut map = Vec::new();
+                for (i, sc) in sim.subclusters.iter().enumerate() {
+                    if sc.module != m {
+                        continue;
+                    }
+                    sc_core[i] = cores.len();
+                    for l in 0..lanes_of(sc) {
+                        lanes.push(TcLane {
+                            batch: sc.tc_batch.max(1),
+                            profile: sc.profile.clone(),
+                            ratio: sc.tc_ratio,
+                        });
+                        map.push((i, l));
+                    }
+                }
+                if lanes.is_empty() {
+                    continue;
+                }
+                cores.push(Box::new(TcDispatch::new(ModelId(0), lanes)));
+                core_lanes.push(map);
+            }
+        } else {
+            for (i, slot) in sc_core.iter_mut().enumerate() {
+                let lanes = lanes_of(&sim.subclusters[i]).max(1);
+                *slot = cores.len();
+                cores.push(sub_core(sim, i, opt, net));
+                core_lanes.push((0..lanes).map(|l| (i, l)).collect());
+            }
+        }
+        // Weighted round robin (smooth) over each module's sub-clusters.
+        let by_module: Vec<Vec<usize>> = (0..n_steps)
+            .map(|m| {
+                (0..sim.subclusters.len())
+                    .filter(|&s| sim.subclusters[s].module == m)
+                    .collect()
+            })
+            .collect();
+        for (m, v) in by_module.iter().enumerate() {
+            assert!(
+                !v.is_empty(),
+                "step '{}' has no sub-cluster",
+                sim.graph.steps()[m].name
+            );
+        }
+        Fleet {
+            live: sim.clone(),
+            cores,
+            core_lanes,
+            sc_core,
+            lane_free: sim
+                .subclusters
+                .iter()
+                .map(|sc| vec![Time::EPOCH_MIN; (sc.machines * sc.lanes).max(1) as usize])
+                .collect(),
+            wrr: vec![0.0; sim.subclusters.len()],
+            by_module,
+            peak: sim.subclusters.iter().map(|s| s.machines).collect(),
+            net,
+        }
+    }
+
+    /// Submits tasks to their modules' sub-clusters.
+    fn submit(
+        &mut self,
+        now: Time,
+        req: u64,
+        specs: Vec<crate::app::TaskSpec>,
+        res: &mut AppSimResult,
+    ) {
+        for t in specs {
+            let cands = &self.by_module[t.step];
+            let subs = &self.live.subclusters;
+            let total: f64 = cands.iter().map(|&s| subs[s].weight).sum();
+            for &s in cands {
+                self.wrr[s] += subs[s].weight;
+            }
+            let wrr = &self.wrr;
+            let &sc = cands
+                .iter()
+                .max_by(|&&a, &&b| wrr[a].total_cmp(&wrr[b]).then(b.cmp(&a)))
+                .expect("a sub-cluster");
+            self.wrr[sc] -= total;
+            res.tasks[t.step] += 1;
+            let task = Task {
+                id: TaskId((req << KEY_BITS) | u64::from(t.key.0)),
+                arrival: now,
+                deadline: t.deadline,
+                tag: 0,
+                cap: 0,
+            };
+            self.cores[self.sc_core[sc]].handle_request(now, ModelId(0), task, 0);
+        }
+    }
+
+    /// Machines per module now.
+    fn machines(&self) -> Vec<u32> {
+        let mut v = vec![0; self.live.graph.steps().len()];
+        for s in &self.live.subclusters {
+            v[s.module] += s.machines;
+        }
+        v
+    }
+
+    /// Resizes sub-cluster `i` to `n` machines: the highest leave service (their
+    /// booked batches still run), new ones enter free from now.
+    fn resize(&mut self, now: Time, i: usize, n: u32) {
+        let (n0, l) = (
+            self.live.subclusters[i].machines,
+            self.live.subclusters[i].lanes,
+        );
+        let c = self.sc_core[i];
+        let d = self.cores[c]
+            .dispatcher_mut()
+            .expect("re-planning runs the production dispatcher");
+        for m in n..n0 {
+            for k in 0..l {
+                d.remove_gpu(now, GpuId(m * l + k));
+            }
+        }
+        for m in n0..n {
+            for k in 0..l {
+                let g = m * l + k;
+                d.add_gpu_at(now, GpuId(g), true);
+                if g as usize >= self.core_lanes[c].len() {
+                    self.core_lanes[c].push((i, g as usize));
+                    self.lane_free[i].push(Time::EPOCH_MIN);
+                }
+            }
+        }
+        self.live.subclusters[i].machines = n;
+        self.peak[i] = self.peak[i].max(n);
+    }
+
+    /// Moves the application onto a new plan (see [`Replanned`]).
+    fn replan(&mut self, now: Time, new: Replanned, opt: &AppSimOptions) -> Result<(), String> {
+        if !matches!(opt.runtime, Runtime::Core(_)) {
+            return Err("re-planning needs the production dispatcher (Runtime::Core)".into());
+        }
+        let n_steps = self.live.graph.steps().len();
+        if new.budgets.per_step.len() != n_steps || new.module_rates.len() != n_steps {
+            return Err(format!(
+                "the new plan has {} budgets and {} rates for {n_steps} steps",
+                new.budgets.per_step.len(),
+                new.module_rates.len()
+            ));
+        }
+        for s in &new.subclusters {
+            if s.module >= n_steps || s.gpu_type >= self.live.gpu_types.len() || s.lanes == 0 {
+                return Err(format!("the new plan has a bad sub-cluster: {s:?}"));
+            }
+        }
+        for m in 0..n_steps {
+            if !new
+                .subclusters
+                .iter()
+                .any(|s| s.module == m && s.machines > 0 && s.weight > 0.0)
+            {
+                return Err(format!(
+                    "the new plan has no machine for step '{}'",
+                    self.live.graph.steps()[m].name
+                ));
+            }
+        }
+        self.live.budgets = new.budgets;
+        self.live.module_rates = new.module_rates;
+        let old = self.live.subclusters.len();
+        let mut matched = vec![false; old];
+        for ns in new.subclusters {
+            if ns.machines == 0 || ns.weight <= 0.0 {
+                continue;
+            }
+            let found = (0..old).find(|&i| {
+                let s = &self.live.subclusters[i];
+                !matched[i]
+                    && s.module == ns.module
+                    && s.gpu_type == ns.gpu_type
+                    && s.lanes == ns.lanes
+            });
+            match found {
+                Some(i) => {
+                    matched[i] = true;
+                    self.resize(now, i, ns.machines);
+                    let s = &mut self.live.subclusters[i];
+                    s.weight = ns.weight;
+                    s.tc_batch = ns.tc_batch;
+                    s.tc_ratio = ns.tc_ratio;
+                }
+                None => {
+                    let i = self.live.subclusters.len();
+                    let lanes = (ns.machines * ns.lanes) as usize;
+                    self.peak.push(ns.machines);
+                    self.live.subclusters.push(ns);
+                    self.sc_core.push(self.cores.len());
+                    self.cores.push(sub_core(&self.live, i, opt, self.net));
+                    self.core_lanes.push((0..lanes).map(|l| (i, l)).collect());
+                    self.lane_free.push(vec![Time::EPOCH_MIN; lanes]);
+                    self.wrr.push(0.0);
+                }
+            }
+        }
+        for (i, &m) in matched.iter().enumerate() {
+            if !m {
+                self.resize(now, i, 0);
+                self.live.subclusters[i].weight = 0.0;
+            }
+        }
+        let subs = &self.live.subclusters;
+        self.by_module = (0..n_steps)
+            .map(|m| {
+                (0..subs.len())
+                    .filter(|&s| {
+                        subs[s].module == m && subs[s].machines > 0 && subs[s].weight > 0.0
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(())
+    }
+}
+
 /// Runs one application simulation.
 pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
+    run(sim, opt, None).expect("a run without re-planning cannot fail")
+}
+
+/// Runs one application simulation in epochs: the detector sees every fan-out
+/// count and, at the end of each epoch, may ask for a re-plan, which moves the
+/// application onto the new plan's sub-clusters live. Re-planning needs
+/// `Runtime::Core`; an error of the re-planner ends the run with it.
+pub fn simulate_app_adaptive(
+    sim: &AppSim,
+    opt: &AppSimOptions,
+    adapt: &mut Adapt,
+) -> Result<AppSimResult, String> {
+    if adapt.epoch <= Dur::ZERO {
+        return Err("the epoch must be positive".into());
+    }
+    if adapt.detector.is_some() && !matches!(opt.runtime, Runtime::Core(_)) {
+        return Err("re-planning needs the production dispatcher (Runtime::Core)".into());
+    }
+    run(sim, opt, Some(adapt))
+}
+
+fn run(
+    sim: &AppSim,
+    opt: &AppSimOptions,
+    mut adapt: Option<&mut Adapt>,
+) -> Result<AppSimResult, String> {
     let n_steps = sim.graph.steps().len();
     assert!(
         sim.graph.max_tasks() < (1 << KEY_BITS),
         "the task bound must fit the simulator's task ids"
     );
-    let net = NetBudget::default();
-    let lanes_of = |sc: &SubCluster| (sc.machines * sc.lanes) as usize;
-    // The cores: one per sub-cluster, or with throughput-cost dispatch one per
-    // module over all its sub-clusters' lanes (machines ranked across types).
-    // `core_lanes[c][g]` is the (sub-cluster, lane) behind core `c`'s GPU `g`.
-    let mut cores: Vec<Box<dyn Scheduler>> = Vec::new();
-    let mut core_lanes: Vec<Vec<(usize, usize)>> = Vec::new();
-    let mut sc_core = vec![usize::MAX; sim.subclusters.len()];
-    if opt.runtime == Runtime::ThroughputCost {
-        for m in 0..n_steps {
-            let mut lanes = Vec::new();
-            let mut map = Vec::new();
-            for (i, sc) in sim.subclusters.iter().enumerate() {
-                if sc.module != m {
-                    continue;
-                }
-                sc_core[i] = cores.len();
-                for l in 0..lanes_of(sc) {
-                    lanes.push(TcLane {
-                        batch: sc.tc_batch.max(1),
-                        profile: sc.profile.clone(),
-                        ratio: sc.tc_ratio,
-                    });
-                    map.push((i, l));
-                }
-            }
-            if lanes.is_empty() {
-                continue;
-            }
-            cores.push(Box::new(TcDispatch::new(ModelId(0), lanes)));
-            core_lanes.push(map);
-        }
-    } else {
-        for (i, sc) in sim.subclusters.iter().enumerate() {
-            let lanes = lanes_of(sc).max(1) as u32;
-            let spec = ModelSpec {
-                name: sim.graph.steps()[sc.module].name.clone(),
-                profile: sc.profile.clone(),
-                slo: sim.budgets.per_step[sc.module].max(Dur::from_us(1)),
-            };
-            let core: Box<dyn Scheduler> = match opt.runtime {
-                Runtime::Core(policy) => {
-                    let mut cfg = DispatcherConfig::new(policy, lanes);
-                    cfg.gather = Gather::Adaptive;
-                    cfg.net = net;
-                    cfg.check_invariants = opt.check;
-                    Box::new(Dispatcher::new(cfg, vec![spec]))
-                }
-                _ => {
-                    let total: f64 = sim
-                        .subclusters
-                        .iter()
-                        .filter(|s| s.module == sc.module)
-                        .map(|s| s.weight)
-                        .sum();
-                    let rate = sim.module_rates[sc.module] * sc.weight / total.max(1e-12);
-                    Box::new(NexusCore::new(vec![spec], &[rate], lanes, 1, net))
-                }
-            };
-            sc_core[i] = cores.len();
-            cores.push(core);
-            core_lanes.push((0..lanes as usize).map(|l| (i, l)).collect());
-        }
-    }
-    // Weighted round robin (smooth) over each module's sub-clusters.
-    let by_module: Vec<Vec<usize>> = (0..n_steps)
-        .map(|m| {
-            (0..sim.subclusters.len())
-                .filter(|&s| sim.subclusters[s].module == m)
-                .collect()
-        })
-        .collect();
-    for (m, v) in by_module.iter().enumerate() {
-        assert!(
-            !v.is_empty(),
-            "step '{}' has no sub-cluster",
-            sim.graph.steps()[m].name
-        );
-    }
-    let mut wrr = vec![0.0f64; sim.subclusters.len()];
+    let mut fleet = Fleet::new(sim, opt);
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(opt.seed);
     let mut fan_rng = Xoshiro256PlusPlus::seed_from_u64(opt.seed ^ 0xfa17);
     let mut trace_pos = vec![0usize; sim.graph.edges().len()];
@@ -304,11 +589,17 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
         expired: vec![0; n_steps],
         ..AppSimResult::default()
     };
-    let mut lane_free: Vec<Vec<Time>> = sim
-        .subclusters
-        .iter()
-        .map(|sc| vec![Time::EPOCH_MIN; (sc.machines * sc.lanes).max(1) as usize])
-        .collect();
+    let epoch_len = adapt.as_ref().map(|a| a.epoch);
+    let mut next_epoch = match epoch_len {
+        Some(e) => {
+            res.epochs.push(EpochStat {
+                start: Time::ZERO,
+                ..EpochStat::default()
+            });
+            Time::ZERO + e
+        }
+        None => Time::NEVER,
+    };
     let mut runs: HashMap<u64, AppRun> = HashMap::new();
     let mut ended_state: Vec<bool> = Vec::new();
     let mut flights: HashMap<(usize, u64), Flight> = HashMap::new();
@@ -321,36 +612,8 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
         Dur::from_secs_f64(x / sim.rate_rps.max(1e-9))
     };
     next_arrival += gap(&mut rng);
-
-    // Submits tasks to their modules' sub-clusters.
-    let submit = |now: Time,
-                  req: u64,
-                  specs: Vec<crate::app::TaskSpec>,
-                  cores: &mut Vec<Box<dyn Scheduler>>,
-                  wrr: &mut Vec<f64>,
-                  res: &mut AppSimResult| {
-        for t in specs {
-            let cands = &by_module[t.step];
-            let total: f64 = cands.iter().map(|&s| sim.subclusters[s].weight).sum();
-            for &s in cands {
-                wrr[s] += sim.subclusters[s].weight;
-            }
-            let &sc = cands
-                .iter()
-                .max_by(|&&a, &&b| wrr[a].total_cmp(&wrr[b]).then(b.cmp(&a)))
-                .expect("a sub-cluster");
-            wrr[sc] -= total;
-            let core = sc_core[sc];
-            res.tasks[t.step] += 1;
-            let task = Task {
-                id: TaskId((req << KEY_BITS) | u64::from(t.key.0)),
-                arrival: now,
-                deadline: t.deadline,
-                tag: 0,
-                cap: 0,
-            };
-            cores[core].handle_request(now, ModelId(0), task, 0);
-        }
+    let epoch_of = |t: Time| -> Option<usize> {
+        epoch_len.map(|e| ((t - Time::ZERO).0.max(0) / e.0.max(1)) as usize)
     };
 
     // Ends a request (once) and counts it.
@@ -367,6 +630,11 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
         }
         ended_state[req as usize] = true;
         res.ended += 1;
+        if matches!(end.outcome, Outcome::Good) {
+            if let Some(s) = epoch_of(arrival).and_then(|i| res.epochs.get_mut(i)) {
+                s.good += 1;
+            }
+        }
         if arrival >= win_start && arrival < win_end {
             match end.outcome {
                 Outcome::Good => res.good += 1,
@@ -389,24 +657,58 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
         } else {
             Time::NEVER
         };
-        let (tc, ci) = cores
+        let (tc, ci) = fleet
+            .cores
             .iter()
             .enumerate()
             .filter_map(|(i, c)| c.next_timeout().map(|t| (t, i)))
             .min()
             .unwrap_or((Time::NEVER, 0));
         let td = completions.peek().map_or(Time::NEVER, |r| r.0 .0);
-        let next = ta.min(tc).min(td);
+        let te = if next_epoch <= win_end {
+            next_epoch
+        } else {
+            Time::NEVER
+        };
+        let next = ta.min(tc).min(td).min(te);
         if next == Time::NEVER {
             break;
         }
         let now = next.max(clock);
         clock = now;
         let mut touched: Vec<usize> = Vec::new();
-        if td == next {
+        if te == next {
+            // The end of an epoch: the detector decides; a re-plan moves modules.
+            let a = adapt.as_deref_mut().expect("epochs only when adapting");
+            let mut replanned = false;
+            if let Some(d) = a.detector.as_mut() {
+                let measured = d.measured().fanout;
+                if let Some(r) = d.end_epoch() {
+                    let new = (a.replan)(&r)?;
+                    fleet.replan(now, new, opt)?;
+                    replanned = true;
+                    touched.extend(0..fleet.cores.len());
+                }
+                if let Some(s) = res.epochs.last_mut() {
+                    s.measured_fanout = measured;
+                }
+            }
+            let machines = fleet.machines();
+            if let Some(s) = res.epochs.last_mut() {
+                s.replanned = replanned;
+                s.machines = machines;
+            }
+            if next_epoch < win_end {
+                res.epochs.push(EpochStat {
+                    start: next_epoch,
+                    ..EpochStat::default()
+                });
+            }
+            next_epoch += a.epoch;
+        } else if td == next {
             let Reverse((t, c, plan)) = completions.pop().expect("peeked");
             let f = flights.remove(&(c, plan)).expect("in flight");
-            cores[c].handle_gpu_report(t, crate::core::GpuId(f.gpu), PlanId(plan), t);
+            fleet.cores[c].handle_gpu_report(t, crate::core::GpuId(f.gpu), PlanId(plan), t);
             touched.push(c);
             for task in f.tasks {
                 let req = task.id.0 >> KEY_BITS;
@@ -428,6 +730,12 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
                         (e, draw(&dist, &mut fan_rng, &mut trace_pos[e]))
                     })
                     .collect();
+                if let Some(d) = adapt.as_deref_mut().and_then(|a| a.detector.as_mut()) {
+                    for &(e, n) in &counts {
+                        // Edges the detector plans as whole are not measured.
+                        let _ = d.record_fanout(e, n);
+                    }
+                }
                 let p = run
                     .done(key, t, &counts)
                     .expect("a task in flight reports once");
@@ -437,16 +745,16 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
                     }
                     continue;
                 }
-                for s in p.tasks.iter().flat_map(|x| by_module[x.step].iter()) {
-                    touched.push(sc_core[*s]);
+                for s in p.tasks.iter().flat_map(|x| fleet.by_module[x.step].iter()) {
+                    touched.push(fleet.sc_core[*s]);
                 }
-                submit(t, req, p.tasks, &mut cores, &mut wrr, &mut res);
+                fleet.submit(t, req, p.tasks, &mut res);
                 if let Some(end) = p.end {
                     finish(req, end, t, &mut runs, &mut ended_state, &mut res);
                 }
             }
         } else if tc == next {
-            cores[ci].handle_timeout(now);
+            fleet.cores[ci].handle_timeout(now);
             touched.push(ci);
         } else {
             let req = next_req;
@@ -456,27 +764,33 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
             if now >= win_start && now < win_end {
                 res.offered += 1;
             }
-            let (run, specs) = AppRun::start(&sim.graph, &sim.budgets, sim.rule, now);
-            runs.insert(req, run);
-            for s in specs.iter().flat_map(|x| by_module[x.step].iter()) {
-                touched.push(sc_core[*s]);
+            if let Some(s) = epoch_of(now).and_then(|i| res.epochs.get_mut(i)) {
+                s.offered += 1;
             }
-            submit(now, req, specs, &mut cores, &mut wrr, &mut res);
+            let (run, specs) = AppRun::start(&sim.graph, &fleet.live.budgets, sim.rule, now);
+            runs.insert(req, run);
+            for s in specs.iter().flat_map(|x| fleet.by_module[x.step].iter()) {
+                touched.push(fleet.sc_core[*s]);
+            }
+            fleet.submit(now, req, specs, &mut res);
             next_arrival = now + gap(&mut rng);
         }
         touched.sort_unstable();
         touched.dedup();
         for c in touched {
-            while let Some(out) = cores[c].poll_output() {
+            while let Some(out) = fleet.cores[c].poll_output() {
                 match out {
                     Output::Dispatch(p) => {
-                        let (sc, lane) = core_lanes[c][p.gpu.idx()];
-                        let prof = &sim.subclusters[sc].profile;
-                        let start = p.exec_at.max(now).max(lane_free[sc][lane]);
-                        let end = start + prof.latency(p.tasks.len() as u32);
-                        lane_free[sc][lane] = end;
+                        let (sc, lane) = fleet.core_lanes[c][p.gpu.idx()];
+                        let s = &fleet.live.subclusters[sc];
+                        let start = p.exec_at.max(now).max(fleet.lane_free[sc][lane]);
+                        let end = start + s.profile.latency(p.tasks.len() as u32);
+                        fleet.lane_free[sc][lane] = end;
                         if opt.check {
-                            let s = &sim.subclusters[sc];
+                            assert!(
+                                (lane as u32) < s.machines * s.lanes,
+                                "a batch on lane {lane} of sub-cluster {sc}, out of service"
+                            );
                             res.placements.push(Placement {
                                 module: s.module,
                                 subcluster: sc,
@@ -528,12 +842,18 @@ pub fn simulate_app(sim: &AppSim, opt: &AppSimOptions) -> AppSimResult {
             "every application request ends exactly once"
         );
         assert!(ended_state.iter().all(|&e| e));
-        if let Err(e) = check_placements(sim, &res.placements) {
+        // Every sub-cluster that ever ran, at the most machines it had.
+        let mut seen = fleet.live.clone();
+        for (s, &p) in seen.subclusters.iter_mut().zip(&fleet.peak) {
+            s.machines = p;
+        }
+        if let Err(e) = check_placements(&seen, &res.placements) {
             panic!("{e}");
         }
     }
     res.latencies.sort_by(f64::total_cmp);
-    res
+    res.subclusters = fleet.live.subclusters;
+    Ok(res)
 }
 
 /// Whether every task a request cancelled has reported (its state can go).

@@ -74,7 +74,7 @@ pub(super) struct LocalInfer {
 pub(super) struct FrontendState {
     models: Vec<ModelInfo>,
     /// The applications served over the models (ensembles).
-    apps: Vec<Arc<ServedApp>>,
+    pub(super) apps: Vec<Arc<ServedApp>>,
     pub(super) sched_ok: AtomicBool,
     pub(super) gpus: AtomicU32,
     /// Times the frontend lost the scheduler and joined again.

@@ -1,8 +1,8 @@
 //! The frontend's Prometheus series: per model the requests by outcome, their
 //! latency and queuing delay and the bad rate over [`BAD_RATE_WINDOW`]; for the
 //! frontend, requests refused before admission, requests pending, in-process
-//! requests refused on a full queue, the GPUs in service and whether it has its
-//! scheduler.
+//! requests refused on a full queue, the GPUs in service, whether it has its
+//! scheduler, and each application's measured fan-out per edge.
 
 use super::handle::FrontendState;
 use crate::core::{DropReason, Outcome};
@@ -163,4 +163,36 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
         Kind::Gauge,
         move || vec![(vec![], if st.scheduler_connected() { 1.0 } else { 0.0 })],
     );
+    // Each application's fan-out edges as the frontend measured them
+    // (`ServedApp::fanout_seen`); items / outputs is the mean fan-out.
+    for (name, help, items) in [
+        (
+            "fermata_app_fanout_outputs_total",
+            "Parent outputs whose item count the frontend read, per application and fan-out edge (from, to steps).",
+            false,
+        ),
+        (
+            "fermata_app_fanout_items_total",
+            "Items those parent outputs carried (each one request to the child step), per application and fan-out edge.",
+            true,
+        ),
+    ] {
+        let st = state.clone();
+        reg.collector(name, help, Kind::Counter, move || {
+            st.apps
+                .iter()
+                .flat_map(|a| {
+                    let app = a.meta.name.clone();
+                    a.fanout_seen().into_iter().map(move |f| {
+                        let labels = vec![
+                            ("app".to_string(), app.clone()),
+                            ("from".to_string(), f.from),
+                            ("to".to_string(), f.to),
+                        ];
+                        (labels, if items { f.items } else { f.outputs } as f64)
+                    })
+                })
+                .collect()
+        });
+    }
 }

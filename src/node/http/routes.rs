@@ -491,10 +491,15 @@ impl App {
         let v: Vec<Value> = all
             .into_iter()
             .filter_map(|i| {
-                Some(stats_json(
+                let mut v = stats_json(
                     &self.models[i].info.name,
                     self.models[i].stats(self.fe(), i)?,
-                ))
+                );
+                // An application's measured fan-out per edge (a Fermata field).
+                if let Some(a) = &self.models[i].app {
+                    v["fermata_fanout"] = json!(a.fanout_seen());
+                }
+                Some(v)
             })
             .collect();
         json_resp(StatusCode::OK, &json!({ "model_stats": v }))

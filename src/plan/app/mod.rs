@@ -115,6 +115,65 @@ impl App {
     pub fn price(&self, c: &Config) -> f64 {
         self.hardware[c.hw].price
     }
+    /// The application as measured: each edge's mean fan-out `fanout[e]` and each
+    /// module's latencies scaled by `latency_ratio[v]` (observed over profiled;
+    /// throughputs divided by it). A module with parents gets its rate scaled
+    /// by how its inflow changed (Σ fan-out × parent rate, new over old; the
+    /// new inflow itself where the old one was 0); roots keep theirs.
+    pub fn remeasured(&self, fanout: &[f64], latency_ratio: &[f64]) -> Result<App, String> {
+        if fanout.len() != self.edges.len() || latency_ratio.len() != self.modules.len() {
+            return Err(format!(
+                "{} fan-outs and {} latency ratios for {} edges and {} modules",
+                fanout.len(),
+                latency_ratio.len(),
+                self.edges.len(),
+                self.modules.len()
+            ));
+        }
+        if let Some(f) = fanout.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
+            return Err(format!("fan-out {f} is not a finite mean >= 0"));
+        }
+        if let Some(k) = latency_ratio
+            .iter()
+            .find(|k| !(k.is_finite() && **k > 0.0 && **k <= 1e3))
+        {
+            return Err(format!("latency ratio {k} must be in (0, 1000]"));
+        }
+        let mut a = self.clone();
+        for (e, &f) in a.edges.iter_mut().zip(fanout) {
+            e.fanout = f;
+        }
+        for (m, &k) in a.modules.iter_mut().zip(latency_ratio) {
+            let scale = |c: &mut Config| {
+                c.latency *= k;
+                c.throughput /= k;
+            };
+            m.configs.iter_mut().for_each(scale);
+            if let Some(p) = &mut m.prefix {
+                p.configs.iter_mut().for_each(scale);
+            }
+        }
+        for v in self.topo() {
+            if self.parents(v).next().is_none() {
+                continue;
+            }
+            let inflow = |app: &App, rates: &[f64]| -> f64 {
+                app.edges
+                    .iter()
+                    .filter(|e| e.to == v)
+                    .map(|e| e.fanout * rates[e.from])
+                    .sum()
+            };
+            let old = inflow(self, &self.rates);
+            let new = inflow(&a, &a.rates);
+            a.rates[v] = if old > 0.0 {
+                self.rates[v] * new / old
+            } else {
+                new
+            };
+        }
+        Ok(a)
+    }
     pub fn parents(&self, v: usize) -> impl Iterator<Item = usize> + '_ {
         self.edges.iter().filter(move |e| e.to == v).map(|e| e.from)
     }

@@ -939,3 +939,26 @@ fn budget_search_matches_brute_force_per_module() {
         }
     }
 }
+
+#[test]
+fn a_remeasured_app_scales_rates_by_fanout_and_latencies_by_ratio() {
+    let app = file::parse(GOOD).unwrap();
+    let m = app.remeasured(&[0.5, 6.0], &[1.0, 1.0, 2.0]).unwrap();
+    assert_eq!(m.rates, vec![100.0, 50.0, 600.0]);
+    assert_eq!(m.edges[1].fanout, 6.0);
+    for (a, b) in app.modules[2].configs.iter().zip(&m.modules[2].configs) {
+        assert!(close(b.latency, 2.0 * a.latency, 1e-12));
+        assert!(close(b.throughput, a.throughput / 2.0, 1e-12));
+    }
+    assert_eq!(app.modules[0].configs, m.modules[0].configs);
+    // The planner plans the remeasured application, at a higher cost.
+    let (p0, p1) = (
+        super::fermata::fermata(&app).unwrap(),
+        super::fermata::fermata(&m).unwrap(),
+    );
+    p1.verify(&m).unwrap();
+    assert!(p1.cost > p0.cost, "{} <= {}", p1.cost, p0.cost);
+    assert!(app.remeasured(&[0.5], &[1.0, 1.0, 1.0]).is_err());
+    assert!(app.remeasured(&[0.5, f64::NAN], &[1.0, 1.0, 1.0]).is_err());
+    assert!(app.remeasured(&[0.5, 1.0], &[1.0, 0.0, 1.0]).is_err());
+}
