@@ -1535,7 +1535,7 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         let mut v = fermata::run::run_json(&w, &run.result);
         v["policy"] = "oracle".into();
         v["beam"] = a.beam.into();
-        v["price_ms"] = run.price_ms.into();
+        v["drop_price"] = run.price.into();
         println!(
             "{}",
             serde_json::json!({"oracle": v, "policy": fermata::run::run_json(&w, &p)})
@@ -1548,7 +1548,10 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         row(
             "oracle",
             &run.result,
-            &format!("  (drop priced at {:.3} ms of GPU time)", run.price_ms),
+            &format!(
+                "  (a drop priced at {:.1}x its model's least GPU time per request)",
+                run.price
+            ),
         );
         row(&o.policy.name(), &p, "");
     }
