@@ -259,9 +259,9 @@ enum BenchCmd {
     Fig6a(Fig6aArgs),
     /// Flat-top behaviour (Section 3.5): 1.5x and 0.3x the goodput rate.
     Flattop(FlattopArgs),
-    /// The offline reference for a one-model workload: a beam search that sees
-    /// every arrival before deciding, next to a policy on the same trace; with
-    /// --find-max, both goodputs.
+    /// The offline reference (up to 16 models on up to 16 GPUs): a beam search
+    /// that sees every arrival before deciding, next to a policy on the same
+    /// trace; with --find-max, both goodputs.
     Oracle(OracleArgs),
     /// Scheduler-only stress test: the real-time scheduler with in-process fake
     /// frontends and backends (paper Section 5.5).
@@ -1536,6 +1536,7 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         v["policy"] = "oracle".into();
         v["beam"] = a.beam.into();
         v["drop_price"] = run.price.into();
+        v["search"] = run.search.name().into();
         println!(
             "{}",
             serde_json::json!({"oracle": v, "policy": fermata::run::run_json(&w, &p)})
@@ -1549,7 +1550,8 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
             "oracle",
             &run.result,
             &format!(
-                "  (a drop priced at {:.1}x its model's least GPU time per request)",
+                "  (search: {}; a drop priced at {:.1}x its model's least GPU time per request)",
+                run.search.name(),
                 run.price
             ),
         );

@@ -24,6 +24,7 @@
 //! and GPU free times) and the pruning are specific to this problem, and the
 //! search runs over a hundred thousand requests at a time.
 
+mod runs;
 mod schedule;
 mod search;
 
@@ -52,8 +53,29 @@ pub struct OracleRun {
     /// The drop price that gave this schedule (a multiple of each model's least
     /// GPU time per request).
     pub price: f64,
+    /// The search that found it.
+    pub search: Search,
     /// The schedule itself (checked feasible).
     pub schedule: Schedule,
+}
+
+/// The searches the reference runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Search {
+    /// Over every model's arrivals, each model's open batch in the state
+    /// (any workload).
+    OpenBatches,
+    /// Batches of consecutive requests, ranked once whole (one model only).
+    ConsecutiveRuns,
+}
+
+impl Search {
+    pub fn name(self) -> &'static str {
+        match self {
+            Search::OpenBatches => "open batches",
+            Search::ConsecutiveRuns => "consecutive runs",
+        }
+    }
 }
 
 /// The models' timings of workload `w`, checked against the search's limits.
@@ -179,10 +201,18 @@ fn check_beam(beam: usize) -> Result<()> {
     Ok(())
 }
 
-/// The best schedule the search finds for problem `p` at the drop price
+/// The best schedule search `how` finds for problem `p` at the drop price
 /// `price` (checked feasible: a failed check is a fault of the search).
-pub fn schedule(p: &Problem, beam: usize, price: f64) -> Result<Schedule> {
-    let s = search::replay(p, &search::search(p, beam, price));
+pub fn schedule(p: &Problem, how: Search, beam: usize, price: f64) -> Result<Schedule> {
+    let s = match how {
+        Search::OpenBatches => search::replay(p, &search::search(p, beam, price)),
+        Search::ConsecutiveRuns => {
+            if p.models.len() != 1 {
+                bail!("the consecutive-runs search schedules one model");
+            }
+            runs::replay(p, &runs::search(p, beam, price))
+        }
+    };
     if let Err(e) = p.verify(&s) {
         bail!("the offline reference made an infeasible schedule: {e}");
     }
@@ -190,8 +220,9 @@ pub fn schedule(p: &Problem, beam: usize, price: f64) -> Result<Schedule> {
 }
 
 /// The best schedule the search finds for the run `o` of workload `w` (its
-/// rate, arrivals, seed, warm-up and window), trying each of [`PRICES`] on its
-/// own thread. Execution times are the profile's, exactly (any `exec_jitter` of
+/// rate, arrivals, seed, warm-up and window), trying each of [`PRICES`] with
+/// each search that takes the workload ([`Search`]), each on its own thread,
+/// and keeping the best (the fewest bad of the worst model, then of all). Execution times are the profile's, exactly (any `exec_jitter` of
 /// the workload is not modelled).
 pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
     check_beam(beam)?;
@@ -204,15 +235,20 @@ pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
             p.arr.len()
         );
     }
-    let runs: Vec<Result<(f64, Schedule, RunResult)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = PRICES
+    let mut hows = vec![Search::OpenBatches];
+    if p.models.len() == 1 {
+        hows.push(Search::ConsecutiveRuns);
+    }
+    let runs: Vec<Result<(f64, Search, Schedule, RunResult)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = hows
             .iter()
-            .map(|&k| {
+            .flat_map(|&how| PRICES.iter().map(move |&k| (how, k)))
+            .map(|(how, k)| {
                 let p = &p;
                 s.spawn(move || {
-                    let sched = schedule(p, beam, k)?;
+                    let sched = schedule(p, how, beam, k)?;
                     let r = report(w, o, p, &sched);
-                    Ok((k, sched, r))
+                    Ok((k, how, sched, r))
                 })
             })
             .collect();
@@ -221,22 +257,23 @@ pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
             .map(|h| h.join().expect("the search does not panic"))
             .collect()
     });
-    let mut best: Option<(f64, Schedule, RunResult)> = None;
+    let mut best: Option<(f64, Search, Schedule, RunResult)> = None;
     for r in runs {
         let r = r?;
         let rank = |x: &RunResult| (x.max_model_bad_rate(), x.bad_rate());
         if best
             .as_ref()
-            .is_none_or(|b| rank(&r.2).partial_cmp(&rank(&b.2)) == Some(std::cmp::Ordering::Less))
+            .is_none_or(|b| rank(&r.3).partial_cmp(&rank(&b.3)) == Some(std::cmp::Ordering::Less))
         {
             best = Some(r);
         }
     }
-    let (price, schedule, mut result) = best.expect("PRICES is not empty");
+    let (price, search, schedule, mut result) = best.expect("PRICES is not empty");
     result.wall_secs = wall.elapsed().as_secs_f64();
     Ok(OracleRun {
         result,
         price,
+        search,
         schedule,
     })
 }
@@ -360,12 +397,82 @@ slo_ms = 25
             hard += (opt > 0) as u32;
             let best = PRICES
                 .iter()
-                .map(|&k| schedule(&p, MAX_BEAM, k).unwrap().dropped.len() as u32)
+                .map(|&k| {
+                    schedule(&p, Search::OpenBatches, MAX_BEAM, k)
+                        .unwrap()
+                        .dropped
+                        .len() as u32
+                })
                 .min()
                 .unwrap();
             assert_eq!(best, opt, "seed {seed}: {:?}", p.arr);
         }
         assert!(hard >= 10, "only {hard} problems need a drop");
+    }
+
+    /// On one model both searches make feasible schedules (each is checked),
+    /// and the reference reports the best of every search and price.
+    #[test]
+    fn one_model_keeps_the_better_search() {
+        let w = workload(4);
+        let mut o = RunOptions::from_workload(&w);
+        o.rate_rps = 2700.0;
+        let p = problem(&w, &o).unwrap();
+        let bad = |how| {
+            PRICES
+                .iter()
+                .map(|&k| report(&w, &o, &p, &schedule(&p, how, 16, k).unwrap()).bad_rate())
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (open, runs) = (bad(Search::OpenBatches), bad(Search::ConsecutiveRuns));
+        let run = oracle(&w, &o, 16).unwrap();
+        assert_eq!(run.result.bad_rate(), open.min(runs));
+        assert_eq!(p.verify(&run.schedule), Ok(()));
+    }
+
+    /// Several models share the GPUs: below capacity nothing is dropped, on
+    /// the same arrivals as the simulator's, every model's requests in batches
+    /// of that model only (the check); the search of consecutive runs, which
+    /// takes one model, is not tried.
+    #[test]
+    fn several_models_share_the_gpus() {
+        let w = Workload::from_toml(
+            r#"
+name = "t2"
+gpus = 3
+arrival = "poisson"
+rate_rps = 1000
+warmup_s = 1
+duration_s = 3
+[[models]]
+name = "a"
+alpha_ms = 1.0
+beta_ms = 5.0
+slo_ms = 25
+[[models]]
+name = "b"
+alpha_ms = 2.0
+beta_ms = 4.0
+slo_ms = 40
+"#,
+            None,
+        )
+        .unwrap();
+        let mut o = RunOptions::from_workload(&w);
+        o.rate_rps = 600.0;
+        let deferred = crate::sim::simulate(&w, &o);
+        let run = oracle(&w, &o, 32).unwrap();
+        assert_eq!(run.search, Search::OpenBatches);
+        assert_eq!(run.result.models.len(), 2);
+        for (a, b) in run.result.models.iter().zip(&deferred.models) {
+            assert_eq!(a.offered, b.offered, "the same arrivals");
+            assert!(a.offered > 300);
+            assert_eq!(a.dropped, 0);
+            assert_eq!(a.good, a.offered);
+        }
+        let p = problem(&w, &o).unwrap();
+        assert_eq!(p.verify(&run.schedule), Ok(()));
+        assert!(schedule(&p, Search::ConsecutiveRuns, 8, 1.2).is_err());
     }
 
     #[test]
