@@ -259,9 +259,9 @@ enum BenchCmd {
     Fig6a(Fig6aArgs),
     /// Flat-top behaviour (Section 3.5): 1.5x and 0.3x the goodput rate.
     Flattop(FlattopArgs),
-    /// The offline reference for a one-model workload: a beam search that sees
-    /// every arrival before deciding, next to a policy on the same trace; with
-    /// --find-max, both goodputs.
+    /// The offline reference (up to 16 models on up to 16 GPUs): a beam search
+    /// that sees every arrival before deciding, next to a policy on the same
+    /// trace; with --find-max, both goodputs.
     Oracle(OracleArgs),
     /// Scheduler-only stress test: the real-time scheduler with in-process fake
     /// frontends and backends (paper Section 5.5).
@@ -1547,7 +1547,8 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         let mut v = fermata::run::run_json(&w, &run.result);
         v["policy"] = "oracle".into();
         v["beam"] = a.beam.into();
-        v["price_ms"] = run.price_ms.into();
+        v["drop_price"] = run.price.into();
+        v["search"] = run.search.name().into();
         println!(
             "{}",
             serde_json::json!({"oracle": v, "policy": fermata::run::run_json(&w, &p)})
@@ -1560,7 +1561,11 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         row(
             "oracle",
             &run.result,
-            &format!("  (drop priced at {:.3} ms of GPU time)", run.price_ms),
+            &format!(
+                "  (search: {}; a drop priced at {:.1}x its model's least GPU time per request)",
+                run.search.name(),
+                run.price
+            ),
         );
         row(&o.policy.name(), &p, "");
     }

@@ -188,8 +188,8 @@ fn nexus_runs_no_coordination_batches_resnet50() {
 /// `fermata bench oracle` from the command line: on Table 2's ResNet50 near the
 /// staggered bound, the offline reference (which sees every arrival first) drops
 /// no more than deferred on the same arrivals, runs batches no larger than the
-/// SLO allows (18) and keeps the GPUs busier; a workload of several models is
-/// refused with a message that says why.
+/// SLO allows (18) and keeps the GPUs busier; it takes a workload of several
+/// models, and refuses one past its limits with a message that says why.
 #[test]
 fn the_offline_reference_from_the_command_line() {
     let path = |f: &str| {
@@ -245,16 +245,38 @@ fn the_offline_reference_from_the_command_line() {
         busy(p)
     );
 
+    // Several models share the GPUs: five, bursty, on the same arrivals.
     let out = run(&[
         "--workload",
         &path("resnet_x5_8gpu_bursty.toml"),
+        "--warmup-s",
+        "1",
+        "--duration-s",
+        "2",
+        "--beam",
+        "8",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let (o, p) = (&v["oracle"], &v["policy"]);
+    assert_eq!(o["offered"], p["offered"], "the same arrivals");
+    assert_eq!(o["per_model"].as_array().expect("models").len(), 5);
+
+    let out = run(&[
+        "--workload",
+        &path("a100_mixed_64gpu.toml"),
         "--duration-s",
         "1",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("schedules one model") && err.contains("has 5"),
+        err.contains("1 to 16 models") && err.contains("has 37"),
         "{err}"
     );
 }
