@@ -200,15 +200,5 @@ fn typed_subclusters_keep_each_model_on_its_gpu_type() {
 
 /// The body of `GET path` from the HTTP server at `addr`.
 fn get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(
-        head.starts_with("HTTP/1.") && head.contains(" 200 "),
-        "{head}"
-    );
-    body.to_string()
+    fermata::harness::churn::http_get(addr, path).unwrap()
 }

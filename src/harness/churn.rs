@@ -68,20 +68,26 @@ pub fn rss_mb(pid: u32) -> f64 {
 /// The body of `GET /metrics` at `addr`, whatever its size (the client here
 /// is ours; the scheduler is what is measured).
 pub fn get_metrics(addr: &str) -> Result<String> {
+    http_get(addr, "/metrics")
+}
+
+/// The body of `GET path` at `addr` (a plain HTTP/1.1 server of ours: the
+/// scheduler's or a frontend's listener), an error unless it answers 200.
+pub fn http_get(addr: &str, path: &str) -> Result<String> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )?;
     let mut v = Vec::new();
     s.read_to_end(&mut v)?;
     let text = String::from_utf8_lossy(&v).into_owned();
     let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        bail!("GET /metrics: no answer");
+        bail!("GET {path}: no answer");
     };
     if !head.starts_with("HTTP/1.1 200") {
-        bail!("GET /metrics: {}", head.lines().next().unwrap_or(""));
+        bail!("GET {path}: {}", head.lines().next().unwrap_or(""));
     }
     Ok(body.to_string())
 }

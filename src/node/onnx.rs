@@ -1069,23 +1069,13 @@ impl OnnxModel {
                 None => SessionInputValue::from(&**p.views[shape].as_ref().expect("made above")),
             })
             .collect();
-        #[cfg(feature = "cuda")]
-        if let Some(t) = &mut self.timer {
-            t.start()?;
-        }
-        let outs = self.sessions[si]
-            .run(&values[..])
-            .map_err(|e| anyhow!("model `{name}`: ONNX Runtime run failed: {e}"))?;
-        #[cfg(feature = "cuda")]
-        if let Some(t) = &mut self.timer {
-            t.stop()?;
-        }
-        let per_request = self.meta.output_bytes();
-        let mut res: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(per_request)).collect();
-        for o in &self.outputs {
-            o.split(name, &outs, shape, &mut res)?;
-        }
-        Ok(res)
+        let run = SessionRun {
+            session: &mut self.sessions[si],
+            outputs: &self.outputs,
+            #[cfg(feature = "cuda")]
+            timer: &mut self.timer,
+        };
+        run.split(name, &values, shape, n, self.meta.output_bytes())
     }
 
     /// Checks a batch's size and each request's input length.
@@ -1157,26 +1147,16 @@ impl OnnxModel {
         let view = unsafe { tensor_view(&self.mem, p.dtype, buf.as_mut_ptr(), Shape::new(dims)) }
             .map_err(|e| anyhow!("model `{name}`: input `{}`: {e}", p.name))?;
         let values = [SessionInputValue::from(&*view)];
-        #[cfg(feature = "cuda")]
-        if let Some(t) = &mut self.timer {
-            t.start()?;
-        }
-        let outs = self.sessions[si]
-            .run(&values[..])
-            .map_err(|e| anyhow!("model `{name}`: ONNX Runtime run failed: {e}"))?;
-        #[cfg(feature = "cuda")]
-        if let Some(t) = &mut self.timer {
-            t.stop()?;
-        }
-        let per_request = self.meta.output_bytes();
-        let mut res: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(per_request)).collect();
-        for o in &self.outputs {
-            o.split(name, &outs, shape, &mut res)?;
-        }
-        drop(outs);
+        let run = SessionRun {
+            session: &mut self.sessions[si],
+            outputs: &self.outputs,
+            #[cfg(feature = "cuda")]
+            timer: &mut self.timer,
+        };
+        let res = run.split(name, &values, shape, n, self.meta.output_bytes());
         drop(values);
         drop(view);
-        Ok(res)
+        res
     }
 
     /// The shape a batch of `n` runs at and the index of the session that runs it.
@@ -1236,6 +1216,47 @@ fn gather(inputs: &mut [InputPlan], requests: &[&[u8]]) -> Result<()> {
         streaming_fence();
     }
     Ok(())
+}
+
+/// One session run of a batch: what [`OnnxModel::run`] and
+/// [`OnnxModel::run_staged`] share once their input values are made.
+struct SessionRun<'a> {
+    session: &'a mut Session,
+    outputs: &'a [OutputPlan],
+    /// CUDA events around the run (on the GPU).
+    #[cfg(feature = "cuda")]
+    timer: &'a mut Option<cuda::BatchTimer>,
+}
+
+impl SessionRun<'_> {
+    /// Runs the session on `values` (a batch of shape `shape` holding `n`
+    /// requests) and splits each output into one buffer per request.
+    fn split(
+        self,
+        name: &str,
+        values: &[SessionInputValue<'_>],
+        shape: usize,
+        n: usize,
+        per_request: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        #[cfg(feature = "cuda")]
+        if let Some(t) = self.timer.as_mut() {
+            t.start()?;
+        }
+        let outs = self
+            .session
+            .run(values)
+            .map_err(|e| anyhow!("model `{name}`: ONNX Runtime run failed: {e}"))?;
+        #[cfg(feature = "cuda")]
+        if let Some(t) = self.timer.as_mut() {
+            t.stop()?;
+        }
+        let mut res: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(per_request)).collect();
+        for o in self.outputs {
+            o.split(name, &outs, shape, &mut res)?;
+        }
+        Ok(res)
+    }
 }
 
 impl OutputPlan {
