@@ -17,7 +17,7 @@
 use super::apps::{app_sim, lines};
 use crate::app::{DeadlineRule, DriftConfig, DriftDetector, Replan};
 use crate::core::{Dur, Policy, Time};
-use crate::plan::app::{fermata::fermata, file, App};
+use crate::plan::app::{fermata::fermata, App};
 use crate::sim::apps::{
     fanout_mean, simulate_app_adaptive, Adapt, AppSim, AppSimOptions, AppSimResult, Replanned,
     Runtime,
@@ -93,39 +93,7 @@ impl Options {
 /// The application: `detect` → `classify` (fan-out `fanout`), SLO 200 ms, on
 /// one emulated GPU type (price 1.0), one batch at a time per machine.
 pub fn app(rate_rps: f64, fanout: f64) -> Result<App, String> {
-    file::parse(&format!(
-        r#"
-name = "adapt"
-slo_ms = 200
-ingress_rps = {rate_rps}
-
-[[hardware]]
-name = "emu"
-kind = "gpu"
-price = 1.0
-
-[[modules]]
-name = "detect"
-[[modules.profiles]]
-hardware = "emu"
-alpha_ms = 1.0
-beta_ms = 8.0
-max_batch = 32
-
-[[modules]]
-name = "classify"
-[[modules.profiles]]
-hardware = "emu"
-alpha_ms = 0.5
-beta_ms = 4.0
-max_batch = 32
-
-[[edges]]
-from = "detect"
-to = "classify"
-fanout = {fanout}
-"#
-    ))
+    super::lanes::detect_classify("adapt", rate_rps, fanout, None)
 }
 
 /// The simulated application of `app`'s `fermata` plan on its machines

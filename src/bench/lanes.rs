@@ -22,10 +22,26 @@ pub const FACTORS: [f64; 4] = [1.0, 1.3, 1.6, 2.0];
 
 /// The application at `rate_rps` (requests/s into `detect`).
 pub fn app(rate_rps: f64) -> Result<App, String> {
-    let f = FACTORS.map(|x| x.to_string()).join(", ");
+    detect_classify("lanes", rate_rps, 1.0, Some(&FACTORS))
+}
+
+/// `detect` (l(b) = 1 ms·b + 8 ms) → `classify` (0.5 ms·b + 4 ms), batches up
+/// to 32, fan-out `fanout`, SLO 200 ms, at `rate_rps` into `detect`, on one
+/// emulated GPU type (price 1.0); `factors`: its concurrency factors f(e)
+/// (`None`: one batch at a time per machine).
+pub fn detect_classify(
+    name: &str,
+    rate_rps: f64,
+    fanout: f64,
+    factors: Option<&[f64]>,
+) -> Result<App, String> {
+    let conc = factors.map_or(String::new(), |f| {
+        let f: Vec<String> = f.iter().map(|x| x.to_string()).collect();
+        format!("concurrency_factors = [{}]\n", f.join(", "))
+    });
     file::parse(&format!(
         r#"
-name = "lanes"
+name = "{name}"
 slo_ms = 200
 ingress_rps = {rate_rps}
 
@@ -41,8 +57,7 @@ hardware = "emu"
 alpha_ms = 1.0
 beta_ms = 8.0
 max_batch = 32
-concurrency_factors = [{f}]
-
+{conc}
 [[modules]]
 name = "classify"
 [[modules.profiles]]
@@ -50,12 +65,11 @@ hardware = "emu"
 alpha_ms = 0.5
 beta_ms = 4.0
 max_batch = 32
-concurrency_factors = [{f}]
-
+{conc}
 [[edges]]
 from = "detect"
 to = "classify"
-fanout = 1.0
+fanout = {fanout}
 "#
     ))
 }

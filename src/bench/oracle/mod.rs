@@ -367,22 +367,11 @@ slo_ms = 25
                 .wrapping_add(1442695040888963407);
             x >> 33
         };
-        let ms = 1_000_000;
         let mut arr: Vec<(u16, i64)> = (0..n)
-            .map(|_| ((next() % 2) as u16, (next() % 6) as i64 * ms))
+            .map(|_| ((next() % 2) as u16, (next() % 6) as i64))
             .collect();
         arr.sort_by_key(|a| a.1);
-        let t = ModelTiming {
-            lat: (0..=4).map(|b| (2 + b) * ms).collect(),
-            delay: vec![0; 5],
-            slo: 10 * ms,
-            resp: 0,
-        };
-        Problem {
-            models: vec![t.clone(), t],
-            gpus,
-            arr,
-        }
+        super::schedule::tests::tiny(&arr, gpus)
     }
 
     /// On tiny problems the search with a beam wide enough to keep every state

@@ -285,7 +285,7 @@ impl Problem {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Two models on one GPU: l(b) = 2 + b ms, no network delay, SLO 10 ms.
