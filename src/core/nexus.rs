@@ -37,6 +37,9 @@ struct Backend {
     /// The next session of the current duty cycle.
     rr: usize,
     free_at: Time,
+    /// The last batch dispatched here: only its report says when the GPU frees
+    /// (a report of an earlier batch arrives when a later one may already run).
+    last_plan: Option<PlanId>,
     /// The planned duty cycle of a shared node (the shortest of the nodes mapped to
     /// this GPU); zero for a GPU that runs a single session back to back.
     duty: Dur,
@@ -167,6 +170,7 @@ impl NexusCore {
                 sessions: Vec::new(),
                 rr: 0,
                 free_at: Time::EPOCH_MIN,
+                last_plan: None,
                 duty: Dur::ZERO,
                 cycle_start: None,
                 cycle_ran: false,
@@ -337,12 +341,13 @@ impl NexusCore {
             .max(1);
         let tasks: Vec<Task> = q.drain(..bs as usize).collect();
         let finish_at = start + prof.latency(bs);
-        self.backends[g].free_at = finish_at;
         self.counters.queued -= bs as u64;
         self.counters.dispatched += bs as u64;
         self.counters.plans += 1;
         let id = PlanId(self.next_plan);
         self.next_plan += 1;
+        self.backends[g].free_at = finish_at;
+        self.backends[g].last_plan = Some(id);
         self.outputs.push_back(Output::Dispatch(Plan {
             id,
             model: ModelId(m as u32),
@@ -381,8 +386,13 @@ impl Scheduler for NexusCore {
         }
     }
 
-    fn handle_gpu_report(&mut self, now: Time, gpu: GpuId, _plan: PlanId, free_at: Time) {
+    fn handle_gpu_report(&mut self, now: Time, gpu: GpuId, plan: PlanId, free_at: Time) {
         let g = gpu.idx();
+        if g >= self.backends.len() || self.backends[g].last_plan != Some(plan) {
+            // An earlier batch's end: the GPU runs a later one, whose end is booked.
+            self.handle_timeout(now);
+            return;
+        }
         self.backends[g].free_at = free_at;
         if self.timers.contains(g) {
             self.timers.set(g, free_at);
@@ -400,5 +410,84 @@ impl Scheduler for NexusCore {
 
     fn counters(&self) -> Counters {
         self.counters.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ids::TaskId;
+    use crate::core::profile::LatencyProfile;
+
+    fn dispatches(c: &mut NexusCore) -> Vec<Plan> {
+        let mut v = Vec::new();
+        while let Some(o) = c.poll_output() {
+            if let Output::Dispatch(p) = o {
+                v.push(p);
+            }
+        }
+        v
+    }
+
+    /// A batch's end is reported when the next batch may already have been
+    /// dispatched at that very moment (the core's own timer fired first): the
+    /// late report must not free the GPU that now runs the later batch, or the
+    /// core would stack batches on it that it believes start at once.
+    #[test]
+    fn the_report_of_an_earlier_batch_does_not_free_a_gpu_running_a_later_one() {
+        // l(b) = 1 ms * b + 5 ms, SLO 100 ms, one GPU.
+        let spec = ModelSpec {
+            name: "m".into(),
+            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap(),
+            slo: Dur::from_ms(100),
+        };
+        let net = NetBudget {
+            ctrl: Dur::ZERO,
+            data_fixed: Dur::ZERO,
+            data_per_req: Dur::ZERO,
+            resp: Dur::ZERO,
+            slack: Dur::ZERO,
+        };
+        let mut c = NexusCore::new(vec![spec], &[100.0], 1, 1, net);
+        let mut id = 0u64;
+        let mut req = |c: &mut NexusCore, now: Time| {
+            id += 1;
+            let t = Task {
+                id: TaskId(id),
+                arrival: now,
+                deadline: now + Dur::from_ms(100),
+                tag: 0,
+                cap: 0,
+            };
+            c.handle_request(now, ModelId(0), t, 0);
+        };
+        let t0 = Time(1_000_000_000);
+        req(&mut c, t0);
+        let a = dispatches(&mut c);
+        assert_eq!(a.len(), 1, "an idle GPU runs the first request at once");
+        assert_eq!(a[0].finish_at, t0 + Dur::from_ms(6));
+        // Two requests queue while A runs; at A's end the timer fires first and
+        // B (both requests) starts.
+        req(&mut c, t0 + Dur::from_ms(1));
+        req(&mut c, t0 + Dur::from_ms(2));
+        assert!(dispatches(&mut c).is_empty(), "the GPU is busy");
+        let f = a[0].finish_at;
+        c.handle_timeout(f);
+        let b = dispatches(&mut c);
+        assert_eq!(b.len(), 1);
+        assert_eq!((b[0].exec_at, b[0].tasks.len()), (f, 2));
+        // One more request, then A's report at the same moment.
+        req(&mut c, f);
+        c.handle_gpu_report(f, GpuId(0), a[0].id, f);
+        assert!(
+            dispatches(&mut c).is_empty(),
+            "A's report must not free the GPU while B runs"
+        );
+        // B's own report frees it: the waiting request runs then.
+        let g = b[0].finish_at;
+        c.handle_gpu_report(g, GpuId(0), b[0].id, g);
+        let next = dispatches(&mut c);
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].exec_at, g);
     }
 }
