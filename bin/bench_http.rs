@@ -48,7 +48,8 @@ pub struct BenchHttpArgs {
     /// `--serve-arg=--http-threads --serve-arg=2`
     #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
     serve_args: Vec<String>,
-    /// Drive only this model (repeatable; default: every model of --models).
+    /// Drive only this model or application (repeatable; default: every model
+    /// and application of --models).
     #[arg(long = "model", value_name = "NAME")]
     model: Vec<String>,
     /// Seed of the arrivals and the request inputs.
@@ -101,25 +102,53 @@ fn parse_rates(s: &str) -> Result<Vec<f64>> {
     Ok(v)
 }
 
-/// The models to drive: --model's (checked against the repository) or all.
+/// An application (a Triton ensemble) as the client sees it: a model with the
+/// ensemble's inputs, outputs and SLO, called at `/v2/models/APP/infer`.
+fn app_meta(e: &fermata::triton_ensemble::EnsembleConfig) -> ModelMeta {
+    ModelMeta {
+        name: e.name.clone(),
+        inputs: e.inputs.clone(),
+        outputs: e.outputs.clone(),
+        slo_ms: e.slo_ms,
+        max_batch: e.max_batch,
+        description: format!(
+            "application: {}",
+            e.steps
+                .iter()
+                .map(|s| s.model.as_str())
+                .collect::<Vec<_>>()
+                .join(" -> ")
+        ),
+        batch_buckets: None,
+    }
+}
+
+/// The models and applications to drive: --model's (checked against the
+/// repository) or all.
 fn models_of(a: &BenchHttpArgs) -> Result<Vec<ModelMeta>> {
     // The profiles too: `serve --executor onnx` refuses a model without one.
     let repo = fermata::repo::load_repository(&a.models, "onnx")?;
+    let apps = fermata::triton_ensemble::load_all(&a.models)?;
+    let all: Vec<ModelMeta> = repo
+        .into_iter()
+        .map(|m| m.meta)
+        .chain(apps.iter().map(app_meta))
+        .collect();
     if a.model.is_empty() {
-        return Ok(repo.into_iter().map(|m| m.meta).collect());
+        return Ok(all);
     }
-    let names: Vec<&str> = repo.iter().map(|m| m.meta.name.as_str()).collect();
+    let names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
     let mut out: Vec<ModelMeta> = Vec::new();
     for n in &a.model {
-        let Some(m) = repo.iter().find(|m| &m.meta.name == n) else {
+        let Some(m) = all.iter().find(|m| &m.name == n) else {
             bail!(
-                "--model {n}: no such model in {} (it has {})",
+                "--model {n}: no such model or application in {} (it has {})",
                 a.models.display(),
                 names.join(", ")
             );
         };
         if !out.iter().any(|o| &o.name == n) {
-            out.push(m.meta.clone());
+            out.push(m.clone());
         }
     }
     Ok(out)

@@ -107,6 +107,41 @@ fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
     );
 }
 
+/// An application (the ensemble `detect_classify` of models/apps) is driven like
+/// a model: its own inputs, at `/v2/models/detect_classify/infer`, bad against
+/// its own SLO.
+#[test]
+fn an_application_is_swept_like_a_model() {
+    let out = fermata(&[
+        "--models",
+        "models/apps",
+        "--model",
+        "detect_classify",
+        "--rates",
+        "30",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0.5",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document: {e}\n{stderr}"));
+    let r = &v[0];
+    assert_eq!(r["model"], "detect_classify", "{v}");
+    let slo = fermata::triton_ensemble::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("models/apps/detect_classify"),
+    )
+    .expect("the shipped ensemble")
+    .slo_ms;
+    assert_eq!(r["slo_ms"].as_f64(), Some(slo), "{r}");
+    let n = |f: &str| r[f].as_u64().unwrap_or_else(|| panic!("{f} in {r}"));
+    assert!(n("ok") > 0, "{r}");
+    assert_eq!(n("other_status") + n("transport_errors"), 0, "{r}");
+}
+
 #[test]
 fn bad_flags_fail_before_any_server_starts() {
     for (args, says) in [
@@ -123,7 +158,7 @@ fn bad_flags_fail_before_any_server_starts() {
         ),
         (
             &["--model", "nope"][..],
-            "no such model in models (it has cnn, mlp, ranker)",
+            "no such model or application in models (it has cnn, mlp, ranker)",
         ),
         (&["--policy", "bogus"][..], "--policy"),
         (&["--stall", "20"][..], "expected MS@S"),
