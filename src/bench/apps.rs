@@ -70,7 +70,7 @@ pub fn setups() -> Vec<Setup> {
             name: "fermata+deferred",
             planner: "fermata",
             runtime: Runtime::Core(Policy::Deferred),
-            rule: DeadlineRule::SlackForwarding,
+            rule: DeadlineRule::LatestUseful,
         },
         Setup {
             name: "fermata+static",
@@ -218,6 +218,21 @@ pub fn app_sim(
             tc_ratio: c.throughput / app.price(&c),
         });
     }
+    // The least latency of each module: a batch of one on the fastest lane
+    // planned for it (the last deadlines of `DeadlineRule::LatestUseful`).
+    let least = (0..app.modules.len())
+        .map(|v| {
+            subclusters
+                .iter()
+                .filter(|sc| sc.module == v)
+                .map(|sc| sc.profile.latency(1))
+                .min()
+                .unwrap_or(Dur::ZERO)
+        })
+        .collect();
+    let budgets = budgets
+        .with_least(&graph, least)
+        .map_err(|e| e.to_string())?;
     Ok(AppSim {
         graph,
         budgets,
