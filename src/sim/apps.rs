@@ -127,7 +127,10 @@ pub struct AppSimResult {
     /// Latency of the window's requests that finished (good or late), seconds, sorted.
     pub latencies: Vec<f64>,
     /// Tasks per module handed to its sub-clusters (a task submitted again at
-    /// its last deadline counts twice), and those the runtime dropped.
+    /// its last deadline counts twice), and those the runtime dropped, less
+    /// the drops followed by a last deadline of tasks that reached the module
+    /// too late to run alone by their first (after their deadline less the
+    /// module's least latency, [`Budgets::least`]): those were late upstream.
     pub tasks: Vec<u64>,
     pub expired: Vec<u64>,
     /// Every request that arrived, in and out of the window.
@@ -828,7 +831,15 @@ fn run(
                                 }
                                 continue;
                             }
-                            res.expired[step] += 1;
+                            // A drop that ends the request counts against its module;
+                            // one the rule gives a last deadline counts only when the
+                            // task reached the module in time to run alone (one that
+                            // came after its deadline less its least latency was
+                            // late upstream).
+                            let least = fleet.live.budgets.least[step];
+                            if p.tasks.is_empty() || task.arrival + least <= task.deadline {
+                                res.expired[step] += 1;
+                            }
                             for s in p.tasks.iter().flat_map(|x| fleet.by_module[x.step].iter()) {
                                 touched.push(fleet.sc_core[*s]);
                             }
