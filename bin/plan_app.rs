@@ -337,6 +337,10 @@ pub struct BenchAppsArgs {
     /// Write the CDF of cost / harpagon+tc's (SVG) to this file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Print each simulation of every search to stderr: the cost, the good
+    /// share, each module's machines and its drops / tasks.
+    #[arg(long)]
+    trace: bool,
     #[arg(long)]
     json: bool,
 }
@@ -361,6 +365,7 @@ pub fn cmd_bench_apps(a: BenchAppsArgs) -> Result<()> {
         price_ratio: a.price_ratio,
         requests: a.requests,
         max_sims: a.max_sims,
+        trace: a.trace,
     };
     let json = a.json;
     let r = ba::run(&o, |i| {
@@ -451,6 +456,7 @@ pub fn cmd_bench_lanes(a: BenchLanesArgs) -> Result<()> {
         price_ratio: 1.0,
         requests: a.requests,
         max_sims: a.max_sims,
+        trace: false,
     };
     let r = bl::run(&a.rates, &o).map_err(anyhow::Error::msg)?;
     if a.json {

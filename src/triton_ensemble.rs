@@ -17,7 +17,8 @@
 //!   leading dimension is written as a capacity and a count, the layout
 //!   detectors with a fixed number of slots already use (TensorRT's
 //!   EfficientNMS: `num_detections` beside `detection_boxes [K, 4]`).
-//! * `fermata.deadline`: `slack-forwarding` (the default) or `static`.
+//! * `fermata.deadline`: `slack-forwarding` (the default), `static` or
+//!   `latest-useful`.
 //! * `fermata.budgets_ms`: `STEP=MS, ...`, each step's latency budget; without
 //!   it the SLO is split in proportion to each step's l(1) so that the longest
 //!   path's budgets add up to the SLO.
@@ -49,6 +50,10 @@ pub enum Rule {
     Static,
     /// The application's deadline minus the budgets of the steps still to run.
     SlackForwarding,
+    /// Slack forwarding's deadline, and a task dropped at it gets a last one:
+    /// the application's deadline minus the least latencies of the steps still
+    /// to run.
+    LatestUseful,
 }
 
 /// One step as written.
@@ -290,9 +295,10 @@ pub fn parse(c: &pb::ModelConfig, dir_name: &str) -> Result<EnsembleConfig> {
     let rule = match param(DEADLINE_PARAMETER).as_deref() {
         None | Some("slack-forwarding") | Some("slack_forwarding") => Rule::SlackForwarding,
         Some("static") => Rule::Static,
+        Some("latest-useful") | Some("latest_useful") => Rule::LatestUseful,
         Some(other) => bail!(
             "parameters[{DEADLINE_PARAMETER:?}]: {other:?} is not a deadline rule \
-             (static or slack-forwarding)"
+             (static, slack-forwarding or latest-useful)"
         ),
     };
     let slo_ms = match param(SLO_PARAMETER) {
@@ -807,6 +813,11 @@ parameters { key: "slo_ms" value: { string_value: "40" } }
         ))
         .unwrap();
         assert_eq!(e.rule, Rule::Static);
+        let e = parsed(&with(
+            r#""fermata.deadline" value: { string_value: "latest-useful" }"#,
+        ))
+        .unwrap();
+        assert_eq!(e.rule, Rule::LatestUseful);
         for (p, field) in [
             (
                 r#""fermata.deadline" value: { string_value: "soon" }"#,

@@ -262,3 +262,76 @@ fn epochs_without_a_detector_change_nothing_and_a_replanner_error_ends_the_run()
         .unwrap_err()
         .contains("production dispatcher"));
 }
+
+/// a → b under a 100 ms SLO, a budgeted 10 ms (one machine whose batch of one
+/// takes 9 ms, so a task that finds it busy misses), b 90 ms (4 ms alone).
+fn tight_first_module(rule: DeadlineRule) -> AppSim {
+    let graph = Arc::new(
+        Graph::new(
+            vec![Step::new("a", "m1"), Step::new("b", "m2")],
+            &[EdgeSpec::whole("a", "b")],
+            &["b"],
+        )
+        .unwrap(),
+    );
+    let sc = |module, alpha, beta| SubCluster {
+        module,
+        gpu_type: 0,
+        machines: 1,
+        lanes: 1,
+        profile: LatencyProfile::linear_ms(alpha, beta, 16).unwrap(),
+        weight: 1.0,
+        tc_batch: 4,
+        tc_ratio: 1.0,
+    };
+    let subclusters = vec![sc(0, 1.0, 8.0), sc(1, 1.0, 3.0)];
+    let least = subclusters.iter().map(|s| s.profile.latency(1)).collect();
+    let budgets = Budgets::new(
+        &graph,
+        vec![Dur::from_ms(10), Dur::from_ms(90)],
+        Dur::from_ms(100),
+    )
+    .unwrap()
+    .with_least(&graph, least)
+    .unwrap();
+    AppSim {
+        graph,
+        budgets,
+        rule,
+        rate_rps: 60.0,
+        fanout: vec![None],
+        gpu_types: vec!["a100".into()],
+        subclusters,
+        module_rates: vec![60.0, 60.0],
+    }
+}
+
+#[test]
+fn a_last_deadline_keeps_the_requests_a_module_deadline_would_drop() {
+    let o = opts(Runtime::Core(Policy::Deferred));
+    let slack = simulate_app(&tight_first_module(DeadlineRule::SlackForwarding), &o);
+    let latest = simulate_app(&tight_first_module(DeadlineRule::LatestUseful), &o);
+    for r in [&slack, &latest] {
+        assert_eq!(r.ended, r.requests);
+        assert_eq!(r.offered, slack.offered, "the same arrivals");
+    }
+    // Under slack forwarding a's misses end their requests; with the last
+    // deadline they are served late at a, and b still ends them in time.
+    assert!(slack.expired[0] > 0, "{slack:?}");
+    assert!(slack.good_fraction() < 0.95, "{}", slack.good_fraction());
+    assert!(latest.expired[0] > 0, "a still misses its planned deadline");
+    assert_eq!(latest.late, 0, "{latest:?}");
+    assert_eq!(latest.good, latest.offered);
+}
+
+#[test]
+fn under_overload_last_deadlines_still_end_every_request_once() {
+    let mut sim = tight_first_module(DeadlineRule::LatestUseful);
+    sim.rate_rps = 2000.0;
+    sim.module_rates = vec![2000.0, 2000.0];
+    for runtime in [Runtime::Core(Policy::Deferred), Runtime::Nexus] {
+        let r = simulate_app(&sim, &opts(runtime));
+        assert_eq!(r.ended, r.requests);
+        assert!(r.late > 0 && r.good_fraction() < 0.9, "{}", runtime.name());
+    }
+}

@@ -13,7 +13,7 @@
 //! I/O): the serving frontend and the simulator drive it with task completions,
 //! failures and expiries, and it answers with the tasks to submit next and, once,
 //! how the request ended. [`Budgets`] and [`DeadlineRule`] give each task its
-//! deadline.
+//! deadline, and under [`DeadlineRule::LatestUseful`] a second, last one.
 
 pub mod drift;
 mod run;
@@ -392,6 +392,12 @@ pub enum DeadlineRule {
     /// steps still to run after this one on the longest remaining path: time a
     /// step did not use flows downstream.
     SlackForwarding,
+    /// Slack forwarding's deadline orders and batches a task; a task the runtime
+    /// drops at it gets a second, last deadline: the application's deadline minus
+    /// the least latencies ([`Budgets::with_least`]) of the steps still to run
+    /// on the longest remaining path, the latest at which the request can still
+    /// end within its SLO. The request ends only when a task misses that one.
+    LatestUseful,
 }
 
 impl DeadlineRule {
@@ -399,6 +405,7 @@ impl DeadlineRule {
         match self {
             DeadlineRule::Static => "static",
             DeadlineRule::SlackForwarding => "slack-forwarding",
+            DeadlineRule::LatestUseful => "latest-useful",
         }
     }
 }
@@ -409,8 +416,12 @@ impl DeadlineRule {
 pub struct Budgets {
     pub per_step: Vec<Dur>,
     pub slo: Dur,
+    /// The least time each step's task takes (a batch of one on the fastest
+    /// hardware planned for it); zero unless set by [`Budgets::with_least`].
+    pub least: Vec<Dur>,
     static_off: Vec<Dur>,
     slack_off: Vec<Dur>,
+    latest_off: Vec<Dur>,
 }
 
 /// Why budgets are refused.
@@ -459,19 +470,13 @@ impl Budgets {
                 .unwrap_or(Dur::ZERO);
             cum[v] = before + per_step[v];
         }
-        let mut rem = vec![Dur::ZERO; n];
-        for &v in graph.topo.iter().rev() {
-            rem[v] = graph.outs[v]
-                .iter()
-                .map(|&ei| {
-                    let c = graph.edges[ei].to;
-                    per_step[c] + rem[c]
-                })
-                .max()
-                .unwrap_or(Dur::ZERO);
-        }
-        let slack_off = rem.iter().map(|&r| slo - r).collect();
+        let slack_off: Vec<Dur> = remaining(graph, &per_step)
+            .iter()
+            .map(|&r| slo - r)
+            .collect();
         Ok(Budgets {
+            least: vec![Dur::ZERO; n],
+            latest_off: vec![slo; n],
             per_step,
             slo,
             static_off: cum,
@@ -479,11 +484,63 @@ impl Budgets {
         })
     }
 
-    /// The deadline of `step`'s tasks under `rule`, as an offset from arrival.
+    /// Sets the least latency of each step, from which [`DeadlineRule::LatestUseful`]
+    /// gives each step its last deadline: the SLO minus the least latencies of the
+    /// steps after it on the longest remaining path (never before its planned
+    /// deadline under slack forwarding).
+    pub fn with_least(mut self, graph: &Graph, least: Vec<Dur>) -> Result<Budgets, BudgetError> {
+        let n = graph.steps.len();
+        if least.len() != n {
+            return Err(BudgetError::Count {
+                steps: n,
+                budgets: least.len(),
+            });
+        }
+        if let Some(v) = (0..n).find(|&v| least[v] < Dur::ZERO) {
+            return Err(BudgetError::Negative(graph.steps[v].name.clone()));
+        }
+        self.latest_off = remaining(graph, &least)
+            .iter()
+            .zip(&self.slack_off)
+            .map(|(&r, &planned)| (self.slo - r).max(planned))
+            .collect();
+        self.least = least;
+        Ok(self)
+    }
+
+    /// The deadline of `step`'s tasks under `rule`, as an offset from arrival:
+    /// the one that orders and batches them.
     pub fn offset(&self, rule: DeadlineRule, step: usize) -> Dur {
         match rule {
             DeadlineRule::Static => self.static_off[step],
-            DeadlineRule::SlackForwarding => self.slack_off[step],
+            DeadlineRule::SlackForwarding | DeadlineRule::LatestUseful => self.slack_off[step],
         }
     }
+
+    /// The last deadline of `step`'s tasks under `rule`, as an offset from
+    /// arrival: past it the task is of no use to its request. The same as
+    /// [`Budgets::offset`] but under [`DeadlineRule::LatestUseful`].
+    pub fn latest(&self, rule: DeadlineRule, step: usize) -> Dur {
+        match rule {
+            DeadlineRule::LatestUseful => self.latest_off[step],
+            _ => self.offset(rule, step),
+        }
+    }
+}
+
+/// For each step, the longest sum of `per_step` over the steps after it on a
+/// path to a sink (the step itself excluded).
+fn remaining(graph: &Graph, per_step: &[Dur]) -> Vec<Dur> {
+    let mut rem = vec![Dur::ZERO; per_step.len()];
+    for &v in graph.topo.iter().rev() {
+        rem[v] = graph.outs[v]
+            .iter()
+            .map(|&ei| {
+                let c = graph.edges[ei].to;
+                per_step[c] + rem[c]
+            })
+            .max()
+            .unwrap_or(Dur::ZERO);
+    }
+    rem
 }

@@ -32,7 +32,12 @@ pub struct TaskSpec {
     pub items: Vec<u32>,
     /// One input per edge into the step, in [`Graph::ins`] order.
     pub inputs: Vec<Input>,
+    /// The deadline the runtime orders, batches and drops the task by.
     pub deadline: Time,
+    /// The last deadline the rule gives the task: later than `deadline` only
+    /// under [`DeadlineRule::LatestUseful`] while the task has not yet been
+    /// dropped at its first one.
+    pub latest: Time,
 }
 
 /// How an application request ended.
@@ -82,7 +87,9 @@ pub struct End {
 /// What one report changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Progress {
-    /// New tasks to submit.
+    /// Tasks to submit. After [`AppRun::expired`], a task already submitted
+    /// may come back here with a later `deadline` (its last one, under
+    /// [`DeadlineRule::LatestUseful`]): submit it again.
     pub tasks: Vec<TaskSpec>,
     /// The request ended with this report.
     pub end: Option<End>,
@@ -140,6 +147,7 @@ pub struct AppRun {
     arrival: Time,
     deadline: Time,
     step_deadline: Vec<Time>,
+    step_latest: Vec<Time>,
     tasks: Vec<TaskSpec>,
     state: Vec<State>,
     by_ctx: HashMap<(usize, Vec<u32>), TaskKey>,
@@ -165,12 +173,14 @@ impl AppRun {
         let n = graph.steps().len();
         assert_eq!(budgets.per_step.len(), n, "budgets of another graph");
         let step_deadline = (0..n).map(|v| arrival + budgets.offset(rule, v)).collect();
+        let step_latest = (0..n).map(|v| arrival + budgets.latest(rule, v)).collect();
         let mut run = AppRun {
             graph: Arc::clone(graph),
             rule,
             arrival,
             deadline: arrival + budgets.slo,
             step_deadline,
+            step_latest,
             tasks: Vec::new(),
             state: Vec::new(),
             by_ctx: HashMap::new(),
@@ -196,6 +206,7 @@ impl AppRun {
             items: items.clone(),
             inputs,
             deadline: self.step_deadline[step],
+            latest: self.step_latest[step],
         };
         self.by_ctx.insert((step, items), key);
         self.tasks.push(spec.clone());
@@ -401,11 +412,23 @@ impl AppRun {
         })
     }
 
-    /// Task `key` expired: the request ends late now (unless it already ended).
+    /// Task `key` expired (the runtime dropped it at its deadline). If its rule
+    /// gives it a later, last deadline it has not had yet, the task stays
+    /// outstanding and comes back in `tasks` with that deadline, to be submitted
+    /// again; otherwise the request ends late now (unless it already ended).
     pub fn expired(&mut self, key: TaskKey) -> Result<Progress, AppError> {
         let Some(i) = self.check(key)? else {
             return Ok(Self::discard());
         };
+        let t = &mut self.tasks[i];
+        if t.deadline < t.latest {
+            t.deadline = t.latest;
+            return Ok(Progress {
+                tasks: vec![t.clone()],
+                end: None,
+                discard: false,
+            });
+        }
         self.state[i] = State::Expired;
         let step = self.tasks[i].step;
         let end = self.end(Outcome::Expired { task: key, step });
@@ -445,6 +468,11 @@ impl AppRun {
     /// The deadline of `step`'s tasks in this request.
     pub fn step_deadline(&self, step: usize) -> Time {
         self.step_deadline[step]
+    }
+    /// The last deadline of `step`'s tasks in this request (the same as
+    /// [`AppRun::step_deadline`] but under [`DeadlineRule::LatestUseful`]).
+    pub fn step_latest(&self, step: usize) -> Time {
+        self.step_latest[step]
     }
     pub fn task(&self, key: TaskKey) -> Option<&TaskSpec> {
         self.tasks.get(key.0 as usize)

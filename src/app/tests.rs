@@ -328,6 +328,133 @@ fn slack_forwarding_passes_unused_time_to_the_successor() {
     assert!(child[1] > child[0]);
 }
 
+/// a → b → c, budgets 20 + 20 + 20 under a 60 ms SLO, least latencies 5, 4, 3.
+fn chain_latest() -> (Arc<Graph>, Budgets) {
+    let g = Arc::new(
+        Graph::new(
+            vec![
+                Step::new("a", "m1"),
+                Step::new("b", "m2"),
+                Step::new("c", "m3"),
+            ],
+            &[EdgeSpec::whole("a", "b"), EdgeSpec::whole("b", "c")],
+            &["c"],
+        )
+        .unwrap(),
+    );
+    let b = budgets(&g, &[20, 20, 20], 60)
+        .with_least(&g, vec![ms(5), ms(4), ms(3)])
+        .unwrap();
+    (g, b)
+}
+
+#[test]
+fn latest_useful_deadlines_leave_the_steps_after_a_task_only_their_least_latency() {
+    let (g, b) = chain_latest();
+    let (run, roots) = AppRun::start(&g, &b, DeadlineRule::LatestUseful, at(100));
+    // Ordered and batched as under slack forwarding.
+    let d: Vec<Time> = (0..3).map(|s| run.step_deadline(s)).collect();
+    assert_eq!(d, vec![at(120), at(140), at(160)]);
+    // Last deadlines: 60 - (4 + 3), 60 - 3, 60.
+    let l: Vec<Time> = (0..3).map(|s| run.step_latest(s)).collect();
+    assert_eq!(l, vec![at(153), at(157), at(160)]);
+    assert_eq!((roots[0].deadline, roots[0].latest), (at(120), at(153)));
+    // The other rules have one deadline.
+    for rule in [DeadlineRule::Static, DeadlineRule::SlackForwarding] {
+        let (run, _) = AppRun::start(&g, &b, rule, at(100));
+        assert!((0..3).all(|s| run.step_latest(s) == run.step_deadline(s)));
+    }
+    // A least latency above the budgets never makes the last deadline earlier.
+    let tight = budgets(&g, &[20, 20, 20], 60)
+        .with_least(&g, vec![ms(30), ms(30), ms(30)])
+        .unwrap();
+    let (run, _) = AppRun::start(&g, &tight, DeadlineRule::LatestUseful, at(0));
+    assert!((0..3).all(|s| run.step_latest(s) == run.step_deadline(s)));
+    assert_eq!(
+        budgets(&g, &[20, 20, 20], 60).with_least(&g, vec![ms(1)]),
+        Err(BudgetError::Count {
+            steps: 3,
+            budgets: 1
+        })
+    );
+    assert_eq!(
+        budgets(&g, &[20, 20, 20], 60).with_least(&g, vec![ms(1), ms(-1), ms(1)]),
+        Err(BudgetError::Negative("b".into()))
+    );
+}
+
+#[test]
+fn a_task_dropped_at_its_planned_deadline_is_served_by_its_last_one_and_the_request_ends_good() {
+    let (g, b) = chain_latest();
+    let (mut run, roots) = AppRun::start(&g, &b, DeadlineRule::LatestUseful, at(0));
+    // `a` misses its planned 20 ms: it comes back with its last deadline, 53 ms.
+    let p = run.expired(roots[0].key).unwrap();
+    assert!(p.end.is_none() && !p.discard);
+    assert_eq!(p.tasks.len(), 1);
+    assert_eq!(
+        (p.tasks[0].key, p.tasks[0].step, p.tasks[0].deadline),
+        (roots[0].key, 0, at(53))
+    );
+    assert_eq!(run.outstanding(), 1);
+    // Served at 45 ms, past its planned deadline: `b` and `c` still make it.
+    let p = run.done(roots[0].key, at(45), &[]).unwrap();
+    let b_task = p.tasks[0].clone();
+    assert_eq!(
+        b_task.deadline,
+        at(40),
+        "b's planned deadline is already past"
+    );
+    let p = run.expired(b_task.key).unwrap();
+    assert_eq!(p.tasks[0].deadline, at(57));
+    let p = run.done(b_task.key, at(50), &[]).unwrap();
+    let c_task = p.tasks[0].clone();
+    let end = run.done(c_task.key, at(56), &[]).unwrap().end.unwrap();
+    assert_eq!(end.outcome, Outcome::Good);
+    assert!(run.ended());
+}
+
+#[test]
+fn a_task_dropped_at_its_last_deadline_ends_its_request_once() {
+    let (g, b) = chain_latest();
+    let (mut run, roots) = AppRun::start(&g, &b, DeadlineRule::LatestUseful, at(0));
+    let p = run.done(roots[0].key, at(10), &[]).unwrap();
+    let k = p.tasks[0].key;
+    let again = run.expired(k).unwrap();
+    assert_eq!(again.tasks[0].deadline, at(57));
+    // Dropped again, at its last deadline: the request ends, once.
+    let end = run.expired(k).unwrap().end.unwrap();
+    assert_eq!(end.outcome, Outcome::Expired { task: k, step: 1 });
+    assert!(end.cancelled.is_empty());
+    assert_eq!(run.expired(k), Err(AppError::NotOutstanding(k)));
+    assert_eq!(run.abort("late"), None);
+    // Under slack forwarding the first drop ends it.
+    let (mut run, roots) = AppRun::start(&g, &b, DeadlineRule::SlackForwarding, at(0));
+    let p = run.expired(roots[0].key).unwrap();
+    assert!(p.tasks.is_empty());
+    assert_eq!(
+        p.end.unwrap().outcome,
+        Outcome::Expired {
+            task: roots[0].key,
+            step: 0
+        }
+    );
+}
+
+#[test]
+fn a_cancelled_task_dropped_later_is_discarded_not_resubmitted() {
+    let g = diamond();
+    let b = budgets(&g, &[10, 10, 30, 10], 50)
+        .with_least(&g, vec![ms(1); 4])
+        .unwrap();
+    let (mut run, roots) = AppRun::start(&g, &b, DeadlineRule::LatestUseful, at(0));
+    let p = run.done(roots[0].key, at(5), &[]).unwrap();
+    let end = run.failed(p.tasks[0].key, "backend error").unwrap().end;
+    assert_eq!(end.unwrap().cancelled, vec![p.tasks[1].key]);
+    let q = run.expired(p.tasks[1].key).unwrap();
+    assert!(q.discard && q.tasks.is_empty() && q.end.is_none());
+    assert_eq!(run.unreported(), 0);
+}
+
 #[test]
 fn the_task_bound_fails_a_request_whose_fanout_is_too_large() {
     let g = Arc::new(

@@ -40,6 +40,8 @@ pub struct Options {
     pub requests: u64,
     /// Simulations at most per application and setup.
     pub max_sims: usize,
+    /// Print each simulation of the search to stderr.
+    pub trace: bool,
 }
 
 impl Default for Options {
@@ -50,6 +52,7 @@ impl Default for Options {
             price_ratio: 0.35,
             requests: 1000,
             max_sims: 30,
+            trace: false,
         }
     }
 }
@@ -70,7 +73,7 @@ pub fn setups() -> Vec<Setup> {
             name: "fermata+deferred",
             planner: "fermata",
             runtime: Runtime::Core(Policy::Deferred),
-            rule: DeadlineRule::SlackForwarding,
+            rule: DeadlineRule::LatestUseful,
         },
         Setup {
             name: "fermata+static",
@@ -218,6 +221,21 @@ pub fn app_sim(
             tc_ratio: c.throughput / app.price(&c),
         });
     }
+    // The least latency of each module: a batch of one on the fastest lane
+    // planned for it (the last deadlines of `DeadlineRule::LatestUseful`).
+    let least = (0..app.modules.len())
+        .map(|v| {
+            subclusters
+                .iter()
+                .filter(|sc| sc.module == v)
+                .map(|sc| sc.profile.latency(1))
+                .min()
+                .unwrap_or(Dur::ZERO)
+        })
+        .collect();
+    let budgets = budgets
+        .with_least(&graph, least)
+        .map_err(|e| e.to_string())?;
     Ok(AppSim {
         graph,
         budgets,
@@ -265,9 +283,51 @@ fn trial(
     machines: &[u32],
     setup: &Setup,
     opt: &AppSimOptions,
+    trace: bool,
 ) -> Result<(Trial, usize), String> {
     let sim = app_sim(app, plan, ls, machines, setup.rule)?;
-    let r = simulate_app(&sim, opt);
+    let r = if trace {
+        // With the checks on: each batch's placement.
+        let mut o = opt.clone();
+        o.check = true;
+        simulate_app(&sim, &o)
+    } else {
+        simulate_app(&sim, opt)
+    };
+    if trace {
+        let per_module: Vec<String> = (0..app.modules.len())
+            .map(|v| {
+                let m: Vec<String> = ls
+                    .iter()
+                    .zip(machines)
+                    .filter(|(l, _)| l.module == v)
+                    .map(|(l, k)| {
+                        let c = &l.config;
+                        let hw = &app.hardware[c.hw].name;
+                        format!("{k}x{hw} b{} e{}", c.batch, c.concurrency)
+                    })
+                    .collect();
+                let batches = r.placements.iter().filter(|p| p.module == v).count();
+                format!(
+                    "{}[{}; budget {:.1} ms] drop {}/{}, batch mean {:.1}",
+                    app.modules[v].name,
+                    m.join(" + "),
+                    plan.modules[v].budget * 1e3,
+                    r.expired[v],
+                    r.tasks[v],
+                    r.tasks[v].saturating_sub(r.expired[v]) as f64 / batches.max(1) as f64
+                )
+            })
+            .collect();
+        eprintln!(
+            "{} {} cost {:.2} good {:.4}: {}",
+            app.name,
+            setup.name,
+            cost(app, ls, machines),
+            r.good_fraction(),
+            per_module.join(", ")
+        );
+    }
     let n = r.offered.max(1) as usize;
     let idx = ((n as f64 * 0.99).ceil() as usize).clamp(1, n);
     let p99 = r.latencies.get(idx - 1).copied().unwrap_or(f64::INFINITY);
@@ -330,7 +390,7 @@ pub fn search(
     let opt = sim_options(app, o, setup.runtime, seed);
     let mut m: Vec<u32> = ls.iter().map(|l| l.machines).collect();
     let mut sims = 0usize;
-    let (first, mut grow) = trial(app, plan, &ls, &m, setup, &opt)?;
+    let (first, mut grow) = trial(app, plan, &ls, &m, setup, &opt, o.trace)?;
     sims += 1;
     let ok = |t: &Trial| t.good >= TARGET_GOOD;
     let mut pass = ok(&first);
@@ -344,7 +404,7 @@ pub fn search(
             })
             .ok_or("a module without machines")?;
         m[best] += 1;
-        let (t, g) = trial(app, plan, &ls, &m, setup, &opt)?;
+        let (t, g) = trial(app, plan, &ls, &m, setup, &opt, o.trace)?;
         sims += 1;
         pass = ok(&t);
         grow = g;
@@ -378,7 +438,7 @@ pub fn search(
                 continue;
             }
             m[i] -= 1;
-            let (t, _) = trial(app, plan, &ls, &m, setup, &opt)?;
+            let (t, _) = trial(app, plan, &ls, &m, setup, &opt, o.trace)?;
             sims += 1;
             if ok(&t) {
                 continue 'outer;

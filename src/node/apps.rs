@@ -136,7 +136,14 @@ impl ServedApp {
             .iter()
             .map(|&ms| Dur::from_ms_f64(ms))
             .collect();
+        // Each step's least latency, a batch of one (the last deadlines of
+        // `DeadlineRule::LatestUseful`).
+        let least = models
+            .iter()
+            .map(|&(i, _)| Dur::from_ms_f64(l1(&infos[i]).max(0.0)))
+            .collect();
         let budgets = Budgets::new(&graph, per_step, Dur::from_ms_f64(config.slo_ms))
+            .and_then(|b| b.with_least(&graph, least))
             .map_err(|e| ctx(anyhow!("budgets: {e}")))?;
         // The longest path by l(1): the least an answer takes.
         let mut upto: Vec<f64> = models.iter().map(|&(i, _)| l1(&infos[i])).collect();
@@ -161,6 +168,7 @@ impl ServedApp {
             rule: match config.rule {
                 Rule::Static => DeadlineRule::Static,
                 Rule::SlackForwarding => DeadlineRule::SlackForwarding,
+                Rule::LatestUseful => DeadlineRule::LatestUseful,
             },
             stats: ModelStats::new(config.max_batch),
             config,
@@ -231,7 +239,9 @@ impl ServedApp {
             .iter()
             .map(|d| Dur((d.0 as f64 * k) as i64))
             .collect();
-        Budgets::new(&self.graph, per, slo).expect("scaled budgets stay valid")
+        Budgets::new(&self.graph, per, slo)
+            .and_then(|b| b.with_least(&self.graph, self.budgets.least.clone()))
+            .expect("scaled budgets stay valid")
     }
 
     /// Runs one sample (`input`: the application's inputs, one after the
@@ -298,8 +308,12 @@ impl ServedApp {
                 s.request(done.ended == Ended::Good, done.latency);
             }
             let at = now();
+            // A late answer is still of use by the task's last deadline (later
+            // than its deadline only under `latest-useful`).
+            let usable = done.ended == Ended::Good
+                || (done.ended == Ended::Late && at <= spec.latest && spec.latest > spec.deadline);
             let progress = match done.ended {
-                Ended::Good if done.output.len() != meta.output_bytes() => {
+                _ if usable && done.output.len() != meta.output_bytes() => {
                     let why = format!(
                         "model `{}` returned {} output bytes; its outputs are {}",
                         meta.name,
@@ -310,7 +324,7 @@ impl ServedApp {
                     ender.get_or_insert((spec.clone(), failed_with(done.clone(), why)));
                     p
                 }
-                Ended::Good => match self.counts(&spec, &done.output) {
+                _ if usable => match self.counts(&spec, &done.output) {
                     Err(why) => {
                         let p = run.failed(spec.key, &why);
                         ender.get_or_insert((spec.clone(), failed_with(done.clone(), why)));

@@ -126,7 +126,11 @@ pub struct AppSimResult {
     pub failed: u64,
     /// Latency of the window's requests that finished (good or late), seconds, sorted.
     pub latencies: Vec<f64>,
-    /// Tasks per module, and those that expired.
+    /// Tasks per module handed to its sub-clusters (a task submitted again at
+    /// its last deadline counts twice), and those the runtime dropped, less
+    /// the drops followed by a last deadline of tasks that reached the module
+    /// too late to run alone by their first (after their deadline less the
+    /// module's least latency, [`Budgets::least`]): those were late upstream.
     pub tasks: Vec<u64>,
     pub expired: Vec<u64>,
     /// Every request that arrived, in and out of the window.
@@ -775,62 +779,78 @@ fn run(
             fleet.submit(now, req, specs, &mut res);
             next_arrival = now + gap(&mut rng);
         }
-        touched.sort_unstable();
-        touched.dedup();
-        for c in touched {
-            while let Some(out) = fleet.cores[c].poll_output() {
-                match out {
-                    Output::Dispatch(p) => {
-                        let (sc, lane) = fleet.core_lanes[c][p.gpu.idx()];
-                        let s = &fleet.live.subclusters[sc];
-                        let start = p.exec_at.max(now).max(fleet.lane_free[sc][lane]);
-                        let end = start + s.profile.latency(p.tasks.len() as u32);
-                        fleet.lane_free[sc][lane] = end;
-                        if opt.check {
-                            assert!(
-                                (lane as u32) < s.machines * s.lanes,
-                                "a batch on lane {lane} of sub-cluster {sc}, out of service"
-                            );
-                            res.placements.push(Placement {
-                                module: s.module,
-                                subcluster: sc,
-                                gpu_type: s.gpu_type,
-                                machine: lane as u32 / s.lanes,
-                                lane: lane as u32 % s.lanes,
-                                start,
-                                finish: end,
-                            });
-                        }
-                        completions.push(Reverse((end, c, p.id.0)));
-                        flights.insert(
-                            (c, p.id.0),
-                            Flight {
-                                gpu: p.gpu.0,
-                                tasks: p.tasks,
-                            },
-                        );
-                    }
-                    Output::Drop { task, .. } => {
-                        let req = task.id.0 >> KEY_BITS;
-                        let key = TaskKey((task.id.0 & ((1 << KEY_BITS) - 1)) as u32);
-                        let Some(run) = runs.get_mut(&req) else {
-                            continue;
-                        };
-                        let step = run.task(key).expect("known task").step;
-                        let p = run.expired(key).expect("a queued task reports once");
-                        if p.discard {
-                            if cancelled_all_reported(run) {
-                                runs.remove(&req);
+        // Cores with outputs to read; a task dropped and submitted again (a
+        // last deadline) may add another core, read in a further round.
+        while !touched.is_empty() {
+            touched.sort_unstable();
+            touched.dedup();
+            for c in std::mem::take(&mut touched) {
+                while let Some(out) = fleet.cores[c].poll_output() {
+                    match out {
+                        Output::Dispatch(p) => {
+                            let (sc, lane) = fleet.core_lanes[c][p.gpu.idx()];
+                            let s = &fleet.live.subclusters[sc];
+                            let start = p.exec_at.max(now).max(fleet.lane_free[sc][lane]);
+                            let end = start + s.profile.latency(p.tasks.len() as u32);
+                            fleet.lane_free[sc][lane] = end;
+                            if opt.check {
+                                assert!(
+                                    (lane as u32) < s.machines * s.lanes,
+                                    "a batch on lane {lane} of sub-cluster {sc}, out of service"
+                                );
+                                res.placements.push(Placement {
+                                    module: s.module,
+                                    subcluster: sc,
+                                    gpu_type: s.gpu_type,
+                                    machine: lane as u32 / s.lanes,
+                                    lane: lane as u32 % s.lanes,
+                                    start,
+                                    finish: end,
+                                });
                             }
-                            continue;
+                            completions.push(Reverse((end, c, p.id.0)));
+                            flights.insert(
+                                (c, p.id.0),
+                                Flight {
+                                    gpu: p.gpu.0,
+                                    tasks: p.tasks,
+                                },
+                            );
                         }
-                        res.expired[step] += 1;
-                        if let Some(end) = p.end {
-                            finish(req, end, now, &mut runs, &mut ended_state, &mut res);
+                        Output::Drop { task, .. } => {
+                            let req = task.id.0 >> KEY_BITS;
+                            let key = TaskKey((task.id.0 & ((1 << KEY_BITS) - 1)) as u32);
+                            let Some(run) = runs.get_mut(&req) else {
+                                continue;
+                            };
+                            let step = run.task(key).expect("known task").step;
+                            let p = run.expired(key).expect("a queued task reports once");
+                            if p.discard {
+                                if cancelled_all_reported(run) {
+                                    runs.remove(&req);
+                                }
+                                continue;
+                            }
+                            // A drop that ends the request counts against its module;
+                            // one the rule gives a last deadline counts only when the
+                            // task reached the module in time to run alone (one that
+                            // came after its deadline less its least latency was
+                            // late upstream).
+                            let least = fleet.live.budgets.least[step];
+                            if p.tasks.is_empty() || task.arrival + least <= task.deadline {
+                                res.expired[step] += 1;
+                            }
+                            for s in p.tasks.iter().flat_map(|x| fleet.by_module[x.step].iter()) {
+                                touched.push(fleet.sc_core[*s]);
+                            }
+                            fleet.submit(now, req, p.tasks, &mut res);
+                            if let Some(end) = p.end {
+                                finish(req, end, now, &mut runs, &mut ended_state, &mut res);
+                            }
                         }
-                    }
-                    Output::Preempt { .. } => {
-                        unreachable!("no application runtime preempts")
+                        Output::Preempt { .. } => {
+                            unreachable!("no application runtime preempts")
+                        }
                     }
                 }
             }

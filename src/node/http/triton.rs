@@ -193,6 +193,7 @@ pub(super) fn app_config_json(app: &crate::node::apps::ServedApp) -> Value {
         crate::triton_ensemble::DEADLINE_PARAMETER: {"string_value": match c.rule {
             crate::triton_ensemble::Rule::Static => "static",
             crate::triton_ensemble::Rule::SlackForwarding => "slack-forwarding",
+            crate::triton_ensemble::Rule::LatestUseful => "latest-useful",
         }},
     });
     v
