@@ -379,7 +379,9 @@ mod tests {
         let g = graph();
         let p = linear(1.0, 1.0, 4);
         let cfg = DriftConfig::default;
-        assert!(Replanner::new(&g, &[p.clone()], Dur::from_ms(100), 1.0, cfg()).is_err());
+        assert!(
+            Replanner::new(&g, std::slice::from_ref(&p), Dur::from_ms(100), 1.0, cfg()).is_err()
+        );
         assert!(Replanner::new(&g, &[p.clone(), vec![]], Dur::from_ms(100), 1.0, cfg()).is_err());
         assert!(Replanner::new(
             &g,
