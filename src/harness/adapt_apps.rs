@@ -114,6 +114,8 @@ pub struct Window {
     pub items: u32,
     pub offered: u64,
     pub ok: u64,
+    /// Answered 200, within the SLO or after it.
+    pub answered_200: u64,
     /// Share of its requests not answered 200 within the SLO.
     pub bad: f64,
     pub unanswered: u64,
@@ -131,12 +133,14 @@ pub struct Report {
     /// and each step's budget (ms).
     pub planned_fanout: Option<f64>,
     pub budgets_ms: Vec<(String, f64)>,
-    /// The client's requests: sent, and with no answer (any status counts
-    /// as one).
+    /// The client's requests: sent, with no answer (any status counts as
+    /// one), and answered 200.
     pub offered: u64,
     pub unanswered: u64,
+    pub answered_200: u64,
     /// The application's statistics at the frontend (Triton's `success`
-    /// and `fail` counts): each request ends in exactly one of them.
+    /// and `fail` counts): each request the door let in ends in exactly one
+    /// of them (one the door refuses is answered without counting).
     pub server_success: u64,
     pub server_fail: u64,
     /// The frontend's items per parent output on detector → mlp at the end.
@@ -395,6 +399,7 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
             items,
             offered: c.offered,
             ok: c.ok,
+            answered_200: c.ok + c.late_200,
             bad: c.bad_pct() / 100.0,
             unanswered: c.unanswered,
         });
@@ -433,6 +438,7 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
         options: o.clone(),
         offered: windows.iter().map(|w| w.offered).sum(),
         unanswered: windows.iter().map(|w| w.unanswered).sum(),
+        answered_200: windows.iter().map(|w| w.answered_200).sum(),
         windows,
         replans_before_jump: replans_before_jump.unwrap_or(replans),
         replans,
