@@ -326,6 +326,13 @@ enum BenchCmd {
     /// window with the epoch loop moving models, and with moves off.
     #[command(name = "adapt-procs")]
     AdaptProcs(plan_app::BenchAdaptProcsArgs),
+    /// Re-planning an application on its measured fan-out with real
+    /// processes on loopback: the ONNX ensemble detect_classify over HTTP,
+    /// whose inputs switch mid-run to ones the detector passes more items
+    /// of; bad per epoch-long window with the frontend re-planning, and
+    /// with the plan fixed.
+    #[command(name = "adapt-apps")]
+    AdaptApps(plan_app::BenchAdaptAppsArgs),
     /// Nexus's query-analysis case (its Figure 16): SSD then Inception on γ
     /// items each, on 8 GPUs; the highest rate at 99% good for the `fermata`
     /// split with deferred scheduling, an even split, and `nexus` with Nexus's
@@ -863,6 +870,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Lanes(a)) => plan_app::cmd_bench_lanes(a),
         Cmd::Bench(BenchCmd::Adapt(a)) => plan_app::cmd_bench_adapt(a),
         Cmd::Bench(BenchCmd::AdaptProcs(a)) => plan_app::cmd_bench_adapt_procs(a),
+        Cmd::Bench(BenchCmd::AdaptApps(a)) => plan_app::cmd_bench_adapt_apps(a),
         Cmd::Bench(BenchCmd::NexusFig16(a)) => plan_app::cmd_bench_nexus_fig16(a),
     };
     if let Err(e) = r {

@@ -820,3 +820,129 @@ pub fn cmd_bench_adapt_procs(a: BenchAdaptProcsArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchAdaptAppsArgs {
+    /// The repository holding detector, mlp and detect_classify.
+    #[arg(long, default_value = "models/apps")]
+    models: std::path::PathBuf,
+    /// Application requests/s (Poisson).
+    #[arg(long, default_value_t = 40.0)]
+    rate: f64,
+    /// Items per request (patches the detector passes) before and from the jump.
+    #[arg(long, default_value_t = 1)]
+    items_before: u32,
+    #[arg(long, default_value_t = 3)]
+    items_after: u32,
+    /// When the inputs change (s from the start of the load).
+    #[arg(long, default_value_t = 4.0)]
+    jump_at_s: f64,
+    #[arg(long, default_value_t = 12.0)]
+    duration_s: f64,
+    /// The frontend's re-planning epoch (s), also the report's window.
+    #[arg(long, default_value_t = 1.0)]
+    epoch_s: f64,
+    /// The application's SLO (ms).
+    #[arg(long, default_value_t = 500.0)]
+    slo_ms: f64,
+    /// Only the run with re-planning (no baseline with the plan fixed).
+    #[arg(long)]
+    no_baseline: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cmd_bench_adapt_apps(a: BenchAdaptAppsArgs) -> Result<()> {
+    use fermata::harness::adapt_apps as aa;
+    let exe = std::env::current_exe()?;
+    let o = aa::Options {
+        models: a.models,
+        rate_rps: a.rate,
+        items_before: a.items_before,
+        items_after: a.items_after,
+        jump_at_s: a.jump_at_s,
+        duration_s: a.duration_s,
+        epoch_s: a.epoch_s,
+        slo_ms: a.slo_ms,
+        ..aa::Options::default()
+    };
+    o.check()?;
+    let replanned = aa::run(&exe, &o)?;
+    let fixed = if a.no_baseline {
+        None
+    } else {
+        Some(aa::run(
+            &exe,
+            &aa::Options {
+                replan: false,
+                ..o.clone()
+            },
+        )?)
+    };
+    if a.json {
+        let v = serde_json::json!({ "replan": replanned, "fixed": fixed });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "real processes on loopback: scheduler (--models), 1 backend (--executor onnx, 1 CPU worker), 1 frontend serving {} over HTTP (--replan-every-s {} --replan-confirm {} --replan-min-samples {}); {} r/s, SLO {} ms; items per request {} -> {} at {} s; bad: requests sent in the window not answered 200 within the SLO",
+        aa::APP,
+        o.epoch_s,
+        o.confirm,
+        o.min_samples,
+        o.rate_rps,
+        o.slo_ms,
+        o.items_before,
+        o.items_after,
+        o.jump_at_s
+    );
+    println!(
+        "{:>6} {:>8} {:>6} {:>9} {:>12} {:>11}",
+        "window", "start s", "items", "requests", "bad replan", "bad fixed"
+    );
+    for (i, w) in replanned.windows.iter().enumerate() {
+        let f = fixed
+            .as_ref()
+            .and_then(|f| f.windows.get(i))
+            .map_or("-".to_string(), |x| format!("{:.2}%", x.bad * 100.0));
+        println!(
+            "{:>6} {:>8.1} {:>6} {:>9} {:>11.2}% {:>11}",
+            i,
+            w.start_s,
+            w.items,
+            w.offered,
+            w.bad * 100.0,
+            f
+        );
+    }
+    let from = o.jump_at_s + 2.0 * o.epoch_s;
+    let after = |r: &aa::Report| {
+        let (n, bad) = r.bad_from(from);
+        format!("{:.2}% of {n}", bad * 100.0)
+    };
+    println!(
+        "bad from {from} s (two epochs after the jump) on: re-planning {}, plan fixed {}",
+        after(&replanned),
+        fixed.as_ref().map_or("-".into(), after)
+    );
+    let show = |r: &aa::Report| {
+        format!(
+            "re-plans {} ({} before the jump), planned fan-out {:?}, budgets {:?} ms, measured {} items / {} outputs, client {} sent / {} unanswered, frontend success {} + fail {}",
+            r.replans,
+            r.replans_before_jump,
+            r.planned_fanout,
+            r.budgets_ms,
+            r.fanout_items,
+            r.fanout_outputs,
+            r.offered,
+            r.unanswered,
+            r.server_success,
+            r.server_fail
+        )
+    };
+    println!("re-planning: {}", show(&replanned));
+    if let Some(f) = &fixed {
+        println!("plan fixed: {}", show(f));
+    }
+    Ok(())
+}

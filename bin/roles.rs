@@ -367,6 +367,61 @@ pub struct SchedulerArgs {
     max_members: u32,
 }
 
+/// Re-planning the applications on their measured fan-out (frontend, serve).
+#[derive(Args, Clone)]
+pub struct ReplanArgs {
+    /// Re-plan each application (ensemble) on what its inputs do: every
+    /// SECS, the frontend compares each fan-out edge's measured mean item
+    /// count with the one its plan assumes (1 until measured) and, on a
+    /// drift past --replan-threshold, plans the application again with the
+    /// fermata planner at the measured fan-outs and request rate; new
+    /// requests get the new plan's budgets (docs/applications.md). Off by
+    /// default: the budgets stay the configuration's.
+    #[arg(long, value_name = "SECS")]
+    replan_every_s: Option<f64>,
+    /// With --replan-every-s: the relative drift |measured / planned - 1|
+    /// past which a fan-out has drifted.
+    #[arg(long, default_value_t = 0.25)]
+    replan_threshold: f64,
+    /// With --replan-every-s: parent outputs an edge needs in the window to
+    /// be measured.
+    #[arg(long, default_value_t = 50)]
+    replan_min_samples: u64,
+    /// With --replan-every-s: epochs the measurement window spans.
+    #[arg(long, default_value_t = 1)]
+    replan_window: usize,
+    /// With --replan-every-s: consecutive epochs with a drift before a re-plan.
+    #[arg(long, default_value_t = 1)]
+    replan_confirm: u32,
+    /// With --replan-every-s: epochs after a re-plan in which nothing triggers.
+    #[arg(long, default_value_t = 0)]
+    replan_cooldown: u32,
+}
+
+impl ReplanArgs {
+    /// The checked settings (None without --replan-every-s).
+    fn opts(&self) -> Result<Option<fermata::node::frontend::ReplanOpts>> {
+        let Some(s) = self.replan_every_s else {
+            return Ok(None);
+        };
+        if !(s.is_finite() && s > 0.0) {
+            bail!("--replan-every-s must be positive");
+        }
+        let o = fermata::node::frontend::ReplanOpts {
+            every: Duration::from_secs_f64(s.min(1e6)),
+            drift: fermata::app::DriftConfig {
+                threshold: self.replan_threshold,
+                window: self.replan_window,
+                min_samples: self.replan_min_samples,
+                confirm: self.replan_confirm,
+                cooldown: self.replan_cooldown,
+            },
+        };
+        o.check().context("--replan-*")?;
+        Ok(Some(o))
+    }
+}
+
 /// Sub-clusters and the epoch partitioner (scheduler, serve).
 #[derive(Args, Clone)]
 pub struct SubclusterArgs {
@@ -827,6 +882,8 @@ pub struct FrontendArgs {
     /// model repository DIR over the scheduler's models (docs/applications.md).
     #[arg(long, value_name = "DIR")]
     apps: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    replan: ReplanArgs,
     /// Serve the KServe v2 / Triton gRPC API at ADDR (host:port), with the
     /// HTTP API's limits (--http-threads, --http-max-body-bytes per message,
     /// --http-max-tensor-bytes).
@@ -850,6 +907,7 @@ pub fn cmd_frontend(a: FrontendArgs) -> Result<()> {
     if let Some(d) = &a.apps {
         o.apps = fermata::triton_ensemble::load_all(d)?;
     }
+    o.replan = a.replan.opts()?;
     if let Some(l) = &a.http_listen {
         o.http = Some(a.http.opts(l)?);
     }
@@ -1077,6 +1135,8 @@ pub struct ServeArgs {
     grpc_port: Option<u16>,
     #[command(flatten)]
     http: HttpArgs,
+    #[command(flatten)]
+    replan: ReplanArgs,
     /// The RankThread spins this long before a timer instead of sleeping (us;
     /// small by default: everything shares this machine's cores).
     #[arg(long, default_value_t = 20)]
@@ -1546,6 +1606,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         } else {
             fermata::triton_ensemble::load_all(&a.models)?
         },
+        replan: a.replan.opts()?,
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
         lanes: a.lanes,
         epoch: a.subclusters.epoch_opts()?,

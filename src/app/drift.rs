@@ -196,6 +196,30 @@ impl DriftDetector {
         }
     }
 
+    /// `outputs` outputs of edge `edge`'s parent carried `items` items in all
+    /// (what a driver that counts in bulk has: the same as `outputs` calls of
+    /// [`DriftDetector::record_fanout`]). Refused for an unknown or whole edge.
+    pub fn record_fanout_counts(
+        &mut self,
+        edge: usize,
+        outputs: u64,
+        items: u64,
+    ) -> Result<(), String> {
+        match self.planned_fanout.get(edge) {
+            Some(Some(_)) => {
+                let c = &mut self.cur.fan[edge];
+                c.0 = c.0.saturating_add(outputs);
+                c.1 = c.1.saturating_add(items);
+                Ok(())
+            }
+            Some(None) => Err(format!("edge {edge} is not a fan-out edge")),
+            None => Err(format!(
+                "edge {edge} is unknown (the application has {})",
+                self.planned_fanout.len()
+            )),
+        }
+    }
+
     /// One batch of `model` took `observed` where its profile says `profiled`.
     /// Refused for an unknown model or a non-positive profiled latency.
     pub fn record_latency(
@@ -375,6 +399,18 @@ mod tests {
             assert_eq!(d.end_epoch(), None);
         }
         assert_eq!(d.replans(), 1);
+    }
+
+    #[test]
+    fn counts_in_bulk_are_the_same_as_one_by_one() {
+        let mut a = det(DriftConfig::default());
+        let mut b = det(DriftConfig::default());
+        feed(&mut a, 100, 6);
+        b.record_fanout_counts(0, 100, 600).unwrap();
+        assert_eq!(a.measured(), b.measured());
+        assert_eq!(a.end_epoch(), b.end_epoch());
+        assert!(b.record_fanout_counts(1, 1, 1).is_err());
+        assert!(b.record_fanout_counts(7, 1, 1).is_err());
     }
 
     #[test]

@@ -16,11 +16,13 @@
 //! deadline, and under [`DeadlineRule::LatestUseful`] a second, last one.
 
 pub mod drift;
+pub mod replan;
 mod run;
 #[cfg(test)]
 mod tests;
 
 pub use drift::{DriftConfig, DriftDetector, Measured, Replan};
+pub use replan::{NewPlan, Replanner, StepProfile};
 pub use run::{AppError, AppRun, End, Input, Outcome, Progress, TaskKey, TaskSpec};
 
 use crate::core::Dur;

@@ -303,6 +303,15 @@ async fn request(
     Ok((status, b.to_bytes()))
 }
 
+/// One `POST path` with the JSON `body` on a fresh connection: (status, body).
+pub fn post(addr: SocketAddr, path: &str, body: Bytes) -> Result<(u16, Bytes)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(request(addr, Method::POST, path, body))
+        .map_err(anyhow::Error::msg)
+}
+
 /// Waits until `GET /v2/models/MODEL/ready` answers 200 (up to `timeout`).
 pub fn wait_ready(addr: SocketAddr, model: &str, timeout: Duration) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -8,6 +8,7 @@
 //! modules do not depend on it, except `fermata serve`'s all-in-one demo, which runs the load
 //! generator against its own cluster.
 
+pub mod adapt_apps;
 pub mod adapt_procs;
 pub mod attacks;
 pub mod churn;

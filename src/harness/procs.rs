@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct ProcOpts {
     pub workload: PathBuf,
+    /// Serve this model repository instead (`scheduler --models DIR`, the
+    /// models' metadata and measured profiles); `workload` is then unused and
+    /// the backends need `--executor onnx --models DIR` in `backend_args`.
+    pub models: Option<PathBuf>,
     /// GPUs of each backend process.
     pub backend_gpus: Vec<u32>,
     pub frontends: u32,
@@ -53,6 +57,7 @@ impl ProcOpts {
     pub fn new(workload: PathBuf) -> ProcOpts {
         ProcOpts {
             workload,
+            models: None,
             backend_gpus: vec![1],
             frontends: 1,
             model_threads: 1,
@@ -346,10 +351,13 @@ impl ProcCluster {
     /// Starts scheduler, backends and frontends from `exe` (the `fermata` binary).
     pub fn start(exe: &Path, o: &ProcOpts) -> Result<ProcCluster> {
         let t = Duration::from_secs(20);
-        let w = o.workload.to_string_lossy().to_string();
+        let (flag, w) = match &o.models {
+            Some(m) => ("--models", m.to_string_lossy().to_string()),
+            None => ("--workload", o.workload.to_string_lossy().to_string()),
+        };
         let mut sa = vec![
             "scheduler".to_string(),
-            "--workload".into(),
+            flag.into(),
             w,
             "--listen".into(),
             "127.0.0.1:0".into(),

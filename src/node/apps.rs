@@ -15,7 +15,8 @@
 use super::frontend::stats::ModelStats;
 use super::frontend::{Ended, FrontendHandle, InferDone};
 use crate::app::{
-    AppRun, Budgets, DeadlineRule, EdgeSpec, Graph, Outcome, Step, TaskKey, TaskSpec,
+    AppRun, Budgets, DeadlineRule, DriftConfig, EdgeKind, EdgeSpec, Graph, NewPlan, Outcome,
+    Replanner, Step, StepProfile, TaskKey, TaskSpec,
 };
 use crate::core::{Dur, Time};
 use crate::repo::{DType, ModelMeta};
@@ -24,7 +25,7 @@ use crate::wire::{DropReason, ModelInfo};
 use anyhow::{anyhow, bail, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// An application a frontend serves.
@@ -34,8 +35,19 @@ pub struct ServedApp {
     /// request decoding).
     pub meta: ModelMeta,
     graph: Arc<Graph>,
-    budgets: Budgets,
+    /// The budgets new requests get: the configuration's, until a re-plan
+    /// installs others ([`ServedApp::install`]); a request keeps the ones it
+    /// started with.
+    budgets: RwLock<Budgets>,
     rule: DeadlineRule,
+    /// Per step: its model's latency profile (batch, seconds), for the planner.
+    profiles: Vec<StepProfile>,
+    /// Application requests started (one per sample).
+    requests: AtomicU64,
+    /// The plan in force: per graph edge the fan-out it assumes (`None` on
+    /// whole edges), and the re-plans installed.
+    planned_fanout: Mutex<Vec<Option<f64>>>,
+    replans: AtomicU64,
     wiring: Wiring,
     /// Per step: its model's index in the frontend's models, and metadata.
     models: Vec<(usize, ModelMeta)>,
@@ -154,6 +166,15 @@ impl ServedApp {
             }
         }
         let min_ms = upto.iter().copied().fold(0.0, f64::max);
+        let profiles = models
+            .iter()
+            .map(|&(i, ref meta)| step_profile(&infos[i], meta.max_batch))
+            .collect();
+        let planned_fanout = graph
+            .edges()
+            .iter()
+            .map(|e| (e.kind == EdgeKind::Fanout).then_some(PLANNED_FANOUT))
+            .collect();
         let meta = ModelMeta {
             name: config.name.clone(),
             inputs: config.inputs.clone(),
@@ -174,7 +195,11 @@ impl ServedApp {
             config,
             meta,
             graph: Arc::new(graph),
-            budgets,
+            budgets: RwLock::new(budgets),
+            profiles,
+            requests: AtomicU64::new(0),
+            planned_fanout: Mutex::new(planned_fanout),
+            replans: AtomicU64::new(0),
             wiring,
             models,
             fanout_seen: (0..fanout.len())
@@ -199,6 +224,77 @@ impl ServedApp {
                 outputs: n.load(Ordering::Relaxed),
                 items: items.load(Ordering::Relaxed),
             })
+            .collect()
+    }
+
+    /// Per graph edge, the cumulative (parent outputs, items) counted (zero
+    /// on whole edges), for the re-planner.
+    pub fn fanout_counts(&self) -> Vec<(u64, u64)> {
+        self.fanout_seen
+            .iter()
+            .map(|(n, i)| (n.load(Ordering::Relaxed), i.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Application requests started so far (one per sample).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// A re-planner for this application: its graph, its steps' profiles
+    /// and SLO, every fan-out edge planned at [`PLANNED_FANOUT`].
+    pub fn replanner(&self, cfg: DriftConfig) -> Result<Replanner, String> {
+        let slo = self.budgets.read().expect("budgets lock").slo;
+        Replanner::new(&self.graph, &self.profiles, slo, PLANNED_FANOUT, cfg)
+    }
+
+    /// Installs a new plan's budgets for the requests that start from now
+    /// on (those in flight keep theirs).
+    pub fn install(&self, plan: &NewPlan) -> Result<(), String> {
+        let mut b = self.budgets.write().expect("budgets lock");
+        let new = Budgets::new(&self.graph, plan.budgets.clone(), b.slo)
+            .map_err(|e| format!("the new plan's budgets: {e}"))?;
+        if plan.fanout.len() != self.graph.edges().len() {
+            return Err(format!(
+                "the new plan has {} fan-outs for {} edges",
+                plan.fanout.len(),
+                self.graph.edges().len()
+            ));
+        }
+        *b = new;
+        *self.planned_fanout.lock().expect("plan lock") = plan.fanout.clone();
+        self.replans.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Re-plans installed so far.
+    pub fn replans(&self) -> u64 {
+        self.replans.load(Ordering::Relaxed)
+    }
+
+    /// The plan in force: each fan-out edge's (from, to, planned mean
+    /// fan-out).
+    pub fn planned_fanout(&self) -> Vec<(String, String, f64)> {
+        let steps = self.graph.steps();
+        let fan = self.planned_fanout.lock().expect("plan lock").clone();
+        self.graph
+            .edges()
+            .iter()
+            .zip(fan)
+            .filter_map(|(e, f)| {
+                f.map(|f| (steps[e.from].name.clone(), steps[e.to].name.clone(), f))
+            })
+            .collect()
+    }
+
+    /// The plan in force: each step's (name, budget).
+    pub fn budgets_in_force(&self) -> Vec<(String, Duration)> {
+        let b = self.budgets.read().expect("budgets lock");
+        self.graph
+            .steps()
+            .iter()
+            .zip(&b.per_step)
+            .map(|(s, d)| (s.name.clone(), Duration::from_nanos(d.0.max(0) as u64)))
             .collect()
     }
 
@@ -229,12 +325,12 @@ impl ServedApp {
     /// The budgets under an SLO of `slo` (the application's, or a request's
     /// `timeout`): the planned ones scaled by `slo` / the application's SLO.
     fn budgets_for(&self, slo: Dur) -> Budgets {
-        if slo == self.budgets.slo || slo <= Dur::ZERO {
-            return self.budgets.clone();
+        let budgets = self.budgets.read().expect("budgets lock").clone();
+        if slo == budgets.slo || slo <= Dur::ZERO {
+            return budgets;
         }
-        let k = slo.0 as f64 / self.budgets.slo.0 as f64;
-        let per = self
-            .budgets
+        let k = slo.0 as f64 / budgets.slo.0 as f64;
+        let per = budgets
             .per_step
             .iter()
             .map(|d| Dur((d.0 as f64 * k) as i64))
@@ -255,6 +351,7 @@ impl ServedApp {
         input: &[u8],
         received: Instant,
     ) -> Result<Result<AppDone, AppFail>, AppStopped> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let budgets = self.budgets_for(slo);
         let now = || Time(received.elapsed().as_nanos().min(i64::MAX as u128) as i64);
         let (mut run, first) = AppRun::start(&self.graph, &budgets, self.rule, Time(0));
@@ -515,6 +612,31 @@ impl ServedApp {
             ),
         }
     }
+}
+
+/// The mean fan-out a plan assumes on every fan-out edge before one was
+/// measured: one item per parent output.
+pub const PLANNED_FANOUT: f64 = 1.0;
+
+/// Model `m`'s latency profile as the planner takes it: its batch sizes 1,
+/// 2, 4, ... and its largest (at most `max_batch`), each with its latency (s);
+/// empty when the profile cannot be read.
+fn step_profile(m: &ModelInfo, max_batch: u32) -> StepProfile {
+    let Ok(p) = crate::node::exec::profile_of(&m.profile) else {
+        return Vec::new();
+    };
+    let max = p.max_batch().min(max_batch.max(1));
+    let mut out = Vec::new();
+    let mut b = 1u32;
+    while b < max {
+        out.push(b);
+        b *= 2;
+    }
+    out.push(max);
+    out.into_iter()
+        .map(|b| (b, p.latency(b).as_secs_f64()))
+        .filter(|&(_, l)| l > 0.0)
+        .collect()
 }
 
 /// Whether a module request that ended as `e` expired (it could not finish by

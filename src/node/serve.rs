@@ -37,6 +37,9 @@ pub struct ClusterOpts {
     pub models_dir: std::path::PathBuf,
     /// The applications (ensembles) the frontends serve over the models.
     pub apps: Vec<crate::triton_ensemble::EnsembleConfig>,
+    /// Re-plan the applications on their measured fan-out
+    /// (`FrontendOpts::replan`).
+    pub replan: Option<super::frontend::ReplanOpts>,
     /// `cuda`: the CUDA device of each GPU of a backend (default: GPU g on device g).
     pub cuda_devices: Option<Vec<u32>>,
     /// Batches each backend GPU runs at once (`BackendOpts::lanes`).
@@ -64,6 +67,7 @@ impl Default for ClusterOpts {
             executor: "emulated".into(),
             models_dir: "models".into(),
             apps: Vec::new(),
+            replan: None,
             cuda_devices: None,
             lanes: 1,
             min_slack: SchedulerOpts::default().min_slack,
@@ -207,6 +211,7 @@ impl Cluster {
             fo.region_bytes = o.region_bytes;
             fo.name = format!("frontend{f}");
             fo.apps = o.apps.clone();
+            fo.replan = o.replan.clone();
             if f == 0 {
                 if let Some(h) = &o.http {
                     let mut h = h.clone();

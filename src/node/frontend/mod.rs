@@ -25,6 +25,8 @@
 //! * `requests.rs`: admission and the one answer of each request.
 //! * `handle.rs`: in-process clients ([`FrontendHandle`], [`InferDone`]).
 //! * `stats.rs`: their per-model statistics ([`stats::ModelStats`]).
+//! * `replan.rs`: the thread that re-plans applications on their measured
+//!   fan-out ([`ReplanOpts`]).
 //! * `metrics.rs`: the Prometheus series.
 //! * `report.rs`: what the frontend counted ([`FrontendReport`]).
 
@@ -35,6 +37,7 @@ mod metrics;
 mod node;
 mod options;
 mod register;
+mod replan;
 mod report;
 mod requests;
 pub mod stats;
@@ -44,4 +47,5 @@ pub use handle::{FrontendHandle, InferDone, Stopped, LOCAL_MAX};
 pub use metrics::BAD_RATE_WINDOW;
 pub use node::FrontendNode;
 pub use options::FrontendOpts;
+pub use replan::ReplanOpts;
 pub use report::FrontendReport;

@@ -31,6 +31,8 @@ pub struct FrontendNode {
     data_addr: String,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<FrontendReport>>,
+    /// The thread that re-plans the applications (with `FrontendOpts::replan`).
+    replan: Option<JoinHandle<()>>,
     shared: FrontendHandle,
     http: Option<HttpServer>,
     grpc: Option<GrpcServer>,
@@ -78,6 +80,10 @@ impl FrontendNode {
             move || vec![(vec![], stored.bytes_stored() as f64)],
         );
         let stop = Arc::new(AtomicBool::new(false));
+        if let Some(r) = &opts.replan {
+            r.check()?;
+        }
+        let apps = state.apps.clone();
         let early = std::mem::take(&mut reg.early);
         let links = Links {
             transport,
@@ -89,11 +95,18 @@ impl FrontendNode {
         };
         let lp = Loop::new(state, reg, metrics, links, &opts);
         let handle = lp.spawn(early, rx, lrx, stop.clone())?;
+        let replan = match &opts.replan {
+            Some(r) => super::replan::spawn(&apps, r, stop.clone()).inspect_err(|_| {
+                stop.store(true, Ordering::Release);
+            })?,
+            None => None,
+        };
         let mut node = FrontendNode {
             addr,
             data_addr,
             stop,
             handle: Some(handle),
+            replan,
             shared,
             http: None,
             grpc: None,
@@ -176,6 +189,9 @@ impl FrontendNode {
             h.stop();
         }
         self.stop.store(true, Ordering::Release);
+        if let Some(r) = self.replan.take() {
+            let _ = r.join();
+        }
         self.handle
             .take()
             .map(|h| h.join().unwrap_or_default())

@@ -26,6 +26,9 @@ pub struct FrontendOpts {
     /// The applications (ensembles of the model repository) served over the
     /// scheduler's models, by the HTTP and gRPC APIs.
     pub apps: Vec<crate::triton_ensemble::EnsembleConfig>,
+    /// Re-plan the applications on their measured fan-out (None: their
+    /// budgets stay those of their configuration).
+    pub replan: Option<super::ReplanOpts>,
 }
 
 impl FrontendOpts {
@@ -42,6 +45,7 @@ impl FrontendOpts {
             http: None,
             grpc: None,
             apps: Vec::new(),
+            replan: None,
         }
     }
 }

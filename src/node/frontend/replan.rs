@@ -1,0 +1,109 @@
+//! The thin thread that re-plans a frontend's applications on what their
+//! inputs do: every epoch it reads each application's counters (the items
+//! counted on its fan-out edges, the requests received), hands them to the
+//! application's [`Replanner`] (the pure state machine that decides and
+//! plans) and installs the plan it answers ([`ServedApp::install`]) for the
+//! requests that start from then on. The scheduler sees the new per-module
+//! rates as the tasks' rates and its epoch loop re-partitions on them.
+
+use crate::app::{DriftConfig, Replanner};
+use crate::node::apps::ServedApp;
+use anyhow::{bail, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a frontend re-plans its applications.
+#[derive(Debug, Clone)]
+pub struct ReplanOpts {
+    /// The epoch: how often the counters are read and a drift decided.
+    pub every: Duration,
+    /// When a drift counts (threshold, window, samples, confirmation,
+    /// cool-down; see [`DriftConfig`]).
+    pub drift: DriftConfig,
+}
+
+impl ReplanOpts {
+    pub fn check(&self) -> Result<()> {
+        if self.every < Duration::from_millis(100) || self.every > Duration::from_secs(3600) {
+            bail!(
+                "the re-planning epoch {:?} must be 0.1 s to 1 h",
+                self.every
+            );
+        }
+        self.drift.check().map_err(anyhow::Error::msg)
+    }
+}
+
+/// Starts the thread for `apps` (None when there is no application); it ends
+/// when `stop` is set.
+pub(super) fn spawn(
+    apps: &[Arc<ServedApp>],
+    opts: &ReplanOpts,
+    stop: Arc<AtomicBool>,
+) -> Result<Option<JoinHandle<()>>> {
+    opts.check()?;
+    let mut planned: Vec<(Arc<ServedApp>, Replanner)> = Vec::new();
+    for a in apps {
+        match a.replanner(opts.drift.clone()) {
+            Ok(r) => planned.push((a.clone(), r)),
+            Err(e) => tracing::warn!(
+                app = %a.meta.name,
+                error = %e,
+                "frontend: the application cannot be re-planned (its budgets stay)"
+            ),
+        }
+    }
+    if planned.is_empty() {
+        return Ok(None);
+    }
+    let every = opts.every;
+    let h = std::thread::Builder::new()
+        .name("app-replan".into())
+        .spawn(move || run(planned, every, &stop))?;
+    Ok(Some(h))
+}
+
+fn run(mut apps: Vec<(Arc<ServedApp>, Replanner)>, every: Duration, stop: &AtomicBool) {
+    let mut last = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let due = last + every;
+        let now = Instant::now();
+        if now < due {
+            std::thread::sleep((due - now).min(Duration::from_millis(50)));
+            continue;
+        }
+        let secs = now.duration_since(last).as_secs_f64();
+        last = now;
+        for (app, r) in &mut apps {
+            epoch(app, r, secs);
+        }
+    }
+}
+
+/// One epoch of one application: decide, and install a new plan.
+fn epoch(app: &ServedApp, r: &mut Replanner, secs: f64) {
+    let name = &app.meta.name;
+    match r.epoch(&app.fanout_counts(), app.requests(), secs) {
+        Ok(None) => {}
+        Ok(Some(p)) => match app.install(&p) {
+            Ok(()) => {
+                tracing::info!(
+                    app = %name,
+                    fanout = ?app.planned_fanout(),
+                    budgets = ?app.budgets_in_force(),
+                    rate_rps = p.ingress_rps,
+                    module_rates = ?p.module_rates,
+                    "frontend: re-planned the application on its measured fan-out"
+                );
+            }
+            Err(e) => tracing::warn!(app = %name, error = %e, "frontend: the new plan was refused"),
+        },
+        Err(e) => tracing::warn!(
+            app = %name,
+            error = %e,
+            "frontend: cannot re-plan at the measured values; the budgets in force stay"
+        ),
+    }
+}

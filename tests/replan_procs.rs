@@ -1,0 +1,80 @@
+//! Re-planning an application on its measured fan-out, with real processes on
+//! loopback (src/harness/adapt_apps.rs): a scheduler serving models/apps,
+//! one backend running ONNX Runtime on the CPU, a frontend serving the
+//! ensemble `detect_classify` over HTTP with `--replan-every-s 1`, and an
+//! open-loop HTTP client. The client's inputs first carry one patch the
+//! detector passes, then, from 4 s on, three: the fan-out detector -> mlp
+//! triples. The frontend re-plans the application with the fermata planner
+//! at the measured fan-out and installs its budgets for new requests; every
+//! request ends exactly once, and the requests sent from two epochs after
+//! the jump on are answered within the SLO.
+
+use fermata::harness::adapt_apps::{run, Options};
+use std::path::{Path, PathBuf};
+
+#[test]
+fn a_tripled_fanout_through_the_ensemble_is_replanned_live() {
+    let o = Options {
+        models: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/apps"),
+        ..Options::default()
+    };
+    assert_eq!((o.items_before, o.items_after, o.epoch_s), (1, 3, 1.0));
+    let r = run(Path::new(env!("CARGO_BIN_EXE_fermata")), &o).unwrap();
+    for w in &r.windows {
+        eprintln!(
+            "{:5.1} s items {} offered {:4} ok {:4} bad {:6.2}% unanswered {}",
+            w.start_s,
+            w.items,
+            w.offered,
+            w.ok,
+            w.bad * 100.0,
+            w.unanswered
+        );
+    }
+    eprintln!(
+        "replans {} (before the jump {}), planned fan-out {:?}, budgets {:?}, measured {} items / {} outputs",
+        r.replans, r.replans_before_jump, r.planned_fanout, r.budgets_ms, r.fanout_items, r.fanout_outputs
+    );
+    // Every request ended exactly once: each got one answer at the client;
+    // the frontend counted each good one once (as many as the client's 200s)
+    // and no more than were sent in all (one the door refuses is answered
+    // without counting); and each module request ended once.
+    assert!(r.offered > 200, "offered {}", r.offered);
+    assert_eq!(r.unanswered, 0, "{:?}", r.windows);
+    assert_eq!(r.server_success, r.answered_200, "{r:?}");
+    assert!(r.server_success + r.server_fail <= r.offered, "{r:?}");
+    let f = r.frontends[0].as_ref().expect("frontend report");
+    let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k} in {f}"));
+    assert_eq!(
+        n("good") + n("late") + n("dropped") + n("failed"),
+        n("requests"),
+        "{f}"
+    );
+    assert_eq!(n("failed"), 0, "{f}");
+    // No re-plan while the inputs carried the planned one item each; at
+    // least one after the jump, which planned the measured three.
+    assert_eq!(r.replans_before_jump, 0, "{r:?}");
+    assert!(r.replans >= 1, "no re-plan: {r:?}");
+    let f = r.planned_fanout.expect("the planned fan-out on /metrics");
+    assert!((f - 3.0).abs() < 0.75, "planned fan-out {f}");
+    // The new plan's budgets fit the application's SLO along its path.
+    assert_eq!(r.budgets_ms.len(), 2, "{:?}", r.budgets_ms);
+    let sum: f64 = r.budgets_ms.iter().map(|b| b.1).sum();
+    assert!(sum > 0.0 && sum <= o.slo_ms + 1e-3, "{:?}", r.budgets_ms);
+    // The requests sent from two epochs after the jump on: under a generous
+    // bar (the SLO is 500 ms; on a loaded 2-core machine a stall of the host
+    // can still cost some).
+    let (offered, bad) = r.bad_from(o.jump_at_s + 2.0 * o.epoch_s);
+    assert!(offered > 100, "offered {offered} after the jump");
+    assert!(
+        bad < 0.05,
+        "bad {:.2}% after the jump: {:?}",
+        bad * 100.0,
+        r.windows
+    );
+    // No module request failed at the backend.
+    for b in &r.backends {
+        let b = b.as_ref().expect("backend report");
+        assert_eq!(b["tasks_failed"], 0, "{b}");
+    }
+}
