@@ -252,7 +252,10 @@ impl ServedApp {
     /// on (those in flight keep theirs).
     pub fn install(&self, plan: &NewPlan) -> Result<(), String> {
         let mut b = self.budgets.write().expect("budgets lock");
+        // The least latencies (the last deadlines of `latest-useful`) are the
+        // models' own: a new plan keeps them.
         let new = Budgets::new(&self.graph, plan.budgets.clone(), b.slo)
+            .and_then(|n| n.with_least(&self.graph, b.least.clone()))
             .map_err(|e| format!("the new plan's budgets: {e}"))?;
         if plan.fanout.len() != self.graph.edges().len() {
             return Err(format!(
@@ -336,7 +339,7 @@ impl ServedApp {
             .map(|d| Dur((d.0 as f64 * k) as i64))
             .collect();
         Budgets::new(&self.graph, per, slo)
-            .and_then(|b| b.with_least(&self.graph, self.budgets.least.clone()))
+            .and_then(|b| b.with_least(&self.graph, budgets.least.clone()))
             .expect("scaled budgets stay valid")
     }
 
