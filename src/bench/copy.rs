@@ -64,7 +64,10 @@ pub fn first_touch_bandwidth(bytes: usize) -> anyhow::Result<(f64, f64)> {
         )
     };
     if p == libc::MAP_FAILED {
-        anyhow::bail!("mmap of {bytes} bytes failed: {}", std::io::Error::last_os_error());
+        anyhow::bail!(
+            "mmap of {bytes} bytes failed: {}",
+            std::io::Error::last_os_error()
+        );
     }
     let write = |v: u8| {
         let t0 = Instant::now();

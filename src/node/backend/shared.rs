@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-
 /// Recent batches the pull estimator fits.
 const PULL_SAMPLES: usize = 512;
 
