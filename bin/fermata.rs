@@ -291,8 +291,8 @@ enum BenchCmd {
     Attacks(AttacksArgs),
     /// What this machine's memory copies: the bandwidth of copying inputs of
     /// BYTES bytes on one thread (pools past the caches), of a first touch of
-    /// fresh pages and of writing mapped ones, and the rate that COPIES
-    /// copies of each input allow.
+    /// fresh pages and of writing mapped ones, of the emulated GPU's checksum,
+    /// and the rate that COPIES copies of each input allow.
     Copy(CopyArgs),
     /// Register/leave churn against a real scheduler on loopback: a member
     /// registers a backend of GPUS GPUs and leaves, again and again; the
@@ -371,16 +371,15 @@ fn cmd_copy(a: CopyArgs) -> Result<()> {
         (v[v.len() / 2], v[0], v[v.len() - 1])
     };
     let dur = std::time::Duration::from_secs_f64(a.secs);
-    let (copy, touch): (Vec<f64>, Vec<(f64, f64)>) = (0..a.reps)
-        .map(|_| -> Result<(f64, (f64, f64))> {
-            Ok((
-                bench::copy::copy_bandwidth(a.bytes, dur),
-                bench::copy::first_touch_bandwidth(a.touch_mib << 20)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .unzip();
+    let mut copy = Vec::new();
+    let mut touch = Vec::new();
+    let mut check = Vec::new();
+    for _ in 0..a.reps {
+        copy.push(bench::copy::copy_bandwidth(a.bytes, dur));
+        touch.push(bench::copy::first_touch_bandwidth(a.touch_mib << 20)?);
+        check.push(bench::copy::checksum_bandwidth(a.bytes, dur));
+    }
+    let (ck, _, _) = med(check);
     let (bw, bw_lo, bw_hi) = med(copy);
     let (fresh, _, _) = med(touch.iter().map(|t| t.0).collect());
     let (mapped, _, _) = med(touch.iter().map(|t| t.1).collect());
@@ -396,6 +395,7 @@ fn cmd_copy(a: CopyArgs) -> Result<()> {
                 "copy_bytes_per_s_max": bw_hi,
                 "first_touch_bytes_per_s": fresh,
                 "mapped_write_bytes_per_s": mapped,
+                "emulated_checksum_bytes_per_s": ck,
                 "copy_bound_rps": bound,
             }))?
         );
@@ -415,6 +415,11 @@ fn cmd_copy(a: CopyArgs) -> Result<()> {
         mapped / 1e9,
         a.bytes as f64 / fresh * 1e6,
         a.bytes as f64 / mapped * 1e6
+    );
+    println!(
+        "the emulated GPU's checksum of each input: {:.2} GB/s ({:.0} us per input)",
+        ck / 1e9,
+        a.bytes as f64 / ck * 1e6
     );
     println!(
         "{} copies per input on one core's copies bound the rate at {:.1} r/s",

@@ -45,6 +45,28 @@ pub fn copy_bandwidth(size: usize, dur: Duration) -> f64 {
     copied as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// Bytes per second the emulated GPU's checksum ([`checksum64`]) reads
+/// inputs of `size` bytes at, out of a pool larger than the caches, on one
+/// thread, for about `dur`: the CPU the emulated GPU spends per input byte.
+///
+/// [`checksum64`]: crate::node::exec::checksum64
+pub fn checksum_bandwidth(size: usize, dur: Duration) -> f64 {
+    let size = size.max(64);
+    let n = POOL_BYTES.div_ceil(size).max(2);
+    let src: Vec<Vec<u8>> = (0..n).map(|i| vec![(i % 251) as u8; size]).collect();
+    let t0 = Instant::now();
+    let (mut read, mut acc, mut i) = (0u64, 0u64, 0usize);
+    while t0.elapsed() < dur || read == 0 {
+        for _ in 0..16 {
+            acc ^= crate::node::exec::checksum64(&src[i % n]);
+            i += 1;
+            read += size as u64;
+        }
+    }
+    std::hint::black_box(acc);
+    read as f64 / t0.elapsed().as_secs_f64()
+}
+
 /// Bytes per second of writing `bytes` of fresh anonymous memory once (each
 /// page's first touch), and of writing the same pages again (mapped): the
 /// first a process pays once per page it ever uses, the second at every
@@ -91,6 +113,8 @@ mod tests {
     fn copies_something_at_a_finite_rate() {
         let bw = copy_bandwidth(602_112, Duration::from_millis(20));
         assert!(bw.is_finite() && bw > 0.0, "{bw}");
+        let ck = checksum_bandwidth(602_112, Duration::from_millis(20));
+        assert!(ck.is_finite() && ck > 0.0, "{ck}");
         let (fresh, mapped) = first_touch_bandwidth(4 << 20).unwrap();
         assert!(fresh.is_finite() && fresh > 0.0, "{fresh}");
         assert!(mapped.is_finite() && mapped > 0.0, "{mapped}");

@@ -292,11 +292,10 @@ pub fn wire_profile(p: &LatencyProfile) -> WireProfile {
 }
 
 /// A fast 64-bit checksum of `bytes` (eight independent multiply-xor lanes
-/// over 8-byte words, then the tail): every byte changes it, and it reads
-/// about 7 GB/s out of memory on one core of the development VM (four lanes,
-/// bound by each lane's chain of multiplies, read 5 GB/s; with 588 KiB
-/// inputs the emulated GPU's checksums were a third of the CPU each input
-/// cost). Not cryptographic.
+/// over 8-byte words, then the tail): every byte changes it. Eight lanes,
+/// not four: each lane is a chain of multiplies, and with four the chains,
+/// not memory, bounded it (`fermata bench copy` prints its speed). Not
+/// cryptographic.
 pub fn checksum64(bytes: &[u8]) -> u64 {
     const K: [u64; 4] = [
         0x9E37_79B9_7F4A_7C15,
