@@ -289,6 +289,11 @@ enum BenchCmd {
     /// refused, inputs read, forged answers accepted); members' amplifying
     /// region reads (bytes sent, the frontend's resident memory).
     Attacks(AttacksArgs),
+    /// What this machine's memory copies: the bandwidth of copying inputs of
+    /// BYTES bytes on one thread (pools past the caches), of a first touch of
+    /// fresh pages and of writing mapped ones, of the emulated GPU's checksum,
+    /// and the rate that COPIES copies of each input allow.
+    Copy(CopyArgs),
     /// Register/leave churn against a real scheduler on loopback: a member
     /// registers a backend of GPUS GPUs and leaves, again and again; the
     /// scheduler's resident memory and /metrics size after each checkpoint.
@@ -339,6 +344,95 @@ enum BenchCmd {
     /// runtime.
     #[command(name = "nexus-fig16")]
     NexusFig16(plan_app::BenchNexusFig16Args),
+}
+
+#[derive(Args)]
+struct CopyArgs {
+    /// Bytes of one input (602,112: a 3x224x224 FP32 image).
+    #[arg(long, default_value_t = 602_112)]
+    bytes: usize,
+    /// Copies of each input's bytes on the server's path (in process with
+    /// the emulated GPU: the store into the region and the pull).
+    #[arg(long, default_value_t = 2)]
+    copies: u32,
+    /// Seconds of copying per repetition.
+    #[arg(long, default_value_t = 1.0)]
+    secs: f64,
+    /// Repetitions (the median is printed with the range).
+    #[arg(long, default_value_t = 3)]
+    reps: u32,
+    /// MiB of fresh memory for the first-touch measurement.
+    #[arg(long, default_value_t = 256)]
+    touch_mib: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn cmd_copy(a: CopyArgs) -> Result<()> {
+    if a.bytes == 0 || a.copies == 0 || a.reps == 0 || !(a.secs > 0.0 && a.secs <= 60.0) {
+        bail!("--bytes, --copies and --reps must be positive and --secs in (0, 60]");
+    }
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let dur = std::time::Duration::from_secs_f64(a.secs);
+    let mut copy = Vec::new();
+    let mut touch = Vec::new();
+    let mut check = Vec::new();
+    for _ in 0..a.reps {
+        copy.push(bench::copy::copy_bandwidth(a.bytes, dur));
+        touch.push(bench::copy::first_touch_bandwidth(a.touch_mib << 20)?);
+        check.push(bench::copy::checksum_bandwidth(a.bytes, dur));
+    }
+    let (ck, _, _) = med(check);
+    let (bw, bw_lo, bw_hi) = med(copy);
+    let (fresh, _, _) = med(touch.iter().map(|t| t.0).collect());
+    let (mapped, _, _) = med(touch.iter().map(|t| t.1).collect());
+    let bound = bw / (a.copies as f64 * a.bytes as f64);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "bytes": a.bytes,
+                "copies": a.copies,
+                "copy_bytes_per_s": bw,
+                "copy_bytes_per_s_min": bw_lo,
+                "copy_bytes_per_s_max": bw_hi,
+                "first_touch_bytes_per_s": fresh,
+                "mapped_write_bytes_per_s": mapped,
+                "emulated_checksum_bytes_per_s": ck,
+                "copy_bound_rps": bound,
+            }))?
+        );
+        return Ok(());
+    }
+    println!(
+        "copies of {}-byte inputs, one thread, pools past the caches: {:.2} GB/s (median of {}, {:.2}-{:.2})",
+        a.bytes,
+        bw / 1e9,
+        a.reps,
+        bw_lo / 1e9,
+        bw_hi / 1e9
+    );
+    println!(
+        "writing fresh pages (first touch): {:.0} MB/s; writing them again (mapped): {:.2} GB/s; an input stored into fresh pages takes {:.0} us, into mapped ones {:.0} us",
+        fresh / 1e6,
+        mapped / 1e9,
+        a.bytes as f64 / fresh * 1e6,
+        a.bytes as f64 / mapped * 1e6
+    );
+    println!(
+        "the emulated GPU's checksum of each input: {:.2} GB/s ({:.0} us per input)",
+        ck / 1e9,
+        a.bytes as f64 / ck * 1e6
+    );
+    println!(
+        "{} copies per input on one core's copies bound the rate at {:.1} r/s",
+        a.copies, bound
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -862,6 +956,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Failover(a)) => cmd_failover(a),
         Cmd::Bench(BenchCmd::Attacks(a)) => cmd_attacks(a),
         Cmd::Bench(BenchCmd::Churn(a)) => cmd_churn(a),
+        Cmd::Bench(BenchCmd::Copy(a)) => cmd_copy(a),
         Cmd::Bench(BenchCmd::Partition(a)) => plan::cmd_bench_partition(a),
         Cmd::Bench(BenchCmd::Autoscale(a)) => plan::cmd_bench_autoscale(a),
         Cmd::Bench(BenchCmd::Fig15(a)) => plan::cmd_bench_fig15(a),

@@ -395,6 +395,40 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
 /// rate on the one-GPU H100 ResNet-50 profile end under 1% bad, in process.
 /// The pull budget of a batch of 64 is what such a batch's pull
 /// costs (a few ms on loopback), not 64 times the slowest input's.
+/// A stopped cluster gives its frontend's region back: the next region of
+/// that length in the process gets its memory, zeroed (the requests' inputs
+/// do not outlive them), rather than a fresh allocation; nothing keeps a
+/// stopped frontend's region alive.
+#[test]
+fn a_stopped_frontends_region_goes_to_the_next_zeroed() {
+    use fermata::transport::region::Region;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A length no other test of this file uses.
+    let len: u64 = (40 << 20) + 7 * 64;
+    let w = workload(2);
+    let tr = inproc();
+    let mut co = cluster_opts(1, 1, "reuse");
+    co.region_bytes = len;
+    let c = Cluster::start(tr.clone(), &w, &co).unwrap();
+    let r = loadgen::run(
+        tr.clone(),
+        &w,
+        &load_opts(&w, c.frontend_addrs(), 300.0, 0.5),
+    )
+    .unwrap();
+    let rep = c.stop().unwrap();
+    assert_accounted(&r);
+    assert!(
+        rep.frontends[0].input_bytes_stored > 0,
+        "{:?}",
+        rep.frontends
+    );
+    let next = Region::new(9, len).unwrap();
+    assert!(next.reused(), "the stopped frontend's region was not freed");
+    let zeros = next.with_slice(0, len as u32, |m| m.iter().all(|&b| b == 0));
+    assert_eq!(zeros, Ok(true), "inputs left in the reused region");
+}
+
 #[test]
 fn large_inputs_at_a_moderate_rate_end_under_one_percent_bad() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -291,9 +291,11 @@ pub fn wire_profile(p: &LatencyProfile) -> WireProfile {
     }
 }
 
-/// A fast 64-bit checksum of `bytes` (four independent multiply-xor lanes over
-/// 8-byte words, then the tail): a few microseconds for a 150 KB input, so the
-/// emulated GPU's "inference" costs little CPU. Not cryptographic.
+/// A fast 64-bit checksum of `bytes` (eight independent multiply-xor lanes
+/// over 8-byte words, then the tail): every byte changes it. Eight lanes,
+/// not four: each lane is a chain of multiplies, and with four the chains,
+/// not memory, bounded it (`fermata bench copy` prints its speed). Not
+/// cryptographic.
 pub fn checksum64(bytes: &[u8]) -> u64 {
     const K: [u64; 4] = [
         0x9E37_79B9_7F4A_7C15,
@@ -301,15 +303,25 @@ pub fn checksum64(bytes: &[u8]) -> u64 {
         0x1656_67B1_9E37_79F9,
         0xD6E8_FEB8_6659_FD93,
     ];
-    let mut h = [K[0] ^ bytes.len() as u64, K[1], K[2], K[3]];
-    let mut chunks = bytes.chunks_exact(32);
+    const LANES: usize = 8;
+    let mut h = [0u64; LANES];
+    for (l, v) in h.iter_mut().enumerate() {
+        *v = K[l % 4] ^ l as u64;
+    }
+    h[0] ^= bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8 * LANES);
     for c in &mut chunks {
-        for l in 0..4 {
+        for (l, v) in h.iter_mut().enumerate() {
             let w = u64::from_le_bytes(c[l * 8..l * 8 + 8].try_into().expect("8 bytes"));
-            h[l] = (h[l] ^ w).wrapping_mul(K[l]).rotate_left(29);
+            *v = (*v ^ w).wrapping_mul(K[l % 4]).rotate_left(29);
         }
     }
-    let mut acc = h[0] ^ h[1].rotate_left(17) ^ h[2].rotate_left(31) ^ h[3].rotate_left(47);
+    // Each step is a bijection of the lane it takes in: a lane that differs
+    // makes the result differ.
+    let mut acc = 0u64;
+    for v in h {
+        acc = (acc ^ v).wrapping_mul(K[1]).rotate_left(31);
+    }
     for &b in chunks.remainder() {
         acc = (acc ^ b as u64).wrapping_mul(K[0]);
     }
@@ -461,11 +473,19 @@ mod tests {
         assert!(g.run(ModelId(4), &[b"x"]).is_err());
         // Every byte matters, wherever it is.
         let a = vec![7u8; 150_528];
-        for i in [0, 31, 32, 100_000, 150_527] {
+        for i in [0, 31, 32, 63, 64, 100_000, 150_527] {
             let mut b = a.clone();
             b[i] ^= 1;
             assert_ne!(checksum64(&a), checksum64(&b), "byte {i}");
         }
+        // In the tail past the last whole 64 bytes too, and the length.
+        let c = vec![7u8; 1000];
+        for i in [959, 960, 999] {
+            let mut d = c.clone();
+            d[i] ^= 0x80;
+            assert_ne!(checksum64(&c), checksum64(&d), "tail byte {i}");
+        }
+        assert_ne!(checksum64(&c), checksum64(&c[..999]));
         assert!(g.run(ModelId(3), &[&b"x"[..]; 9]).is_err());
         assert_eq!(
             profile_of(&wire_profile(&profile_of(&m.profile).unwrap())).unwrap(),

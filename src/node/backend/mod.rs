@@ -33,7 +33,9 @@
 //! * `lanes.rs`: concurrent lanes (`--lanes`): each GPU as several slots, and
 //!   the book of which lanes run a batch.
 //! * `channels.rs`: what goes between the threads, and how much of it may wait.
-//! * `shared.rs`: the state the threads share, with the pool of input buffers.
+//! * `shared.rs`: the state the threads share.
+//! * `pool.rs`: the pool of input buffers (kept for the next backend of the
+//!   process when one stops).
 //! * `metrics.rs`: the Prometheus series.
 //! * `report.rs`: what the backend counted ([`BackendReport`]).
 
@@ -43,6 +45,7 @@ mod metrics;
 mod net;
 mod node;
 mod options;
+mod pool;
 mod puller;
 mod report;
 mod shared;

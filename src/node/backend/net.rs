@@ -334,11 +334,13 @@ impl NetLoop {
     /// Measures the pull cost from a new frontend at once (off this thread), so
     /// d_data is known before the first plans rather than learned from late
     /// ones. Each probe is a batch of reads of the largest input's size into
-    /// fresh buffers, as the first pulls are: the provisional fit includes
-    /// what a first touch of fresh pages costs (a single read of the probes'
-    /// zeros into a warm buffer ran from the caches, several times faster
-    /// than a batch's pull, and the first batches overran it). The buffers
-    /// then go to the pool, so the first batches pull into touched pages.
+    /// the buffers the first pulls will have: the pool's (a stopped backend's
+    /// in this process, see `pool.rs`), else fresh ones, so the provisional
+    /// fit includes what a first touch of fresh pages costs where the first
+    /// pulls pay it (a single read of the probes' zeros into a warm buffer
+    /// ran from the caches, several times faster than a batch's pull, and the
+    /// first batches overran it). The buffers then go to the pool, so the
+    /// first batches pull into touched pages.
     fn probe_pull(&self, peer: NodeId, region_len: u64) {
         let len = (self.proto.max_input() as u64 + SLOT_HEADER as u64).min(region_len) as u32;
         let n = probe_batch(len as u64);
@@ -359,18 +361,20 @@ impl NetLoop {
                 ];
                 for _ in 0..PROBE_READS {
                     let t0 = Instant::now();
+                    let bufs = sh.spare_buffers(n);
                     let r = sh
                         .reader
-                        .read_many_into(&reqs, Duration::from_secs(1), Vec::new());
+                        .read_many_into(&reqs, Duration::from_secs(1), bufs);
                     let took = Dur::from_std(t0.elapsed());
-                    if r.iter().any(|r| r.is_err()) {
+                    let ok = r.iter().all(|r| r.is_ok());
+                    sh.give_buffers(r.into_iter().flatten());
+                    if !ok {
                         break;
                     }
                     sh.pull_est
                         .lock()
                         .expect("lock")
                         .probe(n as u64 * len as u64, took);
-                    sh.give_buffers(r.into_iter().flatten());
                 }
             });
     }

@@ -5,6 +5,7 @@
 
 use super::lanes::{LaneBook, LaneMap};
 use super::metrics::{pull_histograms, start_delay_histogram, PullHistograms};
+use super::pool::BufferPool;
 use crate::core::{Dur, LatencyProfile, ModelId, PullEstimator};
 use crate::metrics::{Histogram, Registry};
 use crate::node::clock::{Recent, SchedClock};
@@ -14,11 +15,6 @@ use crate::wire::NodeId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-
-/// Most input buffers a backend keeps for reuse (a few batches' worth), and most
-/// bytes they may hold together.
-const POOL_MAX: usize = 512;
-const POOL_MAX_BYTES: usize = 256 << 20;
 
 /// Recent batches the pull estimator fits.
 const PULL_SAMPLES: usize = 512;
@@ -101,8 +97,8 @@ pub(super) struct Shared {
     /// pull ends).
     pub(super) missing_why: [AtomicU64; 3],
     /// Input buffers of finished batches, reused by the pullers (see
-    /// [`RegionReader::read_many_into`]); at most [`POOL_MAX`].
-    pool: Mutex<Vec<Vec<u8>>>,
+    /// [`RegionReader::read_many_into`]).
+    pool: BufferPool,
     pub(super) pool_misses: AtomicU64,
     pub(super) registry: Arc<Registry>,
     /// The backend's name (the metrics' `backend` label).
@@ -165,7 +161,7 @@ impl Shared {
             tasks_failed: AtomicU64::new(0),
             isolate_reruns: AtomicU64::new(0),
             missing_why: Default::default(),
-            pool: Mutex::new(Vec::new()),
+            pool: BufferPool::new(),
             pool_misses: AtomicU64::new(0),
             start_delay_hist: start_delay_histogram(&registry, name),
             registry,
@@ -229,14 +225,15 @@ impl Shared {
     /// Up to `n` buffers from the pool to read inputs into (those it lacks are
     /// counted in `pool_misses`).
     pub(super) fn take_buffers(&self, n: usize) -> Vec<Vec<u8>> {
-        let bufs: Vec<Vec<u8>> = {
-            let mut p = self.pool.lock().expect("lock");
-            let k = p.len().saturating_sub(n);
-            p.split_off(k)
-        };
+        let bufs = self.pool.take(n);
         self.pool_misses
             .fetch_add((n - bufs.len()) as u64, Ordering::Relaxed);
         bufs
+    }
+
+    /// Up to `n` buffers from the pool, not counted (the pull probes).
+    pub(super) fn spare_buffers(&self, n: usize) -> Vec<Vec<u8>> {
+        self.pool.take(n)
     }
 
     /// The inputs' buffers go back to the pullers (bounded in count and bytes).
@@ -250,17 +247,8 @@ impl Shared {
         );
     }
 
-    /// Buffers for the pullers to read into (kept while the pool is under
-    /// [`POOL_MAX`] buffers and [`POOL_MAX_BYTES`]).
+    /// Buffers for the pullers to read into (kept within the pool's bounds).
     pub(super) fn give_buffers(&self, bufs: impl IntoIterator<Item = Vec<u8>>) {
-        let mut p = self.pool.lock().expect("lock");
-        let mut bytes: usize = p.iter().map(Vec::capacity).sum();
-        for b in bufs {
-            if p.len() >= POOL_MAX || bytes + b.capacity() > POOL_MAX_BYTES {
-                break;
-            }
-            bytes += b.capacity();
-            p.push(b);
-        }
+        self.pool.give(bufs);
     }
 }

@@ -148,20 +148,31 @@ impl LoopMetrics {
 }
 
 /// The GPUs in service and the scheduler's connection, as `state` has them.
+/// The collectors hold the state weakly: the state holds the registry, and a
+/// strong reference back kept both (and the region the registry's collectors
+/// read) alive after the frontend stopped.
 fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
-    let st = state.clone();
+    let st = Arc::downgrade(state);
     reg.collector(
         "fermata_frontend_gpus_in_service",
         "GPUs in service as the scheduler last told this frontend.",
         Kind::Gauge,
-        move || vec![(vec![], st.gpus.load(Ordering::Relaxed) as f64)],
+        move || {
+            st.upgrade().map_or_else(Vec::new, |st| {
+                vec![(vec![], st.gpus.load(Ordering::Relaxed) as f64)]
+            })
+        },
     );
-    let st = state.clone();
+    let st = Arc::downgrade(state);
     reg.collector(
         "fermata_frontend_scheduler_connected",
         "1 while the frontend has its scheduler.",
         Kind::Gauge,
-        move || vec![(vec![], if st.scheduler_connected() { 1.0 } else { 0.0 })],
+        move || {
+            st.upgrade().map_or_else(Vec::new, |st| {
+                vec![(vec![], if st.scheduler_connected() { 1.0 } else { 0.0 })]
+            })
+        },
     );
     // Each application's fan-out edges as the frontend measured them
     // (`ServedApp::fanout_seen`); items / outputs is the mean fan-out.
@@ -177,8 +188,11 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
             true,
         ),
     ] {
-        let st = state.clone();
+        let st = Arc::downgrade(state);
         reg.collector(name, help, Kind::Counter, move || {
+            let Some(st) = st.upgrade() else {
+                return Vec::new();
+            };
             st.apps
                 .iter()
                 .flat_map(|a| {

@@ -72,12 +72,18 @@ impl FrontendNode {
             state: state.clone(),
         };
         let metrics = LoopMetrics::new(&registry, &reg.models, &state);
-        let stored = region.clone();
+        // Weakly: the registry may outlive the frontend (a scrape in flight),
+        // the region must not.
+        let stored = Arc::downgrade(&region);
         registry.collector(
             "fermata_frontend_input_bytes_stored_total",
             "Input bytes the frontend copied into its region (each request's input, once, into its slot): the first copy of an input on its way to the executor.",
             crate::metrics::Kind::Counter,
-            move || vec![(vec![], stored.bytes_stored() as f64)],
+            move || {
+                stored
+                    .upgrade()
+                    .map_or_else(Vec::new, |r| vec![(vec![], r.bytes_stored() as f64)])
+            },
         );
         let stop = Arc::new(AtomicBool::new(false));
         if let Some(r) = &opts.replan {
