@@ -25,7 +25,9 @@
 //! 3. Budgets raised into the slack left on their paths; at each final budget,
 //!    Algorithm 1 with either dummy where it is cheaper; then the slack
 //!    exchange (`exchange`): a module takes a faster point and another the
-//!    cheapest plan at the budget that frees, where the total falls.
+//!    cheapest plan at the budget that frees, where the total falls; on a
+//!    chain, a fill ([`fill`]): one module's cheapest plan at the time every
+//!    combination of the others' points leaves it.
 //! 4. A portfolio: `harpagon`, `piccolo`, `scrooge`, `inferline`, `clipper` and
 //!    every one of Harpagon's ablations ([`ablations`]: round robin, one or two
 //!    configurations, no dummies, no reassignment, the throughput-based and the
@@ -452,13 +454,14 @@ fn room(app: &App, b: &[f64], v: usize) -> f64 {
     app.slo - head[v] - tail[v]
 }
 
-/// Slack exchanged between two modules: module `u` takes a faster point of
-/// its own and module `v` a plan at the largest budget the time freed leaves
-/// it. Step 2 chooses among points, and the plans whose cost falls
-/// continuously with the budget (a partial machine padded by a dummy to just
-/// meet it) are points only at the budgets step 1 tried; this finds them at
-/// the budget a neighbour's point leaves. Each exchange that lowers the total
-/// cost is taken, until none does (at most a few rounds).
+/// Slack exchanged between modules: module `u` takes a faster point of its
+/// own and module `v` a plan at the largest budget the time freed leaves it.
+/// Step 2 chooses among points, and the plans whose cost falls continuously
+/// with the budget (a partial machine padded by a dummy to just meet it) are
+/// points only at the budgets step 1 tried; this finds them at the budget a
+/// neighbour's point leaves. Each exchange that lowers the total cost is
+/// taken, until none does (at most a few rounds). Then, on a chain, the best
+/// [`fill`] that lowers the total, and exchanges again (at most twice).
 fn exchange(app: &App, pts: &[Vec<Point>], mods: &mut [super::ModulePlan]) {
     let n = app.modules.len();
     if n < 2 {
@@ -477,71 +480,103 @@ fn exchange(app: &App, pts: &[Vec<Point>], mods: &mut [super::ModulePlan]) {
             cheapest_at(&cfgs[v], &p, app.rates[v], &pts[v], l_max(app, v)).map_or(0.0, |x| x.2)
         })
         .collect();
-    let mut any = false;
-    for _round in 0..4 {
-        let mut improved = false;
-        for u in 0..n {
-            if app.rates[u] <= 0.0 {
+    // The best taker for the budgets `b` (givers changed), the givers' extra
+    // cost `extra`.
+    let taker = |mods: &[super::ModulePlan], b: &[f64], givers: &[usize], extra: f64| {
+        let mut taken: Option<(f64, usize, f64, Vec<Alloc>, f64)> = None;
+        for v in 0..n {
+            if givers.contains(&v) || app.rates[v] <= 0.0 || mods[v].cost - lb[v] <= extra {
                 continue;
             }
-            for q in &pts[u] {
-                if q.worst >= mods[u].worst * (1.0 - 1e-9) {
-                    continue;
-                }
-                let extra = q.cost - mods[u].cost;
-                // Points come cost increasing: once no module can save the
-                // extra, no later point pays either.
+            let l = room(app, b, v);
+            if l <= mods[v].worst * (1.0 + 1e-9) {
+                continue;
+            }
+            let Some((allocs, dummy, cost)) = cheapest_at(&cfgs[v], &p, app.rates[v], &pts[v], l)
+            else {
+                continue;
+            };
+            let saving = mods[v].cost - cost - extra;
+            if saving > 1e-9 * mods[v].cost.max(1e-9) && taken.as_ref().is_none_or(|t| saving > t.0)
+            {
+                taken = Some((saving, v, l, allocs, dummy));
+            }
+        }
+        taken
+    };
+    // The faster points of module `u` (costs increasing) with their extra cost.
+    let faster = |mods: &[super::ModulePlan], u: usize| -> Vec<(usize, f64)> {
+        if app.rates[u] <= 0.0 {
+            return Vec::new();
+        }
+        pts[u]
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.worst < mods[u].worst * (1.0 - 1e-9))
+            .map(|(k, q)| (k, q.cost - mods[u].cost))
+            .collect()
+    };
+    let mut any = false;
+    // One giver: for each module in turn, the first exchange that pays.
+    let pairs = |mods: &mut [super::ModulePlan]| {
+        let mut any = false;
+        for _round in 0..4 {
+            let mut improved = false;
+            for u in 0..n {
                 let most = (0..n)
                     .filter(|&v| v != u)
                     .map(|v| mods[v].cost - lb[v])
                     .fold(0.0, f64::max);
-                if extra >= most {
-                    break;
-                }
-                let mut b: Vec<f64> = mods.iter().map(|m| m.worst).collect();
-                b[u] = q.worst;
-                let mut taken = None;
-                for v in 0..n {
-                    if v == u || app.rates[v] <= 0.0 || mods[v].cost - lb[v] <= extra {
-                        continue;
+                for (k, extra) in faster(mods, u) {
+                    // Points come cost increasing: once no module can save
+                    // the extra, no later point pays either.
+                    if extra >= most {
+                        break;
                     }
-                    let l = room(app, &b, v);
-                    if l <= mods[v].worst * (1.0 + 1e-9) {
-                        continue;
+                    let mut b: Vec<f64> = mods.iter().map(|m| m.worst).collect();
+                    b[u] = pts[u][k].worst;
+                    if let Some((_, v, l, allocs, dummy)) = taker(mods, &b, &[u], extra) {
+                        mods[v] = module_plan(app, v, l, allocs, dummy, Dispatch::ThroughputCost);
+                        let q = &pts[u][k];
+                        mods[u] = module_plan(
+                            app,
+                            u,
+                            q.worst,
+                            q.allocs.clone(),
+                            q.dummy,
+                            Dispatch::ThroughputCost,
+                        );
+                        improved = true;
+                        any = true;
+                        break;
                     }
-                    let Some((allocs, dummy, cost)) =
-                        cheapest_at(&cfgs[v], &p, app.rates[v], &pts[v], l)
-                    else {
-                        continue;
-                    };
-                    let saving = mods[v].cost - cost - extra;
-                    if saving > 1e-9 * mods[v].cost.max(1e-9)
-                        && taken
-                            .as_ref()
-                            .is_none_or(|t: &(f64, usize, f64, _)| saving > t.0)
-                    {
-                        taken = Some((saving, v, l, (allocs, dummy)));
-                    }
-                }
-                if let Some((_, v, l, (allocs, dummy))) = taken {
-                    mods[v] = module_plan(app, v, l, allocs, dummy, Dispatch::ThroughputCost);
-                    mods[u] = module_plan(
-                        app,
-                        u,
-                        q.worst,
-                        q.allocs.clone(),
-                        q.dummy,
-                        Dispatch::ThroughputCost,
-                    );
-                    improved = true;
-                    any = true;
-                    break;
                 }
             }
+            if !improved {
+                break;
+            }
         }
-        if !improved {
+        any
+    };
+    any |= pairs(mods);
+    // On a chain, one module fills the time the others' points leave.
+    for _round in 0..2 {
+        let Some(m) = fill(app, pts, mods, &cfgs, &p, &lb) else {
             break;
+        };
+        mods[m.taker] = module_plan(
+            app,
+            m.taker,
+            m.budget,
+            m.allocs,
+            m.dummy,
+            Dispatch::ThroughputCost,
+        );
+        for (u, q) in m.givers {
+            mods[u] = module_plan(app, u, q.worst, q.allocs, q.dummy, Dispatch::ThroughputCost);
         }
+        any = true;
+        pairs(mods);
     }
     if !any {
         return;
@@ -552,4 +587,150 @@ fn exchange(app: &App, pts: &[Vec<Point>], mods: &mut [super::ModulePlan]) {
     for (m, b) in mods.iter_mut().zip(b) {
         m.budget = b;
     }
+}
+
+/// A fill: the other modules' new plans, and the filler's plan at the time
+/// they leave it.
+struct Fill {
+    givers: Vec<(usize, Point)>,
+    taker: usize,
+    budget: f64,
+    allocs: Vec<Alloc>,
+    dummy: f64,
+}
+
+/// Work bound of [`fill`] (envelope entries built per filler).
+const FILL_WORK: usize = 200_000;
+
+/// On a chain, the cheapest plan with one module (the filler) at the cheapest
+/// plan within the time the others leave it, the others at their points or
+/// their current plans: for each filler, the others' lower envelope of total
+/// worst case against total cost (a min-plus sum of their step functions),
+/// and at each of its steps the filler's cheapest plan at the SLO less that
+/// time ([`cheapest_at`], whose padded plans are priced at any budget). The
+/// exchange of two modules sees one neighbour's move at a time; a fill sees
+/// every combination, so that two modules can change their points (one
+/// faster, one slower) while a third pads its partial machine to the time
+/// left. `None` unless the best fill costs less than `mods`.
+fn fill(
+    app: &App,
+    pts: &[Vec<Point>],
+    mods: &[super::ModulePlan],
+    cfgs: &[Vec<Config>],
+    p: &[f64],
+    lb: &[f64],
+) -> Option<Fill> {
+    let n = app.modules.len();
+    // A chain: one root, every module at most one child and one parent.
+    if n < 3
+        || app.edges.len() != n - 1
+        || (0..n).any(|v| app.parents(v).count() > 1 || app.children(v).count() > 1)
+    {
+        return None;
+    }
+    let total: f64 = mods.iter().map(|m| m.cost).sum();
+    let slo = app.slo * (1.0 + 1e-9);
+    // Each module's options: its points and its current plan.
+    let opts: Vec<Vec<Point>> = (0..n)
+        .map(|u| {
+            let mut o = pts[u].clone();
+            o.push(Point {
+                worst: mods[u].worst,
+                cost: mods[u].cost,
+                allocs: mods[u].allocs.clone(),
+                dummy: mods[u].dummy,
+            });
+            o
+        })
+        .collect();
+    let minc: Vec<f64> = opts
+        .iter()
+        .map(|o| o.iter().map(|q| q.cost).fold(f64::INFINITY, f64::min))
+        .collect();
+    let mut best: Option<(f64, Fill)> = None;
+    for v in 0..n {
+        if app.rates[v] <= 0.0 {
+            continue;
+        }
+        // The least time the filler needs.
+        let vmin = pts[v].iter().map(|q| q.worst).fold(f64::INFINITY, f64::min);
+        // Envelope entries per stage (one stage per other module): (total
+        // worst, total cost, entry of the stage before, option), worst
+        // increasing, cost decreasing.
+        let mut stages: Vec<Vec<(f64, f64, usize, usize)>> = vec![vec![(0.0, 0.0, 0, 0)]];
+        let mut work = 0usize;
+        // What the modules of the later stages and the filler cost at least:
+        // an entry at or above the total less that cannot pay.
+        let mut later: f64 = lb[v] + (0..n).filter(|&u| u != v).map(|u| minc[u]).sum::<f64>();
+        for (u, ou) in opts.iter().enumerate() {
+            if u == v {
+                continue;
+            }
+            later -= minc[u];
+            let bar = total * (1.0 - 1e-9) - later;
+            let env = stages.last().expect("a stage");
+            let mut next: Vec<(f64, f64, usize, usize)> = Vec::with_capacity(env.len() * ou.len());
+            for (i, e) in env.iter().enumerate() {
+                for (k, q) in ou.iter().enumerate() {
+                    let t = e.0 + q.worst;
+                    if t + vmin <= slo && e.1 + q.cost < bar {
+                        next.push((t, e.1 + q.cost, i, k));
+                    }
+                }
+            }
+            work += next.len();
+            if work > FILL_WORK {
+                return None;
+            }
+            next.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+            let mut kept: Vec<(f64, f64, usize, usize)> = Vec::with_capacity(next.len());
+            for x in next {
+                if kept
+                    .last()
+                    .is_none_or(|l| x.1 < l.1 - 1e-12 * l.1.abs().max(1e-12))
+                {
+                    kept.push(x);
+                }
+            }
+            stages.push(kept);
+        }
+        let env = stages.last().expect("a stage");
+        let others: Vec<usize> = (0..n).filter(|&u| u != v).collect();
+        for (i, &(t, c, _, _)) in env.iter().enumerate() {
+            // The filler costs at least its cheapest plan at all.
+            let bar = best.as_ref().map_or(total, |b| b.0);
+            if c + lb[v] >= bar * (1.0 - 1e-9) {
+                continue;
+            }
+            let l = app.slo - t;
+            let Some((allocs, dummy, cost)) = cheapest_at(&cfgs[v], p, app.rates[v], &pts[v], l)
+            else {
+                continue;
+            };
+            if c + cost < bar * (1.0 - 1e-9) {
+                best = Some((
+                    c + cost,
+                    Fill {
+                        givers: {
+                            // Back from the last stage: each other module's
+                            // option.
+                            let mut g = Vec::with_capacity(others.len());
+                            let mut e = i;
+                            for (s, &u) in others.iter().enumerate().rev() {
+                                let (_, _, prev, k) = stages[s + 1][e];
+                                g.push((u, opts[u][k].clone()));
+                                e = prev;
+                            }
+                            g
+                        },
+                        taker: v,
+                        budget: l,
+                        allocs,
+                        dummy,
+                    },
+                ));
+            }
+        }
+    }
+    best.map(|b| b.1)
 }

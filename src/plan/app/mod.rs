@@ -15,6 +15,7 @@
 //!   prefix batching.
 
 pub mod choose;
+pub mod exact;
 pub mod fermata;
 pub mod file;
 pub mod integral;

@@ -6,9 +6,10 @@
 //!   DAG (HiGHS): binaries per point, start times `s_v >= s_u + l_u` per edge,
 //!   `s_v + l_v <= SLO`. Optimal for the plan shape PLANNERS.md's brute force
 //!   defines.
-//! * `exact`: that brute force: every list of every module enumerated
-//!   ([`module::frontier_brute`]), then every combination of points (pruned by
-//!   path length and cost), until `stop`.
+//! * `exact`: that brute force ([`super::exact`]): every list of every module
+//!   and every combination of one list per module, with cuts that keep its
+//!   optimum (an incumbent cost, bounds on each list's cost and worst case,
+//!   dominance), until `stop`; [`exact_simple`] is the uncut enumeration.
 //! * `harpagon`, `piccolo`: the latency-cost splitter, TC dispatch, Algorithm 1,
 //!   dummies; Harpagon with its reassigner, node merger and cost-direct
 //!   (R = 3), Piccolo rescaling budgets proportionally. [`HarpagonOptions`] gives
@@ -22,8 +23,9 @@
 //!   cost-lowering split. `clipper`: one configuration per module, round robin,
 //!   the SLO split evenly along each path.
 
+pub use super::exact::{exact, exact_simple};
 pub use super::fermata::{fermata, fermata_integral, fermata_optimum, FERMATA_NODES};
-use super::module::{self, Budget, Configs, Dummies, Point};
+use super::module::{self, Configs, Dummies, Point};
 use super::{worst_case, Alloc, App, Config, Dispatch, ModulePlan, Plan, EPS};
 
 pub const PLANNERS: &[&str] = &[
@@ -287,104 +289,6 @@ pub(super) fn plan_from_points(app: &App, name: &str, pts: &[Vec<Point>], pick: 
         })
         .collect();
     Plan::assemble(name, app, mods)
-}
-
-/// `exact`: `Ok(None)` when `stop` ended it first.
-pub fn exact(app: &App, stop: &mut dyn FnMut() -> bool) -> Result<Option<Plan>, String> {
-    let p = prices(app);
-    let mut budget = Budget::new(u64::MAX, stop);
-    let mut pts = Vec::new();
-    for v in 0..app.modules.len() {
-        let cfgs = module::sorted(&app.modules[v].configs, &p);
-        let f = module::frontier_brute(&cfgs, &p, app.rates[v], l_max(app, v), &mut budget);
-        if budget.exhausted {
-            return Ok(None);
-        }
-        if f.is_empty() {
-            return Err(format!(
-                "module {}: no plan within its budget",
-                app.modules[v].name
-            ));
-        }
-        pts.push(f);
-    }
-    let order = app.topo();
-    let n = app.modules.len();
-    // Cheapest cost of the modules after position i in `order`.
-    let mut rest_min = vec![0.0; n + 1];
-    for i in (0..n).rev() {
-        let v = order[i];
-        rest_min[i] = rest_min[i + 1] + pts[v].iter().map(|q| q.cost).fold(f64::INFINITY, f64::min);
-    }
-    let mut best: Option<(f64, Vec<usize>)> = None;
-    let mut pick = vec![0usize; n];
-    let mut finish = vec![0.0f64; n];
-    #[allow(clippy::too_many_arguments)]
-    fn rec(
-        app: &App,
-        order: &[usize],
-        pts: &[Vec<Point>],
-        rest_min: &[f64],
-        i: usize,
-        cost: f64,
-        pick: &mut [usize],
-        finish: &mut [f64],
-        best: &mut Option<(f64, Vec<usize>)>,
-        budget: &mut Budget,
-    ) {
-        if i == order.len() {
-            if best.as_ref().is_none_or(|b| cost < b.0 - 1e-12) {
-                *best = Some((cost, pick.to_vec()));
-            }
-            return;
-        }
-        let v = order[i];
-        let start = app.parents(v).map(|u| finish[u]).fold(0.0, f64::max);
-        for (k, q) in pts[v].iter().enumerate() {
-            if !budget.tick() {
-                return;
-            }
-            if start + q.worst > app.slo * (1.0 + EPS) {
-                continue;
-            }
-            if let Some(b) = best {
-                if cost + q.cost + rest_min[i + 1] >= b.0 - 1e-12 {
-                    continue;
-                }
-            }
-            pick[v] = k;
-            finish[v] = start + q.worst;
-            rec(
-                app,
-                order,
-                pts,
-                rest_min,
-                i + 1,
-                cost + q.cost,
-                pick,
-                finish,
-                best,
-                budget,
-            );
-        }
-    }
-    rec(
-        app,
-        &order,
-        &pts,
-        &rest_min,
-        0,
-        0.0,
-        &mut pick,
-        &mut finish,
-        &mut best,
-        &mut budget,
-    );
-    if budget.exhausted {
-        return Ok(None);
-    }
-    let (_, pick) = best.ok_or("no choice of budgets fits the SLO")?;
-    Ok(Some(plan_from_points(app, "exact", &pts, &pick)))
 }
 
 // ---------------------------------------------------------------- harpagon, piccolo

@@ -1,0 +1,546 @@
+//! `exact`: PLANNERS.md's brute force (choice 10). Per module, every ordered
+//! list of distinct configurations in `t / p` order with integer full counts and
+//! one final partial machine (or a dummy that makes it full), every machine
+//! meeting its worst case; per application, one list per module with every
+//! path within the SLO, at the lowest total fractional cost.
+//!
+//! [`exact_simple`] enumerates every list and every combination as written.
+//! [`exact`] reaches the same optimum with the enumeration pruned, each cut
+//! sound for that definition:
+//!
+//! * **An incumbent.** A cost `U` that some choice of lists of the brute
+//!   force's shape reaches: `fermata`'s exact step functions searched within
+//!   [`FERMATA_NODES`] nodes per module and one point per module chosen by
+//!   [`choose_points`]. The optimum costs at most `U`, so a list of module `v`
+//!   dearer than `U − Σ_{u≠v} min_u` (`min_u`: module `u`'s cheapest list at its
+//!   loosest budget) is in no optimal choice, and neither is a combination
+//!   dearer than `U`. Should nothing be found under `U` (it can only be that
+//!   `U` was below the optimum by rounding), the search is run again without it.
+//! * **Lists.** Each module's Pareto lists (worst case, cost) are found one
+//!   at a time, cheapest first: the cheapest list within the loosest budget,
+//!   then the cheapest within just below its worst case, and so on until the
+//!   cheapest passes the module's cap. Each is a branch and bound over the
+//!   lists: a prefix is extended only where it can still end in a list that
+//!   meets the budget (full machines of a configuration batch at most at the
+//!   rate left plus the largest dummy, so their worst case cannot fall below
+//!   `d + b / that`) and costs at most the cheapest so far (the rest costs at
+//!   least the rate left at the best price per throughput still available).
+//! * **Combinations.** Modules in topological order, each module's points
+//!   cheapest first; a point is skipped where the smallest worst cases of the
+//!   modules after it already break the SLO, and the search stops where the
+//!   cheapest completion passes the best total so far.
+
+use super::fermata::{points, FermataOptions, Objective, FERMATA_NODES};
+use super::module::{self, Budget, Point};
+use super::planners::{choose_points, l_max, plan_from_points, prices};
+use super::{alloc_cost, worst_case, Alloc, App, Config, Plan, EPS};
+
+/// `exact`: `Ok(None)` when `stop` ended it first.
+pub fn exact(app: &App, stop: &mut dyn FnMut() -> bool) -> Result<Option<Plan>, String> {
+    let mut budget = Budget::new(u64::MAX, stop);
+    let incumbent = incumbent(app);
+    if let Some(u) = incumbent {
+        match search(app, u * (1.0 + 1e-7), &mut budget)? {
+            Found::Plan(p) => return Ok(Some(p)),
+            Found::Stopped => return Ok(None),
+            Found::Nothing => {}
+        }
+    }
+    match search(app, f64::INFINITY, &mut budget)? {
+        Found::Plan(p) => Ok(Some(p)),
+        Found::Stopped => Ok(None),
+        Found::Nothing => Err("no choice of budgets fits the SLO".into()),
+    }
+}
+
+/// The cost of a choice of lists of the brute force's shape whose paths are
+/// within the SLO (`None` if the bounded search finds none).
+fn incumbent(app: &App) -> Option<f64> {
+    let o = FermataOptions {
+        nodes: FERMATA_NODES,
+        grid: false,
+        portfolio: false,
+        objective: Objective::Fractional,
+    };
+    let pts = points(app, &o).ok()?;
+    let pick = choose_points(app, &pts)?;
+    let lat: Vec<f64> = pick
+        .iter()
+        .enumerate()
+        .map(|(v, &k)| pts[v][k].worst)
+        .collect();
+    (app.longest_path(&lat).0 <= app.slo * (1.0 + EPS))
+        .then(|| pick.iter().enumerate().map(|(v, &k)| pts[v][k].cost).sum())
+}
+
+enum Found {
+    Plan(Plan),
+    /// `stop` ended the search.
+    Stopped,
+    /// No choice costs at most the cap.
+    Nothing,
+}
+
+/// The cheapest choice costing at most `cap`.
+fn search(app: &App, cap: f64, budget: &mut Budget) -> Result<Found, String> {
+    let p = prices(app);
+    let n = app.modules.len();
+    let cfgs: Vec<Vec<Config>> = app
+        .modules
+        .iter()
+        .map(|m| module::sorted(&m.configs, &p))
+        .collect();
+    // Each module's cheapest list at its loosest budget.
+    let mut mins = vec![0.0f64; n];
+    // Lower bounds while the cheapest lists are searched: the rate at the best
+    // price per throughput.
+    let mut lower: Vec<f64> = (0..n)
+        .map(|v| {
+            cfgs[v]
+                .iter()
+                .map(|c| p[c.hw] / c.throughput)
+                .fold(f64::INFINITY, f64::min)
+                * app.rates[v].max(0.0)
+        })
+        .collect();
+    for v in 0..n {
+        let others: f64 = (0..n).filter(|&u| u != v).map(|u| lower[u]).sum();
+        let mut s = Lists::new(&cfgs[v], &p, app.rates[v], l_max(app, v), cap - others);
+        s.run(budget);
+        if budget.exhausted {
+            return Ok(Found::Stopped);
+        }
+        match s.found.first() {
+            Some(q) => {
+                mins[v] = q.cost;
+                lower[v] = q.cost;
+            }
+            None if cap.is_finite() => return Ok(Found::Nothing),
+            None => {
+                return Err(format!(
+                    "module {}: no plan within its budget",
+                    app.modules[v].name
+                ))
+            }
+        }
+    }
+    let total_min: f64 = mins.iter().sum();
+    let mut pts = Vec::with_capacity(n);
+    for v in 0..n {
+        let f = walk(
+            &cfgs[v],
+            &p,
+            app.rates[v],
+            l_max(app, v),
+            cap - (total_min - mins[v]),
+            budget,
+        );
+        if budget.exhausted {
+            return Ok(Found::Stopped);
+        }
+        if f.is_empty() {
+            return Ok(Found::Nothing);
+        }
+        pts.push(f);
+    }
+    match combine(app, &pts, cap, budget) {
+        _ if budget.exhausted => Ok(Found::Stopped),
+        Some(pick) => Ok(Found::Plan(plan_from_points(app, "exact", &pts, &pick))),
+        None => Ok(Found::Nothing),
+    }
+}
+
+/// A module's Pareto lists (worst case, cost) up to budget `l` and cost
+/// `cap`: the cheapest list within `l`, then the cheapest within just below
+/// its worst case, and so on, until none is left or the cheapest passes
+/// `cap`.
+fn walk(
+    cfgs: &[Config],
+    prices: &[f64],
+    r: f64,
+    l: f64,
+    cap: f64,
+    budget: &mut Budget,
+) -> Vec<Point> {
+    let mut out = Vec::new();
+    let mut l = l;
+    loop {
+        let mut s = Lists::new(cfgs, prices, r, l, cap);
+        s.run(budget);
+        if budget.exhausted {
+            return out;
+        }
+        let Some(q) = s.found.pop() else {
+            break;
+        };
+        // Just below its worst case: the tolerance of the checks is 1e-9.
+        let next = q.worst * (1.0 - 3e-9);
+        out.push(q);
+        if r <= 0.0 || next <= 0.0 {
+            break;
+        }
+        l = next;
+    }
+    module::pareto(out)
+}
+
+/// The cheapest of one module's lists (the shape of
+/// [`module::enumerate_lists`]) within budget `l` and cost `cap`, among equal
+/// costs the lowest worst case: their enumeration, pruned.
+struct Lists<'a> {
+    cfgs: &'a [Config],
+    prices: &'a [f64],
+    r: f64,
+    l: f64,
+    /// Lists dearer than this are not wanted: the cap given, then the
+    /// cheapest list so far.
+    cap: f64,
+    /// Largest throughput among `cfgs[j..]`: the largest dummy a list that
+    /// goes on from `j` can end with.
+    tmax: Vec<f64>,
+    cur: Vec<Alloc>,
+    /// Lists found within `l` and the cap at the time.
+    found: Vec<Point>,
+}
+
+impl<'a> Lists<'a> {
+    fn new(cfgs: &'a [Config], prices: &'a [f64], r: f64, l: f64, cap: f64) -> Lists<'a> {
+        let k = cfgs.len();
+        let mut tmax = vec![0.0f64; k + 1];
+        for j in (0..k).rev() {
+            tmax[j] = tmax[j + 1].max(cfgs[j].throughput);
+        }
+        Lists {
+            cfgs,
+            prices,
+            r,
+            l: l * (1.0 + EPS),
+            cap: cap * (1.0 + 1e-9),
+            tmax,
+            cur: Vec::new(),
+            found: Vec::new(),
+        }
+    }
+
+    /// Leaves the cheapest list (if any) in `found`.
+    fn run(&mut self, budget: &mut Budget) {
+        if self.r <= 0.0 {
+            self.found.push(Point {
+                worst: 0.0,
+                cost: 0.0,
+                allocs: vec![],
+                dummy: 0.0,
+            });
+            return;
+        }
+        self.rec(0, self.r, 0.0, budget);
+        let best = std::mem::take(&mut self.found)
+            .into_iter()
+            .min_by(|a, b| a.cost.total_cmp(&b.cost).then(a.worst.total_cmp(&b.worst)));
+        self.found.extend(best);
+    }
+
+    fn emit(&mut self, dummy: f64) {
+        let cost = alloc_cost(&self.cur, self.prices);
+        if cost > self.cap {
+            return;
+        }
+        let w = worst_case(&self.cur, super::Dispatch::ThroughputCost, self.prices);
+        if w > self.l {
+            return;
+        }
+        // Equal costs (to rounding) stay: the lowest worst case among them.
+        self.cap = cost * (1.0 + 1e-9);
+        self.found.push(Point {
+            worst: w,
+            cost,
+            allocs: self.cur.clone(),
+            dummy,
+        });
+    }
+
+    /// Lists that go on from configuration `from` with rate `rem` left, the
+    /// prefix costing `cost`.
+    fn rec(&mut self, from: usize, rem: f64, cost: f64, budget: &mut Budget) {
+        let r = self.r;
+        let k = self.cfgs.len();
+        // No machine from here on batches faster than the rate left, every
+        // machine before and the largest dummy: configurations whose worst
+        // case even then is above the budget serve none of the rest, which
+        // costs at least its rate at the best price per throughput among the
+        // others from `j` on.
+        let w_hi = rem
+            + self
+                .cur
+                .iter()
+                .map(|a| a.count * a.config.throughput)
+                .sum::<f64>()
+            + self.tmax[from];
+        let mut ppt = vec![f64::INFINITY; k + 1];
+        for j in (from..k).rev() {
+            let c = &self.cfgs[j];
+            ppt[j] = ppt[j + 1];
+            if c.latency + f64::from(c.batch) / w_hi <= self.l {
+                ppt[j] = ppt[j].min(self.prices[c.hw] / c.throughput);
+            }
+        }
+        let need = (rem - EPS * r).max(0.0);
+        for j in from..k {
+            if !budget.tick() {
+                return;
+            }
+            // The rest's cost only rises with `j`.
+            if cost + need * ppt[j] > self.cap {
+                return;
+            }
+            let c = self.cfgs[j];
+            let ratio = c.throughput / self.prices[c.hw];
+            // Earlier machines as cost-efficient as c batch with it.
+            let ties: f64 = self
+                .cur
+                .iter()
+                .filter(|a| a.config.throughput / self.prices[a.config.hw] <= ratio * (1.0 + EPS))
+                .map(|a| a.count * a.config.throughput)
+                .sum();
+            // Full machines of c here batch at most at the rate left, the
+            // ties and the largest dummy: a worst case above the budget there
+            // rules out every list with one.
+            let b = f64::from(c.batch);
+            let full_ok = c.latency + b / (rem + ties + self.tmax[j]) <= self.l;
+            let nmax = (rem / c.throughput + 1e-9).floor();
+            if !full_ok && nmax >= 1.0 {
+                continue;
+            }
+            let p = self.prices[c.hw];
+            for n in (0..=nmax as u64).rev() {
+                let n = n as f64;
+                let rest = rem - n * c.throughput;
+                if rest <= EPS * r {
+                    self.cur.push(Alloc {
+                        config: c,
+                        count: n,
+                    });
+                    self.emit(0.0);
+                    self.cur.pop();
+                    continue;
+                }
+                if n == nmax {
+                    self.cur.push(Alloc {
+                        config: c,
+                        count: n + rest / c.throughput,
+                    });
+                    self.emit(0.0);
+                    self.cur.last_mut().unwrap().count = n + 1.0;
+                    self.emit(c.throughput - rest);
+                    self.cur.pop();
+                }
+                if n >= 1.0 && cost + n * p + (rest - EPS * r).max(0.0) * ppt[j + 1] <= self.cap {
+                    self.cur.push(Alloc {
+                        config: c,
+                        count: n,
+                    });
+                    self.rec(j + 1, rest, cost + n * p, budget);
+                    self.cur.pop();
+                    if budget.exhausted {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One point per module, every path within the SLO, the lowest total cost at
+/// most `cap`: modules in topological order, points cheapest first.
+fn combine(app: &App, pts: &[Vec<Point>], cap: f64, budget: &mut Budget) -> Option<Vec<usize>> {
+    let order = app.topo();
+    let n = app.modules.len();
+    let slo = app.slo * (1.0 + EPS);
+    // Cheapest cost of the modules after position i in `order`.
+    let mut rest_min = vec![0.0; n + 1];
+    for i in (0..n).rev() {
+        let v = order[i];
+        rest_min[i] = rest_min[i + 1] + pts[v].iter().map(|q| q.cost).fold(f64::INFINITY, f64::min);
+    }
+    // The longest path below each module at its descendants' smallest worst
+    // cases.
+    let wmin: Vec<f64> = pts
+        .iter()
+        .map(|p| p.iter().map(|q| q.worst).fold(f64::INFINITY, f64::min))
+        .collect();
+    let mut below = vec![0.0f64; n];
+    for &v in order.iter().rev() {
+        below[v] = app
+            .children(v)
+            .map(|c| wmin[c] + below[c])
+            .fold(0.0, f64::max);
+    }
+    // Points cheapest first.
+    let by_cost: Vec<Vec<usize>> = pts
+        .iter()
+        .map(|p| {
+            let mut k: Vec<usize> = (0..p.len()).collect();
+            k.sort_by(|&a, &b| p[a].cost.total_cmp(&p[b].cost));
+            k
+        })
+        .collect();
+    struct S<'s> {
+        app: &'s App,
+        order: &'s [usize],
+        pts: &'s [Vec<Point>],
+        by_cost: &'s [Vec<usize>],
+        rest_min: &'s [f64],
+        below: &'s [f64],
+        slo: f64,
+        bound: f64,
+        pick: Vec<usize>,
+        finish: Vec<f64>,
+        best: Option<Vec<usize>>,
+    }
+    fn rec(s: &mut S, i: usize, cost: f64, budget: &mut Budget) {
+        if i == s.order.len() {
+            if cost <= s.bound {
+                s.bound = cost * (1.0 - 1e-12);
+                s.best = Some(s.pick.clone());
+            }
+            return;
+        }
+        let v = s.order[i];
+        let start = s.app.parents(v).map(|u| s.finish[u]).fold(0.0, f64::max);
+        for &k in &s.by_cost[v] {
+            if !budget.tick() {
+                return;
+            }
+            let q = &s.pts[v][k];
+            if cost + q.cost + s.rest_min[i + 1] > s.bound {
+                break;
+            }
+            if start + q.worst + s.below[v] > s.slo {
+                continue;
+            }
+            s.pick[v] = k;
+            s.finish[v] = start + q.worst;
+            rec(s, i + 1, cost + q.cost, budget);
+        }
+    }
+    let mut s = S {
+        app,
+        order: &order,
+        pts,
+        by_cost: &by_cost,
+        rest_min: &rest_min,
+        below: &below,
+        slo,
+        bound: if cap.is_finite() {
+            cap * (1.0 + 1e-9)
+        } else {
+            f64::INFINITY
+        },
+        pick: vec![0; n],
+        finish: vec![0.0; n],
+        best: None,
+    };
+    rec(&mut s, 0, 0.0, budget);
+    s.best
+}
+
+/// The brute force as PLANNERS.md writes it: every list of every module
+/// ([`module::frontier_brute`]), then every combination of points (pruned by
+/// path length and cost). `Ok(None)` when `stop` ended it first. The reference
+/// [`exact`] is checked against.
+pub fn exact_simple(app: &App, stop: &mut dyn FnMut() -> bool) -> Result<Option<Plan>, String> {
+    let p = prices(app);
+    let mut budget = Budget::new(u64::MAX, stop);
+    let mut pts = Vec::new();
+    for v in 0..app.modules.len() {
+        let cfgs = module::sorted(&app.modules[v].configs, &p);
+        let f = module::frontier_brute(&cfgs, &p, app.rates[v], l_max(app, v), &mut budget);
+        if budget.exhausted {
+            return Ok(None);
+        }
+        if f.is_empty() {
+            return Err(format!(
+                "module {}: no plan within its budget",
+                app.modules[v].name
+            ));
+        }
+        pts.push(f);
+    }
+    let order = app.topo();
+    let n = app.modules.len();
+    // Cheapest cost of the modules after position i in `order`.
+    let mut rest_min = vec![0.0; n + 1];
+    for i in (0..n).rev() {
+        let v = order[i];
+        rest_min[i] = rest_min[i + 1] + pts[v].iter().map(|q| q.cost).fold(f64::INFINITY, f64::min);
+    }
+    let mut best: Option<(f64, Vec<usize>)> = None;
+    let mut pick = vec![0usize; n];
+    let mut finish = vec![0.0f64; n];
+    #[allow(clippy::too_many_arguments)]
+    fn rec(
+        app: &App,
+        order: &[usize],
+        pts: &[Vec<Point>],
+        rest_min: &[f64],
+        i: usize,
+        cost: f64,
+        pick: &mut [usize],
+        finish: &mut [f64],
+        best: &mut Option<(f64, Vec<usize>)>,
+        budget: &mut Budget,
+    ) {
+        if i == order.len() {
+            if best.as_ref().is_none_or(|b| cost < b.0 - 1e-12) {
+                *best = Some((cost, pick.to_vec()));
+            }
+            return;
+        }
+        let v = order[i];
+        let start = app.parents(v).map(|u| finish[u]).fold(0.0, f64::max);
+        for (k, q) in pts[v].iter().enumerate() {
+            if !budget.tick() {
+                return;
+            }
+            if start + q.worst > app.slo * (1.0 + EPS) {
+                continue;
+            }
+            if let Some(b) = best {
+                if cost + q.cost + rest_min[i + 1] >= b.0 - 1e-12 {
+                    continue;
+                }
+            }
+            pick[v] = k;
+            finish[v] = start + q.worst;
+            rec(
+                app,
+                order,
+                pts,
+                rest_min,
+                i + 1,
+                cost + q.cost,
+                pick,
+                finish,
+                best,
+                budget,
+            );
+        }
+    }
+    rec(
+        app,
+        &order,
+        &pts,
+        &rest_min,
+        0,
+        0.0,
+        &mut pick,
+        &mut finish,
+        &mut best,
+        &mut budget,
+    );
+    if budget.exhausted {
+        return Ok(None);
+    }
+    let (_, pick) = best.ok_or("no choice of budgets fits the SLO")?;
+    Ok(Some(plan_from_points(app, "exact", &pts, &pick)))
+}
