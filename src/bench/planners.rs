@@ -776,10 +776,16 @@ mod tests {
     fn fermata_is_at_most_fermata_integral_where_a_padded_plan_was_off_the_grid() {
         let profs = profiles();
         let app = workload_in(40, 0.35, &profs, &Family::PAPER);
-        let fe = planners::fermata(&app).unwrap();
-        fe.verify(&app).unwrap();
-        let fi = planners::fermata_integral(&app).unwrap();
-        fi.verify(&app).unwrap();
+        assert_fermata_at_most_integral(&app);
+    }
+
+    /// Both plans feasible and `fermata`'s fractional cost at most
+    /// `fermata-integral`'s.
+    fn assert_fermata_at_most_integral(app: &App) {
+        let fe = planners::fermata(app).unwrap();
+        fe.verify(app).unwrap();
+        let fi = planners::fermata_integral(app).unwrap();
+        fi.verify(app).unwrap();
         assert!(
             fe.cost <= fi.cost * (1.0 + 1e-9),
             "fermata {} above fermata-integral {}",
@@ -799,16 +805,7 @@ mod tests {
         let profs = profiles();
         let app = workload_in(782, 0.2, &profs, &Family::SYMPHONY);
         assert_eq!(app.modules.len(), 5);
-        let fe = planners::fermata(&app).unwrap();
-        fe.verify(&app).unwrap();
-        let fi = planners::fermata_integral(&app).unwrap();
-        fi.verify(&app).unwrap();
-        assert!(
-            fe.cost <= fi.cost * (1.0 + 1e-9),
-            "fermata {} above fermata-integral {}",
-            fe.cost,
-            fi.cost
-        );
+        assert_fermata_at_most_integral(&app);
     }
 
     /// On generated workloads where the plain enumeration of PLANNERS.md's

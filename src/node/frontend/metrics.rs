@@ -211,56 +211,66 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
     }
     // The plan in force of each application (re-planned on the measured
     // fan-out with `FrontendOpts::replan`).
-    let st = state.clone();
-    reg.collector(
+    app_gauge(
+        reg,
+        state,
         "fermata_app_replans_total",
         "Re-plans installed per application: a drift of a fan-out edge's measured mean past the threshold, planned again by fermata at the measured values.",
         Kind::Counter,
-        move || {
-            st.apps
-                .iter()
-                .map(|a| (vec![("app".to_string(), a.meta.name.clone())], a.replans() as f64))
-                .collect()
-        },
+        |a| vec![(vec![], a.replans() as f64)],
     );
-    let st = state.clone();
-    reg.collector(
+    app_gauge(
+        reg,
+        state,
         "fermata_app_planned_fanout",
         "The mean fan-out the plan in force assumes, per application and fan-out edge (from, to steps).",
         Kind::Gauge,
-        move || {
-            st.apps
-                .iter()
-                .flat_map(|a| {
-                    let app = a.meta.name.clone();
-                    a.planned_fanout().into_iter().map(move |(from, to, f)| {
-                        let labels = vec![
-                            ("app".to_string(), app.clone()),
-                            ("from".to_string(), from),
-                            ("to".to_string(), to),
-                        ];
-                        (labels, f)
-                    })
-                })
+        |a| {
+            a.planned_fanout()
+                .into_iter()
+                .map(|(from, to, f)| (vec![("from".to_string(), from), ("to".to_string(), to)], f))
                 .collect()
         },
     );
-    let st = state.clone();
-    reg.collector(
+    app_gauge(
+        reg,
+        state,
         "fermata_app_budget_ms",
         "The latency budget of each step in the plan in force (ms), per application and step: new application requests get their deadlines from these.",
         Kind::Gauge,
-        move || {
-            st.apps
-                .iter()
-                .flat_map(|a| {
-                    let app = a.meta.name.clone();
-                    a.budgets_in_force().into_iter().map(move |(step, d)| {
-                        let labels = vec![("app".to_string(), app.clone()), ("step".to_string(), step)];
-                        (labels, d.as_secs_f64() * 1e3)
-                    })
-                })
+        |a| {
+            a.budgets_in_force()
+                .into_iter()
+                .map(|(step, d)| (vec![("step".to_string(), step)], d.as_secs_f64() * 1e3))
                 .collect()
         },
     );
+}
+
+/// A collector of one series per application and `series` of it (labels after
+/// `app`), holding the state weakly as the others do.
+fn app_gauge(
+    reg: &Registry,
+    state: &Arc<FrontendState>,
+    name: &str,
+    help: &str,
+    kind: Kind,
+    series: fn(&crate::node::apps::ServedApp) -> crate::metrics::Collected,
+) {
+    let st = Arc::downgrade(state);
+    reg.collector(name, help, kind, move || {
+        let Some(st) = st.upgrade() else {
+            return Vec::new();
+        };
+        st.apps
+            .iter()
+            .flat_map(|a| {
+                series(a).into_iter().map(|(rest, v)| {
+                    let mut labels = vec![("app".to_string(), a.meta.name.clone())];
+                    labels.extend(rest);
+                    (labels, v)
+                })
+            })
+            .collect()
+    });
 }
