@@ -206,6 +206,15 @@ fn the_offline_reference_from_the_command_line() {
             .output()
             .expect("runs")
     };
+    // A run that succeeded, its JSON.
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
     let w = path("resnet50_8gpu.toml");
     let out = run(&[
         "--workload",
@@ -220,12 +229,7 @@ fn the_offline_reference_from_the_command_line() {
         "16",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = json(&out);
     let (o, p) = (&v["oracle"], &v["policy"]);
     assert_eq!(o["policy"], "oracle");
     assert_eq!(p["policy"], "deferred");
@@ -257,12 +261,7 @@ fn the_offline_reference_from_the_command_line() {
         "8",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = json(&out);
     let (o, p) = (&v["oracle"], &v["policy"]);
     assert_eq!(o["offered"], p["offered"], "the same arrivals");
     assert_eq!(o["per_model"].as_array().expect("models").len(), 5);
