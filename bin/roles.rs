@@ -550,19 +550,33 @@ impl RepoArgs {
         if workload.is_some() {
             bail!("give --workload or --models, not both");
         }
-        repository_workload(dir, &self.profiles, 1, rate).map(Some)
+        repository_workload(dir, &self.profiles, 1, rate, 1).map(Some)
     }
 }
 
 /// Every model of the repository `dir` with its profile for `profiles` (onnx,
-/// cuda), on `gpus` GPUs at `rate` (default [`REPO_DEFAULT_RATE`]).
+/// cuda), on `gpus` GPUs at `rate` (default [`REPO_DEFAULT_RATE`]). Each
+/// profile must be d(b, `lanes`): measured with as many batches at once as
+/// each GPU will run.
 fn repository_workload(
     dir: &std::path::Path,
     profiles: &str,
     gpus: u32,
     rate: Option<f64>,
+    lanes: u32,
 ) -> Result<Workload> {
     let models = fermata::repo::load_repository(dir, profiles)?;
+    if let Some(m) = models.iter().find(|m| m.profile.lanes != lanes) {
+        bail!(
+            "{}'s {profiles} profile is d(b, {}), measured with {} batch(es) at once, but each \
+             GPU runs {lanes} (--lanes {lanes}); measure d(b, {lanes}) with `fermata profile \
+             --model {} --executor {profiles} --lanes {lanes}`",
+            m.meta.name,
+            m.profile.lanes,
+            m.profile.lanes,
+            m.file.display()
+        );
+    }
     Workload::from_repository(
         &format!("{} ({profiles})", dir.display()),
         &models,
@@ -1229,7 +1243,13 @@ fn serve_workload_of(a: &ServeArgs) -> Result<Workload> {
     // to report, before the repository's profiles.
     let _ = fermata::node::exec::executor_factory(&a.executor, &a.models)
         .with_context(|| format!("--executor {}", a.executor))?;
-    repository_workload(&a.models, &a.executor, gpus.unwrap_or(1), a.load.rate)
+    repository_workload(
+        &a.models,
+        &a.executor,
+        gpus.unwrap_or(1),
+        a.load.rate,
+        a.lanes,
+    )
 }
 
 /// `fermata bench serve`: the goodput of a model repository served by a real
@@ -1249,6 +1269,11 @@ pub struct ServeGoodputArgs {
     /// With --executor cuda: the CUDA device of each GPU, e.g. 0,2.
     #[arg(long)]
     cuda_devices: Option<String>,
+    /// Batches each GPU runs at once (as `serve --lanes`). Every model's
+    /// profile must have been measured with as many lanes (`fermata profile
+    /// --lanes E`, d(b, E)); the simulator then has E GPUs of d(b, E) per GPU.
+    #[arg(long, default_value_t = 1)]
+    lanes: u32,
     /// Measured seconds per probe.
     #[arg(long, default_value_t = 5.0)]
     duration_s: f64,
@@ -1330,8 +1355,15 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
     let w = match &a.workload {
         Some(p) if p.as_os_str() == "default" => workload_of(&None)?,
         Some(p) => workload_of(&Some(p.clone()))?,
-        None => repository_workload(&a.models, &a.executor, a.gpus, None)?,
+        None => repository_workload(&a.models, &a.executor, a.gpus, None, a.lanes)?,
     };
+    fermata::node::backend::lanes::LaneMap::new(w.gpus, a.lanes).map_err(anyhow::Error::msg)?;
+    if a.lanes > 1 && a.workload.is_some() {
+        bail!("--lanes needs a model repository whose profiles were measured with as many lanes");
+    }
+    // What the simulator plans: each lane a GPU of d(b, E).
+    let mut w_sim = w.clone();
+    w_sim.gpus = w.gpus * a.lanes;
     let mut w_big = w.clone();
     set_input_bytes(&mut w_big, a.input_bytes)?;
     let key = (a.transport == "tcp").then(ClusterKey::generate);
@@ -1348,17 +1380,18 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         rel_tolerance: a.tolerance,
         ..SearchOptions::default()
     };
-    let sim = goodput_search(&w, &o, &so);
+    let sim = goodput_search(&w_sim, &o, &so);
     if !a.json {
         eprintln!(
-            "simulator goodput for the measured profiles: {:.1} r/s ({} GPUs); searching the live cluster ({} executor)",
-            sim.goodput_rps, w.gpus, a.executor
+            "simulator goodput for the measured profiles: {:.1} r/s ({} GPUs of d(b, {})); searching the live cluster ({} executor)",
+            sim.goodput_rps, w_sim.gpus, a.lanes, a.executor
         );
     }
     let co = ClusterOpts {
         executor: executor.clone(),
         models_dir: a.models.clone(),
         cuda_devices: devices,
+        lanes: a.lanes,
         host: if a.transport == "tcp" {
             "127.0.0.1".into()
         } else {
@@ -1410,7 +1443,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         }
         Ok(r)
     };
-    let live = goodput_search_with(&w, &o, &so, |o| Ok(probe(&w, o)?.load.sim))?;
+    let live = goodput_search_with(&w_sim, &o, &so, |o| Ok(probe(&w, o)?.load.sim))?;
     // The same workload with large inputs, in the same run.
     let big = match a.input_bytes {
         None => None,
@@ -1472,6 +1505,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 "executor": executor,
                 "transport": a.transport,
                 "gpus": w.gpus,
+                "lanes": a.lanes,
                 "sim_goodput_rps": sim.goodput_rps,
                 "input_bytes": big.as_ref().map(|b| b.0),
                 "input_bytes_goodput_rps": big.as_ref().map(|b| b.1.goodput_rps),
@@ -1498,8 +1532,8 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
             .join(" ")
     };
     println!(
-        "goodput ({} GPUs, {} executor, {}, {}): live {:.1} r/s, simulator {:.1} r/s, live/simulator {:.3}",
-        w.gpus, executor, w.name, a.transport, live.goodput_rps, sim.goodput_rps, ratio
+        "goodput ({} GPUs x {} lanes, {} executor, {}, {}): live {:.1} r/s, simulator {:.1} r/s, live/simulator {:.3}",
+        w.gpus, a.lanes, executor, w.name, a.transport, live.goodput_rps, sim.goodput_rps, ratio
     );
     if let Some((b, g, rate, over, budget, actual, bad, bw)) = &big {
         println!(

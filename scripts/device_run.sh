@@ -143,7 +143,7 @@ gpu_json() {
 import glob, json, os, re, sys
 dst, out = sys.argv[1], sys.argv[2]
 res = {"profiles": {}, "memory": {}, "http": None, "goodput": {}}
-for stem in ["mlp", "cnn", "ranker", "resnet50", "resnet50_fp16"]:
+for stem in ["mlp", "cnn", "ranker", "resnet50", "resnet50_fp16", "resnet50_lanes2"]:
     try:
         prof = json.load(open(f"{out}/{stem}.profile.json"))
     except (OSError, ValueError):
@@ -165,7 +165,7 @@ for f in sorted(glob.glob(f"{out}/mem_*.log")):
 for f in sorted(glob.glob(f"{out}/http_*.log")):
     lines = open(f).read().strip().splitlines()
     res.setdefault("http_logs", {})[os.path.basename(f)] = lines[-1] if lines else None
-for stem in ["resnet50", "resnet50_fp16"]:
+for stem in sorted(f[8:-4] for f in os.listdir(out) if f.startswith("goodput_") and f.endswith(".txt")):
     p = f"{out}/goodput_{stem}.txt"
     if not os.path.exists(p):
         continue

@@ -4,6 +4,7 @@
 # --gpu` on a machine with registry access; the GPU host itself needs none):
 #
 #   bash scripts/gpu_check.sh [--skip-http] [--skip-goodput] [--cpu] [--repeats N]
+#                             [--lanes E] [--quick]
 #
 # 1. profiles every shipped model (models/) and resnet50 / resnet50_fp16
 #    (models/large/, generated when missing) with `fermata profile --executor
@@ -16,8 +17,15 @@
 # 4. a goodput search of resnet50 and resnet50_fp16, each alone on one GPU with
 #    the cuda executor (`fermata bench serve`), next to the simulator's for the
 #    measured profile;
+#    then, with --lanes E (2; 1 skips it), resnet50's d(b, E) (`fermata profile
+#    --lanes E`) and its goodput with E lanes on the one GPU, next to the
+#    simulator's for that profile;
 # 5. with --cpu: resnet50 on the CPU executor against ONNX Runtime's CPU provider
 #    (one thread each), at batch 1 and 8.
+#
+# --quick (for a lease of minutes): 20 repeats, ONNX Runtime's reference for the
+# ResNet-50s only, the memory of all buckets against one session only, and
+# goodput searches of 3 s probes to 5%.
 #
 # Prints one table at the end; everything it ran is logged under out/gpu_check/.
 # The binary: $FERMATA_BIN, else target/release/fermata (built with --features
@@ -26,7 +34,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-HTTP=1 GOODPUT=1 CPU=0 REPEATS=50
+HTTP=1 GOODPUT=1 CPU=0 REPEATS=50 LANES=2 QUICK=0
 while (($#)); do
   case $1 in
     --skip-http) HTTP=0 ;;
@@ -36,6 +44,11 @@ while (($#)); do
       REPEATS=$2
       shift
       ;;
+    --lanes)
+      LANES=$2
+      shift
+      ;;
+    --quick) QUICK=1 ;;
     -h | --help)
       awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
       exit 0
@@ -47,6 +60,16 @@ while (($#)); do
   esac
   shift
 done
+
+[[ $REPEATS =~ ^[0-9]+$ && $REPEATS -ge 1 ]] || { echo "gpu_check: --repeats must be a positive integer" >&2; exit 2; }
+[[ $LANES =~ ^[0-9]+$ && $LANES -ge 1 ]] || { echo "gpu_check: --lanes must be a positive integer" >&2; exit 2; }
+SEARCH=(--duration-s 4 --warmup-s 1)
+MEMS=("all:auto" "weights:auto" "none:auto" "all:64")
+if ((QUICK)); then
+  ((REPEATS > 20)) && REPEATS=20
+  SEARCH=(--duration-s 3 --warmup-s 1 --tolerance 0.05)
+  MEMS=("all:auto" "all:64")
+fi
 
 BIN=${FERMATA_BIN:-target/release/fermata}
 PY=${PYTHON:-python3}
@@ -89,6 +112,9 @@ for m in "${MODELS[@]}"; do
     >"$GC_OUT/$stem.profile.json" 2>"$GC_OUT/$stem.profile.log" ||
     { cat "$GC_OUT/$stem.profile.log"; die "fermata profile $stem failed"; }
   grep WARNING "$GC_OUT/$stem.profile.log" || true
+  if ((QUICK)) && [[ $stem != resnet50* ]]; then
+    continue
+  fi
   say "ONNX Runtime (Python) $stem, same shape every run"
   "${PYGPU[@]}" scripts/ort_latency.py --model "$m" --provider cuda --batch-sizes 1,8,32,64 \
     --repeats "$REPEATS" >"$GC_OUT/$stem.ort.jsonl" 2>"$GC_OUT/$stem.ort.log" ||
@@ -96,7 +122,7 @@ for m in "${MODELS[@]}"; do
 done
 
 # 2. Device memory of resnet50.
-for v in "all:auto" "weights:auto" "none:auto" "all:64"; do
+for v in "${MEMS[@]}"; do
   sh=${v%%:*} bk=${v#*:}
   "$BIN" profile --model models/large/resnet50.onnx --executor cuda --memory-only \
     --sharing "$sh" --buckets "$bk" >"$GC_OUT/mem_${sh}_${bk}.log" 2>&1 ||
@@ -142,11 +168,30 @@ if ((GOODPUT)); then
       ln -s "$PWD/models/large/$f" "$dir/$f"
     done
     say "goodput: $stem on one GPU, cuda executor vs the simulator"
-    "$BIN" bench serve --models "$dir" --executor cuda --gpus 1 --duration-s 4 --warmup-s 1 \
+    "$BIN" bench serve --models "$dir" --executor cuda --gpus 1 "${SEARCH[@]}" \
       >"$GC_OUT/goodput_$stem.txt" 2>"$GC_OUT/goodput_$stem.log" ||
       { cat "$GC_OUT/goodput_$stem.log"; die "bench serve $stem failed"; }
     cat "$GC_OUT/goodput_$stem.txt"
   done
+  # E lanes: d(b, E) measured, then the goodput with it.
+  if ((LANES > 1)); then
+    stem=resnet50 name=resnet50_lanes$LANES
+    dir="$GC_OUT/$name"
+    rm -rf "$dir" && mkdir -p "$dir"
+    for f in "$stem.onnx" "$stem.json"; do
+      ln -s "$PWD/models/large/$f" "$dir/$f"
+    done
+    say "profile $stem with $LANES lanes: d(b, $LANES)"
+    "$BIN" profile --model models/large/$stem.onnx --executor cuda --lanes "$LANES" --repeats "$REPEATS" --warmup 5 --json --dry-run \
+      >"$dir/$stem.profile-cuda.json" 2>"$GC_OUT/$name.profile.log" ||
+      { cat "$GC_OUT/$name.profile.log"; die "fermata profile --lanes $LANES failed"; }
+    cp "$dir/$stem.profile-cuda.json" "$GC_OUT/$name.profile.json"
+    say "goodput: $stem on one GPU with $LANES lanes vs the simulator"
+    "$BIN" bench serve --models "$dir" --executor cuda --gpus 1 --lanes "$LANES" "${SEARCH[@]}" \
+      >"$GC_OUT/goodput_$name.txt" 2>"$GC_OUT/goodput_$name.log" ||
+      { cat "$GC_OUT/goodput_$name.log"; die "bench serve $name failed"; }
+    cat "$GC_OUT/goodput_$name.txt"
+  fi
 fi
 
 # 5. The CPU executor against ONNX Runtime's CPU provider.
@@ -180,7 +225,7 @@ for f in sorted(os.listdir(out)):
         line = [l for l in open(f"{out}/{f}") if "device memory" in l]
         print(f"memory {f[4:-4]:<10} {line[0].strip() if line else 'n/a'}")
 print(f"\nHTTP check against ONNX Runtime on the CPU: {http}")
-for stem in ["resnet50", "resnet50_fp16"]:
+for stem in sorted(f[8:-4] for f in os.listdir(out) if f.startswith("goodput_") and f.endswith(".txt")):
     if os.path.exists(f"{out}/goodput_{stem}.txt"):
         print()
         print(open(f"{out}/goodput_{stem}.txt").read().rstrip())

@@ -179,5 +179,48 @@ fn profile_measures_a_real_model() {
     assert_eq!(p2.lanes, 2);
     assert_eq!(p2.batch_sizes, vec![1, 16]);
     assert_eq!(p.lanes, 1);
+    // A cluster plans each lane with the profile: serving with a number of
+    // lanes the profiles were not measured with is refused, naming both.
+    let serve = |lanes: &str| {
+        Command::new(exe())
+            .args([
+                "serve",
+                "--executor",
+                "onnx",
+                "--models",
+                s(&repo),
+                "--lanes",
+                lanes,
+            ])
+            .args(["--rate", "20", "--warmup-s", "0", "--duration-s", "0.5"])
+            .output()
+            .unwrap()
+    };
+    let o = serve("2");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("mlp's onnx profile is d(b, 1)"), "{err}");
+    assert!(err.contains("--lanes 2"), "{err}");
+    std::fs::copy(&out2, repo.join("mlp.profile-cpu.json")).unwrap();
+    let o = serve("1");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("mlp's onnx profile is d(b, 2)"), "{err}");
+    let o = Command::new(exe())
+        .args([
+            "bench",
+            "serve",
+            "--models",
+            s(&repo),
+            "--duration-s",
+            "0.5",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("d(b, 2)"), "{err}");
+    let o = serve("2");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
