@@ -248,11 +248,12 @@ cmd_cpu16() {
   say "cpu16 on $n CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), budget ${budget} s" | tee -a "$log"
   local half=$((n / 2))
   ((half >= 1)) || half=1
-  local models=64 gpus=1024 dur=1 start=2000000 sdur=3 swarm=2 hdur=4 mlp_rates=8000,16000,32000 cnn_rates=2000,4000,8000
+  local models=64 gpus=1024 dur=1 start=2000000 sdur=3 swarm=2 hdur=3 mlp_rates=16000,32000,64000,96000 cnn_rates=4000,8000,10000,12000
   if ((small)); then
     models=8 gpus=64 start=250000 sdur=1 swarm=1 hdur=1 mlp_rates=500,1000 cnn_rates=200,500
   fi
-  # Each part's share of the budget, in percent: 8 x 5 + 2 x 20 + 2 x 10.
+  # Each part's share of the budget, in percent: 4 x 4 + 4 x 7 + 2 x 18 + 2 x 10
+  # (a search at 4,096 GPUs probes up to 16 M r/s and takes longest).
   share() { echo $((budget * $1 / 100)); }
   # 1. The scheduler alone, 1 to 8 sub-clusters.
   # With the default profile (A100 ResNet50V2) 1,024 emulated GPUs serve about
@@ -264,14 +265,16 @@ cmd_cpu16() {
       gen=$((n - 2 * L))
       ((gen > 4)) && gen=4
       ((gen < 2)) && gen=2
-      run "sched_G${g}_L$L" "$(share 5)" "$BIN" bench scheduler --models "$models" --gpus "$g" --threads 1 \
+      local pct=4
+      ((g > gpus)) && pct=7
+      run "sched_G${g}_L$L" "$(share $pct)" "$BIN" bench scheduler --models "$models" --gpus "$g" --threads 1 \
         --subclusters "$L" --gen-threads "$gen" --find-max --start-rate "$start" --duration-s "$dur" --json
     done
   done
   # 2. Processes over loopback TCP against the simulator.
-  run tcp_1x1 "$(share 20)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
+  run tcp_1x1 "$(share 18)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
     --frontends 1 --backends 1 --settle-s 1 --duration-s "$sdur" --warmup-s "$swarm" --tolerance 0.05 --json
-  run tcp_2x2 "$(share 20)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
+  run tcp_2x2 "$(share 18)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
     --frontends 2 --backends 2 --settle-s 1 --duration-s "$sdur" --warmup-s "$swarm" --tolerance 0.05 --json
   # 3. The front door, server and client on disjoint CPUs.
   local srv="0-$((half - 1))" cli="$half-$((n - 1))"
