@@ -11,6 +11,7 @@ use fermata::workload::{Arrival, Workload};
 use std::path::PathBuf;
 
 mod bench_http;
+mod bench_serve;
 mod plan;
 mod plan_app;
 mod profile;
@@ -271,7 +272,7 @@ enum BenchCmd {
     Overload(OverloadArgs),
     /// Goodput of a model repository served by a real executor (onnx, cuda) in
     /// an in-process cluster, next to the simulator's for the measured profiles.
-    Serve(roles::ServeGoodputArgs),
+    Serve(bench_serve::ServeGoodputArgs),
     /// The front door, open loop: a fresh `fermata serve --executor onnx` per
     /// model and rate, driven over HTTP (KServe v2); bad %, latency, client lag.
     Http(bench_http::BenchHttpArgs),
@@ -950,7 +951,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Oracle(a)) => cmd_oracle(a),
         Cmd::Bench(BenchCmd::Scheduler(a)) => cmd_scheduler(a),
         Cmd::Bench(BenchCmd::Overload(a)) => cmd_overload(a),
-        Cmd::Bench(BenchCmd::Serve(a)) => roles::cmd_bench_serve(a),
+        Cmd::Bench(BenchCmd::Serve(a)) => bench_serve::cmd_bench_serve(a),
         Cmd::Bench(BenchCmd::Http(a)) => bench_http::cmd_bench_http(a),
         Cmd::Bench(BenchCmd::Compare(a)) => cmd_compare(a),
         Cmd::Bench(BenchCmd::Failover(a)) => cmd_failover(a),
