@@ -22,7 +22,8 @@
 #  2. `fermata bench goodput --runtime tcp` 1 x 1 and 2 x 2 (frontends x
 #     backends) next to the simulator;
 #  3. `fermata bench http` for mlp and cnn, the servers on the first half of the
-#     CPUs and the client on the other half, two repetitions each.
+#     CPUs and the client on the other half, two repetitions each, then once at
+#     1.5 x and 2 x the sustained rates (refusals at the door).
 # --small runs each with small numbers (a rehearsal on a small machine).
 #
 # Results go to $OUT (else out/device): NAME.log (everything printed), NAME.json
@@ -226,6 +227,7 @@ cmd_cpu16() {
   fi
   local BIN=$DEV/bin/fermata n
   n=$(nproc)
+  rm -rf out/cpu16
   mkdir -p "$RES" out/cpu16
   local t0=$SECONDS log=$RES/cpu16.log
   : >"$log"
@@ -249,10 +251,13 @@ cmd_cpu16() {
   local half=$((n / 2))
   ((half >= 1)) || half=1
   local models=64 gpus=1024 dur=1 start=2000000 sdur=3 swarm=2 hdur=3 mlp_rates=16000,32000,64000,96000 cnn_rates=4000,8000,10000,12000
+  # Past capacity (1.5 x and 2 x the sustained rates last measured on 16 cores):
+  # the door's refusals and the good answers kept.
+  local mlp_over=144000,192000 cnn_over=13500,18000
   if ((small)); then
-    models=8 gpus=64 start=250000 sdur=1 swarm=1 hdur=1 mlp_rates=500,1000 cnn_rates=200,500
+    models=8 gpus=64 start=250000 sdur=1 swarm=1 hdur=1 mlp_rates=500,1000 cnn_rates=200,500 mlp_over=2000 cnn_over=1000
   fi
-  # Each part's share of the budget, in percent: 4 x 4 + 4 x 7 + 2 x 18 + 2 x 10
+  # Each part's share of the budget, in percent: 4 x 4 + 4 x 7 + 2 x 14 + 2 x 10 + 2 x 4
   # (a search at 4,096 GPUs probes up to 16 M r/s and takes longest).
   share() { echo $((budget * $1 / 100)); }
   # 1. The scheduler alone, 1 to 8 sub-clusters.
@@ -272,9 +277,9 @@ cmd_cpu16() {
     done
   done
   # 2. Processes over loopback TCP against the simulator.
-  run tcp_1x1 "$(share 18)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
+  run tcp_1x1 "$(share 14)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
     --frontends 1 --backends 1 --settle-s 1 --duration-s "$sdur" --warmup-s "$swarm" --tolerance 0.05 --json
-  run tcp_2x2 "$(share 18)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
+  run tcp_2x2 "$(share 14)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
     --frontends 2 --backends 2 --settle-s 1 --duration-s "$sdur" --warmup-s "$swarm" --tolerance 0.05 --json
   # 3. The front door, server and client on disjoint CPUs.
   local srv="0-$((half - 1))" cli="$half-$((n - 1))"
@@ -283,6 +288,10 @@ cmd_cpu16() {
     --duration-s "$hdur" --warmup-s 1 --reps 2 --server-cpus "$srv" --client-cpus "$cli" --json
   run http_cnn "$(share 10)" "$BIN" bench http --models models --model cnn --rates "$cnn_rates" \
     --duration-s "$hdur" --warmup-s 1 --reps 2 --server-cpus "$srv" --client-cpus "$cli" --json
+  run http_mlp_over "$(share 4)" "$BIN" bench http --models models --model mlp --rates "$mlp_over" \
+    --duration-s "$hdur" --warmup-s 1 --reps 1 --server-cpus "$srv" --client-cpus "$cli" --json
+  run http_cnn_over "$(share 4)" "$BIN" bench http --models models --model cnn --rates "$cnn_over" \
+    --duration-s "$hdur" --warmup-s 1 --reps 1 --server-cpus "$srv" --client-cpus "$cli" --json
   python3 - "$RES/cpu16.json" out/cpu16 "$n" <<'PY' || say "could not write $RES/cpu16.json"
 import glob, json, os, sys
 dst, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
