@@ -65,6 +65,16 @@ pub struct ServeGoodputArgs {
     json: bool,
 }
 
+/// The median over the backends of one figure of their reports (0 with none).
+fn backend_median(
+    bs: &[fermata::node::backend::BackendReport],
+    f: fn(&fermata::node::backend::BackendReport) -> f64,
+) -> f64 {
+    let mut v: Vec<f64> = bs.iter().map(f).collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// The batch-size distribution of a run as (batch size, percent of requests),
 /// for sizes with at least 0.5% of the requests.
 fn batch_distribution(r: &fermata::sim::RunResult) -> Vec<(String, f64)> {
@@ -174,7 +184,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 )
             });
             eprintln!(
-                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input, pulls over budget {:.2}%",
+                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input, pulls over budget {:.2}%, batch run / profile p50 {:.3} p99 {:.3}, start delay p50 {:.0} us p99 {:.0} us",
                 o.rate_rps,
                 100.0 * l.sim.max_model_bad_rate(),
                 l.failed,
@@ -184,6 +194,10 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 s.d_data_fixed_us,
                 s.d_data_us,
                 100.0 * over / pulls.max(1) as f64,
+                backend_median(&r.cluster.backends, |b| b.run_over_profile_p50),
+                backend_median(&r.cluster.backends, |b| b.run_over_profile_p99),
+                backend_median(&r.cluster.backends, |b| b.start_delay_p50_us),
+                backend_median(&r.cluster.backends, |b| b.start_delay_p99_us),
             );
         }
         if l.duplicates > 0 || l.wrong_outputs > 0 {
@@ -223,13 +237,8 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 .map(|b| b.pull_overrun_share * b.pulls_predicted as f64)
                 .sum::<f64>()
                 / pulls.max(1) as f64;
-            let med = |f: fn(&fermata::node::backend::BackendReport) -> f64| {
-                let mut v: Vec<f64> = bs.iter().map(f).collect();
-                v.sort_by(f64::total_cmp);
-                v.get(v.len() / 2).copied().unwrap_or(0.0)
-            };
-            let budget = med(|b| b.pull_predicted_p50_us);
-            let actual = med(|b| b.pull_batch_p50_us);
+            let budget = backend_median(bs, |b| b.pull_predicted_p50_us);
+            let actual = backend_median(bs, |b| b.pull_batch_p50_us);
             Some((
                 b,
                 g,

@@ -565,6 +565,16 @@ input_bytes = 602112
             eprintln!("{why}");
             // The batches ran with their inputs: none went missing.
             assert_eq!(b.inputs_missing, 0, "{why}");
+            // The emulated GPU holds each batch for its profile's latency
+            // at the batch's size: the backend's run-over-profile ratio is
+            // at least 1 (less than 0.95 would mean it measured against
+            // another size's latency, or not at all).
+            assert!(
+                b.run_over_profile_p50 >= 0.95 && b.run_over_profile_p99 >= b.run_over_profile_p50,
+                "run over profile p50 {} p99 {}",
+                b.run_over_profile_p50,
+                b.run_over_profile_p99
+            );
             // Each input was copied twice on its way: into the frontend's
             // region, and pulled into the buffer the emulated GPU reads.
             let c = rep.input_copies().expect("inputs were stored");

@@ -20,6 +20,17 @@ pub(super) fn start_delay_histogram(reg: &Registry, backend: &str) -> Arc<Histog
     )
 }
 
+/// Each batch's run time over the latency its profile gives for the tasks it
+/// ran (the scheduler's prediction), observed per mille.
+pub(super) fn run_over_profile_histogram(reg: &Registry, backend: &str) -> Arc<Histogram> {
+    reg.histogram(
+        "fermata_backend_run_over_profile",
+        "Batches' run time over the latency their model's profile predicts for their size (1 = as planned).",
+        &[("backend", backend)],
+        Histogram::new(&[0.5, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0], 1000.0),
+    )
+}
+
 /// Tasks per batch of `model` (registered when the model loads).
 pub(super) fn batch_size_histogram(sh: &Shared, model: &ModelInfo) -> Arc<Histogram> {
     sh.registry.histogram(

@@ -37,6 +37,10 @@ pub struct BackendReport {
     /// How late batches started after exec_at, p50/p99 (us).
     pub start_delay_p50_us: f64,
     pub start_delay_p99_us: f64,
+    /// Batches' run times over their profile's latency (the scheduler's
+    /// prediction), median and p99 of the last 2,048 batches.
+    pub run_over_profile_p50: f64,
+    pub run_over_profile_p99: f64,
     pub pull_p99_us_per_task: f64,
     /// Pull time per input of a batch: median and largest (us).
     pub pull_p50_us_per_task: f64,
@@ -107,6 +111,8 @@ impl Shared {
             inputs_missing_error: s.missing_why[2].load(Ordering::Relaxed),
             start_delay_p50_us: q(&s.start_delay, 0.5),
             start_delay_p99_us: q(&s.start_delay, 0.99),
+            run_over_profile_p50: q(&s.run_over_profile, 0.5),
+            run_over_profile_p99: q(&s.run_over_profile, 0.99),
             pull_p99_us_per_task: q(&s.pull, 0.99),
             pull_p50_us_per_task: q(&s.pull, 0.5),
             pull_max_us_per_task: q(&s.pull, 1.0),

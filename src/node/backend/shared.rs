@@ -4,7 +4,9 @@
 //! the pullers read into and the workers give back.
 
 use super::lanes::{LaneBook, LaneMap};
-use super::metrics::{pull_histograms, start_delay_histogram, PullHistograms};
+use super::metrics::{
+    pull_histograms, run_over_profile_histogram, start_delay_histogram, PullHistograms,
+};
 use super::pool::BufferPool;
 use crate::core::{Dur, LatencyProfile, ModelId, PullEstimator};
 use crate::metrics::{Histogram, Registry};
@@ -65,6 +67,9 @@ pub(super) struct Shared {
     /// clock; includes the clock offset's error).
     pub(super) plan_delay: Mutex<Recent>,
     pub(super) start_delay: Mutex<Recent>,
+    /// Each batch's run (start to outputs) over its profile's latency for the
+    /// tasks it ran, per mille.
+    pub(super) run_over_profile: Mutex<Recent>,
     /// exec_at minus when the plan reached the backend, and minus when its inputs
     /// were in (negative: too late already).
     pub(super) lead_arrived: Mutex<Recent>,
@@ -106,6 +111,7 @@ pub(super) struct Shared {
     /// Batch sizes per model id (added when a model loads).
     pub(super) batch_sizes: RwLock<HashMap<ModelId, Arc<Histogram>>>,
     pub(super) start_delay_hist: Arc<Histogram>,
+    pub(super) run_over_profile_hist: Arc<Histogram>,
     /// Which lanes run a batch now, and each GPU's most batches at once.
     pub(super) lanes: Mutex<LaneBook>,
 }
@@ -143,6 +149,7 @@ impl Shared {
             pull_hists: pull_histograms(&registry, name),
             plan_delay: Mutex::new(Recent::new(1024)),
             start_delay: Mutex::new(Recent::new(2048)),
+            run_over_profile: Mutex::new(Recent::new(2048)),
             lead_arrived: Mutex::new(Recent::new(2048)),
             lead_pulled: Mutex::new(Recent::new(2048)),
             dead: AtomicBool::new(false),
@@ -164,6 +171,7 @@ impl Shared {
             pool: BufferPool::new(),
             pool_misses: AtomicU64::new(0),
             start_delay_hist: start_delay_histogram(&registry, name),
+            run_over_profile_hist: run_over_profile_histogram(&registry, name),
             registry,
             name: name.to_string(),
             batch_sizes: RwLock::new(HashMap::new()),

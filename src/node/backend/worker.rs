@@ -249,7 +249,17 @@ fn run_plan(
     let outputs = on_lane(sh, slot, || {
         execute(sh, exec, &plan, &cut, &inputs, staged.as_mut())
     });
-    let settled = settle(&plan, &cut, start, sh.clock.now(), Ok(outputs));
+    let finished = sh.clock.now();
+    // The batch's time against the profile the scheduler planned it with.
+    if let (Some(p), Ok(b)) = (&prof, u32::try_from(cut.run.len())) {
+        let planned = p.latency(b.max(1)).0;
+        if !cut.run.is_empty() && planned > 0 {
+            let per_mille = (finished - start).0.saturating_mul(1000) / planned;
+            sh.run_over_profile.lock().expect("lock").push(per_mille);
+            sh.run_over_profile_hist.observe(per_mille.max(0) as u64);
+        }
+    }
+    let settled = settle(&plan, &cut, start, finished, Ok(outputs));
     count(sh, &plan, &cut, &settled);
     sh.plans_ended.fetch_add(1, Ordering::Relaxed);
     if sh.dead.load(Ordering::Acquire) {
