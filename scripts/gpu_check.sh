@@ -16,7 +16,8 @@
 #    Runtime on the CPU (scripts/check_http.py; needs tritonclient importable);
 # 4. a goodput search of resnet50 and resnet50_fp16, each alone on one GPU with
 #    the cuda executor (`fermata bench serve`), next to the simulator's for the
-#    measured profile;
+#    measured profile, and resnet50's again with its inputs staged in
+#    page-locked buffers (FERMATA_CUDA_STAGE=1);
 #    then, with --lanes E (2; 1 skips it), resnet50's d(b, E) (`fermata profile
 #    --lanes E`) and its goodput with E lanes on the one GPU, next to the
 #    simulator's for that profile;
@@ -173,6 +174,14 @@ if ((GOODPUT)); then
       { cat "$GC_OUT/goodput_$stem.log"; die "bench serve $stem failed"; }
     cat "$GC_OUT/goodput_$stem.txt"
   done
+  # The same FP32 search with its inputs pulled straight into page-locked
+  # buffers (FERMATA_CUDA_STAGE=1) instead of gathered into the model's.
+  stem=resnet50
+  say "goodput: $stem on one GPU, inputs staged in page-locked buffers (FERMATA_CUDA_STAGE=1)"
+  FERMATA_CUDA_STAGE=1 "$BIN" bench serve --models "$GC_OUT/$stem" --executor cuda --gpus 1 "${SEARCH[@]}" \
+    >"$GC_OUT/goodput_${stem}_staged.txt" 2>"$GC_OUT/goodput_${stem}_staged.log" ||
+    { cat "$GC_OUT/goodput_${stem}_staged.log"; die "bench serve $stem (staged) failed"; }
+  cat "$GC_OUT/goodput_${stem}_staged.txt"
   # E lanes: d(b, E) measured, then the goodput with it.
   if ((LANES > 1)); then
     stem=resnet50 name=resnet50_lanes$LANES

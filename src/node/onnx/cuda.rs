@@ -12,6 +12,7 @@
 //! Backend GPU `g` is CUDA device `g`, or the g-th of `--cuda-devices`.
 
 use super::{HostBuf, OnnxOptions};
+use crate::node::exec::stage::{StageAlloc, StageMem};
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use ort::ep::{ExecutionProvider, CUDA};
@@ -245,6 +246,69 @@ pub(super) fn pinned_buffer(gpu: u32, bytes: usize) -> Result<HostBuf> {
     let p = unsafe { ctx.alloc_pinned::<u8>(len) }
         .map_err(|e| anyhow!("cannot allocate {len} bytes of pinned memory on GPU {gpu}: {e:?}"))?;
     Ok(HostBuf::Pinned(p))
+}
+
+/// Page-locked host memory lent to a GPU's puller ([`pinned_stage_alloc`]).
+struct PinnedStage {
+    /// Owns the memory; freed (on its context) when dropped.
+    _buf: cudarc::driver::PinnedHostSlice<u8>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `ptr` is the address of the memory `_buf` owns (PinnedHostSlice is
+// Send); whoever holds the PinnedStage alone reads and writes through it.
+unsafe impl Send for PinnedStage {}
+
+impl StageMem for PinnedStage {
+    fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The `cuda` executor's staging allocator ([`crate::node::exec::stage`]):
+/// page-locked host memory on device `gpu`'s context, so the provider's
+/// host-to-device copy of a staged batch is a DMA from where the puller wrote
+/// the inputs. An allocation that fails is logged and leaves that batch to the
+/// gather.
+pub(super) fn pinned_stage_alloc(gpu: u32) -> StageAlloc {
+    Box::new(move |bytes| {
+        let r = (|| -> Result<PinnedStage> {
+            let ctx = context(gpu)?;
+            let len = bytes.div_ceil(8).max(1) * 8;
+            // SAFETY: the puller writes the rows a batch runs before the
+            // batch reads them; rows past the batch are padding whose outputs
+            // are not used.
+            let mut buf = unsafe { ctx.alloc_pinned::<u8>(len) }.map_err(|e| {
+                anyhow!("cannot allocate {len} bytes of pinned memory on GPU {gpu}: {e:?}")
+            })?;
+            let ptr = buf
+                .as_mut_ptr()
+                .map_err(|e| anyhow!("pinned staging buffer: {e:?}"))?;
+            Ok(PinnedStage {
+                _buf: buf,
+                ptr,
+                len,
+            })
+        })();
+        match r {
+            Ok(m) => Some(Box::new(m) as Box<dyn StageMem>),
+            Err(e) => {
+                tracing::warn!(
+                    gpu,
+                    bytes,
+                    "cuda: a staging buffer: {e:#}; the batch is gathered"
+                );
+                None
+            }
+        }
+    })
 }
 
 /// Times batches with CUDA events recorded on the provider's compute stream.

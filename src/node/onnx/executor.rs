@@ -17,9 +17,10 @@ pub struct OnnxExecutor {
     /// What opens its models (off the worker, or in [`Executor::load`]).
     loader: Arc<OnnxLoader>,
     models: HashMap<ModelId, OnnxModel>,
-    /// On the CPU, the buffers its puller pulls staged models' inputs into
-    /// (the batch tensors themselves). With `cuda` the inputs are gathered
-    /// into the model's pinned buffer instead.
+    /// The buffers its puller pulls staged models' inputs into (the batch
+    /// tensors themselves): heap memory on the CPU; with `cuda`, page-locked
+    /// memory when `FERMATA_CUDA_STAGE=1`, else none (each batch is gathered
+    /// into the model's pinned buffer).
     stage: Option<Arc<StagePool>>,
 }
 
@@ -28,7 +29,12 @@ impl OnnxExecutor {
     /// the backend starts, not at the first model.
     pub fn new(opts: OnnxOptions) -> Result<OnnxExecutor> {
         ort_environment()?;
-        let stage = matches!(opts.device, Device::Cpu).then(StagePool::new);
+        let stage = match opts.device {
+            Device::Cpu => Some(StagePool::new()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(gpu) => super::cuda_stage_from_env()?
+                .then(|| StagePool::with_alloc(super::cuda::pinned_stage_alloc(gpu))),
+        };
         Ok(OnnxExecutor {
             loader: Arc::new(OnnxLoader(opts)),
             models: HashMap::new(),
