@@ -145,6 +145,72 @@ impl Drop for FailingRepo {
     }
 }
 
+/// A copy of models/apps in a fresh temporary folder whose application takes
+/// its deadlines by `rule` (`fermata.deadline`). Removed when dropped.
+struct RuleRepo(PathBuf);
+
+impl RuleRepo {
+    fn new(rule: &str) -> RuleRepo {
+        let dir = std::env::temp_dir().join(format!("fermata-apps-{rule}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        copy_dir(&root().join("models/apps"), &dir);
+        let cfg = dir.join("detect_classify/config.pbtxt");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        let from = r#"string_value: "slack-forwarding""#;
+        assert!(text.contains(from), "{text}");
+        std::fs::write(
+            &cfg,
+            text.replace(from, &format!(r#"string_value: "{rule}""#)),
+        )
+        .unwrap();
+        RuleRepo(dir)
+    }
+}
+
+impl Drop for RuleRepo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The value of the series `series` (name and labels) on `/metrics`.
+fn metric(http: &str, series: &str) -> Option<f64> {
+    let text = get(http, "/metrics");
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|x| x.parse().ok())
+}
+
+/// Under `latest-useful` a module request whose deadline passed is sent again
+/// once, with its step's last deadline (the SLO less the least latency of the
+/// steps after it), and the application request still ends once. A timeout of
+/// 400 µs is shorter than the scheduler's least slack (500 µs): neither
+/// deadline can be met, so every request's detector step is sent twice and
+/// the request ends expired. Under `slack-forwarding` nothing is sent again.
+#[test]
+fn under_latest_useful_an_expired_module_request_is_sent_again_once() {
+    const N: u64 = 4;
+    let series = r#"fermata_app_module_resends_total{app="detect_classify"}"#;
+    for (rule, resends) in [("latest-useful", Some(2 * N)), ("slack-forwarding", None)] {
+        let repo = RuleRepo::new(rule);
+        let (p, http, grpc) = procs::serve_apis(exe(), &repo.0, &[]).unwrap();
+        run_client(&http, &grpc, &repo.0, &["--short-timeouts", &N.to_string()]);
+        let got = metric(&http, series);
+        let f = report(p);
+        match resends {
+            // Two clients (HTTP, gRPC), N requests each, one resend each.
+            Some(n) => assert_eq!(got, Some(n as f64), "{rule}: {f}"),
+            None => assert_eq!(got.unwrap_or(0.0), 0.0, "{rule}: {f}"),
+        }
+        assert_eq!(f["good"].as_u64(), Some(0), "{rule}: {f}");
+        assert_eq!(f["failed"].as_u64(), Some(0), "{rule}: {f}");
+        // Every module request, the resends included, ended once.
+        let module_requests = 2 * N + resends.unwrap_or(0);
+        assert_eq!(f["requests"].as_u64(), Some(module_requests), "{rule}: {f}");
+    }
+}
+
 #[test]
 fn a_failed_module_request_fails_its_application_request_once() {
     let repo = FailingRepo::new();

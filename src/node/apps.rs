@@ -48,6 +48,9 @@ pub struct ServedApp {
     /// whole edges), and the re-plans installed.
     planned_fanout: Mutex<Vec<Option<f64>>>,
     replans: AtomicU64,
+    /// Module requests sent again with their last deadline after the first
+    /// expired (`latest-useful`).
+    resends: AtomicU64,
     wiring: Wiring,
     /// Per step: its model's index in the frontend's models, and metadata.
     models: Vec<(usize, ModelMeta)>,
@@ -198,6 +201,7 @@ impl ServedApp {
             budgets: RwLock::new(budgets),
             profiles,
             requests: AtomicU64::new(0),
+            resends: AtomicU64::new(0),
             planned_fanout: Mutex::new(planned_fanout),
             replans: AtomicU64::new(0),
             wiring,
@@ -273,6 +277,12 @@ impl ServedApp {
     /// Re-plans installed so far.
     pub fn replans(&self) -> u64 {
         self.replans.load(Ordering::Relaxed)
+    }
+
+    /// Module requests sent again with their last deadline (`latest-useful`)
+    /// after their first deadline passed.
+    pub fn resends(&self) -> u64 {
+        self.resends.load(Ordering::Relaxed)
     }
 
     /// The plan in force: each fan-out edge's (from, to, planned mean
@@ -448,7 +458,12 @@ impl ServedApp {
                 },
                 e => {
                     let p = if expired(e) {
-                        run.expired(spec.key)
+                        let p = run.expired(spec.key);
+                        if let Ok(p) = &p {
+                            self.resends
+                                .fetch_add(p.tasks.len() as u64, Ordering::Relaxed);
+                        }
+                        p
                     } else {
                         run.failed(spec.key, &done.message)
                     };

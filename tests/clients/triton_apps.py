@@ -13,7 +13,9 @@ to running the detector and then mlp on its items with ONNX Runtime; an
 application request whose module request expires ends once, with its status.
 With --failing (a repository with `detect_lookup`, tests/clients/apps_models.py),
 an application request whose module request fails ends once, with 500 /
-INTERNAL naming the step. One line per check; exits 1 on the first failure.
+INTERNAL naming the step. With --short-timeouts N, only N requests per client
+whose timeout (--timeout-us, 400) no module request can meet: each ends once,
+expired. One line per check; exits 1 on the first failure.
 """
 
 import argparse
@@ -158,18 +160,43 @@ def check_failing(kind, client, ref):
     print(f"ok {kind}: the failed application request counted once", flush=True)
 
 
+def check_short_timeouts(kind, client, ref, n, timeout_us):
+    """`n` requests whose timeout (µs) no module request can meet, nor its
+    last deadline: each application request ends once, expired, naming the
+    detector step; the statistics count each once."""
+    good0, fail0 = stats(kind, client)
+    for k in range(n):
+        try:
+            infer(kind, client, ref.patches([1] * SLOTS, 50 + k)[None], timeout=timeout_us)
+            fail(f"{kind}: a {timeout_us} µs timeout was answered")
+        except InferenceServerException as e:
+            st, msg = str(e.status()), e.message()
+            ok = ("429" in st or "504" in st) if kind == "http" else ("UNAVAILABLE" in st or "DEADLINE" in st)
+            expect(ok, f"{kind} expired: status {st}: {msg}")
+            expect(f"application `{APP}`" in msg and "step `detector`" in msg, f"{kind} expired: {msg}")
+    good1, fail1 = stats(kind, client)
+    expect(good1 == good0 and fail1 - fail0 == n,
+           f"{kind}: statistics {good0}/{fail0} -> {good1}/{fail1} after {n} expired requests")
+    print(f"ok {kind}: {n} requests with a {timeout_us} µs timeout each ended once, expired", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--http", required=True)
     p.add_argument("--grpc", required=True)
     p.add_argument("--models", required=True)
     p.add_argument("--failing", action="store_true")
+    p.add_argument("--short-timeouts", type=int, default=0,
+                   help="only send this many requests whose timeout (--timeout-us) cannot be met")
+    p.add_argument("--timeout-us", type=int, default=400)
     a = p.parse_args()
     ref = Ref(a.models)
     clients = [("http", httpclient.InferenceServerClient(url=a.http)),
                ("grpc", grpcclient.InferenceServerClient(url=a.grpc))]
     for kind, c in clients:
-        if a.failing:
+        if a.short_timeouts:
+            check_short_timeouts(kind, c, ref, a.short_timeouts, a.timeout_us)
+        elif a.failing:
             check_failing(kind, c, ref)
         else:
             check_app(kind, c, ref)

@@ -222,6 +222,14 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
     app_gauge(
         reg,
         state,
+        "fermata_app_module_resends_total",
+        "Module requests sent again with their step's last deadline after their first passed, per application (deadline rule latest-useful).",
+        Kind::Counter,
+        |a| vec![(vec![], a.resends() as f64)],
+    );
+    app_gauge(
+        reg,
+        state,
         "fermata_app_planned_fanout",
         "The mean fan-out the plan in force assumes, per application and fan-out edge (from, to steps).",
         Kind::Gauge,
