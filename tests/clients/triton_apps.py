@@ -81,6 +81,21 @@ def infer(kind, client, batch, timeout=None, model=APP):
     return client.infer(model, [i], **kw)
 
 
+def expect_expired(kind, client, batch, timeout_us):
+    """Sends `batch` with a timeout (µs) its detector step cannot meet: the
+    application request must end expired (429 / 504, UNAVAILABLE / DEADLINE)
+    naming that step. Returns the status and message."""
+    try:
+        infer(kind, client, batch, timeout=timeout_us)
+    except InferenceServerException as e:
+        st, msg = str(e.status()), e.message()
+        ok = ("429" in st or "504" in st) if kind == "http" else ("UNAVAILABLE" in st or "DEADLINE" in st)
+        expect(ok, f"{kind} expired: status {st}: {msg}")
+        expect(f"application `{APP}`" in msg and "step `detector`" in msg, f"{kind} expired: {msg}")
+        return st, msg
+    fail(f"{kind}: a {timeout_us} µs timeout was answered")
+
+
 def stats(kind, client, model=APP):
     s = client.get_inference_statistics(model, as_json=True) if kind == "grpc" else \
         client.get_inference_statistics(model)
@@ -123,16 +138,8 @@ def check_app(kind, client, ref):
     # A module request that cannot be on time (a timeout of 1 µs): the
     # application request ends once, with the status of the module request
     # that ended it.
-    batch = ref.patches([1] * SLOTS, 7)[None]
-    try:
-        infer(kind, client, batch, timeout=1)
-        fail(f"{kind}: a 1 µs timeout was answered")
-    except InferenceServerException as e:
-        st, msg = str(e.status()), e.message()
-        ok = ("429" in st or "504" in st) if kind == "http" else ("UNAVAILABLE" in st or "DEADLINE" in st)
-        expect(ok, f"{kind} expired: status {st}: {msg}")
-        expect(f"application `{APP}`" in msg and "step `detector`" in msg, f"{kind} expired: {msg}")
-        print(f"ok {kind}: an expired module request ends its application request: {st}: {msg}", flush=True)
+    st, msg = expect_expired(kind, client, ref.patches([1] * SLOTS, 7)[None], 1)
+    print(f"ok {kind}: an expired module request ends its application request: {st}: {msg}", flush=True)
     good1, fail1 = stats(kind, client)
     expect(good1 - good0 == len(cases) and fail1 - fail0 == 1,
            f"{kind}: statistics count each application request once: success {good0}->{good1}, "
@@ -166,14 +173,7 @@ def check_short_timeouts(kind, client, ref, n, timeout_us):
     detector step; the statistics count each once."""
     good0, fail0 = stats(kind, client)
     for k in range(n):
-        try:
-            infer(kind, client, ref.patches([1] * SLOTS, 50 + k)[None], timeout=timeout_us)
-            fail(f"{kind}: a {timeout_us} µs timeout was answered")
-        except InferenceServerException as e:
-            st, msg = str(e.status()), e.message()
-            ok = ("429" in st or "504" in st) if kind == "http" else ("UNAVAILABLE" in st or "DEADLINE" in st)
-            expect(ok, f"{kind} expired: status {st}: {msg}")
-            expect(f"application `{APP}`" in msg and "step `detector`" in msg, f"{kind} expired: {msg}")
+        expect_expired(kind, client, ref.patches([1] * SLOTS, 50 + k)[None], timeout_us)
     good1, fail1 = stats(kind, client)
     expect(good1 == good0 and fail1 - fail0 == n,
            f"{kind}: statistics {good0}/{fail0} -> {good1}/{fail1} after {n} expired requests")
