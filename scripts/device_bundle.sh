@@ -17,14 +17,14 @@
 #    not packed: the GPU host must have them (scripts/device_run.sh looks for
 #    NVIDIA's wheels in its Python's site-packages, or FERMATA_CUDA_LIBS);
 # 3. writes one zstd-compressed tar, split into chunks of at most --chunk-mib MiB
-#    (60), each in a folder of its own (DIR/c01, DIR/c02, ...) with the whole
+#    (56: with a checkout of about 5 MB, one chunk per 64 MiB transfer), each in a folder of its own (DIR/c01, DIR/c02, ...) with the whole
 #    stream's SHA256SUMS beside it, so that each transfer can carry one folder.
 #
 # DIR defaults to .bundle (ignored by git). It prints the chunks and their sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT=.bundle CHUNK_MIB=60 PYV=3.12
+OUT=.bundle CHUNK_MIB=56 PYV=3.12
 while (($#)); do
   case $1 in
     --out) OUT=$2; shift ;;
