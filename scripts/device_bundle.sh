@@ -17,8 +17,9 @@
 #    not packed: the GPU host must have them (scripts/device_run.sh looks for
 #    NVIDIA's wheels in its Python's site-packages, or FERMATA_CUDA_LIBS);
 # 3. writes one zstd-compressed tar, split into chunks of at most --chunk-mib MiB
-#    (56: with a checkout of about 5 MB, one chunk per 64 MiB transfer), each in a folder of its own (DIR/c01, DIR/c02, ...) with the whole
-#    stream's SHA256SUMS beside it, so that each transfer can carry one folder.
+#    (56: a chunk and a checkout of about 5 MB fit a 64 MiB transfer), each in
+#    a folder of its own (DIR/c01, DIR/c02, ...) with the whole stream's
+#    SHA256SUMS beside it, so that each transfer can carry one folder.
 #
 # DIR defaults to .bundle (ignored by git). It prints the chunks and their sizes.
 set -euo pipefail
@@ -30,7 +31,7 @@ while (($#)); do
     --out) OUT=$2; shift ;;
     --chunk-mib) CHUNK_MIB=$2; shift ;;
     --python) PYV=$2; shift ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "device_bundle: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
