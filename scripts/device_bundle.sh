@@ -31,7 +31,7 @@ while (($#)); do
     --out) OUT=$2; shift ;;
     --chunk-mib) CHUNK_MIB=$2; shift ;;
     --python) PYV=$2; shift ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "device_bundle: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
