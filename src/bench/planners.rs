@@ -353,6 +353,7 @@ pub struct Report {
     pub exact_limit_s: f64,
     pub exact_finished: usize,
     pub fermata_nodes: u64,
+    pub fermata_exact_nodes: u64,
     pub planners: Vec<PlannerStats>,
     pub ablations: Vec<PlannerStats>,
     /// Share of workloads where fermata's fractional cost is at most every other
@@ -390,6 +391,8 @@ pub struct Options {
     pub scale: bool,
     /// `fermata`'s branch-and-bound nodes per module.
     pub fermata_nodes: u64,
+    /// Nodes of `fermata`'s search below its best plan (0: none).
+    pub fermata_exact_nodes: u64,
     pub family: Family,
 }
 
@@ -553,6 +556,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
             } else if name == "fermata" || name == "fermata-integral" {
                 let fo = FermataOptions {
                     nodes: o.fermata_nodes,
+                    exact_nodes: o.fermata_exact_nodes,
                     objective: if name == "fermata" {
                         Objective::Fractional
                     } else {
@@ -609,6 +613,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         let app = scale_instance(o.seed, &profs);
         let fo = FermataOptions {
             nodes: o.fermata_nodes,
+            exact_nodes: o.fermata_exact_nodes,
             ..FermataOptions::default()
         };
         let t0 = Instant::now();
@@ -644,6 +649,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         exact_limit_s: o.exact_limit.as_secs_f64(),
         exact_finished: exact.iter().filter(|x| x.is_some()).count(),
         fermata_nodes: o.fermata_nodes,
+        fermata_exact_nodes: o.fermata_exact_nodes,
         planners: cols
             .iter()
             .map(|c| stats(c, &fermata, &exact, &cols[2].costs))
@@ -888,6 +894,7 @@ mod tests {
             ablations: true,
             scale: false,
             fermata_nodes: planners::FERMATA_NODES,
+            fermata_exact_nodes: crate::plan::app::fermata::EXACT_NODES,
             family: Family::SYMPHONY,
         };
         let r = run(&o, |_| {});

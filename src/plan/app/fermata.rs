@@ -302,8 +302,10 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
         {
             let mut with = peers;
             with.push(q);
+            // Its module plans join step 1's points: steps 2 and 3 cost at
+            // most it (on a tie, that plan is kept).
             let again = own_plan(app, o, &with).ok();
-            for q in with.pop().into_iter().chain(again) {
+            for q in again.into_iter().chain(with.pop()) {
                 if q.verify(app).is_ok() && best.as_ref().is_none_or(|b| better(&q, b, o.objective))
                 {
                     best = Some(q);
