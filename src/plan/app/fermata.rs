@@ -37,6 +37,11 @@
 //!    needs no run: its per-module plans are among the points of step 1, so
 //!    step 2 is at most its cost (`nexus` does run where a module declares a
 //!    prefix: its prefix batching merges modules).
+//! 5. `exact`'s search ([`super::exact::below`]) for a choice of lists of the
+//!    brute force's shape cheaper than the best plan so far, within
+//!    [`EXACT_NODES`] nodes: step 1's step functions are bounded and can stop
+//!    before a cheaper list on modules of many machines. Where it finds one,
+//!    its module plans join step 1's points and steps 2 and 3 run again.
 //!
 //! Costs are compared by fractional cost (the papers' headline metric). With
 //! [`Objective::Integral`] (the planner `fermata-integral`) they are compared
