@@ -23,8 +23,12 @@
 //!   lists: a prefix is extended only where it can still end in a list that
 //!   meets the budget (full machines of a configuration batch at most at the
 //!   rate left plus the largest dummy, so their worst case cannot fall below
-//!   `d + b / that`) and costs at most the cheapest so far (the rest costs at
-//!   least the rate left at the best price per throughput still available).
+//!   `d + b / that`) and costs at most the cheapest so far. The rest must
+//!   take at least the rate left and, for each of the prefix's
+//!   configurations, `b / (L − d)` less the prefix's machines no more
+//!   cost-efficient than it (their batches form at that rate plus all of the
+//!   rest's, its dummy included); it costs at least that at the best price
+//!   per throughput still available.
 //! * **Combinations.** Modules in topological order, each module's points
 //!   cheapest first; a point is skipped where the smallest worst cases of the
 //!   modules after it already break the SLO, and the search stops where the
