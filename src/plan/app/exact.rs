@@ -23,8 +23,12 @@
 //!   lists: a prefix is extended only where it can still end in a list that
 //!   meets the budget (full machines of a configuration batch at most at the
 //!   rate left plus the largest dummy, so their worst case cannot fall below
-//!   `d + b / that`) and costs at most the cheapest so far (the rest costs at
-//!   least the rate left at the best price per throughput still available).
+//!   `d + b / that`) and costs at most the cheapest so far. The rest must
+//!   take at least the rate left and, for each of the prefix's
+//!   configurations, `b / (L − d)` less the prefix's machines no more
+//!   cost-efficient than it (their batches form at that rate plus all of the
+//!   rest's, its dummy included); it costs at least that at the best price
+//!   per throughput still available.
 //! * **Combinations.** Modules in topological order, each module's points
 //!   cheapest first; a point is skipped where the smallest worst cases of the
 //!   modules after it already break the SLO, and the search stops where the
@@ -53,6 +57,19 @@ pub fn exact(app: &App, stop: &mut dyn FnMut() -> bool) -> Result<Option<Plan>, 
     }
 }
 
+/// The cheapest choice of lists of the brute force's shape costing less than
+/// `cost`: [`exact`]'s search with `cost` as its incumbent, within `nodes`
+/// branch-and-bound nodes in all. `None` where there is none, or where the
+/// nodes ran out first.
+pub fn below(app: &App, cost: f64, nodes: u64) -> Option<Plan> {
+    let mut never = || false;
+    let mut budget = Budget::new(nodes, &mut never);
+    match search(app, cost * (1.0 - 1e-9), &mut budget) {
+        Ok(Found::Plan(p)) => Some(p),
+        _ => None,
+    }
+}
+
 /// The cost of a choice of lists of the brute force's shape whose paths are
 /// within the SLO (`None` if the bounded search finds none).
 fn incumbent(app: &App) -> Option<f64> {
@@ -60,6 +77,7 @@ fn incumbent(app: &App) -> Option<f64> {
         nodes: FERMATA_NODES,
         grid: false,
         portfolio: false,
+        exact_nodes: 0,
         objective: Objective::Fractional,
     };
     let pts = points(app, &o).ok()?;
@@ -264,27 +282,51 @@ impl<'a> Lists<'a> {
     fn rec(&mut self, from: usize, rem: f64, cost: f64, budget: &mut Budget) {
         let r = self.r;
         let k = self.cfgs.len();
-        // No machine from here on batches faster than the rate left, every
-        // machine before and the largest dummy: configurations whose worst
-        // case even then is above the budget serve none of the rest, which
-        // costs at least its rate at the best price per throughput among the
-        // others from `j` on.
-        let w_hi = rem
-            + self
+        let ratio = |c: &Config| c.throughput / self.prices[c.hw];
+        // The prefix's full machines of configuration `a` form their batches
+        // at the rate of the prefix's machines no more cost-efficient than
+        // them (`s`) plus all the rest's: so the rest must take at least
+        // `b / (L − d) − s` (its last machine's dummy included), and at least
+        // the rate left. The dummy fills at most that last machine.
+        let mut need = (rem - EPS * r).max(0.0);
+        for a in &self.cur {
+            let room = self.l - a.config.latency;
+            if room <= 0.0 {
+                return;
+            }
+            let ra = ratio(&a.config) * (1.0 + EPS);
+            let s: f64 = self
                 .cur
                 .iter()
-                .map(|a| a.count * a.config.throughput)
-                .sum::<f64>()
-            + self.tmax[from];
+                .filter(|y| ratio(&y.config) <= ra)
+                .map(|y| y.count * y.config.throughput)
+                .sum();
+            need = need.max(f64::from(a.config.batch) / room * (1.0 - 1e-9) - s);
+        }
+        if need > rem + self.tmax[from] {
+            return;
+        }
+        // A configuration `i` from here on batches at most at the rate left,
+        // the largest dummy from `i` on and the prefix's machines no more
+        // cost-efficient than it: configurations whose worst case even then
+        // is above the budget serve none of the rest, which costs at least
+        // `need` at the best price per throughput among the others from `j`
+        // on.
         let mut ppt = vec![f64::INFINITY; k + 1];
         for j in (from..k).rev() {
             let c = &self.cfgs[j];
             ppt[j] = ppt[j + 1];
-            if c.latency + f64::from(c.batch) / w_hi <= self.l {
+            let rc = ratio(c) * (1.0 + EPS);
+            let ties: f64 = self
+                .cur
+                .iter()
+                .filter(|y| ratio(&y.config) <= rc)
+                .map(|y| y.count * y.config.throughput)
+                .sum();
+            if c.latency + f64::from(c.batch) / (rem + self.tmax[j] + ties) <= self.l {
                 ppt[j] = ppt[j].min(self.prices[c.hw] / c.throughput);
             }
         }
-        let need = (rem - EPS * r).max(0.0);
         for j in from..k {
             if !budget.tick() {
                 return;
@@ -334,7 +376,8 @@ impl<'a> Lists<'a> {
                     self.emit(c.throughput - rest);
                     self.cur.pop();
                 }
-                if n >= 1.0 && cost + n * p + (rest - EPS * r).max(0.0) * ppt[j + 1] <= self.cap {
+                let rest_need = (rest - EPS * r).max(need - n * c.throughput);
+                if n >= 1.0 && cost + n * p + rest_need.max(0.0) * ppt[j + 1] <= self.cap {
                     self.cur.push(Alloc {
                         config: c,
                         count: n,

@@ -37,6 +37,11 @@
 //!    needs no run: its per-module plans are among the points of step 1, so
 //!    step 2 is at most its cost (`nexus` does run where a module declares a
 //!    prefix: its prefix batching merges modules).
+//! 5. `exact`'s search ([`super::exact::below`]) for a choice of lists of the
+//!    brute force's shape cheaper than the best plan so far, within
+//!    [`EXACT_NODES`] nodes: step 1's step functions are bounded and can stop
+//!    before a cheaper list on modules of many machines. Where it finds one,
+//!    its module plans join step 1's points and steps 2 and 3 run again.
 //!
 //! Costs are compared by fractional cost (the papers' headline metric). With
 //! [`Objective::Integral`] (the planner `fermata-integral`) they are compared
@@ -53,6 +58,9 @@ use super::{alloc_cost, integral_cost, worst_case, Alloc, App, Config, Dispatch,
 /// Branch-and-bound nodes per module of `fermata`'s exact step function.
 pub const FERMATA_NODES: u64 = 20_000;
 
+/// Branch-and-bound nodes, in all, of step 5's search below the best plan.
+pub const EXACT_NODES: u64 = 200_000;
+
 /// Peers whose plans `fermata`'s portfolio considers.
 pub const PORTFOLIO: &[&str] = &["harpagon", "piccolo", "scrooge", "inferline", "clipper"];
 
@@ -64,6 +72,8 @@ pub struct FermataOptions {
     pub grid: bool,
     /// Step 4.
     pub portfolio: bool,
+    /// Step 5's nodes (0: no step 5).
+    pub exact_nodes: u64,
     pub objective: Objective,
 }
 
@@ -93,6 +103,7 @@ impl Default for FermataOptions {
             nodes: FERMATA_NODES,
             grid: true,
             portfolio: true,
+            exact_nodes: EXACT_NODES,
             objective: Objective::Fractional,
         }
     }
@@ -112,6 +123,7 @@ pub fn fermata_optimum(app: &App) -> Result<Plan, String> {
             nodes: u64::MAX,
             grid: false,
             portfolio: false,
+            exact_nodes: 0,
             objective: Objective::Fractional,
         },
     )?;
@@ -282,9 +294,28 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
             }
         }
     }
-    for q in peers {
-        if best.as_ref().is_none_or(|b| better(&q, b, o.objective)) {
-            best = Some(q);
+    for q in &peers {
+        if best.as_ref().is_none_or(|b| better(q, b, o.objective)) {
+            best = Some(q.clone());
+        }
+    }
+    if o.objective == Objective::Fractional && o.exact_nodes > 0 {
+        // Step 5: `exact`'s search below the best plan so far.
+        if let Some(q) = best
+            .as_ref()
+            .and_then(|b| super::exact::below(app, b.cost, o.exact_nodes))
+        {
+            let mut with = peers;
+            with.push(q);
+            // Its module plans join step 1's points: steps 2 and 3 cost at
+            // most it (on a tie, that plan is kept).
+            let again = own_plan(app, o, &with).ok();
+            for q in again.into_iter().chain(with.pop()) {
+                if q.verify(app).is_ok() && best.as_ref().is_none_or(|b| better(&q, b, o.objective))
+                {
+                    best = Some(q);
+                }
+            }
         }
     }
     match best {
