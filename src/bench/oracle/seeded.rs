@@ -10,11 +10,14 @@
 //! in time is served in time here: the seed is at least as good as the online
 //! policy for every model, on any number of models and GPUs.
 //!
-//! The local search then places the dropped requests, each where it costs the
-//! least GPU time: into a batch of its model (the batch and every batch after
-//! it on that GPU still ending in time), else as a new batch of it and the
-//! next dropped requests of its model in a gap of some GPU. It only adds
-//! requests to the schedule, so it is never worse than its seed.
+//! The local search then, in rounds until nothing changes (four at most),
+//! merges pairs of batches of one model that fit one batch still in time
+//! (freeing the GPU time of a batch's fixed cost), and places the dropped
+//! requests, each where it costs the least GPU time: into a batch of its
+//! model, else as a new batch of it and the next dropped requests of its
+//! model in a gap of some GPU; every move keeps every batch after it on that
+//! GPU in time. It only adds requests to batches, so it is never worse than
+//! its seed, for any model.
 //!
 //! Written here rather than taken from a solver crate: the moves and the
 //! slack bookkeeping are specific to batches with deadlines on GPUs.
@@ -110,7 +113,10 @@ pub fn from_plans(p: &Problem, plans: &[PlanRecord]) -> Result<Schedule, String>
 }
 
 /// A batch in a GPU's sequence, with its times as the sequence gives them.
+#[derive(Clone)]
 struct Run {
+    /// Its name while the search moves it.
+    id: u32,
     model: u16,
     /// Sorted (arrival order).
     reqs: Vec<u32>,
@@ -141,7 +147,6 @@ fn retime(p: &Problem, runs: &mut [Run]) {
             // Starting d later pushes the next one by d less the idle gap.
             s = s.min(start - r.end + slack);
         }
-        debug_assert!(s >= 0, "every batch in time");
         r.slack = s;
         after = Some((r.start, s));
     }
@@ -170,10 +175,11 @@ pub fn improve(p: &Problem, s: &Schedule) -> Schedule {
     let mut gpus: Vec<Vec<Run>> = (0..p.gpus).map(|_| Vec::new()).collect();
     let mut order: Vec<&Batch> = s.batches.iter().collect();
     order.sort_by_key(|b| (b.gpu, b.start));
-    for b in order {
+    for (id, b) in order.into_iter().enumerate() {
         let mut reqs = b.reqs.clone();
         reqs.sort_unstable();
         gpus[b.gpu as usize].push(Run {
+            id: id as u32,
             model: b.model,
             reqs,
             start: 0,
@@ -186,11 +192,13 @@ pub fn improve(p: &Problem, s: &Schedule) -> Schedule {
     }
     let mut dropped = s.dropped.clone();
     dropped.sort_unstable();
+    let mut next_id = s.batches.len() as u32;
     for _round in 0..4 {
         let before = dropped.len();
+        let merged = merge_batches(p, &mut gpus);
         dropped.retain(|&q| !join_a_batch(p, &mut gpus, q));
-        dropped = new_batches(p, &mut gpus, dropped);
-        if dropped.len() == before {
+        dropped = new_batches(p, &mut gpus, dropped, &mut next_id);
+        if dropped.len() == before && merged == 0 {
             break;
         }
     }
@@ -207,6 +215,103 @@ pub fn improve(p: &Problem, s: &Schedule) -> Schedule {
         }));
     }
     out
+}
+
+/// Whether every batch of a GPU's sequence, as timed, ends in time.
+fn in_time(runs: &[Run]) -> bool {
+    runs.iter().all(|r| r.slack >= 0)
+}
+
+/// Merges pairs of batches of one model whose requests fit one batch that
+/// still ends in time (with every batch after it on its GPU), in the earlier
+/// one's place or the later one's (the other leaves its GPU): the GPU time of
+/// a batch's fixed cost is freed for the dropped requests. Returns how many
+/// pairs it merged.
+fn merge_batches(p: &Problem, gpus: &mut [Vec<Run>]) -> usize {
+    let mut merged = 0;
+    // The later batch of each pair, in order of start over every GPU.
+    let mut order: Vec<(i64, u32, usize)> = Vec::new();
+    for (g, runs) in gpus.iter().enumerate() {
+        order.extend(runs.iter().map(|r| (r.start, r.id, g)));
+    }
+    order.sort_unstable();
+    for (_, id, g2) in order {
+        // Where it is now (earlier merges moved batches), if not merged away.
+        let Some(k2) = gpus[g2].iter().position(|r| r.id == id) else {
+            continue;
+        };
+        let r2 = &gpus[g2][k2];
+        let m = r2.model;
+        let t = &p.models[m as usize];
+        let bmax = t.max_batch();
+        // (GPU time freed, end, the batch merged away, the one kept).
+        let mut best: Option<(i64, i64, (usize, usize), (usize, usize))> = None;
+        for (g1, runs) in gpus.iter().enumerate() {
+            let from = runs.partition_point(|r| r.start < r2.start - t.slo);
+            for (k1, r1) in runs.iter().enumerate().skip(from) {
+                if r1.start > r2.start {
+                    break;
+                }
+                if (g1, k1) == (g2, k2) || r1.model != m || r1.reqs.len() + r2.reqs.len() > bmax {
+                    continue;
+                }
+                let size = r1.reqs.len() + r2.reqs.len();
+                let last = r1.reqs[r1.reqs.len() - 1].max(r2.reqs[r2.reqs.len() - 1]);
+                let head = r1.reqs[0].min(r2.reqs[0]);
+                let ready = p.arr[last as usize].1 + t.delay[size];
+                let due = t.due(p.arr[head as usize].1);
+                let freed = t.lat[r1.reqs.len()] + t.lat[r2.reqs.len()] - t.lat[size];
+                // In `keep`'s place on its GPU, `gone` leaving: the batches
+                // after `keep` must stay in time (a batch's slack does not
+                // depend on those before it, so `gone` is skipped when it
+                // is next, and counted as still there otherwise, which only
+                // errs on the safe side).
+                for (keep, gone) in [((g2, k2), (g1, k1)), ((g1, k1), (g2, k2))] {
+                    let runs = &gpus[keep.0];
+                    let same = keep.0 == gone.0;
+                    let before = if same && gone.1 + 1 == keep.1 {
+                        free_at(runs, gone.1)
+                    } else {
+                        free_at(runs, keep.1)
+                    };
+                    let end = ready.max(before) + t.lat[size];
+                    let next = if same && gone.1 == keep.1 + 1 {
+                        keep.1 + 2
+                    } else {
+                        keep.1 + 1
+                    };
+                    if end > due || !fits_before(runs, next, end) {
+                        continue;
+                    }
+                    if best.is_none_or(|b| (freed, -end) > (b.0, -b.1)) {
+                        best = Some((freed, end, gone, keep));
+                    }
+                }
+            }
+        }
+        let Some((_, _, gone, keep)) = best else {
+            continue;
+        };
+        let saved = (gpus[gone.0].clone(), gpus[keep.0].clone());
+        let r1 = gpus[gone.0].remove(gone.1);
+        let k = if gone.0 == keep.0 && gone.1 < keep.1 {
+            keep.1 - 1
+        } else {
+            keep.1
+        };
+        let reqs = &mut gpus[keep.0][k].reqs;
+        reqs.extend(r1.reqs);
+        reqs.sort_unstable();
+        retime(p, &mut gpus[gone.0]);
+        retime(p, &mut gpus[keep.0]);
+        if in_time(&gpus[gone.0]) && in_time(&gpus[keep.0]) {
+            merged += 1;
+        } else {
+            // Not reached when the checks above hold; a guard all the same.
+            (gpus[gone.0], gpus[keep.0]) = saved;
+        }
+    }
+    merged
 }
 
 /// Puts request `q` into the batch of its model where it adds the least GPU
@@ -255,7 +360,12 @@ fn join_a_batch(p: &Problem, gpus: &mut [Vec<Run>], q: u32) -> bool {
 /// model, the first still dropped with as many of the next dropped of its
 /// model as fit in a gap of some GPU (the earliest end of any GPU), else it
 /// stays dropped. Returns those still dropped, sorted.
-fn new_batches(p: &Problem, gpus: &mut [Vec<Run>], dropped: Vec<u32>) -> Vec<u32> {
+fn new_batches(
+    p: &Problem,
+    gpus: &mut [Vec<Run>],
+    dropped: Vec<u32>,
+    next_id: &mut u32,
+) -> Vec<u32> {
     let mut per_model: Vec<Vec<u32>> = vec![Vec::new(); p.models.len()];
     for &q in &dropped {
         per_model[p.arr[q as usize].0 as usize].push(q);
@@ -299,6 +409,7 @@ fn new_batches(p: &Problem, gpus: &mut [Vec<Run>], dropped: Vec<u32>) -> Vec<u32
                     gpus[g].insert(
                         k,
                         Run {
+                            id: *next_id,
                             model: m as u16,
                             reqs: qs[i..i + size].to_vec(),
                             start: 0,
@@ -306,6 +417,7 @@ fn new_batches(p: &Problem, gpus: &mut [Vec<Run>], dropped: Vec<u32>) -> Vec<u32
                             slack: 0,
                         },
                     );
+                    *next_id += 1;
                     retime(p, &mut gpus[g]);
                     placed = size;
                     break;
@@ -379,5 +491,30 @@ mod tests {
         assert!(from_plans(&p, &[plan(1, 1, 0, 0, &[0])]).is_err());
         assert!(from_plans(&p, &[plan(1, 0, 0, 0, &[0]), plan(2, 0, 0, 5, &[0])]).is_err());
         assert!(from_plans(&p, &[plan(1, 0, 0, 0, &[7])]).is_err());
+    }
+
+    /// Merging a model's batches frees the GPU time a dropped request of
+    /// another model needs.
+    #[test]
+    fn merging_batches_makes_room() {
+        // Model 0 at 0, 1, 2 and 2 ms; model 1 at 0 ms (request 1).
+        let p = tiny(&[(0, 0), (1, 0), (0, 1), (0, 2), (0, 2)], 1);
+        // The run: model 0's requests one by one, [0, 3) to [9, 12); request
+        // 1 dropped. Retimed, nothing fits request 1 (due 10) without a
+        // batch of model 0 ending late.
+        let plans = [
+            plan(1, 0, 0, 0, &[0]),
+            plan(2, 0, 0, 3, &[2]),
+            plan(3, 0, 0, 6, &[3]),
+            plan(4, 0, 0, 9, &[4]),
+        ];
+        let seed = from_plans(&p, &plans).unwrap();
+        assert_eq!(p.verify(&seed), Ok(()));
+        assert_eq!(seed.dropped, vec![1]);
+        // Model 0 in one batch of 4 ([3, 9), due 10) leaves [0, 3) for it.
+        let better = improve(&p, &seed);
+        assert_eq!(p.verify(&better), Ok(()));
+        assert!(better.dropped.is_empty());
+        assert_eq!(better.batches.len(), 2);
     }
 }
