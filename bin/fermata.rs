@@ -1669,7 +1669,7 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         row(
             "oracle",
             &run.result,
-            &if run.search == oracle::Search::Seeded {
+            &if matches!(run.search, oracle::Search::Seeded(_)) {
                 format!("  (search: {})", run.search.name())
             } else {
                 format!(
