@@ -636,6 +636,31 @@ slo_ms = 30
         );
     }
 
+    /// The goodput search of the reference never ends below the policy's:
+    /// both probe the same rates until the reference passes one the policy
+    /// fails.
+    #[test]
+    fn the_reference_goodput_is_never_below_the_policy() {
+        let w = bursty_three();
+        let o = RunOptions::from_workload(&w);
+        let so = crate::bench::SearchOptions {
+            rel_tolerance: 0.01,
+            max_trials: 12,
+        };
+        let g = crate::bench::goodput_search_with(&w, &o, &so, |oo| {
+            Ok(oracle_with(&w, oo, 8, true)?.result)
+        })
+        .unwrap();
+        let p = crate::bench::goodput_search(&w, &o, &so);
+        assert!(p.goodput_rps > 0.0);
+        assert!(
+            g.goodput_rps >= p.goodput_rps,
+            "oracle {} policy {}",
+            g.goodput_rps,
+            p.goodput_rps
+        );
+    }
+
     /// The seeded search alone takes workloads past the beam searches' limits.
     #[test]
     fn seeded_only_takes_any_cluster() {
