@@ -244,8 +244,10 @@ fn merge_batches(p: &Problem, gpus: &mut [Vec<Run>]) -> usize {
         let m = r2.model;
         let t = &p.models[m as usize];
         let bmax = t.max_batch();
-        // (GPU time freed, end, the batch merged away, the one kept).
-        let mut best: Option<(i64, i64, (usize, usize), (usize, usize))> = None;
+        // (GPU time freed, end, the batch merged away, the one kept), each
+        // batch as (GPU, index).
+        type Slot = (usize, usize);
+        let mut best: Option<(i64, i64, Slot, Slot)> = None;
         for (g1, runs) in gpus.iter().enumerate() {
             let from = runs.partition_point(|r| r.start < r2.start - t.slo);
             for (k1, r1) in runs.iter().enumerate().skip(from) {
