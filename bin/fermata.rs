@@ -911,6 +911,10 @@ struct OracleArgs {
     /// is no longer guaranteed, only likely).
     #[arg(long, default_value_t = 64)]
     beam: usize,
+    /// Run only the search seeded with the policy's own schedule (any number
+    /// of models and GPUs, in seconds; the beam searches are skipped).
+    #[arg(long)]
+    seeded_only: bool,
 }
 
 fn main() {
@@ -1603,7 +1607,7 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         o.rate_rps = r;
     }
     // The workload and the beam, before any long run.
-    oracle::check(&w, a.beam)?;
+    oracle::check(&w, a.beam, a.seeded_only)?;
     let row = |who: &str, r: &fermata::sim::RunResult, extra: &str| {
         println!(
             "{who:<10} {:>9.1} r/s  bad {:>7.3}%  batch p50 {:>3} p99 {:>3}  GPU busy {:>5.1}%{extra}",
@@ -1617,7 +1621,7 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
     if a.find_max {
         let so = SearchOptions::default();
         let g = bench::goodput_search_with(&w, &o, &so, |oo| {
-            Ok(oracle::oracle(&w, oo, a.beam)?.result)
+            Ok(oracle::oracle_with(&w, oo, a.beam, a.seeded_only)?.result)
         })?;
         let p = bench::goodput_search(&w, &o, &so);
         if a.run.json {
@@ -1625,6 +1629,7 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
                 "{}",
                 serde_json::json!({
                     "workload": w.name, "beam": a.beam, "seed": o.seed,
+                    "seeded_only": a.seeded_only,
                     "oracle_goodput_rps": g.goodput_rps,
                     "policy": o.policy.name(), "policy_goodput_rps": p.goodput_rps,
                     "policy_over_oracle": p.goodput_rps / g.goodput_rps.max(1e-9),
@@ -1645,7 +1650,7 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let run = oracle::oracle(&w, &o, a.beam)?;
+    let run = oracle::oracle_with(&w, &o, a.beam, a.seeded_only)?;
     let p = simulate(&w, &o);
     if a.run.json {
         let mut v = fermata::run::run_json(&w, &run.result);
@@ -1665,11 +1670,15 @@ fn cmd_oracle(a: OracleArgs) -> Result<()> {
         row(
             "oracle",
             &run.result,
-            &format!(
-                "  (search: {}; a drop priced at {:.1}x its model's least GPU time per request)",
-                run.search.name(),
-                run.price
-            ),
+            &if matches!(run.search, oracle::Search::Seeded(_)) {
+                format!("  (search: {})", run.search.name())
+            } else {
+                format!(
+                    "  (search: {}; a drop priced at {:.1}x its model's least GPU time per request)",
+                    run.search.name(),
+                    run.price
+                )
+            },
         );
         row(&o.policy.name(), &p, "");
     }

@@ -4,14 +4,24 @@
 //! An online policy decides a batch without knowing when the next requests come;
 //! this search sees every arrival of the run, of every model, before it decides
 //! anything, so what it reaches tells how much of a policy's loss is the
-//! future's fault. It is a beam search over the arrivals in time order
-//! ([`search`]): each request joins its model's open batch, closes it, opens a
-//! new one, runs alone or is dropped; a batch starts on a GPU once its last
-//! request has arrived (plus the network's delay) and must end by its head's
-//! deadline (less the response margin).
+//! future's fault. Three searches run and the best schedule is kept:
 //!
-//! A drop frees GPU time, so its price in the ranking of states is what a
-//! request is worth in GPU time: a few multiples of the least GPU time a
+//! - a beam search over the arrivals in time order ([`search`]): each request
+//!   joins its model's open batch, closes it, opens a new one, runs alone or
+//!   is dropped;
+//! - with one model, a beam search over batches of consecutive requests
+//!   ([`runs`]);
+//! - the online policy's own schedule on the same arrivals, improved by a local
+//!   search that places its dropped requests ([`seeded`]): never worse than
+//!   the policy, for every model, so the reference is at least as good as the
+//!   policy by construction, on any number of models and GPUs.
+//!
+//! In every schedule a batch starts on a GPU once its last request has arrived
+//! (plus the network's delay) and must end by its head's deadline (less the
+//! response margin), the simulator's rule for a request served in time.
+//!
+//! In the beam searches a drop frees GPU time, so its price in the ranking of
+//! states is what a request is worth in GPU time: a few multiples of the least GPU time a
 //! request of its model can cost (l(b)/b at the largest batch the SLO allows)
 //! are tried and the best schedule is kept (fewest requests of the worst model
 //! bad, then fewest bad). Every schedule is checked before it is reported
@@ -21,16 +31,19 @@
 //! can reach, only a reference for them.
 //!
 //! Written here rather than taken from a solver crate: the state (open batches
-//! and GPU free times) and the pruning are specific to this problem, and the
-//! search runs over a hundred thousand requests at a time.
+//! and GPU free times), the pruning and the local search's moves are specific
+//! to this problem, and the searches run over a hundred thousand requests at
+//! a time.
 
 mod runs;
 mod schedule;
 mod search;
+mod seeded;
 
 pub use schedule::{Batch, Infeasible, ModelTiming, Problem, Schedule};
 pub use search::{MAX_GPUS, MAX_MODELS};
 
+use crate::core::Policy;
 use crate::core::Time;
 use crate::sim::{ModelResult, RunOptions, RunResult};
 use crate::workload::Workload;
@@ -41,6 +54,9 @@ pub const MAX_BEAM: usize = 4096;
 /// Bound on the search's memory: requests x beam kept states (8 bytes each, for
 /// each of the [`PRICES`] searched at once: 1.6 GB at the bound).
 const MAX_STATES: u64 = 50_000_000;
+/// The online policies whose schedules seed the local search, beside the one
+/// the reference is set against.
+pub const SEED_POLICIES: [Policy; 3] = [Policy::Deferred, Policy::Symphony, Policy::Eager];
 /// Multiples of the least GPU time per request tried as the price of a drop.
 pub const PRICES: [f64; 4] = [1.1, 1.2, 1.3, 1.4];
 
@@ -51,7 +67,7 @@ pub struct OracleRun {
     /// (`policy` is the base options', unused).
     pub result: RunResult,
     /// The drop price that gave this schedule (a multiple of each model's least
-    /// GPU time per request).
+    /// GPU time per request; 0 for the seeded search, which prices nothing).
     pub price: f64,
     /// The search that found it.
     pub search: Search,
@@ -60,39 +76,33 @@ pub struct OracleRun {
 }
 
 /// The searches the reference runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Search {
     /// Over every model's arrivals, each model's open batch in the state
     /// (any workload).
     OpenBatches,
     /// Batches of consecutive requests, ranked once whole (one model only).
     ConsecutiveRuns,
+    /// An online policy's own schedule on the same arrivals, improved by a
+    /// local search (any workload; never worse than that policy).
+    Seeded(Policy),
 }
 
 impl Search {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Search::OpenBatches => "open batches",
-            Search::ConsecutiveRuns => "consecutive runs",
+            Search::OpenBatches => "open batches".into(),
+            Search::ConsecutiveRuns => "consecutive runs".into(),
+            Search::Seeded(p) => format!("{}'s schedule improved", p.name()),
         }
     }
 }
 
-/// The models' timings of workload `w`, checked against the search's limits.
+/// The models' timings of workload `w` (one model at least, one GPU at
+/// least).
 fn timings(w: &Workload) -> Result<Vec<ModelTiming>> {
-    let nm = w.models.len();
-    if nm == 0 || nm > MAX_MODELS {
-        bail!(
-            "the offline reference schedules 1 to {MAX_MODELS} models; workload {} has {nm}",
-            w.name
-        );
-    }
-    let gpus = w.gpus as usize;
-    if gpus == 0 || gpus > MAX_GPUS {
-        bail!(
-            "the offline reference handles 1 to {MAX_GPUS} GPUs; workload {} has {gpus}",
-            w.name
-        );
+    if w.models.is_empty() || w.gpus == 0 {
+        bail!("workload {} has no model or no GPU", w.name);
     }
     Ok(w.models
         .iter()
@@ -109,6 +119,28 @@ fn timings(w: &Workload) -> Result<Vec<ModelTiming>> {
             }
         })
         .collect())
+}
+
+/// Checks that the beam searches take workload `w` (1 to [`MAX_MODELS`]
+/// models, 1 to [`MAX_GPUS`] GPUs).
+fn beam_limits(w: &Workload) -> Result<()> {
+    let nm = w.models.len();
+    if nm == 0 || nm > MAX_MODELS {
+        bail!(
+            "the offline reference's beam searches schedule 1 to {MAX_MODELS} models; workload {} has {nm} \
+             (--seeded-only takes any number)",
+            w.name
+        );
+    }
+    let gpus = w.gpus as usize;
+    if gpus == 0 || gpus > MAX_GPUS {
+        bail!(
+            "the offline reference's beam searches handle 1 to {MAX_GPUS} GPUs; workload {} has {gpus} \
+             (--seeded-only takes any number)",
+            w.name
+        );
+    }
+    Ok(())
 }
 
 /// The problem of the run `o` of workload `w`: the simulator's arrivals (its
@@ -186,12 +218,17 @@ fn report(w: &Workload, o: &RunOptions, p: &Problem, s: &Schedule) -> RunResult 
     }
 }
 
-/// Whether the search can take workload `w` with `beam` (1 to [`MAX_MODELS`]
-/// models, at most [`MAX_GPUS`] GPUs, a beam of 1 to [`MAX_BEAM`]); the run's
-/// own length is checked when it starts.
-pub fn check(w: &Workload, beam: usize) -> Result<()> {
+/// Whether the reference can take workload `w` with `beam` (1 to
+/// [`MAX_BEAM`]): the beam searches take 1 to [`MAX_MODELS`] models and at
+/// most [`MAX_GPUS`] GPUs, the seeded search alone (`seeded_only`) any
+/// number; the run's own length is checked when it starts.
+pub fn check(w: &Workload, beam: usize, seeded_only: bool) -> Result<()> {
+    timings(w)?;
+    if seeded_only {
+        return Ok(());
+    }
     check_beam(beam)?;
-    timings(w).map(|_| ())
+    beam_limits(w)
 }
 
 fn check_beam(beam: usize) -> Result<()> {
@@ -202,7 +239,8 @@ fn check_beam(beam: usize) -> Result<()> {
 }
 
 /// The best schedule search `how` finds for problem `p` at the drop price
-/// `price` (checked feasible: a failed check is a fault of the search).
+/// `price` (checked feasible: a failed check is a fault of the search). The
+/// seeded search needs the online run: see [`seeded_schedules`].
 pub fn schedule(p: &Problem, how: Search, beam: usize, price: f64) -> Result<Schedule> {
     let s = match how {
         Search::OpenBatches => search::replay(p, &search::search(p, beam, price)),
@@ -212,6 +250,7 @@ pub fn schedule(p: &Problem, how: Search, beam: usize, price: f64) -> Result<Sch
             }
             runs::replay(p, &runs::search(p, beam, price))
         }
+        Search::Seeded(_) => bail!("the seeded search starts from the online run's plans"),
     };
     if let Err(e) = p.verify(&s) {
         bail!("the offline reference made an infeasible schedule: {e}");
@@ -219,28 +258,65 @@ pub fn schedule(p: &Problem, how: Search, beam: usize, price: f64) -> Result<Sch
     Ok(s)
 }
 
-/// The best schedule the search finds for the run `o` of workload `w` (its
-/// rate, arrivals, seed, warm-up and window), trying each of [`PRICES`] with
-/// each search that takes the workload ([`Search`]), each on its own thread,
-/// and keeping the best (the fewest bad of the worst model, then of all). Execution times are the profile's, exactly (any `exec_jitter` of
-/// the workload is not modelled).
+/// The online policy's schedule of problem `p` (the run `o` of workload `w`,
+/// its policy's plans in the simulator) and that schedule improved by the
+/// local search, both checked feasible: (seed, improved).
+pub fn seeded_schedules(w: &Workload, o: &RunOptions, p: &Problem) -> Result<(Schedule, Schedule)> {
+    let mut oo = o.clone();
+    oo.record_plans = true;
+    let run = crate::sim::simulate(w, &oo);
+    let seed = seeded::from_plans(p, &run.plans)
+        .map_err(|e| anyhow::anyhow!("the online run's plans do not fit its arrivals: {e}"))?;
+    if let Err(e) = p.verify(&seed) {
+        bail!("the online run's schedule, retimed, is infeasible: {e}");
+    }
+    let better = seeded::improve(p, &seed);
+    if let Err(e) = p.verify(&better) {
+        bail!("the seeded search made an infeasible schedule: {e}");
+    }
+    Ok((seed, better))
+}
+
+/// The best schedule the reference finds for the run `o` of workload `w`
+/// (its rate, arrivals, seed, warm-up and window): each of [`PRICES`] with
+/// each beam search that takes the workload, and the seeded search from the
+/// schedule of the online policy `o.policy` and of each of
+/// [`SEED_POLICIES`], each on its own thread, keeping the best (the fewest
+/// bad of the worst model, then of all). Since the seeded search is never
+/// worse than its policy, neither is the reference. Execution times are the profile's, exactly (any `exec_jitter`
+/// of the workload is not modelled: the seed is then the online run's batches
+/// retimed on exact times, and no longer bound to be as good as the run).
 pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
-    check_beam(beam)?;
+    oracle_with(w, o, beam, false)
+}
+
+/// [`oracle`], or with `seeded_only` the seeded searches alone (any number of
+/// models and GPUs; `beam` unused).
+pub fn oracle_with(
+    w: &Workload,
+    o: &RunOptions,
+    beam: usize,
+    seeded_only: bool,
+) -> Result<OracleRun> {
+    check(w, beam, seeded_only)?;
     let wall = std::time::Instant::now();
     let p = problem(w, o)?;
-    if p.arr.len() as u64 * beam as u64 > MAX_STATES {
-        bail!(
-            "{} requests with a beam of {beam} would keep more than {MAX_STATES} states; \
-             shorten the run or narrow the beam",
-            p.arr.len()
-        );
-    }
-    let mut hows = vec![Search::OpenBatches];
-    if p.models.len() == 1 {
-        hows.push(Search::ConsecutiveRuns);
+    let mut hows = Vec::new();
+    if !seeded_only {
+        if p.arr.len() as u64 * beam as u64 > MAX_STATES {
+            bail!(
+                "{} requests with a beam of {beam} would keep more than {MAX_STATES} states; \
+                 shorten the run or narrow the beam",
+                p.arr.len()
+            );
+        }
+        hows.push(Search::OpenBatches);
+        if p.models.len() == 1 {
+            hows.push(Search::ConsecutiveRuns);
+        }
     }
     let runs: Vec<Result<(f64, Search, Schedule, RunResult)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = hows
+        let mut handles: Vec<_> = hows
             .iter()
             .flat_map(|&how| PRICES.iter().map(move |&k| (how, k)))
             .map(|(how, k)| {
@@ -252,6 +328,22 @@ pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
                 })
             })
             .collect();
+        let mut seeds = vec![o.policy];
+        for q in SEED_POLICIES {
+            if !seeds.iter().any(|x| x.name() == q.name()) {
+                seeds.push(q);
+            }
+        }
+        for policy in seeds {
+            let p = &p;
+            handles.push(s.spawn(move || {
+                let mut oo = o.clone();
+                oo.policy = policy;
+                let sched = seeded_schedules(w, &oo, p)?.1;
+                let r = report(w, o, p, &sched);
+                Ok((0.0, Search::Seeded(policy), sched, r))
+            }));
+        }
         handles
             .into_iter()
             .map(|h| h.join().expect("the search does not panic"))
@@ -268,7 +360,7 @@ pub fn oracle(w: &Workload, o: &RunOptions, beam: usize) -> Result<OracleRun> {
             best = Some(r);
         }
     }
-    let (price, search, schedule, mut result) = best.expect("PRICES is not empty");
+    let (price, search, schedule, mut result) = best.expect("the seeded search always runs");
     result.wall_secs = wall.elapsed().as_secs_f64();
     Ok(OracleRun {
         result,
@@ -462,6 +554,125 @@ slo_ms = 40
         let p = problem(&w, &o).unwrap();
         assert_eq!(p.verify(&run.schedule), Ok(()));
         assert!(schedule(&p, Search::ConsecutiveRuns, 8, 1.2).is_err());
+    }
+
+    /// Three models of different SLOs on 3 GPUs, bursty, past capacity.
+    fn bursty_three() -> Workload {
+        Workload::from_toml(
+            r#"
+name = "t3"
+gpus = 3
+arrival = "gamma:0.1"
+rate_rps = 1500
+warmup_s = 1
+duration_s = 3
+[[models]]
+name = "a"
+alpha_ms = 1.0
+beta_ms = 5.0
+slo_ms = 25
+[[models]]
+name = "b"
+alpha_ms = 2.0
+beta_ms = 4.0
+slo_ms = 40
+[[models]]
+name = "c"
+alpha_ms = 0.5
+beta_ms = 6.0
+slo_ms = 30
+"#,
+            None,
+        )
+        .unwrap()
+    }
+
+    /// The seeded search on several models: the online run's schedule and its
+    /// improvement both pass the check (every request once, in time, no two
+    /// batches at once on a GPU), the seed serves in time every request the
+    /// run did, model by model, the improvement no fewer than the seed, and
+    /// the reference no fewer bad than the policy, at several rates and seeds.
+    #[test]
+    fn the_seeded_search_is_valid_and_never_worse_than_the_policy() {
+        let w = bursty_three();
+        let mut improved_some = false;
+        for (rate, seed) in [(900.0, 1), (1500.0, 2), (2200.0, 3)] {
+            let mut o = RunOptions::from_workload(&w);
+            o.rate_rps = rate;
+            o.seed = seed;
+            let p = problem(&w, &o).unwrap();
+            let (seed_s, better) = seeded_schedules(&w, &o, &p).unwrap();
+            assert_eq!(p.verify(&seed_s), Ok(()));
+            assert_eq!(p.verify(&better), Ok(()));
+            let policy = crate::sim::simulate(&w, &o);
+            let (rs, rb) = (report(&w, &o, &p, &seed_s), report(&w, &o, &p, &better));
+            for ((s, b), d) in rs.models.iter().zip(&rb.models).zip(&policy.models) {
+                assert_eq!((s.offered, b.offered), (d.offered, d.offered));
+                assert!(
+                    s.good >= d.good,
+                    "{rate}: seed {} policy {}",
+                    s.good,
+                    d.good
+                );
+                assert!(
+                    b.good >= s.good,
+                    "{rate}: improved {} seed {}",
+                    b.good,
+                    s.good
+                );
+                improved_some |= b.good > d.good;
+            }
+            let run = oracle_with(&w, &o, 8, false).unwrap();
+            assert!(run.result.max_model_bad_rate() <= policy.max_model_bad_rate());
+            assert_eq!(p.verify(&run.schedule), Ok(()));
+            let only = oracle_with(&w, &o, 8, true).unwrap();
+            assert!(matches!(only.search, Search::Seeded(_)));
+            let r_only = &only.result;
+            assert!(r_only.max_model_bad_rate() <= rb.max_model_bad_rate());
+        }
+        assert!(
+            improved_some,
+            "the search serves some request the policy did not"
+        );
+    }
+
+    /// The goodput search of the reference never ends below the policy's:
+    /// both probe the same rates until the reference passes one the policy
+    /// fails.
+    #[test]
+    fn the_reference_goodput_is_never_below_the_policy() {
+        let w = bursty_three();
+        let o = RunOptions::from_workload(&w);
+        let so = crate::bench::SearchOptions {
+            rel_tolerance: 0.01,
+            max_trials: 12,
+        };
+        let g = crate::bench::goodput_search_with(&w, &o, &so, |oo| {
+            Ok(oracle_with(&w, oo, 8, true)?.result)
+        })
+        .unwrap();
+        let p = crate::bench::goodput_search(&w, &o, &so);
+        assert!(p.goodput_rps > 0.0);
+        assert!(
+            g.goodput_rps >= p.goodput_rps,
+            "oracle {} policy {}",
+            g.goodput_rps,
+            p.goodput_rps
+        );
+    }
+
+    /// The seeded search alone takes workloads past the beam searches' limits.
+    #[test]
+    fn seeded_only_takes_any_cluster() {
+        let w = workload(20);
+        let mut o = RunOptions::from_workload(&w);
+        o.rate_rps = 2000.0;
+        o.duration = crate::core::Dur::from_secs_f64(1.0);
+        assert!(check(&w, 8, false).is_err());
+        check(&w, 8, true).unwrap();
+        let run = oracle_with(&w, &o, 8, true).unwrap();
+        assert_eq!(run.result.models[0].dropped, 0);
+        assert_eq!(run.result.gpu_busy.len(), 20);
     }
 
     #[test]
