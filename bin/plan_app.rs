@@ -24,6 +24,16 @@ pub struct AppArgs {
     /// Time limit of `exact` (s).
     #[arg(long, default_value_t = 60.0)]
     exact_limit_s: f64,
+    /// Serve the plan in the simulator before answering (`fermata` only): the
+    /// cheapest of `fermata`'s candidate plans (its own, `fermata-integral`'s,
+    /// its portfolio's) once each is served by the deferred dispatcher with
+    /// the latest-useful deadline rule at the application's rate, in whole
+    /// machines that keep 99% of requests within the SLO.
+    #[arg(long)]
+    serve: bool,
+    /// The simulator's seed with --serve.
+    #[arg(long, default_value_t = 0x5e55_1011)]
+    serve_seed: u64,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -112,6 +122,12 @@ pub fn cmd_plan_app(a: AppArgs) -> Result<()> {
     let text =
         std::fs::read_to_string(&a.app).with_context(|| format!("reading {}", a.app.display()))?;
     let app = file::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.app.display()))?;
+    if a.serve {
+        if a.compare || a.planner != "fermata" {
+            bail!("--serve serves `fermata`'s plans: leave out --compare and --planner");
+        }
+        return serve_app(&app, a.serve_seed, a.json);
+    }
     let names: Vec<&str> = if a.compare {
         planners::PLANNERS.to_vec()
     } else {
@@ -175,6 +191,63 @@ pub fn cmd_plan_app(a: AppArgs) -> Result<()> {
             ),
             Err(e) => println!("{n:<17} no plan: {e}"),
         }
+    }
+    Ok(())
+}
+
+/// `fermata plan app --serve`.
+fn serve_app(app: &fermata::plan::app::App, seed: u64, json: bool) -> Result<()> {
+    use fermata::plan::app::served;
+    let o = served::ServeOptions {
+        seed,
+        ..served::ServeOptions::default()
+    };
+    let t0 = Instant::now();
+    let s = served::serve(app, &o).map_err(|e| anyhow::anyhow!("{}: {e}", app.name))?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let lines: Vec<serde_json::Value> = s
+        .lines
+        .iter()
+        .zip(&s.machines)
+        .map(|(l, &k)| {
+            json!({
+                "module": app.modules[l.module].name,
+                "hardware": app.hardware[l.config.hw].name,
+                "batch": l.config.batch,
+                "concurrency": l.config.concurrency,
+                "machines": k,
+            })
+        })
+        .collect();
+    if json {
+        let mut v = plan_json(&s.plan, ms);
+        v["served"] = json!({
+            "machines": lines,
+            "cost": s.cost,
+            "good": s.good,
+            "target_good": o.target_good,
+            "sims": s.sims,
+            "seed": seed,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_plan(app, &s.plan, ms);
+    println!(
+        "served (deferred dispatcher, latest-useful deadlines, seed {seed}): {:.1}% of requests within the SLO at cost {:.4}/h in whole machines ({} simulations of this plan); machines:",
+        s.good * 100.0,
+        s.cost,
+        s.sims
+    );
+    for l in &lines {
+        println!(
+            "  {:<24} {} b{} e{}: {}",
+            l["module"].as_str().unwrap_or(""),
+            l["hardware"].as_str().unwrap_or(""),
+            l["batch"],
+            l["concurrency"],
+            l["machines"]
+        );
     }
     Ok(())
 }
@@ -371,6 +444,7 @@ pub fn cmd_bench_apps(a: BenchAppsArgs) -> Result<()> {
         requests: a.requests,
         max_sims: a.max_sims,
         trace: a.trace,
+        ..ba::Options::default()
     };
     let json = a.json;
     let r = ba::run(&o, |i| {
@@ -462,6 +536,7 @@ pub fn cmd_bench_lanes(a: BenchLanesArgs) -> Result<()> {
         requests: a.requests,
         max_sims: a.max_sims,
         trace: false,
+        ..ba::Options::default()
     };
     let r = bl::run(&a.rates, &o).map_err(anyhow::Error::msg)?;
     if a.json {

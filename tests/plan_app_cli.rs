@@ -87,6 +87,34 @@ fn compare_runs_every_planner_and_the_table_names_them() {
 }
 
 #[test]
+fn serve_answers_whole_machines_that_the_simulator_serves() {
+    let (code, out, err) = fermata(&["plan", "app", "--app", &example(), "--serve", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = &v["served"];
+    assert!(s["good"].as_f64().unwrap() >= s["target_good"].as_f64().unwrap());
+    let lines = s["machines"].as_array().unwrap();
+    assert!(!lines.is_empty());
+    for m in ["ssd", "face", "car"] {
+        let n: u64 = lines
+            .iter()
+            .filter(|l| l["module"] == m)
+            .map(|l| l["machines"].as_u64().unwrap())
+            .sum();
+        assert!(n >= 1, "{m} without machines: {s}");
+    }
+    assert!(s["cost"].as_f64().unwrap() > 0.0);
+    assert!(v["modules"].as_array().unwrap().len() == 3);
+    // Seeded: the same answer again.
+    let (_, again, _) = fermata(&["plan", "app", "--app", &example(), "--serve", "--json"]);
+    let w: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(w["served"], v["served"]);
+    let (code, _, err) = fermata(&["plan", "app", "--app", &example(), "--serve", "--compare"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--serve"), "{err}");
+}
+
+#[test]
 fn a_cyclic_application_is_refused_with_status_2() {
     let dir = std::env::temp_dir().join(format!("fermata-plan-app-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -19,12 +19,13 @@
 //! rate (requests that expire count as infinitely late).
 
 use super::planners::{profiles, workload};
-use crate::app::{Budgets, DeadlineRule, EdgeSpec, Graph, Step};
-use crate::core::{Dur, LatencyProfile, Policy};
-use crate::plan::app::{planners, App, Config, Plan};
-use crate::sim::apps::{simulate_app, AppSim, AppSimOptions, FanoutDist, Runtime, SubCluster};
+use crate::app::DeadlineRule;
+use crate::core::Policy;
+use crate::plan::app::served::{self, lines_cost as cost, ServeOptions};
+pub use crate::plan::app::served::{app_sim, ingress, lane_profile, lines, Line};
+use crate::plan::app::{planners, App, Plan};
+use crate::sim::apps::{simulate_app, AppSimOptions, Runtime};
 use serde::Serialize;
-use std::sync::Arc;
 
 /// The good share a GPU set must reach.
 pub const TARGET_GOOD: f64 = 0.99;
@@ -42,6 +43,8 @@ pub struct Options {
     pub max_sims: usize,
     /// Print each simulation of the search to stderr.
     pub trace: bool,
+    /// How the setups that serve their plan first ([`Setup::serve`]) do so.
+    pub serve: ServeOptions,
 }
 
 impl Default for Options {
@@ -53,6 +56,7 @@ impl Default for Options {
             requests: 1000,
             max_sims: 30,
             trace: false,
+            serve: ServeOptions::default(),
         }
     }
 }
@@ -64,6 +68,10 @@ pub struct Setup {
     pub planner: &'static str,
     pub runtime: Runtime,
     pub rule: DeadlineRule,
+    /// The plan served as users get it ([`served::serve`]): the cheapest of the
+    /// planner's candidate plans once served in the simulator, searched from
+    /// the machines it was served at.
+    pub serve: bool,
 }
 
 /// The compared setups; the reference (`harpagon+tc`) is third.
@@ -74,185 +82,30 @@ pub fn setups() -> Vec<Setup> {
             planner: "fermata",
             runtime: Runtime::Core(Policy::Deferred),
             rule: DeadlineRule::LatestUseful,
+            serve: true,
         },
         Setup {
             name: "fermata+static",
             planner: "fermata",
             runtime: Runtime::Core(Policy::Deferred),
             rule: DeadlineRule::Static,
+            serve: false,
         },
         Setup {
             name: "harpagon+tc",
             planner: "harpagon",
             runtime: Runtime::ThroughputCost,
             rule: DeadlineRule::Static,
+            serve: false,
         },
         Setup {
             name: "nexus+nexus",
             planner: "nexus",
             runtime: Runtime::Nexus,
             rule: DeadlineRule::Static,
+            serve: false,
         },
     ]
-}
-
-/// One allocation line of a plan: machines of one configuration for one module.
-#[derive(Debug, Clone, Copy)]
-pub struct Line {
-    pub module: usize,
-    pub config: Config,
-    /// The plan's count, rounded up.
-    pub machines: u32,
-}
-
-pub fn lines(plan: &Plan) -> Vec<Line> {
-    let mut out = Vec::new();
-    for (v, m) in plan.modules.iter().enumerate() {
-        for a in &m.allocs {
-            let n = (a.count - 1e-9).ceil().max(0.0) as u32;
-            if n > 0 {
-                out.push(Line {
-                    module: v,
-                    config: a.config,
-                    machines: n,
-                });
-            }
-        }
-    }
-    out
-}
-
-/// The latency of one batch of b (1..=the largest profiled batch) on one lane of
-/// hardware `hw` with `e` lanes, interpolated linearly between profiled batches.
-pub fn lane_profile(app: &App, module: usize, hw: usize, e: u32) -> Result<LatencyProfile, String> {
-    let mut pts: Vec<(u32, f64)> = app.modules[module]
-        .configs
-        .iter()
-        .filter(|c| c.hw == hw && c.concurrency == e)
-        .map(|c| (c.batch, c.latency))
-        .collect();
-    pts.sort_by_key(|p| p.0);
-    pts.dedup_by_key(|p| p.0);
-    let Some(&(max_b, _)) = pts.last() else {
-        return Err(format!(
-            "{}: no profile on hardware {hw} at concurrency {e}",
-            app.modules[module].name
-        ));
-    };
-    let lat = (1..=max_b)
-        .map(|b| {
-            let i = pts.partition_point(|p| p.0 < b);
-            let s = if i == 0 {
-                pts[0].1 * f64::from(b) / f64::from(pts[0].0)
-            } else if pts[i].0 == b {
-                pts[i].1
-            } else {
-                let (b0, l0) = pts[i - 1];
-                let (b1, l1) = pts[i];
-                l0 + (l1 - l0) * f64::from(b - b0) / f64::from(b1 - b0)
-            };
-            Dur::from_secs_f64(s)
-        })
-        .collect();
-    LatencyProfile::table(lat).map_err(|e| format!("{}: {e:?}", app.modules[module].name))
-}
-
-/// The simulated application for `plan` with `machines` per line.
-pub fn app_sim(
-    app: &App,
-    plan: &Plan,
-    lines: &[Line],
-    machines: &[u32],
-    rule: DeadlineRule,
-) -> Result<AppSim, String> {
-    if plan.modules.iter().any(|m| m.served_by.is_some()) {
-        return Err("prefix batching is not simulated".into());
-    }
-    let steps = app
-        .modules
-        .iter()
-        .map(|m| Step::new(&m.name, &m.name))
-        .collect();
-    let edges: Vec<EdgeSpec> = app
-        .edges
-        .iter()
-        .map(|e| {
-            let (a, b) = (&app.modules[e.from].name, &app.modules[e.to].name);
-            if e.fanout == 1.0 {
-                EdgeSpec::whole(a, b)
-            } else {
-                EdgeSpec::fanout(a, b)
-            }
-        })
-        .collect();
-    let fanout = app
-        .edges
-        .iter()
-        .map(|e| (e.fanout != 1.0).then_some(FanoutDist::Poisson(e.fanout)))
-        .collect();
-    let sinks: Vec<&str> = (0..app.modules.len())
-        .filter(|&v| app.children(v).next().is_none())
-        .map(|v| app.modules[v].name.as_str())
-        .collect();
-    let graph = Arc::new(Graph::new(steps, &edges, &sinks).map_err(|e| e.to_string())?);
-    let budgets = Budgets::new(
-        &graph,
-        plan.modules
-            .iter()
-            .map(|m| Dur::from_secs_f64(m.budget))
-            .collect(),
-        Dur::from_secs_f64(app.slo),
-    )
-    .map_err(|e| e.to_string())?;
-    let mut subclusters = Vec::new();
-    for (l, &n) in lines.iter().zip(machines) {
-        if n == 0 {
-            continue;
-        }
-        let c = l.config;
-        subclusters.push(SubCluster {
-            module: l.module,
-            gpu_type: c.hw,
-            machines: n,
-            lanes: c.concurrency.max(1),
-            profile: lane_profile(app, l.module, c.hw, c.concurrency)?,
-            weight: f64::from(n) * c.throughput,
-            tc_batch: c.batch,
-            tc_ratio: c.throughput / app.price(&c),
-        });
-    }
-    // The least latency of each module: a batch of one on the fastest lane
-    // planned for it (the last deadlines of `DeadlineRule::LatestUseful`).
-    let least = (0..app.modules.len())
-        .map(|v| {
-            subclusters
-                .iter()
-                .filter(|sc| sc.module == v)
-                .map(|sc| sc.profile.latency(1))
-                .min()
-                .unwrap_or(Dur::ZERO)
-        })
-        .collect();
-    let budgets = budgets
-        .with_least(&graph, least)
-        .map_err(|e| e.to_string())?;
-    Ok(AppSim {
-        graph,
-        budgets,
-        rule,
-        rate_rps: ingress(app).max(1e-9),
-        fanout,
-        gpu_types: app.hardware.iter().map(|h| h.name.clone()).collect(),
-        subclusters,
-        module_rates: app.rates.clone(),
-    })
-}
-
-/// The ingress rate of a generated application (its roots' rate).
-fn ingress(app: &App) -> f64 {
-    (0..app.modules.len())
-        .find(|&v| app.parents(v).next().is_none())
-        .map_or(0.0, |v| app.rates[v])
 }
 
 /// One simulation's verdict.
@@ -264,15 +117,7 @@ pub struct Trial {
 }
 
 fn sim_options(app: &App, o: &Options, runtime: Runtime, seed: u64) -> AppSimOptions {
-    let rate = ingress(app).max(1e-9);
-    AppSimOptions {
-        runtime,
-        seed,
-        warmup: Dur::from_secs_f64(1.0_f64.max(3.0 * app.slo)),
-        duration: Dur::from_secs_f64((o.requests as f64 / rate).clamp(2.0, 20.0)),
-        check: false,
-        fanout_jump: None,
-    }
+    served::sim_options(app, o.requests, runtime, seed, 20.0)
 }
 
 /// Simulates `plan` at `machines`; also the module to grow when it misses.
@@ -371,13 +216,6 @@ pub struct Found {
     pub sims: usize,
 }
 
-fn cost(app: &App, ls: &[Line], machines: &[u32]) -> f64 {
-    ls.iter()
-        .zip(machines)
-        .map(|(l, &k)| f64::from(k) * app.price(&l.config))
-        .sum()
-}
-
 /// Searches the cheapest serving machine counts for `plan` under `setup`.
 pub fn search(
     app: &App,
@@ -387,8 +225,23 @@ pub fn search(
     seed: u64,
 ) -> Result<Found, String> {
     let ls = lines(plan);
+    let start: Vec<u32> = ls.iter().map(|l| l.machines).collect();
+    search_from(app, plan, &ls, &start, setup, o, seed)
+}
+
+/// [`search`] from `start` machines on the lines `ls` of `plan`.
+pub fn search_from(
+    app: &App,
+    plan: &Plan,
+    ls: &[Line],
+    start: &[u32],
+    setup: &Setup,
+    o: &Options,
+    seed: u64,
+) -> Result<Found, String> {
+    let ls = ls.to_vec();
     let opt = sim_options(app, o, setup.runtime, seed);
-    let mut m: Vec<u32> = ls.iter().map(|l| l.machines).collect();
+    let mut m: Vec<u32> = start.to_vec();
     let mut sims = 0usize;
     let (first, mut grow) = trial(app, plan, &ls, &m, setup, &opt, o.trace)?;
     sims += 1;
@@ -412,7 +265,7 @@ pub fn search(
     if !pass {
         return Ok(Found {
             predicted_worst_s: plan.worst,
-            plan_cost: cost(app, &ls, &ls.iter().map(|l| l.machines).collect::<Vec<_>>()),
+            plan_cost: cost(app, &ls, start),
             at_plan: first,
             cost: None,
             sims,
@@ -449,7 +302,7 @@ pub fn search(
     }
     Ok(Found {
         predicted_worst_s: plan.worst,
-        plan_cost: cost(app, &ls, &ls.iter().map(|l| l.machines).collect::<Vec<_>>()),
+        plan_cost: cost(app, &ls, start),
         at_plan: first,
         cost: Some(cost(app, &ls, &m)),
         sims,
@@ -503,6 +356,49 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Every setup's [`Found`] for one application (`seed`: its generator seed),
+/// in [`setups`] order: each planner plans it once; the setups that serve
+/// their plan take it from [`served::serve`] (the planner's own simulator
+/// seed); every search simulates with the same seed, derived from `seed`.
+pub fn measure(app: &App, o: &Options, seed: u64) -> Vec<Option<Found>> {
+    let ss = setups();
+    let mut plans: Vec<(&str, Option<Plan>)> = Vec::new();
+    for s in &ss {
+        if plans.iter().any(|(p, _)| *p == s.planner) {
+            continue;
+        }
+        let mut never = || false;
+        let p = planners::run(app, s.planner, &mut never)
+            .ok()
+            .filter(|p| p.verify(app).is_ok());
+        plans.push((s.planner, p));
+    }
+    // The plan as users get it served, once per application (the
+    // planner's own simulator seed, not the measurement's).
+    let mut served_plan: Option<Option<served::Served>> = None;
+    let found: Vec<Option<Found>> = ss
+        .iter()
+        .map(|s| {
+            if s.serve {
+                let sv = served_plan
+                    .get_or_insert_with(|| {
+                        let so = ServeOptions {
+                            trace: o.trace,
+                            ..o.serve.clone()
+                        };
+                        served::serve(app, &so).ok()
+                    })
+                    .as_ref()?;
+                return search_from(app, &sv.plan, &sv.lines, &sv.machines, s, o, seed ^ 0xa995)
+                    .ok();
+            }
+            let plan = plans.iter().find(|(p, _)| *p == s.planner)?.1.as_ref()?;
+            search(app, plan, s, o, seed ^ 0xa995).ok()
+        })
+        .collect();
+    found
+}
+
 pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
     let profs = profiles();
     let ss = setups();
@@ -510,24 +406,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
     for i in 0..o.apps {
         let seed = o.seed.wrapping_add(i as u64);
         let app = workload(seed, o.price_ratio, &profs);
-        let mut plans: Vec<(&str, Option<Plan>)> = Vec::new();
-        for s in &ss {
-            if plans.iter().any(|(p, _)| *p == s.planner) {
-                continue;
-            }
-            let mut never = || false;
-            let p = planners::run(&app, s.planner, &mut never)
-                .ok()
-                .filter(|p| p.verify(&app).is_ok());
-            plans.push((s.planner, p));
-        }
-        let found = ss
-            .iter()
-            .map(|s| {
-                let plan = plans.iter().find(|(p, _)| *p == s.planner)?.1.as_ref()?;
-                search(&app, plan, s, o, seed ^ 0xa995).ok()
-            })
-            .collect();
+        let found = measure(&app, o, seed);
         rows.push(AppRow {
             app: app.name.clone(),
             ingress_rps: ingress(&app),
@@ -692,5 +571,28 @@ mod tests {
                 assert!(c > f.plan_cost);
             }
         }
+    }
+
+    #[test]
+    fn the_served_fermata_plan_costs_no_more_than_harpagon_tc_where_its_own_plan_cost_more() {
+        // Generated application 69: served from `fermata`'s own plan, the
+        // deferred runtime needed 6.85 against harpagon + TC's 6.40 (a plan
+        // whose whole machines cost more once served than predicted).
+        let o = Options {
+            apps: 1,
+            seed: 69,
+            ..Options::default()
+        };
+        let r = run(&o, |_| {});
+        let row = &r.rows[0];
+        let cost = |k: usize| {
+            row.found[k]
+                .as_ref()
+                .and_then(|f| f.cost)
+                .unwrap_or_else(|| panic!("{} not served", r.setups[k].setup))
+        };
+        assert_eq!(r.setups[0].setup, "fermata+deferred");
+        assert_eq!(r.setups[2].setup, "harpagon+tc");
+        assert!(cost(0) <= cost(2) + 1e-9, "{} > {}", cost(0), cost(2));
     }
 }
