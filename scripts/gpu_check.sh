@@ -24,7 +24,7 @@
 # 5. with --cpu: resnet50 on the CPU executor against ONNX Runtime's CPU provider
 #    (one thread each), at batch 1 and 8.
 #
-# --quick (for a lease of minutes): 20 repeats, ONNX Runtime's reference for the
+# --quick (for a GPU host held for minutes): 20 repeats, ONNX Runtime's reference for the
 # ResNet-50s only, the memory of all buckets against one session only, and
 # goodput searches of 3 s probes to 5%.
 #
