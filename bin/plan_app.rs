@@ -197,7 +197,7 @@ pub fn cmd_plan_app(a: AppArgs) -> Result<()> {
 
 /// `fermata plan app --serve`.
 fn serve_app(app: &fermata::plan::app::App, seed: u64, json: bool) -> Result<()> {
-    use fermata::plan::app::served;
+    use fermata::sim::served;
     let o = served::ServeOptions {
         seed,
         ..served::ServeOptions::default()

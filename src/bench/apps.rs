@@ -21,10 +21,10 @@
 use super::planners::{profiles, workload};
 use crate::app::DeadlineRule;
 use crate::core::Policy;
-use crate::plan::app::served::{self, lines_cost as cost, ServeOptions};
-pub use crate::plan::app::served::{app_sim, ingress, lane_profile, lines, Line};
 use crate::plan::app::{planners, App, Plan};
 use crate::sim::apps::{simulate_app, AppSimOptions, Runtime};
+use crate::sim::served::{self, lines_cost as cost, ServeOptions};
+pub use crate::sim::served::{app_sim, ingress, lane_profile, lines, Line};
 use serde::Serialize;
 
 /// The good share a GPU set must reach.

@@ -9,6 +9,7 @@ pub use crate::arrivals;
 pub mod apps;
 pub mod churn;
 pub mod cluster;
+pub mod served;
 pub mod tc;
 
 pub use crate::run::{

@@ -22,7 +22,6 @@ pub mod integral;
 pub mod module;
 pub mod nexus;
 pub mod planners;
-pub mod served;
 
 use serde::Serialize;
 

@@ -441,7 +441,7 @@ fn carry_bound(app: &App, plan: &Plan) -> f64 {
 /// `fermata`'s portfolio, those that pass [`Plan::verify`], without
 /// duplicates (the same machines and budgets), `fermata`'s first.
 pub fn candidates(app: &App) -> Result<Vec<Plan>, String> {
-    use super::fermata::{fermata, fermata_integral, portfolio};
+    use crate::plan::app::fermata::{fermata, fermata_integral, portfolio};
     let first = fermata(app)?;
     let mut out = vec![first];
     out.extend(fermata_integral(app).ok());
