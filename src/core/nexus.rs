@@ -441,13 +441,8 @@ mod tests {
             profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap(),
             slo: Dur::from_ms(100),
         };
-        let net = NetBudget {
-            ctrl: Dur::ZERO,
-            data_fixed: Dur::ZERO,
-            data_per_req: Dur::ZERO,
-            resp: Dur::ZERO,
-            slack: Dur::ZERO,
-        };
+        // No network: every budget zero.
+        let net = NetBudget::default();
         let mut c = NexusCore::new(vec![spec], &[100.0], 1, 1, net);
         let mut id = 0u64;
         let mut req = |c: &mut NexusCore, now: Time| {

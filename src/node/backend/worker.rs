@@ -251,13 +251,14 @@ fn run_plan(
     });
     let finished = sh.clock.now();
     // The batch's time against the profile the scheduler planned it with.
-    if let (Some(p), Ok(b)) = (&prof, u32::try_from(cut.run.len())) {
-        let planned = p.latency(b.max(1)).0;
-        if !cut.run.is_empty() && planned > 0 {
-            let per_mille = (finished - start).0.saturating_mul(1000) / planned;
-            sh.run_over_profile.lock().expect("lock").push(per_mille);
-            sh.run_over_profile_hist.observe(per_mille.max(0) as u64);
-        }
+    let planned = match (&prof, u32::try_from(cut.run.len())) {
+        (Some(p), Ok(b)) if b > 0 => p.latency(b).0,
+        _ => 0,
+    };
+    if planned > 0 {
+        let per_mille = (finished - start).0.saturating_mul(1000) / planned;
+        sh.run_over_profile.lock().expect("lock").push(per_mille);
+        sh.run_over_profile_hist.observe(per_mille.max(0) as u64);
     }
     let settled = settle(&plan, &cut, start, finished, Ok(outputs));
     count(sh, &plan, &cut, &settled);

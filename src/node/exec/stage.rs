@@ -46,6 +46,18 @@ enum Mem {
 }
 
 impl Mem {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            // SAFETY: any u64 memory is valid as bytes; the slice borrows it.
+            Mem::Heap(v) => unsafe {
+                std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 8)
+            },
+            // SAFETY: the allocator's memory is `len()` bytes at `as_ptr()`
+            // that do not move while `m` lives; the slice borrows `m`.
+            Mem::Alloc(m) => unsafe { std::slice::from_raw_parts(m.as_ptr(), m.len()) },
+        }
+    }
+
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             // SAFETY: any u64 memory is valid as bytes; the slice borrows it.
@@ -196,16 +208,11 @@ impl Staged {
     /// Every row's bytes.
     pub fn bytes(&self) -> &[u8] {
         let len = self.rows * self.row_bytes;
-        match self.mem.as_ref().expect("a buffer lent has its memory") {
-            // SAFETY: any u64 memory is valid as bytes; the slice borrows `v`.
-            Mem::Heap(v) => unsafe {
-                &std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 8)[..len]
-            },
-            // SAFETY: the allocator's memory is at least `len` bytes (checked
-            // when it was lent) that do not move while `m` lives; the slice
-            // borrows `m`.
-            Mem::Alloc(m) => unsafe { std::slice::from_raw_parts(m.as_ptr(), len) },
-        }
+        &self
+            .mem
+            .as_ref()
+            .expect("a buffer lent has its memory")
+            .bytes()[..len]
     }
 
     /// Every row's bytes, to write (or to hand to a runtime as a tensor).
