@@ -133,6 +133,11 @@ pub struct Report {
     /// and each step's budget (ms).
     pub planned_fanout: Option<f64>,
     pub budgets_ms: Vec<(String, f64)>,
+    /// Each step's run time over its profile as the frontend measured it
+    /// (`fermata_app_latency_ratio`) and the ratio the plan in force scales
+    /// its profile by (`fermata_app_planned_latency_ratio`), at the end.
+    pub latency_ratio: Vec<(String, f64)>,
+    pub planned_latency_ratio: Vec<(String, f64)>,
     /// The client's requests: sent, with no answer (any status counts as
     /// one), and answered 200.
     pub offered: u64,
@@ -426,6 +431,17 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
             .map(|v| (s.to_string(), v))
         })
         .collect();
+    let per_step = |name: &str| -> Vec<(String, f64)> {
+        [DETECTOR, "mlp"]
+            .iter()
+            .filter_map(|s| {
+                series(&text, &format!("{name}{{app=\"{APP}\",step=\"{s}\"}}"))
+                    .map(|v| (s.to_string(), v))
+            })
+            .collect()
+    };
+    let latency_ratio = per_step("fermata_app_latency_ratio");
+    let planned_latency_ratio = per_step("fermata_app_planned_latency_ratio");
     let stats: Value = serde_json::from_str(&super::churn::http_get(
         &http,
         &format!("/v2/models/{APP}/stats"),
@@ -444,6 +460,8 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
         replans,
         planned_fanout,
         budgets_ms,
+        latency_ratio,
+        planned_latency_ratio,
         server_success,
         server_fail,
         fanout_outputs,
