@@ -1021,11 +1021,13 @@ pub fn cmd_bench_adapt_apps(a: BenchAdaptAppsArgs) -> Result<()> {
     );
     let show = |r: &aa::Report| {
         format!(
-            "re-plans {} ({} before the jump), planned fan-out {:?}, budgets {:?} ms, measured {} items / {} outputs, client {} sent / {} unanswered, frontend success {} + fail {}",
+            "re-plans {} ({} before the jump), planned fan-out {:?}, budgets {:?} ms, latency ratio measured {:?} planned {:?}, measured {} items / {} outputs, client {} sent / {} unanswered, frontend success {} + fail {}",
             r.replans,
             r.replans_before_jump,
             r.planned_fanout,
             r.budgets_ms,
+            r.latency_ratio,
+            r.planned_latency_ratio,
             r.fanout_items,
             r.fanout_outputs,
             r.offered,
