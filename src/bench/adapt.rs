@@ -167,8 +167,8 @@ pub fn simulate(o: &Options, replan: bool) -> Result<AppSimResult, String> {
         warmup: Dur::ZERO,
         duration: Dur::from_secs_f64(o.epoch_s * o.epochs as f64),
         check: o.check,
-        fanout_jump: (o.jump != 1.0).then(|| (at, 0, o.jump)),
-        slowdown: (o.slowdown != 1.0).then(|| (at, 1, o.slowdown)),
+        fanout_jump: (o.jump != 1.0).then_some((at, 0, o.jump)),
+        slowdown: (o.slowdown != 1.0).then_some((at, 1, o.slowdown)),
     };
     let mut f = replanner(&base, rule);
     let mut adapt = Adapt {
