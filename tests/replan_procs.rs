@@ -96,13 +96,21 @@ fn a_tripled_fanout_through_the_ensemble_is_replanned_live() {
     // within a factor 2 of each other), and a step whose ratio is past the
     // threshold runs under a plan that scaled its profile near it.
     let b = r.backends[0].as_ref().expect("backend report");
-    let p50 = b["run_over_profile_p50"].as_f64().expect("run_over_profile_p50");
+    let p50 = b["run_over_profile_p50"]
+        .as_f64()
+        .expect("run_over_profile_p50");
     assert_eq!(r.latency_ratio.len(), 2, "{r:?}");
     assert_eq!(r.planned_latency_ratio.len(), 2, "{r:?}");
     for ((s, k), (_, planned)) in r.latency_ratio.iter().zip(&r.planned_latency_ratio) {
-        assert!(*k > 0.0 && (0.5..2.0).contains(&(k / p50)), "{s}: {k} against {p50}");
+        assert!(
+            *k > 0.0 && (0.5..2.0).contains(&(k / p50)),
+            "{s}: {k} against {p50}"
+        );
         if (k - 1.0).abs() > 0.5 {
-            assert!((planned / k - 1.0).abs() < 0.5, "{s}: planned {planned}, measured {k}");
+            assert!(
+                (planned / k - 1.0).abs() < 0.5,
+                "{s}: planned {planned}, measured {k}"
+            );
         }
     }
 }
