@@ -241,7 +241,10 @@ pub struct Adapt<'a> {
     /// module's profile; asked at the end of each epoch. `None`: epochs are
     /// counted, the plan never changes.
     pub detector: Option<DriftDetector>,
-    /// Plans the application for the measured values.
+    /// Plans the application for the measured values: the sub-clusters it
+    /// answers carry their module's first profile scaled by the `Replan`'s
+    /// latency ratio (the run takes them to; a lane runs at the first
+    /// profile's speed times the slowdown in force).
     pub replan: &'a mut dyn FnMut(&Replan) -> Result<Replanned, String>,
 }
 
@@ -270,11 +273,12 @@ pub struct EpochStat {
     /// Machines per module once the epoch ended.
     pub machines: Vec<u32>,
     /// Each edge's mean fan-out as the detector measured it at the end of the
-    /// epoch (`None`: a whole edge, too few samples, or no detector).
+    /// epoch, before it decided (its window: this epoch and, with no re-plan
+    /// between, the ones before it it still holds; `None`: a whole edge, too
+    /// few samples, or no detector).
     pub measured_fanout: Vec<Option<f64>>,
-    /// Each module's observed/profiled latency ratio as the detector
-    /// measured it at the end of the epoch (`None`: too few batches, or no
-    /// detector).
+    /// Each module's observed/profiled latency ratio, measured the same way
+    /// (`None`: too few batches, or no detector).
     pub measured_latency_ratio: Vec<Option<f64>>,
 }
 
