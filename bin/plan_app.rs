@@ -706,6 +706,10 @@ pub struct BenchAdaptArgs {
     /// When it jumps (s from the start).
     #[arg(long, default_value_t = 7.0)]
     jump_at_s: f64,
+    /// The factor classify's batches take over its profile from
+    /// `--jump-at-s` on (1: as profiled).
+    #[arg(long, default_value_t = 1.0)]
+    slowdown: f64,
     #[arg(long, default_value_t = 2.0)]
     epoch_s: f64,
     #[arg(long, default_value_t = 10)]
@@ -726,6 +730,7 @@ pub fn cmd_bench_adapt(a: BenchAdaptArgs) -> Result<()> {
         fanout: a.fanout,
         jump: a.jump,
         jump_at_s: a.jump_at_s,
+        slowdown: a.slowdown,
         epoch_s: a.epoch_s,
         epochs: a.epochs,
         threshold: a.threshold,
@@ -739,8 +744,8 @@ pub fn cmd_bench_adapt(a: BenchAdaptArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "detect -> classify (Poisson fan-out, mean {}), {} r/s, SLO 200 ms, fermata plan + deferred dispatch with slack forwarding; the fan-out's mean jumps {}x at {} s; epochs of {} s; bad: requests arriving in the epoch not ended within the SLO",
-        o.fanout, o.rate_rps, o.jump, o.jump_at_s, o.epoch_s
+        "detect -> classify (Poisson fan-out, mean {}), {} r/s, SLO 200 ms, fermata plan + deferred dispatch with slack forwarding; at {} s the fan-out's mean jumps {}x and classify's batches take {}x its profile; epochs of {} s; bad: requests arriving in the epoch not ended within the SLO",
+        o.fanout, o.rate_rps, o.jump_at_s, o.jump, o.slowdown, o.epoch_s
     );
     let ms = |m: &[u32]| {
         m.iter()
@@ -749,12 +754,19 @@ pub fn cmd_bench_adapt(a: BenchAdaptArgs) -> Result<()> {
             .join("/")
     };
     println!(
-        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>14} {:>9}",
-        "epoch", "start s", "requests", "bad fixed", "bad replan", "measured fan", "machines"
+        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>14} {:>14} {:>9}",
+        "epoch",
+        "start s",
+        "requests",
+        "bad fixed",
+        "bad replan",
+        "measured fan",
+        "cls run/prof",
+        "machines"
     );
     for (i, x) in r.rows.iter().enumerate() {
         println!(
-            "{:>6} {:>8.1} {:>10} {:>9.2}% {:>9.2}% {:>14} {:>9}{}{}",
+            "{:>6} {:>8.1} {:>10} {:>9.2}% {:>9.2}% {:>14} {:>14} {:>9}{}{}",
             i,
             x.start_s,
             x.offered,
@@ -762,6 +774,8 @@ pub fn cmd_bench_adapt(a: BenchAdaptArgs) -> Result<()> {
             x.bad_replan * 100.0,
             x.measured_fanout
                 .map_or("-".to_string(), |f| format!("{f:.2}")),
+            x.measured_ratio
+                .map_or("-".to_string(), |f| format!("{f:.3}")),
             ms(&x.machines_replan),
             if i == r.jump_epoch { "  <- jump" } else { "" },
             if x.replanned { "  re-planned" } else { "" },
@@ -1007,11 +1021,13 @@ pub fn cmd_bench_adapt_apps(a: BenchAdaptAppsArgs) -> Result<()> {
     );
     let show = |r: &aa::Report| {
         format!(
-            "re-plans {} ({} before the jump), planned fan-out {:?}, budgets {:?} ms, measured {} items / {} outputs, client {} sent / {} unanswered, frontend success {} + fail {}",
+            "re-plans {} ({} before the jump), planned fan-out {:?}, budgets {:?} ms, latency ratio measured {:?} planned {:?}, measured {} items / {} outputs, client {} sent / {} unanswered, frontend success {} + fail {}",
             r.replans,
             r.replans_before_jump,
             r.planned_fanout,
             r.budgets_ms,
+            r.latency_ratio,
+            r.planned_latency_ratio,
             r.fanout_items,
             r.fanout_outputs,
             r.offered,

@@ -367,24 +367,27 @@ pub struct SchedulerArgs {
     max_members: u32,
 }
 
-/// Re-planning the applications on their measured fan-out (frontend, serve).
+/// Re-planning the applications on their measured fan-outs and latencies
+/// (frontend, serve).
 #[derive(Args, Clone)]
 pub struct ReplanArgs {
-    /// Re-plan each application (ensemble) on what its inputs do: every
-    /// SECS, the frontend compares each fan-out edge's measured mean item
-    /// count with the one its plan assumes (1 until measured) and, on a
-    /// drift past --replan-threshold, plans the application again with the
-    /// fermata planner at the measured fan-outs and request rate; new
-    /// requests get the new plan's budgets (docs/applications.md). Off by
-    /// default: the budgets stay the configuration's.
+    /// Re-plan each application (ensemble) on what its inputs and GPUs do:
+    /// every SECS, the frontend compares each fan-out edge's measured mean
+    /// item count and each step's measured run time over its profile with
+    /// the ones its plan assumes (1 until measured) and, on a drift past
+    /// --replan-threshold, plans the application again with the fermata
+    /// planner at the measured fan-outs, the profiles scaled by the
+    /// measured ratios and the request rate; new requests get the new
+    /// plan's budgets (docs/applications.md). Off by default: the budgets
+    /// stay the configuration's.
     #[arg(long, value_name = "SECS")]
     replan_every_s: Option<f64>,
     /// With --replan-every-s: the relative drift |measured / planned - 1|
-    /// past which a fan-out has drifted.
+    /// past which a fan-out or a latency ratio has drifted.
     #[arg(long, default_value_t = 0.25)]
     replan_threshold: f64,
-    /// With --replan-every-s: parent outputs an edge needs in the window to
-    /// be measured.
+    /// With --replan-every-s: parent outputs an edge, or module answers a
+    /// step, needs in the window to be measured.
     #[arg(long, default_value_t = 50)]
     replan_min_samples: u64,
     /// With --replan-every-s: epochs the measurement window spans.

@@ -56,6 +56,7 @@ fn opts(runtime: Runtime) -> AppSimOptions {
         duration: Dur::from_secs_f64(3.0),
         check: true,
         fanout_jump: None,
+        slowdown: None,
     }
 }
 
@@ -203,6 +204,65 @@ fn replanning_on_a_tripled_fanout_recovers_within_two_epochs_and_a_fixed_plan_do
     let r = recovered(&br, jump_epoch);
     assert!(matches!(r, Some(k) if k <= 2), "{r:?}: {br:?}");
     // With the plan fixed the classifiers stay overloaded to the end.
+    assert_eq!(recovered(&bf, jump_epoch), None, "{bf:?}");
+    assert!(fixed.epochs.iter().all(|e| !e.replanned));
+}
+
+#[test]
+fn replanning_on_a_slower_module_recovers_within_two_epochs_and_a_fixed_plan_does_not() {
+    use fermata::bench::adapt::{recovered, simulate, Options, BAD_LIMIT};
+    // classify's batches take 1.5x its profile from 7 s on; the fan-out stays.
+    let o = Options {
+        jump: 1.0,
+        slowdown: 1.5,
+        check: true,
+        ..Options::default()
+    };
+    let jump_epoch = (o.jump_at_s / o.epoch_s).floor() as usize;
+    let fixed = simulate(&o, false).unwrap();
+    let replan = simulate(&o, true).unwrap();
+    let bad = |r: &fermata::sim::apps::AppSimResult| -> Vec<f64> {
+        r.epochs.iter().map(|e| e.bad_fraction()).collect()
+    };
+    let (bf, br) = (bad(&fixed), bad(&replan));
+    assert_eq!((bf.len(), br.len()), (o.epochs, o.epochs));
+    for e in 0..jump_epoch {
+        assert!(bf[e] < BAD_LIMIT && br[e] < BAD_LIMIT, "{bf:?} {br:?}");
+        assert!(!replan.epochs[e].replanned, "epoch {e} re-planned early");
+        // Every batch ran at its profile so far.
+        let k = replan.epochs[e].measured_latency_ratio[1].expect("measured");
+        assert!((k - 1.0).abs() < 1e-6, "epoch {e}: ratio {k}");
+    }
+    // A re-plan at the end of the slowdown's epoch or the next, triggered by
+    // classify's ratio alone (the fan-out did not move); under the new plan
+    // (the window restarts with it) classify measures 1.5 and detect 1, and
+    // nothing re-plans again.
+    let first = replan
+        .epochs
+        .iter()
+        .position(|e| e.replanned)
+        .expect("a re-plan");
+    assert!(first == jump_epoch || first == jump_epoch + 1, "{first}");
+    for e in &replan.epochs[first + 1..] {
+        let k = e.measured_latency_ratio[1].expect("measured");
+        assert!((k - 1.5).abs() < 1e-6, "ratio {k}");
+        let k = e.measured_latency_ratio[0].expect("measured");
+        assert!((k - 1.0).abs() < 1e-6, "ratio {k}");
+        assert!(!e.replanned);
+    }
+    for e in &replan.epochs {
+        let f = e.measured_fanout[0].expect("measured");
+        assert!((f - 2.0).abs() < 0.2, "fan-out {f}");
+    }
+    // More classifier machines, under 1% bad to the end within two epochs.
+    let m0 = &replan.epochs[0].machines;
+    let m1 = &replan.epochs.last().unwrap().machines;
+    assert!(m1[1] > m0[1], "classify machines {m0:?} -> {m1:?}");
+    assert_eq!(m1[0], m0[0], "detect machines {m0:?} -> {m1:?}");
+    let r = recovered(&br, jump_epoch);
+    assert!(matches!(r, Some(k) if k <= 2), "{r:?}: {br:?}");
+    // With the plan fixed the dispatchers keep planning with the old profile
+    // and classify's batches keep ending late.
     assert_eq!(recovered(&bf, jump_epoch), None, "{bf:?}");
     assert!(fixed.epochs.iter().all(|e| !e.replanned));
 }

@@ -3,8 +3,9 @@
 //! A plan assumes each fan-out edge's mean item count and each module's latency
 //! profile. [`DriftDetector`] is the pure state machine (no clock, no I/O) that
 //! watches both: the frontend records the item count of every output on a fan-out
-//! edge ([`DriftDetector::record_fanout`]) and the backends each batch's observed
-//! and profiled latency ([`DriftDetector::record_latency`]); at the end of every
+//! edge ([`DriftDetector::record_fanout`]) and each batch's observed and
+//! profiled latency as the backends report its start and end
+//! ([`DriftDetector::record_latency`], or both in bulk); at the end of every
 //! epoch ([`DriftDetector::end_epoch`]) it compares the measurements over its
 //! window with the values the plan assumed and, when one has drifted past the
 //! threshold for `confirm` epochs in a row, answers "re-plan with these values"
@@ -242,6 +243,43 @@ impl DriftDetector {
         c.0 += observed.as_secs_f64();
         c.1 += profiled.as_secs_f64();
         c.2 += 1;
+        Ok(())
+    }
+
+    /// `batches` batches of `model` took `observed_s` seconds in all where
+    /// their profile says `profiled_s` (what a driver that sums in bulk has:
+    /// the same as `batches` calls of [`DriftDetector::record_latency`] with
+    /// those sums). Refused for an unknown model, a non-finite or negative sum,
+    /// or batches without a positive profiled sum.
+    pub fn record_latency_sums(
+        &mut self,
+        model: usize,
+        observed_s: f64,
+        profiled_s: f64,
+        batches: u64,
+    ) -> Result<(), String> {
+        let n = self.planned_ratio.len();
+        let c = self
+            .cur
+            .lat
+            .get_mut(model)
+            .ok_or_else(|| format!("model {model} is unknown (the application has {n})"))?;
+        if !(observed_s.is_finite() && observed_s >= 0.0 && profiled_s.is_finite()) {
+            return Err(format!(
+                "model {model}: latency sums must be finite and >= 0 (observed {observed_s}, profiled {profiled_s})"
+            ));
+        }
+        if batches == 0 {
+            return Ok(());
+        }
+        if profiled_s <= 0.0 {
+            return Err(format!(
+                "model {model}: {batches} batches with a profiled sum of {profiled_s} s"
+            ));
+        }
+        c.0 += observed_s;
+        c.1 += profiled_s;
+        c.2 = c.2.saturating_add(batches);
         Ok(())
     }
 
@@ -492,6 +530,51 @@ mod tests {
         assert!((r.latency_ratio[1] - 1.5).abs() < 1e-9);
         assert!((r.latency_ratio[0] - 1.0).abs() < 1e-9);
         assert_eq!(r.fanout, vec![Some(2.0), None]);
+    }
+
+    #[test]
+    fn latency_sums_in_bulk_are_the_same_as_one_by_one() {
+        let mut a = det(DriftConfig::default());
+        let mut b = det(DriftConfig::default());
+        for _ in 0..60 {
+            a.record_latency(0, Dur::from_ms(15), Dur::from_ms(10))
+                .unwrap();
+        }
+        b.record_latency_sums(0, 0.9, 0.6, 60).unwrap();
+        let (ma, mb) = (a.measured(), b.measured());
+        assert!((ma.latency_ratio[0].unwrap() - 1.5).abs() < 1e-9);
+        assert!((mb.latency_ratio[0].unwrap() - 1.5).abs() < 1e-9);
+        assert_eq!(ma.latency_ratio[1], None);
+        assert_eq!(mb.latency_ratio[1], None);
+        let (ra, rb) = (a.end_epoch().unwrap(), b.end_epoch().unwrap());
+        assert_eq!(ra.drifted_models, rb.drifted_models);
+        assert!((ra.latency_ratio[0] - rb.latency_ratio[0]).abs() < 1e-9);
+        // Nothing counted is no sample; bad sums are refused.
+        b.record_latency_sums(1, 0.0, 0.0, 0).unwrap();
+        assert!(b.record_latency_sums(1, 1.0, 0.0, 3).is_err());
+        assert!(b.record_latency_sums(1, f64::NAN, 1.0, 3).is_err());
+        assert!(b.record_latency_sums(1, -1.0, 1.0, 3).is_err());
+        assert!(b.record_latency_sums(2, 1.0, 1.0, 3).is_err());
+        assert_eq!(b.measured().latency_ratio, vec![None, None]);
+    }
+
+    #[test]
+    fn a_latency_ratio_within_the_threshold_of_the_plan_does_not_trigger_again() {
+        let mut d = det(DriftConfig::default());
+        d.record_latency_sums(1, 90.0, 60.0, 100).unwrap();
+        let r = d.end_epoch().expect("1.5x re-plans");
+        assert_eq!(r.drifted_models, vec![1]);
+        assert!((d.planned_latency_ratio()[1] - 1.5).abs() < 1e-9);
+        // 1.7x against the planned 1.5x is 13% off: inside the dead band.
+        for _ in 0..5 {
+            d.record_latency_sums(1, 102.0, 60.0, 100).unwrap();
+            assert_eq!(d.end_epoch(), None);
+        }
+        // Back at the profile (1.0x against 1.5x, 33% off): re-planned down.
+        d.record_latency_sums(1, 60.0, 60.0, 100).unwrap();
+        let r = d.end_epoch().expect("back to the profile");
+        assert!((r.latency_ratio[1] - 1.0).abs() < 1e-9);
+        assert_eq!(d.replans(), 2);
     }
 
     #[test]

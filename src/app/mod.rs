@@ -22,7 +22,9 @@ mod run;
 mod tests;
 
 pub use drift::{DriftConfig, DriftDetector, Measured, Replan};
-pub use replan::{NewPlan, Replanner, StepProfile};
+pub use replan::{
+    LatencySeen, NewPlan, Replanner, StepProfile, MAX_LATENCY_RATIO, MIN_LATENCY_RATIO,
+};
 pub use run::{AppError, AppRun, End, Input, Outcome, Progress, TaskKey, TaskSpec};
 
 use crate::core::Dur;

@@ -1,15 +1,18 @@
-//! `fermata bench adapt`: re-planning when the fan-out of an edge changes
-//! (Scrooge §3.5), in the simulator.
+//! `fermata bench adapt`: re-planning when the fan-out of an edge or a
+//! module's speed changes (Scrooge §3.5), in the simulator.
 //!
 //! The application is `detect` → `classify` with a fan-out edge (Poisson, mean
 //! `fanout`) on one emulated GPU type, planned by the `fermata` planner and
 //! served by the production dispatcher (deferred, slack forwarding) on the
 //! plan's machines rounded up. Mid-run (`jump_at_s`) the edge's mean fan-out
-//! jumps by `jump`. The same run is simulated twice, with the same seed: with
-//! the plan fixed, and with a [`DriftDetector`] that sees every fan-out count
-//! and, at the end of an epoch where the measured mean has drifted past the
+//! jumps by `jump` and `classify`'s batches become `slowdown` times slower
+//! than its profile. The same run is simulated twice, with the same seed:
+//! with the plan fixed, and with a [`DriftDetector`] that sees every fan-out
+//! count and every batch's run time against its profile and, at the end of
+//! an epoch where the measured mean or latency ratio has drifted past the
 //! threshold, has the application re-planned by `fermata` with the measured
-//! mean and moved onto the new plan's machines live. It reports, per epoch, the
+//! values (profiles scaled by the measured ratios) and moved onto the new
+//! plan's machines live. It reports, per epoch, the
 //! share of requests arriving in it that did not end within the SLO ("bad")
 //! under each, and how many epochs after the one holding the jump the re-planned
 //! run took to stay under 1% bad for good.
@@ -36,6 +39,9 @@ pub struct Options {
     /// The factor the mean jumps by, and when (s).
     pub jump: f64,
     pub jump_at_s: f64,
+    /// The factor `classify`'s batches take over its profile from
+    /// `jump_at_s` on (1: as profiled).
+    pub slowdown: f64,
     pub epoch_s: f64,
     pub epochs: usize,
     /// The detector's threshold (relative drift that triggers a re-plan).
@@ -52,6 +58,7 @@ impl Default for Options {
             fanout: 2.0,
             jump: 3.0,
             jump_at_s: 7.0,
+            slowdown: 1.0,
             epoch_s: 2.0,
             epochs: 10,
             threshold: 0.25,
@@ -72,6 +79,9 @@ impl Options {
         }
         if !pos(self.jump, 100.0) {
             return Err("the jump must be in (0, 100]".into());
+        }
+        if !(self.slowdown.is_finite() && (0.01..=100.0).contains(&self.slowdown)) {
+            return Err("the slowdown must be in [0.01, 100]".into());
         }
         if !pos(self.epoch_s, 3600.0) {
             return Err("the epoch must be in (0, 3600] s".into());
@@ -150,13 +160,15 @@ pub fn simulate(o: &Options, replan: bool) -> Result<AppSimResult, String> {
     let base = app(o.rate_rps, o.fanout)?;
     let sim = planned(&base, rule)?;
     let epoch = Dur::from_secs_f64(o.epoch_s);
+    let at = Time::ZERO + Dur::from_secs_f64(o.jump_at_s);
     let opt = AppSimOptions {
         runtime: Runtime::Core(Policy::Deferred),
         seed: o.seed,
         warmup: Dur::ZERO,
         duration: Dur::from_secs_f64(o.epoch_s * o.epochs as f64),
         check: o.check,
-        fanout_jump: Some((Time::ZERO + Dur::from_secs_f64(o.jump_at_s), 0, o.jump)),
+        fanout_jump: (o.jump != 1.0).then_some((at, 0, o.jump)),
+        slowdown: (o.slowdown != 1.0).then_some((at, 1, o.slowdown)),
     };
     let mut f = replanner(&base, rule);
     let mut adapt = Adapt {
@@ -183,6 +195,9 @@ pub struct EpochRow {
     pub replanned: bool,
     /// The detector's measured mean fan-out at the end of the epoch.
     pub measured_fanout: Option<f64>,
+    /// The detector's measured observed/profiled latency ratio of
+    /// `classify` at the end of the epoch.
+    pub measured_ratio: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -225,6 +240,7 @@ pub fn run(o: &Options) -> Result<Report, String> {
             machines_replan: a.machines.clone(),
             replanned: a.replanned,
             measured_fanout: a.measured_fanout.first().copied().flatten(),
+            measured_ratio: a.measured_latency_ratio.get(1).copied().flatten(),
         })
         .collect();
     let bf: Vec<f64> = rows.iter().map(|r| r.bad_fixed).collect();

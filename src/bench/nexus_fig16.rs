@@ -250,6 +250,7 @@ pub fn try_rate(
         duration: Dur::from_secs_f64((o.requests as f64 / rate).clamp(2.0, 20.0)),
         check: o.check,
         fanout_jump: None,
+        slowdown: None,
     };
     let r = simulate_app(&sim, &opt);
     Ok(Point {

@@ -129,10 +129,18 @@ pub struct Report {
     /// jump, and at the end.
     pub replans_before_jump: u64,
     pub replans: u64,
+    /// The planned fan-out of detector → mlp just before the first window
+    /// of the jump (a re-plan before it can only be a latency one).
+    pub planned_fanout_before_jump: Option<f64>,
     /// The plan in force at the end: the planned fan-out of detector → mlp
     /// and each step's budget (ms).
     pub planned_fanout: Option<f64>,
     pub budgets_ms: Vec<(String, f64)>,
+    /// Each step's run time over its profile as the frontend measured it
+    /// (`fermata_app_latency_ratio`) and the ratio the plan in force scales
+    /// its profile by (`fermata_app_planned_latency_ratio`), at the end.
+    pub latency_ratio: Vec<(String, f64)>,
+    pub planned_latency_ratio: Vec<(String, f64)>,
     /// The client's requests: sent, with no answer (any status counts as
     /// one), and answered 200.
     pub offered: u64,
@@ -354,11 +362,16 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
     let t0 = Instant::now();
     let mut runs = Vec::with_capacity(n);
     let mut replans_before_jump = None;
+    let mut planned_fanout_before_jump = None;
+    let edge = format!("{{app=\"{APP}\",from=\"{DETECTOR}\",to=\"mlp\"}}");
     for i in 0..n {
         let start_s = i as f64 * o.epoch_s;
         let jumped = start_s >= o.jump_at_s - 1e-9;
         if jumped && replans_before_jump.is_none() {
             replans_before_jump = Some(replans(&http)?);
+            let text = super::churn::get_metrics(&http)?;
+            planned_fanout_before_jump =
+                series(&text, &format!("fermata_app_planned_fanout{edge}"));
         }
         let at = Duration::from_secs_f64(start_s);
         if let Some(wait) = at.checked_sub(t0.elapsed()) {
@@ -410,7 +423,6 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
         &format!("fermata_app_replans_total{{app=\"{APP}\"}}"),
     )
     .unwrap_or(0.0) as u64;
-    let edge = format!("{{app=\"{APP}\",from=\"{DETECTOR}\",to=\"mlp\"}}");
     let planned_fanout = series(&text, &format!("fermata_app_planned_fanout{edge}"));
     let fanout_outputs =
         series(&text, &format!("fermata_app_fanout_outputs_total{edge}")).unwrap_or(0.0) as u64;
@@ -426,6 +438,17 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
             .map(|v| (s.to_string(), v))
         })
         .collect();
+    let per_step = |name: &str| -> Vec<(String, f64)> {
+        [DETECTOR, "mlp"]
+            .iter()
+            .filter_map(|s| {
+                series(&text, &format!("{name}{{app=\"{APP}\",step=\"{s}\"}}"))
+                    .map(|v| (s.to_string(), v))
+            })
+            .collect()
+    };
+    let latency_ratio = per_step("fermata_app_latency_ratio");
+    let planned_latency_ratio = per_step("fermata_app_planned_latency_ratio");
     let stats: Value = serde_json::from_str(&super::churn::http_get(
         &http,
         &format!("/v2/models/{APP}/stats"),
@@ -441,9 +464,12 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
         answered_200: windows.iter().map(|w| w.answered_200).sum(),
         windows,
         replans_before_jump: replans_before_jump.unwrap_or(replans),
+        planned_fanout_before_jump,
         replans,
         planned_fanout,
         budgets_ms,
+        latency_ratio,
+        planned_latency_ratio,
         server_success,
         server_fail,
         fanout_outputs,

@@ -15,10 +15,10 @@
 use super::frontend::stats::ModelStats;
 use super::frontend::{Ended, FrontendHandle, InferDone};
 use crate::app::{
-    AppRun, Budgets, DeadlineRule, DriftConfig, EdgeKind, EdgeSpec, Graph, NewPlan, Outcome,
-    Replanner, Step, StepProfile, TaskKey, TaskSpec,
+    AppRun, Budgets, DeadlineRule, DriftConfig, EdgeKind, EdgeSpec, Graph, LatencySeen, NewPlan,
+    Outcome, Replanner, Step, StepProfile, TaskKey, TaskSpec, MAX_LATENCY_RATIO, MIN_LATENCY_RATIO,
 };
-use crate::core::{Dur, Time};
+use crate::core::{Dur, LatencyProfile, Time};
 use crate::repo::{DType, ModelMeta};
 use crate::triton_ensemble::{self as ens, EnsembleConfig, FanoutCount, Rule, Source, Wiring};
 use crate::wire::{DropReason, ModelInfo};
@@ -63,6 +63,35 @@ pub struct ServedApp {
     /// Per graph edge: the parent outputs seen on it and the items they
     /// carried (fan-out edges only; the measured fan-out a re-plan needs).
     fanout_seen: Vec<(AtomicU64, AtomicU64)>,
+    /// Per step: its model's latency profile (None when it cannot be read),
+    /// and the run times of the batches its answers ran in against what
+    /// that profile gives for them (ns) and the answers counted
+    /// ([`latency_sample`]; the measured latency ratio a re-plan needs).
+    step_latency: Vec<Option<LatencyProfile>>,
+    latency_seen: Vec<[AtomicU64; 3]>,
+    /// Per step: the observed/profiled latency ratio the plan in force
+    /// assumes.
+    planned_ratio: Mutex<Vec<f64>>,
+}
+
+/// One answer's sample of its model's latency ratio: its batch's run time
+/// `run` on the GPU against the latency `profile` gives for a batch of
+/// `batch`, as (observed ns, profiled ns). None for an answer that did not
+/// run, a batch outside the profile, or a ratio outside
+/// [`MIN_LATENCY_RATIO`]..=[`MAX_LATENCY_RATIO`] (the run time comes from a
+/// backend's report: one that far off is not a measurement to plan on).
+pub fn latency_sample(profile: &LatencyProfile, run: Duration, batch: u32) -> Option<(u64, u64)> {
+    if batch == 0 || batch > profile.max_batch() {
+        return None;
+    }
+    let profiled = u64::try_from(profile.latency(batch).0)
+        .ok()
+        .filter(|&p| p > 0)?;
+    let observed = u64::try_from(run.as_nanos()).ok().filter(|&o| o > 0)?;
+    let ratio = observed as f64 / profiled as f64;
+    (MIN_LATENCY_RATIO..=MAX_LATENCY_RATIO)
+        .contains(&ratio)
+        .then_some((observed, profiled))
 }
 
 /// What the frontend measured on one fan-out edge of an application.
@@ -173,6 +202,10 @@ impl ServedApp {
             .iter()
             .map(|&(i, ref meta)| step_profile(&infos[i], meta.max_batch))
             .collect();
+        let step_latency: Vec<Option<LatencyProfile>> = models
+            .iter()
+            .map(|&(i, _)| crate::node::exec::profile_of(&infos[i].profile).ok())
+            .collect();
         let planned_fanout = graph
             .edges()
             .iter()
@@ -211,6 +244,11 @@ impl ServedApp {
                 .collect(),
             fanout,
             min_latency: Duration::from_secs_f64(min_ms.max(0.0) / 1e3),
+            latency_seen: (0..step_latency.len())
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            planned_ratio: Mutex::new(vec![1.0; step_latency.len()]),
+            step_latency,
         })
     }
 
@@ -238,6 +276,59 @@ impl ServedApp {
             .iter()
             .map(|(n, i)| (n.load(Ordering::Relaxed), i.load(Ordering::Relaxed)))
             .collect()
+    }
+
+    /// Per step, the cumulative run times measured against its profile
+    /// ([`latency_sample`]), for the re-planner.
+    pub fn latency_counts(&self) -> Vec<LatencySeen> {
+        self.latency_seen
+            .iter()
+            .map(|[o, p, n]| LatencySeen {
+                observed_ns: o.load(Ordering::Relaxed),
+                profiled_ns: p.load(Ordering::Relaxed),
+                samples: n.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Per step: (name, observed/profiled latency ratio measured since the
+    /// frontend started; None before any sample).
+    pub fn latency_measured(&self) -> Vec<(String, Option<f64>)> {
+        self.graph
+            .steps()
+            .iter()
+            .zip(self.latency_counts())
+            .map(|(s, c)| {
+                let r = (c.samples > 0 && c.profiled_ns > 0)
+                    .then(|| c.observed_ns as f64 / c.profiled_ns as f64);
+                (s.name.clone(), r)
+            })
+            .collect()
+    }
+
+    /// Per step: (name, observed/profiled latency ratio the plan in force
+    /// assumes).
+    pub fn planned_latency_ratio(&self) -> Vec<(String, f64)> {
+        let r = self.planned_ratio.lock().expect("plan lock").clone();
+        self.graph
+            .steps()
+            .iter()
+            .zip(r)
+            .map(|(s, k)| (s.name.clone(), k))
+            .collect()
+    }
+
+    /// Counts one answer of step `step` that ran `run` in a batch of `batch`.
+    fn record_latency(&self, step: usize, run: Duration, batch: u32) {
+        let Some(Some(p)) = self.step_latency.get(step) else {
+            return;
+        };
+        if let Some((o, q)) = latency_sample(p, run, batch) {
+            let [so, sp, sn] = &self.latency_seen[step];
+            so.fetch_add(o, Ordering::Relaxed);
+            sp.fetch_add(q, Ordering::Relaxed);
+            sn.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Application requests started so far (one per sample).
@@ -268,8 +359,16 @@ impl ServedApp {
                 self.graph.edges().len()
             ));
         }
+        if plan.latency_ratio.len() != self.graph.steps().len() {
+            return Err(format!(
+                "the new plan has {} latency ratios for {} steps",
+                plan.latency_ratio.len(),
+                self.graph.steps().len()
+            ));
+        }
         *b = new;
         *self.planned_fanout.lock().expect("plan lock") = plan.fanout.clone();
+        *self.planned_ratio.lock().expect("plan lock") = plan.latency_ratio.clone();
         self.replans.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -407,6 +506,7 @@ impl ServedApp {
             };
             let (mi, meta) = &self.models[spec.step];
             fe.record_margins(*mi, std::slice::from_ref(&done));
+            self.record_latency(spec.step, done.run, done.batch_size);
             if let Some(s) = fe.stats(*mi) {
                 if done.ended == Ended::Good {
                     s.sample(
@@ -732,4 +832,25 @@ pub fn serve_apps(configs: &[EnsembleConfig], infos: &[ModelInfo]) -> Result<Vec
         out.push(Arc::new(ServedApp::new(c.clone(), infos)?));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_latency_sample_is_the_run_against_the_profile_and_bounded() {
+        // l(b) = 1 ms * b + 4 ms, up to 8.
+        let p = LatencyProfile::linear_ms(1.0, 4.0, 8).unwrap();
+        let ms = |x: f64| Duration::from_secs_f64(x / 1e3);
+        assert_eq!(latency_sample(&p, ms(9.0), 2), Some((9_000_000, 6_000_000)));
+        // Not run, outside the profile's batches, or beyond the bounds.
+        assert_eq!(latency_sample(&p, ms(9.0), 0), None);
+        assert_eq!(latency_sample(&p, ms(9.0), 9), None);
+        assert_eq!(latency_sample(&p, Duration::ZERO, 2), None);
+        assert_eq!(latency_sample(&p, ms(6.0 * 101.0), 2), None);
+        assert_eq!(latency_sample(&p, ms(6.0 / 101.0), 2), None);
+        assert!(latency_sample(&p, ms(600.0), 2).is_some());
+        assert!(latency_sample(&p, Duration::from_secs(u64::MAX), 2).is_none());
+    }
 }

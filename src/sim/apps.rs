@@ -7,9 +7,14 @@
 //! count. Fan-out counts are drawn per edge (constant, Poisson or a trace).
 //!
 //! [`simulate_app_adaptive`] runs in epochs: a [`DriftDetector`] sees every
-//! fan-out count and, when it asks for a re-plan at an epoch's end, the run
-//! moves onto the new plan's sub-clusters live (resizing the production
-//! dispatchers, starting new ones, draining the ones left out).
+//! fan-out count and every batch's run time against its module's profile
+//! and, when it asks for a re-plan at an epoch's end, the run moves onto the
+//! new plan's sub-clusters live (resizing the production dispatchers,
+//! starting new ones, draining the ones left out). A module's batches can be
+//! made slower than its profile from a point in time on
+//! ([`AppSimOptions::slowdown`]): the dispatchers keep planning with the
+//! profile they were given until a re-plan gives them one scaled by the
+//! measured ratio.
 //!
 //! With `check`, the run verifies that every application request ends exactly
 //! once, that every batch runs on a lane of a sub-cluster planned for its module,
@@ -103,6 +108,9 @@ pub struct AppSimOptions {
     /// From this time on, multiply the mean of one edge's fan-out by a factor:
     /// (time, edge, factor).
     pub fanout_jump: Option<(Time, usize, f64)>,
+    /// From this time on, batches of one module that start then take a
+    /// factor times what its profile gives: (time, module, factor).
+    pub slowdown: Option<(Time, usize, f64)>,
 }
 
 /// Where one batch ran.
@@ -218,23 +226,34 @@ struct Flight {
     /// The core's GPU index (a lane).
     gpu: u32,
     tasks: Vec<Task>,
+    /// The batch's module, its run time and what the module's profile (as
+    /// first planned, ratio 1) gives for it.
+    module: usize,
+    ran: Dur,
+    profiled: Dur,
 }
 
 /// Epochs of a simulation and re-planning on drift.
 pub struct Adapt<'a> {
     /// Epoch length; epochs start at time 0.
     pub epoch: Dur,
-    /// Fed with every fan-out count; asked at the end of each epoch. `None`:
-    /// epochs are counted, the plan never changes.
+    /// Fed with every fan-out count and every batch's run time against its
+    /// module's profile; asked at the end of each epoch. `None`: epochs are
+    /// counted, the plan never changes.
     pub detector: Option<DriftDetector>,
-    /// Plans the application for the measured values.
+    /// Plans the application for the measured values: the sub-clusters it
+    /// answers carry their module's first profile scaled by the `Replan`'s
+    /// latency ratio (the run takes them to; a lane runs at the first
+    /// profile's speed times the slowdown in force).
     pub replan: &'a mut dyn FnMut(&Replan) -> Result<Replanned, String>,
 }
 
 /// A new plan for a running application: a sub-cluster of the same module, GPU
-/// type and lanes as a running one resizes it (its machines keep their
-/// profile); another one starts; a running one the plan leaves out drains (no
-/// new task, its batches finish).
+/// type and lanes as a running one, planned at the same latency ratio,
+/// resizes it; another one starts (so does one whose module's profile the
+/// re-plan scaled by another ratio: its dispatcher plans with the new
+/// profile); a running one the plan leaves out drains (no new task, its
+/// batches finish).
 #[derive(Debug, Clone)]
 pub struct Replanned {
     pub subclusters: Vec<SubCluster>,
@@ -254,8 +273,13 @@ pub struct EpochStat {
     /// Machines per module once the epoch ended.
     pub machines: Vec<u32>,
     /// Each edge's mean fan-out as the detector measured it at the end of the
-    /// epoch (`None`: a whole edge, too few samples, or no detector).
+    /// epoch, before it decided (its window: this epoch and, with no re-plan
+    /// between, the ones before it it still holds; `None`: a whole edge, too
+    /// few samples, or no detector).
     pub measured_fanout: Vec<Option<f64>>,
+    /// Each module's observed/profiled latency ratio, measured the same way
+    /// (`None`: too few batches, or no detector).
+    pub measured_latency_ratio: Vec<Option<f64>>,
 }
 
 impl EpochStat {
@@ -283,6 +307,9 @@ struct Fleet {
     by_module: Vec<Vec<usize>>,
     /// The most machines each sub-cluster ever had.
     peak: Vec<u32>,
+    /// Per sub-cluster: the latency ratio its profile was planned with (its
+    /// profile is the module's first one times this).
+    sc_ratio: Vec<f64>,
     net: NetBudget,
 }
 
@@ -386,6 +413,7 @@ impl Fleet {
             wrr: vec![0.0; sim.subclusters.len()],
             by_module,
             peak: sim.subclusters.iter().map(|s| s.machines).collect(),
+            sc_ratio: vec![1.0; sim.subclusters.len()],
             net,
         }
     }
@@ -462,12 +490,24 @@ impl Fleet {
         self.peak[i] = self.peak[i].max(n);
     }
 
-    /// Moves the application onto a new plan (see [`Replanned`]).
-    fn replan(&mut self, now: Time, new: Replanned, opt: &AppSimOptions) -> Result<(), String> {
+    /// Moves the application onto a new plan (see [`Replanned`]) made with
+    /// the modules' latency ratios `ratio`.
+    fn replan(
+        &mut self,
+        now: Time,
+        new: Replanned,
+        ratio: &[f64],
+        opt: &AppSimOptions,
+    ) -> Result<(), String> {
         if !matches!(opt.runtime, Runtime::Core(_)) {
             return Err("re-planning needs the production dispatcher (Runtime::Core)".into());
         }
         let n_steps = self.live.graph.steps().len();
+        if ratio.len() != n_steps || ratio.iter().any(|k| !(k.is_finite() && *k > 0.0)) {
+            return Err(format!(
+                "the new plan has latency ratios {ratio:?} for {n_steps} steps"
+            ));
+        }
         if new.budgets.per_step.len() != n_steps || new.module_rates.len() != n_steps {
             return Err(format!(
                 "the new plan has {} budgets and {} rates for {n_steps} steps",
@@ -506,6 +546,7 @@ impl Fleet {
                     && s.module == ns.module
                     && s.gpu_type == ns.gpu_type
                     && s.lanes == ns.lanes
+                    && self.sc_ratio[i] == ratio[ns.module]
             });
             match found {
                 Some(i) => {
@@ -520,6 +561,7 @@ impl Fleet {
                     let i = self.live.subclusters.len();
                     let lanes = (ns.machines * ns.lanes) as usize;
                     self.peak.push(ns.machines);
+                    self.sc_ratio.push(ratio[ns.module]);
                     self.live.subclusters.push(ns);
                     self.sc_core.push(self.cores.len());
                     self.cores.push(sub_core(&self.live, i, opt, self.net));
@@ -686,15 +728,16 @@ fn run(
             let a = adapt.as_deref_mut().expect("epochs only when adapting");
             let mut replanned = false;
             if let Some(d) = a.detector.as_mut() {
-                let measured = d.measured().fanout;
+                let measured = d.measured();
                 if let Some(r) = d.end_epoch() {
                     let new = (a.replan)(&r)?;
-                    fleet.replan(now, new, opt)?;
+                    fleet.replan(now, new, &r.latency_ratio, opt)?;
                     replanned = true;
                     touched.extend(0..fleet.cores.len());
                 }
                 if let Some(s) = res.epochs.last_mut() {
-                    s.measured_fanout = measured;
+                    s.measured_fanout = measured.fanout;
+                    s.measured_latency_ratio = measured.latency_ratio;
                 }
             }
             let machines = fleet.machines();
@@ -714,6 +757,10 @@ fn run(
             let f = flights.remove(&(c, plan)).expect("in flight");
             fleet.cores[c].handle_gpu_report(t, crate::core::GpuId(f.gpu), PlanId(plan), t);
             touched.push(c);
+            if let Some(d) = adapt.as_deref_mut().and_then(|a| a.detector.as_mut()) {
+                // A batch whose profile has no latency is not a measurement.
+                let _ = d.record_latency(f.module, f.ran, f.profiled);
+            }
             for task in f.tasks {
                 let req = task.id.0 >> KEY_BITS;
                 let key = TaskKey((task.id.0 & ((1 << KEY_BITS) - 1)) as u32);
@@ -791,7 +838,10 @@ fn run(
                             let (sc, lane) = fleet.core_lanes[c][p.gpu.idx()];
                             let s = &fleet.live.subclusters[sc];
                             let start = p.exec_at.max(now).max(fleet.lane_free[sc][lane]);
-                            let end = start + s.profile.latency(p.tasks.len() as u32);
+                            let planned = s.profile.latency(p.tasks.len() as u32);
+                            let (ran, profiled) =
+                                run_time(planned, fleet.sc_ratio[sc], s.module, start, opt);
+                            let end = start + ran;
                             fleet.lane_free[sc][lane] = end;
                             if opt.check {
                                 assert!(
@@ -814,6 +864,9 @@ fn run(
                                 Flight {
                                     gpu: p.gpu.0,
                                     tasks: p.tasks,
+                                    module: s.module,
+                                    ran,
+                                    profiled,
                                 },
                             );
                         }
@@ -874,6 +927,28 @@ fn run(
     res.latencies.sort_by(f64::total_cmp);
     res.subclusters = fleet.live.subclusters;
     Ok(res)
+}
+
+/// A batch's run time on a lane whose profile gives `planned` for it, planned
+/// at latency ratio `ratio`, and what the module's first profile (ratio 1)
+/// gives: the lane runs at the first profile's speed, times the slowdown in
+/// force for `module` at `start`.
+fn run_time(
+    planned: Dur,
+    ratio: f64,
+    module: usize,
+    start: Time,
+    opt: &AppSimOptions,
+) -> (Dur, Dur) {
+    let slow = match opt.slowdown {
+        Some((at, m, k)) if m == module && start >= at => k,
+        _ => 1.0,
+    };
+    if ratio == 1.0 && slow == 1.0 {
+        return (planned, planned);
+    }
+    let base = Dur::from_secs_f64(planned.as_secs_f64() / ratio);
+    (Dur::from_secs_f64(base.as_secs_f64() * slow), base)
 }
 
 /// Whether every task a request cancelled has reported (its state can go).

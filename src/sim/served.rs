@@ -267,6 +267,7 @@ pub fn sim_options(
         duration: Dur::from_secs_f64((requests as f64 / rate).clamp(2.0, max_s)),
         check: false,
         fanout_jump: None,
+        slowdown: None,
     }
 }
 

@@ -43,6 +43,10 @@ pub struct InferDone {
     /// not run): the client records its response margin from there
     /// ([`FrontendHandle::record_margin`]).
     pub finished_at: Option<Instant>,
+    /// Its batch's run time on the GPU as the backend reported it (zero when
+    /// it did not run): what the application re-planner compares with the
+    /// model's profile.
+    pub run: Duration,
 }
 
 impl InferDone {
@@ -56,6 +60,7 @@ impl InferDone {
             queue: Duration::ZERO,
             batch_size: 0,
             finished_at: None,
+            run: Duration::ZERO,
         }
     }
 }

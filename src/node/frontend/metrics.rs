@@ -210,12 +210,12 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
         });
     }
     // The plan in force of each application (re-planned on the measured
-    // fan-out with `FrontendOpts::replan`).
+    // fan-outs and latency ratios with `FrontendOpts::replan`).
     app_gauge(
         reg,
         state,
         "fermata_app_replans_total",
-        "Re-plans installed per application: a drift of a fan-out edge's measured mean past the threshold, planned again by fermata at the measured values.",
+        "Re-plans installed per application: a drift of a fan-out edge's measured mean or a step's measured latency ratio past the threshold, planned again by fermata at the measured values.",
         Kind::Counter,
         |a| vec![(vec![], a.replans() as f64)],
     );
@@ -237,6 +237,32 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
             a.planned_fanout()
                 .into_iter()
                 .map(|(from, to, f)| (vec![("from".to_string(), from), ("to".to_string(), to)], f))
+                .collect()
+        },
+    );
+    app_gauge(
+        reg,
+        state,
+        "fermata_app_latency_ratio",
+        "Each step's batches' run time on the GPU over the latency its model's profile gives for them, as the frontend measured it from its answers since it started, per application and step.",
+        Kind::Gauge,
+        |a| {
+            a.latency_measured()
+                .into_iter()
+                .filter_map(|(step, r)| r.map(|r| (vec![("step".to_string(), step)], r)))
+                .collect()
+        },
+    );
+    app_gauge(
+        reg,
+        state,
+        "fermata_app_planned_latency_ratio",
+        "The observed/profiled latency ratio the plan in force scales each step's profile by, per application and step (1: the profile as it is).",
+        Kind::Gauge,
+        |a| {
+            a.planned_latency_ratio()
+                .into_iter()
+                .map(|(step, k)| (vec![("step".to_string(), step)], k))
                 .collect()
         },
     );

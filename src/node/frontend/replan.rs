@@ -1,6 +1,7 @@
 //! The thin thread that re-plans a frontend's applications on what their
-//! inputs do: every epoch it reads each application's counters (the items
-//! counted on its fan-out edges, the requests received), hands them to the
+//! inputs and GPUs do: every epoch it reads each application's counters (the
+//! items counted on its fan-out edges, each step's batch run times against
+//! its model's profile, the requests received), hands them to the
 //! application's [`Replanner`] (the pure state machine that decides and
 //! plans) and installs the plan it answers ([`ServedApp::install`]) for the
 //! requests that start from then on. The scheduler sees the new per-module
@@ -85,17 +86,25 @@ fn run(mut apps: Vec<(Arc<ServedApp>, Replanner)>, every: Duration, stop: &Atomi
 /// One epoch of one application: decide, and install a new plan.
 fn epoch(app: &ServedApp, r: &mut Replanner, secs: f64) {
     let name = &app.meta.name;
-    match r.epoch(&app.fanout_counts(), app.requests(), secs) {
+    match r.epoch(
+        &app.fanout_counts(),
+        &app.latency_counts(),
+        app.requests(),
+        secs,
+    ) {
         Ok(None) => {}
         Ok(Some(p)) => match app.install(&p) {
             Ok(()) => {
                 tracing::info!(
                     app = %name,
                     fanout = ?app.planned_fanout(),
+                    latency_ratio = ?app.planned_latency_ratio(),
+                    drifted_edges = ?p.drifted_edges,
+                    drifted_steps = ?p.drifted_steps,
                     budgets = ?app.budgets_in_force(),
                     rate_rps = p.ingress_rps,
                     module_rates = ?p.module_rates,
-                    "frontend: re-planned the application on its measured fan-out"
+                    "frontend: re-planned the application on its measured fan-out and latencies"
                 );
             }
             Err(e) => tracing::warn!(app = %name, error = %e, "frontend: the new plan was refused"),

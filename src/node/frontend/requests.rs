@@ -104,6 +104,7 @@ impl Loop {
             queue: Duration::from_nanos(f.queue.0.max(0) as u64),
             batch_size: f.batch_size,
             finished_at: f.finished.map(|t| self.clock.instant_of(t)),
+            run: Duration::from_nanos(f.run.0.max(0) as u64),
         };
         self.reply(f.client, Some(f.model), done);
     }

@@ -114,6 +114,9 @@ pub struct Finished<C> {
     pub batch_size: u32,
     /// When its batch ended on the GPU (scheduler clock), when it ran.
     pub finished: Option<Time>,
+    /// Its batch's run time on the GPU as its backend reported it (from the
+    /// batch's start to its end; zero when it did not run).
+    pub run: Dur,
 }
 
 struct Pending<C> {
@@ -282,6 +285,7 @@ impl<C> RequestLedger<C> {
             self.counts.stray_answers += 1;
             return None;
         };
+        let mut run = Dur::ZERO;
         let (ended, output, message, queue, batch_size, finished) = match answer {
             Answer::Output {
                 output,
@@ -291,6 +295,7 @@ impl<C> RequestLedger<C> {
             } => {
                 let queue = (started - p.arrival).max(Dur::ZERO);
                 let ran = Some(finished);
+                run = (finished - started).max(Dur::ZERO);
                 if now <= p.deadline {
                     self.counts.good += 1;
                     (Ended::Good, output, String::new(), queue, batch_size, ran)
@@ -322,6 +327,7 @@ impl<C> RequestLedger<C> {
             queue,
             batch_size,
             finished,
+            run,
         })
     }
 
@@ -414,6 +420,7 @@ impl<C> RequestLedger<C> {
             queue: Dur::ZERO,
             batch_size: 0,
             finished: None,
+            run: Dur::ZERO,
         }
     }
 
