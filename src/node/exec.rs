@@ -79,13 +79,6 @@ pub trait Executor: Send {
     fn copies_inputs(&self) -> bool {
         false
     }
-    /// Whether [`run`](Executor::run) computes on the host's CPU (ONNX
-    /// Runtime's CPU provider) rather than waiting for a device: its worker
-    /// then runs at a lower priority than the front door and the scheduler,
-    /// which must keep reading, refusing and planning while batches compute.
-    fn computes_on_host(&self) -> bool {
-        false
-    }
     /// The buffers this executor lends to its GPU's puller, so that staged
     /// models' inputs are pulled straight into the buffer a batch runs from
     /// ([`stage`]; None: no model is staged, inputs go to [`run`](Executor::run)).

@@ -258,29 +258,6 @@ pub fn set_thread_nice(nice: i32) -> bool {
     }
 }
 
-/// Lowers (positive `delta`) or raises the calling thread's nice value relative to
-/// the one it has (which it inherited from the thread that started it), best
-/// effort: a thread that must yield to its process's other threads stays in step
-/// with a process started under `nice`. Returns whether it took effect.
-pub fn add_thread_nice(delta: i32) -> bool {
-    #[cfg(target_os = "linux")]
-    // SAFETY: gettid, getpriority and setpriority take integers and touch no memory.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        *libc::__errno_location() = 0;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        if now == -1 && *libc::__errno_location() != 0 {
-            return false;
-        }
-        libc::setpriority(libc::PRIO_PROCESS, tid, (now + delta).clamp(-20, 19)) == 0
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = delta;
-        false
-    }
-}
-
 /// Puts the calling thread in the real-time FIFO class at `priority` (1-99): it
 /// then runs ahead of every ordinary thread on its CPU until it sleeps. Needs
 /// CAP_SYS_NICE (root); fails with the OS error otherwise, and on platforms
@@ -312,31 +289,6 @@ mod tests {
 
     fn err(s: &str) -> String {
         format!("{:#}", parse_cpu_list(s).expect_err(s))
-    }
-
-    #[cfg(target_os = "linux")]
-    fn own_nice() -> i32 {
-        // SAFETY: gettid and getpriority take integers and touch no memory.
-        unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::getpriority(libc::PRIO_PROCESS, tid)
-        }
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_thread_lowers_its_priority_relative_to_the_one_it_inherited() {
-        // On a thread of its own: the test runner's threads keep theirs.
-        std::thread::spawn(|| {
-            let before = own_nice();
-            assert!(add_thread_nice(3));
-            assert_eq!(own_nice(), (before + 3).min(19));
-            // Past the lowest priority it stays at the lowest.
-            assert!(add_thread_nice(100));
-            assert_eq!(own_nice(), 19);
-        })
-        .join()
-        .expect("thread");
     }
 
     #[test]

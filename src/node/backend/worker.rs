@@ -26,10 +26,6 @@ use std::time::{Duration, Instant};
 /// Nice value of the GPU worker threads (best effort): they sleep until a batch's
 /// planned start and must win the CPU then.
 const WORKER_NICE: i32 = -10;
-/// Nice value of a worker whose executor computes on the host's CPU
-/// ([`Executor::computes_on_host`]): below the front door's threads, so that
-/// under overload the door still reads and refuses at once.
-const HOST_WORKER_NICE: i32 = 5;
 
 /// A worker sleeps until this long before a batch's start, then spins.
 const SPIN: Duration = Duration::from_micros(100);
@@ -44,20 +40,11 @@ pub(super) fn spawn(
     rx: Receiver<WorkerMsg>,
     discard: Option<Sender<Prepared>>,
 ) -> std::io::Result<JoinHandle<()>> {
-    let on_host = exec.computes_on_host();
-    let delta: i32 = std::env::var("FERMATA_X_HOST_NICE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(HOST_WORKER_NICE);
     std::thread::Builder::new()
         .name(format!("{name}-worker"))
         .spawn(move || {
             crate::runtime::pin::set_timer_slack_ns(1);
-            if on_host {
-                crate::runtime::pin::add_thread_nice(delta);
-            } else {
-                crate::runtime::pin::set_thread_nice(WORKER_NICE);
-            }
+            crate::runtime::pin::set_thread_nice(WORKER_NICE);
             worker(sh, slot, exec, rx, discard)
         })
 }

@@ -149,9 +149,6 @@ impl Executor for Faulty {
     fn copies_inputs(&self) -> bool {
         self.inner.copies_inputs()
     }
-    fn computes_on_host(&self) -> bool {
-        self.inner.computes_on_host()
-    }
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
         self.batches += 1;
         if let Fault::GpuHang { after, hold } = self.fault {

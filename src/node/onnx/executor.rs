@@ -125,10 +125,6 @@ impl Executor for OnnxExecutor {
         true
     }
 
-    fn computes_on_host(&self) -> bool {
-        matches!(self.loader.0.device, Device::Cpu)
-    }
-
     fn stage_pool(&self) -> Option<Arc<StagePool>> {
         self.stage.clone()
     }
