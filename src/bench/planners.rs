@@ -835,6 +835,7 @@ mod tests {
             (0.2, 356),
             (0.2, 633),
             (0.2, 639),
+            (0.35, 678),
         ] {
             let app = workload_in(seed, ratio, &profs, &Family::PAPER);
             let fe = planners::fermata(&app).unwrap();

@@ -209,15 +209,18 @@ fn walks(app: &App, cap: f64, budget: &mut Budget) -> Result<Walks, String> {
 ///
 /// Lazily, a module's step function is walked one point at a time (the
 /// cheapest list below the last one's worst case, as [`walk`] does) and only
-/// where it can pay: each module's unwalked part stands as one point, at its
-/// next list's cost (what every list it has not walked costs at least) and
-/// the least worst case any of its lists can have (its fastest
-/// configuration's latency). The cheapest choice of those points
+/// where it can pay: each module's unwalked part stands as points, one at
+/// each configuration's least worst case in a list (`d + b / (r + t_max)`:
+/// its batches formed at the whole rate plus the largest dummy) costing the
+/// more of its next list's cost (what every list it has not walked costs at
+/// least) and the rate at the best price per throughput among the
+/// configurations that can meet that worst case. The cheapest choice of
+/// those points
 /// ([`choose_points`]) is at most the cheapest choice of all lists; where it
 /// picks no unwalked part, it is a choice of lists and the cheapest. Else
 /// each module whose unwalked part it picks walks one more point, and the
-/// choice is made again. `None` where no module has a list within its
-/// loosest budget that can cost less than `cost`.
+/// choice is made again. `None` where no choice of lists can cost less than
+/// `cost` (or no module has one within its loosest budget).
 pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, bool)>> {
     let mut never = || false;
     let mut budget = Budget::new(nodes, &mut never);
