@@ -354,6 +354,7 @@ pub struct Report {
     pub exact_finished: usize,
     pub fermata_nodes: u64,
     pub fermata_exact_nodes: u64,
+    pub fermata_lists_nodes: u64,
     pub planners: Vec<PlannerStats>,
     pub ablations: Vec<PlannerStats>,
     /// Share of workloads where fermata's fractional cost is at most every other
@@ -393,6 +394,9 @@ pub struct Options {
     pub fermata_nodes: u64,
     /// Nodes of `fermata`'s search below its best plan (0: none).
     pub fermata_exact_nodes: u64,
+    /// Nodes of `fermata`'s lazy walk of the lists below the portfolio's
+    /// best plan (0: none).
+    pub fermata_lists_nodes: u64,
     pub family: Family,
 }
 
@@ -557,6 +561,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
                 let fo = FermataOptions {
                     nodes: o.fermata_nodes,
                     exact_nodes: o.fermata_exact_nodes,
+                    lists_nodes: o.fermata_lists_nodes,
                     objective: if name == "fermata" {
                         Objective::Fractional
                     } else {
@@ -614,6 +619,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         let fo = FermataOptions {
             nodes: o.fermata_nodes,
             exact_nodes: o.fermata_exact_nodes,
+            lists_nodes: o.fermata_lists_nodes,
             ..FermataOptions::default()
         };
         let t0 = Instant::now();
@@ -650,6 +656,7 @@ pub fn run(o: &Options, mut progress: impl FnMut(usize)) -> Report {
         exact_finished: exact.iter().filter(|x| x.is_some()).count(),
         fermata_nodes: o.fermata_nodes,
         fermata_exact_nodes: o.fermata_exact_nodes,
+        fermata_lists_nodes: o.fermata_lists_nodes,
         planners: cols
             .iter()
             .map(|c| stats(c, &fermata, &exact, &cols[2].costs))
@@ -929,6 +936,7 @@ mod tests {
             scale: false,
             fermata_nodes: planners::FERMATA_NODES,
             fermata_exact_nodes: crate::plan::app::fermata::EXACT_NODES,
+            fermata_lists_nodes: crate::plan::app::fermata::LISTS_NODES,
             family: Family::SYMPHONY,
         };
         let r = run(&o, |_| {});
