@@ -275,9 +275,13 @@ pub struct BenchPlannersArgs {
     #[arg(long, default_value_t = planners::FERMATA_NODES)]
     fermata_nodes: u64,
     /// Branch-and-bound nodes of `fermata`'s search below its best plan
-    /// (`exact`'s search; 0: none).
+    /// (`exact`'s search; 0: none). It runs only with `--fermata-lists-nodes 0`.
     #[arg(long, default_value_t = planners::EXACT_NODES)]
     fermata_exact_nodes: u64,
+    /// Branch-and-bound nodes of `fermata`'s lazy walk of `exact`'s lists
+    /// below its portfolio's best plan (0: none).
+    #[arg(long, default_value_t = planners::LISTS_NODES)]
+    fermata_lists_nodes: u64,
     /// Also time `fermata` on the scale instance (20 modules, 5 hardware types,
     /// 50 configurations each).
     #[arg(long)]
@@ -336,6 +340,7 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
         scale: a.scale,
         fermata_nodes: a.fermata_nodes.max(1),
         fermata_exact_nodes: a.fermata_exact_nodes,
+        fermata_lists_nodes: a.fermata_lists_nodes,
         family: bp::Family::by_name(&a.family)
             .with_context(|| format!("--family {:?}: symphony or paper", a.family))?,
     };
@@ -353,8 +358,8 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} workloads ({} family, ingress {}-{} req/s), seed {}, price ratio {} (A100 = 1.0); exact finished {} within {} s; fermata at {} nodes per module, {} below its best plan",
-        r.workloads, r.family.name, r.family.ingress.0, r.family.ingress.1, r.seed, r.price_ratio, r.exact_finished, r.exact_limit_s, r.fermata_nodes, r.fermata_exact_nodes
+        "{} workloads ({} family, ingress {}-{} req/s), seed {}, price ratio {} (A100 = 1.0); exact finished {} within {} s; fermata at {} nodes per module, {} in its lists, {} below its best plan",
+        r.workloads, r.family.name, r.family.ingress.0, r.family.ingress.1, r.seed, r.price_ratio, r.exact_finished, r.exact_limit_s, r.fermata_nodes, r.fermata_lists_nodes, r.fermata_exact_nodes
     );
     println!(
         "{:<17} {:>15} {:>8} {:>8} {:>6} {:>10} {:>9} {:>9} {:>9}",

@@ -78,6 +78,7 @@ fn incumbent(app: &App) -> Option<f64> {
         grid: false,
         portfolio: false,
         exact_nodes: 0,
+        lists_nodes: 0,
         objective: Objective::Fractional,
     };
     let pts = points(app, &o).ok()?;
@@ -101,6 +102,36 @@ enum Found {
 
 /// The cheapest choice costing at most `cap`.
 fn search(app: &App, cap: f64, budget: &mut Budget) -> Result<Found, String> {
+    let (pts, complete) = match walks(app, cap, budget)? {
+        Walks::Nothing => return Ok(Found::Nothing),
+        Walks::Lists { pts, complete } => (pts, complete),
+    };
+    if complete < app.modules.len() {
+        return Ok(Found::Stopped);
+    }
+    match combine(app, &pts, cap, budget) {
+        _ if budget.exhausted => Ok(Found::Stopped),
+        Some(pick) => Ok(Found::Plan(plan_from_points(app, "exact", &pts, &pick))),
+        None => Ok(Found::Nothing),
+    }
+}
+
+/// Each module's Pareto lists that can be in a choice costing at most a cap.
+enum Walks {
+    /// Per module, its lists; the first `complete` modules' are all there,
+    /// the next one's (if any) are those found before the nodes ran out.
+    Lists {
+        pts: Vec<Vec<Point>>,
+        complete: usize,
+    },
+    /// Some module has no list that can be in a choice within the cap.
+    Nothing,
+}
+
+/// Each module's Pareto lists (worst case, cost) that can be in a choice
+/// costing at most `cap`: each module's cheapest list at its loosest budget
+/// (`min_v`), then [`walk`] up to `cap − Σ_{u≠v} min_u`.
+fn walks(app: &App, cap: f64, budget: &mut Budget) -> Result<Walks, String> {
     let p = prices(app);
     let n = app.modules.len();
     let cfgs: Vec<Vec<Config>> = app
@@ -121,19 +152,23 @@ fn search(app: &App, cap: f64, budget: &mut Budget) -> Result<Found, String> {
                 * app.rates[v].max(0.0)
         })
         .collect();
+    let stopped = || Walks::Lists {
+        pts: Vec::new(),
+        complete: 0,
+    };
     for v in 0..n {
         let others: f64 = (0..n).filter(|&u| u != v).map(|u| lower[u]).sum();
         let mut s = Lists::new(&cfgs[v], &p, app.rates[v], l_max(app, v), cap - others);
         s.run(budget);
         if budget.exhausted {
-            return Ok(Found::Stopped);
+            return Ok(stopped());
         }
         match s.found.first() {
             Some(q) => {
                 mins[v] = q.cost;
                 lower[v] = q.cost;
             }
-            None if cap.is_finite() => return Ok(Found::Nothing),
+            None if cap.is_finite() => return Ok(Walks::Nothing),
             None => {
                 return Err(format!(
                     "module {}: no plan within its budget",
@@ -154,17 +189,173 @@ fn search(app: &App, cap: f64, budget: &mut Budget) -> Result<Found, String> {
             budget,
         );
         if budget.exhausted {
-            return Ok(Found::Stopped);
+            pts.push(f);
+            return Ok(Walks::Lists { pts, complete: v });
         }
         if f.is_empty() {
-            return Ok(Found::Nothing);
+            return Ok(Walks::Nothing);
         }
         pts.push(f);
     }
-    match combine(app, &pts, cap, budget) {
-        _ if budget.exhausted => Ok(Found::Stopped),
-        Some(pick) => Ok(Found::Plan(plan_from_points(app, "exact", &pts, &pick))),
-        None => Ok(Found::Nothing),
+    Ok(Walks::Lists { pts, complete: n })
+}
+
+/// Each module's Pareto lists of the brute force's shape, as far down its
+/// step function as the cheapest choice costing less than `cost` needs,
+/// within `nodes` branch-and-bound nodes in all. Per module its lists found
+/// (cheapest first, worst cases decreasing), and whether they are enough:
+/// `true` where the cheapest choice of lists costing less than `cost` (if
+/// any) is a choice of points among them.
+///
+/// Lazily, a module's step function is walked one point at a time (the
+/// cheapest list below the last one's worst case, as [`walk`] does) and only
+/// where it can pay: each module's unwalked part stands as points, one at
+/// each configuration's least worst case in a list (`d + b / (r + t_max)`:
+/// its batches formed at the whole rate plus the largest dummy) costing the
+/// more of its next list's cost (what every list it has not walked costs at
+/// least) and the rate at the best price per throughput among the
+/// configurations that can meet that worst case. The cheapest choice of
+/// those points
+/// ([`choose_points`]) is at most the cheapest choice of all lists; where it
+/// picks no unwalked part, it is a choice of lists and the cheapest. Else
+/// each module whose unwalked part it picks walks one more point, and the
+/// choice is made again. `None` where no choice of lists can cost less than
+/// `cost` (or no module has one within its loosest budget).
+pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, bool)>> {
+    let mut never = || false;
+    let mut budget = Budget::new(nodes, &mut never);
+    let cap = cost * (1.0 - 1e-9);
+    let p = prices(app);
+    let n = app.modules.len();
+    let cfgs: Vec<Vec<Config>> = app
+        .modules
+        .iter()
+        .map(|m| module::sorted(&m.configs, &p))
+        .collect();
+    let stopped = |known: Vec<Vec<Point>>| {
+        let mut k = known;
+        k.resize(n, Vec::new());
+        Some(k.into_iter().map(|f| (f, false)).collect())
+    };
+    // Each module's cheapest list at its loosest budget, as in `walks`.
+    let mut lower: Vec<f64> = (0..n)
+        .map(|v| {
+            cfgs[v]
+                .iter()
+                .map(|c| p[c.hw] / c.throughput)
+                .fold(f64::INFINITY, f64::min)
+                * app.rates[v].max(0.0)
+        })
+        .collect();
+    let mut known: Vec<Vec<Point>> = Vec::with_capacity(n);
+    for v in 0..n {
+        let others: f64 = (0..n).filter(|&u| u != v).map(|u| lower[u]).sum();
+        let mut s = Lists::new(&cfgs[v], &p, app.rates[v], l_max(app, v), cap - others);
+        s.run(&mut budget);
+        if budget.exhausted {
+            return stopped(known);
+        }
+        let q = s.found.pop()?;
+        lower[v] = q.cost;
+        known.push(vec![q]);
+    }
+    let total_min: f64 = lower.iter().sum();
+    // A module's lists dearer than this are in no choice below the cap.
+    let caps: Vec<f64> = (0..n).map(|v| cap - (total_min - lower[v])).collect();
+    // A lower bound on a module's cost at budget `w`, as steps `(w_c, cost)`:
+    // a list whose worst case is at most `w` uses only configurations whose
+    // machines can meet it when their batches form at the whole rate plus
+    // the largest dummy (`d + b / (r + t_max) <= w`), and serves the rate at
+    // the best price per throughput among them at best.
+    let steps: Vec<Vec<(f64, f64)>> = (0..n)
+        .map(|v| {
+            let r = app.rates[v];
+            if r <= 0.0 {
+                return Vec::new();
+            }
+            let tmax = cfgs[v].iter().map(|c| c.throughput).fold(0.0, f64::max);
+            let mut t: Vec<(f64, f64)> = cfgs[v]
+                .iter()
+                .map(|c| {
+                    (
+                        c.latency + f64::from(c.batch) / (r + tmax),
+                        p[c.hw] / c.throughput,
+                    )
+                })
+                .collect();
+            t.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut best = f64::INFINITY;
+            for x in t.iter_mut() {
+                best = best.min(x.1);
+                x.1 = best * r;
+            }
+            t
+        })
+        .collect();
+    // The next list below the last one walked (`None`: none within the cap).
+    let next_of = |v: usize, last: &Point, budget: &mut Budget| -> Option<Point> {
+        let l = last.worst * (1.0 - 3e-9);
+        if app.rates[v] <= 0.0 || l <= 0.0 {
+            return None;
+        }
+        let mut s = Lists::new(&cfgs[v], &p, app.rates[v], l, caps[v]);
+        s.run(budget);
+        s.found.pop()
+    };
+    let mut next: Vec<Option<Point>> = Vec::with_capacity(n);
+    for v in 0..n {
+        let q = next_of(v, &known[v][0], &mut budget);
+        if budget.exhausted {
+            return stopped(known);
+        }
+        next.push(q);
+    }
+    loop {
+        // Each module's walked lists and its unwalked part, last.
+        let relaxed: Vec<Vec<Point>> = (0..n)
+            .map(|v| {
+                let mut f = known[v].clone();
+                // The unwalked part: worst cases below the last list's, each
+                // costing at least the next list and the bound at its budget.
+                if let Some(q) = &next[v] {
+                    let last = f.last().map_or(f64::INFINITY, |x| x.worst);
+                    for &(w, lb) in steps[v].iter().filter(|x| x.0 < last) {
+                        f.push(Point {
+                            worst: w,
+                            cost: lb.max(q.cost),
+                            allocs: Vec::new(),
+                            dummy: 0.0,
+                        });
+                    }
+                }
+                f
+            })
+            .collect();
+        // The choice's work, as nodes.
+        for _ in 0..relaxed.iter().map(Vec::len).sum::<usize>() {
+            if !budget.tick() {
+                return stopped(known);
+            }
+        }
+        let Some(pick) = choose_points(app, &relaxed) else {
+            // No choice fits even with every unwalked part: none below the cap.
+            return None;
+        };
+        let mut walked = false;
+        for v in 0..n {
+            if next[v].is_some() && pick[v] >= known[v].len() {
+                let q = next[v].take().expect("a next list");
+                next[v] = next_of(v, &q, &mut budget);
+                known[v].push(q);
+                walked = true;
+                if budget.exhausted {
+                    return stopped(known);
+                }
+            }
+        }
+        if !walked {
+            return Some(known.into_iter().map(|f| (f, true)).collect());
+        }
     }
 }
 

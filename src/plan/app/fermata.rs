@@ -2,11 +2,14 @@
 //!
 //! 1. Per module, candidate plans as points (worst case, cost):
 //!    * its exact cost step function over PLANNERS.md's plan shapes
-//!      ([`module::frontier`]: distinct configurations in `t/p` order, whole full
-//!      counts, one final partial machine or a dummy that fills it), searched by
-//!      branch and bound within [`FERMATA_NODES`] nodes per module (when the
-//!      bound is hit, the points found so far and the best list of the
-//!      interrupted search are kept);
+//!      (distinct configurations in `t/p` order, whole full counts, one final
+//!      partial machine or a dummy that fills it) as far as the cheapest
+//!      choice below step 4's best plan needs it: `exact`'s list search,
+//!      walked lazily ([`super::exact::lists_below`], within [`LISTS_NODES`]
+//!      nodes in all); where those nodes run out, [`module::frontier`]
+//!      searched by branch and bound within [`FERMATA_NODES`] nodes per
+//!      module (when the bound is hit, the points found so far and the best
+//!      list of the interrupted search are kept), with the lists found;
 //!    * plans outside those shapes, on the grid of budgets `k · SLO/100` and at
 //!      every breakpoint: Algorithm 1 with Harpagon's dummy (`t − u`) and with
 //!      Piccolo's (`b/(L − d) − u`: a partial machine padded to any size), and
@@ -37,11 +40,11 @@
 //!    needs no run: its per-module plans are among the points of step 1, so
 //!    step 2 is at most its cost (`nexus` does run where a module declares a
 //!    prefix: its prefix batching merges modules).
-//! 5. `exact`'s search ([`super::exact::below`]) for a choice of lists of the
-//!    brute force's shape cheaper than the best plan so far, within
-//!    [`EXACT_NODES`] nodes: step 1's step functions are bounded and can stop
-//!    before a cheaper list on modules of many machines. Where it finds one,
-//!    its module plans join step 1's points and steps 2 and 3 run again.
+//! 5. Where step 1 did not search the lists (`lists_nodes` 0): `exact`'s
+//!    search ([`super::exact::below`]) for a choice of lists of the brute
+//!    force's shape cheaper than the best plan so far, within [`EXACT_NODES`]
+//!    nodes. Where it finds one, its module plans join step 1's points and
+//!    steps 2 and 3 run again.
 //!
 //! Costs are compared by fractional cost (the papers' headline metric). With
 //! [`Objective::Integral`] (the planner `fermata-integral`) they are compared
@@ -61,6 +64,10 @@ pub const FERMATA_NODES: u64 = 20_000;
 /// Branch-and-bound nodes, in all, of step 5's search below the best plan.
 pub const EXACT_NODES: u64 = 200_000;
 
+/// Branch-and-bound nodes, in all, of step 1's lists below the portfolio's
+/// best plan ([`super::exact::lists_below`]).
+pub const LISTS_NODES: u64 = 200_000;
+
 /// Peers whose plans `fermata`'s portfolio considers.
 pub const PORTFOLIO: &[&str] = &["harpagon", "piccolo", "scrooge", "inferline", "clipper"];
 
@@ -74,6 +81,9 @@ pub struct FermataOptions {
     pub portfolio: bool,
     /// Step 5's nodes (0: no step 5).
     pub exact_nodes: u64,
+    /// Nodes of step 1's lists below the portfolio's best plan (0: the
+    /// bounded step functions alone).
+    pub lists_nodes: u64,
     pub objective: Objective,
 }
 
@@ -104,6 +114,7 @@ impl Default for FermataOptions {
             grid: true,
             portfolio: true,
             exact_nodes: EXACT_NODES,
+            lists_nodes: LISTS_NODES,
             objective: Objective::Fractional,
         }
     }
@@ -124,6 +135,7 @@ pub fn fermata_optimum(app: &App) -> Result<Plan, String> {
             grid: false,
             portfolio: false,
             exact_nodes: 0,
+            lists_nodes: 0,
             objective: Objective::Fractional,
         },
     )?;
@@ -156,7 +168,28 @@ pub fn points_with(
     o: &FermataOptions,
     peers: &[Plan],
 ) -> Result<Vec<Vec<Point>>, String> {
+    points_below(app, o, peers).map(|x| x.0)
+}
+
+/// [`points_with`], and whether the lists below the best of `peers` (each
+/// passes [`Plan::verify`]) were searched: with
+/// [`FermataOptions::lists_nodes`] and the fractional objective, each
+/// module's step function is its lists below that plan as far as the
+/// cheapest choice needs ([`super::exact::lists_below`]) where the search
+/// ended within its nodes, and the bounded step function (with the lists
+/// found) where it did not. Where it ended, every choice of the brute
+/// force's shape cheaper than the best peer costs at least step 2's.
+fn points_below(
+    app: &App,
+    o: &FermataOptions,
+    peers: &[Plan],
+) -> Result<(Vec<Vec<Point>>, bool), String> {
     let p = prices(app);
+    let cap = peers.iter().map(|q| q.cost).fold(f64::INFINITY, f64::min);
+    let lists = (o.objective == Objective::Fractional && o.lists_nodes > 0)
+        .then(|| super::exact::lists_below(app, cap, o.lists_nodes));
+    let listed = lists.is_some();
+    let mut lists = lists.flatten();
     // Plans whose prefix batching merges modules are compared whole (step 4).
     let peers: Vec<&Plan> = peers
         .iter()
@@ -169,9 +202,16 @@ pub fn points_with(
         let cfgs = module::sorted(&app.modules[v].configs, &p);
         let r = app.rates[v];
         let lm = l_max(app, v);
-        let mut never = || false;
-        let mut budget = Budget::new(o.nodes, &mut never);
-        let mut f = module::frontier(&cfgs, &p, r, lm, true, &mut budget);
+        let mut f = match lists.as_mut().map(|l| std::mem::take(&mut l[v])) {
+            Some((f, true)) => f,
+            found => {
+                let mut never = || false;
+                let mut budget = Budget::new(o.nodes, &mut never);
+                let mut f = module::frontier(&cfgs, &p, r, lm, true, &mut budget);
+                f.extend(found.map(|x| x.0).unwrap_or_default());
+                module::pareto(f)
+            }
+        };
         if o.grid && r > 0.0 {
             let mut extra = Vec::new();
             for c in &cfgs {
@@ -244,7 +284,7 @@ pub fn points_with(
         }
         pts.push(f);
     }
-    Ok(pts)
+    Ok((pts, listed))
 }
 
 /// `fermata` with the integral objective.
@@ -279,7 +319,12 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
     } else {
         Vec::new()
     };
-    let own = own_plan(app, o, &peers);
+    // Whether step 1 searched the lists below the portfolio's best plan.
+    let mut listed = false;
+    let own = own_plan(app, o, &peers).map(|(q, l)| {
+        listed = l;
+        q
+    });
     let mut best = own.as_ref().ok().filter(|p| p.verify(app).is_ok()).cloned();
     if o.objective == Objective::Integral {
         // The fractional objective's own plan can rent for less than the
@@ -288,7 +333,7 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
             objective: Objective::Fractional,
             ..*o
         };
-        if let Ok(q) = own_plan(app, &f, &peers) {
+        if let Ok((q, _)) = own_plan(app, &f, &peers) {
             if q.verify(app).is_ok() && best.as_ref().is_none_or(|b| better(&q, b, o.objective)) {
                 best = Some(q);
             }
@@ -299,7 +344,7 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
             best = Some(q.clone());
         }
     }
-    if o.objective == Objective::Fractional && o.exact_nodes > 0 {
+    if o.objective == Objective::Fractional && o.exact_nodes > 0 && !listed {
         // Step 5: `exact`'s search below the best plan so far.
         if let Some(q) = best
             .as_ref()
@@ -309,7 +354,16 @@ pub fn fermata_with(app: &App, o: &FermataOptions) -> Result<Plan, String> {
             with.push(q);
             // Its module plans join step 1's points: steps 2 and 3 cost at
             // most it (on a tie, that plan is kept).
-            let again = own_plan(app, o, &with).ok();
+            let again = own_plan(
+                app,
+                &FermataOptions {
+                    lists_nodes: 0,
+                    ..*o
+                },
+                &with,
+            )
+            .ok()
+            .map(|x| x.0);
             for q in again.into_iter().chain(with.pop()) {
                 if q.verify(app).is_ok() && best.as_ref().is_none_or(|b| better(&q, b, o.objective))
                 {
@@ -358,8 +412,10 @@ pub fn portfolio(app: &App) -> Vec<Plan> {
 }
 
 /// Steps 1 to 3; every module plan of `peers` is a point of step 1 too.
-fn own_plan(app: &App, o: &FermataOptions, peers: &[Plan]) -> Result<Plan, String> {
-    let pts = points_with(app, o, peers)?;
+/// Also whether step 1 searched the lists below the best of `peers`
+/// ([`points_below`]).
+fn own_plan(app: &App, o: &FermataOptions, peers: &[Plan]) -> Result<(Plan, bool), String> {
+    let (pts, listed) = points_below(app, o, peers)?;
     let pick = match o.objective {
         Objective::Fractional => choose_points(app, &pts),
         Objective::Integral => super::integral::choose(app, &pts),
@@ -420,7 +476,7 @@ fn own_plan(app: &App, o: &FermataOptions, peers: &[Plan]) -> Result<Plan, Strin
     if o.objective == Objective::Fractional {
         exchange(app, &pts, &mut mods);
     }
-    Ok(Plan::assemble(o.objective.planner(), app, mods))
+    Ok((Plan::assemble(o.objective.planner(), app, mods), listed))
 }
 
 /// The cheapest plan of module `v` within budget `l`: its cheapest point

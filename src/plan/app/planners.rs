@@ -24,7 +24,9 @@
 //!   the SLO split evenly along each path.
 
 pub use super::exact::{exact, exact_simple};
-pub use super::fermata::{fermata, fermata_integral, fermata_optimum, EXACT_NODES, FERMATA_NODES};
+pub use super::fermata::{
+    fermata, fermata_integral, fermata_optimum, EXACT_NODES, FERMATA_NODES, LISTS_NODES,
+};
 use super::module::{self, Configs, Dummies, Point};
 use super::{worst_case, Alloc, App, Config, Dispatch, ModulePlan, Plan, EPS};
 
