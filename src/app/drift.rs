@@ -221,6 +221,16 @@ impl DriftDetector {
         }
     }
 
+    /// The current epoch's latency sums of `model` (observed s, profiled s,
+    /// batches); refused for an unknown model.
+    fn latency_sums(&mut self, model: usize) -> Result<&mut (f64, f64, u64), String> {
+        let n = self.planned_ratio.len();
+        self.cur
+            .lat
+            .get_mut(model)
+            .ok_or_else(|| format!("model {model} is unknown (the application has {n})"))
+    }
+
     /// One batch of `model` took `observed` where its profile says `profiled`.
     /// Refused for an unknown model or a non-positive profiled latency.
     pub fn record_latency(
@@ -229,12 +239,7 @@ impl DriftDetector {
         observed: Dur,
         profiled: Dur,
     ) -> Result<(), String> {
-        let n = self.planned_ratio.len();
-        let c = self
-            .cur
-            .lat
-            .get_mut(model)
-            .ok_or_else(|| format!("model {model} is unknown (the application has {n})"))?;
+        let c = self.latency_sums(model)?;
         if profiled <= Dur::ZERO || observed < Dur::ZERO {
             return Err(format!(
                 "model {model}: latencies must be positive (observed {observed:?}, profiled {profiled:?})"
@@ -258,12 +263,7 @@ impl DriftDetector {
         profiled_s: f64,
         batches: u64,
     ) -> Result<(), String> {
-        let n = self.planned_ratio.len();
-        let c = self
-            .cur
-            .lat
-            .get_mut(model)
-            .ok_or_else(|| format!("model {model} is unknown (the application has {n})"))?;
+        let c = self.latency_sums(model)?;
         if !(observed_s.is_finite() && observed_s >= 0.0 && profiled_s.is_finite()) {
             return Err(format!(
                 "model {model}: latency sums must be finite and >= 0 (observed {observed_s}, profiled {profiled_s})"

@@ -128,6 +128,20 @@ enum Walks {
     Nothing,
 }
 
+/// Each module's least cost at any budget: its rate at the best price per
+/// throughput of its configurations (`cfgs[v]`, priced by `p`).
+fn rate_bounds(cfgs: &[Vec<Config>], p: &[f64], app: &App) -> Vec<f64> {
+    cfgs.iter()
+        .zip(&app.rates)
+        .map(|(cs, &rate)| {
+            cs.iter()
+                .map(|c| p[c.hw] / c.throughput)
+                .fold(f64::INFINITY, f64::min)
+                * rate.max(0.0)
+        })
+        .collect()
+}
+
 /// Each module's Pareto lists (worst case, cost) that can be in a choice
 /// costing at most `cap`: each module's cheapest list at its loosest budget
 /// (`min_v`), then [`walk`] up to `cap − Σ_{u≠v} min_u`.
@@ -143,15 +157,7 @@ fn walks(app: &App, cap: f64, budget: &mut Budget) -> Result<Walks, String> {
     let mut mins = vec![0.0f64; n];
     // Lower bounds while the cheapest lists are searched: the rate at the best
     // price per throughput.
-    let mut lower: Vec<f64> = (0..n)
-        .map(|v| {
-            cfgs[v]
-                .iter()
-                .map(|c| p[c.hw] / c.throughput)
-                .fold(f64::INFINITY, f64::min)
-                * app.rates[v].max(0.0)
-        })
-        .collect();
+    let mut lower = rate_bounds(&cfgs, &p, app);
     let stopped = || Walks::Lists {
         pts: Vec::new(),
         complete: 0,
@@ -238,15 +244,7 @@ pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, 
         Some(k.into_iter().map(|f| (f, false)).collect())
     };
     // Each module's cheapest list at its loosest budget, as in `walks`.
-    let mut lower: Vec<f64> = (0..n)
-        .map(|v| {
-            cfgs[v]
-                .iter()
-                .map(|c| p[c.hw] / c.throughput)
-                .fold(f64::INFINITY, f64::min)
-                * app.rates[v].max(0.0)
-        })
-        .collect();
+    let mut lower = rate_bounds(&cfgs, &p, app);
     let mut known: Vec<Vec<Point>> = Vec::with_capacity(n);
     for v in 0..n {
         let others: f64 = (0..n).filter(|&u| u != v).map(|u| lower[u]).sum();
