@@ -221,10 +221,11 @@ fn perf_analyzer_runs_open_loop_over_http_and_grpc() {
         // perf_analyzer stops at the first error response; a request dropped
         // or late (a deferred scheduler on 2 cores shared with the other
         // tests) is such a response, and not what this test is about: run it
-        // again, at most twice more.
+        // again, at most four times more (in a full suite's run on 2 cores,
+        // three runs in a row have met such a response).
         let transient = |t: &str| t.contains("dropped (") || t.contains("deadline exceeded");
         let (mut out, mut text) = run();
-        for _ in 0..2 {
+        for _ in 0..4 {
             if out.status.success() || !transient(&text) {
                 break;
             }
