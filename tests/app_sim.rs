@@ -166,20 +166,36 @@ fn a_fanout_jump_multiplies_the_tasks_after_it() {
     assert!((2.5..3.5).contains(&ratio), "{ratio}");
 }
 
-#[test]
-fn replanning_on_a_tripled_fanout_recovers_within_two_epochs_and_a_fixed_plan_does_not() {
-    use fermata::bench::adapt::{recovered, simulate, Options, BAD_LIMIT};
-    let o = Options {
-        check: true,
-        ..Options::default()
-    };
+/// `o` simulated with the plan fixed and with re-planning: the jump's epoch,
+/// both results, and each one's bad fraction per epoch.
+fn fixed_and_replanned(
+    o: &fermata::bench::adapt::Options,
+) -> (
+    usize,
+    fermata::sim::apps::AppSimResult,
+    fermata::sim::apps::AppSimResult,
+    Vec<f64>,
+    Vec<f64>,
+) {
+    use fermata::bench::adapt::simulate;
     let jump_epoch = (o.jump_at_s / o.epoch_s).floor() as usize;
-    let fixed = simulate(&o, false).unwrap();
-    let replan = simulate(&o, true).unwrap();
+    let fixed = simulate(o, false).unwrap();
+    let replan = simulate(o, true).unwrap();
     let bad = |r: &fermata::sim::apps::AppSimResult| -> Vec<f64> {
         r.epochs.iter().map(|e| e.bad_fraction()).collect()
     };
     let (bf, br) = (bad(&fixed), bad(&replan));
+    (jump_epoch, fixed, replan, bf, br)
+}
+
+#[test]
+fn replanning_on_a_tripled_fanout_recovers_within_two_epochs_and_a_fixed_plan_does_not() {
+    use fermata::bench::adapt::{recovered, Options, BAD_LIMIT};
+    let o = Options {
+        check: true,
+        ..Options::default()
+    };
+    let (jump_epoch, fixed, replan, bf, br) = fixed_and_replanned(&o);
     assert_eq!(bf.len(), o.epochs);
     assert_eq!(br.len(), o.epochs);
     // Before the jump both serve the plan's load.
@@ -210,7 +226,7 @@ fn replanning_on_a_tripled_fanout_recovers_within_two_epochs_and_a_fixed_plan_do
 
 #[test]
 fn replanning_on_a_slower_module_recovers_within_two_epochs_and_a_fixed_plan_does_not() {
-    use fermata::bench::adapt::{recovered, simulate, Options, BAD_LIMIT};
+    use fermata::bench::adapt::{recovered, Options, BAD_LIMIT};
     // classify's batches take 1.5x its profile from 7 s on; the fan-out stays.
     let o = Options {
         jump: 1.0,
@@ -218,13 +234,7 @@ fn replanning_on_a_slower_module_recovers_within_two_epochs_and_a_fixed_plan_doe
         check: true,
         ..Options::default()
     };
-    let jump_epoch = (o.jump_at_s / o.epoch_s).floor() as usize;
-    let fixed = simulate(&o, false).unwrap();
-    let replan = simulate(&o, true).unwrap();
-    let bad = |r: &fermata::sim::apps::AppSimResult| -> Vec<f64> {
-        r.epochs.iter().map(|e| e.bad_fraction()).collect()
-    };
-    let (bf, br) = (bad(&fixed), bad(&replan));
+    let (jump_epoch, fixed, replan, bf, br) = fixed_and_replanned(&o);
     assert_eq!((bf.len(), br.len()), (o.epochs, o.epochs));
     for e in 0..jump_epoch {
         assert!(bf[e] < BAD_LIMIT && br[e] < BAD_LIMIT, "{bf:?} {br:?}");

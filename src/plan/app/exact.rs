@@ -128,6 +128,14 @@ enum Walks {
     Nothing,
 }
 
+/// Each module's configurations in `t/p` order ([`module::sorted`]).
+fn sorted_configs(app: &App, p: &[f64]) -> Vec<Vec<Config>> {
+    app.modules
+        .iter()
+        .map(|m| module::sorted(&m.configs, p))
+        .collect()
+}
+
 /// Each module's least cost at any budget: its rate at the best price per
 /// throughput of its configurations (`cfgs[v]`, priced by `p`).
 fn rate_bounds(cfgs: &[Vec<Config>], p: &[f64], app: &App) -> Vec<f64> {
@@ -148,11 +156,7 @@ fn rate_bounds(cfgs: &[Vec<Config>], p: &[f64], app: &App) -> Vec<f64> {
 fn walks(app: &App, cap: f64, budget: &mut Budget) -> Result<Walks, String> {
     let p = prices(app);
     let n = app.modules.len();
-    let cfgs: Vec<Vec<Config>> = app
-        .modules
-        .iter()
-        .map(|m| module::sorted(&m.configs, &p))
-        .collect();
+    let cfgs = sorted_configs(app, &p);
     // Each module's cheapest list at its loosest budget.
     let mut mins = vec![0.0f64; n];
     // Lower bounds while the cheapest lists are searched: the rate at the best
@@ -233,11 +237,7 @@ pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, 
     let cap = cost * (1.0 - 1e-9);
     let p = prices(app);
     let n = app.modules.len();
-    let cfgs: Vec<Vec<Config>> = app
-        .modules
-        .iter()
-        .map(|m| module::sorted(&m.configs, &p))
-        .collect();
+    let cfgs = sorted_configs(app, &p);
     let stopped = |known: Vec<Vec<Point>>| {
         let mut k = known;
         k.resize(n, Vec::new());
