@@ -368,6 +368,19 @@ impl ModelState {
         gpu_free: Option<Time>,
         on_drop: &mut impl FnMut(Task, DropReason),
     ) -> Option<Candidate> {
+        self.update_for(now, gpu_free, false, on_drop)
+    }
+
+    /// [`ModelState::update`]; `at_once`: the batch starts at its earliest
+    /// moment whatever the rule (a GPU granted while the candidate waited, which
+    /// would idle otherwise).
+    pub fn update_for(
+        &mut self,
+        now: Time,
+        gpu_free: Option<Time>,
+        at_once: bool,
+        on_drop: &mut impl FnMut(Task, DropReason),
+    ) -> Option<Candidate> {
         let floor = gpu_free.unwrap_or(Time::EPOCH_MIN);
         let start = |s: &Self, b: u32| (now + s.net.delay(b)).max(floor);
         let prof = &self.spec.profile;
@@ -434,6 +447,7 @@ impl ModelState {
         let earliest = start(self, bs);
         let latest = d - prof.latency(bs);
         let exec = match self.rule {
+            _ if at_once => earliest,
             ExecRule::Eager => earliest,
             ExecRule::Frontrun { pays } => {
                 let defer_to = (d - prof.latency(bs + 1)).min(latest - self.net.slack);

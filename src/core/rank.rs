@@ -29,6 +29,22 @@ use super::structs::{IndexedHeap, MinTree};
 use super::time::{Dur, Time};
 use std::collections::VecDeque;
 
+/// `deferred`'s work-conserving spell: for this long after a schedulable
+/// candidate expired (it found every GPU busy until its latest start), a GPU
+/// that no schedulable candidate takes goes to the waiting candidate ranked
+/// first, whose batch then starts at once (`RankOutput::Grant::early`), as
+/// eager's would. Only where two models or more share the ranker's GPUs: a lone
+/// model gains from waiting for its frontrun moment, and nothing competes with
+/// it for the next free GPU.
+///
+/// Where several models share GPUs near capacity, the models' frontrun moments
+/// come at random times, and a batch that finds every GPU busy at its own loses
+/// its head although GPUs idled a few milliseconds before; an expiry is the
+/// sign of it. Below capacity nothing expires, so deferred keeps its large
+/// batches and the idle GPU time the autoscaler reads. One second spans many
+/// batches at every SLO the workloads use, and a burst's aftermath.
+pub const FILL_WINDOW: Dur = Dur(1_000_000_000);
+
 /// What the model side knows about a batch it booked on a GPU.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Booking {
@@ -50,6 +66,9 @@ pub enum RankOutput {
         gpu: GpuId,
         free_at: Time,
         seq: u64,
+        /// The candidate was still waiting for its start: the GPU would idle
+        /// otherwise, so the batch at hand starts at once.
+        early: bool,
     },
     /// `model`'s schedulable candidate passed its latest start: gather again and
     /// inform the new candidate with sequence `seq`.
@@ -99,6 +118,17 @@ pub struct Ranker {
     /// Pending candidates: their send time; schedulable ones: their expiry.
     model_timers: IndexedHeap<Time>,
     ready: IndexedHeap<RankKey>,
+    /// Waiting candidates (before their send time), by rank; kept only where
+    /// [`Ranker::fill_window`] is on.
+    pending: IndexedHeap<RankKey>,
+    /// How long after a candidate expired a GPU that would idle takes a waiting
+    /// candidate (zero: never). See [`FILL_WINDOW`].
+    fill_window: Dur,
+    /// When a schedulable candidate last expired.
+    last_expiry: Time,
+    /// The models this ranker has heard of, and how many.
+    known: Vec<bool>,
+    models: u32,
     outputs: VecDeque<RankOutput>,
     active_gpus: u32,
     last_now: Time,
@@ -132,11 +162,26 @@ impl Ranker {
             issued: Vec::new(),
             model_timers: IndexedHeap::new(),
             ready: IndexedHeap::new(),
+            pending: IndexedHeap::new(),
+            known: Vec::new(),
+            models: 0,
+            fill_window: match policy {
+                Policy::Deferred => FILL_WINDOW,
+                _ => Dur::ZERO,
+            },
+            last_expiry: Time::EPOCH_MIN,
             outputs: VecDeque::new(),
             active_gpus: gpus,
             last_now: Time::EPOCH_MIN,
             stats: RankStats::default(),
         }
+    }
+
+    /// Sets how long after a candidate expired an idle GPU takes a waiting
+    /// candidate (zero turns it off); `deferred` starts with [`FILL_WINDOW`],
+    /// the other policies with zero.
+    pub fn set_fill_window(&mut self, window: Dur) {
+        self.fill_window = window;
     }
 
     pub fn num_gpus(&self) -> usize {
@@ -163,6 +208,11 @@ impl Ranker {
         if self.cands.len() < n {
             self.cands.resize(n, None);
             self.issued.resize(n, 0);
+            self.known.resize(n, false);
+        }
+        if !self.known[model.idx()] {
+            self.known[model.idx()] = true;
+            self.models += 1;
         }
     }
 
@@ -319,6 +369,7 @@ impl Ranker {
                     self.cands[m] = None;
                     self.issued[m] += 1;
                     self.stats.expiries += 1;
+                    self.last_expiry = now;
                     self.outputs.push_back(RankOutput::Expired {
                         model: ModelId(m as u32),
                         seq: self.issued[m],
@@ -371,7 +422,11 @@ impl Ranker {
 
     /// When the earliest-free GPU should take the top-ranked schedulable candidate.
     fn gpu_timer(&self) -> Option<Time> {
-        let (m, _) = self.ready.peek()?;
+        let (m, _) = match self.ready.peek() {
+            Some(x) => x,
+            None if self.fills() => self.pending.peek()?,
+            None => return None,
+        };
         let c = self.cands[m]?;
         let (_, f) = self.gpus.argmin()?;
         if f >= Time::NEVER {
@@ -380,8 +435,23 @@ impl Ranker {
         Some(f - self.lookahead - Self::delay(&c))
     }
 
+    /// Whether a GPU that no schedulable candidate takes goes to a waiting one
+    /// (see [`FILL_WINDOW`]): with two models or more, within the window of the
+    /// last expiry.
+    fn fills(&self) -> bool {
+        self.fill_window > Dur::ZERO
+            && self.models >= 2
+            && self.last_now - self.last_expiry <= self.fill_window
+    }
+
     fn on_gpu_timer(&mut self, now: Time) {
-        let Some((m, _)) = self.ready.peek() else {
+        let Some((m, _)) = self.ready.peek().or_else(|| {
+            if self.fills() {
+                self.pending.peek()
+            } else {
+                None
+            }
+        }) else {
             return;
         };
         let Some((g_first, f)) = self.gpus.argmin() else {
@@ -405,11 +475,16 @@ impl Ranker {
         for _ in 0..2 * (self.gpus.len() + 2) {
             self.model_timers.remove(m);
             self.ready.remove(m);
+            self.pending.remove(m);
             let Some(c) = self.cands[m] else {
                 return;
             };
             if c.send_at > now {
                 self.model_timers.set(m, c.send_at);
+                if self.fill_window > Dur::ZERO {
+                    let key = self.rank_key(&c);
+                    self.pending.set(m, key);
+                }
                 return;
             }
             let gpu = if self.lookahead == Dur::ZERO {
@@ -449,10 +524,12 @@ impl Ranker {
             "GPU {g} granted while granted or removed"
         );
         let free_at = self.gpus.get(g);
+        let early = self.pending.contains(m);
         self.granted[g] = true;
         self.gpus.set(g, Time::NEVER);
         self.cands[m] = None;
         self.ready.remove(m);
+        self.pending.remove(m);
         self.model_timers.remove(m);
         self.issued[m] += 1;
         self.stats.grants += 1;
@@ -461,6 +538,7 @@ impl Ranker {
             gpu: GpuId(g as u32),
             free_at,
             seq: self.issued[m],
+            early,
         });
     }
 
@@ -601,5 +679,105 @@ mod tests {
         assert!(r.add_gpu_at(t, GpuId(1), false));
         assert_eq!((r.num_gpus(), r.active_gpus()), (4, 1));
         r.check_deep();
+    }
+    /// Grants out of `r` with their `early` flag.
+    fn grants(r: &mut Ranker) -> Vec<(ModelId, bool)> {
+        std::iter::from_fn(|| r.poll_output())
+            .filter_map(|o| match o {
+                RankOutput::Grant { model, early, .. } => Some((model, early)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// One GPU busy until `free`; model 1's schedulable candidate expires at
+    /// t + 2 ms for want of a GPU (unless `expire` is false); model 2 (or model
+    /// 0 again, with `lone`) waits for its send time `send`. Returns the ranker
+    /// at t + 2 ms, its outputs drained.
+    fn spell(policy: Policy, free: Dur, send: Dur, expire: bool, lone: bool) -> (Ranker, Time) {
+        let mut r = Ranker::new(policy, 0);
+        let t = Time(1_000_000_000);
+        r.add_gpu_at(t, GpuId(0), true);
+        r.handle_candidate(t, ModelId(0), Some(cand(t)), 0);
+        assert_eq!(grants(&mut r), vec![(ModelId(0), false)]);
+        r.handle_gpu_free(t, GpuId(0), t + free, None);
+        let short = Candidate {
+            latest: t + Dur::from_ms(1),
+            ..cand(t)
+        };
+        let (busy, waiting) = if lone {
+            (ModelId(0), ModelId(0))
+        } else {
+            (ModelId(1), ModelId(2))
+        };
+        // Model 0's next notice is its second (its grant was the first).
+        let first = u64::from(lone);
+        if expire {
+            r.handle_candidate(t, busy, Some(short), first);
+        }
+        r.handle_timeout(t + Dur::from_ms(2));
+        let expired: Vec<_> = std::iter::from_fn(|| r.poll_output()).collect();
+        assert_eq!(expired.len(), usize::from(expire), "{expired:?}");
+        let later = Candidate {
+            bs: 4,
+            exec_at: t + send,
+            latest: t + send + Dur::from_ms(10),
+            send_at: t + send,
+        };
+        let seq = first + u64::from(expire && lone);
+        r.handle_candidate(t + Dur::from_ms(2), waiting, Some(later), seq);
+        r.check_deep();
+        (r, t)
+    }
+
+    /// `deferred`'s work-conserving spell: within [`FILL_WINDOW`] of an
+    /// expiry, a GPU that would idle goes to a waiting candidate at once;
+    /// without an expiry, past the window, for a lone model and for the
+    /// other policies it waits for the candidate's send time.
+    #[test]
+    fn an_idle_gpu_goes_to_a_waiting_candidate_only_after_an_expiry() {
+        let (ms10, ms30) = (Dur::from_ms(10), Dur::from_ms(30));
+        // After an expiry: the GPU free at 10 ms goes to model 2 then.
+        let (mut r, t) = spell(Policy::Deferred, ms10, ms30, true, false);
+        r.handle_timeout(t + Dur::from_ms(9));
+        assert!(grants(&mut r).is_empty(), "the GPU is busy until 10 ms");
+        assert_eq!(r.next_timeout(), Some(t + ms10));
+        r.handle_timeout(t + ms10);
+        assert_eq!(grants(&mut r), vec![(ModelId(2), true)]);
+        r.check_deep();
+
+        // No expiry, the spell off, another policy, a lone model: at 30 ms.
+        for (policy, expire, lone, off) in [
+            (Policy::Deferred, false, false, false),
+            (Policy::Deferred, true, false, true),
+            (Policy::Eager, true, false, false),
+            (Policy::Deferred, true, true, false),
+        ] {
+            let (mut r, t) = spell(policy, ms10, ms30, expire, lone);
+            if off {
+                r.set_fill_window(Dur::ZERO);
+            }
+            let waiting = if lone { ModelId(0) } else { ModelId(2) };
+            r.handle_timeout(t + ms10);
+            assert!(
+                grants(&mut r).is_empty(),
+                "{policy:?} {expire} {lone} {off}"
+            );
+            r.handle_timeout(t + ms30);
+            assert_eq!(grants(&mut r), vec![(waiting, false)]);
+        }
+
+        // Past the window: the GPU free 1.5 s after the expiry idles.
+        let (mut r, t) = spell(
+            Policy::Deferred,
+            Dur::from_ms(1_502),
+            Dur::from_ms(1_600),
+            true,
+            false,
+        );
+        r.handle_timeout(t + Dur::from_ms(1_502));
+        assert!(grants(&mut r).is_empty());
+        r.handle_timeout(t + Dur::from_ms(1_600));
+        assert_eq!(grants(&mut r), vec![(ModelId(2), false)]);
     }
 }

@@ -238,7 +238,15 @@ impl ModelShard {
 
     /// The ranker granted `gpu` (free at `free_at`) to `model`: book the batch that
     /// fits it, or give the GPU back.
-    pub fn handle_grant(&mut self, now: Time, model: ModelId, gpu: GpuId, free_at: Time, seq: u64) {
+    pub fn handle_grant(
+        &mut self,
+        now: Time,
+        model: ModelId,
+        gpu: GpuId,
+        free_at: Time,
+        seq: u64,
+        early: bool,
+    ) {
         self.enter(now);
         let m = model.idx();
         let Some(e) = self.models.get_mut(m).and_then(|e| e.as_mut()) else {
@@ -252,7 +260,7 @@ impl ModelShard {
         e.seq = e.seq.max(seq);
         e.force = true;
         self.mark(m);
-        let booked = self.book(m, gpu, free_at, now);
+        let booked = self.book(m, gpu, free_at, now, early);
         if !booked {
             self.to_rank.push_back(ToRank::GpuFree {
                 gpu,
@@ -308,7 +316,8 @@ impl ModelShard {
                 gpu,
                 free_at,
                 seq,
-            } => self.handle_grant(now, model, gpu, free_at, seq),
+                early,
+            } => self.handle_grant(now, model, gpu, free_at, seq, early),
             RankOutput::Expired { model, seq } => self.handle_expired(now, model, seq),
             RankOutput::Preempt { model, tasks, .. } => self.handle_requeue(now, model, &tasks),
         }
@@ -453,26 +462,37 @@ impl ModelShard {
 
     /// Re-gathers model `m`'s batch (dropping what cannot be served).
     fn refresh(&mut self, m: usize, now: Time, gpu_free: Option<Time>) -> Option<Candidate> {
+        self.refresh_for(m, now, gpu_free, false)
+    }
+
+    fn refresh_for(
+        &mut self,
+        m: usize,
+        now: Time,
+        gpu_free: Option<Time>,
+        at_once: bool,
+    ) -> Option<Candidate> {
         let outputs = &mut self.outputs;
         let counters = &mut self.counters;
         let model = ModelId(m as u32);
         let e = self.models[m].as_mut()?;
-        e.state.update(now, gpu_free, &mut |task, reason| {
-            counters.queued -= 1;
-            counters.dropped += 1;
-            outputs.push_back(Output::Drop {
-                model,
-                task,
-                reason,
-            });
-        })
+        e.state
+            .update_for(now, gpu_free, at_once, &mut |task, reason| {
+                counters.queued -= 1;
+                counters.dropped += 1;
+                outputs.push_back(Output::Drop {
+                    model,
+                    task,
+                    reason,
+                });
+            })
     }
 
     /// Gathers model `m`'s batch for a GPU free at `f` and books it; returns false
     /// (the candidate is gathered again and stays with the model) when the batch must
     /// wait after all.
-    fn book(&mut self, m: usize, gpu: GpuId, f: Time, now: Time) -> bool {
-        let Some(c) = self.refresh(m, now, Some(f)) else {
+    fn book(&mut self, m: usize, gpu: GpuId, f: Time, now: Time, at_once: bool) -> bool {
+        let Some(c) = self.refresh_for(m, now, Some(f), at_once) else {
             return false;
         };
         let st = &self.models[m].as_ref().expect("present").state;
