@@ -904,11 +904,12 @@ mod tests {
     /// `fermata` (by up to 2.1%): a module of several machines whose
     /// cheaper lists step 1's bounded step functions did not reach (seed 108:
     /// EfficientNetV2L, 34 machines of batch 4 and two smaller partial ones
-    /// against 36 of batch 4; seed 633, by 0.6%; seed 315 at R = 0.2, by
-    /// 0.05%, BERT on 1080 Tis whose lists below the cheapest need a dummy,
-    /// where every list ties at whole machines). `fermata` is at most `exact`
-    /// on them, and step 1's lists below the portfolio's best plan end within
-    /// their nodes there, the cheapest choice among them at most `exact`'s.
+    /// against 36 of batch 4; seed 633, by 0.6%; seed 315 at R = 0.2, 0.35
+    /// and 0.5, by 0.05%, 0.09% and 0.12%, BERT on 1080 Tis whose lists below the
+    /// cheapest need a dummy, where every list ties at whole machines).
+    /// `fermata` is at most `exact` on them, and step 1's lists below the
+    /// portfolio's best plan end within their nodes there, the cheapest
+    /// choice among them at most `exact`'s.
     #[test]
     fn fermata_is_at_most_exact_where_its_step_functions_missed_a_list() {
         use crate::plan::app::exact::lists_below;
@@ -925,6 +926,8 @@ mod tests {
             (0.2, 639),
             (0.35, 678),
             (0.2, 315),
+            (0.35, 315),
+            (0.5, 315),
         ] {
             let app = workload_in(seed, ratio, &profs, &Family::PAPER);
             let fe = planners::fermata(&app).unwrap();
