@@ -289,6 +289,14 @@ pub struct BenchPlannersArgs {
     /// Write the CDF of normalised cost (SVG) to this file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// List each workload where `fermata` planned above another planner or
+    /// ablation (seed, modules, the planners below it and by how much).
+    #[arg(long)]
+    show_misses: bool,
+    /// List `fermata`'s N slowest workloads (seed, modules, rates, time, and
+    /// who built the plan).
+    #[arg(long, default_value_t = 0)]
+    show_slowest: usize,
     #[arg(long)]
     json: bool,
 }
@@ -343,6 +351,7 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
         fermata_lists_nodes: a.fermata_lists_nodes,
         family: bp::Family::by_name(&a.family)
             .with_context(|| format!("--family {:?}: symphony or paper", a.family))?,
+        slowest: a.show_slowest.min(a.workloads),
     };
     let json = a.json;
     let r = bp::run(&o, |i| {
@@ -397,6 +406,48 @@ pub fn cmd_bench_planners(a: BenchPlannersArgs) -> Result<()> {
     }
     if let Some(ms) = r.scale_ms {
         println!("scale instance (20 modules, 5 hardware types, 50 configurations each): fermata {ms:.1} ms");
+    }
+    if a.show_misses {
+        println!(
+            "workloads where fermata planned above another planner: {}",
+            r.misses.len()
+        );
+        for m in &r.misses {
+            println!(
+                "  seed {} {} [{}]: fermata {:.6}; below it: {}",
+                m.seed,
+                m.app,
+                m.modules.join(", "),
+                m.fermata,
+                m.below
+                    .iter()
+                    .map(|(n, c, g)| format!("{n} {c:.6} (+{:.3}%)", g * 100.0))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    if !r.slowest.is_empty() {
+        println!("fermata's slowest workloads:");
+        for t in &r.slowest {
+            println!(
+                "  seed {} {}: {:.1} ms, plan by {} [{}]",
+                t.seed,
+                t.app,
+                t.ms,
+                if t.origin.is_empty() {
+                    "none"
+                } else {
+                    &t.origin
+                },
+                t.modules
+                    .iter()
+                    .zip(&t.rates)
+                    .map(|(m, r)| format!("{m} at {r:.0}/s"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     Ok(())
 }

@@ -151,9 +151,31 @@ fn bench_planners_writes_the_cdf_and_states_the_cost_it_compares() {
         "--no-ablations",
         "--plot",
         svg.to_str().unwrap(),
+        "--show-misses",
+        "--show-slowest",
+        "2",
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("costs: fractional"), "{out}");
+    assert!(
+        out.contains("workloads where fermata planned above another planner: 0"),
+        "{out}"
+    );
+    // The two slowest of the seeds 5, 6 and 7, with their modules' rates.
+    let slow = out
+        .split("fermata's slowest workloads:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{out}"));
+    let rows: Vec<&str> = slow.lines().filter(|l| l.starts_with("  seed ")).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(
+        rows.iter().all(|r| ["5", "6", "7"]
+            .iter()
+            .any(|s| r.starts_with(&format!("  seed {s} ")))
+            && r.contains(" ms, plan by ")
+            && r.contains("/s")),
+        "{out}"
+    );
     assert!(
         out.contains("fermata at most every other planner's fractional cost on 100.0%"),
         "{out}"

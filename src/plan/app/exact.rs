@@ -399,9 +399,14 @@ struct Lists<'a> {
     prices: &'a [f64],
     r: f64,
     l: f64,
-    /// Lists dearer than this are not wanted: the cap given, then the
-    /// cheapest list so far.
+    /// Subtrees whose lists all cost more than this are cut: the cap
+    /// given, then just below the cheapest list so far (a list that only
+    /// ties it is not searched for).
     cap: f64,
+    /// Lists dearer than this are not kept: the cap given, then the
+    /// cheapest list so far (a tie found on the way is kept where its worst
+    /// case is lower).
+    limit: f64,
     /// Largest throughput among `cfgs[j..]`: the largest dummy a list that
     /// goes on from `j` can end with.
     tmax: Vec<f64>,
@@ -426,10 +431,12 @@ impl<'a> Lists<'a> {
             tmax,
             cur: Vec::new(),
             found: Vec::new(),
+            limit: cap * (1.0 + 1e-9),
         }
     }
 
-    /// Leaves the cheapest list (if any) in `found`.
+    /// Leaves the cheapest list (if any) in `found`; among costs equal to
+    /// 1e-9, the lowest worst case found.
     fn run(&mut self, budget: &mut Budget) {
         if self.r <= 0.0 {
             self.found.push(Point {
@@ -441,23 +448,30 @@ impl<'a> Lists<'a> {
             return;
         }
         self.rec(0, self.r, 0.0, budget);
-        let best = std::mem::take(&mut self.found)
+        let found = std::mem::take(&mut self.found);
+        let least = found.iter().map(|q| q.cost).fold(f64::INFINITY, f64::min);
+        let best = found
             .into_iter()
-            .min_by(|a, b| a.cost.total_cmp(&b.cost).then(a.worst.total_cmp(&b.worst)));
+            .filter(|q| q.cost <= least * (1.0 + 1e-9))
+            .min_by(|a, b| a.worst.total_cmp(&b.worst).then(a.cost.total_cmp(&b.cost)));
         self.found.extend(best);
     }
 
     fn emit(&mut self, dummy: f64) {
         let cost = alloc_cost(&self.cur, self.prices);
-        if cost > self.cap {
+        if cost > self.limit {
             return;
         }
         let w = worst_case(&self.cur, super::Dispatch::ThroughputCost, self.prices);
         if w > self.l {
             return;
         }
-        // Equal costs (to rounding) stay: the lowest worst case among them.
-        self.cap = cost * (1.0 + 1e-9);
+        // Equal costs (to rounding) met on the way stay (`run` keeps the
+        // lowest worst case among them); the search goes on only for
+        // cheaper lists. Ties cost the same, and the next search below this
+        // list's worst case finds the tie below it, if any.
+        self.limit = self.limit.min(cost * (1.0 + 1e-9));
+        self.cap = self.cap.min(cost * (1.0 - 1e-9));
         self.found.push(Point {
             worst: w,
             cost,
@@ -502,9 +516,14 @@ impl<'a> Lists<'a> {
         // `need` at the best price per throughput among the others from `j`
         // on.
         let mut ppt = vec![f64::INFINITY; k + 1];
+        // The largest throughput and the least price among the same.
+        let mut tput = vec![0.0f64; k + 1];
+        let mut pmin = vec![f64::INFINITY; k + 1];
         for j in (from..k).rev() {
             let c = &self.cfgs[j];
             ppt[j] = ppt[j + 1];
+            tput[j] = tput[j + 1];
+            pmin[j] = pmin[j + 1];
             let rc = ratio(c) * (1.0 + EPS);
             let ties: f64 = self
                 .cur
@@ -514,14 +533,29 @@ impl<'a> Lists<'a> {
                 .sum();
             if c.latency + f64::from(c.batch) / (rem + self.tmax[j] + ties) <= self.l {
                 ppt[j] = ppt[j].min(self.prices[c.hw] / c.throughput);
+                tput[j] = tput[j].max(c.throughput);
+                pmin[j] = pmin[j].min(self.prices[c.hw]);
             }
         }
+        // The least a rest from configuration `j` on that must take `need`
+        // with `left` of the rate left costs: `need` at the best price per
+        // throughput; and where `need` passes `left`, its last machine is
+        // full (a dummy tops it up), so every machine of the rest is, and
+        // it rents at least `need / t_max` machines at the least price.
+        let least = |need: f64, left: f64, j: usize| -> f64 {
+            let fluid = need * ppt[j];
+            if need > left + 1e-9 * r && tput[j] > 0.0 {
+                fluid.max((need / tput[j] * (1.0 - 1e-9)).ceil() * pmin[j])
+            } else {
+                fluid
+            }
+        };
         for j in from..k {
             if !budget.tick() {
                 return;
             }
             // The rest's cost only rises with `j`.
-            if cost + need * ppt[j] > self.cap {
+            if cost + least(need, rem, j) > self.cap {
                 return;
             }
             let c = self.cfgs[j];
@@ -566,7 +600,7 @@ impl<'a> Lists<'a> {
                     self.cur.pop();
                 }
                 let rest_need = (rest - EPS * r).max(need - n * c.throughput);
-                if n >= 1.0 && cost + n * p + rest_need.max(0.0) * ppt[j + 1] <= self.cap {
+                if n >= 1.0 && cost + n * p + least(rest_need.max(0.0), rest, j + 1) <= self.cap {
                     self.cur.push(Alloc {
                         config: c,
                         count: n,
