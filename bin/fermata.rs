@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 mod bench_http;
 mod bench_serve;
+mod bench_slowdown;
 mod plan;
 mod plan_app;
 mod profile;
@@ -273,6 +274,9 @@ enum BenchCmd {
     /// Goodput of a model repository served by a real executor (onnx, cuda) in
     /// an in-process cluster, next to the simulator's for the measured profiles.
     Serve(bench_serve::ServeGoodputArgs),
+    /// A model slowed K x mid-run on emulated GPUs, served in process: bad %
+    /// after the slowdown with the scheduler's latency scaling on and off.
+    Slowdown(bench_slowdown::SlowdownArgs),
     /// The front door, open loop: a fresh `fermata serve --executor onnx` per
     /// model and rate, driven over HTTP (KServe v2); bad %, latency, client lag.
     Http(bench_http::BenchHttpArgs),
@@ -956,6 +960,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Scheduler(a)) => cmd_scheduler(a),
         Cmd::Bench(BenchCmd::Overload(a)) => cmd_overload(a),
         Cmd::Bench(BenchCmd::Serve(a)) => bench_serve::cmd_bench_serve(a),
+        Cmd::Bench(BenchCmd::Slowdown(a)) => bench_slowdown::cmd_bench_slowdown(a),
         Cmd::Bench(BenchCmd::Http(a)) => bench_http::cmd_bench_http(a),
         Cmd::Bench(BenchCmd::Compare(a)) => cmd_compare(a),
         Cmd::Bench(BenchCmd::Failover(a)) => cmd_failover(a),

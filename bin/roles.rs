@@ -365,6 +365,43 @@ pub struct SchedulerArgs {
     /// registration past it is refused with an error naming this limit.
     #[arg(long, default_value_t = fermata::node::proto::bounds::DEFAULT_MAX_MEMBERS)]
     max_members: u32,
+    #[command(flatten)]
+    latency: LatencyArgs,
+}
+
+/// The scheduler planning each model with its measured latency (scheduler,
+/// serve).
+#[derive(Args, Clone)]
+pub struct LatencyArgs {
+    /// on: a model whose batches run slower than its profile (the median and
+    /// the p90 of its last 20 batches' run time over its profile both more
+    /// than 15% off the scale in force) is planned with its profile times
+    /// that p90 (1 to 4; never below its profile); off: always with its
+    /// profile as given.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    latency_rescale: String,
+}
+
+impl LatencyArgs {
+    pub fn config(&self) -> fermata::node::proto::latency_scale::LatencyScaleConfig {
+        use fermata::node::proto::latency_scale::LatencyScaleConfig;
+        if self.latency_rescale == "off" {
+            LatencyScaleConfig::off()
+        } else {
+            LatencyScaleConfig::default()
+        }
+    }
+}
+
+/// A model slowed down mid-run on the emulated executor (backend, serve).
+#[derive(Args, Clone)]
+pub struct SlowdownArgs {
+    /// With --executor emulated: from SECONDS after the start on, MODEL's
+    /// batches take K times their profile (K 0.05 to 20; may repeat; the
+    /// rule for a model that started last is in force), e.g.
+    /// resnet50=1.5@3.
+    #[arg(long, value_name = "MODEL=K@SECONDS")]
+    pub emulated_slowdown: Vec<fermata::node::exec::slowdown::Slowdown>,
 }
 
 /// Re-planning the applications on their measured fan-outs and latencies
@@ -694,6 +731,7 @@ pub fn cmd_scheduler(a: SchedulerArgs) -> Result<()> {
             epoch,
             limits,
             control: a.control.opts(a.repo.models.as_deref())?,
+            latency: a.latency.config(),
             ..SchedulerOpts::default()
         },
     )?;
@@ -804,6 +842,8 @@ pub struct BackendArgs {
     /// (no request fails). Waits at most this long (s); 0: leave at once.
     #[arg(long, default_value_t = 30.0)]
     drain_timeout_s: f64,
+    #[command(flatten)]
+    slowdown: SlowdownArgs,
 }
 
 pub fn cmd_backend(a: BackendArgs) -> Result<()> {
@@ -820,6 +860,13 @@ pub fn cmd_backend(a: BackendArgs) -> Result<()> {
         o.set_gpu_type(t)?;
     }
     o.set_lanes(a.lanes)?;
+    o.set_emulated_slowdown(
+        fermata::node::exec::slowdown::Slowdowns::new(
+            a.slowdown.emulated_slowdown.clone(),
+            std::time::Instant::now(),
+        )
+        .map_err(anyhow::Error::msg)?,
+    )?;
     let b = BackendNode::start(a.secret.transport(&a.transport, "backend")?, o)?;
     let ids = b.wait_ready(Duration::from_secs(30))?;
     announce(format!("fermata backend ready: GPUs {ids:?}"));
@@ -1192,6 +1239,10 @@ pub struct ServeArgs {
     lanes: u32,
     #[command(flatten)]
     load: LoadArgs,
+    #[command(flatten)]
+    latency: LatencyArgs,
+    #[command(flatten)]
+    slowdown: SlowdownArgs,
 }
 
 /// The offered rate of a model-repository workload when --rate is not given
@@ -1337,6 +1388,8 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         cuda_devices: cuda_devices_of(&a.cuda_devices)?,
         lanes: a.lanes,
         epoch: a.subclusters.epoch_opts()?,
+        latency: a.latency.config(),
+        emulated_slowdown: a.slowdown.emulated_slowdown.clone(),
         control: a
             .control
             .opts((a.executor != "emulated").then_some(a.models.as_path()))?,
@@ -1409,6 +1462,23 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
                 b.pulls_overlapped_late,
             );
         }
+        let scaled: Vec<String> = s
+            .model_latency_scale
+            .iter()
+            .filter(|(_, &k)| k != 1.0)
+            .map(|(m, k)| format!("{m} {k:.2}x"))
+            .collect();
+        println!(
+            "models' latency scales: {} | batches measured {} (untrusted {}), scale changes {}",
+            if scaled.is_empty() {
+                "all 1 (planned with their profiles)".to_string()
+            } else {
+                scaled.join(", ")
+            },
+            s.latency.samples,
+            s.latency.absurd,
+            s.latency.changes
+        );
         if let Some(c) = r.cluster.input_copies() {
             println!(
                 "input copies from the request to the executor's buffer: {:.2} per input byte (store into the region {:.2}, pull {:.2}, executor gather {:.2}; {} bytes stored)",

@@ -393,6 +393,7 @@ pub fn sched_proto(data: &[u8]) -> u64 {
             limits: crate::node::proto::bounds::Limits::default(),
             subclusters: crate::node::proto::subclusters::SubClusters::new(2, vec![0, 1, 0])
                 .expect("two sub-clusters"),
+            latency: Default::default(),
         },
     );
     if b.bool() {
@@ -1032,6 +1033,7 @@ pub fn sched_churn(data: &[u8]) -> u64 {
             max_margin: Dur::from_us(5000),
             subclusters: crate::node::proto::subclusters::SubClusters::single(2),
             limits,
+            latency: Default::default(),
         },
     );
     let mut open: Vec<u64> = Vec::new();

@@ -127,6 +127,7 @@ fn node_protocol_machines_have_no_threads_sockets_or_clock() {
             "plans.rs",
             "check.rs",
             "backend.rs",
+            "latency_scale.rs",
         ],
     );
     assert!(

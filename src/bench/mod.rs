@@ -16,6 +16,7 @@ pub mod partition;
 pub mod planners;
 pub mod plot;
 pub mod scheduler;
+pub mod slowdown;
 
 use crate::core::Policy;
 use crate::sim::{quantile_of_counts, simulate, RunOptions, RunResult};

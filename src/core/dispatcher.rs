@@ -211,6 +211,12 @@ impl Dispatcher {
         self.shard.set_margins(margins);
     }
 
+    /// Plans the models with their profiles times `scales[id]`, see
+    /// [`ModelState::set_latency_scale`].
+    pub fn set_latency_scales(&mut self, scales: &[f64]) {
+        self.shard.set_latency_scales(scales);
+    }
+
     /// Adds a GPU (free from now on); returns its id.
     pub fn add_gpu(&mut self) -> GpuId {
         let g = self.rank.add_gpu();

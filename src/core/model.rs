@@ -111,6 +111,10 @@ pub struct ModelState {
     /// frontrun moment costs at most this fraction of the model's spare GPU time
     /// ([`DispatcherConfig::eager_cost_max`](super::DispatcherConfig::eager_cost_max)).
     pub eager_cost_max: f64,
+    /// The profile the model was given, and the factor `spec.profile` is it
+    /// times ([`ModelState::set_latency_scale`]; 1 until measured otherwise).
+    base_profile: LatencyProfile,
+    latency_scale: f64,
 }
 
 /// How a request ended, as its client sees it: every request ends exactly once,
@@ -198,14 +202,8 @@ impl ModelState {
             _ => ExecRule::Eager,
         };
         let max_batch = spec.profile.max_batch();
-        let window = match gather {
-            Gather::Lazy | Gather::Adaptive => 1,
-            Gather::EarlyDrop { window: Some(w) } => w.min(max_batch),
-            Gather::EarlyDrop { window: None } => spec
-                .profile
-                .max_batch_within(Dur(spec.slo.0 / 2), Dur::ZERO, max_batch)
-                .max(1),
-        };
+        let base_profile = spec.profile.clone();
+        let window = Self::window_of(&spec, gather, max_batch);
         ModelState {
             id,
             spec,
@@ -223,6 +221,20 @@ impl ModelState {
             margin: Dur::ZERO,
             dispersion: 1.0,
             eager_cost_max: 0.0,
+            base_profile,
+            latency_scale: 1.0,
+        }
+    }
+
+    /// The early-drop window before any rate is measured.
+    fn window_of(spec: &ModelSpec, gather: Gather, max_batch: u32) -> u32 {
+        match gather {
+            Gather::Lazy | Gather::Adaptive => 1,
+            Gather::EarlyDrop { window: Some(w) } => w.min(max_batch),
+            Gather::EarlyDrop { window: None } => spec
+                .profile
+                .max_batch_within(Dur(spec.slo.0 / 2), Dur::ZERO, max_batch)
+                .max(1),
         }
     }
 
@@ -258,6 +270,36 @@ impl ModelState {
     /// is good at the client. The candidate follows at the model's next event.
     pub fn set_margin(&mut self, margin: Dur) {
         self.margin = margin.max(Dur::ZERO);
+    }
+
+    /// Plans the model with its given profile times `k` from now on (the
+    /// scheduler measures how much slower than profiled its batches really
+    /// run; see [`crate::node::proto::latency_scale`]): every l(b) the model's
+    /// candidates, windows and GPU bookings use is the scaled one. `k` is
+    /// clamped to [1/16, 16]; one that is not finite leaves the scale as it is.
+    /// The candidate follows at the model's next event.
+    pub fn set_latency_scale(&mut self, k: f64) {
+        if !k.is_finite() {
+            return;
+        }
+        let k = k.clamp(1.0 / 16.0, 16.0);
+        if k == self.latency_scale {
+            return;
+        }
+        self.latency_scale = k;
+        self.spec.profile = if k == 1.0 {
+            self.base_profile.clone()
+        } else {
+            self.base_profile.scaled(k)
+        };
+        if let Gather::EarlyDrop { window: None } = self.gather {
+            self.window = Self::window_of(&self.spec, self.gather, self.max_batch);
+        }
+    }
+
+    /// The factor the model's profile is planned with (1: as given).
+    pub fn latency_scale(&self) -> f64 {
+        self.latency_scale
     }
 
     /// The time reserved between a batch's end and its head's deadline.

@@ -197,6 +197,36 @@ impl LatencyProfile {
         }
     }
 
+    /// This profile with every latency times `k` (rounded to the nanosecond,
+    /// at least 1 ns per batch size): what a model that runs `k` times slower
+    /// than profiled takes. `k` must be finite and > 0 (otherwise the profile
+    /// is returned unchanged).
+    pub fn scaled(&self, k: f64) -> LatencyProfile {
+        if !(k.is_finite() && k > 0.0) {
+            return self.clone();
+        }
+        let s = |d: Dur| Dur((d.0 as f64 * k).round() as i64);
+        match self {
+            LatencyProfile::Linear {
+                alpha,
+                beta,
+                max_batch,
+            } => {
+                let (alpha, beta) = (s(*alpha), s(*beta));
+                // l(1) stays > 0 whatever the rounding.
+                let beta = if alpha.0 + beta.0 <= 0 { Dur(1) } else { beta };
+                LatencyProfile::Linear {
+                    alpha,
+                    beta,
+                    max_batch: *max_batch,
+                }
+            }
+            LatencyProfile::Table { lat } => LatencyProfile::Table {
+                lat: lat.iter().map(|&l| s(l).max(Dur(1))).collect(),
+            },
+        }
+    }
+
     /// Peak throughput (requests per second) of one GPU running batch `b` back to back.
     pub fn throughput_rps(&self, b: u32) -> f64 {
         b as f64 / self.latency(b).as_secs_f64()
@@ -244,6 +274,23 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_scaled_profile_is_k_times_as_long_and_stays_valid() {
+        let lin = LatencyProfile::linear_ms(1.0, 5.0, 16).unwrap();
+        let tab = LatencyProfile::table((1..=16).map(|b| lin.latency(b)).collect()).unwrap();
+        for p in [&lin, &tab] {
+            let s = p.scaled(1.5);
+            s.validate().unwrap();
+            assert_eq!(s.max_batch(), 16);
+            for b in 1..=16 {
+                assert_eq!(s.latency(b).0, (p.latency(b).0 as f64 * 1.5).round() as i64);
+            }
+            assert_eq!(&p.scaled(f64::NAN), p);
+            assert_eq!(&p.scaled(0.0), p);
+            assert!(p.scaled(1e-12).validate().is_ok());
         }
     }
 

@@ -155,6 +155,17 @@ impl ModelShard {
         }
     }
 
+    /// Plans each owned model with its profile times `scales[id]` (a model
+    /// beyond the slice: 1). See [`ModelState::set_latency_scale`].
+    pub fn set_latency_scales(&mut self, scales: &[f64]) {
+        for &id in &self.own {
+            let k = scales.get(id.idx()).copied().unwrap_or(1.0);
+            if let Some(e) = self.models[id.idx()].as_mut() {
+                e.state.set_latency_scale(k);
+            }
+        }
+    }
+
     fn entry(&self, id: ModelId) -> Option<&Entry> {
         self.models.get(id.idx()).and_then(|e| e.as_ref())
     }

@@ -8,6 +8,7 @@
 
 pub mod fault;
 pub mod isolate;
+pub mod slowdown;
 pub mod stage;
 
 use crate::core::{Dur, LatencyProfile, ModelId};
@@ -345,9 +346,15 @@ pub fn emulated_output(input: &[u8]) -> Vec<u8> {
 /// emulated GPUs can share a few cores (a pure spin would need a core per GPU) while
 /// finishing within microseconds of l(b); the backend sets its GPU threads' timer
 /// slack to 1 ns so the sleep ends on time.
+///
+/// With slowdowns ([`EmulatedGpu::slowed`], `--emulated-slowdown`), a model's
+/// batches take their l(b) times the factor in force.
 pub struct EmulatedGpu {
     profiles: HashMap<ModelId, LatencyProfile>,
     spin: Duration,
+    slow: Option<std::sync::Arc<slowdown::Slowdowns>>,
+    /// The names of the models loaded, for the slowdowns.
+    names: HashMap<ModelId, String>,
 }
 
 impl EmulatedGpu {
@@ -355,8 +362,31 @@ impl EmulatedGpu {
         EmulatedGpu {
             profiles: HashMap::new(),
             spin: Duration::from_micros(30),
+            slow: None,
+            names: HashMap::new(),
         }
     }
+
+    /// An emulated GPU whose models' batches follow `slow`.
+    pub fn slowed(slow: std::sync::Arc<slowdown::Slowdowns>) -> EmulatedGpu {
+        EmulatedGpu {
+            slow: (!slow.is_empty()).then_some(slow),
+            ..EmulatedGpu::new()
+        }
+    }
+}
+
+/// The emulated executor's factory with `slow` (`--emulated-slowdown`;
+/// `FERMATA_FAULT` applies as in [`executor_factory_on`]).
+pub fn emulated_factory_slowed(slow: slowdown::Slowdowns) -> anyhow::Result<ExecutorFactory> {
+    let slow = std::sync::Arc::new(slow);
+    let make: ExecutorFactory = Box::new(move |_| Ok(Box::new(EmulatedGpu::slowed(slow.clone()))));
+    Ok(match fault::from_env()? {
+        None => make,
+        Some(f) => {
+            Box::new(move |g| Ok(Box::new(fault::Faulty::new(make(g)?, f)) as Box<dyn Executor>))
+        }
+    })
 }
 
 impl Default for EmulatedGpu {
@@ -384,6 +414,7 @@ impl Executor for EmulatedGpu {
     }
     fn unload(&mut self, model: ModelId) {
         self.profiles.remove(&model);
+        self.names.remove(&model);
     }
     fn loader(&self) -> Option<std::sync::Arc<dyn Loader>> {
         Some(std::sync::Arc::new(EmulatedLoader))
@@ -393,6 +424,7 @@ impl Executor for EmulatedGpu {
             anyhow::anyhow!("model `{}`: not prepared by this executor", model.name)
         })?;
         self.profiles.insert(model.id, *p);
+        self.names.insert(model.id, model.name.clone());
         Ok(())
     }
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
@@ -407,11 +439,15 @@ impl Executor for EmulatedGpu {
                 p.max_batch()
             );
         }
+        let k = match (&self.slow, self.names.get(&model)) {
+            (Some(s), Some(name)) => s.factor(name, t0),
+            _ => 1.0,
+        };
         let end = t0
             + Duration::from_nanos(if n == 0 {
                 0
             } else {
-                p.latency(n).0.max(0) as u64
+                (p.latency(n).0.max(0) as f64 * k) as u64
             });
         let out = inputs.iter().map(|i| emulated_output(i)).collect();
         let now = Instant::now();

@@ -50,6 +50,11 @@ pub struct ClusterOpts {
     pub epoch: super::scheduler::epoch::EpochOpts,
     /// Model control (`SchedulerOpts::control`).
     pub control: super::scheduler::ModelControlOpts,
+    /// The scheduler's latency scaling (`SchedulerOpts::latency`).
+    pub latency: crate::node::proto::latency_scale::LatencyScaleConfig,
+    /// Models the emulated executor slows down, timed from the cluster's
+    /// start (`--emulated-slowdown`).
+    pub emulated_slowdown: Vec<crate::node::exec::slowdown::Slowdown>,
 }
 
 impl Default for ClusterOpts {
@@ -73,6 +78,8 @@ impl Default for ClusterOpts {
             min_slack: SchedulerOpts::default().min_slack,
             epoch: Default::default(),
             control: Default::default(),
+            latency: Default::default(),
+            emulated_slowdown: Vec::new(),
         }
     }
 }
@@ -142,6 +149,21 @@ impl Cluster {
         if o.frontends == 0 {
             anyhow::bail!("at least one frontend is needed");
         }
+        if let Some(r) = o
+            .emulated_slowdown
+            .iter()
+            .find(|r| !w.models.iter().any(|m| m.spec.name == r.model))
+        {
+            anyhow::bail!(
+                "--emulated-slowdown names {:?}, which the workload does not serve",
+                r.model
+            );
+        }
+        let slow = crate::node::exec::slowdown::Slowdowns::new(
+            o.emulated_slowdown.clone(),
+            Instant::now(),
+        )
+        .map_err(anyhow::Error::msg)?;
         if !o.epoch.types.is_empty() && (o.backends as usize) < o.epoch.types.len() {
             anyhow::bail!(
                 "{} typed sub-clusters need at least as many backends (--backends {} or more)",
@@ -172,6 +194,7 @@ impl Cluster {
                 min_slack: o.min_slack,
                 epoch: o.epoch.clone(),
                 control: o.control.clone(),
+                latency: o.latency,
                 limits,
                 ..SchedulerOpts::default()
             },
@@ -189,6 +212,7 @@ impl Cluster {
             )?;
             bo.name = format!("backend{b}");
             bo.set_lanes(o.lanes)?;
+            bo.set_emulated_slowdown(slow.clone())?;
             // Typed sub-clusters: backend b is of sub-cluster b's type (in
             // turn), so each sub-cluster gets backends.
             if let Some(t) = o.epoch.types.get(b as usize % o.epoch.types.len().max(1)) {

@@ -106,6 +106,7 @@ enum ModelCtl {
     Remove(ModelId),
     SetNet(NetBudget),
     SetMargins(Arc<[Dur]>),
+    SetLatencyScales(Arc<[f64]>),
     Shutdown,
 }
 
@@ -630,6 +631,16 @@ impl RtScheduler {
         }
     }
 
+    /// Plans the models with their profiles times `scales[id]` (see
+    /// [`crate::core::ModelState::set_latency_scale`]).
+    pub fn set_latency_scales(&self, scales: &[f64]) {
+        let k: Arc<[f64]> = scales.into();
+        for (t, tx) in self.ctl_txs.iter().enumerate() {
+            let _ = tx.send(ModelCtl::SetLatencyScales(k.clone()));
+            self.model_unparkers[t].unpark();
+        }
+    }
+
     /// Adds a GPU (free from now on); returns its id.
     pub fn add_gpu(&self) -> GpuId {
         // The RankThread publishes the count of GPUs in service after each pass.
@@ -855,6 +866,7 @@ impl ModelThread {
                     ModelCtl::Remove(id) => self.shard.remove_model(now, id),
                     ModelCtl::SetNet(net) => self.shard.set_net(net),
                     ModelCtl::SetMargins(m) => self.shard.set_margins(&m),
+                    ModelCtl::SetLatencyScales(k) => self.shard.set_latency_scales(&k),
                     ModelCtl::Shutdown => {
                         shutdown_at = Some(now);
                         self.shard.drain_all(now);

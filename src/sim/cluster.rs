@@ -808,6 +808,7 @@ impl ClusterSim {
                     }
                 },
                 subclusters: SubClusters::new(n, home.clone()).expect("sub-clusters"),
+                latency: Default::default(),
             },
         );
         Sched {
@@ -2574,6 +2575,11 @@ fn sched_take_actions(s: &mut Sched, report: &mut ClusterSimReport, now: Time) -
             Action::SetMargins(m) => {
                 for c in &mut s.cores {
                     c.set_margins(&m);
+                }
+            }
+            Action::SetLatencyScales(k) => {
+                for c in &mut s.cores {
+                    c.set_latency_scales(&k);
                 }
             }
             Action::DeviceBytes { .. } => {}

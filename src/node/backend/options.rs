@@ -96,6 +96,22 @@ impl BackendOpts {
         Ok(o)
     }
 
+    /// The emulated executor slows models down as `slow` says
+    /// (`--emulated-slowdown`, timed from `slow`'s origin).
+    pub fn set_emulated_slowdown(
+        &mut self,
+        slow: crate::node::exec::slowdown::Slowdowns,
+    ) -> anyhow::Result<()> {
+        if slow.is_empty() {
+            return Ok(());
+        }
+        if self.device != crate::wire::DeviceKind::Emulated {
+            anyhow::bail!("--emulated-slowdown is for --executor emulated");
+        }
+        self.executor = crate::node::exec::emulated_factory_slowed(slow)?;
+        Ok(())
+    }
+
     /// Every GPU registers as type `t` (`--gpu-type`): 1 to 128 characters.
     pub fn set_gpu_type(&mut self, t: &str) -> anyhow::Result<()> {
         let t = t.trim();

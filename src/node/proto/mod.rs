@@ -19,6 +19,8 @@
 //! - [`control`]: model control (which models are loaded, clients' loads and
 //!   unloads); [`devices`]: what runs each model's GPUs (real GPUs, the CPU,
 //!   emulated), as frontends report it.
+//! - [`latency_scale`]: how much slower than profiled each model runs, from
+//!   the batches backends report, and when its profile must be planned scaled.
 //! - [`plans`]: the scheduler's in-flight plans, each owned by one backend and GPU.
 //! - [`ledger`]: a frontend's pending requests, each ended exactly once, with the
 //!   deadline-plus-grace sweep.
@@ -36,6 +38,7 @@ pub mod check;
 pub mod control;
 pub mod devices;
 pub mod fence;
+pub mod latency_scale;
 pub mod ledger;
 pub mod member;
 pub mod plans;

@@ -26,11 +26,13 @@ struct InFlight {
 
 /// A plan reported done: its task count, and how many of them it finished past
 /// their deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Done {
     pub model: ModelId,
     pub tasks: usize,
     pub late: usize,
+    /// Its tasks' deadlines (in the plan's order).
+    pub deadlines: Vec<Time>,
 }
 
 /// A plan not reported done in time, the worst of its backend.
@@ -167,6 +169,7 @@ impl PlanLedger {
             model: f.model,
             tasks: f.tasks.len(),
             late: f.tasks.iter().filter(|t| finished > t.1).count(),
+            deadlines: f.tasks.iter().map(|t| t.1).collect(),
         })
     }
 

@@ -48,6 +48,7 @@ use super::bounds::{GpuIds, Limits, RefusalLog};
 use super::check::{self, Submitted};
 use super::control::{Control, ControlMode};
 use super::devices::Devices;
+use super::latency_scale::{LatencyScaleConfig, LatencyScaleStats, LatencyWatch};
 use super::plans::{PlanLedger, Refused};
 use super::subclusters::{Move, MoveStats, Phase, SubClusters};
 use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, PullFit, Task, TaskId, Time};
@@ -124,6 +125,9 @@ pub struct SchedConfig {
     /// Members registered at once, and GPUs per backend
     /// ([`super::bounds`]).
     pub limits: Limits,
+    /// When a model's profile is planned scaled to its measured latency
+    /// ([`super::latency_scale`]).
+    pub latency: LatencyScaleConfig,
 }
 
 /// What the scheduler counted (also its report when it stops).
@@ -170,6 +174,11 @@ pub struct SchedReport {
     /// Sub-clusters, and the models' moves between them.
     pub subclusters: u32,
     pub moves: MoveStats,
+    /// Each model's latency scale at the end (by name; 1: planned with its
+    /// profile as given), and the batches measured for it
+    /// ([`super::latency_scale`]).
+    pub model_latency_scale: std::collections::BTreeMap<String, f64>,
+    pub latency: LatencyScaleStats,
 }
 
 /// The lanes per device a backend registered: one value for all its GPUs,
@@ -246,6 +255,11 @@ pub enum Action {
     /// New response margins for the core, per model id (see
     /// [`crate::core::ModelState::set_margin`]).
     SetMargins(Vec<Dur>),
+    /// New latency scales for the core, per model id: a model's batches are
+    /// planned with its profile times its scale (see
+    /// [`crate::core::ModelState::set_latency_scale`] and
+    /// [`super::latency_scale`]).
+    SetLatencyScales(Vec<f64>),
     /// A backend measured a model's device memory on one GPU.
     DeviceBytes { model: ModelId, bytes: u64 },
     /// A backend drains: its GPUs leave the core (no new plan on them); their
@@ -366,6 +380,8 @@ pub struct SchedProto {
     waiting: BTreeSet<ConnId>,
     /// The latest time an input brought.
     now: Time,
+    /// Each model's measured latency against its profile.
+    latency: LatencyWatch,
 }
 
 /// The sizes of the scheduler's per-member state ([`SchedProto::state_sizes`]).
@@ -409,9 +425,11 @@ impl SchedProto {
         let subs = cfg.subclusters.clone();
         let report = SchedReport {
             subclusters: subs.count(),
+            model_latency_scale: cfg.models.iter().map(|m| (m.name.clone(), 1.0)).collect(),
             ..SchedReport::default()
         };
         SchedProto {
+            latency: LatencyWatch::new(&cfg.models, cfg.latency),
             sub_gpus: vec![0; subs.count() as usize],
             devices: Devices::new(subs.count(), cfg.models.len()),
             late_by_model: vec![0; cfg.models.len()],
@@ -499,6 +517,11 @@ impl SchedProto {
     /// The models' sub-clusters and the moves under way.
     pub fn subclusters(&self) -> &SubClusters {
         &self.subs
+    }
+
+    /// Each model's measured latency against its profile, and its scale.
+    pub fn latency(&self) -> &LatencyWatch {
+        &self.latency
     }
 
     /// Tasks of plans reported finished past their deadline, per model id.
@@ -792,10 +815,11 @@ impl SchedProto {
             Msg::PlanDone {
                 id,
                 gpu,
+                status,
                 started,
                 finished,
-                ..
-            } => self.plan_done(now, c, id, gpu, started, finished),
+                missing,
+            } => self.plan_done(now, c, id, gpu, (status, missing), started, finished),
             Msg::Unregister { reason } => {
                 let why = format!("unregistered: {reason}");
                 self.remove(c, why, true);
@@ -1152,12 +1176,14 @@ impl SchedProto {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // the report's fields
     fn plan_done(
         &mut self,
         now: Time,
         c: ConnId,
         plan: PlanId,
         gpu: GpuId,
+        (status, missing): (crate::wire::PlanStatus, u32),
         started: Time,
         finished: Time,
     ) {
@@ -1182,6 +1208,16 @@ impl SchedProto {
                 if let Some(l) = self.late_by_model.get_mut(d.model.idx()) {
                     *l += d.late as u64;
                 }
+                let w = &mut self.latency;
+                if let Some(k) =
+                    w.on_done(d.model, status, missing, &d.deadlines, started, finished)
+                {
+                    for (m, &k) in self.cfg.models.iter().zip(&k) {
+                        self.report.model_latency_scale.insert(m.name.clone(), k);
+                    }
+                    self.actions.push_back(Action::SetLatencyScales(k));
+                }
+                self.report.latency = self.latency.scaler().stats();
             }
             Err(Refused::Unknown) => {
                 self.report.stray_plan_done += 1;

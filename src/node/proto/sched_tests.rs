@@ -45,6 +45,7 @@ pub(in crate::node::proto) fn proto_with_limits(
             max_margin: Dur::from_us(5000),
             limits,
             subclusters,
+            latency: Default::default(),
         },
     )
 }
@@ -1111,4 +1112,56 @@ fn a_standby_hears_the_model_states_and_a_successor_adopts_them() {
     let mut bad = last.clone();
     bad[0].model = ModelId(7);
     assert!(r.adopt_model_states(&bad).is_err());
+}
+
+/// Plans that backends report run 1.5x their model's profile move its
+/// latency scale once enough say so (an action for the core, the report);
+/// a report of another status, or with missing inputs, is no sample.
+#[test]
+fn batches_slower_than_their_profile_rescale_the_model() {
+    let ms = |m: i64| Time(m * 1_000_000);
+    let mut p = proto();
+    frontend(&mut p, 1);
+    let b = backend(&mut p, 2, ms(0));
+    while p.poll_action().is_some() {}
+    let scales = |p: &mut SchedProto| -> Vec<Vec<f64>> {
+        std::iter::from_fn(|| p.poll_action())
+            .filter_map(|a| match a {
+                Action::SetLatencyScales(k) => Some(k),
+                _ => None,
+            })
+            .collect()
+    };
+    // Model 0: l(1) = 6 ms; each plan one task, run 9 ms.
+    let done = |p: &mut SchedProto, i: u64, status, missing| {
+        let t0 = ms(100 * i as i64);
+        let task = (crate::wire::task_id(1, i), t0 + Dur::from_ms(50));
+        in_flight(p, b, (i, 0), (t0, t0 + Dur::from_ms(6)), task);
+        let msg = Msg::PlanDone {
+            id: PlanId(i),
+            gpu: GpuId(0),
+            status,
+            started: t0,
+            finished: t0 + Dur::from_ms(9),
+            missing,
+        };
+        p.handle_msg(t0 + Dur::from_ms(9), 2, msg);
+        p.handle_msg(t0 + Dur::from_ms(9), 2, ping(t0));
+    };
+    use crate::wire::PlanStatus;
+    for i in 1..=30 {
+        done(&mut p, i, PlanStatus::TooLate, 0);
+        done(&mut p, 100 + i, PlanStatus::Ran, 1);
+    }
+    assert!(scales(&mut p).is_empty());
+    assert_eq!(p.report().latency.samples, 0);
+    for i in 1..=19 {
+        done(&mut p, 200 + i, PlanStatus::Ran, 0);
+    }
+    assert!(scales(&mut p).is_empty());
+    done(&mut p, 300, PlanStatus::Ran, 0);
+    assert_eq!(scales(&mut p), vec![vec![1.5, 1.0]]);
+    assert_eq!(p.report().model_latency_scale["m0"], 1.5);
+    assert_eq!(p.report().model_latency_scale["m1"], 1.0);
+    assert_eq!(p.report().latency.changes, 1);
 }

@@ -86,6 +86,9 @@ pub(super) struct EventLoop {
     /// ([`DEMAND_WINDOW_S`]), for the load's demand in GPUs.
     specs: Vec<ModelSpec>,
     model_counts: crate::metrics::Window<Vec<u64>>,
+    /// The models' profiles as given (`specs` has them times their latency
+    /// scales).
+    base_profiles: Vec<crate::core::LatencyProfile>,
     /// Once it took over: the fencing thread's answer (a newer term, 0: none)
     /// and its stop flag.
     fencer: Option<(Arc<AtomicU64>, Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
@@ -129,6 +132,7 @@ impl EventLoop {
             started: Instant::now(),
             epoch: epoch.0,
             part_models: epoch.1,
+            base_profiles: specs.iter().map(|s| s.profile.clone()).collect(),
             specs,
             model_counts: crate::metrics::Window::default(),
             fencer: None,
@@ -323,6 +327,10 @@ impl EventLoop {
     /// Refreshes the GPUs' busy fractions for the metrics.
     fn update_busy(&mut self, now: Instant) {
         let snap = busy_snapshot(&mut self.busy, now);
+        let lat = self.proto.latency().scaler();
+        for (m, g) in self.routes.metrics.latency_ratio.iter().enumerate() {
+            g.set(lat.estimate(ModelId(m as u32)).unwrap_or(0.0));
+        }
         self.update_autoscale(now, &snap);
         *self.busy_snap.lock().expect("busy lock") = snap;
     }
@@ -652,6 +660,7 @@ impl EventLoop {
                         rt.set_margins(&m);
                     }
                 }
+                Action::SetLatencyScales(k) => self.set_latency_scales(k),
                 Action::DeviceBytes { model, bytes } => self.device_bytes(model, bytes),
                 Action::StepDown { term, why } => {
                     let line = format!("replaced by a scheduler of term {term} ({why})");
@@ -695,6 +704,23 @@ impl EventLoop {
         {
             r.report(gpu, plan, finished);
         }
+    }
+
+    /// Each model is planned with its profile times its scale from now on:
+    /// the cores, the load's demand and the metrics follow.
+    fn set_latency_scales(&mut self, k: Vec<f64>) {
+        for rt in &self.rts {
+            rt.set_latency_scales(&k);
+        }
+        for (m, (&k, base)) in k.iter().zip(&self.base_profiles).enumerate() {
+            if let Some(s) = self.specs.get_mut(m) {
+                s.profile = base.scaled(k);
+            }
+            if let Some(g) = self.routes.metrics.latency_scale.get(m) {
+                g.set(k);
+            }
+        }
+        tracing::info!(scales = ?k, "scheduler: models' latency scales");
     }
 
     fn set_net(&self, net: NetBudget) {

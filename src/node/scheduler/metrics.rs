@@ -25,6 +25,10 @@ pub(super) struct SchedMetrics {
     pub(super) device_bytes: Vec<Gauge>,
     pub(super) d_data: Gauge,
     pub(super) d_data_fixed: Gauge,
+    /// Each model's latency scale, and its measured run time over its
+    /// profile (the window's p90; 0 until measured).
+    pub(super) latency_scale: Vec<Gauge>,
+    pub(super) latency_ratio: Vec<Gauge>,
 }
 
 /// The label of a drop code.
@@ -61,6 +65,20 @@ impl SchedMetrics {
             batch: batch_histograms(reg, models),
             drops: drop_counters(reg),
             device_bytes: device_bytes_gauges(reg, models),
+            latency_scale: per_model_gauge(
+                reg,
+                models,
+                "fermata_model_latency_scale",
+                "The factor the scheduler plans a model's profile with (1: as given; its batches measured slower move it).",
+                1.0,
+            ),
+            latency_ratio: per_model_gauge(
+                reg,
+                models,
+                "fermata_model_latency_ratio",
+                "A model's batches' run time over its profile as the scheduler measures it (p90 of the recent batches; 0 until enough).",
+                0.0,
+            ),
             d_ctrl: reg.gauge(
                 "fermata_scheduler_d_ctrl_seconds",
                 "The control-delay budget d_ctrl in use (measured, Appendix D).",
@@ -89,6 +107,24 @@ fn per_model_counter(reg: &Registry, models: &[ModelInfo], name: &str, help: &st
     models
         .iter()
         .map(|m| reg.counter(name, help, &[("model", &m.name)]))
+        .collect()
+}
+
+/// One gauge per model (label `model`), set to `init`.
+fn per_model_gauge(
+    reg: &Registry,
+    models: &[ModelInfo],
+    name: &str,
+    help: &str,
+    init: f64,
+) -> Vec<Gauge> {
+    models
+        .iter()
+        .map(|m| {
+            let g = reg.gauge(name, help, &[("model", &m.name)]);
+            g.set(init);
+            g
+        })
         .collect()
 }
 

@@ -242,6 +242,7 @@ fn sched_config(
         max_data: opts.max_data,
         max_margin: opts.max_margin,
         limits: opts.limits,
+        latency: opts.latency,
     }
 }
 

@@ -48,6 +48,9 @@ pub struct SchedulerOpts {
     /// Model control: which models load at start, and whether clients load
     /// and unload them.
     pub control: ModelControlOpts,
+    /// Planning each model with its measured latency (`--latency-rescale`,
+    /// [`crate::node::proto::latency_scale`]).
+    pub latency: crate::node::proto::latency_scale::LatencyScaleConfig,
 }
 
 /// `--model-control-mode`, `--load-model` and `--repository-poll-secs`.
@@ -93,6 +96,7 @@ impl Default for SchedulerOpts {
             epoch: super::epoch::EpochOpts::default(),
             limits: crate::node::proto::bounds::Limits::default(),
             control: ModelControlOpts::default(),
+            latency: Default::default(),
         }
     }
 }
