@@ -16,8 +16,9 @@
 #    Runtime on the CPU (scripts/check_http.py; needs tritonclient importable);
 # 4. a goodput search of resnet50 and resnet50_fp16, each alone on one GPU with
 #    the cuda executor (`fermata bench serve`), next to the simulator's for the
-#    measured profile, and resnet50's again with its inputs staged in
-#    page-locked buffers (FERMATA_CUDA_STAGE=1);
+#    measured profile (inputs pulled straight into page-locked buffers, the
+#    default), and resnet50's again with each batch gathered into the model's
+#    pinned buffer instead (FERMATA_CUDA_STAGE=0);
 #    then, with --lanes E (2; 1 skips it), resnet50's d(b, E) (`fermata profile
 #    --lanes E`) and its goodput with E lanes on the one GPU, next to the
 #    simulator's for that profile;
@@ -174,14 +175,14 @@ if ((GOODPUT)); then
       { cat "$GC_OUT/goodput_$stem.log"; die "bench serve $stem failed"; }
     cat "$GC_OUT/goodput_$stem.txt"
   done
-  # The same FP32 search with its inputs pulled straight into page-locked
-  # buffers (FERMATA_CUDA_STAGE=1) instead of gathered into the model's.
+  # The same FP32 search with each batch gathered into the model's pinned
+  # buffer (FERMATA_CUDA_STAGE=0) instead of pulled straight into a staged one.
   stem=resnet50
-  say "goodput: $stem on one GPU, inputs staged in page-locked buffers (FERMATA_CUDA_STAGE=1)"
-  FERMATA_CUDA_STAGE=1 "$BIN" bench serve --models "$GC_OUT/$stem" --executor cuda --gpus 1 "${SEARCH[@]}" \
-    >"$GC_OUT/goodput_${stem}_staged.txt" 2>"$GC_OUT/goodput_${stem}_staged.log" ||
-    { cat "$GC_OUT/goodput_${stem}_staged.log"; die "bench serve $stem (staged) failed"; }
-  cat "$GC_OUT/goodput_${stem}_staged.txt"
+  say "goodput: $stem on one GPU, each batch gathered into the model's pinned buffer (FERMATA_CUDA_STAGE=0)"
+  FERMATA_CUDA_STAGE=0 "$BIN" bench serve --models "$GC_OUT/$stem" --executor cuda --gpus 1 "${SEARCH[@]}" \
+    >"$GC_OUT/goodput_${stem}_gathered.txt" 2>"$GC_OUT/goodput_${stem}_gathered.log" ||
+    { cat "$GC_OUT/goodput_${stem}_gathered.log"; die "bench serve $stem (gathered) failed"; }
+  cat "$GC_OUT/goodput_${stem}_gathered.txt"
   # E lanes: d(b, E) measured, then the goodput with it.
   if ((LANES > 1)); then
     stem=resnet50 name=resnet50_lanes$LANES

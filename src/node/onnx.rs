@@ -93,13 +93,14 @@ pub const BUCKETS_ENV: &str = "FERMATA_BUCKETS";
 /// `none`, `weights` or `all`, the default).
 pub const SHARING_ENV: &str = "FERMATA_ORT_SHARING";
 
-/// Environment variable: `1` makes the `cuda` executor lend page-locked host
-/// buffers to its GPU's puller, so a single-tensor model's inputs are pulled
-/// straight into the buffer the device copies from ([`crate::node::exec::stage`]);
-/// `0` or unset: each batch is gathered into the model's own pinned buffer.
+/// Environment variable: `1` or unset makes the `cuda` executor lend
+/// page-locked host buffers to its GPU's puller, so a single-tensor model's
+/// inputs are pulled straight into the buffer the device copies from
+/// ([`crate::node::exec::stage`]); `0`: each batch is gathered into the
+/// model's own pinned buffer (measured slower on an H200: docs/gpu.md).
 pub const CUDA_STAGE_ENV: &str = "FERMATA_CUDA_STAGE";
 
-/// `FERMATA_CUDA_STAGE` (off when unset).
+/// `FERMATA_CUDA_STAGE` (on when unset).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn cuda_stage_from_env() -> Result<bool> {
     parse_cuda_stage(std::env::var(CUDA_STAGE_ENV).ok().as_deref())
@@ -107,8 +108,8 @@ pub fn cuda_stage_from_env() -> Result<bool> {
 
 fn parse_cuda_stage(v: Option<&str>) -> Result<bool> {
     match v.map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        None | Some("") | Some("1") => Ok(true),
         Some(s) => bail!("{CUDA_STAGE_ENV} must be 0 or 1, got {s:?}"),
     }
 }
@@ -1443,10 +1444,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cuda_staging_is_off_unless_asked_for() {
-        assert!(!parse_cuda_stage(None).unwrap());
+    fn cuda_staging_is_on_unless_turned_off() {
+        assert!(parse_cuda_stage(None).unwrap());
         assert!(!parse_cuda_stage(Some("0")).unwrap());
-        assert!(!parse_cuda_stage(Some("")).unwrap());
+        assert!(!parse_cuda_stage(Some(" 0 ")).unwrap());
+        assert!(parse_cuda_stage(Some("")).unwrap());
         assert!(parse_cuda_stage(Some(" 1 ")).unwrap());
         let e = parse_cuda_stage(Some("yes")).unwrap_err().to_string();
         assert!(e.contains("FERMATA_CUDA_STAGE must be 0 or 1"), "{e}");

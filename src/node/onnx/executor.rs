@@ -19,8 +19,8 @@ pub struct OnnxExecutor {
     models: HashMap<ModelId, OnnxModel>,
     /// The buffers its puller pulls staged models' inputs into (the batch
     /// tensors themselves): heap memory on the CPU; with `cuda`, page-locked
-    /// memory when `FERMATA_CUDA_STAGE=1`, else none (each batch is gathered
-    /// into the model's pinned buffer).
+    /// memory unless `FERMATA_CUDA_STAGE=0` (then none: each batch is
+    /// gathered into the model's pinned buffer).
     stage: Option<Arc<StagePool>>,
 }
 
