@@ -124,8 +124,8 @@ pub struct Ranker {
     /// How long after a candidate expired a GPU that would idle takes a waiting
     /// candidate (zero: never). See [`FILL_WINDOW`].
     fill_window: Dur,
-    /// When a schedulable candidate last expired.
-    last_expiry: Time,
+    /// When a schedulable candidate last expired (none yet: `None`).
+    last_expiry: Option<Time>,
     /// The models this ranker has heard of, and how many.
     known: Vec<bool>,
     models: u32,
@@ -169,7 +169,7 @@ impl Ranker {
                 Policy::Deferred => FILL_WINDOW,
                 _ => Dur::ZERO,
             },
-            last_expiry: Time::EPOCH_MIN,
+            last_expiry: None,
             outputs: VecDeque::new(),
             active_gpus: gpus,
             last_now: Time::EPOCH_MIN,
@@ -369,7 +369,7 @@ impl Ranker {
                     self.cands[m] = None;
                     self.issued[m] += 1;
                     self.stats.expiries += 1;
-                    self.last_expiry = now;
+                    self.last_expiry = Some(now);
                     self.outputs.push_back(RankOutput::Expired {
                         model: ModelId(m as u32),
                         seq: self.issued[m],
@@ -441,7 +441,9 @@ impl Ranker {
     fn fills(&self) -> bool {
         self.fill_window > Dur::ZERO
             && self.models >= 2
-            && self.last_now - self.last_expiry <= self.fill_window
+            && self
+                .last_expiry
+                .is_some_and(|t| self.last_now - t <= self.fill_window)
     }
 
     fn on_gpu_timer(&mut self, now: Time) {
