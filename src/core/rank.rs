@@ -118,15 +118,15 @@ pub struct Ranker {
     /// Pending candidates: their send time; schedulable ones: their expiry.
     model_timers: IndexedHeap<Time>,
     ready: IndexedHeap<RankKey>,
-    /// Waiting candidates (before their send time), by rank; kept only where
-    /// [`Ranker::fill_window`] is on.
+    /// Waiting candidates (before their send time), by rank; kept only while
+    /// `fill_window` is on.
     pending: IndexedHeap<RankKey>,
     /// How long after a candidate expired a GPU that would idle takes a waiting
     /// candidate (zero: never). See [`FILL_WINDOW`].
     fill_window: Dur,
     /// When a schedulable candidate last expired (none yet: `None`).
     last_expiry: Option<Time>,
-    /// The models this ranker has heard of, and how many.
+    /// The models this ranker has heard of since it started, and how many.
     known: Vec<bool>,
     models: u32,
     outputs: VecDeque<RankOutput>,
