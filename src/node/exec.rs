@@ -161,8 +161,12 @@ pub fn executor_factory_on(
     models_dir: &std::path::Path,
     cuda_devices: Option<Vec<u32>>,
 ) -> anyhow::Result<ExecutorFactory> {
-    let make = executor_factory_of(kind, models_dir, cuda_devices)?;
-    // Fault injection for failure tests (FERMATA_FAULT; unset: not wrapped).
+    with_faults(executor_factory_of(kind, models_dir, cuda_devices)?)
+}
+
+/// `make` wrapped for fault injection in failure tests (FERMATA_FAULT; unset:
+/// not wrapped).
+fn with_faults(make: ExecutorFactory) -> anyhow::Result<ExecutorFactory> {
     Ok(match fault::from_env()? {
         None => make,
         Some(f) => {
@@ -380,13 +384,9 @@ impl EmulatedGpu {
 /// `FERMATA_FAULT` applies as in [`executor_factory_on`]).
 pub fn emulated_factory_slowed(slow: slowdown::Slowdowns) -> anyhow::Result<ExecutorFactory> {
     let slow = std::sync::Arc::new(slow);
-    let make: ExecutorFactory = Box::new(move |_| Ok(Box::new(EmulatedGpu::slowed(slow.clone()))));
-    Ok(match fault::from_env()? {
-        None => make,
-        Some(f) => {
-            Box::new(move |g| Ok(Box::new(fault::Faulty::new(make(g)?, f)) as Box<dyn Executor>))
-        }
-    })
+    with_faults(Box::new(move |_| {
+        Ok(Box::new(EmulatedGpu::slowed(slow.clone())))
+    }))
 }
 
 impl Default for EmulatedGpu {

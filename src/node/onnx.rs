@@ -93,11 +93,10 @@ pub const BUCKETS_ENV: &str = "FERMATA_BUCKETS";
 /// `none`, `weights` or `all`, the default).
 pub const SHARING_ENV: &str = "FERMATA_ORT_SHARING";
 
-/// Environment variable: `1` or unset makes the `cuda` executor lend
-/// page-locked host buffers to its GPU's puller, so a single-tensor model's
-/// inputs are pulled straight into the buffer the device copies from
-/// ([`crate::node::exec::stage`]); `0`: each batch is gathered into the
-/// model's own pinned buffer (measured slower on an H200: docs/gpu.md).
+/// Environment variable: `1` or unset makes the `cuda` executor lend page-locked
+/// host buffers to its GPU's puller, so a single-tensor model's inputs are pulled
+/// straight into the buffer the device copies from ([`crate::node::exec::stage`]);
+/// `0`: each batch is gathered into the model's pinned buffer (slower: docs/gpu.md).
 pub const CUDA_STAGE_ENV: &str = "FERMATA_CUDA_STAGE";
 
 /// `FERMATA_CUDA_STAGE` (on when unset).

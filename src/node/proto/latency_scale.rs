@@ -221,8 +221,12 @@ impl LatencyScaler {
         if !cfg.enabled || m.samples.len() < cfg.min_samples || m.since_change < cfg.min_samples {
             return None;
         }
-        let recent = m.samples.range(m.samples.len() - cfg.min_samples..);
-        let recent: VecDeque<f64> = recent.copied().collect();
+        let mut recent: Vec<f64> = m
+            .samples
+            .range(m.samples.len() - cfg.min_samples..)
+            .copied()
+            .collect();
+        recent.sort_unstable_by(f64::total_cmp);
         let off = |v: f64| {
             let d = v.clamp(cfg.min_scale, cfg.max_scale) / m.scale - 1.0;
             if d.abs() <= cfg.threshold {
@@ -233,7 +237,10 @@ impl LatencyScaler {
                 -1
             }
         };
-        let (median, target) = (quantile(&recent, 0.5), quantile(&recent, cfg.quantile));
+        let (median, target) = (
+            quantile_sorted(&recent, 0.5),
+            quantile_sorted(&recent, cfg.quantile),
+        );
         let dir = off(target);
         if dir == 0 || off(median) != dir {
             return None;
@@ -249,21 +256,32 @@ impl LatencyScaler {
 /// The `q` quantile of `v` (nearest rank; `v` not empty).
 fn quantile(v: &VecDeque<f64>, q: f64) -> f64 {
     let mut s: Vec<f64> = v.iter().copied().collect();
-    let k = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
+    let k = rank(s.len(), q);
     let (_, x, _) = s.select_nth_unstable_by(k, f64::total_cmp);
     *x
 }
 
+/// The `q` quantile of `s`, sorted (nearest rank; `s` not empty).
+fn quantile_sorted(s: &[f64], q: f64) -> f64 {
+    s[rank(s.len(), q)]
+}
+
+/// The index of the `q` quantile among `n` values in order (nearest rank).
+fn rank(n: usize, q: f64) -> usize {
+    ((q * n as f64).ceil() as usize).clamp(1, n) - 1
+}
+
 /// The sample a finished plan gives: the batch the backend ran and its run
 /// time, when it is a measurement. `deadlines` are the plan's tasks'
-/// deadlines; the backend ran those it did not leave out as too late at
-/// `started` ([`super::backend::cut_batch`], recomputed here with the same
-/// profile and start), so only a plan that `Ran` with every input present
-/// is a sample. Returns (batch size, run time, what `profile` says for it).
+/// deadlines (sorted here, in place); the backend ran those it did not leave
+/// out as too late at `started` ([`super::backend::cut_batch`], recomputed
+/// here with the same profile and start), so only a plan that `Ran` with
+/// every input present is a sample. Returns (batch size, run time, what
+/// `profile` says for it).
 pub fn sample_of(
     status: PlanStatus,
     missing: u32,
-    deadlines: &[Time],
+    deadlines: &mut [Time],
     started: Time,
     finished: Time,
     profile: &LatencyProfile,
@@ -271,10 +289,11 @@ pub fn sample_of(
     if status != PlanStatus::Ran || missing > 0 || deadlines.is_empty() {
         return None;
     }
-    let mut d = deadlines.to_vec();
-    d.sort_unstable();
-    let cut = super::backend::too_late_prefix(&d, started, profile);
-    let b = u32::try_from(d.len() - cut).ok().filter(|&b| b >= 1)?;
+    deadlines.sort_unstable();
+    let cut = super::backend::too_late_prefix(deadlines, started, profile);
+    let b = u32::try_from(deadlines.len() - cut)
+        .ok()
+        .filter(|&b| b >= 1)?;
     if b > profile.max_batch() {
         return None;
     }
@@ -314,7 +333,7 @@ impl LatencyWatch {
         model: ModelId,
         status: PlanStatus,
         missing: u32,
-        deadlines: &[Time],
+        deadlines: &mut [Time],
         started: Time,
         finished: Time,
     ) -> Option<Vec<f64>> {
@@ -493,23 +512,32 @@ mod tests {
         let p = LatencyProfile::linear_ms(1.0, 4.0, 8).unwrap();
         let ms = |v: i64| Time(v * 1_000_000);
         // Three tasks, all in time at 0: batch 3, l(3) = 7 ms.
-        let d = [ms(100), ms(50), ms(60)];
+        let mut d = [ms(100), ms(50), ms(60)];
         assert_eq!(
-            sample_of(PlanStatus::Ran, 0, &d, ms(0), ms(9), &p),
+            sample_of(PlanStatus::Ran, 0, &mut d, ms(0), ms(9), &p),
             Some((3, Dur::from_ms(9), Dur::from_ms(7)))
         );
         // Started at 45 ms: the 50 ms task is left out (45 + l(3) > 50), then
         // 45 + l(2) = 51 <= 60: batch 2.
         assert_eq!(
-            sample_of(PlanStatus::Ran, 0, &d, ms(45), ms(51), &p),
+            sample_of(PlanStatus::Ran, 0, &mut d, ms(45), ms(51), &p),
             Some((2, Dur::from_ms(6), Dur::from_ms(6)))
         );
-        assert_eq!(sample_of(PlanStatus::Ran, 1, &d, ms(0), ms(9), &p), None);
         assert_eq!(
-            sample_of(PlanStatus::TooLate, 0, &d, ms(0), ms(9), &p),
+            sample_of(PlanStatus::Ran, 1, &mut d, ms(0), ms(9), &p),
             None
         );
-        assert_eq!(sample_of(PlanStatus::Failed, 0, &d, ms(0), ms(9), &p), None);
-        assert_eq!(sample_of(PlanStatus::Ran, 0, &[], ms(0), ms(9), &p), None);
+        assert_eq!(
+            sample_of(PlanStatus::TooLate, 0, &mut d, ms(0), ms(9), &p),
+            None
+        );
+        assert_eq!(
+            sample_of(PlanStatus::Failed, 0, &mut d, ms(0), ms(9), &p),
+            None
+        );
+        assert_eq!(
+            sample_of(PlanStatus::Ran, 0, &mut [], ms(0), ms(9), &p),
+            None
+        );
     }
 }

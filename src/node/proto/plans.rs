@@ -165,11 +165,12 @@ impl PlanLedger {
             )));
         }
         let f = self.plans.remove(&plan).expect("looked up above");
+        let late = f.tasks.iter().filter(|t| finished > t.1).count();
         Ok(Done {
             model: f.model,
             tasks: f.tasks.len(),
-            late: f.tasks.iter().filter(|t| finished > t.1).count(),
-            deadlines: f.tasks.iter().map(|t| t.1).collect(),
+            late,
+            deadlines: f.tasks.into_iter().map(|t| t.1).collect(),
         })
     }
 

@@ -1203,15 +1203,20 @@ impl SchedProto {
             .expect("plans lock")
             .done(node, plan, gpu, finished);
         match res {
-            Ok(d) => {
+            Ok(mut d) => {
                 self.report.tasks_late += d.late as u64;
                 if let Some(l) = self.late_by_model.get_mut(d.model.idx()) {
                     *l += d.late as u64;
                 }
                 let w = &mut self.latency;
-                if let Some(k) =
-                    w.on_done(d.model, status, missing, &d.deadlines, started, finished)
-                {
+                if let Some(k) = w.on_done(
+                    d.model,
+                    status,
+                    missing,
+                    &mut d.deadlines,
+                    started,
+                    finished,
+                ) {
                     for (m, &k) in self.cfg.models.iter().zip(&k) {
                         self.report.model_latency_scale.insert(m.name.clone(), k);
                     }
