@@ -2381,7 +2381,8 @@ impl ClusterSim {
             });
         }
         let start = sched_now + pull;
-        let cut = cut_batch(&plan.tasks, &present, start, Some(prof));
+        let planned = be_proto::planned_profile(prof, plan.tasks.len(), plan.span);
+        let cut = cut_batch(&plan.tasks, &present, start, Some(&planned));
         let span = self.batch_span(plan.model, cut.run.len());
         let outputs = vec![Some(vec![1u8]); cut.run.len()];
         let settled = settle(&plan, &cut, start, start + span, Ok(outputs));

@@ -13,7 +13,9 @@ use super::shared::Shared;
 use crate::node::exec::isolate::run_isolating;
 use crate::node::exec::stage::Staged;
 use crate::node::exec::{Executor, Loader, Prepared};
-use crate::node::proto::backend::{cut_batch, settle, Cut, Input, PlanMsg, PlanQueue, Settled};
+use crate::node::proto::backend::{
+    cut_batch, planned_profile, settle, Cut, Input, PlanMsg, PlanQueue, Settled,
+};
 use crate::wire::ModelId;
 use crate::wire::{Msg, PlanStatus};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -245,18 +247,23 @@ fn run_plan(
     sh.start_delay_hist.observe(delay as u64);
     let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
-    let cut = cut_batch(&plan.tasks, &present, start, prof.as_ref());
+    // Tasks are judged by the profile the scheduler planned with (scaled
+    // where the model runs slower than profiled).
+    let planned = prof
+        .as_ref()
+        .map(|p| planned_profile(p, plan.tasks.len(), plan.span));
+    let cut = cut_batch(&plan.tasks, &present, start, planned.as_deref());
     let outputs = on_lane(sh, slot, || {
         execute(sh, exec, &plan, &cut, &inputs, staged.as_mut())
     });
     let finished = sh.clock.now();
-    // The batch's time against the profile the scheduler planned it with.
-    let planned = match (&prof, u32::try_from(cut.run.len())) {
+    // The batch's time against the model's given profile (unscaled).
+    let profiled = match (&prof, u32::try_from(cut.run.len())) {
         (Some(p), Ok(b)) if b > 0 => p.latency(b).0,
         _ => 0,
     };
-    if planned > 0 {
-        let per_mille = (finished - start).0.saturating_mul(1000) / planned;
+    if profiled > 0 {
+        let per_mille = (finished - start).0.saturating_mul(1000) / profiled;
         sh.run_over_profile.lock().expect("lock").push(per_mille);
         sh.run_over_profile_hist.observe(per_mille.max(0) as u64);
     }

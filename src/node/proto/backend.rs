@@ -33,6 +33,7 @@ use crate::wire::{
     task_owner, DropReason, GpuInfo, ModelInfo, Msg, NodeId, PlanStatus, PlanTask, RegionInfo,
     Role, TaskResult, TaskStatus, MAX_NODE_ID, NET_QUANTILE,
 };
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 pub use super::member::{DEFAULT_HEARTBEAT, SYNC_MAX, SYNC_PING, SYNC_SAMPLES};
@@ -50,6 +51,9 @@ pub struct PlanMsg {
     pub model: ModelId,
     pub gpu: GpuId,
     pub exec_at: Time,
+    /// The run time the scheduler planned (its `finish_at - exec_at`): l(b) of
+    /// the profile it planned the model with ([`planned_profile`]).
+    pub span: Dur,
     pub tasks: Vec<PlanTask>,
 }
 
@@ -367,15 +371,16 @@ impl BackendProto {
                 model,
                 gpu,
                 exec_at,
+                finish_at,
                 sent,
                 tasks,
-                ..
             } => {
                 let plan = PlanMsg {
                     id,
                     model,
                     gpu,
                     exec_at,
+                    span: (finish_at - exec_at).max(Dur::ZERO),
                     tasks,
                 };
                 self.plan(now, sent, plan);
@@ -700,6 +705,25 @@ pub fn classify_slot(
         Err(ReadError::Denied) => Err(Missing::StaleSlot),
         Err(_) => Err(Missing::Error),
     }
+}
+
+/// The profile the scheduler planned a plan of `tasks` tasks and run time
+/// `span` with: the given profile times `span / l(tasks)`. The scheduler plans
+/// a model that runs slower than its profile with the profile scaled
+/// ([`super::latency_scale`]); a backend that judged the plan's tasks by the
+/// given profile would run tasks that can no longer make their deadlines. The
+/// factor is clamped to `[1, ABSURD_RATIO]`: a plan never makes the judgement
+/// more lenient than the given profile, and a span from a scheduler that is
+/// not to be trusted changes it by a bounded factor.
+pub fn planned_profile(prof: &LatencyProfile, tasks: usize, span: Dur) -> Cow<'_, LatencyProfile> {
+    let b = (tasks as u32).clamp(1, prof.max_batch());
+    let k = span.0 as f64 / prof.latency(b).0.max(1) as f64;
+    // Within a part in a million of 1: the given profile itself (the spans
+    // of unscaled plans are l(b) exactly).
+    if k.is_nan() || k <= 1.0 + 1e-6 {
+        return Cow::Borrowed(prof);
+    }
+    Cow::Owned(prof.scaled(k.min(super::latency_scale::ABSURD_RATIO)))
 }
 
 /// How many of a batch's tasks (deadlines sorted ascending) must be left out,
@@ -1185,6 +1209,7 @@ mod tests {
             model: ModelId(0),
             gpu: GpuId(10),
             exec_at: ms(30),
+            span: ms(5) - ms(0),
             tasks: vec![],
         };
         p.handle_queue_full(ms(23), plan);
@@ -1269,6 +1294,37 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_planned_slower_than_the_profile_is_judged_by_its_span() {
+        // l(b) = b + 5 ms.
+        let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
+        let dl = |v: &[i64]| v.iter().map(|&m| ms(m)).collect::<Vec<Time>>();
+        // Four tasks, planned at 1.5x: l'(4) = 13.5 ms, l'(3) = 12 ms.
+        let planned = planned_profile(&p, 4, Dur(13_500_000));
+        assert_eq!(planned.latency(4), Dur(13_500_000));
+        assert_eq!(planned.latency(3), Dur::from_ms(12));
+        let d = dl(&[11, 12, 14, 20]);
+        // The given profile runs all four from 0 (l(4) = 9 <= 11); at 1.5x the
+        // earliest cannot make it (13.5 > 11), and without it l'(3) = 12 <= 12
+        // keeps the other three.
+        assert_eq!(too_late_prefix(&d, ms(0), &p), 0);
+        assert_eq!(too_late_prefix(&d, ms(0), &planned), 1);
+        // A span at or below l(b) is the given profile itself.
+        assert!(matches!(
+            planned_profile(&p, 4, ms(9) - ms(0)),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(planned_profile(&p, 4, Dur(1)), Cow::Borrowed(_)));
+        assert!(matches!(
+            planned_profile(&p, 0, Dur::ZERO),
+            Cow::Borrowed(_)
+        ));
+        // An absurd span is bounded: at most ABSURD_RATIO times the profile.
+        let wild = planned_profile(&p, 4, Dur(i64::MAX / 4));
+        let cap = crate::node::proto::latency_scale::ABSURD_RATIO;
+        assert_eq!(wild.latency(1), Dur((6e6 * cap) as i64));
+    }
+
+    #[test]
     fn a_batch_ends_every_task_once() {
         let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
         let t = |fe: u32, seq: u64, dl: i64| PlanTask {
@@ -1282,6 +1338,7 @@ mod tests {
             model: ModelId(0),
             gpu: GpuId(3),
             exec_at: ms(0),
+            span: ms(9) - ms(0),
             tasks: vec![t(1, 1, 20), t(2, 2, 9), t(1, 3, 12), t(2, 4, 30)],
         };
         // Task 3 (index 3) missing; starting at 3 ms, l(3) = 8 ms: the deadline 9

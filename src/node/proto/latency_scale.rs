@@ -282,15 +282,16 @@ pub fn sample_of(
     status: PlanStatus,
     missing: u32,
     deadlines: &mut [Time],
-    started: Time,
-    finished: Time,
+    (started, finished): (Time, Time),
     profile: &LatencyProfile,
+    span: Dur,
 ) -> Option<(u32, Dur, Dur)> {
     if status != PlanStatus::Ran || missing > 0 || deadlines.is_empty() {
         return None;
     }
     deadlines.sort_unstable();
-    let cut = super::backend::too_late_prefix(deadlines, started, profile);
+    let planned = super::backend::planned_profile(profile, deadlines.len(), span);
+    let cut = super::backend::too_late_prefix(deadlines, started, &planned);
     let b = u32::try_from(deadlines.len() - cut)
         .ok()
         .filter(|&b| b >= 1)?;
@@ -326,19 +327,24 @@ impl LatencyWatch {
         &self.scaler
     }
 
-    /// A plan of `model` ended (see [`sample_of`]): every model's scale when
-    /// this changed one.
+    /// A plan ended (see [`sample_of`]; `done` is the ledger's record of it):
+    /// every model's scale when this changed one.
     pub fn on_done(
         &mut self,
-        model: ModelId,
-        status: PlanStatus,
-        missing: u32,
-        deadlines: &mut [Time],
-        started: Time,
-        finished: Time,
+        done: &mut super::plans::Done,
+        (status, missing): (PlanStatus, u32),
+        (started, finished): (Time, Time),
     ) -> Option<Vec<f64>> {
+        let model = done.model;
         let p = self.profiles.get(model.idx())?.as_ref()?;
-        let (_, ran, profiled) = sample_of(status, missing, deadlines, started, finished, p)?;
+        let (_, ran, profiled) = sample_of(
+            status,
+            missing,
+            &mut done.deadlines,
+            (started, finished),
+            p,
+            done.span,
+        )?;
         self.scaler.observe(model, ran, profiled)?;
         Some(self.scaler.scales())
     }
@@ -511,33 +517,55 @@ mod tests {
     fn a_sample_is_the_batch_the_backend_ran() {
         let p = LatencyProfile::linear_ms(1.0, 4.0, 8).unwrap();
         let ms = |v: i64| Time(v * 1_000_000);
-        // Three tasks, all in time at 0: batch 3, l(3) = 7 ms.
+        // Three tasks, all in time at 0: batch 3, l(3) = 7 ms (the plan's
+        // span, unscaled).
+        let l3 = Dur::from_ms(7);
         let mut d = [ms(100), ms(50), ms(60)];
         assert_eq!(
-            sample_of(PlanStatus::Ran, 0, &mut d, ms(0), ms(9), &p),
+            sample_of(PlanStatus::Ran, 0, &mut d, (ms(0), ms(9)), &p, l3),
             Some((3, Dur::from_ms(9), Dur::from_ms(7)))
         );
         // Started at 45 ms: the 50 ms task is left out (45 + l(3) > 50), then
         // 45 + l(2) = 51 <= 60: batch 2.
         assert_eq!(
-            sample_of(PlanStatus::Ran, 0, &mut d, ms(45), ms(51), &p),
+            sample_of(PlanStatus::Ran, 0, &mut d, (ms(45), ms(51)), &p, l3),
             Some((2, Dur::from_ms(6), Dur::from_ms(6)))
         );
         assert_eq!(
-            sample_of(PlanStatus::Ran, 1, &mut d, ms(0), ms(9), &p),
+            sample_of(PlanStatus::Ran, 1, &mut d, (ms(0), ms(9)), &p, l3),
             None
         );
         assert_eq!(
-            sample_of(PlanStatus::TooLate, 0, &mut d, ms(0), ms(9), &p),
+            sample_of(PlanStatus::TooLate, 0, &mut d, (ms(0), ms(9)), &p, l3),
             None
         );
         assert_eq!(
-            sample_of(PlanStatus::Failed, 0, &mut d, ms(0), ms(9), &p),
+            sample_of(PlanStatus::Failed, 0, &mut d, (ms(0), ms(9)), &p, l3),
             None
         );
         assert_eq!(
-            sample_of(PlanStatus::Ran, 0, &mut [], ms(0), ms(9), &p),
+            sample_of(PlanStatus::Ran, 0, &mut [], (ms(0), ms(9)), &p, l3),
             None
+        );
+        // Planned at 2x (span 14 ms), as the backend judged it: started at
+        // 40 ms, 40 + l'(3) = 54 > 50 leaves the 50 ms task out and 40 +
+        // l'(2) = 52 <= 60 keeps two; the sample is against the given l(2).
+        let mut d = [ms(100), ms(50), ms(60)];
+        assert_eq!(
+            sample_of(
+                PlanStatus::Ran,
+                0,
+                &mut d,
+                (ms(40), ms(52)),
+                &p,
+                Dur::from_ms(14)
+            ),
+            Some((2, Dur::from_ms(12), Dur::from_ms(6)))
+        );
+        // The given profile would have kept all three (40 + 7 <= 50).
+        assert_eq!(
+            sample_of(PlanStatus::Ran, 0, &mut d, (ms(40), ms(52)), &p, l3),
+            Some((3, Dur::from_ms(12), Dur::from_ms(7)))
         );
     }
 }

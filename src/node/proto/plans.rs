@@ -20,6 +20,8 @@ struct InFlight {
     model: ModelId,
     /// Its tasks and their deadlines (to count those it ends past).
     tasks: Vec<(TaskId, Time)>,
+    /// Its planned run time (`finish_at - exec_at`).
+    span: Dur,
     /// When the report is overdue (scheduler time).
     due: Time,
 }
@@ -33,6 +35,9 @@ pub struct Done {
     pub late: usize,
     /// Its tasks' deadlines (in the plan's order).
     pub deadlines: Vec<Time>,
+    /// Its planned run time (`finish_at - exec_at`), which the backend judged
+    /// its tasks by ([`super::backend::planned_profile`]).
+    pub span: Dur,
 }
 
 /// A plan not reported done in time, the worst of its backend.
@@ -103,6 +108,7 @@ impl PlanLedger {
                 gpu: plan.gpu,
                 model: plan.model,
                 tasks: tasks.into_iter().collect(),
+                span,
                 due: plan.finish_at + self.grace.max(span),
             },
         );
@@ -171,6 +177,7 @@ impl PlanLedger {
             tasks: f.tasks.len(),
             late,
             deadlines: f.tasks.into_iter().map(|t| t.1).collect(),
+            span: f.span,
         })
     }
 

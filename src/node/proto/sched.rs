@@ -1209,14 +1209,7 @@ impl SchedProto {
                     *l += d.late as u64;
                 }
                 let w = &mut self.latency;
-                if let Some(k) = w.on_done(
-                    d.model,
-                    status,
-                    missing,
-                    &mut d.deadlines,
-                    started,
-                    finished,
-                ) {
+                if let Some(k) = w.on_done(&mut d, (status, missing), (started, finished)) {
                     for (m, &k) in self.cfg.models.iter().zip(&k) {
                         self.report.model_latency_scale.insert(m.name.clone(), k);
                     }
