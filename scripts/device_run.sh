@@ -7,7 +7,7 @@
 #   bash scripts/device_run.sh gpu [--timeout-s S] [ARGS]
 #                                                  the GPU checks: scripts/gpu_check.sh ARGS
 #                                                  (stopped after S s, the results still written)
-#   bash scripts/device_run.sh cpu16 [--budget-s S] [--small]
+#   bash scripts/device_run.sh cpu16 [--budget-s S] [--parts LIST] [--small]
 #                                                  the figures that need many cores
 #
 # `gpu` and `cpu16` reassemble the stashed chunks (checked against the bundle's
@@ -24,6 +24,8 @@
 #  3. `fermata bench http` for mlp and cnn, the servers on the first half of the
 #     CPUs and the client on the other half, two repetitions each, then once at
 #     1.5 x and 2 x the sustained rates (refusals at the door).
+# --parts runs only those named (comma-separated: sched1k, sched4k, tcp, door,
+# over; default all), the budget shared among them in the same proportions.
 # --small runs each with small numbers (a rehearsal on a small machine).
 #
 # Results go to $OUT (else out/device): NAME.log (everything printed), NAME.json
@@ -205,11 +207,15 @@ cmd_gpu() {
 }
 
 cmd_cpu16() {
-  local budget=420 small=0
+  local budget=420 small=0 parts=sched1k,sched4k,tcp,door,over
   while (($#)); do
     case $1 in
       --budget-s)
         budget=$2
+        shift
+        ;;
+      --parts)
+        parts=$2
         shift
         ;;
       --small) small=1 ;;
@@ -218,6 +224,17 @@ cmd_cpu16() {
     shift
   done
   [[ $budget =~ ^[0-9]+$ ]] || die "--budget-s must be whole seconds"
+  # Each part's weight in the budget, in percent of all five (a search at
+  # 4,096 GPUs probes up to 16 M r/s and takes longest).
+  local -A weight=([sched1k]=16 [sched4k]=28 [tcp]=28 [door]=20 [over]=8)
+  local -A want=()
+  local p total=0
+  for p in ${parts//,/ }; do
+    [[ -n ${weight[$p]:-} ]] || die "cpu16: unknown part $p (sched1k, sched4k, tcp, door, over)"
+    [[ -n ${want[$p]:-} ]] || total=$((total + weight[$p]))
+    want[$p]=1
+  done
+  ((total > 0)) || die "cpu16: --parts names no part"
   unpack
   # `bench http` serves with the onnx executor: ONNX Runtime's library from the
   # bundle (the GPU build runs on the CPU as well).
@@ -247,7 +264,7 @@ cmd_cpu16() {
     grep -v '^\s*$' "out/cpu16/$name.err" | tail -n 40 >>"$log"
     say "$name: exit $rc after $((SECONDS - t0)) s in all" | tee -a "$log"
   }
-  say "cpu16 on $n CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), budget ${budget} s" | tee -a "$log"
+  say "cpu16 on $n CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), budget ${budget} s, parts $parts" | tee -a "$log"
   local half=$((n / 2))
   ((half >= 1)) || half=1
   local models=64 gpus=1024 dur=1 start=2000000 sdur=3 swarm=2 hdur=3 mlp_rates=16000,32000,64000,96000 cnn_rates=4000,8000,10000,12000
@@ -257,14 +274,15 @@ cmd_cpu16() {
   if ((small)); then
     models=8 gpus=64 start=250000 sdur=1 swarm=1 hdur=1 mlp_rates=500,1000 cnn_rates=200,500 mlp_over=2000 cnn_over=1000
   fi
-  # Each part's share of the budget, in percent: 4 x 4 + 4 x 7 + 2 x 14 + 2 x 10 + 2 x 4
-  # (a search at 4,096 GPUs probes up to 16 M r/s and takes longest).
-  share() { echo $((budget * $1 / 100)); }
+  # A run's share of the budget: its percent of all five parts' (sched1k 4 x 4,
+  # sched4k 4 x 7, tcp 2 x 14, door 2 x 10, over 2 x 4), scaled to the parts run.
+  share() { echo $((budget * $1 / total)); }
   # 1. The scheduler alone, 1 to 8 sub-clusters.
   # With the default profile (A100 ResNet50V2) 1,024 emulated GPUs serve about
   # 5 M r/s, so the scheduler's own limit shows only with 4 x the GPUs.
   local L gen g
   for g in "$gpus" $((gpus * 4)); do
+    if ((g > gpus)); then [[ -n ${want[sched4k]:-} ]] || continue; else [[ -n ${want[sched1k]:-} ]] || continue; fi
     for L in 1 2 4 8; do
       # Generator threads beside the 2 L scheduler threads: 2 to 4.
       gen=$((n - 2 * L))
@@ -277,20 +295,20 @@ cmd_cpu16() {
     done
   done
   # 2. Processes over loopback TCP against the simulator.
-  run tcp_1x1 "$(share 14)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
+  [[ -n ${want[tcp]:-} ]] && run tcp_1x1 "$(share 14)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
     --frontends 1 --backends 1 --settle-s 1 --duration-s "$sdur" --warmup-s "$swarm" --tolerance 0.05 --json
-  run tcp_2x2 "$(share 14)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
+  [[ -n ${want[tcp]:-} ]] && run tcp_2x2 "$(share 14)" "$BIN" bench goodput --workload configs/workloads/resnet50_8gpu.toml --runtime tcp \
     --frontends 2 --backends 2 --settle-s 1 --duration-s "$sdur" --warmup-s "$swarm" --tolerance 0.05 --json
   # 3. The front door, server and client on disjoint CPUs.
   local srv="0-$((half - 1))" cli="$half-$((n - 1))"
   ((n >= 2)) || cli=0
-  run http_mlp "$(share 10)" "$BIN" bench http --models models --model mlp --rates "$mlp_rates" \
+  [[ -n ${want[door]:-} ]] && run http_mlp "$(share 10)" "$BIN" bench http --models models --model mlp --rates "$mlp_rates" \
     --duration-s "$hdur" --warmup-s 1 --reps 2 --server-cpus "$srv" --client-cpus "$cli" --json
-  run http_cnn "$(share 10)" "$BIN" bench http --models models --model cnn --rates "$cnn_rates" \
+  [[ -n ${want[door]:-} ]] && run http_cnn "$(share 10)" "$BIN" bench http --models models --model cnn --rates "$cnn_rates" \
     --duration-s "$hdur" --warmup-s 1 --reps 2 --server-cpus "$srv" --client-cpus "$cli" --json
-  run http_mlp_over "$(share 4)" "$BIN" bench http --models models --model mlp --rates "$mlp_over" \
+  [[ -n ${want[over]:-} ]] && run http_mlp_over "$(share 4)" "$BIN" bench http --models models --model mlp --rates "$mlp_over" \
     --duration-s "$hdur" --warmup-s 1 --reps 1 --server-cpus "$srv" --client-cpus "$cli" --json
-  run http_cnn_over "$(share 4)" "$BIN" bench http --models models --model cnn --rates "$cnn_over" \
+  [[ -n ${want[over]:-} ]] && run http_cnn_over "$(share 4)" "$BIN" bench http --models models --model cnn --rates "$cnn_over" \
     --duration-s "$hdur" --warmup-s 1 --reps 1 --server-cpus "$srv" --client-cpus "$cli" --json
   python3 - "$RES/cpu16.json" out/cpu16 "$n" <<'PY' || say "could not write $RES/cpu16.json"
 import glob, json, os, sys

@@ -103,6 +103,9 @@ pub struct LoadCounts {
     pub ok: u64,
     pub late_200: u64,
     pub status_429: u64,
+    /// Of the 429s, those refused at the door before the body was read (the
+    /// rest are requests the scheduler dropped for their deadline).
+    pub door_429: u64,
     pub status_503: u64,
     pub status_504: u64,
     pub other_status: u64,
@@ -220,6 +223,8 @@ pub struct LoadResult {
     pub latency_us: Histogram<u64>,
     /// Latency of the counted refusals (429 and 503), due to last byte (us).
     pub refusal_us: Histogram<u64>,
+    /// Of those, the refusals at the door (us).
+    pub door_refusal_us: Histogram<u64>,
     /// Send − due of the counted sent requests (us).
     pub lag_us: Histogram<u64>,
     pub conns_opened: u64,
@@ -372,6 +377,8 @@ struct Acc {
     lat: Histogram<u64>,
     /// Latency of the counted refusals (429, 503), due to last byte.
     refusal: Histogram<u64>,
+    /// Of those, the door's.
+    door_refusal: Histogram<u64>,
     lag: Histogram<u64>,
     /// The run's timeline, warm-up included.
     slots: Vec<Slot>,
@@ -447,6 +454,8 @@ impl Shared {
     async fn one(self: Arc<Self>, due: Instant, counted: bool, body: Bytes) {
         let r = self.exchange(due, counted, body).await;
         let lat = Instant::now().saturating_duration_since(due);
+        let door = matches!(r, Ok((429, true)));
+        let r = r.map(|(status, _)| status);
         let good = matches!(r, Ok(200)) && lat <= self.slo;
         let mut a = self.acc();
         if counted {
@@ -467,6 +476,11 @@ impl Shared {
             if matches!(r, Ok(429 | 503)) {
                 a.refusal.saturating_record((lat.as_micros() as u64).max(1));
             }
+            if door {
+                a.c.door_429 += 1;
+                a.door_refusal
+                    .saturating_record((lat.as_micros() as u64).max(1));
+            }
         }
         let i = slot_of(due.saturating_duration_since(self.t0));
         if let Some(s) = a.slots.get_mut(i) {
@@ -479,7 +493,14 @@ impl Shared {
     }
 
     /// The request's status once its answer is read to the last byte.
-    async fn exchange(&self, due: Instant, counted: bool, body: Bytes) -> Result<u16, Fail> {
+    /// The answer's status, and whether it is a refusal at the door (a 429
+    /// whose message says so).
+    async fn exchange(
+        &self,
+        due: Instant,
+        counted: bool,
+        body: Bytes,
+    ) -> Result<(u16, bool), Fail> {
         let mut c = self.conn().await?;
         let req = Request::builder()
             .method(Method::POST)
@@ -497,8 +518,9 @@ impl Shared {
         let answer = async {
             let r = c.send_request(req).await?;
             let status = r.status().as_u16();
-            r.into_body().collect().await?;
-            Ok::<u16, hyper::Error>(status)
+            let body = r.into_body().collect().await?.to_bytes();
+            let door = status == 429 && contains(&body, DOOR_MESSAGE);
+            Ok::<(u16, bool), hyper::Error>((status, door))
         };
         match answer.await {
             Ok(status) => {
@@ -515,6 +537,14 @@ impl Shared {
             }
         }
     }
+}
+
+/// How the server's refusals at the door begin their message
+/// (`node::http::routes`).
+const DOOR_MESSAGE: &[u8] = b"refused at the door";
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The timeline slot of a moment `since` after the load started.
@@ -589,6 +619,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
             c: LoadCounts::default(),
             lat: hist(),
             refusal: hist(),
+            door_refusal: hist(),
             lag: hist(),
             slots: vec![Slot::default(); n_slots],
         }),
@@ -628,12 +659,12 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
     while sh.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (mut counts, lat, refusal, lag, mut slots) = {
+    let (mut counts, lat, (refusal, door_refusal), lag, mut slots) = {
         let a = sh.acc();
         (
             a.c.clone(),
             a.lat.clone(),
-            a.refusal.clone(),
+            (a.refusal.clone(), a.door_refusal.clone()),
             a.lag.clone(),
             a.slots.clone(),
         )
@@ -659,6 +690,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
         counts,
         latency_us: lat,
         refusal_us: refusal,
+        door_refusal_us: door_refusal,
         lag_us: lag,
         conns_opened: sh.opened.load(Ordering::Relaxed),
         conns_peak: sh.peak.load(Ordering::Relaxed),
@@ -741,6 +773,9 @@ pub struct Row {
     /// Of the refusals (429 and 503), due to last byte.
     pub refusal_p50_ms: f64,
     pub refusal_p99_ms: f64,
+    /// Of the refusals at the door, due to last byte.
+    pub door_refusal_p50_ms: f64,
+    pub door_refusal_p99_ms: f64,
     pub client_lag_p99_ms: f64,
     pub conns_opened: u64,
     pub conns_peak: usize,
@@ -755,6 +790,95 @@ pub struct Row {
     pub stalls: Option<u64>,
     /// The server's report; None when it printed none.
     pub server: Option<ServerFigures>,
+    /// The door's own figures, from the server's `/metrics` after the load
+    /// (warm-up included); None when it could not be read.
+    pub door: Option<DoorFigures>,
+}
+
+/// What the server's `/metrics` says of its door and of where requests
+/// waited (`node::http::metrics`), warm-up included.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DoorFigures {
+    /// Refusals at the door by reason.
+    pub refused_deadline: u64,
+    pub refused_queue: u64,
+    pub refused_backlog: u64,
+    /// Of the door's refusals, the share decided within 5 ms of the
+    /// request's first byte (the server's own clock, before the answer is
+    /// written).
+    pub refused_within_5ms: f64,
+    /// Mean wait per stage of the requests taken, ms: `head` (first byte to
+    /// the handler), `read`, `decode`, `answer` (hand-over to the answer).
+    pub head_mean_ms: f64,
+    pub read_mean_ms: f64,
+    pub decode_mean_ms: f64,
+    pub answer_mean_ms: f64,
+    /// The share of requests whose head waited more than 5 ms.
+    pub head_over_5ms: f64,
+}
+
+impl DoorFigures {
+    /// From a Prometheus text exposition; None without the door's series.
+    pub fn of_metrics(text: &str) -> Option<DoorFigures> {
+        // (name, labels, value) of each sample line.
+        let samples: Vec<(&str, &str, f64)> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (key, v) = l.rsplit_once(' ')?;
+                let v: f64 = v.parse().ok()?;
+                let (name, labels) = key.split_once('{').unwrap_or((key, "}"));
+                Some((name, labels.trim_end_matches('}'), v))
+            })
+            .collect();
+        let get = |name: &str, has: &[&str]| -> Option<f64> {
+            samples
+                .iter()
+                .find(|(n, l, _)| *n == name && has.iter().all(|h| l.contains(h)))
+                .map(|s| s.2)
+        };
+        let refused = |r: &str| {
+            get("fermata_http_refused_total", &[&format!("reason=\"{r}\"")]).map(|v| v as u64)
+        };
+        let (refused_deadline, refused_queue, refused_backlog) =
+            (refused("deadline")?, refused("queue")?, refused("backlog")?);
+        let share = |num: Option<f64>, den: Option<f64>| match (num, den) {
+            (Some(n), Some(d)) if d > 0.0 => n / d,
+            _ => 0.0,
+        };
+        let refused_within_5ms = share(
+            get("fermata_http_refusal_seconds_bucket", &["le=\"0.005\""]),
+            get("fermata_http_refusal_seconds_count", &[]),
+        );
+        let stage = |st: &str| {
+            let l = format!("stage=\"{st}\"");
+            1e3 * share(
+                get("fermata_http_wait_seconds_sum", &[&l]),
+                get("fermata_http_wait_seconds_count", &[&l]),
+            )
+        };
+        let head = "stage=\"head\"";
+        let head_over_5ms = 1.0
+            - share(
+                get("fermata_http_wait_seconds_bucket", &[head, "le=\"0.005\""]),
+                get("fermata_http_wait_seconds_count", &[head]),
+            );
+        Some(DoorFigures {
+            refused_deadline,
+            refused_queue,
+            refused_backlog,
+            refused_within_5ms,
+            head_mean_ms: stage("head"),
+            read_mean_ms: stage("read"),
+            decode_mean_ms: stage("decode"),
+            answer_mean_ms: stage("answer"),
+            head_over_5ms: if get("fermata_http_wait_seconds_count", &[head]).unwrap_or(0.0) > 0.0 {
+                head_over_5ms
+            } else {
+                0.0
+            },
+        })
+    }
 }
 
 /// The first line of /proc/stat: the host's CPU time by kind (user nice
@@ -960,6 +1084,9 @@ fn run_one(
         })
     });
     let host_steal_pct = steal_pct(ticks, cpu_ticks());
+    let door = crate::harness::churn::get_metrics(&addr.to_string())
+        .ok()
+        .and_then(|t| DoorFigures::of_metrics(&t));
     let report = p.stop(STOP_GRACE);
     let r = load?;
     let server = report
@@ -978,6 +1105,8 @@ fn run_one(
         latency_p99_ms: ms(&r.latency_us, 0.99),
         refusal_p50_ms: ms(&r.refusal_us, 0.5),
         refusal_p99_ms: ms(&r.refusal_us, 0.99),
+        door_refusal_p50_ms: ms(&r.door_refusal_us, 0.5),
+        door_refusal_p99_ms: ms(&r.door_refusal_us, 0.99),
         client_lag_p99_ms: ms(&r.lag_us, 0.99),
         conns_opened: r.conns_opened,
         conns_peak: r.conns_peak,
@@ -986,6 +1115,7 @@ fn run_one(
         host_steal_pct,
         stalls: r.stalls,
         server,
+        door,
     })
 }
 
@@ -1171,6 +1301,30 @@ pub fn why_bad(r: &Row) -> String {
             f.late, f.dropped, f.failed, f.tasks_too_late, f.start_delay_p99_us
         );
     }
+    let c = &r.counts;
+    if c.status_429 > 0 {
+        s += &format!(
+            "\n    429s: {} at the door (p50 {:.1} ms, p99 {:.1} ms), {} dropped by the scheduler",
+            c.door_429,
+            r.door_refusal_p50_ms,
+            r.door_refusal_p99_ms,
+            c.status_429 - c.door_429
+        );
+    }
+    if let Some(d) = &r.door {
+        s += &format!(
+            "\n    door (server, warm-up included): refused {} deadline, {} queue, {} backlog, {:.1}% decided within 5 ms; waits mean head {:.2} ms ({:.2}% over 5 ms), read {:.2}, decode {:.2}, answer {:.2}",
+            d.refused_deadline,
+            d.refused_queue,
+            d.refused_backlog,
+            100.0 * d.refused_within_5ms,
+            d.head_mean_ms,
+            100.0 * d.head_over_5ms,
+            d.read_mean_ms,
+            d.decode_mean_ms,
+            d.answer_mean_ms
+        );
+    }
     s
 }
 
@@ -1262,6 +1416,8 @@ mod tests {
             good_rps: 0.0,
             refusal_p50_ms: 0.0,
             refusal_p99_ms: 0.0,
+            door_refusal_p50_ms: 0.0,
+            door_refusal_p99_ms: 0.0,
             client_lag_p99_ms: 0.0,
             conns_opened: 0,
             conns_peak: 0,
@@ -1270,6 +1426,7 @@ mod tests {
             host_steal_pct: None,
             stalls: None,
             server: None,
+            door: None,
         }
     }
 

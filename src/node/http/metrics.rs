@@ -113,3 +113,43 @@ impl Waits {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::http_load::DoorFigures;
+    use std::time::Duration;
+
+    /// `fermata bench http` reads the door's series back from `/metrics`.
+    #[test]
+    fn the_door_s_series_read_back_as_the_bench_reads_them() {
+        let reg = Registry::new();
+        let w = Waits::new(&reg);
+        assert_eq!(
+            DoorFigures::of_metrics(&reg.render()),
+            Some(DoorFigures::default()),
+            "nothing refused or waited yet"
+        );
+        w.refused(Refusal::Deadline);
+        w.refused(Refusal::Queue);
+        w.refused(Refusal::Queue);
+        w.refusal.observe_duration(Duration::from_millis(1));
+        w.refusal.observe_duration(Duration::from_millis(1));
+        w.refusal.observe_duration(Duration::from_millis(40));
+        w.refusal.observe_duration(Duration::from_millis(60));
+        w.head.observe_duration(Duration::from_millis(2));
+        w.head.observe_duration(Duration::from_millis(10));
+        w.decode.observe_duration(Duration::from_millis(1));
+        let d = DoorFigures::of_metrics(&reg.render()).expect("the door's series");
+        assert_eq!(
+            (d.refused_deadline, d.refused_queue, d.refused_backlog),
+            (1, 2, 0)
+        );
+        assert!((d.refused_within_5ms - 0.5).abs() < 1e-9, "{d:?}");
+        assert!((d.head_mean_ms - 6.0).abs() < 1e-6, "{d:?}");
+        assert!((d.head_over_5ms - 0.5).abs() < 1e-9, "{d:?}");
+        assert!((d.decode_mean_ms - 1.0).abs() < 1e-6, "{d:?}");
+        assert_eq!(d.read_mean_ms, 0.0);
+        assert_eq!(DoorFigures::of_metrics("# nothing\nother_total 3\n"), None);
+    }
+}
