@@ -20,21 +20,21 @@
 //! A request is one sample; its bytes are each input tensor's raw little-endian
 //! sample bytes concatenated in the order of the metadata's `inputs`
 //! ([`crate::repo`]). ONNX Runtime wants one contiguous `[b, ...]` tensor per
-//! input. A model whose request is one input tensor is *staged* on the CPU
+//! input. A model whose request is one input tensor is *staged*
 //! ([`OnnxModel::stage_layout`], [`crate::node::exec::stage`]): the backend's
 //! puller copies each request straight into its row of a buffer the executor
-//! lends, and [`OnnxModel::run_staged`] hands that buffer to ONNX Runtime as
-//! the batch's tensor, with no further copy. Otherwise (several input tensors,
-//! or the `cuda` executor, whose tensors are its pinned buffers) the pulled
+//! lends (page-locked for `cuda`), and [`OnnxModel::run_staged`] hands that
+//! buffer to ONNX Runtime as the batch's tensor, with no further copy.
+//! Otherwise (several input tensors, or `cuda` with `FERMATA_CUDA_STAGE=0`,
+//! whose tensors are then its pinned buffers) the pulled
 //! inputs sit in separate buffers (one region slot each), and
 //! [`OnnxModel::run`] does exactly **one gather copy** of each request's
 //! bytes, into a buffer per input tensor that is allocated once at load (for
 //! `max_batch` samples) and reused. Either way the tensor handed to ONNX
 //! Runtime is a view of that buffer (`CreateTensorWithDataAsOrtValue`), not a
-//! further copy. Outputs are
-//! allocated by ONNX Runtime; each request's slice of each output is copied once
-//! into that request's output bytes (the executor interface returns one `Vec<u8>`
-//! per request).
+//! further copy. Outputs are allocated by ONNX Runtime; each request's slice of
+//! each output is copied once into that request's output bytes (the executor
+//! interface returns one `Vec<u8>` per request).
 //!
 //! # Shape-stable execution
 //! ONNX Runtime's CUDA kernels keep their tuned state (cuDNN's convolution
