@@ -98,6 +98,15 @@ fn a_short_sweep_gives_a_row_with_answers_and_every_field() {
         r["server"]["requests"].as_u64().unwrap() >= n("sent"),
         "{r}"
     );
+    // The door's own figures, read from the server's /metrics: the series
+    // are there (refusals of each reason, the head's wait), and the door's
+    // 429s are a part of the 429s.
+    let door = &r["door"];
+    for f in ["refused_deadline", "refused_queue", "refused_backlog"] {
+        assert!(door[f].as_u64().is_some(), "no door.{f} in {r}");
+    }
+    assert!(door["head_mean_ms"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(n("door_429") <= n("status_429"), "{r}");
     // The verdict line against the front door's bar.
     assert!(
         stderr
