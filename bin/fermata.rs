@@ -941,6 +941,15 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(2);
     }
+    if matches!(
+        cli.cmd,
+        Cmd::Serve(_) | Cmd::Scheduler(_) | Cmd::Backend(_) | Cmd::Frontend(_) | Cmd::Bench(_)
+    ) {
+        // Servers (and the benchmarks' clients) hold a connection per client:
+        // the soft open-file limit goes up to the hard one before any
+        // listener or connection cap is set up.
+        fermata::node::http::raise_open_file_limit();
+    }
     let r = match cli.cmd {
         Cmd::Sim(a) => cmd_sim(a),
         Cmd::Serve(a) => roles::cmd_serve(a),

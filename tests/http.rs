@@ -1810,6 +1810,46 @@ fn a_thousand_idle_connections_under_a_1024_file_limit_stop_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server started under a low soft open-file limit raises it to the hard
+/// limit before it sets its connection cap (a soft limit of 1,024 would cap
+/// it at 896 connections, below what one open-loop client opens under
+/// overload).
+#[test]
+fn serve_raises_its_soft_open_file_limit_to_the_hard_one() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bin = env!("CARGO_BIN_EXE_fermata");
+    let limits = |pid: u32| -> (u64, u64) {
+        let t = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let l = t
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap()
+            .to_string();
+        let v: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        (v[0], v[1])
+    };
+    let hard = limits(std::process::id()).1;
+    if hard <= 256 {
+        eprintln!("hard open-file limit {hard}: nothing to raise");
+        return;
+    }
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        &format!("ulimit -Sn 256 && exec {bin} serve --http-port 0"),
+    ])
+    .stderr(std::process::Stdio::piped());
+    let (child, _out, _kill, addr) = spawn_serve(cmd);
+    let mut h = Http::connect(addr);
+    wait_for("ready", 10, || h.get("/v2/health/ready").status == 200);
+    let (soft, hard_child) = limits(child.id());
+    assert_eq!(hard_child, hard, "the hard limit is the operator's");
+    assert_eq!(soft, hard, "the soft limit was raised from 256");
+}
+
 /// The bodies buffered at once have a total budget: with room for two bodies
 /// of 512 KiB, two clients that announce one each and send half of it hold
 /// the room; a third body gets 503 with `Retry-After` before a byte of it is

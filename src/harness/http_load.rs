@@ -555,26 +555,7 @@ fn slot_of(since: Duration) -> usize {
 /// Raises this process's open-file limit to its hard limit (for the client's
 /// connections); returns the soft limit in force.
 fn raise_fd_limit() -> u64 {
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    unsafe {
-        let mut r = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 1024;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                r = want;
-            }
-        }
-        r.rlim_cur
-    }
+    crate::node::http::raise_open_file_limit()
 }
 
 /// Drives `spec.addr` open-loop for warm-up + duration, then waits up to
@@ -815,6 +796,10 @@ pub struct DoorFigures {
     pub answer_mean_ms: f64,
     /// The share of requests whose head waited more than 5 ms.
     pub head_over_5ms: f64,
+    /// Connections the server's cap closed: the longest-waiting to admit a
+    /// new one, and new ones refused with every connection in a request.
+    pub conns_evicted: u64,
+    pub conns_refused: u64,
 }
 
 impl DoorFigures {
@@ -863,7 +848,16 @@ impl DoorFigures {
                 get("fermata_http_wait_seconds_bucket", &[head, "le=\"0.005\""]),
                 get("fermata_http_wait_seconds_count", &[head]),
             );
+        let closed = |r: &str| {
+            get(
+                "fermata_http_connections_closed_total",
+                &[&format!("reason=\"{r}\"")],
+            )
+            .unwrap_or(0.0) as u64
+        };
         Some(DoorFigures {
+            conns_evicted: closed("evicted"),
+            conns_refused: closed("refused"),
             refused_deadline,
             refused_queue,
             refused_backlog,
@@ -1313,7 +1307,7 @@ pub fn why_bad(r: &Row) -> String {
     }
     if let Some(d) = &r.door {
         s += &format!(
-            "\n    door (server, warm-up included): refused {} deadline, {} queue, {} backlog, {:.1}% decided within 5 ms; waits mean head {:.2} ms ({:.2}% over 5 ms), read {:.2}, decode {:.2}, answer {:.2}",
+            "\n    door (server, warm-up included): refused {} deadline, {} queue, {} backlog, {:.1}% decided within 5 ms; waits mean head {:.2} ms ({:.2}% over 5 ms), read {:.2}, decode {:.2}, answer {:.2}; connections closed by the cap {} evicted, {} refused",
             d.refused_deadline,
             d.refused_queue,
             d.refused_backlog,
@@ -1322,7 +1316,9 @@ pub fn why_bad(r: &Row) -> String {
             100.0 * d.head_over_5ms,
             d.read_mean_ms,
             d.decode_mean_ms,
-            d.answer_mean_ms
+            d.answer_mean_ms,
+            d.conns_evicted,
+            d.conns_refused
         );
     }
     s

@@ -68,7 +68,8 @@ pub(in crate::node) mod triton;
 
 pub use body_budget::{default_buffered_bytes, BodyBudget};
 pub use options::{
-    default_max_connections, default_threads, HttpOpts, DEFAULT_MAX_PENDING, RESERVED_FDS,
+    default_max_connections, default_threads, raise_open_file_limit, HttpOpts, DEFAULT_MAX_PENDING,
+    RESERVED_FDS,
 };
 pub use request::MAX_TIMEOUT_US;
 pub use routes::JsonGet;

@@ -81,6 +81,35 @@ pub fn default_threads() -> usize {
     (cores / 2).clamp(2, 16)
 }
 
+/// Raises this process's open-file limit (`RLIMIT_NOFILE`) from its soft
+/// value to its hard one, as servers commonly do at start (a soft limit of
+/// 1,024 is a default meant for interactive programs, not for a server of
+/// thousands of connections); returns the soft limit in force. The hard limit
+/// stays the operator's: `ulimit -Hn` (or the service manager's
+/// `LimitNOFILE`) still bounds it.
+pub fn raise_open_file_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r = want;
+            }
+        }
+    }
+    r.rlim_cur
+}
+
 /// The connection cap by default: the process's open-file limit
 /// (`RLIMIT_NOFILE`, soft) less [`RESERVED_FDS`], between 16 and 16,384. Below
 /// the limit, a flood of connections is refused by the cap (oldest waiting
