@@ -426,7 +426,7 @@ pub struct Options {
     pub fermata_nodes: u64,
     /// Nodes of `fermata`'s search below its best plan (0: none).
     pub fermata_exact_nodes: u64,
-    /// Nodes of `fermata`'s lazy walk of the lists below the portfolio's
+    /// Nodes of `fermata`'s lazy search of the lists below the portfolio's
     /// best plan (0: none).
     pub fermata_lists_nodes: u64,
     pub family: Family,
@@ -1003,7 +1003,7 @@ mod tests {
     /// step function has hundreds of breakpoints of nearly equal cost (seed
     /// 239: BERT on 36 1080 Tis and a partial one, 829 lists between its
     /// loosest budget and the one the optimum gives it; seed 639: BERT, 171;
-    /// seed 393: VGG19 on 38 A100s, 45, each of them a large search). The
+    /// seed 393: VGG19 on 38 A100s and a partial one, 45, each a large search). The
     /// lists below the portfolio's best plan are asked at the budgets the
     /// choice leaves each module, end within their nodes, and hold a choice
     /// as cheap as `exact`'s; `fermata` is at most `exact`.
