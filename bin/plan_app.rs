@@ -278,7 +278,7 @@ pub struct BenchPlannersArgs {
     /// (`exact`'s search; 0: none). It runs only with `--fermata-lists-nodes 0`.
     #[arg(long, default_value_t = planners::EXACT_NODES)]
     fermata_exact_nodes: u64,
-    /// Branch-and-bound nodes of `fermata`'s lazy walk of `exact`'s lists
+    /// Branch-and-bound nodes of `fermata`'s lazy search of `exact`'s lists
     /// below its portfolio's best plan (0: none).
     #[arg(long, default_value_t = planners::LISTS_NODES)]
     fermata_lists_nodes: u64,

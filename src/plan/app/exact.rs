@@ -217,20 +217,28 @@ fn walks(app: &App, cap: f64, budget: &mut Budget) -> Result<Walks, String> {
 /// `true` where the cheapest choice of lists costing less than `cost` (if
 /// any) is a choice of points among them.
 ///
-/// Lazily, a module's step function is walked one point at a time (the
-/// cheapest list below the last one's worst case, as [`walk`] does) and only
-/// where it can pay: each module's unwalked part stands as points, one at
-/// each configuration's least worst case in a list (`d + b / (r + t_max)`:
-/// its batches formed at the whole rate plus the largest dummy) costing the
-/// more of its next list's cost (what every list it has not walked costs at
-/// least) and the rate at the best price per throughput among the
-/// configurations that can meet that worst case. The cheapest choice of
-/// those points
+/// Lazily, a module's step function is known at a few budgets, and only
+/// where it can pay. Each budget `y` asked gives the cheapest list within
+/// it (`C(y)`, [`Lists`]) and the cheapest just below that list's worst
+/// case (its next list): the step function is `C(y)` from that worst case
+/// up to `y`, and every list between the next budget asked below (or 0) and
+/// the next list's worst case costs at least the next list's cost. Those
+/// unknown parts stand as points, one at each configuration's least worst
+/// case in a list (`d + b / (r + t_max)`: its batches formed at the whole
+/// rate plus the largest dummy) within the part and one at its lower end,
+/// costing the more of the next list's cost and the rate at the best price
+/// per throughput among the configurations that can meet that worst case.
+/// The cheapest choice of the lists found and those points
 /// ([`choose_points`]) is at most the cheapest choice of all lists; where it
-/// picks no unwalked part, it is a choice of lists and the cheapest. Else
-/// each module whose unwalked part it picks walks one more point, and the
-/// choice is made again. `None` where no choice of lists can cost less than
-/// `cost` (or no module has one within its loosest budget).
+/// picks no unknown part, it is a choice of lists and the cheapest. Else
+/// each module whose unknown part it picks is asked at the budget the
+/// others' choices leave it (or, where that is the part's lower end, at the
+/// middle of the part), and the choice is made again: a module whose step
+/// function has hundreds of breakpoints of nearly equal cost (many machines
+/// whose last ones trade configurations) is known where the choice needs it
+/// after a few budgets, not walked from its loosest budget down. `None`
+/// where no choice of lists can cost less than `cost` (or no module has one
+/// within its loosest budget).
 pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, bool)>> {
     let mut never = || false;
     let mut budget = Budget::new(nodes, &mut never);
@@ -238,24 +246,46 @@ pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, 
     let p = prices(app);
     let n = app.modules.len();
     let cfgs = sorted_configs(app, &p);
-    let stopped = |known: Vec<Vec<Point>>| {
-        let mut k = known;
-        k.resize(n, Vec::new());
-        Some(k.into_iter().map(|f| (f, false)).collect())
+    // Each module's lists found: every budget's list and next list.
+    let found = |segs: &[Vec<Seg>]| -> Vec<Vec<Point>> {
+        let mut out: Vec<Vec<Point>> = segs
+            .iter()
+            .map(|ss| {
+                module::pareto(
+                    ss.iter()
+                        .flat_map(|x| x.q.iter().chain(x.next.iter()).cloned())
+                        .collect(),
+                )
+            })
+            .collect();
+        out.resize(n, Vec::new());
+        out
     };
+    let stopped = |segs: &[Vec<Seg>]| Some(found(segs).into_iter().map(|f| (f, false)).collect());
     // Each module's cheapest list at its loosest budget, as in `walks`.
     let mut lower = rate_bounds(&cfgs, &p, app);
-    let mut known: Vec<Vec<Point>> = Vec::with_capacity(n);
+    let mut first: Vec<Point> = Vec::with_capacity(n);
     for v in 0..n {
         let others: f64 = (0..n).filter(|&u| u != v).map(|u| lower[u]).sum();
         let mut s = Lists::new(&cfgs[v], &p, app.rates[v], l_max(app, v), cap - others);
+        s.seed();
         s.run(&mut budget);
         if budget.exhausted {
-            return stopped(known);
+            let segs: Vec<Vec<Seg>> = first
+                .into_iter()
+                .map(|q| {
+                    vec![Seg {
+                        budget: 0.0,
+                        q: Some(q),
+                        next: None,
+                    }]
+                })
+                .collect();
+            return stopped(&segs);
         }
         let q = s.found.pop()?;
         lower[v] = q.cost;
-        known.push(vec![q]);
+        first.push(q);
     }
     let total_min: f64 = lower.iter().sum();
     // A module's lists dearer than this are in no choice below the cap.
@@ -290,71 +320,165 @@ pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, 
             t
         })
         .collect();
-    // The next list below the last one walked (`None`: none within the cap).
-    let next_of = |v: usize, last: &Point, budget: &mut Budget| -> Option<Point> {
-        let l = last.worst * (1.0 - 3e-9);
+    // The bound at budget `w` (`None`: no configuration can meet it).
+    let fluid = |v: usize, w: f64| -> Option<f64> {
+        steps[v].iter().take_while(|x| x.0 <= w).last().map(|x| x.1)
+    };
+    // The cheapest list within budget `l` (`None`: none within the cap).
+    let at = |v: usize, l: f64, budget: &mut Budget| -> Option<Point> {
         if app.rates[v] <= 0.0 || l <= 0.0 {
             return None;
         }
         let mut s = Lists::new(&cfgs[v], &p, app.rates[v], l, caps[v]);
+        s.seed();
         s.run(budget);
         s.found.pop()
     };
-    let mut next: Vec<Option<Point>> = Vec::with_capacity(n);
-    for v in 0..n {
-        let q = next_of(v, &known[v][0], &mut budget);
+    // The list below a list's worst case.
+    let below = |v: usize, q: &Point, budget: &mut Budget| -> Option<Point> {
+        at(v, q.worst * (1.0 - 3e-9), budget)
+    };
+    let mut segs: Vec<Vec<Seg>> = Vec::with_capacity(n);
+    for (v, q) in first.into_iter().enumerate() {
+        let next = below(v, &q, &mut budget);
+        segs.push(vec![Seg {
+            budget: l_max(app, v),
+            q: Some(q),
+            next,
+        }]);
         if budget.exhausted {
-            return stopped(known);
+            return stopped(&segs);
         }
-        next.push(q);
     }
     loop {
-        // Each module's walked lists and its unwalked part, last.
-        let relaxed: Vec<Vec<Point>> = (0..n)
-            .map(|v| {
-                let mut f = known[v].clone();
-                // The unwalked part: worst cases below the last list's, each
-                // costing at least the next list and the bound at its budget.
-                if let Some(q) = &next[v] {
-                    let last = f.last().map_or(f64::INFINITY, |x| x.worst);
-                    for &(w, lb) in steps[v].iter().filter(|x| x.0 < last) {
+        // Each module's lists found and its unknown parts.
+        let mut relaxed: Vec<Vec<Point>> = Vec::with_capacity(n);
+        // Per module and point: the segment whose unknown part it stands
+        // for (`None`: a list).
+        let mut part: Vec<Vec<Option<usize>>> = Vec::with_capacity(n);
+        for v in 0..n {
+            let ss = &segs[v];
+            let mut f: Vec<Point> = Vec::new();
+            let mut tag: Vec<Option<usize>> = Vec::new();
+            for x in ss {
+                for q in x.q.iter().chain(x.next.iter()) {
+                    f.push(q.clone());
+                    tag.push(None);
+                }
+            }
+            let lists = f.len();
+            for (i, x) in ss.iter().enumerate() {
+                let Some(q) = &x.next else { continue };
+                // The part: worst cases from the next budget asked below (or
+                // 0) up to the next list's.
+                let lo = ss.get(i + 1).map_or(0.0, |y| y.budget);
+                if q.worst <= lo {
+                    continue;
+                }
+                let mut piece = |w: f64, c: f64| {
+                    // Left out where a list found is as fast and as cheap.
+                    if !f[..lists].iter().any(|y| y.worst <= w && y.cost <= c) {
                         f.push(Point {
                             worst: w,
-                            cost: lb.max(q.cost),
+                            cost: c,
                             allocs: Vec::new(),
                             dummy: 0.0,
                         });
+                        tag.push(Some(i));
+                    }
+                };
+                for &(w, lb) in steps[v].iter().filter(|y| y.0 > lo && y.0 < q.worst) {
+                    piece(w, lb.max(q.cost));
+                }
+                if lo > 0.0 {
+                    if let Some(lb) = fluid(v, lo) {
+                        piece(lo, lb.max(q.cost));
                     }
                 }
-                f
-            })
-            .collect();
+            }
+            relaxed.push(f);
+            part.push(tag);
+        }
         // The choice's work, as nodes.
         for _ in 0..relaxed.iter().map(Vec::len).sum::<usize>() {
             if !budget.tick() {
-                return stopped(known);
+                return stopped(&segs);
             }
         }
         let Some(pick) = choose_points(app, &relaxed) else {
-            // No choice fits even with every unwalked part: none below the cap.
+            // No choice fits even with every unknown part: none below the cap.
             return None;
         };
-        let mut walked = false;
+        let lat: Vec<f64> = (0..n).map(|v| relaxed[v][pick[v]].worst).collect();
+        let mut asked = false;
         for v in 0..n {
-            if next[v].is_some() && pick[v] >= known[v].len() {
-                let q = next[v].take().expect("a next list");
-                next[v] = next_of(v, &q, &mut budget);
-                known[v].push(q);
-                walked = true;
-                if budget.exhausted {
-                    return stopped(known);
-                }
+            let Some(i) = part[v][pick[v]] else { continue };
+            let (lo, top) = {
+                let ss = &segs[v];
+                let q = ss[i].next.as_ref().expect("a next list");
+                (ss.get(i + 1).map_or(0.0, |y| y.budget), q.worst)
+            };
+            // The budget the others' choices leave it.
+            let room = room(app, &lat, v);
+            let y = if room >= top {
+                // Its next list fits (a tie): it is taken, and the list
+                // below it asked.
+                top
+            } else if room > lo * (1.0 + 1e-9) {
+                room
+            } else {
+                0.5 * (lo + top)
+            };
+            let q = if y == top {
+                segs[v][i].next.clone()
+            } else {
+                at(v, y, &mut budget)
+            };
+            let next = match &q {
+                Some(q) if !budget.exhausted => below(v, q, &mut budget),
+                _ => None,
+            };
+            if budget.exhausted {
+                return stopped(&segs);
             }
+            let b = if y == top {
+                segs[v][i].q.as_ref().map_or(y, |x| x.worst * (1.0 - 3e-9))
+            } else {
+                y
+            };
+            segs[v].insert(i + 1, Seg { budget: b, q, next });
+            asked = true;
         }
-        if !walked {
-            return Some(known.into_iter().map(|f| (f, true)).collect());
+        if !asked {
+            return Some(found(&segs).into_iter().map(|f| (f, true)).collect());
         }
     }
+}
+
+/// A budget asked of one module in [`lists_below`]: the cheapest list within
+/// it (`None`: none within the module's cap) and the cheapest list below
+/// that one's worst case.
+struct Seg {
+    budget: f64,
+    q: Option<Point>,
+    next: Option<Point>,
+}
+
+/// The largest budget module `v` can have with every other module's worst
+/// case at `lat`.
+fn room(app: &App, lat: &[f64], v: usize) -> f64 {
+    let n = lat.len();
+    let order = app.topo();
+    let l = |u: usize| if u == v { 0.0 } else { lat[u] };
+    let mut head = vec![0.0f64; n];
+    for &u in &order {
+        head[u] = app.parents(u).map(|x| head[x]).fold(0.0, f64::max) + l(u);
+    }
+    let mut tail = vec![0.0f64; n];
+    for &u in order.iter().rev() {
+        tail[u] = app.children(u).map(|c| tail[c]).fold(0.0, f64::max) + l(u);
+    }
+    app.slo * (1.0 + EPS) - head[v] - tail[v]
 }
 
 /// A module's Pareto lists (worst case, cost) up to budget `l` and cost
@@ -433,6 +557,71 @@ impl<'a> Lists<'a> {
             found: Vec::new(),
             limit: cap * (1.0 + 1e-9),
         }
+    }
+
+    /// Starts the search with Algorithm 1's lists at the budget (without a
+    /// dummy, and with Harpagon's, which fills the last machine) as the
+    /// cheapest so far, where they have this shape and are within the budget
+    /// and the cap: the cost bound then prunes from the first node.
+    fn seed(&mut self) {
+        if self.r <= 0.0 {
+            return;
+        }
+        for d in [module::Dummies::None, module::Dummies::Harpagon] {
+            let Some(s) = module::plan_module(
+                self.cfgs,
+                self.prices,
+                self.r,
+                self.l,
+                module::Configs::Any,
+                super::Dispatch::ThroughputCost,
+                d,
+            ) else {
+                continue;
+            };
+            if !self.has_shape(&s.allocs, s.dummy) {
+                continue;
+            }
+            self.cur = s.allocs;
+            self.emit(s.dummy);
+            self.cur.clear();
+        }
+    }
+
+    /// Whether `allocs` (with `dummy`) is one of the lists [`Lists::rec`]
+    /// enumerates: distinct configurations in the order of `cfgs`, whole
+    /// counts but the last, which takes the rate left (as a partial machine,
+    /// or whole machines and a dummy that tops the last one up).
+    fn has_shape(&self, allocs: &[Alloc], dummy: f64) -> bool {
+        let r = self.r;
+        let mut at = 0usize;
+        let mut rem = r;
+        for (i, a) in allocs.iter().enumerate() {
+            let Some(j) = (at..self.cfgs.len()).find(|&j| self.cfgs[j] == a.config) else {
+                return false;
+            };
+            at = j + 1;
+            let t = a.config.throughput;
+            let last = i + 1 == allocs.len();
+            if !last {
+                let n = a.count.round();
+                if n < 1.0 || (a.count - n).abs() > 1e-12 || n * t >= rem - EPS * r {
+                    return false;
+                }
+                rem -= n * t;
+                continue;
+            }
+            let nmax = (rem / t + 1e-9).floor();
+            let rest = rem - nmax * t;
+            return if rest <= EPS * r {
+                dummy == 0.0 && (a.count - nmax).abs() <= 1e-9
+            } else if dummy > 0.0 {
+                (a.count - (nmax + 1.0)).abs() <= 1e-12 && (dummy - (t - rest)).abs() <= EPS * r
+            } else {
+                (a.count - (nmax + rest / t)).abs() <= 1e-9
+            };
+        }
+        allocs.is_empty() && rem <= EPS * r
     }
 
     /// Leaves the cheapest list (if any) in `found`; among costs equal to

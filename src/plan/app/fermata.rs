@@ -5,8 +5,9 @@
 //!      (distinct configurations in `t/p` order, whole full counts, one final
 //!      partial machine or a dummy that fills it) as far as the cheapest
 //!      choice below step 4's best plan needs it: `exact`'s list search,
-//!      walked lazily ([`super::exact::lists_below`], within [`LISTS_NODES`]
-//!      nodes in all); where those nodes run out, [`module::frontier`]
+//!      asked lazily at the budgets the cheapest choice leaves each module
+//!      ([`super::exact::lists_below`], within [`LISTS_NODES`] nodes in
+//!      all); where those nodes run out, [`module::frontier`]
 //!      searched by branch and bound within [`FERMATA_NODES`] nodes per
 //!      module (when the bound is hit, the points found so far and the best
 //!      list of the interrupted search are kept), with the lists found;
@@ -64,8 +65,8 @@ pub const FERMATA_NODES: u64 = 20_000;
 /// Branch-and-bound nodes, in all, of step 5's search below the best plan.
 pub const EXACT_NODES: u64 = 200_000;
 
-/// Branch-and-bound nodes, in all, of step 1's lists below the portfolio's
-/// best plan ([`super::exact::lists_below`]).
+/// Branch-and-bound nodes, in all, of step 1's lazy search of the lists
+/// below the portfolio's best plan ([`super::exact::lists_below`]).
 pub const LISTS_NODES: u64 = 200_000;
 
 /// Peers whose plans `fermata`'s portfolio considers.

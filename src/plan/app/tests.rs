@@ -1002,3 +1002,36 @@ fn a_remeasured_app_scales_rates_by_fanout_and_latencies_by_ratio() {
     assert!(app.remeasured(&[0.5, f64::NAN], &[1.0, 1.0, 1.0]).is_err());
     assert!(app.remeasured(&[0.5, 1.0], &[1.0, 0.0, 1.0]).is_err());
 }
+
+#[test]
+fn the_lists_below_reach_exact_on_random_applications() {
+    // The lists `exact::lists_below` finds hold a choice as cheap as
+    // `exact`'s: the parts of each step function it does not know are
+    // bounded from below soundly, and it ends only where the cheapest choice
+    // picks none of them.
+    use super::exact::lists_below;
+    use super::planners::choose_points;
+    let mut compared = 0;
+    for seed in 0..120u64 {
+        let Some(app) = random_app(seed) else {
+            continue;
+        };
+        let mut never = || false;
+        let Ok(Some(ex)) = super::exact::exact(&app, &mut never) else {
+            continue;
+        };
+        let lists = lists_below(&app, ex.cost * (1.0 + 1e-6), u64::MAX)
+            .unwrap_or_else(|| panic!("seed {seed}: no lists below exact's cost"));
+        assert!(lists.iter().all(|x| x.1), "seed {seed}: stopped");
+        let pts: Vec<Vec<super::module::Point>> = lists.into_iter().map(|x| x.0).collect();
+        let pick = choose_points(&app, &pts).unwrap_or_else(|| panic!("seed {seed}: no choice"));
+        let c: f64 = pick.iter().enumerate().map(|(v, &k)| pts[v][k].cost).sum();
+        assert!(
+            (c - ex.cost).abs() <= 1e-9 * ex.cost.max(1.0),
+            "seed {seed}: lists {c} against exact {}",
+            ex.cost
+        );
+        compared += 1;
+    }
+    assert!(compared >= 60, "compared on only {compared} instances");
+}
