@@ -16,6 +16,10 @@
 //! every GPU busy at its frontrun moment loses its head; after such an expiry a
 //! GPU that would idle takes a waiting batch at once, so near capacity deferred
 //! is not behind eager there, while below capacity it keeps its large batches.
+//!
+//! One model on one GPU near capacity does not wait at all: eager's batches
+//! there are already as large as the load needs, and a wait only idles the one
+//! GPU; below capacity deferred keeps its large batches and its idle time.
 
 use fermata::core::Policy;
 use fermata::run::RunResult;
@@ -206,5 +210,59 @@ fn many_models_near_capacity_keep_up_with_eager_and_keep_batching_below_it() {
     let (bd, be) = (busy(&deferred), busy(&eager));
     eprintln!("3,000 r/s: busy deferred {bd:.4}, eager {be:.4}");
     assert!(bd < 0.5 && be > 0.8, "busy deferred {bd}, eager {be}");
+    assert_eq!(deferred.bad_rate(), 0.0);
+}
+
+/// ResNet-50 on one H100 (configs/workloads/resnet50_h100_1gpu.toml): one
+/// model on one GPU, whose batches of 64 carry about 4,076 r/s.
+fn lone_gpu() -> Workload {
+    Workload::from_file(std::path::Path::new(
+        "configs/workloads/resnet50_h100_1gpu.toml",
+    ))
+    .expect("the shipped workload")
+}
+
+/// Median batch size over a run's requests.
+fn batch_p50(r: &RunResult) -> usize {
+    let m = &r.models[0];
+    let total: u64 = m.batch_requests.iter().sum();
+    let mut seen = 0;
+    m.batch_requests
+        .iter()
+        .position(|&n| {
+            seen += n;
+            2 * seen >= total
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_lone_gpu_past_capacity_does_not_wait_and_below_it_still_batches() {
+    let w = lone_gpu();
+    // Past capacity (both policies' goodput is about 4,100 r/s): a wait only
+    // idles the one GPU (deferred idled it 0.2% of the time and dropped 1.10%
+    // against eager's 1.06% when it waited there).
+    let (deferred, eager) = (
+        run(&w, Policy::Deferred, 4094.1),
+        run(&w, Policy::Eager, 4094.1),
+    );
+    let (d, e) = (deferred.bad_rate(), eager.bad_rate());
+    let (bd, be) = (deferred.gpu_busy[0], eager.gpu_busy[0]);
+    eprintln!("4,094 r/s: bad deferred {d:.5}, eager {e:.5}; busy {bd:.5} {be:.5}");
+    assert!(d <= e, "deferred's bad rate {d} against eager's {e}");
+    assert!(bd >= be - 0.0005, "busy deferred {bd}, eager {be}");
+    // At a fifth of it the GPU has time to spare: deferred keeps its large
+    // batches and its idle time where eager runs batches of one or two.
+    let (deferred, eager) = (
+        run(&w, Policy::Deferred, 800.0),
+        run(&w, Policy::Eager, 800.0),
+    );
+    let (pd, pe) = (batch_p50(&deferred), batch_p50(&eager));
+    eprintln!(
+        "800 r/s: batch p50 deferred {pd}, eager {pe}; busy {:.3} {:.3}",
+        deferred.gpu_busy[0], eager.gpu_busy[0]
+    );
+    assert!(pd >= 20 && pe <= 3, "batch p50 deferred {pd}, eager {pe}");
+    assert!(deferred.gpu_busy[0] < 0.3, "busy {}", deferred.gpu_busy[0]);
     assert_eq!(deferred.bad_rate(), 0.0);
 }

@@ -457,7 +457,10 @@ impl ModelShard {
             let rate = e.rate;
             let mean = rate * RATE_TICK.as_secs_f64();
             let dispersion = if mean > 0.0 { e.var / mean } else { 1.0 };
+            // The EWMA's variance is w / (2 - w) of the per-tick counts'.
+            let se = (e.var * RATE_EWMA / (2.0 - RATE_EWMA)).sqrt() / RATE_TICK.as_secs_f64();
             e.state.observe_rate(rate, share);
+            e.state.observe_cluster(n, se);
             e.state.observe_dispersion(dispersion);
             if e.state.cand.is_some() {
                 self.refresh(m, now, None);
