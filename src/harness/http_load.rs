@@ -518,8 +518,9 @@ impl Shared {
         let answer = async {
             let r = c.send_request(req).await?;
             let status = r.status().as_u16();
-            let body = r.into_body().collect().await?.to_bytes();
-            let door = status == 429 && contains(&body, DOOR_MESSAGE);
+            let body = r.into_body().collect().await?;
+            // Only a 429's body is looked at (merged into one buffer).
+            let door = status == 429 && contains(&body.to_bytes(), DOOR_MESSAGE);
             Ok::<(u16, bool), hyper::Error>((status, door))
         };
         match answer.await {
