@@ -900,6 +900,27 @@ mod tests {
         assert_fermata_at_most_integral(&app);
     }
 
+    /// Step 1's lists below `best` (the portfolio's best plan) end within
+    /// their nodes and hold a choice at most `exact`'s cost.
+    fn assert_lists_below_reach(app: &App, best: f64, exact: f64, (ratio, seed): (f64, u64)) {
+        use crate::plan::app::exact::lists_below;
+        use crate::plan::app::fermata::LISTS_NODES;
+        use crate::plan::app::module::Point;
+        let lists = lists_below(app, best, LISTS_NODES)
+            .unwrap_or_else(|| panic!("R = {ratio}, seed {seed}: no lists below"));
+        assert!(
+            lists.iter().all(|x| x.1),
+            "R = {ratio}, seed {seed}: stopped"
+        );
+        let pts: Vec<Vec<Point>> = lists.into_iter().map(|x| x.0).collect();
+        let pick = planners::choose_points(app, &pts).unwrap();
+        let c: f64 = pick.iter().enumerate().map(|(v, &k)| pts[v][k].cost).sum();
+        assert!(
+            c <= exact * (1.0 + 1e-9),
+            "R = {ratio}, seed {seed}: lists {c} above exact {exact}"
+        );
+    }
+
     /// The paper family's workloads on which `exact` once planned below
     /// `fermata` (by up to 2.1%): a module of several machines whose
     /// cheaper lists step 1's bounded step functions did not reach (seed 108:
@@ -912,9 +933,7 @@ mod tests {
     /// choice among them at most `exact`'s.
     #[test]
     fn fermata_is_at_most_exact_where_its_step_functions_missed_a_list() {
-        use crate::plan::app::exact::lists_below;
-        use crate::plan::app::fermata::{portfolio, LISTS_NODES};
-        use crate::plan::app::module::Point;
+        use crate::plan::app::fermata::portfolio;
         let profs = profiles();
         for (ratio, seed) in [
             (0.2, 108u64),
@@ -946,20 +965,7 @@ mod tests {
                 .map(|q| q.cost)
                 .fold(f64::INFINITY, f64::min);
             if ex.cost < best * (1.0 - 1e-9) {
-                let lists = lists_below(&app, best, LISTS_NODES)
-                    .unwrap_or_else(|| panic!("R = {ratio}, seed {seed}: no lists below"));
-                assert!(
-                    lists.iter().all(|x| x.1),
-                    "R = {ratio}, seed {seed}: stopped"
-                );
-                let pts: Vec<Vec<Point>> = lists.into_iter().map(|x| x.0).collect();
-                let pick = planners::choose_points(&app, &pts).unwrap();
-                let c: f64 = pick.iter().enumerate().map(|(v, &k)| pts[v][k].cost).sum();
-                assert!(
-                    c <= ex.cost * (1.0 + 1e-9),
-                    "R = {ratio}, seed {seed}: lists {c} above exact {}",
-                    ex.cost
-                );
+                assert_lists_below_reach(&app, best, ex.cost, (ratio, seed));
             }
         }
     }
@@ -1009,9 +1015,7 @@ mod tests {
     /// as cheap as `exact`'s; `fermata` is at most `exact`.
     #[test]
     fn fermata_reaches_exact_where_a_step_function_has_hundreds_of_breakpoints() {
-        use crate::plan::app::exact::lists_below;
-        use crate::plan::app::fermata::{portfolio, LISTS_NODES};
-        use crate::plan::app::module::Point;
+        use crate::plan::app::fermata::portfolio;
         let profs = profiles();
         for (ratio, seed) in [
             (0.2, 393u64),
@@ -1028,20 +1032,7 @@ mod tests {
                 .iter()
                 .map(|q| q.cost)
                 .fold(f64::INFINITY, f64::min);
-            let lists = lists_below(&app, best, LISTS_NODES)
-                .unwrap_or_else(|| panic!("R = {ratio}, seed {seed}: no lists below"));
-            assert!(
-                lists.iter().all(|x| x.1),
-                "R = {ratio}, seed {seed}: stopped"
-            );
-            let pts: Vec<Vec<Point>> = lists.into_iter().map(|x| x.0).collect();
-            let pick = planners::choose_points(&app, &pts).unwrap();
-            let c: f64 = pick.iter().enumerate().map(|(v, &k)| pts[v][k].cost).sum();
-            assert!(
-                c <= ex.cost * (1.0 + 1e-9),
-                "R = {ratio}, seed {seed}: lists {c} above exact {}",
-                ex.cost
-            );
+            assert_lists_below_reach(&app, best, ex.cost, (ratio, seed));
             let fe = planners::fermata(&app).unwrap();
             fe.verify(&app).unwrap();
             assert!(
