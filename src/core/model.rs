@@ -638,17 +638,22 @@ impl ModelState {
 mod tests {
     use super::*;
 
+    /// A model with l(b) = 1 ms * b + 5 ms (up to 64) and an SLO of 50 ms.
+    fn spec_1ms_5ms() -> ModelSpec {
+        ModelSpec {
+            name: "m".into(),
+            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
+            slo: Dur::from_ms(50),
+        }
+    }
+
     /// Adaptive early drop skips the head only when more than a window is queued:
     /// with a window or fewer, dropping the head could not make the batch larger
     /// (it only loses the head), so the queue is gathered lazily.
     #[test]
     fn adaptive_drops_the_head_only_for_a_fuller_window() {
         // l(b) = 1 ms * b + 5 ms; SLO 50 ms.
-        let spec = ModelSpec {
-            name: "m".into(),
-            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
-            slo: Dur::from_ms(50),
-        };
+        let spec = spec_1ms_5ms();
         let t0 = Time(1_000_000_000);
         let task = |id: u64, at_ms: i64| Task {
             id: TaskId(id),
@@ -695,11 +700,7 @@ mod tests {
     fn bursty_arrivals_count_clumps() {
         // l(b) = 1 ms * b + 5 ms; SLO 50 ms; 200 r/s on one GPU: about 8.6 requests
         // are expected before the frontrun moment (43 ms away).
-        let spec = ModelSpec {
-            name: "m".into(),
-            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
-            slo: Dur::from_ms(50),
-        };
+        let spec = spec_1ms_5ms();
         let now = Time(1_000_000_000);
         let exec_in_at = |rate: f64, dispersion: f64| {
             let mut m = ModelState::new(
@@ -745,11 +746,7 @@ mod tests {
     fn a_full_lone_gpu_does_not_wait() {
         // l(b) = 1 ms * b + 5 ms; SLO 50 ms: on one GPU the staggered batch is
         // 20 (2 l(20) = 50 ms), which carries 800 r/s.
-        let spec = ModelSpec {
-            name: "m".into(),
-            profile: LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 64).unwrap(),
-            slo: Dur::from_ms(50),
-        };
+        let spec = spec_1ms_5ms();
         let now = Time(1_000_000_000);
         let exec_in = |rate: f64, se: f64, gpus: Option<f64>| {
             let mut m = ModelState::new(

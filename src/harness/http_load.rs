@@ -22,6 +22,7 @@
 
 use crate::arrivals::ArrivalGen;
 use crate::core::Time;
+pub use crate::harness::door_figures::DoorFigures;
 use crate::harness::procs::Proc;
 use crate::harness::stall::{StallSpec, Staller};
 use crate::node::http::decode_elems;
@@ -553,19 +554,14 @@ fn slot_of(since: Duration) -> usize {
     (since.as_nanos() / SLOT.as_nanos()) as usize
 }
 
-/// Raises this process's open-file limit to its hard limit (for the client's
-/// connections); returns the soft limit in force.
-fn raise_fd_limit() -> u64 {
-    crate::node::http::raise_open_file_limit()
-}
-
 /// Drives `spec.addr` open-loop for warm-up + duration, then waits up to
 /// [`DRAIN`] for the answers outstanding.
 pub fn run_load(spec: &LoadSpec) -> Result<LoadResult> {
     if spec.bodies.is_empty() {
         bail!("no request bodies");
     }
-    let fds = raise_fd_limit() as usize;
+    // The client's connections: up to the hard open-file limit.
+    let fds = crate::node::http::raise_open_file_limit() as usize;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(CLIENT_THREADS)
         .thread_name("http-load")
@@ -775,105 +771,6 @@ pub struct Row {
     /// The door's own figures, from the server's `/metrics` after the load
     /// (warm-up included); None when it could not be read.
     pub door: Option<DoorFigures>,
-}
-
-/// What the server's `/metrics` says of its door and of where requests
-/// waited (`node::http::metrics`), warm-up included.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct DoorFigures {
-    /// Refusals at the door by reason.
-    pub refused_deadline: u64,
-    pub refused_queue: u64,
-    pub refused_backlog: u64,
-    /// Of the door's refusals, the share decided within 5 ms of the
-    /// request's first byte (the server's own clock, before the answer is
-    /// written).
-    pub refused_within_5ms: f64,
-    /// Mean wait per stage of the requests taken, ms: `head` (first byte to
-    /// the handler), `read`, `decode`, `answer` (hand-over to the answer).
-    pub head_mean_ms: f64,
-    pub read_mean_ms: f64,
-    pub decode_mean_ms: f64,
-    pub answer_mean_ms: f64,
-    /// The share of requests whose head waited more than 5 ms.
-    pub head_over_5ms: f64,
-    /// Connections the server's cap closed: the longest-waiting to admit a
-    /// new one, and new ones refused with every connection in a request.
-    pub conns_evicted: u64,
-    pub conns_refused: u64,
-}
-
-impl DoorFigures {
-    /// From a Prometheus text exposition; None without the door's series.
-    pub fn of_metrics(text: &str) -> Option<DoorFigures> {
-        // (name, labels, value) of each sample line.
-        let samples: Vec<(&str, &str, f64)> = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (key, v) = l.rsplit_once(' ')?;
-                let v: f64 = v.parse().ok()?;
-                let (name, labels) = key.split_once('{').unwrap_or((key, "}"));
-                Some((name, labels.trim_end_matches('}'), v))
-            })
-            .collect();
-        let get = |name: &str, has: &[&str]| -> Option<f64> {
-            samples
-                .iter()
-                .find(|(n, l, _)| *n == name && has.iter().all(|h| l.contains(h)))
-                .map(|s| s.2)
-        };
-        let refused = |r: &str| {
-            get("fermata_http_refused_total", &[&format!("reason=\"{r}\"")]).map(|v| v as u64)
-        };
-        let (refused_deadline, refused_queue, refused_backlog) =
-            (refused("deadline")?, refused("queue")?, refused("backlog")?);
-        let share = |num: Option<f64>, den: Option<f64>| match (num, den) {
-            (Some(n), Some(d)) if d > 0.0 => n / d,
-            _ => 0.0,
-        };
-        let refused_within_5ms = share(
-            get("fermata_http_refusal_seconds_bucket", &["le=\"0.005\""]),
-            get("fermata_http_refusal_seconds_count", &[]),
-        );
-        let stage = |st: &str| {
-            let l = format!("stage=\"{st}\"");
-            1e3 * share(
-                get("fermata_http_wait_seconds_sum", &[&l]),
-                get("fermata_http_wait_seconds_count", &[&l]),
-            )
-        };
-        let head = "stage=\"head\"";
-        let head_over_5ms = 1.0
-            - share(
-                get("fermata_http_wait_seconds_bucket", &[head, "le=\"0.005\""]),
-                get("fermata_http_wait_seconds_count", &[head]),
-            );
-        let closed = |r: &str| {
-            get(
-                "fermata_http_connections_closed_total",
-                &[&format!("reason=\"{r}\"")],
-            )
-            .unwrap_or(0.0) as u64
-        };
-        Some(DoorFigures {
-            conns_evicted: closed("evicted"),
-            conns_refused: closed("refused"),
-            refused_deadline,
-            refused_queue,
-            refused_backlog,
-            refused_within_5ms,
-            head_mean_ms: stage("head"),
-            read_mean_ms: stage("read"),
-            decode_mean_ms: stage("decode"),
-            answer_mean_ms: stage("answer"),
-            head_over_5ms: if get("fermata_http_wait_seconds_count", &[head]).unwrap_or(0.0) > 0.0 {
-                head_over_5ms
-            } else {
-                0.0
-            },
-        })
-    }
 }
 
 /// The first line of /proc/stat: the host's CPU time by kind (user nice

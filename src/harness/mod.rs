@@ -12,6 +12,7 @@ pub mod adapt_apps;
 pub mod adapt_procs;
 pub mod attacks;
 pub mod churn;
+pub mod door_figures;
 pub mod failover;
 pub mod fake;
 pub mod http_load;
