@@ -102,18 +102,6 @@ fn under_load_batches_are_still_deferred() {
     let symphony = run(&w, Policy::Symphony, rate);
     let eager = run(&w, Policy::Eager, rate);
     let (d, s) = (queuing_p50_ms(&deferred), queuing_p50_ms(&symphony));
-    let batch_p50 = |r: &RunResult| {
-        let m = &r.models[0];
-        let total: u64 = m.batch_requests.iter().sum();
-        let mut seen = 0;
-        m.batch_requests
-            .iter()
-            .position(|&n| {
-                seen += n;
-                2 * seen >= total
-            })
-            .unwrap_or(0)
-    };
     let (bd, bs, be) = (
         batch_p50(&deferred),
         batch_p50(&symphony),
