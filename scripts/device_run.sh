@@ -9,6 +9,9 @@
 #                                                  (stopped after S s, the results still written)
 #   bash scripts/device_run.sh cpu16 [--budget-s S] [--parts LIST] [--small]
 #                                                  the figures that need many cores
+#   bash scripts/device_run.sh sh 'COMMANDS'       COMMANDS in bash, set up as for `gpu`
+#                                                  ($FERMATA_BIN, $PY, .deps/gpu, models/large),
+#                                                  everything printed kept in sh.log
 #
 # `gpu` and `cpu16` reassemble the stashed chunks (checked against the bundle's
 # SHA-256) under $FERMATA_DEVICE_DIR (/tmp/fermata-device) once, then run from
@@ -206,6 +209,23 @@ cmd_gpu() {
   return "$rc"
 }
 
+# A focused experiment: the bundle unpacked, the GPU libraries linked, the
+# real-size models written, then the caller's commands.
+cmd_sh() {
+  (($# == 1)) || die "sh: give the commands as one argument"
+  unpack
+  prepare_gpu
+  mkdir -p "$RES"
+  if [[ ! -f models/large/resnet50.onnx || ! -f models/large/resnet50_fp16.onnx ]]; then
+    PYTHONPATH=.deps/py${PYTHONPATH:+:$PYTHONPATH} "$PY" scripts/gen_models.py --large >/dev/null ||
+      die "scripts/gen_models.py --large failed"
+  fi
+  local libs
+  libs=$(find -L .deps/gpu/nvidia -maxdepth 3 -type d -name lib 2>/dev/null | paste -sd: -)
+  PY=$PY LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" bash -c "$1" 2>&1 | tee "$RES/sh.log"
+  return "${PIPESTATUS[0]}"
+}
+
 cmd_cpu16() {
   local budget=420 small=0 parts=sched1k,sched4k,tcp,door,over
   while (($#)); do
@@ -339,6 +359,10 @@ case ${1:-} in
   cpu16)
     shift
     cmd_cpu16 "$@"
+    ;;
+  sh)
+    shift
+    cmd_sh "$@"
     ;;
   -h | --help) usage ;;
   *)

@@ -14,6 +14,13 @@
 //! host memory, so the device's copy of the batch reads the pulled bytes
 //! where they landed. An allocation that fails leaves the batch unstaged (its
 //! inputs then go through the executor's own buffer, as before).
+//!
+//! Page-locked memory is slow to allocate (tens to hundreds of milliseconds for
+//! a batch of images while the GPU runs other batches), so a pool with an
+//! allocator fills a model's idle buffers before the model is served: on the
+//! loading thread ([`StagePool::reserve`]), or when it is enabled. A batch
+//! then allocates only when more of the model's batches are in flight than it
+//! keeps idle.
 
 use crate::core::ModelId;
 use std::collections::HashMap;
@@ -91,6 +98,9 @@ struct Spec {
 #[derive(Default)]
 pub struct StagePool {
     models: Mutex<HashMap<ModelId, Spec>>,
+    /// Buffers filled ahead for models being loaded, handed over when each is
+    /// enabled with the same layout (at most one set per model).
+    reserved: Mutex<HashMap<ModelId, Spec>>,
     alloc: Option<StageAlloc>,
 }
 
@@ -98,6 +108,7 @@ impl std::fmt::Debug for StagePool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StagePool")
             .field("models", &self.models)
+            .field("reserved", &self.reserved)
             .field("alloc", &self.alloc.is_some())
             .finish()
     }
@@ -112,25 +123,85 @@ impl StagePool {
     pub fn with_alloc(alloc: StageAlloc) -> Arc<StagePool> {
         Arc::new(StagePool {
             models: Mutex::default(),
+            reserved: Mutex::default(),
             alloc: Some(alloc),
         })
     }
 
     /// Stages `model`: batches of up to `rows` requests of `row_bytes` bytes.
+    /// Its idle buffers are those [`StagePool::reserve`] filled for the same
+    /// layout, else (with an allocator) filled now.
     pub fn enable(&self, model: ModelId, row_bytes: usize, rows: usize) {
+        let ahead = self
+            .reserved
+            .lock()
+            .expect("lock")
+            .remove(&model)
+            .filter(|s| s.row_bytes == row_bytes && s.rows == rows);
+        let free = match ahead {
+            Some(s) => s.free,
+            None => self.fill(row_bytes, rows),
+        };
         self.models.lock().expect("lock").insert(
             model,
             Spec {
                 row_bytes,
                 rows,
-                free: Vec::new(),
+                free,
             },
         );
     }
 
-    /// `model` is no longer staged (unloaded); its idle buffers are freed.
+    /// Fills idle buffers for `model` ahead of [`StagePool::enable`] (from the
+    /// thread that loads it, off the batches' path). Does nothing without an
+    /// allocator: heap buffers are cheap to make when a batch needs one.
+    pub fn reserve(&self, model: ModelId, row_bytes: usize, rows: usize) {
+        if self.alloc.is_none() {
+            return;
+        }
+        let free = self.fill(row_bytes, rows);
+        self.reserved.lock().expect("lock").insert(
+            model,
+            Spec {
+                row_bytes,
+                rows,
+                free,
+            },
+        );
+    }
+
+    /// `model` is no longer staged (unloaded); its idle and reserved buffers
+    /// are freed.
     pub fn disable(&self, model: ModelId) {
         self.models.lock().expect("lock").remove(&model);
+        self.reserved.lock().expect("lock").remove(&model);
+    }
+
+    /// Up to [`FREE_MAX`] buffers from the allocator (none without one), to
+    /// the first that fails.
+    fn fill(&self, row_bytes: usize, rows: usize) -> Vec<Mem> {
+        if self.alloc.is_none() {
+            return Vec::new();
+        }
+        (0..FREE_MAX)
+            .map_while(|_| self.allocate(rows * row_bytes))
+            .collect()
+    }
+
+    /// A new buffer of `bytes` bytes: the allocator's (None when it fails or
+    /// gives memory too short or misaligned), else the heap's.
+    fn allocate(&self, bytes: usize) -> Option<Mem> {
+        match &self.alloc {
+            // 8-byte words: any element type can be viewed in place.
+            None => Some(Mem::Heap(vec![0u64; bytes.div_ceil(8).max(1)])),
+            Some(a) => {
+                let mut m = a(bytes.max(1))?;
+                if m.len() < bytes || m.as_mut_ptr().align_offset(8) != 0 {
+                    return None;
+                }
+                Some(Mem::Alloc(m))
+            }
+        }
     }
 
     /// The request size of a staged model (None: not staged).
@@ -150,18 +221,9 @@ impl StagePool {
             let s = m.get_mut(&model).filter(|s| n <= s.rows)?;
             (s.row_bytes, s.rows, s.free.pop())
         };
-        let bytes = rows * row_bytes;
-        let mem = match (mem, &self.alloc) {
-            (Some(m), _) => m,
-            // 8-byte words: any element type can be viewed in place.
-            (None, None) => Mem::Heap(vec![0u64; bytes.div_ceil(8).max(1)]),
-            (None, Some(a)) => {
-                let mut m = a(bytes.max(1))?;
-                if m.len() < bytes || m.as_mut_ptr().align_offset(8) != 0 {
-                    return None;
-                }
-                Mem::Alloc(m)
-            }
+        let mem = match mem {
+            Some(m) => m,
+            None => self.allocate(rows * row_bytes)?,
         };
         Some(Staged {
             model,
@@ -172,10 +234,12 @@ impl StagePool {
         })
     }
 
-    fn give(&self, model: ModelId, row_bytes: usize, mem: Mem) {
+    fn give(&self, model: ModelId, row_bytes: usize, rows: usize, mem: Mem) {
         let mut m = self.models.lock().expect("lock");
         if let Some(s) = m.get_mut(&model) {
-            if s.row_bytes == row_bytes && s.free.len() < FREE_MAX {
+            // A buffer of another layout (the model was reloaded meanwhile) is
+            // freed: it may be too short for the new one's batches.
+            if s.row_bytes == row_bytes && s.rows == rows && s.free.len() < FREE_MAX {
                 s.free.push(mem);
             }
         }
@@ -259,7 +323,7 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         if let (Some(p), Some(m)) = (self.pool.upgrade(), self.mem.take()) {
-            p.give(self.model, self.row_bytes, m);
+            p.give(self.model, self.row_bytes, self.rows, m);
         }
     }
 }
@@ -323,6 +387,11 @@ mod tests {
                 .then(|| Box::new(Words(vec![0; bytes.div_ceil(8)], bytes)) as Box<dyn StageMem>)
         }));
         pool.enable(ModelId(1), 10, 3);
+        assert_eq!(
+            made.load(Ordering::Relaxed),
+            FREE_MAX,
+            "filled when enabled"
+        );
         let mut a = pool.take(ModelId(1), 2).unwrap();
         assert!(a.is_allocated());
         assert_eq!(a.bytes().len(), 30);
@@ -332,9 +401,16 @@ mod tests {
         drop(a);
         let b = pool.take(ModelId(1), 3).unwrap();
         assert_eq!(b.bytes().as_ptr(), p, "kept and lent again");
-        assert_eq!(made.load(Ordering::Relaxed), 1, "no second allocation");
-        let held: Vec<Staged> = (0..3).map(|_| pool.take(ModelId(1), 1).unwrap()).collect();
-        assert_eq!(made.load(Ordering::Relaxed), 4);
+        let mut held: Vec<Staged> = (1..FREE_MAX)
+            .map(|_| pool.take(ModelId(1), 1).unwrap())
+            .collect();
+        assert_eq!(
+            made.load(Ordering::Relaxed),
+            FREE_MAX,
+            "nothing allocated while idle buffers last"
+        );
+        held.push(pool.take(ModelId(1), 1).unwrap());
+        assert_eq!(made.load(Ordering::Relaxed), 4, "one more batch in flight");
         assert!(
             pool.take(ModelId(1), 1).is_none(),
             "an allocation that fails leaves the batch unstaged"
@@ -347,5 +423,57 @@ mod tests {
         short.enable(ModelId(2), 16, 2);
         assert!(short.take(ModelId(2), 1).is_none());
         drop(b);
+    }
+    #[test]
+    fn buffers_reserved_while_loading_are_the_ones_enabled() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let made = Arc::new(AtomicUsize::new(0));
+        let m = made.clone();
+        let pool = StagePool::with_alloc(Box::new(move |bytes| {
+            m.fetch_add(1, Ordering::Relaxed);
+            Some(Box::new(Words(vec![0; bytes.div_ceil(8)], bytes)) as Box<dyn StageMem>)
+        }));
+        pool.reserve(ModelId(5), 8, 2);
+        assert_eq!(made.load(Ordering::Relaxed), FREE_MAX);
+        assert!(
+            pool.take(ModelId(5), 1).is_none(),
+            "reserved, not yet staged"
+        );
+        pool.enable(ModelId(5), 8, 2);
+        assert_eq!(made.load(Ordering::Relaxed), FREE_MAX, "the reserved ones");
+        let held: Vec<Staged> = (0..FREE_MAX)
+            .map(|_| pool.take(ModelId(5), 2).unwrap())
+            .collect();
+        assert_eq!(made.load(Ordering::Relaxed), FREE_MAX);
+        drop(held);
+        // Reserved for one layout, enabled with another: filled anew.
+        pool.reserve(ModelId(6), 8, 2);
+        pool.enable(ModelId(6), 8, 4);
+        assert_eq!(made.load(Ordering::Relaxed), 3 * FREE_MAX);
+        assert_eq!(pool.take(ModelId(6), 4).unwrap().bytes().len(), 32);
+        // Unloaded: its reservation goes too.
+        pool.reserve(ModelId(7), 8, 2);
+        pool.disable(ModelId(7));
+        pool.enable(ModelId(7), 8, 2);
+        assert_eq!(made.load(Ordering::Relaxed), 5 * FREE_MAX);
+        // A heap pool reserves nothing: its buffers are made when needed.
+        let heap = StagePool::new();
+        heap.reserve(ModelId(1), 8, 2);
+        assert!(heap.reserved.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_buffer_of_a_reloaded_models_old_layout_is_not_lent_again() {
+        let pool = StagePool::new();
+        pool.enable(ModelId(3), 8, 2);
+        let old = pool.take(ModelId(3), 2).unwrap();
+        pool.enable(ModelId(3), 8, 4);
+        drop(old);
+        let b = pool.take(ModelId(3), 4).unwrap();
+        assert_eq!(
+            b.bytes().len(),
+            32,
+            "a buffer long enough for the new layout"
+        );
     }
 }

@@ -36,7 +36,10 @@ impl OnnxExecutor {
                 .then(|| StagePool::with_alloc(super::cuda::pinned_stage_alloc(gpu))),
         };
         Ok(OnnxExecutor {
-            loader: Arc::new(OnnxLoader(opts)),
+            loader: Arc::new(OnnxLoader {
+                opts,
+                stage: stage.clone(),
+            }),
             models: HashMap::new(),
             stage,
         })
@@ -45,7 +48,7 @@ impl OnnxExecutor {
     /// The model's file: `models_dir/NAME.onnx`, or the version a Triton model
     /// directory `models_dir/NAME/` serves ([`crate::repo::model_file`]).
     pub fn model_file(&self, name: &str) -> Result<PathBuf> {
-        crate::repo::model_file(&self.loader.0.models_dir, name)
+        crate::repo::model_file(&self.loader.opts.models_dir, name)
     }
 
     /// Makes `m` the model `id` runs, staged when its layout allows.
@@ -75,7 +78,7 @@ impl OnnxExecutor {
 
 impl Executor for OnnxExecutor {
     fn name(&self) -> &'static str {
-        device_name(self.loader.0.device)
+        device_name(self.loader.opts.device)
     }
 
     fn load(&mut self, model: &ModelInfo) -> Result<()> {
@@ -151,8 +154,12 @@ impl Executor for OnnxExecutor {
 
 /// The `onnx` (and `cuda`) executor's [`Loader`]: opens a model's sessions and
 /// warms them up, on the loading thread (for `cuda`, on the executor's device:
-/// its batches and the warm-up share the GPU meanwhile).
-struct OnnxLoader(OnnxOptions);
+/// its batches and the warm-up share the GPU meanwhile), and fills the staging
+/// buffers of a model it prepares ([`StagePool::reserve`]).
+struct OnnxLoader {
+    opts: OnnxOptions,
+    stage: Option<Arc<StagePool>>,
+}
 
 impl OnnxLoader {
     fn open(&self, model: &ModelInfo) -> Result<OnnxModel> {
@@ -161,7 +168,7 @@ impl OnnxLoader {
                 "model `{}` has no metadata (tensors, dtypes); the {} executor runs only models \
                  from a model repository (fermata serve/scheduler with --models DIR)",
                 model.name,
-                device_name(self.0.device)
+                device_name(self.opts.device)
             ),
             Some(Err(e)) => bail!("model `{}`: bad metadata: {e}", model.name),
             Some(Ok(m)) => m,
@@ -181,14 +188,18 @@ impl OnnxLoader {
                 meta.input_bytes()
             );
         }
-        let file = crate::repo::model_file(&self.0.models_dir, &model.name)?;
-        OnnxModel::open(&file, &meta, &self.0)
+        let file = crate::repo::model_file(&self.opts.models_dir, &model.name)?;
+        OnnxModel::open(&file, &meta, &self.opts)
     }
 }
 
 impl Loader for OnnxLoader {
     fn prepare(&self, model: &ModelInfo) -> Result<Prepared> {
-        Ok(Box::new(self.open(model)?))
+        let m = self.open(model)?;
+        if let (Some(s), Some((row, rows))) = (&self.stage, m.stage_layout()) {
+            s.reserve(model.id, row, rows);
+        }
+        Ok(Box::new(m))
     }
 
     fn discard(&self, prepared: Prepared) {
