@@ -23,7 +23,14 @@
 //!   spell's rate;
 //! - **the backlog is full**: [`Door::max_pending`] requests whose bodies
 //!   were read wait for their decoding or are being decoded (the work the
-//!   server's cores are behind on).
+//!   server's cores are behind on), or, from [`BACKLOG_MIN`] of them, they
+//!   would take longer to decode than [`BACKLOG_SHARE`] of the request's time
+//!   left, at the fastest rate the decoders finished bodies in a tenth of a
+//!   second within the last second (what they can do, not what a quiet spell
+//!   asked of them; no rate yet, no such check). Decoding runs off the threads
+//!   that read heads, so its queue is where the server falls behind under
+//!   overload, and a request admitted behind more of it than its deadline
+//!   allows would be read and decoded only to be dropped.
 //!
 //! A request is judged by its model's default SLO (the body, which may carry
 //! its own `timeout`, is not read yet); the scheduler judges it again by the
@@ -49,6 +56,12 @@ const BUCKETS: usize = 10;
 /// left by this factor: the estimate is a mean, and a request refused that
 /// would have been served costs more than one admitted and dropped.
 const AHEAD_MARGIN: f64 = 1.1;
+
+/// The time-based backlog check applies from this many bodies pending ...
+pub const BACKLOG_MIN: usize = 16;
+/// ... and refuses a request whose wait for decoding would exceed this share
+/// of its time left (the rest is for its queue, its batch and its answer).
+pub const BACKLOG_SHARE: f64 = 0.1;
 
 /// Why a request was refused at the door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +136,9 @@ pub struct Door {
     models: Vec<ModelView>,
     pending: usize,
     max_pending: usize,
+    /// Bodies that left the backlog (handed over or abandoned) per bucket:
+    /// (bucket index, count), the last [`BUCKETS`].
+    decoded: VecDeque<(u64, u64)>,
 }
 
 impl Door {
@@ -139,6 +155,34 @@ impl Door {
                 .collect(),
             pending: 0,
             max_pending: max_pending.max(1),
+            decoded: VecDeque::new(),
+        }
+    }
+
+    /// The fastest the backlog drained in one bucket of the last [`BUCKETS`]
+    /// (bodies per second; 0 when none drained).
+    fn decode_rate(&self, now: Duration) -> f64 {
+        let first = bucket(now).saturating_sub(BUCKETS as u64 - 1);
+        let peak = self
+            .decoded
+            .iter()
+            .filter(|(b, _)| *b >= first)
+            .map(|&(_, c)| c)
+            .max()
+            .unwrap_or(0);
+        peak as f64 / BUCKET.as_secs_f64()
+    }
+
+    /// A body left the backlog at `now`.
+    fn drained(&mut self, now: Duration) {
+        self.pending = self.pending.saturating_sub(1);
+        let b = bucket(now);
+        match self.decoded.back_mut() {
+            Some((last, c)) if *last == b => *c += 1,
+            _ => self.decoded.push_back((b, 1)),
+        }
+        while self.decoded.len() > BUCKETS {
+            self.decoded.pop_front();
         }
     }
 
@@ -164,8 +208,14 @@ impl Door {
         if self.pending >= self.max_pending {
             return Err(Refusal::Backlog);
         }
+        let left = slo.saturating_sub(waited);
+        if self.pending >= BACKLOG_MIN {
+            let rate = self.decode_rate(now);
+            if rate > 0.0 && self.pending as f64 / rate > left.as_secs_f64() * BACKLOG_SHARE {
+                return Err(Refusal::Backlog);
+            }
+        }
         if let Some(v) = self.models.get(m) {
-            let left = slo.saturating_sub(waited);
             if left <= v.need {
                 return Err(Refusal::Deadline);
             }
@@ -193,14 +243,16 @@ impl Door {
         self.pending += 1;
     }
 
-    /// A pending request ended before it was handed over (a bad body).
-    pub fn abandoned(&mut self) {
-        self.pending = self.pending.saturating_sub(1);
+    /// A pending request ended at `now` before it was handed over (a bad
+    /// body).
+    pub fn abandoned(&mut self, now: Duration) {
+        self.drained(now);
     }
 
-    /// A pending request of model `m` was handed over as `samples` tasks.
-    pub fn handed_over(&mut self, m: usize, samples: u64) {
-        self.pending = self.pending.saturating_sub(1);
+    /// A pending request of model `m` was handed over at `now` as `samples`
+    /// tasks.
+    pub fn handed_over(&mut self, m: usize, samples: u64, now: Duration) {
+        self.drained(now);
         if let Some(v) = self.models.get_mut(m) {
             v.in_flight += samples;
         }
@@ -255,7 +307,7 @@ mod tests {
         for _ in 0..rate * secs {
             d.admit(0, ms(1), SLO, t).expect("admitted below capacity");
             d.decoding();
-            d.handed_over(0, 1);
+            d.handed_over(0, 1, t);
             d.answered(0, Answer::Good, t);
             t += step;
         }
@@ -272,7 +324,7 @@ mod tests {
         // Answers that took long (a deferring scheduler held them) do not
         // raise the bar: a request with 25 ms left is still taken.
         d.decoding();
-        d.handed_over(0, 1);
+        d.handed_over(0, 1, ms(90));
         d.answered(0, Answer::Good, ms(90));
         assert_eq!(d.admit(0, ms(75), SLO, ms(100)), Ok(()));
         // An unknown model index is not judged by any view.
@@ -289,7 +341,7 @@ mod tests {
         for _ in 0..300 {
             d.admit(0, ms(1), SLO, t).expect("no shedding: admitted");
             d.decoding();
-            d.handed_over(0, 1);
+            d.handed_over(0, 1, t);
         }
         let ahead = d.ahead(0, t).unwrap();
         assert!(ahead > ms(250) && ahead < ms(350), "{ahead:?}");
@@ -304,7 +356,7 @@ mod tests {
         assert_eq!(d.admit(0, ms(1), SLO, t), Ok(()));
         // A shed long ago no longer counts.
         for _ in 0..300 {
-            d.handed_over(0, 1);
+            d.handed_over(0, 1, t);
         }
         let later = t + SHED_MEMORY + ms(1);
         assert_eq!(d.pending(), 0);
@@ -316,7 +368,7 @@ mod tests {
         assert_eq!(d.admit(0, ms(1), SLO, later), Err(Refusal::Queue));
         // Other outcomes say nothing of load.
         let mut e = Door::new(&[ms(1)], 8);
-        e.handed_over(0, 1);
+        e.handed_over(0, 1, ms(0));
         e.answered(0, Answer::Other, ms(0));
         assert_eq!(e.admit(0, ms(1), SLO, ms(0)), Ok(()));
     }
@@ -329,10 +381,50 @@ mod tests {
         assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
         d.decoding();
         assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Err(Refusal::Backlog));
-        d.handed_over(0, 4);
+        d.handed_over(0, 4, ms(0));
         assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
-        d.abandoned();
+        d.abandoned(ms(0));
         assert_eq!(d.pending(), 0);
         assert_eq!(d.max_pending(), 2);
+    }
+
+    #[test]
+    fn a_backlog_longer_than_a_share_of_the_time_left_refuses() {
+        let mut d = Door::new(&[ms(1)], 1 << 20);
+        // No body decoded yet: no rate, so a burst is taken whatever its size.
+        for _ in 0..200 {
+            assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
+            d.decoding();
+        }
+        // The decoders finish 100 bodies in one tenth of a second: 1,000/s.
+        let mut t = ms(0);
+        for _ in 0..100 {
+            d.handed_over(0, 1, t);
+            t += ms(1);
+        }
+        assert_eq!(d.decode_rate(t), 1000.0);
+        // 100 pending take 100 ms at that rate, more than a quarter of the
+        // 99 ms left: refused.
+        assert_eq!(d.admit(0, ms(1), SLO, t), Err(Refusal::Backlog));
+        // 20 pending take 20 ms, within a quarter of 99 ms ... but not of a
+        // request that already waited 40 ms (15 ms allowed).
+        for _ in 0..80 {
+            d.handed_over(0, 1, t);
+        }
+        assert_eq!(d.admit(0, ms(1), SLO, t), Ok(()));
+        assert_eq!(d.admit(0, ms(40), SLO, t), Err(Refusal::Backlog));
+        // Below BACKLOG_MIN pending the check is off, however slow.
+        for _ in 0..(20 - BACKLOG_MIN + 1) {
+            d.abandoned(t);
+        }
+        assert_eq!(d.pending(), BACKLOG_MIN - 1);
+        assert_eq!(d.admit(0, ms(90), SLO, t), Ok(()));
+        // The peak bucket counts, not the mean over the last second: a quiet
+        // spell after the busy tenth does not lower the rate ...
+        let later = t + ms(500);
+        d.decoding();
+        assert!(d.decode_rate(later) >= 1000.0);
+        // ... and a second later the busy tenth is forgotten.
+        assert_eq!(d.decode_rate(t + ms(1100)), 0.0);
     }
 }
