@@ -390,40 +390,39 @@ mod tests {
 
     #[test]
     fn a_backlog_longer_than_a_share_of_the_time_left_refuses() {
+        assert_eq!(BACKLOG_SHARE, 0.1, "the numbers below assume a tenth");
         let mut d = Door::new(&[ms(1)], 1 << 20);
         // No body decoded yet: no rate, so a burst is taken whatever its size.
-        for _ in 0..200 {
+        for _ in 0..1200 {
             assert_eq!(d.admit(0, ms(0), SLO, ms(0)), Ok(()));
             d.decoding();
         }
-        // The decoders finish 100 bodies in one tenth of a second: 1,000/s.
-        let mut t = ms(0);
-        for _ in 0..100 {
+        // The decoders finish 1,000 bodies in one tenth of a second: 10,000/s.
+        let mut t = Duration::ZERO;
+        for _ in 0..1000 {
             d.handed_over(0, 1, t);
-            t += ms(1);
+            t += Duration::from_micros(100);
         }
-        assert_eq!(d.decode_rate(t), 1000.0);
-        // 100 pending take 100 ms at that rate, more than a quarter of the
-        // 99 ms left: refused.
+        assert_eq!(d.decode_rate(t), 10_000.0);
+        // 200 pending take 20 ms at that rate, more than a tenth of the 99 ms
+        // left: refused.
         assert_eq!(d.admit(0, ms(1), SLO, t), Err(Refusal::Backlog));
-        // 20 pending take 20 ms, within a quarter of 99 ms ... but not of a
-        // request that already waited 40 ms (15 ms allowed).
-        for _ in 0..80 {
+        // 20 pending take 2 ms, within a tenth of 99 ms ... but not of the
+        // 15 ms a request that already waited 85 ms has left.
+        for _ in 0..180 {
             d.handed_over(0, 1, t);
         }
         assert_eq!(d.admit(0, ms(1), SLO, t), Ok(()));
-        assert_eq!(d.admit(0, ms(40), SLO, t), Err(Refusal::Backlog));
-        // Below BACKLOG_MIN pending the check is off, however slow.
+        assert_eq!(d.admit(0, ms(85), SLO, t), Err(Refusal::Backlog));
+        // Below BACKLOG_MIN pending the check is off, however little is left.
         for _ in 0..(20 - BACKLOG_MIN + 1) {
             d.abandoned(t);
         }
         assert_eq!(d.pending(), BACKLOG_MIN - 1);
-        assert_eq!(d.admit(0, ms(90), SLO, t), Ok(()));
+        assert_eq!(d.admit(0, ms(95), SLO, t), Ok(()));
         // The peak bucket counts, not the mean over the last second: a quiet
         // spell after the busy tenth does not lower the rate ...
-        let later = t + ms(500);
-        d.decoding();
-        assert!(d.decode_rate(later) >= 1000.0);
+        assert_eq!(d.decode_rate(t + ms(500)), 10_000.0);
         // ... and a second later the busy tenth is forgotten.
         assert_eq!(d.decode_rate(t + ms(1100)), 0.0);
     }
