@@ -881,7 +881,7 @@ fn evicted(b: &BodyBudget) -> Fail {
 /// requests under overload: a worker decoding a body holds up the heads queued
 /// behind it, so under overload the door would decide tens of milliseconds late
 /// (a 30 KiB JSON image takes 0.35 ms; at 9,000 requests/s the decoding alone
-/// fills four workers).
+/// takes three of four workers).
 const DECODE_INLINE_BYTES: usize = 8 << 10;
 
 /// The binary tensor extension's header: the length of the body's JSON part
