@@ -130,6 +130,19 @@ fn bucket(t: Duration) -> u64 {
     (t.as_nanos() / BUCKET.as_nanos()) as u64
 }
 
+/// Counts one event at `now` in `buckets` ((bucket index, count), the last
+/// [`BUCKETS`] kept).
+fn count(buckets: &mut VecDeque<(u64, u64)>, now: Duration) {
+    let b = bucket(now);
+    match buckets.back_mut() {
+        Some((last, c)) if *last == b => *c += 1,
+        _ => buckets.push_back((b, 1)),
+    }
+    while buckets.len() > BUCKETS {
+        buckets.pop_front();
+    }
+}
+
 /// The door of one server: every model's view and the backlog.
 #[derive(Debug)]
 pub struct Door {
@@ -176,14 +189,7 @@ impl Door {
     /// A body left the backlog at `now`.
     fn drained(&mut self, now: Duration) {
         self.pending = self.pending.saturating_sub(1);
-        let b = bucket(now);
-        match self.decoded.back_mut() {
-            Some((last, c)) if *last == b => *c += 1,
-            _ => self.decoded.push_back((b, 1)),
-        }
-        while self.decoded.len() > BUCKETS {
-            self.decoded.pop_front();
-        }
+        count(&mut self.decoded, now);
     }
 
     pub fn max_pending(&self) -> usize {
@@ -265,16 +271,7 @@ impl Door {
         };
         v.in_flight = v.in_flight.saturating_sub(1);
         match a {
-            Answer::Good => {
-                let b = bucket(now);
-                match v.good.back_mut() {
-                    Some((last, c)) if *last == b => *c += 1,
-                    _ => v.good.push_back((b, 1)),
-                }
-                while v.good.len() > BUCKETS {
-                    v.good.pop_front();
-                }
-            }
+            Answer::Good => count(&mut v.good, now),
             Answer::Shed => v.last_shed = Some(now),
             Answer::Other => {}
         }
