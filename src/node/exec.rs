@@ -169,9 +169,9 @@ pub fn executor_factory_on(
 fn with_faults(make: ExecutorFactory) -> anyhow::Result<ExecutorFactory> {
     Ok(match fault::from_env()? {
         None => make,
-        Some(f) => {
-            Box::new(move |g| Ok(Box::new(fault::Faulty::new(make(g)?, f)) as Box<dyn Executor>))
-        }
+        Some(f) => Box::new(move |g| {
+            Ok(Box::new(fault::Faulty::new(make(g)?, f.clone())) as Box<dyn Executor>)
+        }),
     })
 }
 
