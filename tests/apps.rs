@@ -185,9 +185,12 @@ fn metric(http: &str, series: &str) -> Option<f64> {
 /// Under `latest-useful` a module request whose deadline passed is sent again
 /// once, with its step's last deadline (the SLO less the least latency of the
 /// steps after it), and the application request still ends once. A timeout of
-/// 400 µs is shorter than the scheduler's least slack (500 µs): neither
-/// deadline can be met, so every request's detector step is sent twice and
-/// the request ends expired. Under `slack-forwarding` nothing is sent again.
+/// 100 µs is shorter than a task's way from the frontend to a backend and its
+/// run at batch 1: neither deadline can be met, so every request's detector
+/// step is sent twice and the request ends expired. (At 400 µs a detector
+/// step planned at once on an idle GPU sometimes finished in time and its
+/// `mlp` step expired instead.) Under `slack-forwarding` nothing is sent
+/// again.
 #[test]
 fn under_latest_useful_an_expired_module_request_is_sent_again_once() {
     const N: u64 = 4;
@@ -195,7 +198,12 @@ fn under_latest_useful_an_expired_module_request_is_sent_again_once() {
     for (rule, resends) in [("latest-useful", Some(2 * N)), ("slack-forwarding", None)] {
         let repo = RuleRepo::new(rule);
         let (p, http, grpc) = procs::serve_apis(exe(), &repo.0, &[]).unwrap();
-        run_client(&http, &grpc, &repo.0, &["--short-timeouts", &N.to_string()]);
+        run_client(
+            &http,
+            &grpc,
+            &repo.0,
+            &["--short-timeouts", &N.to_string(), "--timeout-us", "100"],
+        );
         let got = metric(&http, series);
         let f = report(p);
         match resends {
