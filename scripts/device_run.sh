@@ -221,7 +221,12 @@ cmd_sh() {
       die "scripts/gen_models.py --large failed"
   fi
   local libs
-  libs=$(find -L .deps/gpu/nvidia -maxdepth 3 -type d -name lib 2>/dev/null | paste -sd: -)
+  libs=$(
+    {
+      tr ':' '\n' <<<"${FERMATA_CUDA_LIBS:-}"
+      find -L .deps/gpu/nvidia -maxdepth 3 -type d -name lib 2>/dev/null
+    } | grep -v '^$' | paste -sd: -
+  )
   PY=$PY LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" bash -c "$1" 2>&1 | tee "$RES/sh.log"
   return "${PIPESTATUS[0]}"
 }

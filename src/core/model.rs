@@ -647,6 +647,25 @@ mod tests {
         }
     }
 
+    /// Model 0 of `spec` under `policy`, gathered lazily, 100 tasks at most.
+    fn state(spec: &ModelSpec, policy: Policy, net: NetBudget) -> ModelState {
+        ModelState::new(ModelId(0), spec.clone(), policy, Gather::Lazy, net, 100)
+    }
+
+    /// `m`'s candidate for one task arriving at `now` with `slo` to go (none
+    /// may be dropped).
+    fn lone_task_candidate(m: &mut ModelState, now: Time, slo: Dur) -> Candidate {
+        assert!(m.enqueue(Task {
+            id: TaskId(1),
+            arrival: now,
+            deadline: now + slo,
+            tag: 0,
+            cap: 0,
+        }));
+        m.update(now, None, &mut |_, _| panic!("nothing to drop"))
+            .unwrap()
+    }
+
     /// Adaptive early drop skips the head only when more than a window is queued:
     /// with a window or fewer, dropping the head could not make the batch larger
     /// (it only loses the head), so the queue is gathered lazily.
@@ -703,26 +722,11 @@ mod tests {
         let spec = spec_1ms_5ms();
         let now = Time(1_000_000_000);
         let exec_in_at = |rate: f64, dispersion: f64| {
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                Policy::Deferred,
-                Gather::Lazy,
-                NetBudget::default(),
-                100,
-            );
+            let mut m = state(&spec, Policy::Deferred, NetBudget::default());
             m.eager_cost_max = 0.05;
             m.observe_rate(rate, 1.0);
             m.observe_dispersion(dispersion);
-            assert!(m.enqueue(Task {
-                id: TaskId(1),
-                arrival: now,
-                deadline: now + Dur::from_ms(50),
-                tag: 0,
-                cap: 0,
-            }));
-            let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
-            c.unwrap().exec_at - now
+            lone_task_candidate(&mut m, now, Dur::from_ms(50)).exec_at - now
         };
         let exec_in = |dispersion: f64| exec_in_at(200.0, dispersion);
         // Poisson (and a noisy estimate below 1): waits for its frontrun moment.
@@ -749,28 +753,13 @@ mod tests {
         let spec = spec_1ms_5ms();
         let now = Time(1_000_000_000);
         let exec_in = |rate: f64, se: f64, gpus: Option<f64>| {
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                Policy::Deferred,
-                Gather::Lazy,
-                NetBudget::default(),
-                100,
-            );
+            let mut m = state(&spec, Policy::Deferred, NetBudget::default());
             m.eager_cost_max = 0.02;
             m.observe_rate(rate, 1.0);
             if let Some(g) = gpus {
                 m.observe_cluster(g, se);
             }
-            assert!(m.enqueue(Task {
-                id: TaskId(1),
-                arrival: now,
-                deadline: now + Dur::from_ms(50),
-                tag: 0,
-                cap: 0,
-            }));
-            let c = m.update(now, None, &mut |_, _| panic!("nothing to drop"));
-            c.unwrap().exec_at - now
+            lone_task_candidate(&mut m, now, Dur::from_ms(50)).exec_at - now
         };
         let frontrun = Dur::from_ms(43);
         // Below capacity on one GPU: it waits.
@@ -802,24 +791,8 @@ mod tests {
                 resp: Dur::from_us(100),
                 slack: Dur::from_us(slack_us),
             };
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                Policy::Symphony,
-                Gather::Lazy,
-                net,
-                100,
-            );
-            let now = Time(1_000_000_000);
-            assert!(m.enqueue(Task {
-                id: TaskId(1),
-                arrival: now,
-                deadline: now + Dur::from_ms(10),
-                tag: 0,
-                cap: 0,
-            }));
-            m.update(now, None, &mut |_, _| panic!("nothing to drop"))
-                .unwrap()
+            let mut m = state(&spec, Policy::Symphony, net);
+            lone_task_candidate(&mut m, Time(1_000_000_000), Dur::from_ms(10))
         };
         // No slack: the paper's frontrun, l(2) - l(1) = 1 us before the latest start.
         let c = cand(0);

@@ -419,7 +419,7 @@ pub fn lists_below(app: &App, cost: f64, nodes: u64) -> Option<Vec<(Vec<Point>, 
                 (ss.get(i + 1).map_or(0.0, |y| y.budget), q.worst)
             };
             // The budget the others' choices leave it.
-            let room = room(app, &lat, v);
+            let room = app.room_within(app.slo * (1.0 + EPS), &lat, v);
             let y = if room >= top {
                 // Its next list fits (a tie): it is taken, and the list
                 // below it asked.
@@ -462,23 +462,6 @@ struct Seg {
     budget: f64,
     q: Option<Point>,
     next: Option<Point>,
-}
-
-/// The largest budget module `v` can have with every other module's worst
-/// case at `lat`.
-fn room(app: &App, lat: &[f64], v: usize) -> f64 {
-    let n = lat.len();
-    let order = app.topo();
-    let l = |u: usize| if u == v { 0.0 } else { lat[u] };
-    let mut head = vec![0.0f64; n];
-    for &u in &order {
-        head[u] = app.parents(u).map(|x| head[x]).fold(0.0, f64::max) + l(u);
-    }
-    let mut tail = vec![0.0f64; n];
-    for &u in order.iter().rev() {
-        tail[u] = app.children(u).map(|c| tail[c]).fold(0.0, f64::max) + l(u);
-    }
-    app.slo * (1.0 + EPS) - head[v] - tail[v]
 }
 
 /// A module's Pareto lists (worst case, cost) up to budget `l` and cost

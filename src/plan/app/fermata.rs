@@ -529,22 +529,6 @@ fn cheapest_at(
     best
 }
 
-/// The largest budget module `v` can have with every other module's at `b`.
-fn room(app: &App, b: &[f64], v: usize) -> f64 {
-    let n = b.len();
-    let order = app.topo();
-    let lat = |u: usize| if u == v { 0.0 } else { b[u] };
-    let mut head = vec![0.0f64; n];
-    for &u in &order {
-        head[u] = app.parents(u).map(|p| head[p]).fold(0.0, f64::max) + lat(u);
-    }
-    let mut tail = vec![0.0f64; n];
-    for &u in order.iter().rev() {
-        tail[u] = app.children(u).map(|c| tail[c]).fold(0.0, f64::max) + lat(u);
-    }
-    app.slo - head[v] - tail[v]
-}
-
 /// Slack exchanged between modules: module `u` takes a faster point of its
 /// own and module `v` a plan at the largest budget the time freed leaves it.
 /// Step 2 chooses among points, and the plans whose cost falls continuously
@@ -579,7 +563,7 @@ fn exchange(app: &App, pts: &[Vec<Point>], mods: &mut [super::ModulePlan]) {
             if givers.contains(&v) || app.rates[v] <= 0.0 || mods[v].cost - lb[v] <= extra {
                 continue;
             }
-            let l = room(app, b, v);
+            let l = app.room_within(app.slo, b, v);
             if l <= mods[v].worst * (1.0 + 1e-9) {
                 continue;
             }

@@ -208,6 +208,22 @@ impl App {
         }
         out
     }
+    /// The largest budget module `v` can have within `slo` with every other
+    /// module's worst case at `lat`: `slo` less the longest path through `v`
+    /// with `v`'s own latency left out.
+    pub fn room_within(&self, slo: f64, lat: &[f64], v: usize) -> f64 {
+        let order = self.topo();
+        let l = |u: usize| if u == v { 0.0 } else { lat[u] };
+        let mut head = vec![0.0f64; lat.len()];
+        for &u in &order {
+            head[u] = self.parents(u).map(|x| head[x]).fold(0.0, f64::max) + l(u);
+        }
+        let mut tail = vec![0.0f64; lat.len()];
+        for &u in order.iter().rev() {
+            tail[u] = self.children(u).map(|c| tail[c]).fold(0.0, f64::max) + l(u);
+        }
+        slo - head[v] - tail[v]
+    }
     /// Longest path with per-module latencies `lat`: (length, path).
     pub fn longest_path(&self, lat: &[f64]) -> (f64, Vec<usize>) {
         let order = self.topo();
