@@ -998,6 +998,10 @@ pub struct BenchAdaptAppsArgs {
     /// Only the run with re-planning (no baseline with the plan fixed).
     #[arg(long)]
     no_baseline: bool,
+    /// Frontends serving the application (1-8); the client sends to the
+    /// first, the others re-plan on the scheduler's sums of the counters.
+    #[arg(long, default_value_t = 1)]
+    frontends: u32,
     #[arg(long)]
     json: bool,
 }
@@ -1014,6 +1018,7 @@ pub fn cmd_bench_adapt_apps(a: BenchAdaptAppsArgs) -> Result<()> {
         duration_s: a.duration_s,
         epoch_s: a.epoch_s,
         slo_ms: a.slo_ms,
+        frontends: a.frontends,
         ..aa::Options::default()
     };
     o.check()?;
@@ -1035,7 +1040,8 @@ pub fn cmd_bench_adapt_apps(a: BenchAdaptAppsArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "real processes on loopback: scheduler (--models), 1 backend (--executor onnx, 1 CPU worker), 1 frontend serving {} over HTTP (--replan-every-s {} --replan-confirm {} --replan-min-samples {}); {} r/s, SLO {} ms; items per request {} -> {} at {} s; bad: requests sent in the window not answered 200 within the SLO",
+        "real processes on loopback: scheduler (--models), 1 backend (--executor onnx, 1 CPU worker), {} frontend(s) serving {} over HTTP (--replan-every-s {} --replan-confirm {} --replan-min-samples {}), the client to the first; {} r/s, SLO {} ms; items per request {} -> {} at {} s; bad: requests sent in the window not answered 200 within the SLO",
+        o.frontends,
         aa::APP,
         o.epoch_s,
         o.confirm,
@@ -1093,6 +1099,18 @@ pub fn cmd_bench_adapt_apps(a: BenchAdaptAppsArgs) -> Result<()> {
         )
     };
     println!("re-planning: {}", show(&replanned));
+    for (i, f) in replanned.idle_frontends.iter().enumerate() {
+        println!(
+            "frontend {} (no client): {} requests of its own; re-plans {}, planned fan-out {:?}, budgets {:?} ms; last sums over {} frontends, {} requests",
+            i + 1,
+            f.requests,
+            f.replans,
+            f.planned_fanout,
+            f.budgets_ms,
+            f.frontends_summed,
+            f.requests_summed
+        );
+    }
     if let Some(f) = &fixed {
         println!("plan fixed: {}", show(f));
     }

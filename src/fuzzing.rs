@@ -346,6 +346,16 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
         (s, true) if s % 13 == 12 => Msg::Drain {
             reason: "fuzz".into(),
         },
+        // Application counters, now and then of another shape (the
+        // scheduler refuses those and answers the others with sums).
+        (s, false) if s % 11 == 10 => Msg::AppCounts {
+            counters: crate::wire::AppCounters {
+                app: format!("app{}", s % 3),
+                fanout: vec![(s as u64, 3 * s as u64); 1 + (s % 2) as usize],
+                latency: vec![crate::wire::StepLatency::default(); 2],
+                requests: s as u64,
+            },
+        },
         (s, false) if s % 7 == 6 => Msg::Margins {
             items: vec![(ModelId(s as u32 % 4), Dur::from_us(s as i64 * 100))],
         },

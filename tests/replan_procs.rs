@@ -7,7 +7,9 @@
 //! triples. The frontend re-plans the application with the fermata planner
 //! at the measured fan-out and installs its budgets for new requests; every
 //! request ends exactly once, and the requests sent from two epochs after
-//! the jump on are answered within the SLO. The frontend also measures each
+//! the jump on are answered within the SLO. A second frontend serves the
+//! application too but gets no request: it re-plans on the scheduler's sums
+//! of both frontends' counters, so it plans the same fan-out. The frontend also measures each
 //! step's run time over its model's profile from the results (a debug build
 //! runs the models several times slower than their profiles say, so a
 //! latency re-plan may come before the jump; the planned fan-out stays 1
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 fn a_tripled_fanout_through_the_ensemble_is_replanned_live() {
     let o = Options {
         models: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/apps"),
+        frontends: 2,
         ..Options::default()
     };
     assert_eq!((o.items_before, o.items_after, o.epoch_s), (1, 3, 1.0));
@@ -74,6 +77,26 @@ fn a_tripled_fanout_through_the_ensemble_is_replanned_live() {
     assert_eq!(r.budgets_ms.len(), 2, "{:?}", r.budgets_ms);
     let sum: f64 = r.budgets_ms.iter().map(|b| b.1).sum();
     assert!(sum > 0.0 && sum <= o.slo_ms + 1e-3, "{:?}", r.budgets_ms);
+    // The frontend the client never called heard the sums over both and
+    // re-planned on them: the measured three items, within the SLO.
+    assert_eq!(r.idle_frontends.len(), 1, "{r:?}");
+    let idle = &r.idle_frontends[0];
+    eprintln!("idle frontend: {idle:?}");
+    assert_eq!(idle.requests, 0, "{idle:?}");
+    assert_eq!(idle.frontends_summed, 2, "{idle:?}");
+    assert!(
+        idle.requests_summed * 10 >= r.server_success * 9 && idle.requests_summed <= r.offered,
+        "sums of {} requests against {} served: {idle:?}",
+        idle.requests_summed,
+        r.server_success
+    );
+    assert!(idle.replans >= 1, "{idle:?}");
+    let f = idle
+        .planned_fanout
+        .expect("the idle frontend's planned fan-out");
+    assert!((f - 3.0).abs() < 0.75, "idle frontend planned fan-out {f}");
+    let sum: f64 = idle.budgets_ms.iter().map(|b| b.1).sum();
+    assert!(sum > 0.0 && sum <= o.slo_ms + 1e-3, "{idle:?}");
     // The requests sent from two epochs after the jump on: under a generous
     // bar (the SLO is 500 ms; on a loaded 2-core machine a stall of the host
     // can still cost some).

@@ -8,10 +8,10 @@ use std::cell::Cell;
 
 use fermata::wire::codec::frame_len;
 use fermata::wire::{
-    decode, encode, encode_to_vec, DecodeError, DeviceCounts, DeviceKind, DropReason, FrameReader,
-    GpuInfo, ModelAvailability, ModelInfo, ModelStateItem, Msg, Outcome, PlanStatus, PlanTask,
-    RegionInfo, Role, SubmitTask, TaskResult, TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS,
-    MAX_STR, PROTOCOL_VERSION,
+    decode, encode, encode_to_vec, AppCounters, DecodeError, DeviceCounts, DeviceKind, DropReason,
+    FrameReader, GpuInfo, ModelAvailability, ModelInfo, ModelStateItem, Msg, Outcome, PlanStatus,
+    PlanTask, RegionInfo, Role, StepLatency, SubmitTask, TaskResult, TaskStatus, WireProfile,
+    MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
 };
 use fermata::wire::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 use proptest::collection::vec;
@@ -452,9 +452,40 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                     .collect(),
             })
             .boxed(),
+        arb_app_counters()
+            .prop_map(|counters| Msg::AppCounts { counters })
+            .boxed(),
+        (arb_app_counters(), any::<u32>())
+            .prop_map(|(counters, frontends)| Msg::AppTotals {
+                counters,
+                frontends,
+            })
+            .boxed(),
     ];
-    assert_eq!(arms.len(), 29, "one arm per variant");
+    assert_eq!(arms.len(), 31, "one arm per variant");
     Union::new(arms)
+}
+
+fn arb_app_counters() -> impl Strategy<Value = AppCounters> {
+    (
+        arb_str(),
+        arb_vec((any::<u64>(), any::<u64>())),
+        arb_vec(any::<[u64; 3]>()),
+        any::<u64>(),
+    )
+        .prop_map(|(app, fanout, latency, requests)| AppCounters {
+            app,
+            fanout,
+            latency: latency
+                .into_iter()
+                .map(|[observed_ns, profiled_ns, samples]| StepLatency {
+                    observed_ns,
+                    profiled_ns,
+                    samples,
+                })
+                .collect(),
+            requests,
+        })
 }
 
 // ---------------------------------------------------------------------------------
@@ -578,7 +609,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 30u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 32u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }

@@ -282,20 +282,25 @@ impl Replanner {
         })
     }
 
-    /// Ends an epoch of `secs` seconds at the cumulative counters `seen`
-    /// (per graph edge: parent outputs counted and the items they carried;
-    /// whole edges' are ignored), `latency` (per step, [`LatencySeen`]) and
-    /// `requests` (application requests received): the new plan when a
-    /// fan-out or a step's latency ratio drifted, an error when the planner
-    /// could not plan at the measured values (the budgets in force then
-    /// stay). Counters that went backwards count as nothing new.
-    pub fn epoch(
+    /// Takes the cumulative counters `seen`, `latency` and `requests` (as
+    /// [`Replanner::epoch`]'s) as the point the next epoch counts from,
+    /// recording nothing: counters that already hold a history (sums over
+    /// frontends that served the application before this one started) are
+    /// not one epoch's worth.
+    pub fn rebase(
         &mut self,
         seen: &[(u64, u64)],
         latency: &[LatencySeen],
         requests: u64,
-        secs: f64,
-    ) -> Result<Option<NewPlan>, String> {
+    ) -> Result<(), String> {
+        self.check_shape(seen, latency)?;
+        self.seen = seen.to_vec();
+        self.lat_seen = latency.to_vec();
+        self.requests = requests;
+        Ok(())
+    }
+
+    fn check_shape(&self, seen: &[(u64, u64)], latency: &[LatencySeen]) -> Result<(), String> {
         if seen.len() != self.seen.len() {
             return Err(format!(
                 "counters for {} edges, the application has {}",
@@ -309,6 +314,40 @@ impl Replanner {
                 latency.len(),
                 self.lat_seen.len()
             ));
+        }
+        Ok(())
+    }
+
+    /// Ends an epoch of `secs` seconds at the cumulative counters `seen`
+    /// (per graph edge: parent outputs counted and the items they carried;
+    /// whole edges' are ignored), `latency` (per step, [`LatencySeen`]) and
+    /// `requests` (application requests received): the new plan when a
+    /// fan-out or a step's latency ratio drifted, an error when the planner
+    /// could not plan at the measured values (the budgets in force then
+    /// stay). Counters of which any went backwards (sums over frontends
+    /// that a new scheduler started again) end no epoch: they are the
+    /// point the next one counts from ([`Replanner::rebase`]).
+    pub fn epoch(
+        &mut self,
+        seen: &[(u64, u64)],
+        latency: &[LatencySeen],
+        requests: u64,
+        secs: f64,
+    ) -> Result<Option<NewPlan>, String> {
+        self.check_shape(seen, latency)?;
+        let back = requests < self.requests
+            || seen
+                .iter()
+                .zip(&self.seen)
+                .any(|(&(o, i), &(o0, i0))| o < o0 || i < i0)
+            || latency.iter().zip(&self.lat_seen).any(|(l, l0)| {
+                l.samples < l0.samples
+                    || l.observed_ns < l0.observed_ns
+                    || l.profiled_ns < l0.profiled_ns
+            });
+        if back {
+            self.rebase(seen, latency, requests)?;
+            return Ok(None);
         }
         for (v, (now, was)) in latency.iter().zip(&self.lat_seen).enumerate() {
             let n = now.samples.saturating_sub(was.samples);
@@ -439,6 +478,46 @@ mod tests {
         assert_eq!(r.replans(), 1);
         // The same fan-out again is the plan: no second re-plan.
         assert_eq!(r.epoch(&[(1200, 2800)], &LAT0, 1200, 1.0), Ok(None));
+    }
+
+    #[test]
+    fn sums_with_a_history_are_a_base_and_sums_that_go_back_start_a_new_one() {
+        let mut r = replanner(DriftConfig::default());
+        // Sums over frontends that served for a while: a base, not an
+        // epoch (as one epoch they would be a rate of 100,000 r/s).
+        r.rebase(&[(100_000, 100_000)], &LAT0, 100_000).unwrap();
+        assert_eq!(r.epochs(), 0);
+        assert_eq!(
+            r.epoch(&[(100_400, 100_400)], &LAT0, 100_400, 1.0),
+            Ok(None)
+        );
+        assert!((r.ingress_rps() - 400.0).abs() < 1e-9);
+        assert_eq!(r.epochs(), 1);
+        // A new scheduler sums fewer frontends: the sums go back. No epoch
+        // ends on them (not a fan-out of 0 nor a rate of 0), the next counts
+        // from them.
+        assert_eq!(r.epoch(&[(50_000, 50_000)], &LAT0, 50_000, 1.0), Ok(None));
+        assert_eq!(r.epochs(), 1);
+        let p = r
+            .epoch(&[(50_400, 51_200)], &LAT0, 50_400, 1.0)
+            .unwrap()
+            .expect("a 3x fan-out over the new base re-plans");
+        assert_eq!(p.fanout, vec![Some(3.0)]);
+        assert!((p.ingress_rps - 400.0).abs() < 1e-9);
+        // A latency sum that goes back alone is a new base too.
+        let lat = [
+            LatencySeen {
+                observed_ns: 10,
+                profiled_ns: 10,
+                samples: 1,
+            },
+            LAT0[1],
+        ];
+        assert_eq!(r.epoch(&[(50_800, 52_400)], &lat, 50_800, 1.0), Ok(None));
+        let epochs = r.epochs();
+        assert_eq!(r.epoch(&[(51_200, 53_600)], &LAT0, 51_200, 1.0), Ok(None));
+        assert_eq!(r.epochs(), epochs, "a latency sum that went back");
+        assert!(r.rebase(&[], &LAT0, 0).is_err());
     }
 
     #[test]

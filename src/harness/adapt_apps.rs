@@ -2,7 +2,9 @@
 //! (`fermata bench adapt-apps`, tests/replan_procs.rs): a scheduler serving
 //! a model repository, one backend running ONNX Runtime on the CPU
 //! (`--executor onnx`), one frontend serving the repository's ensemble
-//! `detect_classify` over HTTP, and an open-loop HTTP client.
+//! `detect_classify` over HTTP (or several: the client sends to the first,
+//! the others re-plan on the scheduler's sums alone), and an open-loop HTTP
+//! client.
 //!
 //! The detector scores 8 patches and passes on those whose score is over its
 //! threshold, each one request to `mlp`: the input decides the fan-out. The
@@ -59,6 +61,11 @@ pub struct Options {
     pub replan: bool,
     pub confirm: u32,
     pub min_samples: u64,
+    /// Frontends serving the application (each with its HTTP API and the
+    /// same re-planning settings); the client sends to the first only, so
+    /// the others re-plan on the sums of the application's counters over
+    /// every frontend (the scheduler's) alone.
+    pub frontends: u32,
 }
 
 impl Default for Options {
@@ -75,6 +82,7 @@ impl Default for Options {
             replan: true,
             confirm: 2,
             min_samples: 20,
+            frontends: 1,
         }
     }
 }
@@ -101,6 +109,9 @@ impl Options {
         }
         if self.confirm == 0 || self.min_samples == 0 {
             bail!("confirm and min_samples must be at least 1");
+        }
+        if !(1..=8).contains(&self.frontends) {
+            bail!("1 to 8 frontends");
         }
         Ok(())
     }
@@ -154,10 +165,30 @@ pub struct Report {
     /// The frontend's items per parent output on detector → mlp at the end.
     pub fanout_outputs: u64,
     pub fanout_items: u64,
+    /// The frontends the client did not send to (all but the first), at
+    /// the end: what each re-planned on the sums alone.
+    pub idle_frontends: Vec<IdleFrontend>,
     /// The processes' final reports.
     pub scheduler: Option<Value>,
     pub backends: Vec<Option<Value>>,
     pub frontends: Vec<Option<Value>>,
+}
+
+/// A frontend that served no request of the client, at the end of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleFrontend {
+    /// Application requests it received itself (Triton's `success` +
+    /// `fail`).
+    pub requests: u64,
+    /// Its re-plans, the plan in force (planned fan-out of detector → mlp,
+    /// budgets in ms), and the frontends and requests of the last sums it
+    /// heard (`fermata_app_frontends_summed`,
+    /// `fermata_app_requests_summed_total`).
+    pub replans: u64,
+    pub planned_fanout: Option<f64>,
+    pub budgets_ms: Vec<(String, f64)>,
+    pub frontends_summed: u64,
+    pub requests_summed: u64,
 }
 
 impl Report {
@@ -322,6 +353,41 @@ fn replans(http: &str) -> Result<u64> {
     Ok(v as u64)
 }
 
+/// Each step's budget (ms) in the plan in force, from a frontend's metrics.
+fn budgets(text: &str) -> Vec<(String, f64)> {
+    [DETECTOR, "mlp"]
+        .iter()
+        .filter_map(|s| {
+            series(
+                text,
+                &format!("fermata_app_budget_ms{{app=\"{APP}\",step=\"{s}\"}}"),
+            )
+            .map(|v| (s.to_string(), v))
+        })
+        .collect()
+}
+
+/// What a frontend the client did not send to planned (its HTTP API's
+/// metrics and statistics).
+fn idle_frontend(http: &str, edge: &str) -> Result<IdleFrontend> {
+    let text = super::churn::get_metrics(http)?;
+    let app = |name: &str| series(&text, &format!("{name}{{app=\"{APP}\"}}")).unwrap_or(0.0) as u64;
+    let stats: Value = serde_json::from_str(&super::churn::http_get(
+        http,
+        &format!("/v2/models/{APP}/stats"),
+    )?)?;
+    let inf = &stats["model_stats"][0]["inference_stats"];
+    let count = |k: &str| inf[k]["count"].as_u64().unwrap_or(0);
+    Ok(IdleFrontend {
+        requests: count("success") + count("fail"),
+        replans: app("fermata_app_replans_total"),
+        planned_fanout: series(&text, &format!("fermata_app_planned_fanout{edge}")),
+        budgets_ms: budgets(&text),
+        frontends_summed: app("fermata_app_frontends_summed"),
+        requests_summed: app("fermata_app_requests_summed_total"),
+    })
+}
+
 fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
     let d = dir.display().to_string();
     let mut frontend_args: Vec<String> = ["--apps", &d, "--http-listen", "127.0.0.1:0"]
@@ -346,13 +412,18 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
                 .to_vec(),
         )],
         frontend_args,
+        frontends: o.frontends,
         ..ProcOpts::new(dir.join("unused.toml"))
     };
     let mut c = ProcCluster::start(exe, &po)?;
-    let http = c.frontends[0].wait_for("the HTTP API", Duration::from_secs(20), |l| {
-        l.strip_prefix("fermata frontend HTTP API listening on ")
-            .map(|a| a.trim().to_string())
-    })?;
+    let mut https = Vec::new();
+    for f in &mut c.frontends {
+        https.push(f.wait_for("the HTTP API", Duration::from_secs(20), |l| {
+            l.strip_prefix("fermata frontend HTTP API listening on ")
+                .map(|a| a.trim().to_string())
+        })?);
+    }
+    let http = https[0].clone();
     let addr: SocketAddr = http.parse().with_context(|| http.clone())?;
     http_load::wait_ready(addr, APP, Duration::from_secs(60))?;
     let patch = passing_patch(addr)?;
@@ -428,16 +499,7 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
         series(&text, &format!("fermata_app_fanout_outputs_total{edge}")).unwrap_or(0.0) as u64;
     let fanout_items =
         series(&text, &format!("fermata_app_fanout_items_total{edge}")).unwrap_or(0.0) as u64;
-    let budgets_ms = [DETECTOR, "mlp"]
-        .iter()
-        .filter_map(|s| {
-            series(
-                &text,
-                &format!("fermata_app_budget_ms{{app=\"{APP}\",step=\"{s}\"}}"),
-            )
-            .map(|v| (s.to_string(), v))
-        })
-        .collect();
+    let budgets_ms = budgets(&text);
     let per_step = |name: &str| -> Vec<(String, f64)> {
         [DETECTOR, "mlp"]
             .iter()
@@ -456,6 +518,10 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
     let inf = &stats["model_stats"][0]["inference_stats"];
     let count = |k: &str| inf[k]["count"].as_u64().unwrap_or(0);
     let (server_success, server_fail) = (count("success"), count("fail"));
+    let mut idle_frontends = Vec::new();
+    for h in &https[1..] {
+        idle_frontends.push(idle_frontend(h, &edge)?);
+    }
     let reps = c.stop();
     Ok(Report {
         options: o.clone(),
@@ -474,6 +540,7 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
         server_fail,
         fanout_outputs,
         fanout_items,
+        idle_frontends,
         scheduler: reps.scheduler,
         backends: reps.backends,
         frontends: reps.frontends,

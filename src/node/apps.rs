@@ -21,7 +21,7 @@ use crate::app::{
 use crate::core::{Dur, LatencyProfile, Time};
 use crate::repo::{DType, ModelMeta};
 use crate::triton_ensemble::{self as ens, EnsembleConfig, FanoutCount, Rule, Source, Wiring};
-use crate::wire::{DropReason, ModelInfo};
+use crate::wire::{AppCounters, DropReason, ModelInfo, StepLatency};
 use anyhow::{anyhow, bail, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,6 +72,27 @@ pub struct ServedApp {
     /// Per step: the observed/profiled latency ratio the plan in force
     /// assumes.
     planned_ratio: Mutex<Vec<f64>>,
+    /// The application's counters over every frontend that serves it, as
+    /// the scheduler last answered them (what the re-planner plans on).
+    totals: Mutex<Option<Totals>>,
+}
+
+/// An application's counters summed over every frontend that serves it
+/// (the scheduler's [`Msg::AppTotals`](crate::wire::Msg::AppTotals)), as one
+/// frontend last heard them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Totals {
+    /// Per graph edge: parent outputs and items (zero on whole edges).
+    pub fanout: Vec<(u64, u64)>,
+    /// Per step: run times against the profile.
+    pub latency: Vec<LatencySeen>,
+    /// Application requests received.
+    pub requests: u64,
+    /// The frontends the sums are over.
+    pub frontends: u32,
+    /// When they came, and their number (from 1) at this frontend.
+    pub at: Instant,
+    pub seq: u64,
 }
 
 /// One answer's sample of its model's latency ratio: its batch's run time
@@ -249,7 +270,66 @@ impl ServedApp {
                 .collect(),
             planned_ratio: Mutex::new(vec![1.0; step_latency.len()]),
             step_latency,
+            totals: Mutex::new(None),
         })
+    }
+
+    /// This frontend's counters of the application, as it reports them to
+    /// the scheduler.
+    pub fn counters(&self) -> AppCounters {
+        AppCounters {
+            app: self.meta.name.clone(),
+            fanout: self.fanout_counts(),
+            latency: self
+                .latency_counts()
+                .into_iter()
+                .map(|l| StepLatency {
+                    observed_ns: l.observed_ns,
+                    profiled_ns: l.profiled_ns,
+                    samples: l.samples,
+                })
+                .collect(),
+            requests: self.requests(),
+        }
+    }
+
+    /// Takes the scheduler's sums `c` over `frontends` frontends, come at
+    /// `at`; an error (nothing kept) when they are not of this
+    /// application's shape.
+    pub fn take_totals(&self, c: AppCounters, frontends: u32, at: Instant) -> Result<(), String> {
+        let (edges, steps) = (self.graph.edges().len(), self.graph.steps().len());
+        if (c.fanout.len(), c.latency.len()) != (edges, steps) {
+            return Err(format!(
+                "the scheduler's sums of application {:?} are for {} edges and {} steps, it has {edges} and {steps}",
+                c.app,
+                c.fanout.len(),
+                c.latency.len()
+            ));
+        }
+        let mut t = self.totals.lock().expect("totals lock");
+        let seq = t.as_ref().map_or(1, |t| t.seq + 1);
+        *t = Some(Totals {
+            fanout: c.fanout,
+            latency: c
+                .latency
+                .into_iter()
+                .map(|l| LatencySeen {
+                    observed_ns: l.observed_ns,
+                    profiled_ns: l.profiled_ns,
+                    samples: l.samples,
+                })
+                .collect(),
+            requests: c.requests,
+            frontends,
+            at,
+            seq,
+        });
+        Ok(())
+    }
+
+    /// The sums the scheduler last answered (None before any).
+    pub fn totals(&self) -> Option<Totals> {
+        self.totals.lock().expect("totals lock").clone()
     }
 
     /// Every fan-out edge's counts since the frontend started.

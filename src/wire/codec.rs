@@ -11,10 +11,10 @@
 //! a panic or a large allocation.
 
 use super::{
-    DeviceCounts, DeviceKind, DropReason, Dur, GpuId, GpuInfo, ModelAvailability, ModelId,
-    ModelInfo, ModelStateItem, Msg, Outcome, PlanId, PlanStatus, PlanTask, RegionInfo, Role,
-    SubmitTask, TaskId, TaskResult, TaskStatus, Time, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR,
-    PROTOCOL_VERSION,
+    AppCounters, DeviceCounts, DeviceKind, DropReason, Dur, GpuId, GpuInfo, ModelAvailability,
+    ModelId, ModelInfo, ModelStateItem, Msg, Outcome, PlanId, PlanStatus, PlanTask, RegionInfo,
+    Role, StepLatency, SubmitTask, TaskId, TaskResult, TaskStatus, Time, WireProfile, MAX_FRAME,
+    MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
 };
 
 /// Bytes of the length prefix in front of every frame body.
@@ -477,6 +477,17 @@ wire_struct!(ModelStateItem {
     reason: String,
     devices: DeviceCounts,
 });
+wire_struct!(AppCounters {
+    app: String,
+    fanout: Vec<(u64, u64)>,
+    latency: Vec<StepLatency>,
+    requests: u64,
+});
+wire_struct!(StepLatency {
+    observed_ns: u64,
+    profiled_ns: u64,
+    samples: u64,
+});
 wire_struct!(DeviceCounts {
     gpu: u32,
     cpu: u32,
@@ -612,6 +623,8 @@ wire_messages! {
     27 => Fence { term },
     28 => ModelControl { model, load },
     29 => ModelStates { items },
+    30 => AppCounts { counters },
+    31 => AppTotals { counters, frontends },
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -1061,6 +1074,25 @@ mod tests {
                     },
                 ],
             },
+            Msg::AppCounts {
+                counters: AppCounters {
+                    app: "detect_classify".into(),
+                    fanout: vec![(10, 31), (0, 0)],
+                    latency: vec![
+                        StepLatency {
+                            observed_ns: 5_000,
+                            profiled_ns: 4_000,
+                            samples: 3,
+                        },
+                        StepLatency::default(),
+                    ],
+                    requests: u64::MAX,
+                },
+            },
+            Msg::AppTotals {
+                counters: AppCounters::default(),
+                frontends: 2,
+            },
         ]
     }
 
@@ -1079,7 +1111,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 29, "a sample of every variant");
+        assert_eq!(kinds.len(), 31, "a sample of every variant");
     }
 
     #[test]
@@ -1102,7 +1134,7 @@ mod tests {
             sched: Time(0x0102),
             term: 5,
         });
-        let mut want = vec![35, 0, 0, 0, 11, 0, 15];
+        let mut want = vec![35, 0, 0, 0, 12, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1120,7 +1152,7 @@ mod tests {
                 cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![11, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![12, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1133,8 +1165,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 11, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 11, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 12, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 12, 0, 18]);
     }
 
     #[test]
@@ -1154,7 +1186,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [11, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [12, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1164,7 +1196,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![11, 0, 9];
+        let mut body = vec![12, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 44]);
         assert_eq!(
@@ -1217,20 +1249,20 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[11, 0, 0]),
+            decode(&[12, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[11, 0, 30]),
+            decode(&[12, 0, 32]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 30
+                tag: 32
             })
         );
-        let e = decode(&[11, 0, 18, 0]).unwrap_err();
+        let e = decode(&[12, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1240,7 +1272,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![11, 0, 1, 2]; // Register, role 2
+        let mut body = vec![12, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1295,7 +1327,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[11, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[12, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"

@@ -23,9 +23,10 @@
 //! - other `Vec<T>`: u32 LE count, then the items; at most [`MAX_ITEMS`] items.
 //! - `Option<T>`: u8 0 (None) or 1 (Some) followed by the value.
 //! - structs ([`GpuInfo`], [`DeviceCounts`], [`ModelStateItem`], [`ModelInfo`], [`RegionInfo`], [`SubmitTask`],
-//!   [`PlanTask`], [`TaskResult`]): their fields in declaration order; the pair of
-//!   `Msg::Dropped` is the u64 then the [`DropReason`]; the pair of
-//!   `Msg::Margins` is the model id then the duration.
+//!   [`PlanTask`], [`TaskResult`], [`AppCounters`], [`StepLatency`]): their fields in
+//!   declaration order; the pair of `Msg::Dropped` is the u64 then the
+//!   [`DropReason`]; the pair of `Msg::Margins` is the model id then the duration;
+//!   the pairs of [`AppCounters::fanout`] are two u64.
 //! - enums: a u8 tag, in declaration order from 0, then the variant's fields:
 //!   [`Role`] (Backend 0, Frontend 1), [`PlanStatus`] (Ran 0, TooLate 1, Failed 2),
 //!   [`Outcome`] (Good 0, Late 1, Dropped 2, Failed 3), [`DeviceKind`] (Gpu 0,
@@ -40,7 +41,7 @@
 //! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
 //! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
 //! Error 20, Capacity 21, Margins 22, Drain 23, Drained 24, Follow 25, Assignment 26,
-//! Fence 27, ModelControl 28, ModelStates 29. A new message takes the next tag; changing a layout bumps
+//! Fence 27, ModelControl 28, ModelStates 29, AppCounts 30, AppTotals 31. A new message takes the next tag; changing a layout bumps
 //! [`PROTOCOL_VERSION`].
 //!
 //! A decoder checks every length against its limit and then against what is left of
@@ -65,7 +66,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -160,6 +161,32 @@ pub struct ModelStateItem {
     /// where its batches run (or will, once it is loaded). All zero: none
     /// in service.
     pub devices: DeviceCounts,
+}
+
+/// One application's counters (cumulative): as a frontend counts them since
+/// it started ([`Msg::AppCounts`]), or as the scheduler sums them over every
+/// frontend that reported the application ([`Msg::AppTotals`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AppCounters {
+    /// The application's name (its ensemble's).
+    pub app: String,
+    /// Per edge of the application's graph, in its order: the parent outputs
+    /// counted and the items they carried (zero on a whole edge).
+    pub fanout: Vec<(u64, u64)>,
+    /// Per step, in its order: what its module answers measured.
+    pub latency: Vec<StepLatency>,
+    /// Application requests received.
+    pub requests: u64,
+}
+
+/// One step's measured latency, cumulative: its module answers' batch run
+/// times and what the model's profile gives for batches of those sizes
+/// (nanoseconds), and how many answers those sums cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepLatency {
+    pub observed_ns: u64,
+    pub profiled_ns: u64,
+    pub samples: u64,
 }
 
 /// What runs a backend's GPU (its `--executor`).
@@ -574,6 +601,21 @@ pub enum Msg {
     ModelStates {
         items: Vec<ModelStateItem>,
     },
+    // ---- frontend -> scheduler ----
+    /// A frontend's counters of one application it serves, sent periodically
+    /// (the scheduler answers with `AppTotals`).
+    AppCounts {
+        counters: AppCounters,
+    },
+    // ---- scheduler -> frontend ----
+    /// The answer to `AppCounts`: the application's counters summed over
+    /// every frontend that reported it (those gone included, at their last
+    /// report), and how many frontends reported it. A frontend re-plans the
+    /// application on these, so every frontend plans on the same whole.
+    AppTotals {
+        counters: AppCounters,
+        frontends: u32,
+    },
 }
 
 impl Msg {
@@ -609,6 +651,8 @@ impl Msg {
             Msg::Fence { .. } => "Fence",
             Msg::ModelControl { .. } => "ModelControl",
             Msg::ModelStates { .. } => "ModelStates",
+            Msg::AppCounts { .. } => "AppCounts",
+            Msg::AppTotals { .. } => "AppTotals",
         }
     }
 }

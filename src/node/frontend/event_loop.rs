@@ -23,7 +23,7 @@ use crate::node::proto::sched::MARGIN_FLOOR;
 use crate::transport::{
     CapSource, Conn, ConnId, Event, EventTx, Listener, Region, RegionServer, Transport,
 };
-use crate::wire::{ModelInfo, Msg, SubmitTask, MAX_ITEMS, NET_QUANTILE};
+use crate::wire::{AppCounters, ModelInfo, Msg, SubmitTask, MAX_ITEMS, NET_QUANTILE};
 use crossbeam_channel::Receiver;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +39,18 @@ const DRAIN_MAX: usize = 64;
 const STOP_DRAIN_MAX: usize = 65_536;
 /// A model's response margin is reported once this many samples are kept.
 pub const MARGIN_SAMPLES_MIN: usize = 32;
+
+/// How often a frontend sends its applications' counters to the scheduler:
+/// twice per re-planning epoch (at most once a second), so the sums a
+/// re-plan reads are at most half an epoch old; once a second without
+/// re-planning (the others' re-planners count this frontend's requests too).
+fn apps_report_every(opts: &FrontendOpts) -> Duration {
+    let second = Duration::from_secs(1);
+    opts.replan
+        .as_ref()
+        .map_or(second, |r| (r.every / 2).min(second))
+        .max(Duration::from_millis(50))
+}
 
 /// The frontend's connections and region, for its loop.
 pub(super) struct Links {
@@ -82,6 +94,10 @@ pub(super) struct Loop {
     /// Per model: its margin rises on two readings in a row only.
     margins_filter: Vec<RiseFilter>,
     pub(super) report: FrontendReport,
+    /// How often the applications' counters go to the scheduler, and when
+    /// next.
+    apps_every: Duration,
+    next_apps: Instant,
     _server: Box<dyn RegionServer>,
     _listener: Box<dyn Listener>,
 }
@@ -122,6 +138,8 @@ impl Loop {
             margins_sent: vec![Dur::ZERO; nm],
             margins_filter: vec![RiseFilter::default(); nm],
             report: FrontendReport::default(),
+            apps_every: apps_report_every(opts),
+            next_apps: Instant::now(),
             _server: links.server,
             _listener: links.listener,
         }
@@ -181,6 +199,10 @@ impl Loop {
                     m.update_bad_ratio(now);
                 }
                 self.report_margins();
+            }
+            if now >= self.next_apps {
+                self.next_apps = now + self.apps_every;
+                self.report_apps();
             }
             self.pending_gauge
                 .set((self.ledger.len() + self.orphans.len()) as f64);
@@ -324,6 +346,33 @@ impl Loop {
             .fold(0.0, f64::max);
         if !items.is_empty() && self.sched_ok() {
             let _ = self.sched.send(Msg::Margins { items });
+        }
+    }
+
+    /// Sends the scheduler each application's counters; it answers with the
+    /// sums over every frontend that serves the application
+    /// ([`Msg::AppTotals`]), which the re-planner plans on.
+    fn report_apps(&mut self) {
+        if !self.sched_ok() {
+            return;
+        }
+        for a in &self.state.apps {
+            let _ = self.sched.send(Msg::AppCounts {
+                counters: a.counters(),
+            });
+        }
+    }
+
+    /// The scheduler's sums of an application's counters.
+    fn app_totals(&mut self, counters: AppCounters, frontends: u32) {
+        let Some(a) = self.state.apps.iter().find(|a| a.meta.name == counters.app) else {
+            return tracing::warn!(
+                app = %counters.app,
+                "frontend: the scheduler sent the sums of an application this frontend does not serve"
+            );
+        };
+        if let Err(e) = a.take_totals(counters, frontends, Instant::now()) {
+            tracing::warn!(error = %e, "frontend: the scheduler's sums of an application refused");
         }
     }
 
@@ -509,6 +558,10 @@ impl Loop {
                 }
             }
             Msg::ModelStates { items } => self.model_states(items),
+            Msg::AppTotals {
+                counters,
+                frontends,
+            } => self.app_totals(counters, frontends),
             Msg::Capacity { gpus } => {
                 tracing::info!(gpus, "frontend: GPUs in service changed");
                 self.state.gpus.store(gpus, Ordering::Release);

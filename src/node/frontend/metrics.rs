@@ -269,6 +269,22 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
     app_gauge(
         reg,
         state,
+        "fermata_app_frontends_summed",
+        "The frontends whose counters of the application the scheduler last summed for this frontend's re-planner (0: no sums yet), per application.",
+        Kind::Gauge,
+        |a| vec![(vec![], a.totals().map_or(0.0, |t| f64::from(t.frontends)))],
+    );
+    app_gauge(
+        reg,
+        state,
+        "fermata_app_requests_summed_total",
+        "The application requests received over every frontend that serves it, as the scheduler last summed them for this frontend's re-planner, per application.",
+        Kind::Counter,
+        |a| vec![(vec![], a.totals().map_or(0.0, |t| t.requests as f64))],
+    );
+    app_gauge(
+        reg,
+        state,
         "fermata_app_budget_ms",
         "The latency budget of each step in the plan in force (ms), per application and step: new application requests get their deadlines from these.",
         Kind::Gauge,

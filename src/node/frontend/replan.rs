@@ -1,11 +1,15 @@
 //! The thin thread that re-plans a frontend's applications on what their
 //! inputs and GPUs do: every epoch it reads each application's counters (the
 //! items counted on its fan-out edges, each step's batch run times against
-//! its model's profile, the requests received), hands them to the
-//! application's [`Replanner`] (the pure state machine that decides and
-//! plans) and installs the plan it answers ([`ServedApp::install`]) for the
-//! requests that start from then on. The scheduler sees the new per-module
-//! rates as the tasks' rates and its epoch loop re-partitions on them.
+//! its model's profile, the requests received) summed over every frontend
+//! that serves the application (the frontend's loop sends its own to the
+//! scheduler, which answers with the sums: [`ServedApp::totals`]), hands
+//! them to the application's [`Replanner`] (the pure state machine that
+//! decides and plans) and installs the plan it answers
+//! ([`ServedApp::install`]) for the requests that start from then on. Every
+//! frontend thus plans at the application's whole rate and measured values.
+//! The scheduler sees the new per-module rates as the tasks' rates and its
+//! epoch loop re-partitions on them.
 
 use crate::app::{DriftConfig, Replanner};
 use crate::node::apps::ServedApp;
@@ -66,7 +70,20 @@ pub(super) fn spawn(
     Ok(Some(h))
 }
 
+/// The totals an application's re-planner last took: their number and when
+/// they came; and the epochs since new ones came.
+#[derive(Default)]
+struct Fed {
+    last: Option<(u64, Instant)>,
+    waited: u32,
+}
+
+/// Epochs without new sums from the scheduler after which the frontend
+/// warns (once until they come again).
+const WAIT_WARN_EPOCHS: u32 = 5;
+
 fn run(mut apps: Vec<(Arc<ServedApp>, Replanner)>, every: Duration, stop: &AtomicBool) {
+    let mut fed: Vec<Fed> = apps.iter().map(|_| Fed::default()).collect();
     let mut last = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let due = last + every;
@@ -75,28 +92,50 @@ fn run(mut apps: Vec<(Arc<ServedApp>, Replanner)>, every: Duration, stop: &Atomi
             std::thread::sleep((due - now).min(Duration::from_millis(50)));
             continue;
         }
-        let secs = now.duration_since(last).as_secs_f64();
         last = now;
-        for (app, r) in &mut apps {
-            epoch(app, r, secs);
+        for ((app, r), f) in apps.iter_mut().zip(&mut fed) {
+            epoch(app, r, f);
         }
     }
 }
 
-/// One epoch of one application: decide, and install a new plan.
-fn epoch(app: &ServedApp, r: &mut Replanner, secs: f64) {
+/// One epoch of one application: the sums over every frontend that serves
+/// it (the scheduler's answer to this frontend's counters) decide, and a
+/// new plan is installed. The first sums are where the counting starts;
+/// an epoch with no new sums decides nothing (the next one measures over
+/// both).
+fn epoch(app: &ServedApp, r: &mut Replanner, f: &mut Fed) {
     let name = &app.meta.name;
-    match r.epoch(
-        &app.fanout_counts(),
-        &app.latency_counts(),
-        app.requests(),
-        secs,
-    ) {
+    let t = app.totals();
+    let fresh = t
+        .as_ref()
+        .filter(|t| f.last.is_none_or(|(seq, _)| t.seq != seq));
+    let Some(t) = fresh else {
+        f.waited = f.waited.saturating_add(1);
+        if f.waited == WAIT_WARN_EPOCHS {
+            tracing::warn!(
+                app = %name,
+                epochs = f.waited,
+                "frontend: no sums of the application's counters from the scheduler; it is not re-planned meanwhile"
+            );
+        }
+        return;
+    };
+    f.waited = 0;
+    let Some((_, at)) = f.last.replace((t.seq, t.at)) else {
+        if let Err(e) = r.rebase(&t.fanout, &t.latency, t.requests) {
+            tracing::warn!(app = %name, error = %e, "frontend: the application's sums refused");
+        }
+        return;
+    };
+    let secs = t.at.duration_since(at).as_secs_f64();
+    match r.epoch(&t.fanout, &t.latency, t.requests, secs) {
         Ok(None) => {}
         Ok(Some(p)) => match app.install(&p) {
             Ok(()) => {
                 tracing::info!(
                     app = %name,
+                    frontends = t.frontends,
                     fanout = ?app.planned_fanout(),
                     latency_ratio = ?app.planned_latency_ratio(),
                     drifted_edges = ?p.drifted_edges,

@@ -21,6 +21,8 @@
 //!   emulated), as frontends report it.
 //! - [`latency_scale`]: how much slower than profiled each model runs, from
 //!   the batches backends report, and when its profile must be planned scaled.
+//! - [`app_totals`]: applications' counters (fan-outs, step latencies,
+//!   requests) summed over the frontends that serve them, for their re-planners.
 //! - [`plans`]: the scheduler's in-flight plans, each owned by one backend and GPU.
 //! - [`ledger`]: a frontend's pending requests, each ended exactly once, with the
 //!   deadline-plus-grace sweep.
@@ -32,6 +34,7 @@
 //!   checks on plans; its per-GPU plan queue, input-pull tracking and how a
 //!   batch ends.
 
+pub mod app_totals;
 pub mod backend;
 pub mod bounds;
 pub mod check;

@@ -44,6 +44,7 @@
 //! above that term. A `Fence` of an older term is answered with a `Fence` of
 //! this one (its sender then steps down).
 
+use super::app_totals::AppTotals;
 use super::bounds::{GpuIds, Limits, RefusalLog};
 use super::check::{self, Submitted};
 use super::control::{Control, ControlMode};
@@ -55,8 +56,8 @@ use crate::core::{Dur, GpuId, ModelId, NetBudget, PlanId, PullFit, Task, TaskId,
 use crate::node::clock::moved;
 use crate::transport::ConnId;
 use crate::wire::{
-    drops_by_frontend, task_owner, DeviceCounts, DropReason, ModelAvailability, ModelInfo, Msg,
-    NodeId, PlanTask, RegionInfo, Role, MAX_NODE_ID,
+    drops_by_frontend, task_owner, AppCounters, DeviceCounts, DropReason, ModelAvailability,
+    ModelInfo, Msg, NodeId, PlanTask, RegionInfo, Role, MAX_NODE_ID,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -382,6 +383,10 @@ pub struct SchedProto {
     now: Time,
     /// Each model's measured latency against its profile.
     latency: LatencyWatch,
+    /// Applications' counters summed over their frontends.
+    apps: AppTotals,
+    /// Warnings about application counters refused.
+    app_refusals: RefusalLog,
 }
 
 /// The sizes of the scheduler's per-member state ([`SchedProto::state_sizes`]).
@@ -457,6 +462,8 @@ impl SchedProto {
             term: 1,
             followed: false,
             stepped_down: None,
+            apps: AppTotals::new(),
+            app_refusals: RefusalLog::default(),
         }
     }
 
@@ -794,6 +801,7 @@ impl SchedProto {
             }
             Msg::Submit { tasks } => self.submit(now, c, tasks),
             Msg::Margins { items } => self.frontend_margins(c, items),
+            Msg::AppCounts { counters } => self.app_counts(c, counters),
             Msg::Register {
                 role,
                 name,
@@ -1407,6 +1415,7 @@ impl SchedProto {
             }
             Peer::Frontend { node, .. } => {
                 self.frontends.remove(&node);
+                self.apps.frontend_gone(node);
                 if !pc.margins.is_empty() {
                     self.update_margins();
                 }
@@ -1449,6 +1458,34 @@ impl SchedProto {
             pc.margins[m.idx()] = Dur(d.0.clamp(0, max.0));
         }
         self.update_margins();
+    }
+
+    /// A frontend's counters of an application: answered with the sums over
+    /// every frontend that reported it ([`super::app_totals`]). Counters the
+    /// sums refuse (another shape, too many applications) are answered with
+    /// nothing and warned about, rate-limited.
+    fn app_counts(&mut self, c: ConnId, counters: AppCounters) {
+        let Some(Peer::Frontend { node, .. }) = self.conns.get(&c).map(|p| &p.peer) else {
+            return self.reject(
+                c,
+                "AppCounts from a node that is not a registered frontend".into(),
+            );
+        };
+        let node = *node;
+        match self.apps.report(node, counters) {
+            Ok((counters, frontends)) => self.send(
+                c,
+                Msg::AppTotals {
+                    counters,
+                    frontends,
+                },
+            ),
+            Err(why) => {
+                if let Some(unwarned) = self.app_refusals.hit(self.now) {
+                    tracing::warn!(node, reason = %why, refused_since_last_warning = unwarned, refused_total = self.app_refusals.total, "scheduler: application counters refused");
+                }
+            }
+        }
     }
 
     /// Recomputes the models' response margins over the frontends; a change of

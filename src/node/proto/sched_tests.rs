@@ -146,6 +146,75 @@ fn margins_from_strangers_or_for_unknown_models_close_the_connection() {
     assert!(margins_set(&mut p).is_empty());
 }
 
+fn app_counts(app: &str, outputs: u64, items: u64, requests: u64) -> Msg {
+    Msg::AppCounts {
+        counters: crate::wire::AppCounters {
+            app: app.into(),
+            fanout: vec![(outputs, items)],
+            latency: vec![crate::wire::StepLatency::default(); 2],
+            requests,
+        },
+    }
+}
+
+/// The totals answered to connection `c`: (outputs, items, requests,
+/// frontends) of each.
+fn totals_to(p: &mut SchedProto, c: ConnId) -> Vec<(u64, u64, u64, u32)> {
+    std::iter::from_fn(|| p.poll_action())
+        .filter_map(|a| match a {
+            Action::Send(
+                x,
+                Msg::AppTotals {
+                    counters,
+                    frontends,
+                },
+            ) if x == c => Some((
+                counters.fanout[0].0,
+                counters.fanout[0].1,
+                counters.requests,
+                frontends,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each frontend's application counters are answered with the sums over
+/// every frontend that reported them, a gone frontend's included; a
+/// stranger's close its connection, a misshapen report is answered with
+/// nothing.
+#[test]
+fn application_counters_are_answered_with_the_sums_over_the_frontends() {
+    let mut p = proto();
+    frontend(&mut p, 1);
+    frontend(&mut p, 2);
+    frontend(&mut p, 3);
+    while p.poll_action().is_some() {}
+    p.handle_msg(Time(1), 1, app_counts("a", 100, 300, 100));
+    assert_eq!(totals_to(&mut p, 1), vec![(100, 300, 100, 1)]);
+    p.handle_msg(Time(2), 2, app_counts("a", 0, 0, 0));
+    assert_eq!(totals_to(&mut p, 2), vec![(100, 300, 100, 2)]);
+    p.handle_msg(Time(3), 1, app_counts("a", 200, 600, 200));
+    assert_eq!(totals_to(&mut p, 1), vec![(200, 600, 200, 2)]);
+    // Frontend 1 leaves: what it counted stays in the sums.
+    p.handle_closed(Time(4), 1, "gone".into());
+    p.handle_msg(Time(5), 2, app_counts("a", 10, 10, 10));
+    assert_eq!(totals_to(&mut p, 2), vec![(210, 610, 210, 2)]);
+    // Another shape of the same application: nothing answered, the
+    // connection stays.
+    let mut odd = app_counts("a", 1, 1, 1);
+    if let Msg::AppCounts { counters } = &mut odd {
+        counters.latency.pop();
+    }
+    p.handle_msg(Time(6), 3, odd);
+    let acts: Vec<Action> = std::iter::from_fn(|| p.poll_action()).collect();
+    assert!(acts.is_empty(), "{acts:?}");
+    // Not a registered frontend.
+    p.handle_accept(Time(7), 9);
+    p.handle_msg(Time(7), 9, app_counts("a", 1, 1, 1));
+    assert!(closed(&mut p, 9));
+}
+
 fn ping(now: Time) -> Msg {
     Msg::Ping {
         seq: 0,
