@@ -351,7 +351,7 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
         (s, false) if s % 11 == 10 => Msg::AppCounts {
             counters: crate::wire::AppCounters {
                 app: format!("app{}", s % 3),
-                fanout: vec![(s as u64, 3 * s as u64); 1 + (s % 2) as usize],
+                fanout: vec![(s as u64, 3 * s as u64); 1 + s % 2],
                 latency: vec![crate::wire::StepLatency::default(); 2],
                 requests: s as u64,
             },

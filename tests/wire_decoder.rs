@@ -461,8 +461,11 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                 frontends,
             })
             .boxed(),
+        arb_vec(any::<u32>())
+            .prop_map(|ppm| Msg::LatencyScales { ppm })
+            .boxed(),
     ];
-    assert_eq!(arms.len(), 31, "one arm per variant");
+    assert_eq!(arms.len(), 32, "one arm per variant");
     Union::new(arms)
 }
 
@@ -609,7 +612,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 32u8..=255], rest in vec(any::<u8>(), 0..64)) {
+    fn unknown_message_tag(tag in prop_oneof![Just(0u8), 33u8..=255], rest in vec(any::<u8>(), 0..64)) {
         prop_assert_eq!(decode(&raw(tag, &rest)), Err(DecodeError::BadTag { what: "message", tag }));
     }
 }

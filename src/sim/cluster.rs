@@ -1278,6 +1278,7 @@ impl ClusterSim {
                     held,
                     assignment,
                     states,
+                    scales,
                     term,
                     ..
                 } => {
@@ -1286,6 +1287,13 @@ impl ClusterSim {
                         return;
                     };
                     self.begin_term(pid, &mut sb, term);
+                    if let Some(k) = scales {
+                        // The same models as its primary's: they always fit.
+                        sb.sched
+                            .proto
+                            .adopt_latency_scales(&k)
+                            .unwrap_or_else(|e| panic!("the primary's latency scales: {e}"));
+                    }
                     if let Some(h) = assignment {
                         // Before any node registers: it always fits.
                         let n = sb

@@ -625,6 +625,7 @@ wire_messages! {
     29 => ModelStates { items },
     30 => AppCounts { counters },
     31 => AppTotals { counters, frontends },
+    32 => LatencyScales { ppm },
 }
 
 /// Bytes of `msg`'s whole frame, length prefix included (what [`encode`] appends).
@@ -1093,6 +1094,9 @@ mod tests {
                 counters: AppCounters::default(),
                 frontends: 2,
             },
+            Msg::LatencyScales {
+                ppm: vec![1_000_000, 2_500_000, u32::MAX],
+            },
         ]
     }
 
@@ -1111,7 +1115,7 @@ mod tests {
             assert_eq!(frame.len(), frame_len(&msg));
             assert_eq!(decode(body(&frame)).unwrap(), msg);
         }
-        assert_eq!(kinds.len(), 31, "a sample of every variant");
+        assert_eq!(kinds.len(), 32, "a sample of every variant");
     }
 
     #[test]
@@ -1256,10 +1260,10 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[12, 0, 32]),
+            decode(&[12, 0, 33]),
             Err(DecodeError::BadTag {
                 what: "message",
-                tag: 32
+                tag: 33
             })
         );
         let e = decode(&[12, 0, 18, 0]).unwrap_err();

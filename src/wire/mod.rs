@@ -41,7 +41,7 @@
 //! FrontendUp 7, FrontendDown 8, Submit 9, Plan 10, PlanDone 11, Results 12,
 //! Dropped 13, Ping 14, Pong 15, Infer 16, InferReply 17, ListModels 18, Models 19,
 //! Error 20, Capacity 21, Margins 22, Drain 23, Drained 24, Follow 25, Assignment 26,
-//! Fence 27, ModelControl 28, ModelStates 29, AppCounts 30, AppTotals 31. A new message takes the next tag; changing a layout bumps
+//! Fence 27, ModelControl 28, ModelStates 29, AppCounts 30, AppTotals 31, LatencyScales 32. A new message takes the next tag; changing a layout bumps
 //! [`PROTOCOL_VERSION`].
 //!
 //! A decoder checks every length against its limit and then against what is left of
@@ -616,6 +616,14 @@ pub enum Msg {
         counters: AppCounters,
         frontends: u32,
     },
+    // ---- primary scheduler -> standby ----
+    /// Each model's latency scale (the factor its profile is planned with,
+    /// in millionths, by model id), sent to a following standby with
+    /// `Follow`'s answers and at its pings when a scale changed, so that a
+    /// standby that takes over plans slow models as the primary did.
+    LatencyScales {
+        ppm: Vec<u32>,
+    },
 }
 
 impl Msg {
@@ -653,6 +661,7 @@ impl Msg {
             Msg::ModelStates { .. } => "ModelStates",
             Msg::AppCounts { .. } => "AppCounts",
             Msg::AppTotals { .. } => "AppTotals",
+            Msg::LatencyScales { .. } => "LatencyScales",
         }
     }
 }

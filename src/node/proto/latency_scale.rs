@@ -186,6 +186,42 @@ impl LatencyScaler {
         self.models.get(model.idx()).map_or(1.0, |m| m.scale)
     }
 
+    /// Changes of any model's scale so far (a version of [`Self::scales`]).
+    pub fn changes(&self) -> u64 {
+        self.stats.changes
+    }
+
+    /// Takes `scales` (by model id: another scheduler's, a standby taking
+    /// over from its primary) as the scales in force, each held to the
+    /// settings' bounds; their samples start afresh. With rescaling off
+    /// every scale stays 1. An error (nothing changes) when they are not one
+    /// per model or one is not finite.
+    pub fn adopt(&mut self, scales: &[f64]) -> Result<(), String> {
+        if scales.len() != self.models.len() {
+            return Err(format!(
+                "{} latency scales for {} models",
+                scales.len(),
+                self.models.len()
+            ));
+        }
+        if let Some(k) = scales.iter().find(|k| !k.is_finite()) {
+            return Err(format!("latency scale {k} is not finite"));
+        }
+        if !self.cfg.enabled {
+            return Ok(());
+        }
+        for (m, &k) in self.models.iter_mut().zip(scales) {
+            let k = k.clamp(self.cfg.min_scale, self.cfg.max_scale);
+            if k != m.scale {
+                m.scale = k;
+                self.stats.changes += 1;
+            }
+            m.samples.clear();
+            m.since_change = 0;
+        }
+        Ok(())
+    }
+
     /// The model's current estimate (the window's quantile), with at least
     /// `min_samples` samples.
     pub fn estimate(&self, model: ModelId) -> Option<f64> {
@@ -325,6 +361,11 @@ impl LatencyWatch {
 
     pub fn scaler(&self) -> &LatencyScaler {
         &self.scaler
+    }
+
+    /// See [`LatencyScaler::adopt`].
+    pub fn adopt(&mut self, scales: &[f64]) -> Result<(), String> {
+        self.scaler.adopt(scales)
     }
 
     /// A plan ended (see [`sample_of`]; `done` is the ledger's record of it):

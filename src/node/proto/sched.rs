@@ -331,8 +331,13 @@ struct PeerConn {
     /// A frontend's response margin per model id (empty until it reports).
     margins: Vec<Dur>,
     /// A hot standby following (it sent `Follow`): the version of the
-    /// assignment it was last sent ([`SubClusters::version`]).
+    /// assignment it was last sent ([`SubClusters::version`]),
     follows: Option<u64>,
+    /// and that of the latency scales ([`LatencyScaler::changes`]; None:
+    /// none sent).
+    ///
+    /// [`LatencyScaler::changes`]: super::latency_scale::LatencyScaler::changes
+    scales_sent: Option<u64>,
 }
 
 /// The scheduler's protocol state.
@@ -590,6 +595,7 @@ impl SchedProto {
                 pull: PullFit::default(),
                 margins: Vec::new(),
                 follows: None,
+                scales_sent: None,
             },
         );
     }
@@ -607,6 +613,42 @@ impl SchedProto {
         pc.follows = Some(version);
         let homes = self.subs.homes().to_vec();
         self.send(c, Msg::Assignment { homes });
+    }
+
+    /// Sends a following standby on `c` the models' latency scales if they
+    /// changed since it was last sent them.
+    fn send_scales(&mut self, c: ConnId) {
+        let version = self.latency.scaler().changes();
+        let Some(pc) = self.conns.get_mut(&c) else {
+            return;
+        };
+        if pc.scales_sent == Some(version) {
+            return;
+        }
+        pc.scales_sent = Some(version);
+        let ppm = self
+            .latency
+            .scaler()
+            .scales()
+            .iter()
+            .map(|k| (k * 1e6).round().clamp(0.0, f64::from(u32::MAX)) as u32)
+            .collect();
+        self.send(c, Msg::LatencyScales { ppm });
+    }
+
+    /// Plans with a primary's latency scales (`ppm`: millionths, by model
+    /// id; a standby taking over): the core gets them, and the scales
+    /// measured from now on start from them. An error (nothing changes)
+    /// when they are not one per model.
+    pub fn adopt_latency_scales(&mut self, ppm: &[u32]) -> Result<(), String> {
+        let k: Vec<f64> = ppm.iter().map(|&p| f64::from(p) / 1e6).collect();
+        self.latency.adopt(&k)?;
+        let k = self.latency.scaler().scales();
+        for (m, &k) in self.cfg.models.iter().zip(&k) {
+            self.report.model_latency_scale.insert(m.name.clone(), k);
+        }
+        self.actions.push_back(Action::SetLatencyScales(k));
+        Ok(())
     }
 
     /// Starts from a primary's assignment (a standby taking over, before any
@@ -770,6 +812,7 @@ impl SchedProto {
                 self.send(c, pong);
                 if follows {
                     self.send_assignment(c);
+                    self.send_scales(c);
                 }
             }
             Msg::Follow => {
@@ -779,6 +822,7 @@ impl SchedProto {
                 pc.follows = Some(u64::MAX);
                 self.followed = true;
                 self.send_assignment(c);
+                self.send_scales(c);
                 // The models' states: it takes them over with the assignment.
                 let items = self.model_states();
                 self.send(c, Msg::ModelStates { items });

@@ -812,8 +812,8 @@ fn a_following_standby_is_sent_the_assignment_when_it_changes() {
     assert!(
         matches!(
             &sent_on(&acts, 9)[..],
-            [Msg::Assignment { homes }, Msg::ModelStates { items }]
-                if homes == &vec![0, 1] && items.len() == 2
+            [Msg::Assignment { homes }, Msg::LatencyScales { ppm }, Msg::ModelStates { items }]
+                if homes == &vec![0, 1] && ppm == &vec![1_000_000; 2] && items.len() == 2
         ),
         "{acts:?}"
     );
@@ -1233,4 +1233,66 @@ fn batches_slower_than_their_profile_rescale_the_model() {
     assert_eq!(p.report().model_latency_scale["m0"], 1.5);
     assert_eq!(p.report().model_latency_scale["m1"], 1.0);
     assert_eq!(p.report().latency.changes, 1);
+}
+
+/// A following standby hears the latency scales with the answer to
+/// `Follow` and at its next ping after one changed (not before); a
+/// successor that adopts them plans with them (an action for the core, the
+/// report); scales that do not fit change nothing.
+#[test]
+fn a_standby_hears_the_latency_scales_and_a_successor_adopts_them() {
+    let ms = |m: i64| Time(m * 1_000_000);
+    let mut p = proto();
+    frontend(&mut p, 1);
+    let b = backend(&mut p, 2, ms(0));
+    p.handle_accept(ms(1), 9);
+    p.handle_msg(ms(1), 9, Msg::Follow);
+    let heard = |p: &mut SchedProto| -> Vec<Vec<u32>> {
+        std::iter::from_fn(|| p.poll_action())
+            .filter_map(|a| match a {
+                Action::Send(9, Msg::LatencyScales { ppm }) => Some(ppm),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(heard(&mut p), vec![vec![1_000_000; 2]]);
+    p.handle_msg(ms(2), 9, ping(ms(2)));
+    assert!(heard(&mut p).is_empty(), "unchanged: not sent again");
+    // Model 0's batches run 1.5x its profile (l(1) = 6 ms, run 9 ms).
+    for i in 1..=20u64 {
+        let t0 = ms(100 * i as i64);
+        let task = (crate::wire::task_id(1, i), t0 + Dur::from_ms(50));
+        in_flight(&p, b, (i, 0), (t0, t0 + Dur::from_ms(6)), task);
+        let done = Msg::PlanDone {
+            id: PlanId(i),
+            gpu: GpuId(0),
+            status: crate::wire::PlanStatus::Ran,
+            started: t0,
+            finished: t0 + Dur::from_ms(9),
+            missing: 0,
+        };
+        p.handle_msg(t0 + Dur::from_ms(9), 2, done);
+    }
+    assert!(heard(&mut p).is_empty(), "sent at the standby's ping");
+    p.handle_msg(ms(3000), 9, ping(ms(3000)));
+    let ppm = heard(&mut p);
+    assert_eq!(ppm, vec![vec![1_500_000, 1_000_000]]);
+    // The successor plans with them.
+    let mut q = proto();
+    while q.poll_action().is_some() {}
+    assert!(q.adopt_latency_scales(&[1_500_000]).is_err());
+    assert!(std::iter::from_fn(|| q.poll_action()).next().is_none());
+    q.adopt_latency_scales(&ppm[0]).unwrap();
+    let set: Vec<Vec<f64>> = std::iter::from_fn(|| q.poll_action())
+        .filter_map(|a| match a {
+            Action::SetLatencyScales(k) => Some(k),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(set, vec![vec![1.5, 1.0]]);
+    assert_eq!(q.report().model_latency_scale["m0"], 1.5);
+    assert_eq!(q.latency().scaler().scale(ModelId(0)), 1.5);
+    // Beyond the settings' bounds: held to them (at most 4x by default).
+    q.adopt_latency_scales(&[100_000_000, 500_000]).unwrap();
+    assert_eq!(q.latency().scaler().scales(), vec![4.0, 1.0]);
 }

@@ -69,6 +69,9 @@ pub enum Action {
         /// The primary's latest state of each model under model control, by
         /// model id (empty: none received; the start-up states stay).
         states: Vec<ModelStateItem>,
+        /// The primary's latest latency scales, in millionths by model id
+        /// (None: none received; every scale starts at 1).
+        scales: Option<Vec<u32>>,
         /// The term it serves under from now on.
         term: u64,
     },
@@ -87,6 +90,8 @@ pub struct StandbyProto {
     held: Vec<(ConnId, Msg)>,
     /// The primary's assignment of models to sub-clusters, as it last sent it.
     assignment: Option<Vec<u32>>,
+    /// The primary's latency scales, as it last sent them.
+    scales: Option<Vec<u32>>,
     /// The primary's models' states, as it last sent each (at most
     /// [`MAX_ITEMS`] models).
     states: BTreeMap<ModelId, ModelStateItem>,
@@ -112,6 +117,7 @@ impl StandbyProto {
             seq: 0,
             held: Vec::new(),
             assignment: None,
+            scales: None,
             states: BTreeMap::new(),
             held_since: HashMap::new(),
             term: 0,
@@ -224,6 +230,7 @@ impl StandbyProto {
                     self.term = self.term.max(term);
                 }
                 Msg::Assignment { homes } => self.assignment = Some(homes),
+                Msg::LatencyScales { ppm } => self.scales = Some(ppm),
                 Msg::ModelStates { items } => {
                     for i in items {
                         if self.states.len() < MAX_ITEMS || self.states.contains_key(&i.model) {
@@ -313,6 +320,7 @@ impl StandbyProto {
             held,
             assignment: self.assignment.take(),
             states: std::mem::take(&mut self.states).into_values().collect(),
+            scales: self.scales.take(),
             // (Saturating: a member may send any term.)
             term: self.term.max(1).saturating_add(1),
         });
@@ -395,6 +403,7 @@ mod tests {
                 held,
                 assignment: None,
                 states,
+                scales: None,
                 term: 2,
             }] => {
                 assert!(states.is_empty(), "none received");
@@ -506,13 +515,22 @@ mod tests {
     }
 
     #[test]
-    fn it_takes_over_with_the_primary_s_last_assignment() {
+    fn it_takes_over_with_the_primary_s_last_assignment_and_latency_scales() {
         let hb = Dur::from_ms(100);
         let mut p = StandbyProto::new(ms(0), "a", 1, hb);
         assert_eq!(drain(&mut p), vec![Action::Send(1, Msg::Follow)]);
         p.handle_msg(ms(1), 1, Msg::Assignment { homes: vec![0, 1] });
         p.handle_msg(ms(2), 1, Msg::Assignment { homes: vec![1, 1] });
         assert_eq!(p.assignment(), Some(&[1, 1][..]));
+        p.handle_msg(
+            ms(2),
+            1,
+            Msg::LatencyScales {
+                ppm: vec![1_500_000, 1_000_000],
+            },
+        );
+        // Scales a node sends are held like anything it sends, not taken.
+        p.handle_msg(ms(2), 7, Msg::LatencyScales { ppm: vec![9; 2] });
         // An Assignment from a node is held like anything it sends, not taken.
         p.handle_msg(ms(3), 7, Msg::Assignment { homes: vec![0, 0] });
         assert_eq!(p.assignment(), Some(&[1, 1][..]));
@@ -527,10 +545,14 @@ mod tests {
         let acts = drain(&mut p);
         match &acts[..] {
             [Action::Close(2, _), Action::TakeOver {
-                held, assignment, ..
+                held,
+                assignment,
+                scales,
+                ..
             }] => {
                 assert_eq!(assignment.as_deref(), Some(&[1, 1][..]));
-                assert_eq!(held.len(), 1);
+                assert_eq!(scales.as_deref(), Some(&[1_500_000, 1_000_000][..]));
+                assert_eq!(held.len(), 2);
             }
             other => panic!("{other:?}"),
         }

@@ -499,6 +499,7 @@ impl EventLoop {
                     held,
                     assignment,
                     states,
+                    scales,
                     term,
                 } => {
                     let Some(sb) = self.standby.take() else {
@@ -534,6 +535,19 @@ impl EventLoop {
                         Some(Err(e)) => tracing::warn!(
                             error = %e,
                             "standby: the primary's assignment does not fit; the start-up one stays"
+                        ),
+                    }
+                    match scales.map(|k| self.proto.adopt_latency_scales(&k)) {
+                        None => tracing::warn!(
+                            "standby: the primary sent no latency scales; every model is planned with its profile until measured"
+                        ),
+                        Some(Ok(())) => tracing::info!(
+                            scales = ?self.proto.latency().scaler().scales(),
+                            "standby: took the primary's latency scales"
+                        ),
+                        Some(Err(e)) => tracing::warn!(
+                            error = %e,
+                            "standby: the primary's latency scales do not fit; every model is planned with its profile until measured"
                         ),
                     }
                     if states.is_empty() {
