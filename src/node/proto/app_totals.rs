@@ -14,8 +14,10 @@
 //! drop in the sums as a new starting point).
 //!
 //! Frontends are not trusted: an application's first report fixes its shape
-//! (edges and steps), a report of another shape is refused, and the
-//! applications kept are bounded ([`MAX_APPS`]).
+//! (edges and steps), a report of another shape is refused, and what is kept
+//! is bounded: at most [`MAX_APPS`] applications of at most [`MAX_PARTS`]
+//! edges and steps each, and [`MAX_REPORTS`] reports kept at once (each
+//! frontend's latest per application; about 40 MiB at most).
 
 use crate::wire::{AppCounters, NodeId, StepLatency};
 use std::collections::BTreeMap;
@@ -23,6 +25,15 @@ use std::collections::BTreeMap;
 /// Applications the scheduler sums at most (a report naming one more is
 /// refused).
 pub const MAX_APPS: usize = 1024;
+
+/// Edges, and steps, of one application at most (an ensemble of more is not
+/// one a frontend serves).
+pub const MAX_PARTS: usize = 256;
+
+/// Reports kept at once at most, over every application and frontend (one
+/// that would be one more is refused; a frontend's later report of an
+/// application it reported replaces its earlier one).
+pub const MAX_REPORTS: usize = 4096;
 
 /// One application's reports.
 #[derive(Debug, Clone)]
@@ -42,6 +53,8 @@ struct App {
 #[derive(Debug, Clone, Default)]
 pub struct AppTotals {
     apps: BTreeMap<String, App>,
+    /// Reports kept (the `live` entries of every application).
+    reports: usize,
 }
 
 impl AppTotals {
@@ -51,11 +64,30 @@ impl AppTotals {
 
     /// Frontend `node`'s counters `c`: the application's sums over every
     /// frontend that reported it, and how many did; an error (nothing kept)
-    /// for an empty name, a shape unlike the application's first report, or
-    /// one application more than [`MAX_APPS`].
+    /// for an empty name, more than [`MAX_PARTS`] edges or steps, a shape
+    /// unlike the application's first report, one application more than
+    /// [`MAX_APPS`] or one report more than [`MAX_REPORTS`].
     pub fn report(&mut self, node: NodeId, c: AppCounters) -> Result<(AppCounters, u32), String> {
         if c.app.is_empty() {
             return Err("counters of an application with no name".into());
+        }
+        if c.fanout.len() > MAX_PARTS || c.latency.len() > MAX_PARTS {
+            return Err(format!(
+                "counters of application {:?} for {} edges and {} steps: at most {MAX_PARTS} each",
+                c.app,
+                c.fanout.len(),
+                c.latency.len()
+            ));
+        }
+        let new_report = self
+            .apps
+            .get(&c.app)
+            .is_none_or(|a| !a.live.contains_key(&node));
+        if new_report && self.reports >= MAX_REPORTS {
+            return Err(format!(
+                "counters of application {:?}: {MAX_REPORTS} reports are kept already",
+                c.app
+            ));
         }
         let full = self.apps.len() >= MAX_APPS;
         let a = match self.apps.get_mut(&c.app) {
@@ -91,6 +123,7 @@ impl AppTotals {
         }
         if a.live.insert(node, c).is_none() {
             a.frontends = a.frontends.saturating_add(1);
+            self.reports += 1;
         }
         Ok((sum(a), a.frontends))
     }
@@ -100,6 +133,7 @@ impl AppTotals {
         for a in self.apps.values_mut() {
             if let Some(c) = a.live.remove(&node) {
                 add(&mut a.gone, &c);
+                self.reports -= 1;
             }
         }
     }
@@ -202,6 +236,29 @@ mod tests {
         assert!(e.contains("summed already"), "{e}");
         // One already summed still is.
         assert!(t.report(4, counts("x7", 1, 1, 0, 1)).is_ok());
+        // Too many edges.
+        let mut wide = counts("w", 0, 0, 0, 0);
+        wide.fanout = vec![(0, 0); MAX_PARTS + 1];
+        assert!(t.report(1, wide).unwrap_err().contains("at most"));
+    }
+
+    #[test]
+    fn the_reports_kept_are_bounded_and_a_gone_frontend_frees_its_own() {
+        let mut t = AppTotals::new();
+        let per = (MAX_REPORTS / MAX_APPS) as u32;
+        for node in 0..per {
+            for i in 0..MAX_APPS {
+                t.report(node, counts(&format!("a{i}"), 1, 1, 0, 1))
+                    .unwrap();
+            }
+        }
+        let e = t.report(per, counts("a0", 1, 1, 0, 1)).unwrap_err();
+        assert!(e.contains("reports are kept already"), "{e}");
+        // A frontend's later report replaces its own.
+        assert!(t.report(0, counts("a0", 2, 2, 0, 2)).is_ok());
+        t.frontend_gone(0);
+        let (s, n) = t.report(per, counts("a0", 1, 1, 0, 1)).unwrap();
+        assert_eq!((s.requests, n), (2 + u64::from(per - 1) + 1, per + 1));
     }
 
     #[test]
