@@ -1506,8 +1506,8 @@ impl SchedProto {
 
     /// A frontend's counters of an application: answered with the sums over
     /// every frontend that reported it ([`super::app_totals`]). Counters the
-    /// sums refuse (another shape, too many applications) are answered with
-    /// nothing and warned about, rate-limited.
+    /// sums refuse (another shape, past a size or a count bound) are answered
+    /// with nothing and warned about, rate-limited.
     fn app_counts(&mut self, c: ConnId, counters: AppCounters) {
         let Some(Peer::Frontend { node, .. }) = self.conns.get(&c).map(|p| &p.peer) else {
             return self.reject(
