@@ -5,7 +5,8 @@
 //! Meanwhile every request the load generator sent gets an answer. A backend
 //! whose GPU hangs while it still answers pings is taken out by the plan
 //! watchdog and comes back when the GPU is free; a frontend killed under load
-//! is accounted for by the load generator.
+//! is accounted for by the load generator. A standby that takes over plans
+//! with the latency scales its primary measured.
 
 use fermata::core::Dur;
 use fermata::harness::loadgen::{self, LoadReport, LoadgenOpts};
@@ -325,5 +326,73 @@ fn requests_pending_at_a_killed_primary_are_served_through_the_standby() {
         n("requests"),
         "every request the frontend took ended once"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The value of `fermata_model_latency_scale{model="mlp"}` on the metrics
+/// listener at `addr`.
+fn mlp_scale(addr: &str) -> f64 {
+    let text = fermata::harness::churn::get_metrics(addr).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("fermata_model_latency_scale{model=\"mlp\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no latency scale of mlp in:\n{text}"))
+}
+
+/// A standby that takes over plans each model with the latency scale its
+/// primary measured (sent to it while it followed), from its first plan:
+/// with no load during the takeover, nothing but the primary's scale can
+/// have moved the standby's off 1.
+#[test]
+fn a_standby_takes_over_the_latency_scales_its_primary_measured() {
+    let dir = std::env::temp_dir().join(format!("fermata-scales-{}", std::process::id()));
+    let (mut c, w, _) = cluster_with(&dir, |o| {
+        o.standby = true;
+        o.scheduler_args
+            .extend(["--metrics-listen".to_string(), "127.0.0.1:0".to_string()]);
+        // The backend's batches of mlp take twice their profile.
+        o.backend_args = vec![(
+            0,
+            vec!["--emulated-slowdown".to_string(), "mlp=2@0".to_string()],
+        )];
+    });
+    let primary = c.scheduler_metrics_addr().unwrap();
+    let sb = c.standby.as_mut().expect("a standby");
+    let standby = sb
+        .wait_for("metrics listener", Duration::from_secs(10), |l| {
+            l.strip_prefix("fermata scheduler metrics listening on ")
+                .map(|a| a.trim().to_string())
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    let scale = loop {
+        let r = load(&c, &w, 0.5);
+        assert_eq!(r.unanswered, 0, "every request is answered");
+        let k = mlp_scale(&primary);
+        if k >= 1.5 {
+            break k;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the primary never scaled mlp: {k}"
+        );
+    };
+    // The standby's next ping carries it (every heartbeat, 100 ms).
+    std::thread::sleep(Duration::from_millis(500));
+    c.scheduler.signal(libc::SIGKILL);
+    let _ = c.scheduler.child.wait();
+    let sb = c.standby.as_mut().expect("a standby");
+    sb.wait_for("took over", Duration::from_secs(5), |l| {
+        l.starts_with("fermata scheduler took over")
+            .then(|| l.to_string())
+    })
+    .unwrap();
+    let k = mlp_scale(&standby);
+    assert!(
+        (k - scale).abs() < 1e-5,
+        "the standby plans mlp at {k}, its primary measured {scale}"
+    );
+    served_again(&c, &w, Duration::from_secs(10));
+    let _ = c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
