@@ -39,13 +39,9 @@ pub const MAX_LATENCY_RATIO: f64 = 100.0;
 /// What a frontend measured of one step's module: cumulative over its
 /// answers that ran, the batches' run times on the GPU and the latencies
 /// the model's profile gives for batches of those sizes (nanoseconds), and
-/// how many answers those sums cover.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LatencySeen {
-    pub observed_ns: u64,
-    pub profiled_ns: u64,
-    pub samples: u64,
-}
+/// how many answers those sums cover. The wire's own type: frontends send
+/// it to the scheduler as it is, and hear the sums over every frontend.
+pub type LatencySeen = crate::wire::StepLatency;
 
 /// A plan to install.
 #[derive(Debug, Clone, PartialEq)]

@@ -367,19 +367,26 @@ fn budgets(text: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
-/// What a frontend the client did not send to planned (its HTTP API's
-/// metrics and statistics).
-fn idle_frontend(http: &str, edge: &str) -> Result<IdleFrontend> {
-    let text = super::churn::get_metrics(http)?;
-    let app = |name: &str| series(&text, &format!("{name}{{app=\"{APP}\"}}")).unwrap_or(0.0) as u64;
+/// The application's statistics at the frontend whose HTTP API is at
+/// `http`: Triton's `success` and `fail` counts.
+fn app_stats(http: &str) -> Result<(u64, u64)> {
     let stats: Value = serde_json::from_str(&super::churn::http_get(
         http,
         &format!("/v2/models/{APP}/stats"),
     )?)?;
     let inf = &stats["model_stats"][0]["inference_stats"];
     let count = |k: &str| inf[k]["count"].as_u64().unwrap_or(0);
+    Ok((count("success"), count("fail")))
+}
+
+/// What a frontend the client did not send to planned (its HTTP API's
+/// metrics and statistics).
+fn idle_frontend(http: &str, edge: &str) -> Result<IdleFrontend> {
+    let text = super::churn::get_metrics(http)?;
+    let app = |name: &str| series(&text, &format!("{name}{{app=\"{APP}\"}}")).unwrap_or(0.0) as u64;
+    let (success, fail) = app_stats(http)?;
     Ok(IdleFrontend {
-        requests: count("success") + count("fail"),
+        requests: success + fail,
         replans: app("fermata_app_replans_total"),
         planned_fanout: series(&text, &format!("fermata_app_planned_fanout{edge}")),
         budgets_ms: budgets(&text),
@@ -511,13 +518,7 @@ fn run_in(exe: &Path, o: &Options, dir: &Path) -> Result<Report> {
     };
     let latency_ratio = per_step("fermata_app_latency_ratio");
     let planned_latency_ratio = per_step("fermata_app_planned_latency_ratio");
-    let stats: Value = serde_json::from_str(&super::churn::http_get(
-        &http,
-        &format!("/v2/models/{APP}/stats"),
-    )?)?;
-    let inf = &stats["model_stats"][0]["inference_stats"];
-    let count = |k: &str| inf[k]["count"].as_u64().unwrap_or(0);
-    let (server_success, server_fail) = (count("success"), count("fail"));
+    let (server_success, server_fail) = app_stats(&http)?;
     let mut idle_frontends = Vec::new();
     for h in &https[1..] {
         idle_frontends.push(idle_frontend(h, &edge)?);

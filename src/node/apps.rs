@@ -21,7 +21,7 @@ use crate::app::{
 use crate::core::{Dur, LatencyProfile, Time};
 use crate::repo::{DType, ModelMeta};
 use crate::triton_ensemble::{self as ens, EnsembleConfig, FanoutCount, Rule, Source, Wiring};
-use crate::wire::{AppCounters, DropReason, ModelInfo, StepLatency};
+use crate::wire::{AppCounters, DropReason, ModelInfo};
 use anyhow::{anyhow, bail, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,12 +82,9 @@ pub struct ServedApp {
 /// frontend last heard them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Totals {
-    /// Per graph edge: parent outputs and items (zero on whole edges).
-    pub fanout: Vec<(u64, u64)>,
-    /// Per step: run times against the profile.
-    pub latency: Vec<LatencySeen>,
-    /// Application requests received.
-    pub requests: u64,
+    /// The sums: per graph edge, parent outputs and items (zero on whole
+    /// edges); per step, run times against the profile; requests received.
+    pub counters: AppCounters,
     /// The frontends the sums are over.
     pub frontends: u32,
     /// When they came, and their number (from 1) at this frontend.
@@ -280,15 +277,7 @@ impl ServedApp {
         AppCounters {
             app: self.meta.name.clone(),
             fanout: self.fanout_counts(),
-            latency: self
-                .latency_counts()
-                .into_iter()
-                .map(|l| StepLatency {
-                    observed_ns: l.observed_ns,
-                    profiled_ns: l.profiled_ns,
-                    samples: l.samples,
-                })
-                .collect(),
+            latency: self.latency_counts(),
             requests: self.requests(),
         }
     }
@@ -309,17 +298,7 @@ impl ServedApp {
         let mut t = self.totals.lock().expect("totals lock");
         let seq = t.as_ref().map_or(1, |t| t.seq + 1);
         *t = Some(Totals {
-            fanout: c.fanout,
-            latency: c
-                .latency
-                .into_iter()
-                .map(|l| LatencySeen {
-                    observed_ns: l.observed_ns,
-                    profiled_ns: l.profiled_ns,
-                    samples: l.samples,
-                })
-                .collect(),
-            requests: c.requests,
+            counters: c,
             frontends,
             at,
             seq,

@@ -157,12 +157,18 @@ impl Faulty {
         }
     }
 
-    /// After a batch of `model` that ran for `ran`: the slowdown's hold.
-    fn after_batch(&self, model: ModelId, ran: Duration) {
-        let hold = self.hold_after(model, ran);
+    /// Runs a batch of `model` on the inner executor (`run`) with the
+    /// faults around it: the hang before, when due, and the slowdown's hold
+    /// after.
+    fn batch<T>(&mut self, model: ModelId, run: impl FnOnce(&mut dyn Executor) -> T) -> T {
+        self.before_batch();
+        let t0 = std::time::Instant::now();
+        let r = run(&mut *self.inner);
+        let hold = self.hold_after(model, t0.elapsed());
         if !hold.is_zero() {
             std::thread::sleep(hold);
         }
+        r
     }
 }
 
@@ -220,11 +226,7 @@ impl Executor for Faulty {
         self.inner.copies_inputs()
     }
     fn run(&mut self, model: ModelId, inputs: &[&[u8]]) -> anyhow::Result<Vec<Vec<u8>>> {
-        self.before_batch();
-        let t0 = std::time::Instant::now();
-        let r = self.inner.run(model, inputs);
-        self.after_batch(model, t0.elapsed());
-        r
+        self.batch(model, |e| e.run(model, inputs))
     }
     fn stage_pool(&self) -> Option<Arc<super::stage::StagePool>> {
         self.inner.stage_pool()
@@ -235,11 +237,7 @@ impl Executor for Faulty {
         staged: &mut super::stage::Staged,
         n: usize,
     ) -> anyhow::Result<Vec<Vec<u8>>> {
-        self.before_batch();
-        let t0 = std::time::Instant::now();
-        let r = self.inner.run_staged(model, staged, n);
-        self.after_batch(model, t0.elapsed());
-        r
+        self.batch(model, |e| e.run_staged(model, staged, n))
     }
 }
 

@@ -280,7 +280,7 @@ fn register_state_gauges(reg: &Registry, state: &Arc<FrontendState>) {
         "fermata_app_requests_summed_total",
         "The application requests received over every frontend that serves it, as the scheduler last summed them for this frontend's re-planner, per application.",
         Kind::Counter,
-        |a| vec![(vec![], a.totals().map_or(0.0, |t| t.requests as f64))],
+        |a| vec![(vec![], a.totals().map_or(0.0, |t| t.counters.requests as f64))],
     );
     app_gauge(
         reg,

@@ -123,13 +123,14 @@ fn epoch(app: &ServedApp, r: &mut Replanner, f: &mut Fed) {
     };
     f.waited = 0;
     let Some((_, at)) = f.last.replace((t.seq, t.at)) else {
-        if let Err(e) = r.rebase(&t.fanout, &t.latency, t.requests) {
+        if let Err(e) = r.rebase(&t.counters.fanout, &t.counters.latency, t.counters.requests) {
             tracing::warn!(app = %name, error = %e, "frontend: the application's sums refused");
         }
         return;
     };
     let secs = t.at.duration_since(at).as_secs_f64();
-    match r.epoch(&t.fanout, &t.latency, t.requests, secs) {
+    let c = &t.counters;
+    match r.epoch(&c.fanout, &c.latency, c.requests, secs) {
         Ok(None) => {}
         Ok(Some(p)) => match app.install(&p) {
             Ok(()) => {

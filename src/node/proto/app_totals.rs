@@ -38,12 +38,10 @@ pub const MAX_REPORTS: usize = 4096;
 /// One application's reports.
 #[derive(Debug, Clone)]
 struct App {
-    /// Its shape: graph edges and steps.
-    edges: usize,
-    steps: usize,
     /// Each reporting frontend's latest counters.
     live: BTreeMap<NodeId, AppCounters>,
-    /// The sums of the frontends gone, at their last reports.
+    /// The sums of the frontends gone, at their last reports; its shape
+    /// (graph edges and steps) is the application's.
     gone: AppCounters,
     /// Frontends that ever reported it.
     frontends: u32,
@@ -99,8 +97,6 @@ impl AppTotals {
                 ))
             }
             None => self.apps.entry(c.app.clone()).or_insert_with(|| App {
-                edges: c.fanout.len(),
-                steps: c.latency.len(),
                 live: BTreeMap::new(),
                 gone: AppCounters {
                     app: c.app.clone(),
@@ -111,14 +107,13 @@ impl AppTotals {
                 frontends: 0,
             }),
         };
-        if (c.fanout.len(), c.latency.len()) != (a.edges, a.steps) {
+        let (edges, steps) = (a.gone.fanout.len(), a.gone.latency.len());
+        if (c.fanout.len(), c.latency.len()) != (edges, steps) {
             return Err(format!(
-                "counters of application {:?} for {} edges and {} steps; other frontends serve it with {} and {}",
+                "counters of application {:?} for {} edges and {} steps; other frontends serve it with {edges} and {steps}",
                 c.app,
                 c.fanout.len(),
-                c.latency.len(),
-                a.edges,
-                a.steps
+                c.latency.len()
             ));
         }
         if a.live.insert(node, c).is_none() {

@@ -363,9 +363,21 @@ impl LatencyWatch {
         &self.scaler
     }
 
-    /// See [`LatencyScaler::adopt`].
-    pub fn adopt(&mut self, scales: &[f64]) -> Result<(), String> {
-        self.scaler.adopt(scales)
+    /// Every model's scale in millionths, by model id (as the wire carries
+    /// them to a standby).
+    pub fn scales_ppm(&self) -> Vec<u32> {
+        self.scaler
+            .scales()
+            .iter()
+            .map(|k| (k * 1e6).round().clamp(0.0, f64::from(u32::MAX)) as u32)
+            .collect()
+    }
+
+    /// [`LatencyScaler::adopt`] of scales in millionths (a primary's, as
+    /// [`Self::scales_ppm`] gives them).
+    pub fn adopt_ppm(&mut self, ppm: &[u32]) -> Result<(), String> {
+        let k: Vec<f64> = ppm.iter().map(|&p| f64::from(p) / 1e6).collect();
+        self.scaler.adopt(&k)
     }
 
     /// A plan ended (see [`sample_of`]; `done` is the ledger's record of it):

@@ -626,13 +626,7 @@ impl SchedProto {
             return;
         }
         pc.scales_sent = Some(version);
-        let ppm = self
-            .latency
-            .scaler()
-            .scales()
-            .iter()
-            .map(|k| (k * 1e6).round().clamp(0.0, f64::from(u32::MAX)) as u32)
-            .collect();
+        let ppm = self.latency.scales_ppm();
         self.send(c, Msg::LatencyScales { ppm });
     }
 
@@ -641,14 +635,18 @@ impl SchedProto {
     /// measured from now on start from them. An error (nothing changes)
     /// when they are not one per model.
     pub fn adopt_latency_scales(&mut self, ppm: &[u32]) -> Result<(), String> {
-        let k: Vec<f64> = ppm.iter().map(|&p| f64::from(p) / 1e6).collect();
-        self.latency.adopt(&k)?;
-        let k = self.latency.scaler().scales();
+        self.latency.adopt_ppm(ppm)?;
+        self.scales_changed(self.latency.scaler().scales());
+        Ok(())
+    }
+
+    /// The models' latency scales are now `k` (by model id): the report
+    /// shows them and the core plans with them.
+    fn scales_changed(&mut self, k: Vec<f64>) {
         for (m, &k) in self.cfg.models.iter().zip(&k) {
             self.report.model_latency_scale.insert(m.name.clone(), k);
         }
         self.actions.push_back(Action::SetLatencyScales(k));
-        Ok(())
     }
 
     /// Starts from a primary's assignment (a standby taking over, before any
@@ -1262,10 +1260,7 @@ impl SchedProto {
                 }
                 let w = &mut self.latency;
                 if let Some(k) = w.on_done(&mut d, (status, missing), (started, finished)) {
-                    for (m, &k) in self.cfg.models.iter().zip(&k) {
-                        self.report.model_latency_scale.insert(m.name.clone(), k);
-                    }
-                    self.actions.push_back(Action::SetLatencyScales(k));
+                    self.scales_changed(k);
                 }
                 self.report.latency = self.latency.scaler().stats();
             }

@@ -1183,6 +1183,30 @@ fn a_standby_hears_the_model_states_and_a_successor_adopts_them() {
     assert!(r.adopt_model_states(&bad).is_err());
 }
 
+/// Plan `i` of model 0 (l(1) = 6 ms), one task, in flight on backend `b`'s
+/// GPU 0 from `100 i` ms; `b` (connection 2) reports it ended 9 ms later
+/// (1.5x the profile) with `status` and `missing` inputs.
+fn slow_plan_done(
+    p: &mut SchedProto,
+    b: NodeId,
+    i: u64,
+    status: crate::wire::PlanStatus,
+    missing: u32,
+) {
+    let t0 = Time(100_000_000 * i as i64);
+    let task = (crate::wire::task_id(1, i), t0 + Dur::from_ms(50));
+    in_flight(p, b, (i, 0), (t0, t0 + Dur::from_ms(6)), task);
+    let msg = Msg::PlanDone {
+        id: PlanId(i),
+        gpu: GpuId(0),
+        status,
+        started: t0,
+        finished: t0 + Dur::from_ms(9),
+        missing,
+    };
+    p.handle_msg(t0 + Dur::from_ms(9), 2, msg);
+}
+
 /// Plans that backends report run 1.5x their model's profile move its
 /// latency scale once enough say so (an action for the core, the report);
 /// a report of another status, or with missing inputs, is no sample.
@@ -1203,18 +1227,8 @@ fn batches_slower_than_their_profile_rescale_the_model() {
     };
     // Model 0: l(1) = 6 ms; each plan one task, run 9 ms.
     let done = |p: &mut SchedProto, i: u64, status, missing| {
+        slow_plan_done(p, b, i, status, missing);
         let t0 = ms(100 * i as i64);
-        let task = (crate::wire::task_id(1, i), t0 + Dur::from_ms(50));
-        in_flight(p, b, (i, 0), (t0, t0 + Dur::from_ms(6)), task);
-        let msg = Msg::PlanDone {
-            id: PlanId(i),
-            gpu: GpuId(0),
-            status,
-            started: t0,
-            finished: t0 + Dur::from_ms(9),
-            missing,
-        };
-        p.handle_msg(t0 + Dur::from_ms(9), 2, msg);
         p.handle_msg(t0 + Dur::from_ms(9), 2, ping(t0));
     };
     use crate::wire::PlanStatus;
@@ -1260,18 +1274,7 @@ fn a_standby_hears_the_latency_scales_and_a_successor_adopts_them() {
     assert!(heard(&mut p).is_empty(), "unchanged: not sent again");
     // Model 0's batches run 1.5x its profile (l(1) = 6 ms, run 9 ms).
     for i in 1..=20u64 {
-        let t0 = ms(100 * i as i64);
-        let task = (crate::wire::task_id(1, i), t0 + Dur::from_ms(50));
-        in_flight(&p, b, (i, 0), (t0, t0 + Dur::from_ms(6)), task);
-        let done = Msg::PlanDone {
-            id: PlanId(i),
-            gpu: GpuId(0),
-            status: crate::wire::PlanStatus::Ran,
-            started: t0,
-            finished: t0 + Dur::from_ms(9),
-            missing: 0,
-        };
-        p.handle_msg(t0 + Dur::from_ms(9), 2, done);
+        slow_plan_done(&mut p, b, i, crate::wire::PlanStatus::Ran, 0);
     }
     assert!(heard(&mut p).is_empty(), "sent at the standby's ping");
     p.handle_msg(ms(3000), 9, ping(ms(3000)));
