@@ -754,6 +754,9 @@ mod tests {
             .collect()
     }
 
+    /// Grants made, each (model, early).
+    type Grants = Vec<(ModelId, bool)>;
+
     /// GPU 0 free now, GPU 1 busy for `busy_ms`; model 1 waits for its start
     /// `p_exec_ms` away, its window `p_window_ms` wide; then model 0's batch
     /// (latest start `r_latest_ms` away) becomes schedulable. Returns the
@@ -764,7 +767,7 @@ mod tests {
         p_window_ms: i64,
         busy_ms: i64,
         r_latest_ms: i64,
-    ) -> (Vec<(ModelId, bool)>, Vec<(ModelId, bool)>) {
+    ) -> (Grants, Grants) {
         let ms = Dur::from_ms;
         let mut r = Ranker::new(policy, 0);
         let t = Time(1_000_000_000);
