@@ -757,10 +757,10 @@ mod tests {
     /// Grants made, each (model, early).
     type Grants = Vec<(ModelId, bool)>;
 
-    /// GPU 0 free now, GPU 1 busy for `busy_ms`; model 1 waits for its start
+    /// GPU 1 free now, GPU 0 busy for `busy_ms`; model 1 waits for its start
     /// `p_exec_ms` away, its window `p_window_ms` wide; then model 0's batch
     /// (latest start `r_latest_ms` away) becomes schedulable. Returns the
-    /// grants made now, then those when GPU 1 frees.
+    /// grants made now, then those when GPU 0 frees.
     fn handover(
         policy: Policy,
         p_exec_ms: i64,
