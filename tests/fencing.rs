@@ -61,15 +61,7 @@ fn a_primary_paused_past_the_takeover_steps_down_and_a_frontend_started_after_it
     // The primary stops; the standby takes over under term 2 and the nodes
     // (scheduler timeout 2 s) follow it.
     c.scheduler.signal(libc::SIGSTOP);
-    let took = c
-        .standby
-        .as_mut()
-        .expect("a standby")
-        .wait_for("took over", Duration::from_secs(15), |l| {
-            l.starts_with("fermata scheduler took over")
-                .then(|| l.to_string())
-        })
-        .unwrap();
+    let took = c.standby_took_over(Duration::from_secs(15)).unwrap();
     assert!(took.contains("term 2"), "{took}");
     for (p, what) in [
         (&mut c.backends[0], "fermata backend back in service"),

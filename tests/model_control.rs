@@ -285,12 +285,7 @@ fn a_standby_takes_over_the_models_loaded_and_unloaded_at_the_primary() {
     std::thread::sleep(Duration::from_millis(300));
     c.scheduler.signal(libc::SIGKILL);
     let _ = c.scheduler.child.wait();
-    let sb = c.standby.as_mut().expect("a standby");
-    sb.wait_for("took over", Duration::from_secs(10), |l| {
-        l.starts_with("fermata scheduler took over")
-            .then(|| l.to_string())
-    })
-    .unwrap();
+    c.standby_took_over(Duration::from_secs(10)).unwrap();
     c.frontends[0]
         .wait_for("rejoin", Duration::from_secs(10), |l| {
             l.starts_with("fermata frontend back in service")

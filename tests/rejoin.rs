@@ -251,13 +251,7 @@ fn a_standby_takes_over_when_the_primary_is_killed_under_load() {
     let killed = Instant::now();
     c.scheduler.signal(libc::SIGKILL);
     let _ = c.scheduler.child.wait();
-    let sb = c.standby.as_mut().expect("a standby");
-    let took = sb
-        .wait_for("took over", Duration::from_secs(5), |l| {
-            l.starts_with("fermata scheduler took over")
-                .then(|| l.to_string())
-        })
-        .unwrap();
+    let took = c.standby_took_over(Duration::from_secs(5)).unwrap();
     assert!(took.contains("primary"), "{took}");
     for (p, what) in [
         (&mut c.backends[0], "fermata backend back in service"),
@@ -357,13 +351,8 @@ fn a_standby_takes_over_the_latency_scales_its_primary_measured() {
         )];
     });
     let primary = c.scheduler_metrics_addr().unwrap();
-    let sb = c.standby.as_mut().expect("a standby");
-    let standby = sb
-        .wait_for("metrics listener", Duration::from_secs(10), |l| {
-            l.strip_prefix("fermata scheduler metrics listening on ")
-                .map(|a| a.trim().to_string())
-        })
-        .unwrap();
+    let standby = c.standby.as_mut().expect("a standby");
+    let standby = standby.scheduler_metrics_addr().unwrap();
     let t0 = Instant::now();
     let scale = loop {
         let r = load(&c, &w, 0.5);
@@ -381,12 +370,7 @@ fn a_standby_takes_over_the_latency_scales_its_primary_measured() {
     std::thread::sleep(Duration::from_millis(500));
     c.scheduler.signal(libc::SIGKILL);
     let _ = c.scheduler.child.wait();
-    let sb = c.standby.as_mut().expect("a standby");
-    sb.wait_for("took over", Duration::from_secs(5), |l| {
-        l.starts_with("fermata scheduler took over")
-            .then(|| l.to_string())
-    })
-    .unwrap();
+    c.standby_took_over(Duration::from_secs(5)).unwrap();
     let k = mlp_scale(&standby);
     assert!(
         (k - scale).abs() < 1e-5,

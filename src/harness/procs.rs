@@ -214,6 +214,15 @@ impl Proc {
         }
     }
 
+    /// The address of a scheduler's metrics listener (the primary's or a
+    /// standby's, started with `--metrics-listen`).
+    pub fn scheduler_metrics_addr(&mut self) -> Result<String> {
+        self.wait_for("metrics listener", Duration::from_secs(10), |l| {
+            l.strip_prefix("fermata scheduler metrics listening on ")
+                .map(|a| a.trim().to_string())
+        })
+    }
+
     /// Sends `sig` (SIGTERM, SIGKILL, SIGSTOP...).
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid.
@@ -526,11 +535,20 @@ impl ProcCluster {
     /// The address of the scheduler's metrics listener (started with
     /// `--metrics-listen` in [`ProcOpts::scheduler_args`]).
     pub fn scheduler_metrics_addr(&mut self) -> Result<String> {
-        self.scheduler
-            .wait_for("metrics listener", Duration::from_secs(10), |l| {
-                l.strip_prefix("fermata scheduler metrics listening on ")
-                    .map(|a| a.trim().to_string())
-            })
+        self.scheduler.scheduler_metrics_addr()
+    }
+
+    /// Waits up to `timeout` for the standby to print that it took over;
+    /// returns that line.
+    pub fn standby_took_over(&mut self, timeout: Duration) -> Result<String> {
+        let sb = self
+            .standby
+            .as_mut()
+            .context("the cluster has no standby")?;
+        sb.wait_for("took over", timeout, |l| {
+            l.starts_with("fermata scheduler took over")
+                .then(|| l.to_string())
+        })
     }
 
     /// `fermata autoscale` against this cluster's scheduler (its metrics
