@@ -76,14 +76,12 @@ fn tritonclient_http_works_unchanged() {
     check_report(p);
 }
 
-/// A model repository in a fresh temporary folder: the shipped models (their
-/// files copied) and the two models of a BYTES input that
-/// tests/clients/strings_models.py writes (`tagger`, `pair_tagger`), profiled
-/// with `fermata profile` as a user would. Removed when dropped.
-struct StringsRepo(PathBuf);
+/// A model repository in a fresh temporary folder, the shipped models' files
+/// copied into it. Removed when dropped.
+struct Repo(PathBuf);
 
-impl StringsRepo {
-    fn new(tag: &str) -> StringsRepo {
+impl Repo {
+    fn shipped(tag: &str) -> Repo {
         let dir = std::env::temp_dir().join(format!("fermata-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -93,9 +91,18 @@ impl StringsRepo {
                 std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
             }
         }
+        Repo(dir)
+    }
+
+    /// The shipped models and the two models of a BYTES input that
+    /// tests/clients/strings_models.py writes (`tagger`, `pair_tagger`),
+    /// profiled with `fermata profile` as a user would.
+    fn with_strings(tag: &str) -> Repo {
+        let repo = Repo::shipped(tag);
+        let dir = &repo.0;
         let out = Command::new("python3")
             .arg(root().join("tests/clients/strings_models.py"))
-            .arg(&dir)
+            .arg(dir)
             .env("PYTHONPATH", root().join(".deps/py"))
             .output()
             .expect("python3");
@@ -108,11 +115,19 @@ impl StringsRepo {
                 .unwrap();
             assert!(out.status.success(), "{}", procs::output_text(&out));
         }
-        StringsRepo(dir)
+        repo
+    }
+
+    /// Sets `model`'s `slo_ms` in its JSON file.
+    fn set_slo_ms(&self, model: &str, slo_ms: f64) {
+        let path = self.0.join(format!("{model}.json"));
+        let mut meta: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        meta["slo_ms"] = slo_ms.into();
+        std::fs::write(&path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
     }
 }
 
-impl Drop for StringsRepo {
+impl Drop for Repo {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
@@ -126,7 +141,7 @@ impl Drop for StringsRepo {
 #[test]
 fn triton_l0_http_adapted() {
     const MAX_BODY: &str = "2097152";
-    let repo = StringsRepo::new("l0-http");
+    let repo = Repo::with_strings("l0-http");
     let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
     let (p, addr, _) =
         procs::serve_apis(exe, &repo.0, &["--http-max-body-bytes", MAX_BODY]).unwrap();
@@ -145,7 +160,7 @@ fn triton_l0_http_adapted() {
 /// (tests/clients/strings_clients.py).
 #[test]
 fn bytes_inputs_through_the_clients() {
-    let repo = StringsRepo::new("bytes");
+    let repo = Repo::with_strings("bytes");
     let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
     let (p, addr, grpc) = procs::serve_apis(exe, &repo.0, &[]).unwrap();
     run_client(
@@ -202,7 +217,15 @@ fn perf_analyzer_runs_open_loop_over_http_and_grpc() {
         root().join(".deps/pa/bin/perf_analyzer").exists(),
         "perf_analyzer is not installed in .deps/pa: run scripts/setup.sh"
     );
-    let (p, http, grpc) = serve(&[]);
+    // perf_analyzer stops at the first error response, and a request that
+    // ends late, dropped or refused at the door is one: what this test is
+    // about is the protocol, not the deadlines, so `mlp` gets an SLO of a
+    // second here (the shipped 20 ms is tight for a debug build on 2 cores
+    // shared with the other tests).
+    let repo = Repo::shipped("perf-analyzer");
+    repo.set_slo_ms("mlp", 1000.0);
+    let exe = Path::new(env!("CARGO_BIN_EXE_fermata"));
+    let (p, http, grpc) = procs::serve_apis(exe, &repo.0, &[]).unwrap();
     for (protocol, addr) in [("http", &http), ("grpc", &grpc)] {
         let run = || {
             let out = Command::new(&pa)
@@ -218,12 +241,13 @@ fn perf_analyzer_runs_open_loop_over_http_and_grpc() {
             eprintln!("{protocol}:\n{text}");
             (out, text)
         };
-        // perf_analyzer stops at the first error response; a request dropped
-        // or late (a deferred scheduler on 2 cores shared with the other
-        // tests) is such a response, and not what this test is about: run it
-        // again, at most four times more (in a full suite's run on 2 cores,
-        // three runs in a row have met such a response).
-        let transient = |t: &str| t.contains("dropped (") || t.contains("deadline exceeded");
+        // A stall of a second on a loaded runner can still end a request
+        // late: run it again, at most four times more.
+        let transient = |t: &str| {
+            t.contains("dropped (")
+                || t.contains("deadline exceeded")
+                || t.contains("refused at the door")
+        };
         let (mut out, mut text) = run();
         for _ in 0..4 {
             if out.status.success() || !transient(&text) {
