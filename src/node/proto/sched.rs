@@ -1858,8 +1858,20 @@ impl SchedProto {
         self.check_drains(now);
         // After a stall of the scheduler itself, reports may wait unread in its
         // queues: the watchdog looks again at the next check instead.
-        let stalled = now - self.last_check > self.cfg.heartbeat * 2;
+        let gap = now - self.last_check;
+        let stalled = gap > self.cfg.heartbeat * 2;
         self.last_check = now;
+        if stalled {
+            // Nor does the time the scheduler was away count as its nodes'
+            // silence: their pings of that time may wait unread in its
+            // queues, and a node removed for it loses every request it has in
+            // flight. (On a loaded 2-core host a frontend went on submitting
+            // for seconds after such a removal, its requests ignored.)
+            let away = gap - self.cfg.heartbeat;
+            for pc in self.conns.values_mut() {
+                pc.last_seen = (pc.last_seen + away).min(now);
+            }
+        }
         let overdue = if stalled {
             Vec::new()
         } else {

@@ -415,6 +415,41 @@ fn a_backend_with_an_overdue_plan_is_removed_and_its_tasks_fail() {
     assert!(closed(&mut p, 4));
 }
 
+/// A node is removed after the node timeout of silence, counted on the
+/// scheduler's own checks: the time the scheduler itself was away (a gap
+/// between its checks) is not the node's silence.
+#[test]
+fn a_silent_node_is_removed_but_not_for_the_schedulers_own_stall() {
+    let ms = |m: i64| Time(m * 1_000_000);
+    let mut p = proto();
+    frontend(&mut p, 1);
+    frontend(&mut p, 2);
+    while p.poll_action().is_some() {}
+    // Checks every 100 ms; frontend 1 pings until 500 ms, frontend 2 always:
+    // frontend 1 goes at the first check more than 1,000 ms after 500 ms.
+    for k in 1..=16 {
+        let now = ms(100 * k);
+        if k <= 5 {
+            p.handle_msg(now, 1, ping(now));
+        }
+        p.handle_msg(now, 2, ping(now));
+        p.handle_timeout(now);
+        assert_eq!(closed(&mut p, 1), k == 16, "check at {k}00 ms");
+    }
+    assert_eq!(p.report().frontends_lost, 1);
+    // Frontend 2 pinged at 1,600 ms; the scheduler then runs nothing until
+    // 3,000 ms: that check removes no one (1,400 ms since the ping).
+    p.handle_timeout(ms(3000));
+    assert!(!closed(&mut p, 2), "the scheduler's own stall");
+    p.handle_msg(ms(3005), 2, ping(ms(3005)));
+    // Silent from then on: removed a node timeout after its last ping.
+    for k in 31..=45 {
+        p.handle_timeout(ms(100 * k));
+        assert_eq!(closed(&mut p, 2), k == 41, "check at {k}00 ms");
+    }
+    assert_eq!(p.report().frontends_lost, 2);
+}
+
 /// A backend with one GPU registers on connection `c`: what follows.
 fn register(p: &mut SchedProto, c: ConnId, now: Time) -> Vec<Action> {
     register_typed(p, c, now, &["g"])
