@@ -1865,8 +1865,8 @@ impl SchedProto {
             // Nor does the time the scheduler was away count as its nodes'
             // silence: their pings of that time may wait unread in its
             // queues, and a node removed for it loses every request it has in
-            // flight. (On a loaded 2-core host a frontend went on submitting
-            // for seconds after such a removal, its requests ignored.)
+            // flight (a frontend goes on submitting until it sees the close,
+            // and what it submits meanwhile is ignored).
             let away = gap - self.cfg.heartbeat;
             for pc in self.conns.values_mut() {
                 pc.last_seen = (pc.last_seen + away).min(now);
