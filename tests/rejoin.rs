@@ -351,8 +351,12 @@ fn a_standby_takes_over_the_latency_scales_its_primary_measured() {
         )];
     });
     let primary = c.scheduler_metrics_addr().unwrap();
-    let standby = c.standby.as_mut().expect("a standby");
-    let standby = standby.scheduler_metrics_addr().unwrap();
+    let standby = c
+        .standby
+        .as_mut()
+        .expect("a standby")
+        .scheduler_metrics_addr()
+        .unwrap();
     let t0 = Instant::now();
     let scale = loop {
         let r = load(&c, &w, 0.5);
