@@ -391,6 +391,71 @@ fn unknown_model_and_bad_requests_fail_with_a_reason() {
     c.stop().unwrap();
 }
 
+/// A request that waited so long before the frontend's loop admitted it that
+/// its deadline cannot be met (its wait plus its model's l(1) reach its SLO)
+/// is dropped there, before its input is copied into the region: a loop that
+/// fell behind catches up on such requests instead of copying their inputs
+/// and filling the region with requests the scheduler would drop anyway. One
+/// that can still be on time is admitted, its input stored.
+#[test]
+fn a_request_that_waited_past_its_deadline_is_dropped_before_its_input_is_stored() {
+    use fermata::node::frontend::Ended;
+    use fermata::wire::DropReason;
+    use std::time::Instant;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tr = inproc();
+    let w = workload(2);
+    let s = SchedulerNode::start(tr.clone(), &w, SchedulerOpts::default()).unwrap();
+    let be = BackendNode::start(tr.clone(), BackendOpts::emulated(s.addr(), 2)).unwrap();
+    be.wait_ready(Duration::from_secs(10)).unwrap();
+    let mut fo = FrontendOpts::new(s.addr());
+    fo.region_bytes = 16 << 20;
+    let fe = FrontendNode::start(tr.clone(), fo).unwrap();
+    let h = fe.handle();
+    let t0 = Instant::now();
+    while h.gpus_in_service() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no GPU in service");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // `small`: SLO 40 ms, l(1) = 2.5 ms. 38 ms of waiting leave 2 ms.
+    let waited = Instant::now() - Duration::from_millis(38);
+    let done = h
+        .infer("small", Dur::ZERO, vec![5; 2048], waited)
+        .blocking_recv()
+        .expect("an answer");
+    assert_eq!(
+        done.ended,
+        Ended::Dropped(DropReason::Expired),
+        "{}",
+        done.message
+    );
+    assert!(done.message.contains("cannot be met"), "{}", done.message);
+    assert_eq!(done.batch_size, 0);
+    // One that waited 20 ms is admitted (its input stored) and answered; a
+    // lone request on a busy machine may still be dropped by the scheduler,
+    // so it is sent again (a bounded number of times).
+    let mut sent = 0u64;
+    let mut served = false;
+    while sent < 20 && !served {
+        sent += 1;
+        let waited = Instant::now() - Duration::from_millis(20);
+        let done = h
+            .infer("small", Dur::ZERO, vec![5; 2048], waited)
+            .blocking_recv()
+            .expect("an answer");
+        served = matches!(done.ended, Ended::Good | Ended::Late);
+    }
+    assert!(served, "20 requests in a row were dropped");
+    let rep = fe.stop();
+    assert_eq!(
+        rep.input_bytes_stored,
+        2048 * sent,
+        "only the admitted requests' inputs are stored"
+    );
+    be.stop();
+    s.stop().unwrap();
+}
+
 /// Real inputs: 602,112-byte inputs (a 3x224x224 FP32 image) at a moderate
 /// rate on the one-GPU H100 ResNet-50 profile end under 1% bad, in process.
 /// The pull budget of a batch of 64 is what such a batch's pull

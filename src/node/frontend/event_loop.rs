@@ -25,14 +25,20 @@ use crate::transport::{
 };
 use crate::wire::{AppCounters, ModelInfo, Msg, SubmitTask, MAX_ITEMS, NET_QUANTILE};
 use crossbeam_channel::Receiver;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Most events handled between two submits to the scheduler.
+/// Most requests admitted between two submits to the scheduler.
 const DRAIN_MAX: usize = 64;
+
+/// Most wire clients' requests read off the event channel and waiting for
+/// admission ([`Loop::waiting`]); past it the channel is left to fill, and
+/// its senders wait (a connection's reader stops reading). In-process
+/// requests wait in their own channel (`LOCAL_MAX`).
+const WAITING_MAX: usize = crate::transport::EVENTS_MAX / 4;
 
 /// At stop, at most this many events still queued are handled (their
 /// requests answered) before the connections close.
@@ -93,6 +99,13 @@ pub(super) struct Loop {
     margins_sent: Vec<Dur>,
     /// Per model: its margin rises on two readings in a row only.
     margins_filter: Vec<RiseFilter>,
+    /// Wire clients' requests (`Msg::Infer`) read off the event channel, not
+    /// yet admitted, in their order of arrival, each with when it was read
+    /// (see [`Loop::drain`]).
+    waiting: VecDeque<(ConnId, Msg, Instant)>,
+    /// Per model: its latency at batch 1 (its profile's l(1)), the least
+    /// time any answer takes.
+    pub(super) need: Vec<Dur>,
     pub(super) report: FrontendReport,
     /// How often the applications' counters go to the scheduler, and when
     /// next.
@@ -118,7 +131,7 @@ impl Loop {
                 .enumerate()
                 .map(|(i, m)| (m.name.clone(), i))
                 .collect(),
-            models: reg.models,
+            models: reg.models.clone(),
             state,
             stats: metrics.stats,
             bad_requests: metrics.bad_requests,
@@ -137,6 +150,15 @@ impl Loop {
             submit: Vec::new(),
             margins_sent: vec![Dur::ZERO; nm],
             margins_filter: vec![RiseFilter::default(); nm],
+            waiting: VecDeque::new(),
+            need: reg
+                .models
+                .iter()
+                .map(|m| {
+                    crate::node::exec::profile_of(&m.profile)
+                        .map_or(Dur::ZERO, |p| p.latency(1).max(Dur::ZERO))
+                })
+                .collect(),
             report: FrontendReport::default(),
             apps_every: apps_report_every(opts),
             next_apps: Instant::now(),
@@ -178,12 +200,16 @@ impl Loop {
         let mut next_stats = Instant::now();
         let local = self.clock.local();
         while !stop.load(Ordering::Acquire) {
-            let wait =
-                (self.member.poll_timeout() - local.now()).clamp(Dur::ZERO, Dur::from_ms(20));
+            let wait = if self.waiting.is_empty() && lrx.is_empty() {
+                (self.member.poll_timeout() - local.now()).clamp(Dur::ZERO, Dur::from_ms(20))
+            } else {
+                Dur::ZERO
+            };
             if !self.receive(&rx, &lrx, Duration::from_nanos(wait.0 as u64)) {
                 break;
             }
-            self.drain(&rx, &lrx);
+            self.drain(&rx);
+            self.admit_waiting(&lrx, DRAIN_MAX);
             self.flush_submit();
             let now = Instant::now();
             let t = local.now();
@@ -210,18 +236,21 @@ impl Loop {
         self.shutdown(&rx, &lrx)
     }
 
-    /// Waits up to `wait` for an event or an in-process request and handles it;
-    /// false when the event channel is closed.
+    /// Waits up to `wait` for an event (taken, [`Loop::take`]) or an
+    /// in-process request (admitted); false when the event channel is closed.
     fn receive(
         &mut self,
         rx: &Receiver<Event>,
         lrx: &Receiver<LocalInfer>,
         wait: Duration,
     ) -> bool {
+        if self.waiting.len() >= WAITING_MAX {
+            return true;
+        }
         // `lrx` never disconnects: the shared state keeps a sender.
         crossbeam_channel::select! {
             recv(rx) -> ev => match ev {
-                Ok(ev) => self.event(ev),
+                Ok(ev) => self.take(ev),
                 Err(_) => return false,
             },
             recv(lrx) -> l => {
@@ -234,20 +263,53 @@ impl Loop {
         true
     }
 
-    /// A bounded batch, so submits, pings and sweeps keep their pace under any
-    /// load.
-    fn drain(&mut self, rx: &Receiver<Event>, lrx: &Receiver<LocalInfer>) {
-        for _ in 0..DRAIN_MAX {
-            let mut got = false;
-            if let Ok(ev) = rx.try_recv() {
-                self.event(ev);
-                got = true;
+    /// Takes everything queued on the event channel, as long as fewer than
+    /// [`WAITING_MAX`] requests wait: the scheduler's messages and the
+    /// backends' results are handled now, wire clients' requests join
+    /// [`Loop::waiting`] (in-process ones stay in their channel).
+    ///
+    /// Answers never wait behind requests. Admitting a request copies its
+    /// input into the region; a loop that fell behind on those copies (588 KiB
+    /// images at thousands a second, on a starved or memory-starved host)
+    /// would also answer late, so every request would hold its slot longer,
+    /// the region's use would grow into pages never touched before (a first
+    /// touch costs a fault and the page's zeroing, far more than the copy),
+    /// the loop would fall further behind, and the region would fill.
+    fn drain(&mut self, rx: &Receiver<Event>) {
+        while self.waiting.len() < WAITING_MAX {
+            match rx.try_recv() {
+                Ok(ev) => self.take(ev),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// A client's request waits for admission, read now; any other event is
+    /// handled.
+    fn take(&mut self, ev: Event) {
+        match ev {
+            Event::Msg(c, msg @ Msg::Infer { .. }) if c != self.sched_id => {
+                self.waiting.push_back((c, msg, Instant::now()));
+            }
+            ev => self.event(ev),
+        }
+    }
+
+    /// Admits (or refuses) up to `n` waiting requests, wire and in-process
+    /// in turn, each source oldest first.
+    fn admit_waiting(&mut self, lrx: &Receiver<LocalInfer>, n: usize) {
+        let mut done = 0;
+        while done < n {
+            let before = done;
+            if let Some((c, msg, read)) = self.waiting.pop_front() {
+                self.client_infer(c, msg, read);
+                done += 1;
             }
             if let Ok(l) = lrx.try_recv() {
                 self.local(l);
-                got = true;
+                done += 1;
             }
-            if !got {
+            if done == before {
                 break;
             }
         }
@@ -382,6 +444,7 @@ impl Loop {
     /// frontend gets its answer before its connection closes.
     fn shutdown(mut self, rx: &Receiver<Event>, lrx: &Receiver<LocalInfer>) -> FrontendReport {
         self.state.stopped.store(true, Ordering::Release);
+        self.admit_waiting(lrx, usize::MAX);
         while let Ok(l) = lrx.try_recv() {
             self.local(l);
         }
@@ -590,15 +653,25 @@ impl Loop {
         }
     }
 
+    /// A client's request (`Msg::Infer`) on connection `c`, read off the
+    /// event channel at `read` (its SLO runs from there: the wire carries no
+    /// time a frontend could trust).
+    fn client_infer(&mut self, c: ConnId, msg: Msg, read: Instant) {
+        if let Msg::Infer {
+            req,
+            model,
+            slo,
+            input,
+        } = msg
+        {
+            self.infer(Client::Conn(c, req), &model, slo, &input, read);
+        }
+    }
+
     /// A message from a client or a backend on connection `c`.
     fn client_msg(&mut self, c: ConnId, msg: Msg) {
         match msg {
-            Msg::Infer {
-                req,
-                model,
-                slo,
-                input,
-            } => self.infer(Client::Conn(c, req), &model, slo, &input, Instant::now()),
+            msg @ Msg::Infer { .. } => self.client_infer(c, msg, Instant::now()),
             Msg::ListModels => {
                 if let Some(conn) = self.clients.get(&c) {
                     let _ = conn.send(Msg::Models {

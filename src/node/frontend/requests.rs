@@ -160,6 +160,25 @@ impl Loop {
                 why,
             );
         }
+        // What it waited already (the accept queue, reading and decoding,
+        // this loop's queue) and the least time any answer takes leave no
+        // time before its deadline: refused before its input is copied.
+        let waited = Dur::from_std(received.elapsed());
+        if waited + self.need[mi] >= slo {
+            let why = format!(
+                "waited {:.1} ms before admission: its SLO of {:.1} ms cannot be met (the model takes {:.1} ms at batch 1)",
+                waited.as_ms_f64(),
+                slo.as_ms_f64(),
+                self.need[mi].as_ms_f64()
+            );
+            return self.refuse(
+                client,
+                received,
+                Some(mi),
+                Ended::Dropped(DropReason::Expired),
+                why,
+            );
+        }
         let mid = m.id;
         let cap = self.caps.next_cap();
         let Some(r) = self.region.put(self.ledger.next_id().0, cap, input) else {
