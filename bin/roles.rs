@@ -1110,6 +1110,9 @@ fn print_load(
         r.duplicates,
         r.wrong_outputs
     );
+    for (message, n) in &r.failed_reasons {
+        println!("  failed {n}: {message}");
+    }
     for l in &r.lost {
         let ex: Vec<String> = l
             .examples

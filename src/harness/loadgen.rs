@@ -75,6 +75,10 @@ pub struct LoadReport {
     pub latency_us: Histogram<u64>,
     pub sent: u64,
     pub failed: u64,
+    /// Of `failed`, by the frontend's message: at most [`FAILED_REASONS`]
+    /// distinct messages, most frequent first once the run ends; the rest
+    /// counted under [`OTHER_REASONS`].
+    pub failed_reasons: Vec<(String, u64)>,
     /// Requests in the window never answered: those sent whose frontend was
     /// lost or that had no answer by the end, and those never sent.
     pub unanswered: u64,
@@ -133,6 +137,31 @@ pub struct LostFrontend {
 /// How many unanswered requests a lost frontend names.
 const LOST_EXAMPLES: usize = 5;
 
+/// Most distinct failure messages a report keeps.
+pub const FAILED_REASONS: usize = 8;
+/// What the failures past [`FAILED_REASONS`] distinct messages are counted
+/// under.
+pub const OTHER_REASONS: &str = "(other reasons)";
+
+/// Counts a failure of `message` in `reasons` (bounded, see
+/// [`FAILED_REASONS`]).
+fn count_reason(reasons: &mut Vec<(String, u64)>, message: &str) {
+    let message = if message.is_empty() {
+        "(no message)"
+    } else {
+        message
+    };
+    if let Some(r) = reasons.iter_mut().find(|(m, _)| m == message) {
+        r.1 += 1;
+    } else if reasons.len() < FAILED_REASONS {
+        reasons.push((message.to_string(), 1));
+    } else if let Some(r) = reasons.iter_mut().find(|(m, _)| m == OTHER_REASONS) {
+        r.1 += 1;
+    } else {
+        reasons.push((OTHER_REASONS.to_string(), 1));
+    }
+}
+
 impl LoadReport {
     pub fn json(&self, w: &Workload) -> serde_json::Value {
         let mut v = crate::run::run_json(w, &self.sim);
@@ -149,6 +178,14 @@ impl LoadReport {
             m.insert("latency_ms_max".into(), (l.max() as f64 / 1e3).into());
             m.insert("sent".into(), self.sent.into());
             m.insert("failed".into(), self.failed.into());
+            m.insert(
+                "failed_reasons".into(),
+                self.failed_reasons
+                    .iter()
+                    .map(|(m, n)| serde_json::json!({"message": m, "count": n}))
+                    .collect::<Vec<_>>()
+                    .into(),
+            );
             m.insert("unanswered".into(), self.unanswered.into());
             m.insert("answered".into(), self.answered.into());
             m.insert("never_sent".into(), self.never_sent.into());
@@ -548,6 +585,7 @@ impl<'a> Driver<'a> {
                 queue,
                 batch_size,
                 output,
+                message,
                 ..
             },
         ) = ev
@@ -578,6 +616,9 @@ impl<'a> Driver<'a> {
             && !self.inputs.expect[r.model as usize][r.pool as usize].ok(&output);
         if wrong {
             self.rep.wrong_outputs += 1;
+            count_reason(&mut self.rep.failed_reasons, "wrong output");
+        } else if status == Outcome::Failed {
+            count_reason(&mut self.rep.failed_reasons, &message);
         }
         count_outcome(mr, &mut self.rep, status, wrong);
         record_batch(mr, batch_size, queue);
@@ -602,6 +643,8 @@ impl<'a> Driver<'a> {
         }
         let mut rep = self.rep;
         rep.send_lag_p99_us = self.lag.value_at_quantile(0.99) as f64;
+        rep.failed_reasons
+            .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         rep.sim.models = self.models;
         rep.sim.sim_requests = rep.sent;
         rep.sim.wall_secs = wall.elapsed().as_secs_f64();
@@ -626,6 +669,7 @@ fn empty_report(w: &Workload, o: &LoadgenOpts) -> LoadReport {
         latency_us: new_hist(),
         sent: 0,
         failed: 0,
+        failed_reasons: Vec::new(),
         unanswered: 0,
         answered: 0,
         never_sent: 0,
@@ -661,5 +705,35 @@ fn record_batch(mr: &mut ModelResult, batch_size: u32, queue: Dur) {
         mr.batch_requests[b] += 1;
         mr.queuing_us
             .saturating_record((queue.0 / 1000).max(1) as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{count_reason, FAILED_REASONS, OTHER_REASONS};
+
+    /// Failures are counted by message, at most `FAILED_REASONS` distinct
+    /// ones; the rest go under one line, so a flood of distinct messages
+    /// cannot grow the report.
+    #[test]
+    fn failure_reasons_are_counted_and_bounded() {
+        let mut r = Vec::new();
+        count_reason(&mut r, "region full");
+        count_reason(&mut r, "region full");
+        count_reason(&mut r, "");
+        assert_eq!(
+            r,
+            vec![
+                ("region full".to_string(), 2),
+                ("(no message)".to_string(), 1)
+            ]
+        );
+        for i in 0..100 {
+            count_reason(&mut r, &format!("reason {i}"));
+        }
+        assert_eq!(r.len(), FAILED_REASONS + 1);
+        let other = r.iter().find(|(m, _)| m == OTHER_REASONS).unwrap().1;
+        assert_eq!(other, 100 - (FAILED_REASONS as u64 - 2));
+        assert_eq!(r.iter().map(|(_, n)| n).sum::<u64>(), 103);
     }
 }
