@@ -4,7 +4,7 @@
 
 use crate::node::exec::stage::Staged;
 use crate::node::exec::Prepared;
-use crate::node::proto::backend::{Input, PlanMsg};
+use crate::node::proto::backend::{Input, Missing, PlanMsg};
 use crate::wire::{ModelId, ModelInfo};
 use crossbeam_channel::{Sender, TrySendError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +40,12 @@ pub(super) enum WorkerMsg {
     /// A pulled plan: its inputs (None: could not be read), and the staged
     /// buffer they were pulled into, if any (their `Input`s then hold only
     /// their lengths: the bytes are the buffer's rows, one per task).
-    Run(Session, PlanMsg, Vec<Option<Input>>, Option<Staged>),
+    Run(
+        Session,
+        PlanMsg,
+        Vec<Result<Input, Missing>>,
+        Option<Staged>,
+    ),
 }
 
 /// Numbers the backend's loads: a result that is not of a model's latest
@@ -59,7 +64,12 @@ pub(super) type Queued = (Session, PlanMsg);
 
 /// A plan with its inputs pulled (None: could not be read), as in
 /// [`WorkerMsg::Run`].
-pub(super) type Pulled = (Session, PlanMsg, Vec<Option<Input>>, Option<Staged>);
+pub(super) type Pulled = (
+    Session,
+    PlanMsg,
+    Vec<Result<Input, Missing>>,
+    Option<Staged>,
+);
 
 /// A GPU's load result: (model, which load, its device footprint or the error).
 pub(super) type Loaded = (ModelId, LoadSeq, Result<Option<u64>, String>);

@@ -73,7 +73,7 @@ fn pull(
     slot: u32,
     stage: Option<&Arc<StagePool>>,
     plan: &PlanMsg,
-) -> (Vec<Option<Input>>, Option<Staged>) {
+) -> (Vec<Result<Input, Missing>>, Option<Staged>) {
     let reqs = pull_requests(&plan.tasks);
     // Reads may take until the batch's latest start.
     let now = sh.clock.now();
@@ -151,13 +151,10 @@ fn pull(
             overlapped,
         );
     }
-    let inputs: Vec<Option<Input>> = got
-        .into_iter()
-        .map(|r| {
-            r.map_err(|why| sh.missing_why[why as usize].fetch_add(1, Ordering::Relaxed))
-                .ok()
-        })
-        .collect();
+    for why in got.iter().filter_map(|r| r.as_ref().err()) {
+        sh.missing_why[*why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+    let inputs = got;
     let landed: usize = inputs.iter().flatten().map(|i| i.len).sum();
     sh.input_bytes_pulled
         .fetch_add(landed as u64, Ordering::Relaxed);

@@ -11,7 +11,7 @@ use super::pool::BufferPool;
 use crate::core::{Dur, LatencyProfile, ModelId, PullEstimator};
 use crate::metrics::{Histogram, Registry};
 use crate::node::clock::{Recent, SchedClock};
-use crate::node::proto::backend::Input;
+use crate::node::proto::backend::{Input, Missing};
 use crate::transport::{Conn, RegionReader};
 use crate::wire::NodeId;
 use std::collections::HashMap;
@@ -245,7 +245,7 @@ impl Shared {
     }
 
     /// The inputs' buffers go back to the pullers (bounded in count and bytes).
-    pub(super) fn recycle(&self, inputs: Vec<Option<Input>>) {
+    pub(super) fn recycle(&self, inputs: Vec<Result<Input, Missing>>) {
         self.give_buffers(
             inputs
                 .into_iter()

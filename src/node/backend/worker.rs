@@ -14,7 +14,7 @@ use crate::node::exec::isolate::run_isolating;
 use crate::node::exec::stage::Staged;
 use crate::node::exec::{Executor, Loader, Prepared};
 use crate::node::proto::backend::{
-    cut_batch, planned_profile, settle, Cut, Input, PlanMsg, PlanQueue, Settled,
+    cut_batch, planned_profile, settle, Cut, Input, Missing, PlanMsg, PlanQueue, Settled,
 };
 use crate::wire::ModelId;
 use crate::wire::{Msg, PlanStatus};
@@ -238,21 +238,22 @@ fn run_plan(
     exec: &mut dyn Executor,
     session: u64,
     plan: PlanMsg,
-    inputs: Vec<Option<Input>>,
+    inputs: Vec<Result<Input, Missing>>,
     mut staged: Option<Staged>,
 ) {
     let start = sh.clock.now();
     let delay = (start - plan.exec_at).0.max(0);
     sh.start_delay.lock().expect("lock").push(delay);
     sh.start_delay_hist.observe(delay as u64);
-    let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
+    let present: Vec<bool> = inputs.iter().map(Result::is_ok).collect();
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
     // Tasks are judged by the profile the scheduler planned with (scaled
     // where the model runs slower than profiled).
     let planned = prof
         .as_ref()
         .map(|p| planned_profile(p, plan.tasks.len(), plan.span));
-    let cut = cut_batch(&plan.tasks, &present, start, planned.as_deref());
+    let mut cut = cut_batch(&plan.tasks, &present, start, planned.as_deref());
+    cut.split_unread(|i| matches!(inputs[i], Err(Missing::Timeout)));
     let outputs = on_lane(sh, slot, || {
         execute(sh, exec, &plan, &cut, &inputs, staged.as_mut())
     });
@@ -318,7 +319,7 @@ fn execute(
     exec: &mut dyn Executor,
     plan: &PlanMsg,
     cut: &Cut,
-    inputs: &[Option<Input>],
+    inputs: &[Result<Input, Missing>],
     staged: Option<&mut Staged>,
 ) -> Vec<Option<Vec<u8>>> {
     let gathered = |n: usize| {

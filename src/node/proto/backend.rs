@@ -750,7 +750,23 @@ pub fn too_late_prefix(deadlines: &[Time], start: Time, prof: &LatencyProfile) -
 pub struct Cut {
     pub too_late: Vec<usize>,
     pub run: Vec<usize>,
+    /// Inputs that could not be read (a stale slot, a read refused or
+    /// broken): their tasks fail.
     pub missing: Vec<usize>,
+    /// Inputs whose read had not finished by the batch's start (see
+    /// [`Cut::split_unread`]): their tasks are dropped as too late, a timing
+    /// outcome like a task the batch started too late for, not a failure.
+    pub unread: Vec<usize>,
+}
+
+impl Cut {
+    /// Moves the missing inputs whose read timed out (`timed_out(i)`) to
+    /// `unread`.
+    pub fn split_unread(&mut self, timed_out: impl Fn(usize) -> bool) {
+        let (unread, missing) = self.missing.iter().partition(|&&i| timed_out(i));
+        self.unread = unread;
+        self.missing = missing;
+    }
 }
 
 pub fn cut_batch(
@@ -768,6 +784,7 @@ pub fn cut_batch(
         too_late: have,
         run,
         missing: (0..tasks.len()).filter(|&i| !present[i]).collect(),
+        unread: Vec::new(),
     }
 }
 
@@ -860,6 +877,14 @@ pub fn settle(
     for &i in &cut.missing {
         push(i, TaskStatus::InputMissing, fin, Vec::new());
     }
+    for &i in &cut.unread {
+        push(
+            i,
+            TaskStatus::Dropped(DropReason::TooLate),
+            start,
+            Vec::new(),
+        );
+    }
     Settled {
         status,
         results: by_fe.into_iter().collect(),
@@ -869,7 +894,7 @@ pub fn settle(
             status,
             started: start,
             finished: fin,
-            missing: cut.missing.len() as u32,
+            missing: (cut.missing.len() + cut.unread.len()) as u32,
         },
         ran,
     }
@@ -1322,6 +1347,47 @@ mod tests {
         let wild = planned_profile(&p, 4, Dur(i64::MAX / 4));
         let cap = crate::node::proto::latency_scale::ABSURD_RATIO;
         assert_eq!(wild.latency(1), Dur((6e6 * cap) as i64));
+    }
+
+    /// An input whose read had not finished by the batch's start ends its
+    /// task as dropped (too late), one that could not be read as failed
+    /// (input missing); both count as missing in the scheduler's report.
+    #[test]
+    fn an_input_not_read_by_the_start_is_dropped_too_late_not_failed() {
+        let t = |seq: u64| PlanTask {
+            id: crate::wire::task_id(1, seq),
+            deadline: Time(ms(50).0),
+            input: 0,
+            cap: seq,
+        };
+        let plan = PlanMsg {
+            id: PlanId(2),
+            model: ModelId(0),
+            gpu: GpuId(0),
+            exec_at: ms(0),
+            span: ms(5) - ms(0),
+            tasks: vec![t(1), t(2), t(3)],
+        };
+        let mut cut = cut_batch(&plan.tasks, &[true, false, false], ms(0), None);
+        assert_eq!(cut.missing, vec![1, 2]);
+        // Input 2's read timed out; input 1's slot was stale.
+        cut.split_unread(|i| i == 2);
+        assert_eq!(
+            (cut.missing.clone(), cut.unread.clone()),
+            (vec![1], vec![2])
+        );
+        let s = settle(&plan, &cut, ms(1), ms(6), Ok(vec![Some(vec![7])]));
+        let all: Vec<&TaskResult> = s.results.iter().flat_map(|r| &r.1).collect();
+        let status = |i: usize| {
+            all.iter()
+                .find(|r| r.id == plan.tasks[i].id)
+                .unwrap()
+                .status
+        };
+        assert_eq!(status(0), TaskStatus::Ok);
+        assert_eq!(status(1), TaskStatus::InputMissing);
+        assert_eq!(status(2), TaskStatus::Dropped(DropReason::TooLate));
+        assert!(matches!(s.done, Msg::PlanDone { missing: 2, .. }));
     }
 
     #[test]
