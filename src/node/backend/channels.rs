@@ -37,7 +37,7 @@ pub(super) enum WorkerMsg {
     /// Answer that the model is loaded once the worker is free (a rejoin).
     Confirm(ModelId, LoadSeq, Sender<Loaded>),
     Unload(ModelId),
-    /// A pulled plan: its inputs (None: could not be read), and the staged
+    /// A pulled plan: its inputs (an error: why it could not be read), and the staged
     /// buffer they were pulled into, if any (their `Input`s then hold only
     /// their lengths: the bytes are the buffer's rows, one per task).
     Run(
@@ -62,7 +62,7 @@ pub(super) type Session = u64;
 /// A plan of `Session` for a puller.
 pub(super) type Queued = (Session, PlanMsg);
 
-/// A plan with its inputs pulled (None: could not be read), as in
+/// A plan with its inputs pulled (an error: why it could not be read), as in
 /// [`WorkerMsg::Run`].
 pub(super) type Pulled = (
     Session,

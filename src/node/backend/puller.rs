@@ -65,7 +65,7 @@ fn puller(
     }
 }
 
-/// Reads `plan`'s inputs (None: could not be read, counted by reason), for GPU
+/// Reads `plan`'s inputs (an error: why one could not be read, counted by reason), for GPU
 /// slot `slot`: into a staged buffer of `stage` when its executor stages the
 /// plan's model, else each into a buffer of the pool.
 fn pull(
@@ -154,9 +154,8 @@ fn pull(
     for why in got.iter().filter_map(|r| r.as_ref().err()) {
         sh.missing_why[*why as usize].fetch_add(1, Ordering::Relaxed);
     }
-    let inputs = got;
-    let landed: usize = inputs.iter().flatten().map(|i| i.len).sum();
+    let landed: usize = got.iter().flatten().map(|i| i.len).sum();
     sh.input_bytes_pulled
         .fetch_add(landed as u64, Ordering::Relaxed);
-    (inputs, staged)
+    (got, staged)
 }
