@@ -446,6 +446,13 @@ fn a_request_that_waited_past_its_deadline_is_dropped_before_its_input_is_stored
         served = matches!(done.ended, Ended::Good | Ended::Late);
     }
     assert!(served, "20 requests in a row were dropped");
+    // Each request's wait for the loop is in the frontend's metrics.
+    let text = h.metrics().render();
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fermata_frontend_loop_wait_seconds_count "))
+        .unwrap_or_else(|| panic!("no loop wait series in\n{text}"));
+    assert_eq!(count.trim().parse::<u64>().unwrap(), 1 + sent);
     let rep = fe.stop();
     assert_eq!(
         rep.input_bytes_stored,

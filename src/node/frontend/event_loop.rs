@@ -77,6 +77,8 @@ pub(super) struct Loop {
     pub(super) stats: Vec<ModelStats>,
     pub(super) bad_requests: Counter,
     pending_gauge: Gauge,
+    /// From a request's hand-over (or read) to its admission.
+    pub(super) loop_wait: Arc<crate::metrics::Histogram>,
     /// The membership (heartbeats, rejoining) and the scheduler's connection
     /// (the last one opened).
     member: Member,
@@ -136,6 +138,7 @@ impl Loop {
             stats: metrics.stats,
             bad_requests: metrics.bad_requests,
             pending_gauge: metrics.pending,
+            loop_wait: metrics.loop_wait,
             sched_id: reg.sched.id(),
             sched: reg.sched,
             member: reg.member,
@@ -664,6 +667,7 @@ impl Loop {
             input,
         } = msg
         {
+            self.loop_wait.observe_duration(read.elapsed());
             self.infer(Client::Conn(c, req), &model, slo, &input, read);
         }
     }

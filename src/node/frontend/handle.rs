@@ -72,6 +72,8 @@ pub(super) struct LocalInfer {
     pub(super) input: Vec<u8>,
     /// When the client's request began to arrive (its SLO runs from there).
     pub(super) received: Instant,
+    /// When it was handed to the loop.
+    pub(super) handed: Instant,
     pub(super) reply: tokio::sync::oneshot::Sender<InferDone>,
 }
 
@@ -270,6 +272,7 @@ impl FrontendHandle {
             slo,
             input,
             received,
+            handed: Instant::now(),
             reply,
         };
         if let Err(TrySendError::Full(l)) = self.state.tx.try_send(l) {

@@ -119,6 +119,7 @@ pub(super) struct LoopMetrics {
     pub(super) stats: Vec<ModelStats>,
     pub(super) bad_requests: Counter,
     pub(super) pending: Gauge,
+    pub(super) loop_wait: Arc<Histogram>,
 }
 
 impl LoopMetrics {
@@ -138,11 +139,18 @@ impl LoopMetrics {
             "Requests admitted and not yet answered.",
             &[],
         );
+        let loop_wait = reg.histogram(
+            "fermata_frontend_loop_wait_seconds",
+            "How long a request waited for the frontend's loop before its admission or refusal: from its hand-over (HTTP, gRPC, applications) or from when the loop read it off its event channel (wire clients).",
+            &[],
+            Histogram::seconds(LATENCY_BUCKETS),
+        );
         register_state_gauges(reg, state);
         LoopMetrics {
             stats,
             bad_requests,
             pending,
+            loop_wait,
         }
     }
 }

@@ -110,6 +110,7 @@ impl Loop {
     }
 
     pub(super) fn local(&mut self, l: LocalInfer) {
+        self.loop_wait.observe_duration(l.handed.elapsed());
         self.infer(
             Client::Local(l.reply),
             &l.model,
