@@ -249,6 +249,12 @@ pub fn profile_of(p: &WireProfile) -> anyhow::Result<LatencyProfile> {
     prof.map_err(|e| anyhow::anyhow!("bad latency profile: {e}"))
 }
 
+/// The least time any answer of a model with profile `p` takes: its l(1)
+/// (zero for a profile that cannot be read).
+pub fn least_latency(p: &WireProfile) -> Dur {
+    profile_of(p).map_or(Dur::ZERO, |p| p.latency(1).max(Dur::ZERO))
+}
+
 /// The largest batch model `m` runs in: its metadata's, else its latency
 /// profile's (1 when neither can be read).
 pub fn max_batch_of(m: &ModelInfo) -> u32 {

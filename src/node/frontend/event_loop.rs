@@ -126,6 +126,11 @@ impl Loop {
         opts: &FrontendOpts,
     ) -> Loop {
         let nm = reg.models.len();
+        let need = reg
+            .models
+            .iter()
+            .map(|m| crate::node::exec::least_latency(&m.profile))
+            .collect();
         Loop {
             by_name: reg
                 .models
@@ -133,7 +138,7 @@ impl Loop {
                 .enumerate()
                 .map(|(i, m)| (m.name.clone(), i))
                 .collect(),
-            models: reg.models.clone(),
+            models: reg.models,
             state,
             stats: metrics.stats,
             bad_requests: metrics.bad_requests,
@@ -154,14 +159,7 @@ impl Loop {
             margins_sent: vec![Dur::ZERO; nm],
             margins_filter: vec![RiseFilter::default(); nm],
             waiting: VecDeque::new(),
-            need: reg
-                .models
-                .iter()
-                .map(|m| {
-                    crate::node::exec::profile_of(&m.profile)
-                        .map_or(Dur::ZERO, |p| p.latency(1).max(Dur::ZERO))
-                })
-                .collect(),
+            need,
             report: FrontendReport::default(),
             apps_every: apps_report_every(opts),
             next_apps: Instant::now(),

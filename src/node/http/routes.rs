@@ -83,11 +83,7 @@ impl App {
         let need: Vec<Duration> = fe
             .models()
             .iter()
-            .map(|m| {
-                crate::node::exec::profile_of(&m.profile)
-                    .map(|p| Duration::from_nanos(p.latency(1).0.max(0) as u64))
-                    .unwrap_or_default()
-            })
+            .map(|m| Duration::from_nanos(crate::node::exec::least_latency(&m.profile).0 as u64))
             .chain(fe.apps().iter().map(|a| a.min_latency))
             .collect();
         let infer_time = infer_time_histograms(&reg, models.iter().map(|m| m.info.name.as_str()));
