@@ -1,12 +1,14 @@
 //! Input pull: backends reading batches of inputs one-sided from a frontend's
 //! region, the shape of the paper's incast benchmark (Symphony, Appendix B), over
 //! loopback TCP, in the clear and through the cluster's secure channel (a
-//! transport with a cluster key: every byte sealed and opened), and, for
-//! comparison, the in-process transport in the same run.
+//! transport with a cluster key: every byte sealed and opened), with one or more
+//! connections per peer, and, for comparison, the in-process transport and the
+//! link itself in the same run.
 //!
 //! ```text
-//! cargo bench --bench input_pull                        # full run, well under a minute
+//! cargo bench --bench input_pull                        # full run, about a minute
 //! cargo bench --bench input_pull -- --backends 8 --batches 1,8,32,64 --secs 1 --repeats 3
+//! cargo bench --bench input_pull -- --backends 1 --batches 64 --inputs 128 --input-bytes 602112
 //! FERMATA_BACKENDS=2 cargo bench --bench input_pull
 //! ```
 //!
@@ -15,22 +17,26 @@
 //!
 //! # Setup
 //! One frontend region server holds `--inputs` (default 256) inputs of
-//! 150528 bytes (224 x 224 x 3, one ImageNet image as u8), each in a slot with its
-//! 16-byte header (150544 bytes read per input). `--backends` threads (default 4,
-//! or `FERMATA_BACKENDS`), each with its own [`RegionReader`] as a backend process
+//! `--input-bytes` (default 150528: 224 x 224 x 3, one ImageNet image as u8), each
+//! in a slot with its 16-byte header. `--backends` threads (default 4, or
+//! `FERMATA_BACKENDS`), each with its own [`RegionReader`] as a backend process
 //! would have, pull batches of N inputs with one `read_many` each (N consecutive
 //! slots from a random start) as fast as they can for `--secs` seconds; every
 //! slot's header is checked. In the paper eight servers each serve eight 150 KB
 //! objects to one reader (many-to-one); here B readers share one server, which on
 //! one machine puts the same pressure on the one server and the loopback device.
+//! The TCP rows come once per `--streams` count K (default 1,2): the readers'
+//! connections per peer, over which a large `read_many` is split.
+//! The `link` row is one plain loopback connection and one reader asking for a
+//! batch's bytes and getting them from memory: what one connection carries.
 //!
 //! # Figures (medians over `--repeats` runs)
 //! * inputs/s and GB/s (10^9 bytes of slots) over all backends;
 //! * batch latency p50 / p99: one `read_many` of N inputs, issue to last answer;
 //! * input latency p50 / p99: batch latency / N, the pull cost per input a backend
 //!   (the backend reports its pull cost per batch, not per input: `core::pull`);
-//! * the ratio TCP / in-process of each figure, and the secure channel's
-//!   against TCP in the clear (`channel/tcp`).
+//! * per K, the channel's figures against TCP in the clear (`channel/tcp xK`) and
+//!   against the link (`channel/link xK`).
 
 use fermata::transport::inproc::InProc;
 use fermata::transport::tcp::Tcp;
@@ -50,6 +56,9 @@ struct Cfg {
     backends: usize,
     batches: Vec<usize>,
     inputs: usize,
+    input_bytes: usize,
+    /// The region reader's connections per peer, one pair of TCP rows each.
+    streams: Vec<usize>,
     secs: f64,
     repeats: usize,
 }
@@ -63,6 +72,8 @@ impl Cfg {
                 backends: 4,
                 batches: vec![1, 8, 32],
                 inputs: 256,
+                input_bytes: INPUT_BYTES,
+                streams: vec![1, 2],
                 secs: 1.0,
                 repeats: 3,
             }
@@ -71,6 +82,8 @@ impl Cfg {
                 backends: 2,
                 batches: vec![1, 8],
                 inputs: 32,
+                input_bytes: INPUT_BYTES,
+                streams: vec![1, 2],
                 secs: 0.1,
                 repeats: 1,
             }
@@ -94,12 +107,20 @@ impl Cfg {
                         .collect()
                 }
                 "--inputs" => cfg.inputs = val(a).parse().expect("--inputs N"),
+                "--input-bytes" => cfg.input_bytes = val(a).parse().expect("--input-bytes B"),
+                "--streams" => {
+                    cfg.streams = val(a)
+                        .split(',')
+                        .map(|s| s.trim().parse().expect("--streams K,K,..."))
+                        .collect()
+                }
                 "--secs" => cfg.secs = val(a).parse().expect("--secs S"),
                 "--repeats" => cfg.repeats = val(a).parse().expect("--repeats N"),
                 _ => {} // --bench and cargo's own flags
             }
         }
         assert!(cfg.backends > 0 && cfg.inputs > 0 && cfg.repeats > 0);
+        assert!(cfg.input_bytes > 0 && !cfg.streams.is_empty());
         cfg
     }
 }
@@ -184,6 +205,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
             .map(|(b, rd)| {
                 let barrier = &barrier;
                 let slots = &fe.slots;
+                let input_bytes = cfg.input_bytes;
                 sc.spawn(move || {
                     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed * 1000 + b as u64);
                     let mut hist =
@@ -211,7 +233,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                             let bytes = o.as_ref().expect("read");
                             let payload =
                                 SlotHeader::check(bytes, task, cap_of(task)).expect("slot");
-                            assert_eq!(payload.len(), INPUT_BYTES);
+                            assert_eq!(payload.len(), input_bytes);
                         }
                         ns
                     };
@@ -256,44 +278,129 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
 
 fn row(name: &str, n: usize, s: &Stats) {
     println!(
-        "{name:<13} {n:>4} {:>12.0} {:>7.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1}",
+        "{name:<17} {n:>4} {:>12.0} {:>7.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1}",
         s.inputs_per_s, s.gb_per_s, s.batch_p50_us, s.batch_p99_us, s.input_p50_us, s.input_p99_us
+    );
+}
+
+/// The link: one plain loopback TCP connection on which the reader asks for a
+/// batch's bytes (an 8-byte length) and the server writes them from memory, no
+/// region, no channel. What one connection carries, the bound of a pull on it.
+fn link_once(cfg: &Cfg, n: usize, slot_bytes: usize) -> Stats {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let batch = n * slot_bytes;
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_nodelay(true).expect("nodelay");
+        let data = vec![7u8; batch];
+        let mut len = [0u8; 8];
+        while s.read_exact(&mut len).is_ok() {
+            let want = u64::from_le_bytes(len) as usize;
+            if s.write_all(&data[..want.min(batch)]).is_err() {
+                break;
+            }
+        }
+    });
+    let mut c = std::net::TcpStream::connect(addr).expect("connect");
+    c.set_nodelay(true).expect("nodelay");
+    let mut buf = vec![0u8; batch];
+    let mut pull = || -> u64 {
+        let t0 = Instant::now();
+        c.write_all(&(batch as u64).to_le_bytes()).expect("ask");
+        c.read_exact(&mut buf).expect("answer");
+        t0.elapsed().as_nanos() as u64
+    };
+    for _ in 0..3 {
+        pull();
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("hist");
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(cfg.secs);
+    let mut batches = 0u64;
+    while Instant::now() < end {
+        hist.record(pull().max(1)).expect("record");
+        batches += 1;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    drop(c);
+    server.join().expect("link server");
+    let count = batches * n as u64;
+    let us = |ns: u64| ns as f64 / 1e3;
+    Stats {
+        inputs_per_s: count as f64 / secs,
+        gb_per_s: count as f64 * slot_bytes as f64 / secs / 1e9,
+        batch_p50_us: us(hist.value_at_quantile(0.5)),
+        batch_p99_us: us(hist.value_at_quantile(0.99)),
+        input_p50_us: us(hist.value_at_quantile(0.5)) / n as f64,
+        input_p99_us: us(hist.value_at_quantile(0.99)) / n as f64,
+    }
+}
+
+fn ratio_row(name: &str, n: usize, a: &Stats, b: &Stats) {
+    let (t, i) = (a.fields(), b.fields());
+    let mut ratio = [0.0; 6];
+    for k in 0..6 {
+        ratio[k] = t[k] / i[k];
+    }
+    let r = Stats::from_fields(ratio);
+    println!(
+        "{:<17} {n:>4} {:>12.3} {:>7.3} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
+        name,
+        r.inputs_per_s,
+        r.gb_per_s,
+        r.batch_p50_us,
+        r.batch_p99_us,
+        r.input_p50_us,
+        r.input_p99_us
     );
 }
 
 fn main() {
     let cfg = Cfg::from_args();
     let started = Instant::now();
-    let slot = (INPUT_BYTES + fermata::transport::SLOT_HEADER) as u64;
+    let slot = (cfg.input_bytes + fermata::transport::SLOT_HEADER) as u64;
     let region = Arc::new(Region::new(1, (slot + 64) * cfg.inputs as u64 + 4096).expect("region"));
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
     let slots: Vec<(u64, u64, u32)> = (0..cfg.inputs as u64)
         .map(|task| {
-            let input: Vec<u8> = (0..INPUT_BYTES).map(|_| rng.gen()).collect();
+            let input: Vec<u8> = (0..cfg.input_bytes).map(|_| rng.gen()).collect();
             let r = region
                 .put(task, cap_of(task), &input)
                 .expect("region big enough");
             (task, r.offset, r.len)
         })
         .collect();
-    let tcp = Tcp::new().expect("tcp transport");
-    let sealed = Tcp::keyed(Some(fermata::transport::auth::ClusterKey::generate()))
-        .expect("tcp transport with a cluster key");
-    let inproc = InProc::global();
-    let transports: [(&str, &dyn Transport); 3] =
-        [("tcp", &tcp), ("inproc", &inproc), ("tcp+channel", &sealed)];
+    // Per stream count: TCP in the clear and through the channel.
+    let key = fermata::transport::auth::ClusterKey::generate();
+    let mut names: Vec<String> = vec!["inproc".into()];
+    let mut transports: Vec<Box<dyn Transport>> = vec![Box::new(InProc::global())];
+    for &k in &cfg.streams {
+        names.push(format!("tcp x{k}"));
+        transports.push(Box::new(
+            Tcp::keyed_with_pull_streams(None, k).expect("tcp transport"),
+        ));
+        names.push(format!("channel x{k}"));
+        transports.push(Box::new(
+            Tcp::keyed_with_pull_streams(Some(key.clone()), k)
+                .expect("tcp transport with a cluster key"),
+        ));
+    }
     let fronts: Vec<Frontend> = transports
         .iter()
-        .map(|(_, tr)| frontend(*tr, &region, &slots))
+        .map(|tr| frontend(tr.as_ref(), &region, &slots))
         .collect();
 
     println!(
         "input pull: 1 frontend region server, {} backends, {} inputs of {} bytes \
-         (224x224x3; {} bytes with the slot header), {} s x {} repeats, medians",
-        cfg.backends, cfg.inputs, INPUT_BYTES, slot, cfg.secs, cfg.repeats
+         ({} bytes with the slot header), {} s x {} repeats, medians; \
+         tcp xK / channel xK: K connections per peer, in the clear / through the \
+         channel; link: one plain connection, one reader, no region",
+        cfg.backends, cfg.inputs, cfg.input_bytes, slot, cfg.secs, cfg.repeats
     );
     println!(
-        "{:<13} {:>4} {:>12} {:>7} {:>11} {:>11} {:>11} {:>11}",
+        "{:<17} {:>4} {:>12} {:>7} {:>11} {:>11} {:>11} {:>11}",
         "transport",
         "N",
         "inputs/s",
@@ -305,31 +412,23 @@ fn main() {
     );
     for &n in &cfg.batches {
         let mut med = Vec::new();
-        for (k, (name, tr)) in transports.iter().enumerate() {
+        for (k, tr) in transports.iter().enumerate() {
             let runs: Vec<Stats> = (0..cfg.repeats)
-                .map(|r| run_once(*tr, &fronts[k], &cfg, n, r as u64))
+                .map(|r| run_once(tr.as_ref(), &fronts[k], &cfg, n, r as u64))
                 .collect();
             let m = Stats::median(&runs);
-            row(name, n, &m);
+            row(&names[k], n, &m);
             med.push(m);
         }
-        for (name, a, b) in [("tcp/inproc", 0, 1), ("channel/tcp", 2, 0)] {
-            let (t, i) = (med[a].fields(), med[b].fields());
-            let mut ratio = [0.0; 6];
-            for k in 0..6 {
-                ratio[k] = t[k] / i[k];
-            }
-            let r = Stats::from_fields(ratio);
-            println!(
-                "{:<13} {n:>4} {:>12.3} {:>7.3} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
-                name,
-                r.inputs_per_s,
-                r.gb_per_s,
-                r.batch_p50_us,
-                r.batch_p99_us,
-                r.input_p50_us,
-                r.input_p99_us
-            );
+        let runs: Vec<Stats> = (0..cfg.repeats)
+            .map(|_| link_once(&cfg, n, slot as usize))
+            .collect();
+        let link = Stats::median(&runs);
+        row("link", n, &link);
+        for (j, &k) in cfg.streams.iter().enumerate() {
+            let (tcp, ch) = (&med[1 + 2 * j], &med[2 + 2 * j]);
+            ratio_row(&format!("channel/tcp x{k}"), n, ch, tcp);
+            ratio_row(&format!("channel/link x{k}"), n, ch, &link);
         }
     }
     println!("total {:.1} s", started.elapsed().as_secs_f64());

@@ -26,9 +26,12 @@
 #     backends) next to the simulator;
 #  3. `fermata bench http` for mlp and cnn, the servers on the first half of the
 #     CPUs and the client on the other half, two repetitions each, then once at
-#     1.5 x and 2 x the sustained rates (refusals at the door).
+#     1.5 x and 2 x the sustained rates (refusals at the door);
+#  4. `fermata bench serve --transport tcp --input-bytes 602112`: the goodput
+#     with 602,112-byte inputs against default inputs over loopback TCP, 1 GPU
+#     (H100 ResNet-50 profile) and the embedded 8-GPU workload.
 # --parts runs only those named (comma-separated: sched1k, sched4k, tcp, door,
-# over; default all), the budget shared among them in the same proportions.
+# over, large; default all), the budget shared among them in the same proportions.
 # --small runs each with small numbers (a rehearsal on a small machine).
 #
 # Results go to $OUT (else out/device): NAME.log (everything printed), NAME.json
@@ -232,7 +235,7 @@ cmd_sh() {
 }
 
 cmd_cpu16() {
-  local budget=420 small=0 parts=sched1k,sched4k,tcp,door,over
+  local budget=420 small=0 parts=sched1k,sched4k,tcp,door,over,large
   while (($#)); do
     case $1 in
       --budget-s)
@@ -249,13 +252,13 @@ cmd_cpu16() {
     shift
   done
   [[ $budget =~ ^[0-9]+$ ]] || die "--budget-s must be whole seconds"
-  # Each part's weight in the budget, in percent of all five (a search at
-  # 4,096 GPUs probes up to 16 M r/s and takes longest).
-  local -A weight=([sched1k]=16 [sched4k]=28 [tcp]=28 [door]=20 [over]=8)
+  # Each part's weight in the budget, in percent of the first five (a search at
+  # 4,096 GPUs probes up to 16 M r/s and takes longest); `large` comes on top.
+  local -A weight=([sched1k]=16 [sched4k]=28 [tcp]=28 [door]=20 [over]=8 [large]=24)
   local -A want=()
   local p total=0
   for p in ${parts//,/ }; do
-    [[ -n ${weight[$p]:-} ]] || die "cpu16: unknown part $p (sched1k, sched4k, tcp, door, over)"
+    [[ -n ${weight[$p]:-} ]] || die "cpu16: unknown part $p (sched1k, sched4k, tcp, door, over, large)"
     [[ -n ${want[$p]:-} ]] || total=$((total + weight[$p]))
     want[$p]=1
   done
@@ -299,8 +302,9 @@ cmd_cpu16() {
   if ((small)); then
     models=8 gpus=64 start=250000 sdur=1 swarm=1 hdur=1 mlp_rates=500,1000 cnn_rates=200,500 mlp_over=2000 cnn_over=1000
   fi
-  # A run's share of the budget: its percent of all five parts' (sched1k 4 x 4,
-  # sched4k 4 x 7, tcp 2 x 14, door 2 x 10, over 2 x 4), scaled to the parts run.
+  # A run's share of the budget: its percent of all parts' (sched1k 4 x 4,
+  # sched4k 4 x 7, tcp 2 x 14, door 2 x 10, over 2 x 4, large 2 x 12), scaled to
+  # the parts run.
   share() { echo $((budget * $1 / total)); }
   # 1. The scheduler alone, 1 to 8 sub-clusters.
   # With the default profile (A100 ResNet50V2) 1,024 emulated GPUs serve about
@@ -335,6 +339,14 @@ cmd_cpu16() {
     --duration-s "$hdur" --warmup-s 1 --reps 1 --server-cpus "$srv" --client-cpus "$cli" --json
   [[ -n ${want[over]:-} ]] && run http_cnn_over "$(share 4)" "$BIN" bench http --models models --model cnn --rates "$cnn_over" \
     --duration-s "$hdur" --warmup-s 1 --reps 1 --server-cpus "$srv" --client-cpus "$cli" --json
+  # 4. Large inputs over TCP: the goodput with 602,112-byte inputs against
+  # default inputs, in one run each.
+  local w
+  for w in configs/workloads/resnet50_h100_1gpu.toml default; do
+    [[ -n ${want[large]:-} ]] || continue
+    run "large_tcp_$(basename "$w" .toml)" "$(share 12)" "$BIN" bench serve --workload "$w" --transport tcp \
+      --input-bytes 602112 --duration-s "$sdur" --warmup-s 1 --tolerance 0.05 --json
+  done
   python3 - "$RES/cpu16.json" out/cpu16 "$n" <<'PY' || say "could not write $RES/cpu16.json"
 import glob, json, os, sys
 dst, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3])

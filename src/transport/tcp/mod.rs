@@ -41,9 +41,14 @@
 //! ```
 //!
 //! Requests are pipelined: a reader sends every request of a [`RegionReader::read_many`]
-//! at once and answers come back in order. The [`RegionReader`] keeps one connection
-//! per attached peer (made in `attach`); a broken connection fails its reads as
-//! [`ReadError::Unreachable`] until the peer is attached again. The caller of
+//! at once and answers come back in order on each connection. The [`RegionReader`]
+//! keeps several connections per attached peer (made in `attach`;
+//! `FERMATA_TCP_PULL_STREAMS`, default one per runtime worker thread): a
+//! `read_many` asking a peer for 512 KiB or more splits its requests into runs of
+//! about equal bytes, one per connection, so that the server seals them and the
+//! reader opens them on all workers at once; a smaller one goes whole to the
+//! connections in turn. Once one of a peer's connections breaks, every read of that
+//! peer fails as [`ReadError::Unreachable`] until the peer is attached again. The caller of
 //! `read_many` sleeps on a condition variable until the last answer (one wake-up per
 //! call), so it may be any plain thread.
 //!
@@ -107,6 +112,20 @@ impl Tcp {
             inner: Arc::new(runtime::Inner::start(key)?),
         })
     }
+
+    /// [`Tcp::keyed`] whose region readers keep `streams` connections (1 to 16)
+    /// to each peer instead of `FERMATA_TCP_PULL_STREAMS`' number.
+    pub fn keyed_with_pull_streams(key: Option<ClusterKey>, streams: usize) -> anyhow::Result<Tcp> {
+        anyhow::ensure!(
+            (1..=16).contains(&streams),
+            "pull streams must be 1 to 16, not {streams}"
+        );
+        let mut inner = runtime::Inner::start(key)?;
+        inner.pull_streams = streams;
+        Ok(Tcp {
+            inner: Arc::new(inner),
+        })
+    }
 }
 
 impl Transport for Tcp {
@@ -151,6 +170,63 @@ mod tests {
     fn messages_regions_and_close_through_the_channel() {
         let tr = Tcp::keyed(Some(ClusterKey::generate())).unwrap();
         crate::transport::conformance(&tr, "127.0.0.1:0", "127.0.0.1:0");
+    }
+
+    /// A pull of several MiB is split over the reader's connections to the
+    /// peer; every input comes back whole and in its place, a refused read
+    /// among them included, in the clear and through the channel.
+    #[test]
+    fn large_pulls_spread_over_connections_come_back_whole() {
+        use crate::transport::{ReadError, ReadReq, SlotHeader};
+        for key in [None, Some(ClusterKey::generate())] {
+            let tr = Tcp::keyed_with_pull_streams(key, 3).unwrap();
+            let reg = Arc::new(Region::new(1, 16 << 20).unwrap());
+            const CAP: u64 = 77;
+            let inputs: Vec<Vec<u8>> = (0..10u64)
+                .map(|t| (0..300_000).map(|i| (i as u64 * 31 + t) as u8).collect())
+                .collect();
+            let refs: Vec<_> = inputs
+                .iter()
+                .enumerate()
+                .map(|(t, b)| reg.put(t as u64, CAP, b).unwrap())
+                .collect();
+            let srv = tr.serve_region(reg.clone(), "127.0.0.1:0").unwrap();
+            let rd = tr.reader().unwrap();
+            rd.attach(0, &srv.info()).unwrap();
+            let reqs: Vec<ReadReq> = refs
+                .iter()
+                .enumerate()
+                .map(|(t, r)| ReadReq {
+                    peer: 0,
+                    offset: r.offset,
+                    len: r.len,
+                    // The fifth with another capability: refused alone.
+                    cap: if t == 4 { CAP + 1 } else { CAP },
+                })
+                .collect();
+            for _ in 0..3 {
+                let out = rd.read_many(&reqs, Duration::from_secs(5));
+                for (t, o) in out.iter().enumerate() {
+                    if t == 4 {
+                        assert_eq!(*o, Err(ReadError::Denied));
+                        continue;
+                    }
+                    let slot = o.as_ref().unwrap();
+                    assert_eq!(
+                        SlotHeader::check(slot, t as u64, CAP).unwrap(),
+                        &inputs[t][..]
+                    );
+                }
+            }
+            // The server gone, every read of the peer fails.
+            drop(srv);
+            let out = rd.read_many(&reqs, Duration::from_secs(5));
+            assert!(
+                out.iter()
+                    .all(|o| matches!(o, Err(ReadError::Unreachable(_)))),
+                "{out:?}"
+            );
+        }
     }
 
     /// A malformed frame closes its connection, and the peer is told why

@@ -1,5 +1,6 @@
-//! The TCP transport's sizes, timeouts and its one environment setting
-//! (`FERMATA_TCP_THREADS`). The public ones are re-exported by [`super`].
+//! The TCP transport's sizes, timeouts and its environment settings
+//! (`FERMATA_TCP_THREADS`, `FERMATA_TCP_PULL_STREAMS`). The public ones are
+//! re-exported by [`super`].
 
 use std::time::Duration;
 
@@ -22,6 +23,10 @@ pub(super) const EVENTS_FULL_WAIT: Duration = Duration::from_micros(200);
 pub(super) const ANSWER_BUF: usize = 8 << 10;
 /// A region server writes its answers once this much is buffered.
 pub(super) const ANSWER_CHUNK: usize = 256 << 10;
+/// A `read_many` asking one peer for at least this many bytes spreads its
+/// requests over the reader's connections to that peer (each gets at least
+/// about half of this); a smaller one goes whole to one connection.
+pub(super) const STRIPE_MIN: u64 = 512 << 10;
 
 /// Worker threads of each TCP transport's tokio runtime: `FERMATA_TCP_THREADS`
 /// (1 to 64), default 2.
@@ -31,4 +36,16 @@ pub(super) fn tcp_threads() -> usize {
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|n| (1..=64).contains(n))
         .unwrap_or(2)
+}
+
+/// Connections a region reader keeps to each attached peer:
+/// `FERMATA_TCP_PULL_STREAMS` (1 to 16), default the runtime's worker threads
+/// ([`tcp_threads`]), so that a large pull is sealed, sent and opened on every
+/// worker of both ends at once rather than on one.
+pub(super) fn pull_streams() -> usize {
+    std::env::var("FERMATA_TCP_PULL_STREAMS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=16).contains(n))
+        .unwrap_or_else(tcp_threads)
 }

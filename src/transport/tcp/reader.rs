@@ -1,16 +1,18 @@
 //! The pull side: [`TcpReader`], the [`RegionReader`] of the TCP transport. It
-//! keeps one [`Peer`] connection per attached region and runs each `read_many`
-//! as a [`Batch`]: requests are checked, registered as pending and sent to their
-//! peers in one write each, and the caller sleeps on a condition variable until
-//! the last answer or the timeout (one wake-up per call).
+//! keeps a few [`Peer`] connections per attached region ([`Lanes`]) and runs each
+//! `read_many` as a [`Batch`]: requests are checked, split over a peer's
+//! connections (by bytes, [`split`]), registered as pending and sent in one write
+//! per connection, and the caller sleeps on a condition variable until the last
+//! answer or the timeout (one wake-up per call).
 
+use super::options::STRIPE_MIN;
 use super::reader_peer::{Peer, PeerState, Pending};
 use super::runtime::Inner;
 use crate::transport::region_wire::Request;
 use crate::transport::{ReadError, ReadReq, RegionReader};
 use crate::wire::RegionInfo;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -96,9 +98,72 @@ impl Batch {
     }
 }
 
+/// The connections to one attached peer. They share one fate: once one is
+/// broken, every read of the peer fails until it is attached again.
+pub(super) struct Lanes {
+    conns: Vec<Arc<Peer>>,
+    /// The connection the next small `read_many` goes to.
+    next: AtomicUsize,
+}
+
+impl Lanes {
+    /// `n` connections to the region server `info` names (all or none).
+    fn connect(inner: &Inner, info: &RegionInfo, n: usize) -> anyhow::Result<Lanes> {
+        let mut conns: Vec<Arc<Peer>> = Vec::with_capacity(n);
+        for _ in 0..n.max(1) {
+            match Peer::connect(inner, info) {
+                Ok(p) => conns.push(p),
+                Err(e) => {
+                    for c in &conns {
+                        c.fail("another connection to the peer failed".into());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Lanes {
+            conns,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    fn fail(&self, reason: String) {
+        for c in &self.conns {
+            c.fail(reason.clone());
+        }
+    }
+
+    /// Why one of the connections is unusable, if one is.
+    fn broken(&self) -> Option<String> {
+        self.conns
+            .iter()
+            .find_map(|c| c.state.lock().expect("peer lock").broken.clone())
+    }
+}
+
+/// Which of `lanes` connections each request goes to: every one to a single
+/// connection (`turn`) when they ask for less than [`STRIPE_MIN`] bytes in all,
+/// else runs of consecutive requests of about `total / lanes` bytes each, in
+/// order (so a connection's answers stay in their requests' order).
+fn split(lens: &[u32], lanes: usize, turn: usize) -> Vec<usize> {
+    let total: u64 = lens.iter().map(|&l| l as u64).sum();
+    if lanes <= 1 || total < STRIPE_MIN {
+        return vec![turn % lanes.max(1); lens.len()];
+    }
+    let mut out = Vec::with_capacity(lens.len());
+    let mut before = 0u64;
+    for &l in lens {
+        // The lane whose share holds this request's middle byte.
+        let mid = before + l as u64 / 2;
+        out.push(((mid * lanes as u64 / total) as usize).min(lanes - 1));
+        before += l as u64;
+    }
+    out
+}
+
 pub(super) struct TcpReader {
     inner: Arc<Inner>,
-    peers: Mutex<HashMap<u32, Arc<Peer>>>,
+    peers: Mutex<HashMap<u32, Arc<Lanes>>>,
     next_req: AtomicU64,
 }
 
@@ -110,7 +175,7 @@ impl Drop for TcpReader {
     }
 }
 
-/// The requests of one `read_many` sent to one peer.
+/// The requests of one `read_many` sent on one connection.
 struct Sent {
     conn: Arc<Peer>,
     ids: Vec<u64>,
@@ -126,10 +191,10 @@ impl TcpReader {
     }
 
     /// The peers `reqs` ask, in the order they first appear, each with its
-    /// connection (None: not attached).
-    fn peers_asked(&self, reqs: &[ReadReq]) -> Vec<(u32, Option<Arc<Peer>>)> {
+    /// connections (None: not attached).
+    fn peers_asked(&self, reqs: &[ReadReq]) -> Vec<(u32, Option<Arc<Lanes>>)> {
         let peers = self.peers.lock().expect("reader lock");
-        let mut asked: Vec<(u32, Option<Arc<Peer>>)> = Vec::new();
+        let mut asked: Vec<(u32, Option<Arc<Lanes>>)> = Vec::new();
         for r in reqs {
             if !asked.iter().any(|g| g.0 == r.peer) {
                 asked.push((r.peer, peers.get(&r.peer).cloned()));
@@ -138,28 +203,63 @@ impl TcpReader {
         asked
     }
 
-    /// Sends `peer`'s requests of `reqs` on `conn` (those that fail at once are
-    /// settled in `batch`); the ids sent, None when `peer` is not attached.
+    /// Sends `peer`'s requests of `reqs` over `lanes` (those that fail at once
+    /// are settled in `batch`); the ids sent on each connection, none when `peer`
+    /// is not attached.
     fn send_to_peer(
         &self,
         reqs: &[ReadReq],
         peer: u32,
-        conn: Option<Arc<Peer>>,
+        lanes: Option<Arc<Lanes>>,
         batch: &Arc<Batch>,
-    ) -> Option<Sent> {
-        let mine = reqs.iter().enumerate().filter(|(_, r)| r.peer == peer);
-        let Some(conn) = conn else {
+        sent: &mut Vec<Sent>,
+    ) {
+        let mine: Vec<(usize, &ReadReq)> = reqs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.peer == peer)
+            .collect();
+        let Some(lanes) = lanes else {
             for (i, _) in mine {
                 let why = format!("peer {peer} not attached");
                 batch.settle(i, Err(ReadError::Unreachable(why)));
             }
-            return None;
+            return;
         };
+        if let Some(why) = lanes.broken() {
+            for (i, _) in mine {
+                batch.settle(i, Err(ReadError::Unreachable(why.clone())));
+            }
+            return;
+        }
+        let lens: Vec<u32> = mine.iter().map(|(_, r)| r.len).collect();
+        let turn = lanes.next.fetch_add(1, Ordering::Relaxed);
+        let lane_of = split(&lens, lanes.conns.len(), turn);
+        for (k, conn) in lanes.conns.iter().enumerate() {
+            let part = mine
+                .iter()
+                .zip(&lane_of)
+                .filter(|(_, &l)| l == k)
+                .map(|(m, _)| *m);
+            if let Some(s) = self.send_on(conn, part, batch) {
+                sent.push(s);
+            }
+        }
+    }
+
+    /// Sends `part` (read index, request) on `conn`; the ids sent, None when
+    /// nothing was.
+    fn send_on<'a>(
+        &self,
+        conn: &Arc<Peer>,
+        part: impl Iterator<Item = (usize, &'a ReadReq)>,
+        batch: &Arc<Batch>,
+    ) -> Option<Sent> {
         let mut bytes = Vec::new();
         let mut ids = Vec::new();
         let mut st = conn.state.lock().expect("peer lock");
-        for (i, r) in mine {
-            if let Some(e) = early_error(&st, &conn, r) {
+        for (i, r) in part {
+            if let Some(e) = early_error(&st, conn, r) {
                 batch.settle(i, Err(e));
                 continue;
             }
@@ -184,13 +284,19 @@ impl TcpReader {
             ids.push(id);
         }
         drop(st);
-        if !bytes.is_empty() && conn.requests.send(bytes).is_err() {
+        if ids.is_empty() {
+            return None;
+        }
+        if conn.requests.send(bytes).is_err() {
             conn.fail(format!(
                 "the connection to the region server at {} is gone",
                 conn.addr
             ));
         }
-        Some(Sent { conn, ids })
+        Some(Sent {
+            conn: conn.clone(),
+            ids,
+        })
     }
 }
 
@@ -221,7 +327,7 @@ fn forget(sent: &[Sent]) {
 
 impl RegionReader for TcpReader {
     fn attach(&self, peer: u32, info: &RegionInfo) -> anyhow::Result<()> {
-        let p = Peer::connect(&self.inner, info)?;
+        let p = Arc::new(Lanes::connect(&self.inner, info, self.inner.pull_streams)?);
         let old = self.peers.lock().expect("reader lock").insert(peer, p);
         if let Some(old) = old {
             old.fail(format!("peer {peer} was attached again"));
@@ -240,14 +346,46 @@ impl RegionReader for TcpReader {
         // None: no deadline (a timeout too long to add to now).
         let deadline = Instant::now().checked_add(timeout);
         let batch = Batch::new(reqs.len());
-        let sent: Vec<Sent> = self
-            .peers_asked(reqs)
-            .into_iter()
-            .filter_map(|(peer, conn)| self.send_to_peer(reqs, peer, conn, &batch))
-            .collect();
+        let mut sent: Vec<Sent> = Vec::new();
+        for (peer, lanes) in self.peers_asked(reqs) {
+            self.send_to_peer(reqs, peer, lanes, &batch, &mut sent);
+        }
         if !batch.wait(deadline) {
             forget(&sent);
         }
         batch.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_pulls_go_whole_to_one_connection_in_turn() {
+        let lens = [150_544u32; 3];
+        assert_eq!(split(&lens, 2, 0), vec![0, 0, 0]);
+        assert_eq!(split(&lens, 2, 1), vec![1, 1, 1]);
+        assert_eq!(split(&lens, 1, 7), vec![0, 0, 0]);
+        assert_eq!(split(&[], 2, 3), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn large_pulls_split_into_runs_of_about_equal_bytes() {
+        let lens = [602_128u32; 64];
+        for lanes in [2usize, 3, 4] {
+            let got = split(&lens, lanes, 5);
+            assert!(
+                got.windows(2).all(|w| w[0] <= w[1]),
+                "runs in order: {got:?}"
+            );
+            for k in 0..lanes {
+                let n = got.iter().filter(|&&l| l == k).count();
+                assert!(n.abs_diff(64 / lanes) <= 1, "lane {k} of {lanes}: {n}");
+            }
+        }
+        // Unequal inputs: bytes, not counts, are balanced.
+        let lens = [4u32 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20];
+        assert_eq!(split(&lens, 2, 0), vec![0, 1, 1, 1, 1]);
     }
 }

@@ -2,7 +2,7 @@
 //! everything made with the transport), how sockets made with std are handed to it,
 //! and the stop signal its tasks wait on.
 
-use super::options::tcp_threads;
+use super::options::{pull_streams, tcp_threads};
 use crate::transport::auth::{self, Channel, ClusterKey, Service};
 use anyhow::Context as _;
 use std::sync::atomic::AtomicU64;
@@ -18,6 +18,9 @@ pub(super) struct Inner {
     /// The cluster secret every connection proves (None: no handshake, for
     /// tests and tools that talk to no cluster).
     pub(super) key: Option<ClusterKey>,
+    /// Connections a region reader made with this transport keeps to each
+    /// peer ([`pull_streams`]).
+    pub(super) pull_streams: usize,
 }
 
 impl Inner {
@@ -36,6 +39,7 @@ impl Inner {
             handle,
             next_id: AtomicU64::new(1),
             key,
+            pull_streams: pull_streams(),
         })
     }
 
