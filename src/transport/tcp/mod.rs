@@ -218,6 +218,24 @@ mod tests {
                     );
                 }
             }
+            // Into the caller's buffers: each answer lands in one of them.
+            let bufs: Vec<Vec<u8>> = (0..reqs.len())
+                .map(|_| Vec::with_capacity(400_000))
+                .collect();
+            let given: std::collections::HashSet<usize> =
+                bufs.iter().map(|b| b.as_ptr() as usize).collect();
+            let out = rd.read_many_into(&reqs, Duration::from_secs(5), bufs);
+            for (t, o) in out.iter().enumerate().filter(|(t, _)| *t != 4) {
+                let slot = o.as_ref().unwrap();
+                assert!(
+                    given.contains(&(slot.as_ptr() as usize)),
+                    "input {t} in a new buffer"
+                );
+                assert_eq!(
+                    SlotHeader::check(slot, t as u64, CAP).unwrap(),
+                    &inputs[t][..]
+                );
+            }
             // The server gone, every read of the peer fails.
             drop(srv);
             let out = rd.read_many(&reqs, Duration::from_secs(5));

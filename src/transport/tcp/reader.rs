@@ -204,7 +204,8 @@ impl TcpReader {
     }
 
     /// Sends `peer`'s requests of `reqs` over `lanes` (those that fail at once
-    /// are settled in `batch`); the ids sent on each connection, none when `peer`
+    /// are settled in `batch`), each answer to be read into a buffer of `bufs`
+    /// while there are some; the ids sent on each connection, none when `peer`
     /// is not attached.
     fn send_to_peer(
         &self,
@@ -212,6 +213,7 @@ impl TcpReader {
         peer: u32,
         lanes: Option<Arc<Lanes>>,
         batch: &Arc<Batch>,
+        bufs: &mut Vec<Vec<u8>>,
         sent: &mut Vec<Sent>,
     ) {
         let mine: Vec<(usize, &ReadReq)> = reqs
@@ -241,19 +243,21 @@ impl TcpReader {
                 .zip(&lane_of)
                 .filter(|(_, &l)| l == k)
                 .map(|(m, _)| *m);
-            if let Some(s) = self.send_on(conn, part, batch) {
+            if let Some(s) = self.send_on(conn, part, batch, bufs) {
                 sent.push(s);
             }
         }
     }
 
-    /// Sends `part` (read index, request) on `conn`; the ids sent, None when
-    /// nothing was.
+    /// Sends `part` (read index, request) on `conn`, each answer to be read
+    /// into a buffer of `bufs` (from its end) or a new one; the ids sent, None
+    /// when nothing was.
     fn send_on<'a>(
         &self,
         conn: &Arc<Peer>,
         part: impl Iterator<Item = (usize, &'a ReadReq)>,
         batch: &Arc<Batch>,
+        bufs: &mut Vec<Vec<u8>>,
     ) -> Option<Sent> {
         let mut bytes = Vec::new();
         let mut ids = Vec::new();
@@ -265,12 +269,22 @@ impl TcpReader {
             }
             let id = self.next_req.fetch_add(1, Ordering::Relaxed);
             batch.expect_one();
+            // A recycled buffer's pages are mapped already: reading a large
+            // input into a fresh allocation faults on every page.
+            let buf = match bufs.pop() {
+                Some(mut b) => {
+                    b.clear();
+                    b.reserve(r.len as usize);
+                    b
+                }
+                None => Vec::with_capacity(r.len as usize),
+            };
             st.pending.insert(
                 id,
                 Pending {
                     idx: i,
                     len: r.len,
-                    buf: Vec::with_capacity(r.len as usize),
+                    buf,
                     batch: batch.clone(),
                 },
             );
@@ -343,12 +357,21 @@ impl RegionReader for TcpReader {
     }
 
     fn read_many(&self, reqs: &[ReadReq], timeout: Duration) -> Vec<ReadResult> {
+        self.read_many_into(reqs, timeout, Vec::new())
+    }
+
+    fn read_many_into(
+        &self,
+        reqs: &[ReadReq],
+        timeout: Duration,
+        mut bufs: Vec<Vec<u8>>,
+    ) -> Vec<ReadResult> {
         // None: no deadline (a timeout too long to add to now).
         let deadline = Instant::now().checked_add(timeout);
         let batch = Batch::new(reqs.len());
         let mut sent: Vec<Sent> = Vec::new();
         for (peer, lanes) in self.peers_asked(reqs) {
-            self.send_to_peer(reqs, peer, lanes, &batch, &mut sent);
+            self.send_to_peer(reqs, peer, lanes, &batch, &mut bufs, &mut sent);
         }
         if !batch.wait(deadline) {
             forget(&sent);
