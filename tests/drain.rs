@@ -109,8 +109,9 @@ fn drain_once(dir: &std::path::Path) -> Option<()> {
     assert_eq!(s["tasks_failed_backend_lost"], 0, "{s}");
     let rep1 = reps.backends[0].as_ref().expect("backend1's report");
     assert_eq!(count(rep1, "tasks_failed"), 0, "{rep1}");
-    // Every failed request is an input that missed its pull deadline (a
-    // starved machine), none read in error or found gone.
+    // No request failed: an input not read in error or found gone, and one that
+    // missed its pull deadline (a starved machine) is dropped too late, not
+    // failed.
     let mut timeouts = 0;
     for b in [&rep0, rep1] {
         assert_eq!(count(b, "inputs_missing_stale"), 0, "{b}");
@@ -126,13 +127,13 @@ fn drain_once(dir: &std::path::Path) -> Option<()> {
     );
     assert_eq!(
         failed,
-        timeouts,
-        "failed requests beyond inputs that missed their pull deadline (drain took {drain_s:.1} s; bad rate {:.3} during it, {:.3} after)",
+        0,
+        "failed requests (drain took {drain_s:.1} s; bad rate {:.3} during it, {:.3} after; {timeouts} inputs missed their pull deadline)",
         r.sim.bad_rate(),
         after.sim.bad_rate()
     );
     eprintln!(
-        "bad rate {:.3} during the drain, {:.3} after; {failed} failed (pull deadline missed); drain {drain_s:.1} s",
+        "bad rate {:.3} during the drain, {:.3} after; {timeouts} inputs dropped (pull deadline missed); drain {drain_s:.1} s",
         r.sim.bad_rate(),
         after.sim.bad_rate(),
     );
