@@ -29,7 +29,8 @@
 #     1.5 x and 2 x the sustained rates (refusals at the door);
 #  4. `fermata bench serve --transport tcp --input-bytes 602112`: the goodput
 #     with 602,112-byte inputs against default inputs over loopback TCP, 1 GPU
-#     (H100 ResNet-50 profile) and the embedded 8-GPU workload.
+#     (H100 ResNet-50 profile) and the embedded 8-GPU workload, and the 1-GPU
+#     one with four pull connections and four TCP worker threads.
 # --parts runs only those named (comma-separated: sched1k, sched4k, tcp, door,
 # over, large; default all), the budget shared among them in the same proportions.
 # --small runs each with small numbers (a rehearsal on a small machine).
@@ -303,7 +304,7 @@ cmd_cpu16() {
     models=8 gpus=64 start=250000 sdur=1 swarm=1 hdur=1 mlp_rates=500,1000 cnn_rates=200,500 mlp_over=2000 cnn_over=1000
   fi
   # A run's share of the budget: its percent of all parts' (sched1k 4 x 4,
-  # sched4k 4 x 7, tcp 2 x 14, door 2 x 10, over 2 x 4, large 2 x 12), scaled to
+  # sched4k 4 x 7, tcp 2 x 14, door 2 x 10, over 2 x 4, large 3 x 8), scaled to
   # the parts run.
   share() { echo $((budget * $1 / total)); }
   # 1. The scheduler alone, 1 to 8 sub-clusters.
@@ -340,13 +341,17 @@ cmd_cpu16() {
   [[ -n ${want[over]:-} ]] && run http_cnn_over "$(share 4)" "$BIN" bench http --models models --model cnn --rates "$cnn_over" \
     --duration-s "$hdur" --warmup-s 1 --reps 1 --server-cpus "$srv" --client-cpus "$cli" --json
   # 4. Large inputs over TCP: the goodput with 602,112-byte inputs against
-  # default inputs, in one run each.
+  # default inputs, in one run each; the 1-GPU one again with four pull
+  # connections and four TCP worker threads.
   local w
   for w in configs/workloads/resnet50_h100_1gpu.toml default; do
     [[ -n ${want[large]:-} ]] || continue
-    run "large_tcp_$(basename "$w" .toml)" "$(share 12)" "$BIN" bench serve --workload "$w" --transport tcp \
+    run "large_tcp_$(basename "$w" .toml)" "$(share 8)" "$BIN" bench serve --workload "$w" --transport tcp \
       --input-bytes 602112 --duration-s "$sdur" --warmup-s 1 --tolerance 0.05 --json
   done
+  [[ -n ${want[large]:-} ]] && run large_tcp_resnet50_h100_1gpu_x4 "$(share 8)" env FERMATA_TCP_PULL_STREAMS=4 FERMATA_TCP_THREADS=4 \
+    "$BIN" bench serve --workload configs/workloads/resnet50_h100_1gpu.toml --transport tcp \
+    --input-bytes 602112 --duration-s "$sdur" --warmup-s 1 --tolerance 0.05 --json
   python3 - "$RES/cpu16.json" out/cpu16 "$n" <<'PY' || say "could not write $RES/cpu16.json"
 import glob, json, os, sys
 dst, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3])

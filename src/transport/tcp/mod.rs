@@ -42,12 +42,11 @@
 //!
 //! Requests are pipelined: a reader sends every request of a [`RegionReader::read_many`]
 //! at once and answers come back in order on each connection. The [`RegionReader`]
-//! keeps several connections per attached peer (made in `attach`;
-//! `FERMATA_TCP_PULL_STREAMS`, default one per runtime worker thread): a
-//! `read_many` asking a peer for 512 KiB or more splits its requests into runs of
-//! about equal bytes, one per connection, so that the server seals them and the
-//! reader opens them on all workers at once; a smaller one goes whole to the
-//! connections in turn. Once one of a peer's connections breaks, every read of that
+//! keeps `FERMATA_TCP_PULL_STREAMS` connections per attached peer (made in
+//! `attach`; default 1): with several, a `read_many` asking a peer for 512 KiB or
+//! more splits its requests into runs of about equal bytes, one per connection,
+//! so that the server seals them and the reader opens them on several workers at
+//! once; a smaller one goes whole to the connections in turn. Once one of a peer's connections breaks, every read of that
 //! peer fails as [`ReadError::Unreachable`] until the peer is attached again. The caller of
 //! `read_many` sleeps on a condition variable until the last answer (one wake-up per
 //! call), so it may be any plain thread.

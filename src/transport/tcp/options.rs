@@ -39,13 +39,14 @@ pub(super) fn tcp_threads() -> usize {
 }
 
 /// Connections a region reader keeps to each attached peer:
-/// `FERMATA_TCP_PULL_STREAMS` (1 to 16), default the runtime's worker threads
-/// ([`tcp_threads`]), so that a large pull is sealed, sent and opened on every
-/// worker of both ends at once rather than on one.
+/// `FERMATA_TCP_PULL_STREAMS` (1 to 16), default 1. With K of them and K worker
+/// threads ([`tcp_threads`]) at both ends, a large pull is sealed, sent and
+/// opened on K workers at once rather than on one; on two cores one connection
+/// through the channel already keeps both busy (docs/operations.md).
 pub(super) fn pull_streams() -> usize {
     std::env::var("FERMATA_TCP_PULL_STREAMS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|n| (1..=16).contains(n))
-        .unwrap_or_else(tcp_threads)
+        .unwrap_or(1)
 }
