@@ -100,20 +100,10 @@ impl Cfg {
             };
             match a.as_str() {
                 "--backends" => cfg.backends = val(a).parse().expect("--backends N"),
-                "--batches" => {
-                    cfg.batches = val(a)
-                        .split(',')
-                        .map(|s| s.trim().parse().expect("--batches N,N,..."))
-                        .collect()
-                }
+                "--batches" => cfg.batches = counts(&val(a), "--batches N,N,..."),
                 "--inputs" => cfg.inputs = val(a).parse().expect("--inputs N"),
                 "--input-bytes" => cfg.input_bytes = val(a).parse().expect("--input-bytes B"),
-                "--streams" => {
-                    cfg.streams = val(a)
-                        .split(',')
-                        .map(|s| s.trim().parse().expect("--streams K,K,..."))
-                        .collect()
-                }
+                "--streams" => cfg.streams = counts(&val(a), "--streams K,K,..."),
                 "--secs" => cfg.secs = val(a).parse().expect("--secs S"),
                 "--repeats" => cfg.repeats = val(a).parse().expect("--repeats N"),
                 _ => {} // --bench and cargo's own flags
@@ -123,6 +113,13 @@ impl Cfg {
         assert!(cfg.input_bytes > 0 && !cfg.streams.is_empty());
         cfg
     }
+}
+
+/// A comma-separated list of counts (`usage` when one is not a count).
+fn counts(list: &str, usage: &str) -> Vec<usize> {
+    list.split(',')
+        .map(|s| s.trim().parse().expect(usage))
+        .collect()
 }
 
 #[derive(Clone, Copy, Default)]
@@ -154,6 +151,20 @@ impl Stats {
             batch_p99_us: f[3],
             input_p50_us: f[4],
             input_p99_us: f[5],
+        }
+    }
+    /// The figures of `inputs` inputs of `slot_bytes` each pulled in `secs`,
+    /// in batches of `n` whose times (ns) are in `hist`.
+    fn of_run(hist: &Histogram<u64>, inputs: u64, n: usize, slot_bytes: f64, secs: f64) -> Stats {
+        let count = inputs as f64;
+        let us = |q: f64| hist.value_at_quantile(q) as f64 / 1e3;
+        Stats {
+            inputs_per_s: count / secs,
+            gb_per_s: count * slot_bytes / secs / 1e9,
+            batch_p50_us: us(0.5),
+            batch_p99_us: us(0.99),
+            input_p50_us: us(0.5) / n as f64,
+            input_p99_us: us(0.99) / n as f64,
         }
     }
     /// Each figure's median over runs.
@@ -264,16 +275,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
         (all, count, t0.elapsed())
     });
     let slot_bytes = fe.slots[0].2 as f64;
-    let secs = elapsed.as_secs_f64();
-    let us = |ns: u64| ns as f64 / 1e3;
-    Stats {
-        inputs_per_s: count as f64 / secs,
-        gb_per_s: count as f64 * slot_bytes / secs / 1e9,
-        batch_p50_us: us(hist.value_at_quantile(0.5)),
-        batch_p99_us: us(hist.value_at_quantile(0.99)),
-        input_p50_us: us(hist.value_at_quantile(0.5)) / n as f64,
-        input_p99_us: us(hist.value_at_quantile(0.99)) / n as f64,
-    }
+    Stats::of_run(&hist, count, n, slot_bytes, elapsed.as_secs_f64())
 }
 
 fn row(name: &str, n: usize, s: &Stats) {
@@ -326,16 +328,7 @@ fn link_once(cfg: &Cfg, n: usize, slot_bytes: usize) -> Stats {
     let secs = t0.elapsed().as_secs_f64();
     drop(c);
     server.join().expect("link server");
-    let count = batches * n as u64;
-    let us = |ns: u64| ns as f64 / 1e3;
-    Stats {
-        inputs_per_s: count as f64 / secs,
-        gb_per_s: count as f64 * slot_bytes as f64 / secs / 1e9,
-        batch_p50_us: us(hist.value_at_quantile(0.5)),
-        batch_p99_us: us(hist.value_at_quantile(0.99)),
-        input_p50_us: us(hist.value_at_quantile(0.5)) / n as f64,
-        input_p99_us: us(hist.value_at_quantile(0.99)) / n as f64,
-    }
+    Stats::of_run(&hist, batches * n as u64, n, slot_bytes as f64, secs)
 }
 
 fn ratio_row(name: &str, n: usize, a: &Stats, b: &Stats) {

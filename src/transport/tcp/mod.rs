@@ -46,10 +46,11 @@
 //! `attach`; default 1): with several, a `read_many` asking a peer for 512 KiB or
 //! more splits its requests into runs of about equal bytes, one per connection,
 //! so that the server seals them and the reader opens them on several workers at
-//! once; a smaller one goes whole to the connections in turn. Once one of a peer's connections breaks, every read of that
-//! peer fails as [`ReadError::Unreachable`] until the peer is attached again. The caller of
-//! `read_many` sleeps on a condition variable until the last answer (one wake-up per
-//! call), so it may be any plain thread.
+//! once; a smaller one goes whole to the connections in turn. Once one of a
+//! peer's connections breaks, every read of that peer fails as
+//! [`ReadError::Unreachable`] until the peer is attached again. The caller of
+//! `read_many` sleeps on a condition variable until the last answer (one wake-up
+//! per call), so it may be any plain thread.
 //!
 //! Addresses are reported as bound: a listener or region server bound to
 //! `0.0.0.0:0` reports `0.0.0.0:PORT`, which peers on other hosts cannot use; bind
@@ -116,8 +117,9 @@ impl Tcp {
     /// to each peer instead of `FERMATA_TCP_PULL_STREAMS`' number.
     pub fn keyed_with_pull_streams(key: Option<ClusterKey>, streams: usize) -> anyhow::Result<Tcp> {
         anyhow::ensure!(
-            (1..=16).contains(&streams),
-            "pull streams must be 1 to 16, not {streams}"
+            (1..=options::PULL_STREAMS_MAX).contains(&streams),
+            "pull streams must be 1 to {}, not {streams}",
+            options::PULL_STREAMS_MAX
         );
         let mut inner = runtime::Inner::start(key)?;
         inner.pull_streams = streams;

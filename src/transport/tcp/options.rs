@@ -28,14 +28,23 @@ pub(super) const ANSWER_CHUNK: usize = 256 << 10;
 /// about half of this); a smaller one goes whole to one connection.
 pub(super) const STRIPE_MIN: u64 = 512 << 10;
 
+/// The most connections a region reader keeps to one peer.
+pub(super) const PULL_STREAMS_MAX: usize = 16;
+
+/// The count in environment variable `name` when it is one of 1..=`max`,
+/// else `default`.
+fn env_count(name: &str, max: usize, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=max).contains(n))
+        .unwrap_or(default)
+}
+
 /// Worker threads of each TCP transport's tokio runtime: `FERMATA_TCP_THREADS`
 /// (1 to 64), default 2.
 pub(super) fn tcp_threads() -> usize {
-    std::env::var("FERMATA_TCP_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (1..=64).contains(n))
-        .unwrap_or(2)
+    env_count("FERMATA_TCP_THREADS", 64, 2)
 }
 
 /// Connections a region reader keeps to each attached peer:
@@ -44,9 +53,5 @@ pub(super) fn tcp_threads() -> usize {
 /// opened on K workers at once rather than on one; on two cores one connection
 /// through the channel already keeps both busy (docs/operations.md).
 pub(super) fn pull_streams() -> usize {
-    std::env::var("FERMATA_TCP_PULL_STREAMS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (1..=16).contains(n))
-        .unwrap_or(1)
+    env_count("FERMATA_TCP_PULL_STREAMS", PULL_STREAMS_MAX, 1)
 }
