@@ -246,6 +246,22 @@ struct ClusterArgs {
     /// once.
     #[arg(long, requires = "standby")]
     paused_primary: bool,
+    /// A batch's input pull: what every batch pays (us) ...
+    #[arg(long, default_value_t = 0.0)]
+    pull_fixed_us: f64,
+    /// ... what each input adds (us) ...
+    #[arg(long, default_value_t = 2.0)]
+    pull_per_input_us: f64,
+    /// ... and what each MiB of input adds (us); each GPU pulls one batch at
+    /// a time.
+    #[arg(long, default_value_t = 0.0)]
+    pull_per_mib_us: f64,
+    /// A pull takes its cost times a uniform factor in [1, 1 + jitter].
+    #[arg(long, default_value_t = 0.0)]
+    pull_jitter: f64,
+    /// Override every model's input size in bytes (what the pulls move).
+    #[arg(long)]
+    input_bytes: Option<u32>,
     /// Print one JSON object per seed.
     #[arg(long)]
     json: bool,
@@ -1037,7 +1053,8 @@ fn parse_policies(s: &str) -> Result<Vec<Policy>> {
 
 fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     use fermata::sim::cluster::{ClusterSim, ClusterSimOpts};
-    let w = roles::workload_of(&a.workload)?;
+    let mut w = roles::workload_of(&a.workload)?;
+    roles::set_input_bytes(&mut w, a.input_bytes)?;
     if a.frontends == 0 || a.backends == 0 || a.gpus_per_backend == 0 {
         bail!("--frontends, --backends and --gpus-per-backend must be at least 1");
     }
@@ -1050,6 +1067,25 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
     if !(a.stall_every_ms >= 0.0 && a.stall_every_ms <= 1e9) {
         bail!("--stall-every-ms must be in [0, 1e9]");
     }
+    for (v, name) in [
+        (a.pull_fixed_us, "--pull-fixed-us"),
+        (a.pull_per_input_us, "--pull-per-input-us"),
+        (a.pull_per_mib_us, "--pull-per-mib-us"),
+    ] {
+        if !(0.0..=1e7).contains(&v) {
+            bail!("{name} must be in [0, 1e7], got {v}");
+        }
+    }
+    if !(0.0..=100.0).contains(&a.pull_jitter) {
+        bail!("--pull-jitter must be in [0, 100], got {}", a.pull_jitter);
+    }
+    let pull = fermata::sim::cluster::SimPull {
+        fixed: Dur::from_us_f64(a.pull_fixed_us),
+        per_input: Dur::from_us_f64(a.pull_per_input_us),
+        per_mib: Dur::from_us_f64(a.pull_per_mib_us),
+        jitter: a.pull_jitter,
+        ..Default::default()
+    };
     let t0 = std::time::Instant::now();
     let (mut requests, mut events) = (0u64, 0u64);
     let (mut ended, mut faults) = (0u64, [0u64; 5]);
@@ -1080,7 +1116,7 @@ fn cmd_sim_cluster(a: ClusterArgs) -> Result<()> {
             rogue: a.rogue,
             drain: a.drain,
             subclusters: a.subclusters,
-            pull: Default::default(),
+            pull,
             paused_primary: a.paused_primary,
             churn: a.churn,
         };

@@ -1433,16 +1433,20 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         "d_ctrl_us": s.d_ctrl_us,
         "d_data_fixed_us": s.d_data_fixed_us,
         "d_data_us": s.d_data_us,
+        "hold_fixed_us": s.hold_fixed_us,
+        "hold_us": s.hold_us,
         "input_copies": r.cluster.input_copies(),
         "cluster": r.cluster,
     });
     if !a.load.json {
         println!(
-            "started in {:.0} ms | d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input | plans {} | backend start delay p99 {:.0} us | plan lead p1 {:.0} us (pulled {:.0} us)",
+            "started in {:.0} ms | d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input, puller hold {:.0} us per batch + {:.1} us per input | plans {} | backend start delay p99 {:.0} us | plan lead p1 {:.0} us (pulled {:.0} us)",
             r.startup.as_secs_f64() * 1e3,
             s.d_ctrl_us,
             s.d_data_fixed_us,
             s.d_data_us,
+            s.hold_fixed_us,
+            s.hold_us,
             s.plans_sent,
             r.cluster.backends.iter().map(|b| b.start_delay_p99_us).fold(0.0, f64::max),
             r.cluster.backends.iter().map(|b| b.lead_arrived_p1_us).fold(f64::MAX, f64::min),

@@ -211,6 +211,8 @@ pub fn msg(b: &mut Bytes, now: i64) -> Option<Msg> {
             ctrl_delay: Dur(b.i64_near(0)),
             pull: Dur(b.i64_near(0)),
             pull_per_mib: Dur(b.i64_near(0)),
+            pull_hold: Dur(b.i64_near(0)),
+            pull_hold_per_mib: Dur(b.i64_near(0)),
             term: b.below(3) as u64,
         },
         6 | 7 => Msg::Pong {
@@ -375,6 +377,8 @@ fn good_for_sched(step: usize, backend: bool, node: Option<u32>, now: Time) -> O
             ctrl_delay: Dur::from_us(50),
             pull: Dur::from_us(1),
             pull_per_mib: Dur::from_us(1),
+            pull_hold: Dur::ZERO,
+            pull_hold_per_mib: Dur::ZERO,
             term: 1,
         },
     })
@@ -1130,6 +1134,8 @@ pub fn sched_churn(data: &[u8]) -> u64 {
                         ctrl_delay: Dur::ZERO,
                         pull: Dur::ZERO,
                         pull_per_mib: Dur::ZERO,
+                        pull_hold: Dur::ZERO,
+                        pull_hold_per_mib: Dur::ZERO,
                         term: 0,
                     };
                     p.handle_msg(now, c, ping);

@@ -395,6 +395,8 @@ impl Workload {
             data_per_req: us(net_raw.data_us, "data_us")?,
             resp: us(net_raw.resp_us, "resp_us")?,
             slack: us(net_raw.slack_us, "slack_us")?,
+            hold_fixed: Dur::ZERO,
+            hold_per_req: Dur::ZERO,
         };
         let exec_jitter = net_raw.exec_jitter.unwrap_or(0.0);
         if !(0.0..=1.0).contains(&exec_jitter) {

@@ -116,6 +116,8 @@ impl Peer {
             ctrl_delay: Dur::ZERO,
             pull: Dur::ZERO,
             pull_per_mib: Dur::ZERO,
+            pull_hold: Dur::ZERO,
+            pull_hold_per_mib: Dur::ZERO,
             term: 0,
         });
         self.wait(Duration::from_secs(3), |m| match m {
@@ -251,6 +253,8 @@ fn a_huge_ctrl_delay_in_a_ping_does_not_kill_the_scheduler() {
         ctrl_delay: Dur(i64::MAX),
         pull: Dur(i64::MAX),
         pull_per_mib: Dur(i64::MAX),
+        pull_hold: Dur(i64::MAX),
+        pull_hold_per_mib: Dur(i64::MAX),
         term: 0,
     });
     assert!(p.enter_service().is_some(), "backend enters service");
@@ -401,6 +405,8 @@ fn extreme_times_in_plan_done_do_not_overflow() {
                 ctrl_delay: Dur::ZERO,
                 pull: Dur::ZERO,
                 pull_per_mib: Dur::ZERO,
+                pull_hold: Dur::ZERO,
+                pull_hold_per_mib: Dur::ZERO,
                 term: 0,
             });
             f.wait(Duration::from_secs(5), |m| match m {

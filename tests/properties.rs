@@ -134,6 +134,8 @@ fn dispatcher_random_events_deep_check() {
             data_per_req: Dur::from_us(rnd(20) as i64),
             resp: Dur::from_us(rnd(200) as i64),
             slack: Dur::from_us(rnd(300) as i64),
+            hold_fixed: Dur::from_us(rnd(500) as i64),
+            hold_per_req: Dur::from_us(rnd(40) as i64),
         };
         let nm = 1 + rnd(3) as usize;
         let specs: Vec<_> = (0..nm)

@@ -39,6 +39,8 @@ fn ping(seq: u64) -> Msg {
         ctrl_delay: Dur::ZERO,
         pull: Dur::ZERO,
         pull_per_mib: Dur::ZERO,
+        pull_hold: Dur::ZERO,
+        pull_hold_per_mib: Dur::ZERO,
         term: 0,
     }
 }

@@ -369,6 +369,8 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                     ctrl_delay: Dur(ctrl_delay_ns),
                     pull: Dur(pull_ns),
                     pull_per_mib: Dur(per_mib_ns),
+                    pull_hold: Dur(pull_ns.wrapping_add(per_mib_ns)),
+                    pull_hold_per_mib: Dur(per_mib_ns.rotate_left(7)),
                     term,
                 },
             )
@@ -711,6 +713,8 @@ fn some_msgs() -> Vec<Msg> {
             ctrl_delay: Dur(3),
             pull: Dur(4),
             pull_per_mib: Dur(5),
+            pull_hold: Dur(7),
+            pull_hold_per_mib: Dur(8),
             term: 6,
         },
         Msg::ListModels,

@@ -362,6 +362,20 @@ mod tests {
         }
     }
 
+    /// One request for model 0 arriving at `now` with `slo`; the plans it
+    /// brings go to `out`.
+    fn request(d: &mut Dispatcher, now: Time, id: TaskId, slo: Dur, out: &mut Vec<(Time, Plan)>) {
+        let t = Task {
+            id,
+            arrival: now,
+            deadline: now + slo,
+            tag: 0,
+            cap: 0,
+        };
+        d.handle_request(now, ModelId(0), t);
+        drain(d, now, out);
+    }
+
     /// The pull budget enters a batch's start only where the pull cannot
     /// overlap the batch before it on its GPU: a plan for a busy GPU leaves
     /// `d_ctrl + pull` before the GPU frees and starts when it frees (its pull
@@ -384,21 +398,15 @@ mod tests {
             data_per_req: Dur::from_us(500),
             resp: Dur::from_us(100),
             slack: Dur::ZERO,
+            hold_fixed: Dur::ZERO,
+            hold_per_req: Dur::ZERO,
         };
         let net = cfg.net;
         let mut d = Dispatcher::new(cfg, vec![spec]);
         let (mut out, mut now, mut id) = (Vec::new(), Time(1_000_000_000), 0u64);
         let mut req = |d: &mut Dispatcher, now: Time, out: &mut Vec<(Time, Plan)>| {
             id += 1;
-            let t = Task {
-                id: TaskId(id),
-                arrival: now,
-                deadline: now + Dur::from_ms(100),
-                tag: 0,
-                cap: 0,
-            };
-            d.handle_request(now, ModelId(0), t);
-            drain(d, now, out);
+            request(d, now, TaskId(id), Dur::from_ms(100), out);
         };
         // An idle GPU: nothing to overlap, the whole pull comes before the start.
         let t0 = now;
@@ -429,5 +437,61 @@ mod tests {
         let (sent_c, c) = out[2].clone();
         assert_eq!(sent_c, b.finish_at - Dur::from_ms(1));
         assert_eq!(c.exec_at, b.finish_at + (net.delay(1) - Dur::from_ms(1)));
+    }
+
+    /// Where pulls take longer than batches run, the GPU's puller sets its
+    /// pace: a GPU takes its next batch no earlier than what the pull of the
+    /// batch before holds the puller after that batch's start
+    /// ([`NetBudget::hold`]), however soon the batch itself ends.
+    #[test]
+    fn a_gpu_takes_its_next_batch_a_pull_after_the_one_before_starts() {
+        // l(b) = 0.1 ms * b + 1 ms; a pull holds the puller 1 ms per request
+        // (1.5 ms budgeted); eager.
+        let spec = ModelSpec {
+            name: "m".into(),
+            profile: LatencyProfile::linear(Dur::from_us(100), Dur::from_ms(1), 64).unwrap(),
+            slo: Dur::from_ms(200),
+        };
+        let mut cfg = DispatcherConfig::new(Policy::Eager, 1);
+        cfg.net = NetBudget {
+            ctrl: Dur::from_us(100),
+            data_fixed: Dur::ZERO,
+            data_per_req: Dur::from_us(1500),
+            resp: Dur::from_us(100),
+            slack: Dur::ZERO,
+            hold_fixed: Dur::from_us(200),
+            hold_per_req: Dur::from_ms(1),
+        };
+        let net = cfg.net;
+        let mut d = Dispatcher::new(cfg, vec![spec]);
+        let (mut out, mut now, mut id) = (Vec::new(), Time(1_000_000_000), 0u64);
+        let mut req = |d: &mut Dispatcher, now: Time, out: &mut Vec<(Time, Plan)>| {
+            id += 1;
+            request(d, now, TaskId(id), Dur::from_ms(200), out);
+        };
+        // Twice what the puller carries (one request per 0.5 ms, 1 ms of
+        // pull each) for 200 ms.
+        let t0 = now;
+        for k in 0..400 {
+            run_to(&mut d, t0 + Dur::from_us(500 * k), &mut out, &mut now);
+            req(&mut d, now, &mut out);
+        }
+        run_to(&mut d, t0 + Dur::from_ms(600), &mut out, &mut now);
+        assert!(out.len() >= 10, "{} plans", out.len());
+        let mut bound = 0;
+        for w in out.windows(2) {
+            let (x, y) = (&w[0].1, &w[1].1);
+            let held = x.exec_at + net.hold(x.tasks.len() as u32);
+            assert!(
+                y.exec_at >= held.max(x.finish_at),
+                "a batch at {:?} before the one at {:?} let the GPU go at {:?}",
+                y.exec_at,
+                x.exec_at,
+                held.max(x.finish_at)
+            );
+            bound += (held > x.finish_at) as usize;
+        }
+        // The puller, not the GPU, bounds the starts.
+        assert!(bound * 2 >= out.len(), "{bound} of {} starts", out.len());
     }
 }

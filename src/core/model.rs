@@ -263,6 +263,9 @@ impl ModelState {
     pub fn delay(&self, bs: u32) -> Dur {
         self.net.delay(bs)
     }
+    pub fn net(&self) -> NetBudget {
+        self.net
+    }
     pub fn window(&self) -> u32 {
         self.window
     }
@@ -790,6 +793,8 @@ mod tests {
                 data_per_req: Dur::from_us(10),
                 resp: Dur::from_us(100),
                 slack: Dur::from_us(slack_us),
+                hold_fixed: Dur::ZERO,
+                hold_per_req: Dur::ZERO,
             };
             let mut m = state(&spec, Policy::Symphony, net);
             lone_task_candidate(&mut m, Time(1_000_000_000), Dur::from_ms(10))

@@ -228,6 +228,14 @@ pub struct NetBudget {
     /// simulator, whose timing is exact (workload key `network.slack_us`); the
     /// real-time scheduler sets a floor (`fermata scheduler --slack-us`).
     pub slack: Dur,
+    /// What a batch's pull typically holds its GPU's puller, a fixed part and
+    /// a part per request ([`super::pull::HOLD_QUANTILE`]). A backend pulls one
+    /// batch at a time per GPU, so a GPU's next batch can start no earlier
+    /// than this after the one before it starts: where pulls take longer than
+    /// batches run, the puller, not the GPU, sets the pace. Zero (the
+    /// simulator, which pulls nothing): the GPU alone does.
+    pub hold_fixed: Dur,
+    pub hold_per_req: Dur,
 }
 
 impl NetBudget {
@@ -240,6 +248,13 @@ impl NetBudget {
     #[inline]
     pub fn data(&self, bs: u32) -> Dur {
         Dur(self.data_fixed.0 + self.data_per_req.0 * bs as i64)
+    }
+
+    /// What the pull of a batch of `bs` holds its GPU's puller (see
+    /// [`NetBudget::hold_fixed`]).
+    #[inline]
+    pub fn hold(&self, bs: u32) -> Dur {
+        Dur(self.hold_fixed.0 + self.hold_per_req.0 * bs as i64)
     }
 }
 

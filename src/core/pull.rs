@@ -42,6 +42,16 @@ use std::collections::VecDeque;
 /// p99.)
 pub const PULL_QUANTILE: f64 = 0.99;
 
+/// The quantile of a batch's pull time that its GPU's puller is held for
+/// ([`PullEstimator::hold`]). A backend pulls one batch at a time per GPU, so
+/// when pulls take longer than the batches run, the puller sets the pace: the
+/// scheduler keeps a GPU's next batch at least this long after the one before
+/// it starts. It must lie above the mean pull (held at the mean, a saturated
+/// puller falls behind by a random walk, and every batch after is late), and
+/// well below the budget's quantile (held at that, the puller idles between
+/// batches that pull faster than their tail).
+pub const HOLD_QUANTILE: f64 = 0.75;
+
 /// The share of recent batches that may overrun their predicted budget before
 /// the estimator adds headroom.
 pub const OVERRUN_TARGET: f64 = 0.01;
@@ -112,6 +122,8 @@ pub struct PullEstimator {
     probes: VecDeque<(u64, i64)>,
     since_fit: usize,
     fit: Option<PullFit>,
+    /// The fit at [`HOLD_QUANTILE`] (no headroom).
+    hold: Option<PullFit>,
     /// Recent batches: did each overrun the budget predicted for it?
     recent: VecDeque<bool>,
     headroom: f64,
@@ -128,6 +140,7 @@ impl PullEstimator {
             probes: VecDeque::new(),
             since_fit: 0,
             fit: None,
+            hold: None,
             recent: VecDeque::new(),
             headroom: 1.0,
             batches: 0,
@@ -190,9 +203,15 @@ impl PullEstimator {
             }
         }
         let measured = fit_quantile(&self.samples, PULL_QUANTILE);
-        let Some(f) = measured.or_else(|| fit_quantile(&self.probes, 0.5)) else {
+        let probed = || fit_quantile(&self.probes, 0.5);
+        let Some(f) = measured.or_else(probed) else {
             self.fit = None;
+            self.hold = None;
             return;
+        };
+        self.hold = match measured {
+            Some(f) => Some(hold_along(&self.samples, f, HOLD_QUANTILE)),
+            None => probed(),
         };
         let h = self.headroom;
         self.fit = Some(PullFit {
@@ -205,6 +224,12 @@ impl PullEstimator {
     /// seen).
     pub fn fit(&self) -> Option<PullFit> {
         self.fit
+    }
+
+    /// What a batch's pull holds its GPU's puller, typically: the fit at
+    /// [`HOLD_QUANTILE`] (None while [`PullEstimator::fit`] is None).
+    pub fn hold(&self) -> Option<PullFit> {
+        self.hold
     }
 
     /// The predicted budget of a batch of `bytes` bytes.
@@ -236,6 +261,34 @@ fn quantile(v: &mut [i64], q: f64) -> i64 {
     v.sort_unstable();
     let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
     v[i]
+}
+
+/// The line of `f`'s per-byte part at the lower quantile `q`: its fixed part
+/// is the `q`-quantile of the samples' times less that per-byte part (raised,
+/// as in [`fit_quantile`], to cover the quantile of each size class with
+/// [`CLASS_MIN`] batches), never above `f`'s. One slope for both keeps the
+/// hold under the budget at every size.
+fn hold_along(samples: &VecDeque<(u64, i64)>, f: PullFit, q: f64) -> PullFit {
+    let rate = f.per_mib.0 as f64 / MIB;
+    let resid = |b: u64, t: i64| t - (rate * b as f64).round() as i64;
+    let mut all: Vec<i64> = samples.iter().map(|&(b, t)| resid(b, t)).collect();
+    let mut fixed = quantile(&mut all, q).max(0);
+    let mut classes: std::collections::BTreeMap<u32, Vec<i64>> = Default::default();
+    for &(b, t) in samples {
+        classes
+            .entry(64 - b.max(1).leading_zeros())
+            .or_default()
+            .push(resid(b, t));
+    }
+    for r in classes.values_mut() {
+        if r.len() >= CLASS_MIN {
+            fixed = fixed.max(quantile(r, q));
+        }
+    }
+    PullFit {
+        fixed: Dur(fixed.min(f.fixed.0)),
+        per_mib: f.per_mib,
+    }
 }
 
 /// Quantile regression of time on bytes at `q`: among candidate slopes around
@@ -375,6 +428,22 @@ mod tests {
         quantile(v, q)
     }
 
+    /// An estimator fed 2,000 batches of every size, mostly of 64 (as under
+    /// load).
+    fn fed_mostly_large(rng: &mut Xoshiro256PlusPlus) -> PullEstimator {
+        let mut est = PullEstimator::new(512);
+        for i in 0..2000u32 {
+            let b = if i % 4 == 0 {
+                rng.gen_range(1..=64)
+            } else {
+                64
+            };
+            est.observe(b as u64 * INPUT, Dur(batch(rng, b)));
+        }
+        est.refit();
+        est
+    }
+
     #[test]
     fn a_batch_of_64_large_inputs_is_budgeted_near_its_p99_not_64_times_the_max() {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
@@ -382,17 +451,7 @@ mod tests {
         let mut per: Vec<i64> = (0..100_000).map(|_| one_input(&mut rng)).collect();
         let (med, max) = (p(&mut per, 0.5), *per.iter().max().unwrap());
         assert!(max as f64 >= 8.0 * med as f64, "max {max} median {med}");
-        let mut est = PullEstimator::new(512);
-        // Batches of every size, then mostly large ones (as under load).
-        for i in 0..2000u32 {
-            let b = if i % 4 == 0 {
-                rng.gen_range(1..=64)
-            } else {
-                64
-            };
-            est.observe(b as u64 * INPUT, Dur(batch(&mut rng, b)));
-        }
-        est.refit();
+        let est = fed_mostly_large(&mut rng);
         let got = est.budget(64 * INPUT).unwrap().0;
         let mut b64: Vec<i64> = (0..20_000).map(|_| batch(&mut rng, 64)).collect();
         let p99 = p(&mut b64, 0.99);
@@ -415,6 +474,27 @@ mod tests {
             got8 as f64 <= 2.0 * p99_8 as f64,
             "b=8 {got8} vs p99 {p99_8}"
         );
+    }
+
+    /// The hold lies above the mean pull of a batch (a saturated puller held
+    /// any less falls behind) and below its budget, for large batches and
+    /// small ones.
+    #[test]
+    fn the_hold_lies_between_the_mean_pull_and_the_budget() {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+        assert_eq!(PullEstimator::new(512).hold(), None);
+        let est = fed_mostly_large(&mut rng);
+        let hold = est.hold().expect("a hold once the budget is fitted");
+        for b in [8u64, 64] {
+            let mut v: Vec<i64> = (0..20_000).map(|_| batch(&mut rng, b as u32)).collect();
+            let mean = v.iter().sum::<i64>() as f64 / v.len() as f64;
+            let p99 = p(&mut v, 0.99);
+            let (h, budget) = (hold.budget(b * INPUT).0, est.budget(b * INPUT).unwrap().0);
+            assert!(
+                h as f64 >= mean && h < budget && h < p99,
+                "b={b}: hold {h} ns, mean {mean:.0} ns, p99 {p99} ns, budget {budget} ns"
+            );
+        }
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub struct Booking {
     pub model: ModelId,
     pub start: Time,
     pub end: Time,
+    /// Its start plus what its pull holds the GPU's puller
+    /// ([`super::NetBudget::hold`]): a backend pulls one batch at a time per
+    /// GPU, so the next batch's pull runs after this one's, which ends about
+    /// when this batch starts (taken as the size of this batch). The GPU is
+    /// free for the next batch at the later of `end` and `held`.
+    pub held: Time,
     /// The batch's tasks (kept for Shepherd's preemption only; empty otherwise).
     pub tasks: Vec<Task>,
 }
@@ -367,8 +373,13 @@ impl Ranker {
         }
         if let Some(b) = &mut self.bookings[g] {
             if b.plan == plan {
+                // A batch that ended late started late, its pull with it: the
+                // puller's hold moves by as much. One that ended early moves
+                // it not at all.
+                let late = (free_at - b.end).max(Dur::ZERO);
+                b.held += late;
                 b.end = free_at;
-                self.gpus.set(g, free_at);
+                self.gpus.set(g, free_at.max(b.held));
             }
         }
     }
@@ -692,6 +703,35 @@ mod tests {
             .collect()
     }
 
+    /// A backend's report of when a batch ended moves the GPU's free time,
+    /// but never before the puller's hold: a batch that ended late moves the
+    /// hold by as much (its pull ended late too); one that ended early
+    /// leaves it.
+    #[test]
+    fn a_report_moves_the_free_time_but_not_before_the_pullers_hold() {
+        let mut r = Ranker::new(Policy::Eager, 0);
+        let t = Time(1_000_000);
+        r.add_gpu();
+        r.handle_candidate(t, ModelId(0), Some(cand(t)), 0);
+        assert_eq!(granted(&mut r), vec![(ModelId(0), GpuId(0))]);
+        let b = Booking {
+            plan: PlanId(1),
+            model: ModelId(0),
+            start: t,
+            end: t + Dur::from_ms(2),
+            held: t + Dur::from_ms(5),
+            tasks: Vec::new(),
+        };
+        r.handle_gpu_free(t, GpuId(0), b.held, Some(b));
+        assert_eq!(r.gpu_free_at(GpuId(0)), t + Dur::from_ms(5));
+        // Ended 1 ms early: the hold stands.
+        r.handle_gpu_report(t, GpuId(0), PlanId(1), t + Dur::from_ms(1));
+        assert_eq!(r.gpu_free_at(GpuId(0)), t + Dur::from_ms(5));
+        // Ended 3 ms late (against the end reported last): the hold moves 3 ms.
+        r.handle_gpu_report(t, GpuId(0), PlanId(1), t + Dur::from_ms(4));
+        assert_eq!(r.gpu_free_at(GpuId(0)), t + Dur::from_ms(8));
+    }
+
     /// An id given again starts over: a grant of its last holder that comes
     /// back afterwards does not free it twice or carry its booking over, and
     /// an id in service is not taken.
@@ -720,6 +760,7 @@ mod tests {
             model: ModelId(0),
             start: t,
             end: t + Dur::from_ms(10_000),
+            held: t,
             tasks: Vec::new(),
         };
         r.handle_gpu_free(t, GpuId(0), old.end, Some(old));

@@ -2378,7 +2378,7 @@ impl ClusterSim {
                 b.run[gpu as usize].pulled.remove(&plan.id);
                 b.pull_est.observe(bytes, took);
                 if let Some(fit) = b.pull_est.fit() {
-                    b.proto.set_pull(fit);
+                    b.proto.set_pull(fit, b.pull_est.hold().unwrap_or_default());
                 }
             }
             self.report.pulls.push(PullRecord {

@@ -607,7 +607,7 @@ wire_messages! {
     11 => PlanDone { id, gpu, status, started, finished, missing },
     12 => Results { items },
     13 => Dropped { items },
-    14 => Ping { seq, sent, ctrl_delay, pull, pull_per_mib, term },
+    14 => Ping { seq, sent, ctrl_delay, pull, pull_per_mib, pull_hold, pull_hold_per_mib, term },
     15 => Pong { seq, echo, sched, term },
     16 => Infer { req, model, slo, input },
     17 => InferReply { req, status, latency, queue, batch_size, output, message },
@@ -981,6 +981,8 @@ mod tests {
                 ctrl_delay: Dur(3),
                 pull: Dur(4),
                 pull_per_mib: Dur(5),
+                pull_hold: Dur(7),
+                pull_hold_per_mib: Dur(8),
                 term: 6,
             },
             Msg::Pong {
@@ -1138,7 +1140,7 @@ mod tests {
             sched: Time(0x0102),
             term: 5,
         });
-        let mut want = vec![35, 0, 0, 0, 12, 0, 15];
+        let mut want = vec![35, 0, 0, 0, 13, 0, 15];
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&[0xFF; 8]);
         want.extend_from_slice(&[2, 1, 0, 0, 0, 0, 0, 0]);
@@ -1156,7 +1158,7 @@ mod tests {
                 cap: 0x0102_0304_0506_0708,
             }],
         });
-        let mut want = vec![12, 0, 12, 1, 0, 0, 0];
+        let mut want = vec![13, 0, 12, 1, 0, 0, 0];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(&[1, 7]);
         want.extend_from_slice(&0i64.to_le_bytes());
@@ -1169,8 +1171,8 @@ mod tests {
         let frame = encode_to_vec(&Msg::Unregister {
             reason: "hi".into(),
         });
-        assert_eq!(frame, vec![9, 0, 0, 0, 12, 0, 3, 2, 0, 0, 0, b'h', b'i']);
-        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 12, 0, 18]);
+        assert_eq!(frame, vec![9, 0, 0, 0, 13, 0, 3, 2, 0, 0, 0, b'h', b'i']);
+        assert_eq!(encode_to_vec(&Msg::ListModels), vec![3, 0, 0, 0, 13, 0, 18]);
     }
 
     #[test]
@@ -1190,7 +1192,7 @@ mod tests {
     #[test]
     fn huge_count_is_refused_before_allocating() {
         // Submit with a count of u32::MAX and nothing after it.
-        let body = [12, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
+        let body = [13, 0, 9, 0xFF, 0xFF, 0xFF, 0xFF];
         assert_eq!(
             decode(&body),
             Err(DecodeError::TooLarge {
@@ -1200,7 +1202,7 @@ mod tests {
             })
         );
         // Within the limit but more items than bytes: truncated, counted in bytes.
-        let mut body = vec![12, 0, 9];
+        let mut body = vec![13, 0, 9];
         body.extend_from_slice(&(MAX_ITEMS as u32).to_le_bytes());
         body.extend_from_slice(&[0; 44]);
         assert_eq!(
@@ -1253,20 +1255,20 @@ mod tests {
             })
         );
         assert_eq!(
-            decode(&[12, 0, 0]),
+            decode(&[13, 0, 0]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 0
             })
         );
         assert_eq!(
-            decode(&[12, 0, 33]),
+            decode(&[13, 0, 33]),
             Err(DecodeError::BadTag {
                 what: "message",
                 tag: 33
             })
         );
-        let e = decode(&[12, 0, 18, 0]).unwrap_err();
+        let e = decode(&[13, 0, 18, 0]).unwrap_err();
         assert!(matches!(e, DecodeError::Invalid(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
@@ -1276,7 +1278,7 @@ mod tests {
 
     #[test]
     fn bad_enum_tags() {
-        let mut body = vec![12, 0, 1, 2]; // Register, role 2
+        let mut body = vec![13, 0, 1, 2]; // Register, role 2
         body.extend_from_slice(&[0; 12]);
         assert_eq!(
             decode(&body),
@@ -1331,7 +1333,7 @@ mod tests {
 
     #[test]
     fn display_is_readable() {
-        let e = decode(&[12, 0, 10, 1, 2]).unwrap_err();
+        let e = decode(&[13, 0, 10, 1, 2]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "frame truncated at field `Plan.id`: needs 8 bytes, only 2 left"

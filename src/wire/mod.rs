@@ -66,7 +66,7 @@ pub use crate::core::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 
 /// Version of the protocol this build speaks. A peer with another version is refused
 /// at its first frame.
-pub const PROTOCOL_VERSION: u16 = 12;
+pub const PROTOCOL_VERSION: u16 = 13;
 /// Largest frame body accepted (inputs and outputs travel inside frames).
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest string field (names, addresses, messages).
@@ -497,6 +497,11 @@ pub enum Msg {
         pull: Dur,
         /// and what each mebibyte of the batch's inputs adds.
         pull_per_mib: Dur,
+        /// What a batch's pull typically holds the GPU's puller (zero = none
+        /// yet): the fixed part at [`crate::core::pull::HOLD_QUANTILE`],
+        pull_hold: Dur,
+        /// and what each mebibyte adds.
+        pull_hold_per_mib: Dur,
         /// The highest scheduler term the node has seen (0: none yet): a
         /// scheduler of an older term learns from it that it was replaced.
         term: u64,

@@ -109,9 +109,12 @@ impl NetLoop {
             }
             let now = local.now();
             if now >= self.proto.poll_timeout() {
-                let fit = self.shared.pull_est.lock().expect("lock").fit();
+                let (fit, hold) = {
+                    let e = self.shared.pull_est.lock().expect("lock");
+                    (e.fit(), e.hold())
+                };
                 if let Some(fit) = fit {
-                    self.proto.set_pull(fit);
+                    self.proto.set_pull(fit, hold.unwrap_or_default());
                 }
                 self.proto.handle_timeout(now);
             }

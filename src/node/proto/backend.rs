@@ -150,8 +150,10 @@ pub struct BackendProto {
     max_input: u32,
     frontends: HashMap<NodeId, ConnId>,
     fe_conns: HashMap<ConnId, NodeId>,
-    /// The pull cost per batch (fitted by the driver's [`crate::core::PullEstimator`]).
+    /// The pull cost per batch and what a pull holds a GPU's puller (fitted
+    /// by the driver's [`crate::core::PullEstimator`]).
     pull: PullFit,
+    hold: PullFit,
     counts: ProtoCounts,
     out: VecDeque<Action>,
 }
@@ -187,6 +189,7 @@ impl BackendProto {
             frontends: HashMap::new(),
             fe_conns: HashMap::new(),
             pull: PullFit::default(),
+            hold: PullFit::default(),
             counts: ProtoCounts::default(),
             out: VecDeque::new(),
         };
@@ -277,9 +280,11 @@ impl BackendProto {
         Dur(self.plan_delay().0.saturating_add(err.0))
     }
 
-    /// The driver's latest fit of the pull cost per batch (reported in pings).
-    pub fn set_pull(&mut self, fit: PullFit) {
+    /// The driver's latest fits of the pull cost per batch and of what a
+    /// pull holds a GPU's puller (reported in pings).
+    pub fn set_pull(&mut self, fit: PullFit, hold: PullFit) {
         self.pull = check::measured_pull(fit);
+        self.hold = check::measured_pull(hold);
     }
 
     /// The driver could not queue `plan` (its GPU's queue is full): it is
@@ -290,7 +295,8 @@ impl BackendProto {
     }
 
     pub fn handle_timeout(&mut self, now: Time) {
-        self.member.set_report(self.ctrl_delay(), self.pull);
+        self.member
+            .set_report(self.ctrl_delay(), self.pull, self.hold);
         self.member.handle_timeout(now);
         self.take_member();
     }

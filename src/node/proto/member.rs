@@ -136,9 +136,11 @@ pub struct Member {
     last_pong: Time,
     next_ping: Time,
     seq: u64,
-    /// What the pings carry: the node's control delay and pull cost.
+    /// What the pings carry: the node's control delay, pull cost and what a
+    /// pull holds a GPU's puller.
     ctrl_delay: Dur,
     pull: PullFit,
+    hold: PullFit,
     attempt: u32,
     jitter_seed: u64,
     /// When the node last left service (None while in service).
@@ -176,6 +178,7 @@ impl Member {
             seq: 0,
             ctrl_delay: Dur::ZERO,
             pull: PullFit::default(),
+            hold: PullFit::default(),
             attempt: 0,
             jitter_seed: fnv(name.as_bytes()),
             lost_at: None,
@@ -265,9 +268,10 @@ impl Member {
     }
 
     /// What the next pings carry (clamped like every measured delay).
-    pub fn set_report(&mut self, ctrl_delay: Dur, pull: PullFit) {
+    pub fn set_report(&mut self, ctrl_delay: Dur, pull: PullFit, hold: PullFit) {
         self.ctrl_delay = check::measured(ctrl_delay);
         self.pull = check::measured_pull(pull);
+        self.hold = check::measured_pull(hold);
     }
 
     /// The owner gives the scheduler up (it cannot work with this one): as if
@@ -424,6 +428,8 @@ impl Member {
             ctrl_delay: self.ctrl_delay,
             pull: self.pull.fixed,
             pull_per_mib: self.pull.per_mib,
+            pull_hold: self.hold.fixed,
+            pull_hold_per_mib: self.hold.per_mib,
             term: self.term,
         });
     }

@@ -165,6 +165,10 @@ pub struct SchedReport {
     pub d_ctrl_us: f64,
     pub d_data_fixed_us: f64,
     pub d_data_us: f64,
+    /// What a batch's pull holds its GPU's puller in use: per batch and per
+    /// task, microseconds.
+    pub hold_fixed_us: f64,
+    pub hold_us: f64,
     /// Backends' last reported control delay at p99.9, and their largest pull
     /// cost per batch: the fixed part and the part per MiB (us).
     pub ctrl_delay_us: f64,
@@ -325,9 +329,11 @@ struct PeerConn {
     peer: Peer,
     last_seen: Time,
     /// What the node last measured (from its pings, also those before it
-    /// registered), clamped: control delay and pull cost per batch.
+    /// registered), clamped: control delay, pull cost per batch and what a
+    /// pull holds a GPU's puller.
     ctrl_delay: Dur,
     pull: PullFit,
+    hold: PullFit,
     /// A frontend's response margin per model id (empty until it reports).
     margins: Vec<Dur>,
     /// A hot standby following (it sent `Follow`): the version of the
@@ -593,6 +599,7 @@ impl SchedProto {
                 last_seen: now,
                 ctrl_delay: Dur::ZERO,
                 pull: PullFit::default(),
+                hold: PullFit::default(),
                 margins: Vec::new(),
                 follows: None,
                 scales_sent: None,
@@ -793,12 +800,18 @@ impl SchedProto {
                 ctrl_delay,
                 pull,
                 pull_per_mib,
+                pull_hold,
+                pull_hold_per_mib,
                 ..
             } => {
                 pc.ctrl_delay = check::measured(ctrl_delay);
                 pc.pull = check::measured_pull(PullFit {
                     fixed: pull,
                     per_mib: pull_per_mib,
+                });
+                pc.hold = check::measured_pull(PullFit {
+                    fixed: pull_hold,
+                    per_mib: pull_hold_per_mib,
                 });
                 let follows = pc.follows.is_some();
                 let pong = Msg::Pong {
@@ -1917,13 +1930,16 @@ impl SchedProto {
     /// (never below the floors, never above the caps); a change of more than
     /// 10% goes to the core. The pull budget of a batch of b is the largest
     /// fitted cost over the backends, `fixed + per_mib × b × input`, with the
-    /// largest input of the models.
+    /// largest input of the models; what a pull holds a GPU's puller is taken
+    /// the same way, under the same caps.
     fn update_net(&mut self) {
-        let (mut rtt, mut pull, mut n) = (Dur::ZERO, PullFit::default(), 0);
+        let (mut rtt, mut pull, mut hold, mut n) =
+            (Dur::ZERO, PullFit::default(), PullFit::default(), 0);
         for pc in self.conns.values() {
             if let Peer::Backend { .. } = pc.peer {
                 rtt = rtt.max(pc.ctrl_delay);
                 pull = pull.max(pc.pull);
+                hold = hold.max(pc.hold);
                 n += 1;
             }
         }
@@ -1954,6 +1970,8 @@ impl SchedProto {
             // Results travel one hop (backend to frontend), like a plan.
             resp: f.resp.max(ctrl),
             slack: f.slack,
+            hold_fixed: hold.fixed.min(Dur(self.cfg.max_data.0 * DATA_FIXED_CAP)),
+            hold_per_req: hold.per_request(input).min(self.cfg.max_data),
         };
         let changed = |a: Dur, b: Dur| moved(a, b, Dur::from_us(1));
         // The pull budget holds a quantile: a rise of more than 1% applies at
@@ -1966,11 +1984,15 @@ impl SchedProto {
             || rose(net.data_fixed, self.net.data_fixed)
             || rose(net.data_per_req, self.net.data_per_req)
             || changed(net.resp, self.net.resp)
+            || changed(net.hold_fixed, self.net.hold_fixed)
+            || changed(net.hold_per_req, self.net.hold_per_req)
         {
             tracing::info!(
                 d_ctrl_us = net.ctrl.as_us_f64(),
                 d_data_fixed_us = net.data_fixed.as_us_f64(),
                 d_data_us = net.data_per_req.as_us_f64(),
+                hold_fixed_us = net.hold_fixed.as_us_f64(),
+                hold_us = net.hold_per_req.as_us_f64(),
                 "scheduler: network budget changed"
             );
             self.net = net;
@@ -1979,6 +2001,8 @@ impl SchedProto {
         self.report.d_ctrl_us = self.net.ctrl.as_us_f64();
         self.report.d_data_fixed_us = self.net.data_fixed.as_us_f64();
         self.report.d_data_us = self.net.data_per_req.as_us_f64();
+        self.report.hold_fixed_us = self.net.hold_fixed.as_us_f64();
+        self.report.hold_us = self.net.hold_per_req.as_us_f64();
     }
 }
 

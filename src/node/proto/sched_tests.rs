@@ -222,6 +222,8 @@ fn ping(now: Time) -> Msg {
         ctrl_delay: Dur::ZERO,
         pull: Dur::ZERO,
         pull_per_mib: Dur::ZERO,
+        pull_hold: Dur::ZERO,
+        pull_hold_per_mib: Dur::ZERO,
         term: 0,
     }
 }
@@ -975,6 +977,8 @@ fn ping_of(term: u64) -> Msg {
             ctrl_delay,
             pull,
             pull_per_mib,
+            pull_hold,
+            pull_hold_per_mib,
             ..
         } => Msg::Ping {
             seq,
@@ -982,6 +986,8 @@ fn ping_of(term: u64) -> Msg {
             ctrl_delay,
             pull,
             pull_per_mib,
+            pull_hold,
+            pull_hold_per_mib,
             term,
         },
         _ => unreachable!(),

@@ -294,6 +294,8 @@ impl StandbyProto {
                         ctrl_delay: Dur::ZERO,
                         pull: Dur::ZERO,
                         pull_per_mib: Dur::ZERO,
+                        pull_hold: Dur::ZERO,
+                        pull_hold_per_mib: Dur::ZERO,
                         term: self.term,
                     },
                 ));
@@ -504,6 +506,8 @@ mod tests {
             ctrl_delay: Dur::ZERO,
             pull: Dur::ZERO,
             pull_per_mib: Dur::ZERO,
+            pull_hold: Dur::ZERO,
+            pull_hold_per_mib: Dur::ZERO,
             term: 5,
         };
         q.handle_msg(ms(350), 7, ping);

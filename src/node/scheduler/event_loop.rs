@@ -750,6 +750,9 @@ impl EventLoop {
             .metrics
             .d_data_fixed
             .set(net.data_fixed.as_secs_f64());
+        let m = &self.routes.metrics;
+        m.pull_hold.set(net.hold_per_req.as_secs_f64());
+        m.pull_hold_fixed.set(net.hold_fixed.as_secs_f64());
     }
 
     fn device_bytes(&mut self, model: ModelId, bytes: u64) {

@@ -25,6 +25,9 @@ pub(super) struct SchedMetrics {
     pub(super) device_bytes: Vec<Gauge>,
     pub(super) d_data: Gauge,
     pub(super) d_data_fixed: Gauge,
+    /// What a batch's pull holds its GPU's puller: per task and per batch.
+    pub(super) pull_hold: Gauge,
+    pub(super) pull_hold_fixed: Gauge,
     /// Each model's latency scale, and its measured run time over its
     /// profile (the window's p90; 0 until measured).
     pub(super) latency_scale: Vec<Gauge>,
@@ -92,6 +95,16 @@ impl SchedMetrics {
             d_data_fixed: reg.gauge(
                 "fermata_scheduler_d_data_fixed_seconds",
                 "The part of a batch's input-transfer budget that does not grow with its size.",
+                &[],
+            ),
+            pull_hold: reg.gauge(
+                "fermata_scheduler_pull_hold_seconds",
+                "What each task's pull typically holds its GPU's puller: a GPU's next batch starts no earlier than its batch's start plus the hold.",
+                &[],
+            ),
+            pull_hold_fixed: reg.gauge(
+                "fermata_scheduler_pull_hold_fixed_seconds",
+                "The part of the pull hold that does not grow with a batch's size.",
                 &[],
             ),
         }
