@@ -263,8 +263,9 @@ impl ModelState {
     pub fn delay(&self, bs: u32) -> Dur {
         self.net.delay(bs)
     }
-    pub fn net(&self) -> NetBudget {
-        self.net
+    /// What the pull of a batch of `bs` holds its GPU's puller.
+    pub fn hold(&self, bs: u32) -> Dur {
+        self.net.hold(bs)
     }
     pub fn window(&self) -> u32 {
         self.window

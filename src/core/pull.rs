@@ -263,6 +263,25 @@ fn quantile(v: &mut [i64], q: f64) -> i64 {
     v[i]
 }
 
+/// The largest `q`-quantile of `t - rate × bytes` within a size class (bytes
+/// within a factor of two) of at least [`CLASS_MIN`] batches (`i64::MIN`:
+/// no such class).
+fn class_quantile(samples: &VecDeque<(u64, i64)>, rate: f64, q: f64) -> i64 {
+    let mut classes: std::collections::BTreeMap<u32, Vec<i64>> = Default::default();
+    for &(b, t) in samples {
+        classes
+            .entry(64 - b.max(1).leading_zeros())
+            .or_default()
+            .push(t - (rate * b as f64).round() as i64);
+    }
+    classes
+        .values_mut()
+        .filter(|r| r.len() >= CLASS_MIN)
+        .map(|r| quantile(r, q))
+        .max()
+        .unwrap_or(i64::MIN)
+}
+
 /// The line of `f`'s per-byte part at the lower quantile `q`: its fixed part
 /// is the `q`-quantile of the samples' times less that per-byte part (raised,
 /// as in [`fit_quantile`], to cover the quantile of each size class with
@@ -270,21 +289,13 @@ fn quantile(v: &mut [i64], q: f64) -> i64 {
 /// hold under the budget at every size.
 fn hold_along(samples: &VecDeque<(u64, i64)>, f: PullFit, q: f64) -> PullFit {
     let rate = f.per_mib.0 as f64 / MIB;
-    let resid = |b: u64, t: i64| t - (rate * b as f64).round() as i64;
-    let mut all: Vec<i64> = samples.iter().map(|&(b, t)| resid(b, t)).collect();
-    let mut fixed = quantile(&mut all, q).max(0);
-    let mut classes: std::collections::BTreeMap<u32, Vec<i64>> = Default::default();
-    for &(b, t) in samples {
-        classes
-            .entry(64 - b.max(1).leading_zeros())
-            .or_default()
-            .push(resid(b, t));
-    }
-    for r in classes.values_mut() {
-        if r.len() >= CLASS_MIN {
-            fixed = fixed.max(quantile(r, q));
-        }
-    }
+    let mut all: Vec<i64> = samples
+        .iter()
+        .map(|&(b, t)| t - (rate * b as f64).round() as i64)
+        .collect();
+    let fixed = quantile(&mut all, q)
+        .max(0)
+        .max(class_quantile(samples, rate, q));
     PullFit {
         fixed: Dur(fixed.min(f.fixed.0)),
         per_mib: f.per_mib,
@@ -361,19 +372,7 @@ pub fn fit_quantile(samples: &VecDeque<(u64, i64)>, q: f64) -> Option<PullFit> {
     // By input size: the line covers the quantile within each size class
     // (bytes within a factor of two) that has enough batches, not only over
     // all of them (a pull's spread grows with its size).
-    let mut classes: std::collections::BTreeMap<u32, Vec<i64>> = Default::default();
-    for &(b, t) in samples {
-        let class = 64 - b.max(1).leading_zeros();
-        classes
-            .entry(class)
-            .or_default()
-            .push(t - (rate * b as f64).round() as i64);
-    }
-    for resid in classes.values_mut() {
-        if resid.len() >= CLASS_MIN {
-            fixed = fixed.max(quantile(resid, q));
-        }
-    }
+    fixed = fixed.max(class_quantile(samples, rate, q));
     // Too few samples to read the quantile (n < 1 / (1 - q): the nearest
     // rank is the largest, which the next batch exceeds with chance
     // 1 / (n + 1), 11% with 8 samples): the tail above the median is taken

@@ -551,7 +551,7 @@ impl ModelShard {
         // size. Holding the next batch only until a predicted end of the
         // queued pulls, from each plan's arrival, packed the puller tighter
         // and served less in the cluster simulator.)
-        let held = c.exec_at + e.state.net().hold(bs);
+        let held = c.exec_at + e.state.hold(bs);
         self.to_rank.push_back(ToRank::GpuFree {
             gpu,
             free_at: finish_at.max(held),

@@ -1959,19 +1959,23 @@ impl SchedProto {
             .map(|m| m.input_bytes as u64)
             .max()
             .unwrap_or(0);
+        // A fit's fixed part and part per request, under the caps.
+        let capped = |fit: PullFit| {
+            (
+                fit.fixed.min(Dur(self.cfg.max_data.0 * DATA_FIXED_CAP)),
+                fit.per_request(input).min(self.cfg.max_data),
+            )
+        };
+        let ((data_fixed, data_per_req), (hold_fixed, hold_per_req)) = (capped(pull), capped(hold));
         let net = NetBudget {
             ctrl: f.ctrl.max(ctrl),
-            data_fixed: f
-                .data_fixed
-                .max(pull.fixed.min(Dur(self.cfg.max_data.0 * DATA_FIXED_CAP))),
-            data_per_req: f
-                .data_per_req
-                .max(pull.per_request(input).min(self.cfg.max_data)),
+            data_fixed: f.data_fixed.max(data_fixed),
+            data_per_req: f.data_per_req.max(data_per_req),
             // Results travel one hop (backend to frontend), like a plan.
             resp: f.resp.max(ctrl),
             slack: f.slack,
-            hold_fixed: hold.fixed.min(Dur(self.cfg.max_data.0 * DATA_FIXED_CAP)),
-            hold_per_req: hold.per_request(input).min(self.cfg.max_data),
+            hold_fixed,
+            hold_per_req,
         };
         let changed = |a: Dur, b: Dur| moved(a, b, Dur::from_us(1));
         // The pull budget holds a quantile: a rise of more than 1% applies at
