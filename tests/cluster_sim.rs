@@ -563,10 +563,11 @@ fn the_pull_budget_covers_99_percent_of_batches_and_stays_under_twice_their_p99(
 /// 30% more, against 0.22 ms a request on the GPU), each GPU's puller, one
 /// batch at a time, is what a cluster carries: about 2,500 requests a second
 /// a GPU. Offered 0.8 of that, the cluster serves nearly all; offered 1.6
-/// times that, it still serves most of what the pullers carry, shedding the
-/// rest early. (Planned as if a pull overlapped the batch before whatever it
-/// takes, every batch ran later than the one before, and the cluster served
-/// 18% of 0.8 of it and under 3% of 1.6 of it.)
+/// times that, it still serves 0.9 of what the pullers carry, their pullers
+/// skipping the tasks already lost. (Planned as if a pull overlapped the
+/// batch before whatever it takes, every batch ran later than the one
+/// before, and the cluster served 18% of 0.8 of it and under 3% of 1.6 of
+/// it; with a hold at p75 and no skips, 0.82 of the pullers' rate at 1.6.)
 #[test]
 fn a_cluster_whose_pulls_outlast_its_batches_serves_what_its_pullers_carry() {
     use fermata::sim::cluster::SimPull;
@@ -582,7 +583,7 @@ fn a_cluster_whose_pulls_outlast_its_batches_serves_what_its_pullers_carry() {
     // The mean pull of one input, and what four pullers carry.
     let per_input_s = 600e-6 * 602_112.0 / (1u64 << 20) as f64 * 1.15;
     let carry = 4.0 / per_input_s;
-    for (load, least) in [(0.8, 0.99), (1.6, 0.8)] {
+    for (load, least) in [(0.8, 0.99), (1.6, 0.9)] {
         let secs = 10.0;
         let o = ClusterSimOpts {
             seed: 1,

@@ -56,6 +56,27 @@ fn tcp() -> Arc<dyn Transport> {
     Arc::new(Tcp::new().unwrap())
 }
 
+/// A backend (one emulated GPU, over TCP) that connects to a raw peer playing
+/// its scheduler: the listener, the backend and the peer.
+fn backend_under_raw_scheduler() -> (
+    Box<dyn fermata::transport::Listener>,
+    fermata::node::backend::BackendNode,
+    Peer,
+) {
+    let tr = tcp();
+    let (tx, rx) = fermata::transport::event_channel();
+    let l = tr.listen("127.0.0.1:0", tx).unwrap();
+    let be = fermata::node::backend::BackendNode::start(
+        tr.clone(),
+        fermata::node::backend::BackendOpts::emulated(&l.local_addr(), 1),
+    )
+    .unwrap();
+    let Ok(Event::Accepted(conn)) = rx.recv_timeout(Duration::from_secs(5)) else {
+        panic!("the backend did not connect")
+    };
+    (l, be, Peer { conn, rx })
+}
+
 /// A raw peer of the scheduler: a connection and its events.
 struct Peer {
     conn: Arc<dyn Conn>,
@@ -180,6 +201,61 @@ impl Peer {
         self.loaded(0);
         self.loaded(1);
         self.ack(Duration::from_secs(5))
+    }
+    /// As a backend's scheduler: loads the workload's first model and
+    /// acknowledges the backend's registration, its one GPU as `gpu`.
+    fn load_and_ack(&self, gpu: GpuId) {
+        let model = fermata::node::exec::model_infos(&workload())[0].clone();
+        self.send(Msg::LoadModel { model });
+        let loaded = self.wait(Duration::from_secs(5), |m| match m {
+            Msg::ModelLoaded {
+                model: ModelId(0),
+                ok,
+                ..
+            } => Some(*ok),
+            _ => None,
+        });
+        assert_eq!(loaded, Some(true));
+        self.send(Msg::RegisterAck {
+            node: 1,
+            gpu_ids: vec![gpu],
+            models: vec![],
+            heartbeat_ms: 50,
+            term: 1,
+        });
+    }
+    /// As a backend's scheduler: sends plan 1, one task of model 0 (its
+    /// input at frontend 3) for `gpu`, sent at `sent`, to start at `exec_at`
+    /// and end by `deadline`; the status of its `PlanDone`.
+    fn plan_one(
+        &self,
+        gpu: GpuId,
+        sent: Time,
+        exec_at: Time,
+        deadline: Time,
+    ) -> Option<fermata::wire::PlanStatus> {
+        self.send(Msg::Plan {
+            id: PlanId(1),
+            model: ModelId(0),
+            gpu,
+            exec_at,
+            finish_at: exec_at.max(sent),
+            sent,
+            tasks: vec![fermata::wire::PlanTask {
+                id: fermata::wire::task_id(3, 1),
+                deadline,
+                input: 0,
+                cap: 1,
+            }],
+        });
+        self.wait(Duration::from_secs(5), |m| match m {
+            Msg::PlanDone {
+                id: PlanId(1),
+                status,
+                ..
+            } => Some(*status),
+            _ => None,
+        })
     }
     fn ack(&self, t: Duration) -> Option<Vec<GpuId>> {
         self.wait(t, |m| match m {
@@ -494,18 +570,7 @@ fn a_submit_with_a_task_of_another_frontend_or_a_wild_deadline_is_refused() {
 #[test]
 fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let tr = tcp();
-    let (tx, rx) = fermata::transport::event_channel();
-    let l = tr.listen("127.0.0.1:0", tx).unwrap();
-    let be = fermata::node::backend::BackendNode::start(
-        tr.clone(),
-        fermata::node::backend::BackendOpts::emulated(&l.local_addr(), 1),
-    )
-    .unwrap();
-    let Ok(Event::Accepted(conn)) = rx.recv_timeout(Duration::from_secs(5)) else {
-        panic!("the backend did not connect")
-    };
-    let sched = Peer { conn, rx };
+    let (l, be, sched) = backend_under_raw_scheduler();
     // Answer pings, the first one with a wild echo, until it registers.
     let mut wild = true;
     let registered = sched.wait(Duration::from_secs(10), |m| match m {
@@ -528,46 +593,8 @@ fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
         _ => None,
     });
     assert!(registered.is_some(), "the backend died on the wild pong");
-    let model = fermata::node::exec::model_infos(&workload())[0].clone();
-    sched.send(Msg::LoadModel { model });
-    let loaded = sched.wait(Duration::from_secs(5), |m| match m {
-        Msg::ModelLoaded {
-            model: ModelId(0),
-            ok,
-            ..
-        } => Some(*ok),
-        _ => None,
-    });
-    assert_eq!(loaded, Some(true));
-    sched.send(Msg::RegisterAck {
-        node: 1,
-        gpu_ids: vec![GpuId(7)],
-        models: vec![],
-        heartbeat_ms: 50,
-        term: 1,
-    });
-    sched.send(Msg::Plan {
-        id: PlanId(1),
-        model: ModelId(0),
-        gpu: GpuId(7),
-        exec_at: Time(i64::MAX),
-        finish_at: Time(i64::MAX),
-        sent: Time(0),
-        tasks: vec![fermata::wire::PlanTask {
-            id: fermata::wire::task_id(3, 1),
-            deadline: Time(i64::MAX),
-            input: 0,
-            cap: 1,
-        }],
-    });
-    let done = sched.wait(Duration::from_secs(5), |m| match m {
-        Msg::PlanDone {
-            id: PlanId(1),
-            status,
-            ..
-        } => Some(*status),
-        _ => None,
-    });
+    sched.load_and_ack(GpuId(7));
+    let done = sched.plan_one(GpuId(7), Time(0), Time(i64::MAX), Time(i64::MAX));
     assert_eq!(done, Some(fermata::wire::PlanStatus::Failed));
     // Still alive: it goes on pinging.
     let ping = sched.wait(Duration::from_secs(5), |m| {
@@ -577,4 +604,39 @@ fn a_wild_pong_and_a_plan_for_the_end_of_time_do_not_stop_a_backend() {
     assert!(!be.is_finished());
     drop(l);
     be.crash();
+}
+
+/// A plan that reaches its backend after its tasks' deadlines is not pulled:
+/// its task ends dropped as too late (its frontend is not even connected,
+/// so a read would have failed it), the plan is reported too late, and the
+/// backend counts the input as skipped, not missing.
+#[test]
+fn a_plan_already_too_late_is_not_pulled() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (l, be, sched) = backend_under_raw_scheduler();
+    // The scheduler's clock is the backend's: every pong echoes its ping.
+    let mut now = Time(0);
+    let registered = sched.wait(Duration::from_secs(10), |m| match m {
+        Msg::Ping { seq, sent, .. } => {
+            now = *sent;
+            sched.send(Msg::Pong {
+                seq: *seq,
+                echo: *sent,
+                sched: *sent,
+                term: 1,
+            });
+            None
+        }
+        Msg::Register { .. } => Some(()),
+        _ => None,
+    });
+    assert!(registered.is_some());
+    sched.load_and_ack(GpuId(0));
+    // Planned to start a second ago, for a deadline a moment after that.
+    let start = now - Dur::from_ms(1_000);
+    let done = sched.plan_one(GpuId(0), start, start, start + Dur::from_ms(20));
+    assert_eq!(done, Some(fermata::wire::PlanStatus::TooLate));
+    drop(l);
+    let r = be.crash();
+    assert_eq!((r.inputs_skipped, r.inputs_missing), (1, 0), "{r:?}");
 }

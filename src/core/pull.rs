@@ -46,11 +46,14 @@ pub const PULL_QUANTILE: f64 = 0.99;
 /// ([`PullEstimator::hold`]). A backend pulls one batch at a time per GPU, so
 /// when pulls take longer than the batches run, the puller sets the pace: the
 /// scheduler keeps a GPU's next batch at least this long after the one before
-/// it starts. It must lie above the mean pull (held at the mean, a saturated
-/// puller falls behind by a random walk, and every batch after is late), and
-/// well below the budget's quantile (held at that, the puller idles between
-/// batches that pull faster than their tail).
-pub const HOLD_QUANTILE: f64 = 0.75;
+/// it starts. Under the mean, the scheduler plans a little more than the
+/// puller carries, so the puller never idles, and the puller skips what it
+/// cannot serve in time ([`crate::node::proto::backend::hopeless`]). In the
+/// cluster simulator with pulls that outlast batches, p25 served 0.95–0.98
+/// of the pullers' rate past it, against 0.89–0.95 at p75 (above the mean);
+/// with no hold, four GPUs offered 0.8 of their pullers' rate served 86% of
+/// it (a GPU whose batch had ended looked free while its puller was busy).
+pub const HOLD_QUANTILE: f64 = 0.25;
 
 /// The share of recent batches that may overrun their predicted budget before
 /// the estimator adds headroom.
@@ -210,7 +213,7 @@ impl PullEstimator {
             return;
         };
         self.hold = match measured {
-            Some(f) => Some(hold_along(&self.samples, f, HOLD_QUANTILE)),
+            Some(f) => Some(hold_under(&self.samples, f, HOLD_QUANTILE)),
             None => probed(),
         };
         let h = self.headroom;
@@ -226,8 +229,9 @@ impl PullEstimator {
         self.fit
     }
 
-    /// What a batch's pull holds its GPU's puller, typically: the fit at
-    /// [`HOLD_QUANTILE`] (None while [`PullEstimator::fit`] is None).
+    /// What a batch's pull holds its GPU's puller: the quantile regression at
+    /// [`HOLD_QUANTILE`], each part at most the budget's (None while
+    /// [`PullEstimator::fit`] is None).
     pub fn hold(&self) -> Option<PullFit> {
         self.hold
     }
@@ -282,34 +286,61 @@ fn class_quantile(samples: &VecDeque<(u64, i64)>, rate: f64, q: f64) -> i64 {
         .unwrap_or(i64::MIN)
 }
 
-/// The line of `f`'s per-byte part at the lower quantile `q`: its fixed part
-/// is the `q`-quantile of the samples' times less that per-byte part (raised,
-/// as in [`fit_quantile`], to cover the quantile of each size class with
-/// [`CLASS_MIN`] batches), never above `f`'s. One slope for both keeps the
-/// hold under the budget at every size.
-fn hold_along(samples: &VecDeque<(u64, i64)>, f: PullFit, q: f64) -> PullFit {
-    let rate = f.per_mib.0 as f64 / MIB;
-    let mut all: Vec<i64> = samples
-        .iter()
-        .map(|&(b, t)| t - (rate * b as f64).round() as i64)
-        .collect();
-    let fixed = quantile(&mut all, q)
-        .max(0)
-        .max(class_quantile(samples, rate, q));
+/// The line of least pinball loss at the lower quantile `q` (not raised per
+/// size class as the budget's is: the hold is a pace, not a bound), each
+/// part kept at or under `f`'s, so that it lies under the budget at every
+/// size.
+fn hold_under(samples: &VecDeque<(u64, i64)>, f: PullFit, q: f64) -> PullFit {
+    let Some((rate, fixed)) = pinball_line(samples, q) else {
+        return f;
+    };
     PullFit {
-        fixed: Dur(fixed.min(f.fixed.0)),
-        per_mib: f.per_mib,
+        fixed: Dur(fixed).min(f.fixed),
+        per_mib: Dur((rate * MIB).ceil() as i64).min(f.per_mib),
     }
 }
 
-/// Quantile regression of time on bytes at `q`: among candidate slopes around
-/// the medians' slope, the line `fixed + rate × bytes` with `fixed` the
-/// `q`-quantile of `t - rate × bytes` that has the least pinball loss; then
-/// `fixed` is raised to cover the `q`-quantile of every size class with
-/// [`CLASS_MIN`] batches, and, with too few samples to read the quantile,
-/// to an extension of their tail. None with fewer than [`MIN_SAMPLES`]
-/// samples.
+/// Quantile regression of time on bytes at `q`: the line of least pinball
+/// loss ([`pinball_line`]); then `fixed` is raised to cover the `q`-quantile
+/// of every size class with [`CLASS_MIN`] batches, and, with too few samples
+/// to read the quantile, to an extension of their tail. None with fewer than
+/// [`MIN_SAMPLES`] samples.
 pub fn fit_quantile(samples: &VecDeque<(u64, i64)>, q: f64) -> Option<PullFit> {
+    let (rate, mut fixed) = pinball_line(samples, q)?;
+    let n = samples.len();
+    // By input size: the line covers the quantile within each size class
+    // (bytes within a factor of two) that has enough batches, not only over
+    // all of them (a pull's spread grows with its size).
+    fixed = fixed.max(class_quantile(samples, rate, q));
+    // Too few samples to read the quantile (n < 1 / (1 - q): the nearest
+    // rank is the largest, which the next batch exceeds with chance
+    // 1 / (n + 1), 11% with 8 samples): the tail above the median is taken
+    // as exponential and extended from what the samples show, to
+    // `med + (max - med) × ln(0.5 / (1 - q)) / ln(n / 2)` (the largest of n
+    // such samples lies ln(n / 2) scales above the median).
+    if (n as f64) < 1.0 / (1.0 - q) && n > 2 {
+        let mut resid: Vec<i64> = samples
+            .iter()
+            .map(|&(b, t)| t - (rate * b as f64).round() as i64)
+            .collect();
+        let med = quantile(&mut resid, 0.5);
+        let max = *resid.last().expect("n > 2");
+        let k = (0.5 / (1.0 - q)).ln() / (n as f64 / 2.0).ln();
+        if k > 1.0 && max > med {
+            fixed = fixed.max(med + ((max - med) as f64 * k).round() as i64);
+        }
+    }
+    Some(PullFit {
+        fixed: Dur(fixed),
+        per_mib: Dur((rate * MIB).ceil() as i64),
+    })
+}
+
+/// The line `fixed + rate × bytes` (rate in ns a byte, fixed in ns) of least
+/// pinball loss at `q`: among candidate slopes around the medians' slope,
+/// with `fixed` the `q`-quantile of `t - rate × bytes` (never below zero).
+/// None with fewer than [`MIN_SAMPLES`] samples.
+fn pinball_line(samples: &VecDeque<(u64, i64)>, q: f64) -> Option<(f64, i64)> {
     let n = samples.len();
     if n < MIN_SAMPLES {
         return None;
@@ -368,33 +399,8 @@ pub fn fit_quantile(samples: &VecDeque<(u64, i64)>, q: f64) -> Option<PullFit> {
             best = Some((loss, rate, fixed));
         }
     }
-    let (_, rate, mut fixed) = best.expect("candidates");
-    // By input size: the line covers the quantile within each size class
-    // (bytes within a factor of two) that has enough batches, not only over
-    // all of them (a pull's spread grows with its size).
-    fixed = fixed.max(class_quantile(samples, rate, q));
-    // Too few samples to read the quantile (n < 1 / (1 - q): the nearest
-    // rank is the largest, which the next batch exceeds with chance
-    // 1 / (n + 1), 11% with 8 samples): the tail above the median is taken
-    // as exponential and extended from what the samples show, to
-    // `med + (max - med) × ln(0.5 / (1 - q)) / ln(n / 2)` (the largest of n
-    // such samples lies ln(n / 2) scales above the median).
-    if (n as f64) < 1.0 / (1.0 - q) && n > 2 {
-        let mut resid: Vec<i64> = samples
-            .iter()
-            .map(|&(b, t)| t - (rate * b as f64).round() as i64)
-            .collect();
-        let med = quantile(&mut resid, 0.5);
-        let max = *resid.last().expect("n > 2");
-        let k = (0.5 / (1.0 - q)).ln() / (n as f64 / 2.0).ln();
-        if k > 1.0 && max > med {
-            fixed = fixed.max(med + ((max - med) as f64 * k).round() as i64);
-        }
-    }
-    Some(PullFit {
-        fixed: Dur(fixed),
-        per_mib: Dur((rate * MIB).ceil() as i64),
-    })
+    let (_, rate, fixed) = best.expect("candidates");
+    Some((rate, fixed))
 }
 
 #[cfg(test)]
@@ -475,11 +481,12 @@ mod tests {
         );
     }
 
-    /// The hold lies above the mean pull of a batch (a saturated puller held
-    /// any less falls behind) and below its budget, for large batches and
-    /// small ones.
+    /// The hold lies near a batch's mean pull, for large batches and small
+    /// ones (one line for every size, fitted mostly on large batches, takes
+    /// small ones a little above their mean): above its p10, at most a tenth
+    /// above its mean, and under its budget.
     #[test]
-    fn the_hold_lies_between_the_mean_pull_and_the_budget() {
+    fn the_hold_lies_near_the_mean_pull_under_the_budget() {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
         assert_eq!(PullEstimator::new(512).hold(), None);
         let est = fed_mostly_large(&mut rng);
@@ -487,11 +494,11 @@ mod tests {
         for b in [8u64, 64] {
             let mut v: Vec<i64> = (0..20_000).map(|_| batch(&mut rng, b as u32)).collect();
             let mean = v.iter().sum::<i64>() as f64 / v.len() as f64;
-            let p99 = p(&mut v, 0.99);
+            let p10 = p(&mut v, 0.10);
             let (h, budget) = (hold.budget(b * INPUT).0, est.budget(b * INPUT).unwrap().0);
             assert!(
-                h as f64 >= mean && h < budget && h < p99,
-                "b={b}: hold {h} ns, mean {mean:.0} ns, p99 {p99} ns, budget {budget} ns"
+                h >= p10 && h as f64 <= 1.1 * mean && h < budget,
+                "b={b}: hold {h} ns, p10 {p10} ns, mean {mean:.0} ns, budget {budget} ns"
             );
         }
     }

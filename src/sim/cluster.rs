@@ -508,8 +508,9 @@ struct GpuRun {
     /// When the GPU's puller is done with the plans it has (true time).
     pull_free: Time,
     /// Per queued plan: when its inputs are in (true time), what the pull
-    /// took, its bytes, and the budget the scheduler had for it.
-    pulled: HashMap<PlanId, (Time, Dur, u64, Dur)>,
+    /// took, its bytes, the budget the scheduler had for it, and which
+    /// inputs it did not read (skipped, or not read by its latest start).
+    pulled: HashMap<PlanId, (Time, Dur, u64, Dur, Vec<bool>)>,
     /// Models to confirm loaded (a rejoin) when the running batch ends.
     confirms: Vec<ModelId>,
 }
@@ -2281,26 +2282,43 @@ impl ClusterSim {
             }
             be_proto::Action::Queue { gpu, plan } => {
                 // The GPU's puller starts on the plan once it is done with
-                // those before it.
-                let bytes = plan.tasks.len() as u64
-                    * self
-                        .models
-                        .get(plan.model.idx())
-                        .map_or(0, |m| m.input_bytes as u64);
-                let took = sim_pull(
-                    &self.opts.pull,
-                    &mut self.pull_rng,
-                    plan.tasks.len() as u32,
-                    bytes,
-                );
+                // those before it. As a backend's puller, it skips the
+                // inputs of tasks already lost and stops at the batch's
+                // latest start: what it has not read by then is unread.
+                let Proc::Be(b) = &self.procs[pid] else {
+                    return false;
+                };
+                let from = b.run[gpu].pull_free.max(self.now);
+                let from_sched = b.clock.local(from) + b.proto.offset();
+                let prof = &self.w.models[plan.model.idx()].spec.profile;
+                let mut unread = be_proto::hopeless(&plan, Some(prof), from_sched);
+                let limit = be_proto::pull_budget(&plan, Some(prof), from_sched, &unread);
+                let input = self
+                    .models
+                    .get(plan.model.idx())
+                    .map_or(0, |m| m.input_bytes as u64);
+                let n = unread.iter().filter(|&&u| !u).count() as u64;
+                let full = sim_pull(&self.opts.pull, &mut self.pull_rng, n as u32, n * input);
+                let took = full.min(limit);
+                if took < full {
+                    // Reads end in task order, evenly over the pull.
+                    let read = (n as f64 * took.0 as f64 / full.0.max(1) as f64) as u64;
+                    let mut seen = 0;
+                    for u in unread.iter_mut().filter(|u| !**u) {
+                        seen += 1;
+                        *u = seen > read;
+                    }
+                }
+                let bytes = unread.iter().filter(|&&u| !u).count() as u64 * input;
                 let budget = self.report.net.data(plan.tasks.len() as u32);
                 let Proc::Be(b) = &mut self.procs[pid] else {
                     return false;
                 };
                 let run = &mut b.run[gpu];
-                let done = run.pull_free.max(self.now) + took;
+                let done = from + took;
                 run.pull_free = done;
-                run.pulled.insert(plan.id, (done, took, bytes, budget));
+                run.pulled
+                    .insert(plan.id, (done, took, bytes, budget, unread));
                 run.queue.push(plan.exec_at, plan);
                 self.be_next(pid, gpu as u32);
             }
@@ -2371,9 +2389,13 @@ impl ClusterSim {
         let hung = b.hung_until;
         let prof = &self.w.models[plan.model.idx()].spec.profile;
         // The batch starts when due and its inputs are in.
-        let pulled = b.run[gpu as usize].pulled.get(&plan.id).copied();
-        let pull = pulled.map_or(Dur::ZERO, |(done, ..)| (done - now).max(Dur::ZERO));
-        if let Some((_, took, bytes, budget)) = pulled {
+        let pulled = b.run[gpu as usize].pulled.get(&plan.id).cloned();
+        let pull = pulled
+            .as_ref()
+            .map_or(Dur::ZERO, |(done, ..)| (*done - now).max(Dur::ZERO));
+        let mut unread = Vec::new();
+        if let Some((_, took, bytes, budget, u)) = pulled {
+            unread = u;
             if let Proc::Be(b) = &mut self.procs[pid] {
                 b.run[gpu as usize].pulled.remove(&plan.id);
                 b.pull_est.observe(bytes, took);
@@ -2388,9 +2410,15 @@ impl ClusterSim {
                 budget,
             });
         }
+        let present: Vec<bool> = present
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| p && !unread.get(i).copied().unwrap_or(false))
+            .collect();
         let start = sched_now + pull;
         let planned = be_proto::planned_profile(prof, plan.tasks.len(), plan.span);
-        let cut = cut_batch(&plan.tasks, &present, start, Some(&planned));
+        let mut cut = cut_batch(&plan.tasks, &present, start, Some(&planned));
+        cut.split_unread(|i| unread.get(i).copied().unwrap_or(false));
         let span = self.batch_span(plan.model, cut.run.len());
         let outputs = vec![Some(vec![1u8]); cut.run.len()];
         let settled = settle(&plan, &cut, start, start + span, Ok(outputs));

@@ -60,12 +60,13 @@ pub(super) fn register_counters(sh: &Arc<Shared>) {
     outcome_counter(
         sh,
         "fermata_backend_tasks_total",
-        "Tasks ended on this backend, by outcome (ran, too_late, input_missing, failed).",
+        "Tasks ended on this backend, by outcome (ran, too_late, input_missing, skipped: not pulled, already too late, failed).",
         |s| {
             vec![
                 ("ran", s.tasks_run.load(Ordering::Relaxed)),
                 ("too_late", s.tasks_too_late.load(Ordering::Relaxed)),
                 ("input_missing", s.inputs_missing()),
+                ("skipped", s.inputs_skipped.load(Ordering::Relaxed)),
                 ("failed", s.tasks_failed.load(Ordering::Relaxed)),
             ]
         },

@@ -9,7 +9,7 @@ use super::shared::Shared;
 use crate::core::Dur;
 use crate::node::exec::stage::{StagePool, Staged};
 use crate::node::proto::backend::{
-    classify_input, classify_slot, pull_budget, pull_requests, Input, Missing, PlanMsg,
+    classify_input, classify_slot, hopeless, pull_budget, pull_requests, Input, Missing, PlanMsg,
 };
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::Ordering;
@@ -74,15 +74,19 @@ fn pull(
     stage: Option<&Arc<StagePool>>,
     plan: &PlanMsg,
 ) -> (Vec<Result<Input, Missing>>, Option<Staged>) {
-    let reqs = pull_requests(&plan.tasks);
-    // Reads may take until the batch's latest start.
     let now = sh.clock.now();
     sh.lead_arrived
         .lock()
         .expect("lock")
         .push((plan.exec_at - now).0);
     let prof = sh.profiles.read().expect("lock").get(&plan.model).cloned();
-    let budget = pull_budget(plan, prof.as_ref(), now);
+    // The inputs of tasks already lost are not read (their tasks are
+    // dropped as unread); the others may take until the batch's latest start.
+    let skip = hopeless(plan, prof.as_ref(), now);
+    let budget = pull_budget(plan, prof.as_ref(), now, &skip);
+    let all = pull_requests(&plan.tasks);
+    let kept: Vec<usize> = (0..all.len()).filter(|&i| !skip[i]).collect();
+    let reqs: Vec<_> = kept.iter().map(|&i| all[i]).collect();
     let timeout = Duration::from_nanos(budget.0 as u64);
     let mut staged = stage.and_then(|p| p.take(plan.model, reqs.len()));
     let bufs = sh.take_buffers(reqs.len());
@@ -92,24 +96,28 @@ fn pull(
     let edges = &sh.slot_edges[slot as usize];
     let e0 = edges.load(Ordering::Acquire);
     let t0 = Instant::now();
-    let got: Vec<Result<Input, Missing>> = match staged.as_mut() {
-        None => sh
-            .reader
-            .read_many_into(&reqs, timeout, bufs)
-            .into_iter()
-            .zip(&plan.tasks)
-            // Each input stays in the slot it was read into (header first).
-            .map(|(r, t)| classify_input(r, t.id, t.cap))
-            .collect(),
+    // Per task: a skipped one is unread, as one whose read timed out.
+    let mut got: Vec<Result<Input, Missing>> = skip
+        .iter()
+        .map(|&s| Err(if s { Missing::Timeout } else { Missing::Error }))
+        .collect();
+    match staged.as_mut() {
+        None => {
+            let read = sh.reader.read_many_into(&reqs, timeout, bufs);
+            for (r, &i) in read.into_iter().zip(&kept) {
+                let t = &plan.tasks[i];
+                // Each input stays in the slot it was read into (header first).
+                got[i] = classify_input(r, t.id, t.cap);
+            }
+        }
         Some(st) => {
             // Each payload is copied from where the read left it into its
             // task's row: in process, straight out of the frontend's region.
             let row = st.row_bytes();
-            let mut got: Vec<Result<Input, Missing>> =
-                (0..reqs.len()).map(|_| Err(Missing::Error)).collect();
             let (in_place, back) = sh
                 .reader
-                .read_many_visit(&reqs, timeout, bufs, &mut |i, r| {
+                .read_many_visit(&reqs, timeout, bufs, &mut |k, r| {
+                    let i = kept[k];
                     let t = &plan.tasks[i];
                     got[i] = classify_slot(r, t.id, t.cap).and_then(|p| {
                         // An input of another size than the model's cannot be a
@@ -131,18 +139,17 @@ fn pull(
                 sh.input_bytes_gathered
                     .fetch_add(n as u64, Ordering::Relaxed);
             }
-            got
         }
-    };
+    }
     let el = t0.elapsed();
     let overlapped = e0 % 2 == 1 || edges.load(Ordering::Acquire) != e0;
     let lead = plan.exec_at - sh.clock.now();
     sh.lead_pulled.lock().expect("lock").push(lead.0);
-    if !plan.tasks.is_empty() {
+    if !reqs.is_empty() {
         sh.pull
             .lock()
             .expect("lock")
-            .push(el.as_nanos() as i64 / plan.tasks.len() as i64);
+            .push(el.as_nanos() as i64 / reqs.len() as i64);
         sh.observe_pull(
             reqs.len(),
             bytes,
@@ -151,9 +158,17 @@ fn pull(
             overlapped,
         );
     }
-    for why in got.iter().filter_map(|r| r.as_ref().err()) {
+    for (why, _) in got
+        .iter()
+        .zip(&skip)
+        .filter_map(|(r, &s)| Some((r.as_ref().err()?, s)))
+        .filter(|&(_, s)| !s)
+    {
         sh.missing_why[*why as usize].fetch_add(1, Ordering::Relaxed);
     }
+    let skipped = skip.iter().filter(|&&s| s).count();
+    sh.inputs_skipped
+        .fetch_add(skipped as u64, Ordering::Relaxed);
     let landed: usize = got.iter().flatten().map(|i| i.len).sum();
     sh.input_bytes_pulled
         .fetch_add(landed as u64, Ordering::Relaxed);

@@ -34,6 +34,9 @@ pub struct BackendReport {
     pub inputs_missing_timeout: u64,
     pub inputs_missing_stale: u64,
     pub inputs_missing_error: u64,
+    /// Inputs not read because their tasks could no longer meet their
+    /// deadlines when the puller came to their plan (dropped as too late).
+    pub inputs_skipped: u64,
     /// How late batches started after exec_at, p50/p99 (us).
     pub start_delay_p50_us: f64,
     pub start_delay_p99_us: f64,
@@ -109,6 +112,7 @@ impl Shared {
             inputs_missing_timeout: s.missing_why[0].load(Ordering::Relaxed),
             inputs_missing_stale: s.missing_why[1].load(Ordering::Relaxed),
             inputs_missing_error: s.missing_why[2].load(Ordering::Relaxed),
+            inputs_skipped: s.inputs_skipped.load(Ordering::Relaxed),
             start_delay_p50_us: q(&s.start_delay, 0.5),
             start_delay_p99_us: q(&s.start_delay, 0.99),
             run_over_profile_p50: q(&s.run_over_profile, 0.5),

@@ -101,6 +101,9 @@ pub(super) struct Shared {
     /// Missing inputs by reason: [timeout, stale slot, error] (counted when the
     /// pull ends).
     pub(super) missing_why: [AtomicU64; 3],
+    /// Inputs a puller did not read: their tasks could no longer meet their
+    /// deadlines when it came to the plan (dropped as too late).
+    pub(super) inputs_skipped: AtomicU64,
     /// Input buffers of finished batches, reused by the pullers (see
     /// [`RegionReader::read_many_into`]).
     pool: BufferPool,
@@ -168,6 +171,7 @@ impl Shared {
             tasks_failed: AtomicU64::new(0),
             isolate_reruns: AtomicU64::new(0),
             missing_why: Default::default(),
+            inputs_skipped: AtomicU64::new(0),
             pool: BufferPool::new(),
             pool_misses: AtomicU64::new(0),
             start_delay_hist: start_delay_histogram(&registry, name),

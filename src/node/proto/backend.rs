@@ -644,12 +644,42 @@ pub fn pull_requests(tasks: &[PlanTask]) -> Vec<ReadReq> {
         .collect()
 }
 
-/// How long the pull of `plan`'s inputs may take from `now`: until the latest
-/// start that still meets its earliest deadline with every task (at least 1 ms).
-pub fn pull_budget(plan: &PlanMsg, prof: Option<&LatencyProfile>, now: Time) -> Dur {
-    let n = plan.tasks.len() as u32;
+/// Which of `plan`'s tasks cannot meet their deadlines however soon after
+/// `now` its batch starts (never before its planned start): the earliest
+/// deadlines that [`too_late_prefix`] leaves out at that start, judged with
+/// the profile the scheduler planned with ([`planned_profile`]). A puller
+/// does not read their inputs: a read for a task already lost takes the
+/// puller's time from the batches after it.
+pub fn hopeless(plan: &PlanMsg, prof: Option<&LatencyProfile>, now: Time) -> Vec<bool> {
+    let mut mask = vec![false; plan.tasks.len()];
+    let Some(p) = prof else {
+        return mask;
+    };
+    let planned = planned_profile(p, plan.tasks.len(), plan.span);
+    let mut order: Vec<usize> = (0..plan.tasks.len()).collect();
+    order.sort_by_key(|&i| plan.tasks[i].deadline);
+    let deadlines: Vec<Time> = order.iter().map(|&i| plan.tasks[i].deadline).collect();
+    let cut = too_late_prefix(&deadlines, now.max(plan.exec_at), &planned);
+    for &i in &order[..cut] {
+        mask[i] = true;
+    }
+    mask
+}
+
+/// How long the pull of `plan`'s inputs, less those `skip` marks, may take
+/// from `now`: until the latest start that still meets the earliest deadline
+/// with every task pulled (at least 1 ms).
+pub fn pull_budget(plan: &PlanMsg, prof: Option<&LatencyProfile>, now: Time, skip: &[bool]) -> Dur {
+    let kept = || {
+        plan.tasks
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !skip.get(i).copied().unwrap_or(false))
+            .map(|(_, t)| t)
+    };
+    let n = kept().count() as u32;
     let l = prof.map_or(Dur::ZERO, |p| p.latency(n.clamp(1, p.max_batch())));
-    let dl = plan.tasks.iter().map(|t| t.deadline).min();
+    let dl = kept().map(|t| t.deadline).min();
     let latest = dl.unwrap_or(Time(i64::MAX)) - l;
     (latest - now).max(Dur::from_ms(1))
 }
@@ -820,8 +850,9 @@ impl Settled {
 /// one per task (`None`: that task failed alone, see
 /// [`crate::node::exec::isolate`]; `Err`, or the wrong number of outputs: they
 /// all fail). The plan `Ran` when any task got its output. With nothing to run
-/// because every task was too late, the plan is `TooLate` and the executor is
-/// not asked (`outputs` is ignored).
+/// and some task too late (left out at the start, or its input not read in
+/// time), the plan is `TooLate` and the executor is not asked (`outputs` is
+/// ignored).
 pub fn settle(
     plan: &PlanMsg,
     cut: &Cut,
@@ -831,7 +862,9 @@ pub fn settle(
 ) -> Settled {
     let mut by_fe: BTreeMap<NodeId, Vec<TaskResult>> = BTreeMap::new();
     let outputs = outputs.ok().filter(|o| o.len() == cut.run.len());
-    let too_late = cut.run.is_empty() && !cut.too_late.is_empty();
+    // Nothing ran and something was too late for its deadline (left out at
+    // the start, or not pulled).
+    let too_late = cut.run.is_empty() && !(cut.too_late.is_empty() && cut.unread.is_empty());
     let ok = outputs
         .as_ref()
         .map_or(0, |o| o.iter().filter(|x| x.is_some()).count());
@@ -1353,6 +1386,54 @@ mod tests {
         let wild = planned_profile(&p, 4, Dur(i64::MAX / 4));
         let cap = crate::node::proto::latency_scale::ABSURD_RATIO;
         assert_eq!(wild.latency(1), Dur((6e6 * cap) as i64));
+    }
+
+    /// A puller that starts late leaves out the tasks no start from then on
+    /// can serve, and gives the others until their own latest start.
+    #[test]
+    fn a_late_pull_skips_the_tasks_already_lost() {
+        // l(b) = 1 ms * b + 5 ms.
+        let p = LatencyProfile::linear(Dur::from_ms(1), Dur::from_ms(5), 32).unwrap();
+        let t = |seq: u64, dl: i64| PlanTask {
+            id: crate::wire::task_id(1, seq),
+            deadline: ms(dl),
+            input: 0,
+            cap: seq,
+        };
+        // Deadlines 20, 9, 10, 12 ms (unsorted); planned at 0, l(4) = 9 ms.
+        let plan = PlanMsg {
+            id: PlanId(3),
+            model: ModelId(0),
+            gpu: GpuId(0),
+            exec_at: ms(0),
+            span: ms(9) - ms(0),
+            tasks: vec![t(1, 20), t(2, 9), t(3, 10), t(4, 12)],
+        };
+        // Before or at the planned start nothing is lost, and the pull may
+        // take until the latest start of all four: 9 - l(4) = 0.
+        assert_eq!(hopeless(&plan, Some(&p), ms(-3)), vec![false; 4]);
+        assert_eq!(
+            pull_budget(&plan, Some(&p), ms(-3), &[false; 4]),
+            ms(3) - ms(0)
+        );
+        // From 5 ms only the two latest can make it (5 + l(2) = 12).
+        let skip = hopeless(&plan, Some(&p), ms(5));
+        assert_eq!(skip, vec![false, true, true, false]);
+        // Their pull may take until 12 - l(2) = 5 ms: none left, so the floor.
+        assert_eq!(pull_budget(&plan, Some(&p), ms(5), &skip), Dur::from_ms(1));
+        // From 2 ms: the earliest is lost; the other three have until
+        // 10 - l(3) = 2 ms, the floor again, and from 1 ms none is lost.
+        assert_eq!(
+            hopeless(&plan, Some(&p), ms(2)),
+            vec![false, true, false, false]
+        );
+        assert_eq!(
+            hopeless(&plan, Some(&p), ms(1)),
+            vec![false, true, false, false]
+        );
+        assert_eq!(hopeless(&plan, Some(&p), ms(0)), vec![false; 4]);
+        // Without a profile nothing is judged.
+        assert_eq!(hopeless(&plan, None, ms(50)), vec![false; 4]);
     }
 
     /// An input whose read had not finished by the batch's start ends its
