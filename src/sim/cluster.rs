@@ -2398,7 +2398,11 @@ impl ClusterSim {
             unread = u;
             if let Proc::Be(b) = &mut self.procs[pid] {
                 b.run[gpu as usize].pulled.remove(&plan.id);
-                b.pull_est.observe(bytes, took);
+                // As a backend's puller, a pull that read nothing (every
+                // task already lost) is no sample.
+                if unread.iter().any(|&u| !u) {
+                    b.pull_est.observe(bytes, took);
+                }
                 if let Some(fit) = b.pull_est.fit() {
                     b.proto.set_pull(fit, b.pull_est.hold().unwrap_or_default());
                 }
