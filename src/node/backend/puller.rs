@@ -88,7 +88,9 @@ fn pull(
     let kept: Vec<usize> = (0..all.len()).filter(|&i| !skip[i]).collect();
     let reqs: Vec<_> = kept.iter().map(|&i| all[i]).collect();
     let timeout = Duration::from_nanos(budget.0 as u64);
-    let mut staged = stage.and_then(|p| p.take(plan.model, reqs.len()));
+    // Rows by task, skipped ones included (the worker closes up the rows of
+    // the tasks it leaves out).
+    let mut staged = stage.and_then(|p| p.take(plan.model, plan.tasks.len()));
     let bufs = sh.take_buffers(reqs.len());
     let bytes: u64 = reqs.iter().map(|r| r.len as u64).sum();
     // The slot's batch edges before and after the pull: odd, or moved, means
@@ -158,17 +160,13 @@ fn pull(
             overlapped,
         );
     }
-    for (why, _) in got
-        .iter()
-        .zip(&skip)
-        .filter_map(|(r, &s)| Some((r.as_ref().err()?, s)))
-        .filter(|&(_, s)| !s)
-    {
-        sh.missing_why[*why as usize].fetch_add(1, Ordering::Relaxed);
+    for (r, &skipped) in got.iter().zip(&skip) {
+        match r {
+            _ if skipped => sh.inputs_skipped.fetch_add(1, Ordering::Relaxed),
+            Err(why) => sh.missing_why[*why as usize].fetch_add(1, Ordering::Relaxed),
+            Ok(_) => 0,
+        };
     }
-    let skipped = skip.iter().filter(|&&s| s).count();
-    sh.inputs_skipped
-        .fetch_add(skipped as u64, Ordering::Relaxed);
     let landed: usize = got.iter().flatten().map(|i| i.len).sum();
     sh.input_bytes_pulled
         .fetch_add(landed as u64, Ordering::Relaxed);
