@@ -502,15 +502,27 @@ impl Fe {
     }
 }
 
+/// A queued plan's pull, as the simulated puller did it.
+struct Pulled {
+    /// When its inputs are in (true time).
+    done: Time,
+    took: Dur,
+    /// The bytes it read.
+    bytes: u64,
+    /// The budget the scheduler had for a batch of its size.
+    budget: Dur,
+    /// Per task: its input was not read (skipped, or not read by the
+    /// batch's latest start).
+    unread: Vec<bool>,
+}
+
 struct GpuRun {
     busy: bool,
     queue: PlanQueue<PlanMsg>,
     /// When the GPU's puller is done with the plans it has (true time).
     pull_free: Time,
-    /// Per queued plan: when its inputs are in (true time), what the pull
-    /// took, its bytes, the budget the scheduler had for it, and which
-    /// inputs it did not read (skipped, or not read by its latest start).
-    pulled: HashMap<PlanId, (Time, Dur, u64, Dur, Vec<bool>)>,
+    /// Per queued plan: its pull.
+    pulled: HashMap<PlanId, Pulled>,
     /// Models to confirm loaded (a rejoin) when the running batch ends.
     confirms: Vec<ModelId>,
 }
@@ -2317,8 +2329,16 @@ impl ClusterSim {
                 let run = &mut b.run[gpu];
                 let done = from + took;
                 run.pull_free = done;
-                run.pulled
-                    .insert(plan.id, (done, took, bytes, budget, unread));
+                run.pulled.insert(
+                    plan.id,
+                    Pulled {
+                        done,
+                        took,
+                        bytes,
+                        budget,
+                        unread,
+                    },
+                );
                 run.queue.push(plan.exec_at, plan);
                 self.be_next(pid, gpu as u32);
             }
@@ -2382,47 +2402,48 @@ impl ClusterSim {
         let Some((plan, sched_now)) = self.be_take_due(pid, gpu) else {
             return;
         };
+        // The batch starts when due and its inputs are in.
+        let pulled = match &mut self.procs[pid] {
+            Proc::Be(b) => b.run[gpu as usize].pulled.remove(&plan.id),
+            _ => return,
+        };
+        let (pull, unread) = match pulled {
+            Some(p) => {
+                if let Proc::Be(b) = &mut self.procs[pid] {
+                    // As a backend's puller, a pull that read nothing (every
+                    // task already lost) is no sample.
+                    if p.unread.iter().any(|&u| !u) {
+                        b.pull_est.observe(p.bytes, p.took);
+                    }
+                    if let Some(fit) = b.pull_est.fit() {
+                        b.proto.set_pull(fit, b.pull_est.hold().unwrap_or_default());
+                    }
+                }
+                self.report.pulls.push(PullRecord {
+                    at: now,
+                    bs: plan.tasks.len() as u32,
+                    took: p.took,
+                    budget: p.budget,
+                });
+                ((p.done - now).max(Dur::ZERO), p.unread)
+            }
+            None => (Dur::ZERO, Vec::new()),
+        };
+        let is_unread = |i: usize| unread.get(i).copied().unwrap_or(false);
         let Proc::Be(b) = &self.procs[pid] else {
             return;
         };
-        let present = inputs_present(b, &self.procs, &plan);
+        let present: Vec<bool> = inputs_present(b, &self.procs, &plan)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| p && !is_unread(i))
+            .collect();
         let hung = b.hung_until;
         let prof = &self.w.models[plan.model.idx()].spec.profile;
-        // The batch starts when due and its inputs are in.
-        let pulled = b.run[gpu as usize].pulled.get(&plan.id).cloned();
-        let pull = pulled
-            .as_ref()
-            .map_or(Dur::ZERO, |(done, ..)| (*done - now).max(Dur::ZERO));
-        let mut unread = Vec::new();
-        if let Some((_, took, bytes, budget, u)) = pulled {
-            unread = u;
-            if let Proc::Be(b) = &mut self.procs[pid] {
-                b.run[gpu as usize].pulled.remove(&plan.id);
-                // As a backend's puller, a pull that read nothing (every
-                // task already lost) is no sample.
-                if unread.iter().any(|&u| !u) {
-                    b.pull_est.observe(bytes, took);
-                }
-                if let Some(fit) = b.pull_est.fit() {
-                    b.proto.set_pull(fit, b.pull_est.hold().unwrap_or_default());
-                }
-            }
-            self.report.pulls.push(PullRecord {
-                at: now,
-                bs: plan.tasks.len() as u32,
-                took,
-                budget,
-            });
-        }
-        let present: Vec<bool> = present
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| p && !unread.get(i).copied().unwrap_or(false))
-            .collect();
         let start = sched_now + pull;
         let planned = be_proto::planned_profile(prof, plan.tasks.len(), plan.span);
         let mut cut = cut_batch(&plan.tasks, &present, start, Some(&planned));
-        cut.split_unread(|i| unread.get(i).copied().unwrap_or(false));
+        cut.split_unread(is_unread);
         let span = self.batch_span(plan.model, cut.run.len());
         let outputs = vec![Some(vec![1u8]); cut.run.len()];
         let settled = settle(&plan, &cut, start, start + span, Ok(outputs));

@@ -498,7 +498,8 @@ pub enum Msg {
         /// and what each mebibyte of the batch's inputs adds.
         pull_per_mib: Dur,
         /// What a batch's pull typically holds the GPU's puller (zero = none
-        /// yet): the fixed part at [`crate::core::pull::HOLD_QUANTILE`],
+        /// yet): the fixed part of the line at
+        /// [`crate::core::pull::HOLD_QUANTILE`],
         pull_hold: Dur,
         /// and what each mebibyte adds.
         pull_hold_per_mib: Dur,
