@@ -114,7 +114,8 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
     served_again(&c, &w, Duration::from_secs(10));
     c.scheduler.signal(libc::SIGKILL);
     let _ = c.scheduler.child.wait();
-    // No scheduler: requests fail at once, each answered.
+    // No scheduler: requests are held and fail at their deadline, each
+    // answered.
     std::thread::sleep(Duration::from_millis(200));
     let r = load(&c, &w, 0.3);
     assert_eq!(r.unanswered, 0);
@@ -270,18 +271,20 @@ fn a_standby_takes_over_when_the_primary_is_killed_under_load() {
     let r = load_run.join().unwrap().unwrap();
     assert_eq!(r.unanswered, 0, "every request ended");
     assert_eq!((r.duplicates, r.wrong_outputs), (0, 0));
-    // Of 600 requests, those pending at the kill and sent in the gap failed;
-    // the rest were served, before and after.
-    assert!(r.sim.bad_rate() < 0.25, "bad rate {}", r.sim.bad_rate());
+    // Of 600 requests, those pending at the kill and those sent in the gap
+    // are held for the standby: nearly all are served (1.7% bad at most in
+    // three runs beside two busy loops on 2 cores).
+    assert!(r.sim.bad_rate() < 0.1, "bad rate {}", r.sim.bad_rate());
     served_again(&c, &w, Duration::from_secs(10));
     stop_after_one_rejoin(c);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Requests pending at a primary that is killed are not failed: the frontend
-/// holds them and submits them to the standby once it serves (new task ids,
-/// same inputs), so with a model whose batches take 40 ms, where a dozen
-/// requests are always pending, nearly every request of the run is good.
+/// holds them, and those that come before the standby serves, and submits
+/// them to the standby once it serves (new task ids, same inputs), so with a
+/// model whose batches take 40 ms, where a dozen requests are always
+/// pending, nearly every request of the run is good.
 #[test]
 fn requests_pending_at_a_killed_primary_are_served_through_the_standby() {
     let dir = std::env::temp_dir().join(format!("fermata-held-{}", std::process::id()));
@@ -306,7 +309,7 @@ fn requests_pending_at_a_killed_primary_are_served_through_the_standby() {
     let r = load_run.join().unwrap().unwrap();
     assert_eq!(r.unanswered, 0, "every request ended");
     assert_eq!((r.duplicates, r.wrong_outputs), (0, 0));
-    // Only the few sent while the frontend had no scheduler fail.
+    // Held ones fail only if their deadline passes before the standby serves.
     assert!(r.sim.bad_rate() < 0.05, "bad rate {}", r.sim.bad_rate());
     let reps = c.stop();
     let f = reps.frontends[0].as_ref().expect("frontend report");

@@ -493,6 +493,9 @@ struct Fe {
     /// Requests held over a lost scheduler, with their arrival and deadline
     /// on this node's clock (the production frontend's rule).
     orphans: Vec<(Orphan<u64>, Time, Time)>,
+    /// The scheduler was lost and none has had GPUs in service since: new
+    /// requests are held with the orphans (the production frontend's rule).
+    away: bool,
 }
 
 impl Fe {
@@ -1009,6 +1012,7 @@ impl ClusterSim {
             ledger: RequestLedger::new(0, Dur::from_ms(3000)),
             gpus: 0,
             orphans: Vec::new(),
+            away: false,
         }));
         self.fe_slots[slot] = pid;
         self.fe_apply(pid);
@@ -1716,7 +1720,9 @@ impl ClusterSim {
             return;
         };
         let sched_now = f.sched_now(now);
-        let refused = if !f.member.is_ready() || f.node.is_none() {
+        let refused = if f.away {
+            None
+        } else if !f.member.is_ready() || f.node.is_none() {
             Some(Ended::NoScheduler)
         } else if f.gpus == 0 {
             Some(Ended::Dropped(crate::wire::DropReason::NoGpu))
@@ -1737,6 +1743,13 @@ impl ClusterSim {
         };
         // Each task's capability (a fixed function of the client: reproducible).
         let cap = client.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        if f.away {
+            // No scheduler to submit it to: held for the next one.
+            let local = f.clock.local(now);
+            let o = f.ledger.hold(sched_now, mi, slo, client, input, cap);
+            f.orphans.push((o, local, local + slo));
+            return;
+        }
         let task = f.ledger.admit(sched_now, mi, m.id, slo, client, input, cap);
         if let Some(sched) = f.member.conn() {
             self.send(pid, sched, Msg::Submit { tasks: vec![task] });
@@ -1844,6 +1857,8 @@ impl ClusterSim {
                 member::Action::Lost(_) => {
                     // Held for the next scheduler, on the node's own clock.
                     f.gpus = 0;
+                    // Away only once joined: before, it has no models to hold for.
+                    f.away = f.node.is_some();
                     let off = f.member.offset();
                     for o in f.ledger.orphan_all() {
                         let (a, d) = (o.arrival - off, o.deadline - off);
@@ -2118,6 +2133,9 @@ impl ClusterSim {
         match msg {
             Msg::Capacity { gpus } if from_sched => {
                 f.gpus = gpus;
+                if gpus > 0 && f.member.is_ready() {
+                    f.away = false;
+                }
                 if gpus > 0 && f.member.is_ready() && !f.orphans.is_empty() {
                     // Held requests go to the new scheduler under new ids.
                     let local = f.clock.local(now);

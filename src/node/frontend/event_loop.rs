@@ -93,9 +93,13 @@ pub(super) struct Loop {
     pub(super) clients: HashMap<ConnId, Arc<dyn Conn>>,
     /// The pending requests (sans-IO): each ends exactly once.
     pub(super) ledger: RequestLedger<Client>,
-    /// Requests pending when the scheduler was lost, held for the next one
-    /// (with their arrival and deadline on this host's clock).
+    /// Requests pending when the scheduler was lost or taken while it was,
+    /// held for the next one (with their arrival and deadline on this host's
+    /// clock).
     orphans: Vec<(Orphan<Client>, Instant, Instant)>,
+    /// The scheduler was lost and no scheduler has had GPUs in service for
+    /// this frontend since: new requests are held with the orphans.
+    pub(super) away: bool,
     pub(super) submit: Vec<SubmitTask>,
     /// The response margins last reported to the scheduler, per model.
     margins_sent: Vec<Dur>,
@@ -155,6 +159,7 @@ impl Loop {
             clients: HashMap::new(),
             ledger: RequestLedger::new(reg.node, Dur(opts.grace.as_nanos() as i64)),
             orphans: Vec::new(),
+            away: false,
             submit: Vec::new(),
             margins_sent: vec![Dur::ZERO; nm],
             margins_filter: vec![RiseFilter::default(); nm],
@@ -508,11 +513,13 @@ impl Loop {
     }
 
     /// The scheduler is lost: the pending requests (those not yet submitted
-    /// too) are held for the next scheduler, on this host's clock, and end
-    /// as failed if their deadline passes first ([`Loop::sweep`]).
+    /// too), and those that come until a scheduler has GPUs in service again,
+    /// are held for the next scheduler, on this host's clock, and end as
+    /// failed if their deadline passes first ([`Loop::sweep`]).
     fn scheduler_lost(&mut self, why: String) {
         self.state.sched_ok.store(false, Ordering::Release);
         self.state.gpus.store(0, Ordering::Release);
+        self.away = true;
         self.submit.clear();
         tracing::warn!(reason = %why, pending = self.ledger.len(), "frontend: lost the scheduler; holding the pending requests for the next one and rejoining");
         for o in self.ledger.orphan_all() {
@@ -524,11 +531,21 @@ impl Loop {
         }
     }
 
+    /// Holds request `o` (its arrival and deadline on this host's clock)
+    /// for the next scheduler with GPUs in service.
+    pub(super) fn hold(&mut self, o: Orphan<Client>, arrival: Instant, deadline: Instant) {
+        self.orphans.push((o, arrival, deadline));
+    }
+
     /// Back with a scheduler that has GPUs in service: each held request whose
     /// deadline has not passed is submitted again under a new task id (its slot retagged), with its
     /// arrival and deadline on the new scheduler's clock.
     fn readmit_orphans(&mut self) {
-        if self.orphans.is_empty() || !self.sched_ok() {
+        if !self.sched_ok() {
+            return;
+        }
+        self.away = false;
+        if self.orphans.is_empty() {
             return;
         }
         let (now_t, now_i) = (self.clock.now(), Instant::now());

@@ -132,15 +132,6 @@ impl Loop {
         received: Instant,
     ) {
         self.report.requests += 1;
-        if !self.sched_ok() {
-            return self.refuse(
-                client,
-                received,
-                self.by_name.get(model).copied(),
-                Ended::NoScheduler,
-                "no scheduler: the frontend lost it".into(),
-            );
-        }
         let Some(&mi) = self.by_name.get(model) else {
             let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
             let why = format!("unknown model `{model}` (served: {})", known.join(", "));
@@ -151,7 +142,7 @@ impl Loop {
             Ok(slo) => slo,
             Err(why) => return self.refuse(client, received, Some(mi), Ended::BadRequest, why),
         };
-        if self.state.gpus.load(Ordering::Acquire) == 0 {
+        if !self.away && self.state.gpus.load(Ordering::Acquire) == 0 {
             let why = format!("no GPU in service: no backend can serve model `{model}` now");
             return self.refuse(
                 client,
@@ -190,6 +181,15 @@ impl Loop {
             return self.refuse(client, received, Some(mi), Ended::RegionFull, why);
         };
         let arrival = self.clock.now() - Dur::from_std(received.elapsed());
+        if self.away {
+            // No scheduler to submit it to: held for the next one, as the
+            // requests pending at the loss are, until its deadline.
+            let o = self.ledger.hold(arrival, mi, slo, client, r, cap);
+            let slo = std::time::Duration::from_nanos(slo.ns().max(0) as u64);
+            // A checked SLO is bounded, so the deadline is a real instant.
+            let deadline = received.checked_add(slo).unwrap_or(received);
+            return self.hold(o, received, deadline);
+        }
         let task = self.ledger.admit(arrival, mi, mid, slo, client, r, cap);
         self.submit.push(task);
     }

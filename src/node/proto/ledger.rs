@@ -376,6 +376,33 @@ impl<C> RequestLedger<C> {
             .collect()
     }
 
+    /// Takes a request that arrived at `now` (as [`RequestLedger::admit`])
+    /// while the frontend has no scheduler to submit it to: it is held as an
+    /// orphan from the start, under an id of its own, and waits for the next
+    /// scheduler ([`RequestLedger::readmit`]) or ends
+    /// ([`RequestLedger::end_orphan`]) like those pending at the loss.
+    pub fn hold(
+        &mut self,
+        now: Time,
+        model: usize,
+        slo: Dur,
+        client: C,
+        input: InputRef,
+        cap: u64,
+    ) -> Orphan<C> {
+        self.counts.admitted += 1;
+        self.next_seq += 1;
+        Orphan {
+            id: task_id(self.node, self.next_seq),
+            client,
+            model,
+            arrival: now,
+            deadline: now + slo,
+            input,
+            cap,
+        }
+    }
+
     /// Admits orphan `o` again under a new id, with its arrival and deadline
     /// on the new scheduler's clock; the task to submit (same input, same
     /// capability). A result for its old id is a stray from then on.
@@ -516,6 +543,37 @@ mod tests {
             (c.admitted, c.retried, c.good, c.failed, c.stray_answers),
             (2, 1, 1, 1, 1)
         );
+    }
+
+    /// A request taken while there is no scheduler is held under an id no
+    /// other request has, pending nothing, and is readmitted or ends once
+    /// like an orphan of the loss.
+    #[test]
+    fn requests_taken_without_a_scheduler_are_held_as_orphans() {
+        let mut l: RequestLedger<u32> = RequestLedger::new(3, Dur::from_ms(100));
+        let t0 = Time(1_000);
+        let a = l.admit(t0, 0, ModelId(0), Dur::from_ms(10), 7, input(), 11);
+        let mut o = l.orphan_all();
+        let h = l.hold(Time(1_500), 1, Dur::from_ms(20), 8, input(), 12);
+        assert!(l.is_empty() && l.poll_timeout().is_none());
+        assert_ne!(h.id, a.id);
+        assert_eq!(
+            (h.client, h.model, h.arrival, h.deadline, h.cap),
+            (8, 1, Time(1_500), Time(1_500) + Dur::from_ms(20), 12)
+        );
+        let h2 = l.hold(Time(1_600), 0, Dur::from_ms(20), 9, input(), 13);
+        assert!(h2.id > h.id);
+        l.set_node(4);
+        let t = l.readmit(h, ModelId(5), Time(50), Time(60));
+        assert!(t.id > h2.id && crate::wire::task_owner(t.id) == 4);
+        let f = l.finish(Time(55), t.id, Answer::Dropped(DropReason::Expired));
+        assert_eq!(f.map(|f| f.client), Some(8));
+        let f = l.end_orphan(h2, Ended::NoScheduler, "gone", Dur::from_ms(30));
+        assert_eq!((f.client, f.ended.outcome()), (9, Outcome::Failed));
+        let f = l.end_orphan(o.pop().unwrap(), Ended::NoScheduler, "gone", Dur::ZERO);
+        assert_eq!(f.client, 7);
+        let c = l.counts();
+        assert_eq!((c.admitted, c.retried, c.dropped, c.failed), (3, 1, 1, 2));
     }
 
     /// A result must carry its task's capability: a forged one (another
