@@ -346,27 +346,36 @@ impl ModelState {
             return;
         }
         let cap = self.staggered_cap(gpus);
-        let prof = &self.spec.profile;
         let need = if gpus > 0.0 {
             rate_rps / gpus
         } else {
             f64::INFINITY
         };
-        // Throughput b / l(b) is non-decreasing in b for linear and sane tables.
+        let thr = |b: u32| self.carried_rps(b);
+        // Throughput b / l(b) is non-decreasing in b for linear and sane tables,
+        // and so is b / hold(b) for a hold with a fixed part.
         let (mut lo, mut hi) = (1u32, cap);
-        if prof.throughput_rps(cap) < need {
+        if thr(cap) < need {
             self.window = cap;
             return;
         }
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if prof.throughput_rps(mid) >= need {
+            if thr(mid) >= need {
                 hi = mid;
             } else {
                 lo = mid + 1;
             }
         }
         self.window = lo;
+    }
+
+    /// What one GPU carries in batches of `b` (requests per second): a batch
+    /// every l(b), or every hold(b) where its puller takes longer to pull one
+    /// ([`NetBudget::hold`]).
+    fn carried_rps(&self, b: u32) -> f64 {
+        let l = self.spec.profile.latency(b).max(self.net.hold(b));
+        b as f64 / l.as_secs_f64()
     }
 
     /// Takes the GPUs in service in the model's sub-cluster and the standard
@@ -714,6 +723,43 @@ mod tests {
         assert_eq!(run(4), (4, vec![]));
         // 12 queued: the 11 behind the head fill a window, so the head is skipped.
         assert_eq!(run(11), (11, vec![(TaskId(0), DropReason::EarlyDrop)]));
+    }
+
+    /// Where a batch's pull holds its GPU's puller longer than the batch runs,
+    /// the adaptive window is the batch that carries the rate at the puller's
+    /// pace, not the GPU's.
+    #[test]
+    fn the_window_carries_the_rate_at_the_pullers_pace() {
+        // l(b) = 1 ms * b + 5 ms; SLO 50 ms; 600 r/s on one GPU.
+        let spec = spec_1ms_5ms();
+        let window = |net: NetBudget| {
+            let mut m = ModelState::new(
+                ModelId(0),
+                spec.clone(),
+                Policy::Deferred,
+                Gather::Adaptive,
+                net,
+                100,
+            );
+            m.observe_rate(600.0, 1.0);
+            m.window()
+        };
+        // b / l(b) >= 600 r/s from b = 8 (8 / 13 ms).
+        assert_eq!(window(NetBudget::default()), 8);
+        // A hold under l(b) changes nothing.
+        let short = NetBudget {
+            hold_fixed: Dur::from_ms(2),
+            hold_per_req: Dur::from_us(500),
+            ..NetBudget::default()
+        };
+        assert_eq!(window(short), 8);
+        // hold(b) = 10 ms + 1 ms * b: b / hold(b) >= 600 r/s from b = 15.
+        let long = NetBudget {
+            hold_fixed: Dur::from_ms(10),
+            hold_per_req: Dur::from_ms(1),
+            ..NetBudget::default()
+        };
+        assert_eq!(window(long), 15);
     }
 
     /// Bursty arrivals: the expected growth counts clumps, not requests, so a batch
