@@ -559,6 +559,28 @@ fn the_pull_budget_covers_99_percent_of_batches_and_stays_under_twice_their_p99(
     }
 }
 
+/// Good answers a second of `n` frontends, `n` backends of `n` GPUs each
+/// offered `rate` r/s for 10 s (seed 1, no faults) with the pull model
+/// `pull`; every request ends once and no invariant breaks.
+fn good_per_second(w: &Workload, pull: fermata::sim::cluster::SimPull, n: u32, rate: f64) -> f64 {
+    let secs = 10.0;
+    let o = ClusterSimOpts {
+        seed: 1,
+        faults: Faults::None,
+        frontends: n,
+        backends: n,
+        gpus_per_backend: n,
+        rate_rps: rate,
+        duration: Dur::from_secs_f64(secs),
+        pull,
+        ..ClusterSimOpts::default()
+    };
+    let r = ClusterSim::new(w, o).run();
+    assert!(r.violation.is_none(), "{:?}", r.violation);
+    assert_eq!(r.good + r.late + r.dropped + r.failed, r.requests);
+    r.good as f64 / secs
+}
+
 /// Where a GPU's pulls take longer than its batches run (600 us per MiB, up to
 /// 30% more, against 0.22 ms a request on the GPU), each GPU's puller, one
 /// batch at a time, is what a cluster carries: about 2,500 requests a second
@@ -584,22 +606,7 @@ fn a_cluster_whose_pulls_outlast_its_batches_serves_what_its_pullers_carry() {
     let per_input_s = 600e-6 * 602_112.0 / (1u64 << 20) as f64 * 1.15;
     let carry = 4.0 / per_input_s;
     for (load, least) in [(0.8, 0.99), (1.6, 0.9)] {
-        let secs = 10.0;
-        let o = ClusterSimOpts {
-            seed: 1,
-            faults: Faults::None,
-            frontends: 2,
-            backends: 2,
-            gpus_per_backend: 2,
-            rate_rps: load * carry,
-            duration: Dur::from_secs_f64(secs),
-            pull,
-            ..ClusterSimOpts::default()
-        };
-        let r = ClusterSim::new(&w, o).run();
-        assert!(r.violation.is_none(), "{:?}", r.violation);
-        assert_eq!(r.good + r.late + r.dropped + r.failed, r.requests);
-        let served = r.good as f64 / secs;
+        let served = good_per_second(&w, pull, 2, load * carry);
         let want = least * carry * load.min(1.0);
         assert!(
             served >= want,
@@ -640,22 +647,7 @@ fn where_pulls_pay_a_fixed_part_the_batches_carry_the_rate_at_the_pullers_pace()
     let carry = largest / (1.5 * base_ms(largest)) * 1e3;
     assert!((2_000.0..2_100.0).contains(&carry), "{largest} {carry}");
     for rate in [2_500.0, 3_000.0] {
-        let secs = 10.0;
-        let o = ClusterSimOpts {
-            seed: 1,
-            faults: Faults::None,
-            frontends: 1,
-            backends: 1,
-            gpus_per_backend: 1,
-            rate_rps: rate,
-            duration: Dur::from_secs_f64(secs),
-            pull,
-            ..ClusterSimOpts::default()
-        };
-        let r = ClusterSim::new(&w, o).run();
-        assert!(r.violation.is_none(), "{:?}", r.violation);
-        assert_eq!(r.good + r.late + r.dropped + r.failed, r.requests);
-        let served = r.good as f64 / secs;
+        let served = good_per_second(&w, pull, 1, rate);
         assert!(
             served >= 0.85 * carry,
             "offered {rate} r/s: {served:.0} good a second, want 0.85 x {carry:.0}"
