@@ -77,6 +77,7 @@ pub(super) struct Loop {
     pub(super) stats: Vec<ModelStats>,
     pub(super) bad_requests: Counter,
     pending_gauge: Gauge,
+    held_gauge: Gauge,
     /// From a request's hand-over (or read) to its admission.
     pub(super) loop_wait: Arc<crate::metrics::Histogram>,
     /// The membership (heartbeats, rejoining) and the scheduler's connection
@@ -147,6 +148,7 @@ impl Loop {
             stats: metrics.stats,
             bad_requests: metrics.bad_requests,
             pending_gauge: metrics.pending,
+            held_gauge: metrics.held,
             loop_wait: metrics.loop_wait,
             sched_id: reg.sched.id(),
             sched: reg.sched,
@@ -238,6 +240,7 @@ impl Loop {
             }
             self.pending_gauge
                 .set((self.ledger.len() + self.orphans.len()) as f64);
+            self.held_gauge.set(self.orphans.len() as f64);
         }
         self.shutdown(&rx, &lrx)
     }

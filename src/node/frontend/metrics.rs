@@ -119,6 +119,7 @@ pub(super) struct LoopMetrics {
     pub(super) stats: Vec<ModelStats>,
     pub(super) bad_requests: Counter,
     pub(super) pending: Gauge,
+    pub(super) held: Gauge,
     pub(super) loop_wait: Arc<Histogram>,
 }
 
@@ -139,6 +140,11 @@ impl LoopMetrics {
             "Requests admitted and not yet answered.",
             &[],
         );
+        let held = reg.gauge(
+            "fermata_frontend_held_requests",
+            "Of the pending requests, those held for the next scheduler: pending when the scheduler was lost, or taken while no scheduler had GPUs in service for this frontend.",
+            &[],
+        );
         let loop_wait = reg.histogram(
             "fermata_frontend_loop_wait_seconds",
             "How long a request waited for the frontend's loop before its admission or refusal: from its hand-over (HTTP, gRPC, applications) or from when the loop read it off its event channel (wire clients).",
@@ -150,6 +156,7 @@ impl LoopMetrics {
             stats,
             bad_requests,
             pending,
+            held,
             loop_wait,
         }
     }
