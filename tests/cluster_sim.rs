@@ -621,9 +621,9 @@ fn a_cluster_whose_pulls_outlast_its_batches_serves_what_its_pullers_carry() {
 /// whose pull budget and run fit the 50 ms SLO) at 2,060. Offered 2,500 and
 /// 3,000 r/s on one GPU, past that, the early-drop window is the batch that
 /// carries the rate at the puller's pace, so the GPU serves at least 0.85 of
-/// what its puller carries at its largest batch (0.94 and 0.95 measured).
+/// what its puller carries at its largest batch (0.95 and 0.96 measured).
 /// (With a window that carried the rate at the GPU's pace, it served 0.73 at
-/// 2,500 r/s, in 1,400 batches against 806.)
+/// 2,500 r/s, in 1,400 batches against 732.)
 #[test]
 fn where_pulls_pay_a_fixed_part_the_batches_carry_the_rate_at_the_pullers_pace() {
     use fermata::sim::cluster::SimPull;

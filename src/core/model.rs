@@ -353,7 +353,7 @@ impl ModelState {
         };
         let thr = |b: u32| self.carried_rps(b);
         // Throughput b / l(b) is non-decreasing in b for linear and sane tables,
-        // and so is b / hold(b) for a hold with a fixed part.
+        // and so is b / pace(b) for a pace with a fixed part.
         let (mut lo, mut hi) = (1u32, cap);
         if thr(cap) < need {
             self.window = cap;
@@ -371,10 +371,10 @@ impl ModelState {
     }
 
     /// What one GPU carries in batches of `b` (requests per second): a batch
-    /// every l(b), or every hold(b) where its puller takes longer to pull one
-    /// ([`NetBudget::hold`]).
+    /// every l(b), or at its puller's pace where the puller takes longer to
+    /// pull one ([`NetBudget::pace`]).
     fn carried_rps(&self, b: u32) -> f64 {
-        let l = self.spec.profile.latency(b).max(self.net.hold(b));
+        let l = self.spec.profile.latency(b).max(self.net.pace(b));
         b as f64 / l.as_secs_f64()
     }
 
@@ -727,11 +727,14 @@ mod tests {
 
     /// Where a batch's pull holds its GPU's puller longer than the batch runs,
     /// the adaptive window is the batch that carries the rate at the puller's
-    /// pace, not the GPU's.
+    /// pace (halfway between the hold and the budget), not the GPU's.
     #[test]
     fn the_window_carries_the_rate_at_the_pullers_pace() {
-        // l(b) = 1 ms * b + 5 ms; SLO 50 ms; 600 r/s on one GPU.
-        let spec = spec_1ms_5ms();
+        // l(b) = 1 ms * b + 5 ms; SLO 200 ms; 600 r/s on one GPU.
+        let spec = ModelSpec {
+            slo: Dur::from_ms(200),
+            ..spec_1ms_5ms()
+        };
         let window = |net: NetBudget| {
             let mut m = ModelState::new(
                 ModelId(0),
@@ -744,22 +747,30 @@ mod tests {
             m.observe_rate(600.0, 1.0);
             m.window()
         };
+        let net = |hold_ms: i64, data_ms: i64| NetBudget {
+            hold_fixed: Dur::from_ms(hold_ms),
+            hold_per_req: Dur::from_ms(1),
+            data_fixed: Dur::from_ms(data_ms),
+            data_per_req: Dur::from_ms(1),
+            ..NetBudget::default()
+        };
         // b / l(b) >= 600 r/s from b = 8 (8 / 13 ms).
         assert_eq!(window(NetBudget::default()), 8);
-        // A hold under l(b) changes nothing.
-        let short = NetBudget {
-            hold_fixed: Dur::from_ms(2),
-            hold_per_req: Dur::from_us(500),
+        // A pace under l(b) changes nothing: hold(b) = 2 ms + 1 ms * b,
+        // budget 6 ms + 1 ms * b.
+        assert_eq!(window(net(2, 6)), 8);
+        // A budget with no hold (nothing measured by a puller) neither.
+        let no_hold = NetBudget {
+            data_fixed: Dur::from_ms(14),
+            data_per_req: Dur::from_ms(1),
             ..NetBudget::default()
         };
-        assert_eq!(window(short), 8);
-        // hold(b) = 10 ms + 1 ms * b: b / hold(b) >= 600 r/s from b = 15.
-        let long = NetBudget {
-            hold_fixed: Dur::from_ms(10),
-            hold_per_req: Dur::from_ms(1),
-            ..NetBudget::default()
-        };
-        assert_eq!(window(long), 15);
+        assert_eq!(window(no_hold), 8);
+        // hold(b) = 10 ms + 1 ms * b, budget 14 ms + 1 ms * b: the pace is
+        // 12 ms + 1 ms * b, which carries 600 r/s from b = 18.
+        assert_eq!(window(net(10, 14)), 18);
+        // A budget under the hold (its caps) counts as the hold.
+        assert_eq!(window(net(10, 0)), 15);
     }
 
     /// Bursty arrivals: the expected growth counts clumps, not requests, so a batch

@@ -256,6 +256,19 @@ impl NetBudget {
     pub fn hold(&self, bs: u32) -> Dur {
         Dur(self.hold_fixed.0 + self.hold_per_req.0 * bs as i64)
     }
+
+    /// The pull of a batch of `bs` as its GPU's puller's pace over many
+    /// batches: halfway between the hold (a low quantile) and the budget (a
+    /// high one), about the mean pull. Zero without a hold (nothing is
+    /// pulled, or no backend measured it yet).
+    #[inline]
+    pub fn pace(&self, bs: u32) -> Dur {
+        let hold = self.hold(bs);
+        if hold == Dur::ZERO {
+            return Dur::ZERO;
+        }
+        Dur((hold.0 + self.data(bs).0.max(hold.0)) / 2)
+    }
 }
 
 #[cfg(test)]
