@@ -1,7 +1,9 @@
 //! Nodes that lose the scheduler come back on their own, as real processes on
 //! loopback: a backend stopped (`SIGSTOP`) past every heartbeat timeout rejoins
 //! when it resumes; after the scheduler is killed (`SIGKILL`) and started again
-//! on its address, the backend and the frontend register again and serve.
+//! on its address, the backend and the frontend register again and serve,
+//! and a request sent while there was none, its SLO long enough, is held and
+//! served by the new one.
 //! Meanwhile every request the load generator sent gets an answer. A backend
 //! whose GPU hangs while it still answers pings is taken out by the plan
 //! watchdog and comes back when the GPU is free; a frontend killed under load
@@ -11,6 +13,8 @@
 use fermata::core::Dur;
 use fermata::harness::loadgen::{self, LoadReport, LoadgenOpts};
 use fermata::harness::procs::{small_workload, Proc, ProcCluster, ProcOpts};
+use fermata::transport::Event;
+use fermata::wire::{Msg, Outcome};
 use fermata::workload::Workload;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -120,6 +124,18 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
     let r = load(&c, &w, 0.3);
     assert_eq!(r.unanswered, 0);
     assert!(r.sim.bad_rate() > 0.99, "no scheduler, no service");
+    // A request whose SLO outlasts the restart is held, and the new
+    // scheduler serves it.
+    let (etx, erx) = fermata::transport::event_channel();
+    let tr = c.secret.transport().unwrap();
+    let conn = tr.connect(&c.frontend_addrs[0], etx).unwrap();
+    conn.send(Msg::Infer {
+        req: 1,
+        model: "mlp".into(),
+        slo: Dur::from_ms(60_000),
+        input: vec![7u8; 256].into(),
+    })
+    .unwrap();
     // A new scheduler on the same address.
     let mut args: Vec<String> = [
         "scheduler",
@@ -148,6 +164,25 @@ fn after_the_scheduler_is_killed_and_restarted_every_node_registers_again() {
         })
         .unwrap();
     }
+    let (status, message) = loop {
+        match erx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the held request's answer")
+        {
+            Event::Msg(
+                _,
+                Msg::InferReply {
+                    req: 1,
+                    status,
+                    message,
+                    ..
+                },
+            ) => break (status, message),
+            _ => continue,
+        }
+    };
+    assert_eq!(status, Outcome::Good, "held over the restart: {message}");
+    drop(conn);
     served_again(&c, &w, Duration::from_secs(10));
     let reps = stop_after_one_rejoin(c);
     let s = reps.scheduler.expect("the new scheduler's report");
