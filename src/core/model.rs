@@ -665,6 +665,19 @@ mod tests {
         ModelState::new(ModelId(0), spec.clone(), policy, Gather::Lazy, net, 100)
     }
 
+    /// Model 0 of `spec` under `deferred`, gathered adaptively, 100 tasks at
+    /// most.
+    fn adaptive_state(spec: &ModelSpec, net: NetBudget) -> ModelState {
+        ModelState::new(
+            ModelId(0),
+            spec.clone(),
+            Policy::Deferred,
+            Gather::Adaptive,
+            net,
+            100,
+        )
+    }
+
     /// `m`'s candidate for one task arriving at `now` with `slo` to go (none
     /// may be dropped).
     fn lone_task_candidate(m: &mut ModelState, now: Time, slo: Dur) -> Candidate {
@@ -695,14 +708,7 @@ mod tests {
             cap: 0,
         };
         let run = |queued_behind: u64| {
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                Policy::Deferred,
-                Gather::Adaptive,
-                NetBudget::default(),
-                100,
-            );
+            let mut m = adaptive_state(&spec, NetBudget::default());
             // 1 GPU at 2000/3 r/s needs b / l(b) >= 666.7 r/s: a window of 10.
             m.observe_rate(2000.0 / 3.0, 1.0);
             assert_eq!(m.window(), 10);
@@ -736,14 +742,7 @@ mod tests {
             ..spec_1ms_5ms()
         };
         let window = |net: NetBudget| {
-            let mut m = ModelState::new(
-                ModelId(0),
-                spec.clone(),
-                Policy::Deferred,
-                Gather::Adaptive,
-                net,
-                100,
-            );
+            let mut m = adaptive_state(&spec, net);
             m.observe_rate(600.0, 1.0);
             m.window()
         };

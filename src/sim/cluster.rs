@@ -2133,10 +2133,11 @@ impl ClusterSim {
         match msg {
             Msg::Capacity { gpus } if from_sched => {
                 f.gpus = gpus;
-                if gpus > 0 && f.member.is_ready() {
+                let back = gpus > 0 && f.member.is_ready();
+                if back {
                     f.away = false;
                 }
-                if gpus > 0 && f.member.is_ready() && !f.orphans.is_empty() {
+                if back && !f.orphans.is_empty() {
                     // Held requests go to the new scheduler under new ids.
                     let local = f.clock.local(now);
                     let off = f.member.offset();

@@ -540,8 +540,9 @@ impl Loop {
         self.orphans.push((o, arrival, deadline));
     }
 
-    /// Back with a scheduler that has GPUs in service: each held request whose
-    /// deadline has not passed is submitted again under a new task id (its slot retagged), with its
+    /// Back with a scheduler that has GPUs in service: the frontend is no
+    /// longer away, and each held request whose deadline has not passed is
+    /// submitted again under a new task id (its slot retagged), with its
     /// arrival and deadline on the new scheduler's clock.
     fn readmit_orphans(&mut self) {
         if !self.sched_ok() {
