@@ -170,7 +170,7 @@ fn zipf() -> Workload {
 }
 
 #[test]
-fn many_models_near_capacity_keep_up_with_eager_and_keep_batching_below_it() {
+fn many_models_near_capacity_keep_up_with_eager_spread_their_losses_and_keep_batching_below_it() {
     let w = zipf();
     let busy = |r: &RunResult| r.gpu_busy.iter().sum::<f64>() / r.gpu_busy.len() as f64;
     // Near both policies' goodput (about 12,200 r/s): the batches that miss
@@ -188,6 +188,16 @@ fn many_models_near_capacity_keep_up_with_eager_and_keep_batching_below_it() {
     assert!(
         d <= e + 0.001,
         "deferred's bad rate {d} against eager's {e}"
+    );
+    // Deferred ranks the models that lose ahead (`LOSS_RANK_SHARE`), so its
+    // losses are spread over the models rather than left on the middle of
+    // the Zipf, and its worst model is well below eager's (0.27% against
+    // 0.44%; ranked by latest start alone, 0.48%).
+    let (dw, ew) = (deferred.max_model_bad_rate(), eager.max_model_bad_rate());
+    eprintln!("12,100 r/s: worst model deferred {dw:.5}, eager {ew:.5}");
+    assert!(
+        dw <= 0.8 * ew,
+        "deferred's worst model {dw} against eager's {ew}"
     );
     // At a quarter of it nothing expires: deferred batches and leaves GPUs
     // idle where eager runs lone requests on every GPU.

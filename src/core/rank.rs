@@ -452,7 +452,9 @@ impl Ranker {
     fn rank_key(&self, c: &Candidate) -> RankKey {
         match self.policy {
             Policy::Shepherd { .. } => (-(c.bs as i64), c.latest.0),
-            _ => (c.latest.0, 0),
+            // Deferred's candidates come with their model's loss bias
+            // (`ModelState::loss_bias`); every other policy's is zero.
+            _ => ((c.latest - c.bias).0, 0),
         }
     }
 
@@ -691,6 +693,7 @@ mod tests {
             exec_at: now,
             latest: now + Dur::from_ms(50),
             send_at: now,
+            bias: Dur::ZERO,
         }
     }
 
@@ -787,6 +790,44 @@ mod tests {
         assert_eq!((r.num_gpus(), r.active_gpus()), (4, 1));
         r.check_deep();
     }
+    /// Candidates waiting for a GPU are ranked by their latest start less
+    /// their loss bias: a model that has been losing requests takes the
+    /// next free GPU ahead of one whose latest start is a little earlier,
+    /// but not ahead of one a bias's length earlier.
+    #[test]
+    fn a_model_that_loses_takes_the_next_gpu_within_its_bias() {
+        let t = Time(1_000_000_000);
+        let ms = Dur::from_ms;
+        let first = |bias_ms: i64, other_latest_ms: i64| {
+            let mut r = Ranker::new(Policy::Deferred, 0);
+            r.add_gpu_at(t, GpuId(0), true);
+            r.handle_candidate(t, ModelId(2), Some(cand(t)), 0);
+            assert_eq!(granted(&mut r), vec![(ModelId(2), GpuId(0))]);
+            r.handle_gpu_free(t, GpuId(0), t + ms(5), None);
+            let losing = Candidate {
+                latest: t + ms(20),
+                bias: ms(bias_ms),
+                ..cand(t)
+            };
+            let other = Candidate {
+                latest: t + ms(other_latest_ms),
+                ..cand(t)
+            };
+            r.handle_candidate(t, ModelId(0), Some(losing), 0);
+            r.handle_candidate(t, ModelId(1), Some(other), 0);
+            r.check_deep();
+            r.handle_timeout(t + ms(5));
+            granted(&mut r)
+        };
+        assert_eq!(first(0, 18), vec![(ModelId(1), GpuId(0))], "earliest first");
+        assert_eq!(
+            first(3, 18),
+            vec![(ModelId(0), GpuId(0))],
+            "within the bias"
+        );
+        assert_eq!(first(3, 16), vec![(ModelId(1), GpuId(0))], "beyond it");
+    }
+
     /// Grants out of `r` with their `early` flag.
     fn grants(r: &mut Ranker) -> Vec<(ModelId, bool)> {
         std::iter::from_fn(|| r.poll_output())
@@ -825,6 +866,7 @@ mod tests {
             exec_at: exec,
             latest: exec + ms(p_window_ms),
             send_at: exec,
+            bias: Dur::ZERO,
         };
         r.handle_candidate(t, ModelId(1), Some(waiting), 0);
         let ready = Candidate {
@@ -903,6 +945,7 @@ mod tests {
             exec_at: t + send,
             latest: t + send + Dur::from_ms(10),
             send_at: t + send,
+            bias: Dur::ZERO,
         };
         let seq = first + u64::from(expire && lone);
         r.handle_candidate(t + Dur::from_ms(2), waiting, Some(later), seq);
