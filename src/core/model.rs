@@ -101,7 +101,7 @@ pub const LONE_GPU_SIGMAS: f64 = 3.0;
 /// latest start alone lets the losses near capacity fall on a few models:
 /// with 30 models of a Zipf 0.9 mix on 48 GPUs at 38,972 r/s (seed 1) the
 /// 6th to 11th most popular lost 0.5-1.0% of their requests while the two most
-/// popular and the five least lost none. A millisecond or two of rank for the
+/// popular and two of the least lost none. A millisecond or two of rank for the
 /// models that near 1% spreads the losses (there: the worst model 0.60%
 /// against 0.98%, all models 0.260% as before), and the cluster carries more
 /// before any model passes 1%.
