@@ -761,13 +761,7 @@ mod tests {
     /// `m`'s candidate for one task arriving at `now` with `slo` to go (none
     /// may be dropped).
     fn lone_task_candidate(m: &mut ModelState, now: Time, slo: Dur) -> Candidate {
-        assert!(m.enqueue(Task {
-            id: TaskId(1),
-            arrival: now,
-            deadline: now + slo,
-            tag: 0,
-            cap: 0,
-        }));
+        assert!(m.enqueue(task_due(1, now, slo)));
         m.update(now, None, &mut |_, _| panic!("nothing to drop"))
             .unwrap()
     }
@@ -886,13 +880,7 @@ mod tests {
         // l(b) = 1 ms * b + 5 ms; SLO 50 ms.
         let spec = spec_1ms_5ms();
         let t0 = Time(1_000_000_000);
-        let task = |id: u64, at_ms: i64| Task {
-            id: TaskId(id),
-            arrival: t0 + Dur::from_ms(at_ms),
-            deadline: t0 + Dur::from_ms(at_ms + 50),
-            tag: 0,
-            cap: 0,
-        };
+        let task = |id: u64, at_ms: i64| task_due(id, t0 + Dur::from_ms(at_ms), Dur::from_ms(50));
         let run = |queued_behind: u64| {
             let mut m = adaptive_state(&spec, NetBudget::default());
             // 1 GPU at 2000/3 r/s needs b / l(b) >= 666.7 r/s: a window of 10.
@@ -1080,13 +1068,7 @@ mod tests {
             );
             m.set_margin(Dur::from_us(margin_us));
             let now = Time(1_000_000_000);
-            assert!(m.enqueue(Task {
-                id: TaskId(1),
-                arrival: now,
-                deadline: now + Dur::from_ms(20),
-                tag: 0,
-                cap: 0,
-            }));
+            assert!(m.enqueue(task_due(1, now, Dur::from_ms(20))));
             let c = m
                 .update(now, None, &mut |_, _| panic!("nothing to drop"))
                 .unwrap();

@@ -790,6 +790,7 @@ mod tests {
         assert_eq!((r.num_gpus(), r.active_gpus()), (4, 1));
         r.check_deep();
     }
+
     /// Candidates waiting for a GPU are ranked by their latest start less
     /// their loss bias: a model that has been losing requests takes the
     /// next free GPU ahead of one whose latest start is a little earlier,
