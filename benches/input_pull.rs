@@ -20,9 +20,10 @@
 //! `--input-bytes` (default 150528: 224 x 224 x 3, one ImageNet image as u8), each
 //! in a slot with its 16-byte header. `--backends` threads (default 4, or
 //! `FERMATA_BACKENDS`), each with its own [`RegionReader`] as a backend process
-//! would have, pull batches of N inputs with one `read_many` each (N consecutive
-//! slots from a random start) as fast as they can for `--secs` seconds; every
-//! slot's header is checked. In the paper eight servers each serve eight 150 KB
+//! would have, pull batches of N inputs with one `read_many_into` each (N consecutive
+//! slots from a random start, into the buffers of the batch before, as a backend
+//! recycles them) as fast as they can for `--secs` seconds; every slot's header is
+//! checked. In the paper eight servers each serve eight 150 KB
 //! objects to one reader (many-to-one); here B readers share one server, which on
 //! one machine puts the same pressure on the one server and the loopback device.
 //! The TCP rows come once per `--streams` count K (default 1,2): the readers'
@@ -35,6 +36,8 @@
 //! * batch latency p50 / p99: one `read_many` of N inputs, issue to last answer;
 //! * input latency p50 / p99: batch latency / N, the pull cost per input a backend
 //!   (the backend reports its pull cost per batch, not per input: `core::pull`);
+//! * CPU ms per GB: the process's CPU time (readers and server, user and system)
+//!   per GB pulled, what the bytes cost whatever else runs on the machine;
 //! * per K, the channel's figures against TCP in the clear (`channel/tcp xK`) and
 //!   against the link (`channel/link xK`).
 
@@ -130,10 +133,14 @@ struct Stats {
     batch_p99_us: f64,
     input_p50_us: f64,
     input_p99_us: f64,
+    /// CPU time of the whole process (readers and server) per GB pulled, in
+    /// ms: what the bytes cost, less sensitive than the rate to other work on
+    /// the machine.
+    cpu_ms_per_gb: f64,
 }
 
 impl Stats {
-    fn fields(&self) -> [f64; 6] {
+    fn fields(&self) -> [f64; 7] {
         [
             self.inputs_per_s,
             self.gb_per_s,
@@ -141,9 +148,10 @@ impl Stats {
             self.batch_p99_us,
             self.input_p50_us,
             self.input_p99_us,
+            self.cpu_ms_per_gb,
         ]
     }
-    fn from_fields(f: [f64; 6]) -> Stats {
+    fn from_fields(f: [f64; 7]) -> Stats {
         Stats {
             inputs_per_s: f[0],
             gb_per_s: f[1],
@@ -151,14 +159,24 @@ impl Stats {
             batch_p99_us: f[3],
             input_p50_us: f[4],
             input_p99_us: f[5],
+            cpu_ms_per_gb: f[6],
         }
     }
     /// The figures of `inputs` inputs of `slot_bytes` each pulled in `secs`,
     /// in batches of `n` whose times (ns) are in `hist`.
-    fn of_run(hist: &Histogram<u64>, inputs: u64, n: usize, slot_bytes: f64, secs: f64) -> Stats {
+    /// `cpu_s`: the process's CPU time meanwhile.
+    fn of_run(
+        hist: &Histogram<u64>,
+        inputs: u64,
+        n: usize,
+        slot_bytes: f64,
+        secs: f64,
+        cpu_s: f64,
+    ) -> Stats {
         let count = inputs as f64;
         let us = |q: f64| hist.value_at_quantile(q) as f64 / 1e3;
         Stats {
+            cpu_ms_per_gb: cpu_s * 1e3 / (count * slot_bytes / 1e9).max(1e-12),
             inputs_per_s: count / secs,
             gb_per_s: count * slot_bytes / secs / 1e9,
             batch_p50_us: us(0.5),
@@ -169,7 +187,7 @@ impl Stats {
     }
     /// Each figure's median over runs.
     fn median(runs: &[Stats]) -> Stats {
-        let mut out = [0.0; 6];
+        let mut out = [0.0; 7];
         for (k, o) in out.iter_mut().enumerate() {
             let mut v: Vec<f64> = runs.iter().map(|r| r.fields()[k]).collect();
             v.sort_by(f64::total_cmp);
@@ -223,6 +241,9 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                         Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
                     let mut reqs = Vec::with_capacity(n);
                     let mut tasks = Vec::with_capacity(n);
+                    // The inputs' buffers come back for the next batch, as a
+                    // backend recycles them.
+                    let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(n);
                     let mut pull = |rng: &mut Xoshiro256PlusPlus| -> u64 {
                         reqs.clear();
                         tasks.clear();
@@ -238,7 +259,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                             tasks.push(task);
                         }
                         let t0 = Instant::now();
-                        let out = rd.read_many(&reqs, timeout);
+                        let out = rd.read_many_into(&reqs, timeout, std::mem::take(&mut bufs));
                         let ns = t0.elapsed().as_nanos() as u64;
                         for (o, &task) in out.iter().zip(&tasks) {
                             let bytes = o.as_ref().expect("read");
@@ -246,6 +267,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                                 SlotHeader::check(bytes, task, cap_of(task)).expect("slot");
                             assert_eq!(payload.len(), input_bytes);
                         }
+                        bufs.extend(out.into_iter().flatten());
                         ns
                     };
                     for _ in 0..3 {
@@ -265,6 +287,7 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
             .collect();
         barrier.wait();
         let t0 = Instant::now();
+        let c0 = cpu_time_s();
         let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("hist");
         let mut count = 0;
         for h in handles {
@@ -272,16 +295,40 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
             all.add(&hist).expect("merge");
             count += c;
         }
-        (all, count, t0.elapsed())
+        (all, count, (t0.elapsed(), cpu_time_s() - c0))
     });
     let slot_bytes = fe.slots[0].2 as f64;
-    Stats::of_run(&hist, count, n, slot_bytes, elapsed.as_secs_f64())
+    Stats::of_run(
+        &hist,
+        count,
+        n,
+        slot_bytes,
+        elapsed.0.as_secs_f64(),
+        elapsed.1,
+    )
+}
+
+/// This process's CPU time so far (user and system, every thread), seconds.
+fn cpu_time_s() -> f64 {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn row(name: &str, n: usize, s: &Stats) {
     println!(
-        "{name:<17} {n:>4} {:>12.0} {:>7.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1}",
-        s.inputs_per_s, s.gb_per_s, s.batch_p50_us, s.batch_p99_us, s.input_p50_us, s.input_p99_us
+        "{name:<17} {n:>4} {:>12.0} {:>7.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>10.0}",
+        s.inputs_per_s,
+        s.gb_per_s,
+        s.batch_p50_us,
+        s.batch_p99_us,
+        s.input_p50_us,
+        s.input_p99_us,
+        s.cpu_ms_per_gb
     );
 }
 
@@ -319,6 +366,7 @@ fn link_once(cfg: &Cfg, n: usize, slot_bytes: usize) -> Stats {
     }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("hist");
     let t0 = Instant::now();
+    let c0 = cpu_time_s();
     let end = t0 + Duration::from_secs_f64(cfg.secs);
     let mut batches = 0u64;
     while Instant::now() < end {
@@ -326,27 +374,29 @@ fn link_once(cfg: &Cfg, n: usize, slot_bytes: usize) -> Stats {
         batches += 1;
     }
     let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_time_s() - c0;
     drop(c);
     server.join().expect("link server");
-    Stats::of_run(&hist, batches * n as u64, n, slot_bytes as f64, secs)
+    Stats::of_run(&hist, batches * n as u64, n, slot_bytes as f64, secs, cpu)
 }
 
 fn ratio_row(name: &str, n: usize, a: &Stats, b: &Stats) {
     let (t, i) = (a.fields(), b.fields());
-    let mut ratio = [0.0; 6];
-    for k in 0..6 {
+    let mut ratio = [0.0; 7];
+    for k in 0..7 {
         ratio[k] = t[k] / i[k];
     }
     let r = Stats::from_fields(ratio);
     println!(
-        "{:<17} {n:>4} {:>12.3} {:>7.3} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
+        "{:<17} {n:>4} {:>12.3} {:>7.3} {:>11.2} {:>11.2} {:>11.2} {:>11.2} {:>10.2}",
         name,
         r.inputs_per_s,
         r.gb_per_s,
         r.batch_p50_us,
         r.batch_p99_us,
         r.input_p50_us,
-        r.input_p99_us
+        r.input_p99_us,
+        r.cpu_ms_per_gb
     );
 }
 
@@ -393,7 +443,7 @@ fn main() {
         cfg.backends, cfg.inputs, cfg.input_bytes, slot, cfg.secs, cfg.repeats
     );
     println!(
-        "{:<17} {:>4} {:>12} {:>7} {:>11} {:>11} {:>11} {:>11}",
+        "{:<17} {:>4} {:>12} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10}",
         "transport",
         "N",
         "inputs/s",
@@ -401,7 +451,8 @@ fn main() {
         "batch p50us",
         "batch p99us",
         "input p50us",
-        "input p99us"
+        "input p99us",
+        "cpu ms/GB"
     );
     for &n in &cfg.batches {
         let mut med = Vec::new();

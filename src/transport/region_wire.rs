@@ -109,6 +109,14 @@ pub struct AnswerHeader {
 }
 
 impl AnswerHeader {
+    pub fn encode(&self) -> [u8; ANS_LEN] {
+        let mut h = [0u8; ANS_LEN];
+        h[..8].copy_from_slice(&self.id.to_le_bytes());
+        h[8..12].copy_from_slice(&self.status.to_le_bytes());
+        h[12..].copy_from_slice(&self.len.to_le_bytes());
+        h
+    }
+
     pub fn decode(h: &[u8; ANS_LEN]) -> AnswerHeader {
         AnswerHeader {
             id: u64_at(h, 0),
@@ -116,6 +124,16 @@ impl AnswerHeader {
             len: u32_at(h, 12),
         }
     }
+}
+
+/// The request at the start of `inb` when it is whole, asks for at least
+/// `min` bytes and is not a probe: one a server may answer from the region's
+/// memory straight into its socket's records instead of through `out`
+/// ([`serve_requests_streamed`] answers the rest).
+pub fn large_request(inb: &[u8], min: u32) -> Option<Request> {
+    let r: &[u8; REQ_LEN] = inb.get(..REQ_LEN)?.try_into().ok()?;
+    let req = Request::decode(r);
+    (req.len >= min && req.cap != super::PROBE_CAP).then_some(req)
 }
 
 /// Answers every whole request at the start of `inb` from `region`, appending
@@ -147,8 +165,23 @@ pub fn serve_requests_streamed(
     out: &mut Vec<u8>,
     flush_at: usize,
 ) -> (usize, u32) {
+    serve_requests_streamed_below(inb, region, out, flush_at, None)
+}
+
+/// [`serve_requests_streamed`], stopping also before a request that
+/// [`large_request`] gives for `large` (the caller answers it).
+pub fn serve_requests_streamed_below(
+    inb: &[u8],
+    region: &Region,
+    out: &mut Vec<u8>,
+    flush_at: usize,
+    large: Option<u32>,
+) -> (usize, u32) {
     let mut pos = 0;
     while inb.len() - pos >= REQ_LEN && out.len() < flush_at {
+        if large.is_some_and(|min| large_request(&inb[pos..], min).is_some()) {
+            break;
+        }
         let mut r = [0u8; REQ_LEN];
         r.copy_from_slice(&inb[pos..pos + REQ_LEN]);
         pos += REQ_LEN;
@@ -194,6 +227,64 @@ mod tests {
             cap: u64::MAX - 1,
         };
         assert_eq!(Request::decode(&r.encode()), r);
+    }
+
+    /// Serving stops before a large read (left to the caller) and not before
+    /// a small one or a probe of any size; the caller's header for it is the
+    /// one the gathered answer starts with.
+    #[test]
+    fn a_large_read_is_left_to_the_caller() {
+        let region = Region::new(1, 1 << 22).unwrap();
+        let small = region.put(1, 11, &[7u8; 100]).unwrap();
+        let big = region.put(2, 22, &vec![9u8; 200_000]).unwrap();
+        let req = |id, at: &crate::transport::InputRef, cap| Request {
+            id,
+            offset: at.offset,
+            len: at.len,
+            cap,
+        };
+        let mut inb = Vec::new();
+        inb.extend_from_slice(&req(1, &small, 11).encode());
+        inb.extend_from_slice(&req(2, &small, super::super::PROBE_CAP).encode());
+        inb.extend_from_slice(&req(3, &big, 22).encode());
+        inb.extend_from_slice(&req(4, &small, 11).encode());
+        let mut out = Vec::new();
+        let (used, zeros) =
+            serve_requests_streamed_below(&inb, &region, &mut out, 1 << 20, Some(1 << 16));
+        assert_eq!(
+            (used, zeros),
+            (2 * REQ_LEN, small.len),
+            "stopped at the probe's zeros"
+        );
+        let (used2, zeros2) =
+            serve_requests_streamed_below(&inb[used..], &region, &mut out, 1 << 20, Some(1 << 16));
+        assert_eq!((used2, zeros2), (0, 0), "stopped before the large read");
+        let rest = &inb[used..];
+        assert_eq!(large_request(rest, 1 << 16), Some(req(3, &big, 22)));
+        assert_eq!(
+            large_request(rest, big.len + 1),
+            None,
+            "under the threshold"
+        );
+        assert_eq!(large_request(&rest[..REQ_LEN - 1], 1), None, "not whole");
+        // The read after it is served as before.
+        let (used3, _) = serve_requests_streamed_below(
+            &rest[REQ_LEN..],
+            &region,
+            &mut out,
+            1 << 20,
+            Some(1 << 16),
+        );
+        assert_eq!(used3, REQ_LEN);
+        let mut gathered = Vec::new();
+        serve_requests(&rest[..REQ_LEN], &region, &mut gathered, usize::MAX);
+        let hdr = AnswerHeader {
+            id: 3,
+            status: ST_OK,
+            len: big.len,
+        };
+        assert_eq!(gathered[..ANS_LEN], hdr.encode());
+        assert_eq!(AnswerHeader::decode(&hdr.encode()), hdr);
     }
 
     #[test]

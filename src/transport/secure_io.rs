@@ -224,7 +224,9 @@ impl<R: AsyncRead + Unpin> AsyncRead for SecureRead<R> {
 }
 
 /// Sealed bytes waiting to be written (`out[pos..len]`). `out` is kept
-/// (at most [`SEAL_CHUNK`] sealed) so that a write does not zero or grow it.
+/// (at most [`SEAL_CHUNK`] sealed by a write; more by
+/// [`SecureWrite::seal_now`] until [`SecureWrite::trim`]) so that a write
+/// does not zero or grow it.
 struct SealBuf {
     sealer: Sealer,
     out: Vec<u8>,
@@ -276,6 +278,49 @@ impl<W> SecureWrite<W> {
     }
 }
 
+impl<W> SecureWrite<W> {
+    /// Whether what is written is sealed (the connection carries a channel).
+    pub fn seals(&self) -> bool {
+        self.seal.is_some()
+    }
+
+    /// Seals `plain` now, after the records waiting to be written, and writes
+    /// nothing: for a caller that reads its bytes under a lock and must not
+    /// wait on the socket meanwhile (a flush writes them). The bytes are
+    /// copied once, from where they lie into their records; written with
+    /// `write`, bytes a caller first gathered into a buffer of its own are
+    /// copied twice. Without a channel there is nothing to seal: an error.
+    pub fn seal_now(&mut self, plain: &[u8]) -> io::Result<()> {
+        let Some(sb) = self.seal.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no channel to seal with",
+            ));
+        };
+        let need = sb.len + Sealer::sealed_len(plain.len());
+        if sb.out.len() < need {
+            sb.out.resize(need, 0);
+        }
+        let n = sb
+            .sealer
+            .seal_into(plain, &mut sb.out[sb.len..])
+            .map_err(bad)?;
+        sb.len += n;
+        Ok(())
+    }
+
+    /// Once every sealed record is written, gives back the buffer's memory
+    /// past `keep` bytes (one large [`Self::seal_now`] grows it).
+    pub fn trim(&mut self, keep: usize) {
+        if let Some(sb) = self.seal.as_mut() {
+            if sb.pos == sb.len && sb.out.len() > keep {
+                sb.out.truncate(keep);
+                sb.out.shrink_to(keep);
+            }
+        }
+    }
+}
+
 impl<W: AsyncWrite + Unpin> AsyncWrite for SecureWrite<W> {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -286,6 +331,10 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for SecureWrite<W> {
         let Some(sb) = me.seal.as_mut() else {
             return Pin::new(&mut me.inner).poll_write(cx, buf);
         };
+        if sb.pos < sb.len && sb.accounted == 0 {
+            // Records of `seal_now` go out first (none of them are `buf`'s).
+            ready!(sb.drain(&mut me.inner, cx))?;
+        }
         if sb.pos == sb.len {
             if buf.is_empty() {
                 return Poll::Ready(Ok(0));
@@ -516,18 +565,71 @@ mod tests {
         }
     }
 
+    /// A runtime for the async halves' tests.
+    fn current_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    /// The two ends of a duplex stream carrying a channel.
+    fn sealed_duplex() -> (
+        SecureWrite<tokio::io::DuplexStream>,
+        SecureRead<tokio::io::DuplexStream>,
+    ) {
+        let (d, l) = channel_pair();
+        let (a, b) = tokio::io::duplex(1 << 16);
+        (
+            SecureWrite::new(a, Some(d.sealer)),
+            SecureRead::new(b, Some(l.opener)),
+        )
+    }
+
+    /// Bytes sealed ahead of a write (`seal_now`, as the region server seals
+    /// a slot under its lock) reach the peer in order with those written,
+    /// and the buffer they grew is given back once written; a connection
+    /// without a channel has nothing to seal with.
+    #[test]
+    fn bytes_sealed_ahead_go_out_in_order_with_those_written() {
+        current_thread().block_on(async {
+            let (mut w, mut r) = sealed_duplex();
+            assert!(w.seals());
+            let big = stream(5 * MAX_PLAIN + 3);
+            let sent = big.clone();
+            let writer = tokio::spawn(async move {
+                w.write_all(b"head").await.unwrap();
+                w.seal_now(b"").unwrap();
+                w.seal_now(&sent[..10]).unwrap();
+                w.seal_now(&sent[10..]).unwrap();
+                w.write_all(b"tail").await.unwrap();
+                w.flush().await.unwrap();
+                w.trim(1 << 10);
+                assert!(w.seal.as_ref().unwrap().out.len() <= 1 << 10);
+                w.seal_now(b"last").unwrap();
+                w.shutdown().await.unwrap();
+            });
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.unwrap();
+            writer.await.unwrap();
+            let mut want = b"head".to_vec();
+            want.extend_from_slice(&big);
+            want.extend_from_slice(b"taillast");
+            assert!(got == want, "the stream came back changed");
+
+            let (a, _b) = tokio::io::duplex(64);
+            let mut clear = SecureWrite::new(a, None);
+            assert!(!clear.seals());
+            let err = clear.seal_now(b"x").unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::Unsupported);
+        });
+    }
+
     /// The tokio halves: a large `read_exact` (records opened in place) and
     /// small reads (through the buffer) over one duplex stream.
     #[test]
     fn async_halves_carry_large_and_small_reads() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let (d, l) = channel_pair();
-            let (a, b) = tokio::io::duplex(1 << 16);
-            let mut w = SecureWrite::new(a, Some(d.sealer));
-            let mut r = SecureRead::new(b, Some(l.opener));
+        current_thread().block_on(async {
+            let (mut w, mut r) = sealed_duplex();
             let data = stream(3 * MAX_PLAIN + 77);
             let sent = data.clone();
             let writer = tokio::spawn(async move {

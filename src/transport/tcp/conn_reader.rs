@@ -48,17 +48,11 @@ enum FrameError {
 /// Reads frames until the connection ends; the reason it ended (and whether it is
 /// a protocol error worth logging), None when the event loop is gone.
 async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, bool)> {
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut buf = FrameBuf::new();
     let mut msgs = VecDeque::new();
     let mut need = 4usize; // bytes the next frame needs in `buf` (prefix included)
     loop {
-        // The buffer grows with the bytes that came, not with what a frame's
-        // length prefix announces: a peer that announces 64 MiB and sends a
-        // few bytes holds a few bytes (at most twice what it sent, through the
-        // vector's doubling).
-        let want = need.saturating_sub(buf.len()).clamp(READ_CHUNK, GROW_MAX);
-        buf.reserve(want);
-        let n = match rd.read_buf(&mut buf).await {
+        let n = match rd.read(buf.room(need)).await {
             Ok(n) => n,
             Err(e) => {
                 // A record that does not verify is worth a warning.
@@ -67,9 +61,10 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
             }
         };
         if n == 0 {
-            return Some((eof_reason(&buf), false));
+            return Some((eof_reason(buf.bytes()), false));
         }
-        let pos = match split_frames(&buf, &mut msgs) {
+        buf.filled(n);
+        let pos = match split_frames(buf.bytes(), &mut msgs) {
             Ok((pos, next_need)) => {
                 need = next_need;
                 pos
@@ -87,12 +82,80 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
                 return Some((reason, true));
             }
         };
-        buf.drain(..pos);
+        buf.consume(pos);
         if !msgs.is_empty() && !shared.deliver_all(&mut msgs).await {
             return None;
         }
-        if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
-            buf.shrink_to(READ_CHUNK);
+    }
+}
+
+/// Reads after which a buffer that large frames grew is given back when its
+/// frames have been small meanwhile.
+const SHRINK_AFTER_READS: u32 = 256;
+
+/// The reader's buffer: `buf[..end]` holds the bytes read and not framed yet.
+/// All of `buf` is initialized and kept between frames, so the channel opens
+/// its records straight into it (spare capacity is zeroed before each record
+/// opened there, a pass over every byte as costly as a copy).
+struct FrameBuf {
+    buf: Vec<u8>,
+    end: usize,
+    /// The most bytes held since `reads` was last reset.
+    peak: usize,
+    reads: u32,
+}
+
+impl FrameBuf {
+    fn new() -> FrameBuf {
+        FrameBuf {
+            buf: vec![0; READ_CHUNK],
+            end: 0,
+            peak: 0,
+            reads: 0,
+        }
+    }
+
+    /// Room for the next read, the frame being read needing `need` bytes in
+    /// all (prefix included). The buffer grows with the bytes that came, not
+    /// with what a frame's length prefix announces: by at most as many as it
+    /// holds (and [`GROW_MAX`]), so a peer that announces 64 MiB and sends a
+    /// few bytes holds a chunk.
+    fn room(&mut self, need: usize) -> &mut [u8] {
+        let ahead = self.end.clamp(READ_CHUNK, GROW_MAX);
+        let want = need.saturating_sub(self.end).clamp(READ_CHUNK, ahead);
+        if self.buf.len() - self.end < want {
+            self.buf.resize(self.end + want, 0);
+        }
+        &mut self.buf[self.end..]
+    }
+
+    /// `n` bytes were read into [`Self::room`].
+    fn filled(&mut self, n: usize) {
+        self.end += n;
+        self.peak = self.peak.max(self.end);
+        self.reads += 1;
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.end]
+    }
+
+    /// Drops the first `pos` bytes (frames decoded). Every
+    /// [`SHRINK_AFTER_READS`] reads, a buffer over twice what it held at
+    /// most meanwhile (and over a few chunks) shrinks to that.
+    fn consume(&mut self, pos: usize) {
+        if pos > 0 {
+            self.buf.copy_within(pos..self.end, 0);
+            self.end -= pos;
+        }
+        if self.reads >= SHRINK_AFTER_READS {
+            let keep = self.peak.max(self.end).max(READ_CHUNK);
+            if self.buf.len() > 4 * READ_CHUNK && self.buf.len() > 2 * keep {
+                self.buf.truncate(keep);
+                self.buf.shrink_to(keep);
+            }
+            self.reads = 0;
+            self.peak = self.end;
         }
     }
 }
@@ -127,5 +190,61 @@ fn split_frames(buf: &[u8], msgs: &mut VecDeque<Msg>) -> Result<(usize, usize), 
         }
         msgs.push_back(wire::decode(&rest[4..4 + len]).map_err(FrameError::Bad)?);
         pos += 4 + len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads `bytes` into `b` as a socket would, at most `chunk` at a time.
+    fn feed(b: &mut FrameBuf, need: usize, bytes: &[u8], chunk: usize) {
+        let mut at = 0;
+        while at < bytes.len() {
+            let room = b.room(need);
+            let n = room.len().min(chunk).min(bytes.len() - at);
+            room[..n].copy_from_slice(&bytes[at..at + n]);
+            b.filled(n);
+            at += n;
+        }
+    }
+
+    /// The buffer grows with the bytes that came, keeps what large frames
+    /// grew while they keep coming, and gives it back once they stop.
+    #[test]
+    fn the_buffer_follows_the_frames_that_come() {
+        let mut b = FrameBuf::new();
+        // A prefix announcing 64 MiB and a few bytes: a chunk held.
+        feed(&mut b, 64 << 20, &[1, 2, 3, 4, 5], 5);
+        assert_eq!(b.bytes(), &[1, 2, 3, 4, 5]);
+        assert!(b.buf.len() <= READ_CHUNK, "{}", b.buf.len());
+        // 3 MiB arrive: at most twice what came is held.
+        let big: Vec<u8> = (0..3 << 20).map(|i| i as u8).collect();
+        feed(&mut b, 64 << 20, &big, 1 << 20);
+        assert_eq!(&b.bytes()[5..], &big[..]);
+        assert!(b.buf.len() <= 2 * b.end + READ_CHUNK, "{}", b.buf.len());
+        b.consume(b.end - 7);
+        assert_eq!(
+            b.bytes(),
+            &big[big.len() - 7..],
+            "the tail moved to the front"
+        );
+        // Frames of 600 KB keep the buffer as it is.
+        b.consume(b.end);
+        let frame = vec![9u8; 600_000];
+        let kept = b.buf.len();
+        for _ in 0..2 * SHRINK_AFTER_READS {
+            feed(&mut b, frame.len(), &frame, READ_CHUNK);
+            assert_eq!(b.bytes(), &frame[..]);
+            b.consume(b.end);
+        }
+        assert!(b.buf.len() >= frame.len() && b.buf.len() <= kept);
+        // Small frames from then on: it shrinks to a chunk.
+        for _ in 0..2 * SHRINK_AFTER_READS {
+            feed(&mut b, 100, &[3u8; 100], 100);
+            b.consume(100);
+        }
+        assert_eq!(b.buf.len(), READ_CHUNK);
+        assert!(b.buf.capacity() < 2 * READ_CHUNK);
     }
 }

@@ -175,7 +175,9 @@ mod tests {
 
     /// A pull of several MiB is split over the reader's connections to the
     /// peer; every input comes back whole and in its place, a refused read
-    /// among them included, in the clear and through the channel.
+    /// among them included, in the clear and through the channel (where the
+    /// large slots are sealed straight from the region and the small ones
+    /// gathered first), into new buffers and into recycled ones.
     #[test]
     fn large_pulls_spread_over_connections_come_back_whole() {
         use crate::transport::{ReadError, ReadReq, SlotHeader};
@@ -183,8 +185,12 @@ mod tests {
             let tr = Tcp::keyed_with_pull_streams(key, 3).unwrap();
             let reg = Arc::new(Region::new(1, 16 << 20).unwrap());
             const CAP: u64 = 77;
+            // Large and small inputs in turn (every third one small).
             let inputs: Vec<Vec<u8>> = (0..10u64)
-                .map(|t| (0..300_000).map(|i| (i as u64 * 31 + t) as u8).collect())
+                .map(|t| {
+                    let n = if t % 3 == 2 { 1_000 } else { 300_000 };
+                    (0..n).map(|i| (i as u64 * 31 + t) as u8).collect()
+                })
                 .collect();
             let refs: Vec<_> = inputs
                 .iter()
@@ -232,6 +238,19 @@ mod tests {
                     given.contains(&(slot.as_ptr() as usize)),
                     "input {t} in a new buffer"
                 );
+                assert_eq!(
+                    SlotHeader::check(slot, t as u64, CAP).unwrap(),
+                    &inputs[t][..]
+                );
+            }
+            // Into recycled buffers holding other bytes, shorter and longer
+            // than the answers: nothing of what they held is left.
+            let bufs: Vec<Vec<u8>> = (0..reqs.len())
+                .map(|i| vec![0xA5; if i % 2 == 0 { 100_000 } else { 500_000 }])
+                .collect();
+            let out = rd.read_many_into(&reqs, Duration::from_secs(5), bufs);
+            for (t, o) in out.iter().enumerate().filter(|(t, _)| *t != 4) {
+                let slot = o.as_ref().unwrap();
                 assert_eq!(
                     SlotHeader::check(slot, t as u64, CAP).unwrap(),
                     &inputs[t][..]

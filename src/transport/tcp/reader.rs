@@ -270,14 +270,17 @@ impl TcpReader {
             let id = self.next_req.fetch_add(1, Ordering::Relaxed);
             batch.expect_one();
             // A recycled buffer's pages are mapped already: reading a large
-            // input into a fresh allocation faults on every page.
+            // input into a fresh allocation faults on every page. Its bytes
+            // are initialized, and the answer is read over them first (the
+            // channel zeroes spare capacity before it opens a record there).
+            let len = r.len as usize;
             let buf = match bufs.pop() {
                 Some(mut b) => {
-                    b.clear();
-                    b.reserve(r.len as usize);
+                    b.truncate(len);
+                    b.reserve(len - b.len());
                     b
                 }
-                None => Vec::with_capacity(r.len as usize),
+                None => Vec::with_capacity(len),
             };
             st.pending.insert(
                 id,

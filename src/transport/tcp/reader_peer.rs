@@ -239,12 +239,27 @@ async fn receive_answer(
             peer.addr, p.len
         ));
     }
-    let mut left = len as u64;
-    while left > 0 {
-        let reason = match (&mut *rd).take(left).read_buf(&mut p.buf).await {
+    // The buffer's initialized bytes (a recycled buffer's, see
+    // `TcpReader::send_on`) are read over, so that the channel opens records
+    // straight into them; the rest is read into its spare capacity.
+    let init = p.buf.len().min(len as usize);
+    p.buf.truncate(init);
+    let mut filled = 0;
+    while filled < init || p.buf.len() < len as usize {
+        let got = if filled < init {
+            rd.read(&mut p.buf[filled..init]).await
+        } else {
+            (&mut *rd)
+                .take((len as usize - p.buf.len()) as u64)
+                .read_buf(&mut p.buf)
+                .await
+        };
+        let reason = match got {
             Ok(0) => closed(peer),
             Ok(n) => {
-                left -= n as u64;
+                if filled < init {
+                    filled += n;
+                }
                 continue;
             }
             Err(e) => failed(peer, &e),
