@@ -651,6 +651,44 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
     );
 }
 
+/// [`encode`], except that the input of an `Infer` of at least `min_tail`
+/// bytes (its last field) is not appended: it is returned, and the frame is
+/// what `out` got followed by it. A writer sends it from where it lies
+/// rather than copying a large input into its buffer first.
+pub fn encode_split(msg: &Msg, out: &mut Vec<u8>, min_tail: usize) -> Option<bytes::Bytes> {
+    let Msg::Infer {
+        req,
+        model,
+        slo,
+        input,
+    } = msg
+    else {
+        encode(msg, out);
+        return None;
+    };
+    if input.len() < min_tail {
+        encode(msg, out);
+        return None;
+    }
+    let start = out.len();
+    encode(
+        &Msg::Infer {
+            req: *req,
+            model: model.clone(),
+            slo: *slo,
+            input: bytes::Bytes::new(),
+        },
+        out,
+    );
+    // The head ends with the input's (empty) length field: both lengths
+    // grow by the input's.
+    let body = out.len() - start - LEN_PREFIX + input.len();
+    out[start..start + LEN_PREFIX].copy_from_slice(&len32(body).to_le_bytes());
+    let at = out.len() - 4;
+    out[at..].copy_from_slice(&len32(input.len()).to_le_bytes());
+    Some(input.clone())
+}
+
 /// `msg` as one whole frame.
 pub fn encode_to_vec(msg: &Msg) -> Vec<u8> {
     let mut v = Vec::new();
@@ -769,6 +807,32 @@ impl FrameReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A split frame is the whole frame cut before a large input: the same
+    /// bytes, whatever the input's size, and it decodes to the message.
+    #[test]
+    fn a_split_frame_is_the_frame_cut_before_its_input() {
+        for n in [0, 10, 1 << 16, 600_000] {
+            let msg = Msg::Infer {
+                req: 9,
+                model: "resnet50".into(),
+                slo: Dur(50_000),
+                input: (0..n).map(|i| i as u8).collect::<Vec<u8>>().into(),
+            };
+            let mut head = vec![7u8; 3];
+            let tail = encode_split(&msg, &mut head, 1 << 16);
+            assert_eq!(tail.is_some(), n >= 1 << 16, "{n} bytes");
+            let mut whole = vec![7u8; 3];
+            encode(&msg, &mut whole);
+            head.extend_from_slice(tail.as_deref().unwrap_or_default());
+            assert_eq!(head, whole, "{n} bytes");
+            assert_eq!(decode(&whole[3 + LEN_PREFIX..]).unwrap(), msg);
+        }
+        let other = Msg::ListModels;
+        let mut out = Vec::new();
+        assert_eq!(encode_split(&other, &mut out, 0), None);
+        assert_eq!(out, encode_to_vec(&other));
+    }
 
     #[test]
     fn drop_reason_index_is_its_wire_tag() {

@@ -57,7 +57,7 @@
 
 pub mod codec;
 
-pub use codec::{decode, encode, encode_to_vec, DecodeError, FrameReader};
+pub use codec::{decode, encode, encode_split, encode_to_vec, DecodeError, FrameReader};
 
 /// The typed values the wire carries: ids ([`TaskId`], [`ModelId`], [`GpuId`],
 /// [`PlanId`]) and times ([`Time`] on the scheduler's clock unless said otherwise,

@@ -1,5 +1,6 @@
 //! A control connection's writer task: drains the send queue, encodes whatever is
-//! queued into one buffer of frames and writes it at once; at the connection's end
+//! queued into one buffer of frames and writes it at once (a large input after
+//! it, from where it lies); at the connection's end
 //! it flushes what is left (within [`CLOSE_FLUSH`]) and shuts its side down.
 
 use super::conn::ConnShared;
@@ -7,6 +8,7 @@ use super::options::{CLOSE_FLUSH, WRITE_CHUNK};
 use super::runtime::stopped;
 use crate::transport::secure_io::SecureWrite;
 use crate::wire::{self, Msg, MAX_FRAME};
+use bytes::Bytes;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -43,11 +45,14 @@ async fn write_until_stopped(
             m = queue.recv() => m,
         };
         let Some(first) = first else { break };
-        if let Err(reason) = encode_batch(shared, first, queue, buf) {
-            shared.finish(reason);
-            break;
-        }
-        let res = write_with_grace(wr, buf, stop).await;
+        let tail = match encode_batch(shared, first, queue, buf) {
+            Ok(tail) => tail,
+            Err(reason) => {
+                shared.finish(reason);
+                break;
+            }
+        };
+        let res = write_with_grace(wr, buf, tail.as_deref(), stop).await;
         buf.clear();
         if buf.capacity() > 4 * WRITE_CHUNK {
             buf.shrink_to(WRITE_CHUNK);
@@ -65,15 +70,16 @@ async fn write_until_stopped(
     clean
 }
 
-/// Writes `buf`; when the connection ends meanwhile (the peer was not reading),
-/// gives the write the grace period [`CLOSE_FLUSH`]. Ok(false): the grace period
-/// ran out with the write cut short.
+/// Writes `buf` and then `tail`; when the connection ends meanwhile (the peer
+/// was not reading), gives the write the grace period [`CLOSE_FLUSH`].
+/// Ok(false): the grace period ran out with the write cut short.
 async fn write_with_grace(
     wr: &mut WriteHalf,
     buf: &[u8],
+    tail: Option<&[u8]>,
     stop: &mut watch::Receiver<bool>,
 ) -> std::io::Result<bool> {
-    let write = wr.write_all(buf);
+    let write = write_frames(wr, buf, tail);
     tokio::pin!(write);
     tokio::select! {
         biased;
@@ -85,6 +91,15 @@ async fn write_with_grace(
             }
         }
     }
+}
+
+/// `buf`, then the large input that ends its last frame (if any).
+async fn write_frames(wr: &mut WriteHalf, buf: &[u8], tail: Option<&[u8]>) -> std::io::Result<()> {
+    wr.write_all(buf).await?;
+    if let Some(t) = tail {
+        wr.write_all(t).await?;
+    }
+    Ok(())
 }
 
 /// The connection ended (closed by us, by the peer or on an error): sends what is
@@ -100,9 +115,10 @@ async fn flush_and_shut_down(
     let flush = async {
         if clean {
             while let Ok(m) = queue.try_recv() {
-                if encode_batch(shared, m, &mut queue, &mut buf).is_err()
-                    || wr.write_all(&buf).await.is_err()
-                {
+                let Ok(tail) = encode_batch(shared, m, &mut queue, &mut buf) else {
+                    break;
+                };
+                if write_frames(&mut wr, &buf, tail.as_deref()).await.is_err() {
                     break;
                 }
                 buf.clear();
@@ -113,18 +129,24 @@ async fn flush_and_shut_down(
     let _ = tokio::time::timeout(CLOSE_FLUSH, flush).await;
 }
 
-/// Encodes `first` and whatever else is queued (up to [`WRITE_CHUNK`]) into `buf`.
+/// Inputs of at least this many bytes are written from the message, not
+/// copied into the buffer of frames first.
+const TAIL_MIN: usize = 64 << 10;
+
+/// Encodes `first` and whatever else is queued (up to [`WRITE_CHUNK`]) into
+/// `buf`; a large input ends the batch and is returned, the rest of its frame
+/// (written after `buf`).
 fn encode_batch(
     shared: &ConnShared,
     first: Msg,
     queue: &mut mpsc::Receiver<Msg>,
     buf: &mut Vec<u8>,
-) -> Result<(), String> {
+) -> Result<Option<Bytes>, String> {
     let mut next = Some(first);
     while let Some(m) = next.take() {
         let start = buf.len();
-        wire::encode(&m, buf);
-        let frame = buf.len() - start;
+        let tail = wire::encode_split(&m, buf, TAIL_MIN);
+        let frame = buf.len() - start + tail.as_ref().map_or(0, Bytes::len);
         if frame > MAX_FRAME + 4 {
             buf.truncate(start);
             return Err(format!(
@@ -134,9 +156,12 @@ fn encode_batch(
                 frame - 4
             ));
         }
+        if tail.is_some() {
+            return Ok(tail);
+        }
         if buf.len() < WRITE_CHUNK {
             next = queue.try_recv().ok();
         }
     }
-    Ok(())
+    Ok(None)
 }

@@ -267,6 +267,50 @@ mod tests {
         }
     }
 
+    /// Large inputs (written from the message, after the frame's head) and
+    /// small messages between them arrive whole and in order, in the clear
+    /// and through the channel.
+    #[test]
+    fn large_inputs_and_small_messages_arrive_in_order() {
+        use crate::transport::Event;
+        use crate::wire::Msg;
+        let t = Duration::from_secs(5);
+        for key in [None, Some(ClusterKey::generate())] {
+            let tr = Tcp::keyed(key).unwrap();
+            let (stx, srx) = crate::transport::event_channel();
+            let l = tr.listen("127.0.0.1:0", stx).unwrap();
+            let (ctx, _crx) = crate::transport::event_channel();
+            let c = tr.connect(&l.local_addr(), ctx).unwrap();
+            assert!(matches!(srx.recv_timeout(t).unwrap(), Event::Accepted(_)));
+            let sent: Vec<Msg> = (0..12u64)
+                .map(|i| {
+                    if i % 3 == 2 {
+                        return Msg::ListModels;
+                    }
+                    let n = if i % 2 == 0 { 602_112 } else { 100 };
+                    Msg::Infer {
+                        req: i,
+                        model: format!("m{i}"),
+                        slo: crate::core::Dur(i as i64),
+                        input: (0..n)
+                            .map(|k| (k as u64 * 7 + i) as u8)
+                            .collect::<Vec<u8>>()
+                            .into(),
+                    }
+                })
+                .collect();
+            for m in &sent {
+                c.send(m.clone()).unwrap();
+            }
+            for m in &sent {
+                match srx.recv_timeout(t).unwrap() {
+                    Event::Msg(_, got) => assert!(got == *m, "{} changed", m.kind()),
+                    _ => panic!("a message was expected"),
+                }
+            }
+        }
+    }
+
     /// A malformed frame closes its connection, and the peer is told why
     /// with an `Error` first.
     #[test]
