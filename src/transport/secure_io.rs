@@ -174,6 +174,11 @@ impl<R> SecureRead<R> {
             open: opener.map(OpenBuf::new),
         }
     }
+
+    /// The stream read from.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for SecureRead<R> {

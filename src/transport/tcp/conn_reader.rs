@@ -3,6 +3,7 @@
 //! over [`MAX_FRAME`] or one that does not decode ends the connection.
 
 use super::conn::ConnShared;
+use super::net::{quick_ack, QUICK_ACK_FROM};
 use super::options::READ_CHUNK;
 use super::runtime::stopped;
 use crate::transport::secure_io::SecureRead;
@@ -52,6 +53,9 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
     let mut msgs = VecDeque::new();
     let mut need = 4usize; // bytes the next frame needs in `buf` (prefix included)
     loop {
+        if need.saturating_sub(buf.end) >= QUICK_ACK_FROM {
+            quick_ack(rd.get_ref().as_ref());
+        }
         let n = match rd.read(buf.room(need)).await {
             Ok(n) => n,
             Err(e) => {

@@ -3,7 +3,7 @@
 //! sends pipelined requests and a reader task that reads the answers straight into
 //! their buffers and completes them in their [`Batch`]es.
 
-use super::net::connect_std;
+use super::net::{connect_std, quick_ack, QUICK_ACK_FROM};
 use super::options::{ANSWER_BUF, CONNECT_TIMEOUT};
 use super::reader::Batch;
 use super::runtime::{stopped, Inner};
@@ -200,6 +200,9 @@ async fn read_answers(peer: &Peer, rd: SecureRead<OwnedReadHalf>) -> String {
             };
         }
         let AnswerHeader { id, status, len } = AnswerHeader::decode(&hdr);
+        if len as usize >= QUICK_ACK_FROM {
+            quick_ack(rd.get_ref().get_ref().as_ref());
+        }
         let p = peer.state.lock().expect("peer lock").pending.remove(&id);
         if status != ST_OK {
             if let Some(p) = p {
