@@ -97,6 +97,10 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
 /// frames have been small meanwhile.
 const SHRINK_AFTER_READS: u32 = 256;
 
+/// The most an empty buffer keeps at once, whatever came before: what an
+/// idle connection holds after its largest frames.
+const KEEP_MAX: usize = 4 << 20;
+
 /// The reader's buffer: `buf[..end]` holds the bytes read and not framed yet.
 /// All of `buf` is initialized and kept between frames, so the channel opens
 /// its records straight into it (spare capacity is zeroed before each record
@@ -146,11 +150,16 @@ impl FrameBuf {
 
     /// Drops the first `pos` bytes (frames decoded). Every
     /// [`SHRINK_AFTER_READS`] reads, a buffer over twice what it held at
-    /// most meanwhile (and over a few chunks) shrinks to that.
+    /// most meanwhile (and over a few chunks) shrinks to that; an empty one
+    /// over [`KEEP_MAX`] shrinks at once.
     fn consume(&mut self, pos: usize) {
         if pos > 0 {
             self.buf.copy_within(pos..self.end, 0);
             self.end -= pos;
+        }
+        if self.end == 0 && self.buf.len() > KEEP_MAX {
+            self.buf.truncate(READ_CHUNK);
+            self.buf.shrink_to(READ_CHUNK);
         }
         if self.reads >= SHRINK_AFTER_READS {
             let keep = self.peak.max(self.end).max(READ_CHUNK);
@@ -222,8 +231,8 @@ mod tests {
         feed(&mut b, 64 << 20, &[1, 2, 3, 4, 5], 5);
         assert_eq!(b.bytes(), &[1, 2, 3, 4, 5]);
         assert!(b.buf.len() <= READ_CHUNK, "{}", b.buf.len());
-        // 3 MiB arrive: at most twice what came is held.
-        let big: Vec<u8> = (0..3 << 20).map(|i| i as u8).collect();
+        // 5 MiB arrive: at most twice what came is held.
+        let big: Vec<u8> = (0..5 << 20).map(|i| i as u8).collect();
         feed(&mut b, 64 << 20, &big, 1 << 20);
         assert_eq!(&b.bytes()[5..], &big[..]);
         assert!(b.buf.len() <= 2 * b.end + READ_CHUNK, "{}", b.buf.len());
@@ -233,10 +242,16 @@ mod tests {
             &big[big.len() - 7..],
             "the tail moved to the front"
         );
-        // Frames of 600 KB keep the buffer as it is.
+        // Emptied, it keeps at most KEEP_MAX.
+        assert!(b.buf.len() > KEEP_MAX);
         b.consume(b.end);
+        assert!(b.buf.len() <= KEEP_MAX, "{}", b.buf.len());
+        // Frames of 600 KB keep the buffer they grew.
         let frame = vec![9u8; 600_000];
+        feed(&mut b, frame.len(), &frame, READ_CHUNK);
+        b.consume(b.end);
         let kept = b.buf.len();
+        assert!(kept >= frame.len());
         for _ in 0..2 * SHRINK_AFTER_READS {
             feed(&mut b, frame.len(), &frame, READ_CHUNK);
             assert_eq!(b.bytes(), &frame[..]);
