@@ -162,7 +162,7 @@ impl FrameBuf {
             self.buf.shrink_to(READ_CHUNK);
         }
         if self.reads >= SHRINK_AFTER_READS {
-            let keep = self.peak.max(self.end).max(READ_CHUNK);
+            let keep = self.peak.max(READ_CHUNK);
             if self.buf.len() > 4 * READ_CHUNK && self.buf.len() > 2 * keep {
                 self.buf.truncate(keep);
                 self.buf.shrink_to(keep);

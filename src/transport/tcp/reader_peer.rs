@@ -187,17 +187,23 @@ fn failed(peer: &Peer, e: &std::io::Error) -> String {
     )
 }
 
+/// Why reading from the region server stopped with `e`: it closed the
+/// connection (an end of the stream) or the read failed.
+fn ended(peer: &Peer, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        closed(peer)
+    } else {
+        failed(peer, e)
+    }
+}
+
 /// Reads answers until the connection ends; the reason it ended.
 async fn read_answers(peer: &Peer, rd: SecureRead<OwnedReadHalf>) -> String {
     let mut rd = BufReader::with_capacity(ANSWER_BUF, rd);
     let mut hdr = [0u8; ANS_LEN];
     loop {
         if let Err(e) = rd.read_exact(&mut hdr).await {
-            return if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                closed(peer)
-            } else {
-                failed(peer, &e)
-            };
+            return ended(peer, &e);
         }
         let AnswerHeader { id, status, len } = AnswerHeader::decode(&hdr);
         if len as usize >= QUICK_ACK_FROM {
@@ -245,33 +251,27 @@ async fn receive_answer(
     // The buffer's initialized bytes (a recycled buffer's, see
     // `TcpReader::send_on`) are read over, so that the channel opens records
     // straight into them; the rest is read into its spare capacity.
-    let init = p.buf.len().min(len as usize);
-    p.buf.truncate(init);
-    let mut filled = 0;
-    while filled < init || p.buf.len() < len as usize {
-        let got = if filled < init {
-            rd.read(&mut p.buf[filled..init]).await
-        } else {
-            (&mut *rd)
-                .take((len as usize - p.buf.len()) as u64)
-                .read_buf(&mut p.buf)
-                .await
-        };
-        let reason = match got {
-            Ok(0) => closed(peer),
-            Ok(n) => {
-                if filled < init {
-                    filled += n;
-                }
-                continue;
-            }
-            Err(e) => failed(peer, &e),
-        };
+    p.buf.truncate(len as usize);
+    if let Err(e) = read_into(rd, &mut p.buf, len as usize).await {
+        let reason = ended(peer, &e);
         p.batch
             .complete(p.idx, Err(ReadError::Unreachable(reason.clone())));
         return Err(reason);
     }
     p.batch.complete(p.idx, Ok(p.buf));
+    Ok(())
+}
+
+/// Reads `len` bytes into `buf`: over the bytes it holds first, then into
+/// its spare capacity. An end of the stream before them: `UnexpectedEof`.
+async fn read_into(rd: &mut Answers, buf: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
+    rd.read_exact(buf).await?;
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        if (&mut *rd).take(want).read_buf(buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
     Ok(())
 }
 

@@ -181,9 +181,8 @@ async fn write_zeros<W: AsyncWrite + Unpin>(wr: &mut W, mut n: usize) -> std::io
 
 /// Slots of at least this many bytes are sealed straight from the region's
 /// memory into the connection's records (one copy of each byte, under the
-/// slot's stripe locks, about 0.2 ms for a 602,112-byte image on one core);
-/// smaller answers are gathered into `out` first, which saves records and
-/// writes.
+/// slot's stripe locks); smaller answers are gathered into `out` first,
+/// which saves records and writes.
 const SEAL_DIRECT_MIN: u32 = 64 << 10;
 
 async fn serve_reads<R, W>(
