@@ -20,6 +20,8 @@ fn main() {
         .build_server(true)
         // The model configuration's types are generated once, below.
         .extern_path(".fermata.triton", "crate::triton_repo::pb")
+        // A request's raw inputs as views of the message's buffer, not copies.
+        .bytes(".inference.ModelInferRequest.raw_input_contents")
         .compile_fds(fds)
         .unwrap_or_else(|e| panic!("generating the gRPC service: {e}"));
 

@@ -880,7 +880,7 @@ fn grpc_infer_padded(
             input("x", "FP32", vec![1, 4]),
             input("ids", "INT64", vec![1, 2]),
         ],
-        raw_input_contents: vec![f32s(&[1.0; 4]), i64s(&[1, 2])],
+        raw_input_contents: vec![f32s(&[1.0; 4]).into(), i64s(&[1, 2]).into()],
         ..Default::default()
     };
     // gRPC's framing: no compression, the length, the message.

@@ -69,7 +69,8 @@ impl InferDone {
 pub(super) struct LocalInfer {
     pub(super) model: String,
     pub(super) slo: Dur,
-    pub(super) input: Vec<u8>,
+    /// The request's bytes (a view of the client's body where it could be).
+    pub(super) input: bytes::Bytes,
     /// When the client's request began to arrive (its SLO runs from there).
     pub(super) received: Instant,
     /// When it was handed to the loop.
@@ -224,7 +225,7 @@ impl FrontendHandle {
         &self,
         model: usize,
         slo: Dur,
-        samples: Vec<Vec<u8>>,
+        samples: Vec<bytes::Bytes>,
         received: Instant,
     ) -> Result<Vec<InferDone>, Stopped> {
         let name = &self.state.models[model].name;
@@ -260,7 +261,7 @@ impl FrontendHandle {
         &self,
         model: &str,
         slo: Dur,
-        input: Vec<u8>,
+        input: impl Into<bytes::Bytes>,
         received: Instant,
     ) -> tokio::sync::oneshot::Receiver<InferDone> {
         let (reply, rx) = tokio::sync::oneshot::channel();
@@ -270,7 +271,7 @@ impl FrontendHandle {
         let l = LocalInfer {
             model: model.to_string(),
             slo,
-            input,
+            input: input.into(),
             received,
             handed: Instant::now(),
             reply,

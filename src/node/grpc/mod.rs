@@ -41,6 +41,7 @@ use crate::node::http::server::{AcceptErrors, NoteRead, Stamped};
 use crate::node::http::triton::{config_type, queue_timeout_us};
 use crate::repo::{DType, ModelMeta};
 use anyhow::{Context, Result};
+use bytes::Bytes;
 use hyper::StatusCode;
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use pb::infer_parameter::ParameterChoice;
@@ -489,7 +490,9 @@ impl Svc {
             )));
         }
         let mut raws = std::mem::take(&mut r.raw_input_contents);
-        let mut bin = Vec::new();
+        // The inputs' bytes one after another; one input's are its raw
+        // contents themselves (a view of the message's buffer).
+        let mut bins: Vec<Bytes> = Vec::with_capacity(r.inputs.len());
         let mut inputs = Vec::with_capacity(r.inputs.len());
         for (k, t) in std::mem::take(&mut r.inputs).into_iter().enumerate() {
             let bytes = match (&t.contents, raw) {
@@ -499,7 +502,9 @@ impl Svc {
                         t.name
                     )))
                 }
-                (Some(c), false) => contents_bytes(&t.name, &t.datatype, c).map_err(status)?,
+                (Some(c), false) => contents_bytes(&t.name, &t.datatype, c)
+                    .map_err(status)?
+                    .into(),
                 (None, true) => std::mem::take(&mut raws[k]),
                 (None, false) => {
                     return Err(Status::invalid_argument(format!(
@@ -516,8 +521,13 @@ impl Svc {
                 params,
                 bytes.len(),
             ));
-            bin.extend_from_slice(&bytes);
+            bins.push(bytes);
         }
+        let bin = match bins.as_slice() {
+            [one] => one.clone(),
+            all => Bytes::from(all.concat()),
+        };
+        drop(bins);
         let outputs = (!r.outputs.is_empty()).then(|| {
             r.outputs
                 .iter()

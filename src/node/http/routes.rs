@@ -597,8 +597,8 @@ impl App {
                 )))
             }
             _ if body.len() <= DECODE_INLINE_BYTES => {
-                let (head, bin) = body.split_at(header_len.unwrap_or(body.len()));
-                decode_request(meta, head, bin, self.max_tensor)?
+                let split = header_len.unwrap_or(body.len());
+                decode_request(meta, &body[..split], &body.slice(split..), self.max_tensor)?
             }
             _ => {
                 // A larger body is decoded on the blocking pool (at most twice
@@ -606,8 +606,7 @@ impl App {
                 let (meta, body, max_tensor) = (meta.clone(), body.clone(), self.max_tensor);
                 let split = header_len.unwrap_or(body.len());
                 tokio::task::spawn_blocking(move || {
-                    let (head, bin) = body.split_at(split);
-                    decode_request(&meta, head, bin, max_tensor)
+                    decode_request(&meta, &body[..split], &body.slice(split..), max_tensor)
                 })
                 .await
                 .map_err(|e| {
