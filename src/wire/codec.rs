@@ -74,7 +74,15 @@ impl std::error::Error for DecodeError {}
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// The body as shared bytes (`buf` is all of it): byte fields of
+    /// [`SHARE_FROM`] bytes and more are decoded as views of it.
+    shared: Option<&'a bytes::Bytes>,
 }
+
+/// The size from which a byte field of a body decoded by [`decode_shared`]
+/// is a view of the body rather than a copy (a view keeps the whole body
+/// alive, so small fields are copied).
+pub const SHARE_FROM: usize = 16 << 10;
 
 impl<'a> Reader<'a> {
     fn left(&self) -> usize {
@@ -264,7 +272,8 @@ impl Wire for Vec<u8> {
     }
 }
 
-/// As `Vec<u8>`; decoded into a buffer of its own.
+/// As `Vec<u8>`; decoded into a buffer of its own, or as a view of a shared
+/// body ([`decode_shared`]) from [`SHARE_FROM`] bytes.
 impl Wire for bytes::Bytes {
     const MIN: usize = 4;
     fn size(&self) -> usize {
@@ -274,7 +283,13 @@ impl Wire for bytes::Bytes {
         put_bytes(self, out);
     }
     fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
-        Vec::<u8>::get(r, field).map(bytes::Bytes::from)
+        let n = r.len(field, MAX_FRAME, 1)?;
+        let at = r.pos;
+        let b = r.take(n, field)?;
+        Ok(match r.shared {
+            Some(body) if n >= SHARE_FROM => body.slice(at..at + n),
+            _ => bytes::Bytes::copy_from_slice(b),
+        })
     }
 }
 
@@ -699,6 +714,25 @@ pub fn encode_to_vec(msg: &Msg) -> Vec<u8> {
 /// Decodes one frame body (the bytes after the u32 length prefix). The body must hold
 /// exactly one message: trailing bytes are an error.
 pub fn decode(body: &[u8]) -> Result<Msg, DecodeError> {
+    decode_in(Reader {
+        buf: body,
+        pos: 0,
+        shared: None,
+    })
+}
+
+/// As [`decode`], with the message's byte fields of [`SHARE_FROM`] bytes and
+/// more (a request's input) as views of `body` instead of copies.
+pub fn decode_shared(body: &bytes::Bytes) -> Result<Msg, DecodeError> {
+    decode_in(Reader {
+        buf: body,
+        pos: 0,
+        shared: Some(body),
+    })
+}
+
+fn decode_in(mut r: Reader<'_>) -> Result<Msg, DecodeError> {
+    let body = r.buf;
     if body.len() > MAX_FRAME {
         return Err(DecodeError::TooLarge {
             what: "frame",
@@ -706,7 +740,6 @@ pub fn decode(body: &[u8]) -> Result<Msg, DecodeError> {
             max: MAX_FRAME,
         });
     }
-    let mut r = Reader { buf: body, pos: 0 };
     let got = r.u16("version")?;
     if got != PROTOCOL_VERSION {
         return Err(DecodeError::Version {
@@ -807,6 +840,30 @@ impl FrameReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body decoded shared gives its large inputs as views of it and
+    /// copies its small ones; the message is the one `decode` gives.
+    #[test]
+    fn a_shared_body_lends_its_large_inputs() {
+        for n in [SHARE_FROM - 1, SHARE_FROM, 602_112] {
+            let msg = Msg::Infer {
+                req: 7,
+                model: "m".into(),
+                slo: crate::core::Dur(5),
+                input: (0..n).map(|k| k as u8).collect::<Vec<u8>>().into(),
+            };
+            let body = bytes::Bytes::from(encode_to_vec(&msg)[4..].to_vec());
+            let got = decode_shared(&body).unwrap();
+            assert_eq!(got, decode(&body).unwrap());
+            assert_eq!(got, msg);
+            let Msg::Infer { input, .. } = got else {
+                unreachable!()
+            };
+            let (p, b) = (input.as_ptr() as usize, body.as_ptr() as usize);
+            let view = p >= b && p + input.len() <= b + body.len();
+            assert_eq!(view, n >= SHARE_FROM, "{n} bytes");
+        }
+    }
 
     /// A split frame is the whole frame cut before a large input: the same
     /// bytes, whatever the input's size, and it decodes to the message.

@@ -57,7 +57,10 @@
 
 pub mod codec;
 
-pub use codec::{decode, encode, encode_split, encode_to_vec, DecodeError, FrameReader};
+pub use codec::{
+    decode, decode_shared, encode, encode_split, encode_to_vec, DecodeError, FrameReader,
+    SHARE_FROM,
+};
 
 /// The typed values the wire carries: ids ([`TaskId`], [`ModelId`], [`GpuId`],
 /// [`PlanId`]) and times ([`Time`] on the scheduler's clock unless said otherwise,

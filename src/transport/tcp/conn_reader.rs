@@ -8,6 +8,7 @@ use super::options::READ_CHUNK;
 use super::runtime::stopped;
 use crate::transport::secure_io::SecureRead;
 use crate::wire::{self, DecodeError, Msg, MAX_FRAME};
+use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::io::AsyncReadExt;
@@ -50,9 +51,39 @@ enum FrameError {
 /// a protocol error worth logging), None when the event loop is gone.
 async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, bool)> {
     let mut buf = FrameBuf::new();
+    let mut spares = FrameSpares::default();
     let mut msgs = VecDeque::new();
     let mut need = 4usize; // bytes the next frame needs in `buf` (prefix included)
     loop {
+        if need >= OWN_FRAME_FROM {
+            let frame = match read_own_frame(&mut rd, &mut buf, need, &mut spares).await {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    let left = need - 4;
+                    return Some((
+                        format!("peer closed the connection inside a frame of {left} bytes"),
+                        false,
+                    ));
+                }
+                Err(e) => {
+                    let log = e.kind() == std::io::ErrorKind::InvalidData;
+                    return Some((format!("read from {} failed: {e}", shared.peer), log));
+                }
+            };
+            need = 4;
+            match wire::decode_shared(&frame) {
+                Ok(m) => msgs.push_back(m),
+                Err(e) => {
+                    let reason = format!("bad frame: {e}");
+                    shared.tell_peer(&reason);
+                    return Some((reason, true));
+                }
+            }
+            if !shared.deliver_all(&mut msgs).await {
+                return None;
+            }
+            continue;
+        }
         if need.saturating_sub(buf.end) >= QUICK_ACK_FROM {
             quick_ack(rd.get_ref().as_ref());
         }
@@ -90,6 +121,104 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
         if !msgs.is_empty() && !shared.deliver_all(&mut msgs).await {
             return None;
         }
+    }
+}
+
+/// Frames of this many bytes and more (prefix included) are read into a
+/// buffer of their own and decoded with their large byte fields as views of it
+/// ([`wire::decode_shared`]): a request's input goes from the channel's
+/// records into that buffer and from there into the frontend's region, with
+/// no copy between (at 588 KiB per image, a pass costs as much as the rest of
+/// the request's handling on the frontend).
+const OWN_FRAME_FROM: usize = 64 << 10;
+
+/// Reads the rest of a frame of `need` bytes (prefix included), which starts
+/// `buf` (whatever of it was read), into a buffer of its own: the frame's
+/// body, or None if the peer closed the connection before its end. A frame
+/// of up to [`SPARE_MAX_BYTES`] gets its whole buffer at once; a larger one's
+/// grows with the bytes that came, as [`FrameBuf`] does, not with what its
+/// prefix announces.
+async fn read_own_frame(
+    rd: &mut ReadHalf,
+    buf: &mut FrameBuf,
+    need: usize,
+    spares: &mut FrameSpares,
+) -> std::io::Result<Option<Bytes>> {
+    let len = need - 4;
+    // What came with the prefix (less than the frame, or it would be framed).
+    let have = buf.end - 4;
+    let mut body = spares.take();
+    body.truncate(len);
+    let first = if len <= SPARE_MAX_BYTES {
+        len
+    } else {
+        grown(have, len)
+    };
+    if body.len() < first {
+        body.resize(first, 0);
+    }
+    body[..have].copy_from_slice(&buf.bytes()[4..]);
+    buf.consume(buf.end);
+    let mut at = have;
+    while at < len {
+        if at == body.len() {
+            body.resize(grown(at, len), 0);
+        }
+        if len - at >= QUICK_ACK_FROM {
+            quick_ack(rd.get_ref().as_ref());
+        }
+        let n = rd.read(&mut body[at..]).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        at += n;
+    }
+    let frame = body.freeze();
+    spares.keep(&frame);
+    Ok(Some(frame))
+}
+
+/// The size a frame's own buffer grows to once `at` bytes of its `len` came.
+fn grown(at: usize, len: usize) -> usize {
+    len.min(at + at.clamp(READ_CHUNK, GROW_MAX))
+}
+
+/// The most frame buffers a connection keeps to take back, and the largest
+/// it keeps: at most 4 MiB held per connection for them.
+const SPARES_MAX: usize = 4;
+const SPARE_MAX_BYTES: usize = 1 << 20;
+
+/// The buffers of the frames read into their own ([`read_own_frame`]),
+/// taken back once their messages are gone: a buffer taken back is read over
+/// (its bytes are initialized), where a new one is zeroed first, a pass over
+/// every byte.
+#[derive(Default)]
+struct FrameSpares {
+    out: VecDeque<Bytes>,
+}
+
+impl FrameSpares {
+    /// A buffer taken back (its bytes initialized) if one is free, else an
+    /// empty one.
+    fn take(&mut self) -> BytesMut {
+        if let Some(i) = self.out.iter().position(Bytes::is_unique) {
+            let b = self.out.remove(i).expect("a position in the queue");
+            if let Ok(m) = b.try_into_mut() {
+                return m;
+            }
+        }
+        BytesMut::new()
+    }
+
+    /// Keeps a handle on `frame` to take it back once its messages are gone.
+    fn keep(&mut self, frame: &Bytes) {
+        if frame.len() > SPARE_MAX_BYTES {
+            return;
+        }
+        if self.out.len() == SPARES_MAX {
+            self.out.pop_front();
+        }
+        self.out.push_back(frame.clone());
     }
 }
 
@@ -220,6 +349,41 @@ mod tests {
             b.filled(n);
             at += n;
         }
+    }
+
+    /// A frame's buffer is taken back once nothing else holds it, and only
+    /// then; the largest are not kept, nor more than a few.
+    #[test]
+    fn frame_buffers_are_taken_back_once_free() {
+        let mut s = FrameSpares::default();
+        assert!(s.take().is_empty());
+        let a = Bytes::from(vec![1u8; 1000]);
+        let view = a.slice(10..20);
+        s.keep(&a);
+        drop(a);
+        // A view of it lives: not taken back.
+        assert!(s.take().is_empty());
+        assert_eq!(&view[..], &[1u8; 10]);
+        drop(view);
+        // Free now: taken back with its bytes, the same memory.
+        let m = s.take();
+        assert_eq!(&m[..], &[1u8; 1000][..]);
+        let p = m.as_ptr();
+        let f = m.freeze();
+        s.keep(&f);
+        drop(f);
+        assert_eq!(s.take().as_ptr(), p);
+        // Too large, or past the count: not kept.
+        s.keep(&Bytes::from(vec![0u8; SPARE_MAX_BYTES + 1]));
+        assert!(s.take().is_empty());
+        for _ in 0..SPARES_MAX + 2 {
+            s.keep(&Bytes::from(vec![0u8; 10]));
+        }
+        assert_eq!(s.out.len(), SPARES_MAX);
+        // A frame's own buffer grows with the bytes that came.
+        assert_eq!(grown(0, 64 << 20), READ_CHUNK);
+        assert_eq!(grown(5 << 20, 64 << 20), (5 << 20) + GROW_MAX);
+        assert_eq!(grown(600_000, 602_112), 602_112);
     }
 
     /// The buffer grows with the bytes that came, keeps what large frames

@@ -299,14 +299,28 @@ mod tests {
                     }
                 })
                 .collect();
-            for m in &sent {
-                c.send(m.clone()).unwrap();
-            }
-            for m in &sent {
-                match srx.recv_timeout(t).unwrap() {
-                    Event::Msg(_, got) => assert!(got == *m, "{} changed", m.kind()),
-                    _ => panic!("a message was expected"),
+            // Twice: the second time the reader's frame buffers are taken
+            // back, every other message held meanwhile (its bytes must not be
+            // read over while it lives).
+            let mut held = Vec::new();
+            for round in 0..2 {
+                for m in &sent {
+                    c.send(m.clone()).unwrap();
                 }
+                for (i, m) in sent.iter().enumerate() {
+                    match srx.recv_timeout(t).unwrap() {
+                        Event::Msg(_, got) => {
+                            assert!(got == *m, "{} changed", m.kind());
+                            if (i + round) % 2 == 0 {
+                                held.push((got, m));
+                            }
+                        }
+                        _ => panic!("a message was expected"),
+                    }
+                }
+            }
+            for (got, m) in &held {
+                assert!(got == *m, "a held {} was read over", m.kind());
             }
         }
     }
