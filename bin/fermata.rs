@@ -29,8 +29,8 @@ extern "C" {
     fn mi_collect(force: bool);
 }
 
-/// `mi_option_purge_delay` in mimalloc v2's option enum (libmimalloc-sys 0.1, pinned
-/// in Cargo.lock).
+/// `mi_option_purge_delay` in mimalloc's option enum: 15 in v3, which
+/// libmimalloc-sys 0.1.49 (pinned in Cargo.lock) builds, as in v2.
 const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
 
 /// Keeps freed memory committed for a while before returning it to the OS.
