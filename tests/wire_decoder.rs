@@ -8,10 +8,10 @@ use std::cell::Cell;
 
 use fermata::wire::codec::frame_len;
 use fermata::wire::{
-    decode, encode, encode_to_vec, AppCounters, DecodeError, DeviceCounts, DeviceKind, DropReason,
-    FrameReader, GpuInfo, ModelAvailability, ModelInfo, ModelStateItem, Msg, Outcome, PlanStatus,
-    PlanTask, RegionInfo, Role, StepLatency, SubmitTask, TaskResult, TaskStatus, WireProfile,
-    MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
+    decode, decode_shared, encode, encode_to_vec, AppCounters, DecodeError, DeviceCounts,
+    DeviceKind, DropReason, FrameReader, GpuInfo, ModelAvailability, ModelInfo, ModelStateItem,
+    Msg, Outcome, PlanStatus, PlanTask, RegionInfo, Role, StepLatency, SubmitTask, TaskResult,
+    TaskStatus, WireProfile, MAX_FRAME, MAX_ITEMS, MAX_STR, PROTOCOL_VERSION,
 };
 use fermata::wire::{Dur, GpuId, ModelId, PlanId, TaskId, Time};
 use proptest::collection::vec;
@@ -561,6 +561,9 @@ proptest! {
         let frame = encode_to_vec(&msg);
         prop_assert_eq!(frame.len(), frame_len(&msg));
         prop_assert_eq!(decode(body(&frame)), Ok(msg.clone()));
+        // Decoded with its large byte fields as views: the same message.
+        let shared = bytes::Bytes::copy_from_slice(body(&frame));
+        prop_assert_eq!(decode_shared(&shared), Ok(msg.clone()));
         // Appending to a buffer writes the same bytes after what is there.
         let mut out = b"xyz".to_vec();
         encode(&msg, &mut out);
@@ -580,6 +583,11 @@ proptest! {
                 Err(DecodeError::Truncated { need, have, .. }) => prop_assert!(need > have),
                 other => prop_assert!(false, "{} cut at {}: {:?}", msg.kind(), n, other),
             }
+            let cut = bytes::Bytes::copy_from_slice(&body[..n]);
+            prop_assert!(
+                matches!(decode_shared(&cut), Err(DecodeError::Truncated { .. })),
+                "{} cut at {} decoded shared", msg.kind(), n
+            );
         }
         // A FrameReader waits for the rest of a cut frame.
         for n in cuts(frame.len()) {
