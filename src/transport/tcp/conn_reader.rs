@@ -128,8 +128,7 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
 /// buffer of their own and decoded with their large byte fields as views of it
 /// ([`wire::decode_shared`]): a request's input goes from the channel's
 /// records into that buffer and from there into the frontend's region, with
-/// no copy between (at 588 KiB per image, a pass costs as much as the rest of
-/// the request's handling on the frontend).
+/// no copy between.
 const OWN_FRAME_FROM: usize = 64 << 10;
 
 /// Reads the rest of a frame of `need` bytes (prefix included), which starts
