@@ -109,6 +109,15 @@ pub struct AnswerHeader {
 }
 
 impl AnswerHeader {
+    /// The header of a failed read: its status, no bytes.
+    pub fn failed(id: u64, e: super::ReadError) -> AnswerHeader {
+        let status = match e {
+            super::ReadError::Denied => ST_DENIED,
+            _ => ST_OOB,
+        };
+        AnswerHeader { id, status, len: 0 }
+    }
+
     pub fn encode(&self) -> [u8; ANS_LEN] {
         let mut h = [0u8; ANS_LEN];
         h[..8].copy_from_slice(&self.id.to_le_bytes());
@@ -187,22 +196,23 @@ pub fn serve_requests_streamed_below(
         pos += REQ_LEN;
         let req = Request::decode(&r);
         let hdr_at = out.len();
-        out.extend_from_slice(&req.id.to_le_bytes());
-        out.extend_from_slice(&ST_OK.to_le_bytes());
-        out.extend_from_slice(&req.len.to_le_bytes());
+        let ok = AnswerHeader {
+            id: req.id,
+            status: ST_OK,
+            len: req.len,
+        };
+        out.extend_from_slice(&ok.encode());
         let probe = req.cap == super::PROBE_CAP;
-        let st = match region.read_slot(req.offset, req.len, req.cap, |b| {
+        let e = match region.read_slot(req.offset, req.len, req.cap, |b| {
             if !probe {
                 out.extend_from_slice(b)
             }
         }) {
             Ok(()) if probe && req.len > 0 => return (pos, req.len),
             Ok(()) => continue,
-            Err(super::ReadError::Denied) => ST_DENIED,
-            Err(_) => ST_OOB,
+            Err(e) => e,
         };
-        out[hdr_at + 8..hdr_at + 12].copy_from_slice(&st.to_le_bytes());
-        out[hdr_at + 12..hdr_at + 16].copy_from_slice(&0u32.to_le_bytes());
+        out[hdr_at..hdr_at + ANS_LEN].copy_from_slice(&AnswerHeader::failed(req.id, e).encode());
     }
     (pos, 0)
 }

@@ -523,11 +523,10 @@ impl Svc {
             ));
             bins.push(bytes);
         }
-        let bin = match bins.as_slice() {
-            [one] => one.clone(),
-            all => Bytes::from(all.concat()),
+        let bin = match bins.len() {
+            1 => bins.pop().expect("one input"),
+            _ => Bytes::from(bins.concat()),
         };
-        drop(bins);
         let outputs = (!r.outputs.is_empty()).then(|| {
             r.outputs
                 .iter()

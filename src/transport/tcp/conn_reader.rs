@@ -36,7 +36,7 @@ pub(super) async fn conn_reader(
     }
 }
 
-/// The most the read buffer grows by at once ahead of the bytes received.
+/// The most a frame's own buffer grows by at once ahead of the bytes received.
 const GROW_MAX: usize = 1 << 20;
 
 /// Why [`split_frames`] stopped before the end of the bytes.
@@ -65,19 +65,12 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
                         false,
                     ));
                 }
-                Err(e) => {
-                    let log = e.kind() == std::io::ErrorKind::InvalidData;
-                    return Some((format!("read from {} failed: {e}", shared.peer), log));
-                }
+                Err(e) => return Some(read_failed(shared, &e)),
             };
             need = 4;
             match wire::decode_shared(&frame) {
                 Ok(m) => msgs.push_back(m),
-                Err(e) => {
-                    let reason = format!("bad frame: {e}");
-                    shared.tell_peer(&reason);
-                    return Some((reason, true));
-                }
+                Err(e) => return Some(bad_frame(shared, &e)),
             }
             if !shared.deliver_all(&mut msgs).await {
                 return None;
@@ -87,13 +80,9 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
         if need.saturating_sub(buf.end) >= QUICK_ACK_FROM {
             quick_ack(rd.get_ref().as_ref());
         }
-        let n = match rd.read(buf.room(need)).await {
+        let n = match rd.read(buf.room()).await {
             Ok(n) => n,
-            Err(e) => {
-                // A record that does not verify is worth a warning.
-                let log = e.kind() == std::io::ErrorKind::InvalidData;
-                return Some((format!("read from {} failed: {e}", shared.peer), log));
-            }
+            Err(e) => return Some(read_failed(shared, &e)),
         };
         if n == 0 {
             return Some((eof_reason(buf.bytes()), false));
@@ -112,9 +101,7 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
             Err(FrameError::Bad(e)) => {
                 // Deliver what came before the bad frame, then close.
                 shared.deliver_all(&mut msgs).await;
-                let reason = format!("bad frame: {e}");
-                shared.tell_peer(&reason);
-                return Some((reason, true));
+                return Some(bad_frame(shared, &e));
             }
         };
         buf.consume(pos);
@@ -122,6 +109,20 @@ async fn read_frames(shared: &ConnShared, mut rd: ReadHalf) -> Option<(String, b
             return None;
         }
     }
+}
+
+/// Why a read failed, and whether to log it (a record that does not verify
+/// is worth a warning).
+fn read_failed(shared: &ConnShared, e: &std::io::Error) -> (String, bool) {
+    let log = e.kind() == std::io::ErrorKind::InvalidData;
+    (format!("read from {} failed: {e}", shared.peer), log)
+}
+
+/// A frame that does not decode: the peer is told, and the connection ends.
+fn bad_frame(shared: &ConnShared, e: &DecodeError) -> (String, bool) {
+    let reason = format!("bad frame: {e}");
+    shared.tell_peer(&reason);
+    (reason, true)
 }
 
 /// Frames of this many bytes and more (prefix included) are read into a
@@ -135,8 +136,7 @@ const OWN_FRAME_FROM: usize = 64 << 10;
 /// `buf` (whatever of it was read), into a buffer of its own: the frame's
 /// body, or None if the peer closed the connection before its end. A frame
 /// of up to [`SPARE_MAX_BYTES`] gets its whole buffer at once; a larger one's
-/// grows with the bytes that came, as [`FrameBuf`] does, not with what its
-/// prefix announces.
+/// grows with the bytes that came, not with what its prefix announces.
 async fn read_own_frame(
     rd: &mut ReadHalf,
     buf: &mut FrameBuf,
@@ -221,24 +221,15 @@ impl FrameSpares {
     }
 }
 
-/// Reads after which a buffer that large frames grew is given back when its
-/// frames have been small meanwhile.
-const SHRINK_AFTER_READS: u32 = 256;
-
-/// The most an empty buffer keeps at once, whatever came before: what an
-/// idle connection holds after its largest frames.
-const KEEP_MAX: usize = 4 << 20;
-
-/// The reader's buffer: `buf[..end]` holds the bytes read and not framed yet.
-/// All of `buf` is initialized and kept between frames, so the channel opens
-/// its records straight into it (spare capacity is zeroed before each record
-/// opened there, a pass over every byte as costly as a copy).
+/// The reader's buffer for frames under [`OWN_FRAME_FROM`]: `buf[..end]`
+/// holds the bytes read and not framed yet, less than one such frame, so the
+/// buffer never holds more than that and a chunk. All of `buf` is
+/// initialized and kept between frames, so the channel opens its records
+/// straight into it (spare capacity is zeroed before each record opened
+/// there, a pass over every byte as costly as a copy).
 struct FrameBuf {
     buf: Vec<u8>,
     end: usize,
-    /// The most bytes held since `reads` was last reset.
-    peak: usize,
-    reads: u32,
 }
 
 impl FrameBuf {
@@ -246,21 +237,13 @@ impl FrameBuf {
         FrameBuf {
             buf: vec![0; READ_CHUNK],
             end: 0,
-            peak: 0,
-            reads: 0,
         }
     }
 
-    /// Room for the next read, the frame being read needing `need` bytes in
-    /// all (prefix included). The buffer grows with the bytes that came, not
-    /// with what a frame's length prefix announces: by at most as many as it
-    /// holds (and [`GROW_MAX`]), so a peer that announces 64 MiB and sends a
-    /// few bytes holds a chunk.
-    fn room(&mut self, need: usize) -> &mut [u8] {
-        let ahead = self.end.clamp(READ_CHUNK, GROW_MAX);
-        let want = need.saturating_sub(self.end).clamp(READ_CHUNK, ahead);
-        if self.buf.len() - self.end < want {
-            self.buf.resize(self.end + want, 0);
+    /// Room for the next read: a chunk past the bytes held.
+    fn room(&mut self) -> &mut [u8] {
+        if self.buf.len() - self.end < READ_CHUNK {
+            self.buf.resize(self.end + READ_CHUNK, 0);
         }
         &mut self.buf[self.end..]
     }
@@ -268,35 +251,17 @@ impl FrameBuf {
     /// `n` bytes were read into [`Self::room`].
     fn filled(&mut self, n: usize) {
         self.end += n;
-        self.peak = self.peak.max(self.end);
-        self.reads += 1;
     }
 
     fn bytes(&self) -> &[u8] {
         &self.buf[..self.end]
     }
 
-    /// Drops the first `pos` bytes (frames decoded). Every
-    /// [`SHRINK_AFTER_READS`] reads, a buffer over twice what it held at
-    /// most meanwhile (and over a few chunks) shrinks to that; an empty one
-    /// over [`KEEP_MAX`] shrinks at once.
+    /// Drops the first `pos` bytes (frames decoded or taken elsewhere).
     fn consume(&mut self, pos: usize) {
         if pos > 0 {
             self.buf.copy_within(pos..self.end, 0);
             self.end -= pos;
-        }
-        if self.end == 0 && self.buf.len() > KEEP_MAX {
-            self.buf.truncate(READ_CHUNK);
-            self.buf.shrink_to(READ_CHUNK);
-        }
-        if self.reads >= SHRINK_AFTER_READS {
-            let keep = self.peak.max(READ_CHUNK);
-            if self.buf.len() > 4 * READ_CHUNK && self.buf.len() > 2 * keep {
-                self.buf.truncate(keep);
-                self.buf.shrink_to(keep);
-            }
-            self.reads = 0;
-            self.peak = self.end;
         }
     }
 }
@@ -339,10 +304,10 @@ mod tests {
     use super::*;
 
     /// Reads `bytes` into `b` as a socket would, at most `chunk` at a time.
-    fn feed(b: &mut FrameBuf, need: usize, bytes: &[u8], chunk: usize) {
+    fn feed(b: &mut FrameBuf, bytes: &[u8], chunk: usize) {
         let mut at = 0;
         while at < bytes.len() {
-            let room = b.room(need);
+            let room = b.room();
             let n = room.len().min(chunk).min(bytes.len() - at);
             room[..n].copy_from_slice(&bytes[at..at + n]);
             b.filled(n);
@@ -385,48 +350,33 @@ mod tests {
         assert_eq!(grown(600_000, 602_112), 602_112);
     }
 
-    /// The buffer grows with the bytes that came, keeps what large frames
-    /// grew while they keep coming, and gives it back once they stop.
+    /// The buffer holds what came of a frame under [`OWN_FRAME_FROM`] and a
+    /// chunk more at most, and is kept from frame to frame.
     #[test]
-    fn the_buffer_follows_the_frames_that_come() {
+    fn the_buffer_holds_a_small_frame_and_a_chunk() {
         let mut b = FrameBuf::new();
-        // A prefix announcing 64 MiB and a few bytes: a chunk held.
-        feed(&mut b, 64 << 20, &[1, 2, 3, 4, 5], 5);
+        // A prefix and a few bytes: a chunk held.
+        feed(&mut b, &[1, 2, 3, 4, 5], 5);
         assert_eq!(b.bytes(), &[1, 2, 3, 4, 5]);
-        assert!(b.buf.len() <= READ_CHUNK, "{}", b.buf.len());
-        // 5 MiB arrive: at most twice what came is held.
-        let big: Vec<u8> = (0..5 << 20).map(|i| i as u8).collect();
-        feed(&mut b, 64 << 20, &big, 1 << 20);
+        assert_eq!(b.buf.len(), READ_CHUNK);
+        // The largest frame it holds, less a byte: at most a chunk past it.
+        let big: Vec<u8> = (0..OWN_FRAME_FROM - 6).map(|i| i as u8).collect();
+        feed(&mut b, &big, 4096);
         assert_eq!(&b.bytes()[5..], &big[..]);
-        assert!(b.buf.len() <= 2 * b.end + READ_CHUNK, "{}", b.buf.len());
+        assert!(b.buf.len() <= b.end + READ_CHUNK, "{}", b.buf.len());
         b.consume(b.end - 7);
         assert_eq!(
             b.bytes(),
             &big[big.len() - 7..],
             "the tail moved to the front"
         );
-        // Emptied, it keeps at most KEEP_MAX.
-        assert!(b.buf.len() > KEEP_MAX);
+        // Kept: frames after it are read into the same memory.
         b.consume(b.end);
-        assert!(b.buf.len() <= KEEP_MAX, "{}", b.buf.len());
-        // Frames of 600 KB keep the buffer they grew.
-        let frame = vec![9u8; 600_000];
-        feed(&mut b, frame.len(), &frame, READ_CHUNK);
-        b.consume(b.end);
-        let kept = b.buf.len();
-        assert!(kept >= frame.len());
-        for _ in 0..2 * SHRINK_AFTER_READS {
-            feed(&mut b, frame.len(), &frame, READ_CHUNK);
-            assert_eq!(b.bytes(), &frame[..]);
-            b.consume(b.end);
-        }
-        assert!(b.buf.len() >= frame.len() && b.buf.len() <= kept);
-        // Small frames from then on: it shrinks to a chunk.
-        for _ in 0..2 * SHRINK_AFTER_READS {
-            feed(&mut b, 100, &[3u8; 100], 100);
+        let (p, len) = (b.buf.as_ptr(), b.buf.len());
+        for _ in 0..100 {
+            feed(&mut b, &[3u8; 100], 100);
             b.consume(100);
         }
-        assert_eq!(b.buf.len(), READ_CHUNK);
-        assert!(b.buf.capacity() < 2 * READ_CHUNK);
+        assert_eq!((b.buf.as_ptr(), b.buf.len()), (p, len));
     }
 }

@@ -262,19 +262,14 @@ fn seal_slot<W>(
         status: ST_OK,
         len: req.len,
     };
-    let status = match region.read_slot(req.offset, req.len, req.cap, |b| {
+    match region.read_slot(req.offset, req.len, req.cap, |b| {
         wr.seal_now(&ok.encode())?;
         wr.seal_now(b)
     }) {
-        Ok(sealed) => return sealed,
-        Err(crate::transport::ReadError::Denied) => rw::ST_DENIED,
-        Err(_) => rw::ST_OOB,
-    };
-    let err = rw::AnswerHeader {
-        id: req.id,
-        status,
-        len: 0,
-    };
-    out.extend_from_slice(&err.encode());
-    Ok(())
+        Ok(sealed) => sealed,
+        Err(e) => {
+            out.extend_from_slice(&rw::AnswerHeader::failed(req.id, e).encode());
+            Ok(())
+        }
+    }
 }
