@@ -39,10 +39,9 @@ pub fn split(ch: Option<Channel>) -> (Option<Opener>, Option<Sealer>) {
 
 /// Whole records of `raw[start..end]` opened one at a time; the buffer of
 /// [`SecureRead`] and [`SecureStd`]. A record is opened straight into the
-/// reader's buffer when that has room for it (with its tag's scratch bytes),
-/// else into `plain` and copied out from there. Both buffers are allocated
-/// once and reused: zeroing or growing one per record costs as much as the
-/// cipher.
+/// reader's buffer when that has room for its plaintext, else into `plain`
+/// and copied out from there. Both buffers are allocated once and reused:
+/// zeroing or growing one per record costs as much as the cipher.
 struct OpenBuf {
     opener: Opener,
     /// Records as read, `raw[start..end]` not opened yet (allocated at the
@@ -56,6 +55,8 @@ struct OpenBuf {
     pos: usize,
     len: usize,
     failed: bool,
+    /// Records read straight into a caller's buffer ([`SecureRead::read_direct`]).
+    direct: u64,
 }
 
 impl OpenBuf {
@@ -69,6 +70,7 @@ impl OpenBuf {
             pos: 0,
             len: 0,
             failed: false,
+            direct: 0,
         }
     }
 
@@ -103,6 +105,16 @@ impl OpenBuf {
             ));
         }
         Opener::whole(&self.raw[self.start..self.end]).map_err(|e| self.fail(e))
+    }
+
+    /// The plaintext bytes of the next record once `raw` holds its length.
+    fn next_len(&mut self) -> io::Result<Option<usize>> {
+        match self.raw[self.start..self.end] {
+            [a, b, ..] => Opener::plain_len([a, b])
+                .map(Some)
+                .map_err(|e| self.fail(e)),
+            _ => Ok(None),
+        }
     }
 
     /// Opens the next record (whole in `raw`) into `out`: the bytes written.
@@ -181,6 +193,125 @@ impl<R> SecureRead<R> {
     }
 }
 
+/// Records of at least this many plaintext bytes are read from the stream
+/// straight into the caller's buffer by [`SecureRead::read_direct`].
+pub const DIRECT_FROM: usize = 16 << 10;
+
+impl<R: AsyncRead + Unpin> SecureRead<R> {
+    /// Reads like `AsyncReadExt::read` (some bytes into `out`, 0 at the end
+    /// of the stream), except that a record of [`DIRECT_FROM`] bytes or more
+    /// that fits in `out` is read from the stream into `out` itself and
+    /// opened there, where `poll_read` reads it into the channel's buffer
+    /// first and opens it from there into `out`: one pass over the bytes
+    /// fewer, for large reads of a known length (region answers, large
+    /// frames).
+    ///
+    /// A record read into `out` is only opened once all of it came, in this
+    /// call. Dropped before then (a timeout), the call leaves the stream
+    /// inside a record: every later read of this channel fails.
+    pub async fn read_direct(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        use tokio::io::AsyncReadExt;
+        let SecureRead { inner, open } = self;
+        let Some(ob) = open.as_mut() else {
+            return inner.read(out).await;
+        };
+        if out.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if ob.pending() {
+                return Ok(ob.copy_out(out));
+            }
+            if let Some(plain) = ob.next_record()? {
+                let n = if out.len() >= plain {
+                    ob.open_into(out)?
+                } else {
+                    ob.open_here()?;
+                    ob.copy_out(out)
+                };
+                if n > 0 {
+                    return Ok(n);
+                }
+                continue;
+            }
+            if let Some(plain) = ob.next_len()? {
+                if plain >= DIRECT_FROM && plain <= out.len() {
+                    return read_record_into(inner, ob, &mut out[..plain]).await;
+                }
+            }
+            let n = inner.read(ob.room()).await?;
+            if n == 0 {
+                ob.at_eof()?;
+                return Ok(0);
+            }
+            ob.end += n;
+        }
+    }
+}
+
+/// Reads the rest of the record that starts `ob.raw[ob.start..ob.end]` (its
+/// length known, the record not whole there) from `inner`: its ciphertext
+/// into `out` (its plaintext's length), its tag apart; then opens it in
+/// place. The bytes after the tag (at most the next record's length) stay
+/// in `ob`, so that a next record of its own can come straight into its
+/// caller's buffer too.
+async fn read_record_into<R: AsyncRead + Unpin>(
+    inner: &mut R,
+    ob: &mut OpenBuf,
+    out: &mut [u8],
+) -> io::Result<usize> {
+    use tokio::io::AsyncReadExt;
+    let plain = out.len();
+    let held = &ob.raw[ob.start + 2..ob.end];
+    let body = held.len().min(plain);
+    out[..body].copy_from_slice(&held[..body]);
+    let mut tag = [0u8; TAG];
+    let mut got_tag = held.len() - body;
+    tag[..got_tag].copy_from_slice(&held[body..]);
+    ob.start = 0;
+    ob.end = 0;
+    // Until the record is opened the stream is inside it: a read dropped
+    // meanwhile leaves the channel failed.
+    ob.failed = true;
+    let cut = || {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the peer closed the connection inside a record",
+        )
+    };
+    let mut at = body;
+    while at < plain {
+        let n = inner.read(&mut out[at..]).await?;
+        if n == 0 {
+            return Err(cut());
+        }
+        at += n;
+    }
+    while got_tag < TAG {
+        // The tag, and the next record's length with it (`raw` is empty,
+        // so its room starts at its first byte).
+        let want = TAG - got_tag + 2;
+        let room = ob.room();
+        let n = inner.read(&mut room[..want]).await?;
+        if n == 0 {
+            return Err(cut());
+        }
+        let t = n.min(TAG - got_tag);
+        tag[got_tag..got_tag + t].copy_from_slice(&room[..t]);
+        got_tag += t;
+        // What followed the tag; `raw` is empty again when nothing did.
+        (ob.start, ob.end) = if t == n { (0, 0) } else { (t, n) };
+    }
+    ob.failed = false;
+    match ob.opener.open_in_place(out, tag) {
+        Ok(()) => {
+            ob.direct += 1;
+            Ok(plain)
+        }
+        Err(e) => Err(ob.fail(e)),
+    }
+}
+
 impl<R: AsyncRead + Unpin> AsyncRead for SecureRead<R> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -204,8 +335,8 @@ impl<R: AsyncRead + Unpin> AsyncRead for SecureRead<R> {
                 return Poll::Ready(Ok(()));
             }
             if let Some(plain) = ob.next_record()? {
-                if buf.remaining() >= plain + TAG {
-                    let n = ob.open_into(buf.initialize_unfilled_to(plain + TAG))?;
+                if buf.remaining() >= plain {
+                    let n = ob.open_into(buf.initialize_unfilled_to(plain))?;
                     buf.advance(n);
                     if n > 0 {
                         return Poll::Ready(Ok(()));
@@ -423,7 +554,7 @@ impl<S: io::Read + io::Write> io::Read for SecureStd<S> {
                 return Ok(self.open.copy_out(buf));
             }
             if let Some(plain) = self.open.next_record()? {
-                if buf.len() >= plain + TAG {
+                if buf.len() >= plain {
                     let n = self.open.open_into(buf)?;
                     if n > 0 {
                         return Ok(n);
@@ -459,7 +590,7 @@ impl<S: io::Read + io::Write> io::Write for SecureStd<S> {
 mod tests {
     use super::*;
     use crate::transport::auth::tests::channel_pair;
-    use crate::transport::auth::MAX_PLAIN;
+    use crate::transport::auth::{Sealer, MAX_PLAIN};
     use std::io::{Read, Write};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -626,6 +757,146 @@ mod tests {
             assert!(!clear.seals());
             let err = clear.seal_now(b"x").unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::Unsupported);
+        });
+    }
+
+    /// `stream`'s bytes sealed as records of the sizes `writes` (each write
+    /// cut into records as `SecureWrite` cuts it), as they go on the wire.
+    fn sealed(sealer: &mut Sealer, data: &[u8], writes: &[usize]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        let mut at = 0;
+        for &n in writes {
+            sealer.seal(&data[at..at + n], &mut wire).unwrap();
+            at += n;
+        }
+        assert_eq!(at, data.len());
+        wire
+    }
+
+    /// Writes `wire` in pieces of the sizes `cuts` (in turn), letting the
+    /// reader run after each: records, tags and lengths arrive cut anywhere.
+    async fn write_cut(mut to: tokio::io::DuplexStream, wire: Vec<u8>, cuts: &[usize]) {
+        let mut at = 0;
+        for &c in cuts.iter().cycle() {
+            if at == wire.len() {
+                break;
+            }
+            let end = (at + c).min(wire.len());
+            to.write_all(&wire[at..end]).await.unwrap();
+            at = end;
+            tokio::task::yield_now().await;
+        }
+        to.shutdown().await.unwrap();
+    }
+
+    /// `read_direct` gives back the stream whatever the records' sizes, the
+    /// cuts on the wire and the caller's buffers (small reads through the
+    /// channel's buffer mixed in), and reads large records that fit straight
+    /// into the caller's buffer.
+    #[test]
+    fn records_read_straight_into_the_callers_buffer_give_back_the_stream() {
+        let writes = [
+            MAX_PLAIN,
+            100_000,
+            20_000,
+            5,
+            DIRECT_FROM,
+            DIRECT_FROM - 1,
+            3 * MAX_PLAIN + 7,
+            1,
+            70_000,
+            602_112,
+        ];
+        let data = stream(writes.iter().sum());
+        for cuts in [
+            &[1usize, 17, 2, 16, 4096, 65_551, 18, 100_000, 3][..],
+            &[65_537][..],
+            &[1 << 20][..],
+            &[7, 9][..],
+        ] {
+            current_thread().block_on(async {
+                let (d, l) = channel_pair();
+                let (a, b) = tokio::io::duplex(1 << 20);
+                let mut sealer = d.sealer;
+                let wire = sealed(&mut sealer, &data, &writes);
+                let writer = tokio::spawn({
+                    let cuts = cuts.to_vec();
+                    async move { write_cut(a, wire, &cuts).await }
+                });
+                let mut r = SecureRead::new(b, Some(l.opener));
+                let outs = [700_000usize, MAX_PLAIN, 1000, 20_000, 7, 66_000];
+                let mut got = Vec::new();
+                for i in 0.. {
+                    let mut out = vec![0xAAu8; outs[i % outs.len()]];
+                    let n = if i % 5 == 4 {
+                        r.read(&mut out).await
+                    } else {
+                        r.read_direct(&mut out).await
+                    }
+                    .unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&out[..n]);
+                }
+                writer.await.unwrap();
+                assert!(got == data, "the stream came back changed (cuts {cuts:?})");
+                let direct = r.open.as_ref().unwrap().direct;
+                assert!(
+                    direct >= 5,
+                    "{direct} records read straight (cuts {cuts:?})"
+                );
+            });
+        }
+    }
+
+    /// A record read straight into the caller's buffer and changed on the
+    /// way does not open, and the channel reads nothing after it; a read
+    /// dropped inside such a record (a timeout) leaves the channel failed.
+    #[test]
+    fn a_record_read_straight_is_checked_and_a_cut_read_fails_the_channel() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let data = stream(3 * DIRECT_FROM);
+            // Changed on the way.
+            let (d, l) = channel_pair();
+            let (mut a, b) = tokio::io::duplex(1 << 20);
+            let mut sealer = d.sealer;
+            let mut wire = sealed(&mut sealer, &data, &[DIRECT_FROM, 2 * DIRECT_FROM]);
+            wire[2 + 100] ^= 1;
+            let mut r = SecureRead::new(b, Some(l.opener));
+            a.write_all(&wire[..1000]).await.unwrap();
+            let writer = tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                a.write_all(&wire[1000..]).await.unwrap();
+                a
+            });
+            let mut out = vec![0u8; 3 * DIRECT_FROM];
+            let e = r.read_direct(&mut out).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            assert!(r.read_direct(&mut out).await.is_err(), "nothing after it");
+            assert!(r.read(&mut out).await.is_err(), "nothing after it");
+            drop(writer.await.unwrap());
+
+            // Cut by a timeout inside the record.
+            let (d, l) = channel_pair();
+            let (mut a, b) = tokio::io::duplex(1 << 20);
+            let mut sealer = d.sealer;
+            let wire = sealed(&mut sealer, &data, &[DIRECT_FROM, 2 * DIRECT_FROM]);
+            let mut r = SecureRead::new(b, Some(l.opener));
+            a.write_all(&wire[..1000]).await.unwrap();
+            let cut = tokio::time::timeout(
+                std::time::Duration::from_millis(20),
+                r.read_direct(&mut out),
+            )
+            .await;
+            assert!(cut.is_err(), "the read waited for the rest");
+            a.write_all(&wire[1000..]).await.unwrap();
+            let e = r.read_direct(&mut out).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
         });
     }
 

@@ -166,7 +166,7 @@ async fn read_own_frame(
         if len - at >= QUICK_ACK_FROM {
             quick_ack(rd.get_ref().as_ref());
         }
-        let n = rd.read(&mut body[at..]).await?;
+        let n = rd.read_direct(&mut body[at..]).await?;
         if n == 0 {
             return Ok(None);
         }

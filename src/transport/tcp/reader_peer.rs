@@ -262,15 +262,25 @@ async fn receive_answer(
     Ok(())
 }
 
-/// Reads `len` bytes into `buf`: over the bytes it holds first, then into
-/// its spare capacity. An end of the stream before them: `UnexpectedEof`.
+/// Reads `len` bytes into `buf`, over the bytes it holds (grown to `len`,
+/// the growth zeroed): what the buffered reader holds first, then from the
+/// channel, which reads a large record straight into `buf` and opens it
+/// there ([`SecureRead::read_direct`]). An end of the stream before them:
+/// `UnexpectedEof`.
 async fn read_into(rd: &mut Answers, buf: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
-    rd.read_exact(buf).await?;
-    while buf.len() < len {
-        let want = (len - buf.len()) as u64;
-        if (&mut *rd).take(want).read_buf(buf).await? == 0 {
+    buf.resize(len, 0);
+    let held = rd.buffer();
+    let mut at = held.len().min(len);
+    buf[..at].copy_from_slice(&held[..at]);
+    tokio::io::AsyncBufReadExt::consume(rd, at);
+    // The buffered reader is empty now: reading past it loses nothing.
+    let ch = rd.get_mut();
+    while at < len {
+        let n = ch.read_direct(&mut buf[at..]).await?;
+        if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
+        at += n;
     }
     Ok(())
 }
