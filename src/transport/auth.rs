@@ -32,9 +32,9 @@
 //! the RustCrypto primitives, SHA-256 from ring), and the records after it
 //! are Noise's transport messages sealed and opened with ring's AES-GCM
 //! directly, in place ([`Channel`] says why; ring's AES-GCM uses the CPU's
-//! AES and carry-less multiply instructions). What TLS would add, per-node identities
-//! that can be revoked one by one, a shared secret cannot give: every member
-//! can act as any other (docs/security.md).
+//! AES and carry-less multiply instructions). What TLS would add, per-node
+//! identities that can be revoked one by one, a shared secret cannot give:
+//! every member can act as any other (docs/security.md).
 //!
 //! `NNpsk0`'s first message can be replayed by someone who recorded it; it
 //! gets them nothing (the keys need the dialer's ephemeral secret), and the
@@ -707,7 +707,8 @@ impl Channel {
     /// here is Noise's transport phase exactly (revision 34, §5.1 and
     /// §12.4: `EncryptWithAd` with an empty `ad`, the nonce 4 zero bytes and
     /// the record's number big-endian, counted from 0 in each direction);
-    /// `records_are_those_of_snow` checks it byte for byte against `snow`'s.
+    /// `records_are_those_of_snow` checks it against `snow`'s own transport
+    /// state: each side's records open with the other's, both ways.
     fn of(mut hs: HandshakeState) -> Result<Channel, AuthError> {
         if !hs.is_handshake_finished() {
             return Err(AuthError::Io("the handshake is not finished".into()));
