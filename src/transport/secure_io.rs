@@ -191,6 +191,12 @@ impl<R> SecureRead<R> {
     pub fn get_ref(&self) -> &R {
         &self.inner
     }
+
+    /// Records read straight into a caller's buffer so far
+    /// ([`SecureRead::read_direct`]; 0 without a channel).
+    pub fn records_direct(&self) -> u64 {
+        self.open.as_ref().map_or(0, |ob| ob.direct)
+    }
 }
 
 /// Records of at least this many plaintext bytes are read from the stream
@@ -841,7 +847,7 @@ mod tests {
                 }
                 writer.await.unwrap();
                 assert!(got == data, "the stream came back changed (cuts {cuts:?})");
-                let direct = r.open.as_ref().unwrap().direct;
+                let direct = r.records_direct();
                 assert!(
                     direct >= 5,
                     "{direct} records read straight (cuts {cuts:?})"
