@@ -249,8 +249,8 @@ async fn receive_answer(
         ));
     }
     // The buffer's initialized bytes (a recycled buffer's, see
-    // `TcpReader::send_on`) are read over, so that the channel opens records
-    // straight into them; the rest is read into its spare capacity.
+    // `TcpReader::send_on`) are read over, so that the channel reads and
+    // opens records straight into them; a new buffer is zeroed first.
     p.buf.truncate(len as usize);
     if let Err(e) = read_into(rd, &mut p.buf, len as usize).await {
         let reason = ended(peer, &e);
@@ -273,7 +273,8 @@ async fn read_into(rd: &mut Answers, buf: &mut Vec<u8>, len: usize) -> std::io::
     let mut at = held.len().min(len);
     buf[..at].copy_from_slice(&held[..at]);
     tokio::io::AsyncBufReadExt::consume(rd, at);
-    // The buffered reader is empty now: reading past it loses nothing.
+    // Past what it held, the buffered reader is empty: reading past it
+    // loses nothing.
     let ch = rd.get_mut();
     while at < len {
         let n = ch.read_direct(&mut buf[at..]).await?;
