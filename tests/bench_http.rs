@@ -191,8 +191,9 @@ fn bad_flags_fail_before_any_server_starts() {
 /// reports the stalls injected into its measured window (warm-up 0.5 s, window
 /// 1 s, one per 0.3 s: at 0.8, 1.1 and 1.4 s); elsewhere the sweep stops
 /// before any server starts and says why. The stalls last 20 ms: a stall
-/// thread woken after its stall's end injects none (it counts none), and on
-/// a busy 2-core virtual machine a wake-up 2 ms late happened.
+/// thread woken after its stall's end injects none (and counts none), and
+/// with 2 ms stalls a run under a full test suite's load on 2 cores once
+/// counted 2 of 3.
 #[test]
 fn injected_stalls_are_counted_or_refused_clearly() {
     let out = short_sweep(&["--stall", "20@0.3"]);
