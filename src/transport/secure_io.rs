@@ -147,6 +147,25 @@ impl OpenBuf {
         Ok(())
     }
 
+    /// Bytes for `out` (not empty) from what is held: opened bytes waiting,
+    /// else the next record when it is whole in `raw` (opened into `out`
+    /// when its plaintext fits, else into `plain` and copied from there).
+    /// None: more must be read first; `Some(0)`: an empty record.
+    fn take_into(&mut self, out: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.pending() {
+            return Ok(Some(self.copy_out(out)));
+        }
+        let Some(plain) = self.next_record()? else {
+            return Ok(None);
+        };
+        if out.len() >= plain {
+            self.open_into(out).map(Some)
+        } else {
+            self.open_here()?;
+            Ok(Some(self.copy_out(out)))
+        }
+    }
+
     /// Room to read into (compacting, allocating at first use).
     fn room(&mut self) -> &mut [u8] {
         if self.raw.is_empty() {
@@ -225,20 +244,10 @@ impl<R: AsyncRead + Unpin> SecureRead<R> {
             return Ok(0);
         }
         loop {
-            if ob.pending() {
-                return Ok(ob.copy_out(out));
-            }
-            if let Some(plain) = ob.next_record()? {
-                let n = if out.len() >= plain {
-                    ob.open_into(out)?
-                } else {
-                    ob.open_here()?;
-                    ob.copy_out(out)
-                };
-                if n > 0 {
-                    return Ok(n);
-                }
-                continue;
+            match ob.take_into(out)? {
+                Some(0) => continue,
+                Some(n) => return Ok(n),
+                None => {}
             }
             if let Some(plain) = ob.next_len()? {
                 if plain >= DIRECT_FROM && plain <= out.len() {
@@ -556,19 +565,10 @@ impl<S: io::Read + io::Write> io::Read for SecureStd<S> {
             return Ok(0);
         }
         loop {
-            if self.open.pending() {
-                return Ok(self.open.copy_out(buf));
-            }
-            if let Some(plain) = self.open.next_record()? {
-                if buf.len() >= plain {
-                    let n = self.open.open_into(buf)?;
-                    if n > 0 {
-                        return Ok(n);
-                    }
-                } else {
-                    self.open.open_here()?;
-                }
-                continue;
+            match self.open.take_into(buf)? {
+                Some(0) => continue,
+                Some(n) => return Ok(n),
+                None => {}
             }
             let n = self.inner.read(self.open.room())?;
             if n == 0 {
