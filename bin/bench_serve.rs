@@ -65,6 +65,52 @@ pub struct ServeGoodputArgs {
     json: bool,
 }
 
+/// The CPU one probe used over its measured window.
+#[derive(Clone)]
+struct CpuUse {
+    rate: f64,
+    /// CPU seconds over the window (None: the load ended before it did).
+    cpu_s: Option<f64>,
+    window_s: f64,
+}
+
+impl CpuUse {
+    /// CPU per request offered in the window, us.
+    fn us_per_request(&self) -> f64 {
+        self.cpu_s
+            .map_or(f64::NAN, |c| 1e6 * c / (self.rate * self.window_s).max(1.0))
+    }
+    fn cores_used(&self) -> f64 {
+        self.cpu_s.map_or(f64::NAN, |c| c / self.window_s.max(1e-9))
+    }
+}
+
+/// The probe at `rate` (the last one at it, as the search ended there).
+fn at_rate(v: &[CpuUse], rate: f64) -> Option<CpuUse> {
+    v.iter().rev().find(|c| c.rate == rate).cloned()
+}
+
+/// What bounds large inputs on this machine's cores.
+struct CpuFigures {
+    /// The large inputs' probe at their goodput.
+    at_goodput: Option<CpuUse>,
+    /// The models' own inputs' probe at their goodput.
+    default_at_goodput: Option<CpuUse>,
+    /// Large and default inputs at the same rate.
+    large: CpuUse,
+    default: CpuUse,
+}
+
+impl CpuFigures {
+    /// The rate at which large inputs would keep every core busy, at the CPU
+    /// a request cost at their goodput (NaN without that probe's figure).
+    fn bound_rps(&self, cores: usize) -> f64 {
+        self.at_goodput
+            .as_ref()
+            .map_or(f64::NAN, |c| cores as f64 * 1e6 / c.us_per_request())
+    }
+}
+
 /// The median over the backends of one figure of their reports (0 with none).
 fn backend_median(
     bs: &[fermata::node::backend::BackendReport],
@@ -184,7 +230,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 )
             });
             eprintln!(
-                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input, pulls over budget {:.2}%, batch run / profile p50 {:.3} p99 {:.3}, start delay p50 {:.0} us p99 {:.0} us",
+                "  probe {:>9.1} r/s: worst model bad {:.3}%, failed {}, latency p50 {:.2} ms p99 {:.2} ms, d_ctrl {:.0} us, d_data {:.0} us per batch + {:.1} us per input, pulls over budget {:.2}%, batch run / profile p50 {:.3} p99 {:.3}, start delay p50 {:.0} us p99 {:.0} us, CPU {:.2} cores",
                 o.rate_rps,
                 100.0 * l.sim.max_model_bad_rate(),
                 l.failed,
@@ -198,6 +244,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 backend_median(&r.cluster.backends, |b| b.run_over_profile_p99),
                 backend_median(&r.cluster.backends, |b| b.start_delay_p50_us),
                 backend_median(&r.cluster.backends, |b| b.start_delay_p99_us),
+                r.window_cpu_s.map_or(f64::NAN, |c| c / a.duration_s),
             );
         }
         if l.duplicates > 0 || l.wrong_outputs > 0 {
@@ -210,7 +257,18 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         }
         Ok(r)
     };
-    let live = goodput_search_with(&w_sim, &o, &so, |o| Ok(probe(&w, o)?.load.sim))?;
+    // Each probe's CPU use over its measured window.
+    let cpu_of = |r: &serve::ServeRun, rate: f64| CpuUse {
+        rate,
+        cpu_s: r.window_cpu_s,
+        window_s: a.duration_s,
+    };
+    let cpu_live = std::cell::RefCell::new(Vec::new());
+    let live = goodput_search_with(&w_sim, &o, &so, |o| {
+        let r = probe(&w, o)?;
+        cpu_live.borrow_mut().push(cpu_of(&r, o.rate_rps));
+        Ok(r.load.sim)
+    })?;
     // The same workload with large inputs, in the same run.
     let big = match a.input_bytes {
         None => None,
@@ -224,12 +282,26 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
             // What the machine copies now, before and after the search (the
             // large inputs' goodput is bounded by it; see bench::copy).
             let bw0 = fermata::bench::copy::copy_bandwidth(b as usize, Duration::from_millis(500));
-            let g = goodput_search_with(&w_big, &o, &so, |o| Ok(probe(&w_big, o)?.load.sim))?;
+            let cpu_big = std::cell::RefCell::new(Vec::new());
+            let g = goodput_search_with(&w_big, &o, &so, |o| {
+                let r = probe(&w_big, o)?;
+                cpu_big.borrow_mut().push(cpu_of(&r, o.rate_rps));
+                Ok(r.load.sim)
+            })?;
             let bw1 = fermata::bench::copy::copy_bandwidth(b as usize, Duration::from_millis(500));
             // The pull budget's accuracy at 0.8 x that goodput.
             let mut o8 = o.clone();
             o8.rate_rps = 0.8 * g.goodput_rps;
             let r = probe(&w_big, &o8)?;
+            // The CPU a request costs, large inputs against the models' own
+            // at the same rate (0.8 x the large inputs' goodput).
+            let cpu_small = probe(&w, &o8).map(|s| cpu_of(&s, o8.rate_rps))?;
+            let cpu = CpuFigures {
+                at_goodput: at_rate(&cpu_big.borrow(), g.goodput_rps),
+                default_at_goodput: at_rate(&cpu_live.borrow(), live.goodput_rps),
+                large: cpu_of(&r, o8.rate_rps),
+                default: cpu_small,
+            };
             let bs = &r.cluster.backends;
             let pulls: u64 = bs.iter().map(|b| b.pulls_predicted).sum();
             let over: f64 = bs
@@ -248,9 +320,11 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 actual,
                 r.load.sim.max_model_bad_rate(),
                 0.5 * (bw0 + bw1),
+                cpu,
             ))
         }
     };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ratio = live.goodput_rps / sim.goodput_rps;
     let dist = |g: &fermata::bench::GoodputResult| {
         g.at_goodput
@@ -279,6 +353,12 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
                 "accuracy_bad_rate": big.as_ref().map(|b| b.6),
                 "copy_bytes_per_s": big.as_ref().map(|b| b.7),
                 "copy_bound_rps": big.as_ref().map(|b| b.7 / (2.0 * b.0 as f64)),
+                "cpu_cores": cores,
+                "cpu_us_per_request_default": big.as_ref().map(|b| b.8.default.us_per_request()),
+                "cpu_us_per_request_large": big.as_ref().map(|b| b.8.large.us_per_request()),
+                "cpu_bound_rps": big.as_ref().map(|b| b.8.bound_rps(cores)),
+                "cpu_cores_used_at_goodput": big.as_ref().map(|b| b.8.at_goodput.as_ref().map(CpuUse::cores_used)),
+                "cpu_cores_used_at_default_goodput": big.as_ref().map(|b| b.8.default_at_goodput.as_ref().map(CpuUse::cores_used)),
                 "live_goodput_rps": live.goodput_rps,
                 "ratio": ratio,
                 "sim_batch_distribution_pct": dist(&sim),
@@ -297,7 +377,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         "goodput ({} GPUs x {} lanes, {} executor, {}, {}): live {:.1} r/s, simulator {:.1} r/s, live/simulator {:.3}",
         w.gpus, a.lanes, executor, w.name, a.transport, live.goodput_rps, sim.goodput_rps, ratio
     );
-    if let Some((b, g, rate, over, budget, actual, bad, bw)) = &big {
+    if let Some((b, g, rate, over, budget, actual, bad, bw, cpu)) = &big {
         println!(
             "goodput with {b}-byte inputs: {:.1} r/s, {:.3} of the default inputs' {:.1} r/s",
             g.goodput_rps,
@@ -315,6 +395,18 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
             100.0 * over,
             budget / actual.max(1e-9),
             100.0 * bad
+        );
+        let used = |c: &Option<CpuUse>| c.as_ref().map_or(f64::NAN, CpuUse::cores_used);
+        let bound = cpu.bound_rps(cores);
+        println!(
+            "CPU of this process (the cluster and the load generator, {cores} cores): at {rate:.1} r/s {:.0} us a request with {b}-byte inputs against {:.0} us with the models' own ({:.2} x); at the goodput {b}-byte inputs kept {:.2} cores busy ({:.0} us a request), so all {cores} busy at that cost is {bound:.1} r/s and the goodput is {:.3} of it (the models' own inputs at their goodput: {:.2} cores busy)",
+            cpu.large.us_per_request(),
+            cpu.default.us_per_request(),
+            cpu.large.us_per_request() / cpu.default.us_per_request(),
+            used(&cpu.at_goodput),
+            cpu.at_goodput.as_ref().map_or(f64::NAN, CpuUse::us_per_request),
+            g.goodput_rps / bound,
+            used(&cpu.default_at_goodput),
         );
     }
     println!(

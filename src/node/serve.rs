@@ -283,6 +283,10 @@ pub struct ServeRun {
     pub cluster: ClusterReport,
     /// From the call to the cluster being ready for requests.
     pub startup: Duration,
+    /// CPU time this process (the cluster's threads and the load
+    /// generator's) used over the measured window, seconds; None when the
+    /// load ended before the window did.
+    pub window_cpu_s: Option<f64>,
 }
 
 pub fn serve(
@@ -296,11 +300,32 @@ pub fn serve(
     let startup = t.elapsed();
     let mut lo = lo.clone();
     lo.frontends = cluster.frontend_addrs();
-    let load = loadgen::run(transport, w, &lo);
+    // The CPU this process uses over the measured window: sampled by a
+    // thread at the window's ends as the load generator times them (its
+    // arrivals start about 20 ms after the call, once connected).
+    let secs = |d: crate::core::Dur| Duration::from_secs_f64(d.as_secs_f64().max(0.0));
+    let (warmup, duration) = (secs(lo.warmup), secs(lo.duration));
+    let (load, window_cpu_s) = std::thread::scope(|s| {
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let sampler = s.spawn(move || {
+            let wait = |d: Duration| match stop_rx.recv_timeout(d) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Some(()),
+                _ => None,
+            };
+            wait(warmup + Duration::from_millis(20))?;
+            let c0 = crate::harness::procs::self_cpu_seconds();
+            wait(duration)?;
+            Some(crate::harness::procs::self_cpu_seconds() - c0)
+        });
+        let load = loadgen::run(transport, w, &lo);
+        drop(stop_tx);
+        (load, sampler.join().ok().flatten())
+    });
     let rep = cluster.stop()?;
     Ok(ServeRun {
         load: load?,
         cluster: rep,
         startup,
+        window_cpu_s,
     })
 }
