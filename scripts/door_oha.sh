@@ -15,6 +15,8 @@
 # first rate's. The first rate is the sustained one (what the model serves
 # within its SLO); pass the others as 1.5x and 2x of it.
 # Installs oha into .deps/oha when missing (cargo install, a few minutes).
+# FERMATA_BIN names the fermata binary (default: target/release/fermata, built
+# when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -d "${CARGO_HOME:-$HOME/.cargo}/bin" ]]; then
@@ -33,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     --duration-s) duration="$2"; shift 2 ;;
     --connections) conns="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "door_oha.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,8 +50,9 @@ if [[ ! -x "$oha" ]]; then
   echo "installing oha into .deps/oha (cargo install, a few minutes)" >&2
   cargo install oha --locked --root .deps/oha
 fi
-exe=target/release/fermata
+exe=${FERMATA_BIN:-target/release/fermata}
 if [[ ! -x "$exe" ]]; then
+  [[ -z ${FERMATA_BIN:-} ]] || { echo "door_oha.sh: FERMATA_BIN=$FERMATA_BIN is not an executable" >&2; exit 2; }
   cargo build --release
 fi
 
