@@ -142,7 +142,7 @@ def cmd_report(a):
             f"{r['late_200']} late; {r['good_from_send_per_s']:.0f}/s within it from the actual send), refused {r['refused']} (p50 {r['refusal_p50_ms']:.1f} ms, "
             f"p99 {r['refusal_p99_ms']:.1f} ms; p99 from the actual send {r['refusal_p99_from_send_ms']:.1f} ms), "
             f"client lag p99 {r['client_lag_p99_ms']:.1f} ms, other statuses {r['other_status'] or 'none'}, "
-            f"client errors {r['client_errors']} (all runs' seconds, warm-up included)"
+            f"client errors {r['client_errors']} (the whole run, warm-up included)"
         )
     for r in res[1:]:
         print(

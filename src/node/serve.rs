@@ -303,7 +303,9 @@ pub fn serve(
     // The CPU this process uses over the measured window: sampled by a
     // thread at the window's ends as the load generator times them (its
     // arrivals start about 20 ms after the call, once connected).
-    let secs = |d: crate::core::Dur| Duration::from_secs_f64(d.as_secs_f64().max(0.0));
+    let secs = |d: crate::core::Dur| {
+        Duration::try_from_secs_f64(d.as_secs_f64().max(0.0)).unwrap_or(Duration::MAX)
+    };
     let (warmup, duration) = (secs(lo.warmup), secs(lo.duration));
     let (load, window_cpu_s) = std::thread::scope(|s| {
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -312,7 +314,7 @@ pub fn serve(
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Some(()),
                 _ => None,
             };
-            wait(warmup + Duration::from_millis(20))?;
+            wait(warmup.saturating_add(Duration::from_millis(20)))?;
             let c0 = crate::harness::procs::self_cpu_seconds();
             wait(duration)?;
             Some(crate::harness::procs::self_cpu_seconds() - c0)
