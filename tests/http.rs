@@ -1284,9 +1284,20 @@ fn serve_with_an_http_port_serves_until_sigterm() {
                                  "parameters": {"binary_data_size": 64}}],
                      "parameters": {"binary_data_output": true}});
     // A lone request right after start-up runs at once (light load: the batch
-    // does not wait for requests that will not come) and is good.
-    let tries = 1;
-    let r = h.post_binary("/v2/models/resnet50/infer", &req, &[9u8; 64]);
+    // does not wait for requests that will not come) and is good. On a host
+    // starved by other work it may miss its 25 ms deadline and be refused as
+    // expired (seen under the full suite on 2 cores): it is tried again, at
+    // most twice, and every try must be in the report.
+    let mut tries = 0;
+    let r = loop {
+        tries += 1;
+        let r = h.post_binary("/v2/models/resnet50/infer", &req, &[9u8; 64]);
+        if r.status == 200 || tries == 3 {
+            break r;
+        }
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert!(r.text().contains("expired"), "{}", r.text());
+    };
     assert_eq!(r.status, 200, "{}", r.text());
     let hl: usize = r.headers["inference-header-content-length"]
         .parse()
