@@ -14,7 +14,7 @@
 # p99, and at each rate past the first its good answers as a multiple of the
 # first rate's. The first rate is the sustained one (what the model serves
 # within its SLO); pass the others as 1.5x and 2x of it.
-# Installs oha into .deps/oha when missing (cargo install, a few minutes).
+# Installs oha 1.16.0 into .deps/oha when missing (cargo install, a few minutes).
 # FERMATA_BIN names the fermata binary (default: target/release/fermata, built
 # when missing).
 set -euo pipefail
@@ -48,7 +48,7 @@ done
 oha=.deps/oha/bin/oha
 if [[ ! -x "$oha" ]]; then
   echo "installing oha into .deps/oha (cargo install, a few minutes)" >&2
-  cargo install oha --locked --root .deps/oha
+  cargo install oha --version 1.16.0 --locked --root .deps/oha
 fi
 exe=${FERMATA_BIN:-target/release/fermata}
 if [[ ! -x "$exe" ]]; then
