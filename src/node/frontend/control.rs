@@ -26,8 +26,21 @@ const CONTROL_QUEUE: usize = 1024;
 /// each (a waiter judges only what came after its own request).
 pub(super) struct ModelStates {
     state: Vec<(ModelAvailability, String, u64)>,
+    /// Per model, the items heard that said anything but unavailable: a
+    /// load's waiter takes "unavailable" as the load's end only once its
+    /// model was heard in another state since the request. An item sent
+    /// before the scheduler took the request (another model's change, its
+    /// GPUs' count) still says unavailable.
+    moved: Vec<u64>,
     /// What runs each model's GPUs, as last told (all zero: none in service).
     devices: Vec<DeviceCounts>,
+}
+
+/// Where one model's items stood when a load or unload was asked.
+#[derive(Clone, Copy)]
+struct Mark {
+    heard: u64,
+    moved: u64,
 }
 
 /// The models' states and the queue of control requests, shared by the
@@ -47,6 +60,7 @@ impl ControlShared {
         ControlShared {
             states: Mutex::new(ModelStates {
                 state: vec![(ModelAvailability::Ready, String::new(), 0); models],
+                moved: vec![0; models],
                 devices: vec![DeviceCounts::default(); models],
             }),
             version: tokio::sync::watch::Sender::new(0),
@@ -69,9 +83,41 @@ impl ControlShared {
         s.devices.get(m).copied().unwrap_or_default()
     }
 
-    fn heard(&self, m: usize) -> u64 {
+    /// Where model `m`'s items stand, for a waiter to judge only those
+    /// that come after.
+    fn mark(&self, m: usize) -> Mark {
         let s = self.states.lock().expect("model states lock");
-        s.state.get(m).map_or(0, |x| x.2)
+        Mark {
+            heard: s.state.get(m).map_or(0, |x| x.2),
+            moved: s.moved.get(m).copied().unwrap_or(0),
+        }
+    }
+
+    /// The end of a load (`load`) or unload of model `m` (`name`) asked at
+    /// `before`, by the items heard since: None while it has not ended.
+    fn outcome(
+        &self,
+        m: usize,
+        name: &str,
+        load: bool,
+        before: Mark,
+    ) -> Option<Result<(), String>> {
+        use ModelAvailability::*;
+        let now = self.mark(m);
+        if now.heard <= before.heard {
+            return None;
+        }
+        let (st, reason) = self.state(m);
+        if !reason.is_empty() {
+            return Some(Err(reason));
+        }
+        match (load, st) {
+            (true, Ready) | (false, Unavailable) => Some(Ok(())),
+            (true, Unavailable) if now.moved > before.moved => {
+                Some(Err(format!("model '{name}' was unloaded while it loaded")))
+            }
+            _ => None,
+        }
     }
 
     fn apply(&self, items: &[ModelStateItem]) {
@@ -82,6 +128,9 @@ impl ControlShared {
                     // A model's reason is bounded like every wire string;
                     // kept short for the index.
                     *x = (i.state, i.reason.chars().take(512).collect(), x.2 + 1);
+                }
+                if let Some(n) = s.moved.get_mut(i.model.idx()) {
+                    *n += u64::from(i.state != ModelAvailability::Unavailable);
                 }
                 if let Some(d) = s.devices.get_mut(i.model.idx()) {
                     *d = i.devices;
@@ -163,7 +212,6 @@ impl FrontendHandle {
         load: bool,
         wait: Duration,
     ) -> Result<(), String> {
-        use ModelAvailability::*;
         let c = &self.state.control;
         if let Some(app) = model
             .checked_sub(self.models().len())
@@ -181,25 +229,15 @@ impl FrontendHandle {
             return Err("the frontend is stopping".into());
         }
         let mut rx = c.version.subscribe();
-        let before = c.heard(model);
+        let before = c.mark(model);
         c.requests
             .try_send((ModelId(model as u32), load))
             .map_err(|_| "too many model loads and unloads at once; try again".to_string())?;
         let name = &self.models()[model].name;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            if c.heard(model) > before {
-                let (st, reason) = c.state(model);
-                if !reason.is_empty() {
-                    return Err(reason);
-                }
-                match (load, st) {
-                    (true, Ready) | (false, Unavailable) => return Ok(()),
-                    (true, Unavailable) => {
-                        return Err(format!("model '{name}' was unloaded while it loaded"))
-                    }
-                    _ => {}
-                }
+            if let Some(r) = c.outcome(model, name, load, before) {
+                return r;
             }
             match tokio::time::timeout_at(deadline, rx.changed()).await {
                 Ok(Ok(())) => {}
@@ -213,5 +251,69 @@ impl FrontendHandle {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(m: u32, state: ModelAvailability, reason: &str) -> ModelStateItem {
+        ModelStateItem {
+            model: ModelId(m),
+            state,
+            reason: reason.into(),
+            devices: DeviceCounts::default(),
+        }
+    }
+
+    /// An item the scheduler sent before it took a load (the model still
+    /// unavailable) does not end the load; the load ends ready, or as
+    /// unloaded once the model was heard loading, or with the scheduler's
+    /// reason.
+    #[test]
+    fn a_load_is_judged_by_the_items_after_the_scheduler_took_it() {
+        use ModelAvailability::*;
+        let c = ControlShared::new(2);
+        c.apply(&[item(1, Unavailable, "")]);
+        let before = c.mark(1);
+        assert_eq!(c.outcome(1, "b", true, before), None, "nothing heard yet");
+        c.apply(&[item(1, Unavailable, "")]);
+        assert_eq!(
+            c.outcome(1, "b", true, before),
+            None,
+            "sent before the load was taken"
+        );
+        c.apply(&[item(0, Ready, "")]);
+        assert_eq!(
+            c.outcome(1, "b", true, before),
+            None,
+            "another model's item"
+        );
+        c.apply(&[item(1, Loading, "")]);
+        assert_eq!(c.outcome(1, "b", true, before), None);
+        c.apply(&[item(1, Ready, "")]);
+        assert_eq!(c.outcome(1, "b", true, before), Some(Ok(())));
+
+        // Loading, then unloaded (both heard before the waiter looks).
+        let before = c.mark(1);
+        c.apply(&[item(1, Unavailable, "")]);
+        let again = c.mark(1);
+        c.apply(&[item(1, Loading, "")]);
+        c.apply(&[item(1, Unavailable, "")]);
+        assert_eq!(
+            c.outcome(1, "b", true, again),
+            Some(Err("model 'b' was unloaded while it loaded".into()))
+        );
+        // An unload ends once unavailable, whatever came before.
+        assert_eq!(c.outcome(1, "b", false, before), Some(Ok(())));
+
+        // The scheduler's reason ends it at once.
+        let before = c.mark(1);
+        c.apply(&[item(1, Unavailable, "no GPU can hold it")]);
+        assert_eq!(
+            c.outcome(1, "b", true, before),
+            Some(Err("no GPU can hold it".into()))
+        );
     }
 }
