@@ -263,12 +263,19 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
         cpu_s: r.window_cpu_s,
         window_s: a.duration_s,
     };
-    let cpu_live = std::cell::RefCell::new(Vec::new());
-    let live = goodput_search_with(&w_sim, &o, &so, |o| {
-        let r = probe(&w, o)?;
-        cpu_live.borrow_mut().push(cpu_of(&r, o.rate_rps));
-        Ok(r.load.sim)
-    })?;
+    // A goodput search planned for `planned` whose probes serve `served`,
+    // with the CPU of its probe at the goodput.
+    let search = |planned: &Workload, served: &Workload| {
+        let mut cpus = Vec::new();
+        let g = goodput_search_with(planned, &o, &so, |o| {
+            let r = probe(served, o)?;
+            cpus.push(cpu_of(&r, o.rate_rps));
+            Ok(r.load.sim)
+        })?;
+        let at = at_rate(&cpus, g.goodput_rps);
+        anyhow::Ok((g, at))
+    };
+    let (live, cpu_live) = search(&w_sim, &w)?;
     // The same workload with large inputs, in the same run.
     let big = match a.input_bytes {
         None => None,
@@ -282,12 +289,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
             // What the machine copies now, before and after the search (the
             // large inputs' goodput is bounded by it; see bench::copy).
             let bw0 = fermata::bench::copy::copy_bandwidth(b as usize, Duration::from_millis(500));
-            let cpu_big = std::cell::RefCell::new(Vec::new());
-            let g = goodput_search_with(&w_big, &o, &so, |o| {
-                let r = probe(&w_big, o)?;
-                cpu_big.borrow_mut().push(cpu_of(&r, o.rate_rps));
-                Ok(r.load.sim)
-            })?;
+            let (g, cpu_big) = search(&w_big, &w_big)?;
             let bw1 = fermata::bench::copy::copy_bandwidth(b as usize, Duration::from_millis(500));
             // The pull budget's accuracy at 0.8 x that goodput.
             let mut o8 = o.clone();
@@ -297,8 +299,8 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
             // at the same rate (0.8 x the large inputs' goodput).
             let cpu_small = probe(&w, &o8).map(|s| cpu_of(&s, o8.rate_rps))?;
             let cpu = CpuFigures {
-                at_goodput: at_rate(&cpu_big.borrow(), g.goodput_rps),
-                default_at_goodput: at_rate(&cpu_live.borrow(), live.goodput_rps),
+                at_goodput: cpu_big,
+                default_at_goodput: cpu_live,
                 large: cpu_of(&r, o8.rate_rps),
                 default: cpu_small,
             };

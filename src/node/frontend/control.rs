@@ -22,22 +22,28 @@ pub const CONTROL_WAIT: Duration = Duration::from_secs(300);
 /// asks faster is refused).
 const CONTROL_QUEUE: usize = 1024;
 
-/// Every model's state as last told, with a count of the items heard for
+/// Every model's state as last told, with counts of the items heard for
 /// each (a waiter judges only what came after its own request).
 pub(super) struct ModelStates {
-    state: Vec<(ModelAvailability, String, u64)>,
-    /// Per model, the items heard that said anything but unavailable: a
-    /// load's waiter takes "unavailable" as the load's end only once its
-    /// model was heard in another state since the request. An item sent
-    /// before the scheduler took the request (another model's change, its
-    /// GPUs' count) still says unavailable.
-    moved: Vec<u64>,
+    state: Vec<Told>,
     /// What runs each model's GPUs, as last told (all zero: none in service).
     devices: Vec<DeviceCounts>,
 }
 
-/// Where one model's items stood when a load or unload was asked.
-#[derive(Clone, Copy)]
+/// One model's state as last told, and how many items were heard for it.
+#[derive(Clone)]
+struct Told {
+    state: ModelAvailability,
+    reason: String,
+    mark: Mark,
+}
+
+/// How many items were heard for one model: all of them, and those that
+/// said anything but unavailable. A load's waiter takes "unavailable" as
+/// the load's end only once its model was heard in another state since the
+/// request: an item sent before the scheduler took the request (another
+/// model's change, its GPUs' count) still says unavailable.
+#[derive(Clone, Copy, Default)]
 struct Mark {
     heard: u64,
     moved: u64,
@@ -59,8 +65,14 @@ impl ControlShared {
         let (requests, inbox) = crossbeam_channel::bounded(CONTROL_QUEUE);
         ControlShared {
             states: Mutex::new(ModelStates {
-                state: vec![(ModelAvailability::Ready, String::new(), 0); models],
-                moved: vec![0; models],
+                state: vec![
+                    Told {
+                        state: ModelAvailability::Ready,
+                        reason: String::new(),
+                        mark: Mark::default(),
+                    };
+                    models
+                ],
                 devices: vec![DeviceCounts::default(); models],
             }),
             version: tokio::sync::watch::Sender::new(0),
@@ -73,7 +85,7 @@ impl ControlShared {
         let s = self.states.lock().expect("model states lock");
         s.state
             .get(m)
-            .map(|(a, r, _)| (*a, r.clone()))
+            .map(|t| (t.state, t.reason.clone()))
             .unwrap_or((ModelAvailability::Unavailable, String::new()))
     }
 
@@ -87,10 +99,7 @@ impl ControlShared {
     /// that come after.
     fn mark(&self, m: usize) -> Mark {
         let s = self.states.lock().expect("model states lock");
-        Mark {
-            heard: s.state.get(m).map_or(0, |x| x.2),
-            moved: s.moved.get(m).copied().unwrap_or(0),
-        }
+        s.state.get(m).map_or(Mark::default(), |t| t.mark)
     }
 
     /// The end of a load (`load`) or unload of model `m` (`name`) asked at
@@ -103,17 +112,17 @@ impl ControlShared {
         before: Mark,
     ) -> Option<Result<(), String>> {
         use ModelAvailability::*;
-        let now = self.mark(m);
-        if now.heard <= before.heard {
+        let s = self.states.lock().expect("model states lock");
+        let t = s.state.get(m)?;
+        if t.mark.heard <= before.heard {
             return None;
         }
-        let (st, reason) = self.state(m);
-        if !reason.is_empty() {
-            return Some(Err(reason));
+        if !t.reason.is_empty() {
+            return Some(Err(t.reason.clone()));
         }
-        match (load, st) {
+        match (load, t.state) {
             (true, Ready) | (false, Unavailable) => Some(Ok(())),
-            (true, Unavailable) if now.moved > before.moved => {
+            (true, Unavailable) if t.mark.moved > before.moved => {
                 Some(Err(format!("model '{name}' was unloaded while it loaded")))
             }
             _ => None,
@@ -124,13 +133,13 @@ impl ControlShared {
         {
             let mut s = self.states.lock().expect("model states lock");
             for i in items {
-                if let Some(x) = s.state.get_mut(i.model.idx()) {
+                if let Some(t) = s.state.get_mut(i.model.idx()) {
+                    t.state = i.state;
                     // A model's reason is bounded like every wire string;
                     // kept short for the index.
-                    *x = (i.state, i.reason.chars().take(512).collect(), x.2 + 1);
-                }
-                if let Some(n) = s.moved.get_mut(i.model.idx()) {
-                    *n += u64::from(i.state != ModelAvailability::Unavailable);
+                    t.reason = i.reason.chars().take(512).collect();
+                    t.mark.heard += 1;
+                    t.mark.moved += u64::from(i.state != ModelAvailability::Unavailable);
                 }
                 if let Some(d) = s.devices.get_mut(i.model.idx()) {
                     *d = i.devices;
