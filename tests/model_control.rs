@@ -3,7 +3,8 @@
 //! a model loads while another's requests keep being served on the same GPU
 //! (its load runs off the GPU's worker thread), a load cancelled by an unload
 //! and asked again ends with the model ready and serving, the loads and
-//! unloads done at a primary survive its standby's takeover, and under
+//! unloads done at a primary survive its standby's takeover, a load the
+//! primary died before acting on is asked again of the standby, and under
 //! `poll` the models follow the model repository's files.
 
 use fermata::harness::procs::{ProcCluster, ProcOpts};
@@ -21,7 +22,7 @@ fn exe() -> PathBuf {
 fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(40))).unwrap();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -310,6 +311,42 @@ fn a_standby_takes_over_the_models_loaded_and_unloaded_at_the_primary() {
         "b after the takeover: {st} {body}"
     );
     assert_eq!(index(&addr), after, "as the standby has them");
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A load relayed to a primary that is stopped (SIGSTOP: it reads
+/// nothing) and then killed never reaches a scheduler: the frontend asks
+/// the standby again once it joined it, so the client's load ends with the
+/// model ready (without asking again, the client waits out the control
+/// wait of 300 s), and the model serves.
+#[test]
+fn a_load_the_primary_never_took_is_asked_again_of_the_standby() {
+    let dir = std::env::temp_dir().join(format!("fermata-control-lost-{}", std::process::id()));
+    let (mut c, addr) = start(&dir, &["a", "b"], &["a"], &[], true);
+    until_state(&addr, "a", "READY");
+    until_state(&addr, "b", "UNAVAILABLE");
+    c.scheduler.signal(libc::SIGSTOP);
+    let load = {
+        let addr = addr.clone();
+        std::thread::spawn(move || http(&addr, "POST", "/v2/repository/models/b/load", "{}"))
+    };
+    // The frontend relays the load to the stopped primary.
+    std::thread::sleep(Duration::from_millis(300));
+    c.scheduler.signal(libc::SIGKILL);
+    let _ = c.scheduler.child.wait();
+    c.standby_took_over(Duration::from_secs(10)).unwrap();
+    let (st, body) = load.join().unwrap();
+    assert_eq!(st, 200, "the load asked of the dead primary: {body}");
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (st, body) = infer(&addr, "b");
+        if st == 200 {
+            break;
+        }
+        assert!(Instant::now() < end, "b after the takeover: {st} {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,7 +4,11 @@
 //!
 //! The HTTP and gRPC handlers call [`FrontendHandle::control_model`]; the
 //! request reaches the event loop through a channel the loop empties each
-//! turn, and the answer through a watch of the states' version.
+//! turn, and the answer through a watch of the states' version. A request
+//! still waited for when the frontend joins another scheduler (a standby
+//! that took over, or the same one after a lost connection) is asked of it
+//! again: the scheduler it was sent to may have died before acting on it,
+//! and asking again what was already done changes nothing there.
 
 use super::event_loop::Loop;
 use super::handle::FrontendHandle;
@@ -28,6 +32,16 @@ pub(super) struct ModelStates {
     state: Vec<Told>,
     /// What runs each model's GPUs, as last told (all zero: none in service).
     devices: Vec<DeviceCounts>,
+    /// Each model's loads and unloads still waited for.
+    open: Vec<Open>,
+}
+
+/// One model's loads and unloads still waited for: how many, and what the
+/// last one asked (true: a load).
+#[derive(Clone, Copy, Default)]
+struct Open {
+    waiting: u32,
+    load: bool,
 }
 
 /// One model's state as last told, and how many items were heard for it.
@@ -74,6 +88,7 @@ impl ControlShared {
                     models
                 ],
                 devices: vec![DeviceCounts::default(); models],
+                open: vec![Open::default(); models],
             }),
             version: tokio::sync::watch::Sender::new(0),
             requests,
@@ -97,6 +112,7 @@ impl ControlShared {
 
     /// Where model `m`'s items stand, for a waiter to judge only those
     /// that come after.
+    #[cfg(test)]
     fn mark(&self, m: usize) -> Mark {
         let s = self.states.lock().expect("model states lock");
         s.state.get(m).map_or(Mark::default(), |t| t.mark)
@@ -127,6 +143,37 @@ impl ControlShared {
             }
             _ => None,
         }
+    }
+
+    /// A waiter on model `m` begins (`load` is what it asked): the mark it
+    /// judges from.
+    fn begin(&self, m: usize, load: bool) -> Mark {
+        let mut s = self.states.lock().expect("model states lock");
+        if let Some(o) = s.open.get_mut(m) {
+            o.waiting += 1;
+            o.load = load;
+        }
+        s.state.get(m).map_or(Mark::default(), |t| t.mark)
+    }
+
+    /// A waiter on model `m` ended (answered, timed out, or its client gone).
+    fn end(&self, m: usize) {
+        let mut s = self.states.lock().expect("model states lock");
+        if let Some(o) = s.open.get_mut(m) {
+            o.waiting = o.waiting.saturating_sub(1);
+        }
+    }
+
+    /// The loads and unloads still waited for, one per model (the last
+    /// asked), to ask a new scheduler again.
+    pub(super) fn open_requests(&self) -> Vec<(ModelId, bool)> {
+        let s = self.states.lock().expect("model states lock");
+        s.open
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.waiting > 0)
+            .map(|(m, o)| (ModelId(m as u32), o.load))
+            .collect()
     }
 
     fn apply(&self, items: &[ModelStateItem]) {
@@ -172,6 +219,19 @@ impl Loop {
                 self.state.control.apply(&[item]);
                 continue;
             }
+            let _ = self.sched.send(Msg::ModelControl { model, load });
+        }
+    }
+
+    /// Asks the scheduler just joined for the loads and unloads still
+    /// waited for (see the module's head).
+    pub(super) fn ask_open_again(&mut self) {
+        for (model, load) in self.state.control.open_requests() {
+            tracing::info!(
+                model = model.0,
+                load,
+                "frontend: asking the scheduler again for a model load or unload"
+            );
             let _ = self.sched.send(Msg::ModelControl { model, load });
         }
     }
@@ -238,7 +298,16 @@ impl FrontendHandle {
             return Err("the frontend is stopping".into());
         }
         let mut rx = c.version.subscribe();
-        let before = c.mark(model);
+        let before = c.begin(model, load);
+        // Ends the wait however this future ends (a client that goes away
+        // drops it).
+        struct Waiting<'a>(&'a ControlShared, usize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.end(self.1);
+            }
+        }
+        let _waiting = Waiting(c, model);
         c.requests
             .try_send((ModelId(model as u32), load))
             .map_err(|_| "too many model loads and unloads at once; try again".to_string())?;
@@ -324,5 +393,31 @@ mod tests {
             c.outcome(1, "b", true, before),
             Some(Err("no GPU can hold it".into()))
         );
+    }
+
+    /// The loads and unloads still waited for are one per model, the last
+    /// asked, until every waiter on it ended.
+    #[test]
+    fn the_open_requests_are_those_still_waited_for() {
+        let c = ControlShared::new(3);
+        assert!(c.open_requests().is_empty());
+        c.begin(2, true);
+        c.begin(0, true);
+        c.begin(0, false);
+        assert_eq!(
+            c.open_requests(),
+            vec![(ModelId(0), false), (ModelId(2), true)]
+        );
+        c.end(0);
+        assert_eq!(
+            c.open_requests(),
+            vec![(ModelId(0), false), (ModelId(2), true)],
+            "one waiter on model 0 left"
+        );
+        c.end(0);
+        c.end(2);
+        assert!(c.open_requests().is_empty());
+        c.end(2);
+        assert!(c.open_requests().is_empty(), "an extra end is harmless");
     }
 }

@@ -379,6 +379,7 @@ impl Loop {
         self.ledger.set_node(node);
         self.state.rejoins.fetch_add(1, Ordering::Relaxed);
         self.state.sched_ok.store(true, Ordering::Release);
+        self.ask_open_again();
         // The held requests go to it once it has GPUs in service (`Capacity`).
         tracing::info!(
             node,
