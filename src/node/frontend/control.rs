@@ -50,6 +50,11 @@ struct Told {
     state: ModelAvailability,
     reason: String,
     mark: Mark,
+    /// `mark.moved` when the frontend last joined a scheduler. A load asked
+    /// again there is judged by what that scheduler said since: a standby
+    /// that never heard the primary's "loading" tells the model unavailable
+    /// at first, which does not mean the load was undone.
+    moved_at_join: u64,
 }
 
 /// How many items were heard for one model: all of them, and those that
@@ -84,6 +89,7 @@ impl ControlShared {
                         state: ModelAvailability::Ready,
                         reason: String::new(),
                         mark: Mark::default(),
+                        moved_at_join: 0,
                     };
                     models
                 ],
@@ -138,7 +144,7 @@ impl ControlShared {
         }
         match (load, t.state) {
             (true, Ready) | (false, Unavailable) => Some(Ok(())),
-            (true, Unavailable) if t.mark.moved > before.moved => {
+            (true, Unavailable) if t.mark.moved > before.moved.max(t.moved_at_join) => {
                 Some(Err(format!("model '{name}' was unloaded while it loaded")))
             }
             _ => None,
@@ -161,6 +167,15 @@ impl ControlShared {
         let mut s = self.states.lock().expect("model states lock");
         if let Some(o) = s.open.get_mut(m) {
             o.waiting = o.waiting.saturating_sub(1);
+        }
+    }
+
+    /// The frontend joined a scheduler: loads waited for are judged by what
+    /// it says from now on (see [`Told::moved_at_join`]).
+    pub(super) fn joined(&self) {
+        let mut s = self.states.lock().expect("model states lock");
+        for t in &mut s.state {
+            t.moved_at_join = t.mark.moved;
         }
     }
 
@@ -226,6 +241,7 @@ impl Loop {
     /// Asks the scheduler just joined for the loads and unloads still
     /// waited for (see the module's head).
     pub(super) fn ask_open_again(&mut self) {
+        self.state.control.joined();
         for (model, load) in self.state.control.open_requests() {
             tracing::info!(
                 model = model.0,
@@ -419,5 +435,33 @@ mod tests {
         assert!(c.open_requests().is_empty());
         c.end(2);
         assert!(c.open_requests().is_empty(), "an extra end is harmless");
+    }
+
+    /// A load heard loading at one scheduler, then asked again of the one
+    /// the frontend joins: that one's first "unavailable" does not end it,
+    /// an unload there after it was heard loading does.
+    #[test]
+    fn a_load_asked_again_is_judged_by_the_scheduler_joined() {
+        use ModelAvailability::*;
+        let c = ControlShared::new(1);
+        c.apply(&[item(0, Unavailable, "")]);
+        let before = c.begin(0, true);
+        c.apply(&[item(0, Loading, "")]);
+        c.joined();
+        c.apply(&[item(0, Unavailable, "")]);
+        assert_eq!(
+            c.outcome(0, "a", true, before),
+            None,
+            "the new one's first word"
+        );
+        c.apply(&[item(0, Loading, "")]);
+        assert_eq!(c.outcome(0, "a", true, before), None);
+        c.apply(&[item(0, Unavailable, "")]);
+        assert_eq!(
+            c.outcome(0, "a", true, before),
+            Some(Err("model 'a' was unloaded while it loaded".into()))
+        );
+        c.apply(&[item(0, Ready, "")]);
+        assert_eq!(c.outcome(0, "a", true, before), Some(Ok(())));
     }
 }
