@@ -9,6 +9,7 @@
 //! cargo bench --bench input_pull                        # full run, about a minute
 //! cargo bench --bench input_pull -- --backends 8 --batches 1,8,32,64 --secs 1 --repeats 3
 //! cargo bench --bench input_pull -- --backends 1 --batches 64 --inputs 128 --input-bytes 602112
+//! cargo bench --bench input_pull -- --backends 1 --batches 32 --inputs 128 --input-bytes 602112 --streams 1 --into gather,rows
 //! FERMATA_BACKENDS=2 cargo bench --bench input_pull
 //! ```
 //!
@@ -28,6 +29,14 @@
 //! one machine puts the same pressure on the one server and the loopback device.
 //! The TCP rows come once per `--streams` count K (default 1,2): the readers'
 //! connections per peer, over which a large `read_many` is split.
+//!
+//! `--into` (default `buffers`) says where a batch's inputs land, one set of
+//! rows per mode: `buffers`, the recycled buffers above (an emulated GPU's
+//! pull); `gather`, those buffers and then each payload copied into its row
+//! of the batch's tensor (an executor's batch pulled without staging);
+//! `rows`, straight into the rows of the tensor
+//! (`RegionReader::read_many_rows`, an executor that stages the model), so
+//! `rows` against `gather` is what reading into the rows saves.
 //! The `link` row is one plain loopback connection and one reader asking for a
 //! batch's bytes and getting them from memory: what one connection carries.
 //!
@@ -64,6 +73,37 @@ struct Cfg {
     streams: Vec<usize>,
     secs: f64,
     repeats: usize,
+    /// Where the inputs land, one set of rows each.
+    into: Vec<Land>,
+}
+
+/// Where a pull's inputs land (`--into`).
+#[derive(Clone, Copy, PartialEq)]
+enum Land {
+    Buffers,
+    Gather,
+    Rows,
+}
+
+impl Land {
+    fn parse(list: &str) -> Vec<Land> {
+        list.split(',')
+            .map(|m| match m.trim() {
+                "buffers" => Land::Buffers,
+                "gather" => Land::Gather,
+                "rows" => Land::Rows,
+                other => panic!("--into: `{other}` is not buffers, gather or rows"),
+            })
+            .collect()
+    }
+    /// The suffix of its rows' names.
+    fn suffix(self) -> &'static str {
+        match self {
+            Land::Buffers => "",
+            Land::Gather => " gather",
+            Land::Rows => " rows",
+        }
+    }
 }
 
 impl Cfg {
@@ -79,6 +119,7 @@ impl Cfg {
                 streams: vec![1, 2],
                 secs: 1.0,
                 repeats: 3,
+                into: vec![Land::Buffers],
             }
         } else {
             Cfg {
@@ -89,6 +130,7 @@ impl Cfg {
                 streams: vec![1, 2],
                 secs: 0.1,
                 repeats: 1,
+                into: vec![Land::Buffers, Land::Rows],
             }
         };
         if let Ok(v) = std::env::var("FERMATA_BACKENDS") {
@@ -109,11 +151,12 @@ impl Cfg {
                 "--streams" => cfg.streams = counts(&val(a), "--streams K,K,..."),
                 "--secs" => cfg.secs = val(a).parse().expect("--secs S"),
                 "--repeats" => cfg.repeats = val(a).parse().expect("--repeats N"),
+                "--into" => cfg.into = Land::parse(&val(a)),
                 _ => {} // --bench and cargo's own flags
             }
         }
         assert!(cfg.backends > 0 && cfg.inputs > 0 && cfg.repeats > 0);
-        assert!(cfg.input_bytes > 0 && !cfg.streams.is_empty());
+        assert!(cfg.input_bytes > 0 && !cfg.streams.is_empty() && !cfg.into.is_empty());
         cfg
     }
 }
@@ -216,7 +259,14 @@ fn frontend(tr: &dyn Transport, region: &Arc<Region>, slots: &[(u64, u64, u32)])
     }
 }
 
-fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -> Stats {
+fn run_once(
+    tr: &dyn Transport,
+    fe: &Frontend,
+    cfg: &Cfg,
+    n: usize,
+    seed: u64,
+    into: Land,
+) -> Stats {
     let readers: Vec<_> = (0..cfg.backends)
         .map(|_| {
             let r = tr.reader().expect("reader");
@@ -244,6 +294,11 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                     // The inputs' buffers come back for the next batch, as a
                     // backend recycles them.
                     let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(n);
+                    // The batch's tensor (gather, rows), one row per input.
+                    let mut tensor = match into {
+                        Land::Buffers => Vec::new(),
+                        _ => vec![0u8; n * input_bytes],
+                    };
                     let mut pull = |rng: &mut Xoshiro256PlusPlus| -> u64 {
                         reqs.clear();
                         tasks.clear();
@@ -259,14 +314,39 @@ fn run_once(tr: &dyn Transport, fe: &Frontend, cfg: &Cfg, n: usize, seed: u64) -
                             tasks.push(task);
                         }
                         let t0 = Instant::now();
+                        if into == Land::Rows {
+                            let mut rows: Vec<&mut [u8]> =
+                                tensor.chunks_exact_mut(input_bytes).collect();
+                            let (out, _, back) = rd.read_many_rows(
+                                &reqs,
+                                timeout,
+                                std::mem::take(&mut bufs),
+                                &mut rows,
+                            );
+                            let ns = t0.elapsed().as_nanos() as u64;
+                            bufs = back;
+                            for (o, &task) in out.iter().zip(&tasks) {
+                                let head = o.as_ref().expect("read");
+                                let len =
+                                    SlotHeader::check_head(head, task, cap_of(task)).expect("slot");
+                                assert_eq!(len, input_bytes);
+                            }
+                            return ns;
+                        }
                         let out = rd.read_many_into(&reqs, timeout, std::mem::take(&mut bufs));
-                        let ns = t0.elapsed().as_nanos() as u64;
+                        let mut rows = tensor.chunks_exact_mut(input_bytes);
                         for (o, &task) in out.iter().zip(&tasks) {
                             let bytes = o.as_ref().expect("read");
                             let payload =
                                 SlotHeader::check(bytes, task, cap_of(task)).expect("slot");
                             assert_eq!(payload.len(), input_bytes);
+                            if into == Land::Gather {
+                                rows.next()
+                                    .expect("a row per input")
+                                    .copy_from_slice(payload);
+                            }
                         }
+                        let ns = t0.elapsed().as_nanos() as u64;
                         bufs.extend(out.into_iter().flatten());
                         ns
                     };
@@ -455,24 +535,39 @@ fn main() {
         "cpu ms/GB"
     );
     for &n in &cfg.batches {
-        let mut med = Vec::new();
-        for (k, tr) in transports.iter().enumerate() {
-            let runs: Vec<Stats> = (0..cfg.repeats)
-                .map(|r| run_once(tr.as_ref(), &fronts[k], &cfg, n, r as u64))
-                .collect();
-            let m = Stats::median(&runs);
-            row(&names[k], n, &m);
-            med.push(m);
+        // Each mode's medians, by transport.
+        let mut med: Vec<Vec<Stats>> = Vec::new();
+        for &into in &cfg.into {
+            let mut mine = Vec::new();
+            for (k, tr) in transports.iter().enumerate() {
+                let runs: Vec<Stats> = (0..cfg.repeats)
+                    .map(|r| run_once(tr.as_ref(), &fronts[k], &cfg, n, r as u64, into))
+                    .collect();
+                let m = Stats::median(&runs);
+                row(&format!("{}{}", names[k], into.suffix()), n, &m);
+                mine.push(m);
+            }
+            med.push(mine);
         }
         let runs: Vec<Stats> = (0..cfg.repeats)
             .map(|_| link_once(&cfg, n, slot as usize))
             .collect();
         let link = Stats::median(&runs);
         row("link", n, &link);
-        for (j, &k) in cfg.streams.iter().enumerate() {
-            let (tcp, ch) = (&med[1 + 2 * j], &med[2 + 2 * j]);
-            ratio_row(&format!("channel/tcp x{k}"), n, ch, tcp);
-            ratio_row(&format!("channel/link x{k}"), n, ch, &link);
+        for (m, &into) in cfg.into.iter().enumerate() {
+            for (j, &k) in cfg.streams.iter().enumerate() {
+                let (tcp, ch) = (&med[m][1 + 2 * j], &med[m][2 + 2 * j]);
+                let sfx = into.suffix();
+                ratio_row(&format!("channel/tcp x{k}{sfx}"), n, ch, tcp);
+                ratio_row(&format!("channel/link x{k}{sfx}"), n, ch, &link);
+            }
+        }
+        // Straight into the rows against through buffers and a gather.
+        let at = |want: Land| cfg.into.iter().position(|&i| i == want);
+        if let (Some(r), Some(g)) = (at(Land::Rows), at(Land::Gather)) {
+            for (k, name) in names.iter().enumerate() {
+                ratio_row(&format!("rows/gather {name}"), n, &med[r][k], &med[g][k]);
+            }
         }
     }
     println!("total {:.1} s", started.elapsed().as_secs_f64());

@@ -470,6 +470,14 @@ fn cuda_executor_without_a_gpu_says_so() {
 
 #[test]
 fn serve_onnx_end_to_end() {
+    // In process, and over TCP (where the pull reads the channel's records
+    // into the rows).
+    for transport in ["inproc", "tcp"] {
+        serve_onnx_over(transport);
+    }
+}
+
+fn serve_onnx_over(transport: &str) {
     let out = fermata()
         .args([
             "serve",
@@ -477,6 +485,8 @@ fn serve_onnx_end_to_end() {
             "onnx",
             "--models",
             "models",
+            "--transport",
+            transport,
             "--rate",
             "60",
             "--warmup-s",
@@ -489,7 +499,7 @@ fn serve_onnx_end_to_end() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}\n{stdout}");
+    assert!(out.status.success(), "{transport}: {stderr}\n{stdout}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["failed"], 0, "{stdout}");
     assert_eq!(v["wrong_outputs"], 0, "output lengths differ: {stdout}");
@@ -512,8 +522,8 @@ fn serve_onnx_end_to_end() {
     // tensors, 128 of a request's bytes against cnn's 12,288) are gathered.
     let c = &v["input_copies"];
     let (pull, gather) = (c["pull"].as_f64().unwrap(), c["gather"].as_f64().unwrap());
-    assert!(pull > 0.9 && pull <= 1.0, "{c}");
-    assert!(gather < 0.1, "{c}");
+    assert!(pull > 0.9 && pull <= 1.0, "{transport}: {c}");
+    assert!(gather < 0.1, "{transport}: {c}");
 }
 
 /// A model file that cannot be loaded (here truncated) is final: `serve`

@@ -276,6 +276,56 @@ pub trait RegionReader: Send + Sync {
         }
         (false, spent)
     }
+    /// Reads every request's slot into `rows[k]`, its header apart: the
+    /// slot's first [`SLOT_HEADER`] bytes come back (for the caller to
+    /// check), the rest lands in the row, whose length must be `reqs[k].len
+    /// - SLOT_HEADER` (a request of another length is not read: it fails as
+    /// `OutOfBounds`). Where a read failed, its row's bytes are unspecified.
+    /// A transport that can puts each payload straight into its row (in
+    /// process: copied out of the frontend's region; over TCP: the channel's
+    /// records read and opened there) and returns true; the default reads
+    /// each slot into a buffer first ([`Self::read_many_visit`]), one copy
+    /// more, and returns false. Once it returns, nothing writes the rows.
+    /// The buffers come back (`bufs`, or those read into) for reuse.
+    fn read_many_rows(
+        &self,
+        reqs: &[ReadReq],
+        timeout: Duration,
+        bufs: Vec<Vec<u8>>,
+        rows: &mut [&mut [u8]],
+    ) -> (Vec<RowRead>, bool, Vec<Vec<u8>>) {
+        assert_eq!(reqs.len(), rows.len(), "a row per request");
+        let mut out: Vec<RowRead> = vec![Err(ReadError::OutOfBounds); reqs.len()];
+        let fit: Vec<usize> = (0..reqs.len())
+            .filter(|&k| fits_row(&reqs[k], rows[k].len()))
+            .collect();
+        let asked: Vec<ReadReq> = fit.iter().map(|&k| reqs[k]).collect();
+        let (in_place, back) = self.read_many_visit(&asked, timeout, bufs, &mut |j, r| {
+            let k = fit[j];
+            out[k] = r.and_then(|slot| land_slot(slot, rows[k]));
+        });
+        (out, in_place, back)
+    }
+}
+
+/// What [`RegionReader::read_many_rows`] gives for one request: its slot's
+/// header (the payload is in the request's row), or why its read failed.
+pub type RowRead = Result<[u8; SLOT_HEADER], ReadError>;
+
+/// Whether `r` reads a slot whose payload is `row` bytes.
+pub fn fits_row(r: &ReadReq, row: usize) -> bool {
+    r.len as usize == SLOT_HEADER + row
+}
+
+/// Splits a slot read whole into its header (returned) and its payload
+/// (copied into `row`).
+fn land_slot(slot: &[u8], row: &mut [u8]) -> RowRead {
+    if slot.len() != SLOT_HEADER + row.len() {
+        return Err(ReadError::OutOfBounds);
+    }
+    let (head, payload) = slot.split_at(SLOT_HEADER);
+    row.copy_from_slice(payload);
+    Ok(head.try_into().expect("SLOT_HEADER bytes"))
 }
 
 /// A transport: makes control connections and exposes / reads regions.

@@ -132,16 +132,12 @@ impl SlotHeader {
         })
     }
 
-    /// Checks a slot read back for task `task` with capability `cap`; returns
-    /// the payload.
-    pub fn check(slot: &[u8], task: u64, cap: u64) -> Result<&[u8], String> {
-        if slot.len() < SLOT_HEADER {
-            return Err(format!(
-                "slot of {} bytes is shorter than its header",
-                slot.len()
-            ));
-        }
-        let Some(h) = SlotHeader::decode(slot) else {
+    /// Checks the header of a slot read back (its first bytes) for task
+    /// `task` with capability `cap`; returns the payload's length it says.
+    /// Alone for a slot whose payload was read apart (into the row of a
+    /// batch's buffer).
+    pub fn check_head(head: &[u8], task: u64, cap: u64) -> Result<usize, String> {
+        let Some(h) = SlotHeader::decode(head) else {
             return Err("slot header has a bad magic number (freed or never written)".into());
         };
         if h.task != task {
@@ -153,7 +149,19 @@ impl SlotHeader {
         if h.cap != cap {
             return Err(format!("slot of task {task} has another capability"));
         }
-        let n = h.payload_len as usize;
+        Ok(h.payload_len as usize)
+    }
+
+    /// Checks a slot read back for task `task` with capability `cap`; returns
+    /// the payload.
+    pub fn check(slot: &[u8], task: u64, cap: u64) -> Result<&[u8], String> {
+        if slot.len() < SLOT_HEADER {
+            return Err(format!(
+                "slot of {} bytes is shorter than its header",
+                slot.len()
+            ));
+        }
+        let n = SlotHeader::check_head(slot, task, cap)?;
         if SLOT_HEADER + n > slot.len() {
             return Err(format!(
                 "slot says {n} payload bytes but only {} were read",

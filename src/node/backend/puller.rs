@@ -9,7 +9,7 @@ use super::shared::Shared;
 use crate::core::Dur;
 use crate::node::exec::stage::{StagePool, Staged};
 use crate::node::proto::backend::{
-    classify_input, classify_slot, hopeless, pull_budget, pull_requests, Input, Missing, PlanMsg,
+    classify_head, classify_input, hopeless, pull_budget, pull_requests, Input, Missing, PlanMsg,
 };
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::Ordering;
@@ -113,28 +113,28 @@ fn pull(
             }
         }
         Some(st) => {
-            // Each payload is copied from where the read left it into its
-            // task's row: in process, straight out of the frontend's region.
+            // Each payload lands in its task's row: in process copied out of
+            // the frontend's region, over TCP read and opened there. An input
+            // of another size than the model's cannot be a row of its tensor.
             let row = st.row_bytes();
-            let (in_place, back) = sh
-                .reader
-                .read_many_visit(&reqs, timeout, bufs, &mut |k, r| {
-                    let i = kept[k];
-                    let t = &plan.tasks[i];
-                    got[i] = classify_slot(r, t.id, t.cap).and_then(|p| {
-                        // An input of another size than the model's cannot be a
-                        // row of its tensor.
-                        if p.len() != row {
-                            return Err(Missing::Error);
-                        }
-                        st.row_mut(i).copy_from_slice(p);
-                        Ok(Input {
-                            slot: Vec::new(),
-                            len: p.len(),
-                        })
-                    });
-                });
+            let mut rows: Vec<&mut [u8]> = st.rows_mut();
+            let mut mine: Vec<&mut [u8]> = Vec::with_capacity(kept.len());
+            let mut k = 0;
+            for (i, r) in rows.drain(..).enumerate() {
+                if k < kept.len() && kept[k] == i {
+                    mine.push(r);
+                    k += 1;
+                }
+            }
+            let (read, in_place, back) = sh.reader.read_many_rows(&reqs, timeout, bufs, &mut mine);
             sh.give_buffers(back);
+            for (r, &i) in read.into_iter().zip(&kept) {
+                let t = &plan.tasks[i];
+                got[i] = classify_head(r, t.id, t.cap, row).map(|()| Input {
+                    slot: Vec::new(),
+                    len: row,
+                });
+            }
             if !in_place {
                 // Read into a buffer first, then copied into the row.
                 let n: usize = got.iter().flatten().map(|i| i.len).sum();

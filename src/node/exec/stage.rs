@@ -304,6 +304,12 @@ impl Staged {
         &mut self.bytes_mut()[k * rb..(k + 1) * rb]
     }
 
+    /// Every row, each to write apart.
+    pub fn rows_mut(&mut self) -> Vec<&mut [u8]> {
+        let rb = self.row_bytes;
+        self.bytes_mut().chunks_exact_mut(rb.max(1)).collect()
+    }
+
     /// Moves rows `keep` (ascending) to the front, row `keep[j]` to row j (the
     /// tasks a batch runs, when some were left out); returns the bytes moved.
     pub fn compact(&mut self, keep: &[usize]) -> usize {

@@ -728,15 +728,24 @@ pub fn classify_input(
     }
 }
 
-/// [`classify_input`] for a slot read where it lies: its payload, once the
-/// header names the task and its capability.
-pub fn classify_slot(
-    read: Result<&[u8], ReadError>,
+/// [`classify_input`] for a slot whose payload of `payload` bytes was read
+/// apart from its header (into its row of a batch's buffer,
+/// [`crate::transport::RegionReader::read_many_rows`]): the header must name
+/// the task and its capability and say that many bytes. A request for a
+/// slot of another size was not read (`OutOfBounds`): an input of another
+/// size than the model's cannot be a row of its tensor.
+pub fn classify_head(
+    read: Result<[u8; SLOT_HEADER], ReadError>,
     task: TaskId,
     cap: u64,
-) -> Result<&[u8], Missing> {
+    payload: usize,
+) -> Result<(), Missing> {
     match read {
-        Ok(slot) => SlotHeader::check(slot, task.0, cap).map_err(|_| Missing::StaleSlot),
+        Ok(head) => match SlotHeader::check_head(&head, task.0, cap) {
+            Ok(n) if n == payload => Ok(()),
+            Ok(_) => Err(Missing::Error),
+            Err(_) => Err(Missing::StaleSlot),
+        },
         Err(ReadError::Timeout) => Err(Missing::Timeout),
         Err(ReadError::Denied) => Err(Missing::StaleSlot),
         Err(_) => Err(Missing::Error),

@@ -173,6 +173,39 @@ mod tests {
         crate::transport::conformance(&tr, "127.0.0.1:0", "127.0.0.1:0");
     }
 
+    /// `inputs` in a region (input t as task t with capability `cap`) that
+    /// `tr` serves, a reader with it attached as peer 0, and a read of each
+    /// input (read `denied` with another capability).
+    fn served(
+        tr: &Tcp,
+        inputs: &[Vec<u8>],
+        cap: u64,
+        denied: usize,
+    ) -> (
+        Box<dyn RegionServer>,
+        Arc<dyn RegionReader>,
+        Vec<crate::transport::ReadReq>,
+    ) {
+        let reg = Arc::new(Region::new(1, 16 << 20).unwrap());
+        let srv = tr.serve_region(reg.clone(), "127.0.0.1:0").unwrap();
+        let rd = tr.reader().unwrap();
+        rd.attach(0, &srv.info()).unwrap();
+        let reqs = inputs
+            .iter()
+            .enumerate()
+            .map(|(t, b)| {
+                let r = reg.put(t as u64, cap, b).unwrap();
+                crate::transport::ReadReq {
+                    peer: 0,
+                    offset: r.offset,
+                    len: r.len,
+                    cap: if t == denied { cap + 1 } else { cap },
+                }
+            })
+            .collect();
+        (srv, rd, reqs)
+    }
+
     /// A pull of several MiB is split over the reader's connections to the
     /// peer; every input comes back whole and in its place, a refused read
     /// among them included, in the clear and through the channel (where the
@@ -180,10 +213,9 @@ mod tests {
     /// gathered first), into new buffers and into recycled ones.
     #[test]
     fn large_pulls_spread_over_connections_come_back_whole() {
-        use crate::transport::{ReadError, ReadReq, SlotHeader};
+        use crate::transport::{ReadError, SlotHeader};
         for key in [None, Some(ClusterKey::generate())] {
             let tr = Tcp::keyed_with_pull_streams(key, 3).unwrap();
-            let reg = Arc::new(Region::new(1, 16 << 20).unwrap());
             const CAP: u64 = 77;
             // Large and small inputs in turn (every third one small).
             let inputs: Vec<Vec<u8>> = (0..10u64)
@@ -192,25 +224,8 @@ mod tests {
                     (0..n).map(|i| (i as u64 * 31 + t) as u8).collect()
                 })
                 .collect();
-            let refs: Vec<_> = inputs
-                .iter()
-                .enumerate()
-                .map(|(t, b)| reg.put(t as u64, CAP, b).unwrap())
-                .collect();
-            let srv = tr.serve_region(reg.clone(), "127.0.0.1:0").unwrap();
-            let rd = tr.reader().unwrap();
-            rd.attach(0, &srv.info()).unwrap();
-            let reqs: Vec<ReadReq> = refs
-                .iter()
-                .enumerate()
-                .map(|(t, r)| ReadReq {
-                    peer: 0,
-                    offset: r.offset,
-                    len: r.len,
-                    // The fifth with another capability: refused alone.
-                    cap: if t == 4 { CAP + 1 } else { CAP },
-                })
-                .collect();
+            // The fifth asked with another capability: refused alone.
+            let (srv, rd, reqs) = served(&tr, &inputs, CAP, 4);
             for _ in 0..3 {
                 let out = rd.read_many(&reqs, Duration::from_secs(5));
                 for (t, o) in out.iter().enumerate() {
@@ -265,6 +280,128 @@ mod tests {
                 "{out:?}"
             );
         }
+    }
+
+    /// Inputs read into the rows of one buffer, in the clear and through
+    /// the channel: each payload lands in its row (the other rows' bytes
+    /// untouched), its header comes back to be checked; a slot of another
+    /// size than its row is not read, a refused read and an unattached
+    /// peer fail alone; and over and over, so the connections stay in step.
+    #[test]
+    fn large_pulls_land_in_their_rows() {
+        use crate::transport::{ReadError, ReadReq, SlotHeader, SLOT_HEADER};
+        const ROW: usize = 300_000;
+        const CAP: u64 = 78;
+        for key in [None, Some(ClusterKey::generate())] {
+            let tr = Tcp::keyed_with_pull_streams(key, 2).unwrap();
+            // Input 3 is of another size; 5 is asked with another capability.
+            let inputs: Vec<Vec<u8>> = (0..8u64)
+                .map(|t| {
+                    let n = if t == 3 { ROW - 8 } else { ROW };
+                    (0..n).map(|i| (i as u64 * 13 + t * 7) as u8).collect()
+                })
+                .collect();
+            let (_srv, rd, mut reqs) = served(&tr, &inputs, CAP, 5);
+            // And one from a peer not attached.
+            reqs.push(ReadReq { peer: 9, ..reqs[0] });
+            for round in 0..3u8 {
+                let mut buf = vec![0xC3 ^ round; ROW * reqs.len()];
+                let mut rows: Vec<&mut [u8]> = buf.chunks_exact_mut(ROW).collect();
+                let (out, in_place, _) =
+                    rd.read_many_rows(&reqs, Duration::from_secs(5), Vec::new(), &mut rows);
+                assert!(in_place, "read straight into the rows");
+                for (t, o) in out.iter().enumerate() {
+                    let row = &buf[t * ROW..(t + 1) * ROW];
+                    match t {
+                        3 => assert_eq!(*o, Err(ReadError::OutOfBounds)),
+                        5 => assert_eq!(*o, Err(ReadError::Denied)),
+                        8 => assert!(matches!(o, Err(ReadError::Unreachable(_))), "{o:?}"),
+                        _ => {
+                            let head = o.as_ref().unwrap();
+                            assert_eq!(SlotHeader::check_head(head, t as u64, CAP), Ok(ROW));
+                            assert!(row == &inputs[t][..], "input {t} in its row");
+                            continue;
+                        }
+                    }
+                    assert!(row.iter().all(|&b| b == 0xC3 ^ round), "row {t} untouched");
+                }
+                assert_eq!(SLOT_HEADER + ROW, reqs[0].len as usize);
+            }
+        }
+    }
+
+    /// A region server that answers a read with its header and part of its
+    /// slot, then stalls: the call that reads it into a row times out, waits
+    /// a grace for the answer under way, then breaks the connection and
+    /// returns only once nothing writes the row; the peer's reads fail
+    /// after.
+    #[test]
+    fn a_row_read_that_stalls_mid_answer_ends_and_lets_its_row_go() {
+        use crate::transport::region_wire::{self as rw, AnswerHeader, ST_OK};
+        use crate::transport::{ReadError, ReadReq, SLOT_HEADER};
+        use std::io::{Read, Write};
+        const ROW: usize = 200_000;
+        let lis = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = lis.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = lis.accept().unwrap();
+            let mut hello = [0u8; rw::HELLO_LEN];
+            s.read_exact(&mut hello).unwrap();
+            s.write_all(&rw::welcome(ST_OK, 1 << 20)).unwrap();
+            let mut req = [0u8; rw::REQ_LEN];
+            s.read_exact(&mut req).unwrap();
+            let req = rw::Request::decode(&req);
+            let head = AnswerHeader {
+                id: req.id,
+                status: ST_OK,
+                len: req.len,
+            };
+            s.write_all(&head.encode()).unwrap();
+            s.write_all(&vec![1u8; SLOT_HEADER + ROW / 2]).unwrap();
+            // Stalls with the answer half sent, until the reader gives up.
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        });
+        let tr = Tcp::new().unwrap();
+        let rd = tr.reader().unwrap();
+        let info = crate::wire::RegionInfo {
+            addr,
+            region: 0,
+            len: 1 << 20,
+            rkey: 0,
+            base: 0,
+        };
+        rd.attach(0, &info).unwrap();
+        let req = ReadReq {
+            peer: 0,
+            offset: 0,
+            len: (SLOT_HEADER + ROW) as u32,
+            cap: 1,
+        };
+        let mut buf = vec![0u8; ROW];
+        let t0 = std::time::Instant::now();
+        let (out, _, _) = rd.read_many_rows(
+            &[req],
+            Duration::from_millis(100),
+            Vec::new(),
+            &mut [&mut buf[..]],
+        );
+        let took = t0.elapsed();
+        assert_eq!(out, vec![Err(ReadError::Timeout)]);
+        assert!(
+            took >= Duration::from_millis(1000) && took < Duration::from_secs(10),
+            "returned after {took:?}"
+        );
+        assert!(buf[..ROW / 2].iter().all(|&b| b == 1), "the half that came");
+        let (out, _, _) = rd.read_many_rows(
+            &[req],
+            Duration::from_millis(100),
+            Vec::new(),
+            &mut [&mut buf[..]],
+        );
+        assert!(matches!(out[0], Err(ReadError::Unreachable(_))), "{out:?}");
+        drop(rd);
+        server.join().unwrap();
     }
 
     /// Large inputs (written from the message, after the frame's head) and

@@ -6,10 +6,10 @@
 //! answer or the timeout (one wake-up per call).
 
 use super::options::STRIPE_MIN;
-use super::reader_peer::{Peer, PeerState, Pending};
+use super::reader_peer::{Dest, Peer, PeerState, Pending, Row};
 use super::runtime::Inner;
 use crate::transport::region_wire::Request;
-use crate::transport::{ReadError, ReadReq, RegionReader};
+use crate::transport::{fits_row, ReadError, ReadReq, RegionReader, RowRead, SLOT_HEADER};
 use crate::wire::RegionInfo;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +31,9 @@ struct BatchState {
     left: usize,
     /// The caller has taken the results (timed out): later answers are dropped.
     taken: bool,
+    /// Rows of the caller's memory that reads of this batch still hold
+    /// ([`Row`]).
+    rows_held: usize,
 }
 
 impl Batch {
@@ -40,6 +43,7 @@ impl Batch {
                 out: (0..n).map(|_| None).collect(),
                 left: 0,
                 taken: false,
+                rows_held: 0,
             }),
             cv: Condvar::new(),
         })
@@ -71,8 +75,14 @@ impl Batch {
     /// Sleeps until every read sent was answered or `deadline` (None: none)
     /// passed; whether they all were.
     fn wait(&self, deadline: Option<Instant>) -> bool {
+        self.wait_for(deadline, |st| st.left == 0)
+    }
+
+    /// Sleeps until `done` holds or `deadline` (None: none) passed; whether
+    /// it holds.
+    fn wait_for(&self, deadline: Option<Instant>, done: impl Fn(&BatchState) -> bool) -> bool {
         let mut st = self.st.lock().expect("batch lock");
-        while st.left > 0 {
+        while !done(&st) {
             match deadline {
                 None => st = self.cv.wait(st).expect("batch lock"),
                 Some(d) => {
@@ -84,7 +94,27 @@ impl Batch {
                 }
             }
         }
-        st.left == 0
+        done(&st)
+    }
+
+    /// A read of this batch holds a row ([`Row::new`]).
+    pub(super) fn hold_row(&self) {
+        self.st.lock().expect("batch lock").rows_held += 1;
+    }
+
+    /// A read of this batch let its row go (the [`Row`] dropped).
+    pub(super) fn release_row(&self) {
+        let mut st = self.st.lock().expect("batch lock");
+        st.rows_held -= 1;
+        if st.rows_held == 0 {
+            self.cv.notify_one();
+        }
+    }
+
+    /// Sleeps until no read holds a row or `deadline` (None: none) passed;
+    /// whether none does.
+    fn wait_rows(&self, deadline: Option<Instant>) -> bool {
+        self.wait_for(deadline, |st| st.rows_held == 0)
     }
 
     /// Takes the results (later answers are dropped); reads without one timed out.
@@ -204,16 +234,16 @@ impl TcpReader {
     }
 
     /// Sends `peer`'s requests of `reqs` over `lanes` (those that fail at once
-    /// are settled in `batch`), each answer to be read into a buffer of `bufs`
-    /// while there are some; the ids sent on each connection, none when `peer`
-    /// is not attached.
+    /// are settled in `batch`), each answer to be read where `dest` says
+    /// (None: not sent, settled already); the ids sent on each connection,
+    /// none when `peer` is not attached.
     fn send_to_peer(
         &self,
         reqs: &[ReadReq],
         peer: u32,
         lanes: Option<Arc<Lanes>>,
         batch: &Arc<Batch>,
-        bufs: &mut Vec<Vec<u8>>,
+        dest: &mut DestOf<'_>,
         sent: &mut Vec<Sent>,
     ) {
         let mine: Vec<(usize, &ReadReq)> = reqs
@@ -243,21 +273,20 @@ impl TcpReader {
                 .zip(&lane_of)
                 .filter(|(_, &l)| l == k)
                 .map(|(m, _)| *m);
-            if let Some(s) = self.send_on(conn, part, batch, bufs) {
+            if let Some(s) = self.send_on(conn, part, batch, dest) {
                 sent.push(s);
             }
         }
     }
 
     /// Sends `part` (read index, request) on `conn`, each answer to be read
-    /// into a buffer of `bufs` (from its end) or a new one; the ids sent, None
-    /// when nothing was.
+    /// where `dest` says; the ids sent, None when nothing was.
     fn send_on<'a>(
         &self,
         conn: &Arc<Peer>,
         part: impl Iterator<Item = (usize, &'a ReadReq)>,
         batch: &Arc<Batch>,
-        bufs: &mut Vec<Vec<u8>>,
+        dest: &mut DestOf<'_>,
     ) -> Option<Sent> {
         let mut bytes = Vec::new();
         let mut ids = Vec::new();
@@ -267,27 +296,17 @@ impl TcpReader {
                 batch.settle(i, Err(e));
                 continue;
             }
+            let Some(d) = dest(i, r) else {
+                continue;
+            };
             let id = self.next_req.fetch_add(1, Ordering::Relaxed);
             batch.expect_one();
-            // A recycled buffer's pages are mapped already: reading a large
-            // input into a fresh allocation faults on every page. Its bytes
-            // are initialized, and the answer is read over them first (the
-            // channel zeroes spare capacity before it opens a record there).
-            let len = r.len as usize;
-            let buf = match bufs.pop() {
-                Some(mut b) => {
-                    b.truncate(len);
-                    b.reserve(len - b.len());
-                    b
-                }
-                None => Vec::with_capacity(len),
-            };
             st.pending.insert(
                 id,
                 Pending {
                     idx: i,
                     len: r.len,
-                    buf,
+                    dest: d,
                     batch: batch.clone(),
                 },
             );
@@ -316,6 +335,32 @@ impl TcpReader {
         })
     }
 }
+
+/// Where the answer to read `i` (request `r`) is to go; None: it is not
+/// sent (its result is settled already).
+type DestOf<'a> = dyn FnMut(usize, &ReadReq) -> Option<Dest> + 'a;
+
+/// An answer's buffer: one of `bufs` (from its end; a recycled buffer's
+/// pages are mapped already, while reading a large input into a fresh
+/// allocation faults on every page), or a new one. Its bytes are
+/// initialized, and the answer is read over them.
+fn buffer_from(bufs: &mut Vec<Vec<u8>>, len: usize) -> Dest {
+    Dest::Buf(match bufs.pop() {
+        Some(mut b) => {
+            b.truncate(len);
+            b.reserve(len - b.len());
+            b
+        }
+        None => Vec::with_capacity(len),
+    })
+}
+
+/// How long a call whose reads timed out waits for the answers already
+/// being read into its rows before it breaks their connections (which
+/// stops them). An answer under way normally ends within a millisecond; one
+/// stalled this long means a broken peer, and a row must not be written
+/// once the call has returned.
+const ROW_GRACE: Duration = Duration::from_secs(1);
 
 /// Why `r` fails before it is sent on `conn` (state `st`), if it does.
 fn early_error(st: &PeerState, conn: &Peer, r: &ReadReq) -> Option<ReadError> {
@@ -373,13 +418,78 @@ impl RegionReader for TcpReader {
         let deadline = Instant::now().checked_add(timeout);
         let batch = Batch::new(reqs.len());
         let mut sent: Vec<Sent> = Vec::new();
+        let mut dest = |_: usize, r: &ReadReq| Some(buffer_from(&mut bufs, r.len as usize));
         for (peer, lanes) in self.peers_asked(reqs) {
-            self.send_to_peer(reqs, peer, lanes, &batch, &mut bufs, &mut sent);
+            self.send_to_peer(reqs, peer, lanes, &batch, &mut dest, &mut sent);
         }
         if !batch.wait(deadline) {
             forget(&sent);
         }
         batch.take()
+    }
+
+    /// Each payload is read straight into its row: the channel reads each
+    /// record of [`crate::transport::secure_io::DIRECT_FROM`] bytes or more
+    /// into the row and opens it there (in the clear, the socket's bytes
+    /// are read into it); the region server seals a large slot's header
+    /// with its answer's, so the payload's records begin on their own.
+    fn read_many_rows(
+        &self,
+        reqs: &[ReadReq],
+        timeout: Duration,
+        bufs: Vec<Vec<u8>>,
+        rows: &mut [&mut [u8]],
+    ) -> (Vec<RowRead>, bool, Vec<Vec<u8>>) {
+        assert_eq!(reqs.len(), rows.len(), "a row per request");
+        let deadline = Instant::now().checked_add(timeout);
+        let batch = Batch::new(reqs.len());
+        let mut sent: Vec<Sent> = Vec::new();
+        {
+            // Each row is lent to its read as a `Row`; those not sent are
+            // dropped with this closure, before the wait for the rows.
+            let mut lent: Vec<Option<Row>> = reqs
+                .iter()
+                .zip(rows.iter_mut())
+                .enumerate()
+                .map(|(i, (r, row))| {
+                    if fits_row(r, row.len()) {
+                        Some(Row::new(row, &batch))
+                    } else {
+                        batch.settle(i, Err(ReadError::OutOfBounds));
+                        None
+                    }
+                })
+                .collect();
+            let mut dest = |i: usize, _: &ReadReq| lent[i].take().map(Dest::Row);
+            for (peer, lanes) in self.peers_asked(reqs) {
+                self.send_to_peer(reqs, peer, lanes, &batch, &mut dest, &mut sent);
+            }
+        }
+        if !batch.wait(deadline) {
+            forget(&sent);
+        }
+        // Answers under way into rows: the rows are the caller's again only
+        // once no read holds one.
+        if !batch.wait_rows(Instant::now().checked_add(ROW_GRACE)) {
+            for s in &sent {
+                s.conn.fail(format!(
+                    "an answer from the region server at {} stalled past its read's timeout",
+                    s.conn.addr
+                ));
+            }
+            batch.wait_rows(None);
+        }
+        let out = batch
+            .take()
+            .into_iter()
+            .map(|r| {
+                r.and_then(|head| {
+                    <[u8; SLOT_HEADER]>::try_from(head.as_slice())
+                        .map_err(|_| ReadError::Unreachable("protocol error".into()))
+                })
+            })
+            .collect();
+        (out, true, bufs)
     }
 }
 

@@ -7,9 +7,9 @@ use super::net;
 use super::options::{ANSWER_CHUNK, CONNECT_TIMEOUT, READ_CHUNK};
 use super::runtime::Inner;
 use crate::transport::auth::{ClusterKey, Service};
-use crate::transport::region_wire::{self as rw, REQ_LEN, ST_OK, ST_WRONG_REGION};
+use crate::transport::region_wire::{self as rw, ANS_LEN, REQ_LEN, ST_OK, ST_WRONG_REGION};
 use crate::transport::secure_io::{self, SecureRead, SecureWrite};
-use crate::transport::{Region, RegionServer};
+use crate::transport::{Region, RegionServer, SLOT_HEADER};
 use crate::wire::RegionInfo;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -262,9 +262,19 @@ fn seal_slot<W>(
         status: ST_OK,
         len: req.len,
     };
+    // The answer's header and the slot's in one record, the payload in
+    // records of its own: a reader that puts payloads where they go (a row
+    // of a batch's buffer) reads each of its large records straight there.
     match region.read_slot(req.offset, req.len, req.cap, |b| {
-        wr.seal_now(&ok.encode())?;
-        wr.seal_now(b)
+        let (head, payload) = b.split_at(SLOT_HEADER.min(b.len()));
+        let mut first = [0u8; ANS_LEN + SLOT_HEADER];
+        first[..ANS_LEN].copy_from_slice(&ok.encode());
+        first[ANS_LEN..ANS_LEN + head.len()].copy_from_slice(head);
+        wr.seal_now(&first[..ANS_LEN + head.len()])?;
+        if payload.is_empty() {
+            return Ok(());
+        }
+        wr.seal_now(payload)
     }) {
         Ok(sealed) => sealed,
         Err(e) => {
