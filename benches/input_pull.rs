@@ -128,7 +128,7 @@ impl Cfg {
                 inputs: 32,
                 input_bytes: INPUT_BYTES,
                 streams: vec![1, 2],
-                secs: 0.1,
+                secs: 0.05,
                 repeats: 1,
                 into: vec![Land::Buffers, Land::Rows],
             }
