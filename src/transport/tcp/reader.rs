@@ -129,12 +129,24 @@ impl Batch {
 }
 
 /// The connections to one attached peer. They share one fate: once one is
-/// broken, every read of the peer fails until it is attached again.
+/// broken, every read of the peer fails until new ones replace them (the
+/// reader dials the peer again, [`TcpReader::redial`]) or it is attached
+/// again.
 pub(super) struct Lanes {
     conns: Vec<Arc<Peer>>,
     /// The connection the next small `read_many` goes to.
     next: AtomicUsize,
+    /// The region they read, to dial it again.
+    info: RegionInfo,
+    /// When the peer was last dialled again from these (None: never), and
+    /// whether a dial is under way.
+    redial: Mutex<(Option<Instant>, bool)>,
 }
+
+/// The least time between two dials of a peer whose connections broke: a
+/// region server that is gone for good (its frontend stopped; the scheduler
+/// soon detaches it) is asked at this pace.
+const REDIAL_EVERY: Duration = Duration::from_secs(1);
 
 impl Lanes {
     /// `n` connections to the region server `info` names (all or none).
@@ -154,6 +166,8 @@ impl Lanes {
         Ok(Lanes {
             conns,
             next: AtomicUsize::new(0),
+            info: info.clone(),
+            redial: Mutex::new((None, false)),
         })
     }
 
@@ -193,7 +207,7 @@ fn split(lens: &[u32], lanes: usize, turn: usize) -> Vec<usize> {
 
 pub(super) struct TcpReader {
     inner: Arc<Inner>,
-    peers: Mutex<HashMap<u32, Arc<Lanes>>>,
+    peers: Arc<Mutex<HashMap<u32, Arc<Lanes>>>>,
     next_req: AtomicU64,
 }
 
@@ -215,22 +229,72 @@ impl TcpReader {
     pub(super) fn new(inner: Arc<Inner>) -> TcpReader {
         TcpReader {
             inner,
-            peers: Mutex::new(HashMap::new()),
+            peers: Arc::new(Mutex::new(HashMap::new())),
             next_req: AtomicU64::new(1),
         }
     }
 
     /// The peers `reqs` ask, in the order they first appear, each with its
-    /// connections (None: not attached).
+    /// connections (None: not attached). A peer whose connections broke is
+    /// dialled again meanwhile ([`Self::redial`]).
     fn peers_asked(&self, reqs: &[ReadReq]) -> Vec<(u32, Option<Arc<Lanes>>)> {
-        let peers = self.peers.lock().expect("reader lock");
         let mut asked: Vec<(u32, Option<Arc<Lanes>>)> = Vec::new();
-        for r in reqs {
-            if !asked.iter().any(|g| g.0 == r.peer) {
-                asked.push((r.peer, peers.get(&r.peer).cloned()));
+        {
+            let peers = self.peers.lock().expect("reader lock");
+            for r in reqs {
+                if !asked.iter().any(|g| g.0 == r.peer) {
+                    asked.push((r.peer, peers.get(&r.peer).cloned()));
+                }
+            }
+        }
+        for (peer, lanes) in &asked {
+            if let Some(l) = lanes.as_ref().filter(|l| l.broken().is_some()) {
+                self.redial(*peer, l);
             }
         }
         asked
+    }
+
+    /// Dials `peer`'s region server again, off the caller's thread, when
+    /// its connections `old` broke (a reset, a stalled answer given up on)
+    /// and no dial is under way or was made in the last [`REDIAL_EVERY`]:
+    /// the new connections replace `old` unless the peer was detached or
+    /// attached again meanwhile. The reads that found them broken fail;
+    /// those after the new ones are in go through.
+    fn redial(&self, peer: u32, old: &Arc<Lanes>) {
+        {
+            let mut r = old.redial.lock().expect("redial lock");
+            let now = Instant::now();
+            if r.1 || r.0.is_some_and(|t| now.duration_since(t) < REDIAL_EVERY) {
+                return;
+            }
+            *r = (Some(now), true);
+        }
+        // Weak: a reader dropped meanwhile takes no new connections.
+        let (inner, peers, old) = (self.inner.clone(), Arc::downgrade(&self.peers), old.clone());
+        let why = old.broken().unwrap_or_default();
+        tracing::warn!(peer, addr = %old.info.addr, reason = %why, "region reader: connections broken, dialling the region server again");
+        self.inner.handle.spawn_blocking(move || {
+            let n = old.conns.len();
+            let dialled = Lanes::connect(&inner, &old.info, n);
+            old.redial.lock().expect("redial lock").1 = false;
+            match dialled {
+                Ok(new) => {
+                    let Some(peers) = peers.upgrade() else {
+                        return new.fail("reader dropped".into());
+                    };
+                    let mut map = peers.lock().expect("reader lock");
+                    match map.get(&peer) {
+                        Some(cur) if Arc::ptr_eq(cur, &old) => {
+                            tracing::info!(peer, addr = %old.info.addr, "region reader: connected to the region server again");
+                            map.insert(peer, Arc::new(new));
+                        }
+                        _ => new.fail(format!("peer {peer} was detached or attached again")),
+                    }
+                }
+                Err(e) => tracing::warn!(peer, addr = %old.info.addr, error = %format!("{e:#}"), "region reader: dialling the region server again failed"),
+            }
+        });
     }
 
     /// Sends `peer`'s requests of `reqs` over `lanes` (those that fail at once
@@ -496,6 +560,56 @@ impl RegionReader for TcpReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer whose connections broke is dialled again: the reads that find
+    /// them broken fail, and soon the reads go through on new ones; a peer
+    /// detached is not dialled.
+    #[test]
+    fn a_broken_peer_is_dialled_again() {
+        use crate::transport::{Region, SlotHeader, Transport};
+        let tr =
+            super::super::Tcp::keyed(Some(crate::transport::auth::ClusterKey::generate())).unwrap();
+        let reg = Arc::new(Region::new(1, 1 << 20).unwrap());
+        let r = reg.put(3, 9, &[7u8; 100_000]).unwrap();
+        let srv = tr.serve_region(reg.clone(), "127.0.0.1:0").unwrap();
+        let rd = TcpReader::new(tr.inner.clone());
+        rd.attach(0, &srv.info()).unwrap();
+        let req = ReadReq {
+            peer: 0,
+            offset: r.offset,
+            len: r.len,
+            cap: 9,
+        };
+        let t = Duration::from_secs(5);
+        let ok = |out: &[ReadResult]| {
+            out[0]
+                .as_ref()
+                .is_ok_and(|s| SlotHeader::check(s, 3, 9) == Ok(&[7u8; 100_000][..]))
+        };
+        assert!(ok(&rd.read_many(&[req], t)));
+        let old = rd.peers.lock().unwrap()[&0].clone();
+        old.fail("cut for the test".into());
+        let out = rd.read_many(&[req], t);
+        assert!(
+            matches!(&out[0], Err(ReadError::Unreachable(w)) if w.contains("cut")),
+            "{out:?}"
+        );
+        let end = Instant::now() + Duration::from_secs(10);
+        while !ok(&rd.read_many(&[req], t)) {
+            assert!(Instant::now() < end, "never connected again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!Arc::ptr_eq(&rd.peers.lock().unwrap()[&0], &old));
+        // Detached: not dialled, the reads fail as not attached.
+        rd.detach(0);
+        std::thread::sleep(Duration::from_millis(100));
+        let out = rd.read_many(&[req], t);
+        assert!(
+            matches!(&out[0], Err(ReadError::Unreachable(w)) if w.contains("not attached")),
+            "{out:?}"
+        );
+        assert!(rd.peers.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn small_pulls_go_whole_to_one_connection_in_turn() {
