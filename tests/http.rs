@@ -1285,9 +1285,9 @@ fn serve_with_an_http_port_serves_until_sigterm() {
                      "parameters": {"binary_data_output": true}});
     // A lone request right after start-up runs at once (light load: the batch
     // does not wait for requests that will not come) and is good. On a host
-    // starved by other work it may miss its 25 ms deadline and be refused as
-    // expired (seen under the full suite on 2 cores): it is tried again, at
-    // most twice, and every try must be in the report.
+    // starved by other work it may miss its 25 ms deadline and be refused
+    // ([`missed_its_deadline`]): it is tried again, at most twice, and every
+    // try must be in the report.
     let mut tries = 0;
     let r = loop {
         tries += 1;
@@ -1295,8 +1295,7 @@ fn serve_with_an_http_port_serves_until_sigterm() {
         if r.status == 200 || tries == 3 {
             break r;
         }
-        assert_eq!(r.status, 429, "{}", r.text());
-        assert!(r.text().contains("expired"), "{}", r.text());
+        assert!(missed_its_deadline(&r), "{} {}", r.status, r.text());
     };
     assert_eq!(r.status, 200, "{}", r.text());
     let hl: usize = r.headers["inference-header-content-length"]
@@ -1365,13 +1364,22 @@ fn sigterm_turns_readiness_503_first_and_keeps_serving_for_the_grace() {
     assert!(r.status == 503 && close(&r));
     let r = Http::connect(addr).get("/v2/health/live");
     assert!(r.status == 200 && close(&r));
-    // Still served while the load balancer catches up, on a new connection too.
-    let mut h2 = Http::connect(addr);
+    // Still served while the load balancer catches up, on a new connection
+    // too. A lone request may miss its deadline on a starved host (as
+    // above): a new connection and another try, at most twice.
     let req = json!({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "UINT8",
                                  "parameters": {"binary_data_size": 64}}]});
-    let r = h2.post_binary("/v2/models/resnet50/infer", &req, &[3u8; 64]);
+    let mut tries = 0;
+    let r = loop {
+        tries += 1;
+        let r = Http::connect(addr).post_binary("/v2/models/resnet50/infer", &req, &[3u8; 64]);
+        assert!(close(&r), "{:?}", r.headers);
+        if r.status == 200 || tries == 3 {
+            break r;
+        }
+        assert!(missed_its_deadline(&r), "{} {}", r.status, r.text());
+    };
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(close(&r), "{:?}", r.headers);
     assert!(
         t0.elapsed() < Duration::from_millis(1500),
         "within the grace"
@@ -1385,8 +1393,16 @@ fn sigterm_turns_readiness_503_first_and_keeps_serving_for_the_grace() {
     );
     let rep: Value = serde_json::from_str(rest.lines().last().unwrap()).unwrap();
     let f = &rep["frontends"][0];
-    assert_eq!(f["requests"], 1);
+    assert_eq!(f["requests"], tries);
     assert_eq!(f["good"], 1);
+}
+
+/// Whether `r` is a lone request that missed its deadline: refused as
+/// expired at the door, or dropped as too late by the scheduler (a host
+/// starved by other work, seen under the full suite on 2 cores).
+fn missed_its_deadline(r: &Resp) -> bool {
+    let t = r.text();
+    r.status == 429 && (t.contains("expired") || t.contains("too_late"))
 }
 
 #[test]
