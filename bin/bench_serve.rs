@@ -193,7 +193,7 @@ pub fn cmd_bench_serve(a: ServeGoodputArgs) -> Result<()> {
     if !a.json {
         eprintln!(
             "simulator goodput for the measured profiles: {:.1} r/s ({} GPUs of d(b, {})); searching the live cluster ({} executor)",
-            sim.goodput_rps, w_sim.gpus, a.lanes, a.executor
+            sim.goodput_rps, w_sim.gpus, a.lanes, executor
         );
     }
     let co = ClusterOpts {
