@@ -2305,6 +2305,9 @@ impl ClusterSim {
             be_proto::Action::Attach {
                 node, ctrl_addr, ..
             } => self.be_attach(pid, node, &ctrl_addr),
+            // A dial here is done at once: the simulated link comes up, or
+            // breaks if the frontend is gone, as an attach's does.
+            be_proto::Action::Redial { node, ctrl_addr } => self.be_attach(pid, node, &ctrl_addr),
             be_proto::Action::Detach { node, conn } => {
                 b.fe_pids.remove(&node);
                 if let Some(c) = conn {

@@ -36,6 +36,10 @@ const LOOP_WAIT_MAX: Dur = Dur(50_000_000);
 
 /// The network loop: the driver of [`BackendProto`] (connections, the OS clock,
 /// the pullers and workers).
+/// What a dial of a frontend gave ([`NetLoop::redial`]): the frontend, its
+/// address and the connection or why there is none.
+type Dialled = (NodeId, String, std::result::Result<Arc<dyn Conn>, String>);
+
 pub(super) struct NetLoop {
     pub(super) shared: Arc<Shared>,
     pub(super) transport: Arc<dyn Transport>,
@@ -73,9 +77,11 @@ impl NetLoop {
 
     fn run(&mut self, rx: Receiver<Event>, stop: &AtomicBool) -> Result<()> {
         let (ltx, lrx) = bounded::<Loaded>(LOADS_MAX);
+        // Dials of frontends made off this thread ([`Action::Redial`]).
+        let (dtx, drx) = crossbeam_channel::unbounded::<Dialled>();
         let local = self.shared.clock.local();
         while !stop.load(Ordering::Acquire) {
-            self.apply(&ltx)?;
+            self.apply(&ltx, &dtx)?;
             let wait = (self.proto.poll_timeout() - local.now()).clamp(Dur::ZERO, LOOP_WAIT_MAX);
             crossbeam_channel::select! {
                 recv(rx) -> ev => match ev {
@@ -95,7 +101,7 @@ impl NetLoop {
                         };
                         self.proto.handle_loaded(model, res);
                         if let Some(e) = fatal {
-                            self.apply(&ltx)?;
+                            self.apply(&ltx, &dtx)?;
                             let why = format!("model {model} cannot be loaded: {e}");
                             tracing::error!(reason = %why, "backend: stopping");
                             if let Some(t) = self.ready_tx.take() {
@@ -103,6 +109,11 @@ impl NetLoop {
                             }
                             bail!(why);
                         }
+                    }
+                }
+                recv(drx) -> d => {
+                    if let Ok((node, addr, dialled)) = d {
+                        self.dialled(node, &addr, dialled);
                     }
                 }
                 default(Duration::from_nanos(wait.0 as u64)) => {}
@@ -143,7 +154,7 @@ impl NetLoop {
     }
 
     /// Carries out what the protocol asked for.
-    fn apply(&mut self, ltx: &Sender<Loaded>) -> Result<()> {
+    fn apply(&mut self, ltx: &Sender<Loaded>, dials: &Sender<Dialled>) -> Result<()> {
         let refused = self.proto.counts().plans_refused;
         self.shared.plans_refused.store(refused, Ordering::Relaxed);
         while let Some(a) = self.proto.poll_action() {
@@ -176,6 +187,7 @@ impl NetLoop {
                     region,
                 } => self.attach(node, &ctrl_addr, &region),
                 Action::Detach { node, conn } => self.detach(node, conn),
+                Action::Redial { node, ctrl_addr } => self.redial(node, ctrl_addr, dials),
                 Action::Queue { gpu, plan } => self.queue(gpu, plan),
                 Action::Ready { gpus, away } => {
                     self.shared.in_service.store(true, Ordering::Release);
@@ -319,6 +331,48 @@ impl NetLoop {
             }
             Err(e) => {
                 tracing::warn!(frontend = node, addr = %ctrl_addr, error = %format!("{e:#}"), "backend: cannot reach a frontend")
+            }
+        }
+    }
+
+    /// Dials frontend `node` at `ctrl_addr` again on a thread of its own (a
+    /// connect to a host that is gone takes its whole timeout, which this
+    /// loop must not wait); the result comes back on `dials`.
+    fn redial(&self, node: NodeId, ctrl_addr: String, dials: &Sender<Dialled>) {
+        tracing::warn!(frontend = node, addr = %ctrl_addr, "backend: the connection to a frontend closed; dialling it again");
+        let (transport, events, tx) = (self.transport.clone(), self.events.clone(), dials.clone());
+        let spawned = std::thread::Builder::new()
+            .name("backend-dial".into())
+            .spawn(move || {
+                let r = transport
+                    .connect(&ctrl_addr, events)
+                    .map_err(|e| format!("{e:#}"));
+                let _ = tx.send((node, ctrl_addr, r));
+            });
+        if let Err(e) = spawned {
+            let _ = dials.send((node, String::new(), Err(format!("no thread to dial: {e}"))));
+        }
+    }
+
+    /// A dial of frontend `node` ended: its connection is the frontend's
+    /// while the protocol still wants it, else it is closed.
+    fn dialled(&mut self, node: NodeId, addr: &str, r: std::result::Result<Arc<dyn Conn>, String>) {
+        let now = self.shared.clock.local().now();
+        match r {
+            Ok(conn) if self.proto.wants_frontend(node) => {
+                tracing::info!(frontend = node, addr = %addr, "backend: connected to the frontend again");
+                self.fe_conns.insert(conn.id(), conn.clone());
+                self.shared
+                    .frontends
+                    .write()
+                    .expect("lock")
+                    .insert(node, conn.clone());
+                self.proto.handle_connected(node, conn.id());
+            }
+            Ok(conn) => conn.close("the frontend is down or was connected meanwhile"),
+            Err(e) => {
+                tracing::warn!(frontend = node, addr = %addr, error = %e, "backend: dialling a frontend again failed");
+                self.proto.handle_frontend_dial_failed(now, node);
             }
         }
     }

@@ -45,6 +45,7 @@ pub mod latency_scale;
 pub mod ledger;
 pub mod member;
 pub mod plans;
+pub mod redial;
 pub mod repo_poll;
 pub mod sched;
 pub mod standby;
