@@ -34,12 +34,12 @@ fn probe_batch(len: u64) -> usize {
 /// Longest wait of the network loop between looks at the stop flag.
 const LOOP_WAIT_MAX: Dur = Dur(50_000_000);
 
-/// The network loop: the driver of [`BackendProto`] (connections, the OS clock,
-/// the pullers and workers).
 /// What a dial of a frontend gave ([`NetLoop::redial`]): the frontend, its
 /// address and the connection or why there is none.
 type Dialled = (NodeId, String, std::result::Result<Arc<dyn Conn>, String>);
 
+/// The network loop: the driver of [`BackendProto`] (connections, the OS clock,
+/// the pullers and workers).
 pub(super) struct NetLoop {
     pub(super) shared: Arc<Shared>,
     pub(super) transport: Arc<dyn Transport>,
@@ -339,7 +339,7 @@ impl NetLoop {
     /// connect to a host that is gone takes its whole timeout, which this
     /// loop must not wait); the result comes back on `dials`.
     fn redial(&self, node: NodeId, ctrl_addr: String, dials: &Sender<Dialled>) {
-        tracing::warn!(frontend = node, addr = %ctrl_addr, "backend: the connection to a frontend closed; dialling it again");
+        tracing::debug!(frontend = node, addr = %ctrl_addr, "backend: dialling a frontend again (its connection closed)");
         let (transport, events, tx) = (self.transport.clone(), self.events.clone(), dials.clone());
         let spawned = std::thread::Builder::new()
             .name("backend-dial".into())
