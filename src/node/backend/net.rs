@@ -314,25 +314,29 @@ impl NetLoop {
             Ok(()) => self.probe_pull(node, region.len),
         }
         match self.transport.connect(ctrl_addr, self.events.clone()) {
-            Ok(conn) => {
-                let id = conn.id();
-                self.fe_conns.insert(id, conn.clone());
-                let old = self
-                    .shared
-                    .frontends
-                    .write()
-                    .expect("lock")
-                    .insert(node, conn);
-                if let Some(old) = old {
-                    self.fe_conns.remove(&old.id());
-                    old.close("frontend reconnected");
-                }
-                self.proto.handle_connected(node, id);
-            }
+            Ok(conn) => self.adopt_frontend(node, conn),
             Err(e) => {
                 tracing::warn!(frontend = node, addr = %ctrl_addr, error = %format!("{e:#}"), "backend: cannot reach a frontend")
             }
         }
+    }
+
+    /// `conn` is frontend `node`'s connection (the one before it, if any,
+    /// closes): the workers send that frontend's outputs on it.
+    fn adopt_frontend(&mut self, node: NodeId, conn: Arc<dyn Conn>) {
+        let id = conn.id();
+        self.fe_conns.insert(id, conn.clone());
+        let old = self
+            .shared
+            .frontends
+            .write()
+            .expect("lock")
+            .insert(node, conn);
+        if let Some(old) = old {
+            self.fe_conns.remove(&old.id());
+            old.close("frontend reconnected");
+        }
+        self.proto.handle_connected(node, id);
     }
 
     /// Dials frontend `node` at `ctrl_addr` again on a thread of its own (a
@@ -361,13 +365,7 @@ impl NetLoop {
         match r {
             Ok(conn) if self.proto.wants_frontend(node) => {
                 tracing::info!(frontend = node, addr = %addr, "backend: connected to the frontend again");
-                self.fe_conns.insert(conn.id(), conn.clone());
-                self.shared
-                    .frontends
-                    .write()
-                    .expect("lock")
-                    .insert(node, conn.clone());
-                self.proto.handle_connected(node, conn.id());
+                self.adopt_frontend(node, conn);
             }
             Ok(conn) => conn.close("the frontend is down or was connected meanwhile"),
             Err(e) => {

@@ -117,15 +117,9 @@ fn pull(
             // the frontend's region, over TCP read and opened there. An input
             // of another size than the model's cannot be a row of its tensor.
             let row = st.row_bytes();
-            let mut rows: Vec<&mut [u8]> = st.rows_mut();
-            let mut mine: Vec<&mut [u8]> = Vec::with_capacity(kept.len());
-            let mut k = 0;
-            for (i, r) in rows.drain(..).enumerate() {
-                if k < kept.len() && kept[k] == i {
-                    mine.push(r);
-                    k += 1;
-                }
-            }
+            let mut rows = st.rows_mut();
+            let mut mine: Vec<&mut [u8]> =
+                kept.iter().map(|&i| std::mem::take(&mut rows[i])).collect();
             let (read, in_place, back) = sh.reader.read_many_rows(&reqs, timeout, bufs, &mut mine);
             sh.give_buffers(back);
             for (r, &i) in read.into_iter().zip(&kept) {
