@@ -1456,7 +1456,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     if !a.load.json {
         for (i, b) in r.cluster.backends.iter().enumerate() {
             println!(
-                "backend {i} pulls: per batch p50 {:.0} us, p99 {:.0} us | predicted p50 {:.0} us (fit {:.0} us + {:.0} us/MiB) | overran {:.2}% of {} | inputs late {} | pulled during the batch before {} (late {}) | inputs skipped (already too late) {}",
+                "backend {i} pulls: per batch p50 {:.0} us, p99 {:.0} us | predicted p50 {:.0} us (fit {:.0} us + {:.0} us/MiB) | overran {:.2}% of {} | inputs late {} | pulled during the batch before {} (late {}) | inputs skipped (already too late) {} | buffers allocated {}",
                 b.pull_batch_p50_us,
                 b.pull_batch_p99_us,
                 b.pull_predicted_p50_us,
@@ -1468,6 +1468,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
                 b.pulls_overlapped,
                 b.pulls_overlapped_late,
                 b.inputs_skipped,
+                b.pull_buffers_allocated,
             );
         }
         let scaled: Vec<String> = s
