@@ -831,15 +831,21 @@ pub struct Opener {
 impl Opener {
     /// Opens every whole record at the start of `raw`, appending its bytes to
     /// `out`; the bytes of `raw` used. A record that does not verify is an
-    /// error, and the channel must not be used after it.
+    /// error, and the channel must not be used after it; `out` then ends with
+    /// the last record that verified (nothing of the failed one is left in it).
     pub fn open(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<usize, AuthError> {
         let mut pos = 0;
         while let Some(plain) = Self::whole(&raw[pos..])? {
             let at = out.len();
             out.resize(at + plain, 0);
             let need = Self::need(&raw[pos..]);
-            let got = self.open_record(&raw[pos..pos + need], &mut out[at..])?;
-            out.truncate(at + got);
+            match self.open_record(&raw[pos..pos + need], &mut out[at..]) {
+                Ok(got) => out.truncate(at + got),
+                Err(e) => {
+                    out.truncate(at);
+                    return Err(e);
+                }
+            }
             pos += need;
         }
         Ok(pos)
@@ -1307,14 +1313,19 @@ pub(crate) mod tests {
             c.sealer.seal(b, &mut v).unwrap();
             v
         };
-        // Changed.
+        // Changed: nothing of it is left in the output, which keeps the
+        // record before it that verified.
         let (mut d, mut l) = fresh();
-        let mut r = seal(&mut d, b"submit 1");
-        r[5] ^= 1;
+        let mut r = seal(&mut d, b"submit 0");
+        r.extend(seal(&mut d, b"submit 1"));
+        let n = r.len();
+        r[n - 3] ^= 1;
+        let mut out = b"kept".to_vec();
         assert!(matches!(
-            l.opener.open(&r, &mut Vec::new()),
+            l.opener.open(&r, &mut out),
             Err(AuthError::BadRecord(_))
         ));
+        assert_eq!(out, b"keptsubmit 0");
         // Replayed.
         let (mut d, mut l) = fresh();
         let r = seal(&mut d, b"submit 1");
