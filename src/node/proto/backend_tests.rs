@@ -74,14 +74,7 @@ fn ready() -> BackendProto {
     assert!(!p.has_loaded(ModelId(0)), "one GPU of two");
     p.handle_loaded(ModelId(0), Ok(Some(9)));
     assert!(p.has_loaded(ModelId(0)));
-    let ack = Msg::RegisterAck {
-        node: 3,
-        heartbeat_ms: 50,
-        gpu_ids: vec![GpuId(10), GpuId(11)],
-        models: vec![],
-        term: 1,
-    };
-    p.handle_msg(ms(21), 1, ack);
+    p.handle_msg(ms(21), 1, register_ack(3, &[10, 11]));
     let acts = drain(&mut p);
     assert!(acts.iter().any(|a| matches!(
         a,
@@ -99,6 +92,18 @@ fn ready() -> BackendProto {
         |a| matches!(a, Action::Ready { gpus, away: None } if gpus == &vec![GpuId(10), GpuId(11)])
     ));
     p
+}
+
+/// A scheduler's `RegisterAck` (term 1, heartbeat 50 ms, no models) naming
+/// the backend `node` with these GPU ids.
+fn register_ack(node: NodeId, gpus: &[u32]) -> Msg {
+    Msg::RegisterAck {
+        node,
+        heartbeat_ms: 50,
+        gpu_ids: gpus.iter().map(|&g| GpuId(g)).collect(),
+        models: vec![],
+        term: 1,
+    }
 }
 
 fn plan_msg(gpu: u32, model: u32, exec_at: Time) -> Msg {
@@ -159,14 +164,7 @@ fn a_scheduler_that_never_answers_is_left_and_tried_again() {
 /// The new session's `RegisterAck` (node 4, GPUs 12 and 13) on the
 /// connection 7 at `at`; what the backend does then.
 fn rejoin_ack(p: &mut BackendProto, at: Time) -> Vec<Action> {
-    let ack = Msg::RegisterAck {
-        node: 4,
-        heartbeat_ms: 50,
-        gpu_ids: vec![GpuId(12), GpuId(13)],
-        models: vec![],
-        term: 1,
-    };
-    p.handle_msg(at, 7, ack);
+    p.handle_msg(at, 7, register_ack(4, &[12, 13]));
     drain(p)
 }
 
