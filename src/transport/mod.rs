@@ -18,6 +18,7 @@ pub mod inproc;
 pub mod rdma;
 #[cfg(not(feature = "rdma"))]
 pub mod rdma_stub;
+pub mod rdma_wire;
 pub mod region;
 pub mod region_wire;
 pub mod secure_io;

@@ -5,6 +5,7 @@
 
 use super::options::{BACKLOG_MAX, CTRL_BUF, CTRL_RECVS, CTRL_SENDS, IMM_CLOSE};
 use super::verbs;
+use crate::transport::rdma_wire::{wr_id, wr_parts, WR_RECV};
 use crate::transport::{Conn, ConnId, Event, EventTx, SendError};
 use crate::wire::{FrameReader, Msg};
 use std::collections::VecDeque;
@@ -45,15 +46,9 @@ enum Out {
     Close(String),
 }
 
-pub(super) const WR_RECV: u64 = 1 << 15;
-// Slots must fit below the kind bit.
+// Slots must fit below the kind bit of their work request ids.
 const _: () = assert!(CTRL_RECVS < WR_RECV as usize);
 const _: () = assert!(CTRL_SENDS < WR_RECV as usize);
-
-/// The work request id of a slot: the connection, receive or send, the slot.
-pub(super) fn wr_id(conn: ConnId, recv: bool, slot: usize) -> u64 {
-    (conn << 16) | if recv { WR_RECV } else { 0 } | slot as u64
-}
 
 impl CtrlConn {
     /// A connection on `qp` (connected) with its buffers: `recv` holds
@@ -154,8 +149,7 @@ impl CtrlConn {
 
     /// One completion of this connection (called by the polling thread).
     pub(super) fn on_completion(&self, wc: &verbs::Wc) {
-        let recv = wc.wr_id() & WR_RECV != 0;
-        let slot = (wc.wr_id() & (WR_RECV - 1)) as usize;
+        let (_, recv, slot) = wr_parts(wc.wr_id());
         if wc.error().is_some() {
             if !verbs::flushed(wc) {
                 let what = if recv { "receive" } else { "send" };

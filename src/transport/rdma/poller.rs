@@ -5,6 +5,7 @@
 use super::control::Shared;
 use super::options::{IDLE_SLEEP, SPIN_POLLS};
 use super::verbs;
+use crate::transport::rdma_wire::wr_parts;
 use crate::transport::ConnId;
 use std::sync::atomic::Ordering;
 
@@ -25,7 +26,7 @@ pub(super) fn poll_loop(shared: &Shared) {
             }
         };
         for wc in &wcs[..n] {
-            let id = wc.wr_id() >> 16;
+            let (id, _, _) = wr_parts(wc.wr_id());
             let conn = shared.conns.lock().expect("lock").get(&id).cloned();
             // None: a completion of a connection already gone; nothing to do.
             if let Some(c) = conn {

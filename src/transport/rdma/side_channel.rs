@@ -7,8 +7,8 @@
 //! records.
 
 use super::options::HANDSHAKE_TIMEOUT;
-use super::verbs::{Endpoint, ENDPOINT_BYTES};
 use crate::transport::auth::{self, Channel, ClusterKey, Service, MAX_RECORD, TAG};
+use crate::transport::rdma_wire::{Endpoint, ENDPOINT_BYTES};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};

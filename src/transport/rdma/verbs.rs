@@ -24,6 +24,7 @@
 //! Safety of `Send`/`Sync`: libibverbs objects may be used from any thread (the
 //! library is thread safe, see rdmamojo "libibverbs thread safe level").
 
+use crate::transport::rdma_wire::Endpoint;
 use crate::transport::Region;
 use ibverbs_sys as ffi;
 use std::ffi::CStr;
@@ -527,45 +528,6 @@ impl RegionMr {
 }
 
 // ---- queue pairs ---------------------------------------------------------------
-
-/// What a peer needs to connect its QP to ours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Endpoint {
-    pub qpn: u32,
-    pub psn: u32,
-    pub lid: u16,
-    pub gid: Option<[u8; 16]>,
-    pub mtu: u8,
-    /// RDMA READs this side accepts in flight as responder.
-    pub rd_atom: u8,
-}
-
-pub const ENDPOINT_BYTES: usize = 4 + 4 + 2 + 1 + 16 + 1 + 1;
-
-impl Endpoint {
-    pub fn to_bytes(self) -> [u8; ENDPOINT_BYTES] {
-        let mut b = [0u8; ENDPOINT_BYTES];
-        b[0..4].copy_from_slice(&self.qpn.to_le_bytes());
-        b[4..8].copy_from_slice(&self.psn.to_le_bytes());
-        b[8..10].copy_from_slice(&self.lid.to_le_bytes());
-        b[10] = self.gid.is_some() as u8;
-        b[11..27].copy_from_slice(&self.gid.unwrap_or_default());
-        b[27] = self.mtu;
-        b[28] = self.rd_atom;
-        b
-    }
-    pub fn from_bytes(b: &[u8; ENDPOINT_BYTES]) -> Endpoint {
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4"));
-        Endpoint {
-            qpn: u32_at(0),
-            psn: u32_at(4),
-            lid: u16::from_le_bytes([b[8], b[9]]),
-            gid: (b[10] != 0).then(|| b[11..27].try_into().expect("16")),
-            mtu: b[27],
-            rd_atom: b[28],
-        }
-    }
-}
 
 /// An RC queue pair (send and receive completions both go to `cq`).
 pub struct Qp {
