@@ -17,9 +17,15 @@ trap 'rm -f "$log"' EXIT
 cargo test --doc 2>&1 | tee "$log"
 # --all-targets: lib, bin, tests/, benches/ (run once without --bench: a quick smoke
 # run). The test profile is opt-level 1 with dependencies at opt-level 2.
-cargo test --all-targets 2>&1 | tee -a "$log"
+# scripts/run_tests.py runs the executables one per core at once, each with one
+# test thread, rather than one executable after another (see its header).
+artifacts=$(mktemp)
+trap 'rm -f "$log" "$artifacts"' EXIT
+cargo test --all-targets --no-run --message-format=json-render-diagnostics >"$artifacts"
+rc=0
+python3 scripts/run_tests.py "$artifacts" 2>&1 | tee -a "$log" || rc=$?
 passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
 echo
 echo "${passed} passed, ${failed} failed"
-[[ "$failed" -eq 0 && "$passed" -gt 0 ]]
+[[ "$rc" -eq 0 && "$failed" -eq 0 && "$passed" -gt 0 ]]

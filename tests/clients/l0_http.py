@@ -67,16 +67,16 @@ def samples(n):
 
 def chunked(path, head, chunks):
     """A request with `Transfer-Encoding: chunked` sent over a socket, `chunks`
-    its chunks; the whole response."""
+    its chunks; the whole response. The encoded chunks go out in one write (the
+    bytes on the wire are the same as one write per chunk; a million writes
+    took seconds of the client's time per request)."""
     host, port = URL.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=30)
     try:
         s.sendall(
             (f"POST {path} HTTP/1.1\r\nHost: {URL}\r\n{head}"
              "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode())
-        for c in chunks:
-            s.sendall(f"{len(c):X}\r\n".encode() + c + b"\r\n")
-        s.sendall(b"0\r\n\r\n")
+        s.sendall(b"".join(b"%X\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
         out = b""
         while True:
             d = s.recv(65536)
