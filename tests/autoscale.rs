@@ -130,8 +130,9 @@ fn the_loop_scales_out_under_overload_and_back_in_when_idle_within_its_bounds() 
     assert_eq!(r.failed, 0);
     assert_eq!(r.unanswered, 0);
     assert!(r.sim.bad_rate() < 0.01, "{}", r.sim.bad_rate());
-    // Its backends drain and leave with it.
-    let _ = a.stop(Duration::from_secs(10));
+    // Its backends drain and leave with it. The grace covers the loop's own
+    // wait for them (35 s): killed before, it would leave them running.
+    let _ = a.stop(Duration::from_secs(40));
     let reps = c.stop();
     let s = reps.scheduler.expect("scheduler report");
     assert!(s["backends_drained"].as_u64().unwrap() >= 1, "{s}");
