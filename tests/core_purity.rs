@@ -1,6 +1,7 @@
 //! The scheduling core is a pure state machine: time comes in as an argument. This
 //! test fails if any source file under src/core gets threads, sockets, async, the OS
-//! clock, the file system or processes.
+//! clock, the file system or processes. It also checks that the RDMA transport's
+//! unchecked code stays in one file.
 
 use std::path::{Path, PathBuf};
 
@@ -191,5 +192,52 @@ fn production_modules_never_import_the_simulator_or_the_benches() {
         bad.is_empty(),
         "production code must not depend on the simulator, the benches or the fuzz drivers:\n{}",
         bad.join("\n")
+    );
+}
+
+/// The one word the scan below looks for, spelt so that this file does not
+/// hold it.
+fn the_word() -> String {
+    ["un", "safe"].concat()
+}
+
+/// All the FFI of the RDMA transport is in `src/transport/rdma/verbs.rs`: no
+/// other file of that module may say the word (code, `impl`s or comments). A
+/// source scan, so it runs in builds without the `rdma` feature too.
+#[test]
+fn only_verbs_holds_unchecked_code_in_the_rdma_transport() {
+    let word = the_word();
+    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "src", "transport", "rdma"]
+        .iter()
+        .collect();
+    let mut paths = Vec::new();
+    rust_files(&dir, &mut paths);
+    let files: Vec<(String, String)> = paths
+        .iter()
+        .map(|p| {
+            let name = p.file_name().expect("a file name").to_string_lossy();
+            let text =
+                std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+            (name.into_owned(), text)
+        })
+        .collect();
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(files.len() >= 8, "found only {names:?}");
+    let verbs = files
+        .iter()
+        .find(|(n, _)| n == "verbs.rs")
+        .expect("verbs.rs");
+    assert!(
+        verbs.1.contains(&word),
+        "the scan must see verbs.rs's blocks"
+    );
+    let offenders: Vec<&str> = files
+        .iter()
+        .filter(|(n, text)| n != "verbs.rs" && text.to_lowercase().contains(&word))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "only src/transport/rdma/verbs.rs may hold `{word}` code; found in {offenders:?}"
     );
 }
