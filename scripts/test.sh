@@ -19,7 +19,8 @@ cargo test --doc 2>&1 | tee "$log"
 # --all-targets: lib, bin, tests/, benches/ (run once without --bench: a quick smoke
 # run). The test profile is opt-level 1 with dependencies at opt-level 2.
 # scripts/run_tests.py runs the executables one per core at once, each with one
-# test thread, rather than one executable after another (see its header).
+# test thread, rather than one executable after another; those that judge
+# real-time outcomes run first, alone (see its header).
 cargo test --all-targets --no-run --message-format=json-render-diagnostics >"$artifacts"
 rc=0
 python3 scripts/run_tests.py "$artifacts" 2>&1 | tee -a "$log" || rc=$?
