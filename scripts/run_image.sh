@@ -133,7 +133,10 @@ if [[ "$uid" == 0 || "$uid" != "${user%%:*}" ]]; then
 fi
 echo "user: uid $uid (non-root)"
 
-PYTHONPATH=.deps/py python3 scripts/check_http.py --url "$addr" --models models --requests 3 --retries 2
+# Under the models' default SLOs (10 ms): on a loaded machine a request can be
+# dropped or late several times running; those are sent again (up to 5 times)
+# and counted apart from wrong outputs, which fail the check.
+PYTHONPATH=.deps/py python3 scripts/check_http.py --url "$addr" --models models --requests 3 --retries 5
 
 if [[ $runner == runc ]]; then runc kill "$id" TERM; else kill -TERM "$srv"; fi
 for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
