@@ -485,7 +485,8 @@ pub struct AutoscaleArgs {
     #[arg(long)]
     dry_run: bool,
     /// On exit, SIGTERM the backends this loop launched (they drain and
-    /// leave); by default they keep running.
+    /// leave); by default they keep running. With it, a launch whose loop is
+    /// killed outright is sent SIGTERM by the kernel.
     #[arg(long)]
     stop_launched_on_exit: bool,
 }
@@ -510,6 +511,7 @@ pub fn cmd_autoscale(a: AutoscaleArgs) -> Result<()> {
             provisioning_s: a.provisioning_s,
         },
         dry_run: a.dry_run,
+        stop_launched_on_exit: a.stop_launched_on_exit,
     })?;
     crate::roles::catch_signals();
     let t0 = std::time::Instant::now();

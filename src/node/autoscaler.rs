@@ -9,9 +9,17 @@
 //! registered name for a stop), `{index}` (that number), `{count}` (backends in
 //! service or starting after the step), `{node}` (the scheduler's node id, stops
 //! only) and `{pid}` (stops only: the process this loop launched under that
-//! name, empty if none). Without a stop template, a backend this loop launched is
+//! name, also its process group, empty if none). Without a stop template, a backend this loop launched is
 //! sent SIGTERM (a `fermata backend` then drains and leaves without failing a
 //! request).
+//!
+//! Each launch runs in a process group of its own (its id is `{pid}`), and the
+//! loop signals the whole group, so a template that does not `exec` its
+//! backend (a redirection with `;`, a pipeline) still has the backend signalled,
+//! not only its shell; a Ctrl-C at the loop's terminal reaches only the loop.
+//! With `stop_launched_on_exit`, a launch's shell also gets SIGTERM from the
+//! kernel if the loop dies without stopping it (killed outright): a template
+//! that `exec`s its backend then has it drain rather than run on unattended.
 
 use crate::plan::autoscale::{Advice, Controller, ControllerConfig, Decision};
 use anyhow::{bail, Context, Result};
@@ -32,6 +40,8 @@ pub struct AutoscalerOpts {
     pub controller: ControllerConfig,
     /// Decide and print, run nothing.
     pub dry_run: bool,
+    /// The launched backends end with the loop (see the module's doc).
+    pub stop_launched_on_exit: bool,
 }
 
 /// One step's record (printed as a JSON line).
@@ -148,6 +158,15 @@ pub fn fill(template: &str, vars: &[(&str, String)]) -> String {
     s
 }
 
+/// Sends `sig` to the process group of a launch (its leader is `c`, not yet
+/// reaped, so the group id is not reused).
+fn signal_group(c: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on the group of a child of ours that has not been reaped.
+    unsafe {
+        libc::kill(-(c.id() as libc::pid_t), sig);
+    }
+}
+
 /// The loop: its controller, the processes it launched, its numbering.
 pub struct Autoscaler {
     o: AutoscalerOpts,
@@ -192,14 +211,12 @@ impl Autoscaler {
         v
     }
 
-    /// SIGTERMs every backend this loop launched and waits up to `timeout` for
-    /// them to end (a `fermata backend` drains first); SIGKILLs the rest.
+    /// SIGTERMs every backend this loop launched (each launch's process
+    /// group) and waits up to `timeout` for them to end (a `fermata backend`
+    /// drains first); SIGKILLs the groups of the rest.
     pub fn stop_launched(&mut self, timeout: Duration) {
         for c in self.children.values() {
-            // SAFETY: kill(2) on a child of ours that has not been reaped.
-            unsafe {
-                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
-            }
+            signal_group(c, libc::SIGTERM);
         }
         let t0 = Instant::now();
         while t0.elapsed() < timeout {
@@ -211,18 +228,49 @@ impl Autoscaler {
             std::thread::sleep(Duration::from_millis(20));
         }
         for c in self.children.values_mut() {
-            let _ = c.kill();
+            signal_group(c, libc::SIGKILL);
             let _ = c.wait();
         }
         self.children.clear();
     }
 
+    /// A stop template: run like any shell command.
     fn sh(cmd: &str) -> Result<Child> {
         Command::new("sh")
             .arg("-c")
             .arg(cmd)
             .spawn()
             .with_context(|| format!("cannot run `{cmd}`"))
+    }
+
+    /// A launch template: in a process group of its own, and with
+    /// `stop_launched_on_exit` told by the kernel (SIGTERM) when the loop dies.
+    fn launch(&self, cmd: &str) -> Result<Child> {
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(cmd).process_group(0);
+        if self.o.stop_launched_on_exit {
+            // SAFETY: getpid before the fork; between fork and exec only
+            // prctl(2), getppid(2) and _exit(2), all async-signal-safe, and
+            // no allocation. The kernel signals when the thread that forked
+            // ends: the loop runs on its process's main thread.
+            let loop_pid = unsafe { libc::getpid() };
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // The loop died before the request took hold (the
+                    // loop's SIGTERM handler is still installed here, so
+                    // end at once rather than raise it).
+                    if libc::getppid() != loop_pid {
+                        libc::_exit(143);
+                    }
+                    Ok(())
+                });
+            }
+        }
+        c.spawn().with_context(|| format!("cannot run `{cmd}`"))
     }
 
     /// One step on `view` (fetched by the caller).
@@ -256,7 +304,7 @@ impl Autoscaler {
                         acted.push((name, None));
                         continue;
                     }
-                    match Self::sh(&cmd) {
+                    match self.launch(&cmd) {
                         Ok(c) => {
                             acted.push((name.clone(), Some(c.id())));
                             self.children.insert(name, c);
@@ -312,11 +360,8 @@ impl Autoscaler {
                                 }
                             }
                         }
-                        None => match pid {
-                            // SAFETY: kill(2) on a child of ours that has not been reaped.
-                            Some(p) => unsafe {
-                                libc::kill(p as libc::pid_t, libc::SIGTERM);
-                            },
+                        None => match self.children.get(name) {
+                            Some(c) => signal_group(c, libc::SIGTERM),
                             None => tracing::warn!(
                                 backend = %name,
                                 "autoscale: cannot stop a backend this loop did not launch without --stop"
@@ -410,6 +455,7 @@ mod tests {
                 ..Default::default()
             },
             dry_run: false,
+            stop_launched_on_exit: false,
         })
         .unwrap();
         let hostile = format!("x;touch {}/pwned", dir.display());
@@ -446,6 +492,133 @@ mod tests {
             dir.join("plain-2").exists(),
             "the stop command ran for a plain name"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A loop whose lower bound is one backend, launching `launch`.
+    fn one_launch(launch: String, stop_launched_on_exit: bool) -> Autoscaler {
+        let mut a = Autoscaler::new(AutoscalerOpts {
+            scheduler: "127.0.0.1:1".into(),
+            launch,
+            stop: None,
+            name_prefix: "b".into(),
+            interval: Duration::from_secs(1),
+            controller: ControllerConfig {
+                min_backends: 1,
+                ..Default::default()
+            },
+            dry_run: false,
+            stop_launched_on_exit,
+        })
+        .unwrap();
+        let log = a.step(&View {
+            advice: Advice::default(),
+            backends: vec![],
+            gpus: 0,
+            bad_rate: 0.0,
+            idle_fraction: 0.0,
+        });
+        assert_eq!(log.acted.len(), 1, "{log:?}");
+        a
+    }
+
+    /// The pid a launch wrote to `path`, waiting up to 5 s for it.
+    fn pid_in(path: &std::path::Path) -> i32 {
+        for _ in 0..250 {
+            if let Some(p) = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the launch wrote no pid to {}", path.display());
+    }
+
+    /// Whether `pid` runs (exists and is not a zombie).
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            // The state follows the parenthesised command name.
+            !st.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    }
+
+    /// Whether `pid` ends within `within`.
+    fn ends(pid: i32, within: Duration) -> bool {
+        let t0 = Instant::now();
+        while alive(pid) {
+            if t0.elapsed() > within {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// A template that does not `exec` its backend: stopping the launch
+    /// signals the backend too, not only its shell.
+    #[test]
+    fn stopping_a_launch_reaches_what_its_shell_started() {
+        let dir =
+            std::env::temp_dir().join(format!("fermata-autoscaler-group-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("backend.pid");
+        let mut a = one_launch(
+            format!("sleep 300 & echo $! > {}; wait; true", pidfile.display()),
+            false,
+        );
+        let backend = pid_in(&pidfile);
+        assert!(alive(backend), "the launched process runs");
+        a.stop_launched(Duration::from_secs(5));
+        assert!(a.launched().is_empty());
+        assert!(
+            ends(backend, Duration::from_secs(5)),
+            "the launch's backend {backend} outlived its stop"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// With `stop_launched_on_exit`, a launch is sent SIGTERM by the kernel
+    /// when the thread that launched it ends without stopping it (the loop
+    /// killed outright ends the same way).
+    #[test]
+    fn a_launch_ends_when_its_loop_dies_if_told_to() {
+        let dir =
+            std::env::temp_dir().join(format!("fermata-autoscaler-death-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |told: bool| {
+            let pidfile = dir.join(format!("told-{told}.pid"));
+            let launch = format!("echo $$ > {}; exec sleep 300", pidfile.display());
+            // The loop lives and ends on a thread of its own, once its launch
+            // runs; it never stops it.
+            std::thread::spawn(move || {
+                let a = one_launch(launch, told);
+                let pid = pid_in(&pidfile);
+                drop(a);
+                pid
+            })
+            .join()
+            .unwrap()
+        };
+        let told = run(true);
+        assert!(
+            ends(told, Duration::from_secs(5)),
+            "the launch {told} outlived its loop"
+        );
+        let untold = run(false);
+        assert!(
+            !ends(untold, Duration::from_secs(1)),
+            "without it, a launch outlives its loop"
+        );
+        // SAFETY: kill(2) on the group of a process this test launched.
+        unsafe {
+            libc::kill(-untold, libc::SIGKILL);
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
