@@ -9,14 +9,14 @@
 //! registered name for a stop), `{index}` (that number), `{count}` (backends in
 //! service or starting after the step), `{node}` (the scheduler's node id, stops
 //! only) and `{pid}` (stops only: the process this loop launched under that
-//! name, also its process group, empty if none). Without a stop template, a backend this loop launched is
-//! sent SIGTERM (a `fermata backend` then drains and leaves without failing a
-//! request).
+//! name, empty if none). Without a stop template, a backend this loop launched
+//! is sent SIGTERM (a `fermata backend` then drains and leaves without failing
+//! a request).
 //!
 //! Each launch runs in a process group of its own (its id is `{pid}`), and the
-//! loop signals the whole group, so a template that does not `exec` its
-//! backend (a redirection with `;`, a pipeline) still has the backend signalled,
-//! not only its shell; a Ctrl-C at the loop's terminal reaches only the loop.
+//! loop signals the whole group, so a template that does not `exec` its backend
+//! (commands joined by `;`, a pipeline) still has the backend signalled, not
+//! only its shell; a Ctrl-C at the loop's terminal reaches only the loop.
 //! With `stop_launched_on_exit`, a launch's shell also gets SIGTERM from the
 //! kernel if the loop dies without stopping it (killed outright): a template
 //! that `exec`s its backend then has it drain rather than run on unattended.
@@ -260,9 +260,9 @@ impl Autoscaler {
                     if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    // The loop died before the request took hold (the
-                    // loop's SIGTERM handler is still installed here, so
-                    // end at once rather than raise it).
+                    // The loop died before the request took hold. Until
+                    // exec this process has the loop's signal handlers, so
+                    // it exits rather than raise SIGTERM.
                     if libc::getppid() != loop_pid {
                         libc::_exit(143);
                     }
