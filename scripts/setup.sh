@@ -171,19 +171,27 @@ pip_target() {
   printf '%s\n' "$stamp" >"$dir/.fermata-pins"
 }
 
+# --- KServe's Python SDK into .deps/kserve ------------------------------------------
+# Its InferenceRESTClient and InferenceGRPCClient are clients tests/clients.rs
+# runs; kept apart from .deps/py (the SDK brings its own grpcio, protobuf and
+# server stack, about 400 MB). The slowest install (about 50 s, most of it pip
+# resolving): it runs beside the ones below and is waited for before the Rust
+# checks; if it fails, its error is printed and setup fails there.
+KS_PINS=("kserve==0.16.0")
+KS_DIR=.deps/kserve
+ks_stamp="python $(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${KS_PINS[*]}"
+# In a process group of its own (job control on for the one job), so that
+# setup ending early (an error below, Ctrl-C) stops it and the pip under it.
+set -m
+pip_target "$KS_DIR" "$ks_stamp" kserve "${KS_PINS[@]}" &
+ks_pid=$!
+set +m
+trap 'kill -- -"$ks_pid" 2>/dev/null || true' EXIT
+
 ort_lib() { compgen -G "$PY_DIR/onnxruntime/capi/libonnxruntime.so*" >/dev/null; }
 pip_target "$PY_DIR" "$py_stamp" onnxruntime/capi "${PY_PINS[@]}"
 ort_lib || die "the onnxruntime wheel has no $PY_DIR/onnxruntime/capi/libonnxruntime.so*"
 say "onnxruntime: $(cd "$PY_DIR/onnxruntime/capi" && ls libonnxruntime.so* | head -n1) (the onnx executor finds it, or set ORT_DYLIB_PATH)"
-
-# --- KServe's Python SDK into .deps/kserve ------------------------------------------
-# Its InferenceRESTClient and InferenceGRPCClient are clients tests/clients.rs
-# runs; kept apart from .deps/py (the SDK brings its own grpcio, protobuf and
-# server stack, about 400 MB).
-KS_PINS=("kserve==0.16.0")
-KS_DIR=.deps/kserve
-ks_stamp="python $(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') ${KS_PINS[*]}"
-pip_target "$KS_DIR" "$ks_stamp" kserve "${KS_PINS[@]}"
 
 # --- Triton's perf_analyzer into .deps/pa ---------------------------------------------
 # The last tritonclient wheels that ship the perf_analyzer binary and run on Debian
@@ -275,6 +283,9 @@ if [[ ! -f models/large/resnet50.onnx || ! -f models/large/resnet50_fp16.onnx ]]
 else
   say "models/large: resnet50 and resnet50_fp16 in place"
 fi
+
+wait "$ks_pid" || die "installing ${KS_PINS[*]} into $KS_DIR failed (see above)"
+trap - EXIT
 
 # --- Rust toolchain ----------------------------------------------------------------
 if ! command -v cargo >/dev/null || ! command -v rustc >/dev/null; then
