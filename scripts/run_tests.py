@@ -38,12 +38,9 @@ LONG = ["fermata", "clients", "cluster_auth", "rejoin", "autoscale",
 # beside other executables' tests on 2 cores (the ranker missed its 10 ms SLO
 # three times; a backend's heartbeats came late and it was taken out).
 ALONE = {
-    "deploy": "the image test serves every shipped model under its own SLO",
-    "distributed": "one cluster at a time (its SERIAL lock)",
-    "http": "one cluster at a time (its SERIAL lock)",
-    "runtime": "one cluster at a time (its SERIAL lock)",
-    "hostile_peers": "one cluster at a time (its SERIAL lock)",
-    "onnx_executor": "a served model's backend must keep its heartbeats on time",
+    "distributed", "http", "runtime", "hostile_peers",  # their SERIAL lock
+    "deploy",  # the image test serves every shipped model under its own SLO
+    "onnx_executor",  # a served model's backend keeps its heartbeats on time
 }
 
 

@@ -84,8 +84,9 @@ fn core_has_no_threads_sockets_async_or_clock() {
     );
 }
 
-/// Every violation in the .rs files under `dir` (relative to the crate root).
-fn scan(dir: &[&str], must: &[&str]) -> Vec<String> {
+/// The .rs files under `dir` (relative to the crate root) with their text; each
+/// of `must` is among them.
+fn sources(dir: &[&str], must: &[&str]) -> Vec<(PathBuf, String)> {
     let mut root: PathBuf = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     root.extend(dir);
     let mut files = Vec::new();
@@ -97,10 +98,20 @@ fn scan(dir: &[&str], must: &[&str]) -> Vec<String> {
             root.display()
         );
     }
+    files
+        .into_iter()
+        .map(|p| {
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+            (p, text)
+        })
+        .collect()
+}
+
+/// Every violation in the .rs files under `dir` (relative to the crate root).
+fn scan(dir: &[&str], must: &[&str]) -> Vec<String> {
     let mut bad = Vec::new();
-    for p in &files {
-        let text =
-            std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+    for (p, text) in sources(dir, must) {
         for (f, line) in violations(&text) {
             bad.push(format!("{}:{line}: `{f}`", p.display()));
         }
@@ -207,17 +218,10 @@ fn the_word() -> String {
 #[test]
 fn only_verbs_holds_unchecked_code_in_the_rdma_transport() {
     let word = the_word();
-    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "src", "transport", "rdma"]
-        .iter()
-        .collect();
-    let mut paths = Vec::new();
-    rust_files(&dir, &mut paths);
-    let files: Vec<(String, String)> = paths
-        .iter()
-        .map(|p| {
+    let files: Vec<(String, String)> = sources(&["src", "transport", "rdma"], &["verbs.rs"])
+        .into_iter()
+        .map(|(p, text)| {
             let name = p.file_name().expect("a file name").to_string_lossy();
-            let text =
-                std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
             (name.into_owned(), text)
         })
         .collect();

@@ -158,12 +158,12 @@ pub fn fill(template: &str, vars: &[(&str, String)]) -> String {
     s
 }
 
-/// Sends `sig` to the process group of a launch (its leader is `c`, not yet
-/// reaped, so the group id is not reused).
-fn signal_group(c: &Child, sig: libc::c_int) {
+/// Sends `sig` to the process group of a launch (`leader`: its first process,
+/// a child of ours not yet reaped, so the group id is not reused).
+fn signal_group(leader: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on the group of a child of ours that has not been reaped.
     unsafe {
-        libc::kill(-(c.id() as libc::pid_t), sig);
+        libc::kill(-(leader as libc::pid_t), sig);
     }
 }
 
@@ -216,7 +216,7 @@ impl Autoscaler {
     /// drains first); SIGKILLs the groups of the rest.
     pub fn stop_launched(&mut self, timeout: Duration) {
         for c in self.children.values() {
-            signal_group(c, libc::SIGTERM);
+            signal_group(c.id(), libc::SIGTERM);
         }
         let t0 = Instant::now();
         while t0.elapsed() < timeout {
@@ -228,7 +228,7 @@ impl Autoscaler {
             std::thread::sleep(Duration::from_millis(20));
         }
         for c in self.children.values_mut() {
-            signal_group(c, libc::SIGKILL);
+            signal_group(c.id(), libc::SIGKILL);
             let _ = c.wait();
         }
         self.children.clear();
@@ -360,8 +360,8 @@ impl Autoscaler {
                                 }
                             }
                         }
-                        None => match self.children.get(name) {
-                            Some(c) => signal_group(c, libc::SIGTERM),
+                        None => match pid {
+                            Some(p) => signal_group(p, libc::SIGTERM),
                             None => tracing::warn!(
                                 backend = %name,
                                 "autoscale: cannot stop a backend this loop did not launch without --stop"
